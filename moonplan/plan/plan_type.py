@@ -1,0 +1,142 @@
+"""The :class:`Plan` object shared by every planner backend.
+
+Legend:
+    R  ranks            E  experts          B  prefetch slots per rank
+    M  ceil(E/R)        W  rows per rank = M + max(B, M)
+
+Row layout of rank ``r`` (the grouped-GEMM row order, and the order of its
+expert-grouped receive buffer):
+
+* rows ``[0, M)``: its home experts in id order, then ``-1`` padding;
+* rows ``[M, M+B)``: its ``B`` prefetch slots (``slot_expert[r]``);
+* rows ``[M+B, W)``: replicas beyond ``B`` (``direct``: read in place from
+  the home rank's weights), then ``-1`` padding.
+
+``row_offset[r]`` are the ``align``-padded cumulative offsets (cu_seqlens) of
+the rows in the receive buffer; empty rows take no space.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """An exact-balance allocation of routed records to ranks (immutable).
+
+    All tensors are int64 and live on the device of the ``counts`` that made
+    them; their shapes depend only on ``(R, E, B)``.
+
+    Attributes:
+        counts: ``[R, E]`` records source rank ``s`` routes to expert ``e``.
+        alloc: ``[E, R]`` records of expert ``e`` executed on rank ``r``.
+        target: ``[R]`` records each rank executes (``sum(alloc, 0)``).
+        home: ``[E]`` home rank of each expert.
+        slot_expert: ``[R, B]`` global expert held by each prefetch slot, ``-1`` if empty.
+        slot_new: ``[R, B]`` 1 where the slot must be (re)filled this step, else 0
+            (0 for empty slots and for residents kept from ``previous``).
+        row_expert: ``[R, W]`` expert of each row (see module docstring), ``-1`` if empty.
+        row_count: ``[R, W]`` records of each row (0 for empty rows).
+        row_offset: ``[R, W+1]`` ``align``-padded row offsets (cu_seqlens).
+        num_slots: ``B``.
+        align: row padding multiple.
+        backend: name of the backend that built it.
+    """
+
+    counts: torch.Tensor
+    alloc: torch.Tensor
+    target: torch.Tensor
+    home: torch.Tensor
+    slot_expert: torch.Tensor
+    slot_new: torch.Tensor
+    row_expert: torch.Tensor
+    row_count: torch.Tensor
+    row_offset: torch.Tensor
+    num_slots: int
+    align: int
+    backend: str = field(default="reference")
+
+    # ---- sizes -------------------------------------------------------------
+    @property
+    def num_ranks(self) -> int:
+        """``R``."""
+        return int(self.counts.shape[0])
+
+    @property
+    def num_experts(self) -> int:
+        """``E``."""
+        return int(self.counts.shape[1])
+
+    @property
+    def max_local(self) -> int:
+        """``M = ceil(E/R)``: home rows per rank and the bound on remote experts."""
+        return -(-self.num_experts // self.num_ranks)
+
+    @property
+    def num_rows(self) -> int:
+        """``W = M + max(B, M)``: rows per rank."""
+        return int(self.row_expert.shape[1])
+
+    @property
+    def device(self) -> torch.device:
+        return self.alloc.device
+
+    # ---- derived tensors (no host sync) -------------------------------------
+    def replica_mask(self) -> torch.Tensor:
+        """``[E, R]`` bool: ``(e, r)`` is a replica (``alloc > 0`` and ``r`` is not home)."""
+        ranks_R = torch.arange(self.num_ranks, device=self.device)
+        return (self.alloc > 0) & (self.home[:, None] != ranks_R[None, :])
+
+    def remote_experts(self) -> torch.Tensor:
+        """``[R]`` number of remote experts each rank executes (slots + direct)."""
+        return self.replica_mask().sum(0)
+
+    def direct_expert(self) -> torch.Tensor:
+        """``[R, W-M-B]`` replicas read in place from the home rank (``-1`` if none)."""
+        return self.row_expert[:, self.max_local + self.num_slots :]
+
+    def static_load(self) -> torch.Tensor:
+        """``[R]`` records each rank would execute under static EP (all on the home rank)."""
+        load_R = torch.zeros(self.num_ranks, dtype=torch.int64, device=self.device)
+        return load_R.index_add_(0, self.home, self.counts.sum(0))
+
+    def recv_size(self) -> torch.Tensor:
+        """``[R]`` rows of each rank's expert-grouped receive buffer (padding included)."""
+        return self.row_offset[:, -1]
+
+    # ---- host-side summaries -------------------------------------------------
+    def copies(self) -> int:
+        """Replica pairs ``(e, r)`` this step (slots and direct): each needs ``e``'s weights on ``r``."""
+        return int(self.replica_mask().sum())
+
+    def new_copies(self) -> int:
+        """Slots filled this step (weights actually moved; residents and direct reads excluded)."""
+        return int(self.slot_new.sum())
+
+    def summary(self) -> dict[str, Any]:
+        """Host-side figures (synchronises on CUDA): loads before/after, copies, bounds."""
+        static_R = self.static_load().tolist()
+        planned_R = self.alloc.sum(0).tolist()
+        n = sum(planned_R)
+        mean = n / self.num_ranks
+        remote_R = self.remote_experts().tolist()
+        return {
+            "ranks": self.num_ranks,
+            "experts": self.num_experts,
+            "slots": self.num_slots,
+            "records": n,
+            "static_load": static_R,
+            "planned_load": planned_R,
+            "remote_experts": remote_R,
+            "static_max_over_mean": (max(static_R) / mean) if n else 1.0,
+            "planned_max_over_mean": (max(planned_R) / mean) if n else 1.0,
+            "copies": self.copies(),
+            "new_copies": self.new_copies(),
+            "direct": int((self.direct_expert() >= 0).sum()),
+            "max_remote_experts": max(remote_R),
+            "remote_bound": self.max_local,
+        }

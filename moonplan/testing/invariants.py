@@ -1,0 +1,192 @@
+"""``check_plan``: verify a :class:`Plan` against the invariants of DESIGN §3.
+
+Legend: R ranks, E experts, B slots, M = ceil(E/R), W rows per rank.
+
+Raises :class:`PlanError` naming the first broken invariant and where it breaks.
+Works on any device (it reads the plan on the host).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from moonplan.errors import PlanError
+from moonplan.plan.home import home_map, targets_list
+from moonplan.plan.plan_type import Plan
+from moonplan.plan.validate import as_counts
+
+
+def check_plan(plan: Plan, counts: Any, *, previous: Plan | None = None) -> None:
+    """Raise :class:`PlanError` unless ``plan`` is a correct plan for ``counts``.
+
+    Args:
+        plan: the plan to verify.
+        counts: ``[R, E]`` the counts it was made from.
+        previous: the ``previous=`` plan it was made with, if any (then free
+            slots may keep residents of ``previous``; otherwise every filled
+            slot must hold an expert executed this step).
+
+    Checks: shapes and home map; 1 conservation (``alloc >= 0``, row sums equal
+    expert totals); 2 exact balance (``alloc.sum(0) == target``, targets
+    ``N//R`` plus remainder); 3 at most ``M`` remote experts per rank; 4 slots
+    (every replica in a slot or direct, direct only when slots are full, no home
+    expert or duplicate in slots, ``slot_new`` marks exactly the fills); the row
+    layout and padded offsets.
+    """
+    counts_RE = as_counts(counts).cpu()
+    p = _host(plan)
+    R, E = counts_RE.shape
+    _check_shapes(p, R, E)
+    _check_conservation(p, counts_RE)
+    _check_balance(p, counts_RE)
+    _check_remote_bound(p)
+    _check_slots(p, None if previous is None else previous.slot_expert.cpu())
+    _check_rows(p)
+
+
+def _fail(invariant: str, detail: str) -> None:
+    raise PlanError(f"plan breaks {invariant}: {detail}")
+
+
+def _host(plan: Plan) -> Plan:
+    if not isinstance(plan, Plan):
+        raise PlanError(f"expected a moonplan Plan, got {type(plan).__name__}")
+    fields = {
+        k: getattr(plan, k).cpu()
+        for k in (
+            "counts",
+            "alloc",
+            "target",
+            "home",
+            "slot_expert",
+            "slot_new",
+            "row_expert",
+            "row_count",
+            "row_offset",
+        )
+    }
+    return Plan(num_slots=plan.num_slots, align=plan.align, backend=plan.backend, **fields)
+
+
+def _check_shapes(p: Plan, R: int, E: int) -> None:
+    B, M = p.num_slots, -(-E // R)
+    W = M + max(B, M)
+    want = {
+        "counts": (R, E),
+        "alloc": (E, R),
+        "target": (R,),
+        "home": (E,),
+        "slot_expert": (R, B),
+        "slot_new": (R, B),
+        "row_expert": (R, W),
+        "row_count": (R, W),
+        "row_offset": (R, W + 1),
+    }
+    for name, shape in want.items():
+        t = getattr(p, name)
+        if tuple(t.shape) != shape or t.dtype != torch.int64:
+            _fail("its shape contract", f"{name} is {t.dtype}{tuple(t.shape)}, expected int64{shape}")
+    if not torch.equal(p.home, home_map(E, R)):
+        _fail("the home map", f"home = {p.home.tolist()}, expected {home_map(E, R).tolist()}")
+
+
+def _check_conservation(p: Plan, counts_RE: torch.Tensor) -> None:
+    if not torch.equal(p.counts, counts_RE):
+        _fail("its input", "plan.counts differs from the counts given to check_plan")
+    if bool((p.alloc < 0).any()):
+        e, r = (int(v) for v in (p.alloc < 0).nonzero()[0])
+        _fail("invariant 1 (alloc >= 0)", f"alloc[{e}, {r}] = {int(p.alloc[e, r])}")
+    got_E, want_E = p.alloc.sum(1), counts_RE.sum(0)
+    if not torch.equal(got_E, want_E):
+        e = int((got_E != want_E).nonzero()[0])
+        _fail(
+            "invariant 1 (no record lost or invented)",
+            f"expert {e} is routed {int(want_E[e])} records but the plan executes {int(got_E[e])}",
+        )
+
+
+def _check_balance(p: Plan, counts_RE: torch.Tensor) -> None:
+    R = counts_RE.shape[0]
+    want_R = torch.tensor(targets_list(int(counts_RE.sum()), R), dtype=torch.int64)
+    if not torch.equal(p.target, want_R):
+        _fail("invariant 2 (targets)", f"target = {p.target.tolist()}, expected {want_R.tolist()}")
+    got_R = p.alloc.sum(0)
+    if not torch.equal(got_R, want_R):
+        r = int((got_R != want_R).nonzero()[0])
+        _fail("invariant 2 (exact balance)", f"rank {r} executes {int(got_R[r])} records, target {int(want_R[r])}")
+
+
+def _check_remote_bound(p: Plan) -> None:
+    remote_R = p.remote_experts()
+    if bool((remote_R > p.max_local).any()):
+        r = int((remote_R > p.max_local).nonzero()[0])
+        _fail(
+            "invariant 3 (at most ceil(E/R) remote experts per rank)",
+            f"rank {r} executes {int(remote_R[r])} remote experts, bound {p.max_local}",
+        )
+
+
+def _check_slots(p: Plan, prev_slot_RB: torch.Tensor | None) -> None:
+    E, B = p.num_experts, p.num_slots
+    replica_ER = p.replica_mask()
+    direct_RD = p.direct_expert()
+    for r in range(p.num_ranks):
+        slots = p.slot_expert[r].tolist()
+        held = [e for e in slots if e != -1]
+        if any(e < -1 or e >= E for e in slots):
+            _fail("invariant 4 (slots)", f"rank {r} slot ids out of range: {slots}")
+        if len(set(held)) != len(held):
+            _fail("invariant 4 (slots)", f"rank {r} holds an expert twice: {slots}")
+        homes = [e for e in held if int(p.home[e]) == r]
+        if homes:
+            _fail("invariant 4 (slots)", f"rank {r} holds its home expert {homes[0]} in a slot")
+        used = set(replica_ER[:, r].nonzero().flatten().tolist())
+        direct = [e for e in direct_RD[r].tolist() if e != -1]
+        if set(held) & used | set(direct) != used or len(set(direct)) != len(direct):
+            _fail(
+                "invariant 4 (every replica in a slot or direct)",
+                f"rank {r} executes remote experts {sorted(used)}, slots {slots}, direct {direct}",
+            )
+        if set(direct) & set(held):
+            _fail("invariant 4 (slots)", f"rank {r} marks a slotted expert direct: {direct}")
+        if direct and not all(e in used for e in slots):
+            _fail("invariant 4 (direct only when slots are full)", f"rank {r}: slots {slots}, direct {direct}")
+        prev = [-1] * B if prev_slot_RB is None else prev_slot_RB[r].tolist()
+        _check_residents(r, slots, prev, used, p.slot_new[r].tolist())
+
+
+def _check_residents(r: int, slots: list[int], prev: list[int], used: set[int], new: list[int]) -> None:
+    for j, e in enumerate(slots):
+        resident = e != -1 and prev[j] == e
+        if e != -1 and e not in used and not resident:
+            _fail("invariant 4 (slots)", f"rank {r} slot {j} holds expert {e}, neither used nor resident")
+        want_new = int(e != -1 and not resident)
+        if new[j] != want_new:
+            _fail("invariant 4 (slot_new)", f"rank {r} slot {j}: slot_new {new[j]}, expected {want_new}")
+
+
+def _check_rows(p: Plan) -> None:
+    R, E, B, M = p.num_ranks, p.num_experts, p.num_slots, p.max_local
+    for r in range(R):
+        rows = p.row_expert[r].tolist()
+        home = (p.home == r).nonzero().flatten().tolist()
+        if rows[: len(home)] != home or any(e != -1 for e in rows[len(home) : M]):
+            _fail("the row layout", f"rank {r} home rows {rows[:M]}, expected {home} then -1")
+        if rows[M : M + B] != p.slot_expert[r].tolist():
+            _fail("the row layout", f"rank {r} slot rows differ from slot_expert")
+        direct = rows[M + B :]
+        n = sum(e != -1 for e in direct)
+        if any(e != -1 for e in direct[n:]):
+            _fail("the row layout", f"rank {r} direct rows not packed: {direct}")
+        want = [int(p.alloc[e, r]) if e >= 0 else 0 for e in rows]
+        if p.row_count[r].tolist() != want:
+            _fail("the row layout", f"rank {r} row_count {p.row_count[r].tolist()}, expected {want}")
+        if any(0 <= e < E and int(p.alloc[e, r]) == 0 and not M <= i < M + B for i, e in enumerate(rows)):
+            pass  # home rows may be empty; direct rows never are (checked via `used` above)
+        off = [0]
+        for c in want:
+            off.append(off[-1] + -(-c // p.align) * p.align)
+        if p.row_offset[r].tolist() != off:
+            _fail("the row layout", f"rank {r} row_offset {p.row_offset[r].tolist()}, expected {off}")
