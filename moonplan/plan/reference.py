@@ -47,11 +47,14 @@ class RefResult:
     row_offset: list[list[int]]  # [R][W+1]
 
 
-def balance_groups(load: list[int], target: list[int]) -> list[Flow]:
+def balance_groups(load: list[int], target: list[int], warm: set[tuple[int, int]]) -> list[Flow]:
     """Step 1: group-level flows, in the order they are decided.
 
-    Ties: the lowest rank id wins (largest excess, then largest deficit).
-    Each receiver appears in exactly one flow; at most ``2R - 1`` flows.
+    ``warm`` holds ``(donor, receiver)`` pairs where the receiver has a slot
+    resident with an expert of the donor's group (``previous=``); the donor
+    fills such a receiver first. Ties: the lowest rank id wins (largest excess,
+    then largest deficit). Each receiver appears in exactly one flow; at most
+    ``2R - 1`` flows.
     """
     X = [load[r] - target[r] for r in range(len(load))]
     flows: list[Flow] = []
@@ -59,8 +62,13 @@ def balance_groups(load: list[int], target: list[int]) -> list[Flow]:
         donors = [r for r in range(len(X)) if X[r] > 0]
         if not donors:
             return flows
-        d = max(donors, key=lambda r: (X[r], -r))
-        r = min((r for r in range(len(X)) if X[r] < 0), key=lambda r: (X[r], r))
+        receivers = [r for r in range(len(X)) if X[r] < 0]
+        pairs = [(d, r) for d in donors for r in receivers if (d, r) in warm]
+        if pairs:
+            d, r = min(pairs, key=lambda dr: (X[dr[1]], -X[dr[0]], dr[1], dr[0]))
+        else:
+            d = max(donors, key=lambda r: (X[r], -r))
+            r = min(receivers, key=lambda r: (X[r], r))
         quota = -X[r]
         flows.append((d, r, quota))
         X[r] = 0
@@ -166,7 +174,7 @@ def reference_plan(
     if prev_slots is not None:
         resident = {(e, r) for r in range(R) for e in prev_slots[r] if e >= 0}
     remaining = list(T)
-    flows = balance_groups(load, target)
+    flows = balance_groups(load, target, {(home[e], r) for e, r in resident})
     for d in range(R):
         dests = [(r, q) for (dd, r, q) in flows if dd == d]
         experts = [e for e in range(E) if home[e] == d]
