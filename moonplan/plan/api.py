@@ -13,9 +13,10 @@ from moonplan.errors import PlanError
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.reference import reference_plan, to_tensors
+from moonplan.plan.torch_backend import plan_torch
 from moonplan.plan.validate import as_counts, check_options
 
-BACKENDS = ("auto", "reference")
+BACKENDS = ("auto", "reference", "torch", "cuda")
 
 
 def plan(
@@ -26,6 +27,7 @@ def plan(
     previous: Plan | None = None,
     backend: str = "auto",
     num_ranks: int | None = None,
+    check_input: bool = True,
 ) -> Plan:
     """Plan which rank executes how many records of each expert, exactly balanced.
 
@@ -38,8 +40,12 @@ def plan(
         align: pad every row of the receive buffer to a multiple of ``align``.
         previous: the last plan whose slots still hold valid weights; resident
             replicas are preferred and kept, so fewer weights move.
-        backend: ``"auto"`` or ``"reference"``.
+        backend: ``"reference"`` (plain Python, the spec), ``"torch"`` (vectorised,
+            any device, no host sync), ``"cuda"`` (the fused kernel) or ``"auto"``
+            (``"cuda"`` on a CUDA device where the kernel is available, else ``"torch"``).
         num_ranks: if given, ``counts`` must have this many rows.
+        check_input: read ``counts`` on the host to reject negative entries. Turn it
+            off only to capture the plan in a CUDA graph, with counts known to be valid.
 
     Returns:
         An immutable :class:`Plan` meeting the invariants of DESIGN §3.
@@ -47,23 +53,40 @@ def plan(
     Raises:
         PlanError: bad counts, options, or a ``previous`` plan of another shape.
     """
-    counts_RE = as_counts(counts, num_ranks)
-    R, E = counts_RE.shape
-    B = check_options(slots, align, max_local(E, R))
-    prev_slots = _previous_slots(previous, R, E, B)
     if backend not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
-    res = reference_plan(counts_RE.tolist(), B, align, prev_slots)
-    return Plan(
-        counts=counts_RE,
-        num_slots=B,
-        align=align,
-        backend="reference",
-        **to_tensors(res, counts_RE.device),
-    )
+    counts_RE = as_counts(counts, num_ranks, check_values=check_input)
+    R, E = counts_RE.shape
+    B = check_options(slots, align, max_local(E, R))
+    prev_RB = _previous_slots(previous, R, E, B, counts_RE.device)
+    name = _resolve(backend, counts_RE.device)
+    if name == "reference":
+        prev = None if prev_RB is None else prev_RB.tolist()
+        fields = to_tensors(reference_plan(counts_RE.tolist(), B, align, prev), counts_RE.device)
+    elif name == "torch":
+        fields = plan_torch(counts_RE, B, align, prev_RB)
+    else:
+        from moonplan.plan.cuda_backend import plan_cuda
+
+        fields = plan_cuda(counts_RE, B, align, prev_RB)
+    return Plan(counts=counts_RE, num_slots=B, align=align, backend=name, **fields)
 
 
-def _previous_slots(previous: Plan | None, R: int, E: int, B: int) -> list[list[int]] | None:
+def _resolve(backend: str, device: torch.device) -> str:
+    """The concrete backend for ``backend`` on ``device`` (``auto`` picks the fastest)."""
+    if backend != "auto":
+        return backend
+    if device.type == "cuda":
+        from moonplan.plan.cuda_backend import available
+
+        if available()[0]:
+            return "cuda"
+    return "torch"
+
+
+def _previous_slots(
+    previous: Plan | None, R: int, E: int, B: int, device: torch.device
+) -> torch.Tensor | None:
     if previous is None:
         return None
     if not isinstance(previous, Plan):
@@ -74,5 +97,4 @@ def _previous_slots(previous: Plan | None, R: int, E: int, B: int) -> list[list[
             f"{(previous.num_ranks, previous.num_experts, previous.num_slots)}, "
             f"this call has {(R, E, B)}"
         )
-    slots: list[list[int]] = previous.slot_expert.tolist()
-    return slots
+    return previous.slot_expert.to(device)

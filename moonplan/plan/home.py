@@ -42,7 +42,9 @@ def home_list(num_experts: int, num_ranks: int) -> list[int]:
     return out
 
 
-def home_map(num_experts: int, num_ranks: int, device: torch.device | str | None = None) -> torch.Tensor:
+def home_map(
+    num_experts: int, num_ranks: int, device: torch.device | str | None = None
+) -> torch.Tensor:
     """Home rank of each expert.
 
     Returns:

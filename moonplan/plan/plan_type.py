@@ -110,7 +110,7 @@ class Plan:
 
     # ---- host-side summaries -------------------------------------------------
     def copies(self) -> int:
-        """Replica pairs ``(e, r)`` this step (slots and direct): each needs ``e``'s weights on ``r``."""
+        """Replica pairs ``(e, r)`` (slots and direct): ``e``'s weights are needed on ``r``."""
         return int(self.replica_mask().sum())
 
     def new_copies(self) -> int:

@@ -141,7 +141,14 @@ def place_slots(
 
 
 def row_layout(
-    rank: int, alloc: list[list[int]], E: int, R: int, B: int, slots: list[int], direct: list[int], align: int
+    rank: int,
+    alloc: list[list[int]],
+    E: int,
+    R: int,
+    B: int,
+    slots: list[int],
+    direct: list[int],
+    align: int,
 ) -> tuple[list[int], list[int], list[int]]:
     """Rows of one rank: home experts, slots, direct replicas; counts and padded offsets."""
     M = max_local(E, R)

@@ -14,7 +14,9 @@ from moonplan.errors import PlanError
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
-def as_counts(counts: Any, num_ranks: int | None = None, *, check_values: bool = True) -> torch.Tensor:
+def as_counts(
+    counts: Any, num_ranks: int | None = None, *, check_values: bool = True
+) -> torch.Tensor:
     """Validate ``counts`` and return it as an int64 tensor ``[R, E]``.
 
     Accepts a torch tensor, a numpy array or nested lists of integers. Raises
@@ -29,11 +31,15 @@ def as_counts(counts: Any, num_ranks: int | None = None, *, check_values: bool =
         try:
             counts = torch.as_tensor(counts)
         except (TypeError, ValueError, RuntimeError) as exc:
-            raise PlanError(f"counts must be an integer array [R, E]; could not read it: {exc}") from None
+            raise PlanError(
+                f"counts must be an integer array [R, E]; could not read it: {exc}"
+            ) from None
     if counts.dtype not in _INT_DTYPES:
         raise PlanError(f"counts must have an integer dtype, got {counts.dtype}")
     if counts.dim() != 2:
-        raise PlanError(f"counts must be 2-D [R, E] (source rank x expert), got shape {tuple(counts.shape)}")
+        raise PlanError(
+            f"counts must be 2-D [R, E] (source rank x expert), got shape {tuple(counts.shape)}"
+        )
     R, E = counts.shape
     if R < 1 or E < 1:
         raise PlanError(f"counts must have at least one rank and one expert, got shape {(R, E)}")

@@ -87,7 +87,9 @@ def _check_shapes(p: Plan, R: int, E: int) -> None:
     for name, shape in want.items():
         t = getattr(p, name)
         if tuple(t.shape) != shape or t.dtype != torch.int64:
-            _fail("its shape contract", f"{name} is {t.dtype}{tuple(t.shape)}, expected int64{shape}")
+            _fail(
+                "its shape contract", f"{name} is {t.dtype}{tuple(t.shape)}, expected int64{shape}"
+            )
     if not torch.equal(p.home, home_map(E, R)):
         _fail("the home map", f"home = {p.home.tolist()}, expected {home_map(E, R).tolist()}")
 
@@ -115,7 +117,10 @@ def _check_balance(p: Plan, counts_RE: torch.Tensor) -> None:
     got_R = p.alloc.sum(0)
     if not torch.equal(got_R, want_R):
         r = int((got_R != want_R).nonzero()[0])
-        _fail("invariant 2 (exact balance)", f"rank {r} executes {int(got_R[r])} records, target {int(want_R[r])}")
+        _fail(
+            "invariant 2 (exact balance)",
+            f"rank {r} executes {int(got_R[r])} records, target {int(want_R[r])}",
+        )
 
 
 def _check_remote_bound(p: Plan) -> None:
@@ -152,19 +157,30 @@ def _check_slots(p: Plan, prev_slot_RB: torch.Tensor | None) -> None:
         if set(direct) & set(held):
             _fail("invariant 4 (slots)", f"rank {r} marks a slotted expert direct: {direct}")
         if direct and not all(e in used for e in slots):
-            _fail("invariant 4 (direct only when slots are full)", f"rank {r}: slots {slots}, direct {direct}")
+            _fail(
+                "invariant 4 (direct only when slots are full)",
+                f"rank {r}: slots {slots}, direct {direct}",
+            )
         prev = [-1] * B if prev_slot_RB is None else prev_slot_RB[r].tolist()
         _check_residents(r, slots, prev, used, p.slot_new[r].tolist())
 
 
-def _check_residents(r: int, slots: list[int], prev: list[int], used: set[int], new: list[int]) -> None:
+def _check_residents(
+    r: int, slots: list[int], prev: list[int], used: set[int], new: list[int]
+) -> None:
     for j, e in enumerate(slots):
         resident = e != -1 and prev[j] == e
         if e != -1 and e not in used and not resident:
-            _fail("invariant 4 (slots)", f"rank {r} slot {j} holds expert {e}, neither used nor resident")
+            _fail(
+                "invariant 4 (slots)",
+                f"rank {r} slot {j} holds expert {e}, neither used nor resident",
+            )
         want_new = int(e != -1 and not resident)
         if new[j] != want_new:
-            _fail("invariant 4 (slot_new)", f"rank {r} slot {j}: slot_new {new[j]}, expected {want_new}")
+            _fail(
+                "invariant 4 (slot_new)",
+                f"rank {r} slot {j}: slot_new {new[j]}, expected {want_new}",
+            )
 
 
 def _check_rows(p: Plan) -> None:
@@ -182,11 +198,18 @@ def _check_rows(p: Plan) -> None:
             _fail("the row layout", f"rank {r} direct rows not packed: {direct}")
         want = [int(p.alloc[e, r]) if e >= 0 else 0 for e in rows]
         if p.row_count[r].tolist() != want:
-            _fail("the row layout", f"rank {r} row_count {p.row_count[r].tolist()}, expected {want}")
-        if any(0 <= e < E and int(p.alloc[e, r]) == 0 and not M <= i < M + B for i, e in enumerate(rows)):
+            _fail(
+                "the row layout", f"rank {r} row_count {p.row_count[r].tolist()}, expected {want}"
+            )
+        if any(
+            0 <= e < E and int(p.alloc[e, r]) == 0 and not M <= i < M + B
+            for i, e in enumerate(rows)
+        ):
             pass  # home rows may be empty; direct rows never are (checked via `used` above)
         off = [0]
         for c in want:
             off.append(off[-1] + -(-c // p.align) * p.align)
         if p.row_offset[r].tolist() != off:
-            _fail("the row layout", f"rank {r} row_offset {p.row_offset[r].tolist()}, expected {off}")
+            _fail(
+                "the row layout", f"rank {r} row_offset {p.row_offset[r].tolist()}, expected {off}"
+            )

@@ -1,0 +1,108 @@
+"""The upstream MoonEP planner's greedy, written from its public description.
+
+Legend: R ranks, E experts; ``alloc [E, R]`` as in :class:`moonplan.Plan`.
+
+Description followed (MoonEP README / FIELD.md): balance home groups greedily —
+the donor with the largest excess fills the most underloaded receiver
+completely, and a donor that overshoots becomes a receiver; then, within each
+donor group, the destination with the largest remaining quota takes from the
+local expert with the most remaining records. Every replica is re-copied every
+step (no resident slots). It is a baseline for copy counts, kept independent
+of moonplan's planner code on purpose (heaps instead of scans).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+import torch
+
+from moonplan.plan.home import home_list, targets_list
+from moonplan.plan.validate import as_counts
+
+
+def moonep_greedy_alloc(counts: Any) -> torch.Tensor:
+    """The greedy's allocation.
+
+    Args:
+        counts: ``[R, E]`` non-negative integer counts.
+
+    Returns:
+        alloc_ER: int64 ``[E, R]`` on the CPU.
+    """
+    counts_RE = as_counts(counts).cpu()
+    R, E = counts_RE.shape
+    home = home_list(E, R)
+    total_E = counts_RE.sum(0).tolist()
+    loads = [0] * R
+    for e, t in enumerate(total_E):
+        loads[home[e]] += t
+    targets = targets_list(sum(total_E), R)
+    outflows = _balance(loads, targets)
+    alloc = [[0] * R for _ in range(E)]
+    for donor, dests in outflows.items():
+        experts = [e for e in range(E) if home[e] == donor]
+        _split(experts, total_E, dests, alloc)
+    for e in range(E):
+        alloc[e][home[e]] += total_E[e]
+    return torch.tensor(alloc, dtype=torch.int64).reshape(E, R)
+
+
+def _balance(loads: list[int], targets: list[int]) -> dict[int, dict[int, int]]:
+    """Group flows ``{donor: {receiver: records}}`` with two heaps."""
+    excess = [loads[r] - targets[r] for r in range(len(loads))]
+    donors = [(-x, r) for r, x in enumerate(excess) if x > 0]
+    receivers = [(x, r) for r, x in enumerate(excess) if x < 0]
+    heapq.heapify(donors)
+    heapq.heapify(receivers)
+    flows: dict[int, dict[int, int]] = {}
+    while donors:
+        neg_x, d = heapq.heappop(donors)
+        deficit, r = heapq.heappop(receivers)
+        flows.setdefault(d, {})[r] = -deficit
+        left = -neg_x + deficit
+        if left > 0:
+            heapq.heappush(donors, (-left, d))
+        elif left < 0:
+            heapq.heappush(receivers, (left, d))
+    return flows
+
+
+def _split(
+    experts: list[int], remaining: list[int], dests: dict[int, int], alloc: list[list[int]]
+) -> None:
+    """One group's quotas out of its experts (largest quota takes from fullest expert)."""
+    quota = [(-q, r) for r, q in dests.items()]
+    pool = [(-remaining[e], e) for e in experts if remaining[e] > 0]
+    heapq.heapify(quota)
+    heapq.heapify(pool)
+    while quota:
+        neg_q, r = heapq.heappop(quota)
+        neg_t, e = heapq.heappop(pool)
+        take = min(-neg_q, -neg_t)
+        alloc[e][r] += take
+        remaining[e] -= take
+        if -neg_q > take:
+            heapq.heappush(quota, (neg_q + take, r))
+        if remaining[e] > 0:
+            heapq.heappush(pool, (-remaining[e], e))
+
+
+def replica_count(alloc_ER: torch.Tensor) -> int:
+    """Copies of an allocation: pairs ``(e, r)`` with records on a rank that is not home."""
+    E, R = alloc_ER.shape
+    home_E = torch.tensor(home_list(E, R), dtype=torch.int64)
+    remote_ER = home_E[:, None] != torch.arange(R)[None, :]
+    return int(((alloc_ER.cpu() > 0) & remote_ER).sum())
+
+
+def copies_lower_bound(counts: Any) -> int:
+    """Fewest copies any exact plan needs: one per rank whose home load is below its target."""
+    counts_RE = as_counts(counts).cpu()
+    R, E = counts_RE.shape
+    load_R = torch.zeros(R, dtype=torch.int64).index_add_(
+        0, torch.tensor(home_list(E, R)), counts_RE.sum(0)
+    )
+    target_R = torch.tensor(targets_list(int(counts_RE.sum()), R))
+    return int((load_R < target_R).sum())

@@ -1,0 +1,31 @@
+"""The ``moonplan`` command: ``demo``, ``plan`` and ``cost`` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from moonplan import cli_cost, cli_plan, demo
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="moonplan",
+        description="Exactly balanced MoE expert parallelism: planner, demo and cost calculator.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo.register(sub)
+    cli_plan.register(sub)
+    cli_cost.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

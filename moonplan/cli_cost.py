@@ -1,0 +1,213 @@
+"""``moonplan cost``: print the EP cost figures of a model preset (see ``moonplan.cost``).
+
+``register(subparsers)`` adds the subcommand; ``moonplan/cli.py`` wires it in. The table
+shows parameters, weight GiB per rank and dispatch/combine MiB per rank for both backends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from moonplan.cost import (
+    ALL_TO_ALL,
+    ALLGATHER_REDUCESCATTER,
+    BACKENDS,
+    PRESETS,
+    CommPerRank,
+    MemoryPerRank,
+    ModelPreset,
+    ParamCount,
+    comm_per_rank,
+    count_params,
+    get_preset,
+    memory_per_rank,
+)
+
+_BACKEND_LABELS = {
+    ALL_TO_ALL: "direct all-to-all",
+    ALLGATHER_REDUCESCATTER: "allgather + reduce-scatter",
+}
+
+
+def _int_at_least(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``cost`` subcommand to an ``argparse`` subparsers object (from
+    ``ArgumentParser.add_subparsers()``); its handler is stored as ``args.func``."""
+    parser = subparsers.add_parser(
+        "cost",
+        help="parameters, weight memory and dispatch bytes per rank of an MoE model under EP",
+        description="Back-of-envelope EP cost of a model preset (weights and dispatch/combine "
+        "payload only; see docs/cost.md for the formulas and simplifications).",
+    )
+    parser.add_argument(
+        "--model", default="mixtral-8x7b", choices=sorted(PRESETS), help="model preset"
+    )
+    parser.add_argument("--ep", type=_int_at_least(1), default=8, help="EP size (default 8)")
+    parser.add_argument(
+        "--tp", type=_int_at_least(1), default=1, help="TP of replicated params (default 1)"
+    )
+    parser.add_argument(
+        "--tokens",
+        type=_int_at_least(0),
+        default=512,
+        help="tokens per rank per layer, B (default 512)",
+    )
+    parser.add_argument(
+        "--bytes", type=_int_at_least(1), default=2, help="bytes per element (default 2, bf16)"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.set_defaults(func=handler)
+
+
+def handler(args: argparse.Namespace) -> int:
+    """Print the cost table (or JSON with ``--json``) for ``args``; return the exit code."""
+    try:
+        report = cost_report(
+            args.model, ep=args.ep, tp=args.tp, tokens=args.tokens, bytes_per_elem=args.bytes
+        )
+    except ValueError as err:
+        print(f"moonplan cost: error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_table(report))
+    return 0
+
+
+def cost_report(
+    name: str, *, ep: int, tp: int = 1, tokens: int = 512, bytes_per_elem: int = 2
+) -> dict[str, Any]:
+    """All figures for preset ``name`` as a JSON-ready dict (bytes, GiB and MiB).
+
+    Arguments as for ``memory_per_rank``/``comm_per_rank``; ``bytes_per_elem`` is used for
+    weights and activations alike. Raises ``ValueError`` on bad input.
+    """
+    s = bytes_per_elem
+    model = get_preset(name)
+    params = count_params(model)
+    memory = memory_per_rank(model, ep=ep, tp=tp, bytes_per_param=s)
+    comm = [
+        comm_per_rank(model, ep=ep, tokens=tokens, bytes_per_elem=s, backend=b) for b in BACKENDS
+    ]
+    return {
+        "model": model.name,
+        "source": model.source,
+        "assumptions": list(model.assumptions),
+        "ep": ep,
+        "tp": tp,
+        "tokens_per_rank_per_layer": tokens,
+        "bytes_per_element": s,
+        "moe_layers": model.num_moe_layers,
+        "params": _params_dict(params),
+        "memory_per_rank": _memory_dict(memory),
+        "comm_per_rank": {c.backend: _comm_dict(c) for c in comm},
+        "notes": _notes(model, ep),
+    }
+
+
+def _params_dict(p: ParamCount) -> dict[str, int]:
+    keys = ("expert", "replicated", "total", "active", "attention", "router", "embedding")
+    more = ("lm_head", "shared_experts", "dense_ffn")
+    return {k: int(getattr(p, k)) for k in keys + more}
+
+
+def _memory_dict(m: MemoryPerRank) -> dict[str, float]:
+    return {
+        "expert_bytes": m.expert_bytes,
+        "replicated_bytes": m.replicated_bytes,
+        "total_bytes": m.total_bytes,
+        "expert_gib": m.expert_gib,
+        "replicated_gib": m.replicated_gib,
+        "total_gib": m.total_gib,
+    }
+
+
+def _comm_dict(c: CommPerRank) -> dict[str, float]:
+    return {
+        "dispatch_bytes_per_layer": c.dispatch_bytes,
+        "combine_bytes_per_layer": c.combine_bytes,
+        "dispatch_combine_bytes_per_layer": c.layer_bytes,
+        "forward_bytes": c.forward_bytes,
+        "dispatch_mib_per_layer": c.dispatch_mib,
+        "dispatch_combine_mib_per_layer": c.layer_mib,
+        "forward_mib": c.forward_mib,
+    }
+
+
+def _notes(model: ModelPreset, ep: int) -> list[str]:
+    notes = ["weights and dispatch/combine payload only: no KV cache, activations, buffers"]
+    if ep > model.num_experts:
+        notes.append(
+            f"EP={ep} > E={model.num_experts}: some ranks hold no expert; "
+            "figures use the uniform split"
+        )
+    if model.assumptions:
+        notes.append("preset contains assumed dimensions; see docs/cost.md")
+    return notes
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """Render ``cost_report``'s dict as a readable table with units."""
+    lines = [
+        f"moonplan cost: {report['model']}  EP={report['ep']}  TP={report['tp']}  "
+        f"B={report['tokens_per_rank_per_layer']} tokens/rank/layer  "
+        f"{report['bytes_per_element']} bytes/element",
+        "",
+    ]
+    lines += _param_lines(report["params"])
+    lines += _memory_lines(report)
+    lines += _comm_lines(report)
+    lines += [""] + [f"note: {n}" for n in report["notes"]]
+    return "\n".join(lines)
+
+
+def _param_lines(p: dict[str, int]) -> list[str]:
+    rows = [("routed experts", "expert"), ("replicated", "replicated"), ("total", "total")]
+    rows.append(("active per token", "active"))
+    lines = ["parameters"]
+    for label, key in rows:
+        lines.append(f"  {label:<28}{p[key]:>20,} params  ({p[key] / 1e9:8.2f} billion)")
+    return [*lines, ""]
+
+
+def _memory_lines(report: dict[str, Any]) -> list[str]:
+    m, s = report["memory_per_rank"], report["bytes_per_element"]
+    rows = [
+        (f"experts x {s} bytes / EP={report['ep']}", m["expert_gib"]),
+        (f"replicated x {s} bytes / TP={report['tp']}", m["replicated_gib"]),
+        ("total", m["total_gib"]),
+    ]
+    lines = ["weight memory per rank"]
+    lines += [f"  {label:<28}{gib:>14.2f} GiB" for label, gib in rows]
+    return [*lines, ""]
+
+
+def _mib(value: float, width: int) -> str:
+    return f"{value:.1f} MiB".rjust(width)
+
+
+def _comm_lines(report: dict[str, Any]) -> list[str]:
+    forward = f"forward x{report['moe_layers']} layers"
+    head = f"  {'backend':<28}{'dispatch':>14}{'dispatch+combine':>18}{forward:>22}"
+    lines = ["dispatch/combine bytes per rank, per MoE layer (uniform routing)", head]
+    for backend, c in report["comm_per_rank"].items():
+        row = f"  {_BACKEND_LABELS[backend]:<28}{_mib(c['dispatch_mib_per_layer'], 14)}"
+        row += _mib(c["dispatch_combine_mib_per_layer"], 18) + _mib(c["forward_mib"], 22)
+        lines.append(row)
+    return lines

@@ -1,0 +1,111 @@
+"""Torch twin of the reference planner's two scans (group balancing, group split).
+
+Legend:
+    R ranks, E experts, M = ceil(E/R)
+    X_R       load - target (> 0 donor, < 0 receiver)
+    quota_RR  [donor, receiver] records the donor group sends the receiver
+    warm_RR   [donor, receiver] the receiver has a slot resident with an expert of the donor group
+    ids_RM    global expert id of the m-th expert of group d (E where the group has fewer)
+    rem_RM    records of that expert not yet assigned
+
+Both scans are sequences of data-dependent argmax steps (see reference.py).
+They run as a fixed number of masked steps (``R - 1`` flows; ``R + M - 2``
+split steps) so that no value is read on the host: the scan is CUDA-graph
+capturable. Where reading is free (CPU tensors) the loops stop as soon as
+there is nothing left to do; the result is identical either way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _can_stop_early(t: torch.Tensor) -> bool:
+    """Early exit reads a flag on the host: free on CPU, a sync on accelerators."""
+    return t.device.type == "cpu"
+
+
+def balance_groups_torch(
+    load_R: torch.Tensor, target_R: torch.Tensor, warm_RR: torch.Tensor | None
+) -> torch.Tensor:
+    """Step 1 (``reference.balance_groups``) as masked tensor steps.
+
+    Returns:
+        quota_RR: int64 ``[R, R]``, ``quota_RR[d, r]`` records group ``d`` sends rank ``r``.
+    """
+    R = load_R.shape[0]
+    X_R = load_R - target_R
+    quota_RR = torch.zeros(R, R, dtype=torch.int64, device=load_R.device)
+    stop_early = _can_stop_early(X_R)
+    for _ in range(max(R - 1, 0)):
+        pos_R, neg_R = X_R > 0, X_R < 0
+        active = pos_R.any()
+        if stop_early and not bool(active):
+            break
+        d = torch.argmax(torch.where(pos_R, X_R, -1))  # largest excess, lowest rank
+        r = torch.argmin(torch.where(neg_R, X_R, 1))  # largest deficit, lowest rank
+        if warm_RR is not None:
+            d, r = _prefer_warm(X_R, pos_R, neg_R, warm_RR, d, r)
+        q = torch.where(active, -X_R[r], 0)
+        quota_RR[d, r] += q
+        X_R[r] += q
+        X_R[d] -= q
+    return quota_RR
+
+
+def _prefer_warm(
+    X_R: torch.Tensor,
+    pos_R: torch.Tensor,
+    neg_R: torch.Tensor,
+    warm_RR: torch.Tensor,
+    d: torch.Tensor,
+    r: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Among warm (donor, receiver) pairs: largest deficit, then largest excess, then ids."""
+    R = X_R.shape[0]
+    valid_RR = warm_RR & pos_R[:, None] & neg_R[None, :]
+    big = torch.iinfo(torch.int64).max
+    xr_min = torch.where(valid_RR, X_R[None, :], big).min()
+    valid_RR = valid_RR & (X_R[None, :] == xr_min)
+    xd_max = torch.where(valid_RR, X_R[:, None], -big).max()
+    valid_RR = valid_RR & (X_R[:, None] == xd_max)
+    flat = torch.argmax(valid_RR.t().reshape(-1).to(torch.int8))  # first (r, d) in id order
+    has = valid_RR.any()
+    return torch.where(has, flat % R, d), torch.where(has, flat // R, r)
+
+
+def split_groups_torch(
+    quota_RR: torch.Tensor,
+    ids_RM: torch.Tensor,
+    rem_RM: torch.Tensor,
+    resident_ER: torch.Tensor | None,
+    alloc_ER: torch.Tensor,
+) -> None:
+    """Step 2 (``reference.split_group``) for every donor group at once, in lockstep.
+
+    Updates ``alloc_ER`` (int64 ``[E, R]``), ``quota_RR`` and ``rem_RM`` in place; the
+    records left in ``rem_RM`` stay on the home rank (added by the caller).
+    """
+    R, M = rem_RM.shape
+    E = alloc_ER.shape[0]
+    valid_RM = ids_RM < E
+    safe_RM = ids_RM.clamp(max=E - 1)
+    group_R = torch.arange(R, device=rem_RM.device)
+    flat_alloc = alloc_ER.view(-1)
+    stop_early = _can_stop_early(rem_RM)
+    for _ in range(max(R + M - 2, 1)):
+        has_R = (quota_RR > 0).any(1)
+        if stop_early and not bool(has_R.any()):
+            break
+        r_R = torch.argmax(quota_RR, dim=1)  # largest quota, lowest rank
+        q_R = quota_RR[group_R, r_R]
+        live_RM = (rem_RM > 0) & valid_RM
+        if resident_ER is not None:
+            warm_RM = live_RM & resident_ER[safe_RM, r_R[:, None]]
+            live_RM = torch.where(warm_RM.any(1, keepdim=True), warm_RM, live_RM)
+        m_R = torch.argmax(torch.where(live_RM, rem_RM, -1), dim=1)  # most records, lowest id
+        take_R = torch.where(has_R, torch.minimum(q_R, rem_RM[group_R, m_R]), 0)
+        e_R = safe_RM[group_R, m_R]
+        flat_alloc.index_add_(0, e_R * R + r_R, take_R)
+        rem_RM[group_R, m_R] -= take_R
+        quota_RR[group_R, r_R] -= take_R
