@@ -31,6 +31,7 @@ import torch
 from moonplan.plan.home import home_list, home_start, max_local, targets_list
 
 Flow = tuple[int, int, int]  # (donor rank, receiver rank, records)
+Move = tuple[int, int, int]  # (expert, rank, records)
 
 
 @dataclass
@@ -80,8 +81,7 @@ def split_group(
     remaining: list[int],
     dests: list[tuple[int, int]],
     resident: set[tuple[int, int]],
-    alloc: list[list[int]],
-) -> None:
+) -> list[Move]:
     """Step 2 for one donor group: move each destination's quota out of ``remaining``.
 
     Args:
@@ -89,8 +89,11 @@ def split_group(
         remaining: records per expert still unassigned (updated in place, indexed by id).
         dests: ``(rank, quota)`` outflows of this group.
         resident: ``(expert, rank)`` pairs already resident in a slot (``previous=``).
-        alloc: ``[E][R]`` allocation, updated in place.
+
+    Returns:
+        ``(expert, rank, records)`` moves, in the order they are decided.
     """
+    moves: list[Move] = []
     quota = dict(dests)
     while quota:
         r = max(quota, key=lambda k: (quota[k], -k))
@@ -98,11 +101,12 @@ def split_group(
         warm = [e for e in live if (e, r) in resident]
         e = max(warm or live, key=lambda k: (remaining[k], -k))
         take = min(quota[r], remaining[e])
-        alloc[e][r] += take
+        moves.append((e, r, take))
         remaining[e] -= take
         quota[r] -= take
         if quota[r] == 0:
             del quota[r]
+    return moves
 
 
 def place_slots(
@@ -185,7 +189,8 @@ def reference_plan(
     for d in range(R):
         dests = [(r, q) for (dd, r, q) in flows if dd == d]
         experts = [e for e in range(E) if home[e] == d]
-        split_group(experts, remaining, dests, resident, alloc)
+        for e, r, take in split_group(experts, remaining, dests, resident):
+            alloc[e][r] += take
     for e in range(E):
         alloc[e][home[e]] += remaining[e]
 

@@ -32,16 +32,19 @@ class Route:
         dest_offset: ``[S, K]`` row of the destination's expert-grouped,
             ``align``-padded receive buffer that the record is written to.
         send_counts: ``[R]`` records this rank sends to each rank.
-        order: ``[S*K]`` flat record ids sorted by ``(dest_rank, dest_offset)``
-            (the send order of an all-to-all transport).
         rank: the source rank.
     """
 
     dest_rank: torch.Tensor
     dest_offset: torch.Tensor
     send_counts: torch.Tensor
-    order: torch.Tensor
     rank: int
+
+    def send_order(self) -> torch.Tensor:
+        """``[S*K]`` flat record ids sorted by ``(dest_rank, dest_offset)``: the order in
+        which an all-to-all transport packs its send buffer."""
+        key_N = (self.dest_rank.reshape(-1) << _OFFSET_BITS) + self.dest_offset.reshape(-1)
+        return torch.sort(key_N).indices
 
 
 def route(plan: Plan, rank: int, topk_ids: torch.Tensor, *, check: bool = True) -> Route:
@@ -65,32 +68,51 @@ def route(plan: Plan, rank: int, topk_ids: torch.Tensor, *, check: bool = True) 
     if check:
         _check_ids(plan, rank, topk_ids)
     ids_N = topk_ids.reshape(-1).to(device=plan.device, dtype=torch.int64)
-    dev = plan.device
-    # Position of each record inside its expert's global order.
+    N = ids_N.numel()
+    # This rank's records sorted by expert (stable: local order kept inside an expert).
     order_N = torch.sort(ids_N, stable=True).indices
-    sorted_N = ids_N[order_N]
-    first_E = torch.cumsum(plan.counts[rank], 0) - plan.counts[rank]
-    local_N = torch.arange(ids_N.numel(), device=dev) - first_E[sorted_N]
-    before_E = plan.counts[:rank].sum(0)
-    pos_N = before_E[sorted_N] + local_N
-    # Destination segment of that position (segments in rank order, sizes alloc[e, :]).
-    seg_end_ER = torch.cumsum(plan.alloc, 1)
-    dest_N = torch.searchsorted(seg_end_ER[sorted_N], pos_N[:, None], right=True)[:, 0]
-    seg_start_N = seg_end_ER[sorted_N, dest_N] - plan.alloc[sorted_N, dest_N]
-    row_N = row_index(plan)[sorted_N, dest_N]
-    off_N = plan.row_offset[dest_N, row_N] + (pos_N - seg_start_N)
+    take_ER, base_ER = _cells(plan, rank)
+    # Sorted records fill the cells (e, r) in (e, r) order: expert by expert, ranks ascending.
+    cell_N = torch.repeat_interleave(
+        torch.arange(take_ER.numel(), device=plan.device), take_ER.reshape(-1), output_size=N
+    )
+    dest_N = cell_N % R
+    off_N = base_ER.reshape(-1)[cell_N] + torch.arange(N, device=plan.device)
     dest_rank = torch.empty_like(ids_N).scatter_(0, order_N, dest_N)
     dest_offset = torch.empty_like(ids_N).scatter_(0, order_N, off_N)
-    send_counts = torch.bincount(dest_N, minlength=R)
-    send_order = torch.sort((dest_rank << _OFFSET_BITS) + dest_offset).indices
     S, K = topk_ids.shape
     return Route(
         dest_rank=dest_rank.view(S, K),
         dest_offset=dest_offset.view(S, K),
-        send_counts=send_counts,
-        order=send_order,
+        send_counts=take_ER.sum(0),
         rank=rank,
     )
+
+
+def _cells(plan: Plan, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per cell ``(e, r)``: records of ``rank`` it takes, and the offset base of its run.
+
+    Expert ``e``'s records, in global order (source rank, then local order), are cut
+    into segments ``[start, end)`` of sizes ``alloc[e, :]``; ``rank`` owns positions
+    ``[lo, hi)`` of that order. A cell takes the overlap. ``base`` is such that the
+    ``i``-th record in this rank's expert-sorted order, if it falls in the cell, lands
+    at ``base + i`` of the destination's receive buffer.
+
+    Returns:
+        ``(take_ER, base_ER)``: int64 ``[E, R]`` each.
+    """
+    end_ER = torch.cumsum(plan.alloc, 1)
+    start_ER = end_ER - plan.alloc
+    lo_E = plan.counts[:rank].sum(0)
+    hi_E = lo_E + plan.counts[rank]
+    first_ER = torch.maximum(start_ER, lo_E[:, None])
+    take_ER = (torch.minimum(end_ER, hi_E[:, None]) - first_ER).clamp(min=0)
+    run_start_ER = (torch.cumsum(take_ER.reshape(-1), 0) - take_ER.reshape(-1)).view_as(take_ER)
+    r_R = torch.arange(plan.num_ranks, device=plan.device)
+    row_ER = row_index(plan).clamp(min=0)
+    row_base_ER = plan.row_offset[r_R[None, :], row_ER]
+    base_ER = row_base_ER + (first_ER - start_ER) - run_start_ER
+    return take_ER, base_ER
 
 
 def row_index(plan: Plan) -> torch.Tensor:

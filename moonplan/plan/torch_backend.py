@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from moonplan.plan.home import home_map
+from moonplan.plan.home import home_map, home_start
+from moonplan.plan.host_scan import balance_groups_host
+from moonplan.plan.reference import split_group
 from moonplan.plan.torch_layout import (
     group_experts,
     place_slots_torch,
@@ -21,7 +23,12 @@ from moonplan.plan.torch_scan import balance_groups_torch, split_groups_torch
 
 
 def plan_torch(
-    counts_RE: torch.Tensor, num_slots: int, align: int, prev_RB: torch.Tensor | None
+    counts_RE: torch.Tensor,
+    num_slots: int,
+    align: int,
+    prev_RB: torch.Tensor | None,
+    *,
+    scan: str = "auto",
 ) -> dict[str, torch.Tensor]:
     """The plan's tensors (same keys as ``reference.to_tensors``).
 
@@ -30,6 +37,9 @@ def plan_torch(
         num_slots: ``B``.
         align: row padding multiple.
         prev_RB: int64 ``[R, B]`` previous plan's slots, or ``None``.
+        scan: how steps 1-2 (the sequential greedy) run: ``"tensor"`` (masked tensor
+            steps, no host reads: the accelerator path), ``"host"`` (Python integers:
+            cheapest where the tensors are on the CPU) or ``"auto"`` (by device).
     """
     R, E = counts_RE.shape
     dev = counts_RE.device
@@ -39,21 +49,15 @@ def plan_torch(
     r_R = torch.arange(R, device=dev)
     target_R = N // R + (r_R < N % R).to(torch.int64)
     load_R = torch.zeros(R, dtype=torch.int64, device=dev).index_add_(0, home_E, T_E)
-
-    resident_ER = warm_RR = None
-    if prev_RB is not None:
-        resident_ER = _resident(prev_RB, E)
-        warm_RR = torch.zeros(R, R, dtype=torch.int64, device=dev)
-        warm_RR.index_add_(0, home_E, resident_ER.to(torch.int64))
-        warm_RR = warm_RR > 0
-    quota_RR = balance_groups_torch(load_R, target_R, warm_RR)
-
     ids_RM = group_experts(E, R, dev)
-    rem_RM = torch.where(ids_RM < E, T_E[ids_RM.clamp(max=E - 1)], 0)
-    alloc_ER = torch.zeros(E, R, dtype=torch.int64, device=dev)
-    split_groups_torch(quota_RR.clone(), ids_RM, rem_RM, resident_ER, alloc_ER)
-    home_RM = ids_RM.clamp(max=E - 1)
-    alloc_ER.view(-1).index_add_(0, (home_RM * R + r_R[:, None]).view(-1), rem_RM.view(-1))
+    if scan == "auto":
+        scan = "host" if dev.type == "cpu" else "tensor"
+    if scan == "host":
+        quota_RR, alloc_ER = _alloc_host(load_R - target_R, T_E, home_E, prev_RB)
+    elif scan == "tensor":
+        quota_RR, alloc_ER = _alloc_tensor(load_R - target_R, T_E, home_E, ids_RM, prev_RB)
+    else:
+        raise ValueError(f"scan must be 'auto', 'host' or 'tensor', got {scan!r}")
 
     cand_RM, _ = replica_candidates(quota_RR, ids_RM, alloc_ER)
     prev = prev_RB if prev_RB is not None else cand_RM.new_full((R, num_slots), -1)
@@ -69,6 +73,65 @@ def plan_torch(
         "row_count": count_RW,
         "row_offset": offset_RW1,
     }
+
+
+def _alloc_tensor(
+    X_R: torch.Tensor,
+    T_E: torch.Tensor,
+    home_E: torch.Tensor,
+    ids_RM: torch.Tensor,
+    prev_RB: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 1-2 as masked tensor steps: ``(quota_RR, alloc_ER)``."""
+    R, E = X_R.shape[0], T_E.shape[0]
+    dev = X_R.device
+    resident_ER = warm_RR = None
+    if prev_RB is not None:
+        resident_ER = _resident(prev_RB, E)
+        warm_RR = torch.zeros(R, R, dtype=torch.int64, device=dev)
+        warm_RR.index_add_(0, home_E, resident_ER.to(torch.int64))
+        warm_RR = warm_RR > 0
+    quota_RR = balance_groups_torch(X_R, warm_RR)
+    rem_RM = torch.where(ids_RM < E, T_E[ids_RM.clamp(max=E - 1)], 0)
+    alloc_ER = torch.zeros(E, R, dtype=torch.int64, device=dev)
+    split_groups_torch(quota_RR.clone(), ids_RM, rem_RM, resident_ER, alloc_ER)
+    r_R = torch.arange(R, device=dev)
+    home_RM = ids_RM.clamp(max=E - 1)
+    alloc_ER.view(-1).index_add_(0, (home_RM * R + r_R[:, None]).view(-1), rem_RM.view(-1))
+    return quota_RR, alloc_ER
+
+
+def _alloc_host(
+    X_R: torch.Tensor, T_E: torch.Tensor, home_E: torch.Tensor, prev_RB: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 1-2 over host integers (heap scan + the reference split): ``(quota_RR, alloc_ER)``."""
+    R, E = X_R.shape[0], T_E.shape[0]
+    home = home_E.tolist()
+    resident: set[tuple[int, int]] = set()
+    warm: dict[int, set[int]] | None = None
+    if prev_RB is not None:
+        resident = {(e, r) for r, row in enumerate(prev_RB.tolist()) for e in row if e >= 0}
+        warm = {}
+        for e, r in resident:
+            warm.setdefault(r, set()).add(home[e])
+    flows = balance_groups_host(X_R.tolist(), warm)
+    remaining = T_E.tolist()
+    dests: dict[int, list[tuple[int, int]]] = {}
+    for d, r, q in flows:
+        dests.setdefault(d, []).append((r, q))
+    moves = []
+    for d, out in dests.items():
+        experts = list(range(home_start(d, E, R), home_start(d + 1, E, R)))
+        moves += split_group(experts, remaining, out, resident)
+    quota_RR = torch.zeros(R, R, dtype=torch.int64)
+    alloc_ER = torch.zeros(E, R, dtype=torch.int64)
+    if flows:
+        f = torch.tensor(flows, dtype=torch.int64)
+        quota_RR[f[:, 0], f[:, 1]] = f[:, 2]
+        m = torch.tensor(moves, dtype=torch.int64)
+        alloc_ER.index_put_((m[:, 0], m[:, 1]), m[:, 2], accumulate=True)
+    alloc_ER[torch.arange(E), home_E.cpu()] += torch.tensor(remaining, dtype=torch.int64)
+    return quota_RR.to(X_R.device), alloc_ER.to(X_R.device)
 
 
 def _resident(prev_RB: torch.Tensor, num_experts: int) -> torch.Tensor:

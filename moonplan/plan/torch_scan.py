@@ -25,45 +25,47 @@ def _can_stop_early(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
-def balance_groups_torch(
-    load_R: torch.Tensor, target_R: torch.Tensor, warm_RR: torch.Tensor | None
-) -> torch.Tensor:
+def balance_groups_torch(X_R: torch.Tensor, warm_RR: torch.Tensor | None) -> torch.Tensor:
     """Step 1 (``reference.balance_groups``) as masked tensor steps.
+
+    Args:
+        X_R: int64 ``[R]`` load minus target.
+        warm_RR: bool ``[R, R]`` resident (donor, receiver) pairs, or ``None``.
 
     Returns:
         quota_RR: int64 ``[R, R]``, ``quota_RR[d, r]`` records group ``d`` sends rank ``r``.
     """
-    R = load_R.shape[0]
-    X_R = load_R - target_R
-    quota_RR = torch.zeros(R, R, dtype=torch.int64, device=load_R.device)
+    R = X_R.shape[0]
+    X_R = X_R.clone()
     stop_early = _can_stop_early(X_R)
+    d_F, r_F, q_F = [], [], []  # one entry per flow step
     for _ in range(max(R - 1, 0)):
-        pos_R, neg_R = X_R > 0, X_R < 0
-        active = pos_R.any()
-        if stop_early and not bool(active):
+        # Sum(X) == 0, so with no donor left there is no receiver either: the step
+        # then moves q = 0 records and changes nothing.
+        x_max, d = X_R.clamp(min=0).max(0)  # largest excess, lowest rank
+        if stop_early and not bool(x_max):
             break
-        d = torch.argmax(torch.where(pos_R, X_R, -1))  # largest excess, lowest rank
-        r = torch.argmin(torch.where(neg_R, X_R, 1))  # largest deficit, lowest rank
+        x_min, r = X_R.clamp(max=0).min(0)  # largest deficit, lowest rank
         if warm_RR is not None:
-            d, r = _prefer_warm(X_R, pos_R, neg_R, warm_RR, d, r)
-        q = torch.where(active, -X_R[r], 0)
-        quota_RR[d, r] += q
-        X_R[r] += q
-        X_R[d] -= q
+            d, r = _prefer_warm(X_R, warm_RR, d, r)
+            x_min = X_R[r].clamp(max=0)
+        X_R[d] += x_min  # the donor gives the receiver's whole deficit (it may overshoot)
+        X_R[r] -= x_min
+        d_F.append(d)
+        r_F.append(r)
+        q_F.append(-x_min)
+    quota_RR = torch.zeros(R, R, dtype=torch.int64, device=X_R.device)
+    if d_F:
+        quota_RR.index_put_((torch.stack(d_F), torch.stack(r_F)), torch.stack(q_F), accumulate=True)
     return quota_RR
 
 
 def _prefer_warm(
-    X_R: torch.Tensor,
-    pos_R: torch.Tensor,
-    neg_R: torch.Tensor,
-    warm_RR: torch.Tensor,
-    d: torch.Tensor,
-    r: torch.Tensor,
+    X_R: torch.Tensor, warm_RR: torch.Tensor, d: torch.Tensor, r: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Among warm (donor, receiver) pairs: largest deficit, then largest excess, then ids."""
     R = X_R.shape[0]
-    valid_RR = warm_RR & pos_R[:, None] & neg_R[None, :]
+    valid_RR = warm_RR & (X_R > 0)[:, None] & (X_R < 0)[None, :]
     big = torch.iinfo(torch.int64).max
     xr_min = torch.where(valid_RR, X_R[None, :], big).min()
     valid_RR = valid_RR & (X_R[None, :] == xr_min)

@@ -1,0 +1,153 @@
+"""Planner benchmark: copies, remote experts, resident-slot savings and time of plan + routing.
+
+For each (R, E, S, K) and lognormal sigma it prints copies (moonplan, MoonEP
+greedy, lower bound), the most remote experts on a rank, new copies per step
+with ``previous=`` on a slowly drifting trace (and the greedy's copies per
+step, which re-copies every step), and the time of ``plan`` + ``route`` for one
+rank as a ratio to one stable ``torch.sort`` of that rank's ``S*K`` expert ids,
+measured interleaved in the same run. Writes JSON (``--out``).
+
+    python bench/bench_plan.py                 # all configurations
+    python bench/bench_plan.py --quick         # small configurations only (CI smoke)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import moonplan
+from moonplan.baselines import copies_lower_bound, moonep_greedy_alloc, replica_count
+from moonplan.traces import DriftingTrace, counts_for_ranks, popularity, sample_topk
+
+CONFIGS = [(8, 256, 4096, 8), (64, 896, 8192, 8), (64, 896, 8192, 16), (256, 896, 2048, 16)]
+QUICK = [(8, 64, 512, 4), (16, 128, 256, 8)]
+SIGMAS = [0.5, 1.0, 2.0]
+
+
+def one_step(
+    R: int, E: int, S: int, K: int, sigma: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts ``[R, E]`` and rank 0's ``ids [S, K]`` (consistent with ``counts[0]``)."""
+    gen = torch.Generator().manual_seed(seed)
+    pop_E = popularity("lognormal", E, sigma=sigma, generator=gen)
+    ids_SK = sample_topk(pop_E, S, K, gen)
+    counts_RE = counts_for_ranks(pop_E, [S] * R, K, gen)
+    counts_RE[0] = torch.bincount(ids_SK.reshape(-1), minlength=E)
+    return counts_RE, ids_SK
+
+
+def time_ratio(counts_RE: torch.Tensor, ids_SK: torch.Tensor, reps: int) -> dict[str, float]:
+    """Median seconds of plan+route and of one stable sort, interleaved; and their ratio."""
+    flat = ids_SK.reshape(-1)
+    plan_s, sort_s = [], []
+    for i in range(reps + 2):
+        t0 = time.perf_counter()
+        torch.sort(flat, stable=True)
+        t1 = time.perf_counter()
+        p = moonplan.plan(counts_RE, backend="torch")
+        moonplan.route(p, 0, ids_SK)
+        t2 = time.perf_counter()
+        if i >= 2:  # warm-up
+            sort_s.append(t1 - t0)
+            plan_s.append(t2 - t1)
+    plan_med, sort_med = statistics.median(plan_s), statistics.median(sort_s)
+    return {
+        "plan_route_ms": plan_med * 1e3,
+        "sort_ms": sort_med * 1e3,
+        "ratio": plan_med / sort_med,
+    }
+
+
+def resident_savings(R: int, E: int, S: int, K: int, sigma: float, steps: int) -> dict[str, float]:
+    """New copies per step with ``previous=`` vs the greedy's copies per step (drifting trace)."""
+    trace = DriftingTrace(R, E, S, K, sigma=sigma, rho=0.99, seed=1)
+    prev, new, greedy = None, [], []
+    for t in range(steps):
+        counts_RE = trace.step()
+        p = moonplan.plan(counts_RE, previous=prev)
+        if t >= 2:  # steady state: the first plans fill empty slots
+            new.append(p.new_copies())
+            greedy.append(replica_count(moonep_greedy_alloc(counts_RE)))
+        prev = p
+    n, g = statistics.mean(new), statistics.mean(greedy)
+    return {
+        "new_copies_per_step": n,
+        "greedy_copies_per_step": g,
+        "new_over_greedy": n / g if g else 0.0,
+    }
+
+
+def run(
+    configs: list[tuple[int, int, int, int]], sigmas: list[float], reps: int, steps: int
+) -> list[dict[str, Any]]:
+    rows = []
+    for R, E, S, K in configs:
+        for sigma in sigmas:
+            counts_RE, ids_SK = one_step(R, E, S, K, sigma, seed=0)
+            p = moonplan.plan(counts_RE)
+            moonplan.check_plan(p, counts_RE)
+            row: dict[str, Any] = {
+                "R": R,
+                "E": E,
+                "S": S,
+                "K": K,
+                "sigma": sigma,
+                "copies": p.copies(),
+                "greedy_copies": replica_count(moonep_greedy_alloc(counts_RE)),
+                "lower_bound": copies_lower_bound(counts_RE),
+                "max_remote": int(p.remote_experts().max()),
+                "bound": p.max_local,
+                "static_max_over_mean": p.summary()["static_max_over_mean"],
+            }
+            row.update(resident_savings(R, E, S, K, sigma, steps))
+            row.update(time_ratio(counts_RE, ids_SK, reps))
+            rows.append(row)
+            print(format_row(row), flush=True)
+    return rows
+
+
+HEADER = (
+    f"{'R':>4} {'E':>4} {'S':>5} {'K':>3} {'sig':>4} {'static':>6} {'copies':>6} {'greedy':>6} "
+    f"{'lower':>5} {'remote':>9} {'new/step':>8} {'greedy/step':>11} {'new%':>5} "
+    f"{'plan+route ms':>13} {'sort ms':>7} {'ratio':>5}"
+)
+
+
+def format_row(r: dict[str, Any]) -> str:
+    return (
+        f"{r['R']:>4} {r['E']:>4} {r['S']:>5} {r['K']:>3} {r['sigma']:>4} "
+        f"{r['static_max_over_mean']:>6.2f} {r['copies']:>6} {r['greedy_copies']:>6} "
+        f"{r['lower_bound']:>5} {str(r['max_remote']) + '/' + str(r['bound']):>9} "
+        f"{r['new_copies_per_step']:>8.1f} {r['greedy_copies_per_step']:>11.1f} "
+        f"{100 * r['new_over_greedy']:>5.1f} {r['plan_route_ms']:>13.2f} {r['sort_ms']:>7.2f} "
+        f"{r['ratio']:>5.2f}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="small configurations only")
+    ap.add_argument("--reps", type=int, default=15, help="timed repetitions (default 15)")
+    ap.add_argument("--steps", type=int, default=12, help="drifting-trace steps (default 12)")
+    ap.add_argument("--out", default="bench/results/bench_plan.json", help="JSON output path")
+    args = ap.parse_args()
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
+    print(HEADER)
+    rows = run(QUICK if args.quick else CONFIGS, SIGMAS, args.reps, args.steps)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Step 1 (group balancing) over host integers, in ``O(log R)`` per flow.
+
+Legend: R ranks; ``X[r] = load[r] - target[r]`` (> 0 donor, < 0 receiver).
+
+Same flows, in the same order, as ``reference.balance_groups`` (which spends
+``O(R)`` per flow, or ``O(R^2)`` with resident pairs, for readability). The
+torch backend uses this scan for CPU tensors, where reading values costs
+nothing and a Python step is cheaper than a tensor op.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+
+from moonplan.plan.reference import Flow
+
+
+def balance_groups_host(X: list[int], warm_by_receiver: dict[int, set[int]] | None) -> list[Flow]:
+    """Greedy group flows (see ``reference.balance_groups`` for the rule and ties).
+
+    Args:
+        X: excess per rank (modified in place).
+        warm_by_receiver: for each receiver, the donor groups resident in its slots.
+    """
+    donors = [(-x, r) for r, x in enumerate(X) if x > 0]  # heap: largest excess, lowest rank
+    heapq.heapify(donors)
+    receivers = sorted((x, r) for r, x in enumerate(X) if x < 0)  # most negative first
+    flows: list[Flow] = []
+    while receivers:
+        pick = _warm_pick(X, receivers, warm_by_receiver) if warm_by_receiver else None
+        if pick is None:
+            while -donors[0][0] != X[donors[0][1]]:  # drop stale heap entries
+                heapq.heappop(donors)
+            d, (x_r, r) = donors[0][1], receivers[0]
+        else:
+            d, (x_r, r) = pick
+        flows.append((d, r, -x_r))
+        receivers.remove((x_r, r))
+        _move(X, donors, receivers, d, r, -x_r)
+    return flows
+
+
+def _move(
+    X: list[int],
+    donors: list[tuple[int, int]],
+    receivers: list[tuple[int, int]],
+    d: int,
+    r: int,
+    q: int,
+) -> None:
+    """Donor ``d`` gives receiver ``r`` its whole deficit ``q``; re-file the donor."""
+    X[r] = 0
+    X[d] -= q
+    if X[d] > 0:
+        heapq.heappush(donors, (-X[d], d))
+    elif X[d] < 0:
+        bisect.insort(receivers, (X[d], d))
+
+
+def _warm_pick(
+    X: list[int], receivers: list[tuple[int, int]], warm: dict[int, set[int]]
+) -> tuple[int, tuple[int, int]] | None:
+    """The warm pair with the largest deficit, then largest excess, then lowest ids."""
+    best: tuple[int, int, int] | None = None  # (-X[d], r, d)
+    level = None
+    for x_r, r in receivers:
+        if level is not None and x_r != level:
+            break
+        for d in warm.get(r, ()):
+            if X[d] > 0 and (best is None or (-X[d], r, d) < best):
+                best, level = (-X[d], r, d), x_r
+    if best is None or level is None:
+        return None
+    return best[2], (level, best[1])
