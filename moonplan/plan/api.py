@@ -60,15 +60,18 @@ def plan(
     B = check_options(slots, align, max_local(E, R))
     prev_RB = _previous_slots(previous, R, E, B, counts_RE.device)
     name = _resolve(backend, counts_RE.device)
+    prev_F3 = None if previous is None else previous.flow.to(counts_RE.device)
     if name == "reference":
-        prev = None if prev_RB is None else prev_RB.tolist()
-        fields = to_tensors(reference_plan(counts_RE.tolist(), B, align, prev), counts_RE.device)
+        prev_slots = None if prev_RB is None else prev_RB.tolist()
+        prev_flows = None if prev_F3 is None else [tuple(f) for f in prev_F3.tolist() if f[0] >= 0]
+        res = reference_plan(counts_RE.tolist(), B, align, prev_slots, prev_flows)
+        fields = to_tensors(res, counts_RE.device)
     elif name == "torch":
-        fields = plan_torch(counts_RE, B, align, prev_RB)
+        fields = plan_torch(counts_RE, B, align, prev_RB, prev_F3)
     else:
         from moonplan.plan.cuda_backend import plan_cuda
 
-        fields = plan_cuda(counts_RE, B, align, prev_RB)
+        fields = plan_cuda(counts_RE, B, align, prev_RB, prev_F3)
     return Plan(counts=counts_RE, num_slots=B, align=align, backend=name, **fields)
 
 

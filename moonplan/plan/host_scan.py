@@ -13,20 +13,27 @@ from __future__ import annotations
 import bisect
 import heapq
 
-from moonplan.plan.reference import Flow
+from moonplan.plan.reference import Flow, keep_previous_flows
 
 
-def balance_groups_host(X: list[int], warm_by_receiver: dict[int, set[int]] | None) -> list[Flow]:
-    """Greedy group flows (see ``reference.balance_groups`` for the rule and ties).
+def balance_groups_host(
+    load: list[int],
+    X: list[int],
+    warm_by_receiver: dict[int, set[int]] | None,
+    previous: list[Flow],
+) -> list[Flow]:
+    """Group flows as ``reference.balance_groups`` (same rule, ties and order).
 
     Args:
-        X: excess per rank (modified in place).
+        load: static load per rank.
+        X: load minus target per rank (modified in place).
         warm_by_receiver: for each receiver, the donor groups resident in its slots.
+        previous: last step's flows in order (replayed first where they fit).
     """
+    flows = keep_previous_flows(load, X, previous, set())
     donors = [(-x, r) for r, x in enumerate(X) if x > 0]  # heap: largest excess, lowest rank
     heapq.heapify(donors)
     receivers = sorted((x, r) for r, x in enumerate(X) if x < 0)  # most negative first
-    flows: list[Flow] = []
     while receivers:
         pick = _warm_pick(X, receivers, warm_by_receiver) if warm_by_receiver else None
         if pick is None:

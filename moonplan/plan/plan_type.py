@@ -36,6 +36,8 @@ class Plan:
         alloc: ``[E, R]`` records of expert ``e`` executed on rank ``r``.
         target: ``[R]`` records each rank executes (``sum(alloc, 0)``).
         home: ``[E]`` home rank of each expert.
+        flow: ``[R-1, 3]`` the group flows ``(donor, receiver, records)`` in the order
+            the planner decided them (``(-1, -1, 0)`` padding); each receiver has one.
         slot_expert: ``[R, B]`` global expert held by each prefetch slot, ``-1`` if empty.
         slot_new: ``[R, B]`` 1 where the slot must be (re)filled this step, else 0
             (0 for empty slots and for residents kept from ``previous``).
@@ -51,6 +53,7 @@ class Plan:
     alloc: torch.Tensor
     target: torch.Tensor
     home: torch.Tensor
+    flow: torch.Tensor
     slot_expert: torch.Tensor
     slot_new: torch.Tensor
     row_expert: torch.Tensor

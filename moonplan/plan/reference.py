@@ -14,6 +14,8 @@ Steps:
        receiver with the largest deficit *completely*; a donor that overshoots
        becomes a receiver. Every receiver is filled by exactly one donor group,
        so it executes remote experts of one group only: at most M of them.
+       With ``previous=``, last step's flows are first replayed where they
+       still fit, then resident (warm) pairs go first.
     2. split each donor group's outflows over its experts: the destination with
        the largest remaining quota takes from the group's expert with the most
        remaining records (with ``previous=``: from an expert already resident
@@ -41,6 +43,7 @@ class RefResult:
     alloc: list[list[int]]  # [E][R]
     target: list[int]  # [R]
     home: list[int]  # [E]
+    flows: list[Flow]  # at most R - 1, in decision order
     slot_expert: list[list[int]]  # [R][B]
     slot_new: list[list[int]]  # [R][B]
     row_expert: list[list[int]]  # [R][W]
@@ -48,17 +51,43 @@ class RefResult:
     row_offset: list[list[int]]  # [R][W+1]
 
 
-def balance_groups(load: list[int], target: list[int], warm: set[tuple[int, int]]) -> list[Flow]:
+def keep_previous_flows(
+    load: list[int], X: list[int], previous: list[Flow], filled: set[int]
+) -> list[Flow]:
+    """Step 1a (``previous=``): replay last step's group flows where they still fit.
+
+    In last step's order, donor ``d`` fills receiver ``r`` again (its whole
+    current deficit) if ``r`` is still short, neither rank has been filled yet
+    (a filled rank never gives, so each rank keeps one donor group), and ``d``'s
+    home group still has the records. Updates ``X`` and ``filled`` in place.
+    """
+    given = [0] * len(load)
+    flows: list[Flow] = []
+    for d, r, _ in previous:
+        if X[r] < 0 and r not in filled and d not in filled and load[d] - given[d] >= -X[r]:
+            flows.append((d, r, -X[r]))
+            given[d] -= X[r]
+            X[d] += X[r]
+            X[r] = 0
+            filled.add(r)
+    return flows
+
+
+def balance_groups(
+    load: list[int], target: list[int], warm: set[tuple[int, int]], previous: list[Flow]
+) -> list[Flow]:
     """Step 1: group-level flows, in the order they are decided.
 
+    After step 1a (:func:`keep_previous_flows`, with ``previous=``), the donor
+    with the largest excess fills the receiver with the largest deficit
+    completely; it may overshoot and then becomes a receiver. With ``previous=``,
     ``warm`` holds ``(donor, receiver)`` pairs where the receiver has a slot
-    resident with an expert of the donor's group (``previous=``); the donor
-    fills such a receiver first. Ties: the lowest rank id wins (largest excess,
-    then largest deficit). Each receiver appears in exactly one flow; at most
-    ``2R - 1`` flows.
+    resident with an expert of the donor's group, and warm pairs go first (the
+    largest deficit, then the largest excess). Ties: the lowest rank id wins.
+    Every rank is filled by at most one flow, so there are at most ``R - 1``.
     """
     X = [load[r] - target[r] for r in range(len(load))]
-    flows: list[Flow] = []
+    flows = keep_previous_flows(load, X, previous, set())
     while True:
         donors = [r for r in range(len(X)) if X[r] > 0]
         if not donors:
@@ -169,9 +198,17 @@ def row_layout(
 
 
 def reference_plan(
-    counts_RE: list[list[int]], B: int, align: int, prev_slots: list[list[int]] | None = None
+    counts_RE: list[list[int]],
+    B: int,
+    align: int,
+    prev_slots: list[list[int]] | None = None,
+    prev_flows: list[Flow] | None = None,
 ) -> RefResult:
-    """The whole plan from plain lists (see the module docstring for the steps)."""
+    """The whole plan from plain lists (see the module docstring for the steps).
+
+    ``prev_slots`` ``[R][B]`` and ``prev_flows`` (``(donor, receiver, records)``
+    in decision order) describe the ``previous=`` plan, or are ``None``.
+    """
     R, E = len(counts_RE), len(counts_RE[0])
     home = home_list(E, R)
     T = [sum(row[e] for row in counts_RE) for e in range(E)]
@@ -185,7 +222,8 @@ def reference_plan(
     if prev_slots is not None:
         resident = {(e, r) for r in range(R) for e in prev_slots[r] if e >= 0}
     remaining = list(T)
-    flows = balance_groups(load, target, {(home[e], r) for e, r in resident})
+    warm = {(home[e], r) for e, r in resident}
+    flows = balance_groups(load, target, warm, prev_flows or [])
     for d in range(R):
         dests = [(r, q) for (dd, r, q) in flows if dd == d]
         experts = [e for e in range(E) if home[e] == d]
@@ -194,7 +232,7 @@ def reference_plan(
     for e in range(E):
         alloc[e][home[e]] += remaining[e]
 
-    out = RefResult(alloc, target, home, [], [], [], [], [])
+    out = RefResult(alloc, target, home, flows, [], [], [], [], [])
     for r in range(R):
         replicas = [(e, alloc[e][r]) for e in range(E) if alloc[e][r] > 0 and home[e] != r]
         slots, new, direct = place_slots(replicas, prev_slots[r] if prev_slots else None, B)
@@ -216,7 +254,9 @@ def to_tensors(res: RefResult, device: torch.device) -> dict[str, torch.Tensor]:
 
     B = len(res.slot_expert[0]) if res.slot_expert else 0
     W = len(res.row_expert[0])
+    flow = res.flows + [(-1, -1, 0)] * (max(R - 1, 0) - len(res.flows))
     return {
+        "flow": t(flow, (max(R - 1, 0), 3)),
         "alloc": t(res.alloc, (len(res.home), R)),
         "target": t(res.target, (R,)),
         "home": t(res.home, (len(res.home),)),

@@ -27,6 +27,7 @@ def plan_torch(
     num_slots: int,
     align: int,
     prev_RB: torch.Tensor | None,
+    prev_F3: torch.Tensor | None = None,
     *,
     scan: str = "auto",
 ) -> dict[str, torch.Tensor]:
@@ -37,6 +38,7 @@ def plan_torch(
         num_slots: ``B``.
         align: row padding multiple.
         prev_RB: int64 ``[R, B]`` previous plan's slots, or ``None``.
+        prev_F3: int64 ``[R-1, 3]`` previous plan's flows, or ``None``.
         scan: how steps 1-2 (the sequential greedy) run: ``"tensor"`` (masked tensor
             steps, no host reads: the accelerator path), ``"host"`` (Python integers:
             cheapest where the tensors are on the CPU) or ``"auto"`` (by device).
@@ -53,9 +55,11 @@ def plan_torch(
     if scan == "auto":
         scan = "host" if dev.type == "cpu" else "tensor"
     if scan == "host":
-        quota_RR, alloc_ER = _alloc_host(load_R - target_R, T_E, home_E, prev_RB)
+        quota_RR, flow_F3, alloc_ER = _alloc_host(load_R, target_R, T_E, home_E, prev_RB, prev_F3)
     elif scan == "tensor":
-        quota_RR, alloc_ER = _alloc_tensor(load_R - target_R, T_E, home_E, ids_RM, prev_RB)
+        quota_RR, flow_F3, alloc_ER = _alloc_tensor(
+            load_R, target_R, T_E, home_E, ids_RM, prev_RB, prev_F3
+        )
     else:
         raise ValueError(f"scan must be 'auto', 'host' or 'tensor', got {scan!r}")
 
@@ -67,6 +71,7 @@ def plan_torch(
         "alloc": alloc_ER,
         "target": target_R,
         "home": home_E,
+        "flow": flow_F3,
         "slot_expert": slot_RB,
         "slot_new": new_RB,
         "row_expert": row_RW,
@@ -76,36 +81,43 @@ def plan_torch(
 
 
 def _alloc_tensor(
-    X_R: torch.Tensor,
+    load_R: torch.Tensor,
+    target_R: torch.Tensor,
     T_E: torch.Tensor,
     home_E: torch.Tensor,
     ids_RM: torch.Tensor,
     prev_RB: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Steps 1-2 as masked tensor steps: ``(quota_RR, alloc_ER)``."""
-    R, E = X_R.shape[0], T_E.shape[0]
-    dev = X_R.device
+    prev_F3: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Steps 1-2 as masked tensor steps: ``(quota_RR, flow_F3, alloc_ER)``."""
+    R, E = load_R.shape[0], T_E.shape[0]
+    dev = load_R.device
     resident_ER = warm_RR = None
     if prev_RB is not None:
         resident_ER = _resident(prev_RB, E)
         warm_RR = torch.zeros(R, R, dtype=torch.int64, device=dev)
         warm_RR.index_add_(0, home_E, resident_ER.to(torch.int64))
         warm_RR = warm_RR > 0
-    quota_RR = balance_groups_torch(X_R, warm_RR)
+    quota_RR, flow_F3 = balance_groups_torch(load_R, load_R - target_R, warm_RR, prev_F3)
     rem_RM = torch.where(ids_RM < E, T_E[ids_RM.clamp(max=E - 1)], 0)
     alloc_ER = torch.zeros(E, R, dtype=torch.int64, device=dev)
     split_groups_torch(quota_RR.clone(), ids_RM, rem_RM, resident_ER, alloc_ER)
     r_R = torch.arange(R, device=dev)
     home_RM = ids_RM.clamp(max=E - 1)
     alloc_ER.view(-1).index_add_(0, (home_RM * R + r_R[:, None]).view(-1), rem_RM.view(-1))
-    return quota_RR, alloc_ER
+    return quota_RR, flow_F3, alloc_ER
 
 
 def _alloc_host(
-    X_R: torch.Tensor, T_E: torch.Tensor, home_E: torch.Tensor, prev_RB: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Steps 1-2 over host integers (heap scan + the reference split): ``(quota_RR, alloc_ER)``."""
-    R, E = X_R.shape[0], T_E.shape[0]
+    load_R: torch.Tensor,
+    target_R: torch.Tensor,
+    T_E: torch.Tensor,
+    home_E: torch.Tensor,
+    prev_RB: torch.Tensor | None,
+    prev_F3: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Steps 1-2 over host integers (heap scan, reference split): quota, flows, alloc."""
+    R, E = load_R.shape[0], T_E.shape[0]
     home = home_E.tolist()
     resident: set[tuple[int, int]] = set()
     warm: dict[int, set[int]] | None = None
@@ -114,7 +126,9 @@ def _alloc_host(
         warm = {}
         for e, r in resident:
             warm.setdefault(r, set()).add(home[e])
-    flows = balance_groups_host(X_R.tolist(), warm)
+    previous = [] if prev_F3 is None else [(d, r, q) for d, r, q in prev_F3.tolist() if d >= 0]
+    load = load_R.tolist()
+    flows = balance_groups_host(load, (load_R - target_R).tolist(), warm, previous)
     remaining = T_E.tolist()
     dests: dict[int, list[tuple[int, int]]] = {}
     for d, r, q in flows:
@@ -125,13 +139,16 @@ def _alloc_host(
         moves += split_group(experts, remaining, out, resident)
     quota_RR = torch.zeros(R, R, dtype=torch.int64)
     alloc_ER = torch.zeros(E, R, dtype=torch.int64)
+    flow = flows + [(-1, -1, 0)] * (max(R - 1, 0) - len(flows))
+    flow_F3 = torch.tensor(flow, dtype=torch.int64).view(max(R - 1, 0), 3)
     if flows:
         f = torch.tensor(flows, dtype=torch.int64)
         quota_RR[f[:, 0], f[:, 1]] = f[:, 2]
         m = torch.tensor(moves, dtype=torch.int64)
         alloc_ER.index_put_((m[:, 0], m[:, 1]), m[:, 2], accumulate=True)
     alloc_ER[torch.arange(E), home_E.cpu()] += torch.tensor(remaining, dtype=torch.int64)
-    return quota_RR.to(X_R.device), alloc_ER.to(X_R.device)
+    dev = load_R.device
+    return quota_RR.to(dev), flow_F3.to(dev), alloc_ER.to(dev)
 
 
 def _resident(prev_RB: torch.Tensor, num_experts: int) -> torch.Tensor:

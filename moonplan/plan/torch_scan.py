@@ -25,20 +25,30 @@ def _can_stop_early(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
-def balance_groups_torch(X_R: torch.Tensor, warm_RR: torch.Tensor | None) -> torch.Tensor:
+def balance_groups_torch(
+    load_R: torch.Tensor,
+    X_R: torch.Tensor,
+    warm_RR: torch.Tensor | None,
+    prev_F3: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 1 (``reference.balance_groups``) as masked tensor steps.
 
     Args:
+        load_R: int64 ``[R]`` static loads.
         X_R: int64 ``[R]`` load minus target.
         warm_RR: bool ``[R, R]`` resident (donor, receiver) pairs, or ``None``.
+        prev_F3: int64 ``[R-1, 3]`` previous flows (``-1`` padded), or ``None``.
 
     Returns:
-        quota_RR: int64 ``[R, R]``, ``quota_RR[d, r]`` records group ``d`` sends rank ``r``.
+        ``(quota_RR, flow_F3)``: records group ``d`` sends rank ``r``, and the flows in
+        decision order, ``(-1, -1, 0)`` padded to ``R - 1`` rows.
     """
     R = X_R.shape[0]
     X_R = X_R.clone()
+    steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    if prev_F3 is not None:
+        steps += _keep_previous_torch(load_R, X_R, prev_F3)
     stop_early = _can_stop_early(X_R)
-    d_F, r_F, q_F = [], [], []  # one entry per flow step
     for _ in range(max(R - 1, 0)):
         # Sum(X) == 0, so with no donor left there is no receiver either: the step
         # then moves q = 0 records and changes nothing.
@@ -51,13 +61,53 @@ def balance_groups_torch(X_R: torch.Tensor, warm_RR: torch.Tensor | None) -> tor
             x_min = X_R[r].clamp(max=0)
         X_R[d] += x_min  # the donor gives the receiver's whole deficit (it may overshoot)
         X_R[r] -= x_min
-        d_F.append(d)
-        r_F.append(r)
-        q_F.append(-x_min)
-    quota_RR = torch.zeros(R, R, dtype=torch.int64, device=X_R.device)
-    if d_F:
-        quota_RR.index_put_((torch.stack(d_F), torch.stack(r_F)), torch.stack(q_F), accumulate=True)
-    return quota_RR
+        steps.append((d, r, -x_min))
+    return _record(steps, R, X_R.device)
+
+
+def _keep_previous_torch(
+    load_R: torch.Tensor, X_R: torch.Tensor, prev_F3: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Step 1a (``reference.keep_previous_flows``); updates ``X_R`` in place."""
+    given_R = torch.zeros_like(X_R)
+    filled_R = torch.zeros_like(X_R, dtype=torch.bool)
+    steps = []
+    for i in range(prev_F3.shape[0]):
+        d, r = prev_F3[i, 0].clamp(min=0), prev_F3[i, 1].clamp(min=0)
+        need = -X_R[r]
+        ok = (prev_F3[i, 0] >= 0) & (need > 0) & ~filled_R[r] & ~filled_R[d]
+        ok &= load_R[d] - given_R[d] >= need
+        q = torch.where(ok, need, 0)
+        given_R[d] += q
+        X_R[d] -= q
+        X_R[r] += q
+        filled_R[r] |= ok
+        steps.append((d, r, q))
+    return steps
+
+
+def _record(
+    steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], R: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quota matrix and the compacted, padded flow list of the recorded steps."""
+    quota_RR = torch.zeros(R, R, dtype=torch.int64, device=device)
+    F = max(R - 1, 0)
+    if not steps:
+        return quota_RR, torch.tensor([[-1, -1, 0]] * F, dtype=torch.int64, device=device).view(
+            F, 3
+        )
+    d_S, r_S, q_S = (torch.stack(x) for x in zip(*steps, strict=True))
+    quota_RR.index_put_((d_S, r_S), q_S, accumulate=True)
+    real_S = q_S > 0
+    flow_S3 = torch.where(
+        real_S[:, None], torch.stack([d_S, r_S, q_S], 1), torch.tensor([-1, -1, 0], device=device)
+    )
+    order_S = torch.sort(
+        (~real_S).to(torch.int8), stable=True
+    ).indices  # real flows first, in order
+    flow_S3 = flow_S3[order_S]
+    pad = flow_S3.new_tensor([[-1, -1, 0]]).expand(max(F - flow_S3.shape[0], 0), 3)
+    return quota_RR, torch.cat([flow_S3, pad])[:F]
 
 
 def _prefer_warm(

@@ -1,5 +1,32 @@
-"""Public testing helpers: the invariant checker and hypothesis strategies."""
+"""Public testing helpers: the invariant checker and hypothesis strategies.
+
+The strategies (``counts``, ``plan_options``, ``counts_and_options``) load lazily,
+on first access, because they need ``hypothesis`` (the ``test`` extra) and
+``import moonplan`` must not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from moonplan.testing.invariants import check_plan
 
-__all__ = ["check_plan"]
+if TYPE_CHECKING:
+    from moonplan.testing.strategies import (
+        COUNTS_FAMILIES,
+        counts,
+        counts_and_options,
+        plan_options,
+    )
+
+_STRATEGIES = ("COUNTS_FAMILIES", "counts", "counts_and_options", "plan_options")
+
+__all__ = ["COUNTS_FAMILIES", "check_plan", "counts", "counts_and_options", "plan_options"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _STRATEGIES:
+        from moonplan.testing import strategies
+
+        return getattr(strategies, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

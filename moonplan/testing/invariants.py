@@ -42,6 +42,7 @@ def check_plan(plan: Plan, counts: Any, *, previous: Plan | None = None) -> None
     _check_conservation(p, counts_RE)
     _check_balance(p, counts_RE)
     _check_remote_bound(p)
+    _check_flows(p)
     _check_slots(p, None if previous is None else previous.slot_expert.cpu())
     _check_rows(p)
 
@@ -60,6 +61,7 @@ def _host(plan: Plan) -> Plan:
             "alloc",
             "target",
             "home",
+            "flow",
             "slot_expert",
             "slot_new",
             "row_expert",
@@ -78,6 +80,7 @@ def _check_shapes(p: Plan, R: int, E: int) -> None:
         "alloc": (E, R),
         "target": (R,),
         "home": (E,),
+        "flow": (max(R - 1, 0), 3),
         "slot_expert": (R, B),
         "slot_new": (R, B),
         "row_expert": (R, W),
@@ -131,6 +134,24 @@ def _check_remote_bound(p: Plan) -> None:
             "invariant 3 (at most ceil(E/R) remote experts per rank)",
             f"rank {r} executes {int(remote_R[r])} remote experts, bound {p.max_local}",
         )
+
+
+def _check_flows(p: Plan) -> None:
+    """The recorded group flows are the allocation's: one donor group per receiver."""
+    R = p.num_ranks
+    flows = [tuple(f) for f in p.flow.tolist()]
+    n = sum(f[0] >= 0 for f in flows)
+    if any(f != (-1, -1, 0) for f in flows[n:]):
+        _fail("the flow record", f"padding must follow the {n} flows: {flows}")
+    got = torch.zeros(R, R, dtype=torch.int64)
+    for d, r, q in flows[:n]:
+        if not (0 <= d < R and 0 <= r < R and d != r and q > 0) or bool(got[:, r].any()):
+            _fail("the flow record", f"flow ({d}, {r}, {q}) is invalid or fills rank {r} twice")
+        got[d, r] = q
+    want = torch.zeros(R, R, dtype=torch.int64).index_add_(0, p.home, p.alloc)
+    want.fill_diagonal_(0)
+    if not torch.equal(got, want):
+        _fail("the flow record", "the flows differ from the records each group sends each rank")
 
 
 def _check_slots(p: Plan, prev_slot_RB: torch.Tensor | None) -> None:
