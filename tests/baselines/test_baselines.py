@@ -1,0 +1,53 @@
+"""Baselines: the MoonEP greedy, static EP; moonplan never needs more copies than the greedy."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+
+import moonplan
+from moonplan.baselines import (
+    copies_lower_bound,
+    max_over_mean,
+    moonep_greedy_alloc,
+    replica_count,
+    static_alloc,
+)
+from moonplan.testing import counts
+from moonplan.traces import COUNT_FAMILIES, generate_counts
+
+
+def test_greedy_on_the_seed_example() -> None:
+    c = torch.zeros(4, 8, dtype=torch.int64)
+    c[0] = torch.tensor([9, 1, 2, 0, 3, 5, 4, 8])
+    a = moonep_greedy_alloc(c)
+    assert a.sum(0).tolist() == [8, 8, 8, 8]
+    assert a.sum(1).tolist() == c.sum(0).tolist()
+    assert replica_count(a) == 2
+    assert copies_lower_bound(c) == 1  # only rank 1 is below its target
+
+
+@given(counts())
+def test_greedy_is_an_exact_plan_and_moonplan_never_copies_more(c: torch.Tensor) -> None:
+    a = moonep_greedy_alloc(c)
+    assert torch.equal(a.sum(1), c.sum(0))
+    p = moonplan.plan(c)
+    assert torch.equal(a.sum(0), p.target)
+    assert copies_lower_bound(c) <= p.copies() <= replica_count(a)
+
+
+def test_moonplan_never_copies_more_across_families_at_scale() -> None:
+    for family in COUNT_FAMILIES:
+        for R, E, K in [(8, 64, 8), (16, 256, 8), (32, 96, 4)]:
+            c = generate_counts(family, ranks=R, experts=E, tokens=256, topk=K, seed=R + E)
+            p = moonplan.plan(c)
+            assert p.copies() <= replica_count(moonep_greedy_alloc(c)), (family, R, E)
+            assert p.copies() >= copies_lower_bound(c)
+
+
+def test_static_ep() -> None:
+    c = torch.tensor([[4, 0, 0, 0], [4, 0, 0, 0]])
+    a = static_alloc(c)
+    assert a.tolist() == [[8, 0], [0, 0], [0, 0], [0, 0]]
+    assert max_over_mean(a) == 2.0
+    assert max_over_mean(static_alloc(torch.zeros(2, 4, dtype=torch.int64))) == 1.0

@@ -1,0 +1,65 @@
+"""The moonplan command: demo, plan and cost subcommands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moonplan.cli import main
+
+
+def test_plan_generated_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--ranks", "4", "--experts", "16", "--tokens", "256", "--topk", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "static EP" in out and "MoonEP greedy" in out
+    assert out.count("\n") >= 4 + 2
+
+
+def test_plan_json_from_npy_and_json_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    c = np.array([[9, 1, 2, 0, 3, 5, 4, 8], [0] * 8, [0] * 8, [0] * 8], dtype=np.int64)
+    np.save(tmp_path / "c.npy", c)
+    (tmp_path / "c.json").write_text(json.dumps(c.tolist()))
+    for name in ("c.npy", "c.json"):
+        assert main(["plan", str(tmp_path / name), "--json"]) == 0
+        s = json.loads(capsys.readouterr().out)
+        assert s["planned_load"] == [8, 8, 8, 8]
+        assert s["static_load"] == [10, 2, 8, 12]
+        assert s["copies"] == 2 and s["moonep_greedy_copies"] == 2
+        assert s["copies_lower_bound"] == 1
+
+
+def test_plan_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad.json").write_text("[[1, -1]]")
+    assert main(["plan", str(tmp_path / "bad.json")]) == 2
+    assert "non-negative" in capsys.readouterr().err
+    assert main(["plan", str(tmp_path / "missing.npy")]) == 2
+
+
+def test_cost_prints_seed_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cost", "--model", "mixtral-8x7b", "--ep", "8", "--tokens", "512"]) == 0
+    out = capsys.readouterr().out
+    for figure in ("7.0 MiB", "14.0 MiB", "448.0 MiB", "10.50", "2.75", "13.25"):
+        assert figure in out
+
+
+def test_demo_runs_and_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--steps", "3", "--tokens", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "all invariants hold" in out
+
+
+def test_console_script_entry_point() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "moonplan.cli", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0 and "demo" in r.stdout and "cost" in r.stdout
