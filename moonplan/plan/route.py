@@ -70,63 +70,63 @@ def route(plan: Plan, rank: int, topk_ids: torch.Tensor, *, check: bool = True) 
     ids_N = topk_ids.reshape(-1).to(device=plan.device, dtype=torch.int64)
     N = ids_N.numel()
     # This rank's records sorted by expert (stable: local order kept inside an expert).
-    order_N = torch.sort(ids_N, stable=True).indices
-    take_ER, base_ER = _cells(plan, rank)
-    # Sorted records fill the cells (e, r) in (e, r) order: expert by expert, ranks ascending.
+    # Narrow keys sort several times faster (fewer radix passes), in the same order.
+    key_dtype = torch.int16 if plan.num_experts <= torch.iinfo(torch.int16).max else torch.int32
+    order_N = torch.sort(ids_N.to(key_dtype), stable=True).indices
+    take_C, base_C, dest_C = _row_cells(plan, rank)
+    # Sorted records fill the live rows in (expert, rank) order.
     cell_N = torch.repeat_interleave(
-        torch.arange(take_ER.numel(), device=plan.device), take_ER.reshape(-1), output_size=N
+        torch.arange(take_C.numel(), device=plan.device), take_C, output_size=N
     )
-    dest_N = cell_N % R
-    off_N = base_ER.reshape(-1)[cell_N] + torch.arange(N, device=plan.device)
+    dest_N = dest_C[cell_N]
+    off_N = base_C[cell_N] + torch.arange(N, device=plan.device)
     dest_rank = torch.empty_like(ids_N).scatter_(0, order_N, dest_N)
     dest_offset = torch.empty_like(ids_N).scatter_(0, order_N, off_N)
+    send_counts = torch.zeros(R, dtype=torch.int64, device=plan.device)
+    send_counts.index_add_(0, dest_C, take_C)
     S, K = topk_ids.shape
     return Route(
         dest_rank=dest_rank.view(S, K),
         dest_offset=dest_offset.view(S, K),
-        send_counts=take_ER.sum(0),
+        send_counts=send_counts,
         rank=rank,
     )
 
 
-def _cells(plan: Plan, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per cell ``(e, r)``: records of ``rank`` it takes, and the offset base of its run.
+def _row_cells(plan: Plan, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What ``rank`` sends to every row of every rank, rows sorted by (expert, rank).
 
-    Expert ``e``'s records, in global order (source rank, then local order), are cut
-    into segments ``[start, end)`` of sizes ``alloc[e, :]``; ``rank`` owns positions
-    ``[lo, hi)`` of that order. A cell takes the overlap. ``base`` is such that the
-    ``i``-th record in this rank's expert-sorted order, if it falls in the cell, lands
-    at ``base + i`` of the destination's receive buffer.
+    Lay all records on one line: experts in id order, inside an expert by source
+    rank, then local order. The rows executing expert ``e`` (ascending rank) cut
+    ``e``'s stretch into consecutive segments of ``row_count`` records; ``rank``
+    owns the positions ``[lo, hi)`` of that stretch. A row takes the overlap.
 
     Returns:
-        ``(take_ER, base_ER)``: int64 ``[E, R]`` each.
+        ``(take_C, base_C, dest_C)`` over the ``C = R*W`` rows sorted by (expert,
+        rank): records of ``rank`` the row takes; an offset base such that the
+        ``i``-th record of this rank's expert-sorted order, if it falls in the row,
+        lands at ``base + i`` of the destination's receive buffer; the row's rank.
     """
-    end_ER = torch.cumsum(plan.alloc, 1)
-    start_ER = end_ER - plan.alloc
-    lo_E = plan.counts[:rank].sum(0)
-    hi_E = lo_E + plan.counts[rank]
-    first_ER = torch.maximum(start_ER, lo_E[:, None])
-    take_ER = (torch.minimum(end_ER, hi_E[:, None]) - first_ER).clamp(min=0)
-    run_start_ER = (torch.cumsum(take_ER.reshape(-1), 0) - take_ER.reshape(-1)).view_as(take_ER)
-    r_R = torch.arange(plan.num_ranks, device=plan.device)
-    row_ER = row_index(plan).clamp(min=0)
-    row_base_ER = plan.row_offset[r_R[None, :], row_ER]
-    base_ER = row_base_ER + (first_ER - start_ER) - run_start_ER
-    return take_ER, base_ER
-
-
-def row_index(plan: Plan) -> torch.Tensor:
-    """``[E, R]`` row of expert ``e`` in rank ``r``'s layout (``-1``: ``r`` does not execute it)."""
-    R, E, W = plan.num_ranks, plan.num_experts, plan.num_rows
+    R, W = plan.num_ranks, plan.num_rows
     dev = plan.device
-    # Only executed rows matter (a slot may keep an unused resident); others go to a trash cell.
+    e_RW = plan.row_expert
+    r_RW = torch.arange(R, device=dev)[:, None].expand(R, W)
     live_RW = plan.row_count > 0
-    r_RW = torch.arange(R, device=dev)[:, None]
-    cell_RW = torch.where(live_RW, plan.row_expert.clamp(min=0) * R + r_RW, E * R)
-    w_RW = torch.arange(W, device=dev)[None, :].expand(R, W)
-    row_flat = torch.full((E * R + 1,), -1, dtype=torch.int64, device=dev)
-    row_flat.scatter_(0, cell_RW.reshape(-1), w_RW.reshape(-1))
-    return row_flat[: E * R].view(E, R)
+    key_RW = torch.where(live_RW, e_RW * R + r_RW, -1)  # empty rows first (count 0)
+    order_C = torch.argsort(key_RW.reshape(-1))
+    e_C = e_RW.reshape(-1)[order_C].clamp(min=0)
+    count_C = plan.row_count.reshape(-1)[order_C]
+    start_C = torch.cumsum(count_C, 0) - count_C  # the row's segment on the line
+    T_E = plan.counts.sum(0)
+    lo_E = torch.cumsum(T_E, 0) - T_E + plan.counts[:rank].sum(0)
+    lo_C = lo_E[e_C]
+    hi_C = lo_C + plan.counts[rank][e_C]
+    first_C = torch.maximum(start_C, lo_C)
+    take_C = (torch.minimum(start_C + count_C, hi_C) - first_C).clamp(min=0)
+    run_C = torch.cumsum(take_C, 0) - take_C  # where the row's records start in sorted order
+    row_base_C = plan.row_offset[:, :-1].reshape(-1)[order_C]
+    base_C = row_base_C + (first_C - start_C) - run_C
+    return take_C, base_C, r_RW.reshape(-1)[order_C]
 
 
 def _check_ids(plan: Plan, rank: int, topk_ids: torch.Tensor) -> None:
