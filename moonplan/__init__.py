@@ -4,8 +4,9 @@ Public names only; see ``docs/`` for the design and ``README.md`` for a quick st
 """
 
 from moonplan.errors import PlanError
+from moonplan.layer import MoonMoE
 from moonplan.plan import Plan, Route, home_map, plan, route
 from moonplan.testing.invariants import check_plan
 
-__all__ = ["Plan", "PlanError", "Route", "check_plan", "home_map", "plan", "route"]
+__all__ = ["MoonMoE", "Plan", "PlanError", "Route", "check_plan", "home_map", "plan", "route"]
 __version__ = "0.1.0"

@@ -1,0 +1,25 @@
+"""Communication layer: the EP process group, symmetric heaps, and the all-to-all transport.
+
+* :class:`EPGroup` (``group``): process group + device, collective error agreement.
+* :class:`SymmetricHeap` / :class:`SymTensor` (``heap``; backends ``shm_heap``,
+  ``nvshmem_heap``): the same allocation on every rank with views of the peers' copies.
+* ``a2a.exchange_rows`` / ``a2a.gather_rows``: the ``torch.distributed`` transport
+  used where no heap spans the group.
+"""
+
+from __future__ import annotations
+
+from moonplan.comm.a2a import exchange_rows, gather_rows
+from moonplan.comm.errors import ContractError, HeapUnavailable
+from moonplan.comm.group import EPGroup
+from moonplan.comm.heap import SymmetricHeap, SymTensor
+
+__all__ = [
+    "ContractError",
+    "EPGroup",
+    "HeapUnavailable",
+    "SymTensor",
+    "SymmetricHeap",
+    "exchange_rows",
+    "gather_rows",
+]

@@ -1,0 +1,238 @@
+"""``EPGroup``: the expert-parallel process group, its device, and collective error agreement.
+
+Legend:
+    R  ranks in the group
+    L  bytes of one encoded status (``STATUS_BYTES``: ok flag, length, message)
+
+A contract violation seen by one rank must raise the same error on every rank
+(DESIGN §4): :meth:`EPGroup.agree`, :meth:`EPGroup.check_same` and
+:meth:`EPGroup.gather_with_status` all-gather a fixed-size status, so every rank
+takes the same decision from the same bytes and builds the same message.
+
+Without ``torch.distributed`` (not initialised, ``group=None``) the group is a
+single rank that never communicates; every method still works.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from moonplan.comm.errors import ContractError
+
+MESSAGE_BYTES = 512  # longest status message carried (UTF-8, truncated beyond)
+_LEN_BYTES = 2
+STATUS_BYTES = 1 + _LEN_BYTES + MESSAGE_BYTES  # L
+_DIGEST_BYTES = 16
+_VALUE_TEXT_BYTES = 160  # how much of a config value's repr the error message shows
+
+
+class EPGroup:
+    """A ``torch.distributed`` process group plus this rank's device.
+
+    Args:
+        group: the process group; ``None`` means the default group when
+            ``torch.distributed`` is initialised, else a single-rank group with no
+            communication.
+        device: device of the tensors this group communicates; default ``cpu`` for
+            gloo (and the single-rank group), ``cuda:{local rank}`` for NCCL
+            (``LOCAL_RANK`` if set, else ``rank % device_count``).
+
+    Attributes:
+        group: the wrapped ``ProcessGroup`` (``None`` for the single-rank group).
+        rank: this rank's index in the group, ``0 <= rank < size``.
+        size: ``R``.
+        backend: ``"gloo"``, ``"nccl"``, ... as torch reports it; ``"local"`` without dist.
+        device: the communication device.
+    """
+
+    def __init__(self, group: Any = None, device: torch.device | str | None = None):
+        if group is None and dist.is_available() and dist.is_initialized():
+            group = dist.group.WORLD
+        self.group = group
+        if group is None:
+            self.rank, self.size, self.backend = 0, 1, "local"
+        else:
+            self.rank = dist.get_rank(group)
+            self.size = dist.get_world_size(group)
+            self.backend = str(dist.get_backend(group))
+            if self.rank < 0:
+                raise ValueError("this process is not a member of the given process group")
+        self.device = torch.device(device) if device is not None else self._default_device()
+
+    def _default_device(self) -> torch.device:
+        if "nccl" in self.backend and torch.cuda.is_available():
+            local = os.environ.get("LOCAL_RANK")
+            index = int(local) if local is not None else self.rank % torch.cuda.device_count()
+            return torch.device("cuda", index)
+        return torch.device("cpu")
+
+    def __repr__(self) -> str:
+        return (
+            f"EPGroup(rank={self.rank}, size={self.size}, backend={self.backend!r}, "
+            f"device={self.device})"
+        )
+
+    # ---- collectives -------------------------------------------------------------
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """``[R, *t.shape]``: every rank's ``t`` (same shape and dtype on every rank).
+
+        ``t`` is moved to :attr:`device` if it lives elsewhere; the result lives there.
+        """
+        x = t.to(self.device).contiguous()
+        if self.size == 1:
+            return x.unsqueeze(0).clone()
+        out = torch.empty((self.size, *x.shape), dtype=x.dtype, device=x.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(out.view(-1), x.view(-1), group=self.group)
+        return out
+
+    def all_to_all(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+    ) -> None:
+        """``all_to_all_single`` along dim 0 with unequal splits (lists of ``R`` ints).
+
+        ``input[sum(input_splits[:r]) : ...]`` goes to rank ``r``; the rows from rank ``s``
+        land in ``output[sum(output_splits[:s]) : ...]``.
+        """
+        if self.size == 1:
+            if list(output_splits) != list(input_splits):
+                raise ValueError(f"single rank: splits differ {output_splits} vs {input_splits}")
+            output.copy_(input)
+            return
+        dist.all_to_all_single(
+            output, input, list(output_splits), list(input_splits), group=self.group
+        )
+
+    def barrier(self) -> None:
+        """Block until every rank of the group has reached this point."""
+        if self.size == 1:
+            return
+        if self.device.type == "cuda":
+            dist.barrier(group=self.group, device_ids=[self.device.index or 0])
+        else:
+            dist.barrier(group=self.group)
+
+    def all_gather_bytes(self, data: bytes, max_len: int) -> list[bytes]:
+        """Every rank's ``data`` (at most ``max_len`` bytes, longer raises ValueError)."""
+        if len(data) > max_len:
+            raise ValueError(f"{len(data)} bytes exceed max_len={max_len}")
+        g_RL = self.all_gather(_pack_bytes(data, max_len, self.device)).cpu()
+        return [_unpack_bytes(g_RL[r]) for r in range(self.size)]
+
+    # ---- error agreement ----------------------------------------------------------
+    def agree(self, ok: bool, message: str = "", *, what: str = "") -> None:
+        """Collective: raise :class:`ContractError` on every rank if any rank is not ``ok``.
+
+        Args:
+            ok: whether this rank's input satisfies the contract.
+            message: why not (UTF-8, truncated to 512 bytes); ignored when ``ok``.
+            what: the checked operation, prefixed to the error message.
+
+        Raises:
+            ContractError: the same message on every rank, naming each failing rank
+                and its message.
+        """
+        status_L = encode_status(ok, message, self.device)
+        raise_if_failed(self.all_gather(status_L).cpu(), what)
+
+    def gather_with_status(self, t: torch.Tensor, ok: bool, message: str = "") -> torch.Tensor:
+        """One all-gather carrying ``t`` and this rank's status: ``[R, *t.shape]``.
+
+        ``t`` must have the same shape and dtype on every rank, even where ``ok`` is
+        false (its content is then ignored by the caller). Validation thus costs no extra
+        collective: raises :class:`ContractError` on every rank if any rank is not ``ok``.
+        """
+        x = t.to(self.device).contiguous()
+        data_B = x.reshape(-1).view(torch.uint8)
+        nbytes = data_B.numel()
+        packed = torch.cat([data_B, encode_status(ok, message, self.device)])
+        g_RX = self.all_gather(packed)
+        raise_if_failed(g_RX[:, nbytes:].cpu(), "")
+        if nbytes == 0:
+            return x.new_empty((self.size, *x.shape))
+        return dense(g_RX[:, :nbytes]).view(x.dtype).view(self.size, *x.shape)
+
+    def check_same(self, name: str, value: int | float | tuple | str) -> None:
+        """Collective: raise :class:`ContractError` on every rank unless ``value`` is identical
+        on all ranks (compared through a digest of its type and ``repr``).
+
+        The message groups the ranks by value, e.g.
+        ``config 'experts' differs across ranks: rank 0, 2: 8; rank 1: 9``; the error's
+        ``ranks`` are those outside the largest group (ties: the group of the lowest rank).
+        """
+        text = f"{type(value).__name__}:{value!r}"
+        digest = hashlib.blake2b(text.encode(), digest_size=_DIGEST_BYTES).digest()
+        shown = _truncate_utf8(repr(value), _VALUE_TEXT_BYTES)
+        rows = self.all_gather_bytes(digest + shown, _DIGEST_BYTES + _VALUE_TEXT_BYTES)
+        groups: dict[bytes, list[int]] = {}
+        for r, row in enumerate(rows):
+            groups.setdefault(row[:_DIGEST_BYTES], []).append(r)
+        if len(groups) == 1:
+            return
+        parts = [
+            f"rank {', '.join(map(str, ranks))}: {rows[ranks[0]][_DIGEST_BYTES:].decode()}"
+            for ranks in groups.values()
+        ]
+        reference = max(groups.values(), key=lambda ranks: (len(ranks), -ranks[0]))
+        others = tuple(r for r in range(self.size) if r not in reference)
+        raise ContractError(f"config {name!r} differs across ranks: " + "; ".join(parts), others)
+
+
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` with standard contiguous strides (``contiguous()`` keeps the odd
+    strides of size-1 dimensions, which ``view(dtype)`` then rejects)."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
+# ---- status encoding (module functions: shared by group-level helpers) ------------
+def encode_status(ok: bool, message: str, device: torch.device) -> torch.Tensor:
+    """``[L]`` uint8: ok flag, 2-byte length, message (UTF-8, at most 512 bytes)."""
+    return _pack_bytes(
+        b"" if ok else _truncate_utf8(message, MESSAGE_BYTES), MESSAGE_BYTES, device, ok
+    )
+
+
+def raise_if_failed(status_RL: torch.Tensor, what: str) -> None:
+    """Raise :class:`ContractError` if any row of ``status [R, L]`` (CPU uint8) is not ok."""
+    flags = status_RL[:, 0].tolist()
+    bad = [r for r, flag in enumerate(flags) if flag == 0]
+    if not bad:
+        return
+    details = "; ".join(
+        f"rank {r}: {_unpack_bytes(status_RL[r]).decode() or '(no message)'}" for r in bad
+    )
+    prefix = f"{what}: " if what else ""
+    ranks = ", ".join(map(str, bad))
+    raise ContractError(f"{prefix}contract violated on rank {ranks}: {details}", tuple(bad))
+
+
+def _pack_bytes(data: bytes, max_len: int, device: torch.device, flag: bool = True) -> torch.Tensor:
+    """``[1 + 2 + max_len]`` uint8: flag, little-endian length, data, zero padding."""
+    buf = bytearray(1 + _LEN_BYTES + max_len)
+    buf[0] = 1 if flag else 0
+    buf[1 : 1 + _LEN_BYTES] = len(data).to_bytes(_LEN_BYTES, "little")
+    buf[1 + _LEN_BYTES : 1 + _LEN_BYTES + len(data)] = data
+    return torch.frombuffer(buf, dtype=torch.uint8).clone().to(device)
+
+
+def _unpack_bytes(row: torch.Tensor) -> bytes:
+    raw = bytes(row.tolist())
+    n = int.from_bytes(raw[1 : 1 + _LEN_BYTES], "little")
+    return raw[1 + _LEN_BYTES : 1 + _LEN_BYTES + n]
+
+
+def _truncate_utf8(text: str, max_bytes: int) -> bytes:
+    """``text`` as UTF-8, cut to ``max_bytes`` without splitting a character."""
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= max_bytes:
+        return data
+    return data[:max_bytes].decode("utf-8", errors="ignore").encode("utf-8")

@@ -1,0 +1,48 @@
+"""Run a rank's experts over its receive rows: home rows, slot rows, direct rows.
+
+Legend:
+    M home rows, B slots, D direct rows, W = M + B + D rows, F ffn, H hidden,
+    P rows of this rank's receive buffer (``plan.recv_size()[rank]``)
+
+The receive rows are grouped by row (``plan.row_offset[rank]``); the three
+sections are contiguous, so each runs as one grouped GEMM with its own weights:
+home rows with the layer's parameters, slots with the store's slot rows,
+direct replicas with weights read from their home ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moonplan.plan.plan_type import Plan
+from moonplan.runtime.experts import grouped_swiglu
+
+
+def run_sections(
+    x_PH: torch.Tensor,
+    plan: Plan,
+    rank: int,
+    sections: list[tuple[int, torch.Tensor, torch.Tensor]],
+) -> torch.Tensor:
+    """SwiGLU of every receive row with its row's expert weights.
+
+    Args:
+        x_PH: this rank's received rows.
+        plan: the step's plan.
+        rank: this rank.
+        sections: ``(first_row, gate_up [n_i, 2F, H], down [n_i, H, F])`` in row
+            order: the home rows (first row 0, ``n`` = the rank's own experts;
+            rows up to ``M`` are empty), the slots (first row ``M``) and the direct
+            rows (first row ``M + B``).
+
+    Returns:
+        y_PH: expert outputs, same dtype as ``x_PH`` (padding rows are zero in, zero out).
+    """
+    offsets_W1 = plan.row_offset[rank]
+    y_PH = x_PH.new_zeros(x_PH.shape)
+    for first, gate_up, down in sections:
+        offs = offsets_W1[first : first + gate_up.shape[0] + 1]
+        a, b = int(offs[0]), int(offs[-1])
+        if b > a:
+            y_PH[a:b] = grouped_swiglu(x_PH[a:b], offs - a, gate_up, down)
+    return y_PH

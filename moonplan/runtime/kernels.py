@@ -1,0 +1,311 @@
+"""Triton kernels for row movement through a table of peer base addresses.
+
+Legend:
+    R ranks, S tokens of this rank, K top-k, N = S*K records (flat, token-major),
+    H hidden size, ``cap_r`` rows of rank ``r``'s buffer, n rows to copy, L elements per row.
+    ``table_R``: int64 ``data_ptr()`` of each rank's view, loaded in the kernel and cast
+    with ``.to(tl.pointer_type(...))``.
+
+Each launcher has the signature of its torch twin in :mod:`moonplan.runtime.rows`
+(plus ``check=``) and gives bit-identical results: copies move bits, and combine
+rounds each ``weight * row`` product to fp32 and adds it to an fp32 accumulator in
+ascending ``k`` (launched with ``enable_fp_fusion=False``, so no FMA on GPU either).
+
+Triton is imported only when a launcher runs. Kernels are compiled for CUDA tensors,
+or interpreted for CPU tensors under ``TRITON_INTERPRET=1`` (read when the kernels
+are first built in a process; then the CPU views may be shm-mapped peers). Block
+sizes are fixed (no autotune: the interpreter cannot autotune).
+
+Interpreter notes (Triton 3.9): ``triton.jit`` reads ``TRITON_INTERPRET`` when it
+decorates, so triton's own ``@jit`` helpers (``tl.cdiv``, ``tl.zeros``, ...) take the
+mode of the moment ``triton.language`` was first imported; the kernels below use only
+builtins so that they work whatever that order was. The interpreter's fp32 -> bf16
+cast truncates (and its bf16 -> fp32 cast mishandles subnormals), so combine converts
+bf16 by bit operations, with torch's round-to-nearest-even.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from moonplan.runtime.rows import _check_records, _check_views
+
+BLOCK_N = 16  # records per program (scatter, combine)
+BLOCK_H = 128  # hidden columns per program (scatter, combine)
+BLOCK_L = 1024  # row elements per program (gather_rows)
+
+
+def _interpreting() -> bool:
+    """Whether Triton would build interpreted kernels now (``TRITON_INTERPRET``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def available(device: torch.device | str | None = None) -> tuple[bool, str]:
+    """Whether the kernels can run (on ``device``, or anywhere if ``None``), and why not.
+
+    Needs triton, and either a CUDA device (compiled) or ``TRITON_INTERPRET=1`` (CPU
+    tensors, interpreted).
+    """
+    try:
+        import triton  # noqa: F401
+    except ImportError as err:
+        return False, f"triton is not installed ({err})"
+    kind = None if device is None else torch.device(device).type
+    if _interpreting():
+        if kind in (None, "cpu"):
+            return True, "Triton interpreter (TRITON_INTERPRET=1) on CPU tensors"
+        return False, f"TRITON_INTERPRET=1 runs kernels on CPU tensors only, not {kind}"
+    if kind == "cpu":
+        return False, "CPU tensors need TRITON_INTERPRET=1 (the Triton interpreter)"
+    if kind not in (None, "cuda") or not torch.cuda.is_available():
+        return False, "no CUDA device (and TRITON_INTERPRET is not 1)"
+    return True, f"compiled for CUDA ({torch.cuda.get_device_name()})"
+
+
+# ---- launchers -----------------------------------------------------------------------------
+def scatter_rows(
+    x_SH: torch.Tensor,
+    dest_rank_N: torch.Tensor,
+    dest_offset_N: torch.Tensor,
+    top_k: int,
+    recv_views: list[torch.Tensor],
+    *,
+    check: bool = True,
+) -> None:
+    """Kernel twin of :func:`moonplan.runtime.rows.scatter_rows` (same arguments).
+
+    ``check`` also bounds-checks every destination row against its view (host read);
+    turn it off only for inputs known to be valid (a bad row is a wild store).
+    """
+    _check_views(recv_views, x_SH.dtype, x_SH.shape[1:])
+    dev = _device(x_SH, recv_views)
+    rank_N, off_N = _indices(dest_rank_N, dest_offset_N, dev, x_SH.shape[0] * top_k)
+    if check:
+        _check_records(rank_N, off_N, x_SH.shape[0] * top_k, len(recv_views))
+        _check_rows(rank_N, off_N, recv_views)
+    N, H = rank_N.numel(), x_SH.shape[1]
+    if N == 0 or H == 0:
+        return
+    x_SH = _rows_contiguous(x_SH)
+    table_R, stride = _table(recv_views, dev)
+    grid = (_cdiv(N, BLOCK_N) * _cdiv(H, BLOCK_H),)
+    _kernels(_interpreting()).scatter[grid](
+        x_SH, x_SH.stride(0), rank_N, off_N, table_R, stride, N, H,
+        TOP_K=top_k, BLOCK_N=BLOCK_N, BLOCK_H=BLOCK_H,
+    )  # fmt: skip
+
+
+def gather_combine(
+    out_views: list[torch.Tensor],
+    dest_rank_SK: torch.Tensor,
+    dest_offset_SK: torch.Tensor,
+    weight_SK: torch.Tensor,
+    out_dtype: torch.dtype,
+    *,
+    check: bool = True,
+) -> torch.Tensor:
+    """Kernel twin of :func:`moonplan.runtime.rows.gather_combine` (same arguments, result).
+
+    ``check`` also bounds-checks every source row against its view (host read).
+    """
+    S, K = dest_rank_SK.shape
+    H = _check_views(out_views, out_views[0].dtype if out_views else None, None)
+    if weight_SK.shape != (S, K):
+        raise ValueError(f"weight must be [S, K] = [{S}, {K}], got {tuple(weight_SK.shape)}")
+    dev = _device(weight_SK, out_views)
+    rank_N, off_N = _indices(dest_rank_SK, dest_offset_SK, dev, S * K)
+    if check:
+        _check_records(rank_N, off_N, S * K, len(out_views))
+        _check_rows(rank_N, off_N, out_views)
+    y_SH = torch.empty(S, H, dtype=out_dtype, device=dev)
+    if S == 0 or H == 0:
+        return y_SH
+    if K == 0:
+        return y_SH.zero_()
+    w_N = weight_SK.reshape(-1).to(dev).contiguous()
+    table_R, stride = _table(out_views, dev)
+    grid = (_cdiv(S, BLOCK_N) * _cdiv(H, BLOCK_H),)
+    _kernels(_interpreting()).combine[grid](
+        rank_N, off_N, w_N, table_R, out_views[0], stride, y_SH, S, H,
+        TOP_K=K, BLOCK_S=BLOCK_N, BLOCK_H=BLOCK_H, enable_fp_fusion=False,
+    )  # fmt: skip
+    return y_SH
+
+
+def gather_rows(
+    src_views: list[torch.Tensor],
+    src_rank_N: torch.Tensor,
+    src_row_N: torch.Tensor,
+    dst: torch.Tensor,
+    *,
+    check: bool = True,
+) -> None:
+    """Kernel twin of :func:`moonplan.runtime.rows.gather_rows` (same arguments).
+
+    Each view's and ``dst``'s rows must be contiguous (trailing dimensions row-major).
+    ``check`` also bounds-checks every source row against its view (host read).
+    """
+    L = _check_views(src_views, dst.dtype, dst.shape[1:])
+    dev = _device(dst, src_views)
+    rank_N, row_N = _indices(src_rank_N, src_row_N, dev, dst.shape[0])
+    if check:
+        _check_records(rank_N, row_N, dst.shape[0], len(src_views))
+        _check_rows(rank_N, row_N, src_views)
+    n = rank_N.numel()
+    if n == 0 or L == 0:
+        return
+    if not _rows_are_dense(dst):
+        raise ValueError(f"dst rows must be contiguous, got strides {dst.stride()}")
+    table_R, stride = _table(src_views, dev)
+    grid = (n * _cdiv(L, BLOCK_L),)
+    _kernels(_interpreting()).gather[grid](
+        rank_N, row_N, table_R, stride, dst, dst.stride(0), L, BLOCK_L=BLOCK_L
+    )
+
+
+# ---- helpers --------------------------------------------------------------------------------
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _device(t: torch.Tensor, views: list[torch.Tensor]) -> torch.device:
+    """The launch device; raises if the tensors cannot run in the current Triton mode."""
+    ok, why = available(t.device)
+    if not ok:
+        raise RuntimeError(f"moonplan Triton kernels cannot run: {why}")
+    for r, v in enumerate(views):
+        if v.device.type != t.device.type:
+            raise ValueError(f"view of rank {r} is on {v.device}, expected {t.device.type}")
+    return t.device
+
+
+def _indices(
+    rank_N: torch.Tensor, row_N: torch.Tensor, dev: torch.device, count: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat contiguous int64 copies on the launch device; dtypes and sizes checked."""
+    for name, t in (("rank", rank_N), ("row", row_N)):
+        if t.dtype.is_floating_point or t.dtype == torch.bool:
+            raise ValueError(f"{name} indices must be integers, got {t.dtype}")
+    if rank_N.shape != row_N.shape or rank_N.numel() != count:
+        raise ValueError(
+            f"rank {tuple(rank_N.shape)} and row {tuple(row_N.shape)} indices must have the "
+            f"same shape and {count} elements"
+        )
+    return (
+        rank_N.to(dev, torch.int64).reshape(-1).contiguous(),
+        row_N.to(dev, torch.int64).reshape(-1).contiguous(),
+    )
+
+
+def _check_rows(rank_N: torch.Tensor, row_N: torch.Tensor, views: list[torch.Tensor]) -> None:
+    """Every row lies inside its rank's view (one host read)."""
+    if rank_N.numel() == 0:
+        return
+    cap_R = torch.tensor([v.shape[0] for v in views], device=rank_N.device)
+    bad_N = (row_N < 0) | (row_N >= cap_R[rank_N])
+    if bool(bad_N.any()):
+        n = int(bad_N.nonzero()[0])
+        r = int(rank_N[n])
+        raise ValueError(f"row {int(row_N[n])} of rank {r} is outside its {int(cap_R[r])} rows")
+
+
+def _rows_are_dense(t: torch.Tensor) -> bool:
+    """The trailing dimensions of ``t`` are row-major contiguous (any row stride)."""
+    return t.dim() < 2 or t.shape[0] == 0 or t[0].is_contiguous()
+
+
+def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if _rows_are_dense(t) else t.contiguous()
+
+
+def _table(views: list[torch.Tensor], dev: torch.device) -> tuple[torch.Tensor, int]:
+    """``[R]`` int64 base addresses and the common row stride (elements) of ``views``."""
+    many = [v.stride(0) for v in views if v.shape[0] > 1]
+    stride = many[0] if many else max(1, views[0][0].numel() if views[0].shape[0] else 1)
+    for r, v in enumerate(views):
+        if not _rows_are_dense(v) or (v.shape[0] > 1 and v.stride(0) != stride):
+            raise ValueError(
+                f"view of rank {r} has strides {v.stride()}; every view needs dense rows "
+                f"one common row stride ({stride})"
+            )
+    return torch.tensor([v.data_ptr() for v in views], dtype=torch.int64, device=dev), stride
+
+
+# ---- kernels (built on first use, once per mode) --------------------------------------------
+@functools.cache
+def _kernels(interpret: bool) -> Any:
+    """The jitted kernels; ``interpret`` (the ``TRITON_INTERPRET`` mode) keys the cache."""
+    del interpret  # triton.jit reads TRITON_INTERPRET itself while decorating
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def scatter(x_ptr, x_stride, rank_ptr, off_ptr, table_ptr, dst_stride, N, H,
+                TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+        pid = tl.program_id(0).to(tl.int64)
+        num_hb = (H + BLOCK_H - 1) // BLOCK_H  # not tl.cdiv (module docstring)
+        n = (pid // num_hb) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col = (pid % num_hb) * BLOCK_H + tl.arange(0, BLOCK_H)
+        n_ok = n < N
+        ok = n_ok[:, None] & (col < H)[None, :]
+        rank = tl.load(rank_ptr + n, mask=n_ok, other=0)
+        off = tl.load(off_ptr + n, mask=n_ok, other=0)
+        dst = tl.load(table_ptr + rank, mask=n_ok, other=0)
+        dst = dst.to(tl.pointer_type(x_ptr.dtype.element_ty))
+        row = tl.load(x_ptr + (n // TOP_K)[:, None] * x_stride + col[None, :], mask=ok)
+        tl.store(dst[:, None] + off[:, None] * dst_stride + col[None, :], row, mask=ok)
+
+    @triton.jit
+    def combine(rank_ptr, off_ptr, w_ptr, table_ptr, like_ptr, src_stride, y_ptr, S, H,
+                TOP_K: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+        pid = tl.program_id(0).to(tl.int64)
+        num_hb = (H + BLOCK_H - 1) // BLOCK_H  # not tl.cdiv (module docstring)
+        s = (pid // num_hb) * BLOCK_S + tl.arange(0, BLOCK_S)
+        col = (pid % num_hb) * BLOCK_H + tl.arange(0, BLOCK_H)
+        s_ok = s < S
+        ok = s_ok[:, None] & (col < H)[None, :]
+        acc = tl.full([BLOCK_S, BLOCK_H], 0.0, tl.float32)  # not tl.zeros (a @jit helper)
+        for k in tl.static_range(TOP_K):
+            rank = tl.load(rank_ptr + s * TOP_K + k, mask=s_ok, other=0)
+            off = tl.load(off_ptr + s * TOP_K + k, mask=s_ok, other=0)
+            w = tl.load(w_ptr + s * TOP_K + k, mask=s_ok, other=0)
+            src = tl.load(table_ptr + rank, mask=s_ok, other=0)
+            src = src.to(tl.pointer_type(like_ptr.dtype.element_ty))
+            row = tl.load(src[:, None] + off[:, None] * src_stride + col[None, :], mask=ok, other=0)
+            # bf16 -> fp32 by bits (exact; the interpreter's float cast mishandles subnormals)
+            if w_ptr.dtype.element_ty == tl.bfloat16:
+                w = (w.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+            if like_ptr.dtype.element_ty == tl.bfloat16:
+                row = (row.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(
+                    tl.float32, bitcast=True
+                )
+            acc += w.to(tl.float32)[:, None] * row.to(tl.float32)
+        if y_ptr.dtype.element_ty == tl.bfloat16:
+            # fp32 -> bf16 round-to-nearest-even by bits, as torch does (the interpreter's
+            # cast truncates); NaN -> 0x7FC0
+            bits = acc.to(tl.uint32, bitcast=True)
+            bits = tl.where(acc != acc, 0x7FC00000, bits + 0x7FFF + ((bits >> 16) & 1))
+            y = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        else:
+            y = acc.to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + s[:, None] * H + col[None, :], y, mask=ok)
+
+    @triton.jit
+    def gather(rank_ptr, row_ptr, table_ptr, src_stride, dst_ptr, dst_stride, L,
+               BLOCK_L: tl.constexpr):  # fmt: skip
+        pid = tl.program_id(0).to(tl.int64)
+        num_lb = (L + BLOCK_L - 1) // BLOCK_L
+        i = pid // num_lb
+        col = (pid % num_lb) * BLOCK_L + tl.arange(0, BLOCK_L)
+        ok = col < L
+        src = tl.load(table_ptr + tl.load(rank_ptr + i))
+        src = src.to(tl.pointer_type(dst_ptr.dtype.element_ty))
+        row = tl.load(src + tl.load(row_ptr + i) * src_stride + col, mask=ok)
+        tl.store(dst_ptr + i * dst_stride + col, row, mask=ok)
+
+    return SimpleNamespace(scatter=scatter, combine=combine, gather=gather)

@@ -1,0 +1,196 @@
+"""Per-layer runtime state: heap, transport, expert store, the resident plan, step figures.
+
+Legend: R ranks, E experts, M = ceil(E/R), B slots, H hidden, F ffn, S tokens, K top-k.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+import moonplan
+from moonplan.comm.errors import HeapUnavailable
+from moonplan.comm.group import EPGroup
+from moonplan.comm.heap import SymmetricHeap
+from moonplan.plan.plan_type import Plan
+from moonplan.runtime.store import ExpertStore, GradReducer
+from moonplan.runtime.transport import AllToAllTransport, HeapTransport
+
+
+@dataclass
+class StepStats:
+    """Figures of one forward step (host values; phase times in seconds)."""
+
+    copies: int = 0
+    new_copies: int = 0
+    prefetched_rows: int = 0
+    static_max_over_mean: float = 1.0
+    planned_max_over_mean: float = 1.0
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+def validate_routing(
+    ids_SK: torch.Tensor, weight_SK: torch.Tensor, S: int, E: int, K: int
+) -> tuple[bool, str]:
+    """Check a router's output; ``(ok, message)`` (shared with every rank before raising)."""
+    if tuple(ids_SK.shape) != (S, K) or tuple(weight_SK.shape) != (S, K):
+        got = f"ids {tuple(ids_SK.shape)} and weights {tuple(weight_SK.shape)}"
+        return False, f"router returned {got}, expected {(S, K)} each"
+    if ids_SK.dtype.is_floating_point or ids_SK.dtype == torch.bool:
+        return False, f"router returned expert ids of dtype {ids_SK.dtype}, expected integers"
+    if ids_SK.numel() and (int(ids_SK.min()) < 0 or int(ids_SK.max()) >= E):
+        lo, hi = int(ids_SK.min()), int(ids_SK.max())
+        return False, f"router returned expert ids outside [0, {E}): range [{lo}, {hi}]"
+    if not bool(torch.isfinite(weight_SK).all()):
+        return False, "router returned non-finite (NaN or inf) route weights"
+    return True, ""
+
+
+class LayerRuntime:
+    """Everything one MoE layer needs across steps, besides its parameters."""
+
+    def __init__(
+        self,
+        group: EPGroup,
+        *,
+        num_experts: int,
+        slots: int,
+        hidden: int,
+        ffn: int,
+        top_k: int,
+        align: int,
+        dtype: torch.dtype,
+        max_tokens: int,
+        transport: str,
+    ):
+        if transport not in ("auto", "heap", "a2a"):
+            raise ValueError(f"transport must be 'auto', 'heap' or 'a2a', got {transport!r}")
+        self.group = group
+        self.E, self.B, self.H, self.F, self.K, self.align = (
+            num_experts,
+            slots,
+            hidden,
+            ffn,
+            top_k,
+            align,
+        )
+        self.dtype, self.kind = dtype, transport
+        self.M = -(-num_experts // group.size)
+        self.heap: SymmetricHeap | None = None
+        self.capacity = 0
+        self.resident: Plan | None = None  # plan whose slots hold valid weights
+        self.last_plan: Plan | None = None
+        self.last_stats: StepStats | None = None
+        self.published = False
+        self.published_version: tuple[int, ...] = ()
+        self.plans_made = 0  # planner calls (backward replays the forward plan: none there)
+        self._build(self._capacity_for(max_tokens * top_k))
+
+    def _capacity_for(self, records: int) -> int:
+        W = self.M + max(self.B, self.M)
+        return max(1, records + W * (self.align - 1))
+
+    def _build(self, capacity: int) -> None:
+        """(Re)create heap, transport and store for ``capacity`` receive rows (collective)."""
+        if self.heap is not None:
+            self.heap.close()
+        self.heap, self.capacity = None, capacity
+        row_bytes = self.H * torch.empty((), dtype=self.dtype).element_size()
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        weight_rows = (self.M + self.B + max(self.M, self.B)) * 3 * self.H * self.F * elem
+        nbytes = 2 * capacity * row_bytes + weight_rows + (1 << 16)
+        if self.kind in ("auto", "heap"):
+            try:
+                self.heap = SymmetricHeap.create(self.group, nbytes)
+            except HeapUnavailable:
+                if self.kind == "heap":
+                    raise
+        if self.heap is not None:
+            self.transport: HeapTransport | AllToAllTransport = HeapTransport(
+                self.group, self.heap, capacity, self.H, self.dtype
+            )
+        else:
+            self.transport = AllToAllTransport(self.group, capacity, self.H, self.dtype)
+        self.store = ExpertStore(
+            self.group,
+            self.heap,
+            num_experts=self.E,
+            num_slots=self.B,
+            hidden=self.H,
+            ffn=self.F,
+            dtype=self.dtype,
+        )
+        self._reducer = GradReducer(self.store, self.B + max(0, self.M - self.B))
+        self.published, self.resident = False, None
+
+    def reducer(self) -> GradReducer:
+        """Where replica gradients go home (allocated with the store)."""
+        return self._reducer
+
+    def weights_changed(self) -> None:
+        """Home weights changed: republish them before the next step; every slot is stale.
+
+        In-place updates of the expert parameters (optimizer steps, ``copy_``) are
+        detected by their version counters and shared with every rank in the counts
+        exchange, so calling this is only needed after changes torch cannot see.
+        """
+        self.published, self.resident = False, None
+        self.published_version = ()
+
+    def forward(
+        self,
+        x_SH: torch.Tensor,
+        ids_SK: torch.Tensor | None,
+        weight_SK: torch.Tensor,
+        params: dict[str, torch.Tensor],
+        ok: bool,
+        msg: str,
+    ) -> torch.Tensor:
+        """One step; every rank calls it (also with zero tokens)."""
+        from moonplan.runtime.moe_function import MoEStep, moe_apply
+
+        t0 = time.perf_counter()
+        counts_E = torch.zeros(self.E, dtype=torch.int64, device=x_SH.device)
+        if ok and ids_SK is not None and ids_SK.numel():
+            counts_E = torch.bincount(ids_SK.reshape(-1), minlength=self.E)
+        # One exchange carries the counts, the validity flag and "my home weights changed".
+        version = tuple(int(p._version) for p in params.values())
+        changed = int(version != self.published_version)
+        got_RX = self.group.gather_with_status(
+            torch.cat([counts_E, counts_E.new_tensor([changed])]), ok, msg
+        )
+        counts_RE = got_RX[:, : self.E]
+        if bool(got_RX[:, self.E].any()):  # any rank's weights changed: every slot is stale
+            self.published, self.resident = False, None
+        t1 = time.perf_counter()
+        plan = moonplan.plan(counts_RE, slots=self.B, align=self.align, previous=self.resident)
+        self.plans_made += 1
+        need = int(plan.recv_size().max())
+        if need > self.capacity:  # every rank sees the same plan: all grow together
+            self._build(self._capacity_for(need))
+            plan = moonplan.plan(counts_RE, slots=self.B, align=self.align)
+        ids = ids_SK if ids_SK is not None else torch.zeros(0, self.K, dtype=torch.int64)
+        route = moonplan.route(plan, self.group.rank, ids, check=False)
+        if not self.published:
+            self.store.publish_home(params)
+            self.published, self.published_version = True, version
+        t2 = time.perf_counter()
+        fetched = self.store.prefetch(plan)
+        t3 = time.perf_counter()
+        step = MoEStep(self, plan, route)
+        y_SH = moe_apply(step, x_SH, weight_SK, params["gate_up"], params["down"])
+        self.resident = plan if self.B > 0 else None
+        self.last_plan = plan
+        s = plan.summary()
+        phases = {"counts": t1 - t0, "plan": t2 - t1, "prefetch": t3 - t2, **step.phases}
+        self.last_stats = StepStats(
+            s["copies"],
+            s["new_copies"],
+            fetched,
+            s["static_max_over_mean"],
+            s["planned_max_over_mean"],
+            phases,
+        )
+        return y_SH

@@ -1,0 +1,178 @@
+"""Expert weights of one layer: home rows, then ``B`` prefetch slots, per projection.
+
+Legend:
+    R ranks, E experts, M = ceil(E/R) home rows, B slots, D direct replicas,
+    F expert FFN size, H hidden; projections ``gate_up [rows, 2F, H]`` and
+    ``down [rows, H, F]`` (transformers layout, gate rows first)
+
+On a symmetric heap every rank holds the same ``[M + B]`` rows per projection:
+its home experts (padded to ``M``) then its slots. ``prefetch(plan)`` fills the
+slots the plan marks new (``slot_new``) by copying the home rank's rows;
+residents stay; direct replicas (beyond ``B``) are read from the home rank when
+the experts run. Without a heap the same rows move by all-to-all.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moonplan.comm import a2a
+from moonplan.comm.group import EPGroup
+from moonplan.comm.heap import SymmetricHeap, SymTensor
+from moonplan.plan.home import home_start
+from moonplan.plan.plan_type import Plan
+from moonplan.runtime import rows
+
+PROJECTIONS = ("gate_up", "down")
+
+
+class ExpertStore:
+    """Symmetric (or local) weight rows for every projection of one MoE layer."""
+
+    def __init__(
+        self,
+        group: EPGroup,
+        heap: SymmetricHeap | None,
+        *,
+        num_experts: int,
+        num_slots: int,
+        hidden: int,
+        ffn: int,
+        dtype: torch.dtype,
+    ):
+        self.group, self.heap = group, heap
+        self.E, self.B = num_experts, num_slots
+        self.M = -(-num_experts // group.size)
+        shapes = {"gate_up": (2 * ffn, hidden), "down": (hidden, ffn)}
+        rows_ = self.M + num_slots
+        self.sym: dict[str, SymTensor] = {}
+        self.local: dict[str, torch.Tensor] = {}
+        for name, shape in shapes.items():
+            if heap is not None:
+                self.sym[name] = heap.alloc((rows_, *shape), dtype)
+                self.local[name] = self.sym[name].local
+            else:
+                self.local[name] = torch.zeros(rows_, *shape, dtype=dtype, device=group.device)
+        self.valid = False  # home rows published and slots consistent with `resident`
+
+    def publish_home(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy this rank's home experts (``[E_r, ...]`` per projection) into the home rows.
+
+        Collective: every rank calls it; afterwards every slot is stale.
+        """
+        for name in PROJECTIONS:
+            w = weights[name].detach()
+            self.local[name][: w.shape[0]].copy_(w)
+        if self.heap is not None:
+            self.heap.barrier()
+        self.valid = True
+
+    def _home_row(self, e_N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Home rank and home row of experts ``e_N``."""
+        R = self.group.size
+        starts = torch.tensor([home_start(r, self.E, R) for r in range(R + 1)], device=e_N.device)
+        h_N = torch.searchsorted(starts, e_N, right=True) - 1
+        return h_N, e_N - starts[h_N]
+
+    def _fetch(self, name: str, h_N: torch.Tensor, row_N: torch.Tensor) -> torch.Tensor:
+        """Rows ``row_N`` of ranks ``h_N``'s home experts (``[n, ...]``); collective."""
+        local = self.local[name]
+        if self.heap is None:
+            flat = local.view(local.shape[0], -1)
+            return a2a.gather_rows(self.group, flat, h_N, row_N).view(-1, *local.shape[1:])
+        got = torch.empty(h_N.numel(), *local.shape[1:], dtype=local.dtype, device=local.device)
+        views = [self.sym[name].peer(q) for q in range(self.group.size)]
+        rows.gather_rows(views, h_N, row_N, got)
+        return got
+
+    def prefetch(self, plan: Plan) -> int:
+        """Fill this rank's new slots from the home ranks; returns the rows copied here.
+
+        Collective (the all-to-all path exchanges requests). Slots not marked new
+        keep their weights (residents of ``previous=``).
+        """
+        r = self.group.rank
+        slot_B = plan.slot_expert[r]
+        new_B = (plan.slot_new[r] > 0).nonzero().flatten()
+        e_N = slot_B[new_B]
+        h_N, row_N = self._home_row(e_N)
+        for name in PROJECTIONS:
+            self.local[name][self.M + new_B] = self._fetch(name, h_N, row_N)
+        return int(new_B.numel())
+
+    def direct(self, plan: Plan) -> dict[str, torch.Tensor]:
+        """Weights of this rank's direct replicas (``[D, ...]``), read from their home ranks."""
+        r = self.group.rank
+        d_D = plan.direct_expert()[r]
+        d_D = d_D[d_D >= 0]
+        h_D, row_D = self._home_row(d_D)
+        return {name: self._fetch(name, h_D, row_D) for name in PROJECTIONS}
+
+    def slots(self, name: str) -> torch.Tensor:
+        """``[B, ...]`` this rank's slot rows of a projection."""
+        return self.local[name][self.M :]
+
+
+class GradReducer:
+    """Sends replica-row gradients to their home rank, which adds them exactly once.
+
+    Legend: ``X = B + D`` remote rows per rank (slots, then direct rows).
+
+    Every rank writes the gradients of its remote rows (``[X, ...]`` per projection)
+    into its own reduce buffer; each home rank then reads, from every peer in
+    ascending rank order, the rows that hold its experts and adds them to its own
+    gradient in that fixed order (bit-identical run to run).
+    """
+
+    def __init__(self, store: ExpertStore, num_remote_rows: int):
+        self.store, self.X = store, num_remote_rows
+        group, heap = store.group, store.heap
+        self.sym: dict[str, SymTensor] = {}
+        self.local: dict[str, torch.Tensor] = {}
+        for name, w in store.local.items():
+            shape, dtype = (num_remote_rows, *w.shape[1:]), w.dtype
+            if heap is not None:
+                self.sym[name] = heap.alloc(shape, dtype)
+                self.local[name] = self.sym[name].local
+            else:
+                self.local[name] = torch.zeros(shape, dtype=dtype, device=group.device)
+
+    def reduce(
+        self, plan: Plan, remote: dict[str, torch.Tensor], num_home: int
+    ) -> dict[str, torch.Tensor]:
+        """Gradients of this rank's home experts from every peer's replicas (``[E_r, ...]``).
+
+        Collective. ``remote[name]`` holds this rank's remote-row gradients: its ``B``
+        slots, then its direct rows (as many as it uses, at most ``X - B``).
+        """
+        group, M = self.store.group, self.store.M
+        r = group.rank
+        e_RX = plan.row_expert[:, M:]
+        live_RX = (plan.row_count[:, M:] > 0) & (plan.home[e_RX.clamp(min=0)] == r)
+        q_N, j_N = live_RX.nonzero(as_tuple=True)  # ascending peer, then row
+        first = home_start(r, self.store.E, group.size)
+        slot_N = e_RX[q_N, j_N] - first
+        for name in PROJECTIONS:  # slots, then the direct rows actually used (rest unused)
+            n = remote[name].shape[0]
+            self.local[name][:n].copy_(remote[name])
+        out = {}
+        for name in PROJECTIONS:
+            got = self._fetch(name, q_N, j_N)
+            acc = torch.zeros(num_home, *got.shape[1:], dtype=torch.float32, device=got.device)
+            for q in range(group.size):  # fixed order: ascending source rank
+                sel = q_N == q
+                acc.index_add_(0, slot_N[sel], got[sel].float())
+            out[name] = acc
+        return out
+
+    def _fetch(self, name: str, q_N: torch.Tensor, j_N: torch.Tensor) -> torch.Tensor:
+        local = self.local[name]
+        if self.store.heap is None:
+            flat = local.view(local.shape[0], -1)
+            return a2a.gather_rows(self.store.group, flat, q_N, j_N).view(-1, *local.shape[1:])
+        self.store.heap.barrier()  # every rank's gradients are in its reduce buffer
+        got = torch.empty(q_N.numel(), *local.shape[1:], dtype=local.dtype, device=local.device)
+        views = [self.sym[name].peer(q) for q in range(self.store.group.size)]
+        rows.gather_rows(views, q_N, j_N, got)
+        self.store.heap.barrier()  # nobody overwrites a reduce buffer still being read
+        return got

@@ -1,0 +1,116 @@
+"""EPGroup: collectives and collective error agreement, without dist and on 1..4 ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moonplan.comm import ContractError, EPGroup
+from moonplan.comm.group import MESSAGE_BYTES
+from moonplan.testing.dist import run_ranks
+
+TIMEOUT = 30.0
+
+
+def test_single_rank_without_dist():
+    g = EPGroup()
+    assert (g.rank, g.size, g.backend, g.device, g.group) == (
+        0,
+        1,
+        "local",
+        torch.device("cpu"),
+        None,
+    )
+    x = torch.arange(6).view(2, 3)
+    assert torch.equal(g.all_gather(x), x[None])
+    out = torch.empty(4, 2)
+    g.all_to_all(out, torch.ones(4, 2), [4], [4])
+    assert torch.equal(out, torch.ones(4, 2))
+    g.barrier()
+    g.agree(True, "ignored")
+    g.check_same("experts", 8)
+    assert torch.equal(g.gather_with_status(x, True, ""), x[None])
+
+
+def test_single_rank_failures_raise():
+    g = EPGroup()
+    with pytest.raises(ContractError, match=r"what: contract violated on rank 0: rank 0: boom"):
+        g.agree(False, "boom", what="what")
+    with pytest.raises(ContractError, match="bad counts") as info:
+        g.gather_with_status(torch.zeros(3), False, "bad counts")
+    assert info.value.ranks == (0,)
+    assert isinstance(info.value, ValueError)
+
+
+def test_long_message_is_truncated_on_a_character_boundary():
+    g = EPGroup()
+    with pytest.raises(ContractError) as info:
+        g.agree(False, "é" * 1000)
+    detail = str(info.value).split("rank 0: ", 2)[-1]
+    assert set(detail) == {"é"} and len(detail.encode()) <= MESSAGE_BYTES
+
+
+def _collectives(rank: int, world: int) -> dict:
+    g = EPGroup()
+    counts = torch.tensor([rank, 10 * rank, 7], dtype=torch.int64)
+    bf = torch.full((2,), float(rank), dtype=torch.bfloat16)
+    g.agree(True, "")
+    g.check_same("config", (8, 2.5, "swiglu"))
+    g.barrier()
+    return {
+        "meta": (g.rank, g.size, g.backend, str(g.device)),
+        "gather": g.all_gather(counts).tolist(),
+        "bf16": g.all_gather(bf).float().tolist(),
+        "with_status": g.gather_with_status(counts, True, "").tolist(),
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_collectives(world):
+    results = run_ranks(_collectives, world, timeout=TIMEOUT)
+    want = [[r, 10 * r, 7] for r in range(world)]
+    for rank, res in enumerate(results):
+        assert res["meta"] == (rank, world, "gloo", "cpu")
+        assert res["gather"] == want and res["with_status"] == want
+        assert res["bf16"] == [[float(r)] * 2 for r in range(world)]
+
+
+def _failing(rank: int, world: int, kind: str, bad: tuple[int, ...]) -> tuple[str, tuple]:
+    g = EPGroup()
+    ok = rank not in bad
+    try:
+        if kind == "agree":
+            g.agree(ok, f"rank {rank} saw expert id {100 + rank} >= 64", what="dispatch")
+        elif kind == "gather":
+            g.gather_with_status(torch.ones(4, dtype=torch.int64), ok, "negative count")
+        else:
+            g.check_same("hidden", 1024 if ok else (2048 + rank))
+    except ContractError as exc:
+        g.barrier()  # every rank is still in step after the error
+        return str(exc), exc.ranks
+    return "no error", ()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("kind", ["agree", "gather", "check_same"])
+@pytest.mark.parametrize(("world", "bad"), [(1, (0,)), (2, (1,)), (3, (0, 2)), (4, (3,))])
+def test_one_rank_failing_raises_the_same_error_everywhere(kind, world, bad):
+    results = run_ranks(_failing, world, kind, bad, timeout=TIMEOUT)
+    messages = {msg for msg, _ in results}
+    assert len(messages) == 1, messages
+    msg, ranks = results[0]
+    if kind == "check_same" and world == 1:
+        assert msg == "no error"  # one rank always agrees with itself
+        return
+    assert msg != "no error"
+    if kind == "check_same":
+        assert "'hidden' differs" in msg
+        assert all(f"rank {r}: {2048 + r}" in msg for r in bad)
+        if world == 4:
+            assert ranks == bad  # the odd one out
+    else:
+        assert ranks == bad
+        assert all(f"rank {r}" in msg for r in bad)
+    if kind == "agree":
+        assert msg.startswith("dispatch: ") and all(f"id {100 + r}" in msg for r in bad)

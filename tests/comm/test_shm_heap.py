@@ -1,0 +1,169 @@
+"""The shm symmetric heap: allocation, peer writes across 1..4 ranks, and nothing left in
+/dev/shm (after close, after errors, after a rank is killed)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from moonplan.comm import ContractError, EPGroup, HeapUnavailable, SymmetricHeap
+from moonplan.comm.heap import ALIGN
+from moonplan.comm.shm_heap import PREFIX, SHM_DIR
+from moonplan.testing.dist import run_ranks
+
+TIMEOUT = 30.0
+DTYPES = [torch.float32, torch.bfloat16, torch.int64]
+
+
+def _job_files(token: str) -> list[str]:
+    return [name for name in os.listdir(SHM_DIR) if name.startswith(f"{PREFIX}{token}")]
+
+
+def test_single_rank_alloc_alignment_and_full():
+    heap = SymmetricHeap.create(EPGroup(), 2048, backend="auto")
+    assert heap.backend == "shm" and _job_files(heap.token) == []
+    a = heap.alloc((3, 5), torch.bfloat16)
+    b = heap.alloc(7, torch.int64)
+    c = heap.alloc((0, 4), torch.float32)
+    assert [t.offset for t in (a, b, c)] == [0, ALIGN, 2 * ALIGN]
+    assert (a.shape, a.dtype, b.shape, c.shape) == ((3, 5), torch.bfloat16, (7,), (0, 4))
+    assert a.peer(0).data_ptr() == a.local.data_ptr()
+    assert all(t.local.data_ptr() % ALIGN == 0 for t in (a, b))
+    assert torch.count_nonzero(b.local) == 0  # fresh memory is zeroed
+    with pytest.raises(MemoryError, match=r"needs 4096 bytes at offset 512, heap has 2048"):
+        heap.alloc(1024, torch.float32)
+    heap.check_consistent()
+    heap.close()
+    heap.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        heap.alloc(1, torch.float32)
+    with pytest.raises(IndexError):
+        a.peer(1)
+
+
+def test_zero_byte_heap_and_bad_arguments():
+    heap = SymmetricHeap.create(EPGroup(), 0, backend="shm")
+    assert heap.alloc((0,), torch.float32).shape == (0,)
+    with pytest.raises(MemoryError):
+        heap.alloc(1, torch.uint8)
+    heap.close()
+    with pytest.raises(ValueError, match="backend"):
+        SymmetricHeap.create(EPGroup(), 16, backend="cuda-ipc")
+    with pytest.raises(ValueError, match="nbytes"):
+        SymmetricHeap.create(EPGroup(), -1)
+
+
+def _peer_writes(rank: int, world: int) -> dict:
+    heap = SymmetricHeap.create(EPGroup(), 1 << 16, backend="shm")
+    left_after_create = _job_files(heap.token)
+    syms = [heap.alloc((world, 3), dtype) for dtype in DTYPES]
+    for sym in syms:
+        for peer in range(world):  # row `rank` of every peer's copy: written by this rank
+            sym.peer(peer)[rank] = torch.tensor([rank, peer, 7]).to(sym.dtype)
+    heap.barrier()
+    got = [sym.local.to(torch.float64).tolist() for sym in syms]
+    heap.check_consistent()
+    ptrs = syms[0].peer_ptrs().tolist()
+    heap.close()
+    return {
+        "got": got,
+        "offsets": [s.offset for s in syms],
+        "files": left_after_create + _job_files(heap.token),
+        "ptrs": ptrs,
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_peer_writes_are_seen_after_barrier(world):
+    results = run_ranks(_peer_writes, world, timeout=TIMEOUT)
+    for rank, res in enumerate(results):
+        want = [[float(src), float(rank), 7.0] for src in range(world)]
+        assert res["got"] == [want] * len(DTYPES)
+        assert res["offsets"] == results[0]["offsets"]
+        assert all(off % ALIGN == 0 for off in res["offsets"])
+        assert res["files"] == []
+        assert len(set(res["ptrs"])) == world
+
+
+def _mismatch(rank: int, world: int, what: str) -> str:
+    group = EPGroup()
+    try:
+        nbytes = 4096 + (256 * rank if what == "nbytes" else 0)
+        heap = SymmetricHeap.create(group, nbytes, backend="shm")
+        heap.alloc((4, 4) if rank != world - 1 else (4, 5), torch.float32)
+        heap.check_consistent()
+    except ContractError as exc:
+        group.barrier()
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("what", ["allocations", "nbytes"])
+def test_mismatch_raises_the_same_error_everywhere(what):
+    results = run_ranks(_mismatch, 3, what, timeout=TIMEOUT)
+    assert len(set(results)) == 1 and results[0] != "no error", results
+    assert ("allocations' differs" if what == "allocations" else "nbytes differs") in results[0]
+
+
+def _two_hosts(rank: int, world: int) -> str:
+    import moonplan.comm.heap as heap_mod
+
+    heap_mod.socket.gethostname = lambda: f"host{rank % 2}"  # type: ignore[attr-defined]
+    try:
+        SymmetricHeap.create(EPGroup(), 4096)
+    except HeapUnavailable as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.distributed
+def test_auto_on_several_hosts_is_unavailable_everywhere():
+    results = run_ranks(_two_hosts, 3, timeout=TIMEOUT)
+    assert len(set(results)) == 1
+    assert "2 hosts" in results[0] and "a2a" in results[0]
+
+
+def _hold_heap(rank: int, world: int, store: str, queue) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    heap = SymmetricHeap.create(EPGroup(), 1 << 20, backend="shm")
+    sym = heap.alloc(1024, torch.float32)
+    sym.peer((rank + 1) % world).fill_(rank)
+    heap.barrier()
+    queue.put((rank, heap.token))
+    time.sleep(120)
+
+
+@pytest.mark.distributed
+def test_nothing_left_in_dev_shm_after_sigkill():
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [
+            ctx.Process(target=_hold_heap, args=(r, 2, os.path.join(tmp, "store"), queue))
+            for r in range(2)
+        ]
+        try:
+            for p in procs:
+                p.start()
+            tokens = {queue.get(timeout=TIMEOUT)[1] for _ in procs}
+            assert len(tokens) == 1
+            token = tokens.pop()
+            os.kill(procs[1].pid, signal.SIGKILL)  # mid-run, heap mapped
+            procs[1].join(TIMEOUT)
+            assert procs[1].exitcode == -signal.SIGKILL
+            assert _job_files(token) == []
+        finally:
+            for p in procs:
+                p.kill()
+                p.join()
+        assert _job_files(token) == []

@@ -1,0 +1,235 @@
+"""Triton row kernels (``kernels.py``) against their torch twins (``rows.py``), bit for bit.
+
+On CPU they run under the Triton interpreter: Triton 3.9 reads ``TRITON_INTERPRET``
+when a kernel is decorated (not when triton is imported), and ``kernels`` decorates
+its kernels on first use, once per mode, so setting the variable per test suffices.
+
+Legend: R ranks, S tokens, K top-k, N = S*K records, H hidden, ``cap_r`` view rows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import moonplan
+from moonplan.runtime import kernels, rows
+
+pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture
+def interpret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal dtype, shape and bits, except that any NaN equals any NaN (payloads differ)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    same = a.view(ints) == b.view(ints)
+    return bool(torch.equal(nan_a, nan_b) and torch.all(same | nan_a))
+
+
+def _views(caps: list[int], H: int, dtype: torch.dtype, gen: torch.Generator, pad: int = 0):
+    """Separate tensors per rank (random contents), ``[cap_r, H]`` views with row stride H+pad."""
+    return [torch.randn(c, H + pad, generator=gen).to(dtype)[:, :H] for c in caps]
+
+
+def _records(
+    S: int, K: int, caps: list[int], gen: torch.Generator, dup: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[S, K]`` ranks (never the empty-capacity ones; some tokens send all K records
+    to one rank) and distinct rows per rank."""
+    live = torch.tensor([r for r, c in enumerate(caps) if c > 0])
+    rank_SK = live[torch.randint(0, live.numel(), (S, K), generator=gen)]
+    if dup and S:
+        same_S = torch.rand(S, generator=gen) < 0.3
+        rank_SK[same_S] = rank_SK[same_S, :1]
+    off_SK = torch.empty_like(rank_SK)
+    for r, cap in enumerate(caps):
+        m = rank_SK == r
+        assert int(m.sum()) <= cap
+        off_SK[m] = torch.randperm(cap, generator=gen)[: int(m.sum())]
+    return rank_SK, off_SK
+
+
+def _caps(S: int, K: int) -> list[int]:
+    """Four ranks: one empty (0 rows), one exactly big enough for everything, two roomy."""
+    return [S * K + 3, 0, S * K, S * K + 7]
+
+
+@pytest.mark.usefixtures("interpret")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("K", [1, 2, 3, 4])
+@pytest.mark.parametrize(("S", "H", "pad"), [(11, 50, 0), (5, 130, 3)])
+def test_scatter_matches_twin(S: int, H: int, pad: int, K: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(S * 100 + K)
+    caps = _caps(S, K)
+    x_SH = torch.randn(S, H, generator=gen).to(dtype)
+    rank_SK, off_SK = _records(S, K, caps, gen)
+    got = _views(caps, H, dtype, gen, pad)
+    want = [v.clone() for v in got]  # untouched rows must stay as they were
+    kernels.scatter_rows(x_SH, rank_SK.reshape(-1), off_SK.reshape(-1), K, got)
+    rows.scatter_rows(x_SH, rank_SK.reshape(-1), off_SK.reshape(-1), K, want)
+    assert all(_same_bits(g, w) for g, w in zip(got, want, strict=True))
+
+
+@pytest.mark.usefixtures("interpret")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("w_dtype", DTYPES)
+@pytest.mark.parametrize("K", [1, 2, 3, 4])
+def test_combine_matches_twin(K: int, w_dtype: torch.dtype, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(K)
+    S, H = 19, 70
+    caps = _caps(S, K)
+    outs = _views(caps, H, dtype, gen, pad=2)
+    rank_SK, off_SK = _records(S, K, caps, gen)
+    w_SK = torch.rand(S, K, generator=gen).to(w_dtype)
+    for out_dtype in (dtype, torch.float32):
+        got = kernels.gather_combine(outs, rank_SK, off_SK, w_SK, out_dtype)
+        want = rows.gather_combine(outs, rank_SK, off_SK, w_SK, out_dtype)
+        assert got.dtype == out_dtype and _same_bits(got, want)
+
+
+@pytest.mark.usefixtures("interpret")
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_combine_special_values(dtype: torch.dtype) -> None:
+    """NaN, inf, subnormals, signed zeros and overflow combine exactly like the twin."""
+    gen = torch.Generator().manual_seed(7)
+    S, K, H = 6, 2, 12
+    special = [float("nan"), float("inf"), -float("inf"), 1e-40, -1e-39, 0.0, -0.0, 3e38]
+    out = torch.randn(S * K, H, generator=gen)
+    out[:, : len(special)] = torch.tensor(special)
+    rank_SK = torch.zeros(S, K, dtype=torch.int64)
+    off_SK = torch.randperm(S * K, generator=gen).view(S, K)
+    w_SK = torch.rand(S, K, generator=gen) * 2
+    outs = [out.to(dtype)]
+    for out_dtype in (torch.bfloat16, torch.float32):
+        got = kernels.gather_combine(outs, rank_SK, off_SK, w_SK.to(dtype), out_dtype)
+        want = rows.gather_combine(outs, rank_SK, off_SK, w_SK.to(dtype), out_dtype)
+        assert _same_bits(got, want)
+
+
+@pytest.mark.usefixtures("interpret")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("row_shape", [(3, 37), (2, 600), (5,)])
+def test_gather_rows_matches_twin(row_shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(len(row_shape))
+    caps = [4, 0, 3, 6]
+    src = [torch.randn(c, *row_shape, generator=gen).to(dtype) for c in caps]
+    n = 9
+    live = torch.tensor([0, 2, 3])
+    rank_n = live[torch.randint(0, 3, (n,), generator=gen)]
+    row_n = torch.tensor([int(torch.randint(0, caps[r], (1,), generator=gen)) for r in rank_n])
+    got = torch.randn(n, *row_shape, generator=gen).to(dtype)
+    want = got.clone()
+    kernels.gather_rows(src, rank_n, row_n, got)
+    rows.gather_rows(src, rank_n, row_n, want)
+    assert _same_bits(got, want)
+
+
+@pytest.mark.usefixtures("interpret")
+def test_routes_of_a_real_plan() -> None:
+    """Every rank's records of a skewed plan (align 4) land where the twin puts them."""
+    gen = torch.Generator().manual_seed(11)
+    R, E, S, K, H = 3, 7, 9, 3, 20
+    pop_E = torch.tensor([20.0, 1, 1, 5, 1, 1, 1])
+    ids = [torch.multinomial(pop_E, S * K, True, generator=gen).view(S, K) for _ in range(R)]
+    counts_RE = torch.stack([torch.bincount(i.reshape(-1), minlength=E) for i in ids])
+    plan = moonplan.plan(counts_RE, align=4)
+    caps = plan.recv_size().tolist()
+    got = [torch.zeros(c, H, dtype=torch.bfloat16) for c in caps]
+    want = [v.clone() for v in got]
+    for r in range(R):
+        route = moonplan.route(plan, r, ids[r])
+        x_SH = torch.randn(S, H, generator=gen).to(torch.bfloat16)
+        args = (route.dest_rank.reshape(-1), route.dest_offset.reshape(-1), K)
+        kernels.scatter_rows(x_SH, *args, got)
+        rows.scatter_rows(x_SH, *args, want)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    w_SK = torch.rand(S, K, generator=gen)
+    route = moonplan.route(plan, 1, ids[1])
+    a = kernels.gather_combine(got, route.dest_rank, route.dest_offset, w_SK, torch.float32)
+    b = rows.gather_combine(want, route.dest_rank, route.dest_offset, w_SK, torch.float32)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.usefixtures("interpret")
+def test_empty_inputs() -> None:
+    views = [torch.zeros(3, 8), torch.zeros(0, 8)]
+    none = torch.zeros(0, dtype=torch.int64)
+    kernels.scatter_rows(torch.zeros(0, 8), none, none, 2, views)
+    y = kernels.gather_combine(
+        views, none.view(0, 2), none.view(0, 2), torch.zeros(0, 2), torch.float32
+    )
+    assert y.shape == (0, 8)
+    y = kernels.gather_combine(
+        views, none.view(4, 0), none.view(4, 0), torch.zeros(4, 0), torch.float32
+    )
+    assert torch.equal(y, torch.zeros(4, 8))
+    kernels.gather_rows(views, none, none, torch.zeros(0, 8))
+
+
+@pytest.mark.usefixtures("interpret")
+def test_bad_inputs_raise() -> None:
+    views = [torch.zeros(3, 8), torch.zeros(2, 8)]
+    x = torch.zeros(2, 8)
+    with pytest.raises(ValueError, match="outside"):
+        kernels.scatter_rows(x, torch.tensor([0, 1]), torch.tensor([0, 2]), 1, views)
+    with pytest.raises(ValueError, match="ranks must lie"):
+        kernels.scatter_rows(x, torch.tensor([0, 2]), torch.tensor([0, 0]), 1, views)
+    with pytest.raises(ValueError, match="elements"):
+        kernels.scatter_rows(x, torch.tensor([0, 1]), torch.tensor([0, 0]), 2, views)
+    with pytest.raises(ValueError, match=r"expected torch\.float32"):
+        kernels.scatter_rows(x, torch.tensor([0]), torch.tensor([0]), 1, [views[0].bfloat16()])
+    odd = [torch.zeros(3, 8), torch.zeros(3, 10)[:, :8]]
+    with pytest.raises(ValueError, match="row stride"):
+        kernels.scatter_rows(x, torch.tensor([0, 1]), torch.tensor([0, 1]), 1, odd)
+    with pytest.raises(ValueError, match="outside"):
+        kernels.gather_rows(views, torch.tensor([1]), torch.tensor([-1]), torch.zeros(1, 8))
+
+
+def test_available_reports_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert kernels.available("cpu")[0]
+    assert not kernels.available("cuda")[0]
+    monkeypatch.delenv("TRITON_INTERPRET")
+    ok, why = kernels.available("cpu")
+    assert not ok and "TRITON_INTERPRET" in why
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        kernels.scatter_rows(
+            torch.zeros(1, 4), torch.tensor([0]), torch.tensor([0]), 1, [torch.zeros(1, 4)]
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_matches_twin(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    """Compiled kernels on CUDA tensors (peer table of separate allocations)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    gen = torch.Generator().manual_seed(5)
+    S, K, H = 300, 4, 1000
+    caps = _caps(S, K)
+    rank_SK, off_SK = _records(S, K, caps, gen)
+    x_SH = torch.randn(S, H, generator=gen).to(dtype).cuda()
+    got = [v.cuda() for v in _views(caps, H, dtype, gen, pad=8)]
+    want = [v.clone() for v in got]
+    kernels.scatter_rows(x_SH, rank_SK.reshape(-1).cuda(), off_SK.reshape(-1).cuda(), K, got)
+    rows.scatter_rows(x_SH, rank_SK.reshape(-1).cuda(), off_SK.reshape(-1).cuda(), K, want)
+    assert all(_same_bits(g, w) for g, w in zip(got, want, strict=True))
+    w_SK = torch.rand(S, K, generator=gen).cuda()
+    a = kernels.gather_combine(got, rank_SK.cuda(), off_SK.cuda(), w_SK, dtype)
+    b = rows.gather_combine(want, rank_SK.cuda(), off_SK.cuda(), w_SK, dtype)
+    assert _same_bits(a, b)
+    dst_a = torch.empty(S, H, dtype=dtype, device="cuda")
+    dst_b = dst_a.clone()
+    kernels.gather_rows(got, rank_SK[:, 0].cuda(), off_SK[:, 0].cuda(), dst_a)
+    rows.gather_rows(got, rank_SK[:, 0].cuda(), off_SK[:, 0].cuda(), dst_b)
+    assert _same_bits(dst_a, dst_b)

@@ -1,0 +1,106 @@
+"""run_ranks: results in rank order, error propagation, timeouts, nothing left behind."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from moonplan.testing.dist import MARGIN_S, RankError, run_ranks
+
+pytestmark = pytest.mark.distributed
+
+
+def _gone(pid: int) -> bool:
+    """The process is reaped, or a zombie waiting for its (non-reaping) init."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _echo(rank: int, world: int, base: int, *, scale: int = 1) -> tuple:
+    t = torch.tensor([rank * scale + base])
+    dist.all_reduce(t)
+    return rank, world, dist.get_rank(), dist.get_world_size(), int(t), torch.get_num_threads()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_results_in_rank_order(world):
+    start = time.monotonic()
+    results = run_ranks(_echo, world, 5, scale=10, timeout=20.0)
+    assert time.monotonic() - start < 1.0
+    total = sum(r * 10 + 5 for r in range(world))
+    assert results == [(r, world, r, world, total, 1) for r in range(world)]
+    assert mp.active_children() == []
+
+
+def _raise_on_one(rank: int, world: int) -> None:
+    if rank == 1:
+        raise ValueError(f"bad input on rank {rank}")
+    dist.barrier()  # the peer is gone: gloo fails this at once
+
+
+def test_rank_error_lists_type_message_and_traceback():
+    start = time.monotonic()
+    with pytest.raises(RankError) as info:
+        run_ranks(_raise_on_one, 3, timeout=20.0)
+    assert time.monotonic() - start < 10.0
+    err = info.value
+    assert isinstance(err, RuntimeError)
+    one = next(f for f in err.failures if f.rank == 1)
+    assert one.type_name == "builtins.ValueError" and one.message == "bad input on rank 1"
+    assert "_raise_on_one" in one.traceback
+    assert "rank 1: builtins.ValueError: bad input on rank 1" in str(err)
+    assert "--- rank 1 traceback ---" in str(err)
+    assert mp.active_children() == []
+
+
+def _sleep_forever(rank: int, world: int, pid_dir: str) -> int:
+    if rank == world - 1:
+        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(os.path.join(pid_dir, "pids"), "w") as f:
+            f.write(f"{os.getpid()} {helper.pid}")
+        time.sleep(600)
+    return rank
+
+
+def test_hung_rank_times_out_and_nothing_is_left(tmp_path):
+    timeout = 1.0
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"rank 2 of 3 did not finish"):
+        run_ranks(_sleep_forever, 3, str(tmp_path), timeout=timeout)
+    assert time.monotonic() - start < timeout + MARGIN_S + 2.0
+    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    deadline = time.monotonic() + 5.0
+    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_gone(p) for p in pids), pids
+    assert mp.active_children() == []
+
+
+def _die(rank: int, world: int) -> None:
+    if rank == 0:
+        os._exit(3)
+
+
+def test_dead_rank_is_reported():
+    with pytest.raises(RankError, match=r"rank 0: ProcessDied: exited \(code 3\)"):
+        run_ranks(_die, 2, timeout=10.0)
+
+
+def test_unpicklable_result_is_an_error():
+    with pytest.raises(RankError, match="rank 0"):
+        run_ranks(lambda rank, world: lambda: None, 1, timeout=10.0)
+
+
+def test_bad_world_size():
+    with pytest.raises(ValueError, match="world_size"):
+        run_ranks(_echo, 0)
