@@ -1,107 +1,140 @@
-"""``moonplan demo``: the planner on a drifting, skewed routing trace, step by step.
+"""``moonplan demo``: a skewed MoE layer on several CPU ranks, checked against one process.
 
-For each step it plans with and without resident slots, routes every rank's
-records (all ranks simulated in this process), verifies every invariant and
-that every receive position is written exactly once, and prints static-EP
-against moonplan load, copies, bytes prefetched and planning time. Exits
-non-zero on any violation. (The multi-process runtime demo builds on this.)
+Starts ``--ranks`` processes (fork, gloo; ``--device cuda`` for NCCL), builds the
+same small ``MoonMoE`` on each, routes tokens with lognormal-skewed, slowly
+drifting expert popularity for a few steps, and prints per step the static-EP
+max/mean load against moonplan's, copies, weights prefetched and phase times.
+Then it runs the same layer in a single process on all tokens and checks every
+rank's output against it; exits non-zero on any mismatch.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 import torch
 
-import moonplan
-from moonplan.baselines import moonep_greedy_alloc, replica_count
-from moonplan.traces import DriftingTrace, sample_topk
+from moonplan.runtime.routers import softmax_topk
+
+PHASES = ("plan", "prefetch", "dispatch", "experts", "combine")
 
 
 def register(subparsers: Any) -> None:
     """Add the ``demo`` subcommand (handler in ``args.func``)."""
-    p = subparsers.add_parser("demo", help="run the planner demo on a skewed, drifting trace")
+    p = subparsers.add_parser("demo", help="run a skewed MoE layer on CPU ranks and check it")
     p.add_argument("--ranks", type=int, default=4, help="EP ranks (default 4)")
     p.add_argument("--experts", type=int, default=16, help="experts (default 16)")
-    p.add_argument("--tokens", type=int, default=512, help="tokens per rank (default 512)")
+    p.add_argument("--tokens", type=int, default=256, help="tokens per rank (default 256)")
     p.add_argument("--topk", type=int, default=2, help="top-k (default 2)")
-    p.add_argument("--hidden", type=int, default=1024, help="H, for prefetch bytes (default 1024)")
-    p.add_argument("--ffn", type=int, default=2048, help="F, for prefetch bytes (default 2048)")
+    p.add_argument("--hidden", type=int, default=64, help="hidden size H (default 64)")
+    p.add_argument("--ffn", type=int, default=128, help="expert FFN size F (default 128)")
     p.add_argument("--sigma", type=float, default=1.0, help="lognormal skew (default 1)")
-    p.add_argument("--steps", type=int, default=6, help="steps (default 6)")
+    p.add_argument("--steps", type=int, default=5, help="steps (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    p.add_argument("--device", default="cpu", help="device for the plan tensors (default cpu)")
+    p.add_argument(
+        "--device", default="cpu", choices=("cpu", "cuda"), help="cpu (gloo) or cuda (nccl)"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds before giving up (default 300)"
+    )
     p.set_defaults(func=handler)
 
 
-def verify_routing(plan: moonplan.Plan, ids_per_rank: list[torch.Tensor]) -> None:
-    """Route every rank; raise unless every valid receive row is written exactly once."""
-    writes_R = [torch.zeros(int(n), dtype=torch.int64) for n in plan.recv_size().tolist()]
-    for s, ids_SK in enumerate(ids_per_rank):
-        rt = moonplan.route(plan, s, ids_SK.to(plan.device))
-        for d, o in zip(
-            rt.dest_rank.reshape(-1).tolist(), rt.dest_offset.reshape(-1).tolist(), strict=True
-        ):
-            writes_R[d][o] += 1
-    for r in range(plan.num_ranks):
-        want = torch.zeros_like(writes_R[r])
-        for w in range(plan.num_rows):
-            start = int(plan.row_offset[r, w])
-            want[start : start + int(plan.row_count[r, w])] = 1
-        if not torch.equal(writes_R[r], want):
-            raise moonplan.PlanError(f"rank {r}: receive rows not written exactly once")
+def _popularity_bias(cfg: dict, step: int) -> torch.Tensor:
+    """Log-popularity added to the router logits: lognormal, AR(1)-drifting over steps."""
+    g = torch.Generator().manual_seed(cfg["seed"])
+    x = torch.randn(cfg["experts"], generator=g) * cfg["sigma"]
+    for _ in range(step):
+        x = 0.99 * x + (1 - 0.99**2) ** 0.5 * cfg["sigma"] * torch.randn(
+            cfg["experts"], generator=g
+        )
+    return x
 
 
-def _step_ids(
-    trace: DriftingTrace, tokens: int, topk: int, gen: torch.Generator
-) -> list[torch.Tensor]:
-    pop_E = torch.softmax(trace.log_pop_E, 0)
-    return [sample_topk(pop_E, tokens, topk, gen) for _ in trace.tokens_R]
+def _step_tokens(cfg: dict, step: int, sizes: list[int]) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * cfg["seed"] + step)
+    return torch.randn(sum(sizes), cfg["hidden"], generator=g)
+
+
+def _rank_main(rank: int, world: int, cfg: dict, sizes: list[int]) -> dict:
+    """One rank: run the steps; return its outputs and (on rank 0) the step figures."""
+    from moonplan import MoonMoE
+
+    torch.manual_seed(cfg["seed"])
+    state: dict[str, Any] = {}
+
+    def router(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return softmax_topk(state["layer"].router(x) + state["bias"], cfg["topk"])
+
+    layer = MoonMoE(cfg["hidden"], cfg["ffn"], cfg["experts"], cfg["topk"], router=router)
+    g = torch.Generator().manual_seed(cfg["seed"] + 7)
+    E, H, F = cfg["experts"], cfg["hidden"], cfg["ffn"]
+    layer.load_dense(
+        torch.randn(E, H, generator=g) * H**-0.5,
+        torch.randn(E, 2 * F, H, generator=g) * H**-0.5,
+        torch.randn(E, H, F, generator=g) * F**-0.5,
+    )
+    state["layer"] = layer
+    first = sum(sizes[:rank])
+    outs, stats = [], []
+    for step in range(cfg["steps"]):
+        state["bias"] = _popularity_bias(cfg, step)
+        x = _step_tokens(cfg, step, sizes)[first : first + sizes[rank]].to(layer.group.device)
+        with torch.no_grad():
+            outs.append(layer(x).cpu())
+        stats.append(layer.last_stats)
+    return {"outs": outs, "stats": stats if rank == 0 else None}
+
+
+def _table(stats: list, cfg: dict) -> str:
+    expert_mib = 3 * cfg["hidden"] * cfg["ffn"] * 4 / 2**20
+    head = f"{'step':>4} {'static max/mean':>15} {'moonplan':>9} {'copies':>6} {'new':>4} {'prefetch MiB':>12}"
+    head += "".join(f" {p + ' ms':>11}" for p in PHASES)
+    lines = [head]
+    for i, s in enumerate(stats):
+        row = (
+            f"{i:>4} {s.static_max_over_mean:>15.3f} {s.planned_max_over_mean:>9.3f} {s.copies:>6} "
+        )
+        row += f"{s.new_copies:>4} {s.prefetched_rows * expert_mib:>12.2f}"
+        row += "".join(f" {1e3 * s.phases.get(p, 0.0):>11.2f}" for p in PHASES)
+        lines.append(row)
+    return "\n".join(lines)
 
 
 def handler(args: argparse.Namespace) -> int:
-    """Run the demo; 0 when every step checks out, 1 otherwise."""
-    trace = DriftingTrace(
-        args.ranks, args.experts, args.tokens, args.topk, sigma=args.sigma, seed=args.seed
-    )
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    expert_bytes = 3 * args.hidden * args.ffn * 2  # bf16 gate, up and down
+    """Run the demo; 0 when every rank matches the single-process layer, 1 otherwise."""
+    from moonplan.testing.dist import run_ranks
+
+    cfg = {
+        k: getattr(args, k)
+        for k in ("experts", "tokens", "topk", "hidden", "ffn", "sigma", "steps", "seed")
+    }
+    R = args.ranks
+    sizes = [args.tokens] * R
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("moonplan demo: --device cuda needs a CUDA device; none is visible", file=sys.stderr)
+        return 2
     print(
-        f"moonplan demo: R={args.ranks} E={args.experts} S={args.tokens} K={args.topk} "
-        f"lognormal sigma={args.sigma}, {args.steps} steps "
-        "(planner + routing, all ranks in-process)"
+        f"moonplan demo: {R} ranks ({backend}), E={args.experts} H={args.hidden} F={args.ffn} "
+        f"K={args.topk}, {args.tokens} tokens/rank, lognormal sigma={args.sigma}, {args.steps} steps"
     )
-    print(
-        f"{'step':>4} {'static max/mean':>15} {'moonplan':>9} {'copies':>7} {'greedy':>7} "
-        f"{'new (resident)':>15} {'prefetch MiB':>13} {'plan ms':>8}"
-    )
-    prev, ok = None, True
+    ranks = run_ranks(_rank_main, R, cfg, sizes, timeout=args.timeout, backend=backend)
+    print(_table(ranks[0]["stats"], cfg))
+    single = run_ranks(_rank_main, 1, cfg, [sum(sizes)], timeout=args.timeout)[0]["outs"]
+    worst = 0.0
     for step in range(args.steps):
-        ids = _step_ids(trace, args.tokens, args.topk, gen)
-        trace.step()  # advance the drift for the next step
-        counts_RE = torch.stack(
-            [torch.bincount(x.reshape(-1), minlength=args.experts) for x in ids]
+        got = torch.cat([r["outs"][step] for r in ranks])
+        want = single[step]
+        worst = max(
+            worst, float(((got - want).abs() / (want.abs() + 1e-6)).max()) if got.numel() else 0.0
         )
-        counts_RE = counts_RE.to(args.device)
-        t0 = time.perf_counter()
-        plan = moonplan.plan(counts_RE, previous=prev)
-        ms = (time.perf_counter() - t0) * 1e3
-        try:
-            moonplan.check_plan(plan, counts_RE, previous=prev)
-            verify_routing(plan, ids)
-        except moonplan.PlanError as exc:
-            print(f"step {step}: FAILED: {exc}", file=sys.stderr)
-            ok = False
-        s = plan.summary()
-        greedy = replica_count(moonep_greedy_alloc(counts_RE))
-        print(
-            f"{step:>4} {s['static_max_over_mean']:>15.3f} {s['planned_max_over_mean']:>9.3f} "
-            f"{s['copies']:>7} {greedy:>7} {s['new_copies']:>15} "
-            f"{s['new_copies'] * expert_bytes / 2**20:>13.1f} {ms:>8.2f}"
-        )
-        prev = plan
-    print("all invariants hold; every receive row written exactly once" if ok else "MISMATCH")
-    return 0 if ok else 1
+        if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+            print(f"MISMATCH at step {step}: max relative difference {worst:.2e}", file=sys.stderr)
+            return 1
+    print(
+        f"every rank's output matches the single-process layer (max relative difference {worst:.1e})"
+    )
+    return 0

@@ -51,6 +51,8 @@ class MoonMoE(nn.Module):
         transport: ``"auto"`` (a symmetric heap where one spans the group, else
             all-to-all), ``"heap"`` or ``"a2a"``.
         dtype: parameter dtype (default ``torch.get_default_dtype()``).
+        balance: ``False`` turns planning off (static EP: every record on its home
+            rank), the baseline moonplan is measured against.
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class MoonMoE(nn.Module):
         max_tokens: int = 1024,
         transport: str = "auto",
         dtype: torch.dtype | None = None,
+        balance: bool = True,
     ):
         super().__init__()
         _check_sizes(hidden_size, ffn_size, num_experts, top_k)
@@ -93,6 +96,8 @@ class MoonMoE(nn.Module):
         nn.init.normal_(self.down, std=ffn_size**-0.5)
         self.shared_experts = shared_experts
         self.route_fn = self._make_router(router, sigmoid_config, dev)
+        config = (hidden_size, ffn_size, num_experts, top_k, self.slots, align)
+        self.group.check_same("MoonMoE config", config)  # before any collective allocation
         self.runtime = LayerRuntime(
             self.group,
             num_experts=num_experts,
@@ -104,9 +109,7 @@ class MoonMoE(nn.Module):
             dtype=dtype,
             max_tokens=max_tokens,
             transport=transport,
-        )
-        self.group.check_same(
-            "MoonMoE config", (hidden_size, ffn_size, num_experts, top_k, self.slots, align)
+            balance=balance,
         )
 
     def _make_router(

@@ -49,10 +49,25 @@ def test_cost_prints_seed_figures(capsys: pytest.CaptureFixture[str]) -> None:
         assert figure in out
 
 
-def test_demo_runs_and_checks(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--steps", "3", "--tokens", "128"]) == 0
+@pytest.mark.distributed
+def test_demo_runs_ranks_and_checks_against_one_process(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "demo",
+        "--ranks",
+        "3",
+        "--steps",
+        "2",
+        "--tokens",
+        "32",
+        "--hidden",
+        "16",
+        "--ffn",
+        "24",
+    ]
+    assert main(args) == 0
     out = capsys.readouterr().out
-    assert "all invariants hold" in out
+    assert "matches the single-process layer" in out
+    assert out.count("\n") >= 4
 
 
 def test_console_script_entry_point() -> None:

@@ -15,6 +15,7 @@ from moonplan.comm.errors import HeapUnavailable
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.plan_type import Plan
+from moonplan.plan.static import static_plan
 from moonplan.runtime.store import ExpertStore, GradReducer
 from moonplan.runtime.transport import AllToAllTransport, HeapTransport
 
@@ -64,6 +65,7 @@ class LayerRuntime:
         dtype: torch.dtype,
         max_tokens: int,
         transport: str,
+        balance: bool = True,
     ):
         if transport not in ("auto", "heap", "a2a"):
             raise ValueError(f"transport must be 'auto', 'heap' or 'a2a', got {transport!r}")
@@ -76,7 +78,7 @@ class LayerRuntime:
             top_k,
             align,
         )
-        self.dtype, self.kind = dtype, transport
+        self.dtype, self.kind, self.balance = dtype, transport, balance
         self.M = -(-num_experts // group.size)
         self.heap: SymmetricHeap | None = None
         self.capacity = 0
@@ -129,6 +131,11 @@ class LayerRuntime:
         """Where replica gradients go home (allocated with the store)."""
         return self._reducer
 
+    def _plan(self, counts_RE: torch.Tensor, previous: Plan | None) -> Plan:
+        if not self.balance:
+            return static_plan(counts_RE, slots=self.B, align=self.align)
+        return moonplan.plan(counts_RE, slots=self.B, align=self.align, previous=previous)
+
     def weights_changed(self) -> None:
         """Home weights changed: republish them before the next step; every slot is stale.
 
@@ -165,12 +172,12 @@ class LayerRuntime:
         if bool(got_RX[:, self.E].any()):  # any rank's weights changed: every slot is stale
             self.published, self.resident = False, None
         t1 = time.perf_counter()
-        plan = moonplan.plan(counts_RE, slots=self.B, align=self.align, previous=self.resident)
+        plan = self._plan(counts_RE, self.resident)
         self.plans_made += 1
         need = int(plan.recv_size().max())
         if need > self.capacity:  # every rank sees the same plan: all grow together
             self._build(self._capacity_for(need))
-            plan = moonplan.plan(counts_RE, slots=self.B, align=self.align)
+            plan = self._plan(counts_RE, None)
         ids = ids_SK if ids_SK is not None else torch.zeros(0, self.K, dtype=torch.int64)
         route = moonplan.route(plan, self.group.rank, ids, check=False)
         if not self.published:
