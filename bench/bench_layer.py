@@ -95,7 +95,8 @@ def main() -> None:
         base.update(H=64, F=128, S=256, reps=3)
     rows = []
     print(
-        f"{'routing':>10} {'static max/mean':>15} {'mode':>17} {'moonplan ms':>11} {'static ms':>9} {'ratio':>6}"
+        f"{'routing':>10} {'static max/mean':>15} {'mode':>17} {'moonplan ms':>11} "
+        f"{'static ms':>9} {'ratio':>6}"
     )
     for routing, sigma in (("uniform", 0.0), ("lognormal", 1.0)):
         cfg = {**base, "sigma": sigma}
@@ -115,7 +116,8 @@ def main() -> None:
                 }
             )
             print(
-                f"{routing:>10} {got['static_max_over_mean']:>15.3f} {mode:>17} {1e3 * m:>11.2f} {1e3 * s:>9.2f} {m / s:>6.3f}"
+                f"{routing:>10} {got['static_max_over_mean']:>15.3f} {mode:>17} "
+                f"{1e3 * m:>11.2f} {1e3 * s:>9.2f} {m / s:>6.3f}"
             )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -90,7 +90,8 @@ def _rank_main(rank: int, world: int, cfg: dict, sizes: list[int]) -> dict:
 
 def _table(stats: list, cfg: dict) -> str:
     expert_mib = 3 * cfg["hidden"] * cfg["ffn"] * 4 / 2**20
-    head = f"{'step':>4} {'static max/mean':>15} {'moonplan':>9} {'copies':>6} {'new':>4} {'prefetch MiB':>12}"
+    head = f"{'step':>4} {'static max/mean':>15} {'moonplan':>9} {'copies':>6} {'new':>4}"
+    head += f" {'prefetch MiB':>12}"
     head += "".join(f" {p + ' ms':>11}" for p in PHASES)
     lines = [head]
     for i, s in enumerate(stats):
@@ -119,7 +120,8 @@ def handler(args: argparse.Namespace) -> int:
         return 2
     print(
         f"moonplan demo: {R} ranks ({backend}), E={args.experts} H={args.hidden} F={args.ffn} "
-        f"K={args.topk}, {args.tokens} tokens/rank, lognormal sigma={args.sigma}, {args.steps} steps"
+        f"K={args.topk}, {args.tokens} tokens/rank, lognormal sigma={args.sigma}, "
+        f"{args.steps} steps"
     )
     ranks = run_ranks(_rank_main, R, cfg, sizes, timeout=args.timeout, backend=backend)
     print(_table(ranks[0]["stats"], cfg))
@@ -135,6 +137,7 @@ def handler(args: argparse.Namespace) -> int:
             print(f"MISMATCH at step {step}: max relative difference {worst:.2e}", file=sys.stderr)
             return 1
     print(
-        f"every rank's output matches the single-process layer (max relative difference {worst:.1e})"
+        "every rank's output matches the single-process layer "
+        f"(max relative difference {worst:.1e})"
     )
     return 0
