@@ -22,7 +22,13 @@ from moonplan.runtime.transport import AllToAllTransport, HeapTransport
 
 @dataclass
 class StepStats:
-    """Figures of one forward step (host values; phase times in seconds)."""
+    """Figures of one step (host values; phase times in seconds).
+
+    ``phases`` has ``counts``, ``plan``, ``prefetch``, ``dispatch``, ``experts``,
+    ``combine`` after the forward, and gains ``combine_backward``,
+    ``experts_backward``, ``dispatch_backward`` and ``grad_reduce`` once the
+    step's backward has run.
+    """
 
     copies: int = 0
     new_copies: int = 0
@@ -191,7 +197,9 @@ class LayerRuntime:
         self.resident = plan if self.B > 0 else None
         self.last_plan = plan
         s = plan.summary()
-        phases = {"counts": t1 - t0, "plan": t2 - t1, "prefetch": t3 - t2, **step.phases}
+        # The same dict as the step's: backward adds its phases to it when it runs.
+        step.phases.update({"counts": t1 - t0, "plan": t2 - t1, "prefetch": t3 - t2})
+        phases = step.phases
         self.last_stats = StepStats(
             s["copies"],
             s["new_copies"],

@@ -136,3 +136,20 @@ def test_micro_batches_accumulate_and_reuse_slots() -> None:
         torch.testing.assert_close(
             g["gate_up"].double(), 3 * want["gate_up"][home], rtol=1e-5, atol=1e-6
         )
+
+
+def _phases(rank: int, world: int) -> list[str]:
+    from moonplan import MoonMoE
+
+    layer = MoonMoE(8, 12, 4, 2)
+    x = torch.randn(5, 8, requires_grad=True)
+    layer(x).sum().backward()
+    assert layer.last_stats is not None
+    return sorted(layer.last_stats.phases)
+
+
+def test_backward_phases_are_timed() -> None:
+    got = run_ranks(_phases, 2, timeout=60)
+    want = {"counts", "plan", "prefetch", "dispatch", "experts", "combine"}
+    want |= {"combine_backward", "experts_backward", "dispatch_backward", "grad_reduce"}
+    assert set(got[0]) == set(got[1]) == want
