@@ -1,4 +1,4 @@
-"""The fused ``cuda`` planner backend: ``csrc/plan_kernel.cu`` compiled by NVRTC, launched by cuda-python.
+"""The fused ``cuda`` planner backend: ``csrc/plan_kernel.cu`` built by NVRTC, run by cuda-python.
 
 Legend:
     R ranks, E experts, B slots per rank, M = ceil(E/R), W = M + max(B, M) rows per rank.
@@ -14,18 +14,22 @@ Compilation: NVRTC compiles the source once per process for each ``(source, arch
 the main kernel is allowed the device's opt-in shared memory. cuda-python is imported as
 ``cuda.bindings`` (cuda-python >= 12.6, 13.x) or, for older releases, ``cuda``.
 
-Source lookup (first hit wins), see ``docs/gpu_planner.md``:
-    1. ``$MOONPLAN_CSRC/plan_kernel.cu`` (a folder set by the user or a packager);
-    2. ``moonplan/_csrc/plan_kernel.cu`` inside the installed package (a wheel that ships it);
-    3. ``csrc/plan_kernel.cu`` at the root of a source checkout (editable installs).
+Source lookup (the first folder holding ``plan_kernel.cu`` wins; its ``plan_kernel.cuh`` is
+read from the same folder), see ``docs/gpu_planner.md``:
+    1. ``$MOONPLAN_CSRC`` (a folder set by the user or a packager);
+    2. ``moonplan/_csrc`` inside the installed package (a wheel that ships the sources);
+    3. ``csrc`` at the root of a source checkout (editable installs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import importlib
 import importlib.resources
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,6 +40,7 @@ MAX_SLOTS = 1 << 16
 PREP_THREADS = 256
 FUSED_PREP_MAX = 1 << 16  # E*R up to this: the one-block kernel sums counts itself
 SOURCE_FILE = "plan_kernel.cu"
+HEADER_FILES = ("plan_kernel.cuh",)  # included by SOURCE_FILE
 SOURCE_ENV = "MOONPLAN_CSRC"
 PREP_KERNEL = "moonplan_plan_prep"
 MAIN_KERNEL = "moonplan_plan_main"
@@ -44,9 +49,10 @@ Arg = tuple[int, Any]  # (value, ctypes type) of one kernel argument
 
 
 class _Kernels(NamedTuple):
-    """The loaded library of one device and its two kernels (driver handles)."""
+    """The loaded library of one device, its two kernels and the device's primary context."""
 
     library: Any
+    context: Any
     prep: Any
     main: Any
     smem_max: int
@@ -72,28 +78,30 @@ def _require() -> None:
     """Raise :class:`RuntimeError` naming the first missing piece of the CUDA backend."""
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device: torch.cuda.is_available() is False")
-    _nvrtc_version()
-    kernel_source()
+    nvrtc_version()
+    kernel_sources()
 
 
 @functools.lru_cache(maxsize=1)
 def _bindings() -> tuple[Any, Any]:
     """``(nvrtc, driver)`` modules of cuda-python (new and old package layouts)."""
     try:
-        from cuda.bindings import driver, nvrtc
+        return (
+            importlib.import_module("cuda.bindings.nvrtc"),
+            importlib.import_module("cuda.bindings.driver"),
+        )
     except ImportError:
-        try:
-            from cuda import cuda as driver  # type: ignore[no-redef]
-            from cuda import nvrtc  # type: ignore[no-redef]
-        except ImportError as exc:
-            raise RuntimeError(
-                f"cuda-python is not importable (pip install 'cuda-python>=12.6'): {exc}"
-            ) from None
-    return nvrtc, driver
+        pass
+    try:
+        return importlib.import_module("cuda.nvrtc"), importlib.import_module("cuda.cuda")
+    except ImportError as exc:
+        raise RuntimeError(
+            f"cuda-python is not importable (pip install 'cuda-python>=12.6'): {exc}"
+        ) from None
 
 
 @functools.lru_cache(maxsize=1)
-def _nvrtc_version() -> tuple[int, int]:
+def nvrtc_version() -> tuple[int, int]:
     """NVRTC's ``(major, minor)``; raises :class:`RuntimeError` when the library is missing."""
     nvrtc, _ = _bindings()
     try:
@@ -111,7 +119,7 @@ def _nvrtc_version() -> tuple[int, int]:
 
 
 def source_candidates() -> list[Path]:
-    """Where :func:`kernel_source` looks for ``plan_kernel.cu``, in order."""
+    """Where :func:`kernel_sources` looks for ``plan_kernel.cu``, in order."""
     paths = []
     env = os.environ.get(SOURCE_ENV)
     if env:
@@ -122,27 +130,42 @@ def source_candidates() -> list[Path]:
 
 
 @functools.lru_cache(maxsize=1)
-def kernel_source() -> str:
-    """The CUDA source of the planner (read once per process)."""
+def kernel_sources() -> tuple[str, tuple[tuple[str, str], ...]]:
+    """``(source, ((header name, header text), ...))`` of the planner (read once per process)."""
     paths = source_candidates()
     for path in paths:
         if path.is_file():
-            return path.read_text()
+            headers = tuple((h, (path.parent / h).read_text()) for h in HEADER_FILES)
+            return path.read_text(), headers
     tried = ", ".join(str(p) for p in paths)
     raise RuntimeError(f"the kernel source {SOURCE_FILE} was not found (tried {tried})")
 
 
-@functools.lru_cache(maxsize=None)
-def compile_cubin(source: str, arch: tuple[int, int]) -> bytes:
+def kernel_source() -> str:
+    """The CUDA source of the planner (``plan_kernel.cu``)."""
+    return kernel_sources()[0]
+
+
+@functools.lru_cache(maxsize=16)
+def compile_cubin(
+    source: str, arch: tuple[int, int], headers: tuple[tuple[str, str], ...] = ()
+) -> bytes:
     """Compile ``source`` with NVRTC to a cubin for compute capability ``arch`` (no GPU needed).
+
+    Args:
+        source: the ``.cu`` text.
+        arch: ``(major, minor)`` compute capability, e.g. ``(9, 0)``.
+        headers: ``(name, text)`` of the files ``source`` includes.
 
     Raises:
         RuntimeError: NVRTC missing, or the compile log when compilation fails.
     """
     nvrtc, _ = _bindings()
-    _nvrtc_version()
+    nvrtc_version()
+    names = [n.encode() for n, _ in headers]
+    texts = [t.encode() for _, t in headers]
     (prog,) = _check(
-        nvrtc.nvrtcCreateProgram(source.encode(), SOURCE_FILE.encode(), 0, [], []),
+        nvrtc.nvrtcCreateProgram(source.encode(), SOURCE_FILE.encode(), len(headers), texts, names),
         "nvrtcCreateProgram",
     )
     try:
@@ -169,11 +192,13 @@ def _nvrtc_log(prog: Any) -> str:
     return log.decode(errors="replace").rstrip("\x00")
 
 
-@functools.lru_cache(maxsize=None)
-def _load(source: str, arch: tuple[int, int], device_index: int) -> _Kernels:
+@functools.lru_cache(maxsize=16)
+def _load(
+    sources: tuple[str, tuple[tuple[str, str], ...]], arch: tuple[int, int], device_index: int
+) -> _Kernels:
     """Load the compiled library for one device; allow the main kernel all shared memory."""
     _, driver = _bindings()
-    cubin = compile_cubin(source, arch)
+    cubin = compile_cubin(sources[0], arch, sources[1])
     _check(driver.cuInit(0), "cuInit")
     (library,) = _check(
         driver.cuLibraryLoadData(cubin, None, None, 0, None, None, 0), "cuLibraryLoadData"
@@ -185,10 +210,24 @@ def _load(source: str, arch: tuple[int, int], device_index: int) -> _Kernels:
     (smem_max,) = _check(driver.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute")
     fattr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     _check(driver.cuKernelSetAttribute(fattr, int(smem_max), main, dev), "cuKernelSetAttribute")
-    with torch.cuda.device(device_index):
-        for kernel in (prep, main):  # load into torch's context now, not during a capture
+    # torch runs in the device's primary context; retained here for the whole process.
+    (ctx,) = _check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    with _current(ctx):
+        for kernel in (prep, main):  # load into the context now, not during a graph capture
             _check(driver.cuKernelGetFunction(kernel), "cuKernelGetFunction")
-    return _Kernels(library, driver.CUfunction(int(prep)), driver.CUfunction(int(main)), smem_max)
+    prep_f, main_f = driver.CUfunction(int(prep)), driver.CUfunction(int(main))
+    return _Kernels(library, ctx, prep_f, main_f, int(smem_max))
+
+
+@contextlib.contextmanager
+def _current(ctx: Any) -> Iterator[None]:
+    """Make ``ctx`` the calling thread's current driver context for the block."""
+    _, driver = _bindings()
+    _check(driver.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+    try:
+        yield
+    finally:
+        _check(driver.cuCtxPopCurrent(), "cuCtxPopCurrent")
 
 
 def _check(result: Any, what: str) -> tuple[Any, ...]:
@@ -231,7 +270,7 @@ def prep_blocks(R: int, E: int) -> int:
 
 def shared_bytes(R: int, E: int) -> int:
     """Dynamic shared memory of the main kernel (the layout at the end of plan_kernel.cu)."""
-    return 8 * (E + 2 * R + 33) + 4 * (5 * R + 1 + 33)
+    return 8 * (E + 3 * R + 33) + 4 * (5 * R + 1 + 33)
 
 
 def allocate(
@@ -240,10 +279,11 @@ def allocate(
     """Uninitialised int64 outputs (the Plan fields) and the kernel's scratch buffers.
 
     Returns:
-        ``(out, scratch)``: ``out`` holds ``alloc [E, R]``, ``target [R]``, ``home [E]``,
-        ``slot_expert [R, B]``, ``slot_new [R, B]``, ``row_expert [R, W]``,
-        ``row_count [R, W]``, ``row_offset [R, W+1]``; ``scratch`` holds ``total_E [E]``
-        and ``rep_c [R*M]`` (int64), ``rep_e``, ``srt_e [R*M]`` and ``warm_d [R*B]`` (int32).
+        ``(out, scratch)``: ``out`` holds ``flow [R-1, 3]``, ``alloc [E, R]``,
+        ``target [R]``, ``home [E]``, ``slot_expert [R, B]``, ``slot_new [R, B]``,
+        ``row_expert [R, W]``, ``row_count [R, W]``, ``row_offset [R, W+1]``; ``scratch``
+        holds ``total_E [E]`` and ``rep_c [R*M]`` (int64), ``rep_e``, ``srt_e [R*M]`` and
+        ``warm_d [R*B]`` (int32).
     """
     M = max_local(R, E)
     W = M + max(B, M)
@@ -255,6 +295,7 @@ def allocate(
         return torch.empty(n, dtype=torch.int32, device=device)
 
     out = {
+        "flow": i64(max(R - 1, 0), 3),
         "alloc": i64(E, R),
         "target": i64(R),
         "home": i64(E),
@@ -277,6 +318,7 @@ def allocate(
 def kernel_args(
     counts_RE: torch.Tensor,
     prev_RB: torch.Tensor | None,
+    prev_F3: torch.Tensor | None,
     B: int,
     align: int,
     out: dict[str, torch.Tensor],
@@ -296,12 +338,16 @@ def kernel_args(
     def val(v: int) -> Arg:
         return (int(v), ctypes.c_longlong)
 
-    prev = prev_RB if prev_RB is not None else scratch["warm_d"]  # never read without prev
+    dummy = scratch["warm_d"]  # passed for an absent input, never read
+    prev = prev_RB if prev_RB is not None else dummy
+    flows = prev_F3 if prev_F3 is not None else dummy
+    n_flows = 0 if prev_F3 is None else prev_F3.shape[0]
     prep_args = [ptr(counts_RE), val(R), val(E), ptr(out["alloc"]), ptr(out["home"])]
     prep_args.append(ptr(scratch["total_E"]))
-    main_args = [ptr(counts_RE), ptr(prev), val(R), val(E), val(B), val(align)]
-    main_args += [val(prev_RB is not None), val(fused)]
-    main_args += [ptr(out[k]) for k in ("alloc", "home", "target", "slot_expert", "slot_new")]
+    main_args = [ptr(counts_RE), ptr(prev), ptr(flows), val(R), val(E), val(B), val(align)]
+    main_args += [val(prev_RB is not None), val(n_flows), val(fused)]
+    main_args += [ptr(out[k]) for k in ("alloc", "home", "target", "flow")]
+    main_args += [ptr(out[k]) for k in ("slot_expert", "slot_new")]
     main_args += [ptr(out[k]) for k in ("row_expert", "row_count", "row_offset")]
     main_args += [ptr(scratch[k]) for k in ("total_E", "rep_c", "rep_e", "srt_e", "warm_d")]
     return prep_args, main_args, fused
@@ -311,7 +357,11 @@ def kernel_args(
 
 
 def plan_cuda(
-    counts_RE: torch.Tensor, B: int, align: int, prev_slot_RB: torch.Tensor | None
+    counts_RE: torch.Tensor,
+    B: int,
+    align: int,
+    prev_slot_RB: torch.Tensor | None,
+    prev_flow_F3: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """The plan's tensors from the fused kernel (same keys as ``reference.to_tensors``).
 
@@ -322,12 +372,15 @@ def plan_cuda(
         align: row padding multiple (``>= 1``).
         prev_slot_RB: int64 ``[R, B]`` slots of the previous plan on the same device
             (ids in ``[-1, E)``), or ``None``.
+        prev_flow_F3: int64 ``[F, 3]`` flows ``(donor, receiver, records)`` of the previous
+            plan in decision order (``Plan.flow``, ``F = R-1``; rows with a negative donor
+            are padding), or ``None``.
 
     Returns:
-        int64 tensors on ``counts_RE.device``: ``alloc [E, R]``, ``target [R]``,
-        ``home [E]``, ``slot_expert [R, B]``, ``slot_new [R, B]``, ``row_expert [R, W]``,
-        ``row_count [R, W]``, ``row_offset [R, W+1]``. They are written asynchronously on
-        torch's current stream.
+        int64 tensors on ``counts_RE.device``: ``flow [R-1, 3]``, ``alloc [E, R]``,
+        ``target [R]``, ``home [E]``, ``slot_expert [R, B]``, ``slot_new [R, B]``,
+        ``row_expert [R, W]``, ``row_count [R, W]``, ``row_offset [R, W+1]``. They are
+        written asynchronously on torch's current stream.
 
     Raises:
         RuntimeError: the backend is unavailable (the message names the missing piece) or
@@ -335,11 +388,13 @@ def plan_cuda(
         ValueError: bad shapes, dtypes or devices.
     """
     _require()
-    counts_RE, prev_RB = _check_inputs(counts_RE, B, align, prev_slot_RB)
+    counts_RE = _check_counts(counts_RE, B, align)
     R, E = counts_RE.shape
+    prev_RB = _check_prev(prev_slot_RB, (R, B), counts_RE.device, "prev_slot_RB")
+    prev_F3 = _check_prev(prev_flow_F3, (-1, 3), counts_RE.device, "prev_flow_F3")
     device = counts_RE.device
     index = device.index if device.index is not None else torch.cuda.current_device()
-    kernels = _load(kernel_source(), torch.cuda.get_device_capability(index), index)
+    kernels = _load(kernel_sources(), torch.cuda.get_device_capability(index), index)
     smem = shared_bytes(R, E)
     if smem > kernels.smem_max:
         raise RuntimeError(
@@ -347,19 +402,20 @@ def plan_cuda(
             f"device allows {kernels.smem_max} (use backend='torch')"
         )
     out, scratch = allocate(R, E, B, device, prev_RB is not None)
-    prep_args, main_args, fused = kernel_args(counts_RE, prev_RB, B, align, out, scratch)
+    prep_args, main_args, fused = kernel_args(counts_RE, prev_RB, prev_F3, B, align, out, scratch)
     stream = torch.cuda.current_stream(device).cuda_stream
-    with torch.cuda.device(index):
+    # A kernel launched on a stream runs in the stream's context; on the default streams
+    # (handles 0, 1, 2: legacy, per-thread) in the current one, so make it torch's.
+    ctx = _current(kernels.context) if stream <= 2 else contextlib.nullcontext()
+    with torch.cuda.device(index), ctx:
         if not fused:
             _launch(kernels.prep, prep_blocks(R, E), PREP_THREADS, 0, stream, prep_args)
         _launch(kernels.main, 1, block_threads(R), smem, stream, main_args)
     return out
 
 
-def _check_inputs(
-    counts_RE: torch.Tensor, B: int, align: int, prev_slot_RB: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Shapes, dtypes, devices and limits (no device reads); contiguous int64 copies."""
+def _check_counts(counts_RE: torch.Tensor, B: int, align: int) -> torch.Tensor:
+    """Shape, dtype, device and limits (no device reads); a contiguous int64 tensor."""
     if not isinstance(counts_RE, torch.Tensor) or counts_RE.dim() != 2:
         raise ValueError("counts_RE must be a 2-D tensor [R, E]")
     if counts_RE.device.type != "cuda":
@@ -375,15 +431,21 @@ def _check_inputs(
         raise RuntimeError(f"the CUDA planner supports 0 <= B <= {MAX_SLOTS} slots, got B={B}")
     if align < 1:
         raise ValueError(f"align must be >= 1, got {align}")
-    counts_RE = counts_RE.to(torch.int64).contiguous()
-    if prev_slot_RB is None:
-        return counts_RE, None
-    if tuple(prev_slot_RB.shape) != (R, B) or prev_slot_RB.device != counts_RE.device:
+    return counts_RE.to(torch.int64).contiguous()
+
+
+def _check_prev(
+    t: torch.Tensor | None, shape: tuple[int, int], device: torch.device, name: str
+) -> torch.Tensor | None:
+    """``t`` as a contiguous int64 tensor of ``shape`` (``-1``: any size) on ``device``."""
+    if t is None:
+        return None
+    ok = t.dim() == 2 and all(w in (-1, n) for w, n in zip(shape, t.shape, strict=True))
+    if not ok or t.device != device:
         raise ValueError(
-            f"prev_slot_RB must be [R, B] = {(R, B)} on {counts_RE.device}, got "
-            f"{tuple(prev_slot_RB.shape)} on {prev_slot_RB.device}"
+            f"{name} must be {list(shape)} on {device}, got {list(t.shape)} on {t.device}"
         )
-    return counts_RE, prev_slot_RB.to(torch.int64).contiguous()
+    return t.to(torch.int64).contiguous()
 
 
 def _launch(kernel: Any, grid: int, block: int, smem: int, stream: int, args: list[Arg]) -> None:

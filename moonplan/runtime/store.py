@@ -21,7 +21,7 @@ from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap, SymTensor
 from moonplan.plan.home import home_start
 from moonplan.plan.plan_type import Plan
-from moonplan.runtime import rows
+from moonplan.runtime.movers import movers
 
 PROJECTIONS = ("gate_up", "down")
 
@@ -82,7 +82,7 @@ class ExpertStore:
             return a2a.gather_rows(self.group, flat, h_N, row_N).view(-1, *local.shape[1:])
         got = torch.empty(h_N.numel(), *local.shape[1:], dtype=local.dtype, device=local.device)
         views = [self.sym[name].peer(q) for q in range(self.group.size)]
-        rows.gather_rows(views, h_N, row_N, got)
+        movers(got.device).gather_rows(views, h_N, row_N, got)
         return got
 
     def prefetch(self, plan: Plan) -> int:
@@ -173,6 +173,6 @@ class GradReducer:
         self.store.heap.barrier()  # every rank's gradients are in its reduce buffer
         got = torch.empty(q_N.numel(), *local.shape[1:], dtype=local.dtype, device=local.device)
         views = [self.sym[name].peer(q) for q in range(self.store.group.size)]
-        rows.gather_rows(views, q_N, j_N, got)
+        movers(got.device).gather_rows(views, q_N, j_N, got)
         self.store.heap.barrier()  # nobody overwrites a reduce buffer still being read
         return got

@@ -31,7 +31,7 @@ from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap, SymTensor
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import Route
-from moonplan.runtime import rows
+from moonplan.runtime.movers import movers
 
 
 class StaleViewError(RuntimeError):
@@ -114,7 +114,7 @@ class HeapTransport:
         K = route.dest_rank.shape[1] if per_token else 1
         self.buffers.generation += 1
         views = self._views(self.buffers.recv)  # type: ignore[arg-type]
-        rows.scatter_rows(
+        movers(x_XH.device).scatter_rows(
             x_XH, route.dest_rank.reshape(-1), route.dest_offset.reshape(-1), K, views
         )
         self.heap.barrier()  # every peer's rows have landed
@@ -132,7 +132,8 @@ class HeapTransport:
         S, K = route.dest_rank.shape
         views = self._views(self.buffers.out)  # type: ignore[arg-type]
         o_NH = torch.empty(S * K, views[0].shape[1], dtype=views[0].dtype, device=views[0].device)
-        rows.gather_rows(views, route.dest_rank.reshape(-1), route.dest_offset.reshape(-1), o_NH)
+        dest_N, off_N = route.dest_rank.reshape(-1), route.dest_offset.reshape(-1)
+        movers(o_NH.device).gather_rows(views, dest_N, off_N, o_NH)
         return o_NH.view(S, K, o_NH.shape[1])
 
 

@@ -167,3 +167,16 @@ def test_nothing_left_in_dev_shm_after_sigkill():
                 p.kill()
                 p.join()
         assert _job_files(token) == []
+
+
+def test_close_in_a_forked_child_leaves_the_parent_heap_intact():
+    heap = SymmetricHeap.create(EPGroup(), 4096, backend="shm")
+    sym = heap.alloc(8, torch.int64)
+    ctx = mp.get_context("fork")
+    child = ctx.Process(target=lambda: (heap.close(), sym.local.fill_(5)))
+    child.start()
+    child.join(TIMEOUT)
+    assert child.exitcode == 0
+    assert sym.local.tolist() == [5] * 8  # shared mapping, still open in the parent
+    assert not heap.closed and heap.alloc(4, torch.float32).offset == ALIGN
+    heap.close()

@@ -36,7 +36,7 @@ def _echo(rank: int, world: int, base: int, *, scale: int = 1) -> tuple:
 def test_results_in_rank_order(world):
     start = time.monotonic()
     results = run_ranks(_echo, world, 5, scale=10, timeout=20.0)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 3.0  # ~0.1 s on an idle 2-core machine; slack for load
     total = sum(r * 10 + 5 for r in range(world))
     assert results == [(r, world, r, world, total, 1) for r in range(world)]
     assert mp.active_children() == []
@@ -77,7 +77,7 @@ def test_hung_rank_times_out_and_nothing_is_left(tmp_path):
     start = time.monotonic()
     with pytest.raises(TimeoutError, match=r"rank 2 of 3 did not finish"):
         run_ranks(_sleep_forever, 3, str(tmp_path), timeout=timeout)
-    assert time.monotonic() - start < timeout + MARGIN_S + 2.0
+    assert time.monotonic() - start < timeout + MARGIN_S + 5.0  # slack for a loaded machine
     pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
     deadline = time.monotonic() + 5.0
     while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
