@@ -23,6 +23,7 @@ import torch
 
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import Route
+from moonplan.profile import NULL_PROFILER
 from moonplan.runtime.experts_section import run_sections
 from moonplan.runtime.store import PROJECTIONS
 from moonplan.runtime.transport import weighted_sum
@@ -36,30 +37,44 @@ class MoEStep:
     plan: Plan
     route: Route
     phases: dict[str, float] = field(default_factory=dict)
+    recorder: Any = NULL_PROFILER  # moonplan.profile hooks of this step (no-op when off)
 
     def tick(self, name: str, t0: float) -> float:
         t = time.perf_counter()
         self.phases[name] = self.phases.get(name, 0.0) + t - t0
+        self.recorder.span(name, t0, t)
         return t
 
 
 def _sections(
     step: MoEStep, home: dict[str, torch.Tensor], remote: dict[str, torch.Tensor]
 ) -> list:
-    rt = step.runtime
-    M, B = rt.M, rt.B
+    M, B = step.runtime.M, step.runtime.B
     return [
         (0, home["gate_up"], home["down"]),
-        (M, remote["gate_up"][:B], remote["down"][:B]),
-        (M + B, remote["gate_up"][B:], remote["down"][B:]),
+        (M, remote["slot_gate_up"], remote["slot_down"]),
+        (M + B, remote["direct_gate_up"], remote["direct_down"]),
     ]
 
 
+def _alias(w: torch.Tensor) -> torch.Tensor:
+    """A tensor over ``w``'s memory with its own version counter.
+
+    Views of the heap share one version counter, so writes to other buffers of the
+    heap (receive rows, outputs) would look like writes to the slot rows saved for
+    backward. The slot rows themselves do not change until the next forward.
+    """
+    out = torch.empty(0, dtype=w.dtype, device=w.device)
+    return out.set_(w.untyped_storage(), w.storage_offset(), w.size(), w.stride())
+
+
 def _remote_weights(step: MoEStep) -> dict[str, torch.Tensor]:
-    """Slot rows then direct rows (``[B + D, ...]``) of this rank's replicas."""
+    """This rank's slot rows (``[B, ...]``, views of the store: no copy) and direct rows
+    (``[D, ...]``, read from their home ranks), per projection."""
     store = step.runtime.store
     direct = store.direct(step.plan)
-    return {n: torch.cat([store.slots(n), direct[n]], 0) for n in PROJECTIONS}
+    out = {f"slot_{n}": store.slots(n) for n in PROJECTIONS}
+    return out | {f"direct_{n}": direct[n] for n in PROJECTIONS}
 
 
 class _MoEFunction(torch.autograd.Function):
@@ -86,7 +101,9 @@ class _MoEFunction(torch.autograd.Function):
                 "gate_up": gate_up.detach().requires_grad_(training),
                 "down": down.detach().requires_grad_(training),
             }
-            rem = {n: w.detach().clone().requires_grad_(training) for n, w in remote.items()}
+            # Slot rows are not copied: prefetch rewrites them only in this layer's next
+            # forward, after this step's backward (see docs/training.md).
+            rem = {n: _alias(w).requires_grad_(training) for n, w in remote.items()}
             y_PH = run_sections(x_PH, plan, rt.group.rank, _sections(step, home, rem))
         rt.transport.out_local()[: y_PH.shape[0]] = y_PH.detach()
         t = step.tick("experts", t)
@@ -103,6 +120,7 @@ class _MoEFunction(torch.autograd.Function):
         rt, plan, route = step.runtime, step.plan, step.route
         o_SKH, weight_SK = ctx.saved_tensors
         x_PH, home, rem, y_PH = ctx.graph
+        step.recorder.begin()  # the backward's phases start a new sequence
         t = time.perf_counter()
         dy32_SH = dy_SH.float()
         dweight_SK = (dy32_SH[:, None, :] * o_SKH.float()).sum(-1).to(weight_SK.dtype)
@@ -113,12 +131,15 @@ class _MoEFunction(torch.autograd.Function):
         )
         g_PH = rt.transport.dispatch(g_NH, route, plan, per_token=False).tensor
         t = step.tick("combine_backward", t)
-        leaves = [x_PH, home["gate_up"], home["down"], rem["gate_up"], rem["down"]]
+        names = [f"{kind}_{n}" for kind in ("slot", "direct") for n in PROJECTIONS]
+        leaves = [x_PH, home["gate_up"], home["down"], *(rem[n] for n in names)]
         raw: list[torch.Tensor | None] = [None] * len(leaves)
         if y_PH.requires_grad:  # false when this rank executes no rows at all
             raw = list(torch.autograd.grad(y_PH, leaves, g_PH, allow_unused=True))
         grads = [torch.zeros_like(v) if g is None else g for g, v in zip(raw, leaves, strict=True)]
-        dx_PH, dgu_home, ddown_home, dgu_rem, ddown_rem = grads
+        dx_PH, dgu_home, ddown_home, dgu_slot, ddown_slot, dgu_direct, ddown_direct = grads
+        dgu_rem = torch.cat([dgu_slot, dgu_direct], 0)  # slots, then direct rows
+        ddown_rem = torch.cat([ddown_slot, ddown_direct], 0)
         t = step.tick("experts_backward", t)
         rt.transport.out_local()[: dx_PH.shape[0]] = dx_PH
         dx_SKH = rt.transport.gather(route)
