@@ -1,0 +1,201 @@
+"""``ProfileReport``: every rank's phase spans, per-rank and critical-path figures, table, JSON.
+
+Legend:
+    R ranks, L layers (profiled MoonMoE layers, plus ``USER_LAYER`` for user regions),
+    T steps (step ``t`` is the ``t``-th forward of each layer), P phases (``report.phases``)
+    d_RLTP  seconds each rank spent in each phase of each layer's step (spans summed)
+
+Critical path of a phase: per layer and step the slowest rank's time (``max``
+over ranks), summed over layers: ``crit_TP = d_RLTP.max(0).sum(0)``. Percentiles
+(p50, p90) are over steps; a phase's *share* is its part of ``crit_TP.sum()``
+(shares sum to 1). The sum of the phases' maxima overstates the step: a rank that
+finishes a phase early waits in the next collective, so waiting moves between
+phases. Two step figures are therefore reported: the slowest rank's step
+(``max`` over ranks of its phase sum) and the *wall* step, measured on the common
+clock from the first rank's start to the last rank's end of each sequence
+(forward, backward, user region) of each layer, summed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from moonplan.profiling.phases import USER_LAYER, sequence_of
+
+
+class Span(NamedTuple):
+    """One timed phase: ``rank``, ``layer``, ``step``, ``phase`` (index into the report's
+    names), ``start`` and ``end`` in seconds from the profiler's common origin."""
+
+    rank: int
+    layer: int
+    step: int
+    phase: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """Every rank's spans of one profiling run (identical on every rank).
+
+    Attributes:
+        ranks: ``R``.
+        phases: phase names; ``Span.phase`` indexes it (forward, backward, then user names).
+        spans: all spans, by rank then recording order.
+        clock: ``"cpu perf_counter"`` or ``"cuda events"``.
+        aligned: whether every step began with a barrier.
+    """
+
+    ranks: int
+    phases: tuple[str, ...]
+    spans: tuple[Span, ...]
+    clock: str
+    aligned: bool = False
+
+    # ---- arrays -------------------------------------------------------------------------
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """Layer indices present, ascending (``USER_LAYER`` first when present)."""
+        return tuple(sorted({s.layer for s in self.spans}))
+
+    @property
+    def steps(self) -> int:
+        """``T``: one more than the largest step index (0 without spans)."""
+        return 1 + max((s.step for s in self.spans), default=-1)
+
+    @property
+    def present(self) -> tuple[str, ...]:
+        """Names of the phases that have at least one span, in :attr:`phases` order."""
+        seen = {s.phase for s in self.spans}
+        return tuple(n for i, n in enumerate(self.phases) if i in seen)
+
+    def durations(self) -> np.ndarray:
+        """``d_RLTP`` float64 seconds (spans of the same phase and step summed)."""
+        col = {layer: i for i, layer in enumerate(self.layers)}
+        d = np.zeros((self.ranks, len(col), self.steps, len(self.phases)))
+        for s in self.spans:
+            d[s.rank, col[s.layer], s.step, s.phase] += s.end - s.start
+        return d
+
+    def rank_phase_s(self) -> np.ndarray:
+        """``[R, T, P]`` float64 seconds: each rank's phase times per step (layers summed)."""
+        return self.durations().sum(1)
+
+    def critical_phase_s(self) -> np.ndarray:
+        """``[T, P]`` float64 seconds: the slowest rank per layer, summed over layers."""
+        d = self.durations()
+        return d.max(0).sum(0) if d.size else np.zeros((self.steps, len(self.phases)))
+
+    def wall_step_s(self) -> np.ndarray:
+        """``[T]`` float64 seconds: per step, summed over layers and sequences, the time from
+        the first rank's first span to the last rank's last span (common clock)."""
+        first: dict[tuple[int, int, str], float] = {}
+        last: dict[tuple[int, int, str], float] = {}
+        for s in self.spans:
+            key = (s.layer, s.step, sequence_of(self.phases[s.phase]))
+            first[key] = min(first.get(key, s.start), s.start)
+            last[key] = max(last.get(key, s.end), s.end)
+        wall_T = np.zeros(self.steps)
+        for key, t0 in first.items():
+            wall_T[key[1]] += last[key] - t0
+        return wall_T
+
+    # ---- figures ------------------------------------------------------------------------
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Figures in milliseconds, keyed by present phase, ``"step"`` and ``"wall"``.
+
+        Each has ``p50_ms``, ``p90_ms``, ``mean_ms`` (over steps), ``share`` (of the
+        summed phase maxima), ``rank_mean_ms`` (``R`` values: each rank's mean per step)
+        and ``rank_max_over_mean``. Phases use their critical path (max over ranks);
+        ``"step"`` the slowest rank's step; ``"wall"`` :meth:`wall_step_s`.
+        """
+        crit_TP, rank_RTP = self.critical_phase_s(), self.rank_phase_s()
+        total = float(crit_TP.sum()) or 1.0
+        out: dict[str, dict[str, Any]] = {}
+        for name in self.present:
+            p = self.phases.index(name)
+            share = float(crit_TP[:, p].sum()) / total
+            out[name] = _figures(crit_TP[:, p], rank_RTP[:, :, p], share)
+        rank_RT = rank_RTP.sum(2)
+        slowest_T = rank_RT.max(0) if rank_RT.size else np.zeros(0)
+        out["step"] = _figures(slowest_T, rank_RT, 1.0)
+        out["wall"] = _figures(self.wall_step_s(), rank_RT, 1.0)
+        return out
+
+    def table(self) -> str:
+        """A text table: one row per phase and one for the step (milliseconds)."""
+        summ = self.summary()
+        head = f"{'phase':<18} {'p50 ms':>9} {'p90 ms':>9} {'mean ms':>9} {'share':>6}"
+        head += f" {'rank max/mean':>13}"
+        lines = [self.describe(), head]
+        labels = {"step": "step, slowest rank", "wall": "step, wall"}
+        for name, f in summ.items():
+            share = "" if name in labels else f"{100 * f['share']:.1f}%"
+            lines.append(
+                f"{labels.get(name, name):<18} {f['p50_ms']:>9.3f} {f['p90_ms']:>9.3f} "
+                f"{f['mean_ms']:>9.3f} {share:>6} {f['rank_max_over_mean']:>13.3f}"
+            )
+        steps = summ["step"]["rank_mean_ms"]
+        if steps:
+            lo, hi = int(np.argmin(steps)), int(np.argmax(steps))
+            lines.append(
+                f"mean step per rank: slowest rank {hi} {steps[hi]:.3f} ms, "
+                f"fastest rank {lo} {steps[lo]:.3f} ms"
+            )
+        return "\n".join(lines)
+
+    def describe(self) -> str:
+        """One line: ranks, layers, steps and clock."""
+        layers = sum(1 for layer in self.layers if layer != USER_LAYER)
+        sync = ", barrier before every step" if self.aligned else ""
+        return (
+            f"{self.ranks} ranks, {layers} MoE layer(s), {self.steps} steps; "
+            f"clock: {self.clock}{sync}; phases: slowest rank per step (critical path)"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict: the figures, per-step critical times, per-rank step times
+        and every span (``[rank, layer, step, phase index, start s, end s]``)."""
+        crit_TP = self.critical_phase_s()
+        return {
+            "ranks": self.ranks,
+            "steps": self.steps,
+            "layers": list(self.layers),
+            "clock": self.clock,
+            "aligned": self.aligned,
+            "phases": list(self.phases),
+            "summary": self.summary(),
+            "wall_step_ms": (1e3 * self.wall_step_s()).tolist(),
+            "critical_phase_ms": {
+                n: (1e3 * crit_TP[:, self.phases.index(n)]).tolist() for n in self.present
+            },
+            "rank_step_ms": (1e3 * self.rank_phase_s().sum(2)).tolist(),
+            "spans": [list(s) for s in self.spans],
+        }
+
+
+def _figures(crit_T: np.ndarray, rank_RT: np.ndarray, share: float) -> dict[str, Any]:
+    """Figures of one phase from its critical times ``[T]`` and per-rank times ``[R, T]``."""
+    if crit_T.size == 0:
+        return {
+            "p50_ms": 0.0,
+            "p90_ms": 0.0,
+            "mean_ms": 0.0,
+            "share": share,
+            "rank_mean_ms": [],
+            "rank_max_over_mean": 1.0,
+        }
+    rank_mean_R = 1e3 * rank_RT.mean(1)
+    mean = float(rank_mean_R.mean())
+    return {
+        "p50_ms": float(1e3 * np.percentile(crit_T, 50)),
+        "p90_ms": float(1e3 * np.percentile(crit_T, 90)),
+        "mean_ms": float(1e3 * crit_T.mean()),
+        "share": share,
+        "rank_mean_ms": rank_mean_R.tolist(),
+        "rank_max_over_mean": float(rank_mean_R.max() / mean) if mean > 0 else 1.0,
+    }
