@@ -226,12 +226,12 @@ def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
 def _table(views: list[torch.Tensor], dev: torch.device) -> tuple[torch.Tensor, int]:
     """``[R]`` int64 base addresses and the common row stride (elements) of ``views``."""
     many = [v.stride(0) for v in views if v.shape[0] > 1]
-    stride = many[0] if many else max(1, views[0][0].numel() if views[0].shape[0] else 1)
+    stride = many[0] if many else 0  # with at most one row per view only row 0 is addressed
     for r, v in enumerate(views):
         if not _rows_are_dense(v) or (v.shape[0] > 1 and v.stride(0) != stride):
             raise ValueError(
                 f"view of rank {r} has strides {v.stride()}; every view needs dense rows "
-                f"one common row stride ({stride})"
+                f"and one common row stride ({stride})"
             )
     return torch.tensor([v.data_ptr() for v in views], dtype=torch.int64, device=dev), stride
 

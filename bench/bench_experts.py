@@ -1,0 +1,147 @@
+"""Experts benchmark: ``grouped_swiglu`` (``torch._grouped_mm``) vs the per-group loop.
+
+For each ``(T, H, F, G)`` and dtype it times, interleaved in the same run, the
+forward (and with ``--backward`` forward + backward) of
+:func:`moonplan.runtime.experts.grouped_swiglu` and of the readable per-group loop
+:func:`moonplan.runtime.experts.swiglu_reference`, on rows split into ``G`` groups
+of lognormal-skewed sizes (some empty) plus a few padding rows. Prints a table
+with the median times and their ratio (loop / grouped: > 1 means grouped is faster;
+also the ratio of the fastest runs, steadier on a busy machine) and writes JSON (``--out``).
+
+    python bench/bench_experts.py              # T=4096, H=1024, F=512, G=8..64, fp32 + bf16
+    python bench/bench_experts.py --quick      # small sizes (CI smoke)
+
+Legend: T rows, H hidden, F expert FFN size, G groups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moonplan.runtime.experts import grouped_swiglu, swiglu_reference
+
+CONFIGS = [(4096, 1024, 512, G) for G in (8, 16, 32, 64)]
+QUICK = [(256, 64, 32, 4), (512, 128, 64, 16)]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PAD_ROWS = 5
+
+
+def inputs(T: int, H: int, F: int, G: int, dtype: torch.dtype, seed: int = 0) -> tuple:
+    """Rows, ``[G+1]`` offsets (lognormal sizes, ~10% empty, ``PAD_ROWS`` trailing) and weights."""
+    gen = torch.Generator().manual_seed(seed)
+    w_G = torch.exp(torch.randn(G, generator=gen))
+    w_G[torch.rand(G, generator=gen) < 0.1] = 0
+    sizes_G = torch.floor(w_G / w_G.sum() * (T - PAD_ROWS)).long()
+    sizes_G[int(torch.argmax(w_G))] += T - PAD_ROWS - int(sizes_G.sum())
+    offsets_G1 = torch.cat([torch.zeros(1, dtype=torch.long), sizes_G.cumsum(0)])
+    x_TH = torch.randn(T, H, generator=gen).to(dtype)
+    gate_up = (torch.randn(G, 2 * F, H, generator=gen) / H**0.5).to(dtype)
+    down = (torch.randn(G, H, F, generator=gen) / F**0.5).to(dtype)
+    return x_TH, offsets_G1, gate_up, down
+
+
+def step(fn: Callable, args: tuple, backward: bool) -> None:
+    if not backward:
+        with torch.no_grad():
+            fn(*args)
+        return
+    x, offsets, gate_up, down = args
+    leaves = [t.detach().requires_grad_() for t in (x, gate_up, down)]
+    y = fn(leaves[0], offsets, leaves[1], leaves[2])
+    y.backward(torch.ones_like(y))
+
+
+def time_pair(args: tuple, reps: int, backward: bool) -> dict[str, float]:
+    """Median seconds of grouped and loop, alternating one call each (after one warm-up)."""
+    grouped_s, loop_s = [], []
+    for i in range(reps + 1):
+        t0 = time.perf_counter()
+        step(grouped_swiglu, args, backward)
+        t1 = time.perf_counter()
+        step(swiglu_reference, args, backward)
+        t2 = time.perf_counter()
+        if i:
+            grouped_s.append(t1 - t0)
+            loop_s.append(t2 - t1)
+    g, lp = statistics.median(grouped_s), statistics.median(loop_s)
+    return {
+        "grouped_ms": g * 1e3,
+        "loop_ms": lp * 1e3,
+        "loop_over_grouped": lp / g,
+        "loop_over_grouped_min": min(loop_s) / min(grouped_s),
+    }
+
+
+def check(args: tuple) -> float:
+    """Max relative difference of grouped vs loop (sanity; fp32 <= 1e-5)."""
+    a, b = grouped_swiglu(*args).double(), swiglu_reference(*args).double()
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def run(configs: list[tuple[int, int, int, int]], reps: int, backward: bool) -> list[dict]:
+    rows = []
+    for T, H, F, G in configs:
+        for name, dtype in DTYPES.items():
+            args = inputs(T, H, F, G, dtype)
+            row: dict[str, Any] = {"T": T, "H": H, "F": F, "G": G, "dtype": name}
+            row["empty_groups"] = int((args[1][1:] == args[1][:-1]).sum())
+            row["rel_diff"] = check(args)
+            row.update(time_pair(args, reps, backward))
+            rows.append(row)
+            print(format_row(row), flush=True)
+    return rows
+
+
+HEADER = (
+    f"{'T':>5} {'H':>5} {'F':>5} {'G':>3} {'dtype':>5} {'empty':>5} {'rel diff':>9} "
+    f"{'grouped ms':>10} {'loop ms':>9} {'loop/grouped':>12} {'(min)':>6}"
+)
+
+
+def format_row(r: dict[str, Any]) -> str:
+    return (
+        f"{r['T']:>5} {r['H']:>5} {r['F']:>5} {r['G']:>3} {r['dtype']:>5} {r['empty_groups']:>5} "
+        f"{r['rel_diff']:>9.1e} {r['grouped_ms']:>10.2f} {r['loop_ms']:>9.2f} "
+        f"{r['loop_over_grouped']:>12.2f} {r['loop_over_grouped_min']:>6.2f}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="small configurations only")
+    ap.add_argument("--reps", type=int, default=5, help="timed repetitions (default 5)")
+    ap.add_argument("--backward", action="store_true", help="time forward + backward")
+    ap.add_argument("--out", default="bench/results/bench_experts.json", help="JSON output path")
+    args = ap.parse_args()
+    machine = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "date": datetime.date.today().isoformat(),
+        "load_avg_1min": round(os.getloadavg()[0], 1),  # a busy machine makes ratios noisy
+        "pass": "forward+backward" if args.backward else "forward",
+    }
+    print(", ".join(f"{k} {v}" for k, v in machine.items()))
+    print(HEADER)
+    rows = run(QUICK if args.quick else CONFIGS, args.reps, args.backward)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**machine, "rows": rows}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
