@@ -24,6 +24,21 @@ from typing import Any
 import torch
 
 
+PLAN_TENSORS = (
+    "counts",
+    "alloc",
+    "target",
+    "home",
+    "flow",
+    "slot_expert",
+    "slot_new",
+    "row_expert",
+    "row_count",
+    "row_offset",
+)
+"""Names of a :class:`Plan`'s tensor fields (every backend produces all but ``counts``)."""
+
+
 @dataclass(frozen=True, eq=False)
 class Plan:
     """An exact-balance allocation of routed records to ranks (immutable).

@@ -14,7 +14,7 @@ import torch
 
 from moonplan.errors import PlanError
 from moonplan.plan.home import home_map, targets_list
-from moonplan.plan.plan_type import Plan
+from moonplan.plan.plan_type import PLAN_TENSORS, Plan
 from moonplan.plan.validate import as_counts
 
 
@@ -54,21 +54,7 @@ def _fail(invariant: str, detail: str) -> None:
 def _host(plan: Plan) -> Plan:
     if not isinstance(plan, Plan):
         raise PlanError(f"expected a moonplan Plan, got {type(plan).__name__}")
-    fields = {
-        k: getattr(plan, k).cpu()
-        for k in (
-            "counts",
-            "alloc",
-            "target",
-            "home",
-            "flow",
-            "slot_expert",
-            "slot_new",
-            "row_expert",
-            "row_count",
-            "row_offset",
-        )
-    }
+    fields = {k: getattr(plan, k).cpu() for k in PLAN_TENSORS}
     return Plan(num_slots=plan.num_slots, align=plan.align, backend=plan.backend, **fields)
 
 

@@ -7,21 +7,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import moonplan
+from moonplan.plan.plan_type import PLAN_TENSORS
 from moonplan.plan.reference import reference_plan, to_tensors
 from moonplan.plan.torch_backend import plan_torch
 from moonplan.testing import check_plan, counts, counts_and_options
 
-FIELDS = (
-    "alloc",
-    "target",
-    "home",
-    "flow",
-    "slot_expert",
-    "slot_new",
-    "row_expert",
-    "row_count",
-    "row_offset",
-)
+FIELDS = PLAN_TENSORS[1:]  # every field a backend computes (counts is its input)
 
 
 def _reference(c: torch.Tensor, B: int, align: int, prev: dict | None) -> dict:
