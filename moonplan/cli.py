@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moonplan import cli_cost, cli_plan, demo
+from moonplan import cli_cost, cli_plan, cli_profile, demo
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.register(sub)
     cli_plan.register(sub)
     cli_cost.register(sub)
+    cli_profile.register(sub)
     return parser
 
 

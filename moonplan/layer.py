@@ -14,6 +14,7 @@ with the route weights in fp32, add the shared experts.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -149,6 +150,15 @@ class MoonMoE(nn.Module):
     def weights_changed(self) -> None:
         """Mark every slot stale (in-place parameter updates are detected without it)."""
         self.runtime.weights_changed()
+
+    def profile(self, *, aligned: bool = False) -> Any:
+        """Profile this layer's phases: ``with layer.profile() as prof: ...``, then ``prof.report``.
+
+        Every rank must enter and leave the block together (see ``moonplan.profile``).
+        """
+        from moonplan.profile import profiling
+
+        return profiling(self, aligned=aligned)
 
     @property
     def last_plan(self) -> Plan | None:

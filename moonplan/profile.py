@@ -149,8 +149,14 @@ class Profiler:
         self.origin = 0.0
         self._origin_event: Any = None
         self._report: ProfileReport | None = None
+        self._recording = False
 
     # ---- recording ------------------------------------------------------------------------
+    def _synchronize(self) -> None:
+        """Wait for the device's queued work (CUDA only)."""
+        if self.cuda:
+            torch.cuda.synchronize(self.group.device)
+
     def mark(self) -> Any:
         """A boundary: a recorded CUDA event on the current stream, or ``None`` on CPU."""
         if not self.cuda:
@@ -162,7 +168,12 @@ class Profiler:
     def add(
         self, layer: int, step: int, name: str, times: tuple[float, float], marks: tuple[Any, Any]
     ) -> None:
-        """Record a span: host ``times`` (perf_counter s) and boundary ``marks`` (CUDA)."""
+        """Record a span: host ``times`` (perf_counter s) and boundary ``marks`` (CUDA).
+
+        Spans that end after profiling ended (a backward run after the block) are dropped.
+        """
+        if not self._recording:
+            return
         pid = self._ids.get(name)
         if pid is None:
             pid = self._ids[name] = len(self.names)
@@ -199,10 +210,10 @@ class Profiler:
             if not isinstance(rt.profiler, NullProfiler):
                 raise RuntimeError("a MoonMoE layer is already being profiled")
         self.group.barrier()
-        if self.cuda:
-            torch.cuda.synchronize(self.group.device)
+        self._synchronize()
         self.origin = time.perf_counter()
         self._origin_event = self.mark()
+        self._recording = True
         for i, rt in enumerate(runtimes):
             rt.profiler = LayerProfiler(self, i)
             self._hooked.append(rt)
@@ -212,7 +223,7 @@ class Profiler:
         """Put the no-op hooks back on every hooked layer (local, no communication)."""
         for rt in self._hooked:
             rt.profiler = NULL_PROFILER
-        self._hooked = []
+        self._hooked, self._recording = [], False
 
     def finish(self) -> ProfileReport:
         """Collective: detach, resolve CUDA events, gather every rank's spans.
@@ -230,7 +241,7 @@ class Profiler:
     def _resolve_events(self) -> list[tuple[int, int, int, float, float]]:
         if not self._events:
             return []
-        torch.cuda.synchronize(self.group.device)
+        self._synchronize()
         o = self._origin_event
         return [
             (layer, step, pid, o.elapsed_time(a) / 1e3, o.elapsed_time(b) / 1e3)

@@ -16,6 +16,7 @@ from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.static import static_plan
+from moonplan.profile import NULL_PROFILER, LayerProfiler, NullProfiler
 from moonplan.runtime.store import ExpertStore, GradReducer
 from moonplan.runtime.transport import AllToAllTransport, HeapTransport
 
@@ -94,6 +95,8 @@ class LayerRuntime:
         self.published = False
         self.published_version: tuple[int, ...] = ()
         self.plans_made = 0  # planner calls (backward replays the forward plan: none there)
+        # Phase-timing hooks; moonplan.profile.profiling() installs live ones.
+        self.profiler: LayerProfiler | NullProfiler = NULL_PROFILER
         self._build(self._capacity_for(max_tokens * top_k))
 
     def _capacity_for(self, records: int) -> int:
@@ -164,6 +167,7 @@ class LayerRuntime:
         """One step; every rank calls it (also with zero tokens)."""
         from moonplan.runtime.moe_function import MoEStep, moe_apply
 
+        rec = self.profiler.begin_step()  # records nothing unless profiling
         t0 = time.perf_counter()
         counts_E = torch.zeros(self.E, dtype=torch.int64, device=x_SH.device)
         if ok and ids_SK is not None and ids_SK.numel():
@@ -178,6 +182,7 @@ class LayerRuntime:
         if bool(got_RX[:, self.E].any()):  # any rank's weights changed: every slot is stale
             self.published, self.resident = False, None
         t1 = time.perf_counter()
+        rec.span("counts", t0, t1)
         plan = self._plan(counts_RE, self.resident)
         self.plans_made += 1
         need = int(plan.recv_size().max())
@@ -190,9 +195,11 @@ class LayerRuntime:
             self.store.publish_home(params)
             self.published, self.published_version = True, version
         t2 = time.perf_counter()
+        rec.span("plan", t1, t2)
         fetched = self.store.prefetch(plan)
         t3 = time.perf_counter()
-        step = MoEStep(self, plan, route)
+        rec.span("prefetch", t2, t3)
+        step = MoEStep(self, plan, route, recorder=rec)
         y_SH = moe_apply(step, x_SH, weight_SK, params["gate_up"], params["down"])
         self.resident = plan if self.B > 0 else None
         self.last_plan = plan
