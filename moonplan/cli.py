@@ -5,20 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moonplan import cli_cost, cli_plan, cli_profile, demo
+from moonplan import cli_cost, cli_plan, cli_profile, cli_simulate, demo
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
     parser = argparse.ArgumentParser(
         prog="moonplan",
-        description="Exactly balanced MoE expert parallelism: planner, demo and cost calculator.",
+        description="Exactly balanced MoE expert parallelism: demo, planner, cost calculator, "
+        "profiler and simulator.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     demo.register(sub)
     cli_plan.register(sub)
     cli_cost.register(sub)
     cli_profile.register(sub)
+    cli_simulate.register(sub)
     return parser
 
 

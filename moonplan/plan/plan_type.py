@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-
 PLAN_TENSORS = (
     "counts",
     "alloc",

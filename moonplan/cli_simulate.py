@@ -1,0 +1,197 @@
+"""``moonplan simulate``: estimated MoE step time of every balancing policy, swept over skew
+and EP size (see ``moonplan.simulate`` and ``docs/simulator.md``).
+
+``register(subparsers)`` adds the subcommand; ``moonplan/cli.py`` wires it in.
+
+    moonplan simulate --model deepseek-v3 --hardware h200-multinode --ep 8,64 --sigma 0,1,2
+    moonplan simulate --maxvio 0.5,1,2 --plot sweep.png --json
+    moonplan simulate --counts trace.npy --model mixtral-8x7b      # a recorded [T, R, E] trace
+    moonplan simulate --break-even --ep 8 --sigma 1                # tokens/rank where copying pays
+    moonplan simulate --trends                                     # DeepSpeed-MoE and GShard trends
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from moonplan.baselines.policies import POLICY_NAMES
+from moonplan.simulate.hardware import HARDWARE, get_hardware
+from moonplan.simulate.model_time import DEFAULT_PLAN_US, SimConfig
+from moonplan.simulate.models import get_model
+from moonplan.simulate.progress import ProgressBar
+from moonplan.simulate.report import break_even_table, detail_table, sweep_table, trend_table
+from moonplan.simulate.sweep import TOKEN_GRID, SweepSpec, break_even, simulate_trace, sweep
+from moonplan.simulate.trends import deepspeed_trend, gshard_trend
+from moonplan.simulate.workload import recorded_counts
+
+
+def _list(kind: type) -> Any:
+    def parse(text: str) -> list[Any]:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list, got {text!r}"
+            ) from None
+
+    return parse
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``simulate`` subcommand (handler in ``args.func``)."""
+    p = subparsers.add_parser(
+        "simulate",
+        help="estimate per-step MoE time of each balancing policy (sweeps skew and EP size)",
+        description="Roofline + communication model of one MoE layer step for static EP, "
+        "capacity, EPLB, the MoonEP greedy and moonplan (see docs/simulator.md).",
+    )
+    p.add_argument("--model", default="deepseek-v3", help="model preset (default deepseek-v3)")
+    p.add_argument("--hardware", default="h200-multinode", choices=sorted(HARDWARE))
+    p.add_argument("--ep", type=_list(int), default=[8, 64], help="EP sizes (default 8,64)")
+    p.add_argument(
+        "--sigma", type=_list(float), default=[0, 0.25, 0.5, 1, 2], help="lognormal sigmas"
+    )
+    p.add_argument(
+        "--maxvio",
+        type=_list(float),
+        default=None,
+        help="expert MaxVio targets (instead of --sigma)",
+    )
+    p.add_argument(
+        "--tokens", type=int, default=4096, help="tokens per rank per step (default 4096)"
+    )
+    p.add_argument("--steps", type=int, default=4, help="measured steps per point (default 4)")
+    p.add_argument("--warmup", type=int, default=4, help="steps run before measuring (default 4)")
+    p.add_argument("--rho", type=float, default=0.99, help="step-to-step drift correlation")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--exact", action="store_true", help="exact top-k sampling (slow at scale)")
+    p.add_argument("--policies", type=_list(str), default=list(POLICY_NAMES))
+    p.add_argument("--counts", help="recorded counts (.npy/.json, [T,R,E]) instead of generated")
+    p.add_argument(
+        "--plan-us",
+        action="append",
+        default=[],
+        metavar="POLICY=US",
+        help="planning time of a policy in us (default moonplan/greedy 51)",
+    )
+    p.add_argument(
+        "--dispatch-bytes", type=float, default=2.0, help="bytes/element of dispatch (1: FP8)"
+    )
+    p.add_argument("--overlap-prefetch", action="store_true", help="hide the weight prefetch")
+    p.add_argument("--eplb-period", type=int, default=4, help="EPLB rearrangement period (steps)")
+    p.add_argument("--eplb-groups", type=int, default=1, help="expert groups for hierarchical EPLB")
+    p.add_argument("--break-even", action="store_true", help="break-even tokens per rank instead")
+    p.add_argument("--tokens-grid", type=_list(int), default=list(TOKEN_GRID))
+    p.add_argument("--trends", action="store_true", help="DeepSpeed-MoE and GShard trends instead")
+    p.add_argument("--detail", action="store_true", help="also print every phase and metric")
+    p.add_argument("--plot", metavar="PNG", help="plot step time vs skew or EP size to this file")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=handler)
+
+
+def _config(args: argparse.Namespace) -> SimConfig:
+    plan_us = dict(DEFAULT_PLAN_US)
+    for item in args.plan_us:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--plan-us expects POLICY=US, got {item!r}")
+        plan_us[name.strip()] = float(value)
+    return SimConfig(
+        dispatch_bytes=args.dispatch_bytes, plan_us=plan_us, overlap_prefetch=args.overlap_prefetch
+    )
+
+
+def _spec(args: argparse.Namespace) -> SweepSpec:
+    if not args.policies or not args.ep or not (args.sigma or args.maxvio):
+        raise ValueError("--policies, --ep and --sigma (or --maxvio) need at least one value")
+    for name in args.policies:
+        if name not in POLICY_NAMES and not name.startswith("capacity-"):
+            raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
+    if min(args.ep) < 1 or args.steps < 1 or args.warmup < 0 or args.tokens < 1:
+        raise ValueError("--ep, --steps, --tokens must be >= 1 and --warmup >= 0")
+    return SweepSpec(
+        model=args.model, hardware=args.hardware, ranks=tuple(args.ep), sigmas=tuple(args.sigma),
+        maxvios=None if args.maxvio is None else tuple(args.maxvio), tokens=args.tokens,
+        policies=tuple(args.policies), steps=args.steps, warmup=args.warmup, rho=args.rho,
+        seed=args.seed, eplb_period=args.eplb_period, eplb_groups=args.eplb_groups,
+        exact=args.exact,
+    )  # fmt: skip
+
+
+def handler(args: argparse.Namespace) -> int:
+    """Run what ``args`` ask for; print tables or JSON; return the exit code."""
+    try:
+        get_model(args.model)
+        get_hardware(args.hardware)
+        cfg, spec = _config(args), _spec(args)
+        progress = None if args.no_progress else ProgressBar()
+        report = _run(args, spec, cfg, progress)
+        if args.plot and report.get("rows"):
+            from moonplan.simulate.plots import plot_sweep
+
+            plot_sweep(report["rows"], args.plot, title=args.model)
+        elif args.plot:
+            print("moonplan simulate: --plot draws sweeps only; nothing plotted", file=sys.stderr)
+    except (ValueError, RuntimeError) as err:
+        print(f"moonplan simulate: error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=1) if args.json else _text(report, args.detail))
+    return 0
+
+
+def _run(
+    args: argparse.Namespace, spec: SweepSpec, cfg: SimConfig, progress: Any
+) -> dict[str, Any]:
+    if args.trends:
+        return {
+            "deepspeed": deepspeed_trend(cfg=cfg, progress=progress),
+            "gshard": gshard_trend(cfg=cfg, progress=progress),
+        }
+    if args.break_even:
+        model = get_model(spec.model)
+        results = [
+            break_even(spec.model, spec.hardware, R, sigma, tokens=args.tokens_grid, cfg=cfg,
+                       spec=spec, progress=progress)
+            for R in spec.ranks
+            for sigma, _ in spec.skews(model.num_experts, model.top_k)
+        ]  # fmt: skip
+        return {"break_even": results}
+    if args.counts:
+        counts = recorded_counts(args.counts)
+        model, hw = get_model(spec.model), get_hardware(spec.hardware)
+        warmup = min(spec.warmup, counts.shape[0] - 1)
+        rows = simulate_trace(
+            counts, model, hw, cfg, spec.policies, warmup=warmup,
+            eplb_period=spec.eplb_period, eplb_groups=spec.eplb_groups,
+        )  # fmt: skip
+        return {"rows": [{**r, "sigma": float("nan"), "maxvio_target": None} for r in rows]}
+    return {"rows": sweep(spec, cfg, progress)}
+
+
+def _text(report: dict[str, Any], detail: bool) -> str:
+    parts = []
+    if "rows" in report:
+        r0 = report["rows"][0]
+        parts.append(
+            f"moonplan simulate: {r0['model']} on {r0['hardware']}, "
+            f"{r0['tokens_per_rank']:.0f} tokens/rank; step time / force-balanced ideal"
+        )
+        parts.append(sweep_table(report["rows"]))
+        if detail:
+            parts += ["", detail_table(report["rows"])]
+    if "break_even" in report:
+        parts.append("break-even tokens per rank (S*: policy no slower than static EP from S* up)")
+        parts.append(break_even_table(report["break_even"]))
+    if "deepspeed" in report:
+        keys = ["gpus", "experts_per_gpu", "moe_layer_us", "forward_us", "per_gpu_speedup"]
+        parts += [
+            "DeepSpeed-MoE 1.3B+MoE-128, per-GPU throughput",
+            trend_table(report["deepspeed"], keys),
+        ]
+        keys = ["experts", "dispatch_combine_us", "moe_layer_us", "dense_us", "share"]
+        parts += ["", "GShard: dispatch+combine share", trend_table(report["gshard"], keys)]
+    return "\n".join(parts)

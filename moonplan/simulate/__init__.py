@@ -1,0 +1,31 @@
+"""Step-time simulator: estimate per-step MoE layer time of every balancing policy from counts.
+
+See ``docs/simulator.md`` for the model, its assumptions and the simulated tables.
+"""
+
+from moonplan.simulate.hardware import HARDWARE, Hardware, get_hardware
+from moonplan.simulate.model_time import (
+    DEFAULT_PLAN_US,
+    SimConfig,
+    StepTime,
+    ideal_time,
+    step_time,
+)
+from moonplan.simulate.models import get_model
+from moonplan.simulate.sweep import SweepSpec, break_even, simulate_trace, sweep
+
+__all__ = [
+    "DEFAULT_PLAN_US",
+    "HARDWARE",
+    "Hardware",
+    "SimConfig",
+    "StepTime",
+    "SweepSpec",
+    "break_even",
+    "get_hardware",
+    "get_model",
+    "ideal_time",
+    "simulate_trace",
+    "step_time",
+    "sweep",
+]

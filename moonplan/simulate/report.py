@@ -1,0 +1,119 @@
+"""Text and Markdown tables of simulator results (sweep rows, break-even, trends).
+
+A sweep table has one line per (EP size, skew) and one column per policy, holding
+the step time relative to the force-balanced ideal (``rel_ideal``); a detail table
+lists every phase and metric of every row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+SHORT: Mapping[str, str] = MappingProxyType(
+    {
+        "static-linear": "static",
+        "static-round-robin": "rr",
+        "capacity-1.0": "cap1.0",
+        "capacity-1.25": "cap1.25",
+        "eplb": "eplb",
+        "moonep-greedy": "greedy",
+        "moonplan": "moonplan",
+        "moonplan-resident": "resident",
+    }
+)
+"""Column headers for the policies (read-only)."""
+
+
+def _policies(rows: Sequence[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(r["policy"] for r in rows))
+
+
+def _skew(r: dict[str, Any]) -> str:
+    if r.get("maxvio_target") is not None:
+        return f"maxvio {r['maxvio_target']:g}"
+    return f"sigma {r.get('sigma', float('nan')):g}"
+
+
+def _table(header: list[str], lines: list[list[str]], markdown: bool) -> str:
+    if markdown:
+        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        return "\n".join(out + ["| " + " | ".join(line) + " |" for line in lines])
+    widths = [max(len(x) for x in col) for col in zip(header, *lines, strict=True)]
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header)] + [fmt.format(*line) for line in lines])
+
+
+def sweep_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> str:
+    """Step time / force-balanced ideal, lines (EP, skew, measured expert MaxVio), one
+    column per policy; the ideal's absolute time (us) last."""
+    pols = _policies(rows)
+    keys = list(dict.fromkeys((r["ranks"], _skew(r)) for r in rows))
+    header = ["EP", "skew", "MaxVio", *[SHORT.get(p, p) for p in pols], "ideal us"]
+    lines = []
+    for R, skew in keys:
+        at = {r["policy"]: r for r in rows if (r["ranks"], _skew(r)) == (R, skew)}
+        first = next(iter(at.values()))
+        cells = [f"{at[p]['rel_ideal']:.2f}" if p in at else "-" for p in pols]
+        lines.append(
+            [str(R), skew, f"{first['expert_maxvio']:.2f}", *cells, f"{first['ideal_us']:.0f}"]
+        )
+    return _table(header, lines, markdown)
+
+
+DETAIL = (
+    ("total_us", "step us", "{:.0f}"),
+    ("rel_ideal", "/ideal", "{:.2f}"),
+    ("plan_us", "plan", "{:.0f}"),
+    ("prefetch_us", "prefetch", "{:.0f}"),
+    ("dispatch_us", "dispatch", "{:.0f}"),
+    ("experts_us", "experts", "{:.0f}"),
+    ("combine_us", "combine", "{:.0f}"),
+    ("balancedness", "balanced", "{:.3f}"),
+    ("copies", "copies", "{:.1f}"),
+    ("new_copies", "new", "{:.1f}"),
+    ("moved_mb", "moved MB", "{:.0f}"),
+    ("dropped_fraction", "dropped", "{:.1%}"),
+)
+
+
+def detail_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> str:
+    """Every row: EP, skew, policy, then the phases (us) and the metrics."""
+    header = ["EP", "skew", "policy", *[h for _, h, _ in DETAIL]]
+    lines = [
+        [str(r["ranks"]), _skew(r), r["policy"], *[f.format(r[k]) for k, _, f in DETAIL]]
+        for r in rows
+    ]
+    return _table(header, lines, markdown)
+
+
+def break_even_table(results: Sequence[dict[str, Any]], *, markdown: bool = False) -> str:
+    """One line per break-even result: model, hardware, EP, sigma, break-even S per policy."""
+    pols = list(dict.fromkeys(p for res in results for p in res["break_even"]))
+    header = ["model", "hardware", "EP", "sigma", *[f"{SHORT.get(p, p)} S*" for p in pols]]
+    lines = []
+    for res in results:
+        cells = [_be(res["break_even"].get(p), res["tokens"]) for p in pols]
+        lines.append(
+            [res["model"], res["hardware"], str(res["ranks"]), f"{res['sigma']:g}", *cells]
+        )
+    return _table(header, lines, markdown)
+
+
+def _be(value: int | None, grid: Sequence[int]) -> str:
+    if value is None:
+        return f"> {max(grid)}"
+    return f"<= {value}" if value == min(grid) else str(value)
+
+
+def trend_table(
+    rows: Sequence[dict[str, Any]], keys: Sequence[str], *, markdown: bool = False
+) -> str:
+    """Selected ``keys`` of trend rows (floats with 3 significant digits)."""
+    lines = [[_num(r[k]) for k in keys] for r in rows]
+    return _table(list(keys), lines, markdown)
+
+
+def _num(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)

@@ -1,0 +1,257 @@
+"""Run every policy on the same counts, estimate step times, and sweep skew and EP size.
+
+Legend: T steps, R ranks (EP size), E experts, S tokens per rank, K top-k;
+``counts_TRE`` int64 ``[T, R, E]``.
+
+One *point* is a trace of ``warmup + steps`` steps; every policy runs over the
+whole trace (EPLB needs history, moonplan-resident its previous plan) and is
+measured on the last ``steps``. A result row holds the mean step time per
+phase (us), the mean force-balanced ideal (us), their ratio ``rel_ideal``, and
+the balance metrics of ``moonplan.baselines.metrics``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from moonplan.baselines.metrics import expert_maxvio, summarize
+from moonplan.baselines.policies import POLICY_NAMES, make_policy
+from moonplan.cost import ModelPreset
+from moonplan.simulate.hardware import Hardware, get_hardware
+from moonplan.simulate.model_time import SimConfig, StepTime, ideal_time, mean_time, step_time
+from moonplan.simulate.models import expert_bytes, get_model
+from moonplan.simulate.workload import drifting_counts, sigma_for_maxvio
+
+Progress = Callable[[int, int, str], None]
+"""``progress(done, total, label)`` callback."""
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What to sweep: one model on one hardware preset over EP sizes and skews.
+
+    Attributes:
+        model, hardware: preset names (``get_model``, ``get_hardware``).
+        ranks: EP sizes.
+        sigmas: lognormal sigmas; ignored when ``maxvios`` is given.
+        maxvios: expert MaxVio targets, each turned into a sigma.
+        tokens: tokens per rank per step (S).
+        policies: policy names (``POLICY_NAMES``).
+        steps, warmup: measured steps, and steps run before them.
+        rho: AR(1) correlation of the log-popularity from step to step.
+        seed: seeds the traces.
+        eplb_period: EPLB's rearrangement period and averaging window (steps).
+        eplb_groups: expert groups for EPLB's hierarchical policy (1: global policy; the
+            generated traces do not model group-limited routing).
+        exact: sample counts exactly (slow at large EP and skew); default the fast sampler.
+    """
+
+    model: str = "deepseek-v3"
+    hardware: str = "h200-multinode"
+    ranks: tuple[int, ...] = (8, 64)
+    sigmas: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0)
+    maxvios: tuple[float, ...] | None = None
+    tokens: int = 4096
+    policies: tuple[str, ...] = POLICY_NAMES
+    steps: int = 4
+    warmup: int = 4
+    rho: float = 0.99
+    seed: int = 0
+    eplb_period: int = 4
+    eplb_groups: int = 1
+    exact: bool = False
+
+    def skews(self, experts: int, topk: int) -> list[tuple[float, float | None]]:
+        """``(sigma, maxvio target or None)`` of each skew point."""
+        if self.maxvios is None:
+            return [(float(s), None) for s in self.sigmas]
+        return [(sigma_for_maxvio(m, experts, topk, self.seed), m) for m in self.maxvios]
+
+
+def policy_options(hw: Hardware, ranks: int, period: int, groups: int = 1) -> dict[str, Any]:
+    """Options for :func:`make_policy`: EPLB's period/window, nodes and expert groups."""
+    nodes = max(1, ranks // hw.domain(ranks))
+    return {"period": period, "window": period, "nodes": nodes, "groups": groups}
+
+
+def simulate_trace(
+    counts_TRE: torch.Tensor,
+    model: ModelPreset,
+    hw: Hardware,
+    cfg: SimConfig,
+    policies: Sequence[str] = POLICY_NAMES,
+    *,
+    warmup: int = 0,
+    eplb_period: int = 4,
+    eplb_groups: int = 1,
+) -> list[dict[str, Any]]:
+    """One row per policy: mean phase times and metrics over steps ``warmup:`` of the trace."""
+    T, R, E = counts_TRE.shape
+    if E != model.num_experts:
+        raise ValueError(f"counts have E = {E} experts, model {model.name} has {model.num_experts}")
+    if not 0 <= warmup < T:
+        raise ValueError(f"warmup = {warmup} leaves no measured step of {T}")
+    opts = policy_options(hw, R, eplb_period, eplb_groups)
+    records = [int(c.sum()) for c in counts_TRE[warmup:]]
+    ideal = mean_time([ideal_time(n, R, model, hw, cfg) for n in records])
+    base = {
+        "model": model.name,
+        "hardware": hw.name,
+        "ranks": R,
+        "tokens_per_rank": sum(records) / len(records) / (R * model.top_k),
+        "expert_maxvio": sum(expert_maxvio(c) for c in counts_TRE[warmup:]) / len(records),
+        "ideal_us": ideal.total_s * 1e6,
+    }
+    return [
+        _policy_row(name, counts_TRE, model, hw, cfg, warmup, opts, ideal, base)
+        for name in policies
+    ]
+
+
+def _policy_row(
+    name: str,
+    counts_TRE: torch.Tensor,
+    model: ModelPreset,
+    hw: Hardware,
+    cfg: SimConfig,
+    warmup: int,
+    opts: dict[str, Any],
+    ideal: StepTime,
+    base: dict[str, Any],
+) -> dict[str, Any]:
+    R, E = counts_TRE.shape[1:]
+    policy = make_policy(name, R, E, **opts)
+    steps = [policy.step(c) for c in counts_TRE][warmup:]
+    t = mean_time([step_time(s, model, hw, cfg) for s in steps])
+    row = {**base, "policy": name, **t.as_us()}
+    row["rel_ideal"] = t.total_s / ideal.total_s if ideal.total_s > 0 else 1.0
+    metrics = summarize(steps, expert_bytes(model, cfg.weight_bytes))
+    row.update(metrics)
+    row["moved_mb"] = metrics["moved_bytes"] / 1e6
+    return row
+
+
+def sweep(
+    spec: SweepSpec, cfg: SimConfig | None = None, progress: Progress | None = None
+) -> list[dict[str, Any]]:
+    """Rows of :func:`simulate_trace` for every (EP size, skew) of ``spec``, tagged with
+    ``sigma`` and ``maxvio_target``."""
+    cfg = cfg or SimConfig()
+    model, hw = get_model(spec.model), get_hardware(spec.hardware)
+    skews = spec.skews(model.num_experts, model.top_k)
+    total, rows = len(spec.ranks) * len(skews), []
+    for i, (R, (sigma, target)) in enumerate((r, s) for r in spec.ranks for s in skews):
+        if progress:
+            progress(i, total, f"{model.name} EP={R} sigma={sigma:.2f}")
+        counts = drifting_counts(
+            R,
+            model.num_experts,
+            spec.tokens,
+            model.top_k,
+            sigma=sigma,
+            steps=spec.warmup + spec.steps,
+            rho=spec.rho,
+            seed=spec.seed,
+            exact=spec.exact,
+        )
+        got = simulate_trace(
+            counts,
+            model,
+            hw,
+            cfg,
+            spec.policies,
+            warmup=spec.warmup,
+            eplb_period=spec.eplb_period,
+            eplb_groups=spec.eplb_groups,
+        )
+        rows += [{**r, "sigma": sigma, "maxvio_target": target} for r in got]
+    if progress:
+        progress(total, total, "done")
+    return rows
+
+
+TOKEN_GRID = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+"""Default tokens-per-rank grid of :func:`break_even`."""
+
+
+def break_even(
+    model: str,
+    hardware: str,
+    ranks: int,
+    sigma: float,
+    *,
+    tokens: Sequence[int] = TOKEN_GRID,
+    policies: Sequence[str] = ("moonplan", "moonplan-resident"),
+    baseline: str = "static-linear",
+    cfg: SimConfig | None = None,
+    spec: SweepSpec | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Tokens per rank below which copying weights costs more than balancing saves.
+
+    For each ``S`` in ``tokens`` (ascending) runs ``baseline`` and ``policies`` on the same
+    drifting trace (steps, warmup, rho, seed from ``spec``) and records each policy's step
+    time over the baseline's. A policy's break-even is the smallest ``S`` from which the
+    ratio stays ``<= 1`` for every larger ``S`` of the grid (``None``: it never does).
+
+    Returns:
+        dict with ``model``, ``hardware``, ``ranks``, ``sigma``, ``tokens``,
+        ``ratio`` (policy -> list of ratios) and ``break_even`` (policy -> S or None).
+    """
+    cfg, spec = cfg or SimConfig(), spec or SweepSpec()
+    m, hw = get_model(model), get_hardware(hardware)
+    grid = sorted(int(s) for s in tokens)
+    ratio: dict[str, list[float]] = {p: [] for p in policies}
+    for i, S in enumerate(grid):
+        if progress:
+            progress(i, len(grid), f"{m.name} EP={ranks} S={S}")
+        counts = drifting_counts(
+            ranks,
+            m.num_experts,
+            S,
+            m.top_k,
+            sigma=sigma,
+            steps=spec.warmup + spec.steps,
+            rho=spec.rho,
+            seed=spec.seed,
+            exact=spec.exact,
+        )
+        rows = simulate_trace(
+            counts,
+            m,
+            hw,
+            cfg,
+            [baseline, *policies],
+            warmup=spec.warmup,
+            eplb_period=spec.eplb_period,
+            eplb_groups=spec.eplb_groups,
+        )
+        base = rows[0]["total_us"]
+        for r in rows[1:]:
+            ratio[r["policy"]].append(r["total_us"] / base)
+    if progress:
+        progress(len(grid), len(grid), "done")
+    return {
+        "model": m.name,
+        "hardware": hw.name,
+        "ranks": ranks,
+        "sigma": sigma,
+        "baseline": baseline,
+        "tokens": grid,
+        "ratio": ratio,
+        "break_even": {p: _first_win(grid, r) for p, r in ratio.items()},
+    }
+
+
+def _first_win(grid: list[int], ratio: list[float]) -> int | None:
+    """Smallest grid value from which every ratio is <= 1 (None if the last is > 1)."""
+    best = None
+    for S, r in zip(reversed(grid), reversed(ratio), strict=True):
+        if r > 1.0:
+            break
+        best = S
+    return best

@@ -1,0 +1,228 @@
+"""Baseline policies and metrics on small, hand-computed examples."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moonplan.baselines.capacity import CapacityPolicy, capacity_kept, capacity_per_source
+from moonplan.baselines.eplb import (
+    EPLBPolicy,
+    balanced_packing,
+    default_redundant,
+    eplb_placement,
+    placement_moves,
+    replica_alloc,
+    replicate,
+)
+from moonplan.baselines.metrics import (
+    balancedness,
+    balancedness_per_layer,
+    balancedness_summed,
+    expert_maxvio,
+    imbalance,
+    maxvio,
+    step_metrics,
+    summarize,
+)
+from moonplan.baselines.policies import POLICY_NAMES, StaticPolicy, make_policy
+from moonplan.baselines.round_robin import round_robin_alloc, round_robin_home
+from moonplan.traces import generate_counts
+
+SEED_COUNTS = torch.tensor([[9, 1, 2, 0, 3, 5, 4, 8], [0] * 8, [0] * 8, [0] * 8])
+
+
+def t(x: list) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.int64)
+
+
+# ---- metrics -------------------------------------------------------------------------------
+
+
+def test_balance_metrics_by_hand() -> None:
+    assert balancedness([8, 5]) == pytest.approx(6.5 / 8)
+    assert imbalance([8, 5]) == pytest.approx(8 / 6.5)
+    assert maxvio([8, 5]) == pytest.approx(8 / 6.5 - 1)
+    assert balancedness([0, 0]) == 1.0 and imbalance([0, 0]) == 1.0 and maxvio([0, 0]) == 0.0
+    layers = [[8, 5], [2, 2]]
+    assert balancedness_per_layer(layers).tolist() == pytest.approx([0.8125, 1.0])
+    assert balancedness_summed(layers) == pytest.approx((6.5 + 2) / (8 + 2))
+    assert expert_maxvio(t([[3, 1], [1, 3], [2, 0]])) == pytest.approx(6 / 5 - 1)
+
+
+def test_step_metrics_and_summary_of_static_ep() -> None:
+    counts = t([[5, 1, 3, 0], [1, 1, 1, 1]])  # T = [6, 2, 4, 1]
+    step = StaticPolicy(2, 4).step(counts)
+    assert step.load_R.tolist() == [8, 5]
+    m = step_metrics(step, expert_bytes=10.0)
+    assert m["balancedness"] == pytest.approx(6.5 / 8)
+    assert m["copies"] == 0 and m["moved_bytes"] == 0 and m["dropped_fraction"] == 0
+    s = summarize([step, step])
+    assert s["balancedness_summed"] == pytest.approx(6.5 / 8)
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+# ---- static placements -----------------------------------------------------------------------
+
+
+def test_linear_and_round_robin_placements() -> None:
+    counts = t([[5, 1, 3, 0], [1, 1, 1, 1]])
+    assert round_robin_home(4, 2).tolist() == [0, 1, 0, 1]
+    assert StaticPolicy(2, 4, "linear").step(counts).load_R.tolist() == [8, 5]
+    rr = StaticPolicy(2, 4, "round-robin").step(counts)
+    assert rr.load_R.tolist() == [10, 3]
+    assert torch.equal(rr.alloc_ER, round_robin_alloc(counts))
+    assert rr.name == "static-round-robin" and rr.new_copies == 0
+    with pytest.raises(ValueError, match="placement"):
+        StaticPolicy(2, 4, "random")
+
+
+# ---- capacity --------------------------------------------------------------------------------
+
+
+def test_capacity_drops_and_pads_by_hand() -> None:
+    counts = t([[6, 2, 0, 0], [1, 1, 1, 1]])  # n_s = 8, 4 -> cap 2, 1 at factor 1
+    assert capacity_per_source(counts, 1.0).tolist() == [2, 1]
+    assert capacity_kept(counts, 1.0).tolist() == [[2, 2, 0, 0], [1, 1, 1, 1]]
+    step = CapacityPolicy(2, 4, factor=1.0).step(counts)
+    assert step.dropped == 4
+    assert step.load_R.tolist() == [6, 2]  # real records: experts 0,1 -> 3 each; 2,3 -> 1 each
+    assert step.rows_ER.sum(0).tolist() == [6, 6]  # padded: 3 rows for every expert
+    assert step.sent_RE.tolist() == [[2, 2, 2, 2], [1, 1, 1, 1]]
+    assert step_metrics(step)["dropped_fraction"] == pytest.approx(4 / 12)
+    big = CapacityPolicy(2, 4, factor=1.25).step(counts)  # caps ceil(10/4)=3, ceil(5/4)=2
+    assert big.dropped == 3 and big.name == "capacity-1.25"
+    assert CapacityPolicy(2, 4, factor=2).name == "capacity-2.0"
+    unpadded = CapacityPolicy(2, 4, factor=1.0, pad=False).step(counts)
+    assert torch.equal(unpadded.rows_ER, unpadded.alloc_ER)
+
+
+def test_capacity_uses_exact_rational_arithmetic() -> None:
+    counts = torch.zeros(1, 100, dtype=torch.int64)
+    counts[0, :80] = 1
+    assert capacity_per_source(counts, 1.25).tolist() == [1]  # 1.25 * 80 / 100 is exactly 1
+    with pytest.raises(ValueError):
+        capacity_per_source(counts, 0.0)
+
+
+# ---- EPLB ------------------------------------------------------------------------------------
+
+
+def test_replicate_and_pack_by_hand() -> None:
+    assert replicate([10, 1, 1, 4], 6) == [3, 1, 1, 1]
+    assert replicate([1, 1, 1, 1], 6) == [2, 2, 1, 1]  # ties: lowest id
+    assert balanced_packing([5, 4, 3, 3, 2, 1], 2) == [0, 1, 1, 0, 1, 0]
+    with pytest.raises(ValueError):
+        balanced_packing([1, 2, 3], 2)
+    with pytest.raises(ValueError):
+        replicate([1, 2, 3], 2)
+
+
+def test_global_placement_and_even_split_by_hand() -> None:
+    place = eplb_placement([10, 1, 1, 4], 2, 6)
+    assert place.tolist() == [[0, 2, 3], [0, 0, 1]]
+    alloc = replica_alloc(t([10, 1, 1, 4]), place)
+    assert alloc.tolist() == [[4, 6], [0, 1], [1, 0], [4, 0]]  # expert 0: 10 -> 4, 3, 3
+    assert alloc.sum(0).tolist() == [9, 7]
+
+
+def test_hierarchical_placement_by_hand() -> None:
+    place = eplb_placement([10, 1, 1, 4], 4, 8, nodes=2, groups=2)
+    assert place.tolist() == [[0, 0], [0, 1], [3, 3], [2, 3]]
+    # nodes that do not divide the groups fall back to the global policy
+    assert torch.equal(
+        eplb_placement([10, 1, 1, 4], 4, 8, nodes=2, groups=1), eplb_placement([10, 1, 1, 4], 4, 8)
+    )
+
+
+def test_eplb_policy_rebalances_from_history_every_period() -> None:
+    counts = t([[10, 1, 1, 4], [0, 0, 0, 0]])
+    policy = EPLBPolicy(2, 4, redundant=2, period=2)
+    first = [policy.step(counts) for _ in range(2)]
+    assert policy.place_RP.tolist() == [[0, 1, 2], [0, 1, 3]]  # planned from uniform loads
+    assert all(s.new_copies == 0 for s in first)
+    third = policy.step(counts)
+    assert policy.place_RP.tolist() == [[0, 2, 3], [0, 0, 1]]
+    assert third.background_C2.tolist() == [[1, 0]]  # rank 0 fetches expert 3 from rank 1
+    assert third.moves_C2.shape == (0, 2) and third.new_copies == 1 and third.copies == 2
+    assert third.load_R.tolist() == [9, 7]
+    policy.reset()
+    assert policy.t == 0 and not policy.history
+
+
+def test_eplb_arguments_and_defaults() -> None:
+    assert default_redundant(256, 8) == 8
+    assert default_redundant(8, 64) == 120  # 128 physical experts, 2 per rank
+    assert EPLBPolicy(64, 8).redundant == 120
+    with pytest.raises(ValueError, match="multiple"):
+        EPLBPolicy(4, 8, redundant=1)
+    with pytest.raises(ValueError):
+        EPLBPolicy(4, 8, period=0)
+    moves = placement_moves(t([[0, 1], [2, 3]]), t([[0, 2], [2, 3]]), ranks_per_node=1)
+    assert moves.tolist() == [[1, 0]]
+
+
+# ---- exact-balance policies ------------------------------------------------------------------
+
+
+def test_greedy_and_moonplan_copies_and_moves() -> None:
+    greedy = make_policy("moonep-greedy", 4, 8).step(SEED_COUNTS)
+    assert greedy.load_R.tolist() == [8, 8, 8, 8]
+    assert greedy.copies == 2 and greedy.new_copies == 2
+    home = greedy.moves_C2[:, 0].tolist()
+    assert all(h != r for h, r in greedy.moves_C2.tolist()) and set(home) <= {0, 1, 2, 3}
+    plain = make_policy("moonplan", 4, 8)
+    assert plain.step(SEED_COUNTS).new_copies == 2 and plain.step(SEED_COUNTS).new_copies == 2
+    resident = make_policy("moonplan-resident", 4, 8)
+    assert resident.step(SEED_COUNTS).new_copies == 2
+    again = resident.step(SEED_COUNTS)
+    assert again.new_copies == 0 and again.copies == 2  # replicas already resident
+    resident.reset()
+    assert resident.step(SEED_COUNTS).new_copies == 2
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_every_policy_conserves_records(name: str) -> None:
+    policy = make_policy(name, 4, 12, period=2)
+    for seed in range(3):
+        counts = generate_counts("lognormal", ranks=4, experts=12, tokens=40, topk=3, seed=seed)
+        step = policy.step(counts)
+        assert step.name == name
+        assert int(step.alloc_ER.sum()) + step.dropped == int(counts.sum())
+        assert torch.equal(step.rows_ER.sum(1), step.sent_RE.sum(0))
+        assert bool((step.rows_ER >= step.alloc_ER).all())
+        if not name.startswith("capacity"):
+            assert step.dropped == 0 and torch.equal(step.alloc_ER.sum(1), counts.sum(0))
+
+
+def test_make_policy_errors() -> None:
+    assert make_policy("capacity-2", 2, 4).name == "capacity-2"
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("lpt", 2, 4)
+    with pytest.raises(ValueError, match="capacity"):
+        make_policy("capacity-x", 2, 4)
+    with pytest.raises(ValueError):
+        make_policy("capacity--1", 2, 4)
+    with pytest.raises(ValueError):
+        StaticPolicy(0, 4)
+
+
+# ---- side-by-side comparison -----------------------------------------------------------------
+
+
+def test_compare_policies_over_layers_by_hand() -> None:
+    from moonplan.baselines.compare import compare_policies
+
+    layer0 = t([[5, 1, 3, 0], [1, 1, 1, 1]])  # static loads [8, 5]
+    layer1 = t([[1, 1, 1, 1], [1, 1, 1, 1]])  # static loads [4, 4]
+    counts = torch.stack([layer0[None], layer1[None]])  # [L=2, T=1, R=2, E=4]
+    rows = compare_policies(counts, ["static-linear", "moonplan"], expert_bytes=2.0)
+    static, ours = rows
+    assert static["balancedness_layer_min"] == pytest.approx(6.5 / 8)
+    assert static["balancedness_layer_mean"] == pytest.approx((6.5 / 8 + 1) / 2)
+    assert static["balancedness_summed"] == pytest.approx((6.5 + 4) / (8 + 4))
+    assert ours["balancedness_summed"] == pytest.approx((6.5 + 4) / (7 + 4))  # [7, 6], [4, 4]
+    assert ours["new_copies"] == 1 and ours["moved_bytes"] == 2.0
+    with pytest.raises(ValueError):
+        compare_policies(layer0, ["static-linear"])

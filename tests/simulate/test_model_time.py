@@ -1,0 +1,152 @@
+"""Step-time model on hand-computed cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from moonplan.baselines.policies import make_policy
+from moonplan.cost import GQAAttention, ModelPreset
+from moonplan.simulate.hardware import get_hardware
+from moonplan.simulate.model_time import (
+    SimConfig,
+    StepTime,
+    all_to_all_time,
+    expert_time_R,
+    ideal_time,
+    mean_time,
+    prefetch_time,
+    step_time,
+)
+from moonplan.simulate.traffic import dispatch_traffic
+
+HW = get_hardware("h200-node")
+NO_PLAN = SimConfig(plan_us={})
+
+
+def toy(experts: int, top_k: int = 1, hidden: int = 4096, ffn: int = 4096) -> ModelPreset:
+    return ModelPreset(
+        name="toy",
+        hidden_size=hidden,
+        moe_intermediate_size=ffn,
+        num_layers=2,
+        num_experts=experts,
+        top_k=top_k,
+        vocab_size=16,
+        attention=GQAAttention(num_heads=1, num_kv_heads=1, head_dim=8),
+    )
+
+
+BALANCED_POLICIES = [
+    "static-linear",
+    "static-round-robin",
+    "capacity-1.0",
+    "moonep-greedy",
+    "moonplan",
+    "moonplan-resident",
+]
+
+
+def test_balanced_input_gives_identical_times_for_every_policy() -> None:
+    R, E, c = 4, 8, 1024  # every source routes c records to every expert
+    counts = torch.full((R, E), c, dtype=torch.int64)
+    model = toy(E, top_k=2)
+    ideal = ideal_time(int(counts.sum()), R, model, HW, NO_PLAN)
+    for name in [*BALANCED_POLICIES, "eplb"]:
+        opts = {"redundant": 0} if name == "eplb" else {}
+        t = step_time(make_policy(name, R, E, **opts).step(counts), model, HW, NO_PLAN)
+        assert t.total_s == pytest.approx(ideal.total_s, rel=1e-12), name
+        assert t.experts_s == pytest.approx(ideal.experts_s, rel=1e-12), name
+        assert t.dispatch_s == pytest.approx(ideal.dispatch_s, rel=1e-12), name
+        assert t.prefetch_s == 0.0
+
+
+def test_planning_time_is_added_on_the_critical_path() -> None:
+    counts = torch.full((4, 8), 256, dtype=torch.int64)
+    model, cfg = toy(8, top_k=2), SimConfig()  # moonplan plans in 51 us by default
+    static = step_time(make_policy("static-linear", 4, 8).step(counts), model, HW, cfg)
+    ours = step_time(make_policy("moonplan", 4, 8).step(counts), model, HW, cfg)
+    assert ours.plan_s == pytest.approx(51e-6)
+    assert ours.total_s == pytest.approx(static.total_s + 51e-6, rel=1e-12)
+
+
+def test_one_hot_expert_costs_static_ep_R_times_the_ideal_expert_time() -> None:
+    R, n = 4, 8192  # every rank routes n records (K=1) to expert 0; compute-bound rows
+    counts = torch.zeros(R, R, dtype=torch.int64)
+    counts[:, 0] = n
+    model = toy(R, top_k=1)
+    ideal = ideal_time(R * n, R, model, HW, NO_PLAN)
+    assert ideal.experts_s == pytest.approx(6 * 4096 * 4096 * n / HW.flops, rel=1e-12)
+    static = step_time(make_policy("static-linear", R, R).step(counts), model, HW, NO_PLAN)
+    assert static.experts_s == pytest.approx(R * ideal.experts_s, rel=1e-12)
+    ours = step_time(make_policy("moonplan", R, R).step(counts), model, HW, NO_PLAN)
+    assert ours.experts_s == pytest.approx(ideal.experts_s, rel=1e-12)
+    assert ours.prefetch_s > 0  # R-1 replicas of expert 0 move from rank 0
+
+
+def test_capacity_1_25_computes_a_quarter_more_padded_rows() -> None:
+    R, E, c = 2, 4, 1024
+    counts = torch.full((R, E), c, dtype=torch.int64)
+    model = toy(E, top_k=2)
+    base = step_time(make_policy("capacity-1.0", R, E).step(counts), model, HW, NO_PLAN)
+    big = step_time(make_policy("capacity-1.25", R, E).step(counts), model, HW, NO_PLAN)
+    assert big.experts_s == pytest.approx(1.25 * base.experts_s, rel=1e-12)
+
+
+def test_expert_roofline_by_hand() -> None:
+    model = toy(2, hidden=1024, ffn=1024)
+    rows = torch.tensor([[1, 0], [0, 0]])  # one row of expert 0 on rank 0; rank 1 idle
+    t_R = expert_time_R(rows, model, HW, NO_PLAN)
+    weights = 3 * 1024 * 1024 * 2
+    flops = 6 * 1024 * 1024 * 128  # padded to one 128-row tile
+    assert t_R[0] == pytest.approx(max(flops / HW.flops, (weights + 4096 * 2) / HW.hbm_bytes_per_s))
+    assert t_R[1] == 0.0
+
+
+def test_two_rank_dispatch_by_hand() -> None:
+    counts = torch.tensor([[5, 3], [7, 1]])  # rank 0 sends 3 to rank 1, receives 7
+    step = make_policy("static-linear", 2, 2).step(counts)
+    H = 4096
+    traffic = dispatch_traffic(step.sent_RE, step.rows_ER, HW.domain(2))
+    expect = HW.base_latency_s + HW.per_peer_latency_s + 7 * H * 2 / HW.nvlink_effective
+    assert all_to_all_time(traffic, H * 2, HW) == pytest.approx(expect)
+    t = step_time(step, toy(2), HW, NO_PLAN)
+    assert t.dispatch_s == pytest.approx(expect) and t.combine_s == pytest.approx(expect)
+
+
+def test_prefetch_uses_the_slowest_link() -> None:
+    multi = get_hardware("h200-multinode")
+    moves = torch.tensor([[0, 1], [0, 9]])  # rank 0 pushes one copy inside its node, one out
+    t = prefetch_time(moves, 16, 1e9, multi)
+    assert t == pytest.approx(multi.base_latency_s + 1e9 / multi.net_effective)
+    assert prefetch_time(torch.zeros(0, 2, dtype=torch.int64), 16, 1e9, multi) == 0.0
+    hidden = SimConfig(plan_us={}, overlap_prefetch=True)
+    counts = torch.zeros(4, 4, dtype=torch.int64)
+    counts[:, 0] = 512
+    st = step_time(make_policy("moonplan", 4, 4).step(counts), toy(4), HW, hidden)
+    assert st.prefetch_s > 0 and st.total_s == pytest.approx(
+        st.dispatch_s + st.experts_s + st.combine_s
+    )
+
+
+def test_ideal_with_fewer_experts_than_ranks_and_single_rank() -> None:
+    model = toy(2, hidden=1024, ffn=1024)
+    t = ideal_time(4 * 1280, 4, model, HW, NO_PLAN)  # 1280 rows of one expert per rank
+    compute = 6 * 1024 * 1024 * 1280 / HW.flops
+    memory = (3 * 1024 * 1024 * 2 + 1280 * 4096 * 2) / HW.hbm_bytes_per_s
+    assert t.experts_s == pytest.approx(max(compute, memory))
+    one = ideal_time(100, 1, model, HW, NO_PLAN)
+    assert one.dispatch_s == 0.0 and one.combine_s == 0.0
+
+
+def test_mean_time_and_units() -> None:
+    a, b = StepTime(1, 2, 3, 4, 5, 15), StepTime(3, 2, 1, 0, 1, 7)
+    m = mean_time([a, b])
+    assert (m.plan_s, m.total_s) == (2, 11)
+    assert a.as_us()["total_us"] == 15e6
+    with pytest.raises(ValueError):
+        mean_time([])
+    assert math.isclose(SimConfig().plan_seconds("moonplan"), 51e-6)
+    assert SimConfig().plan_seconds("static-linear") == 0.0

@@ -1,0 +1,100 @@
+"""Plots (when matplotlib is installed) and the ``simulate`` subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moonplan import cli_simulate
+from moonplan.baselines.policies import make_policy
+from moonplan.simulate.sweep import SweepSpec, sweep
+from moonplan.traces import generate_counts
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="moonplan")
+    cli_simulate.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["simulate", *argv])
+    return int(args.func(args))
+
+
+TINY = ["--model", "mixtral-8x7b", "--ep", "2,4", "--tokens", "32", "--steps", "1",
+        "--warmup", "1", "--no-progress"]  # fmt: skip
+
+
+def test_plots_write_small_pngs(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from moonplan.simulate import plots
+
+    counts = generate_counts("lognormal", ranks=4, experts=8, tokens=64, topk=2, sigma=1.0)
+    steps = [make_policy(n, 4, 8).step(counts) for n in ("static-linear", "moonplan")]
+    spec = SweepSpec(model="mixtral-8x7b", ranks=(2, 4), sigmas=(0.0, 1.0), tokens=32, steps=1,
+                     warmup=1, policies=("static-linear", "moonplan"))  # fmt: skip
+    rows = sweep(spec)
+    one_skew = [r for r in rows if r["sigma"] == 0.0]
+    paths = [
+        plots.plot_rank_loads(steps, tmp_path / "loads.png"),
+        plots.plot_balancedness({"static": [0.5, 0.6], "moonplan": [1, 1]}, tmp_path / "b.png"),
+        plots.plot_sweep(rows, tmp_path / "skew.png"),
+        plots.plot_sweep(one_skew, tmp_path / "ep.png"),
+    ]
+    for p in paths:
+        assert p.exists() and 0 < p.stat().st_size < 200_000
+    with pytest.raises(ValueError):
+        plots.plot_sweep([], tmp_path / "none.png")
+
+
+def test_plots_explain_a_missing_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    from moonplan.simulate import plots
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(RuntimeError, match="pip install matplotlib"):
+        plots.require_matplotlib()
+
+
+def test_cli_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run([*TINY, "--sigma", "0,1"]) == 0
+    out = capsys.readouterr().out
+    assert "force-balanced ideal" in out and "resident" in out
+    assert run([*TINY, "--sigma", "1", "--json", "--policies", "static-linear,moonplan"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["policy"] for r in rows] == ["static-linear", "moonplan"] * 2
+
+
+def test_cli_recorded_counts_plot_and_detail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    trace = np.stack([generate_counts("lognormal", ranks=2, experts=8, tokens=32, topk=2,
+                                      seed=s).numpy() for s in range(3)])  # fmt: skip
+    np.save(tmp_path / "t.npy", trace)
+    png = tmp_path / "p.png"
+    argv = ["--counts", str(tmp_path / "t.npy"), "--model", "mixtral-8x7b", "--detail"]
+    assert run([*argv, "--no-progress", "--plot", str(png)]) == 0
+    assert "moonplan-resident" in capsys.readouterr().out and png.exists()
+
+
+def test_cli_break_even_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*TINY, "--ep", "2", "--sigma", "1", "--break-even", "--tokens-grid", "32,4096"]
+    assert run(argv) == 0
+    assert "break-even" in capsys.readouterr().out
+    assert run([*TINY, "--model", "nope"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    assert run([*TINY, "--policies", "lpt"]) == 2
+    assert run([*TINY, "--plan-us", "moonplan"]) == 2
+    assert run([*TINY, "--policies", ","]) == 2
+    capsys.readouterr()
+    assert run([*TINY, "--trends", "--plot", "x.png", "--json"]) == 0
+    assert "sweeps only" in capsys.readouterr().err
+
+
+def test_cli_progress_goes_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [a for a in TINY if a != "--no-progress"]
+    assert run([*argv, "--sigma", "0", "--policies", "static-linear"]) == 0
+    captured = capsys.readouterr()
+    assert "[" in captured.err and "done" in captured.err and "[" not in captured.out.split()[0]

@@ -1,0 +1,91 @@
+"""Sweeps, break-even, trends, tables and the progress bar (small and fast)."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+
+from moonplan.baselines.policies import POLICY_NAMES
+from moonplan.simulate.progress import ProgressBar
+from moonplan.simulate.report import break_even_table, detail_table, sweep_table, trend_table
+from moonplan.simulate.sweep import SweepSpec, _first_win, break_even, simulate_trace, sweep
+from moonplan.simulate.trends import deepspeed_trend, gshard_trend
+from moonplan.simulate.workload import drifting_counts
+
+SMALL = SweepSpec(model="mixtral-8x7b", ranks=(2, 4), sigmas=(0.0, 1.5), tokens=64, steps=2,
+                  warmup=2, eplb_period=2)  # fmt: skip
+
+
+def test_sweep_rows_cover_every_point_and_policy() -> None:
+    calls: list[tuple[int, int]] = []
+    rows = sweep(SMALL, progress=lambda d, t, _: calls.append((d, t)))
+    assert len(rows) == 2 * 2 * len(POLICY_NAMES)
+    assert calls[0] == (0, 4) and calls[-1] == (4, 4)
+    for r in rows:
+        assert math.isfinite(r["rel_ideal"]) and r["rel_ideal"] > 0
+        assert r["ranks"] in (2, 4) and r["sigma"] in (0.0, 1.5)
+        if r["policy"].startswith("moon"):
+            assert r["balancedness"] == pytest.approx(1.0) and r["dropped"] == 0
+    table = sweep_table(rows)
+    assert "resident" in table and "sigma 1.5" in table
+    assert sweep_table(rows, markdown=True).startswith("| EP |")
+    assert "moonplan-resident" in detail_table(rows)
+
+
+def test_maxvio_targets_become_sigmas() -> None:
+    spec = SweepSpec(model="mixtral-8x7b", ranks=(2,), maxvios=(0.5,), tokens=64, steps=1,
+                     warmup=1, policies=("static-linear",))  # fmt: skip
+    rows = sweep(spec)
+    assert rows[0]["maxvio_target"] == 0.5 and rows[0]["sigma"] > 0
+    assert "maxvio 0.5" in sweep_table(rows)
+
+
+def test_simulate_trace_checks_its_input() -> None:
+    from moonplan.simulate import get_hardware, get_model
+    from moonplan.simulate.model_time import SimConfig
+
+    counts = drifting_counts(2, 8, 16, 2, sigma=0.0, steps=2)
+    model, hw = get_model("mixtral-8x7b"), get_hardware("h200-node")
+    with pytest.raises(ValueError, match="warmup"):
+        simulate_trace(counts, model, hw, SimConfig(), warmup=2)
+    with pytest.raises(ValueError, match="experts"):
+        simulate_trace(counts[:, :, :4], model, hw, SimConfig())
+
+
+def test_break_even() -> None:
+    spec = SweepSpec(steps=1, warmup=1)
+    res = break_even("mixtral-8x7b", "h200-node", 4, 1.0, tokens=(64, 8192), spec=spec)
+    assert res["tokens"] == [64, 8192] and set(res["break_even"]) == {
+        "moonplan",
+        "moonplan-resident",
+    }
+    assert all(len(v) == 2 for v in res["ratio"].values())
+    assert "mixtral-8x7b" in break_even_table([res])
+    assert _first_win([1, 2, 4, 8], [1.2, 0.9, 1.1, 0.8]) == 8
+    assert _first_win([1, 2, 4, 8], [0.5, 0.9, 1.0, 0.8]) == 1
+    assert _first_win([1, 2], [0.5, 1.5]) is None
+
+
+def test_deepspeed_trend_is_super_linear_per_gpu() -> None:
+    rows = deepspeed_trend(gpus=(8, 64), tokens=64)
+    assert [r["experts_per_gpu"] for r in rows] == [16, 2]
+    assert rows[0]["per_gpu_speedup"] == 1.0 and rows[1]["per_gpu_speedup"] > 1.0
+
+
+def test_gshard_share_of_dispatch_and_combine_grows_with_experts() -> None:
+    rows = gshard_trend(experts=(128, 1024), tokens=64)
+    assert rows[1]["share"] > rows[0]["share"] > 0
+    assert "share" in trend_table(rows, ["experts", "share"])
+
+
+def test_progress_bar_renders_and_writes() -> None:
+    out = io.StringIO()
+    bar = ProgressBar(out, width=10)
+    bar(5, 10, "half")
+    bar(10, 10, "done")
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[#####.....] 5/10") and lines[0].endswith("half")
+    assert lines[1].startswith("[##########] 10/10")
+    assert bar.render(0, 0, "x").startswith("[##########] 0/0")
