@@ -1,0 +1,33 @@
+"""Wrap existing MoE layers so that their experts run exactly balanced through moonplan.
+
+* :func:`wrap`: one transformers (>= 5) MoE block, detected by structure.
+* :func:`wrap_model`: every supported block of a model, in place.
+* :func:`wrap_experts`: a hand-written layer (router function + SwiGLU expert weights).
+
+See ``docs/wrapping.md`` for the supported structures, checkpoints and routing traces.
+"""
+
+from moonplan.adapters.block import wrap
+from moonplan.adapters.detect import (
+    BlockSpec,
+    UnsupportedBlockError,
+    inspect_block,
+    is_supported,
+)
+from moonplan.adapters.experts import MoonExperts
+from moonplan.adapters.generic import RoutedExperts, wrap_experts
+from moonplan.adapters.model import expert_parameter_names, moon_experts, wrap_model
+
+__all__ = [
+    "BlockSpec",
+    "MoonExperts",
+    "RoutedExperts",
+    "UnsupportedBlockError",
+    "expert_parameter_names",
+    "inspect_block",
+    "is_supported",
+    "moon_experts",
+    "wrap",
+    "wrap_experts",
+    "wrap_model",
+]

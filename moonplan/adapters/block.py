@@ -1,0 +1,81 @@
+"""``wrap``: a transformers MoE block whose experts run through moonplan.
+
+Legend: R ranks, E experts, E_r this rank's home experts, H hidden, F expert FFN size.
+
+The wrapped block is a shallow copy of the original, of the same class, whose
+``experts`` child is replaced by a :class:`~moonplan.adapters.experts.MoonExperts`.
+Its forward is therefore the block's own forward: the same router (softmax top-k,
+DeepSeek-V3's group-limited sigmoid routing with its correction bias and scaling, ...),
+the same shared experts and their gates, the same return value. Only the expert
+computation changes: ``experts(hidden [S, H], top_k_index [S, K], top_k_weights [S, K])``
+now plans, dispatches and combines over the EP group.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from torch import nn
+
+from moonplan.adapters.detect import inspect_block
+from moonplan.adapters.experts import MoonExperts
+from moonplan.comm.group import EPGroup
+
+
+def wrap(
+    module: nn.Module,
+    *,
+    group: EPGroup | object | None = None,
+    slots: int | None = None,
+    align: int = 1,
+    **options: Any,
+) -> nn.Module:
+    """Wrap one MoE block (collective: every rank of the group calls it, in the same order).
+
+    Args:
+        module: a supported block (see :mod:`moonplan.adapters.detect`), e.g. transformers'
+            ``MixtralSparseMoeBlock``, ``Qwen3MoeSparseMoeBlock`` or ``DeepseekV3MoE``, on
+            the group's device and in its final dtype; identical on every rank.
+        group: an :class:`EPGroup` or a torch ProcessGroup (default: the default group).
+        slots: prefetch slots ``B`` (default ``ceil(E/R)``).
+        align: receive-row padding multiple.
+        **options: ``max_tokens``, ``transport``, ``balance`` of :class:`MoonExperts`.
+
+    Returns:
+        A module of the same class with the same forward signature and return value. It
+        shares the router, the shared experts and every other child with ``module`` (same
+        Parameter objects); its ``experts.gate_up_proj [E_r, 2F, H]`` and
+        ``experts.down_proj [E_r, H, F]`` are copies of this rank's home experts, whose
+        global ids are ``wrapped.home_experts`` (int64 ``[E_r]``). ``module`` itself is
+        left as it was.
+
+    Raises:
+        UnsupportedBlockError: ``module`` is not a supported MoE block (the message says
+            what was expected and what was found).
+    """
+    spec = inspect_block(module)
+    experts = module.get_submodule(spec.experts_name)
+    moon = MoonExperts(
+        experts.get_parameter("gate_up_proj"),
+        experts.get_parameter("down_proj"),
+        spec.top_k,
+        group=group,
+        slots=slots,
+        align=align,
+        **options,
+    )
+    wrapped = _shallow_copy(module)
+    setattr(wrapped, spec.experts_name, moon)
+    wrapped.register_buffer("home_experts", moon.get_buffer("home_experts"), persistent=False)
+    wrapped.home_range = moon.home_range  # type: ignore[assignment]
+    return wrapped
+
+
+def _shallow_copy(module: nn.Module) -> nn.Module:
+    """Same class and attributes; own registries (children, parameters, buffers, hooks)."""
+    new = copy.copy(module)
+    for key, value in vars(module).items():
+        if isinstance(value, (dict, set)):
+            new.__dict__[key] = copy.copy(value)
+    return new

@@ -1,0 +1,111 @@
+"""``wrap_experts``: moonplan experts for a hand-written MoE layer (any router function).
+
+Legend: R ranks, E experts, E_r this rank's home experts, H hidden, F expert FFN size,
+S tokens on this rank, K top-k.
+
+For layers that do not have transformers' block structure: give the router function,
+every expert's SwiGLU weights and ``K``; get a module computing
+``y = sum_k w[s,k] * SwiGLU_{id[s,k]}(x[s]) (+ shared_experts(x))`` over the EP group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from moonplan.adapters.experts import MoonExperts
+from moonplan.comm.group import EPGroup
+
+RouterFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class RoutedExperts(nn.Module):
+    """A router, moonplan experts and optional shared experts (what :func:`wrap_experts` returns).
+
+    Attributes:
+        router: the router (a registered child if it is an ``nn.Module``, so its
+            parameters train and are saved).
+        experts: :class:`MoonExperts` (``gate_up_proj [E_r, 2F, H]``, ``down_proj [E_r, H, F]``).
+        shared_experts: the module applied to every token, or ``None``.
+    """
+
+    def __init__(
+        self, router: RouterFn, experts: MoonExperts, shared_experts: nn.Module | None = None
+    ):
+        super().__init__()
+        if isinstance(router, nn.Module):
+            self.router = router
+        else:
+            self._router_fn = router
+        self.experts = experts
+        self.shared_experts = shared_experts
+
+    @property
+    def route_fn(self) -> RouterFn:
+        """The router as a callable ``x [S, H] -> (ids [S, K], weights [S, K])``."""
+        router = self._modules.get("router")
+        return router if router is not None else self._router_fn
+
+    @property
+    def home_experts(self) -> torch.Tensor:
+        """int64 ``[E_r]``: global ids of this rank's home experts."""
+        return self.experts.get_buffer("home_experts")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., H]`` -> same shape (collective: every rank calls it, also with no tokens).
+
+        A router that raises, or returns bad ids/weights, on any rank makes every rank
+        raise the same ``ContractError``.
+        """
+        H = self.experts.hidden_dim
+        if x.dim() < 1 or x.shape[-1] != H:
+            bad = x.new_zeros(0, H)
+            msg = f"expected x of shape [..., {H}], got {tuple(x.shape)}"
+            return self.experts.run(bad, None, bad, ok=False, msg=msg)
+        x_SH = x.reshape(-1, H)
+        ok, msg, ids_SK, weight_SK = True, "", None, x_SH.new_zeros(0, self.experts.top_k)
+        try:
+            ids_SK, weight_SK = self.route_fn(x_SH)
+        except Exception as exc:  # shared with every rank instead of leaving them waiting
+            ok, msg = False, f"router raised {type(exc).__name__}: {exc}"
+        y_SH = self.experts.run(x_SH, ids_SK, weight_SK, ok, msg)
+        if self.shared_experts is not None:
+            y_SH = y_SH + self.shared_experts(x_SH)
+        return y_SH.view(x.shape)
+
+
+def wrap_experts(
+    router_fn: RouterFn,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    *,
+    top_k: int | None = None,
+    shared_experts: nn.Module | None = None,
+    group: EPGroup | object | None = None,
+    slots: int | None = None,
+    align: int = 1,
+    **options: Any,
+) -> RoutedExperts:
+    """Experts of a hand-written MoE layer, run exactly balanced (collective constructor).
+
+    Args:
+        router_fn: ``x [S, H] -> (topk_ids [S, K] int, topk_weight [S, K] float)``; an
+            ``nn.Module`` router becomes a child (its parameters get local gradients).
+        gate_up: every expert's ``[E, 2F, H]`` (gate rows first), identical on every rank;
+            this rank keeps a copy of its home slice.
+        down: every expert's ``[E, H, F]``.
+        top_k: ``K`` (default: ``router_fn.top_k``).
+        shared_experts: optional module applied to every token and added.
+        group, slots, align, **options: as for :func:`moonplan.adapters.wrap`.
+
+    Returns:
+        :class:`RoutedExperts`; ``forward(x [..., H]) -> [..., H]``.
+    """
+    K = top_k if top_k is not None else getattr(router_fn, "top_k", None)
+    if not isinstance(K, int):
+        raise ValueError("wrap_experts needs top_k= (the router has no integer `top_k`)")
+    experts = MoonExperts(gate_up, down, K, group=group, slots=slots, align=align, **options)
+    return RoutedExperts(router_fn, experts, shared_experts)

@@ -1,0 +1,124 @@
+"""``wrap_model``: wrap every supported MoE block of a model in place.
+
+Legend: R ranks, E experts, E_r this rank's home experts.
+
+Blocks are found by structure (:func:`~moonplan.adapters.detect.is_supported`) in
+``named_modules`` order, which is the same on every rank, so the collective set-up of
+each layer happens in the same order everywhere. Parameter names do not change: a
+wrapped model's ``state_dict`` has the original keys, with expert tensors holding only
+this rank's home experts (see :mod:`moonplan.checkpoint`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+from moonplan.adapters.block import wrap
+from moonplan.adapters.detect import (
+    UnsupportedBlockError,
+    inspect_block,
+    is_supported,
+    looks_like_moe,
+)
+from moonplan.adapters.experts import MoonExperts
+from moonplan.comm.group import EPGroup
+
+
+def wrap_model(
+    model: nn.Module,
+    *,
+    group: EPGroup | object | None = None,
+    slots: int | None = None,
+    align: int = 1,
+    strict: bool = True,
+    **options: Any,
+) -> nn.Module:
+    """Replace every supported MoE block of ``model`` by its wrapped form (in place).
+
+    Collective: every rank calls it on an identical model (same structure, same weights,
+    on the group's device and in its final dtype: wrap after ``.to(...)``).
+
+    Args:
+        model: e.g. a transformers ``MixtralForCausalLM``.
+        group, slots, align, **options: as for :func:`~moonplan.adapters.wrap`; one
+            group serves every layer.
+        strict: raise if a module that looks like a MoE block (an ``experts`` child with
+            parameters) is not supported, instead of leaving it unwrapped.
+
+    Returns:
+        ``model`` itself, its blocks replaced.
+
+    Raises:
+        UnsupportedBlockError: no supported block at all, or (``strict``) an
+            unsupported MoE-like block (the message names it and says why).
+    """
+    if is_supported(model):
+        raise UnsupportedBlockError(
+            f"{type(model).__name__} is itself a MoE block: use moonplan.wrap(block)"
+        )
+    ep = group
+    if group is not None and not isinstance(group, EPGroup):
+        ep = EPGroup(group)  # one group object for every layer
+    elif group is None and dist.is_available() and dist.is_initialized():
+        ep = EPGroup(None)  # the default group (without it: one rank on the weights' device)
+    targets, refused = _find_blocks(model, strict)
+    if refused:
+        raise UnsupportedBlockError("; ".join(refused) + " (pass strict=False to skip them)")
+    if not targets:
+        raise UnsupportedBlockError(
+            f"no supported MoE block in {type(model).__name__}: expected modules with a "
+            "router child and an `experts` child (gate_up_proj [E, 2F, H], down_proj [E, H, F])"
+        )
+    for name in targets:
+        parent, _, attr = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        block = owner._modules[attr]
+        assert block is not None
+        setattr(owner, attr, wrap(block, group=ep, slots=slots, align=align, **options))
+    return model
+
+
+def _find_blocks(model: nn.Module, strict: bool) -> tuple[list[str], list[str]]:
+    """Names of supported blocks (outermost first, none nested in another) and refusals."""
+    targets: list[str] = []
+    refused: list[str] = []
+    for name, module in model.named_modules():
+        if not name or any(name.startswith(t + ".") for t in targets):
+            continue
+        if is_supported(module):
+            targets.append(name)
+        elif strict and looks_like_moe(module) and not _wrapped(module):
+            try:
+                inspect_block(module)
+            except UnsupportedBlockError as exc:
+                refused.append(f"{name}: {exc}")
+    return targets, refused
+
+
+def _wrapped(module: nn.Module) -> bool:
+    return isinstance(module._modules.get("experts"), MoonExperts)
+
+
+def moon_experts(model: nn.Module) -> Iterator[tuple[str, MoonExperts]]:
+    """``(qualified name, MoonExperts)`` of every wrapped layer of ``model``, in module order."""
+    for name, module in model.named_modules():
+        if isinstance(module, MoonExperts):
+            yield name, module
+
+
+def expert_parameter_names(model: nn.Module) -> list[str]:
+    """Names of the sharded expert parameters (``...experts.gate_up_proj``, ``...down_proj``).
+
+    Every other parameter is replicated and gets local gradients: all-reduce those over
+    data-parallel ranks, never these (e.g. pass them to DDP's
+    ``_set_params_and_buffers_to_ignore_for_model``, or give them their own optimizer group).
+    """
+    names = []
+    for name, ex in moon_experts(model):
+        prefix = f"{name}." if name else ""
+        names += [prefix + p for p, _ in ex.named_parameters(recurse=False)]
+    return names

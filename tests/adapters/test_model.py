@@ -1,0 +1,69 @@
+"""``wrap_model``: a whole transformers model, wrapped, computes what the original computes.
+
+Every rank has its own batch; logits, loss (with the router's auxiliary loss where the
+family has one) and the gradients of every non-expert parameter equal the unwrapped
+model's on that batch; home expert gradients equal the all-reduced (total) gradients.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch.distributed as dist
+
+pytest.importorskip("transformers")
+
+from moonplan.testing.dist import run_ranks
+from tests.adapters.checks import rel_close
+from tests.adapters.tiny import batch, make_model
+
+pytestmark = pytest.mark.distributed
+
+
+def _rank(rank: int, world: int, family: str, sizes: list[int]) -> dict:
+    from moonplan import adapters
+
+    model = make_model(family)
+    ref = copy.deepcopy(model)
+    adapters.wrap_model(model)
+    layers = dict(adapters.moon_experts(model))
+    sharded = set(adapters.expert_parameter_names(model))
+    ids = batch(rank, sizes, seed=3)
+    out = model(input_ids=ids, labels=ids, output_router_logits=True)
+    out0 = ref(input_ids=ids, labels=ids, output_router_logits=True)
+    out.loss.backward()
+    out0.loss.backward()
+    ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+    checked = 0
+    for name, p in model.named_parameters():
+        want = ref_grads[name]
+        layer = name.rpartition(".")[0]
+        assert (layer in layers) == (name in sharded)
+        if layer in layers:  # expert tensor: the gradient of the sum of every rank's loss
+            dist.all_reduce(want)
+            want = want[layers[layer].home_experts]
+        rel_close(p.grad, want, what=f"rank {rank} {name} grad")
+        checked += 1
+    rel_close(out.logits, out0.logits, what=f"rank {rank} logits")
+    rel_close(out.loss, out0.loss, what=f"rank {rank} loss")
+    if out0.aux_loss is not None:
+        rel_close(out.aux_loss, out0.aux_loss, what=f"rank {rank} aux loss")
+    return {"layers": sorted(layers), "checked": checked}
+
+
+@pytest.mark.parametrize(
+    ("family", "world", "sizes"),
+    [
+        ("Mixtral", 1, [6]),
+        ("Mixtral", 2, [5, 9]),
+        ("Mixtral", 4, [4, 7, 3, 6]),
+        ("Qwen3Moe", 3, [6, 4, 8]),
+        ("DeepseekV3", 3, [7, 5, 3]),
+    ],
+)
+def test_wrapped_model_matches_original(family: str, world: int, sizes: list[int]) -> None:
+    got = run_ranks(_rank, world, family, sizes, timeout=60)
+    want = ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
+    assert all(g["layers"] == want for g in got)
+    assert len({g["checked"] for g in got}) == 1
