@@ -111,3 +111,38 @@ def test_static_mode_gives_the_same_output() -> None:
     static = run_ranks(_layer_outputs, 2, {**cfg, "balance": False}, timeout=60)
     for a, b in zip(balanced, static, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _bf16_outputs(rank: int, world: int, sizes: list[int]) -> torch.Tensor:
+    from moonplan import MoonMoE
+
+    H, F, E, K = 16, 32, 5, 2
+    w = dense_weights(E, H, F, seed=4)
+    x = split(tokens(sum(sizes), H, 4), sizes)[rank]
+    layer = MoonMoE(H, F, E, K, dtype=torch.bfloat16)
+    layer.load_dense(*(w[k].bfloat16() for k in ("router_weight", "gate_up", "down")))
+    with torch.no_grad():
+        return layer(x.bfloat16()).float()
+
+
+def test_bf16_tokens_within_bf16_rounding() -> None:
+    sizes = [9, 4, 7]
+    got = torch.cat(run_ranks(_bf16_outputs, 3, sizes, timeout=60))
+    w = {k: v.bfloat16().float() for k, v in dense_weights(5, 16, 32, seed=4).items()}
+    x = tokens(sum(sizes), 16, 4).bfloat16().float()
+    prob = torch.softmax(x @ w["router_weight"].T, -1)
+    wk, ids = torch.topk(prob, 2, -1)
+    want = dense_moe(x, ids, wk / wk.sum(-1, keepdim=True), w).float()
+    torch.testing.assert_close(got, want, rtol=4e-2, atol=4e-2)  # a few bf16 ulps
+
+
+def test_single_expert_top1() -> None:
+    """E = 1: every record belongs to one expert, split over every rank."""
+    cfg = {"H": 8, "F": 8, "E": 1, "K": 1, "seed": 9, "sizes": [5, 0, 7], "steps": 1}
+    outs = run_ranks(_layer_outputs, 3, cfg, timeout=60)
+    w = dense_weights(1, 8, 8, 9)
+    x = tokens(12, 8, 9)
+    ones = torch.ones(12, 1)
+    want = dense_moe(x, torch.zeros(12, 1, dtype=torch.long), ones, w).float()
+    got = torch.cat([o[0] for o in outs if o.numel()])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
