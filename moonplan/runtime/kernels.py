@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from moonplan.runtime.rows import _check_records, _check_views
+from moonplan.runtime.rows import _check_records, _check_views, check_index_shapes
 
 BLOCK_N = 16  # records per program (scatter, combine)
 BLOCK_H = 128  # hidden columns per program (scatter, combine)
@@ -188,14 +188,7 @@ def _indices(
     rank_N: torch.Tensor, row_N: torch.Tensor, dev: torch.device, count: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat contiguous int64 copies on the launch device; dtypes and sizes checked."""
-    for name, t in (("rank", rank_N), ("row", row_N)):
-        if t.dtype.is_floating_point or t.dtype == torch.bool:
-            raise ValueError(f"{name} indices must be integers, got {t.dtype}")
-    if rank_N.shape != row_N.shape or rank_N.numel() != count:
-        raise ValueError(
-            f"rank {tuple(rank_N.shape)} and row {tuple(row_N.shape)} indices must have the "
-            f"same shape and {count} elements"
-        )
+    check_index_shapes(rank_N, row_N, count)
     return (
         rank_N.to(dev, torch.int64).reshape(-1).contiguous(),
         row_N.to(dev, torch.int64).reshape(-1).contiguous(),

@@ -136,6 +136,15 @@ def _check_views(
 def _check_records(rank_N: torch.Tensor, row_N: torch.Tensor, count: int, R: int) -> None:
     """``rank`` and ``row``: integer tensors of ``count`` elements and one shape, ranks in
     ``[0, R)`` (reads the ranks on the host)."""
+    check_index_shapes(rank_N, row_N, count)
+    if count and (int(rank_N.min()) < 0 or int(rank_N.max()) >= R):
+        raise ValueError(
+            f"ranks must lie in [0, {R}), got [{int(rank_N.min())}, {int(rank_N.max())}]"
+        )
+
+
+def check_index_shapes(rank_N: torch.Tensor, row_N: torch.Tensor, count: int) -> None:
+    """``rank`` and ``row``: integer tensors of ``count`` elements and one shape (no host read)."""
     for name, t in (("rank", rank_N), ("row", row_N)):
         if t.dtype.is_floating_point or t.dtype == torch.bool:
             raise ValueError(f"{name} indices must be integers, got {t.dtype}")
@@ -143,8 +152,4 @@ def _check_records(rank_N: torch.Tensor, row_N: torch.Tensor, count: int, R: int
         raise ValueError(
             f"rank {tuple(rank_N.shape)} and row {tuple(row_N.shape)} indices must have the "
             f"same shape and {count} elements"
-        )
-    if count and (int(rank_N.min()) < 0 or int(rank_N.max()) >= R):
-        raise ValueError(
-            f"ranks must lie in [0, {R}), got [{int(rank_N.min())}, {int(rank_N.max())}]"
         )
