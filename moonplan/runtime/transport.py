@@ -113,6 +113,10 @@ class HeapTransport:
         token ``n // K``) or record rows (``x [S*K, H]``); collective."""
         K = route.dest_rank.shape[1] if per_token else 1
         self.buffers.generation += 1
+        # Nobody writes a peer's rows before that peer is done with its previous view
+        # (every rank has reached this dispatch), so a view stays valid until its
+        # owner's next dispatch, whatever the peers do meanwhile.
+        self.heap.barrier()
         views = self._views(self.buffers.recv)  # type: ignore[arg-type]
         movers(x_XH.device).scatter_rows(
             x_XH, route.dest_rank.reshape(-1), route.dest_offset.reshape(-1), K, views
