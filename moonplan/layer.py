@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from moonplan.comm.group import EPGroup
-from moonplan.plan.home import home_start, max_local
+from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan
 from moonplan.runtime.routers import (
     RouteFn,
@@ -28,7 +28,7 @@ from moonplan.runtime.routers import (
     sigmoid_grouped_topk,
     softmax_topk,
 )
-from moonplan.runtime.setup import LayerRuntime, StepStats, validate_routing
+from moonplan.runtime.setup import StepStats, make_runtime, register_home, validate_routing
 
 
 class MoonMoE(nn.Module):
@@ -79,13 +79,10 @@ class MoonMoE(nn.Module):
         self.group = group if isinstance(group, EPGroup) else EPGroup(group)
         self.hidden_size, self.ffn_size = hidden_size, ffn_size
         self.num_experts, self.top_k, self.align = num_experts, top_k, align
-        R, r = self.group.size, self.group.rank
-        self.slots = max_local(num_experts, R) if slots is None else slots
+        self.slots = max_local(num_experts, self.group.size) if slots is None else slots
         dtype = dtype or torch.get_default_dtype()
         dev = self.group.device
-        lo, hi = home_start(r, num_experts, R), home_start(r + 1, num_experts, R)
-        self.home_range = (lo, hi)
-        self.register_buffer("home_experts", torch.arange(lo, hi, device=dev), persistent=False)
+        self.home_range = lo, hi = register_home(self, self.group, num_experts)
         self.router = nn.Linear(hidden_size, num_experts, bias=False, device=dev, dtype=dtype)
         self.gate_up = nn.Parameter(
             torch.empty(hi - lo, 2 * ffn_size, hidden_size, device=dev, dtype=dtype)
@@ -97,9 +94,7 @@ class MoonMoE(nn.Module):
         nn.init.normal_(self.down, std=ffn_size**-0.5)
         self.shared_experts = shared_experts
         self.route_fn = self._make_router(router, sigmoid_config, dev)
-        config = (hidden_size, ffn_size, num_experts, top_k, self.slots, align)
-        self.group.check_same("MoonMoE config", config)  # before any collective allocation
-        self.runtime = LayerRuntime(
+        self.runtime = make_runtime(
             self.group,
             num_experts=num_experts,
             slots=self.slots,
@@ -111,6 +106,7 @@ class MoonMoE(nn.Module):
             max_tokens=max_tokens,
             transport=transport,
             balance=balance,
+            what="MoonMoE",
         )
 
     def _make_router(

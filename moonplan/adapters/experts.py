@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch import nn
 
 from moonplan.comm.group import EPGroup
-from moonplan.plan.home import home_start, max_local
-from moonplan.runtime.setup import LayerRuntime, validate_routing
+from moonplan.plan.home import max_local
+from moonplan.runtime.setup import make_runtime, register_home, validate_routing
 
 
 class MoonExperts(nn.Module):
@@ -70,25 +70,20 @@ class MoonExperts(nn.Module):
             raise ValueError(f"top_k must be an integer in [1, {E}], got {top_k!r}")
         self.group = _group(group, gate_up_proj.device)
         self.num_experts, self.hidden_dim, self.intermediate_dim, self.top_k = E, H, F, top_k
-        R, r = self.group.size, self.group.rank
         dev = self.group.device
         if gate_up_proj.device != dev:
             raise ValueError(
                 f"expert weights are on {gate_up_proj.device} but the EP group communicates "
                 f"on {dev}; move the module to {dev} before wrapping it"
             )
-        lo, hi = home_start(r, E, R), home_start(r + 1, E, R)
-        self.home_range = (lo, hi)
-        self.register_buffer("home_experts", torch.arange(lo, hi, device=dev), persistent=False)
+        self.home_range = lo, hi = register_home(self, self.group, E)
         self.gate_up_proj = _home_parameter(gate_up_proj, lo, hi)
         self.down_proj = _home_parameter(down_proj, lo, hi)
-        B = max_local(E, R) if slots is None else slots
-        self.slots = B
-        self.group.check_same("MoonExperts config", (H, F, E, top_k, B, align))
-        self.runtime = LayerRuntime(
+        self.slots = max_local(E, self.group.size) if slots is None else slots
+        self.runtime = make_runtime(
             self.group,
             num_experts=E,
-            slots=B,
+            slots=self.slots,
             hidden=H,
             ffn=F,
             top_k=top_k,
@@ -97,6 +92,7 @@ class MoonExperts(nn.Module):
             max_tokens=max_tokens,
             transport=transport,
             balance=balance,
+            what="MoonExperts",
         )
 
     def extra_repr(self) -> str:

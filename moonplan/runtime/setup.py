@@ -9,11 +9,13 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 import moonplan
 from moonplan.comm.errors import HeapUnavailable
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
+from moonplan.plan.home import home_start
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.static import static_plan
 from moonplan.profile import NULL_PROFILER, LayerProfiler, NullProfiler
@@ -54,6 +56,57 @@ def validate_routing(
     if not bool(torch.isfinite(weight_SK).all()):
         return False, "router returned non-finite (NaN or inf) route weights"
     return True, ""
+
+
+def register_home(module: nn.Module, group: EPGroup, num_experts: int) -> tuple[int, int]:
+    """This rank's home experts ``(lo, hi)`` (global ids ``lo .. hi-1``) of ``num_experts``.
+
+    Registers them on ``module`` as the non-persistent int64 buffer
+    ``home_experts [E_r]`` on the group's device.
+    """
+    R, r = group.size, group.rank
+    lo, hi = home_start(r, num_experts, R), home_start(r + 1, num_experts, R)
+    module.register_buffer(
+        "home_experts", torch.arange(lo, hi, device=group.device), persistent=False
+    )
+    return lo, hi
+
+
+def make_runtime(
+    group: EPGroup,
+    *,
+    num_experts: int,
+    slots: int,
+    hidden: int,
+    ffn: int,
+    top_k: int,
+    align: int,
+    dtype: torch.dtype,
+    max_tokens: int,
+    transport: str,
+    balance: bool,
+    what: str,
+) -> LayerRuntime:
+    """Check the layer's config is the same on every rank, then build its :class:`LayerRuntime`.
+
+    Collective. ``what`` names the layer in the error (``"<what> config"``); the check runs
+    before any collective allocation, so a mismatch raises the same ``ContractError``
+    on every rank instead of leaving them waiting.
+    """
+    group.check_same(f"{what} config", (hidden, ffn, num_experts, top_k, slots, align))
+    return LayerRuntime(
+        group,
+        num_experts=num_experts,
+        slots=slots,
+        hidden=hidden,
+        ffn=ffn,
+        top_k=top_k,
+        align=align,
+        dtype=dtype,
+        max_tokens=max_tokens,
+        transport=transport,
+        balance=balance,
+    )
 
 
 class LayerRuntime:
