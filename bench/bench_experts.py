@@ -16,18 +16,16 @@ Legend: T rows, H hidden, F expert FFN size, G groups.
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
+from _common import bench_parser, write_json
 
 from moonplan.runtime.experts import grouped_swiglu, swiglu_reference
 
@@ -118,9 +116,7 @@ def format_row(r: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = bench_parser(__doc__)
     ap.add_argument("--quick", action="store_true", help="small configurations only")
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions (default 5)")
     ap.add_argument("--backward", action="store_true", help="time forward + backward")
@@ -137,10 +133,7 @@ def main() -> None:
     print(", ".join(f"{k} {v}" for k, v in machine.items()))
     print(HEADER)
     rows = run(QUICK if args.quick else CONFIGS, args.reps, args.backward)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**machine, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_json(args.out, {**machine, "rows": rows})
 
 
 if __name__ == "__main__":

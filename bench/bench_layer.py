@@ -13,14 +13,12 @@ moonplan / static is the figure to quote. Writes JSON (``--out``).
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
+from _common import bench_parser, write_json
 
 from moonplan.runtime.routers import softmax_topk
 from moonplan.testing.dist import run_ranks
@@ -83,9 +81,7 @@ def _rank(rank: int, world: int, cfg: dict) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = bench_parser(__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--out", default="bench/results/bench_layer.json")
@@ -119,10 +115,7 @@ def main() -> None:
                 f"{routing:>10} {got['static_max_over_mean']:>15.3f} {mode:>17} "
                 f"{1e3 * m:>11.2f} {1e3 * s:>9.2f} {m / s:>6.3f}"
             )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_json(args.out, {"torch": torch.__version__, "rows": rows})
 
 
 if __name__ == "__main__":

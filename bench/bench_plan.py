@@ -14,14 +14,12 @@ measured interleaved in the same run. Writes JSON (``--out``).
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
+from _common import bench_parser, write_json
 
 import moonplan
 from moonplan.baselines import copies_lower_bound, moonep_greedy_alloc, replica_count
@@ -139,9 +137,7 @@ def format_row(r: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = bench_parser(__doc__)
     ap.add_argument("--quick", action="store_true", help="small configurations only")
     ap.add_argument("--reps", type=int, default=15, help="timed repetitions (default 15)")
     ap.add_argument("--steps", type=int, default=12, help="drifting-trace steps (default 12)")
@@ -150,10 +146,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     print(HEADER)
     rows = run(QUICK if args.quick else CONFIGS, SIGMAS, args.reps, args.steps)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_json(args.out, {"torch": torch.__version__, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -19,16 +19,14 @@ Rank 0's barrier-aligned wall time per step (median) is reported. Writes JSON (`
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from _common import bench_parser, write_json
 from torch import nn
 
 from moonplan.testing.dist import run_ranks
@@ -113,9 +111,7 @@ def _rank(rank: int, world: int, kind: str, cfg: dict) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = bench_parser(__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--sigma", type=float, default=1.5, help="lognormal skew (default 1.5)")
@@ -137,11 +133,8 @@ def main() -> None:
             f"{kind:>12} {got['static_max_over_mean']:>15.3f} {got['copies']:>6} "
             f"{1e3 * o:>11.2f} {1e3 * m:>11.2f} {1e3 * s:>9.2f} {m / o:>9.3f} {m / s:>11.3f}"
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"torch": torch.__version__, "ranks": 2, "mode": "forward+backward"}
-    out.write_text(json.dumps({**meta, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_json(args.out, {**meta, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -147,31 +147,47 @@ def sweep(
     for i, (R, (sigma, target)) in enumerate((r, s) for r in spec.ranks for s in skews):
         if progress:
             progress(i, total, f"{model.name} EP={R} sigma={sigma:.2f}")
-        counts = drifting_counts(
-            R,
-            model.num_experts,
-            spec.tokens,
-            model.top_k,
-            sigma=sigma,
-            steps=spec.warmup + spec.steps,
-            rho=spec.rho,
-            seed=spec.seed,
-            exact=spec.exact,
-        )
-        got = simulate_trace(
-            counts,
-            model,
-            hw,
-            cfg,
-            spec.policies,
-            warmup=spec.warmup,
-            eplb_period=spec.eplb_period,
-            eplb_groups=spec.eplb_groups,
-        )
+        got = _spec_point(spec, model, hw, cfg, R, spec.tokens, sigma, spec.policies)
         rows += [{**r, "sigma": sigma, "maxvio_target": target} for r in got]
     if progress:
         progress(total, total, "done")
     return rows
+
+
+def _spec_point(
+    spec: SweepSpec,
+    model: ModelPreset,
+    hw: Hardware,
+    cfg: SimConfig,
+    ranks: int,
+    tokens: int,
+    sigma: float,
+    policies: Sequence[str],
+) -> list[dict[str, Any]]:
+    """:func:`simulate_trace` rows of ``policies`` on one drifting trace of ``ranks`` ranks,
+    ``tokens`` per rank and skew ``sigma``; steps, warmup, rho, seed, exactness and the
+    EPLB settings come from ``spec``."""
+    counts = drifting_counts(
+        ranks,
+        model.num_experts,
+        tokens,
+        model.top_k,
+        sigma=sigma,
+        steps=spec.warmup + spec.steps,
+        rho=spec.rho,
+        seed=spec.seed,
+        exact=spec.exact,
+    )
+    return simulate_trace(
+        counts,
+        model,
+        hw,
+        cfg,
+        policies,
+        warmup=spec.warmup,
+        eplb_period=spec.eplb_period,
+        eplb_groups=spec.eplb_groups,
+    )
 
 
 TOKEN_GRID = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -209,27 +225,7 @@ def break_even(
     for i, S in enumerate(grid):
         if progress:
             progress(i, len(grid), f"{m.name} EP={ranks} S={S}")
-        counts = drifting_counts(
-            ranks,
-            m.num_experts,
-            S,
-            m.top_k,
-            sigma=sigma,
-            steps=spec.warmup + spec.steps,
-            rho=spec.rho,
-            seed=spec.seed,
-            exact=spec.exact,
-        )
-        rows = simulate_trace(
-            counts,
-            m,
-            hw,
-            cfg,
-            [baseline, *policies],
-            warmup=spec.warmup,
-            eplb_period=spec.eplb_period,
-            eplb_groups=spec.eplb_groups,
-        )
+        rows = _spec_point(spec, m, hw, cfg, ranks, S, sigma, [baseline, *policies])
         base = rows[0]["total_us"]
         for r in rows[1:]:
             ratio[r["policy"]].append(r["total_us"] / base)
