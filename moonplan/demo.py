@@ -89,7 +89,7 @@ def _rank_main(rank: int, world: int, cfg: dict, sizes: list[int]) -> dict:
 
 
 def _table(stats: list, cfg: dict) -> str:
-    expert_mib = 3 * cfg["hidden"] * cfg["ffn"] * 4 / 2**20
+    expert_mib = 3 * cfg["hidden"] * cfg["ffn"] * 4 / 2**20  # fp32 weights moved by all ranks
     head = f"{'step':>4} {'static max/mean':>15} {'moonplan':>9} {'copies':>6} {'new':>4}"
     head += f" {'prefetch MiB':>12}"
     head += "".join(f" {p + ' ms':>11}" for p in PHASES)
@@ -98,7 +98,7 @@ def _table(stats: list, cfg: dict) -> str:
         row = (
             f"{i:>4} {s.static_max_over_mean:>15.3f} {s.planned_max_over_mean:>9.3f} {s.copies:>6} "
         )
-        row += f"{s.new_copies:>4} {s.prefetched_rows * expert_mib:>12.2f}"
+        row += f"{s.new_copies:>4} {s.new_copies * expert_mib:>12.2f}"
         row += "".join(f" {1e3 * s.phases.get(p, 0.0):>11.2f}" for p in PHASES)
         lines.append(row)
     return "\n".join(lines)
