@@ -146,3 +146,27 @@ def test_single_expert_top1() -> None:
     want = dense_moe(x, torch.zeros(12, 1, dtype=torch.long), ones, w).float()
     got = torch.cat([o[0] for o in outs if o.numel()])
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _growing(rank: int, world: int) -> list[torch.Tensor]:
+    from moonplan import MoonMoE
+
+    w = dense_weights(4, 8, 12, seed=6)
+    layer = MoonMoE(8, 12, 4, 2, max_tokens=1)  # far too small: buffers must grow
+    layer.load_dense(w["router_weight"], w["gate_up"], w["down"])
+    outs = []
+    for n in (3, 9, 2):  # grows at the first and second step, not at the third
+        x = tokens(n * world, 8, 6 + n)[rank * n : (rank + 1) * n]
+        outs.append(layer(x).detach())
+    return outs
+
+
+def test_receive_buffers_grow_collectively() -> None:
+    got = run_ranks(_growing, 2, timeout=60)
+    w = dense_weights(4, 8, 12, seed=6)
+    for step, n in enumerate((3, 9, 2)):
+        x = tokens(n * 2, 8, 6 + n)
+        prob = torch.softmax(x @ w["router_weight"].T, -1)
+        wk, ids = torch.topk(prob, 2, -1)
+        want = dense_moe(x, ids, wk / wk.sum(-1, keepdim=True), w).float()
+        torch.testing.assert_close(torch.cat([g[step] for g in got]), want, rtol=1e-5, atol=1e-5)
