@@ -242,6 +242,8 @@ def _describe(status: Any) -> str:
     name = getattr(status, "name", str(status))
     try:
         _, driver = _bindings()
+        if not isinstance(status, driver.CUresult):  # an NVRTC status: its name says it all
+            return str(name)
         err, text = driver.cuGetErrorString(status)
         if int(err) == 0 and text:
             return f"{name} ({text.decode()})"

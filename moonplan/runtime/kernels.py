@@ -26,6 +26,7 @@ bf16 by bit operations, with torch's round-to-nearest-even.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from types import SimpleNamespace
@@ -94,10 +95,11 @@ def scatter_rows(
     x_SH = _rows_contiguous(x_SH)
     table_R, stride = _table(recv_views, dev)
     grid = (_cdiv(N, BLOCK_N) * _cdiv(H, BLOCK_H),)
-    _kernels(_interpreting()).scatter[grid](
-        x_SH, x_SH.stride(0), rank_N, off_N, table_R, stride, N, H,
-        TOP_K=top_k, BLOCK_N=BLOCK_N, BLOCK_H=BLOCK_H,
-    )  # fmt: skip
+    with _on(dev):
+        _kernels(_interpreting()).scatter[grid](
+            x_SH, x_SH.stride(0), rank_N, off_N, table_R, stride, N, H,
+            TOP_K=top_k, BLOCK_N=BLOCK_N, BLOCK_H=BLOCK_H,
+        )  # fmt: skip
 
 
 def gather_combine(
@@ -130,10 +132,11 @@ def gather_combine(
     w_N = weight_SK.reshape(-1).to(dev).contiguous()
     table_R, stride = _table(out_views, dev)
     grid = (_cdiv(S, BLOCK_N) * _cdiv(H, BLOCK_H),)
-    _kernels(_interpreting()).combine[grid](
-        rank_N, off_N, w_N, table_R, out_views[0], stride, y_SH, S, H,
-        TOP_K=K, BLOCK_S=BLOCK_N, BLOCK_H=BLOCK_H, enable_fp_fusion=False,
-    )  # fmt: skip
+    with _on(dev):
+        _kernels(_interpreting()).combine[grid](
+            rank_N, off_N, w_N, table_R, out_views[0], stride, y_SH, S, H,
+            TOP_K=K, BLOCK_S=BLOCK_N, BLOCK_H=BLOCK_H, enable_fp_fusion=False,
+        )  # fmt: skip
     return y_SH
 
 
@@ -163,9 +166,10 @@ def gather_rows(
         raise ValueError(f"dst rows must be contiguous, got strides {dst.stride()}")
     table_R, stride = _table(src_views, dev)
     grid = (n * _cdiv(L, BLOCK_L),)
-    _kernels(_interpreting()).gather[grid](
-        rank_N, row_N, table_R, stride, dst, dst.stride(0), L, BLOCK_L=BLOCK_L
-    )
+    with _on(dev):
+        _kernels(_interpreting()).gather[grid](
+            rank_N, row_N, table_R, stride, dst, dst.stride(0), L, BLOCK_L=BLOCK_L
+        )
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -182,6 +186,12 @@ def _device(t: torch.Tensor, views: list[torch.Tensor]) -> torch.device:
         if v.device.type != t.device.type:
             raise ValueError(f"view of rank {r} is on {v.device}, expected {t.device.type}")
     return t.device
+
+
+def _on(dev: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """Make ``dev`` torch's current device for a launch: Triton launches on the current
+    device's current stream, whatever device the tensors are on."""
+    return torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
 
 
 def _indices(
