@@ -148,6 +148,9 @@ def _child_main(spec: _Spec, rank: int, conn: Connection) -> None:
 
 def _run_rank(spec: _Spec, rank: int) -> bytes:
     try:
+        if spec.backend == "nccl":  # one GPU per rank, as torchrun's LOCAL_RANK would give
+            os.environ["LOCAL_RANK"] = str(rank)
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         store = dist.FileStore(spec.store_path, spec.world_size)
         dist.init_process_group(
             spec.backend,
