@@ -78,9 +78,10 @@ def run_ranks(
     *args: Any,
     timeout: float = 60.0,
     backend: str = "gloo",
+    start_method: str | None = None,
     **kwargs: Any,
 ) -> list[Any]:
-    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` forked ranks.
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` new processes.
 
     Args:
         fn: the per-rank function; its return value must be picklable.
@@ -88,6 +89,9 @@ def run_ranks(
         timeout: seconds; the process-group timeout of every collective, and (plus
             ``MARGIN_S``) the bound on the whole run.
         backend: ``torch.distributed`` backend (``"gloo"`` on CPU).
+        start_method: ``"fork"`` (fast; the default for gloo) or ``"spawn"`` (the
+            default for nccl: CUDA cannot be used in a child forked from a parent
+            that touched it). With spawn, ``fn`` must be importable by name.
 
     Returns:
         The per-rank return values, in rank order.
@@ -100,7 +104,8 @@ def run_ranks(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if dist.is_available() and dist.is_initialized():
         raise RuntimeError("run_ranks needs a parent process without a default process group")
-    ctx = mp.get_context("fork")
+    method = start_method or ("spawn" if backend == "nccl" else "fork")
+    ctx = mp.get_context(method)
     with tempfile.TemporaryDirectory(prefix="moonplan-dist-") as tmp:
         spec = _Spec(fn, world_size, args, kwargs, timeout, backend, os.path.join(tmp, "store"))
         procs: list[Any] = []

@@ -104,3 +104,14 @@ def test_unpicklable_result_is_an_error():
 def test_bad_world_size():
     with pytest.raises(ValueError, match="world_size"):
         run_ranks(_echo, 0)
+
+
+def _rank_and_size(rank: int, world: int) -> tuple[int, int]:
+    import torch.distributed as dist_
+
+    return dist_.get_rank(), world
+
+
+def test_spawn_start_method() -> None:
+    """Spawned ranks (the default for NCCL, where forked children cannot use CUDA)."""
+    assert run_ranks(_rank_and_size, 2, timeout=60, start_method="spawn") == [(0, 2), (1, 2)]
