@@ -12,6 +12,8 @@ Sections (each one catches and reports its own failure, the script always finish
     graph      capture ``plan_cuda`` in a CUDA graph, replay on new counts, compare
     timing     graph replay time of the cuda and torch backends at the shapes of SHAPES,
                with lognormal (sigma 1) expert popularity; target <= 25 us at (8, 896, 8192, 8)
+    runtime    ``bench/gpu_runtime_check.py`` (Triton row kernels vs d2d copy bandwidth,
+               grouped experts vs torch.mm, one MoonMoE step, NVSHMEM), writing its own JSON
 The table printed last is the summary.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 import traceback
@@ -314,6 +317,9 @@ def main() -> int:
         section(results, "random", random_section)
         section(results, "graph", graph_section)
         section(results, "timing", timing_section)
+        # The runtime's GPU checks (kernels, experts, one layer, NVSHMEM) in their own process.
+        runtime = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_runtime_check.py")])
+        results["runtime_check"] = {"ok": runtime.returncode == 0, "returncode": runtime.returncode}
     out_dir = Path(os.environ.get("OUT", "."))
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "gpu_check.json"
