@@ -80,3 +80,44 @@ def _warm_pick(
     if best is None or level is None:
         return None
     return best[2], (level, best[1])
+
+
+def split_group_host(
+    experts: list[int],
+    remaining: list[int],
+    dests: list[tuple[int, int]],
+    warm_experts: dict[int, list[int]],
+) -> list[tuple[int, int, int]]:
+    """Step 2 for one donor group as ``reference.split_group`` (same moves, same order).
+
+    Heaps replace the reference's scans: destinations by (largest quota, lowest
+    rank), experts by (most remaining, lowest id) with stale entries skipped.
+
+    Args:
+        experts: the group's expert ids.
+        remaining: records per expert still unassigned (updated in place).
+        dests: ``(rank, quota)`` outflows of this group.
+        warm_experts: for a destination rank, this group's experts resident there.
+    """
+    quota_heap = [(-q, r) for r, q in dests]
+    heapq.heapify(quota_heap)
+    pool = [(-remaining[e], e) for e in experts if remaining[e] > 0]
+    heapq.heapify(pool)
+    moves: list[tuple[int, int, int]] = []
+    while quota_heap:
+        neg_q, r = heapq.heappop(quota_heap)
+        warm = [e for e in warm_experts.get(r, ()) if remaining[e] > 0]
+        if warm:
+            e = max(warm, key=lambda k: (remaining[k], -k))
+        else:
+            while -pool[0][0] != remaining[pool[0][1]]:  # drop stale entries
+                heapq.heappop(pool)
+            e = pool[0][1]
+        take = min(-neg_q, remaining[e])
+        moves.append((e, r, take))
+        remaining[e] -= take
+        if remaining[e] > 0:
+            heapq.heappush(pool, (-remaining[e], e))
+        if -neg_q > take:
+            heapq.heappush(quota_heap, (neg_q + take, r))
+    return moves

@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 
 from moonplan.plan.home import home_map, home_start
-from moonplan.plan.host_scan import balance_groups_host
-from moonplan.plan.reference import split_group
+from moonplan.plan.host_scan import balance_groups_host, split_group_host
 from moonplan.plan.torch_layout import (
     group_experts,
     place_slots_torch,
@@ -116,16 +115,17 @@ def _alloc_host(
     prev_RB: torch.Tensor | None,
     prev_F3: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Steps 1-2 over host integers (heap scan, reference split): quota, flows, alloc."""
+    """Steps 1-2 over host integers (heap scans): quota, flows, alloc."""
     R, E = load_R.shape[0], T_E.shape[0]
     home = home_E.tolist()
-    resident: set[tuple[int, int]] = set()
-    warm: dict[int, set[int]] | None = None
+    warm: dict[int, set[int]] | None = None  # receiver -> donor groups resident there
+    warm_experts: dict[int, dict[int, list[int]]] = {}  # group -> receiver -> experts
     if prev_RB is not None:
-        resident = {(e, r) for r, row in enumerate(prev_RB.tolist()) for e in row if e >= 0}
         warm = {}
-        for e, r in resident:
-            warm.setdefault(r, set()).add(home[e])
+        for r, row in enumerate(prev_RB.tolist()):
+            for e in sorted(x for x in row if x >= 0):
+                warm.setdefault(r, set()).add(home[e])
+                warm_experts.setdefault(home[e], {}).setdefault(r, []).append(e)
     previous = [] if prev_F3 is None else [(d, r, q) for d, r, q in prev_F3.tolist() if d >= 0]
     load = load_R.tolist()
     flows = balance_groups_host(load, (load_R - target_R).tolist(), warm, previous)
@@ -136,7 +136,7 @@ def _alloc_host(
     moves = []
     for d, out in dests.items():
         experts = list(range(home_start(d, E, R), home_start(d + 1, E, R)))
-        moves += split_group(experts, remaining, out, resident)
+        moves += split_group_host(experts, remaining, out, warm_experts.get(d, {}))
     quota_RR = torch.zeros(R, R, dtype=torch.int64)
     alloc_ER = torch.zeros(E, R, dtype=torch.int64)
     flow = flows + [(-1, -1, 0)] * (max(R - 1, 0) - len(flows))
