@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,3 +26,16 @@ def write_json(path: str, result: dict[str, Any]) -> Path:
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
     return out
+
+
+def section(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
+    """Run one section of a check script; store its result or its error (never raises)."""
+    t0 = time.perf_counter()
+    try:
+        results[name] = {"ok": True, **fn()}
+    except Exception as exc:
+        results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        traceback.print_exc()
+    results[name]["seconds"] = round(time.perf_counter() - t0, 2)
+    print(f"[{name}] {'ok' if results[name]['ok'] else 'FAILED'} ({results[name]['seconds']} s)")
+    sys.stdout.flush()

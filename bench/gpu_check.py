@@ -35,6 +35,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _common import section  # noqa: E402  (bench/ is the script's folder)
+
 from moonplan.plan import cuda_backend  # noqa: E402
 from moonplan.plan.reference import reference_plan, to_tensors  # noqa: E402
 
@@ -44,19 +46,6 @@ RANDOM_CASES = 200
 REPLAYS = 200
 
 Fields = dict[str, torch.Tensor]
-
-
-def section(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
-    """Run one section; store its result or its error (never raises)."""
-    t0 = time.perf_counter()
-    try:
-        results[name] = {"ok": True, **fn()}
-    except Exception as exc:
-        results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        traceback.print_exc()
-    results[name]["seconds"] = round(time.perf_counter() - t0, 2)
-    print(f"[{name}] {'ok' if results[name]['ok'] else 'FAILED'} ({results[name]['seconds']} s)")
-    sys.stdout.flush()
 
 
 # ---- counts ----------------------------------------------------------------------------------

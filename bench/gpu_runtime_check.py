@@ -26,7 +26,6 @@ import json
 import os
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,18 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def section(results: dict[str, Any], name: str, fn: Callable[[], dict]) -> None:
-    """Run one section; store its result or its error (never raises)."""
-    t0 = time.perf_counter()
-    try:
-        results[name] = {"ok": True, **fn()}
-    except Exception as exc:
-        results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        traceback.print_exc()
-    results[name]["seconds"] = round(time.perf_counter() - t0, 2)
-    print(f"[{name}] {'ok' if results[name]['ok'] else 'FAILED'} ({results[name]['seconds']} s)")
-    sys.stdout.flush()
+from _common import section  # noqa: E402  (bench/ is the script's folder)
 
 
 def timed(fn: Callable[[], Any], dev: torch.device, n: int) -> float:
