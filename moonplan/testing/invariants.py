@@ -145,8 +145,7 @@ def _check_bound(p: Plan) -> None:
         r = int(got_R.argmax())
         _fail(
             "its declared load bound",
-            f"rank {r} executes {int(got_R[r])} records, load_bound {bound} "
-            f"(policy {p.policy!r})",
+            f"rank {r} executes {int(got_R[r])} records, load_bound {bound} (policy {p.policy!r})",
         )
 
 
