@@ -226,6 +226,7 @@ class Plan:
         previous: Plan | None = None,
         policy: str = "custom",
         load_bound: int | None = None,
+        backend: str = "torch",
     ) -> Plan:
         """A valid plan executing ``alloc [E, R]`` (``moonplan.plan.from_alloc.from_alloc``)."""
         from moonplan.plan.from_alloc import from_alloc
@@ -238,6 +239,7 @@ class Plan:
             previous=previous,
             policy=policy,
             load_bound=load_bound,
+            backend=backend,
         )
 
 

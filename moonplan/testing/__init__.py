@@ -1,6 +1,6 @@
 """Public testing helpers: the invariant checker and hypothesis strategies.
 
-The strategies (``counts``, ``plan_options``, ``counts_and_options``) load lazily,
+The strategies (``counts``, ``plan_options``, ``counts_and_options``, ``allocs``) load lazily,
 on first access, because they need ``hypothesis`` (the ``test`` extra) and
 ``import moonplan`` must not.
 """
@@ -14,14 +14,22 @@ from moonplan.testing.invariants import check_plan
 if TYPE_CHECKING:
     from moonplan.testing.strategies import (
         COUNTS_FAMILIES,
+        allocs,
         counts,
         counts_and_options,
         plan_options,
     )
 
-_STRATEGIES = ("COUNTS_FAMILIES", "counts", "counts_and_options", "plan_options")
+_STRATEGIES = ("COUNTS_FAMILIES", "allocs", "counts", "counts_and_options", "plan_options")
 
-__all__ = ["COUNTS_FAMILIES", "check_plan", "counts", "counts_and_options", "plan_options"]
+__all__ = [
+    "COUNTS_FAMILIES",
+    "allocs",
+    "check_plan",
+    "counts",
+    "counts_and_options",
+    "plan_options",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,6 +1,6 @@
 """Hypothesis strategies for planner inputs: router counts ``[R, E]`` and plan options.
 
-Public API for anyone who property-tests a balancing policy (DESIGN §6)::
+Public API for anyone who property-tests a balancing policy (``docs/planner-policy.md``)::
 
     from hypothesis import given, strategies as st
     from moonplan.testing import counts, plan_options
@@ -115,6 +115,37 @@ def plan_options(num_ranks: int, num_experts: int) -> st.SearchStrategy[dict[str
             "align": st.sampled_from(ALIGNS),
         }
     )
+
+
+@st.composite
+def allocs(draw: st.DrawFn, counts_RE: torch.Tensor, *, slots: int | None = None) -> torch.Tensor:
+    """Strategy for an allocation ``alloc_ER`` int64 ``[E, R]`` that ``Plan.from_alloc`` accepts.
+
+    Every expert's records ``counts_RE[:, e].sum()`` are split over the ranks at
+    random (home only, a few ranks, or all), keeping at most ``K = max(slots, M)``
+    remote experts per rank (``slots=None``: ``M``). Loads are whatever the split
+    gives: use it for the policy-agnostic checks (``check_plan(strict=False)``).
+    """
+    R, E = counts_RE.shape
+    M = -(-E // R)
+    K = max(M, M if slots is None else slots)
+    home = [r for r in range(R) for _ in range(E // R + (r < E % R))]
+    remote_R = [0] * R
+    alloc = [[0] * R for _ in range(E)]
+    for e, total in enumerate(counts_RE.sum(0).tolist()):
+        ranks = [r for r in range(R) if r == home[e] or remote_R[r] < K]
+        chosen = draw(st.lists(st.sampled_from(ranks), max_size=4, unique=True), label="ranks")
+        chosen = chosen or [home[e]]
+        cuts = sorted(
+            draw(
+                st.lists(st.integers(0, total), min_size=len(chosen) - 1, max_size=len(chosen) - 1)
+            )
+        )
+        parts = [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
+        for r, n in zip(chosen, parts, strict=True):
+            alloc[e][r] += n
+            remote_R[r] += n > 0 and r != home[e]
+    return torch.tensor(alloc, dtype=torch.int64).reshape(E, R)
 
 
 @st.composite
