@@ -6,10 +6,17 @@ with ``previous=`` on a slowly drifting trace (AR(1) rho = 0.999; ``new%`` is
 their share of the greedy's copies per step, which re-copies every step; ``fast%``
 is that share under rho = 0.99), and the time of ``plan`` + ``route`` for one
 rank as a ratio to one stable ``torch.sort`` of that rank's ``S*K`` expert ids,
-measured interleaved in the same run. Writes JSON (``--out``).
+measured interleaved in the same run.
+
+A second table times ``policy="auto"`` (every candidate built and scored by a
+``StepCost``) against ``policy="exact"`` on the same counts, interleaved, with
+the previous step's plan as ``previous=`` (a drifting trace, slots=2): which
+candidate was chosen, planner runs, the predicted step time of the choice and
+of exact balance, and the planning-time ratio auto/exact. Writes JSON (``--out``).
 
     python bench/bench_plan.py                 # all configurations
     python bench/bench_plan.py --quick         # small configurations only (CI smoke)
+    python bench/bench_plan.py --auto-only     # only the auto-vs-exact table
 """
 
 from __future__ import annotations
@@ -23,12 +30,14 @@ from _common import bench_parser, write_json
 
 import moonplan
 from moonplan.baselines import copies_lower_bound, moonep_greedy_alloc, replica_count
+from moonplan.stepcost import StepCost
 from moonplan.traces import DriftingTrace, counts_for_ranks, popularity, sample_topk
 
 CONFIGS = [(8, 256, 4096, 8), (64, 896, 8192, 8), (64, 896, 8192, 16), (256, 896, 2048, 16)]
 QUICK = [(8, 64, 512, 4), (16, 128, 256, 8)]
 SIGMAS = [0.5, 1.0, 2.0]
 RHOS = [0.999, 0.99]  # AR(1) drift of log-popularity per step: slow, fast
+COSTS = [("h200-node", "deepseek-v3"), ("h200-multinode", "deepseek-v3")]
 
 
 def one_step(
@@ -117,6 +126,76 @@ def run(
     return rows
 
 
+def auto_vs_exact(
+    R: int, E: int, S: int, K: int, sigma: float, hw: str, model: str, reps: int
+) -> dict[str, Any]:
+    """Median planning seconds of ``policy="auto"`` and ``"exact"``, interleaved (slots=2)."""
+    cost = StepCost.from_hardware(hw, model)
+    trace = DriftingTrace(R, E, S, K, sigma=sigma, rho=0.99, seed=2)
+    prev_a = prev_e = None
+    auto_s, exact_s, chosen = [], [], []
+    for i in range(reps + 2):
+        counts_RE = trace.step()
+        t0 = time.perf_counter()
+        a = moonplan.plan(counts_RE, slots=2, previous=prev_a, policy="auto", cost=cost)
+        t1 = time.perf_counter()
+        e = moonplan.plan(counts_RE, slots=2, previous=prev_e)
+        t2 = time.perf_counter()
+        if i >= 2:  # warm-up
+            auto_s.append(t1 - t0)
+            exact_s.append(t2 - t1)
+            chosen.append(a)
+        prev_a, prev_e = a, e
+    last = chosen[-1]
+    exact_pred = cost.plan_time(moonplan.plan(last.counts, slots=2), planned=1).total_s
+    names = [p.policy for p in chosen]
+    return {
+        "R": R,
+        "E": E,
+        "S": S,
+        "K": K,
+        "sigma": sigma,
+        "hardware": hw,
+        "model": model,
+        "chosen": max(set(names), key=names.count),
+        "planned": statistics.mean(p.planned for p in chosen),
+        "auto_pred_us": last.predicted[last.policy] * 1e6,
+        "exact_pred_us": exact_pred * 1e6,
+        "auto_ms": statistics.median(auto_s) * 1e3,
+        "exact_ms": statistics.median(exact_s) * 1e3,
+        "auto_over_exact": statistics.median(auto_s) / statistics.median(exact_s),
+    }
+
+
+AUTO_HEADER = (
+    f"{'R':>4} {'E':>4} {'S':>5} {'K':>3} {'sig':>4} {'hardware':>14} {'chosen':>13} "
+    f"{'runs':>4} {'pred us':>8} {'exact us':>8} {'auto ms':>8} {'exact ms':>8} {'ratio':>5}"
+)
+
+
+def format_auto(r: dict[str, Any]) -> str:
+    return (
+        f"{r['R']:>4} {r['E']:>4} {r['S']:>5} {r['K']:>3} {r['sigma']:>4} {r['hardware']:>14} "
+        f"{r['chosen']:>13} {r['planned']:>4.1f} {r['auto_pred_us']:>8.0f} "
+        f"{r['exact_pred_us']:>8.0f} {r['auto_ms']:>8.2f} {r['exact_ms']:>8.2f} "
+        f"{r['auto_over_exact']:>5.2f}"
+    )
+
+
+def run_auto(
+    configs: list[tuple[int, int, int, int]], sigmas: list[float], reps: int
+) -> list[dict[str, Any]]:
+    print(AUTO_HEADER)
+    rows = []
+    for R, E, S, K in configs:
+        for sigma in sigmas:
+            for hw, model in COSTS:
+                row = auto_vs_exact(R, E, S, K, sigma, hw, model, reps)
+                rows.append(row)
+                print(format_auto(row), flush=True)
+    return rows
+
+
 HEADER = (
     f"{'R':>4} {'E':>4} {'S':>5} {'K':>3} {'sig':>4} {'static':>6} {'copies':>6} {'greedy':>6} "
     f"{'lower':>5} {'remote':>9} {'new/step':>8} {'greedy/step':>11} {'new%':>5} {'fast%':>5} "
@@ -141,12 +220,17 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small configurations only")
     ap.add_argument("--reps", type=int, default=15, help="timed repetitions (default 15)")
     ap.add_argument("--steps", type=int, default=12, help="drifting-trace steps (default 12)")
+    ap.add_argument("--auto-only", action="store_true", help="only the auto-vs-exact table")
     ap.add_argument("--out", default="bench/results/bench_plan.json", help="JSON output path")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print(HEADER)
-    rows = run(QUICK if args.quick else CONFIGS, SIGMAS, args.reps, args.steps)
-    write_json(args.out, {"torch": torch.__version__, "rows": rows})
+    configs = QUICK if args.quick else CONFIGS
+    rows: list[dict[str, Any]] = []
+    if not args.auto_only:
+        print(HEADER)
+        rows = run(configs, SIGMAS, args.reps, args.steps)
+    auto = run_auto(configs, SIGMAS, args.reps)
+    write_json(args.out, {"torch": torch.__version__, "rows": rows, "auto": auto})
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ Legend:
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 
 import torch
@@ -48,8 +47,9 @@ def bounded_name(eps: float | str) -> str:
 
 
 def bounded_cap(total: int, num_ranks: int, eps: Fraction) -> int:
-    """``cap = ceil(N / R * (1 + eps))`` in exact arithmetic."""
-    return math.ceil(Fraction(total) * (1 + eps) / num_ranks)
+    """``cap = ceil(N / R * (1 + eps))`` in exact integer arithmetic."""
+    p, q = eps.numerator, eps.denominator
+    return -(-total * (q + p) // (q * num_ranks))
 
 
 def bounded_targets(load: list[int], eps: Fraction) -> tuple[list[int], int]:

@@ -8,9 +8,10 @@ Legend:
 Candidates, in the fixed order they are evaluated and ties are broken (the
 cheapest plan first, so it wins a tie):
 
-``static``, ``resident`` (only with ``previous=``), ``bounded-<eps>`` for
-``eps`` in :data:`EPS` (largest first; skipped when no rank is above its cap,
-where it would be the static plan), ``exact``.
+``static``, ``resident`` (only with ``previous=``, and only when it moves
+records), ``bounded-<eps>`` for ``eps`` in :data:`EPS` (largest first), ``exact``.
+A balancing candidate whose targets equal the static loads or an earlier
+candidate's targets is skipped: it would be the same plan, planned again.
 
 ``auto`` evaluates ``cost.plan_time(candidate, planned=k)`` (``k``: runs of
 the group-flow construction so far, this one included) and keeps the least
@@ -41,7 +42,7 @@ from moonplan.plan.candidates import (
     resident_alloc_reference,
 )
 from moonplan.plan.from_alloc import layout_reference, layout_torch
-from moonplan.plan.home import home_map
+from moonplan.plan.home import home_map, targets_list
 from moonplan.plan.plan_type import Plan, Predicted, make_plan
 from moonplan.plan.reference import reference_plan, to_tensors
 from moonplan.plan.static import static_alloc
@@ -55,7 +56,12 @@ CANDIDATES = ("static", "resident", *(bounded_name(e) for e in EPS), "exact")
 
 
 class CostModel(Protocol):
-    """What ``policy="auto"`` needs of a cost model (``moonplan.stepcost.StepCost`` has it)."""
+    """What ``policy="auto"`` needs of a cost model (``moonplan.stepcost.StepCost`` has it).
+
+    Planning time must be ``planned * plan_s`` on top of the rest of the step.
+    """
+
+    plan_s: float
 
     def plan_time(self, plan: Plan, *, planned: int = 1) -> Any:
         """Predicted step time of ``plan``; ``.total_s`` is read."""
@@ -109,28 +115,39 @@ def build(name: str, inp: Inputs) -> Plan:
 
 def choose(inp: Inputs, cost: CostModel, eps: tuple[str, ...] = EPS) -> Plan:
     """``policy="auto"``: the candidate with the least predicted step time (module docstring)."""
-    best: Plan | None = None
-    best_s = float("inf")
-    times: dict[str, float] = {}
-    runs = 0
     load = _static_load(inp)
-    for name in ("static", "resident", *(bounded_name(e) for e in eps), "exact"):
-        if name == "resident" and inp.prev_RB is None:
-            continue
-        balancing = name not in ("static", "resident")
-        if balancing:
-            e = parse_bounded(name)
-            if e is not None and bounded_targets(load, e)[0] == load:
-                continue  # no rank above the cap: the static plan, planned for nothing
-            if best is not None and lower_bound(cost, inp.counts_RE, runs + 1) >= best_s:
-                continue
+    static = build("static", inp)
+    best, best_s = static, float(cost.plan_time(static, planned=0).total_s)
+    times = {"static": best_s}
+    cands: list[tuple[str, list[int] | None, int | None]] = []
+    if inp.prev_RB is not None:
+        cands.append(("resident", None, None))
+    seen = [load]  # targets already planned (the static loads: nothing to plan)
+    for e in eps:
+        bounded, cap = bounded_targets(load, Fraction(e))
+        if bounded not in seen:  # the same targets give the same plan: plan it once
+            seen.append(bounded)
+            cands.append((bounded_name(e), bounded, cap))
+    if targets_list(sum(load), len(load)) not in seen:
+        cands.append(("exact", None, None))
+    runs = 0
+    floor_s: float | None = None  # lower bound of a balancing candidate, without planning
+    for name, target, bound in cands:
+        if name == "resident":
+            cand = build(name, inp)
+            if torch.equal(cand.alloc, static.alloc):
+                continue  # no resident helps: it is the static plan
+        else:
+            if floor_s is None:
+                floor_s = lower_bound(cost, inp.counts_RE, 0)
+            if floor_s + (runs + 1) * cost.plan_s >= best_s:
+                continue  # cannot beat the best so far, even perfectly balanced
             runs += 1
-        cand = build(name, inp)
+            cand = _construct(inp, target, bound, name)
         t = float(cost.plan_time(cand, planned=runs).total_s)
         times[name] = t
         if t < best_s:
             best, best_s = cand, t
-    assert best is not None  # static is always evaluated
     return dataclasses.replace(best, predicted=Predicted(times), planned=runs)
 
 

@@ -156,13 +156,14 @@ def _charged(c: torch.Tensor, slots: int | None, prev: Plan | None, cost: StepCo
         None if prev is None else prev.flow,
         "torch",
     )
-    static = build("static", inp)
+    planned = [build("static", inp).alloc]
     out, runs = {}, 0
     for name in _names(prev):
         p = build(name, inp)
         if name not in ("static", "resident"):
-            if parse_bounded(name) is not None and torch.equal(p.alloc, static.alloc):
-                continue  # auto skips it: it is the static plan
+            if any(torch.equal(p.alloc, a) for a in planned):
+                continue  # auto skips it: the static plan, or an earlier candidate's
+            planned.append(p.alloc)
             runs += 1
         out[name] = cost.plan_time(p, planned=runs).total_s
     return out
