@@ -154,22 +154,23 @@ def choose(inp: Inputs, cost: CostModel, eps: tuple[str, ...] = EPS) -> Plan:
 def lower_bound(cost: CostModel, counts_RE: torch.Tensor, planned: int) -> float:
     """A lower bound of any balancing candidate's predicted time, built with ``planned`` runs.
 
-    Perfectly balanced and free of traffic: every rank computes ``floor(N/R)``
-    rows of a single expert whose weights are already there, and every row stays
-    on the rank that routed it (nothing crosses a link, nothing is fetched).
-    A real candidate has at least that many rows on its busiest rank, at least
-    one expert there, and sends at least as much, so under a cost model that
-    grows with rows, experts and traffic its time is at least this.
+    The step of two imagined ranks, free of traffic (every row computed where it
+    was routed, nothing fetched): rank 0 runs ``k = ceil(A/R)`` experts of one
+    row each (``A`` experts with records: some rank of any plan runs at least
+    ``k``, each padded to a tile and read once), rank 1 runs ``floor(N/R)``
+    rows of one expert (some rank of any balanced plan runs at least that).
+    A ``StepCost`` grows with rows, experts and traffic, so every candidate's
+    time is at least this one's.
     """
     R, E = counts_RE.shape
     dev = counts_RE.device
-    share = int(counts_RE.sum()) // R
-    e_R = torch.arange(R, device=dev) % E
-    r_R = torch.arange(R, device=dev)
+    T_E = counts_RE.sum(0)
     rows_ER = torch.zeros(E, R, dtype=torch.int64, device=dev)
-    rows_ER[e_R, r_R] = share
-    sent_RE = torch.zeros(R, E, dtype=torch.int64, device=dev)
-    sent_RE.index_put_((r_R, e_R), torch.full((R,), share, device=dev), accumulate=True)
+    k = -(-int((T_E > 0).sum()) // R)
+    rows_ER[:k, 0] = 1
+    if R > 1:
+        rows_ER[0, 1] = int(T_E.sum()) // R
+    sent_RE = rows_ER.t().contiguous()  # every row stays on the rank that routed it
     fetch_ER = torch.zeros(E, R, dtype=torch.bool, device=dev)
     t = cost.step_time(rows_ER, sent_RE, fetch_ER, home_map(E, R, device=dev), planned=planned)
     return float(t.total_s)
