@@ -4,7 +4,7 @@ Legend:
     R ranks, E experts, S tokens on this rank, K top-k, N_s = S*K records of this rank
     W rows per rank (see ``plan_type``)
 
-Order (DESIGN §3): within expert ``e``, records are ordered by source rank,
+Order (`docs/design.md` §3): within expert ``e``, records are ordered by source rank,
 then by local order (token-major, then k); destination ranks take consecutive
 segments of that order in ascending rank order, of sizes ``alloc[e, :]``. Every
 rank computes its own records' destinations from the plan alone, with no

@@ -96,3 +96,34 @@ def test_counts_mismatch_and_shape() -> None:
         check_plan(p, COUNTS + 1)
     with pytest.raises(PlanError, match="shape contract"):
         check_plan(_with(p, target=p.target[:2]), COUNTS)
+
+
+def test_policy_agnostic_check_still_catches_broken_plans() -> None:
+    # strict=False drops the construction record and exact balance, nothing else.
+    p = _good()
+    with pytest.raises(PlanError, match="invariant 1"):
+        check_plan(
+            _with(p, alloc=_edit(p.alloc, (0, 0), int(p.alloc[0, 0]) + 1)), COUNTS, strict=False
+        )
+    moved = _with(p, alloc=_move(p, 4, 2, 0, 1))  # rank 0: 9 records, its target says 8
+    with pytest.raises(PlanError, match="its loads"):
+        check_plan(moved, COUNTS, strict=False)
+    over = moonplan.Plan.from_alloc(COUNTS, moved.alloc, policy="exact")
+    check_plan(over, COUNTS, strict=False)  # imbalanced, within its bound (9)
+    with pytest.raises(PlanError, match="invariant 2"):
+        check_plan(over, COUNTS)  # an "exact" plan must balance
+    with pytest.raises(PlanError, match="declared load bound"):
+        check_plan(_with(over, declared_bound=8), COUNTS, strict=False)
+    with pytest.raises(PlanError, match="invariant 4"):
+        check_plan(_with(p, slot_new=torch.zeros_like(p.slot_new)), COUNTS, strict=False)
+    with pytest.raises(PlanError, match="row layout"):
+        check_plan(_with(p, row_offset=p.row_offset + 1), COUNTS, strict=False)
+
+
+def test_non_exact_plans_are_held_to_their_bound_in_strict_mode() -> None:
+    c = torch.tensor([[30, 2, 8, 0], [0] * 4, [0] * 4, [0] * 4])
+    p = moonplan.plan(c, policy="bounded-0.1")
+    check_plan(p, c)
+    assert p.load_bound == 11 and int(p.alloc.sum(0).max()) == 11
+    with pytest.raises(PlanError, match="declared load bound"):
+        check_plan(_with(p, declared_bound=10), c)

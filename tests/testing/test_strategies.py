@@ -175,3 +175,19 @@ def test_plan_with_previous_meets_invariants(data: st.DataObject) -> None:
     previous = moonplan.plan(first, **opts)
     p = moonplan.plan(second, previous=previous, **opts)
     moonplan.check_plan(p, second, previous=previous)
+
+
+@given(st.data())
+def test_allocs_conserve_records_and_fit_the_row_layout(data: st.DataObject) -> None:
+    from moonplan.testing import allocs
+
+    c = data.draw(counts(max_ranks=6, max_experts=12))
+    R, E = c.shape
+    slots = data.draw(st.none() | st.integers(0, E))
+    a = data.draw(allocs(c, slots=slots))
+    assert a.shape == (E, R) and a.dtype == torch.int64 and bool((a >= 0).all())
+    assert torch.equal(a.sum(1), c.sum(0))
+    home = moonplan.home_map(E, R)
+    remote_R = ((a > 0) & (home[:, None] != torch.arange(R)[None, :])).sum(0)
+    M = -(-E // R)
+    assert int(remote_R.max()) <= max(M, M if slots is None else slots)
