@@ -37,6 +37,7 @@ CONFIGS = [(8, 256, 4096, 8), (64, 896, 8192, 8), (64, 896, 8192, 16), (256, 896
 QUICK = [(8, 64, 512, 4), (16, 128, 256, 8)]
 SIGMAS = [0.5, 1.0, 2.0]
 RHOS = [0.999, 0.99]  # AR(1) drift of log-popularity per step: slow, fast
+AUTO_CONFIGS = [(8, 64, 512, 4), (8, 256, 4096, 8), (64, 896, 8192, 8)]
 COSTS = [("h200-node", "deepseek-v3"), ("h200-multinode", "deepseek-v3")]
 
 
@@ -229,7 +230,7 @@ def main() -> None:
     if not args.auto_only:
         print(HEADER)
         rows = run(configs, SIGMAS, args.reps, args.steps)
-    auto = run_auto(configs, SIGMAS, args.reps)
+    auto = run_auto(QUICK if args.quick else AUTO_CONFIGS, SIGMAS, args.reps)
     write_json(args.out, {"torch": torch.__version__, "rows": rows, "auto": auto})
 
 

@@ -14,6 +14,9 @@ expert-grouped receive buffer):
 
 ``row_offset[r]`` are the ``align``-padded cumulative offsets (cu_seqlens) of
 the rows in the receive buffer; empty rows take no space.
+
+``policy``, ``predicted``, ``planned`` and ``load_bound`` say how the allocation
+was chosen (``docs/planner-policy.md``); every policy's plan has this layout.
 """
 
 from __future__ import annotations
@@ -37,9 +40,6 @@ PLAN_TENSORS = (
     "row_offset",
 )
 """Names of a :class:`Plan`'s tensor fields (every backend produces all but ``counts``)."""
-
-POLICIES = ("exact", "static", "resident", "bounded-<eps>", "auto", "custom")
-"""What ``Plan.policy`` may say (``auto`` never: an auto plan records the candidate it chose)."""
 
 
 class Predicted(Mapping[str, float]):
