@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from moonplan.runtime.routers import softmax_topk
+from moonplan.tables import render
 
 PHASES = ("plan", "prefetch", "dispatch", "experts", "combine")
 
@@ -90,18 +91,21 @@ def _rank_main(rank: int, world: int, cfg: dict, sizes: list[int]) -> dict:
 
 def _table(stats: list, cfg: dict) -> str:
     expert_mib = 3 * cfg["hidden"] * cfg["ffn"] * 4 / 2**20  # fp32 weights moved by all ranks
-    head = f"{'step':>4} {'static max/mean':>15} {'moonplan':>9} {'copies':>6} {'new':>4}"
-    head += f" {'prefetch MiB':>12}"
-    head += "".join(f" {p + ' ms':>11}" for p in PHASES)
-    lines = [head]
-    for i, s in enumerate(stats):
-        row = (
-            f"{i:>4} {s.static_max_over_mean:>15.3f} {s.planned_max_over_mean:>9.3f} {s.copies:>6} "
-        )
-        row += f"{s.new_copies:>4} {s.new_copies * expert_mib:>12.2f}"
-        row += "".join(f" {1e3 * s.phases.get(p, 0.0):>11.2f}" for p in PHASES)
-        lines.append(row)
-    return "\n".join(lines)
+    header = ["step", "static max/mean", "moonplan", "copies", "new", "prefetch MiB"]
+    header += [f"{p} ms" for p in PHASES]
+    rows = [
+        [
+            str(i),
+            f"{s.static_max_over_mean:.3f}",
+            f"{s.planned_max_over_mean:.3f}",
+            str(s.copies),
+            str(s.new_copies),
+            f"{s.new_copies * expert_mib:.2f}",
+            *[f"{1e3 * s.phases.get(p, 0.0):.2f}" for p in PHASES],
+        ]
+        for i, s in enumerate(stats)
+    ]
+    return render(header, rows)
 
 
 def handler(args: argparse.Namespace) -> int:

@@ -35,6 +35,40 @@ def test_plan_json_from_npy_and_json_files(
         assert s["copies_lower_bound"] == 1
 
 
+def test_plan_prints_slots_flows_and_alloc(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    c = np.array([[9, 1, 2, 0, 3, 5, 4, 8], [0] * 8, [0] * 8, [0] * 8], dtype=np.int64)
+    np.save(tmp_path / "c.npy", c)
+    assert main(["plan", str(tmp_path / "c.npy")]) == 0
+    out = capsys.readouterr().out
+    assert "group flows" in out and "donor" in out and "alloc[e, r]" in out
+    assert main(["plan", str(tmp_path / "c.npy"), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    plan = s["plan"]
+    alloc = np.array(plan["alloc"])
+    assert alloc.shape == (8, 4) and alloc.sum(0).tolist() == [8, 8, 8, 8]
+    assert (alloc.sum(1) == c.sum(0)).all()
+    for key in ("slot_expert", "slot_new", "flow", "home", "row_expert", "row_offset"):
+        assert key in plan
+    split = [e for e in range(8) if (alloc[e] > 0).sum() > 1]
+    assert split and f"alloc[e, r] of the {len(split)} experts" in out
+
+
+def test_plan_step_must_match_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = np.ones((3, 2, 4), dtype=np.int64)
+    np.save(tmp_path / "t.npy", trace)
+    np.save(tmp_path / "c.npy", trace[0])
+    assert main(["plan", str(tmp_path / "t.npy")]) == 2  # which step? no silent step 0
+    assert "pass --step (0..2)" in capsys.readouterr().err
+    assert main(["plan", str(tmp_path / "t.npy"), "--step", "2"]) == 0
+    capsys.readouterr()
+    assert main(["plan", str(tmp_path / "c.npy"), "--step", "1"]) == 2  # not silently ignored
+    assert "--step applies to [T, R, E]" in capsys.readouterr().err
+    assert main(["plan", "--step", "1"]) == 2
+    assert "generated counts" in capsys.readouterr().err
+
+
 def test_plan_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "bad.json").write_text("[[1, -1]]")
     assert main(["plan", str(tmp_path / "bad.json")]) == 2
