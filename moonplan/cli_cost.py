@@ -46,6 +46,11 @@ def _int_at_least(minimum: int) -> Any:
     return parse
 
 
+def preset_name(text: str) -> str:
+    """A preset or hardware name as the tables spell it (case and blanks ignored)."""
+    return text.strip().lower()
+
+
 def register(subparsers: Any) -> None:
     """Add the ``cost`` subcommand to an ``argparse`` subparsers object (from
     ``ArgumentParser.add_subparsers()``); its handler is stored as ``args.func``."""
@@ -56,9 +61,15 @@ def register(subparsers: Any) -> None:
         "payload only; see docs/cost.md for the formulas and simplifications).",
     )
     parser.add_argument(
-        "--model", default="mixtral-8x7b", choices=sorted(PRESETS), help="model preset"
+        "--model",
+        default="mixtral-8x7b",
+        type=preset_name,
+        choices=sorted(PRESETS),
+        help="model preset (case-insensitive)",
     )
-    parser.add_argument("--ep", type=_int_at_least(1), default=8, help="EP size (default 8)")
+    parser.add_argument(
+        "--ep", "--ranks", type=_int_at_least(1), default=8, help="EP size (default 8)"
+    )
     parser.add_argument(
         "--tp", type=_int_at_least(1), default=1, help="TP of replicated params (default 1)"
     )

@@ -37,7 +37,10 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--family", default="lognormal", help="generated family (default lognormal)")
     p.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma (default 1)")
-    p.add_argument("--ranks", type=int, default=8, help="R for generated counts (default 8)")
+    p.add_argument(
+        "--ep", "--ranks", dest="ranks", type=int, default=8,
+        help="EP size R of generated counts (default 8)",
+    )  # fmt: skip
     p.add_argument("--experts", type=int, default=64, help="E for generated counts (default 64)")
     p.add_argument("--tokens", type=int, default=4096, help="tokens per rank (default 4096)")
     p.add_argument("--topk", type=int, default=8, help="top-k (default 8)")

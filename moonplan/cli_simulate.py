@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from moonplan.baselines.policies import POLICY_NAMES
+from moonplan.cli_cost import preset_name
 from moonplan.simulate.hardware import HARDWARE, get_hardware
 from moonplan.simulate.model_time import DEFAULT_PLAN_US, SimConfig
 from moonplan.simulate.models import get_model
@@ -48,9 +49,17 @@ def register(subparsers: Any) -> None:
         description="Roofline + communication model of one MoE layer step for static EP, "
         "capacity, EPLB, the MoonEP greedy and moonplan (see docs/simulator.md).",
     )
-    p.add_argument("--model", default="deepseek-v3", help="model preset (default deepseek-v3)")
-    p.add_argument("--hardware", default="h200-multinode", choices=sorted(HARDWARE))
-    p.add_argument("--ep", type=_list(int), default=[8, 64], help="EP sizes (default 8,64)")
+    p.add_argument(
+        "--model",
+        default="deepseek-v3",
+        help="model preset, case-insensitive (default deepseek-v3)",
+    )
+    p.add_argument(
+        "--hardware", default="h200-multinode", type=preset_name, choices=sorted(HARDWARE)
+    )
+    p.add_argument(
+        "--ep", "--ranks", type=_list(int), default=[8, 64], help="EP sizes (default 8,64)"
+    )
     p.add_argument(
         "--sigma", type=_list(float), default=[0, 0.25, 0.5, 1, 2], help="lognormal sigmas"
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -112,3 +113,63 @@ def test_console_script_entry_point() -> None:
         check=False,
     )
     assert r.returncode == 0 and "demo" in r.stdout and "cost" in r.stdout
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import moonplan
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"moonplan {moonplan.__version__}"
+
+
+@pytest.mark.parametrize("command", ["demo", "plan", "profile", "cost", "simulate"])
+def test_ep_everywhere_with_ranks_as_alias(command: str) -> None:
+    from moonplan.cli import build_parser
+
+    parser = build_parser()
+    value = "4" if command != "simulate" else "4,8"
+    a = parser.parse_args([command, "--ep", value])
+    b = parser.parse_args([command, "--ranks", value])
+    dest = "ep" if command in ("cost", "simulate") else "ranks"
+    assert getattr(a, dest) == getattr(b, dest) and getattr(a, dest) in (4, [4, 8])
+    assert "--ep" in parser._subparsers._group_actions[0].choices[command].format_help()
+
+
+def test_presets_are_case_insensitive(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cost", "--model", "Mixtral-8x7B", "--ep", "8"]) == 0
+    assert "mixtral-8x7b" in capsys.readouterr().out
+    argv = ["simulate", "--model", "Mixtral-8x7B", "--hardware", "H200-Multinode", "--ep", "2",
+            "--sigma", "1", "--tokens", "32", "--steps", "1", "--warmup", "1", "--no-progress",
+            "--policies", "static-linear"]  # fmt: skip
+    assert main(argv) == 0
+
+
+def test_launched_size_must_match_ep(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "3")  # as torchrun sets it: the launched job has 3 ranks
+    assert main(["demo", "--ep", "2"]) == 2
+    assert "differs from the launched job's 3 ranks" in capsys.readouterr().err
+    assert main(["profile", "--ep", "2"]) == 2
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("command", ["demo", "profile"])
+def test_runs_under_torchrun(command: str, tmp_path: Path) -> None:
+    small = ["--steps", "2", "--tokens", "32", "--hidden", "16", "--ffn", "24"]
+    extra = ["--out", str(tmp_path / "prof"), "--warmup", "1"] if command == "profile" else []
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "moonplan.cli", command, *small, *extra],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"moonplan {command}: 2 ranks (gloo)" in r.stdout  # the launched group, printed once
+    assert r.stdout.count(f"moonplan {command}:") == 1
+    if command == "demo":
+        assert "matches the single-process layer" in r.stdout
+    else:
+        assert (tmp_path / "prof" / "profile.json").exists()
