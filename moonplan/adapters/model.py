@@ -112,6 +112,16 @@ def moon_experts(model: nn.Module) -> Iterator[tuple[str, MoonExperts]]:
             yield name, module
 
 
+def sharded_experts(model: nn.Module) -> Iterator[tuple[str, MoonExperts | MoonGroupedExperts]]:
+    """``(qualified name, module)`` of every module holding sharded expert tensors
+    (:class:`MoonExperts` and torchtitan's :class:`MoonGroupedExperts`), in module order.
+    Each has ``expert_tensors`` (its sharded parameter names), ``num_experts``,
+    ``home_range``, ``group`` and ``weights_changed()``."""
+    for name, module in model.named_modules():
+        if isinstance(module, (MoonExperts, MoonGroupedExperts)):
+            yield name, module
+
+
 def expert_parameter_names(model: nn.Module) -> list[str]:
     """Names of the sharded expert parameters (``...experts.gate_up_proj``, ``...down_proj``;
     for torchtitan's MoE ``...routed_experts.inner_experts.w1_EFD``, ``w2_EDF``, ``w3_EFD``).
@@ -121,8 +131,7 @@ def expert_parameter_names(model: nn.Module) -> list[str]:
     ``_set_params_and_buffers_to_ignore_for_model``, or give them their own optimizer group).
     """
     names = []
-    for name, ex in model.named_modules():
-        if isinstance(ex, (MoonExperts, MoonGroupedExperts)):
-            prefix = f"{name}." if name else ""
-            names += [prefix + p for p, _ in ex.named_parameters(recurse=False)]
+    for name, ex in sharded_experts(model):
+        prefix = f"{name}." if name else ""
+        names += [prefix + p for p, _ in ex.named_parameters(recurse=False)]
     return names

@@ -113,6 +113,8 @@ class MoonGroupedExperts(nn.Module):
             ``last_stats``).
     """
 
+    expert_tensors = WEIGHTS
+
     def __init__(
         self,
         w1_EFD: torch.Tensor,

@@ -13,6 +13,7 @@ gradients are those of the total loss over every rank's tokens.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +32,7 @@ from torchtitan.models.common.moe import (
 from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
 
 from moonplan.adapters.torchtitan import (
+    WEIGHTS,
     MoonRoutedExperts,
     UnsupportedTorchtitanMoE,
     is_torchtitan_moe,
@@ -279,3 +281,49 @@ def test_bad_routing_raises() -> None:
     ids = torch.full((1, 3, K), E)  # out of range
     with pytest.raises(Exception, match="outside"):
         wrapped.routed_experts(x, torch.ones(1, 3, K), ids, None)
+
+
+# ---- checkpoints across EP sizes ---------------------------------------------------------
+def _two_layers(seed: int = 0) -> torch.nn.ModuleDict:
+    return torch.nn.ModuleDict({"a": make_moe(seed=seed), "b": make_moe(seed=seed + 1)})
+
+
+def _save_rank(rank: int, world: int, directory: str) -> dict:
+    from moonplan import adapters, checkpoint
+
+    model = adapters.wrap_model(_two_layers())
+    checkpoint.save_sharded(model, directory)
+    return {"names": adapters.expert_parameter_names(model)}
+
+
+def _load_rank(rank: int, world: int, directory: str, x: torch.Tensor) -> dict:
+    from moonplan import adapters, checkpoint
+
+    model = adapters.wrap_model(_two_layers(seed=50))  # other weights: the load must replace them
+    checkpoint.load_sharded(model, directory)
+    return {
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "home": model["a"].home_experts.tolist(),
+        "y": model["b"](model["a"](x)).detach(),
+    }
+
+
+def test_checkpoint_saved_at_two_ranks_loads_at_three(tmp_path: Path) -> None:
+    from moonplan import checkpoint
+
+    got = run_ranks(_save_rank, 2, str(tmp_path), timeout=90)
+    names = got[0]["names"]
+    assert sorted(names) == sorted(f"{m}.{EXPERT_PREFIX}{w}" for m in "ab" for w in WEIGHTS)
+    want = dict(_two_layers().state_dict())
+    full = checkpoint.consolidate(tmp_path)  # the unwrapped torchtitan layout
+    assert sorted(full) == sorted(want)
+    for k, v in want.items():
+        assert torch.equal(full[k], v), k
+    x = torch.randn(1, 4, D, generator=torch.Generator().manual_seed(3))
+    ref = _two_layers()
+    y0 = ref["b"](ref["a"](x)).detach()
+    for r, g in enumerate(run_ranks(_load_rank, 3, str(tmp_path), x, timeout=90)):
+        for k, v in g["state"].items():
+            expect = want[k][g["home"]] if EXPERT_PREFIX in k else want[k]
+            assert torch.equal(v, expect), f"rank {r} {k}"
+        rel_close(g["y"], y0, BF16_TOL, what=f"rank {r} output after loading")
