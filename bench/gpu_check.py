@@ -35,10 +35,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _common import section  # noqa: E402  (bench/ is the script's folder)
+from _common import bench_parser, section  # noqa: E402  (bench/ is the script's folder)
 
 from moonplan.plan import cuda_backend  # noqa: E402
 from moonplan.plan.reference import reference_plan, to_tensors  # noqa: E402
+from moonplan.tables import render  # noqa: E402
 
 SHAPES = [(8, 896, 8192, 8), (8, 256, 4096, 8), (64, 896, 8192, 8), (256, 896, 2048, 16)]
 TARGET_US = 25.0
@@ -280,18 +281,19 @@ def print_table(results: dict[str, Any]) -> None:
             continue
         state = "ok" if r.get("ok") else f"FAILED {r.get('error', '')}"
         print(f"{name:8s} {r.get('seconds', '-')} s {state}")
-    rows = results.get("timing", {}).get("rows", [])
-    print(
-        f"\n{'R':>5} {'E':>5} {'S':>5} {'K':>3} {'B':>4} {'cuda us':>9} {'eager us':>9} "
-        f"{'torch us':>9} {'same as ref':>11}"
-    )
-    for r in rows:
-        print(
-            f"{r['R']:>5} {r['E']:>5} {r['S']:>5} {r['K']:>3} {r.get('B', '-'):>4} "
-            f"{_fmt(r.get('cuda_us')):>9} {_fmt(r.get('eager_us')):>9} "
-            f"{_fmt(r.get('torch_us')):>9} "
-            f"{str(r.get('matches_reference', r.get('error', '-')))[:40]:>11}"
-        )
+    rows = [
+        [
+            *(str(r[k]) for k in "RESK"),
+            str(r.get("B", "-")),
+            _fmt(r.get("cuda_us")),
+            _fmt(r.get("eager_us")),
+            _fmt(r.get("torch_us")),
+            str(r.get("matches_reference", r.get("error", "-")))[:40],
+        ]
+        for r in results.get("timing", {}).get("rows", [])
+    ]
+    header = ["R", "E", "S", "K", "B", "cuda us", "eager us", "torch us", "same as ref"]
+    print("\n" + render(header, rows))
     print(f"target: <= {TARGET_US} us at (8, 896, 8192, 8)")
 
 
@@ -299,7 +301,8 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    bench_parser(__doc__).parse_args(argv)  # --help prints the docstring and runs nothing
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S")}
     section(results, "env", env_section)
     if results["env"].get("available"):

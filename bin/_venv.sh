@@ -1,8 +1,13 @@
 # Sourced by bin/moonplan and bin/test: make sure .venv exists and holds what
 # pyproject.toml asks for (re-installed when pyproject.toml changes).
-# Usage: moonplan_venv EXTRAS   (e.g. "" or "test")
+# Usage: moonplan_venv EXTRAS   (e.g. "" or "test" or "test,torchtitan")
+#
+# The stamp file has one line per install for the current pyproject.toml:
+# "<hash of pyproject.toml> [extras]". A request is satisfied when every extra it names
+# was installed before under the same hash (pip never uninstalls an extra's packages),
+# so alternating bin/test and bin/moonplan installs nothing.
 moonplan_venv() {
-    local root extras stamp want
+    local root extras stamp hash lines have missing e
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
     extras="$1"
     VENV="${MOONPLAN_VENV:-$root/.venv}"
@@ -14,16 +19,24 @@ moonplan_venv() {
         "$py" -m venv "$VENV" || return 1
     fi
     stamp="$VENV/.moonplan-installed"
-    want="$(cat "$root/pyproject.toml" | sha256sum | cut -c1-16) [$extras]"
-    if [ ! -f "$stamp" ] || ! grep -qxF "$want" "$stamp"; then
+    hash="$(sha256sum <"$root/pyproject.toml" | cut -c1-16)"
+    # extras installed under this hash, one per line ("" when only the base install ran)
+    lines="$(grep "^$hash " "$stamp" 2>/dev/null || true)"
+    have="$(printf '%s\n' "$lines" | sed -e 's/^[^[]*\[//' -e 's/\]$//' | tr ',' '\n')"
+    missing=""
+    [ -n "$lines" ] || missing="base"
+    for e in ${extras//,/ }; do
+        printf '%s\n' "$have" | grep -qxF "$e" || missing="$missing $e"
+    done
+    if [ -n "$missing" ]; then
         echo "installing moonplan${extras:+[$extras]} into $VENV ..." >&2
         local spec="$root"
         [ -n "$extras" ] && spec="$root[$extras]"
         # torch is bounded in pyproject.toml so that pip picks a CPU build already on
         # disk where there is one instead of resolving a multi-GB CUDA build.
         "$VENV/bin/python" -m pip install -q -e "$spec" || return 1
-        # Remember every extras set installed so far, so bin/test does not undo bin/moonplan.
-        { grep -v "^$(cat "$root/pyproject.toml" | sha256sum | cut -c1-16) " "$stamp" 2>/dev/null || true
-          echo "$want"; } >"$stamp.new" && mv "$stamp.new" "$stamp"
+        # keep every extras set installed under this hash; drop lines of older hashes
+        { grep "^$hash " "$stamp" 2>/dev/null || true
+          echo "$hash [$extras]"; } >"$stamp.new" && mv "$stamp.new" "$stamp"
     fi
 }

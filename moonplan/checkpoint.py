@@ -5,8 +5,9 @@ Legend:
     [lo, hi) a rank's home experts (its rows of every expert tensor)
 
 A wrapped model's ``state_dict`` has the original keys; expert tensors
-(``...experts.gate_up_proj``, ``...experts.down_proj``) hold only the rank's home rows
-``[lo, hi)`` of the full ``[E, ...]`` tensor, every other entry is replicated.
+(``...experts.gate_up_proj``, ``...experts.down_proj``; for torchtitan's MoE
+``...routed_experts.inner_experts.w1_EFD``, ``w2_EDF``, ``w3_EFD``) hold only the rank's
+home rows ``[lo, hi)`` of the full ``[E, ...]`` tensor, every other entry is replicated.
 
 * :func:`save_sharded` (every rank): ``directory/rank-{r:05d}-of-{R:05d}.pt``; rank 0's
   file has the replicated entries too, the others only their expert rows.
@@ -26,15 +27,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from moonplan.adapters.experts import MoonExperts
-from moonplan.adapters.model import moon_experts
+from moonplan.adapters.model import sharded_experts
 
 FORMAT = "moonplan-sharded-v1"
-EXPERT_TENSORS = ("gate_up_proj", "down_proj")
 _FILE = re.compile(r"rank-(\d{5})-of-(\d{5})\.pt")
 Layout = dict[str, tuple[int, int, int]]  # key -> (E, lo, hi)
 
@@ -42,15 +42,15 @@ Layout = dict[str, tuple[int, int, int]]  # key -> (E, lo, hi)
 def expert_layout(model: nn.Module) -> Layout:
     """``{state-dict key: (E, lo, hi)}`` of every sharded expert tensor of ``model``."""
     layout: Layout = {}
-    for name, ex in moon_experts(model):
+    for name, ex in sharded_experts(model):
         prefix = f"{name}." if name else ""
-        for t in EXPERT_TENSORS:
+        for t in ex.expert_tensors:
             layout[prefix + t] = (ex.num_experts, *ex.home_range)
     return layout
 
 
-def _group_of(model: nn.Module) -> MoonExperts:
-    for _, ex in moon_experts(model):
+def _group_of(model: nn.Module) -> Any:
+    for _, ex in sharded_experts(model):
         return ex
     raise ValueError(f"{type(model).__name__} has no wrapped experts (use moonplan.wrap_model)")
 
@@ -187,7 +187,7 @@ def load_full(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
 
 def _load(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     model.load_state_dict(state, strict=True)
-    for _, ex in moon_experts(model):
+    for _, ex in sharded_experts(model):
         ex.weights_changed()
 
 
@@ -197,16 +197,16 @@ def gather_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     Expert tensors are all-gathered over each layer's group (padded to ``ceil(E/R)`` rows);
     the result lives on the group's device.
     """
-    experts = dict(moon_experts(model))
+    experts = dict(sharded_experts(model))
     state = dict(model.state_dict())
     for name, ex in experts.items():
         prefix = f"{name}." if name else ""
-        for t in EXPERT_TENSORS:
+        for t in ex.expert_tensors:
             state[prefix + t] = _all_gather_rows(ex, state[prefix + t])
     return state
 
 
-def _all_gather_rows(ex: MoonExperts, home: torch.Tensor) -> torch.Tensor:
+def _all_gather_rows(ex: Any, home: torch.Tensor) -> torch.Tensor:
     """``[E, ...]`` from every rank's ``[E_r, ...]`` home rows (linear home map)."""
     R, E = ex.group.size, ex.num_experts
     M = -(-E // R)

@@ -1,11 +1,15 @@
-"""The ``moonplan`` command: ``demo``, ``plan`` and ``cost`` subcommands."""
+"""The ``moonplan`` command: ``demo``, ``plan``, ``cost``, ``profile`` and ``simulate``.
+
+Every subcommand names the EP size ``--ep`` (``--ranks`` is an alias); ``--version``
+prints the version; model and hardware presets are case-insensitive.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from moonplan import cli_cost, cli_plan, cli_profile, cli_simulate, demo
+from moonplan import __version__, cli_cost, cli_plan, cli_profile, cli_simulate, demo
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Exactly balanced MoE expert parallelism: demo, planner, cost calculator, "
         "profiler and simulator.",
     )
+    parser.add_argument("--version", action="version", version=f"moonplan {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo.register(sub)
     cli_plan.register(sub)

@@ -25,6 +25,7 @@ from moonplan.cost import (
     get_preset,
     memory_per_rank,
 )
+from moonplan.tables import render
 
 _BACKEND_LABELS = {
     ALL_TO_ALL: "direct all-to-all",
@@ -45,6 +46,11 @@ def _int_at_least(minimum: int) -> Any:
     return parse
 
 
+def preset_name(text: str) -> str:
+    """A preset or hardware name as the tables spell it (case and blanks ignored)."""
+    return text.strip().lower()
+
+
 def register(subparsers: Any) -> None:
     """Add the ``cost`` subcommand to an ``argparse`` subparsers object (from
     ``ArgumentParser.add_subparsers()``); its handler is stored as ``args.func``."""
@@ -55,9 +61,15 @@ def register(subparsers: Any) -> None:
         "payload only; see docs/cost.md for the formulas and simplifications).",
     )
     parser.add_argument(
-        "--model", default="mixtral-8x7b", choices=sorted(PRESETS), help="model preset"
+        "--model",
+        default="mixtral-8x7b",
+        type=preset_name,
+        choices=sorted(PRESETS),
+        help="model preset (case-insensitive)",
     )
-    parser.add_argument("--ep", type=_int_at_least(1), default=8, help="EP size (default 8)")
+    parser.add_argument(
+        "--ep", "--ranks", type=_int_at_least(1), default=8, help="EP size (default 8)"
+    )
     parser.add_argument(
         "--tp", type=_int_at_least(1), default=1, help="TP of replicated params (default 1)"
     )
@@ -180,10 +192,8 @@ def format_table(report: dict[str, Any]) -> str:
 def _param_lines(p: dict[str, int]) -> list[str]:
     rows = [("routed experts", "expert"), ("replicated", "replicated"), ("total", "total")]
     rows.append(("active per token", "active"))
-    lines = ["parameters"]
-    for label, key in rows:
-        lines.append(f"  {label:<28}{p[key]:>20,} params  ({p[key] / 1e9:8.2f} billion)")
-    return [*lines, ""]
+    lines = [[label, f"{p[key]:,}", f"{p[key] / 1e9:.2f}"] for label, key in rows]
+    return [render(["parameters", "params", "billion"], lines), ""]
 
 
 def _memory_lines(report: dict[str, Any]) -> list[str]:
@@ -193,21 +203,24 @@ def _memory_lines(report: dict[str, Any]) -> list[str]:
         (f"replicated x {s} bytes / TP={report['tp']}", m["replicated_gib"]),
         ("total", m["total_gib"]),
     ]
-    lines = ["weight memory per rank"]
-    lines += [f"  {label:<28}{gib:>14.2f} GiB" for label, gib in rows]
-    return [*lines, ""]
+    lines = [[label, f"{gib:.2f} GiB"] for label, gib in rows]
+    return [render(["weight memory per rank", "size"], lines), ""]
 
 
-def _mib(value: float, width: int) -> str:
-    return f"{value:.1f} MiB".rjust(width)
+def _mib(value: float) -> str:
+    return f"{value:.1f} MiB"
 
 
 def _comm_lines(report: dict[str, Any]) -> list[str]:
     forward = f"forward x{report['moe_layers']} layers"
-    head = f"  {'backend':<28}{'dispatch':>14}{'dispatch+combine':>18}{forward:>22}"
-    lines = ["dispatch/combine bytes per rank, per MoE layer (uniform routing)", head]
-    for backend, c in report["comm_per_rank"].items():
-        row = f"  {_BACKEND_LABELS[backend]:<28}{_mib(c['dispatch_mib_per_layer'], 14)}"
-        row += _mib(c["dispatch_combine_mib_per_layer"], 18) + _mib(c["forward_mib"], 22)
-        lines.append(row)
-    return lines
+    lines = [
+        [
+            _BACKEND_LABELS[backend],
+            _mib(c["dispatch_mib_per_layer"]),
+            _mib(c["dispatch_combine_mib_per_layer"]),
+            _mib(c["forward_mib"]),
+        ]
+        for backend, c in report["comm_per_rank"].items()
+    ]
+    title = "dispatch/combine bytes per rank, per MoE layer (uniform routing)"
+    return [title, render(["backend", "dispatch", "dispatch+combine", forward], lines)]

@@ -1,7 +1,12 @@
-"""``moonplan plan``: plan one step's counts and print per-rank loads before and after.
+"""``moonplan plan``: plan one step's counts; print loads, slots, flows and the allocation.
+
+Legend: R ranks, E experts, B slots, T steps of a trace.
 
 Counts come from a file (``.json`` or ``.npy``, shape ``[R, E]``; a ``[T, R, E]``
-trace takes ``--step``) or are generated (``--family lognormal --sigma 1 ...``).
+trace needs ``--step``) or are generated (``--family lognormal --sigma 1 ...``).
+The text output has per-rank loads and slots, the group flows, and ``alloc[e, r]`` of
+every expert executed on more than one rank (the others run entirely at home);
+``--json`` has the summary and every plan tensor (``plan.alloc [E, R]``, ...).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import torch
 
 import moonplan
 from moonplan.baselines import copies_lower_bound, moonep_greedy_alloc, replica_count
+from moonplan.plan.plan_type import PLAN_TENSORS
+from moonplan.tables import render
 
 
 def register(subparsers: Any) -> None:
@@ -25,10 +32,15 @@ def register(subparsers: Any) -> None:
         description="Plan exact balance for router counts [R, E] read from a file or generated.",
     )
     p.add_argument("counts", nargs="?", help="counts file (.json or .npy), [R,E] or [T,R,E]")
-    p.add_argument("--step", type=int, default=0, help="step of a [T,R,E] trace file (default 0)")
+    p.add_argument(
+        "--step", type=int, default=None, help="step of a [T,R,E] trace file (required there)"
+    )
     p.add_argument("--family", default="lognormal", help="generated family (default lognormal)")
     p.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma (default 1)")
-    p.add_argument("--ranks", type=int, default=8, help="R for generated counts (default 8)")
+    p.add_argument(
+        "--ep", "--ranks", dest="ranks", type=int, default=8,
+        help="EP size R of generated counts (default 8)",
+    )  # fmt: skip
     p.add_argument("--experts", type=int, default=64, help="E for generated counts (default 64)")
     p.add_argument("--tokens", type=int, default=4096, help="tokens per rank (default 4096)")
     p.add_argument("--topk", type=int, default=8, help="top-k (default 8)")
@@ -36,7 +48,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--slots", type=int, default=None, help="prefetch slots B (default ceil(E/R))")
     p.add_argument("--align", type=int, default=1, help="row padding (default 1)")
     p.add_argument("--backend", default="auto", help="planner backend (default auto)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument(
+        "--json", action="store_true", help="print the summary and every plan tensor as JSON"
+    )
     p.set_defaults(func=handler)
 
 
@@ -47,10 +61,19 @@ def load_or_generate(args: argparse.Namespace) -> torch.Tensor:
     if args.counts:
         counts = load_counts(args.counts)
         if counts.dim() == 3:
-            if not 0 <= args.step < counts.shape[0]:
-                raise ValueError(f"--step {args.step} outside the trace's {counts.shape[0]} steps")
+            T = counts.shape[0]
+            if args.step is None:
+                raise ValueError(
+                    f"{args.counts} is a [T, R, E] trace of {T} steps: pass --step (0..{T - 1})"
+                )
+            if not 0 <= args.step < T:
+                raise ValueError(f"--step {args.step} outside the trace's {T} steps")
             counts = counts[args.step]
+        elif args.step is not None:
+            raise ValueError(f"--step applies to [T, R, E] traces; {args.counts} is [R, E]")
         return counts
+    if args.step is not None:
+        raise ValueError("--step selects a step of a counts file; generated counts have one")
     return generate_counts(
         args.family,
         ranks=args.ranks,
@@ -74,19 +97,31 @@ def handler(args: argparse.Namespace) -> int:
     summary = plan.summary()
     summary["moonep_greedy_copies"] = replica_count(moonep_greedy_alloc(counts_RE))
     summary["copies_lower_bound"] = copies_lower_bound(counts_RE)
-    print(json.dumps(summary) if args.json else format_plan_table(summary))
+    if args.json:
+        print(json.dumps({**summary, "plan": plan_fields(plan)}))
+    else:
+        print(format_plan_table(summary, plan))
     return 0
 
 
-def format_plan_table(s: dict[str, Any]) -> str:
-    """Per-rank table and totals of a :meth:`Plan.summary` (plus baseline copies)."""
-    lines = [
-        f"R={s['ranks']} E={s['experts']} slots B={s['slots']} records N={s['records']}",
-        f"{'rank':>5} {'static load':>12} {'planned load':>13} {'remote experts':>15}",
-    ]
-    rows = zip(s["static_load"], s["planned_load"], s["remote_experts"], strict=True)
-    for r, (st, pl, rem) in enumerate(rows):
-        lines.append(f"{r:>5} {st:>12} {pl:>13} {rem:>15}")
+def plan_fields(plan: moonplan.Plan) -> dict[str, Any]:
+    """Every tensor of ``plan`` as nested lists (see :class:`moonplan.Plan`), plus
+    ``num_slots``, ``align`` and ``backend``."""
+    out: dict[str, Any] = {name: getattr(plan, name).tolist() for name in PLAN_TENSORS}
+    return out | {"num_slots": plan.num_slots, "align": plan.align, "backend": plan.backend}
+
+
+def format_plan_table(s: dict[str, Any], plan: moonplan.Plan | None = None) -> str:
+    """Per-rank table and totals of a :meth:`Plan.summary` (plus baseline copies); with
+    ``plan``, also each rank's slots, the group flows and the replicated experts' ``alloc``."""
+    head = f"R={s['ranks']} E={s['experts']} slots B={s['slots']} records N={s['records']}"
+    header = ["rank", "static load", "planned load", "remote experts"]
+    cols = [s["static_load"], s["planned_load"], s["remote_experts"]]
+    if plan is not None:
+        header.append("slots (expert, * = new)")
+        cols.append([_slots(plan, r) for r in range(plan.num_ranks)])
+    rows = [[str(r), *(str(c[r]) for c in cols)] for r in range(s["ranks"])]
+    lines = [head, render(header, rows)]
     lines += [
         f"max/mean load: static EP {s['static_max_over_mean']:.3f} -> "
         f"moonplan {s['planned_max_over_mean']:.3f}",
@@ -95,4 +130,45 @@ def format_plan_table(s: dict[str, Any]) -> str:
         f"remote experts per rank: max {s['max_remote_experts']} "
         f"(bound ceil(E/R) = {s['remote_bound']})",
     ]
+    if plan is not None:
+        lines += ["", *_flows(plan), "", *_alloc(plan)]
     return "\n".join(lines)
+
+
+def _slots(plan: moonplan.Plan, r: int) -> str:
+    cells = [
+        f"{e}{'*' if new else ''}"
+        for e, new in zip(plan.slot_expert[r].tolist(), plan.slot_new[r].tolist(), strict=True)
+        if e >= 0
+    ]
+    return " ".join(cells) or "-"
+
+
+def _flows(plan: moonplan.Plan) -> list[str]:
+    rows = [[str(d), str(r), str(n)] for d, r, n in plan.flow.tolist() if d >= 0]
+    if not rows:
+        return ["flows: none (every rank already at its target)"]
+    title = "group flows, in the planner's order (records a donor rank's experts send)"
+    return [title, render(["donor", "receiver", "records"], rows)]
+
+
+def _alloc(plan: moonplan.Plan) -> list[str]:
+    alloc_ER = plan.alloc.cpu()
+    split = ((alloc_ER > 0).sum(1) > 1).nonzero().flatten().tolist()
+    if not split:
+        return ["alloc[e, r]: every expert runs entirely on its home rank"]
+    R = plan.num_ranks
+    home = plan.home.tolist()
+    rows = [
+        [str(e), str(home[e]), str(int(alloc_ER[e].sum()))]
+        + [
+            f"{v}{'*' if r == home[e] and v else ''}" if v else "."
+            for r, v in enumerate(alloc_ER[e].tolist())
+        ]
+        for e in split
+    ]
+    title = (
+        f"alloc[e, r] of the {len(split)} experts executed on several ranks (* = home; "
+        f"the other {plan.num_experts - len(split)} run entirely at home)"
+    )
+    return [title, render(["expert", "home", "records", *[f"r{r}" for r in range(R)]], rows)]

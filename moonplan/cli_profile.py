@@ -2,7 +2,9 @@
 
 Legend: R ranks, E experts, H hidden, F ffn, K top-k, S tokens of a rank, T trace steps.
 
-Starts ``--ranks`` processes (fork; gloo on CPU, NCCL with ``--device cuda``),
+Starts ``--ep`` processes (fork; gloo on CPU, NCCL with ``--device cuda``), or, under
+``torchrun`` (``WORLD_SIZE`` set, any number of hosts), runs in the launched processes
+(see :mod:`moonplan.launch`; rank 0 prints and writes),
 builds the demo's skewed ``MoonMoE`` (``--layers`` of them, stacked with residual
 connections), runs ``--warmup`` steps, then ``--steps`` steps inside
 :func:`moonplan.profile.profiling` (forward, and backward with ``--backward``).
@@ -30,7 +32,10 @@ from moonplan.runtime.routers import softmax_topk
 def register(subparsers: Any) -> None:
     """Add the ``profile`` subcommand (handler in ``args.func``)."""
     p = subparsers.add_parser("profile", help="time every MoE phase per rank (table, JSON, trace)")
-    p.add_argument("--ranks", type=int, default=None, help="EP ranks (default 4, or the trace's)")
+    p.add_argument(
+        "--ep", "--ranks", dest="ranks", type=int, default=None,
+        help="EP size: ranks (default 4, the trace's, or torchrun's WORLD_SIZE)",
+    )  # fmt: skip
     p.add_argument("--steps", type=int, default=10, help="profiled steps (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="steps run before profiling (default 2)")
     p.add_argument("--backward", action="store_true", help="also run (and time) the backward")
@@ -168,12 +173,14 @@ def _config(args: argparse.Namespace, trace: torch.Tensor | None) -> dict:
 
 
 def _resolve_ranks(args: argparse.Namespace, trace: torch.Tensor | None) -> int:
+    from moonplan.launch import resolve_world_size
+
     if trace is None:
-        return 4 if args.ranks is None else args.ranks
+        return resolve_world_size(args.ranks, 4)
     R = int(trace.shape[1])
     if args.ranks is not None and args.ranks != R:
-        raise ValueError(f"--ranks {args.ranks} differs from the trace's {R} ranks")
-    return R
+        raise ValueError(f"--ep {args.ranks} differs from the trace's {R} ranks")
+    return resolve_world_size(R, R)
 
 
 def write_outputs(report: Any, cfg: dict, out: Path) -> list[str]:
@@ -194,7 +201,7 @@ def write_outputs(report: Any, cfg: dict, out: Path) -> list[str]:
 
 def handler(args: argparse.Namespace) -> int:
     """Run the profile; 0 on success, 2 on bad arguments."""
-    from moonplan.testing.dist import run_ranks
+    from moonplan.launch import is_reporting_rank, run_on_ranks
 
     try:
         trace = _load_trace(args) if args.trace else None
@@ -209,12 +216,18 @@ def handler(args: argparse.Namespace) -> int:
     cfg = _config(args, trace)
     backend = "nccl" if args.device == "cuda" else "gloo"
     what = f"trace {args.trace}" if trace is not None else f"lognormal sigma={args.sigma}"
-    print(
-        f"moonplan profile: {R} ranks ({backend}), {args.layers} layer(s) E={cfg['experts']} "
-        f"H={args.hidden} F={args.ffn} K={args.topk}, {what}, {args.warmup} warm-up + "
-        f"{args.steps} steps, {'forward+backward' if args.backward else 'forward'}"
-    )
-    report = run_ranks(_rank_main, R, cfg, trace, timeout=args.timeout, backend=backend)[0]
+    if is_reporting_rank():
+        print(
+            f"moonplan profile: {R} ranks ({backend}), {args.layers} layer(s) "
+            f"E={cfg['experts']} H={args.hidden} F={args.ffn} K={args.topk}, {what}, "
+            f"{args.warmup} warm-up + {args.steps} steps, "
+            f"{'forward+backward' if args.backward else 'forward'}",
+            flush=True,
+        )
+    got = run_on_ranks(_rank_main, R, cfg, trace, timeout=args.timeout, backend=backend)
+    if got is None:  # a launched rank other than 0: rank 0 reports
+        return 0
+    report = got[0]
     print(report.table())
     for line in write_outputs(report, cfg, Path(args.out)):
         print(line)

@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from moonplan.baselines.policies import POLICY_NAMES
+from moonplan.cli_cost import preset_name
 from moonplan.simulate.model_time import DEFAULT_PLAN_US, SimConfig
 from moonplan.simulate.models import get_model
 from moonplan.simulate.progress import ProgressBar
@@ -48,9 +49,17 @@ def register(subparsers: Any) -> None:
         description="Roofline + communication model of one MoE layer step for static EP, "
         "capacity, EPLB, the MoonEP greedy and moonplan (see docs/simulator.md).",
     )
-    p.add_argument("--model", default="deepseek-v3", help="model preset (default deepseek-v3)")
-    p.add_argument("--hardware", default="h200-multinode", choices=sorted(HARDWARE))
-    p.add_argument("--ep", type=_list(int), default=[8, 64], help="EP sizes (default 8,64)")
+    p.add_argument(
+        "--model",
+        default="deepseek-v3",
+        help="model preset, case-insensitive (default deepseek-v3)",
+    )
+    p.add_argument(
+        "--hardware", default="h200-multinode", type=preset_name, choices=sorted(HARDWARE)
+    )
+    p.add_argument(
+        "--ep", "--ranks", type=_list(int), default=[8, 64], help="EP sizes (default 8,64)"
+    )
     p.add_argument(
         "--sigma", type=_list(float), default=[0, 0.25, 0.5, 1, 2], help="lognormal sigmas"
     )
@@ -87,7 +96,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tokens-grid", type=_list(int), default=list(TOKEN_GRID))
     p.add_argument("--trends", action="store_true", help="DeepSpeed-MoE and GShard trends instead")
     p.add_argument("--detail", action="store_true", help="also print every phase and metric")
-    p.add_argument("--plot", metavar="PNG", help="plot step time vs skew or EP size to this file")
+    p.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="plot step time vs skew or EP size (or per policy, with --counts) to this file; "
+        "refused with --break-even and --trends",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=handler)
@@ -128,14 +142,23 @@ def handler(args: argparse.Namespace) -> int:
         get_model(args.model)
         get_hardware(args.hardware)
         cfg, spec = _config(args), _spec(args)
-        progress = None if args.no_progress else ProgressBar()
-        report = _run(args, spec, cfg, progress)
-        if args.plot and report.get("rows"):
+        if args.plot and (args.break_even or args.trends):
+            mode = "--break-even" if args.break_even else "--trends"
+            raise ValueError(f"--plot draws sweeps and recorded traces, not {mode}")
+        if args.plot:
+            from moonplan.simulate.plots import require_matplotlib
+
+            require_matplotlib()  # refuse before the work, not after it
+        progress = None if args.no_progress else ProgressBar(description="simulate")
+        try:
+            report = _run(args, spec, cfg, progress)
+        finally:
+            if progress is not None:
+                progress.close()
+        if args.plot:
             from moonplan.simulate.plots import plot_sweep
 
             plot_sweep(report["rows"], args.plot, title=args.model)
-        elif args.plot:
-            print("moonplan simulate: --plot draws sweeps only; nothing plotted", file=sys.stderr)
     except (ValueError, RuntimeError) as err:
         print(f"moonplan simulate: error: {err}", file=sys.stderr)
         return 2
@@ -168,7 +191,7 @@ def _run(
             counts, model, hw, cfg, spec.policies, warmup=warmup,
             eplb_period=spec.eplb_period, eplb_groups=spec.eplb_groups,
         )  # fmt: skip
-        return {"rows": [{**r, "sigma": float("nan"), "maxvio_target": None} for r in rows]}
+        return {"rows": [{**r, "sigma": None, "maxvio_target": None} for r in rows]}
     return {"rows": sweep(spec, cfg, progress)}
 
 

@@ -1,11 +1,14 @@
 """``moonplan demo``: a skewed MoE layer on several CPU ranks, checked against one process.
 
-Starts ``--ranks`` processes (fork, gloo; ``--device cuda`` for NCCL), builds the
+Starts ``--ep`` processes (fork, gloo; ``--device cuda`` for NCCL), or, under
+``torchrun`` (``WORLD_SIZE`` set, any number of hosts), runs in the launched processes
+(see :mod:`moonplan.launch`). Builds the
 same small ``MoonMoE`` on each, routes tokens with lognormal-skewed, slowly
 drifting expert popularity for a few steps, and prints per step the static-EP
 max/mean load against moonplan's, copies, weights prefetched and phase times.
 Then it runs the same layer in a single process on all tokens and checks every
-rank's output against it; exits non-zero on any mismatch.
+rank's output against it; exits non-zero on any mismatch. Rank 0 reports progress
+with an ETA on stderr.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import torch
 
 from moonplan.runtime.routers import softmax_topk
+from moonplan.tables import render
 
 PHASES = ("plan", "prefetch", "dispatch", "experts", "combine")
 
@@ -24,7 +28,14 @@ PHASES = ("plan", "prefetch", "dispatch", "experts", "combine")
 def register(subparsers: Any) -> None:
     """Add the ``demo`` subcommand (handler in ``args.func``)."""
     p = subparsers.add_parser("demo", help="run a skewed MoE layer on CPU ranks and check it")
-    p.add_argument("--ranks", type=int, default=4, help="EP ranks (default 4)")
+    p.add_argument(
+        "--ep",
+        "--ranks",
+        dest="ranks",
+        type=int,
+        default=None,
+        help="EP size: ranks to start (default 4; under torchrun: its WORLD_SIZE)",
+    )
     p.add_argument("--experts", type=int, default=16, help="experts (default 16)")
     p.add_argument("--tokens", type=int, default=256, help="tokens per rank (default 256)")
     p.add_argument("--topk", type=int, default=2, help="top-k (default 2)")
@@ -39,6 +50,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--timeout", type=float, default=300.0, help="seconds before giving up (default 300)"
     )
+    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=handler)
 
 
@@ -58,17 +70,27 @@ def _step_tokens(cfg: dict, step: int, sizes: list[int]) -> torch.Tensor:
     return torch.randn(sum(sizes), cfg["hidden"], generator=g)
 
 
-def _rank_main(rank: int, world: int, cfg: dict, sizes: list[int]) -> dict:
-    """One rank: run the steps; return its outputs and (on rank 0) the step figures."""
-    from moonplan import MoonMoE
+def _rank_main(
+    rank: int, world: int, cfg: dict, sizes: list[int], group: Any = None, what: str = "ranks"
+) -> dict:
+    """One rank: run the steps; return its outputs and (on rank 0) the step figures.
 
+    ``group``: the layer's group (default: the default process group). Rank 0 reports
+    each step on stderr (``what`` names the run) unless ``cfg["progress"]`` is false.
+    """
+    from moonplan import MoonMoE
+    from moonplan.simulate.progress import ProgressBar
+
+    bar = ProgressBar(description=f"demo {what}") if rank == 0 and cfg["progress"] else None
     torch.manual_seed(cfg["seed"])
     state: dict[str, Any] = {}
 
     def router(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return softmax_topk(state["layer"].router(x) + state["bias"], cfg["topk"])
 
-    layer = MoonMoE(cfg["hidden"], cfg["ffn"], cfg["experts"], cfg["topk"], router=router)
+    layer = MoonMoE(
+        cfg["hidden"], cfg["ffn"], cfg["experts"], cfg["topk"], router=router, group=group
+    )
     g = torch.Generator().manual_seed(cfg["seed"] + 7)
     E, H, F = cfg["experts"], cfg["hidden"], cfg["ffn"]
     layer.load_dense(
@@ -85,47 +107,65 @@ def _rank_main(rank: int, world: int, cfg: dict, sizes: list[int]) -> dict:
         with torch.no_grad():
             outs.append(layer(x).cpu())
         stats.append(layer.last_stats)
+        if bar is not None:
+            bar(step + 1, cfg["steps"], f"step {step + 1}")
     return {"outs": outs, "stats": stats if rank == 0 else None}
 
 
 def _table(stats: list, cfg: dict) -> str:
     expert_mib = 3 * cfg["hidden"] * cfg["ffn"] * 4 / 2**20  # fp32 weights moved by all ranks
-    head = f"{'step':>4} {'static max/mean':>15} {'moonplan':>9} {'copies':>6} {'new':>4}"
-    head += f" {'prefetch MiB':>12}"
-    head += "".join(f" {p + ' ms':>11}" for p in PHASES)
-    lines = [head]
-    for i, s in enumerate(stats):
-        row = (
-            f"{i:>4} {s.static_max_over_mean:>15.3f} {s.planned_max_over_mean:>9.3f} {s.copies:>6} "
-        )
-        row += f"{s.new_copies:>4} {s.new_copies * expert_mib:>12.2f}"
-        row += "".join(f" {1e3 * s.phases.get(p, 0.0):>11.2f}" for p in PHASES)
-        lines.append(row)
-    return "\n".join(lines)
+    header = ["step", "static max/mean", "moonplan", "copies", "new", "prefetch MiB"]
+    header += [f"{p} ms" for p in PHASES]
+    rows = [
+        [
+            str(i),
+            f"{s.static_max_over_mean:.3f}",
+            f"{s.planned_max_over_mean:.3f}",
+            str(s.copies),
+            str(s.new_copies),
+            f"{s.new_copies * expert_mib:.2f}",
+            *[f"{1e3 * s.phases.get(p, 0.0):.2f}" for p in PHASES],
+        ]
+        for i, s in enumerate(stats)
+    ]
+    return render(header, rows)
 
 
 def handler(args: argparse.Namespace) -> int:
     """Run the demo; 0 when every rank matches the single-process layer, 1 otherwise."""
-    from moonplan.testing.dist import run_ranks
+    from moonplan.comm.group import EPGroup
+    from moonplan.launch import is_reporting_rank, resolve_world_size, run_on_ranks
 
     cfg = {
         k: getattr(args, k)
         for k in ("experts", "tokens", "topk", "hidden", "ffn", "sigma", "steps", "seed")
     }
-    R = args.ranks
+    cfg["progress"] = not args.no_progress
+    try:
+        R = resolve_world_size(args.ranks, 4)
+    except ValueError as exc:
+        print(f"moonplan demo: {exc}", file=sys.stderr)
+        return 2
     sizes = [args.tokens] * R
     backend = "nccl" if args.device == "cuda" else "gloo"
     if args.device == "cuda" and not torch.cuda.is_available():
         print("moonplan demo: --device cuda needs a CUDA device; none is visible", file=sys.stderr)
         return 2
-    print(
-        f"moonplan demo: {R} ranks ({backend}), E={args.experts} H={args.hidden} F={args.ffn} "
-        f"K={args.topk}, {args.tokens} tokens/rank, lognormal sigma={args.sigma}, "
-        f"{args.steps} steps"
-    )
-    ranks = run_ranks(_rank_main, R, cfg, sizes, timeout=args.timeout, backend=backend)
-    print(_table(ranks[0]["stats"], cfg))
-    single = run_ranks(_rank_main, 1, cfg, [sum(sizes)], timeout=args.timeout)[0]["outs"]
+    report = is_reporting_rank()
+    if report:
+        print(
+            f"moonplan demo: {R} ranks ({backend}), E={args.experts} H={args.hidden} "
+            f"F={args.ffn} K={args.topk}, {args.tokens} tokens/rank, lognormal "
+            f"sigma={args.sigma}, {args.steps} steps",
+            flush=True,
+        )
+    ranks = run_on_ranks(_rank_main, R, cfg, sizes, timeout=args.timeout, backend=backend)
+    if ranks is None:  # a launched rank other than 0: rank 0 reports
+        return 0
+    print(_table(ranks[0]["stats"], cfg), flush=True)
+    # the reference: the same layer in this process alone (a one-rank group, no torch.distributed)
+    local = EPGroup(None, device="cuda" if args.device == "cuda" else "cpu")
+    single = _rank_main(0, 1, cfg, [sum(sizes)], local, "check")["outs"]
     worst = 0.0
     for step in range(args.steps):
         got = torch.cat([r["outs"][step] for r in ranks])

@@ -46,3 +46,28 @@ def test_planner_check_says_no_device(tmp_path: Path) -> None:
     if r.returncode == 0:
         pytest.skip("a CUDA device is present: the real check ran")
     assert r.returncode == 2 and (tmp_path / "gpu_check.json").exists()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gpu_check.py",
+        "gpu_runtime_check.py",
+        "bench_plan.py",
+        "bench_experts.py",
+        "bench_layer.py",
+        "bench_wrap.py",
+        "bench_simulate.py",
+    ],
+)
+def test_help_runs_nothing(name: str, tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / name), "--help"],
+        env={**os.environ, "OUT": str(tmp_path)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and "usage:" in r.stdout, r.stderr[-2000:]
+    assert not any(tmp_path.iterdir()), "--help wrote files: it ran the script"

@@ -20,6 +20,7 @@ from torch import nn
 
 from moonplan.adapters.detect import inspect_block
 from moonplan.adapters.experts import MoonExperts
+from moonplan.adapters.torchtitan import is_torchtitan_moe, wrap_moe
 from moonplan.comm.group import EPGroup
 
 
@@ -36,7 +37,9 @@ def wrap(
     Args:
         module: a supported block (see :mod:`moonplan.adapters.detect`), e.g. transformers'
             ``MixtralSparseMoeBlock``, ``Qwen3MoeSparseMoeBlock`` or ``DeepseekV3MoE``, on
-            the group's device and in its final dtype; identical on every rank.
+            the group's device and in its final dtype; identical on every rank. A
+            torchtitan ``MoE`` (detected by structure) goes to
+            :func:`moonplan.adapters.torchtitan.wrap_moe`.
         group: an :class:`EPGroup` or a torch ProcessGroup (default: the default group).
         slots: prefetch slots ``B`` (default ``ceil(E/R)``).
         align: receive-row padding multiple.
@@ -54,6 +57,8 @@ def wrap(
         UnsupportedBlockError: ``module`` is not a supported MoE block (the message says
             what was expected and what was found).
     """
+    if is_torchtitan_moe(module):  # torchtitan's MoE: its routed_experts child is replaced
+        return wrap_moe(module, group=group, slots=slots, align=align, **options)
     spec = inspect_block(module)
     experts = module.get_submodule(spec.experts_name)
     moon = MoonExperts(

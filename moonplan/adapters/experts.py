@@ -27,6 +27,8 @@ from moonplan.runtime.setup import make_runtime, register_home, validate_routing
 class MoonExperts(nn.Module):
     """This rank's home experts of one MoE layer, run exactly balanced over the EP group.
 
+    ``expert_tensors``: the names of its sharded parameters (what checkpoints shard).
+
     Args:
         gate_up_proj: every expert's ``[E, 2F, H]`` (gate rows, then up rows); this rank
             keeps a copy of its home slice ``[E_r, 2F, H]``, so the full tensor can be freed.
@@ -50,6 +52,8 @@ class MoonExperts(nn.Module):
         runtime: the layer's :class:`~moonplan.runtime.setup.LayerRuntime` (``last_plan``,
             ``last_stats``).
     """
+
+    expert_tensors = ("gate_up_proj", "down_proj")
 
     def __init__(
         self,

@@ -25,6 +25,7 @@ from moonplan.adapters.detect import (
     looks_like_moe,
 )
 from moonplan.adapters.experts import MoonExperts
+from moonplan.adapters.torchtitan import MoonGroupedExperts, is_torchtitan_moe
 from moonplan.comm.group import EPGroup
 
 
@@ -56,7 +57,7 @@ def wrap_model(
         UnsupportedBlockError: no supported block at all, or (``strict``) an
             unsupported MoE-like block (the message names it and says why).
     """
-    if is_supported(model):
+    if is_supported(model) or is_torchtitan_moe(model):
         raise UnsupportedBlockError(
             f"{type(model).__name__} is itself a MoE block: use moonplan.wrap(block)"
         )
@@ -71,7 +72,8 @@ def wrap_model(
     if not targets:
         raise UnsupportedBlockError(
             f"no supported MoE block in {type(model).__name__}: expected modules with a "
-            "router child and an `experts` child (gate_up_proj [E, 2F, H], down_proj [E, H, F])"
+            "router child and an `experts` child (gate_up_proj [E, 2F, H], down_proj [E, H, F]), "
+            "or torchtitan MoE modules (router, routed_experts.inner_experts.w1_EFD ...)"
         )
     for name in targets:
         parent, _, attr = name.rpartition(".")
@@ -89,7 +91,7 @@ def _find_blocks(model: nn.Module, strict: bool) -> tuple[list[str], list[str]]:
     for name, module in model.named_modules():
         if not name or any(name.startswith(t + ".") for t in targets):
             continue
-        if is_supported(module):
+        if is_supported(module) or is_torchtitan_moe(module):
             targets.append(name)
         elif strict and looks_like_moe(module) and not _wrapped(module):
             try:
@@ -110,15 +112,26 @@ def moon_experts(model: nn.Module) -> Iterator[tuple[str, MoonExperts]]:
             yield name, module
 
 
+def sharded_experts(model: nn.Module) -> Iterator[tuple[str, MoonExperts | MoonGroupedExperts]]:
+    """``(qualified name, module)`` of every module holding sharded expert tensors
+    (:class:`MoonExperts` and torchtitan's :class:`MoonGroupedExperts`), in module order.
+    Each has ``expert_tensors`` (its sharded parameter names), ``num_experts``,
+    ``home_range``, ``group`` and ``weights_changed()``."""
+    for name, module in model.named_modules():
+        if isinstance(module, (MoonExperts, MoonGroupedExperts)):
+            yield name, module
+
+
 def expert_parameter_names(model: nn.Module) -> list[str]:
-    """Names of the sharded expert parameters (``...experts.gate_up_proj``, ``...down_proj``).
+    """Names of the sharded expert parameters (``...experts.gate_up_proj``, ``...down_proj``;
+    for torchtitan's MoE ``...routed_experts.inner_experts.w1_EFD``, ``w2_EDF``, ``w3_EFD``).
 
     Every other parameter is replicated and gets local gradients: all-reduce those over
     data-parallel ranks, never these (e.g. pass them to DDP's
     ``_set_params_and_buffers_to_ignore_for_model``, or give them their own optimizer group).
     """
     names = []
-    for name, ex in moon_experts(model):
+    for name, ex in sharded_experts(model):
         prefix = f"{name}." if name else ""
         names += [prefix + p for p, _ in ex.named_parameters(recurse=False)]
     return names

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from moonplan.profiling.phases import USER_LAYER, sequence_of
+from moonplan.tables import render
 
 
 class Span(NamedTuple):
@@ -129,16 +130,20 @@ class ProfileReport:
     def table(self) -> str:
         """A text table: one row per phase and one for the step (milliseconds)."""
         summ = self.summary()
-        head = f"{'phase':<18} {'p50 ms':>9} {'p90 ms':>9} {'mean ms':>9} {'share':>6}"
-        head += f" {'rank max/mean':>13}"
-        lines = [self.describe(), head]
         labels = {"step": "step, slowest rank", "wall": "step, wall"}
-        for name, f in summ.items():
-            share = "" if name in labels else f"{100 * f['share']:.1f}%"
-            lines.append(
-                f"{labels.get(name, name):<18} {f['p50_ms']:>9.3f} {f['p90_ms']:>9.3f} "
-                f"{f['mean_ms']:>9.3f} {share:>6} {f['rank_max_over_mean']:>13.3f}"
-            )
+        rows = [
+            [
+                labels.get(name, name),
+                f"{f['p50_ms']:.3f}",
+                f"{f['p90_ms']:.3f}",
+                f"{f['mean_ms']:.3f}",
+                "" if name in labels else f"{100 * f['share']:.1f}%",
+                f"{f['rank_max_over_mean']:.3f}",
+            ]
+            for name, f in summ.items()
+        ]
+        header = ["phase", "p50 ms", "p90 ms", "mean ms", "share", "rank max/mean"]
+        lines = [self.describe(), *render(header, rows).splitlines()]
         steps = summ["step"]["rank_mean_ms"]
         if steps:
             lo, hi = int(np.argmin(steps)), int(np.argmax(steps))

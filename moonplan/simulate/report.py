@@ -7,9 +7,12 @@ lists every phase and metric of every row.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
+
+from moonplan.tables import render
 
 SHORT: Mapping[str, str] = MappingProxyType(
     {
@@ -31,18 +34,17 @@ def _policies(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def _skew(r: dict[str, Any]) -> str:
+    """``maxvio 1``, ``sigma 0.5``, or ``recorded`` for a recorded trace (no sigma)."""
     if r.get("maxvio_target") is not None:
         return f"maxvio {r['maxvio_target']:g}"
-    return f"sigma {r.get('sigma', float('nan')):g}"
+    sigma = r.get("sigma")
+    if sigma is None or (isinstance(sigma, float) and math.isnan(sigma)):
+        return "recorded"
+    return f"sigma {sigma:g}"
 
 
 def _table(header: list[str], lines: list[list[str]], markdown: bool) -> str:
-    if markdown:
-        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        return "\n".join(out + ["| " + " | ".join(line) + " |" for line in lines])
-    widths = [max(len(x) for x in col) for col in zip(header, *lines, strict=True)]
-    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
-    return "\n".join([fmt.format(*header)] + [fmt.format(*line) for line in lines])
+    return render(header, lines, markdown=markdown)
 
 
 def sweep_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> str:
@@ -57,7 +59,7 @@ def sweep_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> st
         first = next(iter(at.values()))
         cells = [f"{at[p]['rel_ideal']:.2f}" if p in at else "-" for p in pols]
         lines.append(
-            [str(R), skew, f"{first['expert_maxvio']:.2f}", *cells, f"{first['ideal_us']:.0f}"]
+            [str(R), skew, f"{first['expert_maxvio']:.2f}", *cells, f"{first['ideal_us']:,.0f}"]
         )
     return _table(header, lines, markdown)
 
@@ -110,10 +112,18 @@ def _be(value: int | None, grid: Sequence[int]) -> str:
 def trend_table(
     rows: Sequence[dict[str, Any]], keys: Sequence[str], *, markdown: bool = False
 ) -> str:
-    """Selected ``keys`` of trend rows (floats with 3 significant digits)."""
-    lines = [[_num(r[k]) for k in keys] for r in rows]
-    return _table(list(keys), lines, markdown)
+    """Selected ``keys`` of trend rows; ``*_us`` columns in microseconds with thousands
+    separators (``7,810``), other floats with 3 significant digits, never exponents."""
+    lines = [[_num(r[k], k) for k in keys] for r in rows]
+    header = [f"{k.removesuffix('_us')} us" if k.endswith("_us") else k for k in keys]
+    return _table(header, lines, markdown)
 
 
-def _num(v: Any) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
+def _num(v: Any, key: str = "") -> str:
+    if not isinstance(v, float):
+        return str(v)
+    if key.endswith("_us") or abs(v) >= 1000:
+        return f"{v:,.0f}" if abs(v) >= 10 else f"{v:.2f}"
+    if v == 0 or abs(v) >= 0.01:
+        return f"{v:.3g}"
+    return f"{v:.2e}"

@@ -76,7 +76,12 @@ def test_cli_recorded_counts_plot_and_detail(
     png = tmp_path / "p.png"
     argv = ["--counts", str(tmp_path / "t.npy"), "--model", "mixtral-8x7b", "--detail"]
     assert run([*argv, "--no-progress", "--plot", str(png)]) == 0
-    assert "moonplan-resident" in capsys.readouterr().out and png.exists()
+    out = capsys.readouterr().out
+    assert "moonplan-resident" in out and png.exists()
+    assert "recorded" in out and "nan" not in out  # the skew column of a recorded trace
+    assert run([*argv, "--no-progress", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]  # strict JSON: no NaN
+    assert all(r["sigma"] is None for r in rows)
 
 
 def test_cli_break_even_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
@@ -89,12 +94,40 @@ def test_cli_break_even_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert run([*TINY, "--plan-us", "moonplan"]) == 2
     assert run([*TINY, "--policies", ","]) == 2
     capsys.readouterr()
-    assert run([*TINY, "--trends", "--plot", "x.png", "--json"]) == 0
-    assert "sweeps only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["--trends", "--break-even"])
+def test_cli_plot_refused_where_there_is_nothing_to_draw(
+    mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    png = tmp_path / "x.png"
+    assert run([*TINY, mode, "--plot", str(png)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"not {mode}" in err[0] and not png.exists()
+
+
+def test_sweep_plots_have_labelled_ticks_and_units() -> None:
+    pytest.importorskip("matplotlib")
+    from moonplan.simulate import plots
+
+    spec = SweepSpec(model="mixtral-8x7b", ranks=(2, 4), sigmas=(0.0, 0.5, 1.0), tokens=32,
+                     steps=1, warmup=1, policies=("static-linear", "moonplan"))  # fmt: skip
+    rows = sweep(spec)
+    fig = plots.figure_vs_skew(rows)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    ys = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert len(ys) >= 3 and all(y.endswith("x") for y in ys), ys
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "0.5", "1"]
+    assert "(x)" in ax.get_ylabel()
+    fig = plots.figure_vs_ep([r for r in rows if r["sigma"] == 1.0])
+    fig.canvas.draw()
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["2", "4"]
+    assert "ranks" in fig.axes[0].get_xlabel()
 
 
 def test_cli_progress_goes_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [a for a in TINY if a != "--no-progress"]
     assert run([*argv, "--sigma", "0", "--policies", "static-linear"]) == 0
     captured = capsys.readouterr()
-    assert "[" in captured.err and "done" in captured.err and "[" not in captured.out.split()[0]
+    assert "ETA" in captured.err and "done" in captured.err and "ETA" not in captured.out

@@ -80,12 +80,30 @@ def test_gshard_share_of_dispatch_and_combine_grows_with_experts() -> None:
     assert "share" in trend_table(rows, ["experts", "share"])
 
 
-def test_progress_bar_renders_and_writes() -> None:
-    out = io.StringIO()
-    bar = ProgressBar(out, width=10)
-    bar(5, 10, "half")
-    bar(10, 10, "done")
+def test_progress_plain_lines_with_eta(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [0.0]
+    monkeypatch.setattr("moonplan.simulate.progress.time.monotonic", lambda: now[0])
+    out = io.StringIO()  # not a terminal: one plain line per call
+    bar = ProgressBar(out, description="sweep")
+    now[0] = 2.0
+    bar(1, 4, "first")  # 2 s for 1 of 4: 6 s left
+    now[0] = 4.0
+    bar(4, 4, "done")
+    bar(0, 2, "again")  # a new sequence restarts the clock
+    now[0] = 5.0
+    bar(0, 2, "still")
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("[#####.....] 5/10") and lines[0].endswith("half")
-    assert lines[1].startswith("[##########] 10/10")
-    assert bar.render(0, 0, "x").startswith("[##########] 0/0")
+    assert lines[0] == "sweep [1/4] elapsed 2.0s, ETA 6.0s: first"
+    assert lines[1] == "sweep [4/4] elapsed 4.0s, ETA 0.0s: done"
+    assert lines[2] == "sweep [0/2] elapsed 0.0s, ETA ?: again"
+    assert lines[3] == "sweep [0/2] elapsed 1.0s, ETA ?: still"
+
+
+def test_progress_on_a_terminal_draws_a_rich_bar() -> None:
+    out = io.StringIO()
+    bar = ProgressBar(out, description="demo", tty=True)
+    bar(1, 2, "step 1")
+    bar(2, 2, "step 2")  # reaching the total stops the live display
+    text = out.getvalue()
+    assert "demo" in text and "2/2" in text and "ETA" in text and "step 2" in text
+    assert bar._live is None
