@@ -45,6 +45,7 @@ SUBMODULES = (
     "profiling",
     "runtime",
     "simulate",
+    "stepcost",
     "testing",
     "trace_recorder",
     "traces",
