@@ -96,6 +96,8 @@ def test_every_candidate_meets_its_declared_bound(data: st.DataObject) -> None:
     c = data.draw(counts(min_ranks=R, max_ranks=R, min_experts=E, max_experts=E))
     N = int(c.sum())
     for name in [*_names(prev), "bounded-0", "bounded-1.5"]:
+        ref = moonplan.plan(c, slots=slots, previous=prev, policy=name, backend="reference")
+        _same(ref, moonplan.plan(c, slots=slots, previous=prev, policy=name))
         for backend in ("reference", "torch"):
             p = moonplan.plan(c, slots=slots, previous=prev, policy=name, backend=backend)
             assert p.policy == name
