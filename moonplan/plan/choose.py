@@ -160,20 +160,22 @@ def lower_bound(cost: CostModel, counts_RE: torch.Tensor, planned: int) -> float
     ``k``, each padded to a tile and read once), rank 1 runs ``floor(N/R)``
     rows of one expert (some rank of any balanced plan runs at least that).
     A ``StepCost`` grows with rows, experts and traffic, so every candidate's
-    time is at least this one's.
+    time is at least this one's. Only the ``k`` imagined experts are passed
+    (which experts they are does not matter: nothing is fetched), so the
+    bound costs little next to scoring a plan.
     """
-    R, E = counts_RE.shape
+    R = counts_RE.shape[0]
     dev = counts_RE.device
     T_E = counts_RE.sum(0)
-    rows_ER = torch.zeros(E, R, dtype=torch.int64, device=dev)
     k = -(-int((T_E > 0).sum()) // R)
-    rows_ER[:k, 0] = 1
+    rows_KR = torch.zeros(max(k, 1), R, dtype=torch.int64, device=dev)  # imagined experts
+    rows_KR[:k, 0] = 1
     if R > 1:
-        rows_ER[0, 1] = int(T_E.sum()) // R
-    sent_RE = rows_ER.t().contiguous()  # every row stays on the rank that routed it
-    fetch_ER = torch.zeros(E, R, dtype=torch.bool, device=dev)
-    t = cost.step_time(rows_ER, sent_RE, fetch_ER, home_map(E, R, device=dev), planned=planned)
-    return float(t.total_s)
+        rows_KR[0, 1] = int(T_E.sum()) // R
+    sent_RK = rows_KR.t().contiguous()  # every row stays on the rank that routed it
+    fetch_KR = torch.zeros(rows_KR.shape, dtype=torch.bool, device=dev)
+    src_K = torch.zeros(rows_KR.shape[0], dtype=torch.int64, device=dev)
+    return float(cost.step_time(rows_KR, sent_RK, fetch_KR, src_K, planned=planned).total_s)
 
 
 def _static_load(inp: Inputs) -> list[int]:
