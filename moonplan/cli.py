@@ -6,11 +6,12 @@ import argparse
 import sys
 
 from moonplan import cli_cost, cli_plan, cli_profile, cli_simulate, demo
+from moonplan.cli_args import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="moonplan",
         description="Exactly balanced MoE expert parallelism: demo, planner, cost calculator, "
         "profiler and simulator.",

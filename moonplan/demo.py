@@ -16,28 +16,33 @@ from typing import Any
 
 import torch
 
+from moonplan.cli_args import fail, float_range, int_range
 from moonplan.runtime.routers import softmax_topk
 
 PHASES = ("plan", "prefetch", "dispatch", "experts", "combine")
+MAX_RANKS = 256  # one forked process per rank
 
 
 def register(subparsers: Any) -> None:
     """Add the ``demo`` subcommand (handler in ``args.func``)."""
     p = subparsers.add_parser("demo", help="run a skewed MoE layer on CPU ranks and check it")
-    p.add_argument("--ranks", type=int, default=4, help="EP ranks (default 4)")
-    p.add_argument("--experts", type=int, default=16, help="experts (default 16)")
-    p.add_argument("--tokens", type=int, default=256, help="tokens per rank (default 256)")
-    p.add_argument("--topk", type=int, default=2, help="top-k (default 2)")
-    p.add_argument("--hidden", type=int, default=64, help="hidden size H (default 64)")
-    p.add_argument("--ffn", type=int, default=128, help="expert FFN size F (default 128)")
-    p.add_argument("--sigma", type=float, default=1.0, help="lognormal skew (default 1)")
-    p.add_argument("--steps", type=int, default=5, help="steps (default 5)")
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--ranks", type=int_range(1, MAX_RANKS), default=4, help="EP ranks (default 4)")
+    p.add_argument("--experts", type=int_range(1), default=16, help="experts (default 16)")
+    p.add_argument("--tokens", type=int_range(0), default=256, help="tokens per rank (default 256)")
+    p.add_argument("--topk", type=int_range(1), default=2, help="top-k, <= experts (default 2)")
+    p.add_argument("--hidden", type=int_range(1), default=64, help="hidden size H (default 64)")
+    p.add_argument("--ffn", type=int_range(1), default=128, help="expert FFN size F (default 128)")
+    p.add_argument("--sigma", type=float_range(0), default=1.0, help="lognormal skew (default 1)")
+    p.add_argument("--steps", type=int_range(1), default=5, help="steps (default 5)")
+    p.add_argument("--seed", type=int_range(0, 2**31 - 1), default=0, help="seed (default 0)")
     p.add_argument(
         "--device", default="cpu", choices=("cpu", "cuda"), help="cpu (gloo) or cuda (nccl)"
     )
     p.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds before giving up (default 300)"
+        "--timeout",
+        type=float_range(0, above=True),
+        default=300.0,
+        help="seconds before giving up (default 300)",
     )
     p.set_defaults(func=handler)
 
@@ -115,9 +120,10 @@ def handler(args: argparse.Namespace) -> int:
     R = args.ranks
     sizes = [args.tokens] * R
     backend = "nccl" if args.device == "cuda" else "gloo"
+    if args.topk > args.experts:
+        return fail("moonplan demo", f"--topk {args.topk} exceeds --experts {args.experts}")
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("moonplan demo: --device cuda needs a CUDA device; none is visible", file=sys.stderr)
-        return 2
+        return fail("moonplan demo", "--device cuda needs a CUDA device; none is visible")
     print(
         f"moonplan demo: {R} ranks ({backend}), E={args.experts} H={args.hidden} F={args.ffn} "
         f"K={args.topk}, {args.tokens} tokens/rank, lognormal sigma={args.sigma}, "
