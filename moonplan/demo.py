@@ -6,6 +6,16 @@ drifting expert popularity for a few steps, and prints per step the static-EP
 max/mean load against moonplan's, copies, weights prefetched and phase times.
 Then it runs the same layer in a single process on all tokens and checks every
 rank's output against it; exits non-zero on any mismatch.
+
+The check is a tolerance, not bit equality: ``|got - want| <= ATOL + RTOL * |want|``
+elementwise (``torch.allclose``, ``RTOL = 1e-5``, ``ATOL = 1e-6``). The ranks run the
+same fp32 matrix products as the single process, but on fewer rows at a time (each
+rank's own tokens, an expert's records split between its home and its replicas),
+and CPU BLAS blocks a product by its row count, so sums are added in another order:
+outputs differ in the last bits (measured: up to a few 1e-7 absolute on outputs of
+order 1). The router's logits are computed in fp64 and rounded to fp32, which makes
+them, and hence the top-k choice, the same in both runs (a top-k flip would be a
+real mismatch). See ``docs/reliability.md``.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from moonplan.cli_args import fail, float_range, int_range
 from moonplan.runtime.routers import softmax_topk
 
 PHASES = ("plan", "prefetch", "dispatch", "experts", "combine")
+RTOL, ATOL = 1e-5, 1e-6  # the check's tolerance (module docstring)
 MAX_RANKS = 256  # one forked process per rank
 
 
@@ -71,7 +82,10 @@ def _rank_main(rank: int, world: int, cfg: dict, sizes: list[int]) -> dict:
     state: dict[str, Any] = {}
 
     def router(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return softmax_topk(state["layer"].router(x) + state["bias"], cfg["topk"])
+        # fp64 then fp32: the same logits bits whatever the number of rows (see above)
+        w = state["layer"].router.weight.double()
+        logits = torch.nn.functional.linear(x.double(), w).float()
+        return softmax_topk(logits + state["bias"], cfg["topk"])
 
     layer = MoonMoE(cfg["hidden"], cfg["ffn"], cfg["experts"], cfg["topk"], router=router)
     g = torch.Generator().manual_seed(cfg["seed"] + 7)
@@ -132,18 +146,31 @@ def handler(args: argparse.Namespace) -> int:
     ranks = run_ranks(_rank_main, R, cfg, sizes, timeout=args.timeout, backend=backend)
     print(_table(ranks[0]["stats"], cfg))
     single = run_ranks(_rank_main, 1, cfg, [sum(sizes)], timeout=args.timeout)[0]["outs"]
-    worst = 0.0
     for step in range(args.steps):
         got = torch.cat([r["outs"][step] for r in ranks])
-        want = single[step]
-        worst = max(
-            worst, float(((got - want).abs() / (want.abs() + 1e-6)).max()) if got.numel() else 0.0
-        )
-        if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
-            print(f"MISMATCH at step {step}: max relative difference {worst:.2e}", file=sys.stderr)
+        if not torch.allclose(got, single[step], rtol=RTOL, atol=ATOL):
+            diff, _ = _difference([got], [single[step]])
+            print(
+                f"MISMATCH at step {step}: max absolute difference {diff:.2e} exceeds "
+                f"rtol={RTOL:g}, atol={ATOL:g}",
+                file=sys.stderr,
+            )
             return 1
+    diff, scale = _difference(
+        [torch.cat([r["outs"][s] for r in ranks]) for s in range(args.steps)], single
+    )
+    why = "fp32 sums over other row counts round differently"
+    exact = "bit-identical this run" if diff == 0 else f"max absolute difference {diff:.1e}; {why}"
     print(
-        "every rank's output matches the single-process layer "
-        f"(max relative difference {worst:.1e})"
+        f"every rank's output matches the single-process layer within rtol={RTOL:g}, "
+        f"atol={ATOL:g} ({exact}; largest output {scale:.2f})"
     )
     return 0
+
+
+def _difference(got: list[torch.Tensor], want: list[torch.Tensor]) -> tuple[float, float]:
+    """``(max |got - want|, max |want|)`` over every step's outputs."""
+    pairs = [(g, w) for g, w in zip(got, want, strict=True) if w.numel()]
+    diff = max((float((g - w).abs().max()) for g, w in pairs), default=0.0)
+    scale = max((float(w.abs().max()) for w in want if w.numel()), default=0.0)
+    return diff, scale
