@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moonplan import cli_cost, cli_plan, cli_profile, cli_simulate, demo
+from moonplan import cli_cost, cli_doctor, cli_plan, cli_profile, cli_simulate, demo
 from moonplan.cli_args import OneLineParser
 
 
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_cost.register(sub)
     cli_profile.register(sub)
     cli_simulate.register(sub)
+    cli_doctor.register(sub)
     return parser
 
 

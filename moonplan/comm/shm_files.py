@@ -23,7 +23,6 @@ never touched.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -97,13 +96,13 @@ def is_alive(owner: Owner) -> bool:
     return True
 
 
-def remove_stale_files(directory: str = SHM_DIR) -> Cleanup:
+def remove_stale_files(directory: str = SHM_DIR, *, dry_run: bool = False) -> Cleanup:
     """Remove the heap files in ``directory`` whose creating process is dead.
 
     Only files of this user, created in this pid namespace, by a process that no longer
     runs, are removed; every other ``moonplan-*`` file is kept with the reason.
     Safe to run concurrently (by every rank of several jobs): a file already removed
-    by someone else is skipped.
+    by someone else is skipped. ``dry_run``: report what would be removed, remove nothing.
     """
     out = Cleanup()
     try:
@@ -116,9 +115,14 @@ def remove_stale_files(directory: str = SHM_DIR) -> Cleanup:
         if why:
             out.kept[name] = why
             continue
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(directory, name))
+        try:
+            if not dry_run:
+                os.unlink(os.path.join(directory, name))
             out.removed.append(name)
+        except FileNotFoundError:
+            continue  # another job's cleanup was faster
+        except OSError as exc:
+            out.kept[name] = f"cannot remove: {exc.strerror}"
     return out
 
 

@@ -126,3 +126,21 @@ def test_sigkill_during_creation_then_a_new_job_cleans_up():
             for p in procs:
                 p.kill()
                 p.join()
+
+
+def test_doctor_command_removes_stale_files(capsys: pytest.CaptureFixture[str]):
+    from moonplan.cli import main
+
+    me = this_process()
+    with tempfile.TemporaryDirectory() as d:
+        stale = shm_path("ee", 0, Owner(_dead_pid(), 1, me.ns), d)
+        live = shm_path("ee", 1, me, d)
+        for path in (stale, live):
+            open(path, "wb").close()
+        assert main(["doctor", "--dir", d, "--dry-run"]) == 0
+        assert "would remove 1 stale file(s), kept 1" in capsys.readouterr().out
+        assert os.path.exists(stale)
+        assert main(["doctor", "--dir", d]) == 0
+        out = capsys.readouterr().out
+        assert f"removed {stale}" in out and f"kept {live}: creator pid {me.pid} is running" in out
+        assert os.listdir(d) == [os.path.basename(live)]
