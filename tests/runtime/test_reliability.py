@@ -207,3 +207,26 @@ def test_router_outputs_of_the_wrong_kind_on_one_process():
         with pytest.raises(ContractError, match="rank 0") as info:
             layer(torch.randn(3, H))
         assert words in str(info.value)
+
+
+def test_wrapped_model_refuses_a_later_cast_and_says_to_cast_first():
+    pytest.importorskip("transformers")
+    from moonplan import adapters
+    from moonplan.comm.errors import ContractError
+    from tests.adapters.tiny import batch, make_model
+
+    model = adapters.wrap_model(make_model("Mixtral"))
+    model.to(torch.float32)  # no change: allowed
+    with pytest.raises(RuntimeError, match="cast or move the model before wrapping it"):
+        model.to(torch.bfloat16)
+    _, experts = next(adapters.moon_experts(model))
+    assert experts.gate_up_proj.dtype == torch.float32
+    with pytest.raises(ContractError, match="hidden_states|x is torch.bfloat16"):
+        experts(torch.zeros(3, experts.hidden_dim, dtype=torch.bfloat16), *_route(3))
+    ids = batch(0, [5], seed=1)
+    cast_first = adapters.wrap_model(make_model("Mixtral").to(torch.bfloat16))
+    assert cast_first(input_ids=ids).logits.dtype == torch.bfloat16
+
+
+def _route(S: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.zeros(S, 2, dtype=torch.long), torch.full((S, 2), 0.5)
