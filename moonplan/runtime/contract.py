@@ -45,7 +45,7 @@ def check_tokens(
         return f"expected x of shape [T, {hidden}] or [B, T, {hidden}], got {tuple(x.shape)}"
     if x.dtype != dtype:
         return f"x is {x.dtype} but the layer runs in {dtype}; cast x to {dtype}"
-    if x.device != device:
+    if not same_device(x.device, device):
         return f"x is on {x.device} but the layer runs on {device}; move x to {device}"
     return ""
 
@@ -55,7 +55,7 @@ def check_params(
 ) -> str:
     """Why the layer's parameters no longer match its runtime buffers, or ``""``."""
     for name, p in params.items():
-        if p.dtype != dtype or p.device != device:
+        if p.dtype != dtype or not same_device(p.device, device):
             return (
                 f"parameter {name} is {p.dtype} on {p.device} but the layer's buffers were "
                 f"built for {dtype} on {device}; {CAST_FIRST}"
@@ -94,7 +94,7 @@ def check_routing(ids_SK: Any, weight_SK: Any, S: int, E: int, K: int, device: t
         return f"router returned expert ids of dtype {ids_SK.dtype}, expected integers"
     if not weight_SK.dtype.is_floating_point:
         return f"router returned route weights of dtype {weight_SK.dtype}, expected floating point"
-    if ids_SK.device != device or weight_SK.device != device:
+    if not (same_device(ids_SK.device, device) and same_device(weight_SK.device, device)):
         devs = f"ids on {ids_SK.device} and weights on {weight_SK.device}"
         return f"router returned {devs}, expected both on {device}"
     if ids_SK.numel() and (int(ids_SK.min()) < 0 or int(ids_SK.max()) >= E):
@@ -103,6 +103,17 @@ def check_routing(ids_SK: Any, weight_SK: Any, S: int, E: int, K: int, device: t
     if not bool(torch.isfinite(weight_SK).all()):
         return "router returned non-finite (NaN or inf) route weights"
     return ""
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether ``a`` and ``b`` are one device (``cuda`` without an index is the current one)."""
+    return a.type == b.type and _index(a) == _index(b)
+
+
+def _index(d: torch.device) -> int | None:
+    if d.index is None and d.type == "cuda":
+        return torch.cuda.current_device()
+    return d.index
 
 
 def _kind(v: Any) -> str:
@@ -129,7 +140,7 @@ class FixedPlacement(nn.Module):
         rt = getattr(self, "runtime", None)
         if rt is not None:
             probe = fn(torch.empty(0, dtype=rt.dtype, device=rt.group.device))
-            if probe.dtype != rt.dtype or probe.device != rt.group.device:
+            if probe.dtype != rt.dtype or not same_device(probe.device, rt.group.device):
                 raise RuntimeError(
                     f"{type(self).__name__} cannot move from {rt.dtype} on {rt.group.device} "
                     f"to {probe.dtype} on {probe.device}: {CAST_FIRST}"

@@ -230,3 +230,26 @@ def test_wrapped_model_refuses_a_later_cast_and_says_to_cast_first():
 
 def _route(S: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(S, 2, dtype=torch.long), torch.full((S, 2), 0.5)
+
+
+def test_contract_checks_name_what_is_wrong():
+    from moonplan.runtime import contract as c
+
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    f32 = torch.float32
+    assert c.check_tokens(torch.zeros(2, H), H, f32, cpu) == ""
+    assert c.check_tokens(torch.zeros(1, 2, H), H, f32, cpu) == ""
+    assert "got list" in c.check_tokens([[0.0] * H], H, f32, cpu)
+    assert "expected x of shape" in c.check_tokens(torch.zeros(2, 2, 2, H), H, f32, cpu)
+    assert c.check_tokens(torch.zeros(2, 2, 2, H), H, f32, cpu, dims=None) == ""
+    assert "on meta but the layer runs on cpu" in c.check_tokens(
+        torch.zeros(2, H, device=meta), H, f32, cpu
+    )
+    assert c.same_device(cpu, torch.device("cpu")) and not c.same_device(cpu, meta)
+    ids, w = _router(torch.zeros(3, H))
+    assert c.check_routing(ids, w, 3, E, K, cpu) == ""
+    assert "ids on meta" in c.check_routing(ids.to(meta), w, 3, E, K, cpu)
+    assert "expected (3, 2) each" in c.check_routing(ids[:2], w[:2], 3, E, K, cpu)
+    assert "floating point" in c.check_routing(ids, ids, 3, E, K, cpu)
+    assert "router raised ZeroDivisionError" in c.call_router(lambda x: 1 / 0, ids)[2]
+    assert "parameter w is torch.float64" in c.check_params({"w": w.double()}, f32, cpu)
