@@ -1,4 +1,5 @@
-"""The ``moonplan`` command: ``demo``, ``plan`` and ``cost`` subcommands."""
+"""The ``moonplan`` command: ``demo``, ``plan``, ``cost``, ``profile``, ``simulate`` and
+``doctor`` subcommands (bad arguments: one line on stderr, exit status 2)."""
 
 from __future__ import annotations
 
