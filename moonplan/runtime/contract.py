@@ -136,13 +136,35 @@ class FixedPlacement(nn.Module):
 
     runtime: Any
 
-    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+    def check_move(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Raise ``RuntimeError`` if the conversion ``fn`` (what ``Module._apply`` applies
+        to every tensor) would change this layer's dtype or device."""
         rt = getattr(self, "runtime", None)
-        if rt is not None:
-            probe = fn(torch.empty(0, dtype=rt.dtype, device=rt.group.device))
-            if probe.dtype != rt.dtype or not same_device(probe.device, rt.group.device):
-                raise RuntimeError(
-                    f"{type(self).__name__} cannot move from {rt.dtype} on {rt.group.device} "
-                    f"to {probe.dtype} on {probe.device}: {CAST_FIRST}"
-                )
+        if rt is None:
+            return
+        probe = fn(torch.empty(0, dtype=rt.dtype, device=rt.group.device))
+        if probe.dtype != rt.dtype or not same_device(probe.device, rt.group.device):
+            raise RuntimeError(
+                f"{type(self).__name__} cannot move from {rt.dtype} on {rt.group.device} "
+                f"to {probe.dtype} on {probe.device}: {CAST_FIRST}"
+            )
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        self.check_move(fn)
         return super()._apply(fn, recurse)
+
+
+class RefuseMoves:
+    """A model's ``_apply`` that first asks every :class:`FixedPlacement` inside it, so a
+    refused ``model.to(...)`` leaves the whole model as it was (without it, the modules
+    before the first moonplan layer would already be converted). ``wrap_model`` installs
+    it on the model instance (the class is untouched)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def __call__(self, fn: Any, recurse: bool = True) -> Any:
+        for m in self.model.modules():
+            if isinstance(m, FixedPlacement):
+                m.check_move(fn)
+        return type(self.model)._apply(self.model, fn, recurse)

@@ -223,7 +223,12 @@ def test_wrapped_model_refuses_a_later_cast_and_says_to_cast_first():
     assert experts.gate_up_proj.dtype == torch.float32
     with pytest.raises(ContractError, match=r"x is torch\.bfloat16 but the layer runs in"):
         experts(torch.zeros(3, experts.hidden_dim, dtype=torch.bfloat16), *_route(3))
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # nothing converted
     ids = batch(0, [5], seed=1)
+    assert torch.isfinite(model(input_ids=ids).logits).all()
+    with pytest.raises(RuntimeError, match="before wrapping"):
+        model.half()
+    assert all(p.dtype == torch.float32 for p in model.parameters())
     cast_first = adapters.wrap_model(make_model("Mixtral").to(torch.bfloat16))
     assert cast_first(input_ids=ids).logits.dtype == torch.bfloat16
 
