@@ -48,7 +48,7 @@ def plan(
             off only to capture the plan in a CUDA graph, with counts known to be valid.
 
     Returns:
-        An immutable :class:`Plan` meeting the invariants of DESIGN §3.
+        An immutable :class:`Plan` meeting the invariants of ``moonplan/plan/README.md``.
 
     Raises:
         PlanError: bad counts, options, or a ``previous`` plan of another shape.

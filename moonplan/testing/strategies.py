@@ -1,6 +1,6 @@
 """Hypothesis strategies for planner inputs: router counts ``[R, E]`` and plan options.
 
-Public API for anyone who property-tests a balancing policy (DESIGN §6)::
+Public API for anyone who property-tests a balancing policy (see ``docs/api.md``)::
 
     from hypothesis import given, strategies as st
     from moonplan.testing import counts, plan_options
