@@ -258,3 +258,36 @@ def test_contract_checks_name_what_is_wrong():
     assert "floating point" in c.check_routing(ids, ids, 3, E, K, cpu)
     assert "router raised ZeroDivisionError" in c.call_router(lambda x: 1 / 0, ids)[2]
     assert "parameter w is torch.float64" in c.check_params({"w": w.double()}, f32, cpu)
+
+
+def _a2a_grow_fails(rank: int, world: int) -> dict:
+    """Rank 1 cannot allocate the bigger all-to-all buffers (a local, one-rank failure)."""
+    import moonplan.runtime.buffers as buffers
+    from moonplan import MoonMoE
+
+    layer = MoonMoE(H, F, E, K, router=_router, transport="a2a", max_tokens=4)
+    rt = layer.runtime
+    layer(torch.randn(4, H))
+    old = (rt.transport, rt.store, rt.capacity)
+    real = buffers.AllToAllTransport
+    if rank == 1:
+
+        def no_memory(*args, **kwargs):
+            raise MemoryError("injected: cannot allocate the receive rows")
+
+        buffers.AllToAllTransport = no_memory  # type: ignore[assignment, misc]
+    message, seconds = _step_error(layer, torch.randn(400, H))
+    kept = (rt.transport, rt.store, rt.capacity) == old
+    y_small = layer(torch.randn(4, H))
+    buffers.AllToAllTransport = real  # type: ignore[misc]
+    y_big = layer(torch.randn(400, H))
+    ok = bool(torch.isfinite(y_small).all() and torch.isfinite(y_big).all())
+    return {"message": message, "seconds": seconds, "kept": kept, "ok": ok}
+
+
+def test_failed_local_allocation_during_growth_raises_everywhere_and_keeps_buffers():
+    got = run_ranks(_a2a_grow_fails, 3, timeout=TIMEOUT)
+    assert len({g["message"] for g in got}) == 1
+    message = got[0]["message"]
+    assert "layer buffers for" in message and "rank 1: MemoryError: injected" in message
+    assert all(g["kept"] and g["ok"] and g["seconds"] < FAST_S for g in got), got
