@@ -48,7 +48,7 @@ def plan(
             off only to capture the plan in a CUDA graph, with counts known to be valid.
 
     Returns:
-        An immutable :class:`Plan` meeting the invariants of DESIGN §3.
+        An immutable :class:`Plan` meeting the invariants of ``moonplan/plan/README.md``.
 
     Raises:
         PlanError: bad counts, options, or a ``previous`` plan of another shape.
@@ -57,7 +57,7 @@ def plan(
         raise PlanError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     counts_RE = as_counts(counts, num_ranks, check_values=check_input)
     R, E = counts_RE.shape
-    B = check_options(slots, align, max_local(E, R))
+    B = check_options(slots, align, max_local(E, R), counts_RE, check_values=check_input)
     prev_RB = _previous_slots(previous, R, E, B, counts_RE.device)
     name = _resolve(backend, counts_RE.device)
     prev_F3 = None if previous is None else previous.flow.to(counts_RE.device)

@@ -23,7 +23,7 @@ def static_plan(counts: Any, *, slots: int | None = None, align: int = 1) -> Pla
     """The static-EP plan of ``counts [R, E]`` (same tensor shapes as :func:`moonplan.plan`)."""
     counts_RE = as_counts(counts)
     R, E = counts_RE.shape
-    B = check_options(slots, align, max_local(E, R))
+    B = check_options(slots, align, max_local(E, R), counts_RE)
     dev = counts_RE.device
     home_E = home_map(E, R, device=dev)
     alloc_ER = torch.zeros(E, R, dtype=torch.int64, device=dev)
