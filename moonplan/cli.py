@@ -1,7 +1,9 @@
-"""The ``moonplan`` command: ``demo``, ``plan``, ``cost``, ``profile`` and ``simulate``.
+"""The ``moonplan`` command: ``demo``, ``plan``, ``cost``, ``profile``, ``simulate`` and
+``doctor``.
 
 Every subcommand names the EP size ``--ep`` (``--ranks`` is an alias); ``--version``
-prints the version; model and hardware presets are case-insensitive.
+prints the version; model and hardware presets are case-insensitive; bad arguments print
+one line on stderr and exit with status 2.
 """
 
 from __future__ import annotations
@@ -9,12 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moonplan import __version__, cli_cost, cli_plan, cli_profile, cli_simulate, demo
+from moonplan import __version__, cli_cost, cli_doctor, cli_plan, cli_profile, cli_simulate, demo
+from moonplan.cli_args import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="moonplan",
         description="Exactly balanced MoE expert parallelism: demo, planner, cost calculator, "
         "profiler and simulator.",
@@ -26,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_cost.register(sub)
     cli_profile.register(sub)
     cli_simulate.register(sub)
+    cli_doctor.register(sub)
     return parser
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 import torch
 
 import moonplan
 from moonplan.baselines import copies_lower_bound, moonep_greedy_alloc, replica_count
+from moonplan.cli_args import fail, float_range, int_range
+from moonplan.plan.api import BACKENDS
 from moonplan.plan.plan_type import PLAN_TENSORS
 from moonplan.tables import render
 
@@ -33,21 +34,30 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("counts", nargs="?", help="counts file (.json or .npy), [R,E] or [T,R,E]")
     p.add_argument(
-        "--step", type=int, default=None, help="step of a [T,R,E] trace file (required there)"
+        "--step",
+        type=int_range(0),
+        default=None,
+        help="step of a [T,R,E] trace file (required there)",
     )
     p.add_argument("--family", default="lognormal", help="generated family (default lognormal)")
-    p.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma (default 1)")
+    p.add_argument("--sigma", type=float_range(0), default=1.0, help="lognormal sigma (default 1)")
     p.add_argument(
-        "--ep", "--ranks", dest="ranks", type=int, default=8,
+        "--ep", "--ranks", dest="ranks", type=int_range(1), default=8,
         help="EP size R of generated counts (default 8)",
     )  # fmt: skip
-    p.add_argument("--experts", type=int, default=64, help="E for generated counts (default 64)")
-    p.add_argument("--tokens", type=int, default=4096, help="tokens per rank (default 4096)")
-    p.add_argument("--topk", type=int, default=8, help="top-k (default 8)")
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    p.add_argument("--slots", type=int, default=None, help="prefetch slots B (default ceil(E/R))")
-    p.add_argument("--align", type=int, default=1, help="row padding (default 1)")
-    p.add_argument("--backend", default="auto", help="planner backend (default auto)")
+    p.add_argument(
+        "--experts", type=int_range(1), default=64, help="E for generated counts (default 64)"
+    )
+    p.add_argument(
+        "--tokens", type=int_range(0), default=4096, help="tokens per rank (default 4096)"
+    )
+    p.add_argument("--topk", type=int_range(1), default=8, help="top-k (default 8)")
+    p.add_argument("--seed", type=int_range(0), default=0, help="seed (default 0)")
+    p.add_argument(
+        "--slots", type=int_range(0), default=None, help="prefetch slots B (default ceil(E/R))"
+    )
+    p.add_argument("--align", type=int_range(1), default=1, help="row padding (default 1)")
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="planner backend")
     p.add_argument(
         "--json", action="store_true", help="print the summary and every plan tensor as JSON"
     )
@@ -87,13 +97,18 @@ def load_or_generate(args: argparse.Namespace) -> torch.Tensor:
 
 def handler(args: argparse.Namespace) -> int:
     """Run ``moonplan plan``; returns the exit status."""
+    if args.backend == "cuda":
+        from moonplan.plan.cuda_backend import available
+
+        ok, why = available()
+        if not ok:
+            return fail("moonplan plan", f"--backend cuda is unavailable here: {why}")
     try:
         counts_RE = load_or_generate(args)
         plan = moonplan.plan(counts_RE, slots=args.slots, align=args.align, backend=args.backend)
         moonplan.check_plan(plan, counts_RE)
     except (ValueError, OSError) as exc:
-        print(f"moonplan plan: error: {exc}", file=sys.stderr)
-        return 2
+        return fail("moonplan plan", str(exc))
     summary = plan.summary()
     summary["moonep_greedy_copies"] = replica_count(moonep_greedy_alloc(counts_RE))
     summary["copies_lower_bound"] = copies_lower_bound(counts_RE)

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from moonplan.cli_args import fail, float_range, int_range
 from moonplan.demo import _popularity_bias, _step_tokens
 from moonplan.runtime.routers import softmax_topk
 
@@ -33,25 +33,31 @@ def register(subparsers: Any) -> None:
     """Add the ``profile`` subcommand (handler in ``args.func``)."""
     p = subparsers.add_parser("profile", help="time every MoE phase per rank (table, JSON, trace)")
     p.add_argument(
-        "--ep", "--ranks", dest="ranks", type=int, default=None,
+        "--ep", "--ranks", dest="ranks", type=int_range(1), default=None,
         help="EP size: ranks (default 4, the trace's, or torchrun's WORLD_SIZE)",
     )  # fmt: skip
-    p.add_argument("--steps", type=int, default=10, help="profiled steps (default 10)")
-    p.add_argument("--warmup", type=int, default=2, help="steps run before profiling (default 2)")
+    p.add_argument("--steps", type=int_range(1), default=10, help="profiled steps (default 10)")
+    p.add_argument(
+        "--warmup", type=int_range(0), default=2, help="steps run before profiling (default 2)"
+    )
     p.add_argument("--backward", action="store_true", help="also run (and time) the backward")
     p.add_argument("--aligned", action="store_true", help="barrier before every step's phases")
     p.add_argument("--out", default="moonplan-profile", help="output folder")
     p.add_argument("--trace", default=None, help="replay recorded counts (.npy/.json) [T, R, E]")
-    p.add_argument("--layers", type=int, default=1, help="stacked MoE layers (default 1)")
-    p.add_argument("--experts", type=int, default=16, help="experts (default 16; trace: its E)")
-    p.add_argument("--tokens", type=int, default=256, help="tokens per rank (default 256)")
-    p.add_argument("--topk", type=int, default=2, help="top-k (default 2)")
-    p.add_argument("--hidden", type=int, default=64, help="hidden size H (default 64)")
-    p.add_argument("--ffn", type=int, default=128, help="expert FFN size F (default 128)")
-    p.add_argument("--sigma", type=float, default=1.0, help="lognormal skew (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--layers", type=int_range(1), default=1, help="stacked MoE layers (default 1)")
+    p.add_argument(
+        "--experts", type=int_range(1), default=16, help="experts (default 16; trace: its E)"
+    )
+    p.add_argument("--tokens", type=int_range(0), default=256, help="tokens per rank (default 256)")
+    p.add_argument("--topk", type=int_range(1), default=2, help="top-k (default 2)")
+    p.add_argument("--hidden", type=int_range(1), default=64, help="hidden size H (default 64)")
+    p.add_argument("--ffn", type=int_range(1), default=128, help="expert FFN size F (default 128)")
+    p.add_argument("--sigma", type=float_range(0), default=1.0, help="lognormal skew (default 1)")
+    p.add_argument("--seed", type=int_range(0, 2**31 - 1), default=0, help="seed (default 0)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu or cuda")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds before giving up")
+    p.add_argument(
+        "--timeout", type=float_range(0, above=True), default=300.0, help="seconds before giving up"
+    )
     p.set_defaults(func=handler)
 
 
@@ -210,9 +216,10 @@ def handler(args: argparse.Namespace) -> int:
             raise ValueError("--ranks, --steps and --layers must be >= 1, --warmup >= 0")
         if args.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda needs a CUDA device; none is visible")
+        if trace is None and args.topk > args.experts:
+            raise ValueError(f"--topk {args.topk} exceeds --experts {args.experts}")
     except ValueError as exc:
-        print(f"moonplan profile: {exc}", file=sys.stderr)
-        return 2
+        return fail("moonplan profile", str(exc))
     cfg = _config(args, trace)
     backend = "nccl" if args.device == "cuda" else "gloo"
     what = f"trace {args.trace}" if trace is not None else f"lognormal sigma={args.sigma}"

@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from moonplan.baselines.policies import POLICY_NAMES
+from moonplan.cli_args import float_range, int_range
 from moonplan.cli_cost import preset_name
 from moonplan.simulate.model_time import DEFAULT_PLAN_US, SimConfig
 from moonplan.simulate.models import get_model
@@ -29,7 +30,7 @@ from moonplan.simulate.workload import recorded_counts
 from moonplan.stepcost.hardware import HARDWARE, get_hardware
 
 
-def _list(kind: type) -> Any:
+def _list(kind: Any) -> Any:
     def parse(text: str) -> list[Any]:
         try:
             return [kind(x) for x in text.split(",") if x.strip()]
@@ -37,6 +38,8 @@ def _list(kind: type) -> Any:
             raise argparse.ArgumentTypeError(
                 f"expected a comma-separated list, got {text!r}"
             ) from None
+        except argparse.ArgumentTypeError as exc:  # an entry out of range
+            raise argparse.ArgumentTypeError(f"in {text!r}: {exc}") from None
 
     return parse
 
@@ -58,7 +61,7 @@ def register(subparsers: Any) -> None:
         "--hardware", default="h200-multinode", type=preset_name, choices=sorted(HARDWARE)
     )
     p.add_argument(
-        "--ep", "--ranks", type=_list(int), default=[8, 64], help="EP sizes (default 8,64)"
+        "--ep", "--ranks", type=_list(int_range(1)), default=[8, 64], help="EP sizes (default 8,64)"
     )
     p.add_argument(
         "--sigma", type=_list(float), default=[0, 0.25, 0.5, 1, 2], help="lognormal sigmas"
@@ -72,10 +75,16 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--tokens", type=int, default=4096, help="tokens per rank per step (default 4096)"
     )
-    p.add_argument("--steps", type=int, default=4, help="measured steps per point (default 4)")
-    p.add_argument("--warmup", type=int, default=4, help="steps run before measuring (default 4)")
-    p.add_argument("--rho", type=float, default=0.99, help="step-to-step drift correlation")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--steps", type=int_range(1), default=4, help="measured steps per point (default 4)"
+    )
+    p.add_argument(
+        "--warmup", type=int_range(0), default=4, help="steps run before measuring (default 4)"
+    )
+    p.add_argument(
+        "--rho", type=float_range(-1, 1), default=0.99, help="step-to-step drift correlation"
+    )
+    p.add_argument("--seed", type=int_range(0), default=0)
     p.add_argument("--exact", action="store_true", help="exact top-k sampling (slow at scale)")
     p.add_argument("--policies", type=_list(str), default=list(POLICY_NAMES))
     p.add_argument("--counts", help="recorded counts (.npy/.json, [T,R,E]) instead of generated")
@@ -90,10 +99,14 @@ def register(subparsers: Any) -> None:
         "--dispatch-bytes", type=float, default=2.0, help="bytes/element of dispatch (1: FP8)"
     )
     p.add_argument("--overlap-prefetch", action="store_true", help="hide the weight prefetch")
-    p.add_argument("--eplb-period", type=int, default=4, help="EPLB rearrangement period (steps)")
-    p.add_argument("--eplb-groups", type=int, default=1, help="expert groups for hierarchical EPLB")
+    p.add_argument(
+        "--eplb-period", type=int_range(1), default=4, help="EPLB rearrangement period (steps)"
+    )
+    p.add_argument(
+        "--eplb-groups", type=int_range(1), default=1, help="expert groups for hierarchical EPLB"
+    )
     p.add_argument("--break-even", action="store_true", help="break-even tokens per rank instead")
-    p.add_argument("--tokens-grid", type=_list(int), default=list(TOKEN_GRID))
+    p.add_argument("--tokens-grid", type=_list(int_range(1)), default=list(TOKEN_GRID))
     p.add_argument("--trends", action="store_true", help="DeepSpeed-MoE and GShard trends instead")
     p.add_argument("--detail", action="store_true", help="also print every phase and metric")
     p.add_argument(

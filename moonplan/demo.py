@@ -9,6 +9,16 @@ max/mean load against moonplan's, copies, weights prefetched and phase times.
 Then it runs the same layer in a single process on all tokens and checks every
 rank's output against it; exits non-zero on any mismatch. Rank 0 reports progress
 with an ETA on stderr.
+
+The check is a tolerance, not bit equality: ``|got - want| <= ATOL + RTOL * |want|``
+elementwise (``torch.allclose``, ``RTOL = 1e-5``, ``ATOL = 1e-6``). The ranks run the
+same fp32 matrix products as the single process, but on fewer rows at a time (each
+rank's own tokens, an expert's records split between its home and its replicas),
+and CPU BLAS blocks a product by its row count, so sums are added in another order:
+outputs differ in the last bits (measured: up to a few 1e-7 absolute on outputs of
+order 1). The router's logits are computed in fp64 and rounded to fp32, which makes
+them, and hence the top-k choice, the same in both runs (a top-k flip would be a
+real mismatch). See ``docs/reliability.md``.
 """
 
 from __future__ import annotations
@@ -19,10 +29,13 @@ from typing import Any
 
 import torch
 
+from moonplan.cli_args import fail, float_range, int_range
 from moonplan.runtime.routers import softmax_topk
 from moonplan.tables import render
 
 PHASES = ("plan", "prefetch", "dispatch", "experts", "combine")
+RTOL, ATOL = 1e-5, 1e-6  # the check's tolerance (module docstring)
+MAX_RANKS = 256  # one forked process per rank
 
 
 def register(subparsers: Any) -> None:
@@ -32,23 +45,26 @@ def register(subparsers: Any) -> None:
         "--ep",
         "--ranks",
         dest="ranks",
-        type=int,
+        type=int_range(1, MAX_RANKS),
         default=None,
         help="EP size: ranks to start (default 4; under torchrun: its WORLD_SIZE)",
     )
-    p.add_argument("--experts", type=int, default=16, help="experts (default 16)")
-    p.add_argument("--tokens", type=int, default=256, help="tokens per rank (default 256)")
-    p.add_argument("--topk", type=int, default=2, help="top-k (default 2)")
-    p.add_argument("--hidden", type=int, default=64, help="hidden size H (default 64)")
-    p.add_argument("--ffn", type=int, default=128, help="expert FFN size F (default 128)")
-    p.add_argument("--sigma", type=float, default=1.0, help="lognormal skew (default 1)")
-    p.add_argument("--steps", type=int, default=5, help="steps (default 5)")
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--experts", type=int_range(1), default=16, help="experts (default 16)")
+    p.add_argument("--tokens", type=int_range(0), default=256, help="tokens per rank (default 256)")
+    p.add_argument("--topk", type=int_range(1), default=2, help="top-k, <= experts (default 2)")
+    p.add_argument("--hidden", type=int_range(1), default=64, help="hidden size H (default 64)")
+    p.add_argument("--ffn", type=int_range(1), default=128, help="expert FFN size F (default 128)")
+    p.add_argument("--sigma", type=float_range(0), default=1.0, help="lognormal skew (default 1)")
+    p.add_argument("--steps", type=int_range(1), default=5, help="steps (default 5)")
+    p.add_argument("--seed", type=int_range(0, 2**31 - 1), default=0, help="seed (default 0)")
     p.add_argument(
         "--device", default="cpu", choices=("cpu", "cuda"), help="cpu (gloo) or cuda (nccl)"
     )
     p.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds before giving up (default 300)"
+        "--timeout",
+        type=float_range(0, above=True),
+        default=300.0,
+        help="seconds before giving up (default 300)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=handler)
@@ -86,7 +102,10 @@ def _rank_main(
     state: dict[str, Any] = {}
 
     def router(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return softmax_topk(state["layer"].router(x) + state["bias"], cfg["topk"])
+        # fp64 then fp32: the same logits bits whatever the number of rows (see above)
+        w = state["layer"].router.weight.double()
+        logits = torch.nn.functional.linear(x.double(), w).float()
+        return softmax_topk(logits + state["bias"], cfg["topk"])
 
     layer = MoonMoE(
         cfg["hidden"], cfg["ffn"], cfg["experts"], cfg["topk"], router=router, group=group
@@ -148,9 +167,10 @@ def handler(args: argparse.Namespace) -> int:
         return 2
     sizes = [args.tokens] * R
     backend = "nccl" if args.device == "cuda" else "gloo"
+    if args.topk > args.experts:
+        return fail("moonplan demo", f"--topk {args.topk} exceeds --experts {args.experts}")
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("moonplan demo: --device cuda needs a CUDA device; none is visible", file=sys.stderr)
-        return 2
+        return fail("moonplan demo", "--device cuda needs a CUDA device; none is visible")
     report = is_reporting_rank()
     if report:
         print(
@@ -166,18 +186,31 @@ def handler(args: argparse.Namespace) -> int:
     # the reference: the same layer in this process alone (a one-rank group, no torch.distributed)
     local = EPGroup(None, device="cuda" if args.device == "cuda" else "cpu")
     single = _rank_main(0, 1, cfg, [sum(sizes)], local, "check")["outs"]
-    worst = 0.0
     for step in range(args.steps):
         got = torch.cat([r["outs"][step] for r in ranks])
-        want = single[step]
-        worst = max(
-            worst, float(((got - want).abs() / (want.abs() + 1e-6)).max()) if got.numel() else 0.0
-        )
-        if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
-            print(f"MISMATCH at step {step}: max relative difference {worst:.2e}", file=sys.stderr)
+        if not torch.allclose(got, single[step], rtol=RTOL, atol=ATOL):
+            diff, _ = _difference([got], [single[step]])
+            print(
+                f"MISMATCH at step {step}: max absolute difference {diff:.2e} exceeds "
+                f"rtol={RTOL:g}, atol={ATOL:g}",
+                file=sys.stderr,
+            )
             return 1
+    diff, scale = _difference(
+        [torch.cat([r["outs"][s] for r in ranks]) for s in range(args.steps)], single
+    )
+    why = "fp32 sums over other row counts round differently"
+    exact = "bit-identical this run" if diff == 0 else f"max absolute difference {diff:.1e}; {why}"
     print(
-        "every rank's output matches the single-process layer "
-        f"(max relative difference {worst:.1e})"
+        f"every rank's output matches the single-process layer within rtol={RTOL:g}, "
+        f"atol={ATOL:g} ({exact}; largest output {scale:.2f})"
     )
     return 0
+
+
+def _difference(got: list[torch.Tensor], want: list[torch.Tensor]) -> tuple[float, float]:
+    """``(max |got - want|, max |want|)`` over every step's outputs."""
+    pairs = [(g, w) for g, w in zip(got, want, strict=True) if w.numel()]
+    diff = max((float((g - w).abs().max()) for g, w in pairs), default=0.0)
+    scale = max((float(w.abs().max()) for w in want if w.numel()), default=0.0)
+    return diff, scale

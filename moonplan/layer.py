@@ -22,16 +22,23 @@ from torch import nn
 from moonplan.comm.group import EPGroup
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan
+from moonplan.runtime.contract import (
+    FixedPlacement,
+    call_router,
+    check_params,
+    check_routing,
+    check_tokens,
+)
 from moonplan.runtime.routers import (
     RouteFn,
     SigmoidGroupedConfig,
     sigmoid_grouped_topk,
     softmax_topk,
 )
-from moonplan.runtime.setup import StepStats, make_runtime, register_home, validate_routing
+from moonplan.runtime.setup import StepStats, make_runtime, register_home
 
 
-class MoonMoE(nn.Module):
+class MoonMoE(FixedPlacement):
     """Exactly balanced expert-parallel MoE layer (SwiGLU experts).
 
     Args:
@@ -172,26 +179,27 @@ class MoonMoE(nn.Module):
         Every rank of the group must call it (a rank with no tokens too). A bad input
         or router output on any rank raises the same ``ContractError`` on every rank.
         """
-        H = self.hidden_size
-        ok, msg = x.dim() in (2, 3) and x.shape[-1] == H, ""
-        x_SH, ids_SK, weight_SK = x.new_zeros(0, H), None, x.new_zeros(0, self.top_k)
-        if not ok:
-            msg = f"expected x of shape [T, {H}] or [B, T, {H}], got {tuple(x.shape)}"
-        else:
-            x_SH = x.reshape(-1, H)
-            try:
-                ids_SK, weight_SK = self.route_fn(x_SH)
-            except Exception as exc:  # shared with every rank instead of leaving them waiting
-                ok, msg = False, f"router raised {type(exc).__name__}: {exc}"
-            if ok and ids_SK is not None:
-                ok, msg = validate_routing(
-                    ids_SK, weight_SK, x_SH.shape[0], self.num_experts, self.top_k
-                )
+        x_SH, ids_SK, weight_SK, ok, msg = self._contribution(x)
         params: dict[str, torch.Tensor] = {"gate_up": self.gate_up, "down": self.down}
         y_SH = self.runtime.forward(x_SH, ids_SK if ok else None, weight_SK, params, ok, msg)
         if self.shared_experts is not None:
             y_SH = y_SH + self.shared_experts(x_SH)
         return y_SH.view(x.shape)
+
+    def _contribution(self, x: torch.Tensor) -> tuple[torch.Tensor, Any, Any, bool, str]:
+        """``(x [S, H], ids [S, K], weight [S, K], ok, why)`` this rank brings to the step
+        (see ``moonplan.runtime.contract``); placeholders where it is not ``ok``."""
+        H, K, rt, dev = self.hidden_size, self.top_k, self.runtime, self.group.device
+        params = {"gate_up": self.gate_up, "down": self.down}
+        msg = check_params(params, rt.dtype, dev) or check_tokens(x, H, rt.dtype, dev)
+        if not msg:
+            x_SH = x.reshape(-1, H)
+            ids_SK, weight_SK, msg = call_router(self.route_fn, x_SH)
+            msg = msg or check_routing(ids_SK, weight_SK, x_SH.shape[0], self.num_experts, K, dev)
+        if msg:
+            empty_SH = torch.zeros(0, H, dtype=rt.dtype, device=dev)
+            return empty_SH, None, torch.zeros(0, K, device=dev), False, msg
+        return x_SH, ids_SK.long(), weight_SK, True, ""
 
 
 def _check_sizes(H: int, F: int, E: int, K: int) -> None:

@@ -21,10 +21,11 @@ from torch import nn
 
 from moonplan.comm.group import EPGroup
 from moonplan.plan.home import max_local
-from moonplan.runtime.setup import make_runtime, register_home, validate_routing
+from moonplan.runtime.contract import FixedPlacement, check_params, check_routing, check_tokens
+from moonplan.runtime.setup import make_runtime, register_home
 
 
-class MoonExperts(nn.Module):
+class MoonExperts(FixedPlacement):
     """This rank's home experts of one MoE layer, run exactly balanced over the EP group.
 
     ``expert_tensors``: the names of its sharded parameters (what checkpoints shard).
@@ -118,14 +119,11 @@ class MoonExperts(nn.Module):
         Collective: every rank calls it. A bad input on any rank raises the same
         ``ContractError`` on every rank.
         """
-        H = self.hidden_dim
-        ok, msg = True, ""
-        if hidden_states.dim() < 1 or hidden_states.shape[-1] != H:
-            ok, msg = False, f"expected hidden_states [S, {H}], got {tuple(hidden_states.shape)}"
-        elif not top_k_weights.dtype.is_floating_point:
-            ok, msg = False, f"top_k_weights must be floating point, got {top_k_weights.dtype}"
-        x_SH = hidden_states.reshape(-1, H) if ok else hidden_states.new_zeros(0, H)
-        y_SH = self.run(x_SH, top_k_index, top_k_weights, ok, msg)
+        H, rt = self.hidden_dim, self.runtime
+        msg = check_tokens(hidden_states, H, rt.dtype, self.group.device, dims=None)
+        ok = not msg
+        x_SH = hidden_states.reshape(-1, H) if ok else torch.zeros(0, H, dtype=rt.dtype)
+        y_SH = self.run(x_SH.to(self.group.device), top_k_index, top_k_weights, ok, msg)
         return y_SH.view(hidden_states.shape) if ok else y_SH
 
     def run(
@@ -141,14 +139,18 @@ class MoonExperts(nn.Module):
         ``ok=False`` (with ``msg``) reports a failure seen before the step (e.g. the router
         raised): every rank then raises ``ContractError`` naming this rank and ``msg``.
         """
-        K = self.top_k
-        if ok and ids_SK is not None:
-            ok, msg = validate_routing(ids_SK, weight_SK, x_SH.shape[0], self.num_experts, K)
+        K, dev = self.top_k, self.group.device
+        params: dict[str, torch.Tensor] = {"gate_up": self.gate_up_proj, "down": self.down_proj}
+        if ok:
+            msg = check_params(params, self.runtime.dtype, dev) or check_routing(
+                ids_SK, weight_SK, x_SH.shape[0], self.num_experts, K, dev
+            )
+            ok = not msg
         if not ok or ids_SK is None:
-            ids_SK, weight_SK = None, x_SH.new_zeros(0, K)
+            x_SH = torch.zeros(0, x_SH.shape[-1], dtype=self.runtime.dtype, device=dev)
+            ids_SK, weight_SK = None, torch.zeros(0, K, device=dev)
         else:
             ids_SK = ids_SK.long()
-        params: dict[str, torch.Tensor] = {"gate_up": self.gate_up_proj, "down": self.down_proj}
         return self.runtime.forward(x_SH, ids_SK, weight_SK, params, ok, msg)
 
     def weights_changed(self) -> None:

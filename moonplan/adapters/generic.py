@@ -18,6 +18,7 @@ from torch import nn
 
 from moonplan.adapters.experts import MoonExperts
 from moonplan.comm.group import EPGroup
+from moonplan.runtime.contract import call_router, check_tokens
 
 RouterFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -60,17 +61,15 @@ class RoutedExperts(nn.Module):
         A router that raises, or returns bad ids/weights, on any rank makes every rank
         raise the same ``ContractError``.
         """
-        H = self.experts.hidden_dim
-        if x.dim() < 1 or x.shape[-1] != H:
-            bad = x.new_zeros(0, H)
-            msg = f"expected x of shape [..., {H}], got {tuple(x.shape)}"
-            return self.experts.run(bad, None, bad, ok=False, msg=msg)
+        ex = self.experts
+        H, dtype, dev = ex.hidden_dim, ex.runtime.dtype, ex.group.device
+        msg = check_tokens(x, H, dtype, dev, dims=None)
+        if msg:
+            bad = torch.zeros(0, H, dtype=dtype, device=dev)
+            return ex.run(bad, None, bad, ok=False, msg=msg)
         x_SH = x.reshape(-1, H)
-        ok, msg, ids_SK, weight_SK = True, "", None, x_SH.new_zeros(0, self.experts.top_k)
-        try:
-            ids_SK, weight_SK = self.route_fn(x_SH)
-        except Exception as exc:  # shared with every rank instead of leaving them waiting
-            ok, msg = False, f"router raised {type(exc).__name__}: {exc}"
+        ids_SK, weight_SK, msg = call_router(self.route_fn, x_SH)
+        ok = not msg
         y_SH = self.experts.run(x_SH, ids_SK, weight_SK, ok, msg)
         if self.shared_experts is not None:
             y_SH = y_SH + self.shared_experts(x_SH)

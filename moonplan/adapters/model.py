@@ -27,6 +27,7 @@ from moonplan.adapters.detect import (
 from moonplan.adapters.experts import MoonExperts
 from moonplan.adapters.torchtitan import MoonGroupedExperts, is_torchtitan_moe
 from moonplan.comm.group import EPGroup
+from moonplan.runtime.contract import RefuseMoves
 
 
 def wrap_model(
@@ -41,7 +42,9 @@ def wrap_model(
     """Replace every supported MoE block of ``model`` by its wrapped form (in place).
 
     Collective: every rank calls it on an identical model (same structure, same weights,
-    on the group's device and in its final dtype: wrap after ``.to(...)``).
+    on the group's device and in its final dtype: wrap after ``.to(...)``). A later
+    ``model.to(...)`` that would change a wrapped layer's dtype or device raises
+    ``RuntimeError`` before converting anything.
 
     Args:
         model: e.g. a transformers ``MixtralForCausalLM``.
@@ -81,6 +84,7 @@ def wrap_model(
         block = owner._modules[attr]
         assert block is not None
         setattr(owner, attr, wrap(block, group=ep, slots=slots, align=align, **options))
+    model._apply = RefuseMoves(model)  # type: ignore[method-assign]  # .to() refused whole
     return model
 
 

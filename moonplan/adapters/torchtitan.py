@@ -37,7 +37,8 @@ from torch import nn
 from moonplan.adapters.experts import _group, _home_parameter
 from moonplan.comm.group import EPGroup
 from moonplan.plan.home import max_local
-from moonplan.runtime.setup import make_runtime, register_home, validate_routing
+from moonplan.runtime.contract import check_routing
+from moonplan.runtime.setup import make_runtime, register_home
 
 WEIGHTS = ("w1_EFD", "w2_EDF", "w3_EFD")
 
@@ -176,7 +177,9 @@ class MoonGroupedExperts(nn.Module):
         Collective: every rank calls it, also with ``T = 0``. Bad routing on any rank
         raises the same ``ContractError`` on every rank.
         """
-        ok, msg = validate_routing(ids_TK, scores_TK, x_TD.shape[0], self.num_experts, self.top_k)
+        T, E, K = x_TD.shape[0], self.num_experts, self.top_k
+        msg = check_routing(ids_TK, scores_TK, T, E, K, self.group.device)
+        ok = not msg
         ids = ids_TK.long() if ok else None
         scores = scores_TK if ok else x_TD.new_zeros(0, self.top_k)
         c = self.compute_dtype

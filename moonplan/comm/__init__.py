@@ -3,6 +3,8 @@
 * :class:`EPGroup` (``group``): process group + device, collective error agreement.
 * :class:`SymmetricHeap` / :class:`SymTensor` (``heap``; backends ``shm_heap``,
   ``nvshmem_heap``): the same allocation on every rank with views of the peers' copies.
+* ``shm_files``: names of the ``shm`` heap's files (job, rank, creating process) and
+  ``remove_stale_files``, which removes those of dead processes (``moonplan doctor``).
 * ``a2a.exchange_rows`` / ``a2a.gather_rows``: the ``torch.distributed`` transport
   used where no heap spans the group.
 """

@@ -5,7 +5,7 @@ Legend:
     L  bytes of one encoded status (``STATUS_BYTES``: ok flag, length, message)
 
 A contract violation seen by one rank must raise the same error on every rank
-(DESIGN §4): :meth:`EPGroup.agree`, :meth:`EPGroup.check_same` and
+(see ``docs/reliability.md``): :meth:`EPGroup.agree`, :meth:`EPGroup.check_same` and
 :meth:`EPGroup.gather_with_status` all-gather a fixed-size status, so every rank
 takes the same decision from the same bytes and builds the same message.
 

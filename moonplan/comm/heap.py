@@ -35,6 +35,7 @@ import torch
 
 from moonplan.comm.errors import ContractError, HeapUnavailable
 from moonplan.comm.group import EPGroup
+from moonplan.comm.shm_files import SHM_DIR, this_process
 
 __all__ = ["ALIGN", "ContractError", "HeapUnavailable", "SymTensor", "SymmetricHeap"]
 
@@ -131,9 +132,11 @@ class SymmetricHeap:
         survey = _survey(group, backend, nbytes)
         chosen = _choose_backend(group, backend, survey)
         if chosen == "shm":
+            from moonplan.comm.shm_files import Owner
             from moonplan.comm.shm_heap import ShmHeap
 
-            return ShmHeap.open(group, nbytes, token=survey[0]["token"])
+            owners = [Owner.from_tag(s["owner"]) for s in survey]
+            return ShmHeap.open(group, nbytes, token=survey[0]["token"], owners=owners)
         from moonplan.comm.nvshmem_heap import NvshmemHeap
 
         return NvshmemHeap.open(group, nbytes)
@@ -240,7 +243,8 @@ def _survey(group: EPGroup, backend: str, nbytes: int) -> list[dict[str, Any]]:
         "nbytes": nbytes,
         "host": socket.gethostname(),
         "cuda": cuda,
-        "shm": os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK),
+        "shm": _shm_usable(),
+        "owner": this_process().tag(),
         "nvshmem": nv_ok,
         "why": nv_why[:300],
         "token": secrets.token_hex(8),
@@ -253,6 +257,11 @@ def _survey(group: EPGroup, backend: str, nbytes: int) -> list[dict[str, Any]]:
             bad = tuple(r for r, v in enumerate(values) if v != values[0])
             raise ContractError(f"SymmetricHeap.create: {key} differs across ranks: {values}", bad)
     return survey
+
+
+def _shm_usable() -> bool:
+    """``/dev/shm`` is a writable directory and ``/proc/self/fd`` reopens descriptors."""
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) and os.path.isdir("/proc/self/fd")
 
 
 def _nvshmem_available() -> tuple[bool, str]:
@@ -280,5 +289,8 @@ def _choose_backend(group: EPGroup, backend: str, survey: list[dict[str, Any]]) 
         )
     no_shm = [r for r, s in enumerate(survey) if not s["shm"]]
     if no_shm:
-        raise HeapUnavailable(f"shm heap: /dev/shm is not a writable directory on rank {no_shm}")
+        raise HeapUnavailable(
+            f"shm heap: /dev/shm is not a writable directory (or /proc/self/fd is missing) "
+            f"on rank {no_shm}; use the a2a transport"
+        )
     return backend

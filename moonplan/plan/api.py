@@ -63,8 +63,12 @@ def plan(
             or any object with its ``plan_time`` and ``step_time``).
 
     Returns:
+<<<<<<< HEAD
         An immutable :class:`Plan` meeting the invariants of ``moonplan/plan/README.md``
         (exact balance for ``policy="exact"``, its ``load_bound`` otherwise).
+=======
+        An immutable :class:`Plan` meeting the invariants of ``moonplan/plan/README.md``.
+>>>>>>> main
 
     Raises:
         PlanError: bad counts, options, policy, a missing ``cost`` for ``"auto"``,
@@ -86,10 +90,15 @@ def plan(
         )
     counts_RE = as_counts(counts, num_ranks, check_values=check_input)
     R, E = counts_RE.shape
+<<<<<<< HEAD
     B = check_options(slots, align, max_local(E, R))
     prev_RB = previous_slots(previous, R, E, B, counts_RE.device)
     if policy == "static" and backend != "reference":
         return static_plan(counts_RE, slots=B, align=align, previous=previous, check_input=False)
+=======
+    B = check_options(slots, align, max_local(E, R), counts_RE, check_values=check_input)
+    prev_RB = _previous_slots(previous, R, E, B, counts_RE.device)
+>>>>>>> main
     name = _resolve(backend, counts_RE.device)
     prev_F3 = None if previous is None else previous.flow.to(counts_RE.device)
     if policy != "exact":

@@ -1,6 +1,15 @@
 """Input validation for the planner: one canonical counts tensor, or a PlanError.
 
-Legend: R ranks, E experts.
+Legend: R ranks, E experts, M = ceil(E/R), B slots, N total records (``counts.sum()``).
+
+Limits (every one a :class:`PlanError` naming it, see ``docs/reliability.md``):
+
+* ``N`` must fit in int64 (``2**63 - 1``): a larger total would wrap silently;
+* ``slots <= E``: a rank never holds more than ``E`` distinct replicas;
+* ``align <= max(65536, N rounded up to a power of two)``: any padding up to 65536 is
+  accepted whatever the counts (a step may have no tokens), beyond that only what the
+  records can use; and the padded rows, at most ``N + R * (M + max(M, B)) * (align - 1)``,
+  must fit in int64.
 """
 
 from __future__ import annotations
@@ -12,6 +21,8 @@ import torch
 from moonplan.errors import PlanError
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+INT64_MAX = 2**63 - 1
+ALIGN_FREE = 1 << 16  # align up to this is accepted whatever the counts
 
 
 def as_counts(
@@ -48,6 +59,7 @@ def as_counts(
     counts_RE = counts.to(torch.int64)
     if check_values:
         _check_nonnegative(counts_RE)
+        total_records(counts_RE)
     return counts_RE
 
 
@@ -61,12 +73,59 @@ def _check_nonnegative(counts_RE: torch.Tensor) -> None:
         )
 
 
-def check_options(slots: int | None, align: int, max_local: int) -> int:
-    """Validate ``slots`` and ``align``; return the slot count ``B`` (default ``M``)."""
+def total_records(counts_RE: torch.Tensor) -> int:
+    """``N = counts.sum()`` of non-negative ``counts [R, E]``, exact; PlanError if it
+    does not fit in int64 (host read: one sync on accelerators)."""
+    top = int(counts_RE.max())
+    if top * counts_RE.numel() <= INT64_MAX:  # no partial sum can wrap
+        return int(counts_RE.sum())
+    total = sum(int(v) for v in counts_RE.reshape(-1).tolist())
+    if total > INT64_MAX:
+        raise PlanError(
+            f"counts total {total} records, beyond the int64 limit 2**63 - 1 = {INT64_MAX}"
+        )
+    return total
+
+
+def check_options(
+    slots: int | None,
+    align: int,
+    max_local: int,
+    counts_RE: torch.Tensor | None = None,
+    *,
+    check_values: bool = True,
+) -> int:
+    """Validate ``slots`` and ``align``; return the slot count ``B`` (default ``M``).
+
+    With ``counts_RE`` the limits of the module docstring apply too (``slots <= E``
+    from its shape; the ``align`` limits read ``N`` on the host, so only with
+    ``check_values``).
+    """
     if isinstance(align, bool) or not isinstance(align, int) or align < 1:
         raise PlanError(f"align must be an integer >= 1, got {align!r}")
-    if slots is None:
-        return max_local
-    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 0:
+    B = max_local if slots is None else slots
+    if isinstance(B, bool) or not isinstance(B, int) or B < 0:
         raise PlanError(f"slots must be an integer >= 0, got {slots!r}")
-    return slots
+    if counts_RE is None:
+        return B
+    R, E = counts_RE.shape
+    if B > E:
+        raise PlanError(f"slots={B} exceeds the limit E = {E} experts (a rank never holds more)")
+    if check_values:
+        _check_align(align, total_records(counts_RE), R * (max_local + max(max_local, B)))
+    return B
+
+
+def _check_align(align: int, N: int, rows: int) -> None:
+    """``align`` against ``N`` records spread over at most ``rows`` padded rows."""
+    limit = max(ALIGN_FREE, 1 << max(N - 1, 0).bit_length())
+    if align > limit:
+        raise PlanError(
+            f"align={align} exceeds the limit max({ALIGN_FREE}, N rounded up to a power of "
+            f"two) = {limit} for N = {N} records"
+        )
+    if N + rows * (align - 1) > INT64_MAX:
+        raise PlanError(
+            f"align={align}: {N} records padded over up to {rows} rows overflow int64 "
+            f"(limit N + rows * (align - 1) <= 2**63 - 1)"
+        )

@@ -12,14 +12,14 @@ import torch
 from torch import nn
 
 import moonplan
-from moonplan.comm.errors import HeapUnavailable
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.home import home_start
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.static import static_plan
 from moonplan.profile import NULL_PROFILER, LayerProfiler, NullProfiler
-from moonplan.runtime.store import ExpertStore, GradReducer
+from moonplan.runtime.buffers import BufferSpec, build_buffers
+from moonplan.runtime.store import GradReducer
 from moonplan.runtime.transport import AllToAllTransport, HeapTransport
 
 
@@ -39,23 +39,6 @@ class StepStats:
     static_max_over_mean: float = 1.0
     planned_max_over_mean: float = 1.0
     phases: dict[str, float] = field(default_factory=dict)
-
-
-def validate_routing(
-    ids_SK: torch.Tensor, weight_SK: torch.Tensor, S: int, E: int, K: int
-) -> tuple[bool, str]:
-    """Check a router's output; ``(ok, message)`` (shared with every rank before raising)."""
-    if tuple(ids_SK.shape) != (S, K) or tuple(weight_SK.shape) != (S, K):
-        got = f"ids {tuple(ids_SK.shape)} and weights {tuple(weight_SK.shape)}"
-        return False, f"router returned {got}, expected {(S, K)} each"
-    if ids_SK.dtype.is_floating_point or ids_SK.dtype == torch.bool:
-        return False, f"router returned expert ids of dtype {ids_SK.dtype}, expected integers"
-    if ids_SK.numel() and (int(ids_SK.min()) < 0 or int(ids_SK.max()) >= E):
-        lo, hi = int(ids_SK.min()), int(ids_SK.max())
-        return False, f"router returned expert ids outside [0, {E}): range [{lo}, {hi}]"
-    if not bool(torch.isfinite(weight_SK).all()):
-        return False, "router returned non-finite (NaN or inf) route weights"
-    return True, ""
 
 
 def register_home(module: nn.Module, group: EPGroup, num_experts: int) -> tuple[int, int]:
@@ -157,36 +140,19 @@ class LayerRuntime:
         return max(1, records + W * (self.align - 1))
 
     def _build(self, capacity: int) -> None:
-        """(Re)create heap, transport and store for ``capacity`` receive rows (collective)."""
-        if self.heap is not None:
-            self.heap.close()
-        self.heap, self.capacity = None, capacity
-        row_bytes = self.H * torch.empty((), dtype=self.dtype).element_size()
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        weight_rows = (self.M + self.B + max(self.M, self.B)) * 3 * self.H * self.F * elem
-        nbytes = 2 * capacity * row_bytes + weight_rows + (1 << 16)
-        if self.kind in ("auto", "heap"):
-            try:
-                self.heap = SymmetricHeap.create(self.group, nbytes)
-            except HeapUnavailable:
-                if self.kind == "heap":
-                    raise
-        if self.heap is not None:
-            self.transport: HeapTransport | AllToAllTransport = HeapTransport(
-                self.group, self.heap, capacity, self.H, self.dtype
-            )
-        else:
-            self.transport = AllToAllTransport(self.group, capacity, self.H, self.dtype)
-        self.store = ExpertStore(
-            self.group,
-            self.heap,
-            num_experts=self.E,
-            num_slots=self.B,
-            hidden=self.H,
-            ffn=self.F,
-            dtype=self.dtype,
-        )
-        self._reducer = GradReducer(self.store, self.B + max(0, self.M - self.B))
+        """(Re)create heap, transport and store for ``capacity`` receive rows (collective).
+
+        Transactional (``moonplan.runtime.buffers``): the new set is built while the old
+        one still works; if that fails on any rank, every rank raises the same
+        ``ContractError`` and keeps its old buffers and ``capacity``.
+        """
+        spec = BufferSpec(self.kind, self.E, self.B, self.M, self.H, self.F, self.dtype)
+        new = build_buffers(self.group, spec, capacity)
+        old, self.heap, self.capacity = self.heap, new.heap, new.capacity
+        self.transport: HeapTransport | AllToAllTransport = new.transport
+        self.store, self._reducer = new.store, new.reducer
+        if old is not None:
+            old.close()
         self.published, self.resident = False, None
 
     def reducer(self) -> GradReducer:

@@ -1,6 +1,7 @@
 """Hypothesis strategies for planner inputs: router counts ``[R, E]`` and plan options.
 
-Public API for anyone who property-tests a balancing policy (``docs/planner-policy.md``)::
+Public API for anyone who property-tests a balancing policy (``docs/api.md``,
+``docs/planner-policy.md``)::
 
     from hypothesis import given, strategies as st
     from moonplan.testing import counts, plan_options
@@ -102,16 +103,16 @@ def plan_options(num_ranks: int, num_experts: int) -> st.SearchStrategy[dict[str
     """Strategy for ``moonplan.plan`` keyword options on counts of shape ``[R, E]``.
 
     Returns:
-        Dicts ``{"slots": None or 0..M+2, "align": one of ALIGNS}`` with
+        Dicts ``{"slots": None or 0..min(M+2, E), "align": one of ALIGNS}`` with
         ``M = ceil(E/R)``: default slots, fewer than ``M`` (direct replicas),
-        exactly ``M`` and more than ``M``.
+        exactly ``M`` and more than ``M`` (never more than ``E``, the planner's limit).
     """
     _check_bounds("num_ranks", 1, num_ranks, least=1)
     _check_bounds("num_experts", 1, num_experts, least=1)
     M = -(-num_experts // num_ranks)
     return st.fixed_dictionaries(
         {
-            "slots": st.none() | st.integers(0, M + 2),
+            "slots": st.none() | st.integers(0, min(M + 2, num_experts)),
             "align": st.sampled_from(ALIGNS),
         }
     )

@@ -180,3 +180,53 @@ def test_close_in_a_forked_child_leaves_the_parent_heap_intact():
     assert sym.local.tolist() == [5] * 8  # shared mapping, still open in the parent
     assert not heap.closed and heap.alloc(4, torch.float32).offset == ALIGN
     heap.close()
+
+
+def _fail_one_step(rank: int, world: int, step: str) -> dict:
+    """Rank 1 fails at ``step`` of the creation; every rank reports its error and files."""
+    import errno
+
+    import moonplan.comm.shm_heap as shm_heap
+    from moonplan.comm.shm_files import parse_name
+
+    def broken(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if rank == 1:
+        if step == "create":
+            shm_heap.os.fchmod = broken  # after the O_EXCL open: the empty file must go
+        elif step == "open":
+            shm_heap._open_peers = lambda paths, r, fd: [fd] if r == 0 else []
+        elif step == "reserve":
+            shm_heap.os.posix_fallocate = broken
+        else:
+            shm_heap._map_fds = lambda fds, n: ([], "cannot map rank 0's file: injected")
+    try:
+        SymmetricHeap.create(EPGroup(), 1 << 16, backend="shm")
+        message = ""
+    except ContractError as exc:
+        message = str(exc)
+    mine = [n for n in os.listdir(SHM_DIR) if (p := parse_name(n)) and p[2].pid == os.getpid()]
+    return {"message": message, "files": mine, "pid": os.getpid()}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    ("step", "what"),
+    [
+        ("create", "shm heap: create"),
+        ("open", "shm heap: open peers"),
+        ("reserve", "shm heap: reserve memory"),
+        ("map", "shm heap: map peers"),
+    ],
+)
+def test_a_failed_creation_raises_everywhere_and_removes_its_files(step, what):
+    from moonplan.comm.shm_files import parse_name
+
+    got = run_ranks(_fail_one_step, 3, step, timeout=TIMEOUT)
+    assert len({g["message"] for g in got}) == 1 and what in got[0]["message"], got
+    assert "rank 1" in got[0]["message"]
+    assert all(g["files"] == [] for g in got)
+    pids = {g["pid"] for g in got}
+    left = [n for n in os.listdir(SHM_DIR) if (p := parse_name(n)) and p[2].pid in pids]
+    assert left == []

@@ -1,0 +1,105 @@
+"""A layer's collective buffers (heap, transport, expert store), built all or nothing.
+
+Legend: R ranks, E experts, M = ceil(E/R), B slots, H hidden, F ffn, C receive capacity.
+
+:func:`build_buffers` is what :meth:`LayerRuntime._build` swaps in when a step needs
+more receive rows. It is transactional: the new heap is created while the old one
+still works, and only a complete set is returned. If any rank fails (the heap cannot
+be created, e.g. ``/dev/shm`` is full or a file-size limit is hit, or a local
+allocation fails), every rank raises the same :class:`ContractError`, whatever was
+created is released, and the caller keeps its old buffers and capacity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moonplan.comm.errors import HeapUnavailable
+from moonplan.comm.group import EPGroup
+from moonplan.comm.heap import SymmetricHeap
+from moonplan.runtime.store import ExpertStore, GradReducer
+from moonplan.runtime.transport import AllToAllTransport, HeapTransport
+
+
+@dataclass
+class LayerBuffers:
+    """One complete set: ``heap`` is ``None`` on the all-to-all transport."""
+
+    capacity: int
+    heap: SymmetricHeap | None
+    transport: HeapTransport | AllToAllTransport
+    store: ExpertStore
+    reducer: GradReducer
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """Sizes of one layer's buffers (identical on every rank)."""
+
+    kind: str  # "auto", "heap" or "a2a"
+    E: int
+    B: int
+    M: int
+    H: int
+    F: int
+    dtype: torch.dtype
+
+    def heap_bytes(self, capacity: int) -> int:
+        """Bytes per rank: receive and output rows ``[C, H]``, weight rows, 64 KiB slack."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        weight_rows = (self.M + self.B + max(self.M, self.B)) * 3 * self.H * self.F * elem
+        return 2 * capacity * self.H * elem + weight_rows + (1 << 16)
+
+
+def build_buffers(group: EPGroup, spec: BufferSpec, capacity: int) -> LayerBuffers:
+    """Collective: a new heap (where the transport uses one), transport and store for
+    ``capacity`` receive rows.
+
+    Raises:
+        ContractError: on every rank, if creating the heap or any local allocation
+            failed on some rank; nothing created here is left behind.
+        HeapUnavailable: on every rank, for ``kind="heap"`` where no heap spans the group.
+    """
+    heap = None
+    if spec.kind in ("auto", "heap"):
+        try:
+            heap = SymmetricHeap.create(group, spec.heap_bytes(capacity))
+        except HeapUnavailable:
+            if spec.kind == "heap":
+                raise
+    try:
+        parts, err = _local_parts(group, spec, capacity, heap), ""
+    except (MemoryError, RuntimeError, ValueError) as exc:  # e.g. out of memory on one rank
+        parts, err = None, f"{type(exc).__name__}: {exc}"
+    try:
+        group.agree(not err, err, what=f"layer buffers for {capacity} receive rows")
+    except BaseException:
+        if heap is not None:
+            heap.close()
+        raise
+    assert parts is not None
+    return parts
+
+
+def _local_parts(
+    group: EPGroup, spec: BufferSpec, capacity: int, heap: SymmetricHeap | None
+) -> LayerBuffers:
+    if heap is not None:
+        transport: HeapTransport | AllToAllTransport = HeapTransport(
+            group, heap, capacity, spec.H, spec.dtype
+        )
+    else:
+        transport = AllToAllTransport(group, capacity, spec.H, spec.dtype)
+    store = ExpertStore(
+        group,
+        heap,
+        num_experts=spec.E,
+        num_slots=spec.B,
+        hidden=spec.H,
+        ffn=spec.F,
+        dtype=spec.dtype,
+    )
+    reducer = GradReducer(store, spec.B + max(0, spec.M - spec.B))
+    return LayerBuffers(capacity, heap, transport, store, reducer)
