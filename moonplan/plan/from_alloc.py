@@ -59,7 +59,7 @@ def from_alloc(
     """
     counts_RE = as_counts(counts)
     R, E = counts_RE.shape
-    B = check_options(slots, align, max_local(E, R))
+    B = check_options(slots, align, max_local(E, R), counts_RE)
     alloc_ER = _as_alloc(alloc, counts_RE)
     prev_RB = previous_slots(previous, R, E, B, counts_RE.device)
     _check_remote(alloc_ER, max(B, max_local(E, R)))

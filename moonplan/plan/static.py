@@ -42,32 +42,16 @@ def static_plan(
     """The static-EP plan of ``counts [R, E]`` (same tensor shapes as :func:`moonplan.plan`).
 
     With ``previous=`` the slots keep ``previous``'s residents (nothing moves), so a
-    later balanced step still finds them. No value is read on the host
-    (``load_bound`` is read lazily).
+    later balanced step still finds them. With ``check_input=False`` no value is
+    read on the host (``load_bound`` is read lazily).
     """
     counts_RE = as_counts(counts, check_values=check_input)
     R, E = counts_RE.shape
-<<<<<<< HEAD
-    B = check_options(slots, align, max_local(E, R))
+    B = check_options(slots, align, max_local(E, R), counts_RE, check_values=check_input)
     prev_RB = previous_slots(previous, R, E, B, counts_RE.device)
     fields = layout_torch(static_alloc(counts_RE), B, align, prev_RB)
     return make_plan(
         fields,
-=======
-    B = check_options(slots, align, max_local(E, R), counts_RE)
-    dev = counts_RE.device
-    home_E = home_map(E, R, device=dev)
-    alloc_ER = torch.zeros(E, R, dtype=torch.int64, device=dev)
-    alloc_ER[torch.arange(E, device=dev), home_E] = counts_RE.sum(0)
-    M = max_local(E, R)
-    slot_RB = torch.full((R, B), -1, dtype=torch.int64, device=dev)
-    direct_RD = torch.full((R, max(0, M - B)), -1, dtype=torch.int64, device=dev)
-    row_RW, count_RW, offset_RW1 = row_layout_torch(
-        group_experts(E, R, dev), slot_RB, direct_RD, alloc_ER, align
-    )
-    F = max(R - 1, 0)
-    return Plan(
->>>>>>> main
         counts=counts_RE,
         num_slots=B,
         align=align,

@@ -69,7 +69,7 @@ def _names(prev: Plan | None) -> list[str]:
 def test_reference_and_torch_choose_the_same_plan_bit_for_bit(data: st.DataObject) -> None:
     first = data.draw(counts(max_ranks=6, max_experts=14, max_records_per_rank=200))
     R, E = first.shape
-    slots = data.draw(st.none() | st.integers(0, -(-E // R) + 1))
+    slots = data.draw(st.none() | st.integers(0, min(-(-E // R) + 1, E)))
     cost = data.draw(costs())
     prev_ref = prev_got = None
     for step in range(3):
@@ -91,7 +91,7 @@ def test_reference_and_torch_choose_the_same_plan_bit_for_bit(data: st.DataObjec
 def test_every_candidate_meets_its_declared_bound(data: st.DataObject) -> None:
     first = data.draw(counts(max_ranks=7, max_experts=16))
     R, E = first.shape
-    slots = data.draw(st.none() | st.integers(0, -(-E // R) + 1))
+    slots = data.draw(st.none() | st.integers(0, min(-(-E // R) + 1, E)))
     prev = moonplan.plan(first, slots=slots)
     c = data.draw(counts(min_ranks=R, max_ranks=R, min_experts=E, max_experts=E))
     N = int(c.sum())
@@ -117,7 +117,7 @@ def test_resident_moves_only_to_residents_and_never_past_the_target(
     c: torch.Tensor, data: st.DataObject
 ) -> None:
     R, E = c.shape
-    slots = data.draw(st.integers(0, -(-E // R) + 2))
+    slots = data.draw(st.integers(0, min(-(-E // R) + 2, E)))
     prev_counts = data.draw(counts(min_ranks=R, max_ranks=R, min_experts=E, max_experts=E))
     prev = moonplan.plan(prev_counts, slots=slots)
     p = moonplan.plan(c, slots=slots, previous=prev, policy="resident")
