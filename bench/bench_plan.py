@@ -12,11 +12,12 @@ A second table times ``policy="auto"`` (every candidate built and scored by a
 ``StepCost``) against ``policy="exact"`` on the same counts, interleaved, with
 the previous step's plan as ``previous=`` (a drifting trace, slots=2): which
 candidate was chosen, planner runs, the predicted step time of the choice and
-of exact balance, and the planning-time ratio auto/exact. Writes JSON (``--out``).
+of exact balance, and the planning-time ratio auto/exact. Before it, the mean
+copies of the ``bounded-<eps>`` candidates against exact. Writes JSON (``--out``).
 
     python bench/bench_plan.py                 # all configurations
     python bench/bench_plan.py --quick         # small configurations only (CI smoke)
-    python bench/bench_plan.py --auto-only     # only the auto-vs-exact table
+    python bench/bench_plan.py --auto-only     # only the bounded-copies and auto-vs-exact tables
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ from _common import bench_parser, write_json
 import moonplan
 from moonplan.baselines import copies_lower_bound, moonep_greedy_alloc, replica_count
 from moonplan.stepcost import StepCost
-from moonplan.traces import DriftingTrace, counts_for_ranks, popularity, sample_topk
+from moonplan.traces import (
+    DriftingTrace,
+    counts_for_ranks,
+    generate_counts,
+    popularity,
+    sample_topk,
+)
 
 CONFIGS = [(8, 256, 4096, 8), (64, 896, 8192, 8), (64, 896, 8192, 16), (256, 896, 2048, 16)]
 QUICK = [(8, 64, 512, 4), (16, 128, 256, 8)]
@@ -124,6 +131,28 @@ def run(
             row.update(time_ratio(counts_RE, ids_SK, reps))
             rows.append(row)
             print(format_row(row), flush=True)
+    return rows
+
+
+def bounded_copies(seeds: int = 20) -> list[dict[str, Any]]:
+    """Mean copies of exact and the bounded candidates (EP8, 64 experts, 2048 tokens, top-8)."""
+    names = ["exact", "bounded-0.05", "bounded-0.1", "bounded-0.25"]
+    print(f"{'sigma':>5} " + " ".join(f"{n:>12}" for n in names) + f" {'more than exact':>15}")
+    rows = []
+    for sigma in (0.5, 1.0, 2.0):
+        copies: dict[str, list[int]] = {n: [] for n in names}
+        for seed in range(seeds):
+            c = generate_counts(
+                "lognormal", ranks=8, experts=64, tokens=2048, topk=8, seed=seed, sigma=sigma
+            )
+            for n in names:
+                copies[n].append(moonplan.plan(c, policy=n).copies())
+        exact = copies["exact"]
+        more = sum(b > e for n in names[1:] for b, e in zip(copies[n], exact, strict=True))
+        row = {"sigma": sigma, "more_than_exact": more}
+        row.update({n: statistics.mean(v) for n, v in copies.items()})
+        rows.append(row)
+        print(f"{sigma:>5} " + " ".join(f"{row[n]:>12.2f}" for n in names) + f" {more:>15}")
     return rows
 
 
@@ -230,8 +259,11 @@ def main() -> None:
     if not args.auto_only:
         print(HEADER)
         rows = run(configs, SIGMAS, args.reps, args.steps)
+    bounded = bounded_copies(5 if args.quick else 20)
     auto = run_auto(QUICK if args.quick else AUTO_CONFIGS, SIGMAS, args.reps)
-    write_json(args.out, {"torch": torch.__version__, "rows": rows, "auto": auto})
+    write_json(
+        args.out, {"torch": torch.__version__, "rows": rows, "bounded": bounded, "auto": auto}
+    )
 
 
 if __name__ == "__main__":
