@@ -41,7 +41,7 @@ from moonplan.plan.candidates import (
     resident_alloc,
     resident_alloc_reference,
 )
-from moonplan.plan.from_alloc import layout_reference, layout_torch
+from moonplan.plan.from_alloc import layout_reference, layout_resident
 from moonplan.plan.home import home_map, targets_list
 from moonplan.plan.plan_type import Plan, Predicted, make_plan
 from moonplan.plan.reference import reference_plan, to_tensors
@@ -192,11 +192,11 @@ def _prev_or_empty(inp: Inputs) -> torch.Tensor:
 
 
 def _from_alloc(inp: Inputs, alloc_ER: torch.Tensor, policy: str) -> Plan:
-    """A plan executing ``alloc_ER`` (at most ``M`` remote experts per rank by construction)."""
+    """A plan executing ``alloc_ER``, whose replicas (static: none) all sit in resident slots."""
     if inp.backend == "reference":
         fields = layout_reference(inp.counts_RE, alloc_ER, inp.num_slots, inp.align, inp.prev_RB)
     else:
-        fields = layout_torch(alloc_ER, inp.num_slots, inp.align, inp.prev_RB)
+        fields = layout_resident(alloc_ER, inp.num_slots, inp.align, inp.prev_RB)
     top = int(fields["target"].max())
     return make_plan(
         fields,

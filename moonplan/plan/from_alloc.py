@@ -183,6 +183,36 @@ def layout_torch(
     }
 
 
+def layout_resident(
+    alloc_ER: torch.Tensor, num_slots: int, align: int, prev_RB: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """:func:`layout_torch` for an allocation whose replicas all sit in ``prev_RB``'s slots.
+
+    Then nothing moves: the slots are ``previous``'s, no slot is new and nothing is
+    direct (static and resident plans), so the slot placement is skipped.
+    """
+    E, R = alloc_ER.shape
+    dev = alloc_ER.device
+    M = max_local(E, R)
+    slot_RB = prev_RB if prev_RB is not None else alloc_ER.new_full((R, num_slots), -1)
+    direct_RD = alloc_ER.new_full((R, max(0, M - num_slots)), -1)
+    row_RW, count_RW, offset_RW1 = row_layout_torch(
+        group_experts(E, R, dev), slot_RB, direct_RD, alloc_ER, align
+    )
+    F = max(R - 1, 0)
+    return {
+        "alloc": alloc_ER,
+        "target": alloc_ER.sum(0),
+        "home": home_map(E, R, device=dev),
+        "flow": torch.tensor([[-1, -1, 0]], dtype=torch.int64, device=dev).expand(F, 3).clone(),
+        "slot_expert": slot_RB,
+        "slot_new": torch.zeros_like(slot_RB),
+        "row_expert": row_RW,
+        "row_count": count_RW,
+        "row_offset": offset_RW1,
+    }
+
+
 def layout_reference(
     counts_RE: torch.Tensor,
     alloc_ER: torch.Tensor,

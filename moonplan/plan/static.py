@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from moonplan.plan.from_alloc import layout_torch, previous_slots
+from moonplan.plan.from_alloc import layout_resident, previous_slots
 from moonplan.plan.home import home_map, max_local
 from moonplan.plan.plan_type import Plan, make_plan
 from moonplan.plan.validate import as_counts, check_options
@@ -49,7 +49,7 @@ def static_plan(
     R, E = counts_RE.shape
     B = check_options(slots, align, max_local(E, R), counts_RE, check_values=check_input)
     prev_RB = previous_slots(previous, R, E, B, counts_RE.device)
-    fields = layout_torch(static_alloc(counts_RE), B, align, prev_RB)
+    fields = layout_resident(static_alloc(counts_RE), B, align, prev_RB)
     return make_plan(
         fields,
         counts=counts_RE,
