@@ -43,11 +43,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from moonplan.cost import ModelPreset, get_preset
 from moonplan.stepcost.hardware import Hardware, get_hardware
-from moonplan.stepcost.traffic import Traffic, dispatch_traffic, pair_traffic
+from moonplan.stepcost.traffic import Traffic, dispatch_traffic, host_int64, pair_traffic
 
 if TYPE_CHECKING:
     from moonplan.plan.plan_type import Plan
@@ -215,91 +216,83 @@ class StepCost:
         """Ranks per fast-link domain for a group of ``num_ranks`` (``>= 1``)."""
         return num_ranks if self.domain <= 0 else min(self.domain, num_ranks)
 
-    def experts_R(self, rows_ER: torch.Tensor) -> torch.Tensor:
+    def experts_R(self, rows_ER: Any) -> np.ndarray:
         """float64 ``[R]`` roofline seconds of each rank's grouped GEMM over ``rows_ER``."""
-        rows = rows_ER.to(torch.float64)
-        tiles = torch.ceil(rows / self.tile_rows) * self.tile_rows
+        rows = host_int64(rows_ER).astype(np.float64)
+        tiles = np.ceil(rows / self.tile_rows) * self.tile_rows
         flop_R = self.row_flop_s * tiles.sum(0)
-        mem_R = self.weight_read_s * (rows > 0).sum(0).to(torch.float64)
-        return torch.maximum(flop_R, mem_R + self.row_mem_s * rows.sum(0))
+        mem_R = self.weight_read_s * (rows > 0).sum(0) + self.row_mem_s * rows.sum(0)
+        return np.maximum(flop_R, mem_R)
 
-    def _link_R(self, t: Traffic, intra_s: float, inter_s: float) -> torch.Tensor:
-        """float64 ``[R]``: each rank's busiest link direction time, for per-unit times."""
-        intra = torch.maximum(t.send_intra_R, t.recv_intra_R).to(torch.float64) * intra_s
-        inter = torch.maximum(t.send_inter_R, t.recv_inter_R).to(torch.float64) * inter_s
-        return torch.maximum(intra, inter)
+    @staticmethod
+    def _busiest(t: Traffic) -> tuple[np.ndarray, np.ndarray]:
+        """Per rank, rows (or copies) on its busiest direction of each link class."""
+        intra = np.maximum(t.send_intra_R, t.recv_intra_R).astype(np.float64)
+        return intra, np.maximum(t.send_inter_R, t.recv_inter_R).astype(np.float64)
 
     def _all_to_all(self, t: Traffic, intra_s: float, inter_s: float) -> float:
-        R = t.local_R.numel()
+        R = t.local_R.size
         if R <= 1:
             return 0.0
-        latency = self.base_latency_s + self.per_peer_latency_s * (R - 1)
-        return latency + float(self._link_R(t, intra_s, inter_s).max())
+        intra, inter = self._busiest(t)
+        link = float(np.maximum(intra * intra_s, inter * inter_s).max())
+        return self.base_latency_s + self.per_peer_latency_s * (R - 1) + link
 
     def _fetch(self, moves: Traffic, data: Traffic, overlapped: bool) -> float:
         """Seconds until every fetched weight has arrived (0 when nothing is fetched)."""
         if int(moves.recv_intra_R.sum() + moves.recv_inter_R.sum()) == 0:
             return 0.0
-        alone_R = self._link_R(moves, self.copy_s_intra, self.copy_s_inter)
+        w_intra, w_inter = self._busiest(moves)
+        alone = float(np.maximum(w_intra * self.copy_s_intra, w_inter * self.copy_s_inter).max())
         if not overlapped:
-            return self.base_latency_s + float(alone_R.max())
-        # dispatch rows and weights share each link: their times add per link direction
-        intra = (
-            torch.maximum(data.send_intra_R, data.recv_intra_R).to(torch.float64)
-            * self.dispatch_row_s_intra
-            + torch.maximum(moves.send_intra_R, moves.recv_intra_R).to(torch.float64)
-            * self.copy_s_intra
-        )
-        inter = (
-            torch.maximum(data.send_inter_R, data.recv_inter_R).to(torch.float64)
-            * self.dispatch_row_s_inter
-            + torch.maximum(moves.send_inter_R, moves.recv_inter_R).to(torch.float64)
-            * self.copy_s_inter
-        )
-        shared = float(torch.maximum(intra, inter).max())
-        return self.base_latency_s + max(float(alone_R.max()), shared)
+            return self.base_latency_s + alone
+        # dispatch rows and weights share each link direction: their times add
+        d_intra, d_inter = self._busiest(data)
+        intra = d_intra * self.dispatch_row_s_intra + w_intra * self.copy_s_intra
+        inter = d_inter * self.dispatch_row_s_inter + w_inter * self.copy_s_inter
+        return self.base_latency_s + max(alone, float(np.maximum(intra, inter).max()))
 
     def step_time(
         self,
-        rows_ER: torch.Tensor,
-        sent_RE: torch.Tensor,
-        fetch_ER: torch.Tensor,
-        src_E: torch.Tensor,
+        rows_ER: Any,
+        sent_RE: Any,
+        fetch_ER: Any,
+        src_E: Any,
         *,
         planned: int = 1,
     ) -> StepTime:
-        """Predicted :class:`StepTime` of one step (module docstring; CPU or any device).
+        """Predicted :class:`StepTime` of one step (module docstring).
 
         Args:
-            rows_ER: int64 ``[E, R]``.
+            rows_ER: int64 ``[E, R]`` (torch on any device, or numpy).
             sent_RE: int64 ``[R, E]`` with ``sent_RE.sum(0) == rows_ER.sum(1)``.
             fetch_ER: bool ``[E, R]``.
             src_E: int64 ``[E]``.
             planned: planner runs on the critical path.
         """
-        E, R = rows_ER.shape
-        if fetch_ER.shape != (E, R) or src_E.shape != (E,):
+        rows, sent, src = host_int64(rows_ER), host_int64(sent_RE), host_int64(src_E)
+        fetch = host_int64(fetch_ER) != 0
+        E, R = rows.shape
+        if fetch.shape != (E, R) or src.shape != (E,):
             raise ValueError(
                 f"fetch_ER must be [E, R] = {(E, R)} and src_E [E]; got "
-                f"{tuple(fetch_ER.shape)} and {tuple(src_E.shape)}"
+                f"{tuple(fetch.shape)} and {tuple(src.shape)}"
             )
-        rows_ER, sent_RE = rows_ER.cpu(), sent_RE.cpu()
-        fetch_ER, src_E = fetch_ER.cpu().bool(), src_E.cpu()
         G = self.domain_size(R)
-        data = dispatch_traffic(sent_RE, rows_ER, G)
-        e_C, r_C = fetch_ER.nonzero(as_tuple=True)
-        moves = pair_traffic(torch.stack([src_E[e_C], r_C], dim=1), R, G)
+        data = dispatch_traffic(sent, rows, G)
+        e_C, r_C = fetch.nonzero()
+        moves = pair_traffic(np.stack([src[e_C], r_C], axis=1), R, G)
         plan = self.plan_s * planned
         D = self._all_to_all(data, self.dispatch_row_s_intra, self.dispatch_row_s_inter)
         Cb = self._all_to_all(data, self.combine_row_s_intra, self.combine_row_s_inter)
-        home_R = self.experts_R(torch.where(fetch_ER, 0, rows_ER))
-        wait_R = self.experts_R(torch.where(fetch_ER, rows_ER, 0))
+        home_R = self.experts_R(np.where(fetch, 0, rows))
+        wait_R = self.experts_R(np.where(fetch, rows, 0))
         experts = float((home_R + wait_R).max())
         alone = self._fetch(moves, data, overlapped=False)
         without = plan + D + experts + Cb
         if self.overlap:
             ready = self._fetch(moves, data, overlapped=True)
-            total = plan + float(torch.clamp(D + home_R, min=ready).add(wait_R).max()) + Cb
+            total = plan + float((np.maximum(D + home_R, ready) + wait_R).max()) + Cb
         else:
             total = without + alone
         return StepTime(plan, alone, max(0.0, total - without), D, experts, Cb, total)
@@ -322,12 +315,12 @@ class StepCost:
 
 def plan_fetch_ER(plan: Plan) -> torch.Tensor:
     """CPU bool ``[E, R]``: pairs whose weights a plan moves this step (new slots, direct reads)."""
-    alloc_ER = plan.alloc.cpu()
-    fetch_ER = torch.zeros(alloc_ER.shape, dtype=torch.bool)
-    slot_RB, new_RB = plan.slot_expert.cpu(), plan.slot_new.cpu() > 0
-    r_N, j_N = new_RB.nonzero(as_tuple=True)
+    alloc_ER = host_int64(plan.alloc)
+    fetch_ER = np.zeros(alloc_ER.shape, dtype=bool)
+    slot_RB, new_RB = host_int64(plan.slot_expert), host_int64(plan.slot_new) > 0
+    r_N, j_N = new_RB.nonzero()
     fetch_ER[slot_RB[r_N, j_N], r_N] = True
-    direct_RD = plan.direct_expert().cpu()
-    r_N, j_N = (direct_RD >= 0).nonzero(as_tuple=True)
+    direct_RD = host_int64(plan.direct_expert())
+    r_N, j_N = (direct_RD >= 0).nonzero()
     fetch_ER[direct_RD[r_N, j_N], r_N] = True
-    return fetch_ER & (alloc_ER > 0)
+    return torch.from_numpy(fetch_ER & (alloc_ER > 0))

@@ -23,46 +23,58 @@ real volumes can be lower).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-import torch
+import numpy as np
 
 
 @dataclass(frozen=True)
 class Traffic:
-    """Rows per rank (int64 ``[R]``) of one dispatch, by link; combine is the reverse."""
+    """Rows per rank (int64 numpy ``[R]``) of one dispatch, by link; combine is the reverse.
 
-    local_R: torch.Tensor
-    send_intra_R: torch.Tensor
-    send_inter_R: torch.Tensor
-    recv_intra_R: torch.Tensor
-    recv_inter_R: torch.Tensor
+    numpy, not torch: these are a few small host vectors per prediction, and the planner's
+    ``policy="auto"`` predicts several candidates per step (numpy's per-call overhead is
+    several times lower than torch's on arrays this small).
+    """
+
+    local_R: np.ndarray
+    send_intra_R: np.ndarray
+    send_inter_R: np.ndarray
+    recv_intra_R: np.ndarray
+    recv_inter_R: np.ndarray
 
 
-def _overlap(
-    a_lo: torch.Tensor, a_hi: torch.Tensor, b_lo: torch.Tensor, b_hi: torch.Tensor
-) -> torch.Tensor:
-    return (torch.minimum(a_hi, b_hi) - torch.maximum(a_lo, b_lo)).clamp(min=0)
+def host_int64(a: Any) -> np.ndarray:
+    """``a`` (torch tensor on any device, numpy array or lists) as an int64 numpy array."""
+    if hasattr(a, "detach"):
+        a = a.detach().cpu().numpy()
+    return np.asarray(a, dtype=np.int64)
 
 
-def dispatch_traffic(sent_RE: torch.Tensor, rows_ER: torch.Tensor, domain: int) -> Traffic:
+def _overlap(a_lo: np.ndarray, a_hi: np.ndarray, b_lo: np.ndarray, b_hi: np.ndarray) -> np.ndarray:
+    return (np.minimum(a_hi, b_hi) - np.maximum(a_lo, b_lo)).clip(min=0)
+
+
+def dispatch_traffic(sent_RE: Any, rows_ER: Any, domain: int) -> Traffic:
     """Per-rank rows kept local, sent/received inside the NVLink domain and across it.
 
     Args:
-        sent_RE: int64 ``[R, E]``.
+        sent_RE: int64 ``[R, E]`` (torch or numpy).
         rows_ER: int64 ``[E, R]`` with the same per-expert totals.
         domain: ``G >= 1`` ranks per NVLink domain (ranks ``[kG, (k+1)G)`` share one).
     """
+    sent_RE, rows_ER = host_int64(sent_RE), host_int64(rows_ER)
     R, E = sent_RE.shape
-    if rows_ER.shape != (E, R) or not torch.equal(sent_RE.sum(0), rows_ER.sum(1)):
+    if rows_ER.shape != (E, R) or not np.array_equal(sent_RE.sum(0), rows_ER.sum(1)):
         raise ValueError("sent_RE and rows_ER must be [R, E] and [E, R] with equal expert totals")
-    rows_RE = rows_ER.t().contiguous()
+    rows_RE = rows_ER.T
     src_hi = sent_RE.cumsum(0)
     src_lo = src_hi - sent_RE
     dst_hi = rows_RE.cumsum(0)
     dst_lo = dst_hi - rows_RE
     local_R = _overlap(src_lo, src_hi, dst_lo, dst_hi).sum(1)
-    first_R = torch.arange(R) // domain * domain
-    last_R = torch.clamp(first_R + domain - 1, max=R - 1)
+    first_R = np.arange(R) // domain * domain
+    last_R = np.minimum(first_R + domain - 1, R - 1)
     if domain >= R:  # one domain: everything not local is intra-domain
         send_dom, recv_dom = sent_RE.sum(1), rows_RE.sum(1)
     else:
@@ -77,16 +89,17 @@ def dispatch_traffic(sent_RE: torch.Tensor, rows_ER: torch.Tensor, domain: int) 
     )
 
 
-def pair_traffic(pairs_C2: torch.Tensor, num_ranks: int, domain: int) -> Traffic:
+def pair_traffic(pairs_C2: Any, num_ranks: int, domain: int) -> Traffic:
     """Per-rank counts of whole-object transfers ``(source, destination)`` (weight copies)."""
+    pairs_C2 = host_int64(pairs_C2).reshape(-1, 2)
     src_C, dst_C = pairs_C2[:, 0], pairs_C2[:, 1]
     same_rank = src_C == dst_C
     same_dom = (src_C // domain) == (dst_C // domain)
     intra = same_dom & ~same_rank
     inter = ~same_dom
 
-    def count(idx: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return torch.bincount(idx[mask], minlength=num_ranks)
+    def count(idx: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return np.bincount(idx[mask], minlength=num_ranks).astype(np.int64)
 
     return Traffic(
         local_R=count(src_C, same_rank),
