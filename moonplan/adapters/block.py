@@ -21,13 +21,14 @@ from torch import nn
 from moonplan.adapters.detect import inspect_block
 from moonplan.adapters.experts import MoonExperts
 from moonplan.comm.group import EPGroup
+from moonplan.runtime.slot_budget import SlotsOption
 
 
 def wrap(
     module: nn.Module,
     *,
     group: EPGroup | object | None = None,
-    slots: int | None = None,
+    slots: SlotsOption = None,
     align: int = 1,
     **options: Any,
 ) -> nn.Module:
@@ -38,9 +39,11 @@ def wrap(
             ``MixtralSparseMoeBlock``, ``Qwen3MoeSparseMoeBlock`` or ``DeepseekV3MoE``, on
             the group's device and in its final dtype; identical on every rank.
         group: an :class:`EPGroup` or a torch ProcessGroup (default: the default group).
-        slots: prefetch slots ``B`` (default ``ceil(E/R)``).
+        slots: weight slots per rank: a count, a byte budget (``"2GiB"``, ``Bytes``) or a
+            fraction of the home experts' bytes (default ``min(2, ceil(E/R))``).
         align: receive-row padding multiple.
-        **options: ``max_tokens``, ``transport``, ``balance`` of :class:`MoonExperts`.
+        **options: ``max_tokens``, ``transport``, ``balance`` (``"auto"`` default,
+            ``"exact"``, ``"off"``) of :class:`MoonExperts`.
 
     Returns:
         A module of the same class with the same forward signature and return value. It

@@ -18,6 +18,7 @@ from torch import nn
 
 from moonplan.adapters.experts import MoonExperts
 from moonplan.comm.group import EPGroup
+from moonplan.runtime.slot_budget import SlotsOption
 
 RouterFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -85,7 +86,7 @@ def wrap_experts(
     top_k: int | None = None,
     shared_experts: nn.Module | None = None,
     group: EPGroup | object | None = None,
-    slots: int | None = None,
+    slots: SlotsOption = None,
     align: int = 1,
     **options: Any,
 ) -> RoutedExperts:
