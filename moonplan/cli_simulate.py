@@ -18,7 +18,6 @@ import sys
 from typing import Any
 
 from moonplan.baselines.policies import POLICY_NAMES
-from moonplan.simulate.hardware import HARDWARE, get_hardware
 from moonplan.simulate.model_time import DEFAULT_PLAN_US, SimConfig
 from moonplan.simulate.models import get_model
 from moonplan.simulate.progress import ProgressBar
@@ -26,6 +25,7 @@ from moonplan.simulate.report import break_even_table, detail_table, sweep_table
 from moonplan.simulate.sweep import TOKEN_GRID, SweepSpec, break_even, simulate_trace, sweep
 from moonplan.simulate.trends import deepspeed_trend, gshard_trend
 from moonplan.simulate.workload import recorded_counts
+from moonplan.stepcost.hardware import HARDWARE, get_hardware
 
 
 def _list(kind: type) -> Any:

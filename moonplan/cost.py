@@ -1,6 +1,6 @@
 """Back-of-envelope cost of expert parallelism: parameters, weight memory, dispatch bytes.
 
-Legend (DESIGN §2 names where they exist):
+Legend (``docs/design.md`` §2 names where they exist):
 
 - ``H`` hidden size, ``F`` routed-expert intermediate size (SwiGLU: 3 matrices ``H x F``),
   ``E`` routed experts, ``K`` top-k, ``L`` transformer layers, ``L_moe`` of them MoE layers.
@@ -12,8 +12,8 @@ All results are exact integers (parameters) or bytes as ``float`` (a division by
 need not be whole); the ``*_gib`` / ``*_mib`` properties convert with ``2**30`` / ``2**20``.
 Only weights and the dispatch/combine payload are counted: no KV cache, activations,
 optimizer state, communication buffers, metadata, padding or norm weights. The formulas,
-the presets and their sources are explained in ``docs/cost.md``; the worked figures for
-Mixtral 8x7B come from ``shared/seeds/000_*.txt``.
+the presets and their sources are explained in ``docs/cost.md``, whose Mixtral 8x7B worked
+figures the tests reproduce exactly.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ MIXTRAL_8X7B = ModelPreset(
     vocab_size=32000,
     attention=GQAAttention(num_heads=32, num_kv_heads=8, head_dim=128),
     source="Mixtral of Experts (arXiv:2401.04088) Table 1 and §2.1; counting convention of "
-    "shared/seeds/000 (attention, router, embedding; no LM head, no norms)",
+    "docs/cost.md (attention, router, embedding; no LM head, no norms)",
 )
 """Mixtral 8x7B. Mixtral paper Table 1: dim 4096, hidden_dim 14336, n_layers 32,
 head_dim 128, n_heads 32, n_kv_heads 8, vocab_size 32000, num_experts 8, top_k_experts 2.
@@ -179,7 +179,7 @@ KIMI_K3_LIKE = ModelPreset(
     dense_intermediate_size=18432,
     num_shared_experts=1,
     untied_lm_head=True,
-    source="896 routed experts, top-16: Kimi K3 as described in shared/seeds/003; every "
+    source="896 routed experts, top-16: Kimi K3 as publicly described with MoonEP; every "
     "other number ASSUMED equal to Kimi K2's public config.json (moonshotai/Kimi-K2-Instruct)",
     assumptions=(
         "hidden_size 7168, moe_intermediate_size 2048, 61 layers (Kimi K2)",

@@ -1,6 +1,6 @@
 """Tests of moonplan.cost and the ``moonplan cost`` subcommand.
 
-The Mixtral 8x7B figures are the worked examples of shared/seeds/000 and must match exactly.
+The Mixtral 8x7B figures are the worked examples of docs/cost.md and must match exactly.
 """
 
 from __future__ import annotations

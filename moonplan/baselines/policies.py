@@ -28,6 +28,7 @@ from moonplan.baselines.moonep_greedy import moonep_greedy_alloc
 from moonplan.baselines.round_robin import placement_alloc, round_robin_home
 from moonplan.plan.home import home_map
 from moonplan.plan.validate import as_counts
+from moonplan.stepcost import plan_fetch_ER
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,6 +48,10 @@ class PolicyStep:
             run (source rank, destination rank): moonplan's and the greedy's prefetch.
         background_C2: ``[C', 2]`` weight copies moved off the critical path
             (EPLB's periodic rearrangement).
+        fetch_ER: bool ``[E, R]`` pairs whose weights must arrive before their rows run
+            this step (the expert of each ``moves_C2`` copy); ``None``: none.
+        src_E: ``[E]`` rank each expert's weights are fetched from; ``None``: no fetch.
+        planned: planner runs on the critical path this step.
     """
 
     name: str
@@ -57,6 +62,9 @@ class PolicyStep:
     copies: int
     moves_C2: torch.Tensor
     background_C2: torch.Tensor
+    fetch_ER: torch.Tensor | None = None
+    src_E: torch.Tensor | None = None
+    planned: int = 1
 
     @property
     def load_R(self) -> torch.Tensor:
@@ -86,6 +94,9 @@ def make_step(
     copies: int = 0,
     moves_C2: torch.Tensor | None = None,
     background_C2: torch.Tensor | None = None,
+    fetch_ER: torch.Tensor | None = None,
+    src_E: torch.Tensor | None = None,
+    planned: int = 1,
 ) -> PolicyStep:
     """A dropless, unpadded :class:`PolicyStep` (rows = alloc, sent = counts)."""
     return PolicyStep(
@@ -97,6 +108,9 @@ def make_step(
         copies=copies,
         moves_C2=no_moves() if moves_C2 is None else moves_C2,
         background_C2=no_moves() if background_C2 is None else background_C2,
+        fetch_ER=fetch_ER,
+        src_E=src_E,
+        planned=planned,
     )
 
 
@@ -156,9 +170,17 @@ class GreedyPolicy(Policy):
     def step(self, counts: Any) -> PolicyStep:
         counts_RE = self._counts(counts)
         alloc_ER = moonep_greedy_alloc(counts_RE)
-        moves_C2 = replica_moves(alloc_ER, home_map(self.num_experts, self.num_ranks))
+        home_E = home_map(self.num_experts, self.num_ranks)
+        moves_C2 = replica_moves(alloc_ER, home_E)
+        fetch_ER = (alloc_ER > 0) & (home_E[:, None] != torch.arange(self.num_ranks)[None, :])
         return make_step(
-            self.name, counts_RE, alloc_ER, copies=moves_C2.shape[0], moves_C2=moves_C2
+            self.name,
+            counts_RE,
+            alloc_ER,
+            copies=moves_C2.shape[0],
+            moves_C2=moves_C2,
+            fetch_ER=fetch_ER,
+            src_E=home_E,
         )
 
 
@@ -183,7 +205,15 @@ class MoonplanPolicy(Policy):
         prev = self._previous if self.resident else None
         p = moonplan.plan(counts_RE, slots=self.slots, previous=prev, backend="torch")
         self._previous = p
-        return make_step(self.name, counts_RE, p.alloc, copies=p.copies(), moves_C2=slot_moves(p))
+        return make_step(
+            self.name,
+            counts_RE,
+            p.alloc,
+            copies=p.copies(),
+            moves_C2=slot_moves(p),
+            fetch_ER=plan_fetch_ER(p),
+            src_E=p.home.cpu(),
+        )
 
 
 def replica_moves(alloc_ER: torch.Tensor, home_E: torch.Tensor) -> torch.Tensor:

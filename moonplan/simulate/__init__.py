@@ -3,7 +3,6 @@
 See ``docs/simulator.md`` for the model, its assumptions and the simulated tables.
 """
 
-from moonplan.simulate.hardware import HARDWARE, Hardware, get_hardware
 from moonplan.simulate.model_time import (
     DEFAULT_PLAN_US,
     SimConfig,
@@ -13,6 +12,7 @@ from moonplan.simulate.model_time import (
 )
 from moonplan.simulate.models import get_model
 from moonplan.simulate.sweep import SweepSpec, break_even, simulate_trace, sweep
+from moonplan.stepcost.hardware import HARDWARE, Hardware, get_hardware
 
 __all__ = [
     "DEFAULT_PLAN_US",

@@ -21,10 +21,10 @@ import torch
 from moonplan.baselines.metrics import expert_maxvio, summarize
 from moonplan.baselines.policies import POLICY_NAMES, make_policy
 from moonplan.cost import ModelPreset
-from moonplan.simulate.hardware import Hardware, get_hardware
 from moonplan.simulate.model_time import SimConfig, StepTime, ideal_time, mean_time, step_time
 from moonplan.simulate.models import expert_bytes, get_model
 from moonplan.simulate.workload import drifting_counts, sigma_for_maxvio
+from moonplan.stepcost.hardware import Hardware, get_hardware
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, label)`` callback."""

@@ -23,11 +23,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from moonplan.cost import ModelPreset
-from moonplan.simulate.hardware import Hardware, get_hardware
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import DEEPSPEED_MOE_128, gshard_model
 from moonplan.simulate.sweep import simulate_trace
 from moonplan.simulate.workload import drifting_counts
+from moonplan.stepcost.hardware import Hardware, get_hardware
 
 Progress = Callable[[int, int, str], None]
 

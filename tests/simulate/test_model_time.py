@@ -9,18 +9,15 @@ import torch
 
 from moonplan.baselines.policies import make_policy
 from moonplan.cost import GQAAttention, ModelPreset
-from moonplan.simulate.hardware import get_hardware
 from moonplan.simulate.model_time import (
     SimConfig,
     StepTime,
-    all_to_all_time,
-    expert_time_R,
     ideal_time,
     mean_time,
-    prefetch_time,
     step_time,
 )
-from moonplan.simulate.traffic import dispatch_traffic
+from moonplan.stepcost.hardware import get_hardware
+from moonplan.stepcost.traffic import dispatch_traffic
 
 HW = get_hardware("h200-node")
 NO_PLAN = SimConfig(plan_us={})
@@ -98,7 +95,7 @@ def test_capacity_1_25_computes_a_quarter_more_padded_rows() -> None:
 def test_expert_roofline_by_hand() -> None:
     model = toy(2, hidden=1024, ffn=1024)
     rows = torch.tensor([[1, 0], [0, 0]])  # one row of expert 0 on rank 0; rank 1 idle
-    t_R = expert_time_R(rows, model, HW, NO_PLAN)
+    t_R = NO_PLAN.step_cost(model, HW).experts_R(rows)
     weights = 3 * 1024 * 1024 * 2
     flops = 6 * 1024 * 1024 * 128  # padded to one 128-row tile
     assert t_R[0] == pytest.approx(max(flops / HW.flops, (weights + 4096 * 2) / HW.hbm_bytes_per_s))
@@ -110,24 +107,43 @@ def test_two_rank_dispatch_by_hand() -> None:
     step = make_policy("static-linear", 2, 2).step(counts)
     H = 4096
     traffic = dispatch_traffic(step.sent_RE, step.rows_ER, HW.domain(2))
+    assert int(traffic.recv_intra_R.max()) == 7
     expect = HW.base_latency_s + HW.per_peer_latency_s + 7 * H * 2 / HW.nvlink_effective
-    assert all_to_all_time(traffic, H * 2, HW) == pytest.approx(expect)
     t = step_time(step, toy(2), HW, NO_PLAN)
     assert t.dispatch_s == pytest.approx(expect) and t.combine_s == pytest.approx(expect)
 
 
-def test_prefetch_uses_the_slowest_link() -> None:
+def test_fetch_uses_the_slowest_link() -> None:
     multi = get_hardware("h200-multinode")
-    moves = torch.tensor([[0, 1], [0, 9]])  # rank 0 pushes one copy inside its node, one out
-    t = prefetch_time(moves, 16, 1e9, multi)
-    assert t == pytest.approx(multi.base_latency_s + 1e9 / multi.net_effective)
-    assert prefetch_time(torch.zeros(0, 2, dtype=torch.int64), 16, 1e9, multi) == 0.0
-    hidden = SimConfig(plan_us={}, overlap_prefetch=True)
+    model = toy(16, hidden=1024, ffn=1024)
+    serial = SimConfig(plan_us={}, overlap_prefetch=False)
+    cost = serial.step_cost(model, multi)
+    rows_ER = torch.zeros(16, 16, dtype=torch.int64)
+    rows_ER[0, [0, 1, 9]] = 1  # expert 0 (home rank 0) also runs on ranks 1 and 9
+    sent_RE = torch.zeros(16, 16, dtype=torch.int64)
+    sent_RE[0, 0] = 3
+    fetch_ER = torch.zeros(16, 16, dtype=torch.bool)
+    fetch_ER[0, [1, 9]] = True  # one copy inside rank 0's node, one across nodes
+    src_E = torch.zeros(16, dtype=torch.int64)
+    t = cost.step_time(rows_ER, sent_RE, fetch_ER, src_E)
+    one_expert = 3 * 1024 * 1024 * 2
+    assert t.prefetch_s == pytest.approx(multi.base_latency_s + one_expert / multi.net_effective)
+    assert t.prefetch_exposed_s == pytest.approx(t.prefetch_s)
+    none = cost.step_time(rows_ER, sent_RE, torch.zeros_like(fetch_ER), src_E)
+    assert none.prefetch_s == 0.0 and none.prefetch_exposed_s == 0.0
+
+
+def test_overlapped_schedule_hides_what_dispatch_and_home_rows_cover() -> None:
     counts = torch.zeros(4, 4, dtype=torch.int64)
     counts[:, 0] = 512
-    st = step_time(make_policy("moonplan", 4, 4).step(counts), toy(4), HW, hidden)
-    assert st.prefetch_s > 0 and st.total_s == pytest.approx(
-        st.dispatch_s + st.experts_s + st.combine_s
+    step = make_policy("moonplan", 4, 4).step(counts)
+    over = step_time(step, toy(4), HW, SimConfig(plan_us={}))
+    serial = step_time(step, toy(4), HW, SimConfig(plan_us={}, overlap_prefetch=False))
+    assert over.prefetch_s == pytest.approx(serial.prefetch_s) and over.prefetch_s > 0
+    assert over.total_s < serial.total_s
+    assert 0 <= over.prefetch_exposed_s <= serial.prefetch_exposed_s
+    assert serial.total_s == pytest.approx(
+        serial.prefetch_s + serial.dispatch_s + serial.experts_s + serial.combine_s
     )
 
 
@@ -142,7 +158,7 @@ def test_ideal_with_fewer_experts_than_ranks_and_single_rank() -> None:
 
 
 def test_mean_time_and_units() -> None:
-    a, b = StepTime(1, 2, 3, 4, 5, 15), StepTime(3, 2, 1, 0, 1, 7)
+    a, b = StepTime(1, 2, 0, 3, 4, 5, 15), StepTime(3, 2, 0, 1, 0, 1, 7)
     m = mean_time([a, b])
     assert (m.plan_s, m.total_s) == (2, 11)
     assert a.as_us()["total_us"] == 15e6

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moonplan.simulate.hardware import HARDWARE, get_hardware
 from moonplan.simulate.models import DEEPSPEED_MOE_128, expert_bytes, get_model, gshard_model
-from moonplan.simulate.traffic import dispatch_traffic, pair_traffic
+from moonplan.stepcost.hardware import HARDWARE, get_hardware
+from moonplan.stepcost.traffic import dispatch_traffic, pair_traffic
 
 
 def test_uniform_static_traffic_splits_by_node() -> None:

@@ -5,10 +5,11 @@ Legend:
     sent_RE  int64 rows source ``s`` sends towards expert ``e``
     rows_ER  int64 rows rank ``r`` computes for expert ``e`` (``sent_RE.sum(0) == rows_ER.sum(1)``)
 
-Routing rule (moonplan's, DESIGN §3): within expert ``e`` the rows are ordered by
-source rank, and destination ranks take consecutive segments of that order in
-ascending rank. Source ``s`` owns ``[lo, hi)`` of that order, destination ``r``
-owns another interval; what ``s`` sends to ``r`` is their overlap. Because a
+Routing rule (moonplan's; ``moonplan/plan/README.md``, "Per-record routing"): within
+expert ``e`` the rows are ordered by source rank, and destination ranks take
+consecutive segments of that order in ascending rank. Source ``s`` owns ``[lo, hi)``
+of that order, destination ``r`` owns another interval; what ``s`` sends to ``r`` is
+their overlap. Because a
 domain's ranks are consecutive, a whole domain also owns one interval, so the
 rows that stay on a rank, stay inside its domain or cross the network are all
 interval overlaps: ``O(R*E)`` work, no ``R x R`` matrix. Every policy is routed by

@@ -1,0 +1,23 @@
+"""The step-time cost model shared by the planner (``policy="auto"``), runtime and simulator.
+
+``StepCost`` predicts one MoE layer step's phases from what a policy does (rows per
+rank and expert, rows sent, weights fetched); ``HARDWARE`` holds the hardware presets
+it can be built from; ``traffic`` splits dispatch volumes by link. See
+``docs/planner-policy.md`` and ``docs/simulator.md``.
+"""
+
+from moonplan.stepcost.hardware import HARDWARE, Hardware, get_hardware
+from moonplan.stepcost.step_cost import StepCost, StepTime, plan_fetch_ER
+from moonplan.stepcost.traffic import Traffic, dispatch_traffic, pair_traffic
+
+__all__ = [
+    "HARDWARE",
+    "Hardware",
+    "StepCost",
+    "StepTime",
+    "Traffic",
+    "dispatch_traffic",
+    "get_hardware",
+    "pair_traffic",
+    "plan_fetch_ER",
+]

@@ -1,0 +1,333 @@
+"""``StepCost``: the one model of an MoE step's time, shared by planner, runtime and simulator.
+
+Legend:
+    R ranks    E experts    H hidden size    F expert intermediate size (SwiGLU: 3 H x F)
+    rows_ER   int64 rows rank ``r`` computes for expert ``e``
+    sent_RE   int64 rows source ``s`` sends towards expert ``e`` (column sums == ``rows_ER`` rows)
+    fetch_ER  bool  ``(e, r)`` whose weights must arrive on ``r`` this step before its rows run
+              (new slots and direct reads; home experts and resident replicas are ``False``)
+    src_E     int64 rank each expert's weights are fetched from (its home)
+    C         weight copies of the step (``fetch_ER.sum()``)
+
+Phases of one forward step, per rank ``r``:
+
+* **plan**: ``planned * plan_s`` (planner runs on the critical path);
+* **fetch** (prefetch and direct reads): ``C`` expert copies, each ``copy_s_intra`` over
+  a fast link (same host or NVLink domain) or ``copy_s_inter`` across hosts; per rank,
+  sends and receives are full duplex and the two link classes run in parallel; the
+  busiest rank's busiest link sets ``P_alone = base_latency_s + link time``;
+* **dispatch** ``D`` and **combine** ``Cb``: ``base + per_peer * (R-1)`` plus the busiest
+  rank's busiest link time of its rows (routing rule in :mod:`moonplan.stepcost.traffic`);
+* **experts**: a roofline per section, ``max(row_flop_s * tile-padded rows,
+  weight_read_s * experts with rows + row_mem_s * rows)``: ``home_r`` for the rows whose
+  weights are ready (home experts, residents), ``wait_r`` for the fetched rows.
+
+Schedule. ``overlap=True`` (moonplan's runtime): the fetch starts right after planning and
+shares the links with dispatch, dispatch first, so the fetched weights are ready at
+``P = max(P_alone, base + link time of dispatch rows and weight bytes together)``; each rank
+runs its home section after dispatch and its fetched rows once they are ready::
+
+    total = plan + max_r(max(D + home_r, P) + wait_r) + Cb
+
+``overlap=False`` (everything one after the other)::
+
+    total = plan + P_alone + D + max_r(home_r + wait_r) + Cb
+
+``prefetch_exposed_s`` is ``total`` minus the same total with nothing to fetch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from moonplan.cost import ModelPreset, get_preset
+from moonplan.stepcost.hardware import Hardware, get_hardware
+from moonplan.stepcost.traffic import Traffic, dispatch_traffic, pair_traffic
+
+if TYPE_CHECKING:
+    from moonplan.plan.plan_type import Plan
+
+_RATE_FIELDS = (
+    "row_flop_s",
+    "weight_read_s",
+    "row_mem_s",
+    "copy_s_intra",
+    "copy_s_inter",
+    "dispatch_row_s_intra",
+    "dispatch_row_s_inter",
+    "combine_row_s_intra",
+    "combine_row_s_inter",
+    "base_latency_s",
+    "per_peer_latency_s",
+    "plan_s",
+)
+"""The float fields of :class:`StepCost`, in :meth:`StepCost.as_tensor` order."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per phase of one MoE layer step, and their critical-path total.
+
+    ``prefetch_s`` is the fetch's own time (weights moved, alone on the links);
+    ``prefetch_exposed_s`` the part of it the step waits for; ``experts_s`` the slowest
+    rank's expert sections.
+    """
+
+    plan_s: float
+    prefetch_s: float
+    prefetch_exposed_s: float
+    dispatch_s: float
+    experts_s: float
+    combine_s: float
+    total_s: float
+
+    def as_us(self) -> dict[str, float]:
+        """The phases in microseconds, keyed ``plan_us``, ..., ``total_us``."""
+        return {f"{f.name[:-2]}_us": getattr(self, f.name) * 1e6 for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one MoE layer step (forward) as a function of what a policy does.
+
+    Every rate is in seconds per unit, per rank (see the module docstring for the
+    schedule). Build one with :meth:`from_hardware` (presets), or from measured phase
+    rates (the runtime's calibration), or by hand.
+
+    Attributes:
+        row_flop_s: expert compute seconds per tile-padded row (``6*H*F / FLOP/s``).
+        weight_read_s: seconds to read one expert's weights from memory.
+        row_mem_s: memory seconds per row of activations.
+        copy_s_intra: seconds to move one expert's weights over a fast link.
+        copy_s_inter: the same across hosts.
+        dispatch_row_s_intra, dispatch_row_s_inter: dispatch seconds per row per link class.
+        combine_row_s_intra, combine_row_s_inter: combine seconds per row per link class.
+        base_latency_s: fixed latency of one all-to-all or one fetch.
+        per_peer_latency_s: extra latency per peer of an all-to-all.
+        plan_s: planner seconds per planned candidate on the critical path.
+        tile_rows: an expert's rows are padded to a multiple of this (GEMM tile).
+        domain: ranks per fast-link domain (consecutive ranks); 0: all ranks share one.
+        overlap: the overlapped schedule (fetch during dispatch and the home section).
+    """
+
+    row_flop_s: float
+    weight_read_s: float
+    row_mem_s: float
+    copy_s_intra: float
+    copy_s_inter: float
+    dispatch_row_s_intra: float
+    dispatch_row_s_inter: float
+    combine_row_s_intra: float
+    combine_row_s_inter: float
+    base_latency_s: float = 0.0
+    per_peer_latency_s: float = 0.0
+    plan_s: float = 0.0
+    tile_rows: int = 1
+    domain: int = 0
+    overlap: bool = True
+
+    def __post_init__(self) -> None:
+        for name in _RATE_FIELDS:
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"StepCost.{name} must be a finite number >= 0, got {v!r}")
+        if isinstance(self.tile_rows, bool) or not isinstance(self.tile_rows, int):
+            raise ValueError(f"StepCost.tile_rows must be an integer >= 1, got {self.tile_rows!r}")
+        if self.tile_rows < 1:
+            raise ValueError(f"StepCost.tile_rows must be an integer >= 1, got {self.tile_rows!r}")
+        if isinstance(self.domain, bool) or not isinstance(self.domain, int) or self.domain < 0:
+            raise ValueError(f"StepCost.domain must be an integer >= 0, got {self.domain!r}")
+
+    # ---- construction ------------------------------------------------------------
+    @classmethod
+    def from_hardware(
+        cls,
+        hw: Hardware | str,
+        model: ModelPreset | str,
+        *,
+        weight_bytes: float = 2.0,
+        act_bytes: float = 2.0,
+        dispatch_bytes: float = 2.0,
+        plan_us: float = 51.0,
+        overlap: bool = True,
+    ) -> StepCost:
+        """The roofline rates of ``model``'s MoE layer on a hardware preset.
+
+        Args:
+            hw: a :class:`Hardware` or a preset name (``moonplan.stepcost.HARDWARE``).
+            model: a ``moonplan.cost.ModelPreset`` or a preset name (``moonplan.cost.PRESETS``).
+            weight_bytes, act_bytes, dispatch_bytes: bytes per weight, per activation
+                element (GEMM and combine) and per dispatched element.
+            plan_us: planner time per planned candidate, microseconds (51: MoonEP's
+                published GPU planning time at EP8).
+            overlap: the overlapped schedule (module docstring).
+        """
+        if isinstance(hw, str):
+            hw = get_hardware(hw)
+        if isinstance(model, str):
+            model = get_preset(model)
+        H, F = model.hidden_size, model.moe_intermediate_size
+        one_expert = 3.0 * H * F * weight_bytes
+        return cls(
+            row_flop_s=6.0 * H * F / hw.flops,
+            weight_read_s=one_expert / hw.hbm_bytes_per_s,
+            row_mem_s=(2 * H + 2 * F) * act_bytes / hw.hbm_bytes_per_s,
+            copy_s_intra=one_expert / hw.nvlink_effective,
+            copy_s_inter=one_expert / hw.net_effective,
+            dispatch_row_s_intra=H * dispatch_bytes / hw.nvlink_effective,
+            dispatch_row_s_inter=H * dispatch_bytes / hw.net_effective,
+            combine_row_s_intra=H * act_bytes / hw.nvlink_effective,
+            combine_row_s_inter=H * act_bytes / hw.net_effective,
+            base_latency_s=hw.base_latency_s,
+            per_peer_latency_s=hw.per_peer_latency_s,
+            plan_s=plan_us * 1e-6,
+            tile_rows=hw.gemm_tile_rows,
+            domain=max(0, hw.nvlink_domain),
+            overlap=overlap,
+        )
+
+    def scaled(self, **fields: Any) -> StepCost:
+        """A copy with ``fields`` replaced (``dataclasses.replace``)."""
+        return dataclasses.replace(self, **fields)
+
+    def as_tensor(self) -> torch.Tensor:
+        """float64 ``[12]`` of the rates (for agreeing across ranks, e.g. the element-wise max)."""
+        return torch.tensor([float(getattr(self, n)) for n in _RATE_FIELDS], dtype=torch.float64)
+
+    @classmethod
+    def from_tensor(
+        cls, rates: torch.Tensor, *, tile_rows: int = 1, domain: int = 0, overlap: bool = True
+    ) -> StepCost:
+        """The inverse of :meth:`as_tensor` (``rates`` float ``[12]``)."""
+        values = [float(v) for v in rates.reshape(-1).tolist()]
+        if len(values) != len(_RATE_FIELDS):
+            raise ValueError(f"expected {len(_RATE_FIELDS)} rates, got {len(values)}")
+        kw: dict[str, Any] = dict(zip(_RATE_FIELDS, values, strict=True))
+        return cls(**kw, tile_rows=tile_rows, domain=domain, overlap=overlap)
+
+    # ---- prediction ----------------------------------------------------------------
+    def domain_size(self, num_ranks: int) -> int:
+        """Ranks per fast-link domain for a group of ``num_ranks`` (``>= 1``)."""
+        return num_ranks if self.domain <= 0 else min(self.domain, num_ranks)
+
+    def experts_R(self, rows_ER: torch.Tensor) -> torch.Tensor:
+        """float64 ``[R]`` roofline seconds of each rank's grouped GEMM over ``rows_ER``."""
+        rows = rows_ER.to(torch.float64)
+        tiles = torch.ceil(rows / self.tile_rows) * self.tile_rows
+        flop_R = self.row_flop_s * tiles.sum(0)
+        mem_R = self.weight_read_s * (rows > 0).sum(0).to(torch.float64)
+        return torch.maximum(flop_R, mem_R + self.row_mem_s * rows.sum(0))
+
+    def _link_R(self, t: Traffic, intra_s: float, inter_s: float) -> torch.Tensor:
+        """float64 ``[R]``: each rank's busiest link direction time, for per-unit times."""
+        intra = torch.maximum(t.send_intra_R, t.recv_intra_R).to(torch.float64) * intra_s
+        inter = torch.maximum(t.send_inter_R, t.recv_inter_R).to(torch.float64) * inter_s
+        return torch.maximum(intra, inter)
+
+    def _all_to_all(self, t: Traffic, intra_s: float, inter_s: float) -> float:
+        R = t.local_R.numel()
+        if R <= 1:
+            return 0.0
+        latency = self.base_latency_s + self.per_peer_latency_s * (R - 1)
+        return latency + float(self._link_R(t, intra_s, inter_s).max())
+
+    def _fetch(self, moves: Traffic, data: Traffic, overlapped: bool) -> float:
+        """Seconds until every fetched weight has arrived (0 when nothing is fetched)."""
+        if int(moves.recv_intra_R.sum() + moves.recv_inter_R.sum()) == 0:
+            return 0.0
+        alone_R = self._link_R(moves, self.copy_s_intra, self.copy_s_inter)
+        if not overlapped:
+            return self.base_latency_s + float(alone_R.max())
+        # dispatch rows and weights share each link: their times add per link direction
+        intra = (
+            torch.maximum(data.send_intra_R, data.recv_intra_R).to(torch.float64)
+            * self.dispatch_row_s_intra
+            + torch.maximum(moves.send_intra_R, moves.recv_intra_R).to(torch.float64)
+            * self.copy_s_intra
+        )
+        inter = (
+            torch.maximum(data.send_inter_R, data.recv_inter_R).to(torch.float64)
+            * self.dispatch_row_s_inter
+            + torch.maximum(moves.send_inter_R, moves.recv_inter_R).to(torch.float64)
+            * self.copy_s_inter
+        )
+        shared = float(torch.maximum(intra, inter).max())
+        return self.base_latency_s + max(float(alone_R.max()), shared)
+
+    def step_time(
+        self,
+        rows_ER: torch.Tensor,
+        sent_RE: torch.Tensor,
+        fetch_ER: torch.Tensor,
+        src_E: torch.Tensor,
+        *,
+        planned: int = 1,
+    ) -> StepTime:
+        """Predicted :class:`StepTime` of one step (module docstring; CPU or any device).
+
+        Args:
+            rows_ER: int64 ``[E, R]``.
+            sent_RE: int64 ``[R, E]`` with ``sent_RE.sum(0) == rows_ER.sum(1)``.
+            fetch_ER: bool ``[E, R]``.
+            src_E: int64 ``[E]``.
+            planned: planner runs on the critical path.
+        """
+        E, R = rows_ER.shape
+        if fetch_ER.shape != (E, R) or src_E.shape != (E,):
+            raise ValueError(
+                f"fetch_ER must be [E, R] = {(E, R)} and src_E [E]; got "
+                f"{tuple(fetch_ER.shape)} and {tuple(src_E.shape)}"
+            )
+        rows_ER, sent_RE = rows_ER.cpu(), sent_RE.cpu()
+        fetch_ER, src_E = fetch_ER.cpu().bool(), src_E.cpu()
+        G = self.domain_size(R)
+        data = dispatch_traffic(sent_RE, rows_ER, G)
+        e_C, r_C = fetch_ER.nonzero(as_tuple=True)
+        moves = pair_traffic(torch.stack([src_E[e_C], r_C], dim=1), R, G)
+        plan = self.plan_s * planned
+        D = self._all_to_all(data, self.dispatch_row_s_intra, self.dispatch_row_s_inter)
+        Cb = self._all_to_all(data, self.combine_row_s_intra, self.combine_row_s_inter)
+        home_R = self.experts_R(torch.where(fetch_ER, 0, rows_ER))
+        wait_R = self.experts_R(torch.where(fetch_ER, rows_ER, 0))
+        experts = float((home_R + wait_R).max())
+        alone = self._fetch(moves, data, overlapped=False)
+        without = plan + D + experts + Cb
+        if self.overlap:
+            ready = self._fetch(moves, data, overlapped=True)
+            total = plan + float(torch.clamp(D + home_R, min=ready).add(wait_R).max()) + Cb
+        else:
+            total = without + alone
+        return StepTime(plan, alone, max(0.0, total - without), D, experts, Cb, total)
+
+    def plan_time(self, plan: Plan, *, planned: int = 1) -> StepTime:
+        """Predicted :class:`StepTime` of a moonplan :class:`~moonplan.plan.Plan`.
+
+        Rows are the plan's records (``alloc``; ``align`` padding is not modelled: it is
+        small next to the GEMM tile), sent rows its counts, fetched pairs its new slots and
+        its direct replicas, fetched from the experts' home ranks.
+        """
+        return self.step_time(
+            plan.alloc.cpu(),
+            plan.counts.cpu(),
+            plan_fetch_ER(plan),
+            plan.home.cpu(),
+            planned=planned,
+        )
+
+
+def plan_fetch_ER(plan: Plan) -> torch.Tensor:
+    """CPU bool ``[E, R]``: pairs whose weights a plan moves this step (new slots, direct reads)."""
+    alloc_ER = plan.alloc.cpu()
+    fetch_ER = torch.zeros(alloc_ER.shape, dtype=torch.bool)
+    slot_RB, new_RB = plan.slot_expert.cpu(), plan.slot_new.cpu() > 0
+    r_N, j_N = new_RB.nonzero(as_tuple=True)
+    fetch_ER[slot_RB[r_N, j_N], r_N] = True
+    direct_RD = plan.direct_expert().cpu()
+    r_N, j_N = (direct_RD >= 0).nonzero(as_tuple=True)
+    fetch_ER[direct_RD[r_N, j_N], r_N] = True
+    return fetch_ER & (alloc_ER > 0)

@@ -1,0 +1,131 @@
+"""StepCost: hand-computed phases, the overlapped schedule, plans, construction and errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import moonplan
+from moonplan.cost import get_preset
+from moonplan.stepcost import StepCost, get_hardware, plan_fetch_ER
+
+# Round numbers so every expected time can be written by hand (seconds).
+UNIT = StepCost(
+    row_flop_s=1.0,
+    weight_read_s=10.0,
+    row_mem_s=0.0,
+    copy_s_intra=100.0,
+    copy_s_inter=1000.0,
+    dispatch_row_s_intra=2.0,
+    dispatch_row_s_inter=20.0,
+    combine_row_s_intra=3.0,
+    combine_row_s_inter=30.0,
+    base_latency_s=0.0,
+    per_peer_latency_s=0.0,
+    plan_s=7.0,
+    tile_rows=1,
+)
+
+
+def two_rank_case() -> tuple[torch.Tensor, ...]:
+    """Expert 0 (home rank 0) has 40 rows from rank 0: 20 stay, 20 run on rank 1 after a copy."""
+    rows_ER = torch.tensor([[20, 20], [0, 5]])
+    sent_RE = torch.tensor([[40, 0], [0, 5]])
+    fetch_ER = torch.tensor([[False, True], [False, False]])
+    src_E = torch.tensor([0, 1])
+    return rows_ER, sent_RE, fetch_ER, src_E
+
+
+def test_roofline_per_rank_by_hand() -> None:
+    rows_ER = torch.tensor([[3, 0], [1, 0]])
+    tiled = UNIT.scaled(tile_rows=4, row_mem_s=1.0)
+    # rank 0: flop 2 tiles * 4 rows = 8; memory 2 experts * 10 + 4 rows = 24 -> 24; rank 1 idle
+    assert tiled.experts_R(rows_ER).tolist() == [24.0, 0.0]
+
+
+def test_serial_schedule_by_hand() -> None:
+    t = UNIT.scaled(overlap=False).step_time(*two_rank_case())
+    # dispatch: rank 0 sends 20 rows to rank 1 -> 40; combine 60; copy of expert 0 -> 100
+    # experts: rank 0 max(20, 10) = 20; rank 1 home 5 rows max(5, 10) = 10, fetched max(20, 10)
+    assert (t.plan_s, t.dispatch_s, t.combine_s, t.prefetch_s) == (7.0, 40.0, 60.0, 100.0)
+    assert t.experts_s == 30.0
+    assert t.total_s == 7 + 100 + 40 + 30 + 60
+    assert t.prefetch_exposed_s == 100.0
+
+
+def test_overlapped_schedule_by_hand() -> None:
+    t = UNIT.step_time(*two_rank_case())
+    # the copy shares rank 0 -> 1 with dispatch: ready at 40 + 100 = 140; rank 1 runs its
+    # home rows after dispatch (40 + 10), waits for the copy (140), then its 20 fetched rows
+    assert t.total_s == 7 + max(40 + 10, 140) + 20 + 60
+    assert t.prefetch_exposed_s == t.total_s - (7 + 40 + 30 + 60)
+    assert t.prefetch_s == 100.0
+
+
+def test_nothing_fetched_is_the_same_in_both_schedules() -> None:
+    rows_ER, sent_RE, fetch_ER, src_E = two_rank_case()
+    none = torch.zeros_like(fetch_ER)
+    a = UNIT.step_time(rows_ER, sent_RE, none, src_E)
+    b = UNIT.scaled(overlap=False).step_time(rows_ER, sent_RE, none, src_E)
+    assert a == b and a.prefetch_s == 0.0 and a.prefetch_exposed_s == 0.0
+    # rank 0: max(20 rows, 1 weight) = 20; rank 1: max(25 rows, 2 weights) = 25
+    assert a.total_s == 7 + 40 + 25 + 60
+
+
+def test_planned_runs_are_charged() -> None:
+    case = two_rank_case()
+    assert UNIT.step_time(*case, planned=3).total_s - UNIT.step_time(*case).total_s == 14.0
+
+
+def test_across_hosts_uses_the_slow_link() -> None:
+    rows_ER, sent_RE, fetch_ER, src_E = two_rank_case()
+    t = UNIT.scaled(domain=1, overlap=False).step_time(rows_ER, sent_RE, fetch_ER, src_E)
+    assert (t.dispatch_s, t.prefetch_s) == (400.0, 1000.0)
+
+
+def test_plan_time_fetches_new_slots_and_direct_reads() -> None:
+    counts = torch.tensor([[90, 5, 5, 0], [0, 0, 0, 0]])  # R=2, E=4: rank 0 overloaded
+    full = moonplan.plan(counts)  # replicas of expert 0 in a slot on rank 1
+    fetch = plan_fetch_ER(full)
+    expected = torch.zeros(4, 2, dtype=torch.bool)
+    expected[0, 1] = True  # rank 0 gives 45 records of expert 0 to rank 1
+    assert torch.equal(fetch, expected)
+    none = moonplan.plan(counts, slots=0)  # no slots: the same replica is a direct read
+    assert torch.equal(plan_fetch_ER(none), fetch)
+    again = moonplan.plan(counts, previous=full)  # resident: nothing moves
+    assert not plan_fetch_ER(again).any()
+    c = StepCost.from_hardware("h200-node", "mixtral-8x7b")
+    assert c.plan_time(full).prefetch_s > 0 and c.plan_time(again).prefetch_s == 0.0
+
+
+def test_from_hardware_names_and_objects_agree() -> None:
+    a = StepCost.from_hardware("H200-node", "Mixtral-8x7B")
+    b = StepCost.from_hardware(get_hardware("h200-node"), get_preset("mixtral-8x7b"))
+    assert a == b
+    hw, m = get_hardware("h200-node"), get_preset("mixtral-8x7b")
+    assert a.row_flop_s == pytest.approx(6 * m.hidden_size * m.moe_intermediate_size / hw.flops)
+    assert a.tile_rows == hw.gemm_tile_rows and a.plan_s == pytest.approx(51e-6)
+
+
+def test_tensor_round_trip_and_agreement_by_max() -> None:
+    a = StepCost.from_hardware("h200-node", "deepseek-v3")
+    back = StepCost.from_tensor(a.as_tensor(), tile_rows=a.tile_rows, domain=a.domain)
+    assert back == a
+    slower = a.scaled(copy_s_intra=2 * a.copy_s_intra)
+    agreed = StepCost.from_tensor(torch.maximum(a.as_tensor(), slower.as_tensor()), tile_rows=128)
+    assert agreed.copy_s_intra == slower.copy_s_intra and agreed.row_flop_s == a.row_flop_s
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("row_flop_s", -1.0), ("copy_s_inter", float("nan")), ("tile_rows", 0), ("domain", -1)],
+)
+def test_bad_values_are_refused(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        UNIT.scaled(**{field: value})
+
+
+def test_mismatched_shapes_are_refused() -> None:
+    rows_ER, sent_RE, fetch_ER, src_E = two_rank_case()
+    with pytest.raises(ValueError, match="fetch_ER"):
+        UNIT.step_time(rows_ER, sent_RE, fetch_ER[:1], src_E)
