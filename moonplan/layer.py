@@ -30,6 +30,7 @@ from moonplan.runtime.routers import (
 )
 from moonplan.runtime.setup import StepStats, make_runtime, register_home, validate_routing
 from moonplan.runtime.slot_budget import Bytes, resolve_slots
+from moonplan.stepcost import StepCost
 
 
 class MoonMoE(nn.Module):
@@ -64,6 +65,9 @@ class MoonMoE(nn.Module):
         overlap: run the weight prefetch beside the dispatch and the home experts, and
             the replica-gradient reduce beside the dispatch-backward (default); ``False``
             runs the same operations serially (bit-identical results).
+        cost: the :class:`~moonplan.stepcost.StepCost` ``balance="auto"`` plans with;
+            default: measured by the layer itself (a few exact warm-up steps, then
+            :meth:`calibrate`, agreed across ranks).
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class MoonMoE(nn.Module):
         dtype: torch.dtype | None = None,
         balance: str | bool = "auto",
         overlap: bool = True,
+        cost: StepCost | None = None,
     ):
         super().__init__()
         _check_sizes(hidden_size, ffn_size, num_experts, top_k)
@@ -126,6 +131,7 @@ class MoonMoE(nn.Module):
             transport=transport,
             balance=balance,
             what="MoonMoE",
+            cost=cost,
         )
         self.runtime.overlap = overlap
 
@@ -175,6 +181,18 @@ class MoonMoE(nn.Module):
         from moonplan.profile import profiling
 
         return profiling(self, aligned=aligned)
+
+    def calibrate(self) -> StepCost:
+        """Collective: build the layer's :class:`~moonplan.stepcost.StepCost` from its
+        measured steps (every rank, same point), agreed across ranks; ``"auto"`` uses it
+        from the next step. Runs by itself after the warm-up steps when no ``cost`` was given.
+        """
+        return self.runtime.calibrate()
+
+    @property
+    def cost(self) -> StepCost | None:
+        """The cost model ``balance="auto"`` plans with (``None`` until calibrated)."""
+        return self.runtime.balancer.cost
 
     @property
     def last_plan(self) -> Plan | None:

@@ -23,6 +23,7 @@ from moonplan.comm.group import EPGroup
 from moonplan.runtime.balance import balance_mode
 from moonplan.runtime.setup import make_runtime, register_home, validate_routing
 from moonplan.runtime.slot_budget import Bytes, resolve_slots
+from moonplan.stepcost import StepCost
 
 
 class MoonExperts(nn.Module):
@@ -44,6 +45,7 @@ class MoonExperts(nn.Module):
         transport: ``"auto"``, ``"heap"`` or ``"a2a"`` (see :class:`~moonplan.MoonMoE`).
         balance: ``"auto"`` (default), ``"exact"`` or ``"off"`` (static EP, the
             baseline); see :class:`~moonplan.MoonMoE` (bools are deprecated aliases).
+        cost: the ``StepCost`` of ``balance="auto"`` (default: calibrated by the layer).
 
     Attributes:
         gate_up_proj, down_proj: Parameters ``[E_r, 2F, H]`` and ``[E_r, H, F]``, the
@@ -67,6 +69,7 @@ class MoonExperts(nn.Module):
         max_tokens: int = 1024,
         transport: str = "auto",
         balance: str | bool = "auto",
+        cost: StepCost | None = None,
     ):
         super().__init__()
         balance = balance_mode(balance)
@@ -100,6 +103,7 @@ class MoonExperts(nn.Module):
             transport=transport,
             balance=balance,
             what="MoonExperts",
+            cost=cost,
         )
 
     def extra_repr(self) -> str:

@@ -18,11 +18,13 @@ from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.home import home_start
 from moonplan.plan.plan_type import Plan
-from moonplan.plan.static import static_plan
 from moonplan.profile import NULL_PROFILER, LayerProfiler, NullProfiler
 from moonplan.runtime.background import BackgroundLane, lane_kind
+from moonplan.runtime.balancer import Balancer
+from moonplan.runtime.calibrate import time_local_copy
 from moonplan.runtime.store import ExpertStore, GradReducer
 from moonplan.runtime.transport import AllToAllTransport, HeapTransport
+from moonplan.stepcost import StepCost
 
 
 @dataclass
@@ -100,6 +102,7 @@ def make_runtime(
     transport: str,
     balance: str,
     what: str,
+    cost: StepCost | None = None,
 ) -> LayerRuntime:
     """Check the layer's config is the same on every rank, then build its :class:`LayerRuntime`.
 
@@ -120,6 +123,7 @@ def make_runtime(
         max_tokens=max_tokens,
         transport=transport,
         balance=balance,
+        cost=cost,
     )
 
 
@@ -140,6 +144,7 @@ class LayerRuntime:
         max_tokens: int,
         transport: str,
         balance: str = "exact",
+        cost: StepCost | None = None,
     ):
         if transport not in ("auto", "heap", "a2a"):
             raise ValueError(f"transport must be 'auto', 'heap' or 'a2a', got {transport!r}")
@@ -153,6 +158,7 @@ class LayerRuntime:
             align,
         )
         self.dtype, self.kind, self.balance = dtype, transport, balance
+        self.balancer = Balancer(balance, slots=slots, align=align, cost=cost)
         self.M = -(-num_experts // group.size)
         self.heap: SymmetricHeap | None = None
         self.capacity = 0
@@ -228,9 +234,18 @@ class LayerRuntime:
         return self._reducer
 
     def _plan(self, counts_RE: torch.Tensor, previous: Plan | None) -> Plan:
-        if self.balance == "off":
-            return static_plan(counts_RE, slots=self.B, align=self.align)
-        return moonplan.plan(counts_RE, slots=self.B, align=self.align, previous=previous)
+        return self.balancer.plan(counts_RE, previous)
+
+    def calibrate(self) -> StepCost:
+        """Collective: a :class:`StepCost` from this layer's measured steps, agreed across
+        ranks (element-wise max); ``balance="auto"`` plans with it from the next step."""
+        self._lane.drain()
+        home = {name: self.store.local[name][: self.M] for name in self.store.local}
+        return self.balancer.calibrate(
+            self.group,
+            copy_fallback_s=time_local_copy(home),
+            overlap=self.lane().kind != "inline",
+        )
 
     def weights_changed(self) -> None:
         """Home weights changed: republish them before the next step; every slot is stale.
@@ -255,6 +270,8 @@ class LayerRuntime:
         from moonplan.runtime.moe_function import MoEStep, moe_apply
 
         self._lane.drain()  # a failed step's background job, before buffers change
+        if self.balancer.due():  # "auto" after its measured warm-up steps (every rank)
+            self.calibrate()
         rec = self.profiler.begin_step()  # records nothing unless profiling
         t0 = time.perf_counter()
         counts_E = torch.zeros(self.E, dtype=torch.int64, device=x_SH.device)
@@ -306,6 +323,7 @@ class LayerRuntime:
             phases,
             **self._plan_figures(plan),
         )
+        self.balancer.record(plan, self.group.rank, route.dest_rank.numel(), phases)
         return y_SH
 
     def _start_prefetch(self, plan: Plan) -> Any:
