@@ -53,7 +53,7 @@ def _layers(cfg: dict, holder: dict) -> dict:
         "exact-M": {"balance": "exact", "slots": M},
     }
     layers = {}
-    for name in VARIANTS:
+    for name in cfg["variants"]:
         cell: dict[str, Any] = {}
 
         def router(x: torch.Tensor, cell: dict = cell) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,9 +99,9 @@ def _rank(rank: int, world: int, cfg: dict) -> dict:
     biases = _biases(cfg, warm + cfg["reps"])
     out: dict[str, Any] = {}
     for mode in MODES:
-        times: dict[str, list[float]] = {n: [] for n in VARIANTS}
-        fetch = {n: [0.0, 0.0, 0] for n in VARIANTS}  # prefetch s, exposed s, direct reads
-        policies: dict[str, Counter] = {n: Counter() for n in VARIANTS}
+        times: dict[str, list[float]] = {n: [] for n in layers}
+        fetch = {n: [0.0, 0.0, 0] for n in layers}  # prefetch s, exposed s, direct reads
+        policies: dict[str, Counter] = {n: Counter() for n in layers}
         static_mm: list[float] = []
         for i, bias in enumerate(biases):
             holder["bias"] = bias
@@ -123,7 +123,8 @@ def _rank(rank: int, world: int, cfg: dict) -> dict:
             "policies": {k: dict(v) for k, v in policies.items()},
             "static_max_over_mean": statistics.mean(static_mm),
         }
-    out["cost"] = layers["auto"].cost.as_tensor().tolist() if layers["auto"].cost else None
+    auto = layers.get("auto")
+    out["cost"] = auto.cost.as_tensor().tolist() if auto is not None and auto.cost else None
     return out
 
 
@@ -131,7 +132,8 @@ def _merge(got: list[dict], mode: str) -> dict:
     """Rank 0's times; prefetch figures summed over ranks."""
     res = dict(got[0][mode])
     res["fetch"] = {
-        n: [sum(g[mode]["fetch"][n][i] for g in got) for i in range(3)] for n in VARIANTS
+        n: [sum(g[mode]["fetch"][n][i] for g in got) for i in range(3)]
+        for n in got[0][mode]["fetch"]
     }
     return res
 
@@ -142,10 +144,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--warmup", type=int, default=6, help="untimed steps (auto calibrates)")
     ap.add_argument("--drift", type=float, default=0.1, help="1 - step-to-step correlation")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="any of " + ",".join(VARIANTS))
     ap.add_argument("--out", default="bench/results/bench_layer.json")
     args = ap.parse_args()
     base = {"E": 8, "K": 2, "H": 512, "F": 1024, "S": 2048}
     base |= {"reps": args.reps, "warmup": args.warmup, "drift": args.drift}
+    variants = [v for v in args.variants.split(",") if v]
+    if "static" not in variants or any(v not in VARIANTS for v in variants):
+        ap.error(f"--variants: a subset of {VARIANTS} that includes static")
+    base["variants"] = variants
     if args.quick:
         base.update(H=64, F=128, S=256, reps=3)
     rows = []
@@ -158,7 +165,7 @@ def main() -> None:
         for mode in MODES:
             res = _merge(got, mode)
             st = res["median_s"]["static"]
-            for name in VARIANTS:
+            for name in variants:
                 t = res["median_s"][name]
                 pf, ex, direct = res["fetch"][name]
                 frac = ex / pf if pf > 0 else 0.0

@@ -39,9 +39,15 @@ class Pending:
     """A job started by :meth:`BackgroundLane.submit`; :meth:`wait` once for its result."""
 
     def __init__(
-        self, future: Future | None = None, result: Any = None, span: tuple[float, float] = (0, 0)
+        self,
+        future: Future | None = None,
+        result: Any = None,
+        span: tuple[float, float] | None = None,
     ):
         self._future, self._result = future, result
+        if span is None:
+            now = time.perf_counter()
+            span = (now, now)
         self.span = span  # perf_counter start and end of the job (host)
         self.waited_s = self.run_s if future is None else 0.0
         self.events: tuple[Any, Any] | None = None  # CUDA start/end on the side stream

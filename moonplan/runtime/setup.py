@@ -19,7 +19,7 @@ from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.home import home_start
 from moonplan.plan.plan_type import Plan
 from moonplan.profile import NULL_PROFILER, LayerProfiler, NullProfiler
-from moonplan.runtime.background import BackgroundLane, lane_kind
+from moonplan.runtime.background import BackgroundLane, Pending, lane_kind
 from moonplan.runtime.balancer import Balancer
 from moonplan.runtime.calibrate import time_local_copy
 from moonplan.runtime.store import ExpertStore, GradReducer
@@ -334,8 +334,11 @@ class LayerRuntime:
         on the heap and run beside the dispatch; on the all-to-all path they are
         collectives and run inline (see :mod:`moonplan.runtime.background`).
         """
-        store = self.store
-        return self.lane().submit(lambda: (store.prefetch(plan), store.direct(plan)))
+        store, r = self.store, self.group.rank
+        lane = self.lane()
+        if lane.kind != "inline" and not _fetches(plan, r):  # nothing to move: no job
+            return Pending(result=(0, store.direct(plan)))
+        return lane.submit(lambda: (store.prefetch(plan), store.direct(plan)))
 
     def _plan_figures(self, plan: Plan) -> dict[str, Any]:
         """``direct_reads``, ``policy`` and ``predicted`` of a plan for :class:`StepStats`."""
@@ -345,3 +348,8 @@ class LayerRuntime:
             "policy": str(getattr(plan, "policy", "exact" if self.balance != "off" else "static")),
             "predicted": dict(getattr(plan, "predicted", None) or {}),
         }
+
+
+def _fetches(plan: Plan, rank: int) -> bool:
+    """Whether ``rank`` fills a new slot or reads a direct row under ``plan``."""
+    return bool((plan.slot_new[rank] > 0).any()) or bool((plan.direct_expert()[rank] >= 0).any())
