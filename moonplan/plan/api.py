@@ -1,4 +1,4 @@
-"""``moonplan.plan``: validate input, pick a backend, build a :class:`Plan`.
+"""``moonplan.plan``: validate input, pick a policy and a backend, build a :class:`Plan`.
 
 Legend: R ranks, E experts, B slots.
 """
@@ -10,9 +10,12 @@ from typing import Any
 import torch
 
 from moonplan.errors import PlanError
+from moonplan.plan.choose import CostModel, Inputs, build, choose
+from moonplan.plan.from_alloc import previous_slots
 from moonplan.plan.home import max_local
-from moonplan.plan.plan_type import Plan
+from moonplan.plan.plan_type import Plan, make_plan
 from moonplan.plan.reference import reference_plan, to_tensors
+from moonplan.plan.static import static_plan
 from moonplan.plan.torch_backend import plan_torch
 from moonplan.plan.validate import as_counts, check_options
 
@@ -28,8 +31,10 @@ def plan(
     backend: str = "auto",
     num_ranks: int | None = None,
     check_input: bool = True,
+    policy: str = "exact",
+    cost: CostModel | None = None,
 ) -> Plan:
-    """Plan which rank executes how many records of each expert, exactly balanced.
+    """Plan which rank executes how many records of each expert (exactly balanced by default).
 
     Args:
         counts: ``[R, E]`` non-negative integers (tensor, numpy array or lists):
@@ -46,21 +51,53 @@ def plan(
         num_ranks: if given, ``counts`` must have this many rows.
         check_input: read ``counts`` on the host to reject negative entries. Turn it
             off only to capture the plan in a CUDA graph, with counts known to be valid.
+        policy: ``"exact"`` (exact balance; bit-identical on every backend),
+            ``"static"`` (no replicas), ``"resident"`` (only replicas resident in
+            ``previous``'s slots), ``"bounded-<eps>"`` (every load at most
+            ``ceil(N/R * (1 + eps))``, fewer copies) or ``"auto"`` (the candidate
+            with the least step time predicted by ``cost``; see
+            ``docs/planner-policy.md``). Policies other than ``exact`` and
+            ``static`` read the counts on the host and run the ``torch`` builder
+            (``reference`` with ``backend="reference"``).
+        cost: the cost model ``policy="auto"`` needs (a ``moonplan.stepcost.StepCost``,
+            or any object with its ``plan_time`` and ``step_time``).
 
     Returns:
-        An immutable :class:`Plan` meeting the invariants of DESIGN §3.
+        An immutable :class:`Plan` meeting the invariants of ``moonplan/plan/README.md``
+        (exact balance for ``policy="exact"``, its ``load_bound`` otherwise).
 
     Raises:
-        PlanError: bad counts, options, or a ``previous`` plan of another shape.
+        PlanError: bad counts, options, policy, a missing ``cost`` for ``"auto"``,
+            or a ``previous`` plan of another shape.
     """
     if backend not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    if not isinstance(policy, str):
+        raise PlanError(f"policy must be a string, got {policy!r}")
+    if policy == "auto" and cost is None:
+        raise PlanError(
+            "policy='auto' needs cost=StepCost(...) (e.g. "
+            "moonplan.stepcost.StepCost.from_hardware('h200-node', model)) to predict step times"
+        )
+    if policy != "exact" and backend == "cuda":
+        raise PlanError(
+            f"the cuda backend plans exact balance only; policy={policy!r} needs backend "
+            "'auto', 'torch' or 'reference' (the torch builder runs on any device)"
+        )
     counts_RE = as_counts(counts, num_ranks, check_values=check_input)
     R, E = counts_RE.shape
     B = check_options(slots, align, max_local(E, R))
-    prev_RB = _previous_slots(previous, R, E, B, counts_RE.device)
+    prev_RB = previous_slots(previous, R, E, B, counts_RE.device)
+    if policy == "static" and backend != "reference":
+        return static_plan(counts_RE, slots=B, align=align, previous=previous, check_input=False)
     name = _resolve(backend, counts_RE.device)
     prev_F3 = None if previous is None else previous.flow.to(counts_RE.device)
+    if policy != "exact":
+        builder = "reference" if name == "reference" else "torch"
+        inp = Inputs(counts_RE, B, align, prev_RB, prev_F3, builder)
+        if policy == "auto" and cost is not None:
+            return choose(inp, cost)
+        return build(policy, inp)
     if name == "reference":
         prev_slots = None if prev_RB is None else prev_RB.tolist()
         prev_flows = None if prev_F3 is None else [tuple(f) for f in prev_F3.tolist() if f[0] >= 0]
@@ -72,7 +109,7 @@ def plan(
         from moonplan.plan.cuda_backend import plan_cuda
 
         fields = plan_cuda(counts_RE, B, align, prev_RB, prev_F3)
-    return Plan(counts=counts_RE, num_slots=B, align=align, backend=name, **fields)
+    return make_plan(fields, counts=counts_RE, num_slots=B, align=align, backend=name)
 
 
 def _resolve(backend: str, device: torch.device) -> str:
@@ -85,19 +122,3 @@ def _resolve(backend: str, device: torch.device) -> str:
         if available()[0]:
             return "cuda"
     return "torch"
-
-
-def _previous_slots(
-    previous: Plan | None, R: int, E: int, B: int, device: torch.device
-) -> torch.Tensor | None:
-    if previous is None:
-        return None
-    if not isinstance(previous, Plan):
-        raise PlanError(f"previous must be a moonplan Plan, got {type(previous).__name__}")
-    if (previous.num_ranks, previous.num_experts, previous.num_slots) != (R, E, B):
-        raise PlanError(
-            "previous plan has (R, E, B) = "
-            f"{(previous.num_ranks, previous.num_experts, previous.num_slots)}, "
-            f"this call has {(R, E, B)}"
-        )
-    return previous.slot_expert.to(device)

@@ -18,6 +18,7 @@ the rows in the receive buffer; empty rows take no space.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,10 +38,40 @@ PLAN_TENSORS = (
 )
 """Names of a :class:`Plan`'s tensor fields (every backend produces all but ``counts``)."""
 
+POLICIES = ("exact", "static", "resident", "bounded-<eps>", "auto", "custom")
+"""What ``Plan.policy`` may say (``auto`` never: an auto plan records the candidate it chose)."""
+
+
+class Predicted(Mapping[str, float]):
+    """A read-only, picklable mapping ``candidate name -> predicted step seconds``.
+
+    Iterates in the order the candidates were evaluated.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, float] | None = None) -> None:
+        self._items: tuple[tuple[str, float], ...] = tuple((items or {}).items())
+
+    def __getitem__(self, key: str) -> float:
+        for k, v in self._items:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"Predicted({dict(self._items)!r})"
+
 
 @dataclass(frozen=True, eq=False)
 class Plan:
-    """An exact-balance allocation of routed records to ranks (immutable).
+    """An allocation of routed records to ranks (immutable); exactly balanced by default.
 
     All tensors are int64 and live on the device of the ``counts`` that made
     them; their shapes depend only on ``(R, E, B)``.
@@ -61,6 +92,16 @@ class Plan:
         num_slots: ``B``.
         align: row padding multiple.
         backend: name of the backend that built it.
+        policy: how the allocation was chosen: ``"exact"`` (exact balance, the
+            default), ``"static"`` (no replicas), ``"resident"`` (only replicas
+            resident in ``previous``'s slots), ``"bounded-<eps>"`` (every load
+            ``<= ceil(mean * (1 + eps))``) or ``"custom"`` (``Plan.from_alloc``).
+            ``policy="auto"`` records the candidate it chose.
+        predicted: candidate -> predicted step seconds (empty unless ``policy="auto"``).
+        planned: runs of the group-flow construction that made this plan (what
+            ``StepCost.plan_time(..., planned=)`` charges; 0 for static and from_alloc).
+        declared_bound: the bound on every rank's load this plan declares
+            (``None``: ``max(target)``); read it as :attr:`load_bound`.
     """
 
     counts: torch.Tensor
@@ -76,6 +117,10 @@ class Plan:
     num_slots: int
     align: int
     backend: str = field(default="reference")
+    policy: str = "exact"
+    predicted: Predicted = field(default_factory=Predicted)
+    planned: int = 1
+    declared_bound: int | None = None
 
     # ---- sizes -------------------------------------------------------------
     @property
@@ -101,6 +146,13 @@ class Plan:
     @property
     def device(self) -> torch.device:
         return self.alloc.device
+
+    @property
+    def load_bound(self) -> int:
+        """Declared bound on every rank's load: ``max(target)`` unless declared (host read)."""
+        if self.declared_bound is not None:
+            return self.declared_bound
+        return int(self.target.max()) if self.target.numel() else 0
 
     # ---- derived tensors (no host sync) -------------------------------------
     def replica_mask(self) -> torch.Tensor:
@@ -156,4 +208,40 @@ class Plan:
             "direct": int((self.direct_expert() >= 0).sum()),
             "max_remote_experts": max(remote_R),
             "remote_bound": self.max_local,
+            "policy": self.policy,
+            "load_bound": self.load_bound,
+            "predicted": dict(self.predicted),
+            "planned": self.planned,
         }
+
+    # ---- construction from any allocation -------------------------------------
+    @classmethod
+    def from_alloc(
+        cls,
+        counts: Any,
+        alloc: Any,
+        *,
+        slots: int | None = None,
+        align: int = 1,
+        previous: Plan | None = None,
+        policy: str = "custom",
+        load_bound: int | None = None,
+    ) -> Plan:
+        """A valid plan executing ``alloc [E, R]`` (``moonplan.plan.from_alloc.from_alloc``)."""
+        from moonplan.plan.from_alloc import from_alloc
+
+        return from_alloc(
+            counts,
+            alloc,
+            slots=slots,
+            align=align,
+            previous=previous,
+            policy=policy,
+            load_bound=load_bound,
+        )
+
+
+def make_plan(fields: Mapping[str, torch.Tensor], **meta: Any) -> Plan:
+    """``Plan(**fields, **meta)``: a backend's tensor fields plus the scalar fields."""
+    args: dict[str, Any] = {**fields, **meta}
+    return Plan(**args)

@@ -203,16 +203,21 @@ def reference_plan(
     align: int,
     prev_slots: list[list[int]] | None = None,
     prev_flows: list[Flow] | None = None,
+    target: list[int] | None = None,
 ) -> RefResult:
     """The whole plan from plain lists (see the module docstring for the steps).
 
     ``prev_slots`` ``[R][B]`` and ``prev_flows`` (``(donor, receiver, records)``
     in decision order) describe the ``previous=`` plan, or are ``None``.
+    ``target`` ``[R]`` replaces the exact targets (bounded-imbalance candidates,
+    ``moonplan/plan/candidates.py``): it must sum to ``N``, every donor's target
+    (``load > target``) must be at least every other target, and ranks that
+    are neither donors nor receivers keep their static load.
     """
     R, E = len(counts_RE), len(counts_RE[0])
     home = home_list(E, R)
     T = [sum(row[e] for row in counts_RE) for e in range(E)]
-    target = targets_list(sum(T), R)
+    target = list(target) if target is not None else targets_list(sum(T), R)
     load = [0] * R
     for e, t in enumerate(T):
         load[home[e]] += t

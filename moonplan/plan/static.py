@@ -2,9 +2,12 @@
 
 Legend: R ranks, E experts, B slots, M = ceil(E/R).
 
-It is the baseline the runtime is measured against ("planning off"): the same
-dispatch, experts and combine, with the loads the router happens to produce.
-Its ``target`` is the static load, so it does not meet invariant 2.
+It is the baseline the runtime is measured against ("planning off") and the
+cheapest candidate of ``policy="auto"``: the same dispatch, experts and
+combine, with the loads the router happens to produce. Its ``target`` is the
+static load, so it does not meet invariant 2; it declares that load's maximum
+as its ``load_bound``. Static placement is computed here and only here
+(:func:`static_alloc`).
 """
 
 from __future__ import annotations
@@ -13,40 +16,46 @@ from typing import Any
 
 import torch
 
+from moonplan.plan.from_alloc import layout_torch, previous_slots
 from moonplan.plan.home import home_map, max_local
-from moonplan.plan.plan_type import Plan
-from moonplan.plan.torch_layout import group_experts, row_layout_torch
+from moonplan.plan.plan_type import Plan, make_plan
 from moonplan.plan.validate import as_counts, check_options
 
 
-def static_plan(counts: Any, *, slots: int | None = None, align: int = 1) -> Plan:
-    """The static-EP plan of ``counts [R, E]`` (same tensor shapes as :func:`moonplan.plan`)."""
-    counts_RE = as_counts(counts)
+def static_alloc(counts_RE: torch.Tensor) -> torch.Tensor:
+    """``alloc_ER`` int64 ``[E, R]``: every expert's records ``sum_s counts[s, e]`` on its home."""
+    R, E = counts_RE.shape
+    dev = counts_RE.device
+    alloc_ER = torch.zeros(E, R, dtype=torch.int64, device=dev)
+    alloc_ER[torch.arange(E, device=dev), home_map(E, R, device=dev)] = counts_RE.sum(0)
+    return alloc_ER
+
+
+def static_plan(
+    counts: Any,
+    *,
+    slots: int | None = None,
+    align: int = 1,
+    previous: Plan | None = None,
+    check_input: bool = True,
+) -> Plan:
+    """The static-EP plan of ``counts [R, E]`` (same tensor shapes as :func:`moonplan.plan`).
+
+    With ``previous=`` the slots keep ``previous``'s residents (nothing moves), so a
+    later balanced step still finds them. No value is read on the host
+    (``load_bound`` is read lazily).
+    """
+    counts_RE = as_counts(counts, check_values=check_input)
     R, E = counts_RE.shape
     B = check_options(slots, align, max_local(E, R))
-    dev = counts_RE.device
-    home_E = home_map(E, R, device=dev)
-    alloc_ER = torch.zeros(E, R, dtype=torch.int64, device=dev)
-    alloc_ER[torch.arange(E, device=dev), home_E] = counts_RE.sum(0)
-    M = max_local(E, R)
-    slot_RB = torch.full((R, B), -1, dtype=torch.int64, device=dev)
-    direct_RD = torch.full((R, max(0, M - B)), -1, dtype=torch.int64, device=dev)
-    row_RW, count_RW, offset_RW1 = row_layout_torch(
-        group_experts(E, R, dev), slot_RB, direct_RD, alloc_ER, align
-    )
-    F = max(R - 1, 0)
-    return Plan(
+    prev_RB = previous_slots(previous, R, E, B, counts_RE.device)
+    fields = layout_torch(static_alloc(counts_RE), B, align, prev_RB)
+    return make_plan(
+        fields,
         counts=counts_RE,
-        alloc=alloc_ER,
-        target=alloc_ER.sum(0),
-        home=home_E,
-        flow=torch.tensor([[-1, -1, 0]] * F, dtype=torch.int64, device=dev).view(F, 3),
-        slot_expert=slot_RB,
-        slot_new=torch.zeros_like(slot_RB),
-        row_expert=row_RW,
-        row_count=count_RW,
-        row_offset=offset_RW1,
         num_slots=B,
         align=align,
         backend="static",
+        policy="static",
+        planned=0,
     )

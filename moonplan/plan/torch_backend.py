@@ -29,6 +29,7 @@ def plan_torch(
     prev_F3: torch.Tensor | None = None,
     *,
     scan: str = "auto",
+    target_R: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """The plan's tensors (same keys as ``reference.to_tensors``).
 
@@ -41,6 +42,8 @@ def plan_torch(
         scan: how steps 1-2 (the sequential greedy) run: ``"tensor"`` (masked tensor
             steps, no host reads: the accelerator path), ``"host"`` (Python integers:
             cheapest where the tensors are on the CPU) or ``"auto"`` (by device).
+        target_R: int64 ``[R]`` targets replacing the exact ones (see
+            ``reference.reference_plan``), or ``None``.
     """
     R, E = counts_RE.shape
     dev = counts_RE.device
@@ -48,7 +51,8 @@ def plan_torch(
     T_E = counts_RE.sum(0)
     N = T_E.sum()
     r_R = torch.arange(R, device=dev)
-    target_R = N // R + (r_R < N % R).to(torch.int64)
+    if target_R is None:
+        target_R = N // R + (r_R < N % R).to(torch.int64)
     load_R = torch.zeros(R, dtype=torch.int64, device=dev).index_add_(0, home_E, T_E)
     ids_RM = group_experts(E, R, dev)
     if scan == "auto":
