@@ -204,7 +204,7 @@ def test_table_has_p50_and_p90_per_phase(profiled: list[dict[str, Any]]) -> None
     fg = [n for n in PHASES if n not in BACKGROUND_PHASES]
     assert sum(summ[n]["share"] for n in fg) == pytest.approx(1.0)
     text = report.table()
-    assert "prefetch:" in text and "exposed" in text  # background total vs exposed part
+    assert "grad_reduce:" in text and "exposed" in text  # background total vs exposed part
     assert len(summ["step"]["rank_mean_ms"]) == R
     json.dumps(report.to_json())
 

@@ -19,7 +19,6 @@ model, so every rank computes the same plan.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 import torch
 
@@ -70,9 +69,13 @@ class Balancer:
             return static_plan(counts_RE, slots=self.B, align=self.align)
         if policy == "exact":
             return moonplan.plan(counts_RE, slots=self.B, align=self.align, previous=previous)
-        options: dict[str, Any] = {"policy": "auto", "cost": self.cost}
         return moonplan.plan(
-            counts_RE, slots=self.B, align=self.align, previous=previous, **options
+            counts_RE,
+            slots=self.B,
+            align=self.align,
+            previous=previous,
+            policy="auto",
+            cost=self.cost,
         )
 
     def record(self, plan: Plan, rank: int, sent: int, phases: dict[str, float]) -> None:

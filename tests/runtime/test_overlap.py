@@ -131,12 +131,18 @@ def test_overlapped_equals_serial_bit_for_bit(world, E, slots, transport, sizes)
 
 def _slow_prefetch(rank: int, world: int) -> dict:
     """A prefetch made slow on purpose: the worker's time counts in ``prefetch``, the
-    experts' wait (all of it here: dispatch is fast) in ``prefetch_exposed``."""
+    experts' wait (most of it here: dispatch is fast) in ``prefetch_exposed``. Every
+    record goes to expert 0 (rank 0's), so rank 1 fills a slot with it; rank 0 fetches
+    nothing and starts no job at all."""
     import time
 
     from moonplan import MoonMoE
 
-    layer = MoonMoE(8, 8, 4, 2, slots=2, balance="exact")
+    def hot(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.zeros(x.shape[0], 1, dtype=torch.int64)
+        return ids, torch.ones(x.shape[0], 1) + 0 * x.sum()
+
+    layer = MoonMoE(8, 8, 4, 1, slots=2, balance="exact", router=hot)
     store_cls = type(layer.runtime.store)
     original = store_cls.prefetch
 
@@ -148,12 +154,15 @@ def _slow_prefetch(rank: int, world: int) -> dict:
     with torch.no_grad():
         layer(torch.randn(16, 8))
     store_cls.prefetch = original  # type: ignore[method-assign]
-    phases = dict(layer.last_stats.phases)
+    out = dict(layer.last_stats.phases)
+    out["new_copies"] = layer.last_stats.prefetched_rows
     layer.runtime.close()
-    return phases
+    return out
 
 
 def test_prefetch_time_is_measured_in_the_worker_and_the_wait_is_exposed() -> None:
-    for ph in run_ranks(_slow_prefetch, 2, timeout=60):
-        assert ph["prefetch"] >= 0.2
-        assert 0.1 <= ph["prefetch_exposed"] <= ph["prefetch"] + 0.05
+    idle, busy = run_ranks(_slow_prefetch, 2, timeout=60)
+    assert busy["new_copies"] == 1 and idle["new_copies"] == 0
+    assert busy["prefetch"] >= 0.2
+    assert 0.1 <= busy["prefetch_exposed"] <= busy["prefetch"] + 0.05
+    assert idle["prefetch"] == 0.0  # no job started
