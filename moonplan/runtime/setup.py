@@ -345,8 +345,8 @@ class LayerRuntime:
         d_D = plan.direct_expert()[self.group.rank]
         return {
             "direct_reads": int((d_D >= 0).sum()),
-            "policy": str(getattr(plan, "policy", "exact" if self.balance != "off" else "static")),
-            "predicted": dict(getattr(plan, "predicted", None) or {}),
+            "policy": plan.policy,
+            "predicted": dict(plan.predicted),
         }
 
 
