@@ -7,13 +7,16 @@ distinct experts this rank ran, weights it fetched, rows it sent and received, a
 the phase seconds of ``StepStats.phases``). :func:`fit_rates` turns a rank's
 samples into rates:
 
-* experts: ``experts_s ~ a * rows + b * groups`` (non-negative least squares over the
-  samples; ``b = 0`` where rows and groups do not vary independently), mapped onto the
+* experts: ``experts_s ~ a * rows + b * groups`` (least squares over the samples when
+  rows and groups both vary, independently enough, :data:`WELL_POSED`, and both come out
+  non-negative; otherwise ``b = 0`` and ``a`` is seconds per row), mapped onto the
   roofline as ``row_flop_s = row_mem_s = a``, ``weight_read_s = b`` (the memory side
   ``b * groups + a * rows`` then always wins, which is the fitted line itself);
-* copies: fetch seconds (measured where the fetch ran) per fetched expert, over the
-  samples that fetched anything; else a local copy of one expert's weights, timed here
-  (the shared-memory heap copies through the same memory);
+* copies: fetch seconds (measured where the fetch ran) per fetched expert, the least
+  over the samples that fetched anything (a background fetch shares the cores with
+  the dispatch and the home experts: the least contended step is the closest to the
+  copy's own cost); else a local copy of one expert's weights, timed here (the
+  shared-memory heap copies through the same memory);
 * latency: the median ``counts`` all-gather (a collective carrying no rows);
 * dispatch / combine: ``(phase - latency) / busiest rows`` (rows this rank sent or
   received, whichever is more), median over the samples;
@@ -84,7 +87,7 @@ def fit_rates(
     latency = statistics.median(s.phases.get("counts", 0.0) for s in samples)
     fetching = [s for s in samples if s.fetched > 0]
     copy_s = (
-        statistics.median(s.phases.get("prefetch", 0.0) / s.fetched for s in fetching)
+        min(s.phases.get("prefetch", 0.0) / s.fetched for s in fetching)
         if fetching
         else copy_fallback_s
     )
@@ -110,12 +113,22 @@ def fit_rates(
     )
 
 
+WELL_POSED = 0.05
+"""Relative spread (std / mean) that both rows and groups need over the samples, and
+smallest over largest singular value of the mean-scaled ``[rows, groups]`` samples,
+to fit both rates. Exact plans give every rank the same rows: then ``a * rows`` is
+a constant, the fit of ``b`` would follow noise, and all of the time goes per row."""
+
+
 def _fit_experts(samples: list[StepSample]) -> tuple[float, float]:
     """Non-negative ``(a, b)`` with ``experts_s ~ a * rows + b * groups``."""
     X = torch.tensor([[s.rows, s.groups] for s in samples], dtype=torch.float64)
     y = torch.tensor([s.phases.get("experts", 0.0) for s in samples], dtype=torch.float64)
-    if int(torch.linalg.matrix_rank(X)) == 2:
-        a, b = torch.linalg.lstsq(X, y[:, None]).solution.flatten().tolist()
+    scale = X.mean(0).clamp(min=1e-12)
+    spread = (X.std(0) / scale).min() if len(samples) >= 2 else torch.tensor(0.0)
+    sv = torch.linalg.svdvals(X / scale)
+    if float(spread) > WELL_POSED and float(sv[-1]) > WELL_POSED * float(sv[0]):
+        a, b = (torch.linalg.lstsq(X / scale, y[:, None]).solution.flatten() / scale).tolist()
         if a >= 0 and b >= 0:
             return a, b
     rows = float(X[:, 0].sum())

@@ -211,3 +211,15 @@ def test_a_given_cost_model_drives_the_choice(copy_s: float, want) -> None:
     else:
         assert "exact" not in pols
     assert all(torch.equal(g["cost"], cost.as_tensor()) for g in got)  # no calibration
+
+
+def test_fit_rates_ignores_groups_when_rows_barely_vary() -> None:
+    """Exact plans give every rank the same rows: a two-rate fit would be noise."""
+    samples = [_sample(1000, g, 1.0 + 0.3 * (g % 2)) for g in (2, 3, 4, 5)]
+    samples += [_sample(1001, 2, 1.0, fetched=1, pf=0.5), _sample(999, 3, 1.3, fetched=2, pf=0.2)]
+    cost = fit_rates(samples, copy_fallback_s=1.0, align=1, overlap=True)
+    assert cost.weight_read_s == 0.0
+    assert cost.row_flop_s == pytest.approx(
+        sum(1.0 + 0.3 * (g % 2) for g in (2, 3, 4, 5, 2, 3)) / 6000, rel=1e-3
+    )
+    assert cost.copy_s_intra == pytest.approx(0.1)  # the least contended fetch: 0.2 s / 2
