@@ -291,9 +291,11 @@ class LayerRuntime:
         plan = self._plan(counts_RE, self.resident)
         self.plans_made += 1
         need = int(plan.recv_size().max())
-        if need > self.capacity:  # every rank sees the same plan: all grow together
+        while need > self.capacity:  # every rank sees the same plan: all grow together
             self._build(self._capacity_for(need))
+            # Without residents "auto" may pick another candidate, with other loads.
             plan = self._plan(counts_RE, None)
+            need = int(plan.recv_size().max())
         ids = ids_SK if ids_SK is not None else torch.zeros(0, self.K, dtype=torch.int64)
         route = moonplan.route(plan, self.group.rank, ids, check=False)
         if not self.published:

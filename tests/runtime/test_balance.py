@@ -223,3 +223,61 @@ def test_fit_rates_ignores_groups_when_rows_barely_vary() -> None:
         sum(1.0 + 0.3 * (g % 2) for g in (2, 3, 4, 5, 2, 3)) / 6000, rel=1e-3
     )
     assert cost.copy_s_intra == pytest.approx(0.1)  # the least contended fetch: 0.2 s / 2
+
+
+def _growing_replan(rank: int, world: int) -> list[int]:
+    import moonplan
+    from moonplan import MoonMoE
+    from moonplan.plan.static import static_plan
+
+    def hot(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.zeros(x.shape[0], 1, dtype=torch.int64)  # expert 0 (rank 0) takes all
+        return ids, torch.ones(x.shape[0], 1) + 0 * x.sum()
+
+    layer = MoonMoE(8, 8, 6, 1, router=hot, balance="exact", max_tokens=1)
+    rt = layer.runtime
+
+    def plan(counts_RE: torch.Tensor, previous):  # like "auto" losing its residents:
+        if previous is None:  # without them another candidate (static) wins
+            return static_plan(counts_RE, slots=rt.B)
+        return moonplan.plan(counts_RE, slots=rt.B, previous=previous)
+
+    rt._plan = plan  # type: ignore[method-assign]
+    sizes = []
+    for n in (2, 40):  # step 2 grows for the exact plan, then re-plans static: larger
+        with torch.no_grad():
+            layer(torch.randn(n, 8))
+        sizes.append(int(layer.last_plan.recv_size()[rank]))
+    return sizes
+
+
+@pytest.mark.distributed
+def test_growth_fits_the_plan_made_after_the_rebuild() -> None:
+    got = run_ranks(_growing_replan, 3, timeout=60)
+    assert got[0][1] == 120 and got[1][1] == got[2][1] == 0  # static: all on rank 0
+
+
+def _growing_auto(rank: int, world: int, cost: StepCost) -> list[str]:
+    from moonplan import MoonMoE
+
+    def hot(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.zeros(x.shape[0], 2, dtype=torch.int64)
+        ids[:, 1] = torch.arange(x.shape[0]) % 5 + 1
+        return ids, torch.full((x.shape[0], 2), 0.5) + 0 * x.sum()
+
+    layer = MoonMoE(8, 8, 6, 2, router=hot, balance="auto", cost=cost, max_tokens=1)
+    pols = []
+    for n in (2, 30, 60):  # buffers grow; the re-plan without residents may change policy
+        with torch.no_grad():
+            layer(torch.randn(n, 8))
+        pols.append(layer.last_stats.policy)
+    return pols
+
+
+@pytest.mark.distributed
+def test_buffers_grow_for_whatever_candidate_auto_picks() -> None:
+    """Expensive copies: auto keeps residents or goes static, whose receive rows exceed an
+    exact plan's; growth must fit the plan actually used (found by `moonplan profile`)."""
+    cost = StepCost(1e-6, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0)
+    got = run_ranks(_growing_auto, 3, cost, timeout=120)
+    assert all(p == got[0] for p in got) and "exact" not in got[0]
