@@ -1,11 +1,17 @@
-"""MoonMoE step time against static EP (the same code with planning off), side by side.
+"""MoonMoE step time per ``balance=`` mode against static EP, side by side in one run.
 
-Two ranks (fork, gloo) build two layers with the same weights, one balanced by
-moonplan and one static (every record on its home rank), and time them in
-turn (A B A B ...) in the same processes: forward, and forward + backward.
-Routing is uniform or lognormal-skewed (log-popularity added to the router's
-logits). Rank 0's barrier-aligned wall time per step is reported; the ratio
-moonplan / static is the figure to quote. Writes JSON (``--out``).
+Two ranks (fork, gloo) build one layer per variant with the same weights:
+``auto`` (cost-model choice per step, calibrated by the layer itself), ``static``
+(``balance="off"``: every record on its home rank), ``exact`` (always exactly
+balanced), each with the default slots (``min(2, ceil(E/R))``), and ``exact-M``
+(exact with ``slots = ceil(E/R)``, the old default). They run in turn
+(A B C D A B C D ...) in the same processes on the same tokens: forward, then
+forward + backward. Routing: uniform, or lognormal-skewed (log-popularity
+``sigma * z`` added to the router's logits, ``z`` drifting step to step as an AR(1)
+with correlation ``1 - drift``, the same on every rank). Rank 0's barrier-aligned
+wall time per step (median) is reported with the ratio to static; ``prefetch`` is
+the weight fetch's own time (measured in the worker thread), ``exposed`` the part
+the experts waited for, both summed over the timed steps and ranks. Writes JSON.
 
     python bench/bench_layer.py               # R=2, H=512, F=1024, E=8, K=2, 2048 tokens/rank
     python bench/bench_layer.py --quick       # small sizes (smoke test)
@@ -13,8 +19,10 @@ moonplan / static is the figure to quote. Writes JSON (``--out``).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
+from collections import Counter
 from typing import Any
 
 import torch
@@ -23,27 +31,37 @@ from _common import bench_parser, write_json
 from moonplan.runtime.routers import softmax_topk
 from moonplan.testing.dist import run_ranks
 
+VARIANTS = ("auto", "static", "exact", "exact-M")
+MODES = ("forward", "forward+backward")
 
-def _layers(cfg: dict, bias: torch.Tensor) -> dict:
+
+def _layers(cfg: dict, holder: dict) -> dict:
     from moonplan import MoonMoE
 
     E, H, F = cfg["E"], cfg["H"], cfg["F"]
+    M = -(-E // 2)
     g = torch.Generator().manual_seed(0)
     w = (
         torch.randn(E, H, generator=g) * 0.02,
         torch.randn(E, 2 * F, H, generator=g) * H**-0.5,
         torch.randn(E, H, F, generator=g) * F**-0.5,
     )
+    options = {
+        "auto": {"balance": "auto"},
+        "static": {"balance": "off"},
+        "exact": {"balance": "exact"},
+        "exact-M": {"balance": "exact", "slots": M},
+    }
     layers = {}
-    for name, balance in (("moonplan", True), ("static", False)):
-        holder: dict[str, Any] = {}
+    for name in cfg["variants"]:
+        cell: dict[str, Any] = {}
 
-        def router(x: torch.Tensor, holder: dict = holder) -> tuple[torch.Tensor, torch.Tensor]:
-            return softmax_topk(holder["layer"].router(x) + bias, cfg["K"])
+        def router(x: torch.Tensor, cell: dict = cell) -> tuple[torch.Tensor, torch.Tensor]:
+            return softmax_topk(cell["layer"].router(x) + holder["bias"], cfg["K"])
 
-        layer = MoonMoE(H, F, E, cfg["K"], router=router, balance=balance, max_tokens=cfg["S"])
+        layer = MoonMoE(H, F, E, cfg["K"], router=router, max_tokens=cfg["S"], **options[name])
         layer.load_dense(*w)
-        holder["layer"] = layer
+        cell["layer"] = layer
         layers[name] = layer
     return layers
 
@@ -60,61 +78,120 @@ def _time(layer: Any, x: torch.Tensor, backward: bool) -> float:
     return time.perf_counter() - t0
 
 
+def _biases(cfg: dict, steps: int) -> list[torch.Tensor]:
+    """Per step log-popularity ``sigma * z_t``, ``z`` an AR(1) of unit variance."""
+    g = torch.Generator().manual_seed(1)
+    rho = 1.0 - cfg["drift"]
+    z = torch.randn(cfg["E"], generator=g)
+    out = []
+    for _ in range(steps):
+        out.append(cfg["sigma"] * z)
+        z = rho * z + math.sqrt(max(0.0, 1 - rho * rho)) * torch.randn(cfg["E"], generator=g)
+    return out
+
+
 def _rank(rank: int, world: int, cfg: dict) -> dict:
     torch.set_num_threads(1)
-    g = torch.Generator().manual_seed(1)
-    bias = torch.randn(cfg["E"], generator=g) * cfg["sigma"]
-    layers = _layers(cfg, bias)
+    holder = {"bias": torch.zeros(cfg["E"])}
+    layers = _layers(cfg, holder)
     x = torch.randn(cfg["S"], cfg["H"], generator=torch.Generator().manual_seed(10 + rank))
+    warm = cfg["warmup"]
+    biases = _biases(cfg, warm + cfg["reps"])
     out: dict[str, Any] = {}
-    for mode in ("forward", "forward+backward"):
-        times: dict[str, list[float]] = {"moonplan": [], "static": []}
-        for i in range(cfg["reps"] + 2):
+    for mode in MODES:
+        times: dict[str, list[float]] = {n: [] for n in layers}
+        fetch = {n: [0.0, 0.0, 0] for n in layers}  # prefetch s, exposed s, direct reads
+        policies: dict[str, Counter] = {n: Counter() for n in layers}
+        static_mm: list[float] = []
+        for i, bias in enumerate(biases):
+            holder["bias"] = bias
             for name, layer in layers.items():
                 dt = _time(layer, x, mode != "forward")
-                if i >= 2:
-                    times[name].append(dt)
-        out[mode] = {k: statistics.median(v) for k, v in times.items()}
-    s = layers["moonplan"].last_stats
-    out["static_max_over_mean"] = s.static_max_over_mean if s else 1.0
+                if i < warm:
+                    continue
+                s = layer.last_stats
+                times[name].append(dt)
+                fetch[name][0] += s.phases.get("prefetch", 0.0)
+                fetch[name][1] += s.phases.get("prefetch_exposed", 0.0)
+                fetch[name][2] += s.direct_reads
+                policies[name][s.policy] += 1
+                if name == "static":
+                    static_mm.append(s.static_max_over_mean)
+        out[mode] = {
+            "median_s": {k: statistics.median(v) for k, v in times.items()},
+            "fetch": fetch,
+            "policies": {k: dict(v) for k, v in policies.items()},
+            "static_max_over_mean": statistics.mean(static_mm),
+        }
+    auto = layers.get("auto")
+    out["cost"] = auto.cost.as_tensor().tolist() if auto is not None and auto.cost else None
     return out
+
+
+def _merge(got: list[dict], mode: str) -> dict:
+    """Rank 0's times; prefetch figures summed over ranks."""
+    res = dict(got[0][mode])
+    res["fetch"] = {
+        n: [sum(g[mode]["fetch"][n][i] for g in got) for i in range(3)]
+        for n in got[0][mode]["fetch"]
+    }
+    return res
 
 
 def main() -> None:
     ap = bench_parser(__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--warmup", type=int, default=6, help="untimed steps (auto calibrates)")
+    ap.add_argument("--drift", type=float, default=0.1, help="1 - step-to-step correlation")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="any of " + ",".join(VARIANTS))
     ap.add_argument("--out", default="bench/results/bench_layer.json")
     args = ap.parse_args()
-    base = {"E": 8, "K": 2, "H": 512, "F": 1024, "S": 2048, "reps": args.reps}
+    base = {"E": 8, "K": 2, "H": 512, "F": 1024, "S": 2048}
+    base |= {"reps": args.reps, "warmup": args.warmup, "drift": args.drift}
+    variants = [v for v in args.variants.split(",") if v]
+    if "static" not in variants or any(v not in VARIANTS for v in variants):
+        ap.error(f"--variants: a subset of {VARIANTS} that includes static")
+    base["variants"] = variants
     if args.quick:
         base.update(H=64, F=128, S=256, reps=3)
     rows = []
-    print(
-        f"{'routing':>10} {'static max/mean':>15} {'mode':>17} {'moonplan ms':>11} "
-        f"{'static ms':>9} {'ratio':>6}"
-    )
+    head = f"{'routing':>10} {'mode':>17} {'variant':>8} {'ms':>8} {'/static':>7}"
+    head += f" {'prefetch ms':>11} {'exposed ms':>10} {'exp %':>6} {'direct':>6}  policies"
+    print(head)
     for routing, sigma in (("uniform", 0.0), ("lognormal", 1.0)):
         cfg = {**base, "sigma": sigma}
-        got = run_ranks(_rank, 2, cfg, timeout=900)[0]
-        for mode in ("forward", "forward+backward"):
-            m, s = got[mode]["moonplan"], got[mode]["static"]
-            rows.append(
-                {
-                    "routing": routing,
-                    "sigma": sigma,
-                    "mode": mode,
-                    "moonplan_s": m,
-                    "static_s": s,
-                    "ratio": m / s,
-                    "static_max_over_mean": got["static_max_over_mean"],
-                    **cfg,
-                }
-            )
-            print(
-                f"{routing:>10} {got['static_max_over_mean']:>15.3f} {mode:>17} "
-                f"{1e3 * m:>11.2f} {1e3 * s:>9.2f} {m / s:>6.3f}"
-            )
+        got = run_ranks(_rank, 2, cfg, timeout=1800)
+        for mode in MODES:
+            res = _merge(got, mode)
+            st = res["median_s"]["static"]
+            for name in variants:
+                t = res["median_s"][name]
+                pf, ex, direct = res["fetch"][name]
+                frac = ex / pf if pf > 0 else 0.0
+                rows.append(
+                    {
+                        "routing": routing,
+                        "sigma": sigma,
+                        "mode": mode,
+                        "variant": name,
+                        "step_s": t,
+                        "ratio_vs_static": t / st,
+                        "prefetch_s": pf,
+                        "prefetch_exposed_s": ex,
+                        "exposed_fraction": frac,
+                        "direct_reads": direct,
+                        "policies": res["policies"][name],
+                        "static_max_over_mean": res["static_max_over_mean"],
+                        **cfg,
+                    }
+                )
+                pol = " ".join(f"{k}:{v}" for k, v in sorted(res["policies"][name].items()))
+                print(
+                    f"{routing:>10} {mode:>17} {name:>8} {1e3 * t:>8.1f} {t / st:>7.3f} "
+                    f"{1e3 * pf:>11.2f} {1e3 * ex:>10.2f} {100 * frac:>6.1f} {direct:>6}  {pol}"
+                )
+        print(f"{routing}: auto's calibrated StepCost rates {got[0]['cost']}")
     write_json(args.out, {"torch": torch.__version__, "rows": rows})
 
 

@@ -92,8 +92,8 @@ def _rank(rank: int, world: int, kind: str, cfg: dict) -> dict:
     _skew(original, kind, cfg, u_H)
     modules = {
         "original": original,
-        "moonplan": adapters.wrap(copy.deepcopy(original), max_tokens=cfg["S"]),
-        "static": adapters.wrap(copy.deepcopy(original), max_tokens=cfg["S"], balance=False),
+        "moonplan": adapters.wrap(copy.deepcopy(original), max_tokens=cfg["S"], balance="exact"),
+        "static": adapters.wrap(copy.deepcopy(original), max_tokens=cfg["S"], balance="off"),
     }
     times: dict[str, list[float]] = {k: [] for k in modules}
     for i in range(cfg["reps"] + 2):

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from moonplan.comm.group import EPGroup
-from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan
+from moonplan.runtime.balance import balance_mode
 from moonplan.runtime.contract import (
     FixedPlacement,
     call_router,
@@ -36,6 +36,8 @@ from moonplan.runtime.routers import (
     softmax_topk,
 )
 from moonplan.runtime.setup import StepStats, make_runtime, register_home
+from moonplan.runtime.slot_budget import Bytes, resolve_slots
+from moonplan.stepcost import StepCost
 
 
 class MoonMoE(FixedPlacement):
@@ -48,7 +50,11 @@ class MoonMoE(FixedPlacement):
         top_k: ``K``.
         group: an :class:`~moonplan.comm.group.EPGroup` or a torch ProcessGroup
             (default: the default group if torch.distributed is initialised, else one rank).
-        slots: prefetch slots ``B`` (default ``M``).
+        slots: weight slots per rank for replicas: an ``int`` count ``B``, a memory
+            budget (``"2GiB"``-style string or :class:`~moonplan.runtime.slot_budget.Bytes`),
+            or a ``float`` fraction of the home experts' bytes (default
+            ``min(2, M)``; see ``moonplan.runtime.slot_budget``). Replicas beyond ``B``
+            read their weights from the home rank when they run (direct reads).
         router: ``"softmax"`` (Mixtral), ``"sigmoid"`` (DeepSeek-V3) or a callable
             ``x [S, H] -> (topk_ids [S, K], topk_weight [S, K])``.
         align: receive-row padding multiple.
@@ -59,8 +65,16 @@ class MoonMoE(FixedPlacement):
         transport: ``"auto"`` (a symmetric heap where one spans the group, else
             all-to-all), ``"heap"`` or ``"a2a"``.
         dtype: parameter dtype (default ``torch.get_default_dtype()``).
-        balance: ``False`` turns planning off (static EP: every record on its home
-            rank), the baseline moonplan is measured against.
+        balance: ``"auto"`` (default: per step the plan with the least predicted step
+            time, see ``moonplan.runtime.balance``), ``"exact"`` (always exactly
+            balanced) or ``"off"`` (static EP: every record on its home rank, the
+            baseline). ``True``/``False`` are deprecated aliases of ``"exact"``/``"off"``.
+        overlap: run the weight prefetch beside the dispatch and the home experts, and
+            the replica-gradient reduce beside the dispatch-backward (default); ``False``
+            runs the same operations serially (bit-identical results).
+        cost: the :class:`~moonplan.stepcost.StepCost` ``balance="auto"`` plans with;
+            default: measured by the layer itself (a few exact warm-up steps, then
+            :meth:`calibrate`, agreed across ranks).
     """
 
     def __init__(
@@ -71,7 +85,7 @@ class MoonMoE(FixedPlacement):
         top_k: int,
         *,
         group: EPGroup | object | None = None,
-        slots: int | None = None,
+        slots: int | float | str | Bytes | None = None,
         router: str | Callable = "softmax",
         align: int = 1,
         shared_experts: nn.Module | None = None,
@@ -79,15 +93,25 @@ class MoonMoE(FixedPlacement):
         max_tokens: int = 1024,
         transport: str = "auto",
         dtype: torch.dtype | None = None,
-        balance: bool = True,
+        balance: str | bool = "auto",
+        overlap: bool = True,
+        cost: StepCost | None = None,
     ):
         super().__init__()
         _check_sizes(hidden_size, ffn_size, num_experts, top_k)
+        balance = balance_mode(balance)
         self.group = group if isinstance(group, EPGroup) else EPGroup(group)
         self.hidden_size, self.ffn_size = hidden_size, ffn_size
         self.num_experts, self.top_k, self.align = num_experts, top_k, align
-        self.slots = max_local(num_experts, self.group.size) if slots is None else slots
         dtype = dtype or torch.get_default_dtype()
+        self.slots = resolve_slots(
+            slots,
+            num_experts=num_experts,
+            ranks=self.group.size,
+            hidden=hidden_size,
+            ffn=ffn_size,
+            dtype=dtype,
+        )
         dev = self.group.device
         self.home_range = lo, hi = register_home(self, self.group, num_experts)
         self.router = nn.Linear(hidden_size, num_experts, bias=False, device=dev, dtype=dtype)
@@ -114,7 +138,9 @@ class MoonMoE(FixedPlacement):
             transport=transport,
             balance=balance,
             what="MoonMoE",
+            cost=cost,
         )
+        self.runtime.overlap = overlap
 
     def _make_router(
         self, router: str | Callable, cfg: SigmoidGroupedConfig | None, dev: torch.device
@@ -162,6 +188,18 @@ class MoonMoE(FixedPlacement):
         from moonplan.profile import profiling
 
         return profiling(self, aligned=aligned)
+
+    def calibrate(self) -> StepCost:
+        """Collective: build the layer's :class:`~moonplan.stepcost.StepCost` from its
+        measured steps (every rank, same point), agreed across ranks; ``"auto"`` uses it
+        from the next step. Runs by itself after the warm-up steps when no ``cost`` was given.
+        """
+        return self.runtime.calibrate()
+
+    @property
+    def cost(self) -> StepCost | None:
+        """The cost model ``balance="auto"`` plans with (``None`` until calibrated)."""
+        return self.runtime.balancer.cost
 
     @property
     def last_plan(self) -> Plan | None:

@@ -12,9 +12,12 @@ Usage (every rank of the EP group runs the same code)::
             model(x).sum().backward()
     print(prof.report.table())                            # gathered from every rank at exit
 
-Phases (:data:`PHASES`): ``counts`` (counts exchange), ``plan``, ``prefetch``,
+Phases (:data:`PHASES`): ``counts`` (counts exchange), ``plan``, ``prefetch_exposed``,
 ``dispatch``, ``experts``, ``combine`` in the forward; ``combine_backward``,
-``experts_backward``, ``dispatch_backward``, ``grad_reduce`` in the backward.
+``experts_backward``, ``dispatch_backward``, ``grad_reduce_exposed`` in the backward;
+and the :data:`BACKGROUND_PHASES` ``prefetch`` and ``grad_reduce``, measured where
+they run (a worker thread, a side stream), which overlap the others and are left
+out of step sums and shares (their ``*_exposed`` twins are the critical-path part).
 User code may time its own regions with :meth:`Profiler.phase`.
 
 Clocks. On CPU a span is the runtime's own ``time.perf_counter`` readings (the
@@ -40,10 +43,17 @@ import torch
 
 from moonplan.comm.group import EPGroup
 from moonplan.profiling.gather import gather_spans
-from moonplan.profiling.phases import BACKWARD_PHASES, FORWARD_PHASES, PHASES, USER_LAYER
+from moonplan.profiling.phases import (
+    BACKGROUND_PHASES,
+    BACKWARD_PHASES,
+    FORWARD_PHASES,
+    PHASES,
+    USER_LAYER,
+)
 from moonplan.profiling.report import ProfileReport
 
 __all__ = [
+    "BACKGROUND_PHASES",
     "BACKWARD_PHASES",
     "FORWARD_PHASES",
     "NULL_PROFILER",
@@ -80,6 +90,9 @@ class NullProfiler:
     def span(self, name: str, t0: float, t1: float) -> None:
         """Phase ``name`` ran from ``t0`` to ``t1`` (``perf_counter`` seconds): ignored."""
 
+    def background(self, name: str, t0: float, t1: float, events: Any = None) -> None:
+        """Background phase ``name`` ran from ``t0`` to ``t1``: ignored."""
+
 
 NULL_PROFILER = NullProfiler()
 """Immutable no-op hooks; the default of ``LayerRuntime.profiler``."""
@@ -111,6 +124,14 @@ class StepRecorder:
         end = self._prof.mark()
         self._prof.add(self.layer, self.step, name, (t0, t1), (self._mark, end))
         self._mark = end
+
+    def background(self, name: str, t0: float, t1: float, events: Any = None) -> None:
+        """Background phase ``name`` (a worker thread's or side stream's job) ran from
+        ``t0`` to ``t1`` (host seconds, measured where it ran) or, on CUDA, between the
+        side-stream ``events`` (start, end). It does not move the sequence's boundary."""
+        if self._prof.cuda and events is None:
+            return  # inline job: its time is already inside the critical-path phases
+        self._prof.add(self.layer, self.step, name, (t0, t1), events or (None, None))
 
 
 class LayerProfiler:

@@ -22,13 +22,14 @@ from moonplan.adapters.detect import inspect_block
 from moonplan.adapters.experts import MoonExperts
 from moonplan.adapters.torchtitan import is_torchtitan_moe, wrap_moe
 from moonplan.comm.group import EPGroup
+from moonplan.runtime.slot_budget import SlotsOption
 
 
 def wrap(
     module: nn.Module,
     *,
     group: EPGroup | object | None = None,
-    slots: int | None = None,
+    slots: SlotsOption = None,
     align: int = 1,
     **options: Any,
 ) -> nn.Module:
@@ -41,9 +42,11 @@ def wrap(
             torchtitan ``MoE`` (detected by structure) goes to
             :func:`moonplan.adapters.torchtitan.wrap_moe`.
         group: an :class:`EPGroup` or a torch ProcessGroup (default: the default group).
-        slots: prefetch slots ``B`` (default ``ceil(E/R)``).
+        slots: weight slots per rank: a count, a byte budget (``"2GiB"``, ``Bytes``) or a
+            fraction of the home experts' bytes (default ``min(2, ceil(E/R))``).
         align: receive-row padding multiple.
-        **options: ``max_tokens``, ``transport``, ``balance`` of :class:`MoonExperts`.
+        **options: ``max_tokens``, ``transport``, ``balance`` (``"auto"`` default,
+            ``"exact"``, ``"off"``) of :class:`MoonExperts`.
 
     Returns:
         A module of the same class with the same forward signature and return value. It

@@ -20,9 +20,11 @@ import torch.distributed as dist
 from torch import nn
 
 from moonplan.comm.group import EPGroup
-from moonplan.plan.home import max_local
+from moonplan.runtime.balance import balance_mode
 from moonplan.runtime.contract import FixedPlacement, check_params, check_routing, check_tokens
 from moonplan.runtime.setup import make_runtime, register_home
+from moonplan.runtime.slot_budget import Bytes, resolve_slots
+from moonplan.stepcost import StepCost
 
 
 class MoonExperts(FixedPlacement):
@@ -38,11 +40,15 @@ class MoonExperts(FixedPlacement):
         top_k: ``K``.
         group: an :class:`EPGroup` or a torch ProcessGroup (default: the default group
             if torch.distributed is initialised, else one rank on the weights' device).
-        slots: prefetch slots ``B`` (default ``ceil(E/R)``).
+        slots: weight slots per rank: a count, a byte budget (``"2GiB"``, ``Bytes``) or a
+            fraction of the home experts' bytes (default ``min(2, ceil(E/R))``; see
+            :class:`~moonplan.MoonMoE`).
         align: receive-row padding multiple.
         max_tokens: expected tokens per rank (receive buffers grow when a step needs more).
         transport: ``"auto"``, ``"heap"`` or ``"a2a"`` (see :class:`~moonplan.MoonMoE`).
-        balance: ``False``: static EP (every record on its home rank), the baseline.
+        balance: ``"auto"`` (default), ``"exact"`` or ``"off"`` (static EP, the
+            baseline); see :class:`~moonplan.MoonMoE` (bools are deprecated aliases).
+        cost: the ``StepCost`` of ``balance="auto"`` (default: calibrated by the layer).
 
     Attributes:
         gate_up_proj, down_proj: Parameters ``[E_r, 2F, H]`` and ``[E_r, H, F]``, the
@@ -63,13 +69,15 @@ class MoonExperts(FixedPlacement):
         top_k: int,
         *,
         group: EPGroup | object | None = None,
-        slots: int | None = None,
+        slots: int | float | str | Bytes | None = None,
         align: int = 1,
         max_tokens: int = 1024,
         transport: str = "auto",
-        balance: bool = True,
+        balance: str | bool = "auto",
+        cost: StepCost | None = None,
     ):
         super().__init__()
+        balance = balance_mode(balance)
         E, F, H = _expert_sizes(gate_up_proj, down_proj)
         if not isinstance(top_k, int) or not 1 <= top_k <= E:
             raise ValueError(f"top_k must be an integer in [1, {E}], got {top_k!r}")
@@ -84,7 +92,9 @@ class MoonExperts(FixedPlacement):
         self.home_range = lo, hi = register_home(self, self.group, E)
         self.gate_up_proj = _home_parameter(gate_up_proj, lo, hi)
         self.down_proj = _home_parameter(down_proj, lo, hi)
-        self.slots = max_local(E, self.group.size) if slots is None else slots
+        self.slots = resolve_slots(
+            slots, num_experts=E, ranks=self.group.size, hidden=H, ffn=F, dtype=gate_up_proj.dtype
+        )
         self.runtime = make_runtime(
             self.group,
             num_experts=E,
@@ -98,6 +108,7 @@ class MoonExperts(FixedPlacement):
             transport=transport,
             balance=balance,
             what="MoonExperts",
+            cost=cost,
         )
 
     def extra_repr(self) -> str:

@@ -19,6 +19,7 @@ from torch import nn
 from moonplan.adapters.experts import MoonExperts
 from moonplan.comm.group import EPGroup
 from moonplan.runtime.contract import call_router, check_tokens
+from moonplan.runtime.slot_budget import SlotsOption
 
 RouterFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -84,7 +85,7 @@ def wrap_experts(
     top_k: int | None = None,
     shared_experts: nn.Module | None = None,
     group: EPGroup | object | None = None,
-    slots: int | None = None,
+    slots: SlotsOption = None,
     align: int = 1,
     **options: Any,
 ) -> RoutedExperts:

@@ -28,13 +28,14 @@ from moonplan.adapters.experts import MoonExperts
 from moonplan.adapters.torchtitan import MoonGroupedExperts, is_torchtitan_moe
 from moonplan.comm.group import EPGroup
 from moonplan.runtime.contract import RefuseMoves
+from moonplan.runtime.slot_budget import SlotsOption
 
 
 def wrap_model(
     model: nn.Module,
     *,
     group: EPGroup | object | None = None,
-    slots: int | None = None,
+    slots: SlotsOption = None,
     align: int = 1,
     strict: bool = True,
     **options: Any,

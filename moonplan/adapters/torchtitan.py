@@ -36,9 +36,11 @@ from torch import nn
 
 from moonplan.adapters.experts import _group, _home_parameter
 from moonplan.comm.group import EPGroup
-from moonplan.plan.home import max_local
+from moonplan.runtime.balance import balance_mode
 from moonplan.runtime.contract import check_routing
 from moonplan.runtime.setup import make_runtime, register_home
+from moonplan.runtime.slot_budget import Bytes, resolve_slots
+from moonplan.stepcost import StepCost
 
 WEIGHTS = ("w1_EFD", "w2_EDF", "w3_EFD")
 
@@ -101,7 +103,7 @@ class MoonGroupedExperts(nn.Module):
             torch.distributed is initialised, else one rank on the weights' device).
         compute_dtype: dtype of the expert GEMMs and of the rows and weights that move
             (default bf16, what torchtitan's ``GroupedExperts`` computes in).
-        slots, align, max_tokens, transport, balance: as for
+        slots, align, max_tokens, transport, balance, cost: as for
             :class:`~moonplan.adapters.MoonExperts`.
 
     Attributes:
@@ -125,13 +127,15 @@ class MoonGroupedExperts(nn.Module):
         *,
         group: EPGroup | object | None = None,
         compute_dtype: torch.dtype = torch.bfloat16,
-        slots: int | None = None,
+        slots: int | float | str | Bytes | None = None,
         align: int = 1,
         max_tokens: int = 1024,
         transport: str = "auto",
-        balance: bool = True,
+        balance: str | bool = "auto",
+        cost: StepCost | None = None,
     ):
         super().__init__()
+        balance = balance_mode(balance)
         E, F, D = w1_EFD.shape
         self.group = _group(group, w1_EFD.device)
         if w1_EFD.device != self.group.device:
@@ -145,7 +149,9 @@ class MoonGroupedExperts(nn.Module):
         self.w1_EFD = _home_parameter(w1_EFD, lo, hi)
         self.w2_EDF = _home_parameter(w2_EDF, lo, hi)
         self.w3_EFD = _home_parameter(w3_EFD, lo, hi)
-        self.slots = max_local(E, self.group.size) if slots is None else slots
+        self.slots = resolve_slots(
+            slots, num_experts=E, ranks=self.group.size, hidden=D, ffn=F, dtype=compute_dtype
+        )
         self.runtime = make_runtime(
             self.group,
             num_experts=E,
@@ -159,6 +165,7 @@ class MoonGroupedExperts(nn.Module):
             transport=transport,
             balance=balance,
             what="MoonGroupedExperts",
+            cost=cost,
         )
 
     def extra_repr(self) -> str:
@@ -243,7 +250,7 @@ def wrap_moe(
     *,
     group: EPGroup | object | None = None,
     compute_dtype: torch.dtype = torch.bfloat16,
-    slots: int | None = None,
+    slots: int | float | str | Bytes | None = None,
     align: int = 1,
     **options: Any,
 ) -> nn.Module:

@@ -36,43 +36,39 @@ def plan(
 ) -> Plan:
     """Plan which rank executes how many records of each expert (exactly balanced by default).
 
-        Args:
-            counts: ``[R, E]`` non-negative integers (tensor, numpy array or lists):
-                records that source rank ``s`` routes to expert ``e`` (the all-gathered
-                router counts). The plan's tensors live on its device.
-            slots: prefetch slots per rank ``B`` (default ``M = ceil(E/R)``: every
-                replica is prefetched). Replicas beyond ``B`` are marked direct.
-            align: pad every row of the receive buffer to a multiple of ``align``.
-            previous: the last plan whose slots still hold valid weights; resident
-                replicas are preferred and kept, so fewer weights move.
-            backend: ``"reference"`` (plain Python, the spec), ``"torch"`` (vectorised,
-                any device, no host sync), ``"cuda"`` (the fused kernel) or ``"auto"``
-                (``"cuda"`` on a CUDA device where the kernel is available, else ``"torch"``).
-            num_ranks: if given, ``counts`` must have this many rows.
-            check_input: read ``counts`` on the host to reject negative entries. Turn it
-                off only to capture the plan in a CUDA graph, with counts known to be valid.
-            policy: ``"exact"`` (exact balance; bit-identical on every backend),
-                ``"static"`` (no replicas), ``"resident"`` (only replicas resident in
-                ``previous``'s slots), ``"bounded-<eps>"`` (every load at most
-                ``ceil(N/R * (1 + eps))``, fewer copies) or ``"auto"`` (the candidate
-                with the least step time predicted by ``cost``; see
-                ``docs/planner-policy.md``). Policies other than ``exact`` and
-                ``static`` read the counts on the host and run the ``torch`` builder
-                (``reference`` with ``backend="reference"``).
-            cost: the cost model ``policy="auto"`` needs (a ``moonplan.stepcost.StepCost``,
-                or any object with its ``plan_time`` and ``step_time``).
+    Args:
+        counts: ``[R, E]`` non-negative integers (tensor, numpy array or lists):
+            records that source rank ``s`` routes to expert ``e`` (the all-gathered
+            router counts). The plan's tensors live on its device.
+        slots: prefetch slots per rank ``B`` (default ``M = ceil(E/R)``: every
+            replica is prefetched). Replicas beyond ``B`` are marked direct.
+        align: pad every row of the receive buffer to a multiple of ``align``.
+        previous: the last plan whose slots still hold valid weights; resident
+            replicas are preferred and kept, so fewer weights move.
+        backend: ``"reference"`` (plain Python, the spec), ``"torch"`` (vectorised,
+            any device, no host sync), ``"cuda"`` (the fused kernel) or ``"auto"``
+            (``"cuda"`` on a CUDA device where the kernel is available, else ``"torch"``).
+        num_ranks: if given, ``counts`` must have this many rows.
+        check_input: read ``counts`` on the host to reject negative entries. Turn it
+            off only to capture the plan in a CUDA graph, with counts known to be valid.
+        policy: ``"exact"`` (exact balance; bit-identical on every backend),
+            ``"static"`` (no replicas), ``"resident"`` (only replicas resident in
+            ``previous``'s slots), ``"bounded-<eps>"`` (every load at most
+            ``ceil(N/R * (1 + eps))``, fewer copies) or ``"auto"`` (the candidate
+            with the least step time predicted by ``cost``; see
+            ``docs/planner-policy.md``). Policies other than ``exact`` and
+            ``static`` read the counts on the host and run the ``torch`` builder
+            (``reference`` with ``backend="reference"``).
+        cost: the cost model ``policy="auto"`` needs (a ``moonplan.stepcost.StepCost``,
+            or any object with its ``plan_time`` and ``step_time``).
 
-        Returns:
-    <<<<<<< HEAD
-            An immutable :class:`Plan` meeting the invariants of ``moonplan/plan/README.md``
-            (exact balance for ``policy="exact"``, its ``load_bound`` otherwise).
-    =======
-            An immutable :class:`Plan` meeting the invariants of ``moonplan/plan/README.md``.
-    >>>>>>> main
+    Returns:
+        An immutable :class:`Plan` meeting the invariants of ``docs/design.md`` §3
+        (exact balance for ``policy="exact"``, its ``load_bound`` otherwise).
 
-        Raises:
-            PlanError: bad counts, options, policy, a missing ``cost`` for ``"auto"``,
-                or a ``previous`` plan of another shape.
+    Raises:
+        PlanError: bad counts, options, policy, a missing ``cost`` for ``"auto"``,
+            or a ``previous`` plan of another shape.
     """
     if backend not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; choose one of {BACKENDS}")

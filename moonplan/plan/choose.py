@@ -61,7 +61,9 @@ class CostModel(Protocol):
     Planning time must be ``planned * plan_s`` on top of the rest of the step.
     """
 
-    plan_s: float
+    @property
+    def plan_s(self) -> float:
+        """Planner seconds per planned candidate."""
 
     def plan_time(self, plan: Plan, *, planned: int = 1) -> Any:
         """Predicted step time of ``plan``; ``.total_s`` is read."""

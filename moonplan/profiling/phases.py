@@ -2,16 +2,36 @@
 
 A *sequence* is a run of phases that follow each other without other work in
 between on a rank: the forward (``counts`` .. ``combine``) and the backward
-(``combine_backward`` .. ``grad_reduce``); a user region is a sequence of its own.
+(``combine_backward`` .. ``grad_reduce_exposed``); a user region is a sequence of its
+own. *Background* phases run beside a sequence (a worker thread or side stream)
+and belong to it, but overlap its phases: they are not part of step sums.
 """
 
 from __future__ import annotations
 
-FORWARD_PHASES = ("counts", "plan", "prefetch", "dispatch", "experts", "combine")
-"""Forward phases, in execution order (``counts``: the counts all-gather)."""
+FORWARD_PHASES = (
+    "counts",
+    "plan",
+    "prefetch_exposed",
+    "dispatch",
+    "experts",
+    "combine",
+    "prefetch",
+)
+"""Forward phases (``counts``: the counts all-gather; ``prefetch_exposed``: submitting
+the prefetch and the experts' wait for it; ``prefetch``: its own time, background)."""
 
-BACKWARD_PHASES = ("combine_backward", "experts_backward", "dispatch_backward", "grad_reduce")
-"""Backward phases, in execution order."""
+BACKWARD_PHASES = (
+    "combine_backward",
+    "experts_backward",
+    "dispatch_backward",
+    "grad_reduce_exposed",
+    "grad_reduce",
+)
+"""Backward phases (``grad_reduce``: the replica-gradient reduce's own time, background)."""
+
+BACKGROUND_PHASES = ("prefetch", "grad_reduce")
+"""Phases timed where they run, beside the others: left out of step sums and shares."""
 
 PHASES = FORWARD_PHASES + BACKWARD_PHASES
 """Every phase of a MoonMoE step."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moonplan.profiling.phases import BACKGROUND_PHASES
 from moonplan.profiling.report import ProfileReport
 
 
@@ -24,7 +25,8 @@ def _figure_class() -> type:
 
 
 def plot_phase_bars(report: ProfileReport, path: str | Path, *, title: str = "") -> Path:
-    """Write a PNG: one bar per rank plus one of the per-phase maxima, stacked by phase.
+    """Write a PNG: one bar per rank plus one of the per-phase maxima, stacked by phase
+    (critical-path phases only: background ones overlap them).
 
     Each segment is the phase's mean time per step in milliseconds (layers summed); the
     last bar stacks each phase's critical path (slowest rank per step).
@@ -33,7 +35,7 @@ def plot_phase_bars(report: ProfileReport, path: str | Path, *, title: str = "")
         ImportError: matplotlib is not installed (the message says how to install it).
     """
     Figure = _figure_class()
-    names = report.present
+    names = [n for n in report.present if n not in BACKGROUND_PHASES]  # they overlap
     idx = [report.phases.index(n) for n in names]
     rank_RP = 1e3 * report.rank_phase_s().mean(1)[:, idx] if report.steps else np.zeros((0, 0))
     crit_P = 1e3 * report.critical_phase_s().mean(0)[idx] if report.steps else np.zeros(0)

@@ -14,6 +14,12 @@ phases. Two step figures are therefore reported: the slowest rank's step
 (``max`` over ranks of its phase sum) and the *wall* step, measured on the common
 clock from the first rank's start to the last rank's end of each sequence
 (forward, backward, user region) of each layer, summed.
+
+Background phases (``prefetch``, ``grad_reduce``: timed in the worker thread or on
+the side stream that ran them) overlap the others; they are left out of the step
+sums and of the shares' total (their share is still reported against that total),
+and the table adds what fraction of each was exposed on the critical path
+(``prefetch_exposed / prefetch``).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from moonplan.profiling.phases import USER_LAYER, sequence_of
+from moonplan.profiling.phases import BACKGROUND_PHASES, USER_LAYER, sequence_of
 from moonplan.tables import render
 
 
@@ -82,6 +88,10 @@ class ProfileReport:
             d[s.rank, col[s.layer], s.step, s.phase] += s.end - s.start
         return d
 
+    def foreground(self) -> np.ndarray:
+        """``[P]`` bool: phases on the critical path (every phase but the background ones)."""
+        return np.array([n not in BACKGROUND_PHASES for n in self.phases], dtype=bool)
+
     def rank_phase_s(self) -> np.ndarray:
         """``[R, T, P]`` float64 seconds: each rank's phase times per step (layers summed)."""
         return self.durations().sum(1)
@@ -115,13 +125,14 @@ class ProfileReport:
         ``"step"`` the slowest rank's step; ``"wall"`` :meth:`wall_step_s`.
         """
         crit_TP, rank_RTP = self.critical_phase_s(), self.rank_phase_s()
-        total = float(crit_TP.sum()) or 1.0
+        fg_P = self.foreground()
+        total = float(crit_TP[:, fg_P].sum()) or 1.0
         out: dict[str, dict[str, Any]] = {}
         for name in self.present:
             p = self.phases.index(name)
             share = float(crit_TP[:, p].sum()) / total
             out[name] = _figures(crit_TP[:, p], rank_RTP[:, :, p], share)
-        rank_RT = rank_RTP.sum(2)
+        rank_RT = rank_RTP[:, :, fg_P].sum(2)
         slowest_T = rank_RT.max(0) if rank_RT.size else np.zeros(0)
         out["step"] = _figures(slowest_T, rank_RT, 1.0)
         out["wall"] = _figures(self.wall_step_s(), rank_RT, 1.0)
@@ -131,19 +142,31 @@ class ProfileReport:
         """A text table: one row per phase and one for the step (milliseconds)."""
         summ = self.summary()
         labels = {"step": "step, slowest rank", "wall": "step, wall"}
-        rows = [
-            [
-                labels.get(name, name),
-                f"{f['p50_ms']:.3f}",
-                f"{f['p90_ms']:.3f}",
-                f"{f['mean_ms']:.3f}",
-                "" if name in labels else f"{100 * f['share']:.1f}%",
-                f"{f['rank_max_over_mean']:.3f}",
-            ]
-            for name, f in summ.items()
-        ]
+        rows = []
+        for name, f in summ.items():
+            share = "" if name in labels else f"{100 * f['share']:.1f}%"
+            if name in BACKGROUND_PHASES:  # overlaps the others: not part of the 100%
+                share = f"({share})"
+            rows.append(
+                [
+                    labels.get(name, name),
+                    f"{f['p50_ms']:.3f}",
+                    f"{f['p90_ms']:.3f}",
+                    f"{f['mean_ms']:.3f}",
+                    share,
+                    f"{f['rank_max_over_mean']:.3f}",
+                ]
+            )
         header = ["phase", "p50 ms", "p90 ms", "mean ms", "share", "rank max/mean"]
         lines = [self.describe(), *render(header, rows).splitlines()]
+        for name in BACKGROUND_PHASES:
+            exposed = summ.get(f"{name}_exposed")
+            if name in summ and exposed is not None and summ[name]["mean_ms"] > 0:
+                frac = exposed["mean_ms"] / summ[name]["mean_ms"]
+                lines.append(
+                    f"{name}: {summ[name]['mean_ms']:.3f} ms in the background, "
+                    f"{exposed['mean_ms']:.3f} ms exposed ({100 * frac:.0f}%)"
+                )
         steps = summ["step"]["rank_mean_ms"]
         if steps:
             lo, hi = int(np.argmin(steps)), int(np.argmax(steps))
@@ -178,7 +201,8 @@ class ProfileReport:
             "critical_phase_ms": {
                 n: (1e3 * crit_TP[:, self.phases.index(n)]).tolist() for n in self.present
             },
-            "rank_step_ms": (1e3 * self.rank_phase_s().sum(2)).tolist(),
+            "rank_step_ms": (1e3 * self.rank_phase_s()[:, :, self.foreground()].sum(2)).tolist(),
+            "background": list(BACKGROUND_PHASES),
             "spans": [list(s) for s in self.spans],
         }
 

@@ -23,6 +23,7 @@ def run_sections(
     plan: Plan,
     rank: int,
     sections: list[tuple[int, torch.Tensor, torch.Tensor]],
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """SwiGLU of every receive row with its row's expert weights.
 
@@ -33,13 +34,17 @@ def run_sections(
         sections: ``(first_row, gate_up [n_i, 2F, H], down [n_i, H, F])`` in row
             order: the home rows (first row 0, ``n`` = the rank's own experts;
             rows up to ``M`` are empty), the slots (first row ``M``) and the direct
-            rows (first row ``M + B``).
+            rows (first row ``M + B``). Any subset, in row order.
+        out: ``[P, H]`` rows to write into (the result of an earlier call with the
+            other sections: the overlapped schedule runs the home section before the
+            prefetched weights have arrived); default a new zero tensor.
 
     Returns:
-        y_PH: expert outputs, same dtype as ``x_PH`` (padding rows are zero in, zero out).
+        y_PH: expert outputs, same dtype as ``x_PH`` (padding rows are zero in, zero out);
+        ``out`` itself when given.
     """
     offsets_W1 = plan.row_offset[rank]
-    y_PH = x_PH.new_zeros(x_PH.shape)
+    y_PH = x_PH.new_zeros(x_PH.shape) if out is None else out
     for first, gate_up, down in sections:
         offs = offsets_W1[first : first + gate_up.shape[0] + 1]
         a, b = int(offs[0]), int(offs[-1])

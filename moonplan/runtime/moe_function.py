@@ -5,12 +5,16 @@ Legend:
     M home rows, B slots, D direct rows, E_r home experts of this rank
 
 Forward: dispatch token rows -> experts on the receive rows -> gather each
-record's output -> ``y = sum_k w * o`` (fp32). Backward (same plan and route,
+record's output -> ``y = sum_k w * o`` (fp32). The weight prefetch (new slots and
+direct rows) was started before the dispatch (``MoEStep.fetch``, see
+:mod:`moonplan.runtime.background`): the experts run the home rows first and wait
+for it only before the slot and direct rows. Backward (same plan and route,
 no re-planning, no counts exchange): ``dw = <dy, o>``; combine-backward is a
 dispatch of the records' ``w * dy``; the experts' backward gives the receive
 rows' input gradients and the weight gradients; dispatch-backward is a gather
 of those rows summed over ``k``; replica-row weight gradients go to their home
-rank (:class:`~moonplan.runtime.store.GradReducer`).
+rank (:class:`~moonplan.runtime.store.GradReducer`); on a heap with a background
+lane, the reduce's peer reads run while the dispatch-backward gathers.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class MoEStep:
     route: Route
     phases: dict[str, float] = field(default_factory=dict)
     recorder: Any = NULL_PROFILER  # moonplan.profile hooks of this step (no-op when off)
+    fetch: Any = None  # Pending prefetch: (slot rows copied, direct weights per projection)
 
     def tick(self, name: str, t0: float) -> float:
         t = time.perf_counter()
@@ -45,13 +50,15 @@ class MoEStep:
         self.recorder.span(name, t0, t)
         return t
 
+    def background(self, name: str, pending: Any) -> None:
+        """Record the background job ``pending`` (done) as phase ``name`` (its run time)."""
+        self.phases[name] = self.phases.get(name, 0.0) + pending.run_s
+        self.recorder.background(name, *pending.span, pending.events)
 
-def _sections(
-    step: MoEStep, home: dict[str, torch.Tensor], remote: dict[str, torch.Tensor]
-) -> list:
+
+def _remote_sections(step: MoEStep, remote: dict[str, torch.Tensor]) -> list:
     M, B = step.runtime.M, step.runtime.B
     return [
-        (0, home["gate_up"], home["down"]),
         (M, remote["slot_gate_up"], remote["slot_down"]),
         (M + B, remote["direct_gate_up"], remote["direct_down"]),
     ]
@@ -70,9 +77,10 @@ def _alias(w: torch.Tensor) -> torch.Tensor:
 
 def _remote_weights(step: MoEStep) -> dict[str, torch.Tensor]:
     """This rank's slot rows (``[B, ...]``, views of the store: no copy) and direct rows
-    (``[D, ...]``, read from their home ranks), per projection."""
+    (``[D, ...]``, read from their home ranks), per projection, once the prefetch is done."""
     store = step.runtime.store
-    direct = store.direct(step.plan)
+    _, direct = step.fetch.wait()
+    step.background("prefetch", step.fetch)
     out = {f"slot_{n}": store.slots(n) for n in PROJECTIONS}
     return out | {f"direct_{n}": direct[n] for n in PROJECTIONS}
 
@@ -91,8 +99,8 @@ class _MoEFunction(torch.autograd.Function):
         t = time.perf_counter()
         recv = rt.transport.dispatch(x_SH, route, plan)
         t = step.tick("dispatch", t)
-        remote = _remote_weights(step)
         training = any(ctx.needs_input_grad[1:])
+        rank = rt.group.rank
         with torch.enable_grad():
             x_PH = (
                 recv.tensor.detach().clone().requires_grad_(training) if training else recv.tensor
@@ -101,10 +109,14 @@ class _MoEFunction(torch.autograd.Function):
                 "gate_up": gate_up.detach().requires_grad_(training),
                 "down": down.detach().requires_grad_(training),
             }
+            y_PH = run_sections(x_PH, plan, rank, [(0, home["gate_up"], home["down"])])
+            t = step.tick("experts", t)
+            remote = _remote_weights(step)  # waits for the prefetch: the exposed part
+            t = step.tick("prefetch_exposed", t)
             # Slot rows are not copied: prefetch rewrites them only in this layer's next
             # forward, after this step's backward (see docs/training.md).
             rem = {n: _alias(w).requires_grad_(training) for n, w in remote.items()}
-            y_PH = run_sections(x_PH, plan, rt.group.rank, _sections(step, home, rem))
+            run_sections(x_PH, plan, rank, _remote_sections(step, rem), out=y_PH)
         rt.transport.out_local()[: y_PH.shape[0]] = y_PH.detach()
         t = step.tick("experts", t)
         o_SKH = rt.transport.gather(route)
@@ -142,17 +154,55 @@ class _MoEFunction(torch.autograd.Function):
         ddown_rem = torch.cat([ddown_slot, ddown_direct], 0)
         t = step.tick("experts_backward", t)
         rt.transport.out_local()[: dx_PH.shape[0]] = dx_PH
-        dx_SKH = rt.transport.gather(route)
-        dx_SH = weighted_sum(dx_SKH, torch.ones_like(weight_SK), dy_SH.dtype)
-        t = step.tick("dispatch_backward", t)
-        reduced = rt.reducer().reduce(
-            plan, {"gate_up": dgu_rem, "down": ddown_rem}, dgu_home.shape[0]
+        remote = {"gate_up": dgu_rem, "down": ddown_rem}
+        ones_SK = torch.ones_like(weight_SK)
+        dx_SH, reduced, t = _dispatch_backward_and_reduce(
+            step, remote, dgu_home.shape[0], ones_SK, dy_SH.dtype
         )
         dgu = (dgu_home.float() + reduced["gate_up"]).to(dgu_home.dtype)
         ddown = (ddown_home.float() + reduced["down"]).to(ddown_home.dtype)
-        step.tick("grad_reduce", t)
+        step.tick("grad_reduce_exposed", t)
         ctx.graph = None
         return None, dx_SH, dweight_SK, dgu, ddown
+
+
+def _dispatch_backward_and_reduce(
+    step: MoEStep,
+    remote: dict[str, torch.Tensor],
+    num_home: int,
+    ones_SK: torch.Tensor,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], float]:
+    """Input gradients back to token order and replica gradients home (collective).
+
+    The expert input gradients are already in this rank's output rows. With an
+    ``"inline"`` lane (all-to-all, or the serial schedule): gather, then reduce. With a
+    background lane (heap): stage the replica gradients, one barrier publishes both,
+    the reduce's peer reads run in the background while the main thread gathers, and
+    a final barrier keeps every reduce buffer until its readers are done. Same
+    operations in the same order on the data either way: bit-identical results.
+
+    Returns ``dx [S, H]`` in ``dtype``, the fp32 home gradients ``[E_r, ...]`` per
+    projection, and when the exposed part of the reduce began (perf_counter).
+    """
+    rt, plan, route = step.runtime, step.plan, step.route
+    reducer, lane = rt.reducer(), rt.lane()
+    t = time.perf_counter()
+    if lane.kind == "inline":
+        dx_SH = weighted_sum(rt.transport.gather(route), ones_SK, dtype)
+        t = step.tick("dispatch_backward", t)
+        pending = lane.submit(lambda: reducer.reduce(plan, remote, num_home))
+    else:
+        reducer.stage(remote)
+        rt.transport.publish()  # the output rows and the staged gradients, at once
+        pending = lane.submit(lambda: reducer.collect(plan, num_home))
+        dx_SH = weighted_sum(rt.transport.gather(route, barrier=False), ones_SK, dtype)
+        t = step.tick("dispatch_backward", t)
+    reduced = pending.wait()
+    if lane.kind != "inline":
+        rt.transport.publish()  # nobody overwrites a reduce buffer still being read
+    step.background("grad_reduce", pending)
+    return dx_SH, reduced, t
 
 
 def moe_apply(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,21 +17,33 @@ from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.home import home_start
 from moonplan.plan.plan_type import Plan
-from moonplan.plan.static import static_plan
 from moonplan.profile import NULL_PROFILER, LayerProfiler, NullProfiler
+from moonplan.runtime.background import BackgroundLane, Pending, lane_kind
+from moonplan.runtime.balancer import Balancer
 from moonplan.runtime.buffers import BufferSpec, build_buffers
+from moonplan.runtime.calibrate import time_local_copy
 from moonplan.runtime.store import GradReducer
 from moonplan.runtime.transport import AllToAllTransport, HeapTransport
+from moonplan.stepcost import StepCost
 
 
 @dataclass
 class StepStats:
     """Figures of one step (host values; phase times in seconds).
 
-    ``phases`` has ``counts``, ``plan``, ``prefetch``, ``dispatch``, ``experts``,
-    ``combine`` after the forward, and gains ``combine_backward``,
-    ``experts_backward``, ``dispatch_backward`` and ``grad_reduce`` once the
-    step's backward has run.
+    ``phases`` has ``counts``, ``plan``, ``dispatch``, ``experts``, ``combine`` and
+    ``prefetch_exposed`` (time the step waited for the weight prefetch: submitting it,
+    and the experts waiting for it) on the critical path, and ``prefetch`` (the
+    prefetch's own duration, measured where it runs: in the background with an
+    overlapped schedule) after the forward; it gains ``combine_backward``,
+    ``experts_backward``, ``dispatch_backward``, ``grad_reduce_exposed`` and
+    ``grad_reduce`` (the same pair for the replica-gradient reduce) once the step's
+    backward has run.
+
+    ``direct_reads``: replicas whose weights this rank read from their home rank this
+    step (beyond its slots); ``policy``: the balance policy of the step's plan;
+    ``predicted``: the cost model's predicted step seconds per candidate policy
+    (empty when the step was not planned with a cost model).
     """
 
     copies: int = 0
@@ -39,6 +52,9 @@ class StepStats:
     static_max_over_mean: float = 1.0
     planned_max_over_mean: float = 1.0
     phases: dict[str, float] = field(default_factory=dict)
+    direct_reads: int = 0
+    policy: str = "exact"
+    predicted: dict[str, float] = field(default_factory=dict)
 
 
 def register_home(module: nn.Module, group: EPGroup, num_experts: int) -> tuple[int, int]:
@@ -67,8 +83,9 @@ def make_runtime(
     dtype: torch.dtype,
     max_tokens: int,
     transport: str,
-    balance: bool,
+    balance: str,
     what: str,
+    cost: StepCost | None = None,
 ) -> LayerRuntime:
     """Check the layer's config is the same on every rank, then build its :class:`LayerRuntime`.
 
@@ -89,6 +106,7 @@ def make_runtime(
         max_tokens=max_tokens,
         transport=transport,
         balance=balance,
+        cost=cost,
     )
 
 
@@ -108,7 +126,8 @@ class LayerRuntime:
         dtype: torch.dtype,
         max_tokens: int,
         transport: str,
-        balance: bool = True,
+        balance: str = "exact",
+        cost: StepCost | None = None,
     ):
         if transport not in ("auto", "heap", "a2a"):
             raise ValueError(f"transport must be 'auto', 'heap' or 'a2a', got {transport!r}")
@@ -122,6 +141,7 @@ class LayerRuntime:
             align,
         )
         self.dtype, self.kind, self.balance = dtype, transport, balance
+        self.balancer = Balancer(balance, slots=slots, align=align, cost=cost)
         self.M = -(-num_experts // group.size)
         self.heap: SymmetricHeap | None = None
         self.capacity = 0
@@ -133,6 +153,10 @@ class LayerRuntime:
         self.plans_made = 0  # planner calls (backward replays the forward plan: none there)
         # Phase-timing hooks; moonplan.profile.profiling() installs live ones.
         self.profiler: LayerProfiler | NullProfiler = NULL_PROFILER
+        # Overlapped schedule (prefetch beside dispatch, reduce beside dispatch-backward);
+        # False runs the same operations serially (docs/runtime.md).
+        self.overlap = True
+        self._lane = BackgroundLane("inline", group.device)
         self._build(self._capacity_for(max_tokens * top_k))
 
     def _capacity_for(self, records: int) -> int:
@@ -155,14 +179,39 @@ class LayerRuntime:
             old.close()
         self.published, self.resident = False, None
 
+    def lane(self) -> BackgroundLane:
+        """Where this step's prefetch and reduce run (a worker thread, a side stream, or
+        inline: see :mod:`moonplan.runtime.background`)."""
+        kind = lane_kind(self.heap is not None, self.group.device, self.overlap)
+        if self._lane.kind != kind:
+            self._lane.close()
+            self._lane = BackgroundLane(kind, self.group.device)
+        return self._lane
+
+    def close(self) -> None:
+        """Join the background worker and release the heap (collective: every rank)."""
+        self._lane.close()
+        if self.heap is not None:
+            self.heap.close()
+            self.heap = None
+
     def reducer(self) -> GradReducer:
         """Where replica gradients go home (allocated with the store)."""
         return self._reducer
 
     def _plan(self, counts_RE: torch.Tensor, previous: Plan | None) -> Plan:
-        if not self.balance:
-            return static_plan(counts_RE, slots=self.B, align=self.align)
-        return moonplan.plan(counts_RE, slots=self.B, align=self.align, previous=previous)
+        return self.balancer.plan(counts_RE, previous)
+
+    def calibrate(self) -> StepCost:
+        """Collective: a :class:`StepCost` from this layer's measured steps, agreed across
+        ranks (element-wise max); ``balance="auto"`` plans with it from the next step."""
+        self._lane.drain()
+        home = {name: self.store.local[name][: self.M] for name in self.store.local}
+        return self.balancer.calibrate(
+            self.group,
+            copy_fallback_s=time_local_copy(home),
+            overlap=self.lane().kind != "inline",
+        )
 
     def weights_changed(self) -> None:
         """Home weights changed: republish them before the next step; every slot is stale.
@@ -186,6 +235,9 @@ class LayerRuntime:
         """One step; every rank calls it (also with zero tokens)."""
         from moonplan.runtime.moe_function import MoEStep, moe_apply
 
+        self._lane.drain()  # a failed step's background job, before buffers change
+        if self.balancer.due():  # "auto" after its measured warm-up steps (every rank)
+            self.calibrate()
         rec = self.profiler.begin_step()  # records nothing unless profiling
         t0 = time.perf_counter()
         counts_E = torch.zeros(self.E, dtype=torch.int64, device=x_SH.device)
@@ -205,9 +257,11 @@ class LayerRuntime:
         plan = self._plan(counts_RE, self.resident)
         self.plans_made += 1
         need = int(plan.recv_size().max())
-        if need > self.capacity:  # every rank sees the same plan: all grow together
+        while need > self.capacity:  # every rank sees the same plan: all grow together
             self._build(self._capacity_for(need))
+            # Without residents "auto" may pick another candidate, with other loads.
             plan = self._plan(counts_RE, None)
+            need = int(plan.recv_size().max())
         ids = ids_SK if ids_SK is not None else torch.zeros(0, self.K, dtype=torch.int64)
         route = moonplan.route(plan, self.group.rank, ids, check=False)
         if not self.published:
@@ -215,16 +269,18 @@ class LayerRuntime:
             self.published, self.published_version = True, version
         t2 = time.perf_counter()
         rec.span("plan", t1, t2)
-        fetched = self.store.prefetch(plan)
-        t3 = time.perf_counter()
-        rec.span("prefetch", t2, t3)
         step = MoEStep(self, plan, route, recorder=rec)
+        step.fetch = self._start_prefetch(plan)
+        t3 = time.perf_counter()
+        rec.span("prefetch_exposed", t2, t3)
+        step.phases["prefetch_exposed"] = t3 - t2
         y_SH = moe_apply(step, x_SH, weight_SK, params["gate_up"], params["down"])
+        fetched = step.fetch.wait()[0]
         self.resident = plan if self.B > 0 else None
         self.last_plan = plan
         s = plan.summary()
         # The same dict as the step's: backward adds its phases to it when it runs.
-        step.phases.update({"counts": t1 - t0, "plan": t2 - t1, "prefetch": t3 - t2})
+        step.phases.update({"counts": t1 - t0, "plan": t2 - t1})
         phases = step.phases
         self.last_stats = StepStats(
             s["copies"],
@@ -233,5 +289,35 @@ class LayerRuntime:
             s["static_max_over_mean"],
             s["planned_max_over_mean"],
             phases,
+            **self._plan_figures(plan),
         )
+        self.balancer.record(plan, self.group.rank, route.dest_rank.numel(), phases)
         return y_SH
+
+    def _start_prefetch(self, plan: Plan) -> Any:
+        """Start filling new slots and reading direct rows (the step's ``Pending``).
+
+        Home rows were published behind a barrier, and this rank's previous step
+        (backward included) is done with its slots, so the copies need no collective
+        on the heap and run beside the dispatch; on the all-to-all path they are
+        collectives and run inline (see :mod:`moonplan.runtime.background`).
+        """
+        store, r = self.store, self.group.rank
+        lane = self.lane()
+        if lane.kind != "inline" and not _fetches(plan, r):  # nothing to move: no job
+            return Pending(result=(0, store.direct(plan)))
+        return lane.submit(lambda: (store.prefetch(plan), store.direct(plan)))
+
+    def _plan_figures(self, plan: Plan) -> dict[str, Any]:
+        """``direct_reads``, ``policy`` and ``predicted`` of a plan for :class:`StepStats`."""
+        d_D = plan.direct_expert()[self.group.rank]
+        return {
+            "direct_reads": int((d_D >= 0).sum()),
+            "policy": plan.policy,
+            "predicted": dict(plan.predicted),
+        }
+
+
+def _fetches(plan: Plan, rank: int) -> bool:
+    """Whether ``rank`` fills a new slot or reads a direct row under ``plan``."""
+    return bool((plan.slot_new[rank] > 0).any()) or bool((plan.direct_expert()[rank] >= 0).any())

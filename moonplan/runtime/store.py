@@ -143,7 +143,30 @@ class GradReducer:
         """Gradients of this rank's home experts from every peer's replicas (``[E_r, ...]``).
 
         Collective. ``remote[name]`` holds this rank's remote-row gradients: its ``B``
-        slots, then its direct rows (as many as it uses, at most ``X - B``).
+        slots, then its direct rows (as many as it uses, at most ``X - B``). The same as
+        :meth:`stage`, a barrier, :meth:`collect`, a barrier (the overlapped backward
+        runs those steps itself, with :meth:`collect` in the background).
+        """
+        self.stage(remote)
+        if self.store.heap is not None:
+            self.store.heap.barrier()  # every rank's gradients are in its reduce buffer
+        out = self.collect(plan, num_home)
+        if self.store.heap is not None:
+            self.store.heap.barrier()  # nobody overwrites a reduce buffer still being read
+        return out
+
+    def stage(self, remote: dict[str, torch.Tensor]) -> None:
+        """Write this rank's remote-row gradients into its reduce buffer (local)."""
+        for name in PROJECTIONS:  # slots, then the direct rows actually used (rest unused)
+            n = remote[name].shape[0]
+            self.local[name][:n].copy_(remote[name])
+
+    def collect(self, plan: Plan, num_home: int) -> dict[str, torch.Tensor]:
+        """fp32 sums ``[E_r, ...]`` of the staged rows that hold this rank's experts.
+
+        On the heap: peer reads only (call it between two barriers that follow every
+        rank's :meth:`stage`); no barrier, so it may run in a background thread. On
+        the all-to-all path: a collective.
         """
         group, M = self.store.group, self.store.M
         r = group.rank
@@ -152,9 +175,6 @@ class GradReducer:
         q_N, j_N = live_RX.nonzero(as_tuple=True)  # ascending peer, then row
         first = home_start(r, self.store.E, group.size)
         slot_N = e_RX[q_N, j_N] - first
-        for name in PROJECTIONS:  # slots, then the direct rows actually used (rest unused)
-            n = remote[name].shape[0]
-            self.local[name][:n].copy_(remote[name])
         out = {}
         for name in PROJECTIONS:
             got = self._fetch(name, q_N, j_N)
@@ -170,9 +190,7 @@ class GradReducer:
         if self.store.heap is None:
             flat = local.view(local.shape[0], -1)
             return a2a.gather_rows(self.store.group, flat, q_N, j_N).view(-1, *local.shape[1:])
-        self.store.heap.barrier()  # every rank's gradients are in its reduce buffer
         got = torch.empty(q_N.numel(), *local.shape[1:], dtype=local.dtype, device=local.device)
         views = [self.sym[name].peer(q) for q in range(self.store.group.size)]
         movers(got.device).gather_rows(views, q_N, j_N, got)
-        self.store.heap.barrier()  # nobody overwrites a reduce buffer still being read
         return got

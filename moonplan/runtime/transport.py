@@ -99,6 +99,10 @@ class HeapTransport:
             heap.alloc((capacity, hidden), dtype), heap.alloc((capacity, hidden), dtype)
         )
 
+    def publish(self) -> None:
+        """Collective: make every rank's writes to its heap buffers visible (a barrier)."""
+        self.heap.barrier()
+
     def _views(self, sym: SymTensor) -> list[torch.Tensor]:
         return [sym.peer(r) for r in range(self.group.size)]
 
@@ -127,12 +131,15 @@ class HeapTransport:
         size = int(plan.recv_size()[self.group.rank])
         return RecvView(local[:size], self.buffers.generation, self.buffers)
 
-    def gather(self, route: Route) -> torch.Tensor:
+    def gather(self, route: Route, *, barrier: bool = True) -> torch.Tensor:
         """``o [S, K, H]``: every record's row of its executing rank's output buffer.
 
         Collective: the barrier publishes the outputs every rank wrote to ``out_local()``.
+        ``barrier=False`` when the caller has just called :meth:`publish` itself (the
+        overlapped backward publishes the outputs and the staged gradients at once).
         """
-        self.heap.barrier()
+        if barrier:
+            self.heap.barrier()
         S, K = route.dest_rank.shape
         views = self._views(self.buffers.out)  # type: ignore[arg-type]
         o_NH = torch.empty(S * K, views[0].shape[1], dtype=views[0].dtype, device=views[0].device)
@@ -155,6 +162,9 @@ class AllToAllTransport:
     def out_local(self) -> torch.Tensor:
         return self.buffers.out  # type: ignore[return-value]
 
+    def publish(self) -> None:
+        """Nothing to publish: all-to-alls carry the rows themselves."""
+
     def dispatch(
         self, x_XH: torch.Tensor, route: Route, plan: Plan, per_token: bool = True
     ) -> RecvView:
@@ -168,7 +178,8 @@ class AllToAllTransport:
         size = int(plan.recv_size()[self.group.rank])
         return RecvView(recv[:size], self.buffers.generation, self.buffers)
 
-    def gather(self, route: Route) -> torch.Tensor:
+    def gather(self, route: Route, *, barrier: bool = True) -> torch.Tensor:
+        """As :meth:`HeapTransport.gather` (``barrier`` has no effect: an all-to-all)."""
         S, K = route.dest_rank.shape
         out: torch.Tensor = self.buffers.out  # type: ignore[assignment]
         o_NH = a2a.gather_rows(

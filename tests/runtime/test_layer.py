@@ -38,7 +38,8 @@ def _layer_outputs(rank: int, world: int, cfg: dict) -> torch.Tensor:
         align=cfg.get("align", 1),
         router=router,
         transport=cfg.get("transport", "auto"),
-        balance=cfg.get("balance", True),
+        balance=cfg.get("balance", "exact"),
+        overlap=cfg.get("overlap", True),
     )
     layer.load_dense(w["router_weight"], w["gate_up"], w["down"])
     outs = [layer(x_r).detach() for _ in range(cfg.get("steps", 1))]
@@ -108,7 +109,7 @@ def test_static_mode_gives_the_same_output() -> None:
     cfg = {"H": 16, "F": 24, "E": 4, "K": 2, "seed": 2, "sizes": [6, 6], "steps": 1}
     cfg["ids"], cfg["w"] = _hot_ids(T, 4, 2, 2)
     balanced = run_ranks(_layer_outputs, 2, cfg, timeout=60)
-    static = run_ranks(_layer_outputs, 2, {**cfg, "balance": False}, timeout=60)
+    static = run_ranks(_layer_outputs, 2, {**cfg, "balance": "off"}, timeout=60)
     for a, b in zip(balanced, static, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 

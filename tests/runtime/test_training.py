@@ -150,6 +150,7 @@ def _phases(rank: int, world: int) -> list[str]:
 
 def test_backward_phases_are_timed() -> None:
     got = run_ranks(_phases, 2, timeout=60)
-    want = {"counts", "plan", "prefetch", "dispatch", "experts", "combine"}
-    want |= {"combine_backward", "experts_backward", "dispatch_backward", "grad_reduce"}
+    want = {"counts", "plan", "prefetch", "prefetch_exposed", "dispatch", "experts", "combine"}
+    want |= {"combine_backward", "experts_backward", "dispatch_backward"}
+    want |= {"grad_reduce", "grad_reduce_exposed"}
     assert set(got[0]) == set(got[1]) == want

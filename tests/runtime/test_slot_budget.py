@@ -1,0 +1,96 @@
+"""``slots=``: counts, byte budgets and fractions; the small default; direct reads reported."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moonplan.runtime.slot_budget import (
+    DEFAULT_SLOTS,
+    Bytes,
+    default_slots,
+    expert_bytes,
+    parse_bytes,
+    resolve_slots,
+)
+from moonplan.testing.dist import run_ranks
+
+
+def _resolve(slots, E=16, R=4, H=8, F=16, dtype=torch.float32) -> int:
+    return resolve_slots(slots, num_experts=E, ranks=R, hidden=H, ffn=F, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("2GiB", 2 << 30),
+        ("512 MiB", 512 << 20),
+        ("1.5GB", 1_500_000_000),
+        ("4096", 4096),
+        ("10kb", 10_000),
+        ("3KiB", 3072),
+        ("1e3B", 1000),
+    ],
+)
+def test_parse_bytes(text: str, value: int) -> None:
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "2 GiBs", "-1MiB", "two", "1.2.3GB"])
+def test_parse_bytes_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="byte size"):
+        parse_bytes(text)
+
+
+def test_counts_budgets_and_fractions() -> None:
+    one = expert_bytes(8, 16, torch.float32)
+    assert one == 3 * 8 * 16 * 4
+    assert _resolve(3) == 3 and _resolve(0) == 0
+    assert _resolve(Bytes(5 * one)) == 5 and _resolve(Bytes(5 * one - 1)) == 4
+    assert _resolve(f"{5 * one}B") == 5
+    assert _resolve(0.5) == 2 and _resolve(1.0) == 4 and _resolve(0.0) == 0  # M = 4
+    assert _resolve(Bytes(10**9)) == 16 and _resolve(100.0) == 16  # capped at E
+    assert _resolve(Bytes(5 * one), dtype=torch.bfloat16) == 10  # half the bytes per expert
+    assert _resolve(None) == default_slots(16, 4) == min(DEFAULT_SLOTS, 4)
+    assert default_slots(3, 2) == min(DEFAULT_SLOTS, 2)
+
+
+@pytest.mark.parametrize("bad", [-1, -0.5, float("nan"), float("inf"), True, [2], "2 parsecs"])
+def test_bad_slots_raise(bad) -> None:
+    with pytest.raises(ValueError):
+        _resolve(bad)
+    with pytest.raises(ValueError):
+        Bytes(-1)
+
+
+def test_layer_takes_a_budget() -> None:
+    from moonplan import MoonMoE
+
+    one = expert_bytes(8, 12, torch.float32)
+    assert MoonMoE(8, 12, 6, 2, slots=f"{3 * one}B", balance="exact").slots == 3
+    assert MoonMoE(8, 12, 6, 2, slots=0.5, balance="exact").slots == 3  # one rank: M = 6
+    assert MoonMoE(8, 12, 6, 2, balance="exact").slots == min(DEFAULT_SLOTS, 6)
+
+
+def _direct(rank: int, world: int, slots: int) -> list[int]:
+    from moonplan import MoonMoE
+
+    def hot(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.zeros(x.shape[0], 1, dtype=torch.int64)  # every record on expert 0
+        return ids, torch.ones(x.shape[0], 1) + 0 * x.sum()
+
+    layer = MoonMoE(8, 8, 4, 1, slots=slots, router=hot, balance="exact")
+    with torch.no_grad():
+        layer(torch.randn(12, 8))
+    s = layer.last_stats
+    assert s is not None and s.policy == "exact"
+    return [s.direct_reads, s.prefetched_rows]
+
+
+def test_direct_reads_are_reported_per_step() -> None:
+    """Expert 0 takes every record: each of the 3 other ranks runs a replica of it, in a
+    slot (prefetched) or, without slots, read directly from rank 0."""
+    none = run_ranks(_direct, 4, 0, timeout=60)
+    assert [d for d, _ in none] == [0, 1, 1, 1] and all(p == 0 for _, p in none)
+    slotted = run_ranks(_direct, 4, 1, timeout=60)
+    assert [d for d, _ in slotted] == [0, 0, 0, 0] and [p for _, p in slotted] == [0, 1, 1, 1]
