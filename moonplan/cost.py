@@ -123,8 +123,9 @@ MIXTRAL_8X7B = ModelPreset(
 )
 """Mixtral 8x7B. Mixtral paper Table 1: dim 4096, hidden_dim 14336, n_layers 32,
 head_dim 128, n_heads 32, n_kv_heads 8, vocab_size 32000, num_experts 8, top_k_experts 2.
-As in seed 000 the output head is not counted (``untied_lm_head=False``), which gives
-expert 45,097,156,608 and replicated 1,474,297,856 parameters."""
+As in the worked example of ``docs/cost.md`` the output head is not counted
+(``untied_lm_head=False``), which gives expert 45,097,156,608 and replicated
+1,474,297,856 parameters."""
 
 DEEPSEEK_V3 = ModelPreset(
     name="deepseek-v3",
@@ -188,9 +189,10 @@ KIMI_K3_LIKE = ModelPreset(
         "vocab_size 163840, untied LM head (Kimi K2)",
     ),
 )
-"""A Kimi-K3-shaped model. Only E=896 and K=16 come from the source (seed 003: "896 routed
-experts, 16 activated per token"); all other dimensions are assumptions copied from Kimi K2's
-public config.json. Use it for orders of magnitude, not as K3's real size."""
+"""A Kimi-K3-shaped model. Only E=896 and K=16 come from the source (MoonEP's public
+description of Kimi K3: 896 routed experts, 16 activated per token); all other dimensions
+are assumptions copied from Kimi K2's public config.json. Use it for orders of magnitude,
+not as K3's real size."""
 
 PRESETS: Mapping[str, ModelPreset] = MappingProxyType(
     {p.name: p for p in (MIXTRAL_8X7B, DEEPSEEK_V3, KIMI_K3_LIKE)}
