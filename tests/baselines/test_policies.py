@@ -265,3 +265,26 @@ def test_moonplan_auto_stays_static_when_copies_cost_more_than_balance_saves() -
     assert step.choice == "static" and step.planned == 0
     assert step.new_copies == 0 and step.load_R.tolist() == [10, 2, 8, 12]
     assert step.fetch_ER is not None and not bool(step.fetch_ER.any())
+
+
+@pytest.mark.parametrize(
+    "name", ["moonep-greedy", "moonplan", "moonplan-resident", "moonplan-auto", "eplb"]
+)
+def test_fetched_pairs_are_the_critical_path_moves(name: str) -> None:
+    """``fetch_ER``/``src_E`` (what StepCost charges) name exactly the ``moves_C2`` copies."""
+    policy = make_policy(name, 8, 64, cost=rows_only(), period=2)
+    moved = 0
+    for seed in range(4):
+        c = generate_counts("lognormal", ranks=8, experts=64, tokens=512, topk=4, sigma=1.5,
+                            seed=seed)  # fmt: skip
+        step = policy.step(c)
+        if step.fetch_ER is None:
+            assert step.moves_C2.shape[0] == 0 and name == "eplb"
+            continue
+        assert step.src_E is not None
+        e_C, r_C = step.fetch_ER.nonzero(as_tuple=True)
+        pairs = sorted(zip(step.src_E[e_C].tolist(), r_C.tolist(), strict=True))
+        assert pairs == sorted(map(tuple, step.moves_C2.tolist()))
+        assert bool((step.alloc_ER[step.fetch_ER] > 0).all())
+        moved += len(pairs)
+    assert (moved > 0) == (name != "eplb")
