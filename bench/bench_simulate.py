@@ -25,12 +25,14 @@ import torch
 from moonplan.baselines.compare import compare_policies
 from moonplan.baselines.metrics import balancedness
 from moonplan.baselines.policies import POLICY_NAMES, make_policy
+from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import expert_bytes, get_model
 from moonplan.simulate.progress import ProgressBar
 from moonplan.simulate.report import break_even_table, sweep_table, trend_table
 from moonplan.simulate.sweep import SweepSpec, break_even, sweep
 from moonplan.simulate.trends import deepspeed_trend, gshard_trend
 from moonplan.simulate.workload import drifting_counts
+from moonplan.stepcost import StepCost, get_hardware
 
 MODELS = ("mixtral-8x7b", "deepseek-v3", "kimi-k3-like")
 HW = "h200-multinode"
@@ -38,6 +40,11 @@ EP_SWEEP = (8, 16, 32, 64, 128, 256, 512)
 SIGMAS = (0.0, 0.25, 0.5, 1.0, 2.0)
 BREAK_EVEN = (("h200-node", 8), ("h20-node", 8), ("h200-multinode", 64))
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def auto_cost(model: str) -> StepCost:
+    """The cost model moonplan-auto minimises in the side-by-side tables (on ``HW``)."""
+    return SimConfig().step_cost(get_model(model), get_hardware(HW), "moonplan-auto")
 
 
 def compare_table(model: str, ranks: int, sigma: float, layers: int, steps: int) -> list[dict]:
@@ -51,7 +58,7 @@ def compare_table(model: str, ranks: int, sigma: float, layers: int, steps: int)
         ]
     )  # fmt: skip
     rows = compare_policies(counts, POLICY_NAMES, expert_bytes=expert_bytes(m), warmup=steps,
-                            period=4, window=4)  # fmt: skip
+                            period=4, window=4, cost=auto_cost(model))  # fmt: skip
     return [{"model": model, "ranks": ranks, "sigma": sigma, **r} for r in rows]
 
 
@@ -74,7 +81,8 @@ def figures(out: Path, skew_rows: dict[str, list], ep_rows: dict[str, list]) -> 
     m = get_model("deepseek-v3")
     counts = drifting_counts(8, m.num_experts, 4096, m.top_k, sigma=1.0, steps=32, seed=0)
     made = []
-    pols = [make_policy(n, 8, m.num_experts, period=8) for n in POLICY_NAMES]
+    pols = [make_policy(n, 8, m.num_experts, period=8, cost=auto_cost("deepseek-v3"))
+            for n in POLICY_NAMES]  # fmt: skip
     series: dict[str, list[float]] = {p.name: [] for p in pols}
     last = []
     for c in counts:

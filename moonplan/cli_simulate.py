@@ -7,6 +7,7 @@ and EP size (see ``moonplan.simulate`` and ``docs/simulator.md``).
     moonplan simulate --maxvio 0.5,1,2 --plot sweep.png --json
     moonplan simulate --counts trace.npy --model mixtral-8x7b      # a recorded [T, R, E] trace
     moonplan simulate --break-even --ep 8 --sigma 1                # tokens/rank where copying pays
+    moonplan simulate --serial-prefetch                            # the old serial fetch schedule
     moonplan simulate --trends                                     # DeepSpeed-MoE and GShard trends
 """
 
@@ -98,7 +99,11 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--dispatch-bytes", type=float, default=2.0, help="bytes/element of dispatch (1: FP8)"
     )
-    p.add_argument("--overlap-prefetch", action="store_true", help="hide the weight prefetch")
+    p.add_argument(
+        "--serial-prefetch",
+        action="store_true",
+        help="the old serial schedule (fetch, then dispatch) instead of the overlapped one",
+    )
     p.add_argument(
         "--eplb-period", type=int_range(1), default=4, help="EPLB rearrangement period (steps)"
     )
@@ -128,7 +133,9 @@ def _config(args: argparse.Namespace) -> SimConfig:
             raise ValueError(f"--plan-us expects POLICY=US, got {item!r}")
         plan_us[name.strip()] = float(value)
     return SimConfig(
-        dispatch_bytes=args.dispatch_bytes, plan_us=plan_us, overlap_prefetch=args.overlap_prefetch
+        dispatch_bytes=args.dispatch_bytes,
+        plan_us=plan_us,
+        overlap_prefetch=not args.serial_prefetch,
     )
 
 

@@ -16,6 +16,7 @@ from moonplan.baselines.moonep_greedy import copies_lower_bound, moonep_greedy_a
 from moonplan.baselines.policies import (
     POLICY_NAMES,
     GreedyPolicy,
+    MoonplanAutoPolicy,
     MoonplanPolicy,
     Policy,
     PolicyStep,
@@ -29,6 +30,7 @@ __all__ = [
     "CapacityPolicy",
     "EPLBPolicy",
     "GreedyPolicy",
+    "MoonplanAutoPolicy",
     "MoonplanPolicy",
     "Policy",
     "PolicyStep",

@@ -5,7 +5,7 @@ Legend:
     load_R   records executed per rank (one layer, one step)
     load_LR  records per rank for each of ``L`` layers (or steps)
 
-Definitions (FIELD.md "Metrics users expect"):
+Definitions (the metrics users expect; see docs/simulator.md, "Metrics"):
 
 * **balancedness** = mean / max records per rank (vLLM and SGLang log it;
   1 is perfect); over layers, vLLM reports the *summed* form

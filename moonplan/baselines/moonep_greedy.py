@@ -2,7 +2,7 @@
 
 Legend: R ranks, E experts; ``alloc [E, R]`` as in :class:`moonplan.Plan`.
 
-Description followed (MoonEP README / FIELD.md): balance home groups greedily —
+Description followed (the MoonEP README; docs/simulator.md): balance home groups greedily —
 the donor with the largest excess fills the most underloaded receiver
 completely, and a donor that overshoots becomes a receiver; then, within each
 donor group, the destination with the largest remaining quota takes from the

@@ -11,7 +11,8 @@ Legend:
 A policy is an object with ``step(counts_RE) -> PolicyStep``; it may keep state
 between steps (EPLB's history, moonplan's resident slots). ``reset()`` forgets it.
 Policies here: static EP with linear or round-robin placement, the MoonEP greedy,
-moonplan without and with resident slots (``previous=``). EPLB-style periodic
+moonplan without and with resident slots (``previous=``), and moonplan's cost-aware
+choice (``policy="auto"``, which needs the simulator's ``StepCost``). EPLB-style periodic
 replication and Switch-style capacity live in ``eplb.py`` and ``capacity.py``;
 :func:`make_policy` builds any of them by name.
 """
@@ -19,7 +20,7 @@ replication and Switch-style capacity live in ``eplb.py`` and ``capacity.py``;
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -28,7 +29,10 @@ from moonplan.baselines.moonep_greedy import moonep_greedy_alloc
 from moonplan.baselines.round_robin import placement_alloc, round_robin_home
 from moonplan.plan.home import home_map
 from moonplan.plan.validate import as_counts
-from moonplan.stepcost import plan_fetch_ER
+from moonplan.stepcost import StepCost, plan_fetch_ER
+
+if TYPE_CHECKING:
+    from moonplan.plan.choose import CostModel
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,6 +56,8 @@ class PolicyStep:
             this step (the expert of each ``moves_C2`` copy); ``None``: none.
         src_E: ``[E]`` rank each expert's weights are fetched from; ``None``: no fetch.
         planned: planner runs on the critical path this step.
+        choice: the candidate a choosing policy took this step (``moonplan-auto``:
+            ``plan.policy``, e.g. ``"static"``); ``""`` for the others.
     """
 
     name: str
@@ -65,6 +71,7 @@ class PolicyStep:
     fetch_ER: torch.Tensor | None = None
     src_E: torch.Tensor | None = None
     planned: int = 1
+    choice: str = ""
 
     @property
     def load_R(self) -> torch.Tensor:
@@ -97,6 +104,7 @@ def make_step(
     fetch_ER: torch.Tensor | None = None,
     src_E: torch.Tensor | None = None,
     planned: int = 1,
+    choice: str = "",
 ) -> PolicyStep:
     """A dropless, unpadded :class:`PolicyStep` (rows = alloc, sent = counts)."""
     return PolicyStep(
@@ -111,6 +119,7 @@ def make_step(
         fetch_ER=fetch_ER,
         src_E=src_E,
         planned=planned,
+        choice=choice,
     )
 
 
@@ -216,6 +225,57 @@ class MoonplanPolicy(Policy):
         )
 
 
+class MoonplanAutoPolicy(Policy):
+    """``moonplan.plan(..., policy="auto", cost=cost)`` every step, the chosen plan kept as
+    ``previous=`` (its resident slots are reused by the next step's candidates).
+
+    ``cost`` is the :class:`~moonplan.stepcost.StepCost` the choice minimises; the
+    simulator passes the one it charges the step with (same model, hardware, schedule
+    and planning time), so the plan's predicted time is its simulated time. Planning is
+    charged per planner run (``plan.planned``).
+    """
+
+    name = "moonplan-auto"
+
+    def __init__(
+        self, num_ranks: int, num_experts: int, *, cost: StepCost, slots: int | None = None
+    ) -> None:
+        super().__init__(num_ranks, num_experts)
+        if not isinstance(cost, StepCost):
+            raise ValueError(f"moonplan-auto needs cost=StepCost(...), got {cost!r}")
+        self.cost = cost
+        self.slots = slots
+        self._previous: moonplan.Plan | None = None
+
+    def reset(self) -> None:
+        self._previous = None
+
+    def step(self, counts: Any) -> PolicyStep:
+        counts_RE = self._counts(counts)
+        p = moonplan.plan(
+            counts_RE,
+            slots=self.slots,
+            previous=self._previous,
+            backend="torch",
+            policy="auto",
+            # StepCost meets CostModel at runtime; the Protocol declares plan_s as a
+            # settable attribute, which a frozen dataclass is not (reported to the planner)
+            cost=cast("CostModel", self.cost),
+        )
+        self._previous = p
+        return make_step(
+            self.name,
+            counts_RE,
+            p.alloc,
+            copies=p.copies(),
+            moves_C2=slot_moves(p),
+            fetch_ER=plan_fetch_ER(p),
+            src_E=p.home.cpu(),
+            planned=p.planned,
+            choice=p.policy,
+        )
+
+
 def replica_moves(alloc_ER: torch.Tensor, home_E: torch.Tensor) -> torch.Tensor:
     """``[C, 2]`` (home rank, rank) of every replica pair of ``alloc_ER`` (rank-major order)."""
     R = alloc_ER.shape[1]
@@ -240,6 +300,7 @@ POLICY_NAMES = (
     "moonep-greedy",
     "moonplan",
     "moonplan-resident",
+    "moonplan-auto",
 )
 """Names understood by :func:`make_policy`, in report order."""
 
@@ -249,7 +310,8 @@ def make_policy(name: str, num_ranks: int, num_experts: int, **options: Any) -> 
 
     ``capacity-<f>`` accepts any factor ``f > 0`` (e.g. ``capacity-2.0``). ``options``
     go to the EPLB policy (``redundant``, ``period``, ``window``, ``nodes``, ``groups``)
-    and to moonplan (``slots``); options that a policy does not take are ignored.
+    and to moonplan (``slots``; ``moonplan-auto`` also needs ``cost``, a
+    :class:`~moonplan.stepcost.StepCost`); options that a policy does not take are ignored.
     """
     from moonplan.baselines.capacity import CapacityPolicy
     from moonplan.baselines.eplb import EPLBPolicy
@@ -271,6 +333,10 @@ def make_policy(name: str, num_ranks: int, num_experts: int, **options: Any) -> 
     if name in ("moonplan", "moonplan-resident"):
         slots = options.get("slots")
         return MoonplanPolicy(R, E, resident=name.endswith("resident"), slots=slots)
+    if name == "moonplan-auto":
+        if options.get("cost") is None:
+            raise ValueError("moonplan-auto needs cost=StepCost(...) (the model it minimises)")
+        return MoonplanAutoPolicy(R, E, cost=options["cost"], slots=options.get("slots"))
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
 

@@ -9,9 +9,9 @@ Legend:
     R ranks    E experts    H hidden size    F expert intermediate size (SwiGLU: 3 H x F)
     N records (token, k) of the step    rows_ER  rows each rank computes per expert
 
-* **plan**: per-policy constant (``SimConfig.plan_us``; 51 us for moonplan and the
-  greedy, MoonEP's published GPU planning time; 0 for static placements, EPLB
-  and capacity, which plan off the critical path or not at all);
+* **plan**: ``SimConfig.plan_us`` per planner run (``PolicyStep.planned``; 51 us for
+  moonplan and the greedy, MoonEP's published GPU planning time; 0 for static
+  placements, EPLB and capacity, which plan off the critical path or not at all);
 * **fetch** (prefetch and direct reads): the weights a policy moves before its rows can
   run (``PolicyStep.fetch_ER``; EPLB's periodic moves are in the background and cost
   nothing here). ``SimConfig.overlap_prefetch=True`` (default: moonplan's runtime
@@ -40,10 +40,12 @@ from moonplan.cost import ModelPreset
 from moonplan.stepcost import Hardware, StepCost, StepTime
 
 DEFAULT_PLAN_US: Mapping[str, float] = MappingProxyType(
-    {"moonplan": 51.0, "moonplan-resident": 51.0, "moonep-greedy": 51.0}
+    {"moonplan": 51.0, "moonplan-resident": 51.0, "moonplan-auto": 51.0, "moonep-greedy": 51.0}
 )
 """Planning time per planner run (us) on the critical path; MoonEP reports ~51 us on
-H20/H200 EP8. Policies not listed plan nothing per step."""
+H20/H200 EP8. Policies not listed plan nothing per step. ``moonplan-auto`` is charged
+per run of the group-flow construction (``plan.planned``: 0 when it keeps the static or
+the resident plan, one per balancing candidate it built)."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Model presets for the simulator: ``moonplan.cost.PRESETS`` plus the two trend models.
 
-The trend models reproduce results the source documents cite (FIELD.md, seed 000):
+The trend models reproduce published results (sources below; see docs/simulator.md):
 
 * ``deepspeed-moe-1.3b-128``: DeepSpeed-MoE's 1.3B+MoE-128 (52B) model
   (arXiv:2201.05596, Table 1 and §5.5.1): 24 layers, hidden 2048, 16 heads,

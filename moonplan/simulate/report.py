@@ -24,6 +24,7 @@ SHORT: Mapping[str, str] = MappingProxyType(
         "moonep-greedy": "greedy",
         "moonplan": "moonplan",
         "moonplan-resident": "resident",
+        "moonplan-auto": "auto",
     }
 )
 """Column headers for the policies (read-only)."""

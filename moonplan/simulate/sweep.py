@@ -7,11 +7,17 @@ One *point* is a trace of ``warmup + steps`` steps; every policy runs over the
 whole trace (EPLB needs history, moonplan-resident its previous plan) and is
 measured on the last ``steps``. A result row holds the mean step time per
 phase (us), the mean force-balanced ideal (us), their ratio ``rel_ideal``, and
-the balance metrics of ``moonplan.baselines.metrics``.
+the balance metrics of ``moonplan.baselines.metrics``; for ``moonplan-auto`` also
+``choices`` (candidate -> measured steps that took it).
+
+Every policy gets the simulator's :class:`~moonplan.stepcost.StepCost` for the point
+(``SimConfig.step_cost``); only ``moonplan-auto`` uses it, to choose its plan with the
+same model that then charges the step.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -124,10 +130,12 @@ def _policy_row(
     base: dict[str, Any],
 ) -> dict[str, Any]:
     R, E = counts_TRE.shape[1:]
-    policy = make_policy(name, R, E, **opts)
+    policy = make_policy(name, R, E, cost=cfg.step_cost(model, hw, name), **opts)
     steps = [policy.step(c) for c in counts_TRE][warmup:]
     t = mean_time([step_time(s, model, hw, cfg) for s in steps])
     row = {**base, "policy": name, **t.as_us()}
+    if any(s.choice for s in steps):
+        row["choices"] = dict(Counter(s.choice for s in steps))
     row["rel_ideal"] = t.total_s / ideal.total_s if ideal.total_s > 0 else 1.0
     metrics = summarize(steps, expert_bytes(model, cfg.weight_bytes))
     row.update(metrics)
@@ -147,14 +155,14 @@ def sweep(
     for i, (R, (sigma, target)) in enumerate((r, s) for r in spec.ranks for s in skews):
         if progress:
             progress(i, total, f"{model.name} EP={R} sigma={sigma:.2f}")
-        got = _spec_point(spec, model, hw, cfg, R, spec.tokens, sigma, spec.policies)
+        got = spec_point(spec, model, hw, cfg, R, spec.tokens, sigma, spec.policies)
         rows += [{**r, "sigma": sigma, "maxvio_target": target} for r in got]
     if progress:
         progress(total, total, "done")
     return rows
 
 
-def _spec_point(
+def spec_point(
     spec: SweepSpec,
     model: ModelPreset,
     hw: Hardware,
@@ -201,7 +209,7 @@ def break_even(
     sigma: float,
     *,
     tokens: Sequence[int] = TOKEN_GRID,
-    policies: Sequence[str] = ("moonplan", "moonplan-resident"),
+    policies: Sequence[str] = ("moonplan", "moonplan-resident", "moonplan-auto"),
     baseline: str = "static-linear",
     cfg: SimConfig | None = None,
     spec: SweepSpec | None = None,
@@ -225,7 +233,7 @@ def break_even(
     for i, S in enumerate(grid):
         if progress:
             progress(i, len(grid), f"{m.name} EP={ranks} S={S}")
-        rows = _spec_point(spec, m, hw, cfg, ranks, S, sigma, [baseline, *policies])
+        rows = spec_point(spec, m, hw, cfg, ranks, S, sigma, [baseline, *policies])
         base = rows[0]["total_us"]
         for r in rows[1:]:
             ratio[r["policy"]].append(r["total_us"] / base)

@@ -27,6 +27,7 @@ from moonplan.baselines.metrics import (
 )
 from moonplan.baselines.policies import POLICY_NAMES, StaticPolicy, make_policy
 from moonplan.baselines.round_robin import round_robin_alloc, round_robin_home
+from moonplan.stepcost import StepCost
 from moonplan.traces import generate_counts
 
 SEED_COUNTS = torch.tensor([[9, 1, 2, 0, 3, 5, 4, 8], [0] * 8, [0] * 8, [0] * 8])
@@ -182,9 +183,12 @@ def test_greedy_and_moonplan_copies_and_moves() -> None:
     assert resident.step(SEED_COUNTS).new_copies == 2
 
 
+COST = StepCost.from_hardware("h200-node", "deepseek-v3")
+
+
 @pytest.mark.parametrize("name", POLICY_NAMES)
 def test_every_policy_conserves_records(name: str) -> None:
-    policy = make_policy(name, 4, 12, period=2)
+    policy = make_policy(name, 4, 12, period=2, cost=COST)
     for seed in range(3):
         counts = generate_counts("lognormal", ranks=4, experts=12, tokens=40, topk=3, seed=seed)
         step = policy.step(counts)
@@ -206,6 +210,10 @@ def test_make_policy_errors() -> None:
         make_policy("capacity--1", 2, 4)
     with pytest.raises(ValueError):
         StaticPolicy(0, 4)
+    with pytest.raises(ValueError, match="moonplan-auto needs cost"):
+        make_policy("moonplan-auto", 2, 4)
+    with pytest.raises(ValueError, match="moonplan-auto needs cost"):
+        make_policy("moonplan-auto", 2, 4, cost="h200-node")
 
 
 # ---- side-by-side comparison -----------------------------------------------------------------
@@ -226,3 +234,57 @@ def test_compare_policies_over_layers_by_hand() -> None:
     assert ours["new_copies"] == 1 and ours["moved_bytes"] == 2.0
     with pytest.raises(ValueError):
         compare_policies(layer0, ["static-linear"])
+
+
+# ---- moonplan-auto ---------------------------------------------------------------------------
+
+
+def rows_only(**fields: float) -> StepCost:
+    """A cost model where only rows (and ``fields``) take time."""
+    zero = dict.fromkeys(
+        ("weight_read_s", "row_mem_s", "copy_s_intra", "copy_s_inter", "dispatch_row_s_intra",
+         "dispatch_row_s_inter", "combine_row_s_intra", "combine_row_s_inter"), 0.0
+    )  # fmt: skip
+    return StepCost(**{**zero, "row_flop_s": 1e-6, **fields})
+
+
+def test_moonplan_auto_balances_when_copies_are_free_and_keeps_its_plan() -> None:
+    auto = make_policy("moonplan-auto", 4, 8, cost=rows_only())
+    first = auto.step(SEED_COUNTS)
+    assert first.choice == "exact" and first.load_R.tolist() == [8, 8, 8, 8]
+    assert first.new_copies == 2 and first.planned >= 1
+    again = auto.step(SEED_COUNTS)  # the chosen plan is `previous`: its replicas are resident
+    assert again.load_R.tolist() == [8, 8, 8, 8] and again.new_copies == 0
+    auto.reset()
+    assert auto.step(SEED_COUNTS).new_copies == 2
+
+
+def test_moonplan_auto_stays_static_when_copies_cost_more_than_balance_saves() -> None:
+    cost = rows_only(copy_s_intra=1.0, copy_s_inter=1.0, plan_s=1.0)
+    step = make_policy("moonplan-auto", 4, 8, cost=cost).step(SEED_COUNTS)
+    assert step.choice == "static" and step.planned == 0
+    assert step.new_copies == 0 and step.load_R.tolist() == [10, 2, 8, 12]
+    assert step.fetch_ER is not None and not bool(step.fetch_ER.any())
+
+
+@pytest.mark.parametrize(
+    "name", ["moonep-greedy", "moonplan", "moonplan-resident", "moonplan-auto", "eplb"]
+)
+def test_fetched_pairs_are_the_critical_path_moves(name: str) -> None:
+    """``fetch_ER``/``src_E`` (what StepCost charges) name exactly the ``moves_C2`` copies."""
+    policy = make_policy(name, 8, 64, cost=rows_only(), period=2)
+    moved = 0
+    for seed in range(4):
+        c = generate_counts("lognormal", ranks=8, experts=64, tokens=512, topk=4, sigma=1.5,
+                            seed=seed)  # fmt: skip
+        step = policy.step(c)
+        if step.fetch_ER is None:
+            assert step.moves_C2.shape[0] == 0 and name == "eplb"
+            continue
+        assert step.src_E is not None
+        e_C, r_C = step.fetch_ER.nonzero(as_tuple=True)
+        pairs = sorted(zip(step.src_E[e_C].tolist(), r_C.tolist(), strict=True))
+        assert pairs == sorted(map(tuple, step.moves_C2.tolist()))
+        assert bool((step.alloc_ER[step.fetch_ER] > 0).all())
+        moved += len(pairs)
+    assert (moved > 0) == (name != "eplb")

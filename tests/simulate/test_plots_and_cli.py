@@ -66,6 +66,22 @@ def test_cli_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert [r["policy"] for r in rows] == ["static-linear", "moonplan"] * 2
 
 
+def test_cli_serial_prefetch_shows_the_old_schedule(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*TINY, "--ep", "4", "--tokens", "2048", "--sigma", "2", "--json",
+            "--policies", "static-linear,moonep-greedy,moonplan,moonplan-auto"]  # fmt: skip
+    assert run(argv) == 0
+    over = {r["policy"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert run([*argv, "--serial-prefetch"]) == 0
+    serial = {r["policy"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert serial["static-linear"]["total_us"] == over["static-linear"]["total_us"]
+    for name in ("moonep-greedy", "moonplan"):  # they copy: the serial schedule exposes it all
+        assert serial[name]["prefetch_us"] > 0
+        assert serial[name]["prefetch_exposed_us"] == pytest.approx(serial[name]["prefetch_us"])
+        assert serial[name]["total_us"] > over[name]["total_us"]
+        assert over[name]["prefetch_exposed_us"] < over[name]["prefetch_us"]
+    assert "choices" in serial["moonplan-auto"] and "choices" in over["moonplan-auto"]
+
+
 def test_cli_recorded_counts_plot_and_detail(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -87,7 +103,8 @@ def test_cli_recorded_counts_plot_and_detail(
 def test_cli_break_even_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [*TINY, "--ep", "2", "--sigma", "1", "--break-even", "--tokens-grid", "32,4096"]
     assert run(argv) == 0
-    assert "break-even" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "break-even" in out and "auto S*" in out
     assert run([*TINY, "--model", "nope"]) == 2
     assert "unknown model" in capsys.readouterr().err
     assert run([*TINY, "--policies", "lpt"]) == 2

@@ -1,0 +1,170 @@
+"""The acceptance sweep of ``moonplan-auto``: never slower than the best peer, near the ideal.
+
+Legend: R ranks (EP size), E experts, S tokens per rank, sigma the lognormal skew.
+
+A *point* is ``(model, hardware, R, sigma, S)``: one drifting trace
+(:func:`moonplan.simulate.sweep.simulate_trace`, ``warmup`` steps then ``steps``
+measured) on which ``moonplan-auto`` and its peers run. Its verdicts:
+
+* ``vs_peers``: ``moonplan-auto``'s mean step time over the least of the peers'
+  (:data:`PEERS`: static EP with linear placement, EPLB, the MoonEP greedy,
+  moonplan with resident slots); the bar is :data:`PEER_BAR`;
+* ``vs_ideal``: its mean step time over the force-balanced ideal (the bar
+  :data:`IDEAL_BAR` applies at :data:`IDEAL_POINT` only).
+
+Points need ``E >= R`` (every rank holds at least one home expert: with fewer
+experts than ranks static EP leaves ranks idle and is no deployment anyone runs),
+so Mixtral-8x7B (8 experts) is swept at EP 8 only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from moonplan.simulate.model_time import SimConfig
+from moonplan.simulate.models import get_model
+from moonplan.simulate.sweep import SweepSpec, spec_point
+from moonplan.stepcost.hardware import get_hardware
+
+Progress = Callable[[int, int, str], None]
+"""``progress(done, total, label)`` callback."""
+
+AUTO = "moonplan-auto"
+PEERS = ("static-linear", "eplb", "moonep-greedy", "moonplan-resident")
+"""The policies ``moonplan-auto`` must not be slower than (beyond :data:`PEER_BAR`)."""
+PEER_BAR = 1.01
+IDEAL_BAR = 1.06
+IDEAL_POINT = ("deepseek-v3", "h200-node", 8, 1.0, 4096)
+"""``(model, hardware, R, sigma, S)`` where ``moonplan-auto`` must be within :data:`IDEAL_BAR`."""
+
+Point = tuple[str, str, int, float, int]
+
+
+@dataclass(frozen=True)
+class AcceptanceGrid:
+    """The grid of points (every combination with ``E >= R``) and the trace settings.
+
+    Attributes:
+        models, hardware: preset names.
+        ranks: EP sizes.
+        sigmas: lognormal skews.
+        tokens: tokens per rank per step.
+        steps, warmup: measured steps per point, and steps run before them (EPLB's
+            history, the resident slots).
+        rho, seed: the drifting trace's step-to-step correlation and seed.
+    """
+
+    models: tuple[str, ...] = ("deepseek-v3", "mixtral-8x7b", "kimi-k3-like")
+    hardware: tuple[str, ...] = ("h200-node", "h20-node", "h200-multinode")
+    ranks: tuple[int, ...] = (8, 16, 64)
+    sigmas: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0)
+    tokens: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384)
+    steps: int = 2
+    warmup: int = 4
+    rho: float = 0.99
+    seed: int = 0
+
+    def points(self) -> list[Point]:
+        """Every ``(model, hardware, R, sigma, S)`` of the grid with ``E >= R``."""
+        out = []
+        for model in self.models:
+            E = get_model(model).num_experts
+            for hw in self.hardware:
+                get_hardware(hw)  # a bad name fails before the sweep starts
+                for R in self.ranks:
+                    if E >= R:
+                        out += [(model, hw, R, s, S) for s in self.sigmas for S in self.tokens]
+        return out
+
+
+def acceptance_point(
+    point: Point,
+    grid: AcceptanceGrid,
+    cfg: SimConfig | None = None,
+    policies: Sequence[str] = (*PEERS, AUTO),
+) -> dict[str, Any]:
+    """Run ``policies`` on one point's trace; the verdicts of the module docstring.
+
+    Returns:
+        dict with the point (``model``, ``hardware``, ``ranks``, ``sigma``, ``tokens``),
+        ``ideal_us``, ``us`` (policy -> mean step us), ``rel_ideal`` (policy -> ratio),
+        ``best_peer`` and ``best_peer_us`` (least of the peers present),
+        ``vs_peers``, ``vs_ideal``, ``choices`` (auto's candidate -> steps),
+        ``phases`` (auto's mean phases, us), and a diagnosis of the choice's own
+        planning: ``chosen_only_us`` (auto's time if only the candidate it took had been
+        planned: one run for a balancing candidate, none for static and resident) and
+        ``vs_peers_chosen_only``.
+    """
+    cfg = cfg or SimConfig()
+    model, hw, R, sigma, S = point
+    spec = SweepSpec(
+        model=model, hardware=hw, steps=grid.steps, warmup=grid.warmup, rho=grid.rho, seed=grid.seed
+    )
+    m, h = get_model(model), get_hardware(hw)
+    rows = {r["policy"]: r for r in spec_point(spec, m, h, cfg, R, S, sigma, policies)}
+    peers = [p for p in policies if p in PEERS]
+    if AUTO not in rows or not peers:
+        raise ValueError(f"an acceptance point needs {AUTO} and at least one of {PEERS}")
+    best = min(peers, key=lambda p: rows[p]["total_us"])
+    auto = rows[AUTO]
+    chosen_only = auto["total_us"] - auto["plan_us"] + _chosen_runs(auto) * cfg.plan_us.get(AUTO, 0)
+    phases = ("plan_us", "prefetch_us", "prefetch_exposed_us", "dispatch_us", "experts_us")
+    return {
+        "model": model,
+        "hardware": hw,
+        "ranks": R,
+        "sigma": sigma,
+        "tokens": S,
+        "ideal_us": auto["ideal_us"],
+        "us": {p: r["total_us"] for p, r in rows.items()},
+        "rel_ideal": {p: r["rel_ideal"] for p, r in rows.items()},
+        "best_peer": best,
+        "best_peer_us": rows[best]["total_us"],
+        "vs_peers": auto["total_us"] / rows[best]["total_us"],
+        "vs_ideal": auto["rel_ideal"],
+        "chosen_only_us": chosen_only,
+        "vs_peers_chosen_only": chosen_only / rows[best]["total_us"],
+        "choices": auto.get("choices", {}),
+        "phases": {k: auto[k] for k in (*phases, "combine_us", "total_us")},
+    }
+
+
+def _chosen_runs(auto_row: dict[str, Any]) -> float:
+    """Mean planner runs per step if auto had built only the candidates it took."""
+    choices = auto_row.get("choices", {})
+    steps = sum(choices.values())
+    balancing = sum(n for c, n in choices.items() if c not in ("static", "resident"))
+    return balancing / steps if steps else 0.0
+
+
+def run_acceptance(
+    grid: AcceptanceGrid, cfg: SimConfig | None = None, progress: Progress | None = None
+) -> list[dict[str, Any]]:
+    """:func:`acceptance_point` of every point of ``grid``, in grid order."""
+    points = grid.points()
+    rows = []
+    for i, point in enumerate(points):
+        if progress:
+            progress(i, len(points), "{} {} EP={} sigma={:g} S={}".format(*point))
+        rows.append(acceptance_point(point, grid, cfg))
+    if progress:
+        progress(len(points), len(points), "done")
+    return rows
+
+
+def worst(rows: Sequence[dict[str, Any]], n: int = 10) -> list[dict[str, Any]]:
+    """The ``n`` points with the largest ``vs_peers`` (ties: grid order)."""
+    return sorted(rows, key=lambda r: -r["vs_peers"])[:n]
+
+
+def failures(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Points above :data:`PEER_BAR`, and :data:`IDEAL_POINT` if it is above :data:`IDEAL_BAR`."""
+    bad = [r for r in rows if r["vs_peers"] > PEER_BAR]
+    ideal = [r for r in rows if _key(r) == IDEAL_POINT and r["vs_ideal"] > IDEAL_BAR]
+    return bad + [r for r in ideal if r not in bad]
+
+
+def _key(r: dict[str, Any]) -> Point:
+    return (r["model"], r["hardware"], r["ranks"], r["sigma"], r["tokens"])

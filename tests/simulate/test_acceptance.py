@@ -1,0 +1,107 @@
+"""The acceptance sweep of moonplan-auto (reduced grid) and auto's consistency with the model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import moonplan
+from moonplan.baselines.policies import make_policy
+from moonplan.simulate.acceptance import (
+    AUTO,
+    IDEAL_POINT,
+    PEER_BAR,
+    PEERS,
+    AcceptanceGrid,
+    acceptance_point,
+    failures,
+    run_acceptance,
+    worst,
+)
+from moonplan.simulate.model_time import SimConfig, step_time
+from moonplan.simulate.models import get_model
+from moonplan.simulate.workload import drifting_counts
+from moonplan.stepcost import get_hardware
+
+
+def test_grid_points_need_at_least_one_expert_per_rank() -> None:
+    grid = AcceptanceGrid(models=("mixtral-8x7b", "deepseek-v3"), hardware=("h200-node",),
+                          ranks=(8, 16), sigmas=(0.0, 1.0), tokens=(16,))  # fmt: skip
+    points = grid.points()
+    assert ("mixtral-8x7b", "h200-node", 8, 1.0, 16) in points
+    assert not [p for p in points if p[0] == "mixtral-8x7b" and p[2] == 16]
+    assert len(points) == 2 + 4
+    assert len(AcceptanceGrid().points()) == 3 * 4 * 6 + 2 * 3 * 3 * 4 * 6
+    with pytest.raises(ValueError):
+        AcceptanceGrid(hardware=("nope",)).points()
+
+
+@pytest.mark.parametrize("serial", [False, True])
+def test_auto_step_time_is_its_plans_predicted_time(serial: bool) -> None:
+    model, hw = get_model("deepseek-v3"), get_hardware("h200-multinode")
+    cfg = SimConfig(overlap_prefetch=not serial)
+    cost = cfg.step_cost(model, hw, AUTO)
+    assert cost.overlap is not serial and cost.plan_s == pytest.approx(51e-6)
+    policy = make_policy(AUTO, 16, model.num_experts, cost=cost)
+    previous = None
+    counts = drifting_counts(16, model.num_experts, 2048, model.top_k, sigma=1.5, steps=3)
+    for c in counts:
+        p = moonplan.plan(c, previous=previous, policy="auto", cost=cost, backend="torch")
+        step = policy.step(c)
+        assert step.choice == p.policy and step.planned == p.planned
+        assert torch.equal(step.alloc_ER, p.alloc.cpu())
+        t = step_time(step, model, hw, cfg)
+        assert t.total_s == pytest.approx(cost.plan_time(p, planned=p.planned).total_s, rel=1e-12)
+        # the simulator charges every planner run of the choice; the plan's prediction of
+        # its candidate counts the runs made up to it: they differ by whole runs
+        runs = (t.total_s - p.predicted[p.policy]) / cost.plan_s
+        assert runs == pytest.approx(round(runs), abs=1e-6) and 0 <= round(runs) <= p.planned
+        previous = p
+
+
+def test_acceptance_point_ratios() -> None:
+    grid = AcceptanceGrid(steps=1, warmup=2)
+    row = acceptance_point(("deepseek-v3", "h200-node", 8, 1.0, 1024), grid)
+    assert set(row["us"]) == {*PEERS, AUTO}
+    best = min(row["us"][p] for p in PEERS)
+    assert row["best_peer_us"] == best and row["us"][row["best_peer"]] == best
+    assert row["vs_peers"] == pytest.approx(row["us"][AUTO] / best)
+    assert row["vs_ideal"] == pytest.approx(row["us"][AUTO] / row["ideal_us"])
+    assert sum(row["choices"].values()) == 1
+    assert row["chosen_only_us"] <= row["us"][AUTO] + 1e-9
+    assert row["vs_peers_chosen_only"] == pytest.approx(row["chosen_only_us"] / best)
+    with pytest.raises(ValueError, match="needs"):
+        acceptance_point(IDEAL_POINT, grid, policies=("static-linear",))
+
+
+def test_failures_and_worst_by_hand() -> None:
+    ok = {"model": "m", "hardware": "h", "ranks": 8, "sigma": 0.0, "tokens": 16,
+          "vs_peers": 1.0, "vs_ideal": 2.0}  # fmt: skip
+    slow = {**ok, "tokens": 64, "vs_peers": PEER_BAR + 1e-6}
+    keys = ("model", "hardware", "ranks", "sigma", "tokens")
+    ideal_ok = {**ok, **dict(zip(keys, IDEAL_POINT, strict=True)), "vs_ideal": 1.05}
+    ideal_bad = {**ideal_ok, "vs_ideal": 1.07}
+    assert failures([ok, ideal_ok]) == []
+    assert failures([ok, slow, ideal_bad]) == [slow, ideal_bad]
+    assert worst([ok, slow, ideal_ok], 2) == [slow, ok]
+
+
+# The reduced grid CI runs (the full grid is bench/bench_auto_sweep.py): one model on the
+# two node presets, decode to prefill sizes, no skew and heavy skew.
+REDUCED = AcceptanceGrid(models=("deepseek-v3",), hardware=("h200-node", "h200-multinode"),
+                         ranks=(8, 16), sigmas=(0.0, 2.0), tokens=(16, 1024, 16384),
+                         steps=1, warmup=4)  # fmt: skip
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the acceptance bar fails (docs/simulator.md, 'moonplan-auto acceptance'): auto pays "
+    "51 us per candidate it builds, and its one-step choice stays static where copies pay off "
+    "only over several steps (moonplan-resident) or only in the background (EPLB)",
+)
+def test_reduced_grid_auto_is_never_slower_than_the_best_peer() -> None:
+    rows = run_acceptance(REDUCED)
+    assert len(rows) == len(REDUCED.points()) == 24
+    bad = [(r["hardware"], r["ranks"], r["sigma"], r["tokens"], round(r["vs_peers"], 3),
+            r["best_peer"], r["choices"]) for r in rows if r["vs_peers"] > PEER_BAR]  # fmt: skip
+    assert not bad, bad
