@@ -20,7 +20,7 @@ replication and Switch-style capacity live in ``eplb.py`` and ``capacity.py``;
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,7 +32,7 @@ from moonplan.plan.validate import as_counts
 from moonplan.stepcost import StepCost, plan_fetch_ER
 
 if TYPE_CHECKING:
-    from moonplan.plan.choose import CostModel
+    pass
 
 
 @dataclass(frozen=True, eq=False)
@@ -260,7 +260,7 @@ class MoonplanAutoPolicy(Policy):
             policy="auto",
             # StepCost meets CostModel at runtime; the Protocol declares plan_s as a
             # settable attribute, which a frozen dataclass is not (reported to the planner)
-            cost=cast("CostModel", self.cost),
+            cost=self.cost,
         )
         self._previous = p
         return make_step(
