@@ -116,13 +116,17 @@ def route(
         torch.arange(take_C.numel(), device=plan.device), take_C, output_size=N
     )
     if affinity and N:
-        e_N = ids_N[order_N]
-        cell_N = affinity_cells(
-            cell_N, e_N, order_N // K, take_C, e_C, dest_C, plan.num_experts, R, S
+        moved = affinity_cells(
+            cell_N, ids_N[order_N], order_N // K, take_C, e_C, dest_C, plan.num_experts, R, S
         )
-        # Each cell's records in local order: a stable sort keeps it inside a cell.
-        regroup_N = torch.sort(cell_N, stable=True).indices
-        order_N, cell_N = order_N[regroup_N], cell_N[regroup_N]
+        if moved is not None:
+            # Regroup the split experts' records by cell, local order kept inside a
+            # cell (stable); the other records already sit in their cells' runs.
+            idx_P, cell_P = moved
+            regroup_P = torch.sort(cell_P, stable=True).indices
+            order_N, cell_N = order_N.clone(), cell_N.clone()
+            order_N[idx_P] = order_N[idx_P[regroup_P]]
+            cell_N[idx_P] = cell_P[regroup_P]
     dest_N = dest_C[cell_N]
     off_N = base_C[cell_N] + torch.arange(N, device=plan.device)
     dest_rank = torch.empty_like(ids_N).scatter_(0, order_N, dest_N)

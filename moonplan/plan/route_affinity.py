@@ -37,8 +37,8 @@ def affinity_cells(
     num_experts: int,
     num_ranks: int,
     num_tokens: int,
-) -> torch.Tensor:
-    """``[N]`` int64: the cell (row) of each expert-sorted record under the affinity rule.
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The cells (rows) of the records of split experts under the affinity rule.
 
     Args:
         cell_N: ``[N]`` cell of each record in plain routing order (segments in order).
@@ -46,13 +46,18 @@ def affinity_cells(
         take_C, e_C, dest_C: ``[C]`` records of this source each cell takes, its
             expert (clamped to ``>= 0``) and its rank.
         num_experts, num_ranks, num_tokens: ``E``, ``R``, ``S``.
+
+    Returns:
+        ``None`` when this source splits no expert (plain order is the rule's answer);
+        else ``(idx_P, cell_P)``: the positions in expert-sorted order of the records
+        of split experts (whole experts, ascending) and their new cells.
     """
     E, R, dev = num_experts, num_ranks, cell_N.device
     live_C = take_C > 0
     cells_E = torch.bincount(e_C[live_C], minlength=E)
     split_N = cells_E[e_N] > 1
     if not bool(split_N.any()):
-        return cell_N
+        return None
     fixed_N = ~split_N
     have_RS = torch.zeros(R, num_tokens, dtype=torch.bool, device=dev)
     have_RS[dest_C[cell_N[fixed_N]], tok_N[fixed_N]] = True
@@ -79,9 +84,7 @@ def affinity_cells(
     cell_ER = torch.full((E, R), -1, dtype=torch.int64, device=dev)
     live_idx = live_C.nonzero().reshape(-1)
     cell_ER[e_C[live_idx], dest_C[live_idx]] = live_idx
-    out_N = cell_N.clone()
-    out_N[idx_P] = cell_ER[e_P, dest_P]
-    return out_N
+    return idx_P, cell_ER[e_P, dest_P]
 
 
 def _expert_start(e_P: torch.Tensor, num_experts: int) -> torch.Tensor:
