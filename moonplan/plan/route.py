@@ -23,7 +23,7 @@ import torch
 from moonplan.errors import PlanError
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route_affinity import affinity_cells
-from moonplan.plan.route_rows import token_block_start, unique_rows
+from moonplan.plan.route_rows import count_rows, token_block_start, unique_rows
 
 _OFFSET_BITS = 40  # receive offsets stay far below 2**40 rows
 
@@ -115,6 +115,7 @@ def route(
     cell_N = torch.repeat_interleave(
         torch.arange(take_C.numel(), device=plan.device), take_C, output_size=N
     )
+    dest_rank, dest_offset = _place(order_N, cell_N, base_C, dest_C, ids_N)
     if affinity and N:
         moved = affinity_cells(
             cell_N, ids_N[order_N], order_N // K, take_C, e_C, dest_C, plan.num_experts, R, S
@@ -127,10 +128,10 @@ def route(
             order_N, cell_N = order_N.clone(), cell_N.clone()
             order_N[idx_P] = order_N[idx_P[regroup_P]]
             cell_N[idx_P] = cell_P[regroup_P]
-    dest_N = dest_C[cell_N]
-    off_N = base_C[cell_N] + torch.arange(N, device=plan.device)
-    dest_rank = torch.empty_like(ids_N).scatter_(0, order_N, dest_N)
-    dest_offset = torch.empty_like(ids_N).scatter_(0, order_N, off_N)
+            aff_rank, aff_offset = _place(order_N, cell_N, base_C, dest_C, ids_N)
+            # The greedy rule can lose to plain order; never send more rows than it.
+            if count_rows(aff_rank, S, K, R) <= count_rows(dest_rank, S, K, R):
+                dest_rank, dest_offset = aff_rank, aff_offset
     send_counts = torch.zeros(R, dtype=torch.int64, device=plan.device)
     send_counts.index_add_(0, dest_C, take_C)
     token_U, udest_U, uoff_U, unique_N, rows_R = unique_rows(
@@ -148,6 +149,21 @@ def route(
         unique_counts=rows_R,
         affinity=affinity,
     )
+
+
+def _place(
+    order_N: torch.Tensor,
+    cell_N: torch.Tensor,
+    base_C: torch.Tensor,
+    dest_C: torch.Tensor,
+    ids_N: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N]`` destination rank and offset of each record (token-major) when the
+    expert-sorted records ``order_N`` take the cells ``cell_N`` (runs in cell order)."""
+    off_N = base_C[cell_N] + torch.arange(order_N.numel(), device=order_N.device)
+    dest_rank = torch.empty_like(ids_N).scatter_(0, order_N, dest_C[cell_N])
+    dest_offset = torch.empty_like(ids_N).scatter_(0, order_N, off_N)
+    return dest_rank, dest_offset
 
 
 def _row_cells(

@@ -19,7 +19,9 @@ destination's segment stay the same set, so no other rank notices. The rule
 3. The rest fill the remaining shares: destinations in ascending rank, records in
    local order.
 
-Inside a destination's segment the records keep local order.
+Inside a destination's segment the records keep local order. ``route`` keeps
+plain order instead when this rule sends more rows (it can: a rank's share taken
+by a token that was also elsewhere may push another token to a second rank).
 """
 
 from __future__ import annotations

@@ -61,7 +61,11 @@ def route_reference(plan: Plan, rank: int, topk_ids: Any, *, affinity: bool = Tr
         if affinity and split[e]:
             continue
         _fill(mine[e], cap[e], dest)
-    if affinity:
+    if affinity and any(split):
+        plain = list(dest)
+        for e in range(E):
+            if split[e]:
+                _fill(mine[e], cap[e], plain)
         have = {(i // K, dest[i]) for i in range(len(flat)) if dest[i] >= 0}
         left = [list(c) for c in cap]
         for d in range(R):
@@ -75,6 +79,8 @@ def route_reference(plan: Plan, rank: int, topk_ids: Any, *, affinity: bool = Tr
         for e in range(E):
             if split[e]:
                 _fill([i for i in mine[e] if dest[i] < 0], left[e], dest)
+        if _rows(dest, K) > _rows(plain, K):  # the greedy lost: plain order
+            dest = plain
     offset = [0] * len(flat)
     for e in range(E):
         for d in range(R):
@@ -87,6 +93,11 @@ def route_reference(plan: Plan, rank: int, topk_ids: Any, *, affinity: bool = Tr
         "send_counts": send_counts,
         **_unique(plan, rank, dest, K, len(ids)),
     }
+
+
+def _rows(dest: list[int], K: int) -> int:
+    """Distinct (token, destination) pairs of records ``dest`` (token-major)."""
+    return len({(i // K, d) for i, d in enumerate(dest)})
 
 
 def _fill(records: list[int], share: list[int], dest: list[int]) -> None:

@@ -49,6 +49,14 @@ def token_block_start(plan: Plan) -> torch.Tensor:
     return torch.cumsum(n_SD, 0) - n_SD
 
 
+def count_rows(dest_N: torch.Tensor, S: int, K: int, num_ranks: int) -> int:
+    """Distinct ``(token, destination)`` pairs of the records ``dest_N`` (token-major)."""
+    tok_N = torch.arange(dest_N.numel(), device=dest_N.device) // max(K, 1)
+    mask_X = torch.zeros(num_ranks * S, dtype=torch.bool, device=dest_N.device)
+    mask_X[dest_N * S + tok_N] = True
+    return int(mask_X.sum())
+
+
 def unique_rows(
     dest_N: torch.Tensor, S: int, K: int, num_ranks: int, block_start_R: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -159,3 +159,35 @@ def test_affinity_follows_the_token() -> None:
     assert sorted(aff.dest_offset.reshape(-1).tolist()) == sorted(
         plain.dest_offset.reshape(-1).tolist()
     )
+
+
+def test_affinity_falls_back_when_the_greedy_loses() -> None:
+    """Rank 3's expert-0 records are split 28 / 1 over ranks 0 and 1. The greedy gives
+    rank 0's share first to token 7 (already there), which pushes one of tokens 0-6
+    to rank 1: one row more than plain order, so plain order is kept (found by search)."""
+    c = torch.tensor(
+        [
+            [3, 1, 0, 0, 0, 0],
+            [0, 0, 0, 0, 0, 0],
+            [6, 1, 1, 0, 0, 0],
+            [29, 2, 2, 1, 1, 1],
+            [0, 0, 0, 0, 0, 0],
+        ]
+    )
+    alloc = torch.tensor(
+        [
+            [37, 1, 0, 0, 0],
+            [4, 0, 0, 0, 0],
+            [0, 3, 0, 0, 0],
+            [0, 0, 1, 0, 0],
+            [0, 0, 0, 1, 0],
+            [1, 0, 0, 0, 0],
+        ]
+    )
+    p = moonplan.Plan.from_alloc(c, alloc)
+    x = torch.tensor([[0, 0, 0, 0]] * 7 + [[0, 1, 1, 2], [2, 3, 4, 5]])
+    want = route_reference(p, 3, x, affinity=True)
+    plain = moonplan.route(p, 3, x, affinity=False)
+    aff = moonplan.route(p, 3, x, affinity=True)
+    assert aff.sent_rows == plain.sent_rows == len(want["unique_token"])
+    assert aff.dest_rank.reshape(-1).tolist() == plain.dest_rank.reshape(-1).tolist()
