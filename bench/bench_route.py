@@ -9,7 +9,7 @@ rank moves, relative to per-record dispatch (1.0). ``affinity`` and ``plain``
 (``affinity=False``) route the same ids under the same plan; ``split`` is the
 number of (expert, rank) cells beyond one per expert in the plan (how much
 splitting affinity can work with). ``route ms`` is the median time of one call on
-rank 0 (CPU, this machine), both versions interleaved in the same run; ``ratio``
+rank 0 (CPU, one thread), the two versions called alternately in the same run; ``ratio``
 is affinity / plain.
 
 Scenarios (homes are contiguous: rank ``r`` owns experts ``[r*E/R, (r+1)*E/R)``):
@@ -66,14 +66,16 @@ def draw_ids(scenario: str, R: int, E: int, S: int, K: int, seed: int) -> list[t
     return [sample_topk(pop_E, S, K, gen) for _ in range(R)]
 
 
-def median_ms(fn: Any, reps: int) -> float:
-    """Median wall time of ``fn()`` in milliseconds."""
-    times = []
+def paired_ms(fns: list[Any], reps: int) -> list[float]:
+    """Median wall time in ms of each of ``fns``, called alternately ``reps`` times each
+    (load drift on a shared machine hits every version alike)."""
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+        for fn, out in zip(fns, times, strict=True):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return [1e3 * statistics.median(t) for t in times]
 
 
 def one(scenario: str, R: int, E: int, S: int, K: int, reps: int) -> dict[str, Any]:
@@ -85,11 +87,13 @@ def one(scenario: str, R: int, E: int, S: int, K: int, reps: int) -> dict[str, A
         name: sum(moonplan.route(plan, s, x, affinity=aff).sent_rows for s, x in enumerate(ids))
         for name, aff in (("affinity", True), ("plain", False))
     }
-    t_aff, t_plain = [], []
-    for _ in range(3):  # interleaved rounds
-        t_aff.append(median_ms(lambda: moonplan.route(plan, 0, ids[0], affinity=True), reps))
-        t_plain.append(median_ms(lambda: moonplan.route(plan, 0, ids[0], affinity=False), reps))
-    ms_aff, ms_plain = statistics.median(t_aff), statistics.median(t_plain)
+    ms_aff, ms_plain = paired_ms(
+        [
+            lambda: moonplan.route(plan, 0, ids[0], affinity=True),
+            lambda: moonplan.route(plan, 0, ids[0], affinity=False),
+        ],
+        reps,
+    )
     return {
         "scenario": scenario,
         "R": R,
@@ -109,7 +113,7 @@ def one(scenario: str, R: int, E: int, S: int, K: int, reps: int) -> dict[str, A
 def main() -> None:
     ap = bench_parser(__doc__)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=41)
     ap.add_argument("--out", default="bench/results/route.json")
     args = ap.parse_args()
     torch.set_num_threads(1)

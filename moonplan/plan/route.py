@@ -135,7 +135,7 @@ def route(
     send_counts = torch.zeros(R, dtype=torch.int64, device=plan.device)
     send_counts.index_add_(0, dest_C, take_C)
     token_U, udest_U, uoff_U, unique_N, rows_R = unique_rows(
-        dest_rank, S, K, R, token_block_start(plan)[rank]
+        dest_rank, S, K, R, token_block_start(plan, rank)
     )
     return Route(
         dest_rank=dest_rank.view(S, K),

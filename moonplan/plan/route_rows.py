@@ -43,10 +43,16 @@ def pair_records(plan: Plan) -> torch.Tensor:
     return (hi - lo).clamp(min=0).sum(0)
 
 
-def token_block_start(plan: Plan) -> torch.Tensor:
-    """``[R, R]`` int64: first row of source ``s``'s block in ``d``'s token buffer."""
-    n_SD = pair_records(plan)
-    return torch.cumsum(n_SD, 0) - n_SD
+def token_block_start(plan: Plan, rank: int) -> torch.Tensor:
+    """``[R]`` int64: first row of source ``rank``'s block in each destination's token
+    buffer, ``sum_{s < rank} records(s, d)`` (a column of :func:`pair_records`'s
+    exclusive cumsum, in ``O(E*R)``: the lower sources fill the prefix
+    ``[0, lo_e)`` of expert ``e``'s line, so their records at ``d`` are that
+    prefix's overlap with ``d``'s segment)."""
+    lo_E = plan.counts[:rank].sum(0)
+    a_ER = torch.cumsum(plan.alloc, 1) - plan.alloc
+    b_ER = a_ER + plan.alloc
+    return (torch.minimum(lo_E[:, None], b_ER) - a_ER).clamp(min=0).sum(0)
 
 
 def count_rows(dest_N: torch.Tensor, S: int, K: int, num_ranks: int) -> int:
@@ -81,7 +87,9 @@ def unique_rows(
     mask_X[flat_N] = True
     index_X = torch.cumsum(mask_X, 0) - 1
     unique_N = index_X[flat_N]
-    pos_U = mask_X.nonzero().reshape(-1)
+    U = int(index_X[-1]) + 1 if index_X.numel() else 0
+    # Each row's (dest, token) position: every record of the row writes the same value.
+    pos_U = torch.zeros(U, dtype=torch.int64, device=dev).scatter_(0, unique_N, flat_N)
     dest_U, token_U = pos_U // max(S, 1), pos_U % max(S, 1)
     rows_R = mask_X.view(num_ranks, S).sum(1)
     first_R = torch.cumsum(rows_R, 0) - rows_R

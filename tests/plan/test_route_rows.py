@@ -78,7 +78,10 @@ def test_token_buffer_contract(case: tuple, affinity: bool) -> None:
     per-record ints rebuilds exactly what per-record dispatch writes."""
     p, ids = case
     R = p.num_ranks
-    n_SD, start_SD = pair_records(p), token_block_start(p)
+    n_SD = pair_records(p)
+    start_SD = torch.cumsum(n_SD, 0) - n_SD
+    for s in range(R):
+        assert token_block_start(p, s).tolist() == start_SD[s].tolist()
     tok = [torch.full((int(n),), -1, dtype=torch.int64) for n in p.target.tolist()]
     grouped = [torch.full((int(n),), -1, dtype=torch.int64) for n in p.recv_size().tolist()]
     at = [torch.full((int(n),), -1, dtype=torch.int64) for n in p.recv_size().tolist()]
