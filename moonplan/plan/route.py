@@ -44,7 +44,8 @@ class Route:
         unique_offset: ``[U]`` row in the destination's token buffer (``route_rows``).
         record_unique: ``[S, K]`` index in ``[0, U)`` of the row carrying each record.
         unique_counts: ``[R]`` rows this rank sends to each rank.
-        affinity: whether split experts were assigned with the affinity rule.
+        affinity: the ``affinity`` argument of :func:`route` (with ``True`` the rows
+            are the affinity rule's, or plain order's where that sends fewer rows).
     """
 
     dest_rank: torch.Tensor
