@@ -1,14 +1,17 @@
-"""Per-record routing: where each of a rank's ``(token, k)`` records is executed.
+"""Routing: where each of a rank's ``(token, k)`` records is executed, and the
+unique ``(token, destination rank)`` rows that carry them.
 
 Legend:
     R ranks, E experts, S tokens on this rank, K top-k, N_s = S*K records of this rank
-    W rows per rank (see ``plan_type``)
+    W rows per rank (see ``plan_type``), U unique (token, destination) rows of this rank
 
 Order (`docs/design.md` §3): within expert ``e``, records are ordered by source rank,
 then by local order (token-major, then k); destination ranks take consecutive
 segments of that order in ascending rank order, of sizes ``alloc[e, :]``. Every
 rank computes its own records' destinations from the plan alone, with no
-further communication.
+further communication. With ``affinity=True`` a source reorders only its own
+records of a split expert inside its segment (``route_affinity``) so that a token
+reaches fewer ranks; the token-buffer layout is in ``route_rows``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import torch
 
 from moonplan.errors import PlanError
 from moonplan.plan.plan_type import Plan
+from moonplan.plan.route_affinity import affinity_cells
+from moonplan.plan.route_rows import count_rows, token_block_start, unique_rows
 
 _OFFSET_BITS = 40  # receive offsets stay far below 2**40 rows
 
@@ -33,12 +38,36 @@ class Route:
             ``align``-padded receive buffer that the record is written to.
         send_counts: ``[R]`` records this rank sends to each rank.
         rank: the source rank.
+        unique_token: ``[U]`` token of each unique (token, destination) row, rows
+            sorted by (destination, token).
+        unique_dest: ``[U]`` destination rank of each row.
+        unique_offset: ``[U]`` row in the destination's token buffer (``route_rows``).
+        record_unique: ``[S, K]`` index in ``[0, U)`` of the row carrying each record.
+        unique_counts: ``[R]`` rows this rank sends to each rank.
+        affinity: the ``affinity`` argument of :func:`route` (with ``True`` the rows
+            are the affinity rule's, or plain order's where that sends fewer rows).
     """
 
     dest_rank: torch.Tensor
     dest_offset: torch.Tensor
     send_counts: torch.Tensor
     rank: int
+    unique_token: torch.Tensor
+    unique_dest: torch.Tensor
+    unique_offset: torch.Tensor
+    record_unique: torch.Tensor
+    unique_counts: torch.Tensor
+    affinity: bool = True
+
+    @property
+    def sent_rows(self) -> int:
+        """(token, destination rank) rows this rank sends, its own rank included."""
+        return int(self.unique_token.numel())
+
+    def token_row(self) -> torch.Tensor:
+        """``[S, K]`` int64: each record's row in its destination's token buffer, the
+        int a transport writes at the record's ``dest_offset`` on that rank."""
+        return self.unique_offset[self.record_unique]
 
     def send_order(self) -> torch.Tensor:
         """``[S*K]`` flat record ids sorted by ``(dest_rank, dest_offset)``: the order in
@@ -47,7 +76,9 @@ class Route:
         return torch.sort(key_N).indices
 
 
-def route(plan: Plan, rank: int, topk_ids: torch.Tensor, *, check: bool = True) -> Route:
+def route(
+    plan: Plan, rank: int, topk_ids: torch.Tensor, *, check: bool = True, affinity: bool = True
+) -> Route:
     """Destination rank and receive-buffer offset of each record of ``rank``.
 
     Args:
@@ -58,6 +89,12 @@ def route(plan: Plan, rank: int, topk_ids: torch.Tensor, *, check: bool = True) 
             must equal ``plan.counts[rank]``.
         check: validate ``topk_ids`` against the plan (reads values on the host; turn
             off for CUDA-graph capture once the inputs are known to be consistent).
+        affinity: assign this rank's records of a split expert so that tokens reach
+            few ranks (``route_affinity``); ``False``: plain local order. Counts per
+            (destination, expert) and the set of offsets are the same either way.
+
+    The unique rows have a data-dependent count ``U``: building them reads one
+    size on the host.
 
     Raises:
         PlanError: bad rank, shape, ids out of range, or counts that differ from the plan.
@@ -73,27 +110,66 @@ def route(plan: Plan, rank: int, topk_ids: torch.Tensor, *, check: bool = True) 
     # Narrow keys sort several times faster (fewer radix passes), in the same order.
     key_dtype = torch.int16 if plan.num_experts <= torch.iinfo(torch.int16).max else torch.int32
     order_N = torch.sort(ids_N.to(key_dtype), stable=True).indices
-    take_C, base_C, dest_C = _row_cells(plan, rank)
+    take_C, base_C, dest_C, e_C = _row_cells(plan, rank)
+    S, K = topk_ids.shape
     # Sorted records fill the live rows in (expert, rank) order.
     cell_N = torch.repeat_interleave(
         torch.arange(take_C.numel(), device=plan.device), take_C, output_size=N
     )
-    dest_N = dest_C[cell_N]
-    off_N = base_C[cell_N] + torch.arange(N, device=plan.device)
-    dest_rank = torch.empty_like(ids_N).scatter_(0, order_N, dest_N)
-    dest_offset = torch.empty_like(ids_N).scatter_(0, order_N, off_N)
+    dest_rank, dest_offset = _place(order_N, cell_N, base_C, dest_C, ids_N)
+    if affinity and N:
+        moved = affinity_cells(
+            cell_N, ids_N[order_N], order_N // K, take_C, e_C, dest_C, plan.num_experts, R, S
+        )
+        if moved is not None:
+            # Regroup the split experts' records by cell, local order kept inside a
+            # cell (stable); the other records already sit in their cells' runs.
+            idx_P, cell_P = moved
+            regroup_P = torch.sort(cell_P, stable=True).indices
+            order_N, cell_N = order_N.clone(), cell_N.clone()
+            order_N[idx_P] = order_N[idx_P[regroup_P]]
+            cell_N[idx_P] = cell_P[regroup_P]
+            aff_rank, aff_offset = _place(order_N, cell_N, base_C, dest_C, ids_N)
+            # The greedy rule can lose to plain order; never send more rows than it.
+            if count_rows(aff_rank, S, K, R) <= count_rows(dest_rank, S, K, R):
+                dest_rank, dest_offset = aff_rank, aff_offset
     send_counts = torch.zeros(R, dtype=torch.int64, device=plan.device)
     send_counts.index_add_(0, dest_C, take_C)
-    S, K = topk_ids.shape
+    token_U, udest_U, uoff_U, unique_N, rows_R = unique_rows(
+        dest_rank, S, K, R, token_block_start(plan, rank)
+    )
     return Route(
         dest_rank=dest_rank.view(S, K),
         dest_offset=dest_offset.view(S, K),
         send_counts=send_counts,
         rank=rank,
+        unique_token=token_U,
+        unique_dest=udest_U,
+        unique_offset=uoff_U,
+        record_unique=unique_N.view(S, K),
+        unique_counts=rows_R,
+        affinity=affinity,
     )
 
 
-def _row_cells(plan: Plan, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _place(
+    order_N: torch.Tensor,
+    cell_N: torch.Tensor,
+    base_C: torch.Tensor,
+    dest_C: torch.Tensor,
+    ids_N: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N]`` destination rank and offset of each record (token-major) when the
+    expert-sorted records ``order_N`` take the cells ``cell_N`` (runs in cell order)."""
+    off_N = base_C[cell_N] + torch.arange(order_N.numel(), device=order_N.device)
+    dest_rank = torch.empty_like(ids_N).scatter_(0, order_N, dest_C[cell_N])
+    dest_offset = torch.empty_like(ids_N).scatter_(0, order_N, off_N)
+    return dest_rank, dest_offset
+
+
+def _row_cells(
+    plan: Plan, rank: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """What ``rank`` sends to every row of every rank, rows sorted by (expert, rank).
 
     Lay all records on one line: experts in id order, inside an expert by source
@@ -102,10 +178,11 @@ def _row_cells(plan: Plan, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch
     owns the positions ``[lo, hi)`` of that stretch. A row takes the overlap.
 
     Returns:
-        ``(take_C, base_C, dest_C)`` over the ``C = R*W`` rows sorted by (expert,
+        ``(take_C, base_C, dest_C, e_C)`` over the ``C = R*W`` rows sorted by (expert,
         rank): records of ``rank`` the row takes; an offset base such that the
         ``i``-th record of this rank's expert-sorted order, if it falls in the row,
-        lands at ``base + i`` of the destination's receive buffer; the row's rank.
+        lands at ``base + i`` of the destination's receive buffer; the row's rank;
+        its expert (0 for empty rows, which take nothing).
     """
     R, W = plan.num_ranks, plan.num_rows
     dev = plan.device
@@ -126,7 +203,7 @@ def _row_cells(plan: Plan, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch
     run_C = torch.cumsum(take_C, 0) - take_C  # where the row's records start in sorted order
     row_base_C = plan.row_offset[:, :-1].reshape(-1)[order_C]
     base_C = row_base_C + (first_C - start_C) - run_C
-    return take_C, base_C, r_RW.reshape(-1)[order_C]
+    return take_C, base_C, r_RW.reshape(-1)[order_C], e_C
 
 
 def _check_ids(plan: Plan, rank: int, topk_ids: torch.Tensor) -> None:
