@@ -16,6 +16,7 @@ reaches fewer ranks; the token-buffer layout is in ``route_rows``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -38,26 +39,55 @@ class Route:
             ``align``-padded receive buffer that the record is written to.
         send_counts: ``[R]`` records this rank sends to each rank.
         rank: the source rank.
-        unique_token: ``[U]`` token of each unique (token, destination) row, rows
-            sorted by (destination, token).
-        unique_dest: ``[U]`` destination rank of each row.
-        unique_offset: ``[U]`` row in the destination's token buffer (``route_rows``).
-        record_unique: ``[S, K]`` index in ``[0, U)`` of the row carrying each record.
-        unique_counts: ``[R]`` rows this rank sends to each rank.
         affinity: the ``affinity`` argument of :func:`route` (with ``True`` the rows
             are the affinity rule's, or plain order's where that sends fewer rows).
+        block_start: ``[R]`` first row of this source's block in each destination's
+            token buffer (``route_rows.token_block_start``).
+
+    The unique ``(token, destination)`` rows (``unique_token``, ``unique_dest``,
+    ``unique_offset``, ``record_unique``, ``unique_counts``, ``sent_rows``) are built on
+    first use and kept: their count ``U`` is data-dependent, so building them reads one
+    size on the host, which a caller that only needs per-record destinations (today's
+    transports, CUDA-graph capture) never pays.
     """
 
     dest_rank: torch.Tensor
     dest_offset: torch.Tensor
     send_counts: torch.Tensor
     rank: int
-    unique_token: torch.Tensor
-    unique_dest: torch.Tensor
-    unique_offset: torch.Tensor
-    record_unique: torch.Tensor
-    unique_counts: torch.Tensor
-    affinity: bool = True
+    affinity: bool
+    block_start: torch.Tensor
+
+    @functools.cached_property
+    def _rows(self) -> tuple[torch.Tensor, ...]:
+        S, K = self.dest_rank.shape
+        R = self.send_counts.numel()
+        return unique_rows(self.dest_rank.reshape(-1), S, K, R, self.block_start)
+
+    @property
+    def unique_token(self) -> torch.Tensor:
+        """``[U]`` token of each unique (token, destination) row, sorted by (destination, token)."""
+        return self._rows[0]
+
+    @property
+    def unique_dest(self) -> torch.Tensor:
+        """``[U]`` destination rank of each row."""
+        return self._rows[1]
+
+    @property
+    def unique_offset(self) -> torch.Tensor:
+        """``[U]`` row in the destination's token buffer (``route_rows``)."""
+        return self._rows[2]
+
+    @property
+    def record_unique(self) -> torch.Tensor:
+        """``[S, K]`` index in ``[0, U)`` of the row carrying each record."""
+        return self._rows[3].view(self.dest_rank.shape)
+
+    @property
+    def unique_counts(self) -> torch.Tensor:
+        """``[R]`` rows this rank sends to each rank."""
+        return self._rows[4]
 
     @property
     def sent_rows(self) -> int:
@@ -93,8 +123,7 @@ def route(
             few ranks (``route_affinity``); ``False``: plain local order. Counts per
             (destination, expert) and the set of offsets are the same either way.
 
-    The unique rows have a data-dependent count ``U``: building them reads one
-    size on the host.
+    The unique rows (``Route.unique_token`` ...) are built on first use (one host read).
 
     Raises:
         PlanError: bad rank, shape, ids out of range, or counts that differ from the plan.
@@ -135,19 +164,12 @@ def route(
                 dest_rank, dest_offset = aff_rank, aff_offset
     send_counts = torch.zeros(R, dtype=torch.int64, device=plan.device)
     send_counts.index_add_(0, dest_C, take_C)
-    token_U, udest_U, uoff_U, unique_N, rows_R = unique_rows(
-        dest_rank, S, K, R, token_block_start(plan, rank)
-    )
     return Route(
         dest_rank=dest_rank.view(S, K),
         dest_offset=dest_offset.view(S, K),
         send_counts=send_counts,
         rank=rank,
-        unique_token=token_U,
-        unique_dest=udest_U,
-        unique_offset=uoff_U,
-        record_unique=unique_N.view(S, K),
-        unique_counts=rows_R,
+        block_start=token_block_start(plan, rank),
         affinity=affinity,
     )
 

@@ -263,7 +263,9 @@ class LayerRuntime:
             plan = self._plan(counts_RE, None)
             need = int(plan.recv_size().max())
         ids = ids_SK if ids_SK is not None else torch.zeros(0, self.K, dtype=torch.int64)
-        route = moonplan.route(plan, self.group.rank, ids, check=False)
+        # Per-record transports: affinity (a token's records on few ranks) pays only once
+        # dispatch sends token rows (docs/design.md §3), so it is not computed here yet.
+        route = moonplan.route(plan, self.group.rank, ids, check=False, affinity=False)
         if not self.published:
             self.store.publish_home(params)
             self.published, self.published_version = True, version
