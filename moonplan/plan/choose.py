@@ -38,6 +38,7 @@ import math
 from fractions import Fraction
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from moonplan.errors import PlanError
@@ -281,35 +282,28 @@ def fetch_floor(
     cost model without them.
     """
     names = ("copy_s_intra", "copy_s_inter", "base_latency_s", "domain_size")
-    R, E = counts_RE.shape
+    R = counts_RE.shape[0]
     if R <= 1 or not all(hasattr(cost, n) for n in names):
         return 0.0
-    home_E = home_map(E, R)
-    load_R = torch.zeros(R, dtype=torch.int64).index_add_(
-        0, home_E, counts_RE.to("cpu", torch.int64).sum(0)
-    )
-    N = int(load_R.sum())
-    t_R = torch.tensor(targets_list(N, R) if target is None else target, dtype=torch.int64)
+    _, home_E, T_E, load_R, t_R = _host(counts_RE, target)
     X_R = load_R - t_R
-    m = int((-X_R).clamp(min=0).max())
-    if m <= 0:
-        return 0.0
-    T_E = counts_RE.to("cpu", torch.int64).sum(0)
-    own_max_R = torch.zeros(R, dtype=torch.int64).scatter_reduce_(0, home_E, T_E, "amax")
-    other_max_R = torch.tensor(
-        [int(torch.cat([own_max_R[:r], own_max_R[r + 1 :]]).max()) for r in range(R)]
-    )
-    per_pair_R = own_max_R.clamp(min=1)
-    give_R = (X_R.clamp(min=0) + per_pair_R - 1) // per_pair_R
-    take_R = ((-X_R).clamp(min=0) + other_max_R.clamp(min=1) - 1) // other_max_R.clamp(min=1)
+    if int((-X_R).max()) <= 0:
+        return 0.0  # no rank below its target: nothing moves
+    own_max_R = np.zeros(R, dtype=np.int64)
+    np.maximum.at(own_max_R, home_E, T_E)
+    top2 = np.sort(own_max_R)[-2:] if R > 1 else np.zeros(2, dtype=np.int64)
+    other_max_R = np.where(own_max_R == top2[-1], top2[0], top2[-1]).clip(min=1)
+    per_pair_R = own_max_R.clip(min=1)
+    give_R = (X_R.clip(min=0) + per_pair_R - 1) // per_pair_R
+    take_R = ((-X_R).clip(min=0) + other_max_R - 1) // other_max_R
     if prev_RB is not None:
-        slot_RB = prev_RB.to("cpu", torch.int64)
-        r_N, j_N = (slot_RB >= 0).nonzero(as_tuple=True)
+        slot_RB = host_int64(prev_RB)
+        r_N, j_N = (slot_RB >= 0).nonzero()
         d_N = home_E[slot_RB[r_N, j_N]]
         away = d_N != r_N  # resident pairs (expert of d_N, rank r_N)
-        give_R -= torch.bincount(d_N[away], minlength=R)
-        take_R -= torch.bincount(r_N[away], minlength=R)
-    need_R = torch.maximum(give_R, take_R)
+        give_R = give_R - np.bincount(d_N[away], minlength=R)
+        take_R = take_R - np.bincount(r_N[away], minlength=R)
+    need_R = np.maximum(give_R, take_R)
     n = int(need_R.max())
     if n <= 0:
         return 0.0
@@ -318,16 +312,31 @@ def fetch_floor(
     return _rate(cost, "base_latency_s") + n * per
 
 
-def _keeps_home(
-    load_R: torch.Tensor, t_R: torch.Tensor, prev_F3: torch.Tensor | None
-) -> torch.Tensor:
+def _keeps_home(load_R: np.ndarray, t_R: np.ndarray, prev_F3: torch.Tensor | None) -> np.ndarray:
     """bool ``[R]``: ranks that never give (static load at most the target, no donor of
     a previous flow, which the construction may replay: ``moonplan/plan/reference.py``)."""
     keeps_R = load_R <= t_R
     if prev_F3 is not None:
-        d_F = prev_F3.to("cpu", torch.int64)[:, 0]
+        d_F = host_int64(prev_F3)[:, 0]
         keeps_R[d_F[d_F >= 0]] = False
     return keeps_R
+
+
+def host_int64(a: torch.Tensor) -> np.ndarray:
+    """``a`` on the host as an int64 numpy array (the floors are a few small vectors)."""
+    return a.detach().cpu().numpy().astype(np.int64)
+
+
+def _host(counts_RE: torch.Tensor, target: list[int] | None) -> tuple[np.ndarray, ...]:
+    """Host int64 ``counts_RE``, ``home_E``, ``T_E``, static ``load_R`` and targets ``t_R``."""
+    c = host_int64(counts_RE)
+    R, E = c.shape
+    home_E = host_int64(home_map(E, R))
+    T_E = c.sum(0)
+    load_R = np.bincount(home_E, weights=T_E, minlength=R).astype(np.int64)
+    N = int(T_E.sum())
+    t_R = np.asarray(targets_list(N, R) if target is None else target, dtype=np.int64)
+    return c, home_E, T_E, load_R, t_R
 
 
 def experts_floor(
@@ -354,26 +363,22 @@ def experts_floor(
     names = ("row_flop_s", "weight_read_s", "row_mem_s", "tile_rows")
     if not all(hasattr(cost, n) for n in names):
         return 0.0
-    R, E = counts_RE.shape
-    T_E = counts_RE.to("cpu", torch.int64).sum(0)
+    R = counts_RE.shape[0]
+    _, home_E, T_E, load_R, t_R = _host(counts_RE, target)
     N = int(T_E.sum())
     tile = int(_rate(cost, "tile_rows"))
     flop_s, read_s = _rate(cost, "row_flop_s"), _rate(cost, "weight_read_s")
     mem_s = _rate(cost, "row_mem_s")
     pad_E = (T_E + tile - 1) // tile * tile
     mean = max(flop_s * int(pad_E.sum()) / R, (read_s * int((T_E > 0).sum()) + mem_s * N) / R)
-    home_E = home_map(E, R)
-    zero = torch.zeros(R, dtype=torch.int64)
-    load_R = zero.index_add(0, home_E, T_E)
-    t_R = torch.tensor(targets_list(N, R) if target is None else target, dtype=torch.int64)
     keeps = _keeps_home(load_R, t_R, prev_F3)
     if not bool(keeps.any()):
         return mean
     extra_R = t_R - load_R
-    flop_R = flop_s * (zero.index_add(0, home_E, pad_E) + extra_R).double()
-    groups_R = zero.index_add(0, home_E, (T_E > 0).long()) + (extra_R > 0).long()
-    mem_R = read_s * groups_R.double() + mem_s * t_R.double()
-    return max(mean, float(torch.maximum(flop_R, mem_R)[keeps].max()))
+    flop_R = flop_s * (np.bincount(home_E, weights=pad_E, minlength=R) + extra_R)
+    groups_R = np.bincount(home_E, weights=T_E > 0, minlength=R) + (extra_R > 0)
+    mem_R = read_s * groups_R + mem_s * t_R
+    return max(mean, float(np.maximum(flop_R, mem_R)[keeps].max()))
 
 
 def link_floor(
@@ -400,7 +405,7 @@ def link_floor(
     over both link classes, ``b`` the inter rate). Read from a ``StepCost``'s rate
     fields; a cost model without them gets ``(0, 0)`` (the traffic-free bound alone).
     """
-    R, E = counts_RE.shape
+    R = counts_RE.shape[0]
     names = (
         "dispatch_row_s_intra",
         "dispatch_row_s_inter",
@@ -409,18 +414,14 @@ def link_floor(
     )
     if R <= 1 or not all(hasattr(cost, n) for n in names) or not hasattr(cost, "domain_size"):
         return 0.0, 0.0
-    c = counts_RE.to("cpu", torch.int64)
-    home_E = home_map(E, R)
-    group_RR = torch.zeros(R, R, dtype=torch.int64).index_add_(1, home_E, c)
-    own_R = group_RR.diagonal().clone()
-    group_RR.fill_diagonal_(0)
-    load_R = torch.zeros(R, dtype=torch.int64).index_add_(0, home_E, c.sum(0))
-    N = int(load_R.sum())
-    t_R = torch.tensor(targets_list(N, R) if target is None else target, dtype=torch.int64)
-    group_R = group_RR.max(1).values
+    c, home_E, _, load_R, t_R = _host(counts_RE, target)
+    group_RR = c @ (home_E[:, None] == np.arange(R)[None, :]).astype(np.int64)  # [s, d]
+    own_R = group_RR.diagonal().copy()
+    np.fill_diagonal(group_RR, 0)
+    group_R = group_RR.max(1)
     keeps_R = _keeps_home(load_R, t_R, prev_F3)
-    keep_R = own_R + torch.where(keeps_R, torch.minimum(group_R, t_R - load_R), group_R)
-    n = float((torch.maximum(c.sum(1), t_R) - keep_R).max())
+    keep_R = own_R + np.where(keeps_R, np.minimum(group_R, t_R - load_R), group_R)
+    n = float((np.maximum(c.sum(1), t_R) - keep_R).max())
     one_domain = int(_domain_size(cost, R)) >= R
     out = []
     for intra_n, inter_n in (names[:2], names[2:]):
