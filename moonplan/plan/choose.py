@@ -60,7 +60,7 @@ EPS = ("0.25", "0.1", "0.05")
 """The ``eps`` of the ``bounded-<eps>`` candidates of ``auto`` (exact decimals)."""
 
 CANDIDATES = ("static", "resident", *(bounded_name(e) for e in EPS), "exact")
-"""Candidate names of ``policy="auto"`` in evaluation and tie-break order."""
+"""Candidate names of ``policy="auto"`` (the order they are built in: :func:`balancing_order`)."""
 
 
 class CostModel(Protocol):
