@@ -94,7 +94,8 @@ def plan(
     prev_F3 = None if previous is None else previous.flow.to(counts_RE.device)
     if policy != "exact":
         builder = "reference" if name == "reference" else "torch"
-        inp = Inputs(counts_RE, B, align, prev_RB, prev_F3, builder)
+        prev_policy = None if previous is None else previous.policy
+        inp = Inputs(counts_RE, B, align, prev_RB, prev_F3, builder, prev_policy)
         if policy == "auto" and cost is not None:
             return choose(inp, cost)
         return build(policy, inp)

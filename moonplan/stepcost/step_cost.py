@@ -70,6 +70,10 @@ _RATE_FIELDS = (
 """The float fields of :class:`StepCost`, in :meth:`StepCost.as_tensor` order."""
 
 
+DEFAULT_HORIZON = 8.0
+"""Default :attr:`StepCost.horizon`: steps a fetched replica is expected to stay resident."""
+
+
 @dataclass(frozen=True)
 class StepTime:
     """Seconds per phase of one MoE layer step, and their critical-path total.
@@ -114,6 +118,11 @@ class StepCost:
         tile_rows: an expert's rows are padded to a multiple of this (GEMM tile).
         domain: ranks per fast-link domain (consecutive ranks); 0: all ranks share one.
         overlap: the overlapped schedule (fetch during dispatch and the home section).
+        horizon: steps a fetched replica is expected to stay resident in its slot (``>= 1``).
+            It only steers ``policy="auto"``'s choice (the exposed fetch of a candidate is
+            charged ``1 / horizon`` per step, ``moonplan.plan.choose.score``); every
+            prediction of this class is the full time of one step. Default
+            :data:`DEFAULT_HORIZON` (``docs/planner-policy.md`` says why).
     """
 
     row_flop_s: float
@@ -131,6 +140,7 @@ class StepCost:
     tile_rows: int = 1
     domain: int = 0
     overlap: bool = True
+    horizon: float = DEFAULT_HORIZON
 
     def __post_init__(self) -> None:
         for name in _RATE_FIELDS:
@@ -143,6 +153,13 @@ class StepCost:
             raise ValueError(f"StepCost.tile_rows must be an integer >= 1, got {self.tile_rows!r}")
         if isinstance(self.domain, bool) or not isinstance(self.domain, int) or self.domain < 0:
             raise ValueError(f"StepCost.domain must be an integer >= 0, got {self.domain!r}")
+        h = self.horizon
+        if (
+            isinstance(h, bool)
+            or not isinstance(h, (int, float))
+            or not (math.isfinite(h) and h >= 1)
+        ):
+            raise ValueError(f"StepCost.horizon must be a finite number >= 1, got {h!r}")
 
     # ---- construction ------------------------------------------------------------
     @classmethod
@@ -156,6 +173,7 @@ class StepCost:
         dispatch_bytes: float = 2.0,
         plan_us: float = 51.0,
         overlap: bool = True,
+        horizon: float | None = None,
     ) -> StepCost:
         """The roofline rates of ``model``'s MoE layer on a hardware preset.
 
@@ -167,6 +185,7 @@ class StepCost:
             plan_us: planner time per planned candidate, microseconds (51: MoonEP's
                 published GPU planning time at EP8).
             overlap: the overlapped schedule (module docstring).
+            horizon: steps a fetched replica stays resident (``None``: :data:`DEFAULT_HORIZON`).
         """
         if isinstance(hw, str):
             hw = get_hardware(hw)
@@ -190,6 +209,7 @@ class StepCost:
             tile_rows=hw.gemm_tile_rows,
             domain=max(0, hw.nvlink_domain),
             overlap=overlap,
+            horizon=DEFAULT_HORIZON if horizon is None else horizon,
         )
 
     def scaled(self, **fields: Any) -> StepCost:
@@ -202,14 +222,22 @@ class StepCost:
 
     @classmethod
     def from_tensor(
-        cls, rates: torch.Tensor, *, tile_rows: int = 1, domain: int = 0, overlap: bool = True
+        cls,
+        rates: torch.Tensor,
+        *,
+        tile_rows: int = 1,
+        domain: int = 0,
+        overlap: bool = True,
+        horizon: float | None = None,
     ) -> StepCost:
-        """The inverse of :meth:`as_tensor` (``rates`` float ``[12]``)."""
+        """The inverse of :meth:`as_tensor` (``rates`` float ``[12]``); the non-rate fields
+        are passed (``horizon=None``: :data:`DEFAULT_HORIZON`)."""
         values = [float(v) for v in rates.reshape(-1).tolist()]
         if len(values) != len(_RATE_FIELDS):
             raise ValueError(f"expected {len(_RATE_FIELDS)} rates, got {len(values)}")
         kw: dict[str, Any] = dict(zip(_RATE_FIELDS, values, strict=True))
-        return cls(**kw, tile_rows=tile_rows, domain=domain, overlap=overlap)
+        h = DEFAULT_HORIZON if horizon is None else horizon
+        return cls(**kw, tile_rows=tile_rows, domain=domain, overlap=overlap, horizon=h)
 
     # ---- prediction ----------------------------------------------------------------
     def domain_size(self, num_ranks: int) -> int:

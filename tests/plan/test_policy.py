@@ -14,7 +14,15 @@ from hypothesis import strategies as st
 import moonplan
 from moonplan import PlanError, check_plan
 from moonplan.plan.candidates import bounded_cap, parse_bounded
-from moonplan.plan.choose import CANDIDATES, Inputs, build, lower_bound
+from moonplan.plan.choose import (
+    CANDIDATES,
+    Inputs,
+    balancing_order,
+    build,
+    horizon_of,
+    lower_bound,
+    score,
+)
 from moonplan.plan.home import home_map
 from moonplan.plan.plan_type import PLAN_TENSORS, Plan
 from moonplan.stepcost import StepCost
@@ -47,6 +55,7 @@ def costs(draw: st.DrawFn) -> StepCost:
         plan_s=draw(st.sampled_from([0.0, 5.1e-5, 1e-2])),
         tile_rows=draw(st.sampled_from([1, 16])),
         overlap=draw(st.booleans()),
+        horizon=draw(st.sampled_from([1.0, 8.0, 1e6])),
     )
 
 
@@ -148,7 +157,8 @@ def test_auto_needs_a_cost_and_the_cuda_backend_is_exact_only() -> None:
 
 
 def _charged(c: torch.Tensor, slots: int | None, prev: Plan | None, cost: StepCost) -> dict:
-    """Every candidate's time without screening: balancing candidate k is charged k runs."""
+    """Every candidate's score without screening, in auto's order: balancing candidate k
+    is charged k runs."""
     R, E = c.shape
     inp = Inputs(
         c,
@@ -158,16 +168,15 @@ def _charged(c: torch.Tensor, slots: int | None, prev: Plan | None, cost: StepCo
         None if prev is None else prev.flow,
         "torch",
     )
-    planned = [build("static", inp).alloc]
-    out, runs = {}, 0
-    for name in _names(prev):
-        p = build(name, inp)
-        if name not in ("static", "resident"):
-            if any(torch.equal(p.alloc, a) for a in planned):
-                continue  # auto skips it: the static plan, or an earlier candidate's
-            planned.append(p.alloc)
-            runs += 1
-        out[name] = cost.plan_time(p, planned=runs).total_s
+    static = build("static", inp)
+    load = static.alloc.sum(0).tolist()
+    h = horizon_of(cost)
+    out = {"static": score(cost.plan_time(static, planned=0), h)}
+    if prev is not None:
+        out["resident"] = score(cost.plan_time(build("resident", inp), planned=0), h)
+    order = balancing_order(load, None if prev is None else prev.policy)
+    for runs, (name, _, _) in enumerate(order, start=1):
+        out[name] = score(cost.plan_time(build(name, inp), planned=runs), h)
     return out
 
 
@@ -177,14 +186,20 @@ def test_auto_is_never_predicted_slower_than_any_candidate(data: st.DataObject) 
     R, E = first.shape
     slots = data.draw(st.none() | st.integers(0, -(-E // R)))
     cost = data.draw(costs())
-    prev = moonplan.plan(first, slots=slots) if data.draw(st.booleans()) else None
+    prev = None
+    if data.draw(st.booleans()):  # a previous plan of any policy (auto builds it first)
+        policy = data.draw(st.sampled_from(["exact", "auto", "bounded-0.1", "static"]))
+        prev = moonplan.plan(first, slots=slots, policy=policy, cost=cost)
     c = data.draw(counts(min_ranks=R, max_ranks=R, min_experts=E, max_experts=E))
     p = moonplan.plan(c, slots=slots, previous=prev, policy="auto", cost=cost)
     chosen = p.predicted[p.policy]
     assert chosen == min(p.predicted.values())
-    assert chosen == cost.plan_time(p, planned=chosen_runs(p)).total_s
+    assert chosen == score(cost.plan_time(p, planned=chosen_runs(p)), cost.horizon)
+    # every candidate, built: the choice is never scored above one of them (those it
+    # screened out are beaten by their lower bound, those it built by their score)
     for name, t in _charged(c, slots, prev, cost).items():
-        assert chosen <= t, (name, t, dict(p.predicted))
+        assert chosen <= t * (1 + 1e-12), (name, t, dict(p.predicted))
+    assert p.planned == sum(n not in ("static", "resident") for n in p.predicted)
 
 
 def chosen_runs(p: Plan) -> int:
@@ -194,13 +209,69 @@ def chosen_runs(p: Plan) -> int:
     return sum(n not in ("static", "resident") for n in upto)
 
 
-@given(counts(max_ranks=6, max_experts=14, max_records_per_rank=300), costs())
-def test_lower_bound_is_below_every_balancing_candidate(c: torch.Tensor, cost: StepCost) -> None:
-    R, E = c.shape
-    inp = Inputs(c, -(-E // R), 1, None, None, "torch")
-    for name in CANDIDATES[2:]:
+@given(st.data())
+def test_lower_bound_is_below_every_balancing_candidate(data: st.DataObject) -> None:
+    first = data.draw(counts(max_ranks=6, max_experts=14, max_records_per_rank=300))
+    R, E = first.shape
+    cost = data.draw(costs())
+    slots = data.draw(st.none() | st.integers(0, -(-E // R)))
+    prev = moonplan.plan(first, slots=slots) if data.draw(st.booleans()) else None
+    c = data.draw(counts(min_ranks=R, max_ranks=R, min_experts=E, max_experts=E))
+    prev_RB = None if prev is None else prev.slot_expert
+    B = -(-E // R) if slots is None else slots
+    inp = Inputs(c, B, 1, prev_RB, None if prev is None else prev.flow, "torch")
+    load = build("static", inp).alloc.sum(0).tolist()
+    for name, target, _ in balancing_order(load, None):
         p = build(name, inp)
-        assert lower_bound(cost, c, 1) <= cost.plan_time(p, planned=1).total_s * (1 + 1e-12)
+        lb = lower_bound(
+            cost, c, 1, target=target, prev_RB=prev_RB, prev_F3=inp.prev_F3, horizon=cost.horizon
+        )
+        assert lb <= score(cost.plan_time(p, planned=1), cost.horizon) * (1 + 1e-12), name
+        assert lb <= cost.plan_time(p, planned=1).total_s * (1 + 1e-12), name
+
+
+def test_score_amortises_only_the_exposed_fetch() -> None:
+    c = torch.tensor([[4000, 100, 50, 10, 5, 5, 0, 30]] * 4)
+    exact = moonplan.plan(c)
+    t = H200.plan_time(exact)
+    assert t.prefetch_exposed_s > 0
+    assert score(t, 1.0) == t.total_s
+    assert score(t, 4.0) == pytest.approx(t.total_s - 0.75 * t.prefetch_exposed_s, rel=1e-12)
+    static = moonplan.plan(c, policy="static")
+    s = H200.plan_time(static)
+    assert s.prefetch_exposed_s == 0 and score(s, 1e9) == s.total_s
+    # the simulator's and runtime's prediction stays the full step: horizon only steers
+    assert H200.scaled(horizon=100.0).plan_time(exact) == t
+    with pytest.raises(PlanError, match="horizon"):
+        horizon_of(dataclasses.make_dataclass("C", [("horizon", float)])(0.5))  # type: ignore[arg-type]
+
+
+def test_a_long_horizon_leaves_static_where_one_step_does_not() -> None:
+    # copies cost more than one step's imbalance, less than eight steps' of it
+    c = torch.tensor([[3000, 100, 50, 10, 5, 5, 0, 30]] * 4)
+    static = H200.plan_time(moonplan.plan(c, policy="static")).total_s
+    exact = H200.plan_time(moonplan.plan(c))
+    copy = (static - exact.total_s + exact.prefetch_exposed_s) / exact.prefetch_exposed_s
+    cost = H200.scaled(copy_s_intra=H200.copy_s_intra * copy * 2)
+    one = moonplan.plan(c, policy="auto", cost=cost.scaled(horizon=1.0))
+    many = moonplan.plan(c, policy="auto", cost=cost.scaled(horizon=64.0))
+    assert one.policy == "static" and many.policy != "static", (
+        dict(one.predicted),
+        dict(many.predicted),
+    )
+
+
+def test_the_previous_choice_is_built_first_and_screens_the_rest() -> None:
+    c = torch.tensor([[4000, 100, 50, 10, 5, 5, 0, 30]] * 4)
+    first = moonplan.plan(c, slots=0, policy="bounded-0.1")  # no slots: no resident helps
+    p = moonplan.plan(c, slots=0, policy="auto", cost=COMPUTE_ONLY, previous=first)
+    assert p.policy == "exact"
+    names = [n for n in p.predicted if n not in ("static", "resident")]
+    assert names[0] == "bounded-0.1" and names[1] == "exact"
+    load = moonplan.plan(c, policy="static").alloc.sum(0).tolist()
+    order = [n for n, _, _ in balancing_order(load, "bounded-0.1")]
+    assert order[:2] == ["bounded-0.1", "exact"]
+    assert order[2:] == [n for n in CANDIDATES[2:] if n not in order[:2]]
 
 
 @given(counts(max_ranks=6, max_experts=14, max_records_per_rank=300))
@@ -217,8 +288,8 @@ def test_exact_wins_a_skewed_step_when_copies_are_free() -> None:
     c = torch.tensor([[4000, 100, 50, 10, 5, 5, 0, 30]] * 4)
     p = moonplan.plan(c, policy="auto", cost=COMPUTE_ONLY)
     assert p.policy == "exact"
-    assert p.planned == 4  # three bounded candidates, then exact
-    assert list(p.predicted) == ["static", "bounded-0.25", "bounded-0.1", "bounded-0.05", "exact"]
+    # exact is built first; a bounded candidate's busiest rank alone costs more than exact
+    assert p.planned == 1 and list(p.predicted) == ["static", "exact"]
     assert torch.equal(p.alloc, moonplan.plan(c).alloc)
 
 
