@@ -166,5 +166,9 @@ def agree(group: EPGroup, cost: StepCost) -> StepCost:
     """Collective: the element-wise max of every rank's rates (one model everywhere)."""
     rates_RN = group.all_gather(cost.as_tensor()).cpu()
     return StepCost.from_tensor(
-        rates_RN.max(0).values, tile_rows=cost.tile_rows, domain=cost.domain, overlap=cost.overlap
+        rates_RN.max(0).values,
+        tile_rows=cost.tile_rows,
+        domain=cost.domain,
+        overlap=cost.overlap,
+        horizon=cost.horizon,
     )

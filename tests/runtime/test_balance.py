@@ -281,3 +281,13 @@ def test_buffers_grow_for_whatever_candidate_auto_picks() -> None:
     cost = StepCost(1e-6, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0)
     got = run_ranks(_growing_auto, 3, cost, timeout=120)
     assert all(p == got[0] for p in got) and "exact" not in got[0]
+
+
+def test_agreement_keeps_every_option_of_the_model() -> None:
+    from moonplan.comm.group import EPGroup
+    from moonplan.runtime.calibrate import agree
+    from moonplan.stepcost import StepCost
+
+    cost = StepCost.from_hardware("h200-multinode", "deepseek-v3", overlap=False)
+    cost = cost.scaled(horizon=3.0)
+    assert agree(EPGroup(None), cost) == cost  # one rank: the max is its own rates
