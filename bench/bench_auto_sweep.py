@@ -10,9 +10,9 @@ Runs, in one process (``moonplan.simulate.acceptance``):
    prints the worst points, the failures of the bars (auto <= 1.01x the best peer
    everywhere; <= 1.06x the ideal at DeepSeek-V3, h200-node, EP 8, sigma 1, S 4096)
    and auto's choices;
-2. the settings of issue 10's "Why" with the serial schedule (fetch, then dispatch: the
-   old one) and the overlapped one side by side: step time / ideal per policy, and
-   moonplan's prefetch (total and exposed).
+2. the reference settings (DeepSeek-V3: EP 8 decode and 4096 tokens, EP 64) with the
+   serial schedule (fetch, then dispatch: the old one) and the overlapped one side by
+   side: step time / ideal per policy, and moonplan's prefetch (total and exposed).
 
 Writes ``bench/results/bench_auto_sweep.json`` and ``.md``.
 
