@@ -141,6 +141,23 @@ def test_cycle_finder_sees_a_cycle() -> None:
     assert find_cycles({"a": {"b"}, "b": set()}) == []
 
 
+def test_imports_of_reads_function_level_and_skips_type_checking(tmp_path: Path) -> None:
+    src = tmp_path / "probe.py"
+    src.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from moonplan.plan import api\n"
+        "from moonplan.plan import Plan\n"
+        "if TYPE_CHECKING:\n"
+        "    from moonplan.runtime.setup import LayerRuntime\n"
+        "def f():\n"
+        "    import moonplan.comm.heap\n"
+        "    import moonplan\n"
+    )
+    edges, door = imports_of("probe", src, module_files())
+    assert edges == {"moonplan", "moonplan.plan.api", "moonplan.plan", "moonplan.comm.heap"}
+    assert door
+
+
 def test_graph_sees_known_edges() -> None:
     graph, _ = import_graph()
     assert "moonplan.plan.api" in graph
