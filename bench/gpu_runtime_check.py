@@ -167,12 +167,12 @@ def layer_section(dev: torch.device, T: int, H: int, F: int, E: int, K: int) -> 
 def nvshmem_section(dev: torch.device) -> dict:
     from moonplan.comm import nvshmem_heap
     from moonplan.comm.group import EPGroup
-    from moonplan.comm.heap import SymmetricHeap
+    from moonplan.comm.heap_factory import create_heap
 
     ok, why = nvshmem_heap.available()
     if not ok:
         return {"skipped": why}
-    heap = SymmetricHeap.create(EPGroup(device=dev), 1 << 20, backend="nvshmem")
+    heap = create_heap(EPGroup(device=dev), 1 << 20, backend="nvshmem")
     t = heap.alloc((4, 8), torch.float32)
     t.peer(0).copy_(torch.arange(32.0, device=dev).view(4, 8))
     heap.barrier()

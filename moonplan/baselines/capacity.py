@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from moonplan.baselines.policies import Policy, PolicyStep, no_moves
+from moonplan.baselines.policy_base import Policy, PolicyStep, no_moves
 from moonplan.baselines.round_robin import placement_alloc
 from moonplan.plan.home import home_map
 from moonplan.plan.validate import as_counts

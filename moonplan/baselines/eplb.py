@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from moonplan.baselines.policies import Policy, PolicyStep, make_step, no_moves
+from moonplan.baselines.policy_base import Policy, PolicyStep, make_step, no_moves
 
 
 def replicate(load_E: Sequence[float], num_physical: int) -> list[int]:

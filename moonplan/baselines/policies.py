@@ -19,133 +19,34 @@ replication and Switch-style capacity live in ``eplb.py`` and ``capacity.py``;
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-import moonplan
+from moonplan.baselines.capacity import CapacityPolicy
+from moonplan.baselines.eplb import EPLBPolicy
 from moonplan.baselines.moonep_greedy import moonep_greedy_alloc
+from moonplan.baselines.policy_base import Policy, PolicyStep, make_step, no_moves
 from moonplan.baselines.round_robin import placement_alloc, round_robin_home
+from moonplan.plan import api as planner
 from moonplan.plan.home import home_map
-from moonplan.plan.validate import as_counts
+from moonplan.plan.plan_type import Plan
 from moonplan.stepcost import StepCost, plan_fetch_ER
 
-if TYPE_CHECKING:
-    pass
-
-
-@dataclass(frozen=True, eq=False)
-class PolicyStep:
-    """What one policy does with one step's counts (CPU int64 tensors, records or rows).
-
-    Attributes:
-        name: the policy's name.
-        alloc_ER: ``[E, R]`` real records of expert ``e`` executed on rank ``r``.
-        rows_ER: ``[E, R]`` rows computed (``alloc_ER`` plus any static-shape padding).
-        sent_RE: ``[R, E]`` rows source ``s`` sends towards expert ``e`` (after drops,
-            with padding); ``sent_RE.sum(0) == rows_ER.sum(1)``.
-        dropped: records not executed at all (capacity overflow); moonplan drops none.
-        copies: expert weight instances executed off their primary holder this step
-            (replica pairs for home-based policies; redundant experts held for EPLB).
-        moves_C2: ``[C, 2]`` weight copies that must arrive before this step's experts
-            run (source rank, destination rank): moonplan's and the greedy's prefetch.
-        background_C2: ``[C', 2]`` weight copies moved off the critical path
-            (EPLB's periodic rearrangement).
-        fetch_ER: bool ``[E, R]`` pairs whose weights must arrive before their rows run
-            this step (the expert of each ``moves_C2`` copy); ``None``: none.
-        src_E: ``[E]`` rank each expert's weights are fetched from; ``None``: no fetch.
-        planned: planner runs on the critical path this step.
-        choice: the candidate a choosing policy took this step (``moonplan-auto``:
-            ``plan.policy``, e.g. ``"static"``); ``""`` for the others.
-    """
-
-    name: str
-    alloc_ER: torch.Tensor
-    rows_ER: torch.Tensor
-    sent_RE: torch.Tensor
-    dropped: int
-    copies: int
-    moves_C2: torch.Tensor
-    background_C2: torch.Tensor
-    fetch_ER: torch.Tensor | None = None
-    src_E: torch.Tensor | None = None
-    planned: int = 1
-    choice: str = ""
-
-    @property
-    def load_R(self) -> torch.Tensor:
-        """``[R]`` real records each rank executes."""
-        return self.alloc_ER.sum(0)
-
-    @property
-    def new_copies(self) -> int:
-        """Expert weights moved this step (blocking and background)."""
-        return int(self.moves_C2.shape[0] + self.background_C2.shape[0])
-
-    def moved_bytes(self, expert_bytes: float) -> float:
-        """Bytes of expert weights moved this step, given one expert's bytes (``3*H*F*s``)."""
-        return self.new_copies * float(expert_bytes)
-
-
-def no_moves() -> torch.Tensor:
-    """An empty ``[0, 2]`` moves tensor."""
-    return torch.zeros(0, 2, dtype=torch.int64)
-
-
-def make_step(
-    name: str,
-    counts_RE: torch.Tensor,
-    alloc_ER: torch.Tensor,
-    *,
-    copies: int = 0,
-    moves_C2: torch.Tensor | None = None,
-    background_C2: torch.Tensor | None = None,
-    fetch_ER: torch.Tensor | None = None,
-    src_E: torch.Tensor | None = None,
-    planned: int = 1,
-    choice: str = "",
-) -> PolicyStep:
-    """A dropless, unpadded :class:`PolicyStep` (rows = alloc, sent = counts)."""
-    return PolicyStep(
-        name=name,
-        alloc_ER=alloc_ER,
-        rows_ER=alloc_ER,
-        sent_RE=counts_RE,
-        dropped=0,
-        copies=copies,
-        moves_C2=no_moves() if moves_C2 is None else moves_C2,
-        background_C2=no_moves() if background_C2 is None else background_C2,
-        fetch_ER=fetch_ER,
-        src_E=src_E,
-        planned=planned,
-        choice=choice,
-    )
-
-
-class Policy:
-    """Base class: a named policy for ``R`` ranks and ``E`` experts (see module docstring)."""
-
-    name = "policy"
-
-    def __init__(self, num_ranks: int, num_experts: int) -> None:
-        if num_ranks < 1 or num_experts < 1:
-            raise ValueError(f"need ranks >= 1 and experts >= 1, got {num_ranks}, {num_experts}")
-        self.num_ranks = int(num_ranks)
-        self.num_experts = int(num_experts)
-
-    def reset(self) -> None:
-        """Forget any state kept between steps (stateless policies: nothing)."""
-
-    def step(self, counts: Any) -> PolicyStep:
-        """Allocate one step's counts ``[R, E]``; returns a :class:`PolicyStep`."""
-        raise NotImplementedError
-
-    def _counts(self, counts: Any) -> torch.Tensor:
-        return as_counts(counts, self.num_ranks).cpu()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(R={self.num_ranks}, E={self.num_experts})"
+__all__ = [
+    "POLICY_NAMES",
+    "GreedyPolicy",
+    "MoonplanAutoPolicy",
+    "MoonplanPolicy",
+    "Policy",
+    "PolicyStep",
+    "StaticPolicy",
+    "make_policy",
+    "make_step",
+    "no_moves",
+    "replica_moves",
+    "slot_moves",
+]
 
 
 class StaticPolicy(Policy):
@@ -204,7 +105,7 @@ class MoonplanPolicy(Policy):
         self.resident = resident
         self.slots = slots
         self.name = "moonplan-resident" if resident else "moonplan"
-        self._previous: moonplan.Plan | None = None
+        self._previous: Plan | None = None
 
     def reset(self) -> None:
         self._previous = None
@@ -212,7 +113,7 @@ class MoonplanPolicy(Policy):
     def step(self, counts: Any) -> PolicyStep:
         counts_RE = self._counts(counts)
         prev = self._previous if self.resident else None
-        p = moonplan.plan(counts_RE, slots=self.slots, previous=prev, backend="torch")
+        p = planner.plan(counts_RE, slots=self.slots, previous=prev, backend="torch")
         self._previous = p
         return make_step(
             self.name,
@@ -245,14 +146,14 @@ class MoonplanAutoPolicy(Policy):
             raise ValueError(f"moonplan-auto needs cost=StepCost(...), got {cost!r}")
         self.cost = cost
         self.slots = slots
-        self._previous: moonplan.Plan | None = None
+        self._previous: Plan | None = None
 
     def reset(self) -> None:
         self._previous = None
 
     def step(self, counts: Any) -> PolicyStep:
         counts_RE = self._counts(counts)
-        p = moonplan.plan(
+        p = planner.plan(
             counts_RE,
             slots=self.slots,
             previous=self._previous,
@@ -284,7 +185,7 @@ def replica_moves(alloc_ER: torch.Tensor, home_E: torch.Tensor) -> torch.Tensor:
     return torch.stack([home_E[e_C], r_C], dim=1)
 
 
-def slot_moves(p: moonplan.Plan) -> torch.Tensor:
+def slot_moves(p: Plan) -> torch.Tensor:
     """``[C, 2]`` (home rank, rank) of every slot a plan fills this step (``slot_new``)."""
     r_C, j_C = (p.slot_new.cpu() > 0).nonzero(as_tuple=True)
     e_C = p.slot_expert.cpu()[r_C, j_C]
@@ -313,9 +214,6 @@ def make_policy(name: str, num_ranks: int, num_experts: int, **options: Any) -> 
     and to moonplan (``slots``; ``moonplan-auto`` also needs ``cost``, a
     :class:`~moonplan.stepcost.StepCost`); options that a policy does not take are ignored.
     """
-    from moonplan.baselines.capacity import CapacityPolicy
-    from moonplan.baselines.eplb import EPLBPolicy
-
     R, E = num_ranks, num_experts
     if name == "static-linear":
         return StaticPolicy(R, E, "linear")

@@ -9,7 +9,7 @@ same ``[offset, offset + size)`` range out of every buffer, so one allocation is
 a :class:`SymTensor`: ``.local`` (this rank's copy) and ``.peer(r)`` (rank ``r``'s
 copy, writable; a write is visible to ``r`` after :meth:`SymmetricHeap.barrier`).
 
-Backends (``SymmetricHeap.create(group, nbytes, backend=...)``):
+Backends (``moonplan.comm.heap_factory.create_heap(group, nbytes, backend=...)``):
 
 * ``"shm"``: CPU processes on one host, files in ``/dev/shm`` (``shm_heap``);
 * ``"nvshmem"``: CUDA devices through nvshmem4py (``nvshmem_heap``);
@@ -23,25 +23,18 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import json
 import os
-import secrets
-import socket
 import weakref
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from moonplan.comm.errors import ContractError, HeapUnavailable
 from moonplan.comm.group import EPGroup
-from moonplan.comm.shm_files import SHM_DIR, this_process
 
 __all__ = ["ALIGN", "ContractError", "HeapUnavailable", "SymTensor", "SymmetricHeap"]
 
 ALIGN = 256  # byte alignment of every allocation
-BACKENDS = ("auto", "shm", "nvshmem")
-_SURVEY_BYTES = 1024
 
 
 class SymTensor:
@@ -110,36 +103,6 @@ class SymmetricHeap:
         self._closed = False
         self._pid = os.getpid()
         atexit.register(_close_at_exit, weakref.ref(self))
-
-    @classmethod
-    def create(cls, group: EPGroup, nbytes: int, *, backend: str = "auto") -> SymmetricHeap:
-        """Collective: build a heap of ``nbytes`` per rank over ``group``.
-
-        Args:
-            group: the ranks that share the heap.
-            nbytes: bytes per rank (``>= 0``), identical on every rank.
-            backend: ``"auto"``, ``"shm"`` or ``"nvshmem"`` (identical on every rank).
-
-        Raises:
-            HeapUnavailable: on every rank, when the backend cannot span the group.
-            ContractError: on every rank, when ``nbytes``/``backend`` differ across ranks
-                or creating the heap fails on some rank.
-        """
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-            raise ValueError(f"nbytes must be a non-negative int, got {nbytes!r}")
-        survey = _survey(group, backend, nbytes)
-        chosen = _choose_backend(group, backend, survey)
-        if chosen == "shm":
-            from moonplan.comm.shm_files import Owner
-            from moonplan.comm.shm_heap import ShmHeap
-
-            owners = [Owner.from_tag(s["owner"]) for s in survey]
-            return ShmHeap.open(group, nbytes, token=survey[0]["token"], owners=owners)
-        from moonplan.comm.nvshmem_heap import NvshmemHeap
-
-        return NvshmemHeap.open(group, nbytes)
 
     # ---- allocation -------------------------------------------------------------------
     def alloc(self, shape: Sequence[int] | int, dtype: torch.dtype) -> SymTensor:
@@ -231,66 +194,3 @@ def _numel(shape: tuple[int, ...]) -> int:
     for s in shape:
         n *= s
     return n
-
-
-# ---- backend choice (one collective: every rank decides from the same survey) -------
-def _survey(group: EPGroup, backend: str, nbytes: int) -> list[dict[str, Any]]:
-    """Every rank's request and capabilities (one all-gather); checks the request agrees."""
-    cuda = group.device.type == "cuda"
-    nv_ok, nv_why = _nvshmem_available() if cuda or backend == "nvshmem" else (False, "")
-    mine = {
-        "backend": backend,
-        "nbytes": nbytes,
-        "host": socket.gethostname(),
-        "cuda": cuda,
-        "shm": _shm_usable(),
-        "owner": this_process().tag(),
-        "nvshmem": nv_ok,
-        "why": nv_why[:300],
-        "token": secrets.token_hex(8),
-    }
-    rows = group.all_gather_bytes(json.dumps(mine).encode(), _SURVEY_BYTES)
-    survey = [json.loads(row) for row in rows]
-    for key in ("backend", "nbytes"):
-        values = [s[key] for s in survey]
-        if len(set(values)) > 1:
-            bad = tuple(r for r, v in enumerate(values) if v != values[0])
-            raise ContractError(f"SymmetricHeap.create: {key} differs across ranks: {values}", bad)
-    return survey
-
-
-def _shm_usable() -> bool:
-    """``/dev/shm`` is a writable directory and ``/proc/self/fd`` reopens descriptors."""
-    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) and os.path.isdir("/proc/self/fd")
-
-
-def _nvshmem_available() -> tuple[bool, str]:
-    from moonplan.comm.nvshmem_heap import available
-
-    return available()
-
-
-def _choose_backend(group: EPGroup, backend: str, survey: list[dict[str, Any]]) -> str:
-    if backend == "auto":
-        backend = "nvshmem" if any(s["cuda"] for s in survey) else "shm"
-    if backend == "nvshmem":
-        bad = [(r, s["why"]) for r, s in enumerate(survey) if not s["nvshmem"]]
-        if bad:
-            reasons = "; ".join(f"rank {r}: {why}" for r, why in bad)
-            raise HeapUnavailable(f"nvshmem heap unavailable ({reasons}); use the a2a transport")
-        return backend
-    hosts: dict[str, list[int]] = {}
-    for r, s in enumerate(survey):
-        hosts.setdefault(s["host"], []).append(r)
-    if len(hosts) > 1:
-        raise HeapUnavailable(
-            f"shm heap needs every rank on one host; the group spans {len(hosts)} hosts "
-            f"{hosts}; use the a2a transport"
-        )
-    no_shm = [r for r, s in enumerate(survey) if not s["shm"]]
-    if no_shm:
-        raise HeapUnavailable(
-            f"shm heap: /dev/shm is not a writable directory (or /proc/self/fd is missing) "
-            f"on rank {no_shm}; use the a2a transport"
-        )
-    return backend

@@ -11,9 +11,8 @@ import torch
 
 from moonplan.errors import PlanError
 from moonplan.plan.choose import CostModel, Inputs, build, choose
-from moonplan.plan.from_alloc import previous_slots
 from moonplan.plan.home import max_local
-from moonplan.plan.plan_type import Plan, make_plan
+from moonplan.plan.plan_type import Plan, make_plan, previous_slots
 from moonplan.plan.reference import reference_plan, to_tensors
 from moonplan.plan.static import static_plan
 from moonplan.plan.torch_backend import plan_torch

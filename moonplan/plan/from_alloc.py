@@ -1,4 +1,4 @@
-"""``Plan.from_alloc``: a valid :class:`Plan` from any allocation ``alloc [E, R]``.
+"""The row layout of ``Plan.from_alloc``: a valid plan's fields from any ``alloc [E, R]``.
 
 Legend:
     R ranks, E experts, B slots, M = ceil(E/R), K = max(B, M) remote experts a rank
@@ -13,6 +13,10 @@ first, residents of ``previous`` keep their slot), then direct rows. That fixes
 how many remote experts a rank may execute: ``K = max(B, M)``; an allocation
 with more raises :class:`PlanError`. ``flow`` is all padding (no construction
 record), ``target`` is ``alloc.sum(0)``.
+
+:meth:`Plan.from_alloc` (in ``plan_type.py``) validates its input with
+:func:`as_alloc` and :func:`check_remote` and builds the plan from these fields;
+this module does not import ``plan_type``, so the two do not import each other.
 """
 
 from __future__ import annotations
@@ -23,88 +27,11 @@ import torch
 
 from moonplan.errors import PlanError
 from moonplan.plan.home import home_list, home_map, max_local
-from moonplan.plan.plan_type import Plan, Predicted, make_plan
 from moonplan.plan.reference import place_slots, row_layout
 from moonplan.plan.torch_layout import group_experts, place_slots_torch, row_layout_torch
-from moonplan.plan.validate import as_counts, check_options
 
 
-def from_alloc(
-    counts: Any,
-    alloc: Any,
-    *,
-    slots: int | None = None,
-    align: int = 1,
-    previous: Plan | None = None,
-    policy: str = "custom",
-    load_bound: int | None = None,
-    backend: str = "torch",
-) -> Plan:
-    """A valid plan that executes ``alloc`` (validated on the host).
-
-    Args:
-        counts: ``[R, E]`` non-negative integer router counts.
-        alloc: ``[E, R]`` non-negative integers with ``alloc[e].sum() == counts[:, e].sum()``;
-            at most ``K = max(B, M)`` remote experts per rank.
-        slots: ``B`` (default ``M``), align: row padding, previous: as in :func:`moonplan.plan`.
-        policy: the name recorded in ``plan.policy``.
-        load_bound: the declared bound on every rank's load (default: the largest load);
-            must be at least the largest load.
-        backend: ``"torch"`` (vectorised, the default) or ``"reference"`` (plain Python);
-            both give the same plan bit for bit.
-
-    Raises:
-        PlanError: naming the broken requirement (shape, dtype, negative entry,
-            conservation, too many remote experts on a rank, bound, options).
-    """
-    counts_RE = as_counts(counts)
-    R, E = counts_RE.shape
-    B = check_options(slots, align, max_local(E, R), counts_RE)
-    alloc_ER = _as_alloc(alloc, counts_RE)
-    prev_RB = previous_slots(previous, R, E, B, counts_RE.device)
-    _check_remote(alloc_ER, max(B, max_local(E, R)))
-    if not isinstance(policy, str) or not policy:
-        raise PlanError(f"policy must be a non-empty string, got {policy!r}")
-    top = int(alloc_ER.sum(0).max())
-    if load_bound is not None and (not isinstance(load_bound, int) or load_bound < top):
-        raise PlanError(f"load_bound {load_bound!r} is below the largest load {top}")
-    if backend == "reference":
-        fields = layout_reference(counts_RE, alloc_ER, B, align, prev_RB)
-    elif backend == "torch":
-        fields = layout_torch(alloc_ER, B, align, prev_RB)
-    else:
-        raise PlanError(f"from_alloc backend must be 'torch' or 'reference', got {backend!r}")
-    return make_plan(
-        fields,
-        counts=counts_RE,
-        num_slots=B,
-        align=align,
-        backend=backend,
-        policy=policy,
-        predicted=Predicted(),
-        planned=0,
-        declared_bound=top if load_bound is None else load_bound,
-    )
-
-
-def previous_slots(
-    previous: Plan | None, R: int, E: int, B: int, device: torch.device
-) -> torch.Tensor | None:
-    """``previous``'s slots ``[R, B]`` on ``device`` after a shape check, or ``None``."""
-    if previous is None:
-        return None
-    if not isinstance(previous, Plan):
-        raise PlanError(f"previous must be a moonplan Plan, got {type(previous).__name__}")
-    if (previous.num_ranks, previous.num_experts, previous.num_slots) != (R, E, B):
-        raise PlanError(
-            "previous plan has (R, E, B) = "
-            f"{(previous.num_ranks, previous.num_experts, previous.num_slots)}, "
-            f"this call has {(R, E, B)}"
-        )
-    return previous.slot_expert.to(device)
-
-
-def _as_alloc(alloc: Any, counts_RE: torch.Tensor) -> torch.Tensor:
+def as_alloc(alloc: Any, counts_RE: torch.Tensor) -> torch.Tensor:
     """``alloc`` as int64 ``[E, R]`` on the counts' device, or a PlanError saying why not."""
     R, E = counts_RE.shape
     try:
@@ -129,7 +56,7 @@ def _as_alloc(alloc: Any, counts_RE: torch.Tensor) -> torch.Tensor:
     return alloc_ER
 
 
-def _check_remote(alloc_ER: torch.Tensor, K: int) -> None:
+def check_remote(alloc_ER: torch.Tensor, K: int) -> None:
     E, R = alloc_ER.shape
     home_E = home_map(E, R, device=alloc_ER.device)
     n_R = replicas(alloc_ER, home_E).sum(0)

@@ -27,6 +27,11 @@ from typing import Any
 
 import torch
 
+from moonplan.errors import PlanError
+from moonplan.plan.from_alloc import as_alloc, check_remote, layout_reference, layout_torch
+from moonplan.plan.home import max_local
+from moonplan.plan.validate import as_counts, check_options
+
 PLAN_TENSORS = (
     "counts",
     "alloc",
@@ -228,18 +233,50 @@ class Plan:
         load_bound: int | None = None,
         backend: str = "torch",
     ) -> Plan:
-        """A valid plan executing ``alloc [E, R]`` (``moonplan.plan.from_alloc.from_alloc``)."""
-        from moonplan.plan.from_alloc import from_alloc
+        """A valid plan that executes ``alloc`` (validated on the host).
 
-        return from_alloc(
-            counts,
-            alloc,
-            slots=slots,
+        Args:
+            counts: ``[R, E]`` non-negative integer router counts.
+            alloc: ``[E, R]`` non-negative integers with ``alloc[e].sum() == counts[:, e].sum()``;
+                at most ``K = max(B, M)`` remote experts per rank.
+            slots: ``B`` (default ``M``), align: row padding, previous: as in :func:`moonplan.plan`.
+            policy: the name recorded in ``plan.policy``.
+            load_bound: the declared bound on every rank's load (default: the largest load);
+                must be at least the largest load.
+            backend: ``"torch"`` (vectorised, the default) or ``"reference"`` (plain Python);
+                both give the same plan bit for bit.
+
+        Raises:
+            PlanError: naming the broken requirement (shape, dtype, negative entry,
+                conservation, too many remote experts on a rank, bound, options).
+        """
+        counts_RE = as_counts(counts)
+        R, E = counts_RE.shape
+        B = check_options(slots, align, max_local(E, R), counts_RE)
+        alloc_ER = as_alloc(alloc, counts_RE)
+        prev_RB = previous_slots(previous, R, E, B, counts_RE.device)
+        check_remote(alloc_ER, max(B, max_local(E, R)))
+        if not isinstance(policy, str) or not policy:
+            raise PlanError(f"policy must be a non-empty string, got {policy!r}")
+        top = int(alloc_ER.sum(0).max())
+        if load_bound is not None and (not isinstance(load_bound, int) or load_bound < top):
+            raise PlanError(f"load_bound {load_bound!r} is below the largest load {top}")
+        if backend == "reference":
+            fields = layout_reference(counts_RE, alloc_ER, B, align, prev_RB)
+        elif backend == "torch":
+            fields = layout_torch(alloc_ER, B, align, prev_RB)
+        else:
+            raise PlanError(f"from_alloc backend must be 'torch' or 'reference', got {backend!r}")
+        return make_plan(
+            fields,
+            counts=counts_RE,
+            num_slots=B,
             align=align,
-            previous=previous,
-            policy=policy,
-            load_bound=load_bound,
             backend=backend,
+            policy=policy,
+            predicted=Predicted(),
+            planned=0,
+            declared_bound=top if load_bound is None else load_bound,
         )
 
 
@@ -247,3 +284,20 @@ def make_plan(fields: Mapping[str, torch.Tensor], **meta: Any) -> Plan:
     """``Plan(**fields, **meta)``: a backend's tensor fields plus the scalar fields."""
     args: dict[str, Any] = {**fields, **meta}
     return Plan(**args)
+
+
+def previous_slots(
+    previous: Plan | None, R: int, E: int, B: int, device: torch.device
+) -> torch.Tensor | None:
+    """``previous``'s slots ``[R, B]`` on ``device`` after a shape check, or ``None``."""
+    if previous is None:
+        return None
+    if not isinstance(previous, Plan):
+        raise PlanError(f"previous must be a moonplan Plan, got {type(previous).__name__}")
+    if (previous.num_ranks, previous.num_experts, previous.num_slots) != (R, E, B):
+        raise PlanError(
+            "previous plan has (R, E, B) = "
+            f"{(previous.num_ranks, previous.num_experts, previous.num_slots)}, "
+            f"this call has {(R, E, B)}"
+        )
+    return previous.slot_expert.to(device)

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from moonplan.plan.from_alloc import layout_resident, previous_slots
+from moonplan.plan.from_alloc import layout_resident
 from moonplan.plan.home import home_map, max_local
-from moonplan.plan.plan_type import Plan, make_plan
+from moonplan.plan.plan_type import Plan, make_plan, previous_slots
 from moonplan.plan.validate import as_counts, check_options
 
 

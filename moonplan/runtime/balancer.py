@@ -22,8 +22,8 @@ from collections import deque
 
 import torch
 
-import moonplan
 from moonplan.comm.group import EPGroup
+from moonplan.plan import api as planner
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.static import static_plan
 from moonplan.runtime.balance import balance_mode
@@ -68,8 +68,8 @@ class Balancer:
         if policy == "static":
             return static_plan(counts_RE, slots=self.B, align=self.align)
         if policy == "exact":
-            return moonplan.plan(counts_RE, slots=self.B, align=self.align, previous=previous)
-        return moonplan.plan(
+            return planner.plan(counts_RE, slots=self.B, align=self.align, previous=previous)
+        return planner.plan(
             counts_RE,
             slots=self.B,
             align=self.align,

@@ -19,6 +19,7 @@ import torch
 from moonplan.comm.errors import HeapUnavailable
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
+from moonplan.comm.heap_factory import create_heap
 from moonplan.runtime.store import ExpertStore, GradReducer
 from moonplan.runtime.transport import AllToAllTransport, HeapTransport
 
@@ -65,7 +66,7 @@ def build_buffers(group: EPGroup, spec: BufferSpec, capacity: int) -> LayerBuffe
     heap = None
     if spec.kind in ("auto", "heap"):
         try:
-            heap = SymmetricHeap.create(group, spec.heap_bytes(capacity))
+            heap = create_heap(group, spec.heap_bytes(capacity))
         except HeapUnavailable:
             if spec.kind == "heap":
                 raise

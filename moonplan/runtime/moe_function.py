@@ -21,23 +21,26 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import Route
-from moonplan.profile import NULL_PROFILER
+from moonplan.profiling.hooks import NULL_PROFILER
 from moonplan.runtime.experts_section import run_sections
 from moonplan.runtime.store import PROJECTIONS
 from moonplan.runtime.transport import weighted_sum
+
+if TYPE_CHECKING:  # annotation only: setup imports this module
+    from moonplan.runtime.setup import LayerRuntime
 
 
 @dataclass
 class MoEStep:
     """What forward and backward of one step share (the runtime, plan and route)."""
 
-    runtime: Any  # LayerRuntime (kept untyped to avoid an import cycle)
+    runtime: LayerRuntime
     plan: Plan
     route: Route
     phases: dict[str, float] = field(default_factory=dict)

@@ -12,16 +12,17 @@ from typing import Any
 import torch
 from torch import nn
 
-import moonplan
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.home import home_start
 from moonplan.plan.plan_type import Plan
-from moonplan.profile import NULL_PROFILER, LayerProfiler, NullProfiler
+from moonplan.plan.route import route as route_tokens
+from moonplan.profiling.hooks import NULL_PROFILER, LayerProfiler, NullProfiler
 from moonplan.runtime.background import BackgroundLane, Pending, lane_kind
 from moonplan.runtime.balancer import Balancer
 from moonplan.runtime.buffers import BufferSpec, build_buffers
 from moonplan.runtime.calibrate import time_local_copy
+from moonplan.runtime.moe_function import MoEStep, moe_apply
 from moonplan.runtime.store import GradReducer
 from moonplan.runtime.transport import AllToAllTransport, HeapTransport
 from moonplan.stepcost import StepCost
@@ -233,8 +234,6 @@ class LayerRuntime:
         msg: str,
     ) -> torch.Tensor:
         """One step; every rank calls it (also with zero tokens)."""
-        from moonplan.runtime.moe_function import MoEStep, moe_apply
-
         self._lane.drain()  # a failed step's background job, before buffers change
         if self.balancer.due():  # "auto" after its measured warm-up steps (every rank)
             self.calibrate()
@@ -265,7 +264,7 @@ class LayerRuntime:
         ids = ids_SK if ids_SK is not None else torch.zeros(0, self.K, dtype=torch.int64)
         # Per-record transports: affinity (a token's records on few ranks) pays only once
         # dispatch sends token rows (docs/design.md §3), so it is not computed here yet.
-        route = moonplan.route(plan, self.group.rank, ids, check=False, affinity=False)
+        route = route_tokens(plan, self.group.rank, ids, check=False, affinity=False)
         if not self.published:
             self.store.publish_home(params)
             self.published, self.published_version = True, version

@@ -10,14 +10,14 @@ import os
 import torch
 import torch.distributed as dist
 
-from moonplan.comm import EPGroup, SymmetricHeap
+from moonplan.comm import EPGroup, create_heap
 
 
 def main() -> None:
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl")
     group = EPGroup()
-    heap = SymmetricHeap.create(group, 1 << 20)  # auto: nvshmem on CUDA
+    heap = create_heap(group, 1 << 20)  # auto: nvshmem on CUDA
     assert heap.backend == "nvshmem", heap.backend
     R, rank = group.size, group.rank
     for dtype in (torch.float32, torch.bfloat16, torch.int64):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from moonplan.comm import EPGroup, HeapUnavailable, SymmetricHeap
+from moonplan.comm import EPGroup, HeapUnavailable, create_heap
 from moonplan.comm.nvshmem_heap import NvshmemHeap, available
 
 WORKER = Path(__file__).with_name("nvshmem_worker.py")
@@ -32,7 +32,7 @@ def test_unavailable_raises_a_clear_error():
     with pytest.raises(HeapUnavailable, match="nvshmem heap unavailable"):
         NvshmemHeap.open(EPGroup(), 1024)
     with pytest.raises(HeapUnavailable, match=r"rank 0: .+"):
-        SymmetricHeap.create(EPGroup(), 1024, backend="nvshmem")
+        create_heap(EPGroup(), 1024, backend="nvshmem")
 
 
 @pytest.mark.gpu

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from moonplan.comm import EPGroup, SymmetricHeap
+from moonplan.comm import EPGroup, create_heap
 from moonplan.comm.shm_files import (
     SHM_DIR,
     Owner,
@@ -90,7 +90,7 @@ def _stall_in_creation(rank: int, world: int, store: str, queue) -> None:
         return fds
 
     shm_heap._open_peers = stall
-    SymmetricHeap.create(EPGroup(), 1 << 20, backend="shm")
+    create_heap(EPGroup(), 1 << 20, backend="shm")
 
 
 def _files_of(pids: set[int]) -> list[str]:
@@ -119,7 +119,7 @@ def test_sigkill_during_creation_then_a_new_job_cleans_up():
                 assert p.exitcode == -signal.SIGKILL
             left = _files_of(pids)
             assert len(left) == 2 and all(os.path.getsize(f"{SHM_DIR}/{n}") == 0 for n in left)
-            heap = SymmetricHeap.create(EPGroup(), 4096, backend="shm")  # the next job
+            heap = create_heap(EPGroup(), 4096, backend="shm")  # the next job
             heap.close()
             assert _files_of(pids) == []
         finally:

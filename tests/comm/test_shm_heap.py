@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from moonplan.comm import ContractError, EPGroup, HeapUnavailable, SymmetricHeap
+from moonplan.comm import ContractError, EPGroup, HeapUnavailable, create_heap
 from moonplan.comm.heap import ALIGN
 from moonplan.comm.shm_heap import PREFIX, SHM_DIR
 from moonplan.testing.dist import run_ranks
@@ -27,7 +27,7 @@ def _job_files(token: str) -> list[str]:
 
 
 def test_single_rank_alloc_alignment_and_full():
-    heap = SymmetricHeap.create(EPGroup(), 2048, backend="auto")
+    heap = create_heap(EPGroup(), 2048, backend="auto")
     assert heap.backend == "shm" and _job_files(heap.token) == []
     a = heap.alloc((3, 5), torch.bfloat16)
     b = heap.alloc(7, torch.int64)
@@ -49,19 +49,19 @@ def test_single_rank_alloc_alignment_and_full():
 
 
 def test_zero_byte_heap_and_bad_arguments():
-    heap = SymmetricHeap.create(EPGroup(), 0, backend="shm")
+    heap = create_heap(EPGroup(), 0, backend="shm")
     assert heap.alloc((0,), torch.float32).shape == (0,)
     with pytest.raises(MemoryError):
         heap.alloc(1, torch.uint8)
     heap.close()
     with pytest.raises(ValueError, match="backend"):
-        SymmetricHeap.create(EPGroup(), 16, backend="cuda-ipc")
+        create_heap(EPGroup(), 16, backend="cuda-ipc")
     with pytest.raises(ValueError, match="nbytes"):
-        SymmetricHeap.create(EPGroup(), -1)
+        create_heap(EPGroup(), -1)
 
 
 def _peer_writes(rank: int, world: int) -> dict:
-    heap = SymmetricHeap.create(EPGroup(), 1 << 16, backend="shm")
+    heap = create_heap(EPGroup(), 1 << 16, backend="shm")
     left_after_create = _job_files(heap.token)
     syms = [heap.alloc((world, 3), dtype) for dtype in DTYPES]
     for sym in syms:
@@ -97,7 +97,7 @@ def _mismatch(rank: int, world: int, what: str) -> str:
     group = EPGroup()
     try:
         nbytes = 4096 + (256 * rank if what == "nbytes" else 0)
-        heap = SymmetricHeap.create(group, nbytes, backend="shm")
+        heap = create_heap(group, nbytes, backend="shm")
         heap.alloc((4, 4) if rank != world - 1 else (4, 5), torch.float32)
         heap.check_consistent()
     except ContractError as exc:
@@ -115,11 +115,11 @@ def test_mismatch_raises_the_same_error_everywhere(what):
 
 
 def _two_hosts(rank: int, world: int) -> str:
-    import moonplan.comm.heap as heap_mod
+    import moonplan.comm.heap_factory as heap_mod
 
     heap_mod.socket.gethostname = lambda: f"host{rank % 2}"  # type: ignore[attr-defined]
     try:
-        SymmetricHeap.create(EPGroup(), 4096)
+        create_heap(EPGroup(), 4096)
     except HeapUnavailable as exc:
         return str(exc)
     return "no error"
@@ -135,7 +135,7 @@ def test_auto_on_several_hosts_is_unavailable_everywhere():
 def _hold_heap(rank: int, world: int, store: str, queue) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
-    heap = SymmetricHeap.create(EPGroup(), 1 << 20, backend="shm")
+    heap = create_heap(EPGroup(), 1 << 20, backend="shm")
     sym = heap.alloc(1024, torch.float32)
     sym.peer((rank + 1) % world).fill_(rank)
     heap.barrier()
@@ -170,7 +170,7 @@ def test_nothing_left_in_dev_shm_after_sigkill():
 
 
 def test_close_in_a_forked_child_leaves_the_parent_heap_intact():
-    heap = SymmetricHeap.create(EPGroup(), 4096, backend="shm")
+    heap = create_heap(EPGroup(), 4096, backend="shm")
     sym = heap.alloc(8, torch.int64)
     ctx = mp.get_context("fork")
     child = ctx.Process(target=lambda: (heap.close(), sym.local.fill_(5)))
@@ -202,7 +202,7 @@ def _fail_one_step(rank: int, world: int, step: str) -> dict:
         else:
             shm_heap._map_fds = lambda fds, n: ([], "cannot map rank 0's file: injected")
     try:
-        SymmetricHeap.create(EPGroup(), 1 << 16, backend="shm")
+        create_heap(EPGroup(), 1 << 16, backend="shm")
         message = ""
     except ContractError as exc:
         message = str(exc)

@@ -15,7 +15,7 @@ H = 6
 
 def _two_dispatches(rank: int, world: int, kind: str) -> dict:
     from moonplan.comm.group import EPGroup
-    from moonplan.comm.heap import SymmetricHeap
+    from moonplan.comm.heap_factory import create_heap
     from moonplan.runtime.transport import AllToAllTransport, HeapTransport, StaleViewError
 
     group = EPGroup()
@@ -26,7 +26,7 @@ def _two_dispatches(rank: int, world: int, kind: str) -> dict:
     plan = moonplan.plan(counts, align=2)
     route = moonplan.route(plan, rank, ids)
     if kind == "heap":
-        heap = SymmetricHeap.create(group, 1 << 16)
+        heap = create_heap(group, 1 << 16)
         transport = HeapTransport(group, heap, 64, H, torch.float32)
         first = transport.dispatch(x, route, plan)
         zero_copy = first.tensor.data_ptr() == heap_recv_ptr(transport)

@@ -1,0 +1,138 @@
+"""The interface every balancing policy implements: :class:`Policy` and its :class:`PolicyStep`.
+
+Legend:
+    R ranks    E experts    C weight copies moved in one step
+    counts_RE  int64 records source rank ``s`` routes to expert ``e`` (one step, all-gathered)
+    alloc_ER   int64 records of expert ``e`` that rank ``r`` executes (real records only)
+    rows_ER    int64 rows rank ``r`` computes for expert ``e`` (``alloc_ER`` plus padding)
+    sent_RE    int64 rows source ``s`` sends towards expert ``e`` (counts minus drops, plus padding)
+    moves_C2   int64 ``(source rank, destination rank)`` of each expert-weight copy moved
+
+It sits below every policy module (``policies``, ``eplb``, ``capacity``), so that
+:func:`moonplan.baselines.policies.make_policy` can import them all without an import
+cycle (docs/design.md §5); ``moonplan.baselines.policies`` re-exports these names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from moonplan.plan.validate import as_counts
+
+__all__ = ["Policy", "PolicyStep", "make_step", "no_moves"]
+
+
+@dataclass(frozen=True, eq=False)
+class PolicyStep:
+    """What one policy does with one step's counts (CPU int64 tensors, records or rows).
+
+    Attributes:
+        name: the policy's name.
+        alloc_ER: ``[E, R]`` real records of expert ``e`` executed on rank ``r``.
+        rows_ER: ``[E, R]`` rows computed (``alloc_ER`` plus any static-shape padding).
+        sent_RE: ``[R, E]`` rows source ``s`` sends towards expert ``e`` (after drops,
+            with padding); ``sent_RE.sum(0) == rows_ER.sum(1)``.
+        dropped: records not executed at all (capacity overflow); moonplan drops none.
+        copies: expert weight instances executed off their primary holder this step
+            (replica pairs for home-based policies; redundant experts held for EPLB).
+        moves_C2: ``[C, 2]`` weight copies that must arrive before this step's experts
+            run (source rank, destination rank): moonplan's and the greedy's prefetch.
+        background_C2: ``[C', 2]`` weight copies moved off the critical path
+            (EPLB's periodic rearrangement).
+        fetch_ER: bool ``[E, R]`` pairs whose weights must arrive before their rows run
+            this step (the expert of each ``moves_C2`` copy); ``None``: none.
+        src_E: ``[E]`` rank each expert's weights are fetched from; ``None``: no fetch.
+        planned: planner runs on the critical path this step.
+        choice: the candidate a choosing policy took this step (``moonplan-auto``:
+            ``plan.policy``, e.g. ``"static"``); ``""`` for the others.
+    """
+
+    name: str
+    alloc_ER: torch.Tensor
+    rows_ER: torch.Tensor
+    sent_RE: torch.Tensor
+    dropped: int
+    copies: int
+    moves_C2: torch.Tensor
+    background_C2: torch.Tensor
+    fetch_ER: torch.Tensor | None = None
+    src_E: torch.Tensor | None = None
+    planned: int = 1
+    choice: str = ""
+
+    @property
+    def load_R(self) -> torch.Tensor:
+        """``[R]`` real records each rank executes."""
+        return self.alloc_ER.sum(0)
+
+    @property
+    def new_copies(self) -> int:
+        """Expert weights moved this step (blocking and background)."""
+        return int(self.moves_C2.shape[0] + self.background_C2.shape[0])
+
+    def moved_bytes(self, expert_bytes: float) -> float:
+        """Bytes of expert weights moved this step, given one expert's bytes (``3*H*F*s``)."""
+        return self.new_copies * float(expert_bytes)
+
+
+def no_moves() -> torch.Tensor:
+    """An empty ``[0, 2]`` moves tensor."""
+    return torch.zeros(0, 2, dtype=torch.int64)
+
+
+def make_step(
+    name: str,
+    counts_RE: torch.Tensor,
+    alloc_ER: torch.Tensor,
+    *,
+    copies: int = 0,
+    moves_C2: torch.Tensor | None = None,
+    background_C2: torch.Tensor | None = None,
+    fetch_ER: torch.Tensor | None = None,
+    src_E: torch.Tensor | None = None,
+    planned: int = 1,
+    choice: str = "",
+) -> PolicyStep:
+    """A dropless, unpadded :class:`PolicyStep` (rows = alloc, sent = counts)."""
+    return PolicyStep(
+        name=name,
+        alloc_ER=alloc_ER,
+        rows_ER=alloc_ER,
+        sent_RE=counts_RE,
+        dropped=0,
+        copies=copies,
+        moves_C2=no_moves() if moves_C2 is None else moves_C2,
+        background_C2=no_moves() if background_C2 is None else background_C2,
+        fetch_ER=fetch_ER,
+        src_E=src_E,
+        planned=planned,
+        choice=choice,
+    )
+
+
+class Policy:
+    """Base class: a named policy for ``R`` ranks and ``E`` experts (see module docstring)."""
+
+    name = "policy"
+
+    def __init__(self, num_ranks: int, num_experts: int) -> None:
+        if num_ranks < 1 or num_experts < 1:
+            raise ValueError(f"need ranks >= 1 and experts >= 1, got {num_ranks}, {num_experts}")
+        self.num_ranks = int(num_ranks)
+        self.num_experts = int(num_experts)
+
+    def reset(self) -> None:
+        """Forget any state kept between steps (stateless policies: nothing)."""
+
+    def step(self, counts: Any) -> PolicyStep:
+        """Allocate one step's counts ``[R, E]``; returns a :class:`PolicyStep`."""
+        raise NotImplementedError
+
+    def _counts(self, counts: Any) -> torch.Tensor:
+        return as_counts(counts, self.num_ranks).cpu()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(R={self.num_ranks}, E={self.num_experts})"
