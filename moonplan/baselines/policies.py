@@ -115,15 +115,7 @@ class MoonplanPolicy(Policy):
         prev = self._previous if self.resident else None
         p = planner.plan(counts_RE, slots=self.slots, previous=prev, backend="torch")
         self._previous = p
-        return make_step(
-            self.name,
-            counts_RE,
-            p.alloc,
-            copies=p.copies(),
-            moves_C2=slot_moves(p),
-            fetch_ER=plan_fetch_ER(p),
-            src_E=p.home.cpu(),
-        )
+        return plan_step(self.name, counts_RE, p)
 
 
 class MoonplanAutoPolicy(Policy):
@@ -159,22 +151,24 @@ class MoonplanAutoPolicy(Policy):
             previous=self._previous,
             backend="torch",
             policy="auto",
-            # StepCost meets CostModel at runtime; the Protocol declares plan_s as a
-            # settable attribute, which a frozen dataclass is not (reported to the planner)
             cost=self.cost,
         )
         self._previous = p
-        return make_step(
-            self.name,
-            counts_RE,
-            p.alloc,
-            copies=p.copies(),
-            moves_C2=slot_moves(p),
-            fetch_ER=plan_fetch_ER(p),
-            src_E=p.home.cpu(),
-            planned=p.planned,
-            choice=p.policy,
-        )
+        return plan_step(self.name, counts_RE, p, planned=p.planned, choice=p.policy)
+
+
+def plan_step(name: str, counts_RE: torch.Tensor, p: Plan, **options: Any) -> PolicyStep:
+    """The :class:`PolicyStep` of a moonplan plan: its slots' moves and fetched pairs."""
+    return make_step(
+        name,
+        counts_RE,
+        p.alloc,
+        copies=p.copies(),
+        moves_C2=slot_moves(p),
+        fetch_ER=plan_fetch_ER(p),
+        src_E=p.home.cpu(),
+        **options,
+    )
 
 
 def replica_moves(alloc_ER: torch.Tensor, home_E: torch.Tensor) -> torch.Tensor:

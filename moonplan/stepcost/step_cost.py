@@ -258,27 +258,32 @@ class StepCost:
         intra = np.maximum(t.send_intra_R, t.recv_intra_R).astype(np.float64)
         return intra, np.maximum(t.send_inter_R, t.recv_inter_R).astype(np.float64)
 
-    def _all_to_all(self, t: Traffic, intra_s: float, inter_s: float) -> float:
-        R = t.local_R.size
+    def _all_to_all(
+        self, R: int, busy: tuple[np.ndarray, np.ndarray], intra_s: float, inter_s: float
+    ) -> float:
+        """Seconds of one all-to-all of ``R`` ranks whose busiest links carry ``busy``."""
         if R <= 1:
             return 0.0
-        intra, inter = self._busiest(t)
+        intra, inter = busy
         link = float(np.maximum(intra * intra_s, inter * inter_s).max())
         return self.base_latency_s + self.per_peer_latency_s * (R - 1) + link
 
-    def _fetch(self, moves: Traffic, data: Traffic, overlapped: bool) -> float:
-        """Seconds until every fetched weight has arrived (0 when nothing is fetched)."""
-        if int(moves.recv_intra_R.sum() + moves.recv_inter_R.sum()) == 0:
-            return 0.0
-        w_intra, w_inter = self._busiest(moves)
+    def _fetch(
+        self, weights: tuple[np.ndarray, np.ndarray], data: tuple[np.ndarray, np.ndarray]
+    ) -> tuple[float, float]:
+        """Seconds until every fetched weight has arrived: alone on the links, and sharing
+        them with dispatch (``(0, 0)`` when nothing is fetched). ``weights`` and ``data``
+        are the busiest-link copies and rows per rank (:meth:`_busiest`)."""
+        w_intra, w_inter = weights
+        if not (w_intra.any() or w_inter.any()):
+            return 0.0, 0.0
         alone = float(np.maximum(w_intra * self.copy_s_intra, w_inter * self.copy_s_inter).max())
-        if not overlapped:
-            return self.base_latency_s + alone
         # dispatch rows and weights share each link direction: their times add
-        d_intra, d_inter = self._busiest(data)
+        d_intra, d_inter = data
         intra = d_intra * self.dispatch_row_s_intra + w_intra * self.copy_s_intra
         inter = d_inter * self.dispatch_row_s_inter + w_inter * self.copy_s_inter
-        return self.base_latency_s + max(alone, float(np.maximum(intra, inter).max()))
+        shared = max(alone, float(np.maximum(intra, inter).max()))
+        return self.base_latency_s + alone, self.base_latency_s + shared
 
     def step_time(
         self,
@@ -311,15 +316,15 @@ class StepCost:
         e_C, r_C = fetch.nonzero()
         moves = pair_traffic(np.stack([src[e_C], r_C], axis=1), R, G)
         plan = self.plan_s * planned
-        D = self._all_to_all(data, self.dispatch_row_s_intra, self.dispatch_row_s_inter)
-        Cb = self._all_to_all(data, self.combine_row_s_intra, self.combine_row_s_inter)
+        d_busy, w_busy = self._busiest(data), self._busiest(moves)
+        D = self._all_to_all(R, d_busy, self.dispatch_row_s_intra, self.dispatch_row_s_inter)
+        Cb = self._all_to_all(R, d_busy, self.combine_row_s_intra, self.combine_row_s_inter)
         home_R = self.experts_R(np.where(fetch, 0, rows))
         wait_R = self.experts_R(np.where(fetch, rows, 0))
         experts = float((home_R + wait_R).max())
-        alone = self._fetch(moves, data, overlapped=False)
+        alone, ready = self._fetch(w_busy, d_busy)
         without = plan + D + experts + Cb
         if self.overlap:
-            ready = self._fetch(moves, data, overlapped=True)
             total = plan + float((np.maximum(D + home_R, ready) + wait_R).max()) + Cb
         else:
             total = without + alone
