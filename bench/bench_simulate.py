@@ -24,7 +24,7 @@ import torch
 
 from moonplan.baselines.compare import compare_policies
 from moonplan.baselines.metrics import balancedness
-from moonplan.baselines.policies import POLICY_NAMES, make_policy
+from moonplan.baselines.registry import make_policy, names
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import expert_bytes, get_model
 from moonplan.simulate.progress import ProgressBar
@@ -57,7 +57,7 @@ def compare_table(model: str, ranks: int, sigma: float, layers: int, steps: int)
             for layer in range(layers)
         ]
     )  # fmt: skip
-    rows = compare_policies(counts, POLICY_NAMES, expert_bytes=expert_bytes(m), warmup=steps,
+    rows = compare_policies(counts, names(), expert_bytes=expert_bytes(m), warmup=steps,
                             period=4, window=4, cost=auto_cost(model))  # fmt: skip
     return [{"model": model, "ranks": ranks, "sigma": sigma, **r} for r in rows]
 
@@ -82,7 +82,7 @@ def figures(out: Path, skew_rows: dict[str, list], ep_rows: dict[str, list]) -> 
     counts = drifting_counts(8, m.num_experts, 4096, m.top_k, sigma=1.0, steps=32, seed=0)
     made = []
     pols = [make_policy(n, 8, m.num_experts, period=8, cost=auto_cost("deepseek-v3"))
-            for n in POLICY_NAMES]  # fmt: skip
+            for n in names()]  # fmt: skip
     series: dict[str, list[float]] = {p.name: [] for p in pols}
     last = []
     for c in counts:

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from moonplan.baselines.policy_base import Policy, PolicyStep, no_moves
-from moonplan.baselines.round_robin import placement_alloc
-from moonplan.plan.home import home_map
+from moonplan.baselines.policy_base import Policy, PolicyStep
+from moonplan.baselines.registry import PolicyInfo, register
+from moonplan.plan.placement import static_alloc
 from moonplan.plan.validate import as_counts
 
 
@@ -62,7 +62,6 @@ class CapacityPolicy(Policy):
         self.factor = float(factor)
         self.pad = pad
         self.name = f"capacity-{self.factor!r}"
-        self.home_E = home_map(num_experts, num_ranks)
 
     def step(self, counts: Any) -> PolicyStep:
         counts_RE = self._counts(counts)
@@ -74,11 +73,27 @@ class CapacityPolicy(Policy):
             sent_RE = kept_RE
         return PolicyStep(
             name=self.name,
-            alloc_ER=placement_alloc(kept_RE, self.home_E),
-            rows_ER=placement_alloc(sent_RE, self.home_E),
+            alloc_ER=static_alloc(kept_RE),
+            rows_ER=static_alloc(sent_RE),
             sent_RE=sent_RE,
             dropped=int((counts_RE - kept_RE).sum()),
-            copies=0,
-            moves_C2=no_moves(),
-            background_C2=no_moves(),
         )
+
+
+def capacity_policy(name: str, num_ranks: int, num_experts: int) -> CapacityPolicy:
+    """``capacity-<f>``: :class:`CapacityPolicy` with factor ``f``, named as asked
+    (``"capacity-2"`` stays ``"capacity-2"``)."""
+    try:
+        factor = float(name.removeprefix("capacity-"))
+    except ValueError:
+        raise ValueError(f"bad capacity policy {name!r}; use e.g. capacity-1.25") from None
+    if not factor > 0:
+        raise ValueError(f"capacity factor must be > 0, got {factor}")
+    policy = CapacityPolicy(num_ranks, num_experts, factor=factor)
+    policy.name = name
+    return policy
+
+
+register(PolicyInfo("capacity-1.0", capacity_policy, label="cap1.0", order=20))
+register(PolicyInfo("capacity-1.25", capacity_policy, label="cap1.25", order=30))
+register(PolicyInfo("capacity-", capacity_policy, listed=False, family=True))

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from moonplan.baselines.metrics import balancedness_per_layer, balancedness_summed, imbalance
-from moonplan.baselines.policies import POLICY_NAMES, PolicyStep, make_policy
+from moonplan.baselines.policy_base import PolicyStep
+from moonplan.baselines.registry import make_policy, names
 
 
 def run_layers(counts_LTRE: torch.Tensor, name: str, **options: Any) -> list[list[PolicyStep]]:
@@ -39,21 +40,21 @@ def run_layers(counts_LTRE: torch.Tensor, name: str, **options: Any) -> list[lis
 
 def compare_policies(
     counts_LTRE: torch.Tensor,
-    policies: Sequence[str] = POLICY_NAMES,
+    policies: Sequence[str] | None = None,
     *,
     expert_bytes: float = 0.0,
     warmup: int = 0,
     **options: Any,
 ) -> list[dict[str, Any]]:
-    """One dict of metrics per policy (see the module docstring); ``options`` go to
-    :func:`make_policy` (e.g. EPLB's ``period``)."""
+    """One dict of metrics per policy (default: every registered one, ``names()``; see the
+    module docstring); ``options`` go to :func:`make_policy` (e.g. EPLB's ``period``)."""
     if counts_LTRE.dim() != 4:
         raise ValueError(f"counts must be [L, T, R, E], got shape {tuple(counts_LTRE.shape)}")
     if not 0 <= warmup < counts_LTRE.shape[1]:
         raise ValueError(f"warmup = {warmup} leaves no measured step")
     return [
         _metrics(name, run_layers(counts_LTRE, name, **options), expert_bytes, warmup)
-        for name in policies
+        for name in (names() if policies is None else policies)
     ]
 
 

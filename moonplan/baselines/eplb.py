@@ -33,11 +33,13 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
 from moonplan.baselines.policy_base import Policy, PolicyStep, make_step, no_moves
+from moonplan.baselines.registry import PolicyInfo, register
 
 
 def replicate(load_E: Sequence[float], num_physical: int) -> list[int]:
@@ -177,46 +179,51 @@ def default_redundant(num_experts: int, num_ranks: int) -> int:
     return num_ranks + (-(num_experts + num_ranks)) % num_ranks
 
 
-class EPLBPolicy(Policy):
-    """Periodic EPLB-style replication (see the module docstring).
+@dataclass(frozen=True)
+class EPLBSettings:
+    """EPLB's knobs (the options :func:`~moonplan.baselines.registry.make_policy` passes it).
 
-    Args:
-        num_ranks, num_experts: ``R``, ``E``.
+    Attributes:
         redundant: extra physical experts (``E + redundant`` must be divisible by ``R``;
-            default :func:`default_redundant`).
+            ``None``: :func:`default_redundant`).
         period: steps between rearrangements (>= 1).
-        window: steps of history averaged for the load estimate (default ``period``).
+        window: steps of history averaged for the load estimate (``None``: ``period``).
         nodes: nodes of the EP group (hierarchical policy when it divides ``groups``).
         groups: expert groups (DeepSeek-V3: 8); 1 for models without group-limited routing.
+    """
+
+    redundant: int | None = None
+    period: int = 8
+    window: int | None = None
+    nodes: int = 1
+    groups: int = 1
+
+    def __post_init__(self) -> None:
+        window = self.period if self.window is None else self.window
+        if min(self.period, window, self.nodes, self.groups) < 1:
+            raise ValueError("period, window, nodes and groups must be >= 1")
+
+
+class EPLBPolicy(Policy):
+    """Periodic EPLB-style replication (see the module docstring) for ``R`` ranks and ``E``
+    experts; ``settings`` are the fields of :class:`EPLBSettings`.
 
     Before any history exists the placement is planned from uniform loads.
     """
 
     name = "eplb"
 
-    def __init__(
-        self,
-        num_ranks: int,
-        num_experts: int,
-        *,
-        redundant: int | None = None,
-        period: int = 8,
-        window: int | None = None,
-        nodes: int = 1,
-        groups: int = 1,
-    ) -> None:
+    def __init__(self, num_ranks: int, num_experts: int, **settings: Any) -> None:
         super().__init__(num_ranks, num_experts)
-        R, E = num_ranks, num_experts
-        self.redundant = default_redundant(E, R) if redundant is None else int(redundant)
+        R, E, s = num_ranks, num_experts, EPLBSettings(**settings)
+        self.redundant = default_redundant(E, R) if s.redundant is None else int(s.redundant)
         if self.redundant < 0 or (E + self.redundant) % R or E + self.redundant < R:
             raise ValueError(
                 f"EPLB needs E + redundant = {E} + {self.redundant} to be a positive "
                 f"multiple of R = {R}"
             )
-        if period < 1 or (window is not None and window < 1) or nodes < 1 or groups < 1:
-            raise ValueError("period, window, nodes and groups must be >= 1")
-        self.period, self.window = int(period), int(window or period)
-        self.nodes, self.groups = int(nodes), int(groups)
+        self.period, self.window = int(s.period), int(s.window or s.period)
+        self.nodes, self.groups = int(s.nodes), int(s.groups)
         self.reset()
 
     def reset(self) -> None:
@@ -251,3 +258,10 @@ class EPLBPolicy(Policy):
 
     def _ranks_per_node(self) -> int:
         return max(1, self.num_ranks // self.nodes)
+
+
+def _build(name: str, num_ranks: int, num_experts: int, **settings: Any) -> EPLBPolicy:
+    return EPLBPolicy(num_ranks, num_experts, **settings)
+
+
+register(PolicyInfo("eplb", _build, order=40, options=tuple(f.name for f in fields(EPLBSettings))))

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from moonplan.baselines.policies import PolicyStep
+from moonplan.baselines.policy_base import PolicyStep
 
 
 def _f64(x: Any) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """The upstream MoonEP planner's greedy, written from its public description.
 
-Legend: R ranks, E experts; ``alloc [E, R]`` as in :class:`moonplan.Plan`.
+Legend: R ranks, E experts, C replica copies; ``alloc [E, R]`` as in :class:`moonplan.Plan`;
+``home_E`` int64 ``[E]`` home rank of each expert; ``moves_C2`` int64 ``[C, 2]``
+(home rank, destination rank) of each copy.
 
 Description followed (the MoonEP README; docs/simulator.md): balance home groups greedily —
 the donor with the largest excess fills the most underloaded receiver
@@ -18,8 +20,15 @@ from typing import Any
 
 import torch
 
-from moonplan.plan.home import home_list, targets_list
+from moonplan.baselines.policy_base import Policy, PolicyStep, make_step
+from moonplan.baselines.registry import PolicyInfo, register
+from moonplan.plan.home import home_list, home_map, targets_list
+from moonplan.plan.placement import static_load
 from moonplan.plan.validate import as_counts
+
+MOONEP_PLAN_US = 51.0
+"""Planning time per planner run (us) the simulator charges the greedy and moonplan:
+MoonEP's published GPU planning time on H20/H200 EP8 (docs/simulator.md)."""
 
 
 def moonep_greedy_alloc(counts: Any) -> torch.Tensor:
@@ -89,20 +98,61 @@ def _split(
             heapq.heappush(pool, (-remaining[e], e))
 
 
-def replica_count(alloc_ER: torch.Tensor) -> int:
-    """Copies of an allocation: pairs ``(e, r)`` with records on a rank that is not home."""
+def replica_pairs(alloc_ER: torch.Tensor) -> torch.Tensor:
+    """bool ``[E, R]`` (CPU): pairs ``(e, r)`` with records of ``e`` on a rank not its home."""
     E, R = alloc_ER.shape
-    home_E = torch.tensor(home_list(E, R), dtype=torch.int64)
-    remote_ER = home_E[:, None] != torch.arange(R)[None, :]
-    return int(((alloc_ER.cpu() > 0) & remote_ER).sum())
+    home_E = home_map(E, R)
+    return (alloc_ER.cpu() > 0) & (home_E[:, None] != torch.arange(R)[None, :])
+
+
+def replica_count(alloc_ER: torch.Tensor) -> int:
+    """Copies of an allocation: the number of :func:`replica_pairs`."""
+    return int(replica_pairs(alloc_ER).sum())
 
 
 def copies_lower_bound(counts: Any) -> int:
     """Fewest copies any exact plan needs: one per rank whose home load is below its target."""
     counts_RE = as_counts(counts).cpu()
-    R, E = counts_RE.shape
-    load_R = torch.zeros(R, dtype=torch.int64).index_add_(
-        0, torch.tensor(home_list(E, R)), counts_RE.sum(0)
-    )
-    target_R = torch.tensor(targets_list(int(counts_RE.sum()), R))
+    load_R = static_load(counts_RE)
+    target_R = torch.tensor(targets_list(int(counts_RE.sum()), counts_RE.shape[0]))
     return int((load_R < target_R).sum())
+
+
+def replica_moves(alloc_ER: torch.Tensor) -> torch.Tensor:
+    """``moves_C2`` of every :func:`replica_pairs` pair of ``alloc_ER`` (rank-major order)."""
+    E, R = alloc_ER.shape
+    r_C, e_C = replica_pairs(alloc_ER).t().nonzero(as_tuple=True)
+    return torch.stack([home_map(E, R)[e_C], r_C], dim=1)
+
+
+class GreedyPolicy(Policy):
+    """The upstream MoonEP greedy (:func:`moonep_greedy_alloc`): exact balance, every replica
+    re-copied from its home rank every step."""
+
+    name = "moonep-greedy"
+
+    def step(self, counts: Any) -> PolicyStep:
+        counts_RE = self._counts(counts)
+        alloc_ER = moonep_greedy_alloc(counts_RE)
+        moves_C2 = replica_moves(alloc_ER)
+        return make_step(
+            self.name,
+            counts_RE,
+            alloc_ER,
+            copies=moves_C2.shape[0],
+            moves_C2=moves_C2,
+            fetch_ER=replica_pairs(alloc_ER),
+            src_E=home_map(self.num_experts, self.num_ranks),
+        )
+
+
+register(
+    PolicyInfo(
+        "moonep-greedy",
+        lambda name, R, E: GreedyPolicy(R, E),
+        label="greedy",
+        style=("--", "s"),  # dashed: it often coincides with moonplan
+        plan_us=MOONEP_PLAN_US,
+        order=50,
+    )
+)

@@ -8,14 +8,14 @@ Legend:
     sent_RE    int64 rows source ``s`` sends towards expert ``e`` (counts minus drops, plus padding)
     moves_C2   int64 ``(source rank, destination rank)`` of each expert-weight copy moved
 
-It sits below every policy module (``policies``, ``eplb``, ``capacity``), so that
-:func:`moonplan.baselines.policies.make_policy` can import them all without an import
-cycle (docs/design.md §5); ``moonplan.baselines.policies`` re-exports these names.
+It sits below every policy module and the registry (``moonplan.baselines.registry``),
+which every policy module registers itself in, so there is no import cycle
+(docs/design.md §5).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,6 +23,11 @@ import torch
 from moonplan.plan.validate import as_counts
 
 __all__ = ["Policy", "PolicyStep", "make_step", "no_moves"]
+
+
+def no_moves() -> torch.Tensor:
+    """An empty ``[0, 2]`` moves tensor."""
+    return torch.zeros(0, 2, dtype=torch.int64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,6 +41,7 @@ class PolicyStep:
         sent_RE: ``[R, E]`` rows source ``s`` sends towards expert ``e`` (after drops,
             with padding); ``sent_RE.sum(0) == rows_ER.sum(1)``.
         dropped: records not executed at all (capacity overflow); moonplan drops none.
+            Unless given: no drops, no copies, no moves.
         copies: expert weight instances executed off their primary holder this step
             (replica pairs for home-based policies; redundant experts held for EPLB).
         moves_C2: ``[C, 2]`` weight copies that must arrive before this step's experts
@@ -54,10 +60,10 @@ class PolicyStep:
     alloc_ER: torch.Tensor
     rows_ER: torch.Tensor
     sent_RE: torch.Tensor
-    dropped: int
-    copies: int
-    moves_C2: torch.Tensor
-    background_C2: torch.Tensor
+    dropped: int = 0
+    copies: int = 0
+    moves_C2: torch.Tensor = field(default_factory=no_moves)
+    background_C2: torch.Tensor = field(default_factory=no_moves)
     fetch_ER: torch.Tensor | None = None
     src_E: torch.Tensor | None = None
     planned: int = 1
@@ -78,39 +84,12 @@ class PolicyStep:
         return self.new_copies * float(expert_bytes)
 
 
-def no_moves() -> torch.Tensor:
-    """An empty ``[0, 2]`` moves tensor."""
-    return torch.zeros(0, 2, dtype=torch.int64)
-
-
 def make_step(
-    name: str,
-    counts_RE: torch.Tensor,
-    alloc_ER: torch.Tensor,
-    *,
-    copies: int = 0,
-    moves_C2: torch.Tensor | None = None,
-    background_C2: torch.Tensor | None = None,
-    fetch_ER: torch.Tensor | None = None,
-    src_E: torch.Tensor | None = None,
-    planned: int = 1,
-    choice: str = "",
+    name: str, counts_RE: torch.Tensor, alloc_ER: torch.Tensor, **fields: Any
 ) -> PolicyStep:
-    """A dropless, unpadded :class:`PolicyStep` (rows = alloc, sent = counts)."""
-    return PolicyStep(
-        name=name,
-        alloc_ER=alloc_ER,
-        rows_ER=alloc_ER,
-        sent_RE=counts_RE,
-        dropped=0,
-        copies=copies,
-        moves_C2=no_moves() if moves_C2 is None else moves_C2,
-        background_C2=no_moves() if background_C2 is None else background_C2,
-        fetch_ER=fetch_ER,
-        src_E=src_E,
-        planned=planned,
-        choice=choice,
-    )
+    """A dropless, unpadded :class:`PolicyStep` (rows = alloc, sent = counts); ``fields``
+    are its other attributes (``copies``, ``moves_C2``, ``fetch_ER``, ...)."""
+    return PolicyStep(name, alloc_ER, alloc_ER, counts_RE, **fields)
 
 
 class Policy:

@@ -51,9 +51,9 @@ from moonplan.plan.candidates import (
 )
 from moonplan.plan.from_alloc import layout_reference, layout_resident
 from moonplan.plan.home import home_map, targets_list
+from moonplan.plan.placement import static_alloc, static_load
 from moonplan.plan.plan_type import Plan, Predicted, make_plan
 from moonplan.plan.reference import reference_plan, to_tensors
-from moonplan.plan.static import static_alloc
 from moonplan.plan.torch_backend import plan_torch
 
 EPS = ("0.25", "0.1", "0.05")
@@ -441,9 +441,7 @@ def _domain_size(cost: CostModel, num_ranks: int) -> int:
 
 
 def _static_load(inp: Inputs) -> list[int]:
-    R, E = inp.counts_RE.shape
-    load_R = torch.zeros(R, dtype=torch.int64, device=inp.counts_RE.device)
-    return load_R.index_add_(0, home_map(E, R, device=load_R.device), inp.counts_RE.sum(0)).tolist()
+    return static_load(inp.counts_RE).tolist()
 
 
 def _prev_or_empty(inp: Inputs) -> torch.Tensor:

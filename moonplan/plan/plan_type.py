@@ -30,6 +30,7 @@ import torch
 from moonplan.errors import PlanError
 from moonplan.plan.from_alloc import as_alloc, check_remote, layout_reference, layout_torch
 from moonplan.plan.home import max_local
+from moonplan.plan.placement import static_load
 from moonplan.plan.validate import as_counts, check_options
 
 PLAN_TENSORS = (
@@ -174,9 +175,9 @@ class Plan:
         return self.row_expert[:, self.max_local + self.num_slots :]
 
     def static_load(self) -> torch.Tensor:
-        """``[R]`` records each rank would execute under static EP (all on the home rank)."""
-        load_R = torch.zeros(self.num_ranks, dtype=torch.int64, device=self.device)
-        return load_R.index_add_(0, self.home, self.counts.sum(0))
+        """``[R]`` records each rank would execute under static EP (all on the home rank;
+        a plan's ``home`` is always the linear home map, so nothing is read on the host)."""
+        return static_load(self.counts)
 
     def recv_size(self) -> torch.Tensor:
         """``[R]`` rows of each rank's expert-grouped receive buffer (padding included)."""

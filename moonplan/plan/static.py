@@ -6,29 +6,19 @@ It is the baseline the runtime is measured against ("planning off") and the
 cheapest candidate of ``policy="auto"``: the same dispatch, experts and
 combine, with the loads the router happens to produce. Its ``target`` is the
 static load, so it does not meet invariant 2; it declares that load's maximum
-as its ``load_bound``. Static placement is computed here and only here
-(:func:`static_alloc`).
+as its ``load_bound``. The allocation itself comes from
+:func:`moonplan.plan.placement.static_alloc`, the one place static placement is computed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from moonplan.plan.from_alloc import layout_resident
-from moonplan.plan.home import home_map, max_local
+from moonplan.plan.home import max_local
+from moonplan.plan.placement import static_alloc
 from moonplan.plan.plan_type import Plan, make_plan, previous_slots
 from moonplan.plan.validate import as_counts, check_options
-
-
-def static_alloc(counts_RE: torch.Tensor) -> torch.Tensor:
-    """``alloc_ER`` int64 ``[E, R]``: every expert's records ``sum_s counts[s, e]`` on its home."""
-    R, E = counts_RE.shape
-    dev = counts_RE.device
-    alloc_ER = torch.zeros(E, R, dtype=torch.int64, device=dev)
-    alloc_ER[torch.arange(E, device=dev), home_map(E, R, device=dev)] = counts_RE.sum(0)
-    return alloc_ER
 
 
 def static_plan(

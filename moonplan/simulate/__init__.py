@@ -4,9 +4,9 @@ See ``docs/simulator.md`` for the model, its assumptions and the simulated table
 """
 
 from moonplan.simulate.model_time import (
-    DEFAULT_PLAN_US,
     SimConfig,
     StepTime,
+    default_plan_us,
     ideal_time,
     step_time,
 )
@@ -15,13 +15,13 @@ from moonplan.simulate.sweep import SweepSpec, break_even, simulate_trace, sweep
 from moonplan.stepcost.hardware import HARDWARE, Hardware, get_hardware
 
 __all__ = [
-    "DEFAULT_PLAN_US",
     "HARDWARE",
     "Hardware",
     "SimConfig",
     "StepTime",
     "SweepSpec",
     "break_even",
+    "default_plan_us",
     "get_hardware",
     "get_model",
     "ideal_time",

@@ -9,9 +9,10 @@ Legend:
     R ranks    E experts    H hidden size    F expert intermediate size (SwiGLU: 3 H x F)
     N records (token, k) of the step    rows_ER  rows each rank computes per expert
 
-* **plan**: ``SimConfig.plan_us`` per planner run (``PolicyStep.planned``; 51 us for
-  moonplan and the greedy, MoonEP's published GPU planning time; 0 for static
-  placements, EPLB and capacity, which plan off the critical path or not at all);
+* **plan**: ``SimConfig.plan_us`` per planner run (``PolicyStep.planned``); by default
+  each policy's registered ``plan_us`` (51 us for moonplan and the greedy, MoonEP's
+  published GPU planning time; 0 for static placements, EPLB and capacity, which plan
+  off the critical path or not at all);
 * **fetch** (prefetch and direct reads): the weights a policy moves before its rows can
   run (``PolicyStep.fetch_ER``; EPLB's periodic moves are in the background and cost
   nothing here). ``SimConfig.overlap_prefetch=True`` (default: moonplan's runtime
@@ -30,22 +31,23 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 import torch
 
-from moonplan.baselines.policies import PolicyStep
+from moonplan.baselines.policy_base import PolicyStep
+from moonplan.baselines.registry import infos
 from moonplan.cost import ModelPreset
 from moonplan.stepcost import Hardware, StepCost, StepTime
 
-DEFAULT_PLAN_US: Mapping[str, float] = MappingProxyType(
-    {"moonplan": 51.0, "moonplan-resident": 51.0, "moonplan-auto": 51.0, "moonep-greedy": 51.0}
-)
-"""Planning time per planner run (us) on the critical path; MoonEP reports ~51 us on
-H20/H200 EP8. Policies not listed plan nothing per step. ``moonplan-auto`` is charged
-per run of the group-flow construction (``plan.planned``: 0 when it keeps the static or
-the resident plan, one per balancing candidate it built)."""
+
+def default_plan_us() -> dict[str, float]:
+    """Planning time per planner run (us) of every registered policy that plans on the
+    critical path (its ``PolicyInfo.plan_us``; MoonEP reports ~51 us on H20/H200 EP8).
+    Policies not listed plan nothing per step. ``moonplan-auto`` is charged per run of
+    the group-flow construction (``plan.planned``: 0 when it keeps the static or the
+    resident plan, one per balancing candidate it built)."""
+    return {name: p.plan_us for name, p in infos().items() if p.plan_us > 0}
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,8 @@ class SimConfig:
         weight_bytes: bytes per expert weight (2: bf16).
         act_bytes: bytes per activation element in the GEMM and the combine (2: bf16).
         dispatch_bytes: bytes per element sent by dispatch (2: bf16; 1 for FP8 dispatch).
-        plan_us: planning time per policy name, microseconds (default ``DEFAULT_PLAN_US``).
+        plan_us: planning time per policy name, microseconds (default
+            :func:`default_plan_us`, read from the registry when the config is made).
         overlap_prefetch: the overlapped schedule (fetch during dispatch and the home
             section, as moonplan's runtime runs it; default); ``False``: fetch, then
             dispatch, one after the other.
@@ -65,7 +68,7 @@ class SimConfig:
     weight_bytes: float = 2.0
     act_bytes: float = 2.0
     dispatch_bytes: float = 2.0
-    plan_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_PLAN_US))
+    plan_us: Mapping[str, float] = field(default_factory=default_plan_us)
     overlap_prefetch: bool = True
 
     def plan_seconds(self, policy: str) -> float:

@@ -10,6 +10,7 @@ extra). Every function writes one PNG to ``path`` and returns the path.
   :func:`plot_policies`: the same ratio per policy on a recorded trace;
   :func:`plot_sweep` picks between them from the rows.
 
+Each policy's line has the style it registered (``moonplan.baselines.registry``).
 Axes carry their units and a labelled tick at every simulated point; the ratio axis is
 linear with 5-8 labelled ticks. ``figure_*`` build the figures without saving them.
 """
@@ -18,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
-from moonplan.baselines.policies import PolicyStep
+from moonplan.baselines.policy_base import PolicyStep
+from moonplan.baselines.registry import info
 
 DPI = 100
 
@@ -97,11 +98,14 @@ def _recorded(r: dict[str, Any]) -> bool:
     return r.get("maxvio_target") is None and r.get("sigma") is None
 
 
-STYLE: Mapping[str, tuple[str, str]] = MappingProxyType(
-    {"moonep-greedy": ("--", "s"), "moonplan": ("-", "o"), "moonplan-resident": ("-", "D")}
-)
-"""Line style and marker per policy (others: solid with dots); the greedy is dashed because
-it often coincides with moonplan."""
+def style(policy: str) -> tuple[str, str]:
+    """``(line style, marker)`` of ``policy``: what it registered
+    (``moonplan.baselines.registry``), or a solid line with dots for a name nobody registered."""
+    try:
+        return info(policy).style
+    except ValueError:
+        return ("-", ".")
+
 
 Y_LABEL = "step time / force-balanced ideal (x)"
 
@@ -132,9 +136,9 @@ def _y_axis(ax: Any, bottom: float = 0.9) -> None:
 def _lines(ax: Any, rows: Sequence[dict[str, Any]], x: Any) -> None:
     for name, pts in _grouped(rows, "policy").items():
         pts = sorted(pts, key=x)
-        style, marker = STYLE.get(name, ("-", "."))
+        line, marker = style(name)
         ys = [p["rel_ideal"] for p in pts]
-        ax.plot([x(p) for p in pts], ys, linestyle=style, marker=marker, label=name)
+        ax.plot([x(p) for p in pts], ys, linestyle=line, marker=marker, label=name)
     ax.axhline(1.0, color="black", linewidth=0.8)
     xs = sorted({x(p) for p in rows})
     ax.set_xticks(xs, [f"{v:g}" for v in xs])  # a labelled tick at every simulated point

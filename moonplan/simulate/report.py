@@ -2,32 +2,27 @@
 
 A sweep table has one line per (EP size, skew) and one column per policy, holding
 the step time relative to the force-balanced ideal (``rel_ideal``); a detail table
-lists every phase and metric of every row.
+lists every phase and metric of every row. Policy columns carry the label each
+policy registered (``moonplan.baselines.registry``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Sequence
 from typing import Any
 
+from moonplan.baselines.registry import info
 from moonplan.tables import render
 
-SHORT: Mapping[str, str] = MappingProxyType(
-    {
-        "static-linear": "static",
-        "static-round-robin": "rr",
-        "capacity-1.0": "cap1.0",
-        "capacity-1.25": "cap1.25",
-        "eplb": "eplb",
-        "moonep-greedy": "greedy",
-        "moonplan": "moonplan",
-        "moonplan-resident": "resident",
-        "moonplan-auto": "auto",
-    }
-)
-"""Column headers for the policies (read-only)."""
+
+def label(policy: str) -> str:
+    """The column header of ``policy``: its registered label (``moonplan.baselines.registry``),
+    or the name itself for a name nobody registered."""
+    try:
+        return info(policy).header(policy)
+    except ValueError:
+        return policy
 
 
 def _policies(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -53,7 +48,7 @@ def sweep_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> st
     column per policy; the ideal's absolute time (us) last."""
     pols = _policies(rows)
     keys = list(dict.fromkeys((r["ranks"], _skew(r)) for r in rows))
-    header = ["EP", "skew", "MaxVio", *[SHORT.get(p, p) for p in pols], "ideal us"]
+    header = ["EP", "skew", "MaxVio", *[label(p) for p in pols], "ideal us"]
     lines = []
     for R, skew in keys:
         at = {r["policy"]: r for r in rows if (r["ranks"], _skew(r)) == (R, skew)}
@@ -65,20 +60,25 @@ def sweep_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> st
     return _table(header, lines, markdown)
 
 
-DETAIL = (
-    ("total_us", "step us", "{:.0f}"),
-    ("rel_ideal", "/ideal", "{:.2f}"),
-    ("plan_us", "plan", "{:.0f}"),
-    ("prefetch_us", "prefetch", "{:.0f}"),
-    ("dispatch_us", "dispatch", "{:.0f}"),
-    ("experts_us", "experts", "{:.0f}"),
-    ("combine_us", "combine", "{:.0f}"),
+PHASES = ("plan", "prefetch", "dispatch", "experts", "combine")
+"""Phases of a detail row after the step total, in microseconds (keys ``<phase>_us``)."""
+
+METRICS = (
     ("balancedness", "balanced", "{:.3f}"),
     ("copies", "copies", "{:.1f}"),
     ("new_copies", "new", "{:.1f}"),
     ("moved_mb", "moved MB", "{:.0f}"),
     ("dropped_fraction", "dropped", "{:.1%}"),
 )
+"""Metric columns of a detail row after the phases: key, header, format."""
+
+DETAIL = (
+    ("total_us", "step us", "{:.0f}"),
+    ("rel_ideal", "/ideal", "{:.2f}"),
+    *((f"{p}_us", p, "{:.0f}") for p in PHASES),
+    *METRICS,
+)
+"""Every detail column (key, header, format), in table order."""
 
 
 def detail_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> str:
@@ -94,7 +94,7 @@ def detail_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> s
 def break_even_table(results: Sequence[dict[str, Any]], *, markdown: bool = False) -> str:
     """One line per break-even result: model, hardware, EP, sigma, break-even S per policy."""
     pols = list(dict.fromkeys(p for res in results for p in res["break_even"]))
-    header = ["model", "hardware", "EP", "sigma", *[f"{SHORT.get(p, p)} S*" for p in pols]]
+    header = ["model", "hardware", "EP", "sigma", *[f"{label(p)} S*" for p in pols]]
     lines = []
     for res in results:
         cells = [_be(res["break_even"].get(p), res["tokens"]) for p in pols]

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from moonplan.baselines.metrics import expert_maxvio, summarize
-from moonplan.baselines.policies import POLICY_NAMES, make_policy
+from moonplan.baselines.registry import make_policy, names
 from moonplan.cost import ModelPreset
 from moonplan.simulate.model_time import SimConfig, StepTime, ideal_time, mean_time, step_time
 from moonplan.simulate.models import expert_bytes, get_model
@@ -46,7 +46,7 @@ class SweepSpec:
         sigmas: lognormal sigmas; ignored when ``maxvios`` is given.
         maxvios: expert MaxVio targets, each turned into a sigma.
         tokens: tokens per rank per step (S).
-        policies: policy names (``POLICY_NAMES``).
+        policies: policy names (default: every listed one, ``registry.names()``).
         steps, warmup: measured steps, and steps run before them.
         rho: AR(1) correlation of the log-popularity from step to step.
         seed: seeds the traces.
@@ -62,7 +62,7 @@ class SweepSpec:
     sigmas: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0)
     maxvios: tuple[float, ...] | None = None
     tokens: int = 4096
-    policies: tuple[str, ...] = POLICY_NAMES
+    policies: tuple[str, ...] = field(default_factory=names)
     steps: int = 4
     warmup: int = 4
     rho: float = 0.99
@@ -89,13 +89,14 @@ def simulate_trace(
     model: ModelPreset,
     hw: Hardware,
     cfg: SimConfig,
-    policies: Sequence[str] = POLICY_NAMES,
+    policies: Sequence[str] | None = None,
     *,
     warmup: int = 0,
     eplb_period: int = 4,
     eplb_groups: int = 1,
 ) -> list[dict[str, Any]]:
-    """One row per policy: mean phase times and metrics over steps ``warmup:`` of the trace."""
+    """One row per policy (default: every listed one, ``registry.names()``): mean phase
+    times and metrics over steps ``warmup:`` of the trace."""
     T, R, E = counts_TRE.shape
     if E != model.num_experts:
         raise ValueError(f"counts have E = {E} experts, model {model.name} has {model.num_experts}")
@@ -114,7 +115,7 @@ def simulate_trace(
     }
     return [
         _policy_row(name, counts_TRE, model, hw, cfg, warmup, opts, ideal, base)
-        for name in policies
+        for name in (names() if policies is None else policies)
     ]
 
 

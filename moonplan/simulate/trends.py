@@ -60,6 +60,16 @@ def _moe_row(
     return simulate_trace(counts, model, hw, cfg, ["static-linear"], warmup=1)[0]
 
 
+def _layer_times(moe: dict[str, Any], dense_us: float) -> dict[str, float]:
+    """What both trends report of one MoE layer row and its non-MoE time (us)."""
+    return {
+        "moe_layer_us": moe["total_us"],
+        "experts_us": moe["experts_us"],
+        "dispatch_combine_us": moe["dispatch_us"] + moe["combine_us"],
+        "dense_us": dense_us,
+    }
+
+
 def deepspeed_trend(
     *,
     hardware: str = "a100-multinode",
@@ -83,18 +93,8 @@ def deepspeed_trend(
         moe = _moe_row(model, hw, R, tokens, cfg, seed)
         dense = dense_time(model, hw, tokens, cfg) * 1e6
         forward = moe["total_us"] * model.num_moe_layers + dense
-        rows.append(
-            {
-                "gpus": R,
-                "experts_per_gpu": model.num_experts / R,
-                "moe_layer_us": moe["total_us"],
-                "experts_us": moe["experts_us"],
-                "dispatch_combine_us": moe["dispatch_us"] + moe["combine_us"],
-                "dense_us": dense,
-                "forward_us": forward,
-                "tokens_per_s_per_gpu": tokens / forward * 1e6,
-            }
-        )
+        row = {"gpus": R, "experts_per_gpu": model.num_experts / R, **_layer_times(moe, dense)}
+        rows.append({**row, "forward_us": forward, "tokens_per_s_per_gpu": tokens / forward * 1e6})
     for r in rows:
         r["per_gpu_speedup"] = r["tokens_per_s_per_gpu"] / rows[0]["tokens_per_s_per_gpu"]
     return rows
@@ -112,7 +112,7 @@ def gshard_trend(
     """Dispatch+combine share of the MoE+Transformer time as GShard's experts grow (EP = E).
 
     Returns one dict per expert count: ``experts``, ``ranks``, ``dispatch_combine_us``,
-    ``moe_layer_us``, ``dense_us`` (non-MoE time per MoE layer) and ``share``.
+    ``moe_layer_us``, ``experts_us``, ``dense_us`` (non-MoE time per MoE layer) and ``share``.
     """
     cfg, hw = cfg or SimConfig(), get_hardware(hardware)
     rows = []
@@ -122,15 +122,6 @@ def gshard_trend(
         model = gshard_model(E)
         moe = _moe_row(model, hw, E, tokens, cfg, seed)
         dense = dense_time(model, hw, tokens, cfg) * 1e6 / model.num_moe_layers
-        comm = moe["dispatch_us"] + moe["combine_us"]
-        rows.append(
-            {
-                "experts": E,
-                "ranks": E,
-                "dispatch_combine_us": comm,
-                "moe_layer_us": moe["total_us"],
-                "dense_us": dense,
-                "share": comm / (moe["total_us"] + dense),
-            }
-        )
+        row = {"experts": E, "ranks": E, **_layer_times(moe, dense)}
+        rows.append({**row, "share": row["dispatch_combine_us"] / (moe["total_us"] + dense)})
     return rows

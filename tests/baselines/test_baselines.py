@@ -6,13 +6,8 @@ import torch
 from hypothesis import given
 
 import moonplan
-from moonplan.baselines import (
-    copies_lower_bound,
-    max_over_mean,
-    moonep_greedy_alloc,
-    replica_count,
-    static_alloc,
-)
+from moonplan.baselines.moonep_greedy import copies_lower_bound, moonep_greedy_alloc, replica_count
+from moonplan.baselines.static_ep import max_over_mean, static_alloc
 from moonplan.testing import counts
 from moonplan.traces import COUNT_FAMILIES, generate_counts
 

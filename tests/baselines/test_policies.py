@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from moonplan.baselines import POLICY_NAMES, make_policy
 from moonplan.baselines.capacity import CapacityPolicy, capacity_kept, capacity_per_source
 from moonplan.baselines.eplb import (
     EPLBPolicy,
@@ -25,8 +26,8 @@ from moonplan.baselines.metrics import (
     step_metrics,
     summarize,
 )
-from moonplan.baselines.policies import POLICY_NAMES, StaticPolicy, make_policy
-from moonplan.baselines.round_robin import round_robin_alloc, round_robin_home
+from moonplan.baselines.static_ep import StaticPolicy, round_robin_alloc
+from moonplan.plan.placement import round_robin_home
 from moonplan.stepcost import StepCost
 from moonplan.traces import generate_counts
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import moonplan
-from moonplan.baselines.policies import make_policy
+from moonplan.baselines.registry import make_policy
 from moonplan.plan.choose import score
 from moonplan.simulate.acceptance import (
     AUTO,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from moonplan.baselines.policies import make_policy
+from moonplan.baselines.registry import make_policy
 from moonplan.cost import GQAAttention, ModelPreset
 from moonplan.simulate.model_time import (
     SimConfig,

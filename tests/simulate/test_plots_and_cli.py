@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from moonplan import cli_simulate
-from moonplan.baselines.policies import make_policy
+from moonplan.baselines.registry import make_policy
 from moonplan.simulate.sweep import SweepSpec, sweep
 from moonplan.traces import generate_counts
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from moonplan.baselines.policies import POLICY_NAMES
+from moonplan.baselines import POLICY_NAMES
 from moonplan.simulate.progress import ProgressBar
 from moonplan.simulate.report import break_even_table, detail_table, sweep_table, trend_table
 from moonplan.simulate.sweep import SweepSpec, _first_win, break_even, simulate_trace, sweep
