@@ -289,3 +289,29 @@ def test_fetched_pairs_are_the_critical_path_moves(name: str) -> None:
         assert bool((step.alloc_ER[step.fetch_ER] > 0).all())
         moved += len(pairs)
     assert (moved > 0) == (name != "eplb")
+
+
+# ---- one planner seam: the simulator plans as the runtime does -------------------------------
+
+
+@pytest.mark.parametrize("mode", ["exact", "auto"])
+def test_simulator_plans_what_the_runtime_balancer_plans(mode: str) -> None:
+    """``moonplan-resident``/``moonplan-auto`` and the runtime's ``Balancer`` make the same
+    ``moonplan.plan(counts, previous=, policy=, cost=)`` call: the same plans step by step."""
+    from moonplan.runtime.balancer import Balancer
+
+    cost = rows_only(copy_s_intra=1e-3, copy_s_inter=1e-3, plan_s=1e-3)  # auto mixes choices
+    name = "moonplan-resident" if mode == "exact" else "moonplan-auto"
+    sim = make_policy(name, 8, 64, cost=cost, slots=4)
+    runtime = Balancer(mode, slots=4, align=1, cost=cost if mode == "auto" else None)
+    previous = None
+    choices = set()
+    for seed in range(5):
+        c = generate_counts("lognormal", ranks=8, experts=64, tokens=256, topk=4, sigma=1.5,
+                            seed=seed)  # fmt: skip
+        step = sim.step(c)
+        previous = runtime.plan(c, previous)
+        assert torch.equal(step.alloc_ER, previous.alloc)
+        assert step.new_copies == previous.new_copies() and step.planned == previous.planned
+        choices.add(previous.policy)
+    assert choices == ({"exact"} if mode == "exact" else {"exact", "resident", "static"})
