@@ -19,8 +19,9 @@ Legend: R ranks (GPUs), E experts, S tokens per GPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypedDict, Unpack
 
 from moonplan.cost import ModelPreset
 from moonplan.simulate.model_time import SimConfig
@@ -50,78 +51,102 @@ def dense_time(model: ModelPreset, hw: Hardware, tokens: int, cfg: SimConfig) ->
     )
 
 
-def _moe_row(
-    model: ModelPreset, hw: Hardware, ranks: int, tokens: int, cfg: SimConfig, seed: int
-) -> dict[str, Any]:
-    """Static-EP MoE layer time on near-uniform routing (lognormal sigma 0)."""
-    counts = drifting_counts(
-        ranks, model.num_experts, tokens, model.top_k, sigma=0.0, steps=2, seed=seed
-    )
-    return simulate_trace(counts, model, hw, cfg, ["static-linear"], warmup=1)[0]
+class TrendOptions(TypedDict, total=False):
+    """Keyword options both trends take (each trend's docstring gives its defaults):
+    ``hardware`` preset, ``tokens`` per rank, simulator ``cfg``, trace ``seed`` and a
+    ``progress(done, total, label)`` callback."""
+
+    hardware: str
+    tokens: int
+    cfg: SimConfig | None
+    seed: int
+    progress: Progress | None
 
 
-def _layer_times(moe: dict[str, Any], dense_us: float) -> dict[str, float]:
-    """What both trends report of one MoE layer row and its non-MoE time (us)."""
-    return {
-        "moe_layer_us": moe["total_us"],
-        "experts_us": moe["experts_us"],
-        "dispatch_combine_us": moe["dispatch_us"] + moe["combine_us"],
-        "dense_us": dense_us,
-    }
+@dataclass(frozen=True)
+class _Run:
+    """A trend's resolved options, and the static-EP layer it simulates at each size."""
+
+    hw: Hardware
+    tokens: int
+    cfg: SimConfig
+    seed: int
+    progress: Progress | None
+
+    @classmethod
+    def of(cls, options: TrendOptions, hardware: str, tokens: int) -> _Run:
+        return cls(
+            hw=get_hardware(options.get("hardware", hardware)),
+            tokens=int(options.get("tokens", tokens)),
+            cfg=options.get("cfg") or SimConfig(),
+            seed=int(options.get("seed", 0)),
+            progress=options.get("progress"),
+        )
+
+    def each(self, sizes: Sequence[int], label: str) -> Iterator[int]:
+        """``sizes`` one by one, reporting ``label=<size>`` to ``progress`` before each."""
+        for i, n in enumerate(sizes):
+            if self.progress:
+                self.progress(i, len(sizes), f"{label}={n}")
+            yield n
+
+    def layer(self, model: ModelPreset, ranks: int, dense_layers: int = 1) -> dict[str, float]:
+        """Static-EP MoE layer on near-uniform routing (lognormal sigma 0): ``moe_layer_us``,
+        ``experts_us``, ``dispatch_combine_us``, and ``dense_us``, the non-MoE time of one
+        forward divided by ``dense_layers``."""
+        counts = drifting_counts(
+            ranks, model.num_experts, self.tokens, model.top_k, sigma=0.0, steps=2, seed=self.seed
+        )
+        moe = simulate_trace(counts, model, self.hw, self.cfg, ["static-linear"], warmup=1)[0]
+        return {
+            "moe_layer_us": moe["total_us"],
+            "experts_us": moe["experts_us"],
+            "dispatch_combine_us": moe["dispatch_us"] + moe["combine_us"],
+            "dense_us": dense_time(model, self.hw, self.tokens, self.cfg) * 1e6 / dense_layers,
+        }
 
 
 def deepspeed_trend(
-    *,
-    hardware: str = "a100-multinode",
-    gpus: Sequence[int] = (8, 16, 32, 64),
-    tokens: int = 128,
-    cfg: SimConfig | None = None,
-    seed: int = 0,
-    progress: Progress | None = None,
+    *, gpus: Sequence[int] = (8, 16, 32, 64), **options: Unpack[TrendOptions]
 ) -> list[dict[str, Any]]:
     """Per-GPU throughput of DeepSpeed-MoE's 128-expert model as the GPU count grows.
 
+    Options (:class:`TrendOptions`): ``hardware="a100-multinode"``, ``tokens=128``,
+    ``cfg=SimConfig()``, ``seed=0``, ``progress=None``.
+
     Returns one dict per GPU count: ``gpus``, ``experts_per_gpu``, ``moe_layer_us``,
-    ``dense_us``, ``forward_us``, ``tokens_per_s_per_gpu`` and ``per_gpu_speedup``
-    (relative to the first GPU count; above 1 means super-linear total throughput).
+    ``experts_us``, ``dispatch_combine_us``, ``dense_us``, ``forward_us``,
+    ``tokens_per_s_per_gpu`` and ``per_gpu_speedup`` (relative to the first GPU count;
+    above 1 means super-linear total throughput).
     """
-    cfg, hw, model = cfg or SimConfig(), get_hardware(hardware), DEEPSPEED_MOE_128
+    run, model = _Run.of(options, "a100-multinode", 128), DEEPSPEED_MOE_128
     rows = []
-    for i, R in enumerate(gpus):
-        if progress:
-            progress(i, len(gpus), f"deepspeed-moe GPUs={R}")
-        moe = _moe_row(model, hw, R, tokens, cfg, seed)
-        dense = dense_time(model, hw, tokens, cfg) * 1e6
-        forward = moe["total_us"] * model.num_moe_layers + dense
-        row = {"gpus": R, "experts_per_gpu": model.num_experts / R, **_layer_times(moe, dense)}
-        rows.append({**row, "forward_us": forward, "tokens_per_s_per_gpu": tokens / forward * 1e6})
+    for R in run.each(gpus, "deepspeed-moe GPUs"):
+        row = {"gpus": R, "experts_per_gpu": model.num_experts / R, **run.layer(model, R)}
+        forward = row["moe_layer_us"] * model.num_moe_layers + row["dense_us"]
+        per_s = run.tokens / forward * 1e6
+        rows.append({**row, "forward_us": forward, "tokens_per_s_per_gpu": per_s})
     for r in rows:
         r["per_gpu_speedup"] = r["tokens_per_s_per_gpu"] / rows[0]["tokens_per_s_per_gpu"]
     return rows
 
 
 def gshard_trend(
-    *,
-    hardware: str = "h200-multinode",
-    experts: Sequence[int] = (128, 256, 512, 1024, 2048),
-    tokens: int = 1024,
-    cfg: SimConfig | None = None,
-    seed: int = 0,
-    progress: Progress | None = None,
+    *, experts: Sequence[int] = (128, 256, 512, 1024, 2048), **options: Unpack[TrendOptions]
 ) -> list[dict[str, Any]]:
     """Dispatch+combine share of the MoE+Transformer time as GShard's experts grow (EP = E).
+
+    Options (:class:`TrendOptions`): ``hardware="h200-multinode"``, ``tokens=1024``,
+    ``cfg=SimConfig()``, ``seed=0``, ``progress=None``.
 
     Returns one dict per expert count: ``experts``, ``ranks``, ``dispatch_combine_us``,
     ``moe_layer_us``, ``experts_us``, ``dense_us`` (non-MoE time per MoE layer) and ``share``.
     """
-    cfg, hw = cfg or SimConfig(), get_hardware(hardware)
+    run = _Run.of(options, "h200-multinode", 1024)
     rows = []
-    for i, E in enumerate(experts):
-        if progress:
-            progress(i, len(experts), f"gshard E={E}")
+    for E in run.each(experts, "gshard E"):
         model = gshard_model(E)
-        moe = _moe_row(model, hw, E, tokens, cfg, seed)
-        dense = dense_time(model, hw, tokens, cfg) * 1e6 / model.num_moe_layers
-        row = {"experts": E, "ranks": E, **_layer_times(moe, dense)}
-        rows.append({**row, "share": row["dispatch_combine_us"] / (moe["total_us"] + dense)})
+        row = {"experts": E, "ranks": E, **run.layer(model, E, model.num_moe_layers)}
+        share = row["dispatch_combine_us"] / (row["moe_layer_us"] + row["dense_us"])
+        rows.append({**row, "share": share})
     return rows
