@@ -126,3 +126,16 @@ def test_a_toy_policy_registered_in_a_test_is_drawn_in_its_style() -> None:
     plots.require_matplotlib().close(fig)
     assert (lines["toy-one-rank"].get_linestyle(), lines["toy-one-rank"].get_marker()) == (":", "x")
     assert (lines["moonplan"].get_linestyle(), lines["moonplan"].get_marker()) == ("-", "o")
+
+
+def test_every_module_of_the_package_is_imported_so_its_policies_are_registered() -> None:
+    import pkgutil
+    import sys
+
+    import moonplan.baselines as package
+
+    modules = {f"moonplan.baselines.{m.name}" for m in pkgutil.iter_modules(package.__path__)}
+    assert {"moonplan.baselines.eplb", "moonplan.baselines.static_ep"} <= modules
+    assert modules <= set(sys.modules)
+    builders = {info(n).build.__module__ for n in names()}
+    assert builders <= modules  # every built-in registers from its own module in the package
