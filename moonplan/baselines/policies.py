@@ -66,22 +66,22 @@ class PlannerPolicy(Policy):
     def reset(self) -> None:
         self._previous = None
 
-    def plan(self, counts_RE: torch.Tensor) -> Plan:
-        """This step's :class:`Plan` (kept as the next step's ``previous`` if asked)."""
-        p = planner.plan(
+    def plan(self, counts_RE: torch.Tensor, previous: Plan | None) -> Plan:
+        """The step's :class:`Plan` from ``counts``, ``previous`` and ``self.cost``: the
+        same ``moonplan.plan`` call as ``Balancer.plan(counts_RE, previous)``."""
+        return planner.plan(
             counts_RE,
             slots=self.slots,
-            previous=self._previous,
+            previous=previous,
             backend="torch",
             policy=self.planner_policy,
             cost=self.cost,
         )
-        self._previous = p if self.keep_previous else None
-        return p
 
     def step(self, counts: Any) -> PolicyStep:
         counts_RE = self._counts(counts)
-        p = self.plan(counts_RE)
+        p = self.plan(counts_RE, self._previous)
+        self._previous = p if self.keep_previous else None
         choice = p.policy if self.planner_policy == "auto" else ""
         return plan_step(self.name, counts_RE, p, planned=p.planned, choice=choice)
 
