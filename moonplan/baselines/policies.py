@@ -150,21 +150,10 @@ def _auto(name: str, num_ranks: int, num_experts: int, **options: Any) -> Policy
     return MoonplanAutoPolicy(num_ranks, num_experts, **options)
 
 
-register(
-    PolicyInfo(
-        "moonplan", _moonplan, style=("-", "o"), plan_us=MOONEP_PLAN_US, options=("slots",),
-        order=60,
-    )
-)  # fmt: skip
-register(
-    PolicyInfo(
-        "moonplan-resident", _moonplan, label="resident", style=("-", "D"),
-        plan_us=MOONEP_PLAN_US, options=("slots",), order=70,
-    )
-)  # fmt: skip
-register(
-    PolicyInfo(
-        "moonplan-auto", _auto, label="auto", plan_us=MOONEP_PLAN_US, options=("cost", "slots"),
-        order=80,
-    )
-)  # fmt: skip
+# Both exact variants take `slots`; auto also needs `cost` (the StepCost it minimises).
+register(PolicyInfo("moonplan", _moonplan, style=("-", "o"), plan_us=MOONEP_PLAN_US,
+                    options=("slots",), order=60))  # fmt: skip
+register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-", "D"),
+                    plan_us=MOONEP_PLAN_US, options=("slots",), order=70))  # fmt: skip
+register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=MOONEP_PLAN_US,
+                    options=("cost", "slots"), order=80))  # fmt: skip
