@@ -1,0 +1,187 @@
+"""Every registered transport against a plain reference, on 1 to 3 gloo ranks.
+
+Legend: R ranks, S tokens, K top-k, H hidden, P receive rows of this rank, n fetched rows.
+
+The reference rebuilds every rank's tokens from their seeds, so each rank knows which
+record lands where without asking the transport. A new transport in the registry is
+picked up by the parametrisation (CONTRIBUTING.md, "Adding a transport").
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import moonplan
+from moonplan.runtime.transports import registry
+from moonplan.testing.dist import run_ranks
+
+pytestmark = pytest.mark.distributed
+
+E, S, K, H, CAP = 5, 7, 2, 6, 64
+TIMEOUT = 60
+
+
+def _tokens(rank: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids [S, K], x [S, H], weight [S, K])`` of ``rank`` (rank 1 has no tokens)."""
+    g = torch.Generator().manual_seed(100 + rank)
+    n = 0 if rank == 1 else S + rank
+    pop_E = torch.tensor([6.0, 1, 1, 2, 1])
+    ids = torch.multinomial(pop_E, max(n * K, 1), True, generator=g)[: n * K]
+    return ids.view(n, K), torch.randn(n, H, generator=g).to(dtype), torch.rand(n, K, generator=g)
+
+
+def _expected_recv(plan, world: int, me: int, dtype: torch.dtype, rows_of) -> torch.Tensor:
+    """``[P, H]``: what each rank's records put into ``me``'s receive rows (padding zero)."""
+    out = torch.zeros(int(plan.recv_size()[me]), H, dtype=dtype)
+    for q in range(world):
+        ids, x, w = _tokens(q, dtype)
+        route = moonplan.route(plan, q, ids)
+        rows_SKH = rows_of(x, w)
+        mine = route.dest_rank == me
+        out[route.dest_offset[mine]] = rows_SKH[mine]
+    return out
+
+
+def _fsum(rows_SKH: torch.Tensor, w_SK: torch.Tensor) -> torch.Tensor:
+    """``sum_k w * row`` in fp32, ascending ``k`` (the documented combine arithmetic)."""
+    acc = torch.zeros(rows_SKH.shape[0], H)
+    for k in range(rows_SKH.shape[1]):
+        acc += w_SK[:, k, None].float() * rows_SKH[:, k].float()
+    return acc
+
+
+def _round_trip(rank: int, world: int, name: str) -> dict:
+    from moonplan.comm.group import EPGroup
+    from moonplan.comm.heap_factory import create_heap
+    from moonplan.runtime.transports import StaleViewError, Transport
+
+    group = EPGroup()
+    heap = create_heap(group, 1 << 18) if registry.needs_heap(name) else None
+    counts = torch.stack(
+        [
+            torch.bincount(_tokens(q, torch.float32)[0].reshape(-1), minlength=E)
+            for q in range(world)
+        ]
+    )
+    plan = moonplan.plan(counts, align=2)
+    fails = []
+    for dtype in (torch.float32, torch.bfloat16):
+        t = registry.create(name, group, capacity=CAP, hidden=H, dtype=dtype, heap=heap)
+        ids, x, w = _tokens(rank, dtype)
+        route = moonplan.route(plan, rank, ids)
+        view = t.dispatch(x, route, plan)
+        recv = view.tensor.clone()
+        want = _expected_recv(plan, world, rank, dtype, lambda x, w: x[:, None].expand(-1, K, -1))
+        if not torch.equal(recv, want):
+            fails.append(f"{dtype} dispatch")
+        y_PH = (recv.float().tanh() * 1.5).to(dtype)  # the "experts"
+        y = t.combine(y_PH, route, w, view.state)
+        o_SKH = (x.float().tanh() * 1.5).to(dtype)[:, None].expand(-1, K, -1)
+        if y.dtype != dtype or not torch.equal(y, _fsum(o_SKH, w).to(dtype)):
+            fails.append(f"{dtype} combine")
+        g = torch.Generator().manual_seed(7 + rank)
+        dy = torch.randn(x.shape, generator=g).to(dtype)
+        g_PH, dw = t.combine_backward(dy, route, plan, w, view.state)
+
+        want_g = torch.zeros_like(want)
+        for q in range(world):
+            ids_q, x_q, w_q = _tokens(q, dtype)
+            dy_q = torch.randn(x_q.shape, generator=torch.Generator().manual_seed(7 + q))
+            r_q = moonplan.route(plan, q, ids_q)
+            rows = (w_q.float()[:, :, None] * dy_q.to(dtype).float()[:, None]).to(dtype)
+            mine = r_q.dest_rank == rank
+            want_g[r_q.dest_offset[mine]] = rows[mine]
+        if not torch.equal(g_PH, want_g):
+            fails.append(f"{dtype} combine_backward rows")
+        want_dw = (dy.float()[:, None] * o_SKH.float()).sum(-1).to(w.dtype)
+        if not torch.equal(dw, want_dw):
+            fails.append(f"{dtype} dweight")
+        dx_PH = (want.float() ** 2).to(dtype)
+        called: list[int] = []
+        dx = t.dispatch_backward(dx_PH, route, view.state, after_publish=_counter(called))
+        ones = torch.ones(x.shape[0], K)
+        want_dx = _fsum((x.float() ** 2).to(dtype)[:, None].expand(-1, K, -1), ones).to(dtype)
+        if called != [1] or not torch.equal(dx, want_dx):
+            fails.append(f"{dtype} dispatch_backward (after_publish calls {called})")
+        if not torch.equal(t.dispatch_backward(dx_PH, route, view.state), dx):
+            fails.append(f"{dtype} dispatch_backward without after_publish")
+        try:
+            view.tensor  # noqa: B018 - combine_backward dispatched since: the view is stale
+            fails.append(f"{dtype} stale view")
+        except StaleViewError:
+            pass
+        if not isinstance(t, Transport) or t.name != name:
+            fails.append("protocol")
+    fails += _shared_rows(group, registry.create(name, group, capacity=4, hidden=H,
+                                                 dtype=torch.float32, heap=heap))  # fmt: skip
+    return {"fails": fails}
+
+
+def _counter(calls: list[int]):
+    return lambda: calls.append(1)
+
+
+def _shared_rows(group, t) -> list[str]:
+    """``alloc_shared`` / ``publish`` / ``fetch_rows``: rows of every rank, in asked order."""
+    R, me = group.size, group.rank
+    buf = t.alloc_shared((5, 2, 3), torch.float32)
+    buf.local.copy_(torch.arange(30.0).view(5, 2, 3) + 100 * me)
+    t.publish()
+    g = torch.Generator().manual_seed(me)
+    n = 4 + me
+    rank_n, row_n = torch.randint(0, R, (n,), generator=g), torch.randint(0, 5, (n,), generator=g)
+    got = t.fetch_rows(buf, rank_n, row_n)
+    t.publish()
+    want = torch.arange(30.0).view(5, 2, 3)[row_n] + 100 * rank_n[:, None, None].float()
+    return [] if torch.equal(got, want) else ["fetch_rows"]
+
+
+@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("name", registry.names())
+def test_round_trip_matches_reference(name: str, world: int) -> None:
+    got = run_ranks(_round_trip, world, name, timeout=TIMEOUT)
+    assert [g["fails"] for g in got] == [[]] * world
+
+
+def _zero_copy(rank: int, world: int) -> bool:
+    from moonplan.comm.group import EPGroup
+    from moonplan.comm.heap_factory import create_heap
+
+    group = EPGroup()
+    t = registry.create("heap", group, capacity=CAP, hidden=H, dtype=torch.float32,
+                        heap=create_heap(group, 1 << 16))  # fmt: skip
+    ids, x, _ = _tokens(rank, torch.float32)
+    counts = group.all_gather(torch.bincount(ids.reshape(-1), minlength=E))
+    plan = moonplan.plan(counts)
+    view = t.dispatch(x, moonplan.route(plan, rank, ids), plan)
+    return view.tensor.data_ptr() == t.recv.local.data_ptr()  # type: ignore[attr-defined]
+
+
+def test_heap_receive_view_is_the_heap_buffer() -> None:
+    assert all(run_ranks(_zero_copy, 2, timeout=TIMEOUT))
+
+
+def test_registry_names_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert {"heap", "a2a"} <= set(registry.names())
+    with pytest.raises(ValueError, match=r"unknown transport 'nope'; known transports: a2a, heap"):
+        registry.create("nope", None, capacity=1, hidden=1, dtype=torch.float32)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs a symmetric heap"):
+        registry.create("heap", None, capacity=1, hidden=1, dtype=torch.float32)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="is taken"):
+        registry.register("heap", lambda *a, **k: None)  # type: ignore[arg-type, return-value]
+    with pytest.raises(ValueError, match="is taken"):
+        registry.register("auto", lambda *a, **k: None)  # type: ignore[arg-type, return-value]
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    made = []
+    registry.register("mine", lambda group, **kw: made.append((group, kw)) or "t")  # type: ignore[arg-type, return-value]
+    assert "mine" in registry.names() and not registry.needs_heap("mine")
+    assert registry.create("mine", "g", capacity=3, hidden=2, dtype=torch.float32) == "t"  # type: ignore[arg-type, comparison-overlap]
+    assert made == [("g", {"capacity": 3, "hidden": 2, "dtype": torch.float32, "heap": None})]
+
+
+def test_layer_rejects_unknown_transport_listing_known() -> None:
+    from moonplan import MoonMoE
+
+    with pytest.raises(ValueError, match="known transports: a2a, heap"):
+        MoonMoE(4, 4, 2, 1, router=lambda x: None, transport="nccl")
