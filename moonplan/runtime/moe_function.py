@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import Route
@@ -95,13 +96,8 @@ def _remote_weights(step: MoEStep) -> dict[str, torch.Tensor]:
 class _MoEFunction(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any,
-        step: MoEStep,
-        x_SH: torch.Tensor,
-        weight_SK: torch.Tensor,
-        gate_up: torch.Tensor,
-        down: torch.Tensor,
-    ) -> torch.Tensor:
+        ctx: Any, step: MoEStep, x_SH: Tensor, weight_SK: Tensor, gate_up: Tensor, down: Tensor
+    ) -> Tensor:
         rt, plan, route = step.runtime, step.plan, step.route
         t = time.perf_counter()
         recv = rt.transport.dispatch(x_SH, route, plan)
