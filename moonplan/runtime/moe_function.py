@@ -190,16 +190,13 @@ def _dispatch_backward_and_reduce(
     else:
         reducer.stage(remote)
         started: list[Pending] = []
-        dx_SH = rt.transport.dispatch_backward(
-            dx_PH,
-            route,
-            state,
-            after_publish=lambda: started.append(
-                lane.submit(lambda: reducer.collect(plan, num_home))
-            ),
-        )
+
+        def start_reduce() -> None:  # every rank's dx rows and staged gradients are visible
+            started.append(lane.submit(lambda: reducer.collect(plan, num_home)))
+
+        dx_SH = rt.transport.dispatch_backward(dx_PH, route, state, after_publish=start_reduce)
         t = step.tick("dispatch_backward", t)
-        (pending,) = started
+        (pending,) = started  # the transport called start_reduce exactly once
     reduced = pending.wait()
     if lane.kind != "inline":
         rt.transport.publish()  # nobody overwrites a reduce buffer still being read

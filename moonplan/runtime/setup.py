@@ -184,7 +184,7 @@ class LayerRuntime:
     def lane(self) -> BackgroundLane:
         """Where this step's prefetch and reduce run (a worker thread, a side stream, or
         inline: see :mod:`moonplan.runtime.background`)."""
-        kind = lane_kind(self.heap is not None, self.group.device, self.overlap)
+        kind = lane_kind(self.transport.one_sided, self.group.device, self.overlap)
         if self._lane.kind != kind:
             self._lane.close()
             self._lane = BackgroundLane(kind, self.group.device)

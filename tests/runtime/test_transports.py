@@ -137,7 +137,7 @@ def _shared_rows(group, t) -> list[str]:
     return [] if torch.equal(got, want) else ["fetch_rows"]
 
 
-@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("world", [1, 2, 3])
 @pytest.mark.parametrize("name", registry.names())
 def test_round_trip_matches_reference(name: str, world: int) -> None:
     got = run_ranks(_round_trip, world, name, timeout=TIMEOUT)
