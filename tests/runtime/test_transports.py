@@ -51,11 +51,15 @@ def _fsum(rows_SKH: torch.Tensor, w_SK: torch.Tensor) -> torch.Tensor:
     return acc
 
 
-def _round_trip(rank: int, world: int, name: str) -> dict:
+def _round_trip(rank: int, world: int, name: str, env: dict[str, str] | None = None) -> dict:
+    import os
+
     from moonplan.comm.group import EPGroup
     from moonplan.comm.heap_factory import create_heap
+    from moonplan.runtime.row_ops import row_ops_for
     from moonplan.runtime.transports import StaleViewError, Transport
 
+    os.environ.update(env or {})  # this rank process only (forked)
     group = EPGroup()
     heap = create_heap(group, 1 << 18) if registry.needs_heap(name) else None
     counts = torch.stack(
@@ -66,6 +70,9 @@ def _round_trip(rank: int, world: int, name: str) -> dict:
     )
     plan = moonplan.plan(counts, align=2)
     fails = []
+    ops = row_ops_for(torch.device("cpu")).__name__.rsplit(".", 1)[1]
+    if ops != (env or {}).get("MOONPLAN_ROW_OPS", "torch"):
+        fails.append(f"row ops {ops}")
     for dtype in (torch.float32, torch.bfloat16):
         t = registry.create(name, group, capacity=CAP, hidden=H, dtype=dtype, heap=heap)
         ids, x, w = _tokens(rank, dtype)
@@ -142,6 +149,14 @@ def _shared_rows(group, t) -> list[str]:
 def test_round_trip_matches_reference(name: str, world: int) -> None:
     got = run_ranks(_round_trip, world, name, timeout=TIMEOUT)
     assert [g["fails"] for g in got] == [[]] * world
+
+
+def test_heap_with_triton_row_ops_matches_reference() -> None:
+    """The heap's peer stores and loads through the Triton kernels (interpreted on CPU)."""
+    pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
+    env = {"MOONPLAN_ROW_OPS": "triton", "TRITON_INTERPRET": "1"}
+    got = run_ranks(_round_trip, 2, "heap", env, timeout=TIMEOUT)
+    assert [g["fails"] for g in got] == [[], []]
 
 
 def _zero_copy(rank: int, world: int) -> bool:
