@@ -31,15 +31,21 @@ def _tokens(rank: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, 
     return ids.view(n, K), torch.randn(n, H, generator=g).to(dtype), torch.rand(n, K, generator=g)
 
 
-def _expected_recv(plan, world: int, me: int, dtype: torch.dtype, rows_of) -> torch.Tensor:
-    """``[P, H]``: what each rank's records put into ``me``'s receive rows (padding zero)."""
+def _dy(rank: int, dtype: torch.dtype) -> torch.Tensor:
+    """``dy [S, H]`` of ``rank`` (reproducible on every rank)."""
+    S_r = _tokens(rank, dtype)[1].shape[0]
+    return torch.randn(S_r, H, generator=torch.Generator().manual_seed(7 + rank)).to(dtype)
+
+
+def _at_executing_rank(plan, world: int, me: int, dtype: torch.dtype, rows_of) -> torch.Tensor:
+    """``[P, H]``: the rows ``rows_of(q, x, w) [S, K, H]`` of every rank ``q``'s records that
+    ``me`` executes, at their receive rows (padding rows zero)."""
     out = torch.zeros(int(plan.recv_size()[me]), H, dtype=dtype)
     for q in range(world):
         ids, x, w = _tokens(q, dtype)
         route = moonplan.route(plan, q, ids)
-        rows_SKH = rows_of(x, w)
         mine = route.dest_rank == me
-        out[route.dest_offset[mine]] = rows_SKH[mine]
+        out[route.dest_offset[mine]] = rows_of(q, x, w)[mine]
     return out
 
 
@@ -51,78 +57,81 @@ def _fsum(rows_SKH: torch.Tensor, w_SK: torch.Tensor) -> torch.Tensor:
     return acc
 
 
+def _per_record(rows_SH: torch.Tensor) -> torch.Tensor:
+    return rows_SH[:, None].expand(-1, K, -1)
+
+
+def _experts(rows: torch.Tensor) -> torch.Tensor:
+    """A row-wise stand-in for the experts (any function of the row alone would do)."""
+    return (rows.float().tanh() * 1.5).to(rows.dtype)
+
+
 def _round_trip(rank: int, world: int, name: str, env: dict[str, str] | None = None) -> dict:
     import os
 
     from moonplan.comm.group import EPGroup
     from moonplan.comm.heap_factory import create_heap
     from moonplan.runtime.row_ops import row_ops_for
-    from moonplan.runtime.transports import StaleViewError, Transport
 
     os.environ.update(env or {})  # this rank process only (forked)
     group = EPGroup()
     heap = create_heap(group, 1 << 18) if registry.needs_heap(name) else None
-    counts = torch.stack(
-        [
-            torch.bincount(_tokens(q, torch.float32)[0].reshape(-1), minlength=E)
-            for q in range(world)
-        ]
-    )
-    plan = moonplan.plan(counts, align=2)
+    ids_R = [_tokens(q, torch.float32)[0] for q in range(world)]
+    counts_RE = torch.stack([torch.bincount(i.view(-1), minlength=E) for i in ids_R])
     fails = []
     ops = row_ops_for(torch.device("cpu")).__name__.rsplit(".", 1)[1]
     if ops != (env or {}).get("MOONPLAN_ROW_OPS", "torch"):
         fails.append(f"row ops {ops}")
     for dtype in (torch.float32, torch.bfloat16):
         t = registry.create(name, group, capacity=CAP, hidden=H, dtype=dtype, heap=heap)
-        ids, x, w = _tokens(rank, dtype)
-        route = moonplan.route(plan, rank, ids)
-        view = t.dispatch(x, route, plan)
-        recv = view.tensor.clone()
-        want = _expected_recv(plan, world, rank, dtype, lambda x, w: x[:, None].expand(-1, K, -1))
-        if not torch.equal(recv, want):
-            fails.append(f"{dtype} dispatch")
-        y_PH = (recv.float().tanh() * 1.5).to(dtype)  # the "experts"
-        y = t.combine(y_PH, route, w, view.state)
-        o_SKH = (x.float().tanh() * 1.5).to(dtype)[:, None].expand(-1, K, -1)
-        if y.dtype != dtype or not torch.equal(y, _fsum(o_SKH, w).to(dtype)):
-            fails.append(f"{dtype} combine")
-        g = torch.Generator().manual_seed(7 + rank)
-        dy = torch.randn(x.shape, generator=g).to(dtype)
-        g_PH, dw = t.combine_backward(dy, route, plan, w, view.state)
+        for align in (1, 3):  # dense rows first: the padding rows of align 3 held data
+            plan = moonplan.plan(counts_RE, align=align)
+            fails += [f"{dtype} {f}" for f in _data_path(t, plan, rank, world, dtype)]
+    t = registry.create(name, group, capacity=4, hidden=H, dtype=torch.float32, heap=heap)
+    return {"fails": fails + _shared_rows(group, t)}
 
-        want_g = torch.zeros_like(want)
-        for q in range(world):
-            ids_q, x_q, w_q = _tokens(q, dtype)
-            dy_q = torch.randn(x_q.shape, generator=torch.Generator().manual_seed(7 + q))
-            r_q = moonplan.route(plan, q, ids_q)
-            rows = (w_q.float()[:, :, None] * dy_q.to(dtype).float()[:, None]).to(dtype)
-            mine = r_q.dest_rank == rank
-            want_g[r_q.dest_offset[mine]] = rows[mine]
-        if not torch.equal(g_PH, want_g):
-            fails.append(f"{dtype} combine_backward rows")
-        want_dw = (dy.float()[:, None] * o_SKH.float()).sum(-1).to(w.dtype)
-        if not torch.equal(dw, want_dw):
-            fails.append(f"{dtype} dweight")
-        dx_PH = (want.float() ** 2).to(dtype)
-        called: list[int] = []
-        dx = t.dispatch_backward(dx_PH, route, view.state, after_publish=_counter(called))
-        ones = torch.ones(x.shape[0], K)
-        want_dx = _fsum((x.float() ** 2).to(dtype)[:, None].expand(-1, K, -1), ones).to(dtype)
-        if called != [1] or not torch.equal(dx, want_dx):
-            fails.append(f"{dtype} dispatch_backward (after_publish calls {called})")
-        if not torch.equal(t.dispatch_backward(dx_PH, route, view.state), dx):
-            fails.append(f"{dtype} dispatch_backward without after_publish")
-        try:
-            view.tensor  # noqa: B018 - combine_backward dispatched since: the view is stale
-            fails.append(f"{dtype} stale view")
-        except StaleViewError:
-            pass
-        if not isinstance(t, Transport) or t.name != name:
-            fails.append("protocol")
-    fails += _shared_rows(group, registry.create(name, group, capacity=4, hidden=H,
-                                                 dtype=torch.float32, heap=heap))  # fmt: skip
-    return {"fails": fails}
+
+def _data_path(t, plan, rank: int, world: int, dtype: torch.dtype) -> list[str]:
+    """The four operations in step order, each against the reference; what differs."""
+    from moonplan.runtime.transports import StaleViewError, Transport
+
+    fails = [] if isinstance(t, Transport) else ["not a Transport"]
+    ids, x, w = _tokens(rank, dtype)
+    route = moonplan.route(plan, rank, ids)
+    view = t.dispatch(x, route, plan)
+    recv = view.tensor.clone()
+    if not torch.equal(
+        recv, _at_executing_rank(plan, world, rank, dtype, lambda q, x, w: _per_record(x))
+    ):
+        fails.append("dispatch")
+    y = t.combine(_experts(recv), route, w, view.state)
+    o_SKH = _per_record(_experts(x))
+    if y.dtype != dtype or not torch.equal(y, _fsum(o_SKH, w).to(dtype)):
+        fails.append("combine")
+    dy = _dy(rank, dtype)
+    g_PH, dw = t.combine_backward(dy, route, plan, w, view.state)
+
+    def g_rows(q, x, w):
+        return (w.float()[:, :, None] * _dy(q, dtype).float()[:, None]).to(dtype)
+
+    if not torch.equal(g_PH, _at_executing_rank(plan, world, rank, dtype, g_rows)):
+        fails.append("combine_backward rows")
+    if not torch.equal(dw, (dy.float()[:, None] * o_SKH.float()).sum(-1).to(w.dtype)):
+        fails.append("dweight")
+    called: list[int] = []
+    dx_PH = (recv.float() ** 2).to(dtype)
+    dx = t.dispatch_backward(dx_PH, route, view.state, after_publish=_counter(called))
+    want_dx = _fsum(_per_record((x.float() ** 2).to(dtype)), torch.ones(x.shape[0], K))
+    if called != [1] or not torch.equal(dx, want_dx.to(dtype)):
+        fails.append(f"dispatch_backward (after_publish calls {called})")
+    if not torch.equal(t.dispatch_backward(dx_PH, route, view.state), dx):
+        fails.append("dispatch_backward without after_publish")
+    try:
+        view.tensor  # noqa: B018 - combine_backward dispatched since: the view is stale
+        fails.append("stale view")
+    except StaleViewError:
+        pass
+    return fails
 
 
 def _counter(calls: list[int]):
