@@ -100,7 +100,7 @@ class _MoEFunction(torch.autograd.Function):
     ) -> Tensor:
         rt, plan, route = step.runtime, step.plan, step.route
         t = time.perf_counter()
-        recv = rt.transport.dispatch(x_SH, route, plan)
+        recv = rt.transport.dispatch(x_SH, route, plan, weight_SK=weight_SK.detach())
         t = step.tick("dispatch", t)
         training = any(ctx.needs_input_grad[1:])
         rank = rt.group.rank

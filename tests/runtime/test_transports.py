@@ -98,7 +98,7 @@ def _data_path(t, plan, rank: int, world: int, dtype: torch.dtype) -> list[str]:
     fails = [] if isinstance(t, Transport) else ["not a Transport"]
     ids, x, w = _tokens(rank, dtype)
     route = moonplan.route(plan, rank, ids)
-    view = t.dispatch(x, route, plan)
+    view = t.dispatch(x, route, plan, weight_SK=w)
     recv = view.tensor.clone()
     if not torch.equal(
         recv, _at_executing_rank(plan, world, rank, dtype, lambda q, x, w: _per_record(x))

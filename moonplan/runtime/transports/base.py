@@ -8,9 +8,12 @@ A step calls the four data-path operations in this order, always on every rank
 (collectives), with the ``route`` and ``plan`` of the step and the
 :class:`StepState` its dispatch returned:
 
-1. ``view = dispatch(x_SH, route, plan)``: this rank's expert-grouped receive
-   rows ``view.tensor [P, H]`` (padding rows zero); ``view.state`` is the step's
-   state, which the transport fills and reads in the three calls below.
+1. ``view = dispatch(x_SH, route, plan, weight_SK=w)``: this rank's
+   expert-grouped receive rows ``view.tensor [P, H]`` (padding rows zero);
+   ``view.state`` is the step's state, which the transport fills and reads in the
+   three calls below. ``weight_SK`` (optional, no gradient flows through it) is for
+   transports that weight rows at their executing rank: they may send the weights
+   with the rows; per-record transports ignore it (combine gets them again).
 2. ``y_SH = combine(y_PH, route, weight_SK, state)``: the experts' outputs of the
    receive rows go back to their tokens: ``y[s] = sum_k weight[s, k] * o[s, k]``
    with fp32 products and sums in ascending ``k``, in x's dtype.
@@ -113,7 +116,9 @@ class Transport(Protocol):
     capacity: int
     one_sided: bool
 
-    def dispatch(self, x_SH: Tensor, route: Route, plan: Plan) -> RecvView:
+    def dispatch(
+        self, x_SH: Tensor, route: Route, plan: Plan, *, weight_SK: Tensor | None = None
+    ) -> RecvView:
         """Collective: token rows ``x [S, H]`` to their executing ranks; this rank's rows."""
         ...
 

@@ -56,8 +56,16 @@ class RecordTransport:
         raise NotImplementedError
 
     # ---- the data path --------------------------------------------------------------------
-    def dispatch(self, x_SH: torch.Tensor, route: Route, plan: Plan) -> RecvView:
-        """See :class:`~moonplan.runtime.transports.base.Transport`."""
+    def dispatch(
+        self,
+        x_SH: torch.Tensor,
+        route: Route,
+        plan: Plan,
+        *,
+        weight_SK: torch.Tensor | None = None,
+    ) -> RecvView:
+        """See :class:`~moonplan.runtime.transports.base.Transport` (``weight_SK`` unused:
+        the source weights each record's output in :meth:`combine`)."""
         return self._send(x_SH, route, plan, route.dest_rank.shape[1], StepState(x_SH.dtype))
 
     def combine(
