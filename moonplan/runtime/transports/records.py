@@ -2,7 +2,8 @@
 
 Legend:
     R ranks, S tokens of this rank, K top-k, N = S*K records, H hidden,
-    P receive rows of this rank, C receive capacity (rows of each buffer)
+    P receive rows of this rank, C receive capacity (rows of each buffer),
+    X rows of a sent ``x`` (``S`` token rows with ``K`` records each, or ``N`` record rows)
 
 Every record ``n`` (token ``n // K``) travels to row ``route.dest_offset`` of rank
 ``route.dest_rank``'s receive buffer ``[C, H]``; its expert output is written at the
@@ -17,6 +18,8 @@ A subclass provides the two collective row movements (:meth:`_scatter`,
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 
 from moonplan.comm.group import EPGroup
@@ -25,7 +28,7 @@ from moonplan.plan.route import Route
 from moonplan.runtime.transports.base import AfterPublish, RecvView, StepState
 
 
-class RecordTransport:
+class RecordTransport(ABC):
     """Dispatch, combine and their backwards over a receive and an output buffer.
 
     Args:
@@ -43,17 +46,20 @@ class RecordTransport:
         self.generation = 0
 
     # ---- what a subclass provides -----------------------------------------------------
-    def _scatter(self, x_XH: torch.Tensor, dest_N: torch.Tensor, off_N: torch.Tensor, K: int):
+    @abstractmethod
+    def _scatter(
+        self, x_XH: torch.Tensor, dest_N: torch.Tensor, off_N: torch.Tensor, K: int
+    ) -> None:
         """Collective: row ``x[n // K]`` to row ``off[n]`` of rank ``dest[n]``'s ``recv``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _gather(self, dest_N: torch.Tensor, off_N: torch.Tensor, publish: bool) -> torch.Tensor:
         """Collective: ``[N, H]`` row ``off[n]`` of rank ``dest[n]``'s ``out``; ``publish``
         first makes every rank's ``out`` rows visible (``False``: the caller just did)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def publish(self) -> None:
-        raise NotImplementedError
+        """Collective: this rank's writes to its shared buffers become visible to peers."""
 
     # ---- the data path --------------------------------------------------------------------
     def dispatch(
