@@ -7,7 +7,7 @@ On a CUDA machine (part of the prepared GPU run, a few minutes on an H200)::
     python bench/gpu_runtime_check.py                  # writes $OUT/gpu_runtime_check.json
 
 Sections (each catches and reports its own failure):
-    kernels   Triton scatter / gather / combine vs their torch twins (bit equality) and
+    kernels   Triton scatter / gather vs their torch twins (bit equality) and
               their bandwidth as a share of a device-to-device copy of the same bytes
               (peers are separate buffers on this GPU; target >= 70%)
     experts   grouped SwiGLU (torch._grouped_mm, bf16) at H=7168, F=2048 as a share of the
@@ -58,7 +58,8 @@ def timed(fn: Callable[[], Any], dev: torch.device, n: int) -> float:
 
 
 def kernels_section(dev: torch.device, N: int, H: int, R: int, reps: int) -> dict:
-    from moonplan.runtime import kernels, rows
+    from moonplan.runtime.row_ops import torch as rows
+    from moonplan.runtime.row_ops import triton as kernels
 
     g = torch.Generator().manual_seed(0)
     K = 2
@@ -71,10 +72,6 @@ def kernels_section(dev: torch.device, N: int, H: int, R: int, reps: int) -> dic
     kernels.scatter_rows(x_SH, dest_N, off_N, K, views_k)
     rows.scatter_rows(x_SH, dest_N, off_N, K, views_t)
     same_scatter = all(torch.equal(a, b) for a, b in zip(views_k, views_t, strict=True))
-    w_SK = torch.rand(N // K, K, generator=g).to(dev)
-    d_SK, o_SK = dest_N.view(-1, K), off_N.view(-1, K)
-    y_k = kernels.gather_combine(views_k, d_SK, o_SK, w_SK, torch.bfloat16)
-    y_t = rows.gather_combine(views_t, d_SK, o_SK, w_SK, torch.bfloat16)
     dst_k = torch.empty(N, H, dtype=torch.bfloat16, device=dev)
     dst_t = torch.empty_like(dst_k)
     kernels.gather_rows(views_k, dest_N, off_N, dst_k)
@@ -91,22 +88,15 @@ def kernels_section(dev: torch.device, N: int, H: int, R: int, reps: int) -> dic
     t_gather = timed(
         lambda: kernels.gather_rows(views_k, dest_N, off_N, dst_k, check=False), dev, reps
     )
-    t_combine = timed(
-        lambda: kernels.gather_combine(views_k, d_SK, o_SK, w_SK, torch.bfloat16, check=False),
-        dev,
-        reps,
-    )
     return {
         "N": N,
         "H": H,
         "R": R,
         "same_scatter": same_scatter,
-        "same_combine": bool(torch.equal(y_k, y_t)),
         "same_gather": bool(torch.equal(dst_k, dst_t)),
         "copy_GBps": nbytes / t_copy / 1e9,
         "scatter_share": t_copy / t_scatter,
         "gather_share": t_copy / t_gather,
-        "combine_share": t_copy / t_combine,
     }
 
 

@@ -158,19 +158,18 @@ class SymmetricHeap:
 
         In a forked child (another process id than the creator) it only drops references.
         """
-        if self._closed:
-            return
-        self._closed = True
-        if os.getpid() == self._pid:
-            self._release(collective=True)
-        self._bytes_R = []
+        self._close(collective=True)
 
     def _close_at_exit(self) -> None:
+        self._close(collective=False)
+
+    def _close(self, collective: bool) -> None:
+        """Close once; release the backend only in the creating process."""
         if self._closed:
             return
         self._closed = True
         if os.getpid() == self._pid:
-            self._release(collective=False)
+            self._release(collective=collective)
         self._bytes_R = []
 
     def _release(self, collective: bool) -> None:

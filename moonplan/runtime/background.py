@@ -4,7 +4,8 @@ Legend: none (no tensors of their own: a job returns whatever its function retur
 
 A :class:`BackgroundLane` runs a job beside the caller's work and hands back a
 :class:`Pending`; ``Pending.wait()`` returns the job's result once it is done. Three
-kinds, picked by the runtime from its transport and device (never at import time):
+kinds, picked by the runtime from its transport (``Transport.one_sided``) and device
+(never at import time):
 
 * ``"thread"`` (CPU shared-memory heap): one worker thread per lane, created on the
   first job and joined by :meth:`BackgroundLane.close`. Jobs are plain peer-memory
@@ -156,10 +157,11 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, tuple[float, float]]:
     return out, (t0, time.perf_counter())
 
 
-def lane_kind(has_heap: bool, device: torch.device, overlap: bool) -> str:
-    """The lane a runtime uses: ``"inline"`` without a heap (collective jobs) or with the
-    serial schedule, else ``"stream"`` on CUDA and ``"thread"`` elsewhere."""
-    if not (has_heap and overlap):
+def lane_kind(one_sided: bool, device: torch.device, overlap: bool) -> str:
+    """The lane a runtime uses: ``"inline"`` when its transport's ``fetch_rows`` is a
+    collective (not ``one_sided``: all-to-all) or with the serial schedule, else
+    ``"stream"`` on CUDA and ``"thread"`` elsewhere."""
+    if not (one_sided and overlap):
         return "inline"
     return "stream" if device.type == "cuda" else "thread"
 

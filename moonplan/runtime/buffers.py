@@ -21,7 +21,8 @@ from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
 from moonplan.comm.heap_factory import create_heap
 from moonplan.runtime.store import ExpertStore, GradReducer
-from moonplan.runtime.transport import AllToAllTransport, HeapTransport
+from moonplan.runtime.transports import registry
+from moonplan.runtime.transports.base import Transport
 
 
 @dataclass
@@ -30,7 +31,7 @@ class LayerBuffers:
 
     capacity: int
     heap: SymmetricHeap | None
-    transport: HeapTransport | AllToAllTransport
+    transport: Transport
     store: ExpertStore
     reducer: GradReducer
 
@@ -39,7 +40,7 @@ class LayerBuffers:
 class BufferSpec:
     """Sizes of one layer's buffers (identical on every rank)."""
 
-    kind: str  # "auto", "heap" or "a2a"
+    kind: str  # "auto" or a registered transport name ("heap", "a2a", ...)
     E: int
     B: int
     M: int
@@ -56,7 +57,8 @@ class BufferSpec:
 
 def build_buffers(group: EPGroup, spec: BufferSpec, capacity: int) -> LayerBuffers:
     """Collective: a new heap (where the transport uses one), transport and store for
-    ``capacity`` receive rows.
+    ``capacity`` receive rows. ``"auto"`` is the heap transport where a heap spans the
+    group, else ``"a2a"``.
 
     Raises:
         ContractError: on every rank, if creating the heap or any local allocation
@@ -64,11 +66,11 @@ def build_buffers(group: EPGroup, spec: BufferSpec, capacity: int) -> LayerBuffe
         HeapUnavailable: on every rank, for ``kind="heap"`` where no heap spans the group.
     """
     heap = None
-    if spec.kind in ("auto", "heap"):
+    if spec.kind == "auto" or registry.needs_heap(spec.kind):
         try:
             heap = create_heap(group, spec.heap_bytes(capacity))
         except HeapUnavailable:
-            if spec.kind == "heap":
+            if spec.kind != "auto":
                 raise
     try:
         parts, err = _local_parts(group, spec, capacity, heap), ""
@@ -87,15 +89,12 @@ def build_buffers(group: EPGroup, spec: BufferSpec, capacity: int) -> LayerBuffe
 def _local_parts(
     group: EPGroup, spec: BufferSpec, capacity: int, heap: SymmetricHeap | None
 ) -> LayerBuffers:
-    if heap is not None:
-        transport: HeapTransport | AllToAllTransport = HeapTransport(
-            group, heap, capacity, spec.H, spec.dtype
-        )
-    else:
-        transport = AllToAllTransport(group, capacity, spec.H, spec.dtype)
+    name = spec.kind if spec.kind != "auto" else "heap" if heap is not None else "a2a"
+    transport = registry.create(
+        name, group, capacity=capacity, hidden=spec.H, dtype=spec.dtype, heap=heap
+    )
     store = ExpertStore(
-        group,
-        heap,
+        transport,
         num_experts=spec.E,
         num_slots=spec.B,
         hidden=spec.H,

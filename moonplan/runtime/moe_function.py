@@ -4,17 +4,20 @@ Legend:
     R ranks, S tokens, K top-k, N = S*K records, H hidden, P receive rows of this rank,
     M home rows, B slots, D direct rows, E_r home experts of this rank
 
-Forward: dispatch token rows -> experts on the receive rows -> gather each
-record's output -> ``y = sum_k w * o`` (fp32). The weight prefetch (new slots and
+All rows move through the runtime's transport
+(:class:`~moonplan.runtime.transports.base.Transport`); this module never touches
+a buffer. Forward: ``dispatch`` token rows -> experts on the receive rows ->
+``combine`` (``y = sum_k w * o``, fp32). The weight prefetch (new slots and
 direct rows) was started before the dispatch (``MoEStep.fetch``, see
 :mod:`moonplan.runtime.background`): the experts run the home rows first and wait
 for it only before the slot and direct rows. Backward (same plan and route,
-no re-planning, no counts exchange): ``dw = <dy, o>``; combine-backward is a
-dispatch of the records' ``w * dy``; the experts' backward gives the receive
-rows' input gradients and the weight gradients; dispatch-backward is a gather
-of those rows summed over ``k``; replica-row weight gradients go to their home
-rank (:class:`~moonplan.runtime.store.GradReducer`); on a heap with a background
-lane, the reduce's peer reads run while the dispatch-backward gathers.
+no re-planning, no counts exchange): ``combine_backward`` gives the receive rows'
+output gradients and ``dweight``; the experts' backward gives the receive rows'
+input gradients and the weight gradients; ``dispatch_backward`` brings the input
+gradients back to their tokens, summed over ``k``; replica-row weight gradients
+go to their home rank (:class:`~moonplan.runtime.store.GradReducer`); on a
+one-sided transport with a background lane, the reduce's peer reads run while
+the dispatch-backward moves rows.
 """
 
 from __future__ import annotations
@@ -24,13 +27,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import Route
 from moonplan.profiling.hooks import NULL_PROFILER
+from moonplan.runtime.background import Pending
 from moonplan.runtime.experts_section import run_sections
 from moonplan.runtime.store import PROJECTIONS
-from moonplan.runtime.transport import weighted_sum
+from moonplan.runtime.transports.base import StepState
 
 if TYPE_CHECKING:  # annotation only: setup imports this module
     from moonplan.runtime.setup import LayerRuntime
@@ -91,16 +96,11 @@ def _remote_weights(step: MoEStep) -> dict[str, torch.Tensor]:
 class _MoEFunction(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any,
-        step: MoEStep,
-        x_SH: torch.Tensor,
-        weight_SK: torch.Tensor,
-        gate_up: torch.Tensor,
-        down: torch.Tensor,
-    ) -> torch.Tensor:
+        ctx: Any, step: MoEStep, x_SH: Tensor, weight_SK: Tensor, gate_up: Tensor, down: Tensor
+    ) -> Tensor:
         rt, plan, route = step.runtime, step.plan, step.route
         t = time.perf_counter()
-        recv = rt.transport.dispatch(x_SH, route, plan)
+        recv = rt.transport.dispatch(x_SH, route, plan, weight_SK=weight_SK.detach())
         t = step.tick("dispatch", t)
         training = any(ctx.needs_input_grad[1:])
         rank = rt.group.rank
@@ -120,31 +120,23 @@ class _MoEFunction(torch.autograd.Function):
             # forward, after this step's backward (see docs/training.md).
             rem = {n: _alias(w).requires_grad_(training) for n, w in remote.items()}
             run_sections(x_PH, plan, rank, _remote_sections(step, rem), out=y_PH)
-        rt.transport.out_local()[: y_PH.shape[0]] = y_PH.detach()
         t = step.tick("experts", t)
-        o_SKH = rt.transport.gather(route)
-        y_SH = weighted_sum(o_SKH, weight_SK, x_SH.dtype)
+        y_SH = rt.transport.combine(y_PH.detach(), route, weight_SK, recv.state)
         step.tick("combine", t)
-        ctx.step, ctx.graph = step, (x_PH, home, rem, y_PH) if training else None
-        ctx.save_for_backward(o_SKH, weight_SK)
+        ctx.step, ctx.state = step, recv.state
+        ctx.graph = (x_PH, home, rem, y_PH) if training else None
+        ctx.save_for_backward(weight_SK)
         return y_SH
 
     @staticmethod
     def backward(ctx: Any, dy_SH: torch.Tensor) -> tuple:
         step: MoEStep = ctx.step
         rt, plan, route = step.runtime, step.plan, step.route
-        o_SKH, weight_SK = ctx.saved_tensors
+        (weight_SK,) = ctx.saved_tensors
         x_PH, home, rem, y_PH = ctx.graph
         step.recorder.begin()  # the backward's phases start a new sequence
         t = time.perf_counter()
-        dy32_SH = dy_SH.float()
-        dweight_SK = (dy32_SH[:, None, :] * o_SKH.float()).sum(-1).to(weight_SK.dtype)
-        g_NH = (
-            (weight_SK.float()[:, :, None] * dy32_SH[:, None, :])
-            .to(o_SKH.dtype)
-            .reshape(-1, o_SKH.shape[2])
-        )
-        g_PH = rt.transport.dispatch(g_NH, route, plan, per_token=False).tensor
+        g_PH, dweight_SK = rt.transport.combine_backward(dy_SH, route, plan, weight_SK, ctx.state)
         t = step.tick("combine_backward", t)
         names = [f"{kind}_{n}" for kind in ("slot", "direct") for n in PROJECTIONS]
         leaves = [x_PH, home["gate_up"], home["down"], *(rem[n] for n in names)]
@@ -156,51 +148,55 @@ class _MoEFunction(torch.autograd.Function):
         dgu_rem = torch.cat([dgu_slot, dgu_direct], 0)  # slots, then direct rows
         ddown_rem = torch.cat([ddown_slot, ddown_direct], 0)
         t = step.tick("experts_backward", t)
-        rt.transport.out_local()[: dx_PH.shape[0]] = dx_PH
         remote = {"gate_up": dgu_rem, "down": ddown_rem}
-        ones_SK = torch.ones_like(weight_SK)
         dx_SH, reduced, t = _dispatch_backward_and_reduce(
-            step, remote, dgu_home.shape[0], ones_SK, dy_SH.dtype
+            step, ctx.state, dx_PH, remote, dgu_home.shape[0]
         )
         dgu = (dgu_home.float() + reduced["gate_up"]).to(dgu_home.dtype)
         ddown = (ddown_home.float() + reduced["down"]).to(ddown_home.dtype)
         step.tick("grad_reduce_exposed", t)
-        ctx.graph = None
+        ctx.graph = ctx.state = None
         return None, dx_SH, dweight_SK, dgu, ddown
 
 
 def _dispatch_backward_and_reduce(
     step: MoEStep,
+    state: StepState,
+    dx_PH: torch.Tensor,
     remote: dict[str, torch.Tensor],
     num_home: int,
-    ones_SK: torch.Tensor,
-    dtype: torch.dtype,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], float]:
-    """Input gradients back to token order and replica gradients home (collective).
+    """Input gradients ``dx [P, H]`` back to token order and replica gradients home
+    (collective).
 
-    The expert input gradients are already in this rank's output rows. With an
-    ``"inline"`` lane (all-to-all, or the serial schedule): gather, then reduce. With a
-    background lane (heap): stage the replica gradients, one barrier publishes both,
-    the reduce's peer reads run in the background while the main thread gathers, and
-    a final barrier keeps every reduce buffer until its readers are done. Same
-    operations in the same order on the data either way: bit-identical results.
+    With an ``"inline"`` lane (all-to-all, or the serial schedule): dispatch-backward,
+    then reduce. With a background lane (one-sided transport): stage the replica
+    gradients; the dispatch-backward's ``publish`` makes its rows and the staged
+    gradients visible at once, the reduce's peer reads start there in the background
+    while the rows move back, and a final ``publish`` keeps every reduce buffer until
+    its readers are done. Same operations in the same order on the data either way:
+    bit-identical results.
 
-    Returns ``dx [S, H]`` in ``dtype``, the fp32 home gradients ``[E_r, ...]`` per
+    Returns ``dx [S, H]`` in x's dtype, the fp32 home gradients ``[E_r, ...]`` per
     projection, and when the exposed part of the reduce began (perf_counter).
     """
     rt, plan, route = step.runtime, step.plan, step.route
     reducer, lane = rt.reducer(), rt.lane()
     t = time.perf_counter()
     if lane.kind == "inline":
-        dx_SH = weighted_sum(rt.transport.gather(route), ones_SK, dtype)
+        dx_SH = rt.transport.dispatch_backward(dx_PH, route, state)
         t = step.tick("dispatch_backward", t)
         pending = lane.submit(lambda: reducer.reduce(plan, remote, num_home))
     else:
         reducer.stage(remote)
-        rt.transport.publish()  # the output rows and the staged gradients, at once
-        pending = lane.submit(lambda: reducer.collect(plan, num_home))
-        dx_SH = weighted_sum(rt.transport.gather(route, barrier=False), ones_SK, dtype)
+        started: list[Pending] = []
+
+        def start_reduce() -> None:  # every rank's dx rows and staged gradients are visible
+            started.append(lane.submit(lambda: reducer.collect(plan, num_home)))
+
+        dx_SH = rt.transport.dispatch_backward(dx_PH, route, state, after_publish=start_reduce)
         t = step.tick("dispatch_backward", t)
+        (pending,) = started  # the transport called start_reduce exactly once
     reduced = pending.wait()
     if lane.kind != "inline":
         rt.transport.publish()  # nobody overwrites a reduce buffer still being read

@@ -24,7 +24,8 @@ from moonplan.runtime.buffers import BufferSpec, build_buffers
 from moonplan.runtime.calibrate import time_local_copy
 from moonplan.runtime.moe_function import MoEStep, moe_apply
 from moonplan.runtime.store import GradReducer
-from moonplan.runtime.transport import AllToAllTransport, HeapTransport
+from moonplan.runtime.transports import registry as transports
+from moonplan.runtime.transports.base import Transport
 from moonplan.stepcost import StepCost
 
 
@@ -130,8 +131,8 @@ class LayerRuntime:
         balance: str = "exact",
         cost: StepCost | None = None,
     ):
-        if transport not in ("auto", "heap", "a2a"):
-            raise ValueError(f"transport must be 'auto', 'heap' or 'a2a', got {transport!r}")
+        if transport != "auto":
+            transports.check(transport)  # the registered names, listed if unknown
         self.group = group
         self.E, self.B, self.H, self.F, self.K, self.align = (
             num_experts,
@@ -174,7 +175,7 @@ class LayerRuntime:
         spec = BufferSpec(self.kind, self.E, self.B, self.M, self.H, self.F, self.dtype)
         new = build_buffers(self.group, spec, capacity)
         old, self.heap, self.capacity = self.heap, new.heap, new.capacity
-        self.transport: HeapTransport | AllToAllTransport = new.transport
+        self.transport: Transport = new.transport
         self.store, self._reducer = new.store, new.reducer
         if old is not None:
             old.close()
@@ -183,7 +184,7 @@ class LayerRuntime:
     def lane(self) -> BackgroundLane:
         """Where this step's prefetch and reduce run (a worker thread, a side stream, or
         inline: see :mod:`moonplan.runtime.background`)."""
-        kind = lane_kind(self.heap is not None, self.group.device, self.overlap)
+        kind = lane_kind(self.transport.one_sided, self.group.device, self.overlap)
         if self._lane.kind != kind:
             self._lane.close()
             self._lane = BackgroundLane(kind, self.group.device)

@@ -5,23 +5,21 @@ Legend:
     F expert FFN size, H hidden; projections ``gate_up [rows, 2F, H]`` and
     ``down [rows, H, F]`` (transformers layout, gate rows first)
 
-On a symmetric heap every rank holds the same ``[M + B]`` rows per projection:
-its home experts (padded to ``M``) then its slots. ``prefetch(plan)`` fills the
-slots the plan marks new (``slot_new``) by copying the home rank's rows;
-residents stay; direct replicas (beyond ``B``) are read from the home rank when
-the experts run. Without a heap the same rows move by all-to-all.
+Every rank holds the same ``[M + B]`` rows per projection, in buffers of its
+transport (``Transport.alloc_shared``): its home experts (padded to ``M``) then its
+slots. ``prefetch(plan)`` fills the slots the plan marks new (``slot_new``) by
+fetching the home rank's rows (``Transport.fetch_rows``); residents stay; direct
+replicas (beyond ``B``) are read from the home rank when the experts run. Peer
+loads on a heap, all-to-alls elsewhere: the transport decides.
 """
 
 from __future__ import annotations
 
 import torch
 
-from moonplan.comm import a2a
-from moonplan.comm.group import EPGroup
-from moonplan.comm.heap import SymmetricHeap, SymTensor
 from moonplan.plan.home import home_start
 from moonplan.plan.plan_type import Plan
-from moonplan.runtime.movers import movers
+from moonplan.runtime.transports.base import SharedRows, Transport
 
 PROJECTIONS = ("gate_up", "down")
 
@@ -31,8 +29,7 @@ class ExpertStore:
 
     def __init__(
         self,
-        group: EPGroup,
-        heap: SymmetricHeap | None,
+        transport: Transport,
         *,
         num_experts: int,
         num_slots: int,
@@ -40,19 +37,13 @@ class ExpertStore:
         ffn: int,
         dtype: torch.dtype,
     ):
-        self.group, self.heap = group, heap
+        self.transport, self.group = transport, transport.group
         self.E, self.B = num_experts, num_slots
-        self.M = -(-num_experts // group.size)
+        self.M = -(-num_experts // self.group.size)
         shapes = {"gate_up": (2 * ffn, hidden), "down": (hidden, ffn)}
         rows_ = self.M + num_slots
-        self.sym: dict[str, SymTensor] = {}
-        self.local: dict[str, torch.Tensor] = {}
-        for name, shape in shapes.items():
-            if heap is not None:
-                self.sym[name] = heap.alloc((rows_, *shape), dtype)
-                self.local[name] = self.sym[name].local
-            else:
-                self.local[name] = torch.zeros(rows_, *shape, dtype=dtype, device=group.device)
+        self.shared = {n: transport.alloc_shared((rows_, *sh), dtype) for n, sh in shapes.items()}
+        self.local = {name: buf.local for name, buf in self.shared.items()}
         self.valid = False  # home rows published and slots consistent with `resident`
 
     def publish_home(self, weights: dict[str, torch.Tensor]) -> None:
@@ -63,8 +54,7 @@ class ExpertStore:
         for name in PROJECTIONS:
             w = weights[name].detach()
             self.local[name][: w.shape[0]].copy_(w)
-        if self.heap is not None:
-            self.heap.barrier()
+        self.transport.publish()
         self.valid = True
 
     def _home_row(self, e_N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,20 +65,14 @@ class ExpertStore:
         return h_N, e_N - starts[h_N]
 
     def _fetch(self, name: str, h_N: torch.Tensor, row_N: torch.Tensor) -> torch.Tensor:
-        """Rows ``row_N`` of ranks ``h_N``'s home experts (``[n, ...]``); collective."""
-        local = self.local[name]
-        if self.heap is None:
-            flat = local.view(local.shape[0], -1)
-            return a2a.gather_rows(self.group, flat, h_N, row_N).view(-1, *local.shape[1:])
-        got = torch.empty(h_N.numel(), *local.shape[1:], dtype=local.dtype, device=local.device)
-        views = [self.sym[name].peer(q) for q in range(self.group.size)]
-        movers(got.device).gather_rows(views, h_N, row_N, got)
-        return got
+        """Rows ``row_N`` of ranks ``h_N``'s home experts (``[n, ...]``); collective unless
+        the transport is ``one_sided``."""
+        return self.transport.fetch_rows(self.shared[name], h_N, row_N)
 
     def prefetch(self, plan: Plan) -> int:
         """Fill this rank's new slots from the home ranks; returns the rows copied here.
 
-        Collective (the all-to-all path exchanges requests). Slots not marked new
+        Collective unless the transport is ``one_sided`` (heap: peer loads). Slots not marked new
         keep their weights (residents of ``previous=``).
         """
         r = self.group.rank
@@ -125,17 +109,12 @@ class GradReducer:
     """
 
     def __init__(self, store: ExpertStore, num_remote_rows: int):
-        self.store, self.X = store, num_remote_rows
-        group, heap = store.group, store.heap
-        self.sym: dict[str, SymTensor] = {}
-        self.local: dict[str, torch.Tensor] = {}
-        for name, w in store.local.items():
-            shape, dtype = (num_remote_rows, *w.shape[1:]), w.dtype
-            if heap is not None:
-                self.sym[name] = heap.alloc(shape, dtype)
-                self.local[name] = self.sym[name].local
-            else:
-                self.local[name] = torch.zeros(shape, dtype=dtype, device=group.device)
+        self.store, self.X, self.transport = store, num_remote_rows, store.transport
+        self.shared: dict[str, SharedRows] = {
+            name: self.transport.alloc_shared((num_remote_rows, *w.shape[1:]), w.dtype)
+            for name, w in store.local.items()
+        }
+        self.local = {name: buf.local for name, buf in self.shared.items()}
 
     def reduce(
         self, plan: Plan, remote: dict[str, torch.Tensor], num_home: int
@@ -148,11 +127,9 @@ class GradReducer:
         runs those steps itself, with :meth:`collect` in the background).
         """
         self.stage(remote)
-        if self.store.heap is not None:
-            self.store.heap.barrier()  # every rank's gradients are in its reduce buffer
+        self.transport.publish()  # every rank's gradients are in its reduce buffer
         out = self.collect(plan, num_home)
-        if self.store.heap is not None:
-            self.store.heap.barrier()  # nobody overwrites a reduce buffer still being read
+        self.transport.publish()  # nobody overwrites a reduce buffer still being read
         return out
 
     def stage(self, remote: dict[str, torch.Tensor]) -> None:
@@ -164,9 +141,9 @@ class GradReducer:
     def collect(self, plan: Plan, num_home: int) -> dict[str, torch.Tensor]:
         """fp32 sums ``[E_r, ...]`` of the staged rows that hold this rank's experts.
 
-        On the heap: peer reads only (call it between two barriers that follow every
-        rank's :meth:`stage`); no barrier, so it may run in a background thread. On
-        the all-to-all path: a collective.
+        On a ``one_sided`` transport (heap): peer reads only (call it between two
+        ``publish`` calls that follow every rank's :meth:`stage`), so it may run in a
+        background thread. Otherwise a collective.
         """
         group, M = self.store.group, self.store.M
         r = group.rank
@@ -177,20 +154,10 @@ class GradReducer:
         slot_N = e_RX[q_N, j_N] - first
         out = {}
         for name in PROJECTIONS:
-            got = self._fetch(name, q_N, j_N)
+            got = self.transport.fetch_rows(self.shared[name], q_N, j_N)
             acc = torch.zeros(num_home, *got.shape[1:], dtype=torch.float32, device=got.device)
             for q in range(group.size):  # fixed order: ascending source rank
                 sel = q_N == q
                 acc.index_add_(0, slot_N[sel], got[sel].float())
             out[name] = acc
         return out
-
-    def _fetch(self, name: str, q_N: torch.Tensor, j_N: torch.Tensor) -> torch.Tensor:
-        local = self.local[name]
-        if self.store.heap is None:
-            flat = local.view(local.shape[0], -1)
-            return a2a.gather_rows(self.store.group, flat, q_N, j_N).view(-1, *local.shape[1:])
-        got = torch.empty(q_N.numel(), *local.shape[1:], dtype=local.dtype, device=local.device)
-        views = [self.sym[name].peer(q) for q in range(self.store.group.size)]
-        movers(got.device).gather_rows(views, q_N, j_N, got)
-        return got

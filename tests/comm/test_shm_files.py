@@ -10,8 +10,6 @@ import tempfile
 import time
 
 import pytest
-import torch
-import torch.distributed as dist
 
 from moonplan.comm import EPGroup, create_heap
 from moonplan.comm.shm_files import (
@@ -23,6 +21,7 @@ from moonplan.comm.shm_files import (
     shm_path,
     this_process,
 )
+from tests.comm.killable import join_group, killable_ranks
 
 TIMEOUT = 30.0
 
@@ -79,8 +78,7 @@ def _stall_in_creation(rank: int, world: int, store: str, queue) -> None:
     """Create a heap, but stop (forever) while the files are in /dev/shm."""
     import moonplan.comm.shm_heap as shm_heap
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    join_group(rank, world, store)
     real = shm_heap._open_peers
 
     def stall(paths, r, fd):
@@ -100,32 +98,19 @@ def _files_of(pids: set[int]) -> list[str]:
 
 @pytest.mark.distributed
 def test_sigkill_during_creation_then_a_new_job_cleans_up():
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [
-            ctx.Process(target=_stall_in_creation, args=(r, 2, os.path.join(tmp, "s"), queue))
-            for r in range(2)
-        ]
-        try:
-            for p in procs:
-                p.start()
-            pids = {queue.get(timeout=TIMEOUT) for _ in procs}
-            assert len(_files_of(pids)) == 2  # inside the window: both files exist
-            for p in procs:
-                os.kill(p.pid, signal.SIGKILL)
-            for p in procs:
-                p.join(TIMEOUT)
-                assert p.exitcode == -signal.SIGKILL
-            left = _files_of(pids)
-            assert len(left) == 2 and all(os.path.getsize(f"{SHM_DIR}/{n}") == 0 for n in left)
-            heap = create_heap(EPGroup(), 4096, backend="shm")  # the next job
-            heap.close()
-            assert _files_of(pids) == []
-        finally:
-            for p in procs:
-                p.kill()
-                p.join()
+    with killable_ranks(_stall_in_creation, 2, TIMEOUT) as (procs, got):
+        pids = set(got)
+        assert len(_files_of(pids)) == 2  # inside the window: both files exist
+        for p in procs:
+            os.kill(p.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        for p in procs:
+            p.join(TIMEOUT)
+            assert p.exitcode == -signal.SIGKILL
+        left = _files_of(pids)
+        assert len(left) == 2 and all(os.path.getsize(f"{SHM_DIR}/{n}") == 0 for n in left)
+        heap = create_heap(EPGroup(), 4096, backend="shm")  # the next job
+        heap.close()
+        assert _files_of(pids) == []
 
 
 def test_doctor_command_removes_stale_files(capsys: pytest.CaptureFixture[str]):

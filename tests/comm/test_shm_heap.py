@@ -6,17 +6,16 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-import tempfile
 import time
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from moonplan.comm import ContractError, EPGroup, HeapUnavailable, create_heap
 from moonplan.comm.heap import ALIGN
 from moonplan.comm.shm_heap import PREFIX, SHM_DIR
 from moonplan.testing.dist import run_ranks
+from tests.comm.killable import join_group, killable_ranks
 
 TIMEOUT = 30.0
 DTYPES = [torch.float32, torch.bfloat16, torch.int64]
@@ -133,8 +132,7 @@ def test_auto_on_several_hosts_is_unavailable_everywhere():
 
 
 def _hold_heap(rank: int, world: int, store: str, queue) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    join_group(rank, world, store)
     heap = create_heap(EPGroup(), 1 << 20, backend="shm")
     sym = heap.alloc(1024, torch.float32)
     sym.peer((rank + 1) % world).fill_(rank)
@@ -145,28 +143,15 @@ def _hold_heap(rank: int, world: int, store: str, queue) -> None:
 
 @pytest.mark.distributed
 def test_nothing_left_in_dev_shm_after_sigkill():
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [
-            ctx.Process(target=_hold_heap, args=(r, 2, os.path.join(tmp, "store"), queue))
-            for r in range(2)
-        ]
-        try:
-            for p in procs:
-                p.start()
-            tokens = {queue.get(timeout=TIMEOUT)[1] for _ in procs}
-            assert len(tokens) == 1
-            token = tokens.pop()
-            os.kill(procs[1].pid, signal.SIGKILL)  # mid-run, heap mapped
-            procs[1].join(TIMEOUT)
-            assert procs[1].exitcode == -signal.SIGKILL
-            assert _job_files(token) == []
-        finally:
-            for p in procs:
-                p.kill()
-                p.join()
+    with killable_ranks(_hold_heap, 2, TIMEOUT) as (procs, got):
+        tokens = {token for _, token in got}
+        assert len(tokens) == 1
+        token = tokens.pop()
+        os.kill(procs[1].pid, signal.SIGKILL)  # type: ignore[arg-type]  # mid-run, heap mapped
+        procs[1].join(TIMEOUT)
+        assert procs[1].exitcode == -signal.SIGKILL
         assert _job_files(token) == []
+    assert _job_files(token) == []
 
 
 def test_close_in_a_forked_child_leaves_the_parent_heap_intact():

@@ -269,17 +269,17 @@ def _a2a_grow_fails(rank: int, world: int) -> dict:
     rt = layer.runtime
     layer(torch.randn(4, H))
     old = (rt.transport, rt.store, rt.capacity)
-    real = buffers.AllToAllTransport
+    real = buffers.registry.create
     if rank == 1:
 
         def no_memory(*args, **kwargs):
             raise MemoryError("injected: cannot allocate the receive rows")
 
-        buffers.AllToAllTransport = no_memory  # type: ignore[assignment, misc]
+        buffers.registry.create = no_memory  # type: ignore[assignment]
     message, seconds = _step_error(layer, torch.randn(400, H))
     kept = (rt.transport, rt.store, rt.capacity) == old
     y_small = layer(torch.randn(4, H))
-    buffers.AllToAllTransport = real  # type: ignore[misc]
+    buffers.registry.create = real
     y_big = layer(torch.randn(400, H))
     ok = bool(torch.isfinite(y_small).all() and torch.isfinite(y_big).all())
     return {"message": message, "seconds": seconds, "kept": kept, "ok": ok}

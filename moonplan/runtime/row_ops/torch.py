@@ -1,4 +1,4 @@
-"""Row movement between ranks' buffers, in torch (the CPU twins of ``kernels.py``).
+"""Row movement between ranks' buffers, in torch (the twins of :mod:`.triton`).
 
 Legend:
     R ranks, S tokens of this rank, K top-k, N = S*K records (flat, token-major),
@@ -7,7 +7,7 @@ Legend:
 Every function takes a list of per-rank views (``views[r]`` is rank ``r``'s buffer:
 on the shm heap a real shared-memory view of the peer's tensor, in tests any
 tensors) and moves whole rows by ``(rank, row)`` addresses. The Triton kernels in
-:mod:`moonplan.runtime.kernels` do the same through a table of peer base addresses
+:mod:`moonplan.runtime.row_ops.triton` do the same through a table of peer base addresses
 and give bit-identical results.
 """
 
@@ -42,41 +42,6 @@ def scatter_rows(
             view.index_copy_(0, dest_offset_N[n_M].to(view.device), x_SH[token_N[n_M]])
 
 
-def gather_combine(
-    out_views: list[torch.Tensor],
-    dest_rank_SK: torch.Tensor,
-    dest_offset_SK: torch.Tensor,
-    weight_SK: torch.Tensor,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    """Combine: ``y[t] = sum_k weight[t, k] * out_views[dest_rank[t, k]][dest_offset[t, k]]``.
-
-    Each product is rounded to fp32 and added to an fp32 accumulator that starts at
-    zero, in ascending ``k`` (deterministic; the kernel does the same operations).
-
-    Args:
-        out_views: ``R`` tensors ``[cap_r, H]`` (one dtype), the expert outputs.
-        dest_rank_SK, dest_offset_SK: ``[S, K]`` integer addresses of each record.
-        weight_SK: ``[S, K]`` route weights, fp32 or bf16.
-        out_dtype: dtype of the result.
-
-    Returns:
-        ``[S, H]`` in ``out_dtype``.
-    """
-    S, K = dest_rank_SK.shape
-    H = _check_views(out_views, out_views[0].dtype if out_views else None, None)
-    _check_records(dest_rank_SK, dest_offset_SK, S * K, len(out_views))
-    if weight_SK.shape != (S, K):
-        raise ValueError(f"weight must be [S, K] = [{S}, {K}], got {tuple(weight_SK.shape)}")
-    device = weight_SK.device
-    acc_SH = torch.zeros(S, H, dtype=torch.float32, device=device)
-    w_SK = weight_SK.float()
-    for k in range(K):
-        rows_SH = _gather(out_views, dest_rank_SK[:, k], dest_offset_SK[:, k], S, H, device)
-        acc_SH += w_SK[:, k : k + 1] * rows_SH
-    return acc_SH.to(out_dtype)
-
-
 def gather_rows(
     src_views: list[torch.Tensor],
     src_rank_N: torch.Tensor,
@@ -96,23 +61,6 @@ def gather_rows(
         i_M = (src_rank_N == r).nonzero().flatten()
         if i_M.numel():
             dst[i_M.to(dst.device)] = view[src_row_N[i_M].to(view.device)].to(dst.device)
-
-
-def _gather(
-    views: list[torch.Tensor],
-    rank_S: torch.Tensor,
-    row_S: torch.Tensor,
-    S: int,
-    H: int,
-    device: torch.device,
-) -> torch.Tensor:
-    """``[S, H]`` fp32: row ``row_S[s]`` of ``views[rank_S[s]]`` for every ``s``."""
-    rows_SH = torch.zeros(S, H, dtype=torch.float32, device=device)
-    for r, view in enumerate(views):
-        s_M = (rank_S == r).nonzero().flatten()
-        if s_M.numel():
-            rows_SH[s_M] = view[row_S[s_M].to(view.device)].to(device, torch.float32)
-    return rows_SH
 
 
 def _check_views(

@@ -1,4 +1,4 @@
-"""Triton row kernels (``kernels.py``) against their torch twins (``rows.py``), bit for bit.
+"""Triton row ops (``row_ops/triton.py``) against their torch twins, bit for bit.
 
 On CPU they run under the Triton interpreter: Triton 3.9 reads ``TRITON_INTERPRET``
 when a kernel is decorated (not when triton is imported), and ``kernels`` decorates
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import moonplan
-from moonplan.runtime import kernels, rows
+from moonplan.runtime.row_ops import torch as rows
+from moonplan.runtime.row_ops import triton as kernels
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
@@ -81,43 +82,6 @@ def test_scatter_matches_twin(S: int, H: int, pad: int, K: int, dtype: torch.dty
 
 @pytest.mark.usefixtures("interpret")
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("w_dtype", DTYPES)
-@pytest.mark.parametrize("K", [1, 2, 3, 4])
-def test_combine_matches_twin(K: int, w_dtype: torch.dtype, dtype: torch.dtype) -> None:
-    gen = torch.Generator().manual_seed(K)
-    S, H = 19, 70
-    caps = _caps(S, K)
-    outs = _views(caps, H, dtype, gen, pad=2)
-    rank_SK, off_SK = _records(S, K, caps, gen)
-    w_SK = torch.rand(S, K, generator=gen).to(w_dtype)
-    for out_dtype in (dtype, torch.float32):
-        got = kernels.gather_combine(outs, rank_SK, off_SK, w_SK, out_dtype)
-        want = rows.gather_combine(outs, rank_SK, off_SK, w_SK, out_dtype)
-        assert got.dtype == out_dtype and _same_bits(got, want)
-
-
-@pytest.mark.usefixtures("interpret")
-@pytest.mark.filterwarnings("ignore:overflow encountered")
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_combine_special_values(dtype: torch.dtype) -> None:
-    """NaN, inf, subnormals, signed zeros and overflow combine exactly like the twin."""
-    gen = torch.Generator().manual_seed(7)
-    S, K, H = 6, 2, 12
-    special = [float("nan"), float("inf"), -float("inf"), 1e-40, -1e-39, 0.0, -0.0, 3e38]
-    out = torch.randn(S * K, H, generator=gen)
-    out[:, : len(special)] = torch.tensor(special)
-    rank_SK = torch.zeros(S, K, dtype=torch.int64)
-    off_SK = torch.randperm(S * K, generator=gen).view(S, K)
-    w_SK = torch.rand(S, K, generator=gen) * 2
-    outs = [out.to(dtype)]
-    for out_dtype in (torch.bfloat16, torch.float32):
-        got = kernels.gather_combine(outs, rank_SK, off_SK, w_SK.to(dtype), out_dtype)
-        want = rows.gather_combine(outs, rank_SK, off_SK, w_SK.to(dtype), out_dtype)
-        assert _same_bits(got, want)
-
-
-@pytest.mark.usefixtures("interpret")
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("row_shape", [(3, 37), (2, 600), (5,)])
 def test_gather_rows_matches_twin(row_shape: tuple[int, ...], dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(len(row_shape))
@@ -153,11 +117,12 @@ def test_routes_of_a_real_plan() -> None:
         kernels.scatter_rows(x_SH, *args, got)
         rows.scatter_rows(x_SH, *args, want)
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
-    w_SK = torch.rand(S, K, generator=gen)
     route = moonplan.route(plan, 1, ids[1])
-    a = kernels.gather_combine(got, route.dest_rank, route.dest_offset, w_SK, torch.float32)
-    b = rows.gather_combine(want, route.dest_rank, route.dest_offset, w_SK, torch.float32)
-    assert torch.equal(a, b)
+    back = torch.empty(S * K, H, dtype=torch.bfloat16)
+    kernels.gather_rows(got, route.dest_rank.reshape(-1), route.dest_offset.reshape(-1), back)
+    twin = torch.empty_like(back)
+    rows.gather_rows(want, route.dest_rank.reshape(-1), route.dest_offset.reshape(-1), twin)
+    assert torch.equal(back, twin)
 
 
 @pytest.mark.usefixtures("interpret")
@@ -165,15 +130,8 @@ def test_empty_inputs() -> None:
     views = [torch.zeros(3, 8), torch.zeros(0, 8)]
     none = torch.zeros(0, dtype=torch.int64)
     kernels.scatter_rows(torch.zeros(0, 8), none, none, 2, views)
-    y = kernels.gather_combine(
-        views, none.view(0, 2), none.view(0, 2), torch.zeros(0, 2), torch.float32
-    )
-    assert y.shape == (0, 8)
-    y = kernels.gather_combine(
-        views, none.view(4, 0), none.view(4, 0), torch.zeros(4, 0), torch.float32
-    )
-    assert torch.equal(y, torch.zeros(4, 8))
     kernels.gather_rows(views, none, none, torch.zeros(0, 8))
+    assert torch.equal(views[0], torch.zeros(3, 8))
 
 
 @pytest.mark.usefixtures("interpret")
@@ -224,10 +182,6 @@ def test_cuda_matches_twin(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) 
     kernels.scatter_rows(x_SH, rank_SK.reshape(-1).cuda(), off_SK.reshape(-1).cuda(), K, got)
     rows.scatter_rows(x_SH, rank_SK.reshape(-1).cuda(), off_SK.reshape(-1).cuda(), K, want)
     assert all(_same_bits(g, w) for g, w in zip(got, want, strict=True))
-    w_SK = torch.rand(S, K, generator=gen).cuda()
-    a = kernels.gather_combine(got, rank_SK.cuda(), off_SK.cuda(), w_SK, dtype)
-    b = rows.gather_combine(want, rank_SK.cuda(), off_SK.cuda(), w_SK, dtype)
-    assert _same_bits(a, b)
     dst_a = torch.empty(S, H, dtype=dtype, device="cuda")
     dst_b = dst_a.clone()
     kernels.gather_rows(got, rank_SK[:, 0].cuda(), off_SK[:, 0].cuda(), dst_a)

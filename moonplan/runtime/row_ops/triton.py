@@ -1,4 +1,4 @@
-"""Triton kernels for row movement through a table of peer base addresses.
+"""Row movement in Triton: peer-pointer kernels through a table of peer base addresses.
 
 Legend:
     R ranks, S tokens of this rank, K top-k, N = S*K records (flat, token-major),
@@ -6,10 +6,9 @@ Legend:
     ``table_R``: int64 ``data_ptr()`` of each rank's view, loaded in the kernel and cast
     with ``.to(tl.pointer_type(...))``.
 
-Each launcher has the signature of its torch twin in :mod:`moonplan.runtime.rows`
-(plus ``check=``) and gives bit-identical results: copies move bits, and combine
-rounds each ``weight * row`` product to fp32 and adds it to an fp32 accumulator in
-ascending ``k`` (launched with ``enable_fp_fusion=False``, so no FMA on GPU either).
+Each launcher has the signature of its torch twin in :mod:`moonplan.runtime.row_ops.torch`
+(plus ``check=``) and gives bit-identical results: they only copy rows (bits move
+unchanged).
 
 Triton is imported only when a launcher runs. Kernels are compiled for CUDA tensors,
 or interpreted for CPU tensors under ``TRITON_INTERPRET=1`` (read when the kernels
@@ -19,9 +18,7 @@ sizes are fixed (no autotune: the interpreter cannot autotune).
 Interpreter notes (Triton 3.9): ``triton.jit`` reads ``TRITON_INTERPRET`` when it
 decorates, so triton's own ``@jit`` helpers (``tl.cdiv``, ``tl.zeros``, ...) take the
 mode of the moment ``triton.language`` was first imported; the kernels below use only
-builtins so that they work whatever that order was. The interpreter's fp32 -> bf16
-cast truncates (and its bf16 -> fp32 cast mishandles subnormals), so combine converts
-bf16 by bit operations, with torch's round-to-nearest-even.
+builtins so that they work whatever that order was.
 """
 
 from __future__ import annotations
@@ -33,11 +30,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from moonplan.runtime.rows import _check_records, _check_views, check_index_shapes
+from moonplan.runtime.row_ops.torch import _check_records, _check_views, check_index_shapes
 
-BLOCK_N = 16  # records per program (scatter, combine)
-BLOCK_H = 128  # hidden columns per program (scatter, combine)
+BLOCK_N = 16  # records per program (scatter)
+BLOCK_H = 128  # hidden columns per program (scatter)
 BLOCK_L = 1024  # row elements per program (gather_rows)
 
 
@@ -70,15 +68,10 @@ def available(device: torch.device | str | None = None) -> tuple[bool, str]:
 
 # ---- launchers -----------------------------------------------------------------------------
 def scatter_rows(
-    x_SH: torch.Tensor,
-    dest_rank_N: torch.Tensor,
-    dest_offset_N: torch.Tensor,
-    top_k: int,
-    recv_views: list[torch.Tensor],
-    *,
-    check: bool = True,
-) -> None:
-    """Kernel twin of :func:`moonplan.runtime.rows.scatter_rows` (same arguments).
+    x_SH: Tensor, dest_rank_N: Tensor, dest_offset_N: Tensor, top_k: int, recv_views: list[Tensor],
+    *, check: bool = True,
+) -> None:  # fmt: skip
+    """Kernel twin of :func:`moonplan.runtime.row_ops.torch.scatter_rows` (same arguments).
 
     ``check`` also bounds-checks every destination row against its view (host read);
     turn it off only for inputs known to be valid (a bad row is a wild store).
@@ -102,53 +95,15 @@ def scatter_rows(
         )  # fmt: skip
 
 
-def gather_combine(
-    out_views: list[torch.Tensor],
-    dest_rank_SK: torch.Tensor,
-    dest_offset_SK: torch.Tensor,
-    weight_SK: torch.Tensor,
-    out_dtype: torch.dtype,
-    *,
-    check: bool = True,
-) -> torch.Tensor:
-    """Kernel twin of :func:`moonplan.runtime.rows.gather_combine` (same arguments, result).
-
-    ``check`` also bounds-checks every source row against its view (host read).
-    """
-    S, K = dest_rank_SK.shape
-    H = _check_views(out_views, out_views[0].dtype if out_views else None, None)
-    if weight_SK.shape != (S, K):
-        raise ValueError(f"weight must be [S, K] = [{S}, {K}], got {tuple(weight_SK.shape)}")
-    dev = _device(weight_SK, out_views)
-    rank_N, off_N = _indices(dest_rank_SK, dest_offset_SK, dev, S * K)
-    if check:
-        _check_records(rank_N, off_N, S * K, len(out_views))
-        _check_rows(rank_N, off_N, out_views)
-    y_SH = torch.empty(S, H, dtype=out_dtype, device=dev)
-    if S == 0 or H == 0:
-        return y_SH
-    if K == 0:
-        return y_SH.zero_()
-    w_N = weight_SK.reshape(-1).to(dev).contiguous()
-    table_R, stride = _table(out_views, dev)
-    grid = (_cdiv(S, BLOCK_N) * _cdiv(H, BLOCK_H),)
-    with _on(dev):
-        _kernels(_interpreting()).combine[grid](
-            rank_N, off_N, w_N, table_R, out_views[0], stride, y_SH, S, H,
-            TOP_K=K, BLOCK_S=BLOCK_N, BLOCK_H=BLOCK_H, enable_fp_fusion=False,
-        )  # fmt: skip
-    return y_SH
-
-
 def gather_rows(
-    src_views: list[torch.Tensor],
-    src_rank_N: torch.Tensor,
-    src_row_N: torch.Tensor,
-    dst: torch.Tensor,
+    src_views: list[Tensor],
+    src_rank_N: Tensor,
+    src_row_N: Tensor,
+    dst: Tensor,
     *,
     check: bool = True,
 ) -> None:
-    """Kernel twin of :func:`moonplan.runtime.rows.gather_rows` (same arguments).
+    """Kernel twin of :func:`moonplan.runtime.row_ops.torch.gather_rows` (same arguments).
 
     Each view's and ``dst``'s rows must be contiguous (trailing dimensions row-major).
     ``check`` also bounds-checks every source row against its view (host read).
@@ -264,41 +219,6 @@ def _kernels(interpret: bool) -> Any:
         tl.store(dst[:, None] + off[:, None] * dst_stride + col[None, :], row, mask=ok)
 
     @triton.jit
-    def combine(rank_ptr, off_ptr, w_ptr, table_ptr, like_ptr, src_stride, y_ptr, S, H,
-                TOP_K: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
-        pid = tl.program_id(0).to(tl.int64)
-        num_hb = (H + BLOCK_H - 1) // BLOCK_H  # not tl.cdiv (module docstring)
-        s = (pid // num_hb) * BLOCK_S + tl.arange(0, BLOCK_S)
-        col = (pid % num_hb) * BLOCK_H + tl.arange(0, BLOCK_H)
-        s_ok = s < S
-        ok = s_ok[:, None] & (col < H)[None, :]
-        acc = tl.full([BLOCK_S, BLOCK_H], 0.0, tl.float32)  # not tl.zeros (a @jit helper)
-        for k in tl.static_range(TOP_K):
-            rank = tl.load(rank_ptr + s * TOP_K + k, mask=s_ok, other=0)
-            off = tl.load(off_ptr + s * TOP_K + k, mask=s_ok, other=0)
-            w = tl.load(w_ptr + s * TOP_K + k, mask=s_ok, other=0)
-            src = tl.load(table_ptr + rank, mask=s_ok, other=0)
-            src = src.to(tl.pointer_type(like_ptr.dtype.element_ty))
-            row = tl.load(src[:, None] + off[:, None] * src_stride + col[None, :], mask=ok, other=0)
-            # bf16 -> fp32 by bits (exact; the interpreter's float cast mishandles subnormals)
-            if w_ptr.dtype.element_ty == tl.bfloat16:
-                w = (w.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-            if like_ptr.dtype.element_ty == tl.bfloat16:
-                row = (row.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(
-                    tl.float32, bitcast=True
-                )
-            acc += w.to(tl.float32)[:, None] * row.to(tl.float32)
-        if y_ptr.dtype.element_ty == tl.bfloat16:
-            # fp32 -> bf16 round-to-nearest-even by bits, as torch does (the interpreter's
-            # cast truncates); NaN -> 0x7FC0
-            bits = acc.to(tl.uint32, bitcast=True)
-            bits = tl.where(acc != acc, 0x7FC00000, bits + 0x7FFF + ((bits >> 16) & 1))
-            y = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        else:
-            y = acc.to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + s[:, None] * H + col[None, :], y, mask=ok)
-
-    @triton.jit
     def gather(rank_ptr, row_ptr, table_ptr, src_stride, dst_ptr, dst_stride, L,
                BLOCK_L: tl.constexpr):  # fmt: skip
         pid = tl.program_id(0).to(tl.int64)
@@ -311,4 +231,4 @@ def _kernels(interpret: bool) -> Any:
         row = tl.load(src + tl.load(row_ptr + i) * src_stride + col, mask=ok)
         tl.store(dst_ptr + i * dst_stride + col, row, mask=ok)
 
-    return SimpleNamespace(scatter=scatter, combine=combine, gather=gather)
+    return SimpleNamespace(scatter=scatter, gather=gather)

@@ -1,0 +1,151 @@
+"""The transport protocol: every row a MoE step moves between ranks, in both directions.
+
+Legend:
+    R ranks, S tokens of this rank, K top-k, H hidden, P receive rows of this rank
+    (``plan.recv_size()[rank]``, padding included), n rows fetched by ``fetch_rows``
+
+A step calls the four data-path operations in this order, always on every rank
+(collectives), with the ``route`` and ``plan`` of the step and the
+:class:`StepState` its dispatch returned:
+
+1. ``view = dispatch(x_SH, route, plan, weight_SK=w)``: this rank's
+   expert-grouped receive rows ``view.tensor [P, H]`` (padding rows zero);
+   ``view.state`` is the step's state, which the transport fills and reads in the
+   three calls below. ``weight_SK`` (optional, no gradient flows through it) is for
+   transports that weight rows at their executing rank: they may send the weights
+   with the rows; per-record transports ignore it (combine gets them again).
+2. ``y_SH = combine(y_PH, route, weight_SK, state)``: the experts' outputs of the
+   receive rows go back to their tokens: ``y[s] = sum_k weight[s, k] * o[s, k]``
+   with fp32 products and sums in ascending ``k``, in x's dtype.
+3. ``g_PH, dweight_SK = combine_backward(dy_SH, route, plan, weight_SK, state)``:
+   the gradient of each receive row (``weight * dy`` of its record, at its
+   executing rank, in the receive rows' dtype) and of the weights
+   (``dweight[s, k] = <dy[s], o[s, k]>`` in fp32, in weight's dtype).
+4. ``dx_SH = dispatch_backward(dx_PH, route, state, after_publish=None)``: the
+   receive rows' input gradients back to token order, summed over ``k`` (fp32,
+   ascending ``k``), in x's dtype. ``after_publish`` (optional) is called once
+   every shared buffer written before the call is visible to peers and before
+   the rows move back: the overlapped backward starts the replica-gradient reduce
+   there.
+
+Where a record's output or gradient is kept between forward and backward
+(at the source as ``o [S, K, H]``, or at the executing rank) is the transport's
+business: it keeps what it needs in ``state.saved``.
+
+The expert store and the gradient reducer move weight rows through the same
+object: ``alloc_shared`` (a buffer peers may read), ``fetch_rows`` (rows of other
+ranks' buffers) and ``publish`` (make this rank's writes visible). ``one_sided``
+says whether ``fetch_rows`` is plain peer reads (between two ``publish`` calls,
+no collective: it may run in a background thread) or a collective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from moonplan.comm.group import EPGroup
+from moonplan.plan.plan_type import Plan
+from moonplan.plan.route import Route
+
+
+class StaleViewError(RuntimeError):
+    """A receive view was used after a later dispatch overwrote its buffer."""
+
+
+@dataclass
+class StepState:
+    """What a transport keeps of one step between its forward and backward.
+
+    ``dtype`` is x's dtype (the dtype of ``y`` and ``dx``); ``saved`` holds whatever
+    tensors the transport needs later (opaque to the step function).
+    """
+
+    dtype: torch.dtype
+    saved: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class RecvView:
+    """This rank's expert-grouped receive rows of one dispatch (valid until the next)."""
+
+    _tensor: torch.Tensor
+    generation: int
+    _current: Callable[[], int] = field(repr=False)
+    state: StepState
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """``[P, H]`` the received rows; raises :class:`StaleViewError` once stale."""
+        now = self._current()
+        if now != self.generation:
+            raise StaleViewError(
+                f"receive view of dispatch {self.generation} used after dispatch "
+                f"{now} overwrote the buffer; copy it to keep it"
+            )
+        return self._tensor
+
+
+AfterPublish = Callable[[], None] | None  # dispatch_backward's hook (see the module docstring)
+
+
+class SharedRows(Protocol):
+    """A buffer from :meth:`Transport.alloc_shared`: ``local`` is this rank's copy."""
+
+    @property
+    def local(self) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Moves every row of a MoE step between ranks (see the module docstring).
+
+    Attributes:
+        name: the registry name (``moonplan.runtime.transports.registry``).
+        group: the EP group it spans.
+        capacity: receive rows per rank (``P`` of any plan it serves is at most this).
+        one_sided: ``fetch_rows`` reads peers without a collective.
+    """
+
+    name: str
+    group: EPGroup
+    capacity: int
+    one_sided: bool
+
+    def dispatch(
+        self, x_SH: Tensor, route: Route, plan: Plan, *, weight_SK: Tensor | None = None
+    ) -> RecvView:
+        """Collective: token rows ``x [S, H]`` to their executing ranks; this rank's rows."""
+        ...
+
+    def combine(self, y_PH: Tensor, route: Route, weight_SK: Tensor, state: StepState) -> Tensor:
+        """Collective: expert outputs ``[P, H]`` back to tokens, weighted: ``y [S, H]``."""
+        ...
+
+    def combine_backward(
+        self, dy_SH: Tensor, route: Route, plan: Plan, weight_SK: Tensor, state: StepState
+    ) -> tuple[Tensor, Tensor]:
+        """Collective: ``(g [P, H], dweight [S, K])`` from ``dy [S, H]``."""
+        ...
+
+    def dispatch_backward(
+        self, dx_PH: Tensor, route: Route, state: StepState, *, after_publish: AfterPublish = None
+    ) -> Tensor:
+        """Collective: receive-row gradients ``[P, H]`` back to tokens, summed: ``[S, H]``."""
+        ...
+
+    def alloc_shared(self, shape: Sequence[int], dtype: torch.dtype) -> SharedRows:
+        """A buffer every rank allocates alike (same calls, same order; contents unset)."""
+        ...
+
+    def fetch_rows(self, buffer: SharedRows, src_rank_N: Tensor, src_row_N: Tensor) -> Tensor:
+        """``[n, ...]``: row ``src_row[i]`` of rank ``src_rank[i]``'s ``buffer`` (as published)."""
+        ...
+
+    def publish(self) -> None:
+        """Collective: this rank's writes to its shared buffers become visible to peers."""
+        ...

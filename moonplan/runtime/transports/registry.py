@@ -1,0 +1,92 @@
+"""Transports by name: ``register(name, factory)``, ``create(name, group, ...)``, ``names()``.
+
+Legend: none (builds objects; see :mod:`moonplan.runtime.transports.base`).
+
+A factory is called as ``factory(group, capacity=C, hidden=H, dtype=dtype, heap=heap)``
+and returns a :class:`~moonplan.runtime.transports.base.Transport`; ``heap`` is the
+layer's symmetric heap for transports registered with ``needs_heap=True`` (the
+runtime creates one for them) and ``None`` otherwise. The runtime picks its
+transport by name through :func:`create`; the built-in ones are registered at the
+bottom of this file (adding a transport: CONTRIBUTING.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from moonplan.comm.group import EPGroup
+from moonplan.comm.heap import SymmetricHeap
+from moonplan.runtime.transports.all_to_all import AllToAllTransport
+from moonplan.runtime.transports.base import Transport
+from moonplan.runtime.transports.heap import HeapTransport
+
+Factory = Callable[..., Transport]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    factory: Factory
+    needs_heap: bool
+
+
+_REGISTRY: dict[str, _Entry] = {}  # the one registry: filled by register() calls below
+
+
+def register(name: str, factory: Factory, *, needs_heap: bool = False) -> None:
+    """Make ``create(name, ...)`` call ``factory``; a name is registered once."""
+    if name in _REGISTRY or name == "auto":
+        raise ValueError(f"transport name {name!r} is taken (registered: {', '.join(names())})")
+    _REGISTRY[name] = _Entry(factory, needs_heap)
+
+
+def names() -> tuple[str, ...]:
+    """The registered transport names, sorted."""
+    return tuple(sorted(_REGISTRY))
+
+
+def check(name: str) -> None:
+    """Raise ``ValueError`` listing the known names unless ``name`` is registered."""
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"unknown transport {name!r}; known transports: {', '.join(names())} "
+            "(or 'auto' for a layer: the heap where one spans the group, else a2a)"
+        )
+
+
+def needs_heap(name: str) -> bool:
+    """Whether transport ``name`` works on a symmetric heap the runtime provides."""
+    check(name)
+    return _REGISTRY[name].needs_heap
+
+
+def create(
+    name: str,
+    group: EPGroup,
+    *,
+    capacity: int,
+    hidden: int,
+    dtype: torch.dtype,
+    heap: SymmetricHeap | None = None,
+) -> Transport:
+    """A new transport ``name`` with ``capacity`` receive rows of ``[hidden]`` ``dtype``."""
+    check(name)
+    entry = _REGISTRY[name]
+    if entry.needs_heap and heap is None:
+        raise ValueError(f"transport {name!r} needs a symmetric heap, got none")
+    return entry.factory(group, capacity=capacity, hidden=hidden, dtype=dtype, heap=heap)
+
+
+def _heap(group: EPGroup, *, heap: SymmetricHeap, **sizes: Any) -> Transport:
+    return HeapTransport(group, heap, sizes["capacity"], sizes["hidden"], sizes["dtype"])
+
+
+def _all_to_all(group: EPGroup, *, heap: SymmetricHeap | None, **sizes: Any) -> Transport:
+    return AllToAllTransport(group, sizes["capacity"], sizes["hidden"], sizes["dtype"])
+
+
+register("heap", _heap, needs_heap=True)
+register("a2a", _all_to_all)
