@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 DTYPES = (torch.float32, torch.bfloat16)  # rows and weights that reduce_rows / row_dot take
-DOT_BLOCK = 128  # lanes of row_dot's fixed summation order (the kernel's column block)
+DOT_BLOCK = 128  # lanes of row_dot's fixed order (the kernel's column block; a power of 2)
 
 
 @dataclass(frozen=True, eq=False)

@@ -42,8 +42,6 @@ __all__ = ["Segments", "available", "expand_rows", "reduce_rows", "row_dot", "se
 
 BLOCK_P = 16  # rows per program (expand, row_dot)
 BLOCK_H = 128  # columns per program (expand, reduce)
-if DOT_BLOCK != 128:  # the dot kernel unrolls its halving tree for 128 lanes
-    raise ImportError(f"token_triton's dot kernel needs DOT_BLOCK == 128, not {DOT_BLOCK}")
 
 
 def expand_rows(
@@ -85,7 +83,8 @@ def row_dot(a_PH: torch.Tensor, b_TH: torch.Tensor, idx_P: torch.Tensor) -> torc
     with _on(dev):
         _kernels(_interpreting()).dot[(_cdiv(P, BLOCK_P),)](
             a_PH, a_PH.stride(0), b_TH, b_TH.stride(0), idx_P, out_P, P, H,
-            BLOCK_P=BLOCK_P, LANES=DOT_BLOCK, enable_fp_fusion=False,
+            BLOCK_P=BLOCK_P, LANES=DOT_BLOCK, LOG2_LANES=DOT_BLOCK.bit_length() - 1,
+            enable_fp_fusion=False,
         )  # fmt: skip
     return out_P
 
@@ -180,7 +179,7 @@ def _kernels(interpret: bool) -> Any:
 
     @triton.jit
     def dot(a_ptr, a_stride, b_ptr, b_stride, idx_ptr, out_ptr, P, H,
-            BLOCK_P: tl.constexpr, LANES: tl.constexpr):  # fmt: skip
+            BLOCK_P: tl.constexpr, LANES: tl.constexpr, LOG2_LANES: tl.constexpr):  # fmt: skip
         p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
         p_ok = p < P
         idx = tl.load(idx_ptr + p, mask=p_ok, other=-1)
@@ -196,14 +195,12 @@ def _kernels(interpret: bool) -> Any:
                 a = (a.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
                 b = (b.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
             lane += a.to(tl.float32) * b.to(tl.float32)
-        # lane j += lane j + width/2, halving (each a single add: the order is exact)
-        lane = tl.sum(tl.reshape(lane, [BLOCK_P, 2, LANES // 2]), axis=1)
-        lane = tl.sum(tl.reshape(lane, [BLOCK_P, 2, LANES // 4]), axis=1)
-        lane = tl.sum(tl.reshape(lane, [BLOCK_P, 2, LANES // 8]), axis=1)
-        lane = tl.sum(tl.reshape(lane, [BLOCK_P, 2, LANES // 16]), axis=1)
-        lane = tl.sum(tl.reshape(lane, [BLOCK_P, 2, LANES // 32]), axis=1)
-        lane = tl.sum(tl.reshape(lane, [BLOCK_P, 2, LANES // 64]), axis=1)
-        lane = tl.sum(tl.reshape(lane, [BLOCK_P, 2, LANES // 128]), axis=1)
+        # lane j += lane j + width/2, halving (tl.split, not tl.sum: a @jit helper, and
+        # its tree order is the compiler's); unrolled, so every width is a constant
+        for i in tl.static_range(LOG2_LANES):
+            half: tl.constexpr = LANES >> (i + 1)  # annotated: the interpreter keeps it an int
+            lo, hi = tl.split(tl.permute(tl.reshape(lane, [BLOCK_P, 2, half]), 0, 2, 1))
+            lane = lo + hi
         total = tl.reshape(lane, [BLOCK_P])
         tl.store(out_ptr + p, tl.where(live, total, 0.0), mask=p_ok)
 
