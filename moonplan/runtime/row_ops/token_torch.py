@@ -110,8 +110,7 @@ def expand_rows(
     if tokens_TH.shape[0] == 0:  # then every row is padding (checked)
         return out_PH.zero_()
     out_PH.copy_(tokens_TH.index_select(0, idx_P.clamp(min=0)))
-    out_PH[idx_P < 0] = 0
-    return out_PH
+    return out_PH.index_fill_(0, (idx_P < 0).nonzero().flatten(), 0)
 
 
 def reduce_rows(
@@ -144,7 +143,7 @@ def reduce_rows(
         term_MH = rows_PH[p_M].float()
         if weight_P is not None:
             term_MH = weight_P[p_M].float()[:, None] * term_MH
-        acc_TH[t_M] += term_MH
+        acc_TH.index_add_(0, t_M, term_MH)  # distinct t_M: one add per row, exact
     return acc_TH.to(rows_PH.dtype if out_dtype is None else out_dtype)
 
 
