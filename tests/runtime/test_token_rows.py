@@ -333,6 +333,32 @@ def test_kernels_need_the_interpreter_on_cpu(monkeypatch: pytest.MonkeyPatch) ->
         ker.row_dot(torch.zeros(2, 4), torch.zeros(2, 4), torch.tensor([0, 1]))
 
 
+# (kernel, pointer and scalar argument types, constants) for an sm_90 compile
+COMPILE_CASES = {
+    "expand": ("*bf16 i64 *i64 *bf16 i64 i32 i32", {"BLOCK_P": 16, "BLOCK_H": 128}),
+    "reduce": ("*bf16 i64 *i64 *i64 *bf16 *fp32 i32", {"WEIGHTED": True, "BLOCK_H": 128}),
+    "dot": ("*bf16 i64 *bf16 i64 *i64 *fp32 i32 i32", dict(BLOCK_P=16, LANES=128, LOG2_LANES=7)),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPILE_CASES))
+def test_kernels_compile_for_cuda(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The compiled front end (not the interpreter) accepts each kernel: sm_90 code is
+    built on the CPU, and the summing kernels contain no FMA."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(ker._kernels(False), name)
+    types, consts = COMPILE_CASES[name]
+    names = fn.arg_names
+    sig = dict(zip(names, types.split() + ["constexpr"] * len(consts), strict=True))
+    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    options = {"enable_fp_fusion": False}
+    out = triton_mod.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    assert "cubin" in out.asm and "fma." not in out.asm["ptx"]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", DTYPES)

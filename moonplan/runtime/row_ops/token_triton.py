@@ -8,12 +8,13 @@ Each launcher has the signature of its torch twin in ``token_torch`` and gives t
 bits: ``expand_rows`` copies bits; ``reduce_rows`` walks each output row's segment of
 :class:`~moonplan.runtime.row_ops.token_torch.Segments` in order (one program per output
 row and column block), adding fp32 products to an fp32 accumulator (a bf16 result is
-cast by torch); ``row_dot`` sums
-``DOT_BLOCK`` lanes over column blocks, then the lanes pairwise, halving (the order the
-twin spells out). Kernels with a sum are launched with ``enable_fp_fusion=False`` (no
-FMA). As in :mod:`moonplan.runtime.kernels`, Triton is imported only when a launcher
-runs; CPU tensors need ``TRITON_INTERPRET=1``, and bf16 inputs are widened by bit
-operations because the interpreter's bf16 -> fp32 cast mishandles subnormals.
+cast by torch); ``row_dot`` sums ``DOT_BLOCK`` lanes over column blocks, then the lanes
+pairwise, halving (the order the twin spells out). Kernels with a sum are launched
+with ``enable_fp_fusion=False`` (no FMA). As in :mod:`moonplan.runtime.kernels`,
+Triton is imported only when a launcher runs; CPU tensors need ``TRITON_INTERPRET=1``,
+and bf16 inputs are widened by bit operations because the interpreter's bf16 -> fp32
+cast mishandles subnormals. ``tests/runtime/test_token_rows.py`` also compiles every
+kernel for sm_90 on the CPU (the compiled front end is stricter than the interpreter).
 """
 
 from __future__ import annotations
@@ -198,8 +199,10 @@ def _kernels(interpret: bool) -> Any:
         # lane j += lane j + width/2, halving (tl.split, not tl.sum: a @jit helper, and
         # its tree order is the compiler's); unrolled, so every width is a constant
         for i in tl.static_range(LOG2_LANES):
-            half: tl.constexpr = LANES >> (i + 1)  # annotated: the interpreter keeps it an int
-            lo, hi = tl.split(tl.permute(tl.reshape(lane, [BLOCK_P, 2, half]), 0, 2, 1))
+            # the width inline: an assigned name would be a tensor in the interpreter, and
+            # a constexpr-annotated one cannot be reassigned when compiled
+            halves = tl.reshape(lane, [BLOCK_P, 2, LANES >> (i + 1)])
+            lo, hi = tl.split(tl.permute(halves, 0, 2, 1))
             lane = lo + hi
         total = tl.reshape(lane, [BLOCK_P])
         tl.store(out_ptr + p, tl.where(live, total, 0.0), mask=p_ok)
