@@ -3,7 +3,7 @@
 Legend:
     T rows of a token buffer (``route_rows``: one row per (token, destination) pair),
     P rows of an expert-grouped buffer (one per record, plus alignment padding),
-    H hidden size, Q records that hit an output row (``dst_row >= 0``).
+    H hidden size, M rows of one pass of reduce_rows' loop (at most one per output row).
 
 With token-once dispatch (``moonplan/plan/route_rows.py``) a destination receives each
 token once and one int per record, the record's token-buffer row (``-1`` on alignment
