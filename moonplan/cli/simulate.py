@@ -19,8 +19,8 @@ import sys
 from typing import Any
 
 from moonplan.baselines.policies import POLICY_NAMES
-from moonplan.cli_args import float_range, int_range
-from moonplan.cli_cost import preset_name
+from moonplan.cli.args import float_range, int_range
+from moonplan.cli.cost import preset_name
 from moonplan.simulate.model_time import DEFAULT_PLAN_US, SimConfig
 from moonplan.simulate.models import get_model
 from moonplan.simulate.progress import ProgressBar

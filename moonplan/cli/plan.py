@@ -19,7 +19,7 @@ import torch
 
 import moonplan
 from moonplan.baselines import copies_lower_bound, moonep_greedy_alloc, replica_count
-from moonplan.cli_args import fail, float_range, int_range
+from moonplan.cli.args import fail, float_range, int_range
 from moonplan.plan.api import BACKENDS
 from moonplan.plan.plan_type import PLAN_TENSORS
 from moonplan.tables import render

@@ -2,7 +2,7 @@
 
 Starts ``--ep`` processes (fork, gloo; ``--device cuda`` for NCCL), or, under
 ``torchrun`` (``WORLD_SIZE`` set, any number of hosts), runs in the launched processes
-(see :mod:`moonplan.launch`). Builds the
+(see :mod:`moonplan.cli.launch`). Builds the
 same small ``MoonMoE`` on each, routes tokens with lognormal-skewed, slowly
 drifting expert popularity for a few steps, and prints per step the static-EP
 max/mean load against moonplan's, copies, weights prefetched and phase times.
@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
-from moonplan.cli_args import fail, float_range, int_range
+from moonplan.cli.args import fail, float_range, int_range
 from moonplan.runtime.routers import softmax_topk
 from moonplan.tables import render
+from moonplan.traces.drift import drift_log_popularity, start_log_popularity
 
 PHASES = ("plan", "prefetch", "dispatch", "experts", "combine")
 RTOL, ATOL = 1e-5, 1e-6  # the check's tolerance (module docstring)
@@ -70,15 +71,18 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=handler)
 
 
+DEMO_RHO = 0.99
+"""Step-to-step correlation of the demo's drifting popularity."""
+
+
 def _popularity_bias(cfg: dict, step: int) -> torch.Tensor:
-    """Log-popularity added to the router logits: lognormal, AR(1)-drifting over steps."""
+    """float32 ``[E]`` log-popularity added to the router logits at ``step``: lognormal,
+    AR(1)-drifting over steps (``traces.drift``, ``rho = DEMO_RHO``)."""
     g = torch.Generator().manual_seed(cfg["seed"])
-    x = torch.randn(cfg["experts"], generator=g) * cfg["sigma"]
+    x_E = start_log_popularity(cfg["experts"], cfg["sigma"], g, torch.float32)
     for _ in range(step):
-        x = 0.99 * x + (1 - 0.99**2) ** 0.5 * cfg["sigma"] * torch.randn(
-            cfg["experts"], generator=g
-        )
-    return x
+        x_E = drift_log_popularity(x_E, cfg["sigma"], DEMO_RHO, g)
+    return x_E
 
 
 def _step_tokens(cfg: dict, step: int, sizes: list[int]) -> torch.Tensor:
@@ -152,8 +156,8 @@ def _table(stats: list, cfg: dict) -> str:
 
 def handler(args: argparse.Namespace) -> int:
     """Run the demo; 0 when every rank matches the single-process layer, 1 otherwise."""
+    from moonplan.cli.launch import is_reporting_rank, resolve_world_size, run_on_ranks
     from moonplan.comm.group import EPGroup
-    from moonplan.launch import is_reporting_rank, resolve_world_size, run_on_ranks
 
     cfg = {
         k: getattr(args, k)

@@ -22,6 +22,7 @@ from moonplan.traces import (
     RotatingHotspot,
     counts_from_topk,
     generate_counts,
+    generators,
     load_counts,
     popularity,
     sample_topk,
@@ -153,7 +154,7 @@ def test_sample_topk_follows_the_plackett_luce_law(method: str) -> None:
 def test_masked_gumbel_fallback_follows_the_law() -> None:
     p = torch.tensor([0.5, 0.3, 0.2])
     taken = torch.zeros(40_000, 1, dtype=torch.int64)  # expert 0 taken: 1 vs 2 is 0.6 : 0.4
-    picks = traces._masked_gumbel_max(p, taken, gen())
+    picks = generators._masked_gumbel_max(p, taken, gen())
     assert int((picks == 0).sum()) == 0
     assert abs(float((picks == 1).double().mean()) - 0.6) < 0.01
 

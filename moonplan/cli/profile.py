@@ -4,10 +4,10 @@ Legend: R ranks, E experts, H hidden, F ffn, K top-k, S tokens of a rank, T trac
 
 Starts ``--ep`` processes (fork; gloo on CPU, NCCL with ``--device cuda``), or, under
 ``torchrun`` (``WORLD_SIZE`` set, any number of hosts), runs in the launched processes
-(see :mod:`moonplan.launch`; rank 0 prints and writes),
+(see :mod:`moonplan.cli.launch`; rank 0 prints and writes),
 builds the demo's skewed ``MoonMoE`` (``--layers`` of them, stacked with residual
 connections), runs ``--warmup`` steps, then ``--steps`` steps inside
-:func:`moonplan.profile.profiling` (forward, and backward with ``--backward``).
+:func:`moonplan.profiling.session.profiling` (forward, and backward with ``--backward``).
 With ``--trace FILE`` (counts ``[T, R, E]`` or ``[R, E]`` as written by
 ``moonplan.traces.save_counts``) each step routes exactly the recorded counts
 instead. Prints the table (p50/p90 of the critical path per phase, share of the
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from moonplan.cli_args import fail, float_range, int_range
-from moonplan.demo import _popularity_bias, _step_tokens
+from moonplan.cli.args import fail, float_range, int_range
+from moonplan.cli.demo import _popularity_bias, _step_tokens
 from moonplan.runtime.routers import softmax_topk
 
 
@@ -137,7 +137,7 @@ def _run_step(cfg: dict, trace: Any, state: dict[str, Any], step: int, rank: int
 
 def _rank_main(rank: int, world: int, cfg: dict, trace: torch.Tensor | None) -> Any:
     """One rank: warm up, profile ``steps`` steps; rank 0 returns the ProfileReport."""
-    from moonplan.profile import profiling
+    from moonplan.profiling.session import profiling
 
     torch.manual_seed(cfg["seed"])
     state: dict[str, Any] = {}
@@ -179,7 +179,7 @@ def _config(args: argparse.Namespace, trace: torch.Tensor | None) -> dict:
 
 
 def _resolve_ranks(args: argparse.Namespace, trace: torch.Tensor | None) -> int:
-    from moonplan.launch import resolve_world_size
+    from moonplan.cli.launch import resolve_world_size
 
     if trace is None:
         return resolve_world_size(args.ranks, 4)
@@ -207,7 +207,7 @@ def write_outputs(report: Any, cfg: dict, out: Path) -> list[str]:
 
 def handler(args: argparse.Namespace) -> int:
     """Run the profile; 0 on success, 2 on bad arguments."""
-    from moonplan.launch import is_reporting_rank, run_on_ranks
+    from moonplan.cli.launch import is_reporting_rank, run_on_ranks
 
     try:
         trace = _load_trace(args) if args.trace else None
