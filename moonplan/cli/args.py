@@ -32,6 +32,34 @@ def fail(prog: str, message: str) -> int:
     return 2
 
 
+def add_layer_args(parser: argparse.ArgumentParser, *, experts_help: str, topk_help: str) -> None:
+    """The layer shape and router skew of ``demo`` and ``profile``: ``--experts``,
+    ``--tokens``, ``--topk``, ``--hidden``, ``--ffn``, ``--sigma``, ``--seed``."""
+    p = parser
+    p.add_argument("--experts", type=int_range(1), default=16, help=experts_help)
+    p.add_argument("--tokens", type=int_range(0), default=256, help="tokens per rank (default 256)")
+    p.add_argument("--topk", type=int_range(1), default=2, help=topk_help)
+    p.add_argument("--hidden", type=int_range(1), default=64, help="hidden size H (default 64)")
+    p.add_argument("--ffn", type=int_range(1), default=128, help="expert FFN size F (default 128)")
+    p.add_argument("--sigma", type=float_range(0), default=1.0, help="lognormal skew (default 1)")
+    p.add_argument("--seed", type=int_range(0, 2**31 - 1), default=0, help="seed (default 0)")
+
+
+def check_layer_args(device: str, topk: int, experts: int | None) -> None:
+    """The checks every layer-running subcommand makes on its arguments.
+
+    Raises:
+        ValueError: ``device == "cuda"`` with no CUDA device visible, or ``topk`` above
+            ``experts`` (``experts=None``: E comes from a trace, nothing to check).
+    """
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda needs a CUDA device; none is visible")
+    if experts is not None and topk > experts:
+        raise ValueError(f"--topk {topk} exceeds --experts {experts}")
+
+
 def int_range(lo: int, hi: int | None = None) -> Callable[[str], int]:
     """``type=`` for an integer in ``[lo, hi]`` (``hi=None``: no upper bound)."""
 

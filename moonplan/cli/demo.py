@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from moonplan.cli.args import fail, float_range, int_range
+from moonplan.cli.args import add_layer_args, check_layer_args, fail, float_range, int_range
 from moonplan.runtime.routers import softmax_topk
 from moonplan.tables import render
 from moonplan.traces.drift import drift_log_popularity, start_log_popularity
@@ -50,14 +50,10 @@ def register(subparsers: Any) -> None:
         default=None,
         help="EP size: ranks to start (default 4; under torchrun: its WORLD_SIZE)",
     )
-    p.add_argument("--experts", type=int_range(1), default=16, help="experts (default 16)")
-    p.add_argument("--tokens", type=int_range(0), default=256, help="tokens per rank (default 256)")
-    p.add_argument("--topk", type=int_range(1), default=2, help="top-k, <= experts (default 2)")
-    p.add_argument("--hidden", type=int_range(1), default=64, help="hidden size H (default 64)")
-    p.add_argument("--ffn", type=int_range(1), default=128, help="expert FFN size F (default 128)")
-    p.add_argument("--sigma", type=float_range(0), default=1.0, help="lognormal skew (default 1)")
+    add_layer_args(
+        p, experts_help="experts (default 16)", topk_help="top-k, <= experts (default 2)"
+    )
     p.add_argument("--steps", type=int_range(1), default=5, help="steps (default 5)")
-    p.add_argument("--seed", type=int_range(0, 2**31 - 1), default=0, help="seed (default 0)")
     p.add_argument(
         "--device", default="cpu", choices=("cpu", "cuda"), help="cpu (gloo) or cuda (nccl)"
     )
@@ -154,9 +150,15 @@ def _table(stats: list, cfg: dict) -> str:
     return render(header, rows)
 
 
+def _what(args: argparse.Namespace) -> str:
+    """The run, as the banner names it."""
+    layer = f"E={args.experts} H={args.hidden} F={args.ffn} K={args.topk}"
+    return f"{layer}, {args.tokens} tokens/rank, lognormal sigma={args.sigma}, {args.steps} steps"
+
+
 def handler(args: argparse.Namespace) -> int:
     """Run the demo; 0 when every rank matches the single-process layer, 1 otherwise."""
-    from moonplan.cli.launch import is_reporting_rank, resolve_world_size, run_on_ranks
+    from moonplan.cli.launch import resolve_world_size, run_and_announce
     from moonplan.comm.group import EPGroup
 
     cfg = {
@@ -166,24 +168,14 @@ def handler(args: argparse.Namespace) -> int:
     cfg["progress"] = not args.no_progress
     try:
         R = resolve_world_size(args.ranks, 4)
+        check_layer_args(args.device, args.topk, args.experts)
     except ValueError as exc:
-        print(f"moonplan demo: {exc}", file=sys.stderr)
-        return 2
+        return fail("moonplan demo", str(exc))
     sizes = [args.tokens] * R
-    backend = "nccl" if args.device == "cuda" else "gloo"
-    if args.topk > args.experts:
-        return fail("moonplan demo", f"--topk {args.topk} exceeds --experts {args.experts}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        return fail("moonplan demo", "--device cuda needs a CUDA device; none is visible")
-    report = is_reporting_rank()
-    if report:
-        print(
-            f"moonplan demo: {R} ranks ({backend}), E={args.experts} H={args.hidden} "
-            f"F={args.ffn} K={args.topk}, {args.tokens} tokens/rank, lognormal "
-            f"sigma={args.sigma}, {args.steps} steps",
-            flush=True,
-        )
-    ranks = run_on_ranks(_rank_main, R, cfg, sizes, timeout=args.timeout, backend=backend)
+    ranks = run_and_announce(
+        _rank_main, R, cfg, sizes,
+        command="moonplan demo", what=_what(args), device=args.device, timeout=args.timeout,
+    )  # fmt: skip
     if ranks is None:  # a launched rank other than 0: rank 0 reports
         return 0
     print(_table(ranks[0]["stats"], cfg), flush=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from moonplan.cli.args import fail, float_range, int_range
+from moonplan.cli.args import add_layer_args, check_layer_args, fail, float_range, int_range
 from moonplan.cli.demo import _popularity_bias, _step_tokens
 from moonplan.runtime.routers import softmax_topk
 
@@ -45,15 +45,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", default="moonplan-profile", help="output folder")
     p.add_argument("--trace", default=None, help="replay recorded counts (.npy/.json) [T, R, E]")
     p.add_argument("--layers", type=int_range(1), default=1, help="stacked MoE layers (default 1)")
-    p.add_argument(
-        "--experts", type=int_range(1), default=16, help="experts (default 16; trace: its E)"
+    add_layer_args(
+        p, experts_help="experts (default 16; trace: its E)", topk_help="top-k (default 2)"
     )
-    p.add_argument("--tokens", type=int_range(0), default=256, help="tokens per rank (default 256)")
-    p.add_argument("--topk", type=int_range(1), default=2, help="top-k (default 2)")
-    p.add_argument("--hidden", type=int_range(1), default=64, help="hidden size H (default 64)")
-    p.add_argument("--ffn", type=int_range(1), default=128, help="expert FFN size F (default 128)")
-    p.add_argument("--sigma", type=float_range(0), default=1.0, help="lognormal skew (default 1)")
-    p.add_argument("--seed", type=int_range(0, 2**31 - 1), default=0, help="seed (default 0)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu or cuda")
     p.add_argument(
         "--timeout", type=float_range(0, above=True), default=300.0, help="seconds before giving up"
@@ -205,33 +199,33 @@ def write_outputs(report: Any, cfg: dict, out: Path) -> list[str]:
     return lines
 
 
+def _what(args: argparse.Namespace, cfg: dict) -> str:
+    """The run, as the banner names it (``cfg["experts"]``: E of the trace, if any)."""
+    source = f"trace {args.trace}" if args.trace else f"lognormal sigma={args.sigma}"
+    passes = "forward+backward" if args.backward else "forward"
+    layers = f"{args.layers} layer(s) E={cfg['experts']} H={args.hidden} F={args.ffn}"
+    steps = f"{args.warmup} warm-up + {args.steps} steps"
+    return f"{layers} K={args.topk}, {source}, {steps}, {passes}"
+
+
 def handler(args: argparse.Namespace) -> int:
     """Run the profile; 0 on success, 2 on bad arguments."""
-    from moonplan.cli.launch import is_reporting_rank, run_on_ranks
+    from moonplan.cli.launch import run_and_announce
 
     try:
         trace = _load_trace(args) if args.trace else None
         R = _resolve_ranks(args, trace)
         if min(R, args.steps, args.layers) < 1 or args.warmup < 0:
             raise ValueError("--ranks, --steps and --layers must be >= 1, --warmup >= 0")
-        if args.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("--device cuda needs a CUDA device; none is visible")
-        if trace is None and args.topk > args.experts:
-            raise ValueError(f"--topk {args.topk} exceeds --experts {args.experts}")
+        check_layer_args(args.device, args.topk, None if trace is not None else args.experts)
     except ValueError as exc:
         return fail("moonplan profile", str(exc))
     cfg = _config(args, trace)
-    backend = "nccl" if args.device == "cuda" else "gloo"
-    what = f"trace {args.trace}" if trace is not None else f"lognormal sigma={args.sigma}"
-    if is_reporting_rank():
-        print(
-            f"moonplan profile: {R} ranks ({backend}), {args.layers} layer(s) "
-            f"E={cfg['experts']} H={args.hidden} F={args.ffn} K={args.topk}, {what}, "
-            f"{args.warmup} warm-up + {args.steps} steps, "
-            f"{'forward+backward' if args.backward else 'forward'}",
-            flush=True,
-        )
-    got = run_on_ranks(_rank_main, R, cfg, trace, timeout=args.timeout, backend=backend)
+    got = run_and_announce(
+        _rank_main, R, cfg, trace,
+        command="moonplan profile", what=_what(args, cfg), device=args.device,
+        timeout=args.timeout,
+    )  # fmt: skip
     if got is None:  # a launched rank other than 0: rank 0 reports
         return 0
     report = got[0]
