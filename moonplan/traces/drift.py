@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 
@@ -63,16 +64,29 @@ def drift_log_popularity(
 # ---- traces over steps --------------------------------------------------------------------------
 
 
+@dataclass(eq=False, repr=False)
 class StepTrace:
-    """Shared plumbing of the step-by-step traces: sizes, ``steps`` and iteration."""
+    """Shared plumbing of the step-by-step traces: sizes, ``steps`` and iteration.
 
-    def __init__(self, ranks: int, experts: int, tokens: int | Sequence[int], topk: int, seed: int):
-        self.num_experts = check_int("experts", experts, 1)
-        self.tokens_R = tokens_per_rank(tokens, check_int("ranks", ranks, 1), 0)
-        self.topk = check_int("topk", topk, 1)
+    ``StepTrace(ranks, experts, tokens, topk, *, seed=0)``; a subclass adds its own
+    keyword-only parameters as dataclass fields after a ``KW_ONLY`` marker and checks
+    them in ``__post_init__`` (after calling this one, which draws nothing).
+    """
+
+    ranks: int
+    experts: int
+    tokens: int | Sequence[int]
+    topk: int
+    _: KW_ONLY
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.num_experts = check_int("experts", self.experts, 1)
+        self.tokens_R = tokens_per_rank(self.tokens, check_int("ranks", self.ranks, 1), 0)
+        self.topk = check_int("topk", self.topk, 1)
         if self.topk > self.num_experts:
-            raise ValueError(f"topk = {topk} exceeds the number of experts E = {experts}")
-        self._gen = make_generator(seed)
+            raise ValueError(f"topk = {self.topk} exceeds the number of experts E = {self.experts}")
+        self._gen = make_generator(self.seed)
 
     def step(self) -> torch.Tensor:
         """Counts of the current step (int64 ``[R, E]``), then advance one step."""
@@ -92,6 +106,7 @@ class StepTrace:
         return self.step()
 
 
+@dataclass(eq=False, repr=False)
 class DriftingTrace(StepTrace):
     """Counts per step whose log-popularity drifts as an AR(1) process.
 
@@ -104,20 +119,14 @@ class DriftingTrace(StepTrace):
     returns ``[T, R, E]``. Deterministic given ``seed``.
     """
 
-    def __init__(
-        self,
-        ranks: int,
-        experts: int,
-        tokens: int | Sequence[int],
-        topk: int,
-        *,
-        sigma: float = 1.0,
-        rho: float = 0.99,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(ranks, experts, tokens, topk, seed)
-        self.sigma = check_range("sigma", sigma, 0.0, math.inf)
-        self.rho = check_range("rho", rho, -1.0, 1.0)
+    _: KW_ONLY
+    sigma: float = 1.0
+    rho: float = 0.99
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.sigma = check_range("sigma", self.sigma, 0.0, math.inf)
+        self.rho = check_range("rho", self.rho, -1.0, 1.0)
         self.log_pop_E = start_log_popularity(self.num_experts, self.sigma, self._gen)
 
     @property
@@ -132,6 +141,7 @@ class DriftingTrace(StepTrace):
         return counts_RE
 
 
+@dataclass(eq=False, repr=False)
 class RotatingHotspot(StepTrace):
     """Counts per step with one hot expert that moves to the next expert every ``period`` steps.
 
@@ -141,24 +151,18 @@ class RotatingHotspot(StepTrace):
     Deterministic given ``seed``.
     """
 
-    def __init__(
-        self,
-        ranks: int,
-        experts: int,
-        tokens: int | Sequence[int],
-        topk: int,
-        *,
-        period: int = 10,
-        hot_share: float = 0.5,
-        start: int = 0,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(ranks, experts, tokens, topk, seed)
-        self.period = check_int("period", period, 1)
-        self.hot_share = check_range("hot_share", hot_share, 0.0, 1.0)
+    _: KW_ONLY
+    period: int = 10
+    hot_share: float = 0.5
+    start: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.period = check_int("period", self.period, 1)
+        self.hot_share = check_range("hot_share", self.hot_share, 0.0, 1.0)
         if self.hot_share == 1.0 and self.topk > 1:
             raise ValueError("hot_share = 1 leaves no other expert to pick when topk > 1")
-        self.start = check_int("start", start, 0)
+        self.start = check_int("start", self.start, 0)
         self.t = 0
 
     @property
