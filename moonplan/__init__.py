@@ -2,11 +2,10 @@
 
 Public names only; see ``docs/`` for the design and ``README.md`` for a quick start.
 
-Submodules load on first attribute access (PEP 562), so ``import moonplan`` stays light
-and ``moonplan.checkpoint``, ``moonplan.cost``, ``moonplan.traces``, ... work after it.
-Some of these public names live deeper in the package (``moonplan.profile`` is
-``moonplan.profiling.session``, ``moonplan.checkpoint`` is ``moonplan.adapters.checkpoint``):
-:data:`SUBMODULES` maps each name to its module.
+Submodules load on first attribute access (PEP 562, :data:`SUBMODULES` maps each name to
+its module: ``moonplan.profile`` is ``moonplan.profiling.session``, ``moonplan.checkpoint``
+is ``moonplan.adapters.checkpoint``), so ``import moonplan`` stays light and
+``moonplan.checkpoint``, ``moonplan.cost``, ``moonplan.traces``, ... work after it.
 """
 
 import importlib

@@ -16,7 +16,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -32,9 +32,26 @@ def fail(prog: str, message: str) -> int:
     return 2
 
 
+def add_subcommand(
+    subparsers: Any,
+    name: str,
+    handler: Callable[[argparse.Namespace], int],
+    summary: str,
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    """Add subcommand ``name`` (``summary``: its line in ``moonplan --help``; ``description``:
+    the top of its own ``--help``) whose ``args.func`` is ``handler``; returns its parser."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help=summary, description=description
+    )
+    parser.set_defaults(func=handler)
+    return parser
+
+
 def add_layer_args(parser: argparse.ArgumentParser, *, experts_help: str, topk_help: str) -> None:
-    """The layer shape and router skew of ``demo`` and ``profile``: ``--experts``,
-    ``--tokens``, ``--topk``, ``--hidden``, ``--ffn``, ``--sigma``, ``--seed``."""
+    """The options ``demo`` and ``profile`` share: the layer shape and router skew
+    (``--experts``, ``--tokens``, ``--topk``, ``--hidden``, ``--ffn``, ``--sigma``,
+    ``--seed``) and where the ranks run (``--device``, ``--timeout``)."""
     p = parser
     p.add_argument("--experts", type=int_range(1), default=16, help=experts_help)
     p.add_argument("--tokens", type=int_range(0), default=256, help="tokens per rank (default 256)")
@@ -43,6 +60,15 @@ def add_layer_args(parser: argparse.ArgumentParser, *, experts_help: str, topk_h
     p.add_argument("--ffn", type=int_range(1), default=128, help="expert FFN size F (default 128)")
     p.add_argument("--sigma", type=float_range(0), default=1.0, help="lognormal skew (default 1)")
     p.add_argument("--seed", type=int_range(0, 2**31 - 1), default=0, help="seed (default 0)")
+    p.add_argument(
+        "--device", default="cpu", choices=("cpu", "cuda"), help="cpu (gloo) or cuda (nccl)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float_range(0, above=True),
+        default=300.0,
+        help="seconds before giving up (default 300)",
+    )
 
 
 def check_layer_args(device: str, topk: int, experts: int | None) -> None:

@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Any
 
+from moonplan.cli.args import add_subcommand
 from moonplan.cost import (
     ALL_TO_ALL,
     ALLGATHER_REDUCESCATTER,
@@ -51,15 +52,17 @@ def preset_name(text: str) -> str:
     return text.strip().lower()
 
 
+HELP = "parameters, weight memory and dispatch bytes per rank of an MoE model under EP"
+DESCRIPTION = (
+    "Back-of-envelope EP cost of a model preset (weights and dispatch/combine "
+    "payload only; see docs/cost.md for the formulas and simplifications)."
+)
+
+
 def register(subparsers: Any) -> None:
     """Add the ``cost`` subcommand to an ``argparse`` subparsers object (from
     ``ArgumentParser.add_subparsers()``); its handler is stored as ``args.func``."""
-    parser = subparsers.add_parser(
-        "cost",
-        help="parameters, weight memory and dispatch bytes per rank of an MoE model under EP",
-        description="Back-of-envelope EP cost of a model preset (weights and dispatch/combine "
-        "payload only; see docs/cost.md for the formulas and simplifications).",
-    )
+    parser = add_subcommand(subparsers, "cost", handler, HELP, DESCRIPTION)
     parser.add_argument(
         "--model",
         default="mixtral-8x7b",
@@ -83,7 +86,6 @@ def register(subparsers: Any) -> None:
         "--bytes", type=_int_at_least(1), default=2, help="bytes per element (default 2, bf16)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    parser.set_defaults(func=handler)
 
 
 def handler(args: argparse.Namespace) -> int:

@@ -29,7 +29,13 @@ from typing import Any
 
 import torch
 
-from moonplan.cli.args import add_layer_args, check_layer_args, fail, float_range, int_range
+from moonplan.cli.args import (
+    add_layer_args,
+    add_subcommand,
+    check_layer_args,
+    fail,
+    int_range,
+)
 from moonplan.runtime.routers import softmax_topk
 from moonplan.tables import render
 from moonplan.traces.drift import drift_log_popularity, start_log_popularity
@@ -39,9 +45,12 @@ RTOL, ATOL = 1e-5, 1e-6  # the check's tolerance (module docstring)
 MAX_RANKS = 256  # one forked process per rank
 
 
+HELP = "run a skewed MoE layer on CPU ranks and check it"
+
+
 def register(subparsers: Any) -> None:
     """Add the ``demo`` subcommand (handler in ``args.func``)."""
-    p = subparsers.add_parser("demo", help="run a skewed MoE layer on CPU ranks and check it")
+    p = add_subcommand(subparsers, "demo", handler, HELP)
     p.add_argument(
         "--ep",
         "--ranks",
@@ -54,17 +63,7 @@ def register(subparsers: Any) -> None:
         p, experts_help="experts (default 16)", topk_help="top-k, <= experts (default 2)"
     )
     p.add_argument("--steps", type=int_range(1), default=5, help="steps (default 5)")
-    p.add_argument(
-        "--device", default="cpu", choices=("cpu", "cuda"), help="cpu (gloo) or cuda (nccl)"
-    )
-    p.add_argument(
-        "--timeout",
-        type=float_range(0, above=True),
-        default=300.0,
-        help="seconds before giving up (default 300)",
-    )
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
-    p.set_defaults(func=handler)
 
 
 DEMO_RHO = 0.99

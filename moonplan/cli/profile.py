@@ -24,14 +24,22 @@ from typing import Any
 
 import torch
 
-from moonplan.cli.args import add_layer_args, check_layer_args, fail, float_range, int_range
+from moonplan.cli.args import (
+    add_layer_args,
+    add_subcommand,
+    check_layer_args,
+    fail,
+    int_range,
+)
 from moonplan.cli.demo import _popularity_bias, _step_tokens
 from moonplan.runtime.routers import softmax_topk
+
+HELP = "time every MoE phase per rank (table, JSON, trace)"
 
 
 def register(subparsers: Any) -> None:
     """Add the ``profile`` subcommand (handler in ``args.func``)."""
-    p = subparsers.add_parser("profile", help="time every MoE phase per rank (table, JSON, trace)")
+    p = add_subcommand(subparsers, "profile", handler, HELP)
     p.add_argument(
         "--ep", "--ranks", dest="ranks", type=int_range(1), default=None,
         help="EP size: ranks (default 4, the trace's, or torchrun's WORLD_SIZE)",
@@ -48,11 +56,6 @@ def register(subparsers: Any) -> None:
     add_layer_args(
         p, experts_help="experts (default 16; trace: its E)", topk_help="top-k (default 2)"
     )
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu or cuda")
-    p.add_argument(
-        "--timeout", type=float_range(0, above=True), default=300.0, help="seconds before giving up"
-    )
-    p.set_defaults(func=handler)
 
 
 # ---- what every rank runs -------------------------------------------------------------------
