@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import statistics
+import string
 import sys
 import time
 import traceback
@@ -17,6 +20,65 @@ def bench_parser(doc: str | None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
         description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+
+
+def timing_parser(doc: str | None, *, reps: int, out: str) -> argparse.ArgumentParser:
+    """:func:`bench_parser` with ``--quick``, ``--reps`` (default ``reps``) and ``--out``
+    (default ``out``), the options of every timing benchmark."""
+    ap = bench_parser(doc)
+    ap.add_argument("--quick", action="store_true", help="small configurations only")
+    ap.add_argument("--reps", type=int, default=reps, help=f"timed repetitions (default {reps})")
+    ap.add_argument("--out", default=out, help="JSON output path")
+    return ap
+
+
+def time_interleaved(
+    first: Callable[[], Any], second: Callable[[], Any], reps: int, warmup: int
+) -> tuple[list[float], list[float]]:
+    """Seconds of ``reps`` calls of ``first`` and of ``second``, alternating one call of
+    each (``first`` first), after ``warmup`` untimed rounds: a busy machine slows both alike,
+    so their ratio is steadier than two separate loops'."""
+    first_s, second_s = [], []
+    for i in range(warmup + reps):
+        t0 = time.perf_counter()
+        first()
+        t1 = time.perf_counter()
+        second()
+        t2 = time.perf_counter()
+        if i >= warmup:
+            first_s.append(t1 - t0)
+            second_s.append(t2 - t1)
+    return first_s, second_s
+
+
+def median_ms(seconds: dict[str, list[float]]) -> dict[str, float]:
+    """``{name + "_ms": median milliseconds}`` of each list of seconds."""
+    return {f"{name}_ms": statistics.median(s) * 1e3 for name, s in seconds.items()}
+
+
+class TextTable:
+    """A fixed-width text table: a ``str.format`` template of one row and its titles.
+
+    ``row`` holds one right-aligned field a column, ``{key:>width}`` or
+    ``{key:>width.prec}`` (e.g. ``{grouped_ms:>10.2f}``), one space apart; ``titles``
+    names the columns in order, ``|``-separated. :meth:`header` right-aligns each title
+    to its column's width, so rows line up under it.
+    """
+
+    def __init__(self, row: str, titles: str) -> None:
+        self.row_template = row
+        self.titles = titles.split("|")
+        specs = [spec for _, field, spec, _ in string.Formatter().parse(row) if field]
+        self.widths = [int(re.findall(r"^>(\d+)", spec)[0]) for spec in specs]
+        if len(self.widths) != len(self.titles):
+            raise ValueError(f"{len(self.titles)} titles for {len(self.widths)} columns")
+
+    def header(self) -> str:
+        return " ".join(format(t, f">{w}") for t, w in zip(self.titles, self.widths, strict=True))
+
+    def row(self, values: dict[str, Any], **more: Any) -> str:
+        """One row from ``values`` and ``more`` (cells the row dict does not hold as such)."""
+        return self.row_template.format(**values, **more)
 
 
 def write_json(path: str, result: dict[str, Any]) -> Path:

@@ -19,13 +19,11 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from _common import bench_parser, write_json
+from _common import TextTable, median_ms, time_interleaved, timing_parser, write_json
 
 from moonplan.runtime.experts import grouped_swiglu, swiglu_reference
 
@@ -62,23 +60,16 @@ def step(fn: Callable, args: tuple, backward: bool) -> None:
 
 def time_pair(args: tuple, reps: int, backward: bool) -> dict[str, float]:
     """Median seconds of grouped and loop, alternating one call each (after one warm-up)."""
-    grouped_s, loop_s = [], []
-    for i in range(reps + 1):
-        t0 = time.perf_counter()
-        step(grouped_swiglu, args, backward)
-        t1 = time.perf_counter()
-        step(swiglu_reference, args, backward)
-        t2 = time.perf_counter()
-        if i:
-            grouped_s.append(t1 - t0)
-            loop_s.append(t2 - t1)
-    g, lp = statistics.median(grouped_s), statistics.median(loop_s)
-    return {
-        "grouped_ms": g * 1e3,
-        "loop_ms": lp * 1e3,
-        "loop_over_grouped": lp / g,
-        "loop_over_grouped_min": min(loop_s) / min(grouped_s),
-    }
+    grouped_s, loop_s = time_interleaved(
+        lambda: step(grouped_swiglu, args, backward),
+        lambda: step(swiglu_reference, args, backward),
+        reps,
+        warmup=1,
+    )
+    out = median_ms({"grouped": grouped_s, "loop": loop_s})
+    out["loop_over_grouped"] = out["loop_ms"] / out["grouped_ms"]
+    out["loop_over_grouped_min"] = min(loop_s) / min(grouped_s)
+    return out
 
 
 def check(args: tuple) -> float:
@@ -97,30 +88,20 @@ def run(configs: list[tuple[int, int, int, int]], reps: int, backward: bool) -> 
             row["rel_diff"] = check(args)
             row.update(time_pair(args, reps, backward))
             rows.append(row)
-            print(format_row(row), flush=True)
+            print(TABLE.row(row), flush=True)
     return rows
 
 
-HEADER = (
-    f"{'T':>5} {'H':>5} {'F':>5} {'G':>3} {'dtype':>5} {'empty':>5} {'rel diff':>9} "
-    f"{'grouped ms':>10} {'loop ms':>9} {'loop/grouped':>12} {'(min)':>6}"
+TABLE = TextTable(
+    "{T:>5} {H:>5} {F:>5} {G:>3} {dtype:>5} {empty_groups:>5} {rel_diff:>9.1e} {grouped_ms:>10.2f} "
+    "{loop_ms:>9.2f} {loop_over_grouped:>12.2f} {loop_over_grouped_min:>6.2f}",
+    "T|H|F|G|dtype|empty|rel diff|grouped ms|loop ms|loop/grouped|(min)",
 )
 
 
-def format_row(r: dict[str, Any]) -> str:
-    return (
-        f"{r['T']:>5} {r['H']:>5} {r['F']:>5} {r['G']:>3} {r['dtype']:>5} {r['empty_groups']:>5} "
-        f"{r['rel_diff']:>9.1e} {r['grouped_ms']:>10.2f} {r['loop_ms']:>9.2f} "
-        f"{r['loop_over_grouped']:>12.2f} {r['loop_over_grouped_min']:>6.2f}"
-    )
-
-
 def main() -> None:
-    ap = bench_parser(__doc__)
-    ap.add_argument("--quick", action="store_true", help="small configurations only")
-    ap.add_argument("--reps", type=int, default=5, help="timed repetitions (default 5)")
+    ap = timing_parser(__doc__, reps=5, out="bench/results/bench_experts.json")
     ap.add_argument("--backward", action="store_true", help="time forward + backward")
-    ap.add_argument("--out", default="bench/results/bench_experts.json", help="JSON output path")
     args = ap.parse_args()
     machine = {
         "torch": torch.__version__,
@@ -131,7 +112,7 @@ def main() -> None:
         "pass": "forward+backward" if args.backward else "forward",
     }
     print(", ".join(f"{k} {v}" for k, v in machine.items()))
-    print(HEADER)
+    print(TABLE.header())
     rows = run(QUICK if args.quick else CONFIGS, args.reps, args.backward)
     write_json(args.out, {**machine, "rows": rows})
 

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 import torch
-from _common import bench_parser, write_json
+from _common import TextTable, median_ms, time_interleaved, timing_parser, write_json
 
 import moonplan
 from moonplan.baselines import copies_lower_bound, moonep_greedy_alloc, replica_count
@@ -63,23 +63,14 @@ def one_step(
 def time_ratio(counts_RE: torch.Tensor, ids_SK: torch.Tensor, reps: int) -> dict[str, float]:
     """Median seconds of plan+route and of one stable sort, interleaved; and their ratio."""
     flat = ids_SK.reshape(-1)
-    plan_s, sort_s = [], []
-    for i in range(reps + 2):
-        t0 = time.perf_counter()
-        torch.sort(flat, stable=True)
-        t1 = time.perf_counter()
-        p = moonplan.plan(counts_RE, backend="torch")
-        moonplan.route(p, 0, ids_SK)
-        t2 = time.perf_counter()
-        if i >= 2:  # warm-up
-            sort_s.append(t1 - t0)
-            plan_s.append(t2 - t1)
-    plan_med, sort_med = statistics.median(plan_s), statistics.median(sort_s)
-    return {
-        "plan_route_ms": plan_med * 1e3,
-        "sort_ms": sort_med * 1e3,
-        "ratio": plan_med / sort_med,
-    }
+    sort_s, plan_s = time_interleaved(
+        lambda: torch.sort(flat, stable=True),
+        lambda: moonplan.route(moonplan.plan(counts_RE, backend="torch"), 0, ids_SK),
+        reps,
+        warmup=2,
+    )
+    out = median_ms({"plan_route": plan_s, "sort": sort_s})
+    return {**out, "ratio": out["plan_route_ms"] / out["sort_ms"]}
 
 
 def resident_savings(
@@ -191,73 +182,63 @@ def auto_vs_exact(
         "planned": statistics.mean(p.planned for p in chosen),
         "auto_pred_us": last.predicted[last.policy] * 1e6,
         "exact_pred_us": exact_pred * 1e6,
-        "auto_ms": statistics.median(auto_s) * 1e3,
-        "exact_ms": statistics.median(exact_s) * 1e3,
+        **median_ms({"auto": auto_s, "exact": exact_s}),
         "auto_over_exact": statistics.median(auto_s) / statistics.median(exact_s),
     }
 
 
-AUTO_HEADER = (
-    f"{'R':>4} {'E':>4} {'S':>5} {'K':>3} {'sig':>4} {'hardware':>14} {'chosen':>13} "
-    f"{'runs':>4} {'pred us':>8} {'exact us':>8} {'auto ms':>8} {'exact ms':>8} {'ratio':>5}"
+AUTO_TABLE = TextTable(
+    "{R:>4} {E:>4} {S:>5} {K:>3} {sigma:>4} {hardware:>14} {chosen:>13} {planned:>4.1f} "
+    "{auto_pred_us:>8.0f} {exact_pred_us:>8.0f} {auto_ms:>8.2f} {exact_ms:>8.2f} "
+    "{auto_over_exact:>5.2f}",
+    "R|E|S|K|sig|hardware|chosen|runs|pred us|exact us|auto ms|exact ms|ratio",
 )
-
-
-def format_auto(r: dict[str, Any]) -> str:
-    return (
-        f"{r['R']:>4} {r['E']:>4} {r['S']:>5} {r['K']:>3} {r['sigma']:>4} {r['hardware']:>14} "
-        f"{r['chosen']:>13} {r['planned']:>4.1f} {r['auto_pred_us']:>8.0f} "
-        f"{r['exact_pred_us']:>8.0f} {r['auto_ms']:>8.2f} {r['exact_ms']:>8.2f} "
-        f"{r['auto_over_exact']:>5.2f}"
-    )
 
 
 def run_auto(
     configs: list[tuple[int, int, int, int]], sigmas: list[float], reps: int
 ) -> list[dict[str, Any]]:
-    print(AUTO_HEADER)
+    print(AUTO_TABLE.header())
     rows = []
     for R, E, S, K in configs:
         for sigma in sigmas:
             for hw, model in COSTS:
                 row = auto_vs_exact(R, E, S, K, sigma, hw, model, reps)
                 rows.append(row)
-                print(format_auto(row), flush=True)
+                print(AUTO_TABLE.row(row), flush=True)
     return rows
 
 
-HEADER = (
-    f"{'R':>4} {'E':>4} {'S':>5} {'K':>3} {'sig':>4} {'static':>6} {'copies':>6} {'greedy':>6} "
-    f"{'lower':>5} {'remote':>9} {'new/step':>8} {'greedy/step':>11} {'new%':>5} {'fast%':>5} "
-    f"{'plan+route ms':>13} {'sort ms':>7} {'ratio':>5}"
+TABLE = TextTable(
+    "{R:>4} {E:>4} {S:>5} {K:>3} {sigma:>4} {static_max_over_mean:>6.2f} {copies:>6} "
+    "{greedy_copies:>6} {lower_bound:>5} {remote:>9} {new_step:>8.1f} {greedy_step:>11.1f} "
+    "{new_pct:>5.1f} {fast_pct:>5.1f} {plan_route_ms:>13.2f} {sort_ms:>7.2f} {ratio:>5.2f}",
+    "R|E|S|K|sig|static|copies|greedy|lower|remote|new/step|greedy/step|new%|fast%|"
+    "plan+route ms|sort ms|ratio",
 )
 
 
 def format_row(r: dict[str, Any]) -> str:
-    return (
-        f"{r['R']:>4} {r['E']:>4} {r['S']:>5} {r['K']:>3} {r['sigma']:>4} "
-        f"{r['static_max_over_mean']:>6.2f} {r['copies']:>6} {r['greedy_copies']:>6} "
-        f"{r['lower_bound']:>5} {str(r['max_remote']) + '/' + str(r['bound']):>9} "
-        f"{r['new_per_step_rho0.999']:>8.1f} {r['greedy_per_step_rho0.999']:>11.1f} "
-        f"{100 * r['new_over_greedy_rho0.999']:>5.1f} {100 * r['new_over_greedy_rho0.99']:>5.1f} "
-        f"{r['plan_route_ms']:>13.2f} {r['sort_ms']:>7.2f} "
-        f"{r['ratio']:>5.2f}"
+    return TABLE.row(
+        r,
+        remote=f"{r['max_remote']}/{r['bound']}",
+        new_step=r["new_per_step_rho0.999"],
+        greedy_step=r["greedy_per_step_rho0.999"],
+        new_pct=100 * r["new_over_greedy_rho0.999"],
+        fast_pct=100 * r["new_over_greedy_rho0.99"],
     )
 
 
 def main() -> None:
-    ap = bench_parser(__doc__)
-    ap.add_argument("--quick", action="store_true", help="small configurations only")
-    ap.add_argument("--reps", type=int, default=15, help="timed repetitions (default 15)")
+    ap = timing_parser(__doc__, reps=15, out="bench/results/bench_plan.json")
     ap.add_argument("--steps", type=int, default=12, help="drifting-trace steps (default 12)")
     ap.add_argument("--auto-only", action="store_true", help="only the auto-vs-exact table")
-    ap.add_argument("--out", default="bench/results/bench_plan.json", help="JSON output path")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     configs = QUICK if args.quick else CONFIGS
     rows: list[dict[str, Any]] = []
     if not args.auto_only:
-        print(HEADER)
+        print(TABLE.header())
         rows = run(configs, SIGMAS, args.reps, args.steps)
     bounded = bounded_copies(5 if args.quick else 20)
     auto = run_auto(QUICK if args.quick else AUTO_CONFIGS, SIGMAS, args.reps)

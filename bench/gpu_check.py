@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from _common import bench_parser, section  # noqa: E402  (bench/ is the script's folder)
 
 from moonplan.plan import cuda_backend  # noqa: E402
-from moonplan.plan.reference import reference_plan, to_tensors  # noqa: E402
+from moonplan.plan.reference import reference_fields  # noqa: E402
 from moonplan.tables import render  # noqa: E402
 
 SHAPES = [(8, 896, 8192, 8), (8, 256, 4096, 8), (64, 896, 8192, 8), (256, 896, 2048, 16)]
@@ -88,16 +88,6 @@ def random_case(rng: random.Random) -> tuple[torch.Tensor, int, int]:
 Prev = tuple[torch.Tensor, torch.Tensor] | None  # (slot_expert [R, B], flow [R-1, 3])
 
 
-def reference(counts_RE: torch.Tensor, B: int, align: int, prev: Prev) -> Fields:
-    """The reference plan's fields on the CPU (``prev``: the previous plan's slots, flows)."""
-    slots = flows = None
-    if prev is not None:
-        slots = prev[0].cpu().tolist()
-        flows = [(d, r, q) for d, r, q in prev[1].cpu().tolist() if d >= 0]
-    res = reference_plan(counts_RE.cpu().tolist(), B, align, slots, flows)
-    return to_tensors(res, torch.device("cpu"))
-
-
 def plan_gpu(counts_RE: torch.Tensor, B: int, align: int, prev: Prev) -> Fields:
     """``plan_cuda`` on CUDA copies of the inputs."""
     slots = flows = None
@@ -141,7 +131,7 @@ def random_section() -> dict[str, Any]:
         counts_RE, B, align = random_case(rng)
         prev: Prev = None
         for _ in range(2):  # without previous, then with this plan as previous
-            want = reference(counts_RE, B, align, prev)
+            want = reference_fields(counts_RE, B, align, prev)
             got = plan_gpu(counts_RE, B, align, prev)
             keys = mismatches(got, want)
             n += 1
@@ -189,7 +179,7 @@ def graph_section() -> dict[str, Any]:
     for seed in range(1, 6):
         counts_RE = lognormal_counts(R, E, S, K, seed)
         static_RE.copy_(counts_RE)
-        want = reference(counts_RE, B, 128, (prev_RB, prev_F3))
+        want = reference_fields(counts_RE, B, 128, (prev_RB, prev_F3))
         graph.replay()
         torch.cuda.synchronize()
         keys = mismatches(out, want)
@@ -232,7 +222,7 @@ def timing_one(R: int, E: int, S: int, K: int) -> dict[str, Any]:
     graph, out = capture(lambda: cuda_backend.plan_cuda(static_RE, B, 128, None))
     row["cuda_us"] = round(time_replay(graph), 2)
     row["eager_us"] = round(time_eager(lambda: cuda_backend.plan_cuda(static_RE, B, 128, None)), 2)
-    row["matches_reference"] = not mismatches(out, reference(counts_RE, B, 128, None))
+    row["matches_reference"] = not mismatches(out, reference_fields(counts_RE, B, 128, None))
     try:
         from moonplan.plan.torch_backend import plan_torch
 

@@ -2,8 +2,10 @@
 
 Public names only; see ``docs/`` for the design and ``README.md`` for a quick start.
 
-Submodules load on first attribute access (PEP 562), so ``import moonplan`` stays light
-and ``moonplan.checkpoint``, ``moonplan.cost``, ``moonplan.traces``, ... work after it.
+Submodules load on first attribute access (PEP 562, :data:`SUBMODULES` maps each name to
+its module: ``moonplan.profile`` is ``moonplan.profiling.session``, ``moonplan.checkpoint``
+is ``moonplan.adapters.checkpoint``), so ``import moonplan`` stays light and
+``moonplan.checkpoint``, ``moonplan.cost``, ``moonplan.traces``, ... work after it.
 """
 
 import importlib
@@ -32,29 +34,32 @@ __version__ = "0.1.0"
 
 # Loaded on first access; ``moonplan.plan`` is the function (``moonplan.plan`` the package
 # is ``import moonplan.plan as ...`` or ``from moonplan.plan import ...``).
-SUBMODULES = (
-    "adapters",
-    "baselines",
-    "checkpoint",
-    "comm",
-    "cost",
-    "demo",
-    "errors",
-    "layer",
-    "profile",
-    "profiling",
-    "runtime",
-    "simulate",
-    "stepcost",
-    "testing",
-    "trace_recorder",
-    "traces",
-)
+SUBMODULES = {
+    "adapters": "moonplan.adapters",
+    "baselines": "moonplan.baselines",
+    "checkpoint": "moonplan.adapters.checkpoint",
+    "cli": "moonplan.cli",
+    "comm": "moonplan.comm",
+    "cost": "moonplan.cost",
+    "demo": "moonplan.cli.demo",
+    "errors": "moonplan.errors",
+    "layer": "moonplan.layer",
+    "profile": "moonplan.profiling.session",
+    "profiling": "moonplan.profiling",
+    "runtime": "moonplan.runtime",
+    "simulate": "moonplan.simulate",
+    "stepcost": "moonplan.stepcost",
+    "tables": "moonplan.tables",
+    "testing": "moonplan.testing",
+    "trace_recorder": "moonplan.traces.recorder",
+    "traces": "moonplan.traces",
+}
+"""Public attribute name -> the module it loads (PEP 562, on first access)."""
 
 
 def __getattr__(name: str) -> Any:
     if name in SUBMODULES:
-        return importlib.import_module(f"moonplan.{name}")
+        return importlib.import_module(SUBMODULES[name])
     raise AttributeError(f"module 'moonplan' has no attribute {name!r}")
 
 

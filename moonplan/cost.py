@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 GIB = 2**30
@@ -160,26 +160,14 @@ num_experts_per_tok 8, vocab_size 129280, num_attention_heads 128, q_lora_rank 1
 kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128,
 tie_word_embeddings false. The router's expert-bias vector is not counted."""
 
-KIMI_K3_LIKE = ModelPreset(
+KIMI_K3_LIKE = replace(
+    DEEPSEEK_V3,  # Kimi K2 keeps DeepSeek-V3's shape but for what is changed here
     name="kimi-k3-like",
-    hidden_size=7168,
-    moe_intermediate_size=2048,
-    num_layers=61,
     num_experts=896,
     top_k=16,
     vocab_size=163840,
-    attention=MLAAttention(
-        num_heads=64,
-        q_lora_rank=1536,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
-    ),
+    attention=replace(DEEPSEEK_V3.attention, num_heads=64),
     num_dense_layers=1,
-    dense_intermediate_size=18432,
-    num_shared_experts=1,
-    untied_lm_head=True,
     source="896 routed experts, top-16: Kimi K3 as publicly described with MoonEP; every "
     "other number ASSUMED equal to Kimi K2's public config.json (moonshotai/Kimi-K2-Instruct)",
     assumptions=(

@@ -185,7 +185,7 @@ class MoonMoE(FixedPlacement):
 
         Every rank must enter and leave the block together (see ``moonplan.profile``).
         """
-        from moonplan.profile import profiling
+        from moonplan.profiling.session import profiling
 
         return profiling(self, aligned=aligned)
 

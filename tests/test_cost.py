@@ -12,7 +12,7 @@ import json
 import pytest
 
 from moonplan import cost
-from moonplan.cli_cost import register
+from moonplan.cli.cost import register
 from moonplan.cost import (
     ALL_TO_ALL,
     ALLGATHER_REDUCESCATTER,

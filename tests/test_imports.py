@@ -19,7 +19,7 @@ import moonplan
 
 ROOT = Path(moonplan.__file__).resolve().parent
 # Front ends may use the package front door (``import moonplan``); nothing else may.
-FRONT_DOOR_OK = ("moonplan.cli", "moonplan.demo", "moonplan.launch")
+FRONT_DOOR_OK = ("moonplan.cli",)
 
 
 def module_files() -> dict[str, Path]:

@@ -6,7 +6,7 @@ Blocks are found by structure (:func:`~moonplan.adapters.detect.is_supported`) i
 ``named_modules`` order, which is the same on every rank, so the collective set-up of
 each layer happens in the same order everywhere. Parameter names do not change: a
 wrapped model's ``state_dict`` has the original keys, with expert tensors holding only
-this rank's home experts (see :mod:`moonplan.checkpoint`).
+this rank's home experts (see :mod:`moonplan.adapters.checkpoint`).
 """
 
 from __future__ import annotations

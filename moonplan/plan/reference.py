@@ -271,3 +271,23 @@ def to_tensors(res: RefResult, device: torch.device) -> dict[str, torch.Tensor]:
         "row_count": t(res.row_count, (R, W)),
         "row_offset": t(res.row_offset, (R, W + 1)),
     }
+
+
+def reference_fields(
+    counts_RE: torch.Tensor,
+    B: int,
+    align: int,
+    prev: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """:func:`reference_plan` on tensors: the Plan fields (int64, CPU) of ``counts_RE``.
+
+    ``prev`` is the previous plan's ``(slot_expert [R, B], flow [R-1, 3])`` on any device
+    (the padding flows ``(-1, -1, 0)`` are dropped), or ``None``. The twin that the GPU
+    checks compare ``plan_cuda`` against.
+    """
+    slots = flows = None
+    if prev is not None:
+        slots = prev[0].cpu().tolist()
+        flows = [(d, r, q) for d, r, q in prev[1].cpu().tolist() if d >= 0]
+    res = reference_plan(counts_RE.cpu().tolist(), B, align, slots, flows)
+    return to_tensors(res, torch.device("cpu"))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from moonplan.plan.group_flows import balance_groups_host, split_group_host
 from moonplan.plan.home import home_map, home_start
-from moonplan.plan.host_scan import balance_groups_host, split_group_host
 from moonplan.plan.torch_layout import (
     group_experts,
     place_slots_torch,

@@ -5,7 +5,7 @@ Legend:
            seconds (``time.perf_counter``), or a pair of CUDA events on CUDA
 
 These sit below the runtime (docs/design.md §5): ``moonplan.runtime`` imports them
-from here, and :mod:`moonplan.profile` (which finds runtimes in a model) re-exports
+from here, and :mod:`moonplan.profiling.session` (which finds runtimes in a model) re-exports
 them, so the profiler and the runtime do not import each other.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from moonplan.profile import Profiler
+    from moonplan.profiling.session import Profiler
 
 __all__ = ["NULL_PROFILER", "LayerProfiler", "NullProfiler", "StepRecorder"]
 

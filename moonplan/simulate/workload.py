@@ -14,13 +14,14 @@ sigma by :func:`sigma_for_maxvio`.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from moonplan.traces import counts_for_ranks, load_counts
+from moonplan.traces.drift import drift_log_popularity, start_log_popularity
+from moonplan.traces.files import load_counts
+from moonplan.traces.generators import counts_for_ranks
 
 
 def drifting_counts(
@@ -39,8 +40,8 @@ def drifting_counts(
 
     The log-popularity starts at ``sigma * z`` (``z ~ N(0, I)``, the first draw of a
     generator seeded ``seed``) and follows ``x <- rho*x + sqrt(1-rho^2)*sigma*eps``
-    (the law of :class:`moonplan.traces.DriftingTrace`). Each step routes ``tokens``
-    tokens per rank by ``p = softmax(x)``:
+    (the law of :mod:`moonplan.traces.drift`). Each step routes ``tokens`` tokens
+    per rank by ``p = softmax(x)``:
 
     * ``exact=True``: ``moonplan.traces.counts_for_ranks`` (every token picks ``topk``
       distinct experts); slow for large ``R*S*K`` at high skew;
@@ -56,7 +57,7 @@ def drifting_counts(
         raise ValueError("need steps >= 1, tokens >= 0, sigma >= 0 and rho in [-1, 1]")
     gen = torch.Generator().manual_seed(int(seed))
     rng = np.random.default_rng(int(seed))
-    x_E = sigma * torch.randn(experts, generator=gen, dtype=torch.float64)
+    x_E = start_log_popularity(experts, sigma, gen)
     out = []
     for _ in range(steps):
         pop_E = torch.softmax(x_E, 0)
@@ -66,8 +67,7 @@ def drifting_counts(
             q_E = inclusion_probability(pop_E, topk)
             draw = rng.multinomial(tokens * topk, (q_E / q_E.sum()).numpy(), size=ranks)
             out.append(torch.from_numpy(draw).to(torch.int64))
-        eps_E = torch.randn(experts, generator=gen, dtype=torch.float64)
-        x_E = rho * x_E + math.sqrt(max(0.0, 1 - rho * rho)) * sigma * eps_E
+        x_E = drift_log_popularity(x_E, sigma, rho, gen)
     return torch.stack(out)
 
 
@@ -92,9 +92,8 @@ def inclusion_probability(pop_E: torch.Tensor, topk: int) -> torch.Tensor:
 def popularity_maxvio(sigma: float, experts: int, seed: int = 0) -> float:
     """MaxVio (``E * max p - 1``) of the first popularity ``softmax(sigma * z)`` that
     :func:`drifting_counts` draws with this ``seed`` (before top-k sampling)."""
-    gen = torch.Generator().manual_seed(int(seed))
-    z_E = torch.randn(experts, generator=gen, dtype=torch.float64)
-    return float(torch.softmax(sigma * z_E, 0).max()) * experts - 1.0
+    x_E = start_log_popularity(experts, sigma, torch.Generator().manual_seed(int(seed)))
+    return float(torch.softmax(x_E, 0).max()) * experts - 1.0
 
 
 def sigma_for_maxvio(target: float, experts: int, topk: int, seed: int = 0) -> float:

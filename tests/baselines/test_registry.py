@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from moonplan import cli_simulate
 from moonplan.baselines import POLICY_NAMES
 from moonplan.baselines.policy_base import Policy, PolicyStep, make_step
 from moonplan.baselines.registry import PolicyInfo, info, make_policy, names, register, registered
+from moonplan.cli import simulate as cli_simulate
 from moonplan.simulate.model_time import SimConfig, default_plan_us
 from moonplan.simulate.models import get_model
 from moonplan.simulate.report import detail_table, sweep_table

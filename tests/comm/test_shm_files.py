@@ -114,7 +114,7 @@ def test_sigkill_during_creation_then_a_new_job_cleans_up():
 
 
 def test_doctor_command_removes_stale_files(capsys: pytest.CaptureFixture[str]):
-    from moonplan.cli import main
+    from moonplan.cli.main import main
 
     me = this_process()
     with tempfile.TemporaryDirectory() as d:

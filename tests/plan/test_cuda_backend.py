@@ -21,7 +21,7 @@ import torch
 import moonplan
 from moonplan import check_plan
 from moonplan.plan import cuda_backend
-from moonplan.plan.reference import reference_plan, to_tensors
+from moonplan.plan.reference import reference_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL = ROOT / "csrc" / "plan_kernel.cu"
@@ -116,15 +116,6 @@ def cuda_ok() -> None:
 Prev = tuple[torch.Tensor, torch.Tensor] | None  # (slot_expert [R, B], flow [R-1, 3])
 
 
-def _reference(counts_RE: torch.Tensor, B: int, align: int, prev: Prev) -> dict[str, torch.Tensor]:
-    slots = flows = None
-    if prev is not None:
-        slots = prev[0].cpu().tolist()
-        flows = [(d, r, q) for d, r, q in prev[1].cpu().tolist() if d >= 0]
-    res = reference_plan(counts_RE.cpu().tolist(), B, align, slots, flows)
-    return to_tensors(res, torch.device("cpu"))
-
-
 def _assert_same(counts_RE: torch.Tensor, B: int, align: int, prev: Prev) -> Prev:
     """Kernel == reference on every field; returns this plan as the next ``previous``."""
     dev = torch.device("cuda")
@@ -132,7 +123,7 @@ def _assert_same(counts_RE: torch.Tensor, B: int, align: int, prev: Prev) -> Pre
     if prev is not None:
         slots, flows = prev[0].to(dev), prev[1].to(dev)
     got = cuda_backend.plan_cuda(counts_RE.to(dev), B, align, slots, flows)
-    want = _reference(counts_RE, B, align, prev)
+    want = reference_fields(counts_RE, B, align, prev)
     assert set(got) == set(want)
     for key, ref in want.items():
         assert torch.equal(got[key].cpu(), ref), (key, counts_RE.tolist(), B, align, prev)
@@ -249,7 +240,7 @@ def test_cuda_graph_capture_and_replay(cuda_ok: None) -> None:
     for _ in range(5):
         counts_RE = _random_counts(rng, R, E)
         static_RE.copy_(counts_RE)
-        want = _reference(counts_RE, B, 8, (prev_RB, prev_F3))
+        want = reference_fields(counts_RE, B, 8, (prev_RB, prev_F3))
         graph.replay()
         torch.cuda.synchronize()
         for key, ref in want.items():

@@ -165,3 +165,21 @@ def test_home_map_blocks() -> None:
     assert moonplan.home_map(5, 1).tolist() == [0] * 5
     with pytest.raises(PlanError):
         moonplan.home_map(0, 2)
+
+
+@pytest.mark.parametrize("align", [1, 8])
+def test_reference_fields_is_the_reference_backend_on_tensors(align: int) -> None:
+    """``reference_fields`` (the GPU checks' twin) gives the reference backend's Plan fields,
+    with and without a previous plan (its padding flows dropped)."""
+    from moonplan.plan.reference import reference_fields
+    from moonplan.traces import DriftingTrace
+
+    trace = DriftingTrace(4, 12, 50, 2, sigma=1.5, seed=3)
+    c0, c1 = trace.step(), trace.step()
+    p0 = moonplan.plan(c0, slots=2, align=align, backend="reference")
+    p1 = moonplan.plan(c1, slots=2, align=align, previous=p0, backend="reference")
+    for p, counts, prev in ((p0, c0, None), (p1, c1, (p0.slot_expert, p0.flow))):
+        fields = reference_fields(counts, 2, align, prev)
+        assert set(fields) <= set(dir(p))
+        for name, value in fields.items():
+            assert torch.equal(getattr(p, name), value), name

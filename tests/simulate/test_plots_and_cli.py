@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moonplan import cli_simulate
 from moonplan.baselines.registry import make_policy
+from moonplan.cli import simulate as cli_simulate
 from moonplan.simulate.sweep import SweepSpec, sweep
 from moonplan.traces import generate_counts
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from moonplan.adapters.experts import MoonExperts
 from moonplan.adapters.model import moon_experts
-from moonplan.traces import load_counts, save_counts
+from moonplan.traces.files import load_counts, save_counts
 
 FORMAT = "moonplan-routing-trace-v1"
 INDEX = "layers.json"

@@ -2,7 +2,7 @@
 
 Starts ``--ep`` processes (fork, gloo; ``--device cuda`` for NCCL), or, under
 ``torchrun`` (``WORLD_SIZE`` set, any number of hosts), runs in the launched processes
-(see :mod:`moonplan.launch`). Builds the
+(see :mod:`moonplan.cli.launch`). Builds the
 same small ``MoonMoE`` on each, routes tokens with lognormal-skewed, slowly
 drifting expert popularity for a few steps, and prints per step the static-EP
 max/mean load against moonplan's, copies, weights prefetched and phase times.
@@ -29,18 +29,28 @@ from typing import Any
 
 import torch
 
-from moonplan.cli_args import fail, float_range, int_range
+from moonplan.cli.args import (
+    add_layer_args,
+    add_subcommand,
+    check_layer_args,
+    fail,
+    int_range,
+)
 from moonplan.runtime.routers import softmax_topk
 from moonplan.tables import render
+from moonplan.traces.drift import drift_log_popularity, start_log_popularity
 
 PHASES = ("plan", "prefetch", "dispatch", "experts", "combine")
 RTOL, ATOL = 1e-5, 1e-6  # the check's tolerance (module docstring)
 MAX_RANKS = 256  # one forked process per rank
 
 
+HELP = "run a skewed MoE layer on CPU ranks and check it"
+
+
 def register(subparsers: Any) -> None:
     """Add the ``demo`` subcommand (handler in ``args.func``)."""
-    p = subparsers.add_parser("demo", help="run a skewed MoE layer on CPU ranks and check it")
+    p = add_subcommand(subparsers, "demo", handler, HELP)
     p.add_argument(
         "--ep",
         "--ranks",
@@ -49,36 +59,25 @@ def register(subparsers: Any) -> None:
         default=None,
         help="EP size: ranks to start (default 4; under torchrun: its WORLD_SIZE)",
     )
-    p.add_argument("--experts", type=int_range(1), default=16, help="experts (default 16)")
-    p.add_argument("--tokens", type=int_range(0), default=256, help="tokens per rank (default 256)")
-    p.add_argument("--topk", type=int_range(1), default=2, help="top-k, <= experts (default 2)")
-    p.add_argument("--hidden", type=int_range(1), default=64, help="hidden size H (default 64)")
-    p.add_argument("--ffn", type=int_range(1), default=128, help="expert FFN size F (default 128)")
-    p.add_argument("--sigma", type=float_range(0), default=1.0, help="lognormal skew (default 1)")
+    add_layer_args(
+        p, experts_help="experts (default 16)", topk_help="top-k, <= experts (default 2)"
+    )
     p.add_argument("--steps", type=int_range(1), default=5, help="steps (default 5)")
-    p.add_argument("--seed", type=int_range(0, 2**31 - 1), default=0, help="seed (default 0)")
-    p.add_argument(
-        "--device", default="cpu", choices=("cpu", "cuda"), help="cpu (gloo) or cuda (nccl)"
-    )
-    p.add_argument(
-        "--timeout",
-        type=float_range(0, above=True),
-        default=300.0,
-        help="seconds before giving up (default 300)",
-    )
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
-    p.set_defaults(func=handler)
+
+
+DEMO_RHO = 0.99
+"""Step-to-step correlation of the demo's drifting popularity."""
 
 
 def _popularity_bias(cfg: dict, step: int) -> torch.Tensor:
-    """Log-popularity added to the router logits: lognormal, AR(1)-drifting over steps."""
+    """float32 ``[E]`` log-popularity added to the router logits at ``step``: lognormal,
+    AR(1)-drifting over steps (``traces.drift``, ``rho = DEMO_RHO``)."""
     g = torch.Generator().manual_seed(cfg["seed"])
-    x = torch.randn(cfg["experts"], generator=g) * cfg["sigma"]
+    x_E = start_log_popularity(cfg["experts"], cfg["sigma"], g, torch.float32)
     for _ in range(step):
-        x = 0.99 * x + (1 - 0.99**2) ** 0.5 * cfg["sigma"] * torch.randn(
-            cfg["experts"], generator=g
-        )
-    return x
+        x_E = drift_log_popularity(x_E, cfg["sigma"], DEMO_RHO, g)
+    return x_E
 
 
 def _step_tokens(cfg: dict, step: int, sizes: list[int]) -> torch.Tensor:
@@ -150,10 +149,16 @@ def _table(stats: list, cfg: dict) -> str:
     return render(header, rows)
 
 
+def _what(args: argparse.Namespace) -> str:
+    """The run, as the banner names it."""
+    layer = f"E={args.experts} H={args.hidden} F={args.ffn} K={args.topk}"
+    return f"{layer}, {args.tokens} tokens/rank, lognormal sigma={args.sigma}, {args.steps} steps"
+
+
 def handler(args: argparse.Namespace) -> int:
     """Run the demo; 0 when every rank matches the single-process layer, 1 otherwise."""
+    from moonplan.cli.launch import resolve_world_size, run_and_announce
     from moonplan.comm.group import EPGroup
-    from moonplan.launch import is_reporting_rank, resolve_world_size, run_on_ranks
 
     cfg = {
         k: getattr(args, k)
@@ -162,24 +167,14 @@ def handler(args: argparse.Namespace) -> int:
     cfg["progress"] = not args.no_progress
     try:
         R = resolve_world_size(args.ranks, 4)
+        check_layer_args(args.device, args.topk, args.experts)
     except ValueError as exc:
-        print(f"moonplan demo: {exc}", file=sys.stderr)
-        return 2
+        return fail("moonplan demo", str(exc))
     sizes = [args.tokens] * R
-    backend = "nccl" if args.device == "cuda" else "gloo"
-    if args.topk > args.experts:
-        return fail("moonplan demo", f"--topk {args.topk} exceeds --experts {args.experts}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        return fail("moonplan demo", "--device cuda needs a CUDA device; none is visible")
-    report = is_reporting_rank()
-    if report:
-        print(
-            f"moonplan demo: {R} ranks ({backend}), E={args.experts} H={args.hidden} "
-            f"F={args.ffn} K={args.topk}, {args.tokens} tokens/rank, lognormal "
-            f"sigma={args.sigma}, {args.steps} steps",
-            flush=True,
-        )
-    ranks = run_on_ranks(_rank_main, R, cfg, sizes, timeout=args.timeout, backend=backend)
+    ranks = run_and_announce(
+        _rank_main, R, cfg, sizes,
+        command="moonplan demo", what=_what(args), device=args.device, timeout=args.timeout,
+    )  # fmt: skip
     if ranks is None:  # a launched rank other than 0: rank 0 reports
         return 0
     print(_table(ranks[0]["stats"], cfg), flush=True)

@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Any
 
+from moonplan.cli.args import add_subcommand
 from moonplan.cost import (
     ALL_TO_ALL,
     ALLGATHER_REDUCESCATTER,
@@ -51,15 +52,17 @@ def preset_name(text: str) -> str:
     return text.strip().lower()
 
 
+HELP = "parameters, weight memory and dispatch bytes per rank of an MoE model under EP"
+DESCRIPTION = (
+    "Back-of-envelope EP cost of a model preset (weights and dispatch/combine "
+    "payload only; see docs/cost.md for the formulas and simplifications)."
+)
+
+
 def register(subparsers: Any) -> None:
     """Add the ``cost`` subcommand to an ``argparse`` subparsers object (from
     ``ArgumentParser.add_subparsers()``); its handler is stored as ``args.func``."""
-    parser = subparsers.add_parser(
-        "cost",
-        help="parameters, weight memory and dispatch bytes per rank of an MoE model under EP",
-        description="Back-of-envelope EP cost of a model preset (weights and dispatch/combine "
-        "payload only; see docs/cost.md for the formulas and simplifications).",
-    )
+    parser = add_subcommand(subparsers, "cost", handler, HELP, DESCRIPTION)
     parser.add_argument(
         "--model",
         default="mixtral-8x7b",
@@ -83,7 +86,6 @@ def register(subparsers: Any) -> None:
         "--bytes", type=_int_at_least(1), default=2, help="bytes per element (default 2, bf16)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    parser.set_defaults(func=handler)
 
 
 def handler(args: argparse.Namespace) -> int:
@@ -133,33 +135,36 @@ def cost_report(
     }
 
 
+def _fields(obj: object, names: dict[str, str]) -> dict[str, Any]:
+    """``{key: obj.<attribute>}`` for every ``key: attribute`` of ``names``."""
+    return {key: getattr(obj, attribute) for key, attribute in names.items()}
+
+
+# ParamCount and MemoryPerRank fields in the JSON, space-separated
+_PARAM_KEYS = "expert replicated total active attention router embedding lm_head shared_experts"
+_PARAM_KEYS += " dense_ffn"
+_MEMORY_KEYS = "expert_bytes replicated_bytes total_bytes expert_gib replicated_gib total_gib"
+_COMM_KEYS = {  # JSON key: CommPerRank attribute
+    "dispatch_bytes_per_layer": "dispatch_bytes",
+    "combine_bytes_per_layer": "combine_bytes",
+    "dispatch_combine_bytes_per_layer": "layer_bytes",
+    "forward_bytes": "forward_bytes",
+    "dispatch_mib_per_layer": "dispatch_mib",
+    "dispatch_combine_mib_per_layer": "layer_mib",
+    "forward_mib": "forward_mib",
+}
+
+
 def _params_dict(p: ParamCount) -> dict[str, int]:
-    keys = ("expert", "replicated", "total", "active", "attention", "router", "embedding")
-    more = ("lm_head", "shared_experts", "dense_ffn")
-    return {k: int(getattr(p, k)) for k in keys + more}
+    return {k: int(v) for k, v in _fields(p, {k: k for k in _PARAM_KEYS.split()}).items()}
 
 
 def _memory_dict(m: MemoryPerRank) -> dict[str, float]:
-    return {
-        "expert_bytes": m.expert_bytes,
-        "replicated_bytes": m.replicated_bytes,
-        "total_bytes": m.total_bytes,
-        "expert_gib": m.expert_gib,
-        "replicated_gib": m.replicated_gib,
-        "total_gib": m.total_gib,
-    }
+    return _fields(m, {k: k for k in _MEMORY_KEYS.split()})
 
 
 def _comm_dict(c: CommPerRank) -> dict[str, float]:
-    return {
-        "dispatch_bytes_per_layer": c.dispatch_bytes,
-        "combine_bytes_per_layer": c.combine_bytes,
-        "dispatch_combine_bytes_per_layer": c.layer_bytes,
-        "forward_bytes": c.forward_bytes,
-        "dispatch_mib_per_layer": c.dispatch_mib,
-        "dispatch_combine_mib_per_layer": c.layer_mib,
-        "forward_mib": c.forward_mib,
-    }
+    return _fields(c, _COMM_KEYS)
 
 
 def _notes(model: ModelPreset, ep: int) -> list[str]:

@@ -1,11 +1,10 @@
-"""Synthetic router traces: expert popularity, top-k sampling, counts, drift, files.
+"""Synthetic router counts: expert popularity, exact top-k sampling, counts per rank.
 
 Used by the CLI, the benchmarks, the tests and the simulator to produce the
 all-gathered router counts ``[R, E]`` a real MoE layer would see.
 
 Legend:
     R ranks    E experts    S tokens (of one rank, or of a chunk)    K top-k
-    T steps of a trace
     pop_E     float64 popularity: the probability of each expert on one draw
     ids_SK    int64 expert ids picked by each token (``K`` distinct per token)
     counts_RE int64 records each source rank routes to each expert
@@ -28,10 +27,8 @@ same arguments give the same tensors. Everything is produced on the CPU.
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -80,26 +77,28 @@ def popularity(
     Returns:
         pop_E: float64 ``[E]``, non-negative, summing to 1 (CPU).
     """
-    E = _check_int("num_experts", num_experts, 1)
-    gen = generator if generator is not None else _generator(0)
+    E = check_int("num_experts", num_experts, 1)
+    gen = generator if generator is not None else make_generator(0)
     if family == "uniform":
         return torch.full((E,), 1.0 / E, dtype=torch.float64)
     if family == "lognormal":
-        _check_range("sigma", sigma, 0.0, math.inf)
+        check_range("sigma", sigma, 0.0, math.inf)
         z_E = torch.randn(E, generator=gen, dtype=torch.float64)
         return torch.softmax(sigma * z_E, dim=0)
     if family == "zipf":
-        _check_range("zipf_s", zipf_s, 0.0, math.inf)
+        check_range("zipf_s", zipf_s, 0.0, math.inf)
         rank_E = torch.randperm(E, generator=gen).to(torch.float64) + 1.0
         w_E = rank_E.pow(-zipf_s)
         return w_E / w_E.sum()
     if family == "hot":
-        return _hot(E, hot_share, hot_expert, gen)
+        return hot_popularity(E, hot_share, hot_expert, gen)
     raise ValueError(f"unknown popularity family {family!r}; choose one of {FAMILIES}")
 
 
-def _hot(E: int, hot_share: float, hot_expert: int | None, gen: torch.Generator) -> torch.Tensor:
-    _check_range("hot_share", hot_share, 0.0, 1.0)
+def hot_popularity(
+    E: int, hot_share: float, hot_expert: int | None, gen: torch.Generator
+) -> torch.Tensor:
+    check_range("hot_share", hot_share, 0.0, 1.0)
     if hot_expert is None:
         hot_expert = int(torch.randint(E, (1,), generator=gen))
     if not 0 <= hot_expert < E:
@@ -143,8 +142,8 @@ def sample_topk(
         ValueError: bad popularity, ``topk`` out of range, or unknown ``method``.
     """
     pop_E = _check_popularity(popularity_E, topk)
-    S = _check_int("tokens", tokens, 0)
-    gen = generator if generator is not None else _generator(0)
+    S = check_int("tokens", tokens, 0)
+    gen = generator if generator is not None else make_generator(0)
     if method not in SAMPLE_METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {SAMPLE_METHODS}")
     draw = _draw_sequential if method == "sequential" else _draw_gumbel
@@ -163,7 +162,7 @@ def counts_from_topk(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
     Returns:
         counts_E: int64 ``[E]`` (``bincount``).
     """
-    E = _check_int("num_experts", num_experts, 1)
+    E = check_int("num_experts", num_experts, 1)
     if topk_ids.dim() != 2 or topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
         got = f"{topk_ids.dtype}{tuple(topk_ids.shape)}"
         raise ValueError(f"topk_ids must be an integer [S, K] tensor, got {got}")
@@ -184,7 +183,7 @@ def _check_popularity(popularity_E: torch.Tensor, topk: int) -> torch.Tensor:
     if not bool(torch.isfinite(pop_E).all()) or bool((pop_E < 0).any()):
         raise ValueError("popularity must be finite and non-negative")
     E = pop_E.numel()
-    K = _check_int("topk", topk, 1)
+    K = check_int("topk", topk, 1)
     if K > E:
         raise ValueError(
             f"topk = {K} exceeds the number of experts E = {E}: a token picks distinct experts"
@@ -288,15 +287,15 @@ def generate_counts(
     Returns:
         counts_RE: int64 ``[R, E]`` (CPU).
     """
-    R = _check_int("ranks", ranks, 1)
-    E = _check_int("experts", experts, 1)
-    S_R = _tokens_per_rank(tokens, R, empty_ranks)
+    R = check_int("ranks", ranks, 1)
+    E = check_int("experts", experts, 1)
+    S_R = tokens_per_rank(tokens, R, empty_ranks)
     if family == "zero":
-        _check_int("topk", topk, 1)
+        check_int("topk", topk, 1)
         return torch.zeros(R, E, dtype=torch.int64)
     if family not in FAMILIES:
         raise ValueError(f"unknown counts family {family!r}; choose one of {COUNT_FAMILIES}")
-    gen = _generator(seed)
+    gen = make_generator(seed)
     pop_E = popularity(
         family,
         E,
@@ -332,219 +331,33 @@ def counts_for_ranks(
     return flat.reshape(R, E)
 
 
-def _tokens_per_rank(tokens: int | Sequence[int], R: int, empty_ranks: int) -> list[int]:
+def tokens_per_rank(tokens: int | Sequence[int], R: int, empty_ranks: int) -> list[int]:
     if isinstance(tokens, (int, np.integer)):
-        S_R = [_check_int("tokens", tokens, 0)] * R
+        S_R = [check_int("tokens", tokens, 0)] * R
     else:
-        S_R = [_check_int("tokens[i]", s, 0) for s in tokens]
+        S_R = [check_int("tokens[i]", s, 0) for s in tokens]
         if len(S_R) != R:
             raise ValueError(f"tokens has {len(S_R)} entries, expected one per rank ({R})")
-    n_empty = _check_int("empty_ranks", empty_ranks, 0)
+    n_empty = check_int("empty_ranks", empty_ranks, 0)
     if n_empty > R:
         raise ValueError(f"empty_ranks = {n_empty} exceeds ranks = {R}")
     return S_R[: R - n_empty] + [0] * n_empty
 
 
-# ---- traces over steps --------------------------------------------------------------------------
-
-
-class _StepTrace:
-    """Shared plumbing of the step-by-step traces: sizes, ``steps`` and iteration."""
-
-    def __init__(self, ranks: int, experts: int, tokens: int | Sequence[int], topk: int, seed: int):
-        self.num_experts = _check_int("experts", experts, 1)
-        self.tokens_R = _tokens_per_rank(tokens, _check_int("ranks", ranks, 1), 0)
-        self.topk = _check_int("topk", topk, 1)
-        if self.topk > self.num_experts:
-            raise ValueError(f"topk = {topk} exceeds the number of experts E = {experts}")
-        self._gen = _generator(seed)
-
-    def step(self) -> torch.Tensor:
-        """Counts of the current step (int64 ``[R, E]``), then advance one step."""
-        raise NotImplementedError
-
-    def steps(self, num_steps: int) -> torch.Tensor:
-        """The next ``num_steps`` steps: int64 ``[T, R, E]``."""
-        T = _check_int("num_steps", num_steps, 0)
-        if T == 0:
-            return torch.zeros(0, len(self.tokens_R), self.num_experts, dtype=torch.int64)
-        return torch.stack([self.step() for _ in range(T)])
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        return self
-
-    def __next__(self) -> torch.Tensor:
-        return self.step()
-
-
-class DriftingTrace(_StepTrace):
-    """Counts per step whose log-popularity drifts as an AR(1) process.
-
-    ``x_{t+1} = rho * x_t + sqrt(1 - rho**2) * sigma * eps_t`` with ``eps_t ~ N(0, I)``
-    per expert, started from the stationary law ``N(0, sigma**2)``; step ``t``
-    routes every rank's tokens by ``softmax(x_t)`` (fresh sampling noise each
-    step). ``rho`` near 1 drifts slowly; ``rho = 0`` draws independent steps.
-
-    Iterating yields ``counts_RE`` (int64 ``[R, E]``) forever; :meth:`steps`
-    returns ``[T, R, E]``. Deterministic given ``seed``.
-    """
-
-    def __init__(
-        self,
-        ranks: int,
-        experts: int,
-        tokens: int | Sequence[int],
-        topk: int,
-        *,
-        sigma: float = 1.0,
-        rho: float = 0.99,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(ranks, experts, tokens, topk, seed)
-        self.sigma = _check_range("sigma", sigma, 0.0, math.inf)
-        self.rho = _check_range("rho", rho, -1.0, 1.0)
-        z_E = torch.randn(self.num_experts, generator=self._gen, dtype=torch.float64)
-        self.log_pop_E = self.sigma * z_E
-
-    @property
-    def popularity(self) -> torch.Tensor:
-        """pop_E: float64 ``[E]`` of the next step."""
-        return torch.softmax(self.log_pop_E, dim=0)
-
-    def step(self) -> torch.Tensor:
-        """Counts of the current step (int64 ``[R, E]``), then advance the drift."""
-        counts_RE = counts_for_ranks(self.popularity, self.tokens_R, self.topk, self._gen)
-        eps_E = torch.randn(self.num_experts, generator=self._gen, dtype=torch.float64)
-        innovation = math.sqrt(max(0.0, 1.0 - self.rho**2)) * self.sigma
-        self.log_pop_E = self.rho * self.log_pop_E + innovation * eps_E
-        return counts_RE
-
-
-class RotatingHotspot(_StepTrace):
-    """Counts per step with one hot expert that moves to the next expert every ``period`` steps.
-
-    Step ``t`` routes by :func:`popularity` ``"hot"`` with hot expert
-    ``(start + t // period) % E`` (fresh sampling noise each step). Iterating
-    yields int64 ``[R, E]`` forever; :meth:`steps` returns ``[T, R, E]``.
-    Deterministic given ``seed``.
-    """
-
-    def __init__(
-        self,
-        ranks: int,
-        experts: int,
-        tokens: int | Sequence[int],
-        topk: int,
-        *,
-        period: int = 10,
-        hot_share: float = 0.5,
-        start: int = 0,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(ranks, experts, tokens, topk, seed)
-        self.period = _check_int("period", period, 1)
-        self.hot_share = _check_range("hot_share", hot_share, 0.0, 1.0)
-        if self.hot_share == 1.0 and self.topk > 1:
-            raise ValueError("hot_share = 1 leaves no other expert to pick when topk > 1")
-        self.start = _check_int("start", start, 0)
-        self.t = 0
-
-    @property
-    def hot_expert(self) -> int:
-        """Hot expert of the next step."""
-        return (self.start + self.t // self.period) % self.num_experts
-
-    def step(self) -> torch.Tensor:
-        """Counts of the current step (int64 ``[R, E]``), then advance one step."""
-        pop_E = _hot(self.num_experts, self.hot_share, self.hot_expert, self._gen)
-        self.t += 1
-        return counts_for_ranks(pop_E, self.tokens_R, self.topk, self._gen)
-
-
-# ---- files --------------------------------------------------------------------------------------
-
-_SUFFIXES = (".json", ".npy")
-
-
-def save_counts(path: str | Path, counts: Any) -> None:
-    """Write counts ``[R, E]`` or a trace ``[T, R, E]`` to ``.json`` (nested lists) or ``.npy``.
-
-    Args:
-        path: destination; its suffix picks the format.
-        counts: non-negative integers (tensor, numpy array or nested lists).
-
-    Raises:
-        ValueError: unknown suffix, or counts not a 2-D/3-D non-negative integer array.
-    """
-    p = Path(path)
-    suffix = _suffix(p)
-    counts_T = _as_trace_counts(counts, f"counts to save to {p}")
-    if suffix == ".json":
-        p.write_text(json.dumps(counts_T.tolist()) + "\n")
-    else:
-        np.save(p, counts_T.numpy(), allow_pickle=False)
-
-
-def load_counts(path: str | Path) -> torch.Tensor:
-    """Read counts written by :func:`save_counts` (or by hand, same formats).
-
-    Returns:
-        int64 ``[R, E]`` or ``[T, R, E]`` (CPU), as stored.
-
-    Raises:
-        ValueError: unknown suffix, unreadable file, or not a 2-D/3-D
-            non-negative integer array with every dimension >= 1.
-    """
-    p = Path(path)
-    suffix = _suffix(p)
-    try:
-        if suffix == ".json":
-            data: Any = json.loads(p.read_text())
-        else:
-            data = np.load(p, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"could not read counts from {p}: {exc}") from None
-    return _as_trace_counts(data, f"counts in {p}")
-
-
-def _suffix(p: Path) -> str:
-    suffix = p.suffix.lower()
-    if suffix not in _SUFFIXES:
-        raise ValueError(f"counts files must end in {' or '.join(_SUFFIXES)}, got {p.name!r}")
-    return suffix
-
-
-def _as_trace_counts(data: Any, what: str) -> torch.Tensor:
-    try:
-        t = data if isinstance(data, torch.Tensor) else torch.as_tensor(np.asarray(data))
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise ValueError(f"{what} must be a rectangular integer array: {exc}") from None
-    if t.dim() not in (2, 3) or min(t.shape) < 1:
-        raise ValueError(
-            f"{what} must have shape [R, E] or [steps, R, E], all >= 1; got {tuple(t.shape)}"
-        )
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise ValueError(f"{what} must be integers, got dtype {t.dtype}")
-    t = t.to(torch.int64).cpu()
-    if bool((t < 0).any()):
-        raise ValueError(f"{what} must be non-negative, found {int(t.min())}")
-    return t
-
-
 # ---- small helpers ------------------------------------------------------------------------------
 
 
-def _generator(seed: int) -> torch.Generator:
+def make_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
 
 
-def _check_int(name: str, value: Any, low: int) -> int:
+def check_int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     return int(value)
 
 
-def _check_range(name: str, value: float, low: float, high: float) -> float:
+def check_range(name: str, value: float, low: float, high: float) -> float:
     if not isinstance(value, (int, float)) or not low <= value <= high:
         raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
     return float(value)

@@ -94,6 +94,27 @@ def run_on_ranks(
             dist.destroy_process_group()
 
 
+def run_and_announce(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    command: str,
+    what: str,
+    device: str,
+    timeout: float,
+) -> list[Any] | None:
+    """:func:`run_on_ranks` on ``nccl`` for ``device == "cuda"``, else ``gloo``, after the
+    reporting rank prints ``{command}: {R} ranks ({backend}), {what}``.
+
+    The launch preamble of ``moonplan demo`` and ``moonplan profile``; returns what
+    :func:`run_on_ranks` returns (``None`` on a launched rank other than 0).
+    """
+    backend = "nccl" if device == "cuda" else "gloo"
+    if is_reporting_rank():
+        print(f"{command}: {world_size} ranks ({backend}), {what}", flush=True)
+    return run_on_ranks(fn, world_size, *args, timeout=timeout, backend=backend)
+
+
 def is_reporting_rank() -> bool:
     """True where results are printed: rank 0 of a launched job, or a process that is not
     one (it starts the ranks itself)."""

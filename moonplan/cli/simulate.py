@@ -19,8 +19,8 @@ import sys
 from typing import Any
 
 from moonplan.baselines.registry import info, names
-from moonplan.cli_args import float_range, int_range
-from moonplan.cli_cost import preset_name
+from moonplan.cli.args import add_subcommand, float_range, int_range
+from moonplan.cli.cost import preset_name
 from moonplan.simulate.model_time import SimConfig, default_plan_us
 from moonplan.simulate.models import get_model
 from moonplan.simulate.progress import ProgressBar
@@ -45,14 +45,16 @@ def _list(kind: Any) -> Any:
     return parse
 
 
+HELP = "estimate per-step MoE time of each balancing policy (sweeps skew and EP size)"
+DESCRIPTION = (
+    "Roofline + communication model of one MoE layer step for static EP, "
+    "capacity, EPLB, the MoonEP greedy and moonplan (see docs/simulator.md)."
+)
+
+
 def register(subparsers: Any) -> None:
     """Add the ``simulate`` subcommand (handler in ``args.func``)."""
-    p = subparsers.add_parser(
-        "simulate",
-        help="estimate per-step MoE time of each balancing policy (sweeps skew and EP size)",
-        description="Roofline + communication model of one MoE layer step for static EP, "
-        "capacity, EPLB, the MoonEP greedy and moonplan (see docs/simulator.md).",
-    )
+    p = add_subcommand(subparsers, "simulate", handler, HELP, DESCRIPTION)
     p.add_argument(
         "--model",
         default="deepseek-v3",
@@ -122,7 +124,6 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.set_defaults(func=handler)
 
 
 def _config(args: argparse.Namespace) -> SimConfig:

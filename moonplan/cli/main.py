@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moonplan import __version__, cli_cost, cli_doctor, cli_plan, cli_profile, cli_simulate, demo
-from moonplan.cli_args import OneLineParser
+from moonplan import __version__
+from moonplan.cli import cost, demo, doctor, plan, profile, simulate
+from moonplan.cli.args import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,11 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"moonplan {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo.register(sub)
-    cli_plan.register(sub)
-    cli_cost.register(sub)
-    cli_profile.register(sub)
-    cli_simulate.register(sub)
-    cli_doctor.register(sub)
+    plan.register(sub)
+    cost.register(sub)
+    profile.register(sub)
+    simulate.register(sub)
+    doctor.register(sub)
     return parser
 
 

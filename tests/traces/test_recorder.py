@@ -15,10 +15,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from moonplan.cli import main as cli_main
+from moonplan.cli.main import main as cli_main
 from moonplan.simulate.workload import recorded_counts
 from moonplan.testing.dist import run_ranks
-from moonplan.trace_recorder import TraceRecorder, load_trace
+from moonplan.traces.recorder import TraceRecorder, load_trace
 from tests.adapters.tiny import batch, make_model
 
 pytestmark = pytest.mark.distributed

@@ -1,4 +1,5 @@
-"""moonplan.profile: phase spans, their cost when off, the report, Chrome trace, PNG and CLI.
+"""moonplan.profile (``profiling/session.py``): phase spans, their cost when off, the report,
+Chrome trace, PNG and CLI.
 
 Legend: R ranks, T profiled steps, H hidden, F ffn, E experts, K top-k, S tokens per rank.
 """
@@ -17,8 +18,12 @@ from typing import Any
 import pytest
 import torch
 
-from moonplan import MoonMoE, cli_profile
-from moonplan.profile import (
+from moonplan import MoonMoE
+from moonplan.cli import profile as cli_profile
+from moonplan.profiling.chrome import BACKGROUND_TID, write_chrome_trace
+from moonplan.profiling.gather import merged_names
+from moonplan.profiling.report import ProfileReport, Span
+from moonplan.profiling.session import (
     BACKGROUND_PHASES,
     BACKWARD_PHASES,
     NULL_PROFILER,
@@ -28,9 +33,6 @@ from moonplan.profile import (
     Profiler,
     profiling,
 )
-from moonplan.profiling.chrome import BACKGROUND_TID, write_chrome_trace
-from moonplan.profiling.gather import merged_names
-from moonplan.profiling.report import ProfileReport, Span
 from moonplan.testing.dist import run_ranks
 
 R, T = 2, 4

@@ -11,19 +11,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from moonplan.cli.args import add_subcommand
 from moonplan.comm.shm_files import SHM_DIR, remove_stale_files
+
+HELP = "remove /dev/shm files that killed moonplan jobs left behind"
+DESCRIPTION = "Remove the shared-memory heap files of dead moonplan processes."
 
 
 def register(subparsers: Any) -> None:
     """Add the ``doctor`` subcommand (handler in ``args.func``)."""
-    p = subparsers.add_parser(
-        "doctor",
-        help="remove /dev/shm files that killed moonplan jobs left behind",
-        description="Remove the shared-memory heap files of dead moonplan processes.",
-    )
+    p = add_subcommand(subparsers, "doctor", handler, HELP, DESCRIPTION)
     p.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
     p.add_argument("--dir", default=SHM_DIR, help=f"directory to clean (default {SHM_DIR})")
-    p.set_defaults(func=handler)
 
 
 def handler(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moonplan.cli import main
+from moonplan.cli.main import main
 
 
 def test_plan_generated_counts(capsys: pytest.CaptureFixture[str]) -> None:
@@ -126,7 +126,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize("command", ["demo", "plan", "profile", "cost", "simulate"])
 def test_ep_everywhere_with_ranks_as_alias(command: str) -> None:
-    from moonplan.cli import build_parser
+    from moonplan.cli.main import build_parser
 
     parser = build_parser()
     value = "4" if command != "simulate" else "4,8"

@@ -4,10 +4,10 @@ Legend: R ranks, E experts, H hidden, F ffn, K top-k, S tokens of a rank, T trac
 
 Starts ``--ep`` processes (fork; gloo on CPU, NCCL with ``--device cuda``), or, under
 ``torchrun`` (``WORLD_SIZE`` set, any number of hosts), runs in the launched processes
-(see :mod:`moonplan.launch`; rank 0 prints and writes),
+(see :mod:`moonplan.cli.launch`; rank 0 prints and writes),
 builds the demo's skewed ``MoonMoE`` (``--layers`` of them, stacked with residual
 connections), runs ``--warmup`` steps, then ``--steps`` steps inside
-:func:`moonplan.profile.profiling` (forward, and backward with ``--backward``).
+:func:`moonplan.profiling.session.profiling` (forward, and backward with ``--backward``).
 With ``--trace FILE`` (counts ``[T, R, E]`` or ``[R, E]`` as written by
 ``moonplan.traces.save_counts``) each step routes exactly the recorded counts
 instead. Prints the table (p50/p90 of the critical path per phase, share of the
@@ -24,14 +24,22 @@ from typing import Any
 
 import torch
 
-from moonplan.cli_args import fail, float_range, int_range
-from moonplan.demo import _popularity_bias, _step_tokens
+from moonplan.cli.args import (
+    add_layer_args,
+    add_subcommand,
+    check_layer_args,
+    fail,
+    int_range,
+)
+from moonplan.cli.demo import _popularity_bias, _step_tokens
 from moonplan.runtime.routers import softmax_topk
+
+HELP = "time every MoE phase per rank (table, JSON, trace)"
 
 
 def register(subparsers: Any) -> None:
     """Add the ``profile`` subcommand (handler in ``args.func``)."""
-    p = subparsers.add_parser("profile", help="time every MoE phase per rank (table, JSON, trace)")
+    p = add_subcommand(subparsers, "profile", handler, HELP)
     p.add_argument(
         "--ep", "--ranks", dest="ranks", type=int_range(1), default=None,
         help="EP size: ranks (default 4, the trace's, or torchrun's WORLD_SIZE)",
@@ -45,20 +53,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", default="moonplan-profile", help="output folder")
     p.add_argument("--trace", default=None, help="replay recorded counts (.npy/.json) [T, R, E]")
     p.add_argument("--layers", type=int_range(1), default=1, help="stacked MoE layers (default 1)")
-    p.add_argument(
-        "--experts", type=int_range(1), default=16, help="experts (default 16; trace: its E)"
+    add_layer_args(
+        p, experts_help="experts (default 16; trace: its E)", topk_help="top-k (default 2)"
     )
-    p.add_argument("--tokens", type=int_range(0), default=256, help="tokens per rank (default 256)")
-    p.add_argument("--topk", type=int_range(1), default=2, help="top-k (default 2)")
-    p.add_argument("--hidden", type=int_range(1), default=64, help="hidden size H (default 64)")
-    p.add_argument("--ffn", type=int_range(1), default=128, help="expert FFN size F (default 128)")
-    p.add_argument("--sigma", type=float_range(0), default=1.0, help="lognormal skew (default 1)")
-    p.add_argument("--seed", type=int_range(0, 2**31 - 1), default=0, help="seed (default 0)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu or cuda")
-    p.add_argument(
-        "--timeout", type=float_range(0, above=True), default=300.0, help="seconds before giving up"
-    )
-    p.set_defaults(func=handler)
 
 
 # ---- what every rank runs -------------------------------------------------------------------
@@ -137,7 +134,7 @@ def _run_step(cfg: dict, trace: Any, state: dict[str, Any], step: int, rank: int
 
 def _rank_main(rank: int, world: int, cfg: dict, trace: torch.Tensor | None) -> Any:
     """One rank: warm up, profile ``steps`` steps; rank 0 returns the ProfileReport."""
-    from moonplan.profile import profiling
+    from moonplan.profiling.session import profiling
 
     torch.manual_seed(cfg["seed"])
     state: dict[str, Any] = {}
@@ -179,7 +176,7 @@ def _config(args: argparse.Namespace, trace: torch.Tensor | None) -> dict:
 
 
 def _resolve_ranks(args: argparse.Namespace, trace: torch.Tensor | None) -> int:
-    from moonplan.launch import resolve_world_size
+    from moonplan.cli.launch import resolve_world_size
 
     if trace is None:
         return resolve_world_size(args.ranks, 4)
@@ -205,33 +202,33 @@ def write_outputs(report: Any, cfg: dict, out: Path) -> list[str]:
     return lines
 
 
+def _what(args: argparse.Namespace, cfg: dict) -> str:
+    """The run, as the banner names it (``cfg["experts"]``: E of the trace, if any)."""
+    source = f"trace {args.trace}" if args.trace else f"lognormal sigma={args.sigma}"
+    passes = "forward+backward" if args.backward else "forward"
+    layers = f"{args.layers} layer(s) E={cfg['experts']} H={args.hidden} F={args.ffn}"
+    steps = f"{args.warmup} warm-up + {args.steps} steps"
+    return f"{layers} K={args.topk}, {source}, {steps}, {passes}"
+
+
 def handler(args: argparse.Namespace) -> int:
     """Run the profile; 0 on success, 2 on bad arguments."""
-    from moonplan.launch import is_reporting_rank, run_on_ranks
+    from moonplan.cli.launch import run_and_announce
 
     try:
         trace = _load_trace(args) if args.trace else None
         R = _resolve_ranks(args, trace)
         if min(R, args.steps, args.layers) < 1 or args.warmup < 0:
             raise ValueError("--ranks, --steps and --layers must be >= 1, --warmup >= 0")
-        if args.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("--device cuda needs a CUDA device; none is visible")
-        if trace is None and args.topk > args.experts:
-            raise ValueError(f"--topk {args.topk} exceeds --experts {args.experts}")
+        check_layer_args(args.device, args.topk, None if trace is not None else args.experts)
     except ValueError as exc:
         return fail("moonplan profile", str(exc))
     cfg = _config(args, trace)
-    backend = "nccl" if args.device == "cuda" else "gloo"
-    what = f"trace {args.trace}" if trace is not None else f"lognormal sigma={args.sigma}"
-    if is_reporting_rank():
-        print(
-            f"moonplan profile: {R} ranks ({backend}), {args.layers} layer(s) "
-            f"E={cfg['experts']} H={args.hidden} F={args.ffn} K={args.topk}, {what}, "
-            f"{args.warmup} warm-up + {args.steps} steps, "
-            f"{'forward+backward' if args.backward else 'forward'}",
-            flush=True,
-        )
-    got = run_on_ranks(_rank_main, R, cfg, trace, timeout=args.timeout, backend=backend)
+    got = run_and_announce(
+        _rank_main, R, cfg, trace,
+        command="moonplan profile", what=_what(args, cfg), device=args.device,
+        timeout=args.timeout,
+    )  # fmt: skip
     if got is None:  # a launched rank other than 0: rank 0 reports
         return 0
     report = got[0]

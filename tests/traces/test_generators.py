@@ -1,4 +1,4 @@
-"""Tests for ``moonplan.traces``: popularity, exact top-k sampling, counts, drift, files.
+"""``moonplan.traces.generators``: popularity, exact top-k sampling and counts.
 
 Legend: R ranks, E experts, S tokens, K top-k, T steps.
 """
@@ -6,11 +6,9 @@ Legend: R ranks, E experts, S tokens, K top-k, T steps.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import time
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,14 +16,11 @@ from moonplan import traces
 from moonplan.traces import (
     COUNT_FAMILIES,
     FAMILIES,
-    DriftingTrace,
-    RotatingHotspot,
     counts_from_topk,
     generate_counts,
-    load_counts,
+    generators,
     popularity,
     sample_topk,
-    save_counts,
 )
 
 
@@ -153,7 +148,7 @@ def test_sample_topk_follows_the_plackett_luce_law(method: str) -> None:
 def test_masked_gumbel_fallback_follows_the_law() -> None:
     p = torch.tensor([0.5, 0.3, 0.2])
     taken = torch.zeros(40_000, 1, dtype=torch.int64)  # expert 0 taken: 1 vs 2 is 0.6 : 0.4
-    picks = traces._masked_gumbel_max(p, taken, gen())
+    picks = generators._masked_gumbel_max(p, taken, gen())
     assert int((picks == 0).sum()) == 0
     assert abs(float((picks == 1).double().mean()) - 0.6) < 0.01
 
@@ -230,117 +225,6 @@ def test_generate_counts_big_case_is_fast() -> None:
     counts_RE = generate_counts("lognormal", ranks=256, experts=896, tokens=8192, topk=16)
     assert time.process_time() - start < 60.0  # ~3-8 s of CPU; generous
     assert bool((counts_RE.sum(1) == 8192 * 16).all()) and int(counts_RE.max()) <= 8192
-
-
-# ---- traces over steps --------------------------------------------------------------------------
-
-
-def step_correlation(steps_TRE: torch.Tensor) -> float:
-    """Mean correlation of expert loads between consecutive steps."""
-    load_TE = steps_TRE.sum(1).double()
-    corr = [torch.corrcoef(load_TE[t : t + 2])[0, 1] for t in range(load_TE.shape[0] - 1)]
-    return float(torch.stack(corr).mean())
-
-
-def test_drifting_trace_shapes_sums_and_determinism() -> None:
-    trace = DriftingTrace(3, 10, [5, 0, 9], 2, seed=4)
-    steps_TRE = trace.steps(6)
-    assert steps_TRE.shape == (6, 3, 10) and steps_TRE.dtype == torch.int64
-    assert steps_TRE.sum(2).tolist() == [[10, 0, 18]] * 6
-    assert torch.equal(DriftingTrace(3, 10, [5, 0, 9], 2, seed=4).steps(6), steps_TRE)
-    assert next(iter(trace)).shape == (3, 10)
-    assert trace.steps(0).shape == (0, 3, 10)
-
-
-def test_drift_correlates_for_rho_near_one_and_not_for_rho_zero() -> None:
-    slow = DriftingTrace(2, 256, 1024, 4, sigma=1.0, rho=0.99, seed=0).steps(5)
-    fresh = DriftingTrace(2, 256, 1024, 4, sigma=1.0, rho=0.0, seed=0).steps(5)
-    assert step_correlation(slow) > 0.8
-    assert abs(step_correlation(fresh)) < 0.2
-
-
-def test_drift_keeps_the_stationary_spread() -> None:
-    trace = DriftingTrace(1, 2048, 1, 1, sigma=1.5, rho=0.9, seed=2)
-    for _ in range(20):
-        trace.step()
-    assert 1.35 < float(trace.log_pop_E.std()) < 1.65
-
-
-def test_rotating_hotspot_moves_every_period() -> None:
-    trace = RotatingHotspot(2, 5, 40, 2, period=3, hot_share=0.8, start=3, seed=1)
-    steps_TRE = trace.steps(12)
-    hot_T = steps_TRE.sum(1).argmax(1).tolist()
-    assert hot_T == [(3 + t // 3) % 5 for t in range(12)]
-    assert bool((steps_TRE.sum(2) == 80).all())
-    assert trace.hot_expert == (3 + 12 // 3) % 5
-
-
-def test_step_trace_errors() -> None:
-    with pytest.raises(ValueError, match="rho"):
-        DriftingTrace(2, 4, 8, 2, rho=1.5)
-    with pytest.raises(ValueError, match="exceeds the number of experts"):
-        DriftingTrace(2, 4, 8, 5)
-    with pytest.raises(ValueError, match="period"):
-        RotatingHotspot(2, 4, 8, 2, period=0)
-    with pytest.raises(ValueError, match="hot_share = 1"):
-        RotatingHotspot(2, 4, 8, 2, hot_share=1.0)
-
-
-# ---- files --------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("suffix", [".json", ".npy", ".JSON"])
-@pytest.mark.parametrize("shape", [(3, 5), (4, 2, 3)])
-def test_save_load_round_trip(tmp_path, suffix: str, shape: tuple[int, ...]) -> None:
-    counts = torch.arange(math.prod(shape), dtype=torch.int64).reshape(shape)
-    path = tmp_path / f"trace{suffix}"
-    save_counts(path, counts)
-    loaded = load_counts(str(path))
-    assert loaded.dtype == torch.int64 and torch.equal(loaded, counts)
-
-
-def test_save_accepts_lists_and_numpy(tmp_path) -> None:
-    save_counts(tmp_path / "a.json", [[1, 2], [3, 4]])
-    save_counts(tmp_path / "b.npy", np.array([[1, 2], [3, 4]], dtype=np.int32))
-    assert load_counts(tmp_path / "a.json").tolist() == [[1, 2], [3, 4]]
-    assert load_counts(tmp_path / "b.npy").tolist() == [[1, 2], [3, 4]]
-    assert json.loads((tmp_path / "a.json").read_text()) == [[1, 2], [3, 4]]
-
-
-@pytest.mark.parametrize(
-    ("data", "match"),
-    [
-        ([1, 2, 3], "shape"),
-        ([[[[1]]]], "shape"),
-        ([[1.5, 2.0]], "integers"),
-        ([[1, -2]], "non-negative"),
-        ([[1, 2], [3]], "rectangular"),
-        ([[True, False]], "integers"),
-        ([], "shape"),
-    ],
-)
-def test_save_and_load_reject_bad_counts(tmp_path, data: object, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        save_counts(tmp_path / "x.json", data)
-    path = tmp_path / "y.json"
-    path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=match):
-        load_counts(path)
-
-
-def test_load_errors(tmp_path) -> None:
-    with pytest.raises(ValueError, match=r"\.json or \.npy"):
-        save_counts(tmp_path / "x.csv", [[1]])
-    with pytest.raises(ValueError, match=r"\.json or \.npy"):
-        load_counts(tmp_path / "x.pt")
-    with pytest.raises(ValueError, match="could not read"):
-        load_counts(tmp_path / "missing.npy")
-    (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(ValueError, match="could not read"):
-        load_counts(tmp_path / "bad.json")
-    np.save(tmp_path / "f.npy", np.ones((2, 2)))
-    with pytest.raises(ValueError, match="integers"):
-        load_counts(tmp_path / "f.npy")
 
 
 def test_count_families_include_zero() -> None:

@@ -16,7 +16,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -30,6 +30,60 @@ def fail(prog: str, message: str) -> int:
     """Print ``{prog}: error: {message}`` (one line) to stderr; return 2 for the handler."""
     print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
     return 2
+
+
+def add_subcommand(
+    subparsers: Any,
+    name: str,
+    handler: Callable[[argparse.Namespace], int],
+    summary: str,
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    """Add subcommand ``name`` (``summary``: its line in ``moonplan --help``; ``description``:
+    the top of its own ``--help``) whose ``args.func`` is ``handler``; returns its parser."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help=summary, description=description
+    )
+    parser.set_defaults(func=handler)
+    return parser
+
+
+def add_layer_args(parser: argparse.ArgumentParser, *, experts_help: str, topk_help: str) -> None:
+    """The options ``demo`` and ``profile`` share: the layer shape and router skew
+    (``--experts``, ``--tokens``, ``--topk``, ``--hidden``, ``--ffn``, ``--sigma``,
+    ``--seed``) and where the ranks run (``--device``, ``--timeout``)."""
+    p = parser
+    p.add_argument("--experts", type=int_range(1), default=16, help=experts_help)
+    p.add_argument("--tokens", type=int_range(0), default=256, help="tokens per rank (default 256)")
+    p.add_argument("--topk", type=int_range(1), default=2, help=topk_help)
+    p.add_argument("--hidden", type=int_range(1), default=64, help="hidden size H (default 64)")
+    p.add_argument("--ffn", type=int_range(1), default=128, help="expert FFN size F (default 128)")
+    p.add_argument("--sigma", type=float_range(0), default=1.0, help="lognormal skew (default 1)")
+    p.add_argument("--seed", type=int_range(0, 2**31 - 1), default=0, help="seed (default 0)")
+    p.add_argument(
+        "--device", default="cpu", choices=("cpu", "cuda"), help="cpu (gloo) or cuda (nccl)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float_range(0, above=True),
+        default=300.0,
+        help="seconds before giving up (default 300)",
+    )
+
+
+def check_layer_args(device: str, topk: int, experts: int | None) -> None:
+    """The checks every layer-running subcommand makes on its arguments.
+
+    Raises:
+        ValueError: ``device == "cuda"`` with no CUDA device visible, or ``topk`` above
+            ``experts`` (``experts=None``: E comes from a trace, nothing to check).
+    """
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda needs a CUDA device; none is visible")
+    if experts is not None and topk > experts:
+        raise ValueError(f"--topk {topk} exceeds --experts {experts}")
 
 
 def int_range(lo: int, hi: int | None = None) -> Callable[[str], int]:

@@ -19,19 +19,18 @@ import torch
 
 import moonplan
 from moonplan.baselines import copies_lower_bound, moonep_greedy_alloc, replica_count
-from moonplan.cli_args import fail, float_range, int_range
+from moonplan.cli.args import add_subcommand, fail, float_range, int_range
 from moonplan.plan.api import BACKENDS
 from moonplan.plan.plan_type import PLAN_TENSORS
 from moonplan.tables import render
 
+HELP = "plan one step's router counts and print per-rank loads before/after"
+DESCRIPTION = "Plan exact balance for router counts [R, E] read from a file or generated."
+
 
 def register(subparsers: Any) -> None:
     """Add the ``plan`` subcommand (handler in ``args.func``)."""
-    p = subparsers.add_parser(
-        "plan",
-        help="plan one step's router counts and print per-rank loads before/after",
-        description="Plan exact balance for router counts [R, E] read from a file or generated.",
-    )
+    p = add_subcommand(subparsers, "plan", handler, HELP, DESCRIPTION)
     p.add_argument("counts", nargs="?", help="counts file (.json or .npy), [R,E] or [T,R,E]")
     p.add_argument(
         "--step",
@@ -61,7 +60,6 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--json", action="store_true", help="print the summary and every plan tensor as JSON"
     )
-    p.set_defaults(func=handler)
 
 
 def load_or_generate(args: argparse.Namespace) -> torch.Tensor:

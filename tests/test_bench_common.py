@@ -1,0 +1,43 @@
+"""``bench/_common.py``: the timing loop, medians and the fixed-width tables of the benchmarks."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from _common import TextTable, median_ms, time_interleaved, timing_parser
+
+
+def test_text_table_lines_up_as_the_hand_written_format() -> None:
+    t = TextTable("{a:>4} {name:>6} {x:>8.2f} {y:>6.1e}", "a|the name|x ms|y")
+    assert t.widths == [4, 6, 8, 6]
+    row = {"a": 3, "name": "ab", "x": 1.234, "y": 0.00012}
+    assert t.header() == f"{'a':>4} {'the name':>6} {'x ms':>8} {'y':>6}"
+    assert t.row(row) == f"{3:>4} {'ab':>6} {1.234:>8.2f} {0.00012:>6.1e}"
+    assert t.row({"a": 1, "name": "n", "y": 1.0}, x=2.0).split()[2] == "2.00"
+
+
+def test_text_table_needs_one_title_per_column() -> None:
+    with pytest.raises(ValueError, match="2 titles for 3 columns"):
+        TextTable("{a:>3} {b:>3} {c:>3}", "a|b")
+
+
+def test_time_interleaved_alternates_and_skips_warmup() -> None:
+    calls: list[str] = []
+    first_s, second_s = time_interleaved(
+        lambda: calls.append("a"), lambda: calls.append("b"), reps=3, warmup=2
+    )
+    assert calls == ["a", "b"] * 5
+    assert len(first_s) == len(second_s) == 3 and min(first_s + second_s) >= 0
+
+
+def test_median_ms_and_timing_parser() -> None:
+    assert median_ms({"plan": [0.001, 0.003, 0.002], "sort": [0.5]}) == {
+        "plan_ms": 2.0,
+        "sort_ms": 500.0,
+    }
+    args = timing_parser("doc", reps=7, out="x.json").parse_args(["--quick"])
+    assert (args.quick, args.reps, args.out) == (True, 7, "x.json")
