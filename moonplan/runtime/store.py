@@ -19,7 +19,7 @@ import torch
 from moonplan.comm import a2a
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap, SymTensor
-from moonplan.plan.home import home_start
+from moonplan.plan.home import home_start, max_local
 from moonplan.plan.plan_type import Plan
 from moonplan.runtime.movers import movers
 
@@ -42,7 +42,7 @@ class ExpertStore:
     ):
         self.group, self.heap = group, heap
         self.E, self.B = num_experts, num_slots
-        self.M = -(-num_experts // group.size)
+        self.M = max_local(num_experts, group.size)
         shapes = {"gate_up": (2 * ffn, hidden), "down": (hidden, ffn)}
         rows_ = self.M + num_slots
         self.sym: dict[str, SymTensor] = {}
