@@ -189,3 +189,26 @@ def test_moonmoe_is_a_router_in_front_of_moon_experts() -> None:
         "experts.gate_up_proj",
         "router.weight",
     ]
+
+
+def test_wrap_and_wrap_model_take_the_config() -> None:
+    pytest.importorskip("transformers")
+    from moonplan import wrap, wrap_model
+    from moonplan.adapters import moon_experts
+    from tests.adapters.tiny import F as F_TINY
+    from tests.adapters.tiny import H as H_TINY
+    from tests.adapters.tiny import make_block, make_model
+
+    opts: dict[str, Any] = {"slots": 1, "align": 4, "max_tokens": 7, "balance": "exact"}
+    cfg = MoEConfig(**opts, overlap=False)
+    by_config = wrap(make_block("mixtral"), config=cfg).experts
+    by_keywords = wrap(make_block("mixtral"), **opts, overlap=False).experts
+    assert _fingerprint(by_config.runtime) == _fingerprint(by_keywords.runtime)
+    sizes = {"hidden_size": H_TINY, "ffn_size": F_TINY, "num_experts": 6, "top_k": 2}
+    assert by_config.config == cfg.sized(**sizes, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"config\.num_experts is 5"):
+        wrap(make_block("mixtral"), config=MoEConfig(num_experts=5))
+    model = wrap_model(make_model("Mixtral"), config=cfg)  # sizes read per block
+    layers = [ex for _, ex in moon_experts(model)]
+    assert len(layers) == 2
+    assert all(ex.config.align == 4 and ex.slots == 1 and not ex.runtime.overlap for ex in layers)
