@@ -50,7 +50,7 @@ def _cost() -> StepCost:
         ({"slots": [2]}, "slots must be"),
         ({"align": 0}, "align must be an integer >= 1"),
         ({"max_tokens": -1}, "max_tokens must be an integer >= 0"),
-        ({"transport": "nccl"}, "transport must be 'auto', 'heap' or 'a2a'"),
+        ({"transport": "nccl"}, r"transport.*'nccl'"),
         ({"balance": "balanced"}, "balance must be one of"),
         ({"dtype": torch.int32}, "dtype must be a floating torch.dtype"),
         ({"overlap": 1}, "overlap must be a bool"),
