@@ -15,9 +15,11 @@ from moonplan.adapters import wrap, wrap_experts, wrap_model
 from moonplan.errors import PlanError
 from moonplan.layer import MoonMoE
 from moonplan.plan import Plan, Route, home_map, plan, route
+from moonplan.runtime.config import MoEConfig
 from moonplan.testing.invariants import check_plan
 
 __all__ = [
+    "MoEConfig",
     "MoonMoE",
     "Plan",
     "PlanError",

@@ -148,7 +148,7 @@ def test_imports_of_reads_function_level_and_skips_type_checking(tmp_path: Path)
         "from moonplan.plan import api\n"
         "from moonplan.plan import Plan\n"
         "if TYPE_CHECKING:\n"
-        "    from moonplan.runtime.setup import LayerRuntime\n"
+        "    from moonplan.runtime.layer_runtime import LayerRuntime\n"
         "def f():\n"
         "    import moonplan.comm.heap\n"
         "    import moonplan\n"

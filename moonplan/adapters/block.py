@@ -22,15 +22,14 @@ from moonplan.adapters.detect import inspect_block
 from moonplan.adapters.experts import MoonExperts
 from moonplan.adapters.torchtitan import is_torchtitan_moe, wrap_moe
 from moonplan.comm.group import EPGroup
-from moonplan.runtime.slot_budget import SlotsOption
+from moonplan.runtime.config import MoEConfig
 
 
 def wrap(
     module: nn.Module,
     *,
     group: EPGroup | object | None = None,
-    slots: SlotsOption = None,
-    align: int = 1,
+    config: MoEConfig | None = None,
     **options: Any,
 ) -> nn.Module:
     """Wrap one MoE block (collective: every rank of the group calls it, in the same order).
@@ -42,11 +41,13 @@ def wrap(
             torchtitan ``MoE`` (detected by structure) goes to
             :func:`moonplan.adapters.torchtitan.wrap_moe`.
         group: an :class:`EPGroup` or a torch ProcessGroup (default: the default group).
-        slots: weight slots per rank: a count, a byte budget (``"2GiB"``, ``Bytes``) or a
-            fraction of the home experts' bytes (default ``min(2, ceil(E/R))``).
-        align: receive-row padding multiple.
-        **options: ``max_tokens``, ``transport``, ``balance`` (``"auto"`` default,
-            ``"exact"``, ``"off"``) of :class:`MoonExperts`.
+        config: a :class:`~moonplan.runtime.config.MoEConfig`; its sizes may stay ``None``
+            (read from the block), a set one must match the block.
+        **options: fields of :class:`~moonplan.runtime.config.MoEConfig`, replacing the
+            config's: ``slots`` (a count, a byte budget ``"2GiB"``/``Bytes`` or a fraction of
+            the home experts' bytes; default ``min(2, ceil(E/R))``), ``align``,
+            ``max_tokens``, ``transport``, ``balance`` (``"auto"`` default, ``"exact"``,
+            ``"off"``), ``overlap``, ``cost``.
 
     Returns:
         A module of the same class with the same forward signature and return value. It
@@ -61,7 +62,7 @@ def wrap(
             what was expected and what was found).
     """
     if is_torchtitan_moe(module):  # torchtitan's MoE: its routed_experts child is replaced
-        return wrap_moe(module, group=group, slots=slots, align=align, **options)
+        return wrap_moe(module, group=group, config=config, **options)
     spec = inspect_block(module)
     experts = module.get_submodule(spec.experts_name)
     moon = MoonExperts(
@@ -69,8 +70,7 @@ def wrap(
         experts.get_parameter("down_proj"),
         spec.top_k,
         group=group,
-        slots=slots,
-        align=align,
+        config=config,
         **options,
     )
     wrapped = _shallow_copy(module)

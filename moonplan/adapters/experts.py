@@ -15,19 +15,18 @@ combine). Every rank of the group must call it in every step, also with ``S = 0`
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from moonplan.adapters.sharded import ShardedExperts, home_parameter, options_config
 from moonplan.comm.group import EPGroup
-from moonplan.runtime.balance import balance_mode
-from moonplan.runtime.contract import FixedPlacement, check_params, check_routing, check_tokens
-from moonplan.runtime.setup import make_runtime, register_home
-from moonplan.runtime.slot_budget import Bytes, resolve_slots
-from moonplan.stepcost import StepCost
+from moonplan.runtime.config import MoEConfig
+from moonplan.runtime.contract import FixedPlacement, check_tokens
 
 
-class MoonExperts(FixedPlacement):
+class MoonExperts(FixedPlacement, ShardedExperts):
     """This rank's home experts of one MoE layer, run exactly balanced over the EP group.
 
     ``expert_tensors``: the names of its sharded parameters (what checkpoints shard).
@@ -36,19 +35,20 @@ class MoonExperts(FixedPlacement):
         gate_up_proj: every expert's ``[E, 2F, H]`` (gate rows, then up rows); this rank
             keeps a copy of its home slice ``[E_r, 2F, H]``, so the full tensor can be freed.
             The copy requires grad unless ``gate_up_proj`` is a frozen Parameter.
+            ``None`` (with ``down_proj=None``): fresh home experts of the config's sizes
+            (normal init, std ``H**-0.5`` and ``F**-0.5``), as :class:`~moonplan.MoonMoE`
+            builds them.
         down_proj: every expert's ``[E, H, F]``.
-        top_k: ``K``.
+        top_k: ``K`` (default: ``config.top_k``).
         group: an :class:`EPGroup` or a torch ProcessGroup (default: the default group
             if torch.distributed is initialised, else one rank on the weights' device).
-        slots: weight slots per rank: a count, a byte budget (``"2GiB"``, ``Bytes``) or a
-            fraction of the home experts' bytes (default ``min(2, ceil(E/R))``; see
-            :class:`~moonplan.MoonMoE`).
-        align: receive-row padding multiple.
-        max_tokens: expected tokens per rank (receive buffers grow when a step needs more).
-        transport: ``"auto"``, ``"heap"`` or ``"a2a"`` (see :class:`~moonplan.MoonMoE`).
-        balance: ``"auto"`` (default), ``"exact"`` or ``"off"`` (static EP, the
-            baseline); see :class:`~moonplan.MoonMoE` (bools are deprecated aliases).
-        cost: the ``StepCost`` of ``balance="auto"`` (default: calibrated by the layer).
+        config: a :class:`~moonplan.runtime.config.MoEConfig` (sizes left ``None`` are read
+            from the weights; a set one must match them).
+        **options: fields of :class:`~moonplan.runtime.config.MoEConfig` (``slots``,
+            ``align``, ``max_tokens``, ``transport``, ``balance``, ``overlap``, ``cost``,
+            ...), replacing the config's.
+        owner: the layer's name in the error of a config mismatch across ranks
+            (:class:`~moonplan.MoonMoE` passes its own).
 
     Attributes:
         gate_up_proj, down_proj: Parameters ``[E_r, 2F, H]`` and ``[E_r, H, F]``, the
@@ -56,60 +56,49 @@ class MoonExperts(FixedPlacement):
         home_experts: int64 ``[E_r]`` global ids of the home experts (non-persistent buffer).
         home_range: ``(lo, hi)``: the home experts are ``lo .. hi-1``.
         num_experts, hidden_dim, intermediate_dim, top_k: ``E``, ``H``, ``F``, ``K``.
-        runtime: the layer's :class:`~moonplan.runtime.setup.LayerRuntime` (``last_plan``,
-            ``last_stats``).
+        config: the :class:`MoEConfig` (sizes set). slots: ``B``.
+        runtime: the layer's :class:`~moonplan.runtime.layer_runtime.LayerRuntime`
+            (``last_plan``, ``last_stats``).
     """
 
     expert_tensors = ("gate_up_proj", "down_proj")
 
     def __init__(
         self,
-        gate_up_proj: torch.Tensor,
-        down_proj: torch.Tensor,
-        top_k: int,
+        gate_up_proj: torch.Tensor | None = None,
+        down_proj: torch.Tensor | None = None,
+        top_k: int | None = None,
         *,
         group: EPGroup | object | None = None,
-        slots: int | float | str | Bytes | None = None,
-        align: int = 1,
-        max_tokens: int = 1024,
-        transport: str = "auto",
-        balance: str | bool = "auto",
-        cost: StepCost | None = None,
+        config: MoEConfig | None = None,
+        owner: str = "MoonExperts",
+        **options: Any,
     ):
         super().__init__()
-        balance = balance_mode(balance)
-        E, F, H = _expert_sizes(gate_up_proj, down_proj)
-        if not isinstance(top_k, int) or not 1 <= top_k <= E:
-            raise ValueError(f"top_k must be an integer in [1, {E}], got {top_k!r}")
-        self.group = _group(group, gate_up_proj.device)
-        self.num_experts, self.hidden_dim, self.intermediate_dim, self.top_k = E, H, F, top_k
-        dev = self.group.device
-        if gate_up_proj.device != dev:
-            raise ValueError(
-                f"expert weights are on {gate_up_proj.device} but the EP group communicates "
-                f"on {dev}; move the module to {dev} before wrapping it"
-            )
-        self.home_range = lo, hi = register_home(self, self.group, E)
-        self.gate_up_proj = _home_parameter(gate_up_proj, lo, hi)
-        self.down_proj = _home_parameter(down_proj, lo, hi)
-        self.slots = resolve_slots(
-            slots, num_experts=E, ranks=self.group.size, hidden=H, ffn=F, dtype=gate_up_proj.dtype
-        )
-        self.runtime = make_runtime(
-            self.group,
-            num_experts=E,
-            slots=self.slots,
-            hidden=H,
-            ffn=F,
-            top_k=top_k,
-            align=align,
-            dtype=gate_up_proj.dtype,
-            max_tokens=max_tokens,
-            transport=transport,
-            balance=balance,
-            what="MoonExperts",
-            cost=cost,
-        )
+        cfg = options_config(config, options, top_k=top_k)
+        if gate_up_proj is None and down_proj is None:
+            self._fresh(group, cfg)
+        elif gate_up_proj is None or down_proj is None:
+            raise ValueError("give both gate_up_proj and down_proj, or neither (fresh experts)")
+        else:
+            E, F, H = _expert_sizes(gate_up_proj, down_proj)
+            sizes = dict(num_experts=E, hidden_size=H, ffn_size=F, dtype=gate_up_proj.dtype)
+            lo, hi = self.setup(group, cfg.sized(**sizes), gate_up_proj.device)
+            self.gate_up_proj = home_parameter(gate_up_proj, lo, hi)
+            self.down_proj = home_parameter(down_proj, lo, hi)
+        self.hidden_dim, self.intermediate_dim, _, _ = self.config.require_sizes()
+        self.start(owner)
+
+    def _fresh(self, group: EPGroup | object | None, cfg: MoEConfig) -> None:
+        """Freshly initialised home experts of ``cfg``'s sizes, on the group's device."""
+        H, F, _, _ = cfg.require_sizes()
+        cfg = cfg.sized(dtype=cfg.layer_dtype())
+        lo, hi = self.setup(group, cfg, None)
+        dev, dtype = self.group.device, cfg.dtype
+        self.gate_up_proj = nn.Parameter(torch.empty(hi - lo, 2 * F, H, device=dev, dtype=dtype))
+        self.down_proj = nn.Parameter(torch.empty(hi - lo, H, F, device=dev, dtype=dtype))
+        nn.init.normal_(self.gate_up_proj, std=H**-0.5)
+        nn.init.normal_(self.down_proj, std=F**-0.5)
 
     def extra_repr(self) -> str:
         lo, hi = self.home_range
@@ -150,32 +139,8 @@ class MoonExperts(FixedPlacement):
         ``ok=False`` (with ``msg``) reports a failure seen before the step (e.g. the router
         raised): every rank then raises ``ContractError`` naming this rank and ``msg``.
         """
-        K, dev = self.top_k, self.group.device
         params: dict[str, torch.Tensor] = {"gate_up": self.gate_up_proj, "down": self.down_proj}
-        if ok:
-            msg = check_params(params, self.runtime.dtype, dev) or check_routing(
-                ids_SK, weight_SK, x_SH.shape[0], self.num_experts, K, dev
-            )
-            ok = not msg
-        if not ok or ids_SK is None:
-            x_SH = torch.zeros(0, x_SH.shape[-1], dtype=self.runtime.dtype, device=dev)
-            ids_SK, weight_SK = None, torch.zeros(0, K, device=dev)
-        else:
-            ids_SK = ids_SK.long()
         return self.runtime.forward(x_SH, ids_SK, weight_SK, params, ok, msg)
-
-    def weights_changed(self) -> None:
-        """Mark every slot stale after a change torch's version counters cannot see."""
-        self.runtime.weights_changed()
-
-
-def _group(group: EPGroup | object | None, weights_device: torch.device) -> EPGroup:
-    """The EP group; without torch.distributed, a single rank on the weights' device."""
-    if isinstance(group, EPGroup):
-        return group
-    if group is None and not (dist.is_available() and dist.is_initialized()):
-        return EPGroup(None, device=weights_device)
-    return EPGroup(group)
 
 
 def _expert_sizes(gate_up_EFH: torch.Tensor, down_EHF: torch.Tensor) -> tuple[int, int, int]:
@@ -191,14 +156,3 @@ def _expert_sizes(gate_up_EFH: torch.Tensor, down_EHF: torch.Tensor) -> tuple[in
     if gate_up_EFH.dtype != down_EHF.dtype:
         raise ValueError(f"gate_up is {gate_up_EFH.dtype} but down is {down_EHF.dtype}")
     return E, F, H
-
-
-def _home_parameter(full: torch.Tensor, lo: int, hi: int) -> nn.Parameter:
-    """A Parameter holding a copy of ``full[lo:hi]`` (the full tensor is not referenced).
-
-    It requires grad unless ``full`` is a Parameter that does not (frozen experts).
-    """
-    with torch.no_grad():
-        home = full[lo:hi].detach().clone()
-    trainable = full.requires_grad if isinstance(full, nn.Parameter) else True
-    return nn.Parameter(home, requires_grad=trainable)

@@ -18,8 +18,8 @@ from torch import nn
 
 from moonplan.adapters.experts import MoonExperts
 from moonplan.comm.group import EPGroup
+from moonplan.runtime.config import MoEConfig
 from moonplan.runtime.contract import call_router, check_tokens
-from moonplan.runtime.slot_budget import SlotsOption
 
 RouterFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -62,19 +62,35 @@ class RoutedExperts(nn.Module):
         A router that raises, or returns bad ids/weights, on any rank makes every rank
         raise the same ``ContractError``.
         """
-        ex = self.experts
-        H, dtype, dev = ex.hidden_dim, ex.runtime.dtype, ex.group.device
-        msg = check_tokens(x, H, dtype, dev, dims=None)
-        if msg:
-            bad = torch.zeros(0, H, dtype=dtype, device=dev)
-            return ex.run(bad, None, bad, ok=False, msg=msg)
-        x_SH = x.reshape(-1, H)
-        ids_SK, weight_SK, msg = call_router(self.route_fn, x_SH)
-        ok = not msg
-        y_SH = self.experts.run(x_SH, ids_SK, weight_SK, ok, msg)
-        if self.shared_experts is not None:
-            y_SH = y_SH + self.shared_experts(x_SH)
-        return y_SH.view(x.shape)
+        return routed_forward(x, self.route_fn, self.experts, self.shared_experts, dims=None)
+
+
+def routed_forward(
+    x: torch.Tensor,
+    route_fn: RouterFn,
+    experts: MoonExperts,
+    shared_experts: nn.Module | None,
+    *,
+    dims: tuple[int, ...] | None,
+) -> torch.Tensor:
+    """``y = experts(x, *route_fn(x)) (+ shared_experts(x))``, ``x [..., H]`` -> same shape.
+
+    The one forward of a router in front of :class:`MoonExperts` (:class:`RoutedExperts`
+    and :class:`~moonplan.MoonMoE`). Collective: a bad ``x`` (``dims``: the dims it may
+    have, ``None`` any), a router that raises or bad routing on any rank makes every
+    rank raise the same ``ContractError``.
+    """
+    H, dtype, dev = experts.hidden_dim, experts.runtime.dtype, experts.group.device
+    msg = check_tokens(x, H, dtype, dev, dims=dims)
+    if msg:
+        bad = torch.zeros(0, H, dtype=dtype, device=dev)
+        return experts.run(bad, None, bad, ok=False, msg=msg)
+    x_SH = x.reshape(-1, H)
+    ids_SK, weight_SK, msg = call_router(route_fn, x_SH)
+    y_SH = experts.run(x_SH, ids_SK, weight_SK, not msg, msg)
+    if shared_experts is not None:
+        y_SH = y_SH + shared_experts(x_SH)
+    return y_SH.view(x.shape)
 
 
 def wrap_experts(
@@ -85,8 +101,7 @@ def wrap_experts(
     top_k: int | None = None,
     shared_experts: nn.Module | None = None,
     group: EPGroup | object | None = None,
-    slots: SlotsOption = None,
-    align: int = 1,
+    config: MoEConfig | None = None,
     **options: Any,
 ) -> RoutedExperts:
     """Experts of a hand-written MoE layer, run exactly balanced (collective constructor).
@@ -99,13 +114,13 @@ def wrap_experts(
         down: every expert's ``[E, H, F]``.
         top_k: ``K`` (default: ``router_fn.top_k``).
         shared_experts: optional module applied to every token and added.
-        group, slots, align, **options: as for :func:`moonplan.adapters.wrap`.
+        group, config, **options: as for :func:`moonplan.adapters.wrap`.
 
     Returns:
         :class:`RoutedExperts`; ``forward(x [..., H]) -> [..., H]``.
     """
     K = top_k if top_k is not None else getattr(router_fn, "top_k", None)
-    if not isinstance(K, int):
+    if not isinstance(K, int) and (config is None or config.top_k is None):
         raise ValueError("wrap_experts needs top_k= (the router has no integer `top_k`)")
-    experts = MoonExperts(gate_up, down, K, group=group, slots=slots, align=align, **options)
+    experts = MoonExperts(gate_up, down, K, group=group, config=config, **options)
     return RoutedExperts(router_fn, experts, shared_experts)

@@ -25,18 +25,18 @@ from moonplan.adapters.detect import (
     looks_like_moe,
 )
 from moonplan.adapters.experts import MoonExperts
-from moonplan.adapters.torchtitan import MoonGroupedExperts, is_torchtitan_moe
+from moonplan.adapters.sharded import ShardedExperts
+from moonplan.adapters.torchtitan import is_torchtitan_moe
 from moonplan.comm.group import EPGroup
+from moonplan.runtime.config import MoEConfig
 from moonplan.runtime.contract import RefuseMoves
-from moonplan.runtime.slot_budget import SlotsOption
 
 
 def wrap_model(
     model: nn.Module,
     *,
     group: EPGroup | object | None = None,
-    slots: SlotsOption = None,
-    align: int = 1,
+    config: MoEConfig | None = None,
     strict: bool = True,
     **options: Any,
 ) -> nn.Module:
@@ -49,8 +49,8 @@ def wrap_model(
 
     Args:
         model: e.g. a transformers ``MixtralForCausalLM``.
-        group, slots, align, **options: as for :func:`~moonplan.adapters.wrap`; one
-            group serves every layer.
+        group, config, **options: as for :func:`~moonplan.adapters.wrap`; one group and
+            one config serve every layer (sizes left ``None`` are read per block).
         strict: raise if a module that looks like a MoE block (an ``experts`` child with
             parameters) is not supported, instead of leaving it unwrapped.
 
@@ -84,7 +84,7 @@ def wrap_model(
         owner = model.get_submodule(parent) if parent else model
         block = owner._modules[attr]
         assert block is not None
-        setattr(owner, attr, wrap(block, group=ep, slots=slots, align=align, **options))
+        setattr(owner, attr, wrap(block, group=ep, config=config, **options))
     model._apply = RefuseMoves(model)  # type: ignore[method-assign]  # .to() refused whole
     return model
 
@@ -117,13 +117,14 @@ def moon_experts(model: nn.Module) -> Iterator[tuple[str, MoonExperts]]:
             yield name, module
 
 
-def sharded_experts(model: nn.Module) -> Iterator[tuple[str, MoonExperts | MoonGroupedExperts]]:
+def sharded_experts(model: nn.Module) -> Iterator[tuple[str, ShardedExperts]]:
     """``(qualified name, module)`` of every module holding sharded expert tensors
-    (:class:`MoonExperts` and torchtitan's :class:`MoonGroupedExperts`), in module order.
+    (:class:`~moonplan.adapters.sharded.ShardedExperts`: :class:`MoonExperts`, also inside
+    a :class:`~moonplan.MoonMoE`, and torchtitan's ``MoonGroupedExperts``), in module order.
     Each has ``expert_tensors`` (its sharded parameter names), ``num_experts``,
     ``home_range``, ``group`` and ``weights_changed()``."""
     for name, module in model.named_modules():
-        if isinstance(module, (MoonExperts, MoonGroupedExperts)):
+        if isinstance(module, ShardedExperts):
             yield name, module
 
 

@@ -34,13 +34,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from moonplan.adapters.experts import _group, _home_parameter
+from moonplan.adapters.sharded import ShardedExperts, home_parameter, options_config
 from moonplan.comm.group import EPGroup
-from moonplan.runtime.balance import balance_mode
-from moonplan.runtime.contract import check_routing
-from moonplan.runtime.setup import make_runtime, register_home
-from moonplan.runtime.slot_budget import Bytes, resolve_slots
-from moonplan.stepcost import StepCost
+from moonplan.runtime.config import MoEConfig
 
 WEIGHTS = ("w1_EFD", "w2_EDF", "w3_EFD")
 
@@ -92,19 +88,20 @@ def is_torchtitan_moe(module: nn.Module) -> bool:
     return torchtitan_moe_problem(module) is None
 
 
-class MoonGroupedExperts(nn.Module):
+class MoonGroupedExperts(ShardedExperts):
     """This rank's home experts in torchtitan's layout, run exactly balanced over the EP group.
 
     Args:
         w1_EFD, w2_EDF, w3_EFD: every expert's weights (``[E, F, D]``, ``[E, D, F]``,
             ``[E, F, D]``), identical on every rank; this rank keeps copies of its home rows.
-        top_k: ``K``.
+        top_k: ``K`` (default: ``config.top_k``).
         group: an :class:`EPGroup` or a torch ProcessGroup (default: the default group if
             torch.distributed is initialised, else one rank on the weights' device).
         compute_dtype: dtype of the expert GEMMs and of the rows and weights that move
-            (default bf16, what torchtitan's ``GroupedExperts`` computes in).
-        slots, align, max_tokens, transport, balance, cost: as for
-            :class:`~moonplan.adapters.MoonExperts`.
+            (default ``config.dtype``, else bf16, what torchtitan's ``GroupedExperts``
+            computes in).
+        config, **options: as for :class:`~moonplan.adapters.MoonExperts` (a
+            :class:`~moonplan.runtime.config.MoEConfig` and keyword fields of it).
 
     Attributes:
         w1_EFD, w2_EDF, w3_EFD: Parameters ``[E_r, F, D]``, ``[E_r, D, F]``, ``[E_r, F, D]``
@@ -112,7 +109,8 @@ class MoonGroupedExperts(nn.Module):
             decay and checkpoint code see the same keys).
         home_experts: int64 ``[E_r]`` global ids (non-persistent buffer).
         home_range: ``(lo, hi)``. num_experts: ``E`` (global, as torchtitan reads it).
-        runtime: the :class:`~moonplan.runtime.setup.LayerRuntime` (``last_plan``,
+        dim, hidden_dim: ``D`` and ``F``. compute_dtype: the runtime's dtype.
+        runtime: the :class:`~moonplan.runtime.layer_runtime.LayerRuntime` (``last_plan``,
             ``last_stats``).
     """
 
@@ -123,50 +121,23 @@ class MoonGroupedExperts(nn.Module):
         w1_EFD: torch.Tensor,
         w2_EDF: torch.Tensor,
         w3_EFD: torch.Tensor,
-        top_k: int,
+        top_k: int | None = None,
         *,
         group: EPGroup | object | None = None,
-        compute_dtype: torch.dtype = torch.bfloat16,
-        slots: int | float | str | Bytes | None = None,
-        align: int = 1,
-        max_tokens: int = 1024,
-        transport: str = "auto",
-        balance: str | bool = "auto",
-        cost: StepCost | None = None,
+        compute_dtype: torch.dtype | None = None,
+        config: MoEConfig | None = None,
+        **options: Any,
     ):
         super().__init__()
-        balance = balance_mode(balance)
+        cfg = options_config(config, options, top_k=top_k, dtype=compute_dtype)
         E, F, D = w1_EFD.shape
-        self.group = _group(group, w1_EFD.device)
-        if w1_EFD.device != self.group.device:
-            raise ValueError(
-                f"expert weights are on {w1_EFD.device} but the EP group communicates on "
-                f"{self.group.device}; move the module to {self.group.device} before wrapping"
-            )
-        self.num_experts, self.dim, self.hidden_dim, self.top_k = E, D, F, top_k
-        self.compute_dtype = compute_dtype
-        self.home_range = lo, hi = register_home(self, self.group, E)
-        self.w1_EFD = _home_parameter(w1_EFD, lo, hi)
-        self.w2_EDF = _home_parameter(w2_EDF, lo, hi)
-        self.w3_EFD = _home_parameter(w3_EFD, lo, hi)
-        self.slots = resolve_slots(
-            slots, num_experts=E, ranks=self.group.size, hidden=D, ffn=F, dtype=compute_dtype
-        )
-        self.runtime = make_runtime(
-            self.group,
-            num_experts=E,
-            slots=self.slots,
-            hidden=D,
-            ffn=F,
-            top_k=top_k,
-            align=align,
-            dtype=compute_dtype,
-            max_tokens=max_tokens,
-            transport=transport,
-            balance=balance,
-            what="MoonGroupedExperts",
-            cost=cost,
-        )
+        sizes = dict(num_experts=E, hidden_size=D, ffn_size=F, dtype=cfg.dtype or torch.bfloat16)
+        lo, hi = self.setup(group, cfg.sized(**sizes), w1_EFD.device)
+        self.dim, self.hidden_dim, self.compute_dtype = D, F, self.config.dtype
+        self.w1_EFD = home_parameter(w1_EFD, lo, hi)
+        self.w2_EDF = home_parameter(w2_EDF, lo, hi)
+        self.w3_EFD = home_parameter(w3_EFD, lo, hi)
+        self.start("MoonGroupedExperts")
 
     def extra_repr(self) -> str:
         lo, hi = self.home_range
@@ -184,13 +155,7 @@ class MoonGroupedExperts(nn.Module):
         Collective: every rank calls it, also with ``T = 0``. Bad routing on any rank
         raises the same ``ContractError`` on every rank.
         """
-        T, E, K = x_TD.shape[0], self.num_experts, self.top_k
-        msg = check_routing(ids_TK, scores_TK, T, E, K, self.group.device)
-        ok = not msg
-        ids = ids_TK.long() if ok else None
-        scores = scores_TK if ok else x_TD.new_zeros(0, self.top_k)
-        c = self.compute_dtype
-        x = x_TD.to(c) if ok else x_TD.new_zeros(0, self.dim, dtype=c)
+        c = self.runtime.dtype
         params = {
             "gate_up": torch.cat([self.w1_EFD, self.w3_EFD], dim=1).to(c),  # [E_r, 2F, D]
             "down": self.w2_EDF.to(c),
@@ -198,12 +163,9 @@ class MoonGroupedExperts(nn.Module):
             # step changed them (the cast copies above are new tensors every step)
             **{n: getattr(self, n) for n in WEIGHTS},
         }
-        y = self.runtime.forward(x, ids, scores, params, ok, msg)
+        own = {n: params[n] for n in ("gate_up", "down")}  # the originals keep their dtype
+        y = self.runtime.forward(x_TD.to(c), ids_TK, scores_TK, params, own=own)
         return y.to(x_TD.dtype)
-
-    def weights_changed(self) -> None:
-        """Mark every slot stale after a change torch's version counters cannot see."""
-        self.runtime.weights_changed()
 
 
 class MoonRoutedExperts(nn.Module):
@@ -249,9 +211,8 @@ def wrap_moe(
     moe: nn.Module,
     *,
     group: EPGroup | object | None = None,
-    compute_dtype: torch.dtype = torch.bfloat16,
-    slots: int | float | str | Bytes | None = None,
-    align: int = 1,
+    compute_dtype: torch.dtype | None = None,
+    config: MoEConfig | None = None,
     **options: Any,
 ) -> nn.Module:
     """One torchtitan ``MoE`` with its routed experts on moonplan (collective constructor).
@@ -260,8 +221,9 @@ def wrap_moe(
         moe: a torchtitan ``MoE`` (see :func:`torchtitan_moe_problem`), with its final
             weights (initialised or loaded), identical on every rank, on the group's device.
         group: an :class:`EPGroup` or a torch ProcessGroup (default: the default group).
-        compute_dtype: the experts' GEMM dtype (default bf16, as torchtitan's).
-        slots, align, **options: as for :func:`moonplan.adapters.wrap`.
+        compute_dtype: the experts' GEMM dtype (default ``config.dtype``, else bf16, as
+            torchtitan's).
+        config, **options: as for :func:`moonplan.adapters.wrap` (``slots``, ``align``, ...).
 
     Returns:
         A shallow copy of ``moe`` (same class, same forward) sharing the router, the shared
@@ -285,8 +247,7 @@ def wrap_moe(
         int(getattr(moe.get_submodule("router"), "top_k")),  # noqa: B009 (checked above)
         group=group,
         compute_dtype=compute_dtype,
-        slots=slots,
-        align=align,
+        config=config,
         **options,
     )
     wrapped = copy.copy(moe)

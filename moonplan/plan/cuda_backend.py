@@ -35,6 +35,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from moonplan.plan.home import max_local
+
 MAX_RANKS = 1024  # the main kernel keeps one thread per rank in a block scan
 MAX_SLOTS = 1 << 16
 PREP_THREADS = 256
@@ -255,11 +257,6 @@ def _describe(status: Any) -> str:
 # ---- sizes, buffers, arguments (host side only, no device reads) -------------------------------
 
 
-def max_local(R: int, E: int) -> int:
-    """``M = ceil(E/R)``."""
-    return -(-E // R)
-
-
 def block_threads(R: int) -> int:
     """Threads of the one-block main kernel: a warp per rank, 128 to 1024."""
     return min(1024, max(128, 32 * R))
@@ -287,7 +284,7 @@ def allocate(
         holds ``total_E [E]`` and ``rep_c [R*M]`` (int64), ``rep_e``, ``srt_e [R*M]`` and
         ``warm_d [R*B]`` (int32).
     """
-    M = max_local(R, E)
+    M = max_local(E, R)
     W = M + max(B, M)
 
     def i64(*shape: int) -> torch.Tensor:

@@ -142,7 +142,7 @@ class Plan:
     @property
     def max_local(self) -> int:
         """``M = ceil(E/R)``: home rows per rank and the bound on remote experts."""
-        return -(-self.num_experts // self.num_ranks)
+        return max_local(self.num_experts, self.num_ranks)
 
     @property
     def num_rows(self) -> int:

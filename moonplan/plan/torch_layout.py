@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import torch
 
+from moonplan.plan.home import max_local
+
 
 def group_experts(num_experts: int, num_ranks: int, device: torch.device) -> torch.Tensor:
     """``ids_RM``: the experts of each home group, ``E`` where the group has fewer than ``M``."""
     base, extra = divmod(num_experts, num_ranks)
-    M = -(-num_experts // num_ranks)
+    M = max_local(num_experts, num_ranks)
     r_R = torch.arange(num_ranks, device=device)
     start_R = r_R * base + torch.clamp(r_R, max=extra)
     size_R = base + (r_R < extra).to(torch.int64)

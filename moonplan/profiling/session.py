@@ -52,7 +52,7 @@ from moonplan.profiling.phases import (
     USER_LAYER,
 )
 from moonplan.profiling.report import ProfileReport
-from moonplan.runtime.setup import LayerRuntime
+from moonplan.runtime.layer_runtime import LayerRuntime
 
 __all__ = [
     "BACKGROUND_PHASES",

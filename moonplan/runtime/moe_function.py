@@ -38,7 +38,7 @@ from moonplan.runtime.store import PROJECTIONS
 from moonplan.runtime.transports.base import StepState
 
 if TYPE_CHECKING:  # annotation only: setup imports this module
-    from moonplan.runtime.setup import LayerRuntime
+    from moonplan.runtime.layer_runtime import LayerRuntime
 
 
 @dataclass

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from moonplan.plan.home import max_local
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -78,7 +80,7 @@ def expert_bytes(hidden: int, ffn: int, dtype: torch.dtype) -> int:
 
 def default_slots(num_experts: int, ranks: int) -> int:
     """``min(DEFAULT_SLOTS, M)``."""
-    return min(DEFAULT_SLOTS, -(-num_experts // ranks))
+    return min(DEFAULT_SLOTS, max_local(num_experts, ranks))
 
 
 def resolve_slots(
@@ -95,7 +97,7 @@ def resolve_slots(
     Raises:
         ValueError: a negative count or fraction, an unreadable size, another type.
     """
-    E, M = num_experts, -(-num_experts // ranks)
+    E, M = num_experts, max_local(num_experts, ranks)
     if slots is None:
         return default_slots(E, ranks)
     if isinstance(slots, bool):

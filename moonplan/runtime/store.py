@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from moonplan.plan.home import home_start
+from moonplan.plan.home import home_start, max_local
 from moonplan.plan.plan_type import Plan
 from moonplan.runtime.transports.base import SharedRows, Transport
 
@@ -39,7 +39,7 @@ class ExpertStore:
     ):
         self.transport, self.group = transport, transport.group
         self.E, self.B = num_experts, num_slots
-        self.M = -(-num_experts // self.group.size)
+        self.M = max_local(num_experts, self.group.size)
         shapes = {"gate_up": (2 * ffn, hidden), "down": (hidden, ffn)}
         rows_ = self.M + num_slots
         self.shared = {n: transport.alloc_shared((rows_, *sh), dtype) for n, sh in shapes.items()}

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from moonplan.errors import PlanError
-from moonplan.plan.home import home_map, targets_list
+from moonplan.plan.home import home_map, max_local, targets_list
 from moonplan.plan.plan_type import PLAN_TENSORS, Plan
 from moonplan.plan.validate import as_counts
 
@@ -81,7 +81,7 @@ def _host(plan: Plan) -> Plan:
 
 
 def _check_shapes(p: Plan, R: int, E: int) -> None:
-    B, M = p.num_slots, -(-E // R)
+    B, M = p.num_slots, max_local(E, R)
     W = M + max(B, M)
     want = {
         "counts": (R, E),

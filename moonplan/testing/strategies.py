@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from moonplan.plan.home import max_local
+
 try:
     from hypothesis import strategies as st
 except ImportError as exc:  # pragma: no cover - exercised only without the test extra
@@ -109,7 +111,7 @@ def plan_options(num_ranks: int, num_experts: int) -> st.SearchStrategy[dict[str
     """
     _check_bounds("num_ranks", 1, num_ranks, least=1)
     _check_bounds("num_experts", 1, num_experts, least=1)
-    M = -(-num_experts // num_ranks)
+    M = max_local(num_experts, num_ranks)
     return st.fixed_dictionaries(
         {
             "slots": st.none() | st.integers(0, min(M + 2, num_experts)),
@@ -128,7 +130,7 @@ def allocs(draw: st.DrawFn, counts_RE: torch.Tensor, *, slots: int | None = None
     gives: use it for the policy-agnostic checks (``check_plan(strict=False)``).
     """
     R, E = counts_RE.shape
-    M = -(-E // R)
+    M = max_local(E, R)
     K = max(M, M if slots is None else slots)
     home = [r for r in range(R) for _ in range(E // R + (r < E % R))]
     remote_R = [0] * R

@@ -12,24 +12,16 @@ from __future__ import annotations
 import copy
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 
 from moonplan.testing.dist import run_ranks
-from tests.adapters.checks import rel_close
+from tests.adapters.checks import forward_backward, inputs, rel_close
 from tests.adapters.tiny import BLOCKS, H, make_block
 
 pytestmark = pytest.mark.distributed
 
 SIZES = {1: [7], 2: [5, 8], 3: [6, 0, 9], 4: [3, 7, 0, 5]}  # tokens per rank (x2 batch rows)
-
-
-def _inputs(sizes: list[int], seed: int = 7) -> tuple[list, list]:
-    g = torch.Generator().manual_seed(seed)
-    xs = [torch.randn(2, s, H, generator=g) for s in sizes]
-    cs = [torch.randn(2, s, H, generator=g) for s in sizes]
-    return xs, cs
 
 
 def _rank(rank: int, world: int, kind: str, sizes: list[int]) -> dict:
@@ -38,36 +30,13 @@ def _rank(rank: int, world: int, kind: str, sizes: list[int]) -> dict:
     block = make_block(kind)
     ref = copy.deepcopy(block)
     wrapped = adapters.wrap(block)
-    xs, cs = _inputs(sizes)
-    x = xs[rank].clone().requires_grad_(True)
-    x0 = xs[rank].clone().requires_grad_(True)
-    y = wrapped(x)
-    (y * cs[rank]).sum().backward()
-    y0 = ref(x0)
-    if y0.requires_grad:  # the original block on no tokens builds no graph
-        (y0 * cs[rank]).sum().backward()
-
-    def grads(m: torch.nn.Module) -> dict:
-        return {
-            n: p.grad if p.grad is not None else torch.zeros_like(p)
-            for n, p in m.named_parameters()
-        }
-
-    return {
-        "y": y.detach(),
-        "y0": y0.detach(),
-        "dx": x.grad,
-        "dx0": x0.grad if x0.grad is not None else torch.zeros_like(x0),
-        "grads": grads(wrapped),
-        "grads0": grads(ref),
-        "shapes": {n: tuple(p.shape) for n, p in wrapped.named_parameters()},
-        "home": wrapped.home_experts.tolist(),
-    }
+    xs, cs = inputs(sizes, H)
+    return forward_backward(wrapped, ref, xs[rank], cs[rank])
 
 
 def _total_expert_grads(kind: str, sizes: list[int]) -> dict:
     block = make_block(kind)
-    xs, cs = _inputs(sizes)
+    xs, cs = inputs(sizes, H)
     total = sum((block(x) * c).sum() for x, c in zip(xs, cs, strict=True))
     total.backward()
     return {n: p.grad for n, p in block.experts.named_parameters()}

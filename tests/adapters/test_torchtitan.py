@@ -40,7 +40,7 @@ from moonplan.adapters.torchtitan import (
     wrap_moe,
 )
 from moonplan.testing.dist import run_ranks
-from tests.adapters.checks import rel_close
+from tests.adapters.checks import forward_backward, inputs, rel_close
 
 pytestmark = pytest.mark.distributed
 
@@ -99,44 +99,17 @@ def fp32_oracle(moe: MoE) -> MoE:
     return ref
 
 
-def _inputs(sizes: list[int], seed: int = 7) -> tuple[list, list]:
-    g = torch.Generator().manual_seed(seed)
-    xs = [torch.randn(2, s, D, generator=g) for s in sizes]
-    cs = [torch.randn(2, s, D, generator=g) for s in sizes]
-    return xs, cs
-
-
 def _reference(dtype: torch.dtype, moe: MoE) -> MoE:
     return fp32_oracle(moe) if dtype == torch.float32 else copy.deepcopy(moe)
-
-
-def _grads(m: torch.nn.Module) -> dict:
-    return {
-        n: p.grad.clone() if p.grad is not None else torch.zeros_like(p)
-        for n, p in m.named_parameters()
-    }
 
 
 def _rank(rank: int, world: int, sizes: list[int], dtype: torch.dtype, score: str) -> dict:
     moe = make_moe(score)
     ref = _reference(dtype, moe)
     wrapped = wrap_moe(moe, compute_dtype=dtype)
-    xs, cs = _inputs(sizes)
-    x = xs[rank].clone().requires_grad_(True)
-    x0 = xs[rank].clone().requires_grad_(True)
-    y = wrapped(x)
-    (y * cs[rank]).sum().backward()
-    y0 = ref(x0)
-    (y0 * cs[rank]).sum().backward()
+    xs, cs = inputs(sizes, D)
     return {
-        "y": y.detach(),
-        "y0": y0.detach(),
-        "dx": x.grad,
-        "dx0": x0.grad,
-        "grads": _grads(wrapped),
-        "grads0": _grads(ref),
-        "shapes": {n: tuple(p.shape) for n, p in wrapped.named_parameters()},
-        "home": wrapped.home_experts.tolist(),
+        **forward_backward(wrapped, ref, xs[rank], cs[rank]),
         "tokens": wrapped.tokens_per_expert_E.clone(),
         "tokens0": ref.tokens_per_expert_E.clone(),
         "copies": wrapped.routed_experts.inner_experts.runtime.last_stats.copies,
@@ -145,7 +118,7 @@ def _rank(rank: int, world: int, sizes: list[int], dtype: torch.dtype, score: st
 
 def _total_expert_grads(dtype: torch.dtype, sizes: list[int], score: str) -> dict:
     ref = _reference(dtype, make_moe(score))
-    xs, cs = _inputs(sizes)
+    xs, cs = inputs(sizes, D)
     sum((ref(x) * c).sum() for x, c in zip(xs, cs, strict=True)).backward()
     return {n: p.grad for n, p in ref.routed_experts.inner_experts.named_parameters()}
 
@@ -195,7 +168,7 @@ def _bias_update(moe: MoE, tokens_E: torch.Tensor) -> None:
 
 
 def _step_inputs(world: int, step: int) -> tuple[list, list]:
-    return _inputs(SIZES[world], seed=100 + step)
+    return inputs(SIZES[world], D, seed=100 + step)
 
 
 def _train_rank(rank: int, world: int) -> dict:

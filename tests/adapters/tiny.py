@@ -61,16 +61,14 @@ def _config(kind: str):
             norm_topk_prob=False,
         )
     if kind == "deepseek_v3":  # group-limited sigmoid routing, correction bias, scaling
+        routing = dict(n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True)
         return tf.DeepseekV3Config(
             hidden_size=H,
             moe_intermediate_size=F,
             n_routed_experts=8,
             num_experts_per_tok=3,
-            n_group=4,
-            topk_group=2,
             n_shared_experts=1,
-            routed_scaling_factor=2.5,
-            norm_topk_prob=True,
+            **routing,
         )
     raise ValueError(kind)
 

@@ -14,6 +14,9 @@ from moonplan.stepcost import StepCost
 from moonplan.testing.dist import run_ranks
 from tests.runtime.oracle import dense_weights, split, tokens
 
+# Rows cost 1 us each (compute), an expert copy 1 s; traffic and memory are free.
+ROWS_AND_COPIES = StepCost(1e-6, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0)
+
 
 def test_modes_and_deprecated_bools() -> None:
     for mode in ("auto", "exact", "off"):
@@ -191,17 +194,7 @@ def test_every_mode_equals_the_dense_reference(balance: str, world: int, E: int,
     [(0.0, {"exact"}), (10.0, None)],  # free copies: exact; copies cost 10 s: never new ones
 )
 def test_a_given_cost_model_drives_the_choice(copy_s: float, want) -> None:
-    cost = StepCost(
-        row_flop_s=1e-6,
-        weight_read_s=0.0,
-        row_mem_s=0.0,
-        copy_s_intra=copy_s,
-        copy_s_inter=copy_s,
-        dispatch_row_s_intra=0.0,
-        dispatch_row_s_inter=0.0,
-        combine_row_s_intra=0.0,
-        combine_row_s_inter=0.0,
-    )
+    cost = ROWS_AND_COPIES.scaled(copy_s_intra=copy_s, copy_s_inter=copy_s)
     cfg = {"E": 5, "sizes": [10, 8, 9], "balance": "auto", "steps": 2, "cost": cost}
     got = run_ranks(_steps, 3, cfg, timeout=120)
     _check_against_dense(cfg, got)
@@ -278,7 +271,7 @@ def _growing_auto(rank: int, world: int, cost: StepCost) -> list[str]:
 def test_buffers_grow_for_whatever_candidate_auto_picks() -> None:
     """Expensive copies: auto keeps residents or goes static, whose receive rows exceed an
     exact plan's; growth must fit the plan actually used (found by `moonplan profile`)."""
-    cost = StepCost(1e-6, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0)
+    cost = ROWS_AND_COPIES
     got = run_ranks(_growing_auto, 3, cost, timeout=120)
     assert all(p == got[0] for p in got) and "exact" not in got[0]
 

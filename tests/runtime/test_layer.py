@@ -171,3 +171,20 @@ def test_receive_buffers_grow_collectively() -> None:
         wk, ids = torch.topk(prob, 2, -1)
         want = dense_moe(x, ids, wk / wk.sum(-1, keepdim=True), w).float()
         torch.testing.assert_close(torch.cat([g[step] for g in got]), want, rtol=1e-5, atol=1e-5)
+
+
+def test_state_dict_of_earlier_releases_loads() -> None:
+    """Before MoonMoE held a MoonExperts its expert parameters were ``gate_up``/``down``:
+    such a state dict loads into the new keys, bit for bit."""
+    from moonplan import MoonMoE
+
+    torch.manual_seed(0)
+    src = MoonMoE(8, 12, 4, 2)
+    old = {
+        {"experts.gate_up_proj": "gate_up", "experts.down_proj": "down"}.get(k, k): v.clone()
+        for k, v in src.state_dict().items()
+    }
+    assert "gate_up" in old and "experts.gate_up_proj" not in old
+    dst = MoonMoE(8, 12, 4, 2)
+    dst.load_state_dict(old)
+    assert torch.equal(dst.gate_up, src.gate_up) and torch.equal(dst.down, src.down)

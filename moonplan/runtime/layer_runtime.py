@@ -1,20 +1,25 @@
-"""Per-layer runtime state: heap, transport, expert store, the resident plan, step figures.
+"""``LayerRuntime``: one MoE layer's state across steps, built from a ``MoEConfig``.
 
 Legend: R ranks, E experts, M = ceil(E/R), B slots, H hidden, F ffn, S tokens, K top-k.
+
+Heap, transport, expert store, the resident plan and the step figures
+(:class:`~moonplan.runtime.step_stats.StepStats`). Every front end (``MoonMoE``,
+``MoonExperts``, torchtitan's ``MoonGroupedExperts``) builds one through
+``LayerRuntime(group, cfg)``, collectively.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor
 
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
-from moonplan.plan.home import home_start
+from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import route as route_tokens
 from moonplan.profiling.hooks import NULL_PROFILER, LayerProfiler, NullProfiler
@@ -22,129 +27,43 @@ from moonplan.runtime.background import BackgroundLane, Pending, lane_kind
 from moonplan.runtime.balancer import Balancer
 from moonplan.runtime.buffers import BufferSpec, build_buffers
 from moonplan.runtime.calibrate import time_local_copy
+from moonplan.runtime.config import MoEConfig
+from moonplan.runtime.contract import check_params, check_routing
 from moonplan.runtime.moe_function import MoEStep, moe_apply
+from moonplan.runtime.step_stats import StepStats
 from moonplan.runtime.store import GradReducer
-from moonplan.runtime.transports import registry as transports
 from moonplan.runtime.transports.base import Transport
 from moonplan.stepcost import StepCost
 
-
-@dataclass
-class StepStats:
-    """Figures of one step (host values; phase times in seconds).
-
-    ``phases`` has ``counts``, ``plan``, ``dispatch``, ``experts``, ``combine`` and
-    ``prefetch_exposed`` (time the step waited for the weight prefetch: submitting it,
-    and the experts waiting for it) on the critical path, and ``prefetch`` (the
-    prefetch's own duration, measured where it runs: in the background with an
-    overlapped schedule) after the forward; it gains ``combine_backward``,
-    ``experts_backward``, ``dispatch_backward``, ``grad_reduce_exposed`` and
-    ``grad_reduce`` (the same pair for the replica-gradient reduce) once the step's
-    backward has run.
-
-    ``direct_reads``: replicas whose weights this rank read from their home rank this
-    step (beyond its slots); ``policy``: the balance policy of the step's plan;
-    ``predicted``: the cost model's predicted step seconds per candidate policy
-    (empty when the step was not planned with a cost model).
-    """
-
-    copies: int = 0
-    new_copies: int = 0
-    prefetched_rows: int = 0
-    static_max_over_mean: float = 1.0
-    planned_max_over_mean: float = 1.0
-    phases: dict[str, float] = field(default_factory=dict)
-    direct_reads: int = 0
-    policy: str = "exact"
-    predicted: dict[str, float] = field(default_factory=dict)
-
-
-def register_home(module: nn.Module, group: EPGroup, num_experts: int) -> tuple[int, int]:
-    """This rank's home experts ``(lo, hi)`` (global ids ``lo .. hi-1``) of ``num_experts``.
-
-    Registers them on ``module`` as the non-persistent int64 buffer
-    ``home_experts [E_r]`` on the group's device.
-    """
-    R, r = group.size, group.rank
-    lo, hi = home_start(r, num_experts, R), home_start(r + 1, num_experts, R)
-    module.register_buffer(
-        "home_experts", torch.arange(lo, hi, device=group.device), persistent=False
-    )
-    return lo, hi
-
-
-def make_runtime(
-    group: EPGroup,
-    *,
-    num_experts: int,
-    slots: int,
-    hidden: int,
-    ffn: int,
-    top_k: int,
-    align: int,
-    dtype: torch.dtype,
-    max_tokens: int,
-    transport: str,
-    balance: str,
-    what: str,
-    cost: StepCost | None = None,
-) -> LayerRuntime:
-    """Check the layer's config is the same on every rank, then build its :class:`LayerRuntime`.
-
-    Collective. ``what`` names the layer in the error (``"<what> config"``); the check runs
-    before any collective allocation, so a mismatch raises the same ``ContractError``
-    on every rank instead of leaving them waiting.
-    """
-    group.check_same(f"{what} config", (hidden, ffn, num_experts, top_k, slots, align))
-    return LayerRuntime(
-        group,
-        num_experts=num_experts,
-        slots=slots,
-        hidden=hidden,
-        ffn=ffn,
-        top_k=top_k,
-        align=align,
-        dtype=dtype,
-        max_tokens=max_tokens,
-        transport=transport,
-        balance=balance,
-        cost=cost,
-    )
+Params = Mapping[str, Tensor]
+"""Named parameter tensors (``gate_up``, ``down``, ...)."""
 
 
 class LayerRuntime:
-    """Everything one MoE layer needs across steps, besides its parameters."""
+    """Everything one MoE layer needs across steps, besides its parameters.
 
-    def __init__(
-        self,
-        group: EPGroup,
-        *,
-        num_experts: int,
-        slots: int,
-        hidden: int,
-        ffn: int,
-        top_k: int,
-        align: int,
-        dtype: torch.dtype,
-        max_tokens: int,
-        transport: str,
-        balance: str = "exact",
-        cost: StepCost | None = None,
-    ):
-        if transport != "auto":
-            transports.check(transport)  # the registered names, listed if unknown
-        self.group = group
-        self.E, self.B, self.H, self.F, self.K, self.align = (
-            num_experts,
-            slots,
-            hidden,
-            ffn,
-            top_k,
-            align,
-        )
-        self.dtype, self.kind, self.balance = dtype, transport, balance
-        self.balancer = Balancer(balance, slots=slots, align=align, cost=cost)
-        self.M = -(-num_experts // group.size)
+    Args:
+        group: the EP group (every rank of it builds the runtime together).
+        cfg: the layer's :class:`~moonplan.runtime.config.MoEConfig`, its sizes set.
+        what: the layer's name in the error of a config mismatch (``"<what> config"``).
+
+    Collective: first checks that the sizes, ``B`` and ``align`` are the same on every
+    rank (before any collective allocation, so a mismatch raises the same
+    ``ContractError`` on every rank instead of leaving them waiting), then allocates.
+
+    Raises:
+        ValueError: a size of ``cfg`` is ``None`` (naming it).
+    """
+
+    def __init__(self, group: EPGroup, cfg: MoEConfig, *, what: str = "layer"):
+        H, F, E, K = cfg.require_sizes()
+        B = cfg.slot_count(group.size)
+        group.check_same(f"{what} config", (H, F, E, K, B, cfg.align))
+        self.group, self.config = group, cfg
+        self.E, self.B, self.H, self.F, self.K, self.align = E, B, H, F, K, cfg.align
+        self.dtype, self.kind, self.balance = cfg.layer_dtype(), cfg.transport, cfg.balance
+        self.balancer = Balancer(cfg.balance, slots=B, align=cfg.align, cost=cfg.cost)
+        self.M = max_local(E, group.size)
         self.heap: SymmetricHeap | None = None
         self.capacity = 0
         self.resident: Plan | None = None  # plan whose slots hold valid weights
@@ -157,9 +76,9 @@ class LayerRuntime:
         self.profiler: LayerProfiler | NullProfiler = NULL_PROFILER
         # Overlapped schedule (prefetch beside dispatch, reduce beside dispatch-backward);
         # False runs the same operations serially (docs/runtime.md).
-        self.overlap = True
+        self.overlap = cfg.overlap
         self._lane = BackgroundLane("inline", group.device)
-        self._build(self._capacity_for(max_tokens * top_k))
+        self._build(self._capacity_for(cfg.max_tokens * K))
 
     def _capacity_for(self, records: int) -> int:
         W = self.M + max(self.B, self.M)
@@ -231,10 +150,24 @@ class LayerRuntime:
         ids_SK: torch.Tensor | None,
         weight_SK: torch.Tensor,
         params: dict[str, torch.Tensor],
-        ok: bool,
-        msg: str,
+        ok: bool = True,
+        msg: str = "",
+        *,
+        own: Params | None = None,
     ) -> torch.Tensor:
-        """One step; every rank calls it (also with zero tokens)."""
+        """One step: ``x [S, H]``, routing ``ids [S, K]``, ``weight [S, K]`` -> ``y [S, H]``.
+
+        Every rank calls it (also with zero tokens). ``params`` holds ``gate_up
+        [E_r, 2F, H]`` and ``down [E_r, H, F]`` in the runtime's dtype (and any tensor
+        whose version counter tells that the weights changed); ``own``: the parameters
+        that must still be in that dtype on the group's device (default ``params``).
+        ``ok=False`` (with ``msg``) reports a failure seen before the step: every rank
+        then raises ``ContractError`` naming this rank and ``msg``; so do bad parameters
+        or routing (``moonplan.runtime.contract``).
+        """
+        x_SH, ids_SK, weight_SK, ok, msg = self._contribution(
+            x_SH, ids_SK, weight_SK, params if own is None else own, ok, msg
+        )
         self._lane.drain()  # a failed step's background job, before buffers change
         if self.balancer.due():  # "auto" after its measured warm-up steps (every rank)
             self.calibrate()
@@ -295,6 +228,22 @@ class LayerRuntime:
         )
         self.balancer.record(plan, self.group.rank, route.dest_rank.numel(), phases)
         return y_SH
+
+    def _contribution(
+        self, x_SH: Tensor, ids_SK: Any, weight_SK: Any, own: Params, ok: bool, msg: str
+    ) -> tuple[Tensor, Tensor | None, Tensor, bool, str]:
+        """``(x, ids, weight, ok, msg)`` after the local checks; empty placeholders where
+        this rank is not ``ok``."""
+        K, dev = self.K, self.group.device
+        if ok:
+            msg = check_params(own, self.dtype, dev) or check_routing(
+                ids_SK, weight_SK, x_SH.shape[0], self.E, K, dev
+            )
+            ok = not msg
+        if not ok or ids_SK is None:
+            x_SH = torch.zeros(0, x_SH.shape[-1], dtype=self.dtype, device=dev)
+            return x_SH, None, torch.zeros(0, K, device=dev), False, msg
+        return x_SH, ids_SK.long(), weight_SK, ok, msg
 
     def _start_prefetch(self, plan: Plan) -> Any:
         """Start filling new slots and reading direct rows (the step's ``Pending``).

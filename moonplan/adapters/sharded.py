@@ -1,0 +1,142 @@
+"""``ShardedExperts``: the one front end every moonplan experts module shares.
+
+Legend: R ranks, E experts, E_r this rank's home experts, H hidden, F expert FFN size,
+S tokens on this rank, K top-k.
+
+A sharded experts module (:class:`~moonplan.adapters.experts.MoonExperts`, torchtitan's
+:class:`~moonplan.adapters.torchtitan.MoonGroupedExperts`, and through ``MoonExperts``
+:class:`~moonplan.MoonMoE`) holds the EP group, its
+:class:`~moonplan.runtime.config.MoEConfig`, this rank's home experts and the
+:class:`~moonplan.runtime.layer_runtime.LayerRuntime` that owns the step. Subclasses
+name their parameters (``expert_tensors``) and call :meth:`ShardedExperts.setup`,
+then :meth:`ShardedExperts.start`, in their constructor; their forward hands the step
+to ``runtime.forward``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from moonplan.comm.group import EPGroup
+from moonplan.plan.home import home_start
+from moonplan.plan.plan_type import Plan
+from moonplan.runtime.config import MoEConfig
+from moonplan.runtime.layer_runtime import LayerRuntime
+from moonplan.runtime.step_stats import StepStats
+from moonplan.stepcost import StepCost
+
+
+class RuntimeViews:
+    """What a layer shows of its ``runtime`` (a :class:`LayerRuntime`): the last plan and
+    figures, the cost model, calibration and ``weights_changed``. Shared by
+    :class:`ShardedExperts` and :class:`~moonplan.MoonMoE`."""
+
+    runtime: LayerRuntime
+
+    def weights_changed(self) -> None:
+        """Mark every slot stale after a change torch's version counters cannot see."""
+        self.runtime.weights_changed()
+
+    def calibrate(self) -> StepCost:
+        """Collective: the layer's :class:`StepCost` from its measured steps, agreed across
+        ranks; ``balance="auto"`` plans with it from the next step."""
+        return self.runtime.calibrate()
+
+    @property
+    def cost(self) -> StepCost | None:
+        """The cost model ``balance="auto"`` plans with (``None`` until calibrated)."""
+        return self.runtime.balancer.cost
+
+    @property
+    def last_plan(self) -> Plan | None:
+        """The plan of the last forward (``None`` before the first)."""
+        return self.runtime.last_plan
+
+    @property
+    def last_stats(self) -> StepStats | None:
+        """Figures of the last forward (copies, prefetched rows, phase times)."""
+        return self.runtime.last_stats
+
+
+class ShardedExperts(RuntimeViews, nn.Module):
+    """This rank's home experts of one MoE layer and the runtime that runs them.
+
+    Attributes (set by :meth:`setup` and :meth:`start`):
+        group: the :class:`EPGroup`. config: the layer's :class:`MoEConfig` (sizes set).
+        num_experts, top_k: ``E`` (global) and ``K``.
+        home_experts: int64 ``[E_r]`` global ids of the home experts (non-persistent buffer).
+        home_range: ``(lo, hi)``: the home experts are ``lo .. hi-1``.
+        runtime: the :class:`LayerRuntime`. slots: ``B``.
+    """
+
+    expert_tensors: tuple[str, ...] = ()
+    """Names of the sharded parameters (what checkpoints shard)."""
+
+    def setup(
+        self, group: EPGroup | object | None, cfg: MoEConfig, device: torch.device | None
+    ) -> tuple[int, int]:
+        """Resolve the group, keep ``cfg`` (sizes set), register the home experts ``(lo, hi)``.
+
+        ``device``: where the given weights are (``None``: no weights given); they must be
+        on the group's device.
+        """
+        _, _, E, K = cfg.require_sizes()
+        self.group = resolve_group(group, device)
+        dev = self.group.device
+        if device is not None and device != dev:
+            raise ValueError(
+                f"expert weights are on {device} but the EP group communicates on {dev}; "
+                f"move the module to {dev} before wrapping it"
+            )
+        self.config, self.num_experts, self.top_k = cfg, E, K
+        self.home_range = register_home(self, self.group, E)
+        return self.home_range
+
+    def start(self, what: str) -> None:
+        """Build the :class:`LayerRuntime` (collective; ``what`` names the layer in errors)."""
+        self.runtime = LayerRuntime(self.group, self.config, what=what)
+        self.slots = self.runtime.B
+
+
+def resolve_group(group: EPGroup | object | None, weights_device: torch.device | None) -> EPGroup:
+    """The EP group; without torch.distributed, a single rank on the weights' device."""
+    if isinstance(group, EPGroup):
+        return group
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return EPGroup(None, device=weights_device)
+    return EPGroup(group)
+
+
+def register_home(module: nn.Module, group: EPGroup, num_experts: int) -> tuple[int, int]:
+    """This rank's home experts ``(lo, hi)`` (global ids ``lo .. hi-1``) of ``num_experts``.
+
+    Registers them on ``module`` as the non-persistent int64 buffer
+    ``home_experts [E_r]`` on the group's device.
+    """
+    R, r = group.size, group.rank
+    lo, hi = home_start(r, num_experts, R), home_start(r + 1, num_experts, R)
+    module.register_buffer(
+        "home_experts", torch.arange(lo, hi, device=group.device), persistent=False
+    )
+    return lo, hi
+
+
+def home_parameter(full: torch.Tensor, lo: int, hi: int) -> nn.Parameter:
+    """A Parameter holding a copy of ``full[lo:hi]`` (the full tensor is not referenced).
+
+    It requires grad unless ``full`` is a Parameter that does not (frozen experts).
+    """
+    with torch.no_grad():
+        home = full[lo:hi].detach().clone()
+    trainable = full.requires_grad if isinstance(full, nn.Parameter) else True
+    return nn.Parameter(home, requires_grad=trainable)
+
+
+def options_config(config: MoEConfig | None, options: dict[str, Any], **given: Any) -> MoEConfig:
+    """``config`` with the keyword ``options`` and the ``given`` values that are not ``None``
+    replacing its fields (see :meth:`MoEConfig.merged`)."""
+    return MoEConfig.merged(config, **options, **{k: v for k, v in given.items() if v is not None})
