@@ -6,7 +6,7 @@ Legend (``docs/design.md`` §2 names where they exist):
   ``E`` routed experts, ``K`` top-k, ``L`` transformer layers, ``L_moe`` of them MoE layers.
 - ``EP`` size of the expert-parallel group (``R`` in the planner), ``TP`` tensor-parallel
   degree applied to the replicated (non-expert) parameters.
-- ``B`` tokens per rank per layer; ``s`` bytes per element.
+- ``S`` tokens per rank per layer; ``s`` bytes per element.
 
 All results are exact integers (parameters) or bytes as ``float`` (a division by ``EP``
 need not be whole); the ``*_gib`` / ``*_mib`` properties convert with ``2**30`` / ``2**20``.
@@ -376,9 +376,9 @@ class CommPerRank:
 def all_to_all_dispatch_bytes(
     tokens: int, top_k: int, hidden: int, ep: int, bytes_per_elem: float = 2
 ) -> float:
-    """Direct all-to-all send volume of one rank in one layer: ``B*K*H*s*(EP-1)/EP`` bytes.
+    """Direct all-to-all send volume of one rank in one layer: ``S*K*H*s*(EP-1)/EP`` bytes.
 
-    Each of the ``B`` tokens sends ``K`` copies of its ``H``-vector; with uniform routing a
+    Each of the ``S`` tokens sends ``K`` copies of its ``H``-vector; with uniform routing a
     fraction ``(EP-1)/EP`` of them leaves the rank. A lower bound (no metadata, no padding).
     """
     _check_int("tokens", tokens, 0)
@@ -390,7 +390,7 @@ def all_to_all_dispatch_bytes(
 
 
 def allgather_dispatch_bytes(tokens: int, hidden: int, ep: int, bytes_per_elem: float = 2) -> float:
-    """Allgather dispatch volume of one rank in one layer: ``(EP-1)*B*H*s`` bytes.
+    """Allgather dispatch volume of one rank in one layer: ``(EP-1)*S*H*s`` bytes.
 
     The allgather + reduce-scatter backend (vLLM's default ``allgather_reducescatter``)
     gives every rank a copy of all tokens, so it is independent of ``K``; the
@@ -413,7 +413,7 @@ def comm_per_rank(
 ) -> CommPerRank:
     """Dispatch/combine bytes of one rank per MoE layer for ``backend`` (see ``BACKENDS``).
 
-    ``tokens`` is ``B`` (int >= 0, tokens on the rank entering each MoE layer); combine is
+    ``tokens`` is ``S`` (int >= 0, tokens on the rank entering each MoE layer); combine is
     counted equal to dispatch; a forward pass has ``model.num_moe_layers`` such layers.
     """
     if backend == ALL_TO_ALL:

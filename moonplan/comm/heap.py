@@ -1,9 +1,9 @@
 """Symmetric heap: the same allocations on every rank, each with a view of every peer's copy.
 
 Legend:
-    R  ranks in the group       B  heap bytes per rank (``nbytes``)
+    R  ranks in the group       Y  heap bytes per rank (``nbytes``)
 
-Every rank maps a byte buffer ``[B]`` of every rank (its own and its peers').
+Every rank maps a byte buffer ``[Y]`` of every rank (its own and its peers').
 :meth:`SymmetricHeap.alloc` is a bump allocator (256-byte aligned) that cuts the
 same ``[offset, offset + size)`` range out of every buffer, so one allocation is
 a :class:`SymTensor`: ``.local`` (this rank's copy) and ``.peer(r)`` (rank ``r``'s
@@ -87,7 +87,7 @@ class SymmetricHeap:
 
     Attributes:
         group: the :class:`EPGroup` it spans.
-        nbytes: ``B``, bytes per rank.
+        nbytes: ``Y``, bytes per rank.
         backend: ``"shm"`` or ``"nvshmem"``.
     """
 

@@ -1,7 +1,7 @@
 """``create_heap``: the collective that picks a symmetric-heap backend and opens it.
 
 Legend:
-    R  ranks in the group       B  heap bytes per rank (``nbytes``)
+    R  ranks in the group       Y  heap bytes per rank (``nbytes``)
 
 Backends (identical ``backend`` on every rank):
 

@@ -1,7 +1,7 @@
 """``nvshmem`` symmetric heap: CUDA devices sharing NVSHMEM symmetric memory (nvshmem4py).
 
 Legend:
-    R  ranks in the group (= NVSHMEM PEs)       B  heap bytes per rank
+    R  ranks in the group (= NVSHMEM PEs)       Y  heap bytes per rank
 
 NOT YET RUN ON A GPU: written against the nvshmem4py documentation
 (``nvshmem.core``: ``get_unique_id``, ``init(..., initializer_method="uid")``,
@@ -15,13 +15,13 @@ Creation (collective, :meth:`NvshmemHeap.open`):
    ``nvshmem.core.init(device, uid, rank, nranks, initializer_method="uid")``
    (PE ``r`` is group rank ``r``). NVSHMEM is process-global: a later heap must
    use a group with the same ranks;
-2. one symmetric buffer of ``B`` bytes (``nvshmem.core.tensor``, uint8);
+2. one symmetric buffer of ``Y`` bytes (``nvshmem.core.tensor``, uint8);
 3. every peer's copy is exposed as a CUDA tensor through
    ``nvshmem.core.get_peer_tensor`` (NVSHMEM's peer pointer, ``nvshmem_ptr``),
    which exists only for peers in the same NVLink / P2P domain; otherwise every
    rank raises :class:`HeapUnavailable`.
 
-NVSHMEM's own symmetric heap must hold ``B`` (``NVSHMEM_SYMMETRIC_SIZE``, default
+NVSHMEM's own symmetric heap must hold ``Y`` (``NVSHMEM_SYMMETRIC_SIZE``, default
 1 GiB). :meth:`barrier` synchronises this rank's current CUDA stream, then
 barriers the group: stores made by earlier kernels (local or peer) are then
 visible everywhere. :meth:`close` is collective (``nvshmem_free`` is); the
@@ -145,7 +145,7 @@ def _is_initialized(nvshmem: Any) -> bool:
 
 
 def _peer_views(nvshmem: Any, raw: torch.Tensor, group: EPGroup) -> tuple[list[torch.Tensor], str]:
-    """``[B]`` uint8 CUDA view of every rank's buffer, or ``([], error)``."""
+    """``[Y]`` uint8 CUDA view of every rank's buffer, or ``([], error)``."""
     views = []
     for r in range(group.size):
         if r == group.rank:

@@ -1,7 +1,7 @@
 """``shm`` symmetric heap: CPU processes on one host sharing files in ``/dev/shm``.
 
 Legend:
-    R  ranks in the group       B  heap bytes per rank
+    R  ranks in the group       Y  heap bytes per rank
 
 Creation (collective, :meth:`ShmHeap.open`) keeps the files visible in ``/dev/shm``
 for as short a time as it can, and reserves no memory while they are:
@@ -15,7 +15,7 @@ for as short a time as it can, and reserves no memory while they are:
 3. after an agreement that every open succeeded, every rank unlinks every file
    (failure paths unlink them too). From here on nothing of the job is in
    ``/dev/shm``: the open descriptors keep the memory alive;
-4. every rank reserves ``B`` bytes in its own file with ``posix_fallocate`` (a full
+4. every rank reserves ``Y`` bytes in its own file with ``posix_fallocate`` (a full
    ``/dev/shm`` or a file-size limit fails here, cleanly, rather than with a
    ``SIGBUS`` on first touch), and after an agreement that every reservation
    succeeded, maps every rank's file through ``/proc/self/fd/{fd}`` and closes the
@@ -25,7 +25,7 @@ A rank killed during steps 1-3 leaves at most empty files, named after a dead
 process: the next heap creation on the host, or ``moonplan doctor``, removes them.
 A rank killed later leaves nothing: its memory goes with the last mapping.
 
-Mappings are ``torch.from_file(path, shared=True, size=B, dtype=torch.uint8)``:
+Mappings are ``torch.from_file(path, shared=True, size=Y, dtype=torch.uint8)``:
 a ``MAP_SHARED`` mapping owned by the tensor's storage, so a view keeps its
 memory mapped for as long as it lives (checked with torch 2.13: writes through
 one process's mapping are seen through another's). ``torch.frombuffer`` over a
@@ -165,7 +165,7 @@ def _reserve(fd: int, nbytes: int) -> str:
 
 
 def _map_fds(fds: list[int], nbytes: int) -> tuple[list[torch.Tensor], str]:
-    """``[B]`` uint8 shared mapping of every descriptor, or ``([], error)``."""
+    """``[Y]`` uint8 shared mapping of every descriptor, or ``([], error)``."""
     bytes_R = []
     for r, fd in enumerate(fds):
         try:
