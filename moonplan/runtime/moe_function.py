@@ -33,7 +33,7 @@ from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import Route
 from moonplan.profiling.hooks import NULL_PROFILER
 from moonplan.runtime.background import Pending
-from moonplan.runtime.experts_section import run_sections
+from moonplan.runtime.rank_experts import run_sections
 from moonplan.runtime.store import PROJECTIONS
 from moonplan.runtime.transports.base import StepState
 
