@@ -16,6 +16,9 @@ summed over ranks (bf16; combine moves the same in reverse); ``dispatch us``,
 time over the same policy's per-record one. ``plain rows/rec`` (moonplan policies):
 the same plans routed without affinity.
 
+First it prints rows per record of uniform top-8 of 64 experts on 8 ranks (static
+placement; plain and group-limited routing) and the token sampler's speed at EP 64.
+
     python bench/bench_dispatch_schemes.py            # JSON to bench/results/dispatch_schemes.json
     python bench/bench_dispatch_schemes.py --quick    # EP 8 only, fewer tokens
 """
@@ -23,6 +26,7 @@ the same plans routed without affinity.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -33,7 +37,7 @@ from moonplan.simulate.dispatch_rows import AFFINITY_POLICIES, step_dest, step_t
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import get_model
 from moonplan.simulate.sweep import policy_options
-from moonplan.simulate.token_routing import token_trace
+from moonplan.simulate.token_routing import drifting_tokens, token_trace
 from moonplan.simulate.workload import drifting_popularity
 from moonplan.stepcost.hardware import get_hardware
 from moonplan.stepcost.traffic import SCHEMES, rows_per_record
@@ -98,6 +102,23 @@ def policy_rows(name: str, measured: list[Any], model: Any, hw: Any, cfg: SimCon
     return [{"policy": name, "scheme": s, **v} for s, v in out.items()]
 
 
+def uniform_rows(tokens: int) -> dict[str, float]:
+    """Rows per record of uniform top-8 of 64 experts on 8 ranks (static placement, 8
+    experts a rank), plain and group-limited (8 groups, top-4), as ``"rank"`` sends them;
+    and the token sampler's speed (records per second) at EP 64 of DeepSeek-V3."""
+    uniform = [torch.full((64,), 1 / 64, dtype=torch.float64)]
+    out = {}
+    for label, groups in (("plain", None), ("group-limited", (8, 4))):
+        ids = next(drifting_tokens(uniform, 8, tokens, 8, groups=groups)).long()
+        out[label] = rows_per_record(ids // 8, "rank", 8)
+    model = get_model("deepseek-v3")
+    for label, m in (("plain", replace(model, name="plain")), ("group-limited", model)):
+        t0 = time.perf_counter()
+        token_trace(m, 64, tokens, drifting_popularity(256, sigma=1.0, steps=2))
+        out[f"sample_{label}_records_per_s"] = 2 * 64 * tokens * 8 / (time.perf_counter() - t0)
+    return out
+
+
 def table(point: dict[str, Any]) -> str:
     """The point's rows as a Markdown table, step time also as a ratio to ``"record"``."""
     rec = {r["policy"]: r["step_us"] for r in point["rows"] if r["scheme"] == "record"}
@@ -128,17 +149,20 @@ def main() -> None:
     torch.set_num_threads(1)
     ranks, tokens = ((8,), 512) if args.quick else ((8, 64), 4096)
     t0 = time.perf_counter()
+    ref = uniform_rows(tokens)
+    print("rows/rec, uniform top-8 of 64 on 8 ranks:", f"plain {ref['plain']:.3f},")
+    print(f"group-limited {ref['group-limited']:.3f}; token sampling at EP 64 (M records/s):")
+    print(f"plain {ref['sample_plain_records_per_s'] / 1e6:.2f}, ", end="")
+    print(f"group-limited {ref['sample_group-limited_records_per_s'] / 1e6:.2f}")
     points = []
     for R in ranks:
         point = measure_point(R, tokens, 1.0, warmup=2, steps=2)
-        records = R * tokens * 8 * 4
         print(f"\nDeepSeek-V3, EP {R} on h200-multinode, {tokens} tokens/rank, sigma 1")
-        print(f"token sampling: {records / point['sample_s'] / 1e6:.2f} M records/s")
         print(table(point))
         points.append(point)
     seconds = time.perf_counter() - t0
     print(f"\n{seconds:.0f} s")
-    write_json(args.out, {"points": points, "seconds": seconds})
+    write_json(args.out, {"uniform": ref, "points": points, "seconds": seconds})
 
 
 if __name__ == "__main__":
