@@ -98,9 +98,8 @@ def _draw_distinct(
     Each row's ids are the first ``K`` distinct allowed entries of an i.i.d. sequence
     drawn from ``w_E`` (rejection: the same law as drawing each from the allowed,
     untaken rest). The sequences start with ``1.5 K`` entries and grow by ``K`` while a
-    row lacks ids;
-    a row still short after ``_MAX_ROUNDS`` rounds gets its last ids by masked
-    Gumbel-max draws (the same law).
+    row lacks ids; a row still short after ``_MAX_ROUNDS`` rounds gets its last ids by
+    masked Gumbel-max draws (the same law).
     """
     X, E = allowed_XG.shape[0], w_E.numel()
     cdf_E = w_E.cumsum(0)
@@ -122,12 +121,12 @@ def _draw_distinct(
         if not rows_Y.numel():
             return ids_XK
     ok_YD = _first_allowed(seq_YD, allowed_XG, rows_Y, E)
-    allowed_XE = allowed_XG.repeat_interleave(E // allowed_XG.shape[1], dim=1)
-    for i, x in enumerate(rows_Y.tolist()):  # practically never: a handful of rows
+    for i, x in enumerate(rows_Y.tolist()):  # rare: an expert hot enough to repeat 16 K times
         have = seq_YD[i][ok_YD[i]][:K]
         ids_XK[x, : have.numel()] = have
+        allowed_E = allowed_XG[x].repeat_interleave(E // allowed_XG.shape[1])
         for k in range(have.numel(), K):
-            ids_XK[x, k] = _masked_gumbel(w_E, ids_XK[x, :k], allowed_XE[x], gen)
+            ids_XK[x, k] = _masked_gumbel(w_E, ids_XK[x, :k], allowed_E, gen)
     return ids_XK
 
 

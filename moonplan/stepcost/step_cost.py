@@ -17,7 +17,8 @@ Phases of one forward step, per rank ``r``:
   sends and receives are full duplex and the two link classes run in parallel; the
   busiest rank's busiest link sets ``P_alone = base_latency_s + link time``;
 * **dispatch** ``D`` and **combine** ``Cb``: ``base + per_peer * (R-1)`` plus the busiest
-  rank's busiest link time of its rows (routing rule in :mod:`moonplan.stepcost.traffic`);
+  rank's busiest link time of its rows (routing rule in :mod:`moonplan.stepcost.traffic`;
+  rows per record, or per (token, rank) or (token, host) under :attr:`StepCost.dispatch`);
 * **experts**: a roofline per section, ``max(row_flop_s * tile-padded rows,
   weight_read_s * experts with rows + row_mem_s * rows)``: ``home_r`` for the rows whose
   weights are ready (home experts, residents), ``wait_r`` for the fetched rows.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -38,6 +40,19 @@ def test_sampled_sets_are_distinct_and_in_range(groups: tuple[int, int] | None) 
     if groups is not None:  # at most topk_group groups per token
         g, _ = (ids // 8).sort(1)
         assert int((1 + (g[:, 1:] != g[:, :-1]).sum(1)).max()) <= 4
+
+
+@pytest.mark.parametrize("groups", [None, (2, 1)])
+def test_a_dominant_expert_falls_back_to_masked_draws(groups: tuple[int, int] | None) -> None:
+    # expert 0 takes almost all the weight: after it, rejection keeps redrawing it
+    logits = torch.tensor([30.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    ids = sample_topk(logits, 20, 3, torch.Generator().manual_seed(0), groups)
+    s, _ = ids.sort(1)
+    assert bool((s[:, 0] == 0).all()) and bool((s[:, 1:] != s[:, :-1]).all())
+    if groups is not None:  # one group of 3: experts 0, 1, 2
+        assert int(ids.max()) <= 2
+    with pytest.raises(ValueError, match="positive"):
+        sample_topk(torch.tensor([0.0, 0.0, -math.inf]), 2, 3, torch.Generator())
 
 
 def test_plain_topk_inclusion_matches_workload() -> None:
