@@ -141,6 +141,29 @@ def table(point: dict[str, Any]) -> str:
     return render(header, lines, markdown=True)
 
 
+def summary(points: list[dict[str, Any]], focus: str = "moonplan-resident") -> str:
+    """One line per (EP size, scheme): ``focus``'s rows per record (affinity / plain) and
+    dispatch + combine GB per link class (summed over ranks), then every policy's step
+    time in us (Markdown)."""
+    header = ["EP", "scheme", "rows/rec", "net GB", "NVLink GB", *POLICIES]
+    lines = []
+    for point in points:
+        for scheme in SCHEMES:
+            got = {r["policy"]: r for r in point["rows"] if r["scheme"] == scheme}
+            f = got[focus]
+            lines.append(
+                [
+                    str(point["ranks"]),
+                    scheme,
+                    f"{f['rows_per_record']:.3f} / {f['plain_rows_per_record']:.3f}",
+                    f"{2 * f['net_gb']:.1f}",
+                    f"{2 * f['nvlink_gb']:.1f}",
+                    *(f"{got[p]['step_us']:,.0f}" for p in POLICIES),
+                ]
+            )
+    return render(header, lines, markdown=True)
+
+
 def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="EP 8 only, 512 tokens per rank")
@@ -161,6 +184,8 @@ def main() -> None:
         print(table(point))
         points.append(point)
     seconds = time.perf_counter() - t0
+    print("\nSummary (rows/rec and GB of moonplan-resident; step time per policy, us)")
+    print(summary(points))
     print(f"\n{seconds:.0f} s")
     write_json(args.out, {"uniform": ref, "points": points, "seconds": seconds})
 
