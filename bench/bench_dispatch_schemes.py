@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from _common import bench_parser, write_json
 
-from moonplan.baselines.policies import make_policy
+from moonplan.baselines import make_policy
 from moonplan.simulate.dispatch_rows import AFFINITY_POLICIES, step_dest, step_traffic
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import get_model

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import moonplan
-from moonplan.baselines.policies import make_policy
+from moonplan.baselines import make_policy
 from moonplan.plan.route import route
 from moonplan.simulate.dispatch_rows import line_dest, step_dest, step_traffic
 from moonplan.simulate.model_time import SimConfig, step_time
