@@ -49,13 +49,7 @@ import torch
 
 from moonplan.cost import ModelPreset, get_preset
 from moonplan.stepcost.hardware import Hardware, get_hardware
-from moonplan.stepcost.traffic import (
-    SCHEMES,
-    Traffic,
-    dispatch_traffic,
-    host_int64,
-    pair_traffic,
-)
+from moonplan.stepcost.traffic import SCHEMES, Traffic, dispatch_traffic, host_int64, pair_traffic
 
 if TYPE_CHECKING:
     from moonplan.plan.plan_type import Plan
