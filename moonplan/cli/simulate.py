@@ -8,6 +8,7 @@ and EP size (see ``moonplan.simulate`` and ``docs/simulator.md``).
     moonplan simulate --counts trace.npy --model mixtral-8x7b      # a recorded [T, R, E] trace
     moonplan simulate --break-even --ep 8 --sigma 1                # tokens/rank where copying pays
     moonplan simulate --serial-prefetch                            # the old serial fetch schedule
+    moonplan simulate --dispatch host                              # a row per (token, host)
     moonplan simulate --trends                                     # DeepSpeed-MoE and GShard trends
 """
 
@@ -29,6 +30,7 @@ from moonplan.simulate.sweep import TOKEN_GRID, SweepSpec, break_even, simulate_
 from moonplan.simulate.trends import deepspeed_trend, gshard_trend
 from moonplan.simulate.workload import recorded_counts
 from moonplan.stepcost.hardware import HARDWARE, get_hardware
+from moonplan.stepcost.traffic import SCHEMES
 
 
 def _list(kind: Any) -> Any:
@@ -102,6 +104,13 @@ def register(subparsers: Any) -> None:
         "--dispatch-bytes", type=float, default=2.0, help="bytes/element of dispatch (1: FP8)"
     )
     p.add_argument(
+        "--dispatch",
+        choices=SCHEMES,
+        default="record",
+        help="dispatch rows, for every policy: per record (default), per (token, rank) or "
+        "per (token, host) with forwarding inside the host; rank/host sample every token",
+    )
+    p.add_argument(
         "--serial-prefetch",
         action="store_true",
         help="the old serial schedule (fetch, then dispatch) instead of the overlapped one",
@@ -137,6 +146,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         dispatch_bytes=args.dispatch_bytes,
         plan_us=plan_us,
         overlap_prefetch=not args.serial_prefetch,
+        dispatch=args.dispatch,
     )
 
 
@@ -162,6 +172,9 @@ def handler(args: argparse.Namespace) -> int:
         get_model(args.model)
         get_hardware(args.hardware)
         cfg, spec = _config(args), _spec(args)
+        if args.dispatch != "record" and (args.counts or args.trends):
+            mode = "--counts" if args.counts else "--trends"
+            raise ValueError(f"--dispatch {args.dispatch} samples tokens; {mode} has none")
         if args.plot and (args.break_even or args.trends):
             mode = "--break-even" if args.break_even else "--trends"
             raise ValueError(f"--plot draws sweeps and recorded traces, not {mode}")

@@ -38,6 +38,7 @@ import torch
 from moonplan.baselines.policy_base import PolicyStep
 from moonplan.baselines.registry import infos
 from moonplan.cost import ModelPreset
+from moonplan.simulate.dispatch_rows import scheme_step_traffic
 from moonplan.stepcost import Hardware, StepCost, StepTime
 
 
@@ -63,6 +64,9 @@ class SimConfig:
         overlap_prefetch: the overlapped schedule (fetch during dispatch and the home
             section, as moonplan's runtime runs it; default); ``False``: fetch, then
             dispatch, one after the other.
+        dispatch: the transport's dispatch scheme for every policy alike
+            (``moonplan.stepcost.traffic.SCHEMES``; ``"rank"``/``"host"`` need the step's
+            token routing, ``moonplan.simulate.dispatch_rows``).
     """
 
     weight_bytes: float = 2.0
@@ -70,6 +74,7 @@ class SimConfig:
     dispatch_bytes: float = 2.0
     plan_us: Mapping[str, float] = field(default_factory=default_plan_us)
     overlap_prefetch: bool = True
+    dispatch: str = "record"
 
     def plan_seconds(self, policy: str) -> float:
         """Planning seconds of ``policy`` (0 when not listed)."""
@@ -88,13 +93,27 @@ class SimConfig:
         )
 
 
-def step_time(step: PolicyStep, model: ModelPreset, hw: Hardware, cfg: SimConfig) -> StepTime:
-    """Estimated :class:`StepTime` of one policy step (see the module docstring)."""
+def step_time(
+    step: PolicyStep,
+    model: ModelPreset,
+    hw: Hardware,
+    cfg: SimConfig,
+    topk_ids: torch.Tensor | None = None,
+) -> StepTime:
+    """Estimated :class:`StepTime` of one policy step (see the module docstring);
+    ``topk_ids`` (``[R, S, K]`` experts of the step's records) is needed for
+    ``cfg.dispatch`` other than ``"record"``."""
     E, R = step.rows_ER.shape
     fetch_ER = step.fetch_ER if step.fetch_ER is not None else torch.zeros(E, R, dtype=torch.bool)
     src_E = step.src_E if step.src_E is not None else torch.zeros(E, dtype=torch.int64)
     cost = cfg.step_cost(model, hw, step.name)
-    return cost.step_time(step.rows_ER, step.sent_RE, fetch_ER, src_E, planned=step.planned)
+    traffic = None
+    if cfg.dispatch != "record":
+        traffic = scheme_step_traffic(step, topk_ids, cfg.dispatch, cost.domain_size(R))
+        cost = cost.scaled(dispatch=cfg.dispatch)
+    return cost.step_time(
+        step.rows_ER, step.sent_RE, fetch_ER, src_E, planned=step.planned, traffic=traffic
+    )
 
 
 def ideal_time(

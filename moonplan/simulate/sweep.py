@@ -29,7 +29,8 @@ from moonplan.baselines.registry import make_policy, names
 from moonplan.cost import ModelPreset
 from moonplan.simulate.model_time import SimConfig, StepTime, ideal_time, mean_time, step_time
 from moonplan.simulate.models import expert_bytes, get_model
-from moonplan.simulate.workload import drifting_counts, sigma_for_maxvio
+from moonplan.simulate.token_routing import token_trace
+from moonplan.simulate.workload import drifting_counts, drifting_popularity, sigma_for_maxvio
 from moonplan.stepcost.hardware import Hardware, get_hardware
 
 Progress = Callable[[int, int, str], None]
@@ -94,9 +95,11 @@ def simulate_trace(
     warmup: int = 0,
     eplb_period: int = 4,
     eplb_groups: int = 1,
+    topk_ids: Sequence[torch.Tensor] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per policy (default: every listed one, ``registry.names()``): mean phase
-    times and metrics over steps ``warmup:`` of the trace."""
+    times and metrics over steps ``warmup:`` of the trace (``topk_ids``: each step's
+    ``[R, S, K]`` token routing, for ``cfg.dispatch`` other than ``"record"``)."""
     T, R, E = counts_TRE.shape
     if E != model.num_experts:
         raise ValueError(f"counts have E = {E} experts, model {model.name} has {model.num_experts}")
@@ -114,7 +117,7 @@ def simulate_trace(
         "ideal_us": ideal.total_s * 1e6,
     }
     return [
-        _policy_row(name, counts_TRE, model, hw, cfg, warmup, opts, ideal, base)
+        _policy_row(name, counts_TRE, model, hw, cfg, warmup, opts, ideal, base, topk_ids)
         for name in (names() if policies is None else policies)
     ]
 
@@ -129,11 +132,13 @@ def _policy_row(
     opts: dict[str, Any],
     ideal: StepTime,
     base: dict[str, Any],
+    topk_ids: Sequence[torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     R, E = counts_TRE.shape[1:]
     policy = make_policy(name, R, E, cost=cfg.step_cost(model, hw, name), **opts)
     steps = [policy.step(c) for c in counts_TRE][warmup:]
-    t = mean_time([step_time(s, model, hw, cfg) for s in steps])
+    ids = list(topk_ids[warmup:]) if topk_ids is not None else [None] * len(steps)
+    t = mean_time([step_time(s, model, hw, cfg, i) for s, i in zip(steps, ids, strict=True)])
     row = {**base, "policy": name, **t.as_us()}
     if any(s.choice for s in steps):
         row["choices"] = dict(Counter(s.choice for s in steps))
@@ -175,7 +180,9 @@ def spec_point(
 ) -> list[dict[str, Any]]:
     """:func:`simulate_trace` rows of ``policies`` on one drifting trace of ``ranks`` ranks,
     ``tokens`` per rank and skew ``sigma``; steps, warmup, rho, seed, exactness and the
-    EPLB settings come from ``spec``."""
+    EPLB settings come from ``spec``. With ``cfg.dispatch`` other than ``"record"``
+    every token's top-k set is sampled (``token_routing.drifting_tokens``, the model's
+    group limit included) and the counts are theirs."""
     counts = drifting_counts(
         ranks,
         model.num_experts,
@@ -187,6 +194,11 @@ def spec_point(
         seed=spec.seed,
         exact=spec.exact,
     )
+    ids = None
+    if cfg.dispatch != "record":
+        T, E = spec.warmup + spec.steps, model.num_experts
+        pops = drifting_popularity(E, sigma=sigma, steps=T, rho=spec.rho, seed=spec.seed)
+        counts, ids = token_trace(model, ranks, tokens, pops, seed=spec.seed + 1)
     return simulate_trace(
         counts,
         model,
@@ -196,6 +208,7 @@ def spec_point(
         warmup=spec.warmup,
         eplb_period=spec.eplb_period,
         eplb_groups=spec.eplb_groups,
+        topk_ids=ids,
     )
 
 

@@ -14,6 +14,7 @@ sigma by :func:`sigma_for_maxvio`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -123,3 +124,19 @@ def recorded_counts(path: str | Path) -> torch.Tensor:
     """``counts_TRE`` from a ``.npy``/``.json`` file (``[R, E]`` becomes one step)."""
     counts = load_counts(path)
     return counts[None] if counts.dim() == 2 else counts
+
+
+def drifting_popularity(
+    experts: int, *, sigma: float, steps: int, rho: float = 0.99, seed: int = 0
+) -> Iterator[torch.Tensor]:
+    """float64 ``[E]`` popularity of each step: the sequence :func:`drifting_counts` routes
+    by with ``exact=False`` and the same ``seed`` (for token-level sampling,
+    ``moonplan.simulate.token_routing``)."""
+    if steps < 1 or sigma < 0 or abs(rho) > 1:
+        raise ValueError("need steps >= 1, sigma >= 0 and rho in [-1, 1]")
+    gen = torch.Generator().manual_seed(int(seed))
+    x_E = start_log_popularity(experts, sigma, gen)
+    for t in range(steps):
+        if t:
+            x_E = drift_log_popularity(x_E, sigma, rho, gen)
+        yield torch.softmax(x_E, 0)

@@ -8,10 +8,17 @@ it can be built from; ``traffic`` splits dispatch volumes by link. See
 
 from moonplan.stepcost.hardware import HARDWARE, Hardware, get_hardware
 from moonplan.stepcost.step_cost import StepCost, StepTime, plan_fetch_ER
-from moonplan.stepcost.traffic import Traffic, dispatch_traffic, pair_traffic
+from moonplan.stepcost.traffic import (
+    SCHEMES,
+    Traffic,
+    dispatch_traffic,
+    pair_traffic,
+    scheme_traffic,
+)
 
 __all__ = [
     "HARDWARE",
+    "SCHEMES",
     "Hardware",
     "StepCost",
     "StepTime",
@@ -20,4 +27,5 @@ __all__ = [
     "get_hardware",
     "pair_traffic",
     "plan_fetch_ER",
+    "scheme_traffic",
 ]

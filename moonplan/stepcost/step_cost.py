@@ -17,7 +17,8 @@ Phases of one forward step, per rank ``r``:
   sends and receives are full duplex and the two link classes run in parallel; the
   busiest rank's busiest link sets ``P_alone = base_latency_s + link time``;
 * **dispatch** ``D`` and **combine** ``Cb``: ``base + per_peer * (R-1)`` plus the busiest
-  rank's busiest link time of its rows (routing rule in :mod:`moonplan.stepcost.traffic`);
+  rank's busiest link time of its rows (routing rule in :mod:`moonplan.stepcost.traffic`;
+  rows per record, or per (token, rank) or (token, host) under :attr:`StepCost.dispatch`);
 * **experts**: a roofline per section, ``max(row_flop_s * tile-padded rows,
   weight_read_s * experts with rows + row_mem_s * rows)``: ``home_r`` for the rows whose
   weights are ready (home experts, residents), ``wait_r`` for the fetched rows.
@@ -48,7 +49,7 @@ import torch
 
 from moonplan.cost import ModelPreset, get_preset
 from moonplan.stepcost.hardware import Hardware, get_hardware
-from moonplan.stepcost.traffic import Traffic, dispatch_traffic, host_int64, pair_traffic
+from moonplan.stepcost.traffic import SCHEMES, Traffic, dispatch_traffic, host_int64, pair_traffic
 
 if TYPE_CHECKING:
     from moonplan.plan.plan_type import Plan
@@ -123,6 +124,10 @@ class StepCost:
             charged ``1 / horizon`` per step, ``moonplan.plan.choose.score``); every
             prediction of this class is the full time of one step. Default
             :data:`DEFAULT_HORIZON` (``docs/planner-policy.md`` says why).
+        dispatch: the dispatch scheme (``moonplan.stepcost.traffic.SCHEMES``): ``"record"``
+            (a row per record, routed from the counts) or ``"rank"``/``"host"``, whose
+            unique rows need each record's destination: :meth:`step_time` then takes
+            their ``traffic`` (``scheme_traffic``).
     """
 
     row_flop_s: float
@@ -141,6 +146,7 @@ class StepCost:
     domain: int = 0
     overlap: bool = True
     horizon: float = DEFAULT_HORIZON
+    dispatch: str = "record"
 
     def __post_init__(self) -> None:
         for name in _RATE_FIELDS:
@@ -160,6 +166,8 @@ class StepCost:
             or not (math.isfinite(h) and h >= 1)
         ):
             raise ValueError(f"StepCost.horizon must be a finite number >= 1, got {h!r}")
+        if self.dispatch not in SCHEMES:
+            raise ValueError(f"StepCost.dispatch must be one of {SCHEMES}, got {self.dispatch!r}")
 
     # ---- construction ------------------------------------------------------------
     @classmethod
@@ -293,6 +301,7 @@ class StepCost:
         src_E: Any,
         *,
         planned: int = 1,
+        traffic: Traffic | None = None,
     ) -> StepTime:
         """Predicted :class:`StepTime` of one step (module docstring).
 
@@ -302,6 +311,8 @@ class StepCost:
             fetch_ER: bool ``[E, R]``.
             src_E: int64 ``[E]``.
             planned: planner runs on the critical path.
+            traffic: the dispatch rows by link under :attr:`dispatch` (required unless it
+                is ``"record"``, whose rows follow from ``sent_RE`` and ``rows_ER``).
         """
         rows, sent, src = host_int64(rows_ER), host_int64(sent_RE), host_int64(src_E)
         fetch = host_int64(fetch_ER) != 0
@@ -312,7 +323,9 @@ class StepCost:
                 f"{tuple(fetch.shape)} and {tuple(src.shape)}"
             )
         G = self.domain_size(R)
-        data = dispatch_traffic(sent, rows, G)
+        if traffic is None and self.dispatch != "record":
+            raise ValueError(f"dispatch={self.dispatch!r} needs traffic= (scheme_traffic)")
+        data = dispatch_traffic(sent, rows, G) if traffic is None else traffic
         e_C, r_C = fetch.nonzero()
         moves = pair_traffic(np.stack([src[e_C], r_C], axis=1), R, G)
         plan = self.plan_s * planned

@@ -2,8 +2,11 @@
 
 Legend:
     R ranks    E experts    G ranks per NVLink domain (consecutive ranks share one)
+    S tokens per rank    K top-k    U unique rows of a scheme
     sent_RE  int64 rows source ``s`` sends towards expert ``e``
     rows_ER  int64 rows rank ``r`` computes for expert ``e`` (``sent_RE.sum(0) == rows_ER.sum(1)``)
+    dest_RSK int64 rank that executes each record (token ``t`` of source ``s``, its ``k``-th
+             expert); ``-1``: not sent (dropped)
 
 Routing rule (moonplan's; ``moonplan/plan/README.md``, "Per-record routing"): within
 expert ``e`` the rows are ordered by source rank, and destination ranks take
@@ -15,9 +18,20 @@ rows that stay on a rank, stay inside its domain or cross the network are all
 interval overlaps: ``O(R*E)`` work, no ``R x R`` matrix. Every policy is routed by
 this rule (EPLB splits an expert over its replicas the same way).
 
-Counts do not say which records of one token share a destination, so every
-record carries its own ``H``-vector (DeepEP/MoonEP send a token once per rank:
-real volumes can be lower).
+Counts do not say which records of one token share a destination, so
+:func:`dispatch_traffic` moves every record as its own ``H``-vector (the ``"record"``
+dispatch scheme). With each record's destination known (``dest_RSK``),
+:func:`scheme_traffic` counts the rows of the other schemes (``docs/simulator.md``):
+
+* ``"rank"``: one row per ``(token, destination rank)``;
+* ``"host"``: two-stage. Inside the source's domain, one row per ``(token, destination
+  rank)`` as in ``"rank"``; towards another domain ``h``, one row per ``(token, h)``
+  over the network to the rank of ``h`` with the source's local index (its NIC peer),
+  which forwards it over the fast links to each other rank of ``h`` the token needs.
+
+Combine is the reverse of dispatch under each scheme (an executing rank sums a
+token's records before sending one row back; under ``"host"`` the NIC peer sums its
+domain's rows first), so it uses the same rows with send and receive swapped.
 """
 
 from __future__ import annotations
@@ -26,6 +40,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+SCHEMES = ("record", "rank", "host")
+"""Dispatch schemes: a row per record, per (token, destination rank), per (token, host)."""
 
 
 @dataclass(frozen=True)
@@ -108,3 +125,82 @@ def pair_traffic(pairs_C2: Any, num_ranks: int, domain: int) -> Traffic:
         recv_intra_R=count(dst_C, intra),
         recv_inter_R=count(dst_C, inter),
     )
+
+
+def add_traffic(*parts: Traffic) -> Traffic:
+    """Field-wise sum of several :class:`Traffic` of the same ranks."""
+    return Traffic(
+        *(sum((getattr(t, f) for t in parts[1:]), getattr(parts[0], f)) for f in _FIELDS)
+    )
+
+
+_FIELDS = ("local_R", "send_intra_R", "send_inter_R", "recv_intra_R", "recv_inter_R")
+
+
+def scheme_traffic(dest_RSK: Any, scheme: str, domain: int) -> Traffic:
+    """Per-rank rows of one dispatch under ``scheme`` (module docstring), by link.
+
+    Args:
+        dest_RSK: int64 ``[R, S, K]`` executing rank of each record, ``-1``: not sent.
+        scheme: one of :data:`SCHEMES`.
+        domain: ``G >= 1`` ranks per NVLink domain (ranks ``[kG, (k+1)G)`` share one).
+    """
+    dest = host_int64(dest_RSK)
+    if dest.ndim != 3 or scheme not in SCHEMES or domain < 1:
+        raise ValueError(f"need dest_RSK [R, S, K], scheme in {SCHEMES}, domain >= 1")
+    R = dest.shape[0]
+
+    def pairs(src_N: np.ndarray, dst_N: np.ndarray) -> Traffic:
+        return pair_traffic(np.stack([src_N, dst_N], 1), R, domain)
+
+    if scheme == "record":
+        return pairs(*_rows(dest))
+    src_U, dst_U = _rows(_first_per_token(dest))
+    if scheme == "rank":
+        return pairs(src_U, dst_U)
+    far_U = dst_U // domain != src_U // domain
+    src_H, host_H = _rows(_first_per_token(np.where(dest < 0, -1, dest // domain)))
+    far_H = host_H != src_H // domain
+    src_H, host_H = src_H[far_H], host_H[far_H]
+    return add_traffic(
+        pairs(src_U[~far_U], dst_U[~far_U]),  # inside the source's domain
+        pairs(src_H, _nic_peer(src_H, host_H, R, domain)),  # over the network
+        pairs(_nic_peer(src_U[far_U], dst_U[far_U] // domain, R, domain), dst_U[far_U]),
+    )
+
+
+def rows_per_record(dest_RSK: Any, scheme: str, domain: int) -> float:
+    """Rows sent per record under ``scheme`` (``"host"``: rows over the network and inside
+    the source's domain, forwarded copies not counted); 0 with no record."""
+    dest = host_int64(dest_RSK)
+    records = int((dest >= 0).sum())
+    if scheme == "host":
+        home_R11 = np.arange(dest.shape[0])[:, None, None] // domain
+        near = np.where(dest // domain == home_R11, dest, -1)
+        far = np.where((dest >= 0) & (near < 0), dest // domain, -1)
+        rows = int((_first_per_token(near) >= 0).sum() + (_first_per_token(far) >= 0).sum())
+    else:
+        rows = int((_first_per_token(dest) >= 0).sum()) if scheme == "rank" else records
+    return rows / records if records else 0.0
+
+
+def _first_per_token(key_RSK: np.ndarray) -> np.ndarray:
+    """``key_RSK`` where an entry is its token's first occurrence of that key, else ``-1``
+    (``K(K-1)/2`` vectorised comparisons: cheaper than sorting each token's ``K`` keys)."""
+    first = key_RSK.copy()
+    for k in range(1, key_RSK.shape[2]):
+        seen = (key_RSK[..., :k] == key_RSK[..., k : k + 1]).any(axis=2)
+        first[..., k][seen] = -1
+    return first
+
+
+def _rows(key_RSK: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(source, key)`` of every entry of ``key_RSK`` that is ``>= 0``."""
+    s_N, t_N, k_N = np.nonzero(key_RSK >= 0)
+    return s_N, key_RSK[s_N, t_N, k_N]
+
+
+def _nic_peer(src_N: np.ndarray, host_N: np.ndarray, num_ranks: int, domain: int) -> np.ndarray:
+    """Rank of domain ``host_N`` with the source's local index (modulo a short last domain)."""
+    size_N = np.minimum(domain, num_ranks - host_N * domain)
+    return host_N * domain + (src_N % domain) % size_N
