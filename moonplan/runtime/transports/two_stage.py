@@ -220,37 +220,57 @@ class TwoStageTransport:
 
     # ---- routing (dispatch only) ----------------------------------------------------------
     def _route(self, route: Route, w_SK: Tensor, state: StepState) -> tuple[int, int]:
-        """Both stages' pairs and record metadata; the executing rank's records land in
-        ``state.saved`` (``ex_row_M`` stage-2 row, ``ex_off_M`` receive row, ``ex_w_M``).
+        """Both stages' pairs and record metadata, into ``state.saved`` (collective).
 
         Returns the metadata bytes this rank sent to other hosts and inside its host."""
-        R, L, me = self.group.size, self.ranks_per_host, self.group.rank
-        S, K = route.dest_rank.shape
-        dev = self.group.device
-        dest_N = route.dest_rank.reshape(-1).to(dev)
-        tok_N = torch.arange(S * K, device=dev) // max(K, 1)
+        me, L = self.group.rank, self.ranks_per_host
+        dest_N = route.dest_rank.reshape(-1).to(self.group.device)
         proxy_N = dest_N // L * L + me % L
+        meta_N4 = self._source_pairs(route, proxy_N, w_SK, state)
+        c1 = state.saved["counts1_R4"]
+        meta_M4 = _exchange(self.group, meta_N4, c1[:, 1], c1[:, 3])
+        meta_M3 = self._proxy_pairs(meta_M4, state)
+        c2 = state.saved["counts2_R4"]
+        got_M3 = _exchange(self.group, meta_M3, c2[:, 1], c2[:, 3])
+        state.saved.update(
+            ex_row_M=_row_in_blocks(c2, got_M3[:, 0]),
+            ex_off_M=got_M3[:, 1].long(),
+            ex_w_M=got_M3[:, 2].contiguous().view(torch.float32),
+        )
+        return _others(c1[:, 1], me) * _META1 * 4, _others(c2[:, 1], me) * _META2 * 4
+
+    def _source_pairs(
+        self, route: Route, proxy_N: Tensor, w_SK: Tensor, state: StepState
+    ) -> Tensor:
+        """Stage 1 at the source: the (token, proxy) rows (saved) and ``[N, 4]`` int32
+        record metadata in send order (row among the rows for its proxy, destination
+        rank, expert-grouped row, weight bits)."""
+        R = self.group.size
+        S, K = route.dest_rank.shape
+        tok_N = torch.arange(S * K, device=proxy_N.device) // max(K, 1)
         tok_U, proxy_U, pos_U, pair_N = _pairs(proxy_N, tok_N, R, S)
         order_N = torch.sort(pair_N, stable=True).indices
-        meta_N4 = torch.stack(
-            [pos_U[pair_N], dest_N, route.dest_offset.reshape(-1).to(dev), _bits(w_SK)], 1
-        ).to(torch.int32)[order_N]
+        dest_N, off_N = (
+            t.reshape(-1).to(proxy_N.device) for t in (route.dest_rank, route.dest_offset)
+        )
+        meta_N4 = torch.stack([pos_U[pair_N], dest_N, off_N, _bits(w_SK)], 1)[order_N]
         counts1 = _swap(self.group, _count(proxy_U, R), _count(proxy_N, R))
         state.saved.update(src_tok_U=tok_U, src_order_N=order_N, counts1_R4=counts1)
-        meta_M4 = _exchange(self.group, meta_N4, counts1[:, 1], counts1[:, 3])
-        # The proxy: its sources' rows lie in source blocks; records name rows in blocks.
-        row_M = _block_start(counts1[:, 2])[_owner(counts1[:, 3])] + meta_M4[:, 0].long()
-        A = int(counts1[:, 2].sum())
-        row_U, dest_U, pos2_U, pair_M = _pairs(meta_M4[:, 1].long(), row_M, R, A)
+        return meta_N4.to(torch.int32)
+
+    def _proxy_pairs(self, meta_M4: Tensor, state: StepState) -> Tensor:
+        """Stage 2 at the proxy: the (stage-1 row, rank) rows (saved) and ``[M, 3]`` int32
+        record metadata in send order (row among the rows for its rank, expert-grouped
+        row, weight bits)."""
+        R, c1 = self.group.size, state.saved["counts1_R4"]
+        row_M = _row_in_blocks(c1, meta_M4[:, 0])
+        dest_M = meta_M4[:, 1].long()
+        row_U, dest_U, pos_U, pair_M = _pairs(dest_M, row_M, R, int(c1[:, 2].sum()))
         order_M = torch.sort(pair_M, stable=True).indices
-        meta2_M3 = torch.stack([pos2_U[pair_M], meta_M4[:, 2], meta_M4[:, 3]], 1)[order_M]
-        counts2 = _swap(self.group, _count(dest_U, R), _count(meta_M4[:, 1].long(), R))
+        meta_M3 = torch.stack([pos_U[pair_M], meta_M4[:, 2], meta_M4[:, 3]], 1)[order_M]
+        counts2 = _swap(self.group, _count(dest_U, R), _count(dest_M, R))
         state.saved.update(px_row_U=row_U, px_order_M=order_M, counts2_R4=counts2)
-        got_M3 = _exchange(self.group, meta2_M3.to(torch.int32), counts2[:, 1], counts2[:, 3])
-        ex_row = _block_start(counts2[:, 2])[_owner(counts2[:, 3])] + got_M3[:, 0].long()
-        ex_w = got_M3[:, 2].contiguous().view(torch.float32)
-        state.saved.update(ex_row_M=ex_row, ex_off_M=got_M3[:, 1].long(), ex_w_M=ex_w)
-        return _others(counts1[:, 1], me) * _META1 * 4, _others(counts2[:, 1], me) * _META2 * 4
+        return meta_M3.to(torch.int32)
 
     # ---- row movements --------------------------------------------------------------------
     def _forward_rows(
@@ -379,10 +399,15 @@ def _block_start(count_R: Tensor) -> Tensor:
     return torch.cumsum(count_R, 0) - count_R
 
 
-def _owner(count_R: Tensor) -> Tensor:
-    """``[sum(count)]``: the block (rank) of each row of blocks of ``count`` rows."""
-    ranks_R = torch.arange(count_R.numel(), device=count_R.device)
-    return torch.repeat_interleave(ranks_R, count_R)
+def _row_in_blocks(counts_R4: Tensor, pos_M: Tensor) -> Tensor:
+    """``[M]`` int64: each received record's row among the received rows.
+
+    Rows and records arrive in blocks by sender (``counts[:, 2]`` rows and ``counts[:, 3]``
+    records from each); a record names its row by position ``pos`` in its sender's block.
+    """
+    senders_R = torch.arange(counts_R4.shape[0])
+    start_M = _block_start(counts_R4[:, 2])[torch.repeat_interleave(senders_R, counts_R4[:, 3])]
+    return start_M.to(pos_M.device) + pos_M.long()
 
 
 def _swap(group: EPGroup, rows_R: Tensor, records_R: Tensor) -> Tensor:
