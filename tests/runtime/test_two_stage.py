@@ -245,3 +245,18 @@ def test_combine_needs_the_dispatched_weights() -> None:
     view = t.dispatch(x, route, plan)
     with pytest.raises(ValueError, match="weights given to dispatch"):
         t.combine(view.tensor, route, w, view.state)
+
+
+def test_triton_token_ops_give_the_reference_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the Triton row ops (interpreted on CPU) the transport uses ``token_triton``."""
+    pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
+    from moonplan.comm.group import EPGroup
+    from moonplan.runtime.row_ops import token_triton
+
+    env = {"MOONPLAN_ROW_OPS": "triton", "TRITON_INTERPRET": "1"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert TwoStageTransport(EPGroup(), 4, 2, torch.float32)._ops is token_triton
+    env["LOCAL_WORLD_SIZE"] = "2"
+    got = run_ranks(_round_trip, 4, "a2a-hosts", env, timeout=TIMEOUT)
+    assert [g["fails"] for g in got] == [[]] * 4
