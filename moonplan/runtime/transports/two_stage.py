@@ -22,12 +22,13 @@ rows stay inside one. Forward (``dispatch``):
    the executing rank builds its expert-grouped rows with ``expand_rows``.
 
 ``combine`` runs backwards: the executing rank sums each stage-2 row's records
-(``weight * o``, fp32, in arrival order) into one row, the proxy sums the rows of its
-host's ranks for each stage-1 row (fp32, ascending rank), one row per (token, host)
-goes back and the source sums over hosts (fp32, ascending host). Partial rows travel
-in x's dtype: in bf16 a token whose records sit on several ranks is rounded at
-each partial sum, unlike the per-record path's single rounding (fp32 with two
-records per token gives the same bits: two-term sums commute). ``dispatch_backward``
+(``weight * o``, fp32, ascending ``k``: the order they arrive in) into one row, the
+proxy sums the rows of its host's ranks for each stage-1 row (fp32, ascending rank),
+one row per (token, host) goes back and the source sums over hosts (fp32, ascending
+host). Partial rows travel in x's dtype: in bf16 a token whose records sit on several
+ranks is rounded at each partial sum, unlike the per-record path's single rounding
+(fp32 with two records per token gives the same bits: two-term sums commute; a
+token whose records all run on one rank is summed exactly as there). ``dispatch_backward``
 is the same without weights; ``combine_backward`` sends ``dy`` like ``dispatch`` sends
 ``x`` (once per host, then once per rank), the executing rank forms ``w * dy`` and
 ``dweight = <dy, o>`` (fp32, ``o`` kept there), and one float per record returns.
@@ -106,7 +107,8 @@ def hosts_of(group_size: int, ranks_per_host: int | None) -> int:
     if ranks_per_host < 1 or group_size % ranks_per_host:
         raise ValueError(
             f"{where} = {ranks_per_host} must divide the group's {group_size} ranks "
-            "(hosts are groups of that many consecutive ranks)"
+            "(hosts are groups of that many consecutive ranks; another size: register "
+            "functools.partial(two_stage.factory, ranks_per_host=L) under a name of its own)"
         )
     return ranks_per_host
 
