@@ -16,6 +16,8 @@ import torch
 import moonplan
 from moonplan.runtime.transports.two_stage import TwoStageTransport, hosts_of
 from moonplan.testing.dist import run_ranks
+from tests.runtime.oracle import dense_moe, dense_weights, tokens
+from tests.runtime.test_layer import _hot_ids, _layer_outputs
 from tests.runtime.test_training import _rank_grads, _reference
 from tests.runtime.test_transports import _round_trip, _tokens
 
@@ -63,10 +65,26 @@ def test_layer_gradients_equal_dense_reference(L: int, E: int, K: int, sizes: li
             )
 
 
+@pytest.mark.parametrize("L", HOSTS)
+def test_layer_outputs_equal_dense_oracle(L: int) -> None:
+    """Two steps (the second with resident slots) of a skewed top-8 layer with an empty
+    rank equal the dense oracle; the second step gives the same bits."""
+    H, F, E, K, sizes = 16, 24, 10, 8, [7, 0, 9, 5]
+    cfg = {"H": H, "F": F, "E": E, "K": K, "seed": 4, "sizes": sizes, "steps": 2}
+    cfg["ids"], cfg["w"] = _hot_ids(sum(sizes), E, K, 4)
+    cfg["transport"] = "a2a-hosts"
+    env = {"LOCAL_WORLD_SIZE": str(L)}
+    outs = run_ranks(_with_env, 4, env, _layer_outputs, cfg, timeout=TIMEOUT)
+    want = dense_moe(tokens(sum(sizes), H, 4), cfg["ids"], cfg["w"], dense_weights(E, H, F, 4))
+    got = torch.cat([o[0] for o in outs if o.numel()])
+    torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(o[0], o[1]) for o in outs if o.numel())
+
+
 def _layer_steps(rank: int, world: int, cfg: dict) -> dict:
     """Outputs and input gradients of ``cfg["name"]`` (twice) and a2a, and the traffic."""
     from moonplan import MoonMoE
-    from tests.runtime.oracle import dense_weights, split, tokens
+    from tests.runtime.oracle import split
 
     H, F, E, K, dtype = 16, 24, cfg["E"], cfg["K"], cfg["dtype"]
     w = dense_weights(E, H, F, seed=5)
