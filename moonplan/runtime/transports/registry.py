@@ -20,6 +20,7 @@ import torch
 
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
+from moonplan.runtime.transports import two_stage
 from moonplan.runtime.transports.all_to_all import AllToAllTransport
 from moonplan.runtime.transports.base import Transport
 from moonplan.runtime.transports.heap import HeapTransport
@@ -90,3 +91,4 @@ def _all_to_all(group: EPGroup, *, heap: SymmetricHeap | None, **sizes: Any) -> 
 
 register("heap", _heap, needs_heap=True)
 register("a2a", _all_to_all)
+register("a2a-hosts", two_stage.factory)
