@@ -26,11 +26,7 @@ def test_runtime_check_cpu_smoke(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     got = json.loads((tmp_path / "gpu_runtime_check.json").read_text())
-    assert (
-        got["kernels"]["same_scatter"]
-        and got["kernels"]["same_combine"]
-        and got["kernels"]["same_gather"]
-    )
+    assert got["kernels"]["same_scatter"] and got["kernels"]["same_gather"]
     assert got["layer"]["max_rel_err"] < 1e-5 and got["layer"]["grads_finite"]
 
 

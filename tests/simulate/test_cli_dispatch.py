@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from moonplan import cli_simulate
+from moonplan.cli import simulate as cli_simulate
 
 
 def _run(argv: list[str]) -> int:
