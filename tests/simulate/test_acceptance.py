@@ -15,6 +15,7 @@ from moonplan.simulate.acceptance import (
     PEERS,
     AcceptanceGrid,
     acceptance_point,
+    classify,
     failures,
     run_acceptance,
     worst,
@@ -86,6 +87,18 @@ def test_failures_and_worst_by_hand() -> None:
     assert failures([ok, ideal_ok]) == []
     assert failures([ok, slow, ideal_bad]) == [slow, ideal_bad]
     assert worst([ok, slow, ideal_ok], 2) == [slow, ok]
+
+
+def test_classify_by_hand() -> None:
+    us = {"static-linear": 200.0, "eplb": 100.0, "moonep-greedy": 130.0,
+          "moonplan-resident": 120.0, AUTO: 150.0}  # fmt: skip
+    row = {"vs_peers": 1.5, "vs_peers_chosen_only": 1.2, "best_peer_us": 100.0, "us": us}
+    assert classify(row) == "eplb"
+    assert classify({**row, "vs_peers": 1.0}) == ""
+    assert classify({**row, "vs_peers_chosen_only": 1.0}) == "planning"
+    assert classify({**row, "us": {**us, "moonplan-resident": 101.0}}) == "myopia"
+    assert classify({**row, "us": {**us, "static-linear": 100.5}}) == "static"
+    assert classify({**row, "us": {**us, "moonep-greedy": 100.0}}) == "greedy"
 
 
 # The reduced grid CI runs (the full grid is bench/bench_auto_sweep.py): one model on the
