@@ -8,22 +8,26 @@ Legend:
 Candidates, in the order they are evaluated (ties go to the earlier one):
 
 ``static`` and ``resident`` (only with ``previous=``, and only when it moves
-records) first: they need no planner run. Then the balancing candidates
-(:func:`balancing_order`): the previous plan's candidate (``previous.policy``)
-first, as it usually wins again, then ``exact``, then ``bounded-<eps>`` for
-``eps`` in :data:`EPS` (largest first). A balancing candidate whose targets
-equal the static loads or another candidate's targets is skipped: it would be
-the same plan, planned again.
+records) first: they fetch nothing and need no planner run, so they are scored
+from their allocations (``cost.step_time``) and built only if they win. Then
+the balancing candidates (:func:`balancing_order`): the previous plan's
+candidate (``previous.policy``) first, as it usually wins again, then
+``exact``, then ``bounded-<eps>`` for ``eps`` in :data:`EPS` (largest first).
+A balancing candidate whose targets equal the static loads or another
+candidate's targets is skipped: it would be the same plan, planned again.
+Last, with ``previous=``, ``greedy``: the MoonEP greedy's allocation (the
+construction without ``previous=``), its slots reusing the residents.
 
 ``auto`` scores each candidate with :func:`score` of
-``cost.plan_time(candidate, planned=k)`` (``k``: runs of the group-flow
-construction so far, this one included; the exposed fetch amortised over
-``cost.horizon`` steps) and keeps the least score. Before building a balancing
-candidate it checks a lower bound of its score (:func:`lower_bound`, with the
-candidate's largest target) and skips it, unbuilt, when the bound cannot beat
-the best so far: ``plan.planned`` counts only the candidates actually built,
-and ``plan.predicted`` holds the score of every candidate evaluated. The choice
-is a pure function of ``(counts, previous (its slots, flows and policy), cost,
+``cost.plan_time(candidate, planned=k)`` (``k``: planner runs so far, this one
+included; the exposed fetch amortised over ``cost.horizon`` steps) and keeps
+the least score. Before building a balancing candidate it checks a lower bound
+of its score (``moonplan.plan.screen.lower_bound``: the construction's group
+flows, decided from the counts alone, and what every plan with those flows
+pays) and skips it, unbuilt, when the bound plus the runs cannot beat the best
+so far: ``plan.planned`` counts only the candidates actually built, and
+``plan.predicted`` holds the score of every candidate evaluated. The choice is
+a pure function of ``(counts, previous (its slots, flows and policy), cost,
 options)``: every rank picks the same plan.
 
 Two builders with identical results: ``reference`` (plain Python, the
@@ -70,7 +74,9 @@ then ``greedy``)."""
 class CostModel(Protocol):
     """What ``policy="auto"`` needs of a cost model (``moonplan.stepcost.StepCost`` has it).
 
-    Planning time must be ``planned * plan_s`` on top of the rest of the step.
+    Planning time must be ``planned * plan_s`` on top of the rest of the step, and
+    ``plan_time(plan)`` the ``step_time`` of the plan's allocation, counts, fetched pairs
+    and home map (``static`` and ``resident`` are scored from their allocations).
     """
 
     @property

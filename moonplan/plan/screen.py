@@ -287,8 +287,9 @@ def link_floor(cost: CostModel, view: Floors) -> tuple[float, float]:
     rows (``S_r``: rows it routes) and receives at least ``t_r - keep_r``. A link
     time is at least ``n * a`` in one fast-link domain (``a``: the intra rate) and
     ``n * a * b / (a + b)`` across domains (the best split of ``n`` over both link
-    classes, ``b`` the inter rate). Read from a ``StepCost``'s rate fields; a cost
-    model without them gets ``(0, 0)``.
+    classes, ``b`` the inter rate), or more where the senders' link classes are
+    known (:func:`_send_split_s`). Combine sends the same rows back. Read from a
+    ``StepCost``'s rate fields; a cost model without them gets ``(0, 0)``.
     """
     R = len(view.load_R)
     names = (
@@ -302,15 +303,75 @@ def link_floor(cost: CostModel, view: Floors) -> tuple[float, float]:
     c, home_E, t_R = view.counts_RE, view.home_E, view.t_R
     group_RR = _group_sums_RR(c, home_E, R)  # [s, d]: rows s routes to d's home experts
     d_F, r_F, q_F = view.flow_F3[:, 0], view.flow_F3[:, 1], view.flow_F3[:, 2]
-    keep_R = group_RR.diagonal() + view.per_receiver(np.minimum(q_F, group_RR[r_F, d_F]))
+    keep_RD = np.zeros((R, R), dtype=np.int64)  # [s, d]: rows s may keep of d's experts
+    np.fill_diagonal(keep_RD, group_RR.diagonal())
+    keep_RD[r_F, d_F] += np.minimum(q_F, group_RR[r_F, d_F])
+    keep_R = keep_RD.sum(1)
     n = float((np.maximum(c.sum(1), t_R) - keep_R).max())
-    one_domain = int(_domain_size(cost, R)) >= R
+    G = int(_domain_size(cost, R))
     out = []
     for intra_n, inter_n in (names[:2], names[2:]):
         a, b = float(getattr(cost, intra_n)), float(getattr(cost, inter_n))
-        rate = a if one_domain else (a * b / (a + b) if a > 0 and b > 0 else 0.0)
-        out.append(max(0.0, n) * rate)
+        if G >= R:
+            out.append(max(0.0, n) * a)
+            continue
+        rate = a * b / (a + b) if a > 0 and b > 0 else 0.0
+        sends = _send_split_s(view, group_RR - keep_RD, G, a, b)
+        recvs = _recv_split_s(view, group_RR, keep_R, G, a, b)
+        out.append(max(max(0.0, n) * rate, sends, recvs))
     return out[0], out[1]
+
+
+def _recv_split_s(
+    view: Floors, group_RR: np.ndarray, keep_R: np.ndarray, G: int, a: float, b: float
+) -> float:
+    """Link seconds of the busiest receiver when its rows' link classes are partly known.
+
+    Rank ``d`` executes all but the ``g_d`` records it gives of its home experts; of the
+    rows routed to them from outside its domain at most ``g_d`` run elsewhere, so at least
+    the rest cross the network into ``d`` (likewise from inside its domain). It receives
+    at least ``t_d - keep_d`` rows in all; the best split within those limits is a floor.
+    """
+    R = len(view.load_R)
+    dom_R = np.arange(R) // G
+    far_RR = dom_R[:, None] != dom_R[None, :]  # [s, d]
+    near_RR = ~far_RR & ~np.eye(R, dtype=bool)
+    given_R = np.bincount(view.flow_F3[:, 0], weights=view.flow_F3[:, 2], minlength=R)
+    inter_R = (np.where(far_RR, group_RR, 0).sum(0) - given_R).clip(min=0)
+    intra_R = (np.where(near_RR, group_RR, 0).sum(0) - given_R).clip(min=0)
+    n_R = np.maximum((view.t_R - keep_R).astype(np.float64), inter_R + intra_R)
+    return _split_s(n_R, inter_R, intra_R, a, b)
+
+
+def _split_s(
+    n_R: np.ndarray, inter_R: np.ndarray, intra_R: np.ndarray, a: float, b: float
+) -> float:
+    """``max_r min_y max((n_r - y) a, y b)`` over ``inter_r <= y <= n_r - intra_r``."""
+    best = n_R * a / (a + b) if a + b > 0 else n_R
+    y_R = np.minimum(np.maximum(best, inter_R), n_R - intra_R)
+    return float(np.maximum((n_R - y_R) * a, y_R * b).max())
+
+
+def _send_split_s(view: Floors, sent_RD: np.ndarray, G: int, a: float, b: float) -> float:
+    """Link seconds of the busiest sender when its rows' link classes are partly known.
+
+    The ranks holding some expert of group ``d`` are among ``d`` and the receivers of
+    ``d``'s flows; rows ``s`` sends for group ``d`` (``sent_RD``, at least) all cross
+    the network when every such rank but ``s`` is outside ``s``'s domain, and all stay
+    inside when every one is inside. The rest may take either class; the best split of
+    a sender's rows within those limits, ``min_y max((n - y) a, y b)``, is a floor.
+    """
+    R = len(view.load_R)
+    hold_DR = np.eye(R, dtype=np.float64)
+    hold_DR[view.flow_F3[:, 0], view.flow_F3[:, 1]] = 1.0
+    dom_R = np.arange(R) // G
+    same_RR = (dom_R[:, None] == dom_R[None, :]) & ~np.eye(R, dtype=bool)
+    near_RD = same_RR.astype(np.float64) @ hold_DR.T  # [s, d]: holders in s's domain
+    far_RD = (dom_R[:, None] != dom_R[None, :]).astype(np.float64) @ hold_DR.T
+    sent_RD = sent_RD.clip(min=0).astype(np.float64)
+    inter_R = np.where((far_RD > 0) & (near_RD == 0), sent_RD, 0.0).sum(1)
+    intra_R = np.where((near_RD > 0) & (far_RD == 0), sent_RD, 0.0).sum(1)
+    return _split_s(sent_RD.sum(1), inter_R, intra_R, a, b)
 
 
 def _rate(cost: CostModel, name: str) -> float:

@@ -59,6 +59,7 @@ def costs(draw: st.DrawFn) -> StepCost:
         tile_rows=draw(st.sampled_from([1, 16])),
         overlap=draw(st.booleans()),
         horizon=draw(st.sampled_from([1.0, 8.0, 1e6])),
+        domain=draw(st.sampled_from([base.domain, 1, 2, 3])),  # several fast-link domains
     )
 
 
