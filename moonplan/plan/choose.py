@@ -56,7 +56,7 @@ from moonplan.plan.from_alloc import layout_reference, layout_resident, layout_t
 from moonplan.plan.home import home_map, targets_list
 from moonplan.plan.plan_type import Plan, Predicted, make_plan
 from moonplan.plan.reference import reference_plan, to_tensors
-from moonplan.plan.screen import lower_bound
+from moonplan.plan.screen import Step, lower_bound
 from moonplan.plan.static import static_alloc
 from moonplan.plan.torch_backend import plan_torch
 
@@ -144,7 +144,9 @@ def choose(inp: Inputs, cost: CostModel, eps: tuple[str, ...] = EPS) -> Plan:
     best: Plan | None = None
     best_s = times[best_name]
     runs = 0
-    for name, target, bound in _screened_order(load, inp):
+    order = _screened_order(load, inp)
+    step = Step.of(inp.counts_RE, inp.prev_RB) if order else None
+    for name, target, bound in order:
         floor_s = lower_bound(
             cost,
             inp.counts_RE,
@@ -154,6 +156,7 @@ def choose(inp: Inputs, cost: CostModel, eps: tuple[str, ...] = EPS) -> Plan:
             prev_F3=inp.prev_F3,
             horizon=h,
             replay=name != GREEDY,
+            step=step,
         )
         if floor_s + (runs + 1) * cost.plan_s >= best_s:
             continue  # cannot beat the best so far

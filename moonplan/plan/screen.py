@@ -14,7 +14,7 @@ the loads alone, before touching an expert; the screen runs that same step
 step 2 and the layout can make of the flows, without building the plan. A flow
 ``(d, r, q)`` moves ``q`` records of donor ``d``'s home experts to ``r``; a pair
 ``(e, r)`` carries at most ``T_e`` records, so the flow needs at least as many
-pairs as ``d``'s largest experts take to sum to ``q`` (:func:`flow_pairs_F`), of
+pairs as ``d``'s largest experts take to sum to ``q`` (``Floors.pairs_F``), of
 which those resident in ``r``'s previous slots need no copy. A rank that is no
 flow's donor keeps every home record. The floors read a ``StepCost``'s fields; a
 cost model without them gets the traffic-free bound alone.
@@ -38,13 +38,47 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Floors:
-    """What the floors read of one candidate: counts, targets and its flows (host numpy)."""
+class Step:
+    """One step's host view shared by every candidate's floors (built once per choice)."""
 
     counts_RE: np.ndarray
+    home: list[int]
     home_E: np.ndarray
     T_E: np.ndarray
     load_R: np.ndarray
+    desc_RM: np.ndarray  # int64 [R, M]: running sums of home experts' T, largest first
+    asc_RM: np.ndarray  # int64 [R, M]: running sums of home experts with records, smallest first
+    group_RR: np.ndarray  # int64 [s, d]: rows s routes to d's home experts
+    res_RR: np.ndarray  # int64 [r, d]: d's experts resident in r's previous slots
+    warm: dict[int, set[int]] | None  # the construction's warm pairs (receiver -> groups)
+
+    @classmethod
+    def of(cls, counts_RE: torch.Tensor, prev_RB: torch.Tensor | None = None) -> Step:
+        """The view of ``counts_RE`` and ``previous``'s slots ``prev_RB``."""
+        c = host_int64(counts_RE)
+        R, E = c.shape
+        home = home_list(E, R)
+        home_E = np.asarray(home, dtype=np.int64)
+        T_E = c.sum(0)
+        load_R = np.bincount(home_E, weights=T_E, minlength=R).astype(np.int64)
+        desc_RM = np.cumsum(-np.sort(-_grouped_RM(T_E, home_E, R), axis=1), axis=1)
+        never = np.iinfo(np.int64).max // (E + 1)  # an expert without records: never emptied
+        asc_RM = np.cumsum(np.sort(_grouped_RM(np.where(T_E > 0, T_E, never), home_E, R)), 1)
+        res_RR = np.zeros((R, R), dtype=np.int64)
+        if prev_RB is not None:
+            slot_RB = host_int64(prev_RB)
+            r_N, j_N = (slot_RB >= 0).nonzero()
+            np.add.at(res_RR, (r_N, home_E[slot_RB[r_N, j_N]]), 1)
+        warm, _ = warm_maps(None if prev_RB is None else prev_RB.cpu(), home)
+        group_RR = _group_sums_RR(c, home_E, R)
+        return cls(c, home, home_E, T_E, load_R, desc_RM, asc_RM, group_RR, res_RR, warm)
+
+
+@dataclass(frozen=True)
+class Floors:
+    """What the floors read of one candidate: the step, its targets and flows (host numpy)."""
+
+    step: Step
     t_R: np.ndarray
     flow_F3: np.ndarray  # int64 [F, 3]
     pairs_F: np.ndarray  # int64 [F]: fewest pairs of each flow (resident or copied)
@@ -59,29 +93,38 @@ class Floors:
         prev_F3: torch.Tensor | None = None,
         *,
         replay: bool = True,
+        step: Step | None = None,
     ) -> Floors:
         """The floors' view of ``counts_RE`` for ``target`` (``None``: exact balance);
-        ``replay=False``: flows decided without ``previous`` (its residents still count)."""
-        c = host_int64(counts_RE)
-        R, E = c.shape
-        home = home_list(E, R)
-        home_E = np.asarray(home, dtype=np.int64)
-        T_E = c.sum(0)
-        load_R = np.bincount(home_E, weights=T_E, minlength=R).astype(np.int64)
-        N = int(T_E.sum())
+        ``replay=False``: flows decided without ``previous`` (its residents still count);
+        ``step``: :meth:`Step.of` of the same counts and ``prev_RB``, if already built."""
+        st = Step.of(counts_RE, prev_RB) if step is None else step
+        R = len(st.load_R)
+        N = int(st.T_E.sum())
         t_R = np.asarray(targets_list(N, R) if target is None else target, dtype=np.int64)
-        warm, _ = warm_maps(prev_RB.cpu() if replay and prev_RB is not None else None, home)
-        flows = host_flows(load_R.tolist(), t_R.tolist(), warm, prev_F3 if replay else None)
+        warm = st.warm if replay else None
+        flows = host_flows(st.load_R.tolist(), t_R.tolist(), warm, prev_F3 if replay else None)
         flow_F3 = np.asarray(flows, dtype=np.int64).reshape(-1, 3)
-        pairs_F = flow_pairs_F(T_E, home_E, flow_F3, R)
-        res_RR = np.zeros((R, R), dtype=np.int64)  # [receiver, group]: resident experts
-        if prev_RB is not None:
-            slot_RB = host_int64(prev_RB)
-            r_N, j_N = (slot_RB >= 0).nonzero()
-            np.add.at(res_RR, (r_N, home_E[slot_RB[r_N, j_N]]), 1)
-        d_F, r_F = flow_F3[:, 0], flow_F3[:, 1]
-        copies_F = (pairs_F - res_RR[r_F, d_F]).clip(min=0)
-        return cls(c, home_E, T_E, load_R, t_R, flow_F3, pairs_F, copies_F)
+        d_F, r_F, q_F = flow_F3[:, 0], flow_F3[:, 1], flow_F3[:, 2]
+        pairs_F = (st.desc_RM[d_F] < q_F[:, None]).sum(1).astype(np.int64) + 1
+        copies_F = (pairs_F - st.res_RR[r_F, d_F]).clip(min=0)
+        return cls(st, t_R, flow_F3, pairs_F, copies_F)
+
+    @property
+    def counts_RE(self) -> np.ndarray:
+        return self.step.counts_RE
+
+    @property
+    def home_E(self) -> np.ndarray:
+        return self.step.home_E
+
+    @property
+    def T_E(self) -> np.ndarray:
+        return self.step.T_E
+
+    @property
+    def load_R(self) -> np.ndarray:
+        return self.step.load_R
 
     def keeps_R(self) -> np.ndarray:
         """bool ``[R]``: ranks that are no flow's donor (they keep every home record)."""
@@ -95,13 +138,6 @@ class Floors:
         return np.bincount(self.flow_F3[:, 1], weights=values_F, minlength=R).astype(np.int64)
 
 
-def flow_pairs_F(T_E: np.ndarray, home_E: np.ndarray, flow_F3: np.ndarray, R: int) -> np.ndarray:
-    """int64 ``[F]``: fewest pairs in which each flow's donor group can carry its records."""
-    cum_RM = np.cumsum(-np.sort(-_grouped_RM(T_E, home_E, R), axis=1), axis=1)
-    d_F, q_F = flow_F3[:, 0], flow_F3[:, 2]
-    return (cum_RM[d_F] < q_F[:, None]).sum(1).astype(np.int64) + 1
-
-
 def lower_bound(
     cost: CostModel,
     counts_RE: torch.Tensor,
@@ -112,6 +148,7 @@ def lower_bound(
     prev_F3: torch.Tensor | None = None,
     horizon: float = 1.0,
     replay: bool = True,
+    step: Step | None = None,
 ) -> float:
     """A lower bound of a balancing candidate's ``choose.score`` with ``planned`` runs.
 
@@ -119,7 +156,8 @@ def lower_bound(
     ``prev_RB``, ``prev_F3``: the previous plan's slots (its residents need no
     copy) and flows (the construction may replay them); ``replay=False``: the
     construction without ``previous=`` (the ``greedy`` candidate), whose replicas still
-    reuse the residents.
+    reuse the residents. ``step``: :meth:`Step.of` of these counts and slots, shared by
+    the candidates of one choice.
 
     The step of two imagined ranks, free of traffic (every row computed where it
     was routed, nothing fetched): rank 0 runs ``k = ceil(A/R)`` experts of one
@@ -133,7 +171,7 @@ def lower_bound(
     which the score charges ``1/horizon`` of the part the step waits for. Only the
     ``k`` imagined experts are passed, so the bound costs little next to scoring a plan.
     """
-    view = Floors.of(counts_RE, target, prev_RB, prev_F3, replay=replay)
+    view = Floors.of(counts_RE, target, prev_RB, prev_F3, replay=replay, step=step)
     free_s, experts_s, combine_s = _free(cost, view, planned)
     lift = max(0.0, experts_floor(cost, view) - experts_s)
     d_link, c_link = link_floor(cost, view)
@@ -242,7 +280,7 @@ def experts_floor(cost: CostModel, view: Floors) -> float:
     d_F, q_F = view.flow_F3[:, 0], view.flow_F3[:, 2]
     given_R = np.bincount(d_F, weights=q_F, minlength=R).astype(np.int64)
     kept_R = np.bincount(home_E, weights=T_E > 0, minlength=R).astype(np.int64)
-    kept_R -= _emptied_R(T_E, home_E, given_R, R)
+    kept_R -= (view.step.asc_RM <= given_R[:, None]).sum(1)
     left_R = view.load_R - given_R
     home_pad_R = np.maximum((left_R + tile - 1) // tile * tile, kept_R * tile)
     home_pad_R = np.where(given_R == 0, np.bincount(home_E, weights=pad_E, minlength=R), home_pad_R)
@@ -250,15 +288,6 @@ def experts_floor(cost: CostModel, view: Floors) -> float:
     flop_R = flop_s * (home_pad_R + view.per_receiver(pad_F))
     mem_R = read_s * (kept_R + view.per_receiver(view.pairs_F)) + mem_s * t_R
     return max(mean, float(np.maximum(flop_R, mem_R).max()))
-
-
-def _emptied_R(T_E: np.ndarray, home_E: np.ndarray, given_R: np.ndarray, R: int) -> np.ndarray:
-    """int64 ``[R]``: most home experts with records a rank can empty by giving ``given_R``
-    (as many of its smallest as sum to ``given_R`` or less)."""
-    never = np.iinfo(np.int64).max // (len(T_E) + 1)  # an expert without records: not counted
-    top_RM = _grouped_RM(np.where(T_E > 0, T_E, never), home_E, R)
-    cum_RM = np.cumsum(np.sort(top_RM, axis=1), axis=1)
-    return (cum_RM <= given_R[:, None]).sum(1).astype(np.int64)
 
 
 def _group_sums_RR(c_RE: np.ndarray, home_E: np.ndarray, R: int) -> np.ndarray:
@@ -300,8 +329,8 @@ def link_floor(cost: CostModel, view: Floors) -> tuple[float, float]:
     )
     if R <= 1 or not all(hasattr(cost, n) for n in names) or not hasattr(cost, "domain_size"):
         return 0.0, 0.0
-    c, home_E, t_R = view.counts_RE, view.home_E, view.t_R
-    group_RR = _group_sums_RR(c, home_E, R)  # [s, d]: rows s routes to d's home experts
+    c, t_R = view.counts_RE, view.t_R
+    group_RR = view.step.group_RR  # [s, d]: rows s routes to d's home experts
     d_F, r_F, q_F = view.flow_F3[:, 0], view.flow_F3[:, 1], view.flow_F3[:, 2]
     keep_RD = np.zeros((R, R), dtype=np.int64)  # [s, d]: rows s may keep of d's experts
     np.fill_diagonal(keep_RD, group_RR.diagonal())
