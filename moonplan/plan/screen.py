@@ -110,31 +110,15 @@ class Floors:
         copies_F = (pairs_F - st.res_RR[r_F, d_F]).clip(min=0)
         return cls(st, t_R, flow_F3, pairs_F, copies_F)
 
-    @property
-    def counts_RE(self) -> np.ndarray:
-        return self.step.counts_RE
-
-    @property
-    def home_E(self) -> np.ndarray:
-        return self.step.home_E
-
-    @property
-    def T_E(self) -> np.ndarray:
-        return self.step.T_E
-
-    @property
-    def load_R(self) -> np.ndarray:
-        return self.step.load_R
-
     def keeps_R(self) -> np.ndarray:
         """bool ``[R]``: ranks that are no flow's donor (they keep every home record)."""
-        keeps_R = np.ones(len(self.load_R), dtype=bool)
+        keeps_R = np.ones(len(self.step.load_R), dtype=bool)
         keeps_R[self.flow_F3[:, 0]] = False
         return keeps_R
 
     def per_receiver(self, values_F: np.ndarray) -> np.ndarray:
         """``values_F`` summed per receiving rank: int64 ``[R]``."""
-        R = len(self.load_R)
+        R = len(self.step.load_R)
         return np.bincount(self.flow_F3[:, 1], weights=values_F, minlength=R).astype(np.int64)
 
 
@@ -193,8 +177,8 @@ def _free(cost: CostModel, view: Floors, planned: int) -> tuple[float, float, fl
     """``(total, experts, combine)`` seconds of the imagined traffic-free step (see
     :func:`lower_bound`): in closed form for a ``StepCost``'s fields, else predicted by
     ``cost.step_time`` on the imagined ranks."""
-    R = len(view.load_R)
-    k = -(-int((view.T_E > 0).sum()) // R)
+    R = len(view.step.load_R)
+    k = -(-int((view.step.T_E > 0).sum()) // R)
     top = int(view.t_R.max())
     if all(hasattr(cost, n) for n in _STEP_FIELDS):
         flop, read, mem, tile = (_rate(cost, n) for n in _STEP_FIELDS[:4])
@@ -236,7 +220,7 @@ def fetch_floor(cost: CostModel, view: Floors) -> float:
     ``base_latency_s``. 0 for a cost model without those fields or without copies.
     """
     names = ("copy_s_intra", "copy_s_inter", "base_latency_s", "domain_size")
-    R = len(view.load_R)
+    R = len(view.step.load_R)
     if R <= 1 or not all(hasattr(cost, n) for n in names) or not view.copies_F.any():
         return 0.0
     d_F, r_F = view.flow_F3[:, 0], view.flow_F3[:, 1]
@@ -269,8 +253,8 @@ def experts_floor(cost: CostModel, view: Floors) -> float:
     names = ("row_flop_s", "weight_read_s", "row_mem_s", "tile_rows")
     if not all(hasattr(cost, n) for n in names):
         return 0.0
-    R = len(view.load_R)
-    T_E, home_E, t_R = view.T_E, view.home_E, view.t_R
+    R = len(view.step.load_R)
+    T_E, home_E, t_R = view.step.T_E, view.step.home_E, view.t_R
     N = int(T_E.sum())
     tile = int(_rate(cost, "tile_rows"))
     flop_s, read_s = _rate(cost, "row_flop_s"), _rate(cost, "weight_read_s")
@@ -281,7 +265,7 @@ def experts_floor(cost: CostModel, view: Floors) -> float:
     given_R = np.bincount(d_F, weights=q_F, minlength=R).astype(np.int64)
     kept_R = np.bincount(home_E, weights=T_E > 0, minlength=R).astype(np.int64)
     kept_R -= (view.step.asc_RM <= given_R[:, None]).sum(1)
-    left_R = view.load_R - given_R
+    left_R = view.step.load_R - given_R
     home_pad_R = np.maximum((left_R + tile - 1) // tile * tile, kept_R * tile)
     home_pad_R = np.where(given_R == 0, np.bincount(home_E, weights=pad_E, minlength=R), home_pad_R)
     pad_F = np.maximum((q_F + tile - 1) // tile * tile, view.pairs_F * tile)
@@ -320,7 +304,7 @@ def link_floor(cost: CostModel, view: Floors) -> tuple[float, float]:
     known (:func:`_send_split_s`). Combine sends the same rows back. Read from a
     ``StepCost``'s rate fields; a cost model without them gets ``(0, 0)``.
     """
-    R = len(view.load_R)
+    R = len(view.step.load_R)
     names = (
         "dispatch_row_s_intra",
         "dispatch_row_s_inter",
@@ -329,7 +313,7 @@ def link_floor(cost: CostModel, view: Floors) -> tuple[float, float]:
     )
     if R <= 1 or not all(hasattr(cost, n) for n in names) or not hasattr(cost, "domain_size"):
         return 0.0, 0.0
-    c, t_R = view.counts_RE, view.t_R
+    c, t_R = view.step.counts_RE, view.t_R
     group_RR = view.step.group_RR  # [s, d]: rows s routes to d's home experts
     d_F, r_F, q_F = view.flow_F3[:, 0], view.flow_F3[:, 1], view.flow_F3[:, 2]
     keep_RD = np.zeros((R, R), dtype=np.int64)  # [s, d]: rows s may keep of d's experts
@@ -361,7 +345,7 @@ def _recv_split_s(
     the rest cross the network into ``d`` (likewise from inside its domain). It receives
     at least ``t_d - keep_d`` rows in all; the best split within those limits is a floor.
     """
-    R = len(view.load_R)
+    R = len(view.step.load_R)
     dom_R = np.arange(R) // G
     far_RR = dom_R[:, None] != dom_R[None, :]  # [s, d]
     near_RR = ~far_RR & ~np.eye(R, dtype=bool)
@@ -390,7 +374,7 @@ def _send_split_s(view: Floors, sent_RD: np.ndarray, G: int, a: float, b: float)
     inside when every one is inside. The rest may take either class; the best split of
     a sender's rows within those limits, ``min_y max((n - y) a, y b)``, is a floor.
     """
-    R = len(view.load_R)
+    R = len(view.step.load_R)
     hold_DR = np.eye(R, dtype=np.float64)
     hold_DR[view.flow_F3[:, 0], view.flow_F3[:, 1]] = 1.0
     dom_R = np.arange(R) // G
