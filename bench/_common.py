@@ -90,6 +90,23 @@ def write_json(path: str, result: dict[str, Any]) -> Path:
     return out
 
 
+def write_report(path: str, result: dict[str, Any], md: list[str]) -> Path:
+    """Write ``result`` as JSON to ``path`` and ``md`` (Markdown lines) beside it as ``.md``;
+    print the Markdown and where both went (with ``result["seconds"]`` when present)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=_plain) + "\n")
+    out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    print(f"wrote {out} and {out.with_suffix('.md')} in {result.get('seconds', 0):.0f} s")
+    return out
+
+
+def _plain(x: Any) -> Any:
+    """JSON for what ``json`` cannot write: numbers as floats, the rest as strings."""
+    return float(x) if hasattr(x, "__float__") else str(x)
+
+
 def section(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
     """Run one section of a check script; store its result or its error (never raises)."""
     t0 = time.perf_counter()

@@ -18,23 +18,36 @@ Writes ``bench/results/bench_auto_sweep.json`` and ``.md``.
 
     python bench/bench_auto_sweep.py            # full grid (tens of minutes on 2 CPUs)
     python bench/bench_auto_sweep.py --quick    # 24 points, a minute
+    python bench/bench_auto_sweep.py --paths --out ...  # CPU time of auto's paths
+    python bench/bench_auto_sweep.py --horizons 1,2,4,8,16 --out ...  # the horizon study:
+        # auto on HORIZON_GRID (8 measured steps) per StepCost.horizon, peers run once
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _common import write_report
+
+from moonplan.cost import ModelPreset
+from moonplan.plan.api import plan as moonplan_plan
+from moonplan.plan.choose import Inputs, build, choose
+from moonplan.plan.screen import lower_bound
 from moonplan.simulate.acceptance import (
     AUTO,
+    CLASSES,
     IDEAL_BAR,
     IDEAL_POINT,
     PEER_BAR,
+    PEERS,
     AcceptanceGrid,
+    classify,
     failures,
     run_acceptance,
     worst,
@@ -43,11 +56,19 @@ from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import get_model
 from moonplan.simulate.progress import ProgressBar
 from moonplan.simulate.sweep import SweepSpec, spec_point
+from moonplan.simulate.workload import drifting_counts
+from moonplan.stepcost import Hardware, StepCost
 from moonplan.stepcost.hardware import get_hardware
+from moonplan.stepcost.step_cost import DEFAULT_HORIZON
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = AcceptanceGrid(models=("deepseek-v3",), hardware=("h200-node", "h200-multinode"),
                        ranks=(8, 16), sigmas=(0.0, 2.0), tokens=(16, 1024, 16384))  # fmt: skip
+HORIZON_GRID = AcceptanceGrid(models=("deepseek-v3", "kimi-k3-like"),
+                              hardware=("h200-node", "h20-node", "h200-multinode"),
+                              ranks=(8, 16, 64), sigmas=(1.0, 2.0), tokens=(64, 1024, 4096),
+                              steps=8)  # fmt: skip
+"""Where the horizon matters (skewed routing, decode to prefill sizes), measured longer."""
 WHY_POLICIES = ("static-linear", "eplb", "moonep-greedy", "moonplan", "moonplan-resident", AUTO)
 WHY = (  # (label, hardware, EP, sigma, tokens per rank)
     ("EP8 decode S=16", "h200-node", 8, 1.0, 16),
@@ -104,6 +125,30 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
     return [table(head, out), "", f"auto's choices over all measured steps: {choices(total)}"]
 
 
+def causes(rows: list[dict[str, Any]]) -> list[str]:
+    """Points above the bar by cause (``acceptance.classify``), and the EPLB-only points'
+    background moves: what they would cost per step if they sat on the links of the step."""
+    by: Counter[str] = Counter(classify(r) for r in rows)
+    out = [table(["cause", "points"], [[c, str(by[c])] for c in CLASSES]), ""]
+    only = [r for r in rows if classify(r) == "eplb"]
+    if not only:
+        return out
+    lines = []
+    for r in only:
+        hw = get_hardware(r["hardware"])
+        link_us = r["moved_mb"]["eplb"] * 1e6 / r["ranks"] / hw.nvlink_effective * 1e6
+        lines.append((r["vs_peers"], r["us"][AUTO] - r["best_peer_us"], link_us,
+                      r["moved_mb"]["eplb"]))  # fmt: skip
+    med = [sorted(x[i] for x in lines)[len(lines) // 2] for i in range(4)]
+    fits = sum(x[2] <= x[1] for x in lines)
+    out += [f"EPLB-only points: {len(only)}; auto / EPLB median {med[0]:.3f}, worst "
+            f"{max(x[0] for x in lines):.3f}; auto - EPLB median {med[1]:.0f} us; EPLB moves "
+            f"{med[3]:.0f} MB per step in the background (median), {med[2]:.0f} us of one rank's "
+            f"NVLink if spread over the ranks; at {fits} of them that link time is below the "
+            "gap (moving the same bytes in the background could close it)", ""]  # fmt: skip
+    return out
+
+
 def why(cfg_by_name: dict[str, SimConfig], steps: int, warmup: int) -> list[dict[str, Any]]:
     """Step time / ideal and moonplan's prefetch at the issue's settings, per schedule."""
     out = []
@@ -141,13 +186,79 @@ def why_markdown(rows: list[dict[str, Any]]) -> str:
     return table(head, lines)
 
 
+PATH_CASES = ((8, 16), (8, 4096), (64, 64), (64, 4096))
+"""``(EP, tokens per rank)`` of :func:`path_costs` (DeepSeek-V3, h200-node, sigma 1)."""
+
+
+def _median_us(fn: Any, repeat: int = 15) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2] * 1e6
+
+
+def path_costs() -> list[dict[str, Any]]:
+    """CPU time of each path of ``policy="auto"`` (the code the runtime runs, torch builder),
+    on the second step of a drifting trace with the first step's auto plan as ``previous``:
+    the whole choice, and its parts (one screen bound, one construction, one score)."""
+    return [_path_row(R, S) for R, S in PATH_CASES]
+
+
+def _path_row(R: int, S: int) -> dict[str, Any]:
+    m = get_model("deepseek-v3")
+    cost = SimConfig().step_cost(m, get_hardware("h200-node"), AUTO)
+    c0, c = drifting_counts(R, m.num_experts, S, m.top_k, sigma=1.0, steps=2, seed=0)
+    prev = moonplan_plan(c0, policy="auto", cost=cost, backend="torch")
+    inp = Inputs(c, prev.num_slots, 1, prev.slot_expert, prev.flow, "torch", prev.policy)
+    p = choose(inp, cost)
+    return {
+        "ranks": R, "tokens": S, "picks": p.policy, "runs": p.planned,
+        "auto_us": _median_us(lambda: choose(inp, cost)),
+        "bound_us": _median_us(lambda: lower_bound(cost, c, 0, prev_RB=inp.prev_RB,
+                                                   prev_F3=inp.prev_F3, horizon=8.0)),
+        "construct_us": _median_us(lambda: build("exact", inp)),
+        "score_us": _median_us(lambda: cost.plan_time(p, planned=1)),
+    }  # fmt: skip
+
+
+def paths_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    head = ["EP", "tokens/rank", "auto picks", "runs", "whole choice us", "one bound us",
+            "one construction us", "one score us", "choice / construction"]  # fmt: skip
+    lines = [[str(r["ranks"]), str(r["tokens"]), r["picks"], str(r["runs"]),
+              f"{r['auto_us']:.0f}", f"{r['bound_us']:.0f}", f"{r['construct_us']:.0f}",
+              f"{r['score_us']:.0f}", f"{r['auto_us'] / r['construct_us']:.2f}"]
+             for r in rows]  # fmt: skip
+    return ["### CPU time of auto's paths (median of 15; torch builder)", "",
+            table(head, lines), ""]  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="reduced grid (the CI test's)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/bench_auto_sweep.json"))
     ap.add_argument("--worst", type=int, default=15, help="worst points listed")
+    ap.add_argument("--horizons", default="", help="e.g. 1,2,4,8,16: the horizon study instead")
+    ap.add_argument("--steps", type=int, default=0, help="measured steps per point (0: grid's)")
+    ap.add_argument("--paths", action="store_true", help="time auto's paths instead")
     args = ap.parse_args()
+    if args.paths:
+        t0 = time.time()
+        rows = path_costs()
+        write_report(args.out, {"paths": rows, "seconds": time.time() - t0}, paths_markdown(rows))
+        return
+    if args.horizons:
+        t0 = time.time()
+        grid = dataclasses.replace(HORIZON_GRID, steps=args.steps or HORIZON_GRID.steps)
+        study = horizon_study(grid, [float(h) for h in args.horizons.split(",")])
+        result = {"grid": grid.__dict__, "horizons": study, "seconds": time.time() - t0}
+        write_report(args.out, result, horizon_markdown(study, grid))
+        return
     grid = QUICK if args.quick else AcceptanceGrid()
+    if args.steps:
+        grid = dataclasses.replace(grid, steps=args.steps)
     t0 = time.time()
     rows = run_acceptance(grid, SimConfig(), progress=ProgressBar())
     bad = failures(rows)
@@ -164,6 +275,9 @@ def main() -> None:
         "",
         *summary(rows),
         "",
+        "#### Points above the bar, by cause",
+        "",
+        *causes(rows),
         f"#### The {args.worst} worst points (auto / best peer)",
         "",
         table(POINT_HEADER, point_lines(worst(rows, args.worst))),
@@ -187,12 +301,51 @@ def main() -> None:
         "why": old_new,
         "seconds": time.time() - t0,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    out.with_suffix(".md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
-    print(f"wrote {out} and {out.with_suffix('.md')} in {result['seconds']:.0f} s")
+    write_report(args.out, result, md)
+
+
+@dataclass(frozen=True)
+class HorizonConfig(SimConfig):
+    """The simulator's configuration, auto's ``StepCost.horizon`` set (it only steers the
+    choice: every step is charged in full whatever the horizon)."""
+
+    horizon: float = DEFAULT_HORIZON
+
+    def step_cost(self, model: ModelPreset, hw: Hardware, policy: str = "") -> StepCost:
+        return super().step_cost(model, hw, policy).scaled(horizon=self.horizon)
+
+
+def horizon_study(grid: AcceptanceGrid, horizons: list[float]) -> dict[str, Any]:
+    """Auto against the peers at every point of ``grid`` for each horizon (peers run once)."""
+    points, by_h = grid.points(), {h: [] for h in horizons}
+    bar = ProgressBar()
+    for i, (model, hw, R, sigma, S) in enumerate(points):
+        bar(i, len(points), f"{model} {hw} EP={R} sigma={sigma:g} S={S}")
+        spec = SweepSpec(model=model, hardware=hw, steps=grid.steps, warmup=grid.warmup,
+                         rho=grid.rho, seed=grid.seed)  # fmt: skip
+        m, h = get_model(model), get_hardware(hw)
+        peers = spec_point(spec, m, h, SimConfig(), R, S, sigma, PEERS)
+        best = min(r["total_us"] for r in peers)
+        for hz in horizons:
+            auto = spec_point(spec, m, h, HorizonConfig(horizon=hz), R, S, sigma, (AUTO,))[0]
+            by_h[hz].append(auto["total_us"] / best)
+    bar(len(points), len(points), "done")
+    out = {}
+    for hz, ratios in by_h.items():
+        r = sorted(ratios)
+        out[f"{hz:g}"] = {"points": len(r), "within_bar": sum(x <= PEER_BAR for x in r),
+                          "median": r[len(r) // 2], "p90": r[int(0.9 * (len(r) - 1))],
+                          "worst": r[-1], "mean": sum(r) / len(r), "ratios": ratios}  # fmt: skip
+    return out
+
+
+def horizon_markdown(study: dict[str, Any], grid: AcceptanceGrid) -> list[str]:
+    head = ["horizon", "points within 1.01x", "median", "90th percentile", "worst", "mean"]
+    lines = [[hz, f"{v['within_bar']} of {v['points']}", f"{v['median']:.3f}", f"{v['p90']:.3f}",
+              f"{v['worst']:.3f}", f"{v['mean']:.3f}"] for hz, v in study.items()]  # fmt: skip
+    title = (f"### auto / best peer by StepCost.horizon ({len(grid.points())} points, "
+             f"{grid.steps} measured steps after {grid.warmup})")  # fmt: skip
+    return [title, "", table(head, lines), ""]
 
 
 if __name__ == "__main__":

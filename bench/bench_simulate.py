@@ -15,12 +15,11 @@ figures to ``docs/figures/`` (needs matplotlib).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
+from _common import write_report
 
 from moonplan.baselines.compare import compare_policies
 from moonplan.baselines.metrics import balancedness
@@ -155,16 +154,7 @@ def main() -> None:
     if not quick:
         result["figures"] = figures(Path(args.figures), skew_rows, ep_rows)
     result["seconds"] = time.time() - t0
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=_json) + "\n")
-    out.with_suffix(".md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
-    print(f"wrote {out} and {out.with_suffix('.md')} in {result['seconds']:.0f} s")
-
-
-def _json(x: Any) -> Any:
-    return float(x) if hasattr(x, "__float__") else str(x)
+    write_report(args.out, result, md)
 
 
 if __name__ == "__main__":

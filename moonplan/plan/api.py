@@ -52,7 +52,8 @@ def plan(
             off only to capture the plan in a CUDA graph, with counts known to be valid.
         policy: ``"exact"`` (exact balance; bit-identical on every backend),
             ``"static"`` (no replicas), ``"resident"`` (only replicas resident in
-            ``previous``'s slots), ``"bounded-<eps>"`` (every load at most
+            ``previous``'s slots), ``"greedy"`` (the MoonEP greedy's allocation,
+            residents reused), ``"bounded-<eps>"`` (every load at most
             ``ceil(N/R * (1 + eps))``, fewer copies) or ``"auto"`` (the candidate
             with the least step time predicted by ``cost``; see
             ``docs/planner-policy.md``). Policies other than ``exact`` and

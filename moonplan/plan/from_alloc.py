@@ -93,21 +93,7 @@ def layout_torch(
         cand_RK = torch.cat([cand_RK, cand_RK.new_full((R, K - cand_RK.shape[1]), -1)], 1)
     prev = prev_RB if prev_RB is not None else cand_RK.new_full((R, num_slots), -1)
     slot_RB, new_RB, direct_RD = place_slots_torch(cand_RK, prev, num_slots)
-    row_RW, count_RW, offset_RW1 = row_layout_torch(
-        group_experts(E, R, dev), slot_RB, direct_RD, alloc_ER, align
-    )
-    F = max(R - 1, 0)
-    return {
-        "alloc": alloc_ER,
-        "target": alloc_ER.sum(0),
-        "home": home_E,
-        "flow": torch.tensor([[-1, -1, 0]], dtype=torch.int64, device=dev).expand(F, 3).clone(),
-        "slot_expert": slot_RB,
-        "slot_new": new_RB,
-        "row_expert": row_RW,
-        "row_count": count_RW,
-        "row_offset": offset_RW1,
-    }
+    return _fields(alloc_ER, slot_RB, new_RB, direct_RD, align)
 
 
 def layout_resident(
@@ -119,10 +105,21 @@ def layout_resident(
     direct (static and resident plans), so the slot placement is skipped.
     """
     E, R = alloc_ER.shape
-    dev = alloc_ER.device
-    M = max_local(E, R)
     slot_RB = prev_RB if prev_RB is not None else alloc_ER.new_full((R, num_slots), -1)
-    direct_RD = alloc_ER.new_full((R, max(0, M - num_slots)), -1)
+    direct_RD = alloc_ER.new_full((R, max(0, max_local(E, R) - num_slots)), -1)
+    return _fields(alloc_ER, slot_RB, torch.zeros_like(slot_RB), direct_RD, align)
+
+
+def _fields(
+    alloc_ER: torch.Tensor,
+    slot_RB: torch.Tensor,
+    new_RB: torch.Tensor,
+    direct_RD: torch.Tensor,
+    align: int,
+) -> dict[str, torch.Tensor]:
+    """The plan fields of ``alloc_ER`` with these slots (``slot_new``) and direct replicas."""
+    E, R = alloc_ER.shape
+    dev = alloc_ER.device
     row_RW, count_RW, offset_RW1 = row_layout_torch(
         group_experts(E, R, dev), slot_RB, direct_RD, alloc_ER, align
     )
@@ -133,7 +130,7 @@ def layout_resident(
         "home": home_map(E, R, device=dev),
         "flow": torch.tensor([[-1, -1, 0]], dtype=torch.int64, device=dev).expand(F, 3).clone(),
         "slot_expert": slot_RB,
-        "slot_new": torch.zeros_like(slot_RB),
+        "slot_new": new_RB,
         "row_expert": row_RW,
         "row_count": count_RW,
         "row_offset": offset_RW1,

@@ -44,16 +44,9 @@ def route_reference(plan: Plan, rank: int, topk_ids: Any, *, affinity: bool = Tr
     cap = [[0] * R for _ in range(E)]
     seg = [[0] * R for _ in range(E)]
     for e in range(E):
-        lo = sum(counts[s][e] for s in range(rank))
-        hi = lo + counts[rank][e]
-        a = 0
-        for d in range(R):
-            b = a + alloc[e][d]
-            first, last = max(lo, a), min(hi, b)
-            if last > first:
-                cap[e][d] = last - first
-                seg[e][d] = _row_start(plan, d, e) + first - a
-            a = b
+        for d, skip, n in _overlaps(counts, alloc, rank, e):
+            cap[e][d] = n
+            seg[e][d] = _row_start(plan, d, e) + skip
     mine = [[i for i, x in enumerate(flat) if x == e] for e in range(E)]  # local order
     dest = [-1] * len(flat)
     split = [sum(1 for d in range(R) if cap[e][d]) > 1 for e in range(E)]
@@ -108,6 +101,23 @@ def _fill(records: list[int], share: list[int], dest: list[int]) -> None:
             dest[next(it)] = d
 
 
+def _overlaps(
+    counts: list[list[int]], alloc: list[list[int]], s: int, e: int
+) -> list[tuple[int, int, int]]:
+    """``(d, skip, n)`` for every destination ``d`` that executes records of source ``s``'s
+    segment of expert ``e`` (the routing rule): ``n`` of them, after ``skip`` records of
+    ``d``'s own segment."""
+    lo = sum(counts[q][e] for q in range(s))
+    hi = lo + counts[s][e]
+    out, a = [], 0
+    for d, n_d in enumerate(alloc[e]):
+        first, last = max(lo, a), min(hi, a + n_d)
+        if last > first:
+            out.append((d, first - a, last - first))
+        a += n_d
+    return out
+
+
 def _row_start(plan: Plan, d: int, e: int) -> int:
     """Offset of rank ``d``'s row executing expert ``e`` in its receive buffer."""
     for w in range(plan.num_rows):
@@ -124,13 +134,8 @@ def _unique(plan: Plan, rank: int, dest: list[int], K: int, S: int) -> dict:
     start = [0] * R
     for s in range(rank):
         for e in range(E):
-            lo = sum(counts[q][e] for q in range(s))
-            hi = lo + counts[s][e]
-            a = 0
-            for d in range(R):
-                b = a + alloc[e][d]
-                start[d] += max(0, min(hi, b) - max(lo, a))
-                a = b
+            for d, _, n in _overlaps(counts, alloc, s, e):
+                start[d] += n
     rows: list[tuple[int, int]] = sorted({(dest[i], i // K) for i in range(len(dest))})
     index = {row: u for u, row in enumerate(rows)}
     offset, per_dest = [], [0] * R

@@ -8,10 +8,13 @@ shapes depend only on ``(R, E, B)``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from moonplan.plan.group_flows import balance_groups_host, split_group_host
 from moonplan.plan.home import home_map, home_start
+from moonplan.plan.reference import Flow
 from moonplan.plan.torch_layout import (
     group_experts,
     place_slots_torch,
@@ -57,12 +60,11 @@ def plan_torch(
     ids_RM = group_experts(E, R, dev)
     if scan == "auto":
         scan = "host" if dev.type == "cpu" else "tensor"
+    step = _Steps12(load_R, target_R, T_E, home_E, prev_RB, prev_F3)
     if scan == "host":
-        quota_RR, flow_F3, alloc_ER = _alloc_host(load_R, target_R, T_E, home_E, prev_RB, prev_F3)
+        quota_RR, flow_F3, alloc_ER = _alloc_host(step)
     elif scan == "tensor":
-        quota_RR, flow_F3, alloc_ER = _alloc_tensor(
-            load_R, target_R, T_E, home_E, ids_RM, prev_RB, prev_F3
-        )
+        quota_RR, flow_F3, alloc_ER = _alloc_tensor(step, ids_RM)
     else:
         raise ValueError(f"scan must be 'auto', 'host' or 'tensor', got {scan!r}")
 
@@ -83,16 +85,24 @@ def plan_torch(
     }
 
 
+@dataclass(frozen=True)
+class _Steps12:
+    """The inputs of steps 1-2 (int64 tensors on the counts' device)."""
+
+    load_R: torch.Tensor
+    target_R: torch.Tensor
+    T_E: torch.Tensor
+    home_E: torch.Tensor
+    prev_RB: torch.Tensor | None
+    prev_F3: torch.Tensor | None
+
+
 def _alloc_tensor(
-    load_R: torch.Tensor,
-    target_R: torch.Tensor,
-    T_E: torch.Tensor,
-    home_E: torch.Tensor,
-    ids_RM: torch.Tensor,
-    prev_RB: torch.Tensor | None,
-    prev_F3: torch.Tensor | None,
+    step: _Steps12, ids_RM: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Steps 1-2 as masked tensor steps: ``(quota_RR, flow_F3, alloc_ER)``."""
+    load_R, target_R, T_E, home_E = step.load_R, step.target_R, step.T_E, step.home_E
+    prev_RB, prev_F3 = step.prev_RB, step.prev_F3
     R, E = load_R.shape[0], T_E.shape[0]
     dev = load_R.device
     resident_ER = warm_RR = None
@@ -111,28 +121,13 @@ def _alloc_tensor(
     return quota_RR, flow_F3, alloc_ER
 
 
-def _alloc_host(
-    load_R: torch.Tensor,
-    target_R: torch.Tensor,
-    T_E: torch.Tensor,
-    home_E: torch.Tensor,
-    prev_RB: torch.Tensor | None,
-    prev_F3: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _alloc_host(step: _Steps12) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Steps 1-2 over host integers (heap scans): quota, flows, alloc."""
+    load_R, T_E, home_E = step.load_R, step.T_E, step.home_E
     R, E = load_R.shape[0], T_E.shape[0]
     home = home_E.tolist()
-    warm: dict[int, set[int]] | None = None  # receiver -> donor groups resident there
-    warm_experts: dict[int, dict[int, list[int]]] = {}  # group -> receiver -> experts
-    if prev_RB is not None:
-        warm = {}
-        for r, row in enumerate(prev_RB.tolist()):
-            for e in sorted(x for x in row if x >= 0):
-                warm.setdefault(r, set()).add(home[e])
-                warm_experts.setdefault(home[e], {}).setdefault(r, []).append(e)
-    previous = [] if prev_F3 is None else [(d, r, q) for d, r, q in prev_F3.tolist() if d >= 0]
-    load = load_R.tolist()
-    flows = balance_groups_host(load, (load_R - target_R).tolist(), warm, previous)
+    warm, warm_experts = warm_maps(step.prev_RB, home)
+    flows = host_flows(load_R.tolist(), step.target_R.tolist(), warm, step.prev_F3)
     remaining = T_E.tolist()
     dests: dict[int, list[tuple[int, int]]] = {}
     for d, r, q in flows:
@@ -153,6 +148,39 @@ def _alloc_host(
     alloc_ER[torch.arange(E), home_E.cpu()] += torch.tensor(remaining, dtype=torch.int64)
     dev = load_R.device
     return quota_RR.to(dev), flow_F3.to(dev), alloc_ER.to(dev)
+
+
+def warm_maps(
+    prev_RB: torch.Tensor | None, home: list[int]
+) -> tuple[dict[int, set[int]] | None, dict[int, dict[int, list[int]]]]:
+    """``previous``'s residents as the host scans read them: receiver -> donor groups
+    resident there (``None`` without ``prev_RB``), and group -> receiver -> experts."""
+    if prev_RB is None:
+        return None, {}
+    warm: dict[int, set[int]] = {}
+    warm_experts: dict[int, dict[int, list[int]]] = {}
+    for r, row in enumerate(prev_RB.tolist()):
+        for e in sorted(x for x in row if x >= 0):
+            warm.setdefault(r, set()).add(home[e])
+            warm_experts.setdefault(home[e], {}).setdefault(r, []).append(e)
+    return warm, warm_experts
+
+
+def host_flows(
+    load: list[int],
+    target: list[int],
+    warm: dict[int, set[int]] | None,
+    prev_F3: torch.Tensor | None,
+) -> list[Flow]:
+    """Step 1's group flows ``(donor, receiver, records)`` in decision order, on the host.
+
+    The flows every backend's plan records (``plan.flow``) for these loads, targets,
+    residents (:func:`warm_maps`) and previous flows: ``O(R log R)`` integer work,
+    no expert is touched (``moonplan.plan.screen`` bounds candidates with it).
+    """
+    previous = [] if prev_F3 is None else [(d, r, q) for d, r, q in prev_F3.tolist() if d >= 0]
+    X = [x - t for x, t in zip(load, target, strict=True)]
+    return balance_groups_host(load, X, warm, previous)
 
 
 def _resident(prev_RB: torch.Tensor, num_experts: int) -> torch.Tensor:

@@ -92,10 +92,11 @@ def acceptance_point(
         ``ideal_us``, ``us`` (policy -> mean step us), ``rel_ideal`` (policy -> ratio),
         ``best_peer`` and ``best_peer_us`` (least of the peers present),
         ``vs_peers``, ``vs_ideal``, ``choices`` (auto's candidate -> steps),
-        ``phases`` (auto's mean phases, us), and a diagnosis of the choice's own
-        planning: ``chosen_only_us`` (auto's time if only the candidate it took had been
-        planned: one run for a balancing candidate, none for static and resident) and
-        ``vs_peers_chosen_only``.
+        ``phases`` (auto's mean phases, us), ``moved_mb`` (policy -> expert weights moved
+        per step, MB: on the critical path or, for EPLB, in the background), and a
+        diagnosis of the choice's own planning: ``chosen_only_us`` (auto's time if only
+        the candidate it took had been planned: one run for a balancing candidate, none
+        for static and resident) and ``vs_peers_chosen_only``.
     """
     cfg = cfg or SimConfig()
     model, hw, R, sigma, S = point
@@ -119,6 +120,7 @@ def acceptance_point(
         "tokens": S,
         "ideal_us": auto["ideal_us"],
         "us": {p: r["total_us"] for p, r in rows.items()},
+        "moved_mb": {p: r.get("moved_mb", 0.0) for p, r in rows.items()},
         "rel_ideal": {p: r["rel_ideal"] for p, r in rows.items()},
         "best_peer": best,
         "best_peer_us": rows[best]["total_us"],
@@ -164,6 +166,30 @@ def failures(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     bad = [r for r in rows if r["vs_peers"] > PEER_BAR]
     ideal = [r for r in rows if _key(r) == IDEAL_POINT and r["vs_ideal"] > IDEAL_BAR]
     return bad + [r for r in ideal if r not in bad]
+
+
+CLASSES = ("planning", "myopia", "static", "eplb", "greedy")
+"""Causes of a point above :data:`PEER_BAR`, in the order :func:`classify` tries them."""
+
+
+def classify(r: dict[str, Any]) -> str:
+    """Why auto is above the bar at point ``r`` (the first class that fits; ``""`` within it).
+
+    ``planning``: with only the candidate it kept planned, auto would be within the bar
+    (the cost of the search); ``myopia``: ``moonplan-resident`` (exact balance every step,
+    resident slots kept) is within it; ``static``: static EP is; ``eplb``: only EPLB is;
+    ``greedy``: the MoonEP greedy is (and not EPLB alone).
+    """
+    if r["vs_peers"] <= PEER_BAR:
+        return ""
+    if r["vs_peers_chosen_only"] <= PEER_BAR:
+        return "planning"
+    ok = {p for p in PEERS if p in r["us"] and r["us"][p] <= PEER_BAR * r["best_peer_us"]}
+    if "moonplan-resident" in ok:
+        return "myopia"
+    if "static-linear" in ok:
+        return "static"
+    return "eplb" if ok == {"eplb"} else "greedy"
 
 
 def _key(r: dict[str, Any]) -> Point:

@@ -21,6 +21,7 @@ Calibration (see ``docs/simulator.md`` for the full list of assumptions):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -100,52 +101,37 @@ _ALL_NVLINK = "; NVLink to every rank (exact for EP <= 8, an NVLink-rack idealis
 _NODES = "; 8 GPUs per NVLink node, nodes joined by the NICs"
 
 
-def _h200(name: str, domain: int, note: str) -> Hardware:
-    return Hardware(
-        name,
-        hbm_bytes_per_s=4.8 * TB,
-        bf16_flops_peak=989e12,
-        flops_efficiency=790 / 989,
-        nvlink_bytes_per_s=450 * GB,
-        nvlink_domain=domain,
-        net_bytes_per_s=50 * GB,
-        source=_H200_SRC + note,
-    )
+_H200 = Hardware(
+    "h200",
+    hbm_bytes_per_s=4.8 * TB,
+    bf16_flops_peak=989e12,
+    flops_efficiency=790 / 989,
+    nvlink_bytes_per_s=450 * GB,
+    nvlink_domain=0,
+    net_bytes_per_s=50 * GB,
+    source=_H200_SRC,
+)
+_H20 = dataclasses.replace(_H200, hbm_bytes_per_s=4.0 * TB, bf16_flops_peak=148e12,
+                           flops_efficiency=0.80, source=_H20_SRC)  # fmt: skip
+_A100 = dataclasses.replace(_H200, hbm_bytes_per_s=2.039 * TB, bf16_flops_peak=312e12,
+                            flops_efficiency=0.80, nvlink_bytes_per_s=300 * GB,
+                            net_bytes_per_s=25 * GB, source=_A100_SRC)  # fmt: skip
 
 
-def _h20(name: str, domain: int, note: str) -> Hardware:
-    return Hardware(
-        name,
-        hbm_bytes_per_s=4.0 * TB,
-        bf16_flops_peak=148e12,
-        nvlink_bytes_per_s=450 * GB,
-        nvlink_domain=domain,
-        net_bytes_per_s=50 * GB,
-        source=_H20_SRC + note,
-    )
-
-
-def _a100(name: str, domain: int, note: str) -> Hardware:
-    return Hardware(
-        name,
-        hbm_bytes_per_s=2.039 * TB,
-        bf16_flops_peak=312e12,
-        nvlink_bytes_per_s=300 * GB,
-        nvlink_domain=domain,
-        net_bytes_per_s=25 * GB,
-        source=_A100_SRC + note,
-    )
+def _preset(gpu: Hardware, name: str, domain: int, note: str) -> Hardware:
+    """``gpu``'s figures as the preset ``name`` with ``domain`` GPUs per NVLink domain."""
+    return dataclasses.replace(gpu, name=name, nvlink_domain=domain, source=gpu.source + note)
 
 
 HARDWARE: Mapping[str, Hardware] = MappingProxyType(
     {
         h.name: h
         for h in (
-            _h200("h200-node", 0, _ALL_NVLINK),
-            _h200("h200-multinode", 8, _NODES),
-            _h20("h20-node", 0, _ALL_NVLINK),
-            _h20("h20-multinode", 8, _NODES),
-            _a100("a100-multinode", 8, _NODES),
+            _preset(_H200, "h200-node", 0, _ALL_NVLINK),
+            _preset(_H200, "h200-multinode", 8, _NODES),
+            _preset(_H20, "h20-node", 0, _ALL_NVLINK),
+            _preset(_H20, "h20-multinode", 8, _NODES),
+            _preset(_A100, "a100-multinode", 8, _NODES),
         )
     }
 )

@@ -105,48 +105,50 @@ class StepCost:
     schedule). Build one with :meth:`from_hardware` (presets), or from measured phase
     rates (the runtime's calibration), or by hand.
 
-    Attributes:
-        row_flop_s: expert compute seconds per tile-padded row (``6*H*F / FLOP/s``).
-        weight_read_s: seconds to read one expert's weights from memory.
-        row_mem_s: memory seconds per row of activations.
-        copy_s_intra: seconds to move one expert's weights over a fast link.
-        copy_s_inter: the same across hosts.
-        dispatch_row_s_intra, dispatch_row_s_inter: dispatch seconds per row per link class.
-        combine_row_s_intra, combine_row_s_inter: combine seconds per row per link class.
-        base_latency_s: fixed latency of one all-to-all or one fetch.
-        per_peer_latency_s: extra latency per peer of an all-to-all.
-        plan_s: planner seconds per planned candidate on the critical path.
-        tile_rows: an expert's rows are padded to a multiple of this (GEMM tile).
-        domain: ranks per fast-link domain (consecutive ranks); 0: all ranks share one.
-        overlap: the overlapped schedule (fetch during dispatch and the home section).
-        horizon: steps a fetched replica is expected to stay resident in its slot (``>= 1``).
-            It only steers ``policy="auto"``'s choice (the exposed fetch of a candidate is
-            charged ``1 / horizon`` per step, ``moonplan.plan.choose.score``); every
-            prediction of this class is the full time of one step. Default
-            :data:`DEFAULT_HORIZON` (``docs/planner-policy.md`` says why).
-        dispatch: the dispatch scheme (``moonplan.stepcost.traffic.SCHEMES``): ``"record"``
-            (a row per record, routed from the counts) or ``"rank"``/``"host"``, whose
-            unique rows need each record's destination: :meth:`step_time` then takes
-            their ``traffic`` (``scheme_traffic``).
+    Each field is documented where it is declared.
     """
 
     row_flop_s: float
+    """Expert compute seconds per tile-padded row (``6*H*F / FLOP/s``)."""
     weight_read_s: float
+    """Seconds to read one expert's weights from memory."""
     row_mem_s: float
+    """Memory seconds per row of activations."""
     copy_s_intra: float
+    """Seconds to move one expert's weights over a fast link (same host or NVLink domain)."""
     copy_s_inter: float
+    """The same across hosts."""
     dispatch_row_s_intra: float
+    """Dispatch seconds per row over a fast link."""
     dispatch_row_s_inter: float
+    """Dispatch seconds per row across hosts."""
     combine_row_s_intra: float
+    """Combine seconds per row over a fast link."""
     combine_row_s_inter: float
+    """Combine seconds per row across hosts."""
     base_latency_s: float = 0.0
+    """Fixed latency of one all-to-all or one fetch."""
     per_peer_latency_s: float = 0.0
+    """Extra latency per peer of an all-to-all."""
     plan_s: float = 0.0
+    """Planner seconds per planner run (group-flow construction) on the critical path."""
     tile_rows: int = 1
+    """An expert's rows are padded to a multiple of this (GEMM tile)."""
     domain: int = 0
+    """Ranks per fast-link domain (consecutive ranks); 0: all ranks share one."""
     overlap: bool = True
+    """The overlapped schedule (fetch during dispatch and the home section)."""
     horizon: float = DEFAULT_HORIZON
+    """Steps a fetched replica is expected to stay resident in its slot (``>= 1``). It only
+    steers ``policy="auto"``'s choice (the exposed fetch of a candidate is charged
+    ``1 / horizon`` per step, ``moonplan.plan.choose.score``); every prediction of this class
+    is the full time of one step. Default :data:`DEFAULT_HORIZON` (``docs/planner-policy.md``
+    says why)."""
     dispatch: str = "record"
+    """The dispatch scheme (``moonplan.stepcost.traffic.SCHEMES``): ``"record"`` (a row per
+    record, routed from the counts) or ``"rank"``/``"host"``, whose unique rows need each
+    record's destination: :meth:`step_time` then takes their ``traffic``
+    (``scheme_traffic``)."""
 
     def __post_init__(self) -> None:
         for name in _RATE_FIELDS:

@@ -11,6 +11,7 @@ from moonplan.plan.plan_type import PLAN_TENSORS
 from moonplan.plan.reference import reference_plan, to_tensors
 from moonplan.plan.torch_backend import plan_torch
 from moonplan.testing import check_plan, counts, counts_and_options
+from tests.plan.draw import counts_like
 
 FIELDS = PLAN_TENSORS[1:]  # every field a backend computes (counts is its input)
 
@@ -46,11 +47,7 @@ def test_both_scans_equal_reference_over_a_sequence_with_previous(
     align = data.draw(st.sampled_from([1, 4]))
     prev_ref = prev_got = None
     for step in range(3):
-        c = (
-            first
-            if step == 0
-            else data.draw(counts(min_ranks=R, max_ranks=R, min_experts=E, max_experts=E))
-        )
+        c = first if step == 0 else counts_like(data, first)
         ref = _reference(c, B, align, prev_ref)
         got = plan_torch(
             c,

@@ -13,21 +13,24 @@ from hypothesis import strategies as st
 
 import moonplan
 from moonplan import PlanError, check_plan
+from moonplan.baselines.moonep_greedy import moonep_greedy_alloc
 from moonplan.plan.candidates import bounded_cap, parse_bounded
 from moonplan.plan.choose import (
     CANDIDATES,
+    GREEDY,
     Inputs,
     balancing_order,
     build,
     horizon_of,
-    lower_bound,
     score,
 )
 from moonplan.plan.home import home_map
 from moonplan.plan.plan_type import PLAN_TENSORS, Plan
+from moonplan.plan.screen import lower_bound
 from moonplan.stepcost import StepCost
 from moonplan.testing import counts
 from moonplan.traces import DriftingTrace
+from tests.plan.draw import counts_like
 
 H200 = StepCost.from_hardware("h200-node", "deepseek-v3")
 MULTI = StepCost.from_hardware("h200-multinode", "mixtral-8x7b")
@@ -56,6 +59,7 @@ def costs(draw: st.DrawFn) -> StepCost:
         tile_rows=draw(st.sampled_from([1, 16])),
         overlap=draw(st.booleans()),
         horizon=draw(st.sampled_from([1.0, 8.0, 1e6])),
+        domain=draw(st.sampled_from([base.domain, 1, 2, 3])),  # several fast-link domains
     )
 
 
@@ -82,11 +86,7 @@ def test_reference_and_torch_choose_the_same_plan_bit_for_bit(data: st.DataObjec
     cost = data.draw(costs())
     prev_ref = prev_got = None
     for step in range(3):
-        c = (
-            first
-            if step == 0
-            else data.draw(counts(min_ranks=R, max_ranks=R, min_experts=E, max_experts=E))
-        )
+        c = first if step == 0 else counts_like(data, first)
         ref = moonplan.plan(
             c, slots=slots, previous=prev_ref, policy="auto", cost=cost, backend="reference"
         )
@@ -102,7 +102,7 @@ def test_every_candidate_meets_its_declared_bound(data: st.DataObject) -> None:
     R, E = first.shape
     slots = data.draw(st.none() | st.integers(0, min(-(-E // R) + 1, E)))
     prev = moonplan.plan(first, slots=slots)
-    c = data.draw(counts(min_ranks=R, max_ranks=R, min_experts=E, max_experts=E))
+    c = counts_like(data, first)
     N = int(c.sum())
     for name in [*_names(prev), "bounded-0", "bounded-1.5"]:
         ref = moonplan.plan(c, slots=slots, previous=prev, policy=name, backend="reference")
@@ -127,7 +127,7 @@ def test_resident_moves_only_to_residents_and_never_past_the_target(
 ) -> None:
     R, E = c.shape
     slots = data.draw(st.integers(0, min(-(-E // R) + 2, E)))
-    prev_counts = data.draw(counts(min_ranks=R, max_ranks=R, min_experts=E, max_experts=E))
+    prev_counts = counts_like(data, c)
     prev = moonplan.plan(prev_counts, slots=slots)
     p = moonplan.plan(c, slots=slots, previous=prev, policy="resident")
     static = moonplan.plan(c, slots=slots, policy="static")
@@ -190,7 +190,7 @@ def test_auto_is_never_predicted_slower_than_any_candidate(data: st.DataObject) 
     if data.draw(st.booleans()):  # a previous plan of any policy (auto builds it first)
         policy = data.draw(st.sampled_from(["exact", "auto", "bounded-0.1", "static"]))
         prev = moonplan.plan(first, slots=slots, policy=policy, cost=cost)
-    c = data.draw(counts(min_ranks=R, max_ranks=R, min_experts=E, max_experts=E))
+    c = counts_like(data, first)
     p = moonplan.plan(c, slots=slots, previous=prev, policy="auto", cost=cost)
     chosen = p.predicted[p.policy]
     assert chosen == min(p.predicted.values())
@@ -216,15 +216,22 @@ def test_lower_bound_is_below_every_balancing_candidate(data: st.DataObject) -> 
     cost = data.draw(costs())
     slots = data.draw(st.none() | st.integers(0, -(-E // R)))
     prev = moonplan.plan(first, slots=slots) if data.draw(st.booleans()) else None
-    c = data.draw(counts(min_ranks=R, max_ranks=R, min_experts=E, max_experts=E))
+    c = counts_like(data, first)
     prev_RB = None if prev is None else prev.slot_expert
     B = -(-E // R) if slots is None else slots
     inp = Inputs(c, B, 1, prev_RB, None if prev is None else prev.flow, "torch")
     load = build("static", inp).alloc.sum(0).tolist()
-    for name, target, _ in balancing_order(load, None):
+    for name, target, _ in [*balancing_order(load, None), (GREEDY, None, None)]:
         p = build(name, inp)
         lb = lower_bound(
-            cost, c, 1, target=target, prev_RB=prev_RB, prev_F3=inp.prev_F3, horizon=cost.horizon
+            cost,
+            c,
+            1,
+            target=target,
+            prev_RB=prev_RB,
+            prev_F3=inp.prev_F3,
+            horizon=cost.horizon,
+            replay=name != GREEDY,
         )
         assert lb <= score(cost.plan_time(p, planned=1), cost.horizon) * (1 + 1e-12), name
         assert lb <= cost.plan_time(p, planned=1).total_s * (1 + 1e-12), name
@@ -271,7 +278,7 @@ def test_the_previous_choice_is_built_first_and_screens_the_rest() -> None:
     load = moonplan.plan(c, policy="static").alloc.sum(0).tolist()
     order = [n for n, _, _ in balancing_order(load, "bounded-0.1")]
     assert order[:2] == ["bounded-0.1", "exact"]
-    assert order[2:] == [n for n in CANDIDATES[2:] if n not in order[:2]]
+    assert order[2:] == [n for n in CANDIDATES[2:] if n not in (*order[:2], GREEDY)]
 
 
 @given(counts(max_ranks=6, max_experts=14, max_records_per_rank=300))
@@ -365,3 +372,42 @@ def test_bounded_targets_shed_to_the_cap_and_fill_the_lowest() -> None:
     assert p.alloc.sum(0).tolist() == [11, 10, 10, 9]  # cap 11; 19 shed raise 2, 8, 0 to 9-10
     assert p.load_bound == 11
     assert torch.equal(p.home, home_map(4, 4))
+
+
+@given(st.data())
+def test_greedy_is_the_moonep_greedy_allocation_with_residents_kept(data: st.DataObject) -> None:
+    first = data.draw(counts(max_ranks=7, max_experts=16))
+    R, E = first.shape
+    slots = data.draw(st.none() | st.integers(0, -(-E // R)))
+    prev = moonplan.plan(first, slots=slots)
+    c = counts_like(data, first)
+    greedy = moonep_greedy_alloc(c)  # the baseline, written independently from the description
+    assert torch.equal(moonplan.plan(c, slots=slots).alloc, greedy)  # == exact without previous
+    for backend in ("reference", "torch"):
+        p = moonplan.plan(c, slots=slots, previous=prev, policy=GREEDY, backend=backend)
+        assert p.policy == GREEDY and p.planned == 1 and torch.equal(p.alloc, greedy)
+        check_plan(p, c, previous=prev)
+        resident_ER = torch.zeros(E + 1, R, dtype=torch.bool)
+        resident_ER[prev.slot_expert.clamp(min=-1), torch.arange(R)[:, None]] = True
+        moved_ER = torch.zeros(E, R, dtype=torch.bool)
+        r_N, j_N = p.slot_new.nonzero(as_tuple=True)
+        moved_ER[p.slot_expert[r_N, j_N], r_N] = True
+        # a resident replica keeps its slot: only replicas not resident are copied
+        assert not bool((moved_ER & resident_ER[:E]).any())
+
+
+def test_auto_takes_the_greedy_where_it_is_predicted_fastest() -> None:
+    # rank 0 overloaded; the previous plan filled rank 3 from rank 0 (replayed by exact),
+    # the greedy fills the largest deficit (rank 1) instead
+    prev_c = torch.tensor([[300, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]])
+    prev = moonplan.plan(prev_c.t().contiguous(), slots=1)
+    c = torch.tensor([[400, 10, 90, 0]]).expand(4, 4).contiguous() // 4
+    exact = moonplan.plan(c, slots=1, previous=prev)
+    greedy = moonplan.plan(c, slots=1, previous=prev, policy=GREEDY)
+    free = COMPUTE_ONLY
+    p = moonplan.plan(c, slots=1, previous=prev, policy="auto", cost=free)
+    t_exact, t_greedy = free.plan_time(exact).total_s, free.plan_time(greedy).total_s
+    best = min(t_exact, t_greedy)
+    assert p.predicted[p.policy] <= best * (1 + 1e-12)
+    if t_greedy < t_exact:
+        assert p.policy == GREEDY and torch.equal(p.alloc, greedy.alloc)

@@ -1,0 +1,396 @@
+"""Screening of ``policy="auto"``: a lower bound of a candidate's score, before building it.
+
+Legend:
+    R ranks, E experts, M = ceil(E/R), N records in all, F group flows
+    counts_RE  int64 [R, E] router counts;   T_E  records per expert;   home_E  home rank
+    L_R        static loads;   t_R  the candidate's targets
+    flow_F3    (donor, receiver, records) of the construction's step 1, in decision order
+    cum_RM     int64 [R, M] running sums of each rank's home experts' T, largest first
+    prev_RB    previous slots (residents need no copy);   prev_F3  previous flows
+
+The construction (``moonplan/plan/README.md``) decides its group flows (step 1) from
+the loads alone, before touching an expert; the screen runs that same step
+(:func:`moonplan.plan.torch_backend.host_flows`, ``O(R log R)``) and bounds what
+step 2 and the layout can make of the flows, without building the plan. A flow
+``(d, r, q)`` moves ``q`` records of donor ``d``'s home experts to ``r``; a pair
+``(e, r)`` carries at most ``T_e`` records, so the flow needs at least as many
+pairs as ``d``'s largest experts take to sum to ``q`` (``Floors.pairs_F``), of
+which those resident in ``r``'s previous slots need no copy. A rank that is no
+flow's donor keeps every home record. The floors read a ``StepCost``'s fields; a
+cost model without them gets the traffic-free bound alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from moonplan.plan.home import home_list, targets_list
+from moonplan.plan.torch_backend import host_flows, warm_maps
+from moonplan.stepcost.traffic import host_int64
+
+if TYPE_CHECKING:
+    from moonplan.plan.choose import CostModel
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step's host view shared by every candidate's floors (built once per choice)."""
+
+    counts_RE: np.ndarray
+    home: list[int]
+    home_E: np.ndarray
+    T_E: np.ndarray
+    load_R: np.ndarray
+    desc_RM: np.ndarray  # int64 [R, M]: running sums of home experts' T, largest first
+    asc_RM: np.ndarray  # int64 [R, M]: running sums of home experts with records, smallest first
+    group_RR: np.ndarray  # int64 [s, d]: rows s routes to d's home experts
+    res_RR: np.ndarray  # int64 [r, d]: d's experts resident in r's previous slots
+    warm: dict[int, set[int]] | None  # the construction's warm pairs (receiver -> groups)
+
+    @classmethod
+    def of(cls, counts_RE: torch.Tensor, prev_RB: torch.Tensor | None = None) -> Step:
+        """The view of ``counts_RE`` and ``previous``'s slots ``prev_RB``."""
+        c = host_int64(counts_RE)
+        R, E = c.shape
+        home = home_list(E, R)
+        home_E = np.asarray(home, dtype=np.int64)
+        T_E = c.sum(0)
+        load_R = np.bincount(home_E, weights=T_E, minlength=R).astype(np.int64)
+        desc_RM = np.cumsum(-np.sort(-_grouped_RM(T_E, home_E, R), axis=1), axis=1)
+        never = np.iinfo(np.int64).max // (E + 1)  # an expert without records: never emptied
+        asc_RM = np.cumsum(np.sort(_grouped_RM(np.where(T_E > 0, T_E, never), home_E, R)), 1)
+        res_RR = np.zeros((R, R), dtype=np.int64)
+        if prev_RB is not None:
+            slot_RB = host_int64(prev_RB)
+            r_N, j_N = (slot_RB >= 0).nonzero()
+            np.add.at(res_RR, (r_N, home_E[slot_RB[r_N, j_N]]), 1)
+        warm, _ = warm_maps(None if prev_RB is None else prev_RB.cpu(), home)
+        group_RR = _group_sums_RR(c, home_E, R)
+        return cls(c, home, home_E, T_E, load_R, desc_RM, asc_RM, group_RR, res_RR, warm)
+
+
+@dataclass(frozen=True)
+class Floors:
+    """What the floors read of one candidate: the step, its targets and flows (host numpy)."""
+
+    step: Step
+    t_R: np.ndarray
+    flow_F3: np.ndarray  # int64 [F, 3]
+    pairs_F: np.ndarray  # int64 [F]: fewest pairs of each flow (resident or copied)
+    copies_F: np.ndarray  # int64 [F]: fewest of them not resident on the receiver
+
+    @classmethod
+    def of(
+        cls,
+        counts_RE: torch.Tensor,
+        target: list[int] | None = None,
+        prev_RB: torch.Tensor | None = None,
+        prev_F3: torch.Tensor | None = None,
+        *,
+        replay: bool = True,
+        step: Step | None = None,
+    ) -> Floors:
+        """The floors' view of ``counts_RE`` for ``target`` (``None``: exact balance);
+        ``replay=False``: flows decided without ``previous`` (its residents still count);
+        ``step``: :meth:`Step.of` of the same counts and ``prev_RB``, if already built."""
+        st = Step.of(counts_RE, prev_RB) if step is None else step
+        R = len(st.load_R)
+        N = int(st.T_E.sum())
+        t_R = np.asarray(targets_list(N, R) if target is None else target, dtype=np.int64)
+        warm = st.warm if replay else None
+        flows = host_flows(st.load_R.tolist(), t_R.tolist(), warm, prev_F3 if replay else None)
+        flow_F3 = np.asarray(flows, dtype=np.int64).reshape(-1, 3)
+        d_F, r_F, q_F = flow_F3[:, 0], flow_F3[:, 1], flow_F3[:, 2]
+        pairs_F = (st.desc_RM[d_F] < q_F[:, None]).sum(1).astype(np.int64) + 1
+        copies_F = (pairs_F - st.res_RR[r_F, d_F]).clip(min=0)
+        return cls(st, t_R, flow_F3, pairs_F, copies_F)
+
+    def keeps_R(self) -> np.ndarray:
+        """bool ``[R]``: ranks that are no flow's donor (they keep every home record)."""
+        keeps_R = np.ones(len(self.step.load_R), dtype=bool)
+        keeps_R[self.flow_F3[:, 0]] = False
+        return keeps_R
+
+    def per_receiver(self, values_F: np.ndarray) -> np.ndarray:
+        """``values_F`` summed per receiving rank: int64 ``[R]``."""
+        R = len(self.step.load_R)
+        return np.bincount(self.flow_F3[:, 1], weights=values_F, minlength=R).astype(np.int64)
+
+
+def lower_bound(
+    cost: CostModel,
+    counts_RE: torch.Tensor,
+    planned: int,
+    *,
+    target: list[int] | None = None,
+    prev_RB: torch.Tensor | None = None,
+    prev_F3: torch.Tensor | None = None,
+    horizon: float = 1.0,
+    replay: bool = True,
+    step: Step | None = None,
+) -> float:
+    """A lower bound of a balancing candidate's ``choose.score`` with ``planned`` runs.
+
+    ``target``: the candidate's per-rank records (``None``: exact balance);
+    ``prev_RB``, ``prev_F3``: the previous plan's slots (its residents need no
+    copy) and flows (the construction may replay them); ``replay=False``: the
+    construction without ``previous=`` (the ``greedy`` candidate), whose replicas still
+    reuse the residents. ``step``: :meth:`Step.of` of these counts and slots, shared by
+    the candidates of one choice.
+
+    The step of two imagined ranks, free of traffic (every row computed where it
+    was routed, nothing fetched): rank 0 runs ``k = ceil(A/R)`` experts of one
+    row each (``A`` experts with records: some rank of any plan runs at least
+    ``k``, each padded to a tile and read once), rank 1 runs the largest target
+    in rows of one expert. A ``StepCost`` grows with rows, experts and traffic,
+    so the candidate's step time without its fetch is at least this one's. Three
+    floors a ``StepCost`` allows on top: the busiest rank's experts
+    (:func:`experts_floor`), the dispatch and combine rows a rank must send or
+    receive (:func:`link_floor`), and the weight copies (:func:`fetch_floor`), of
+    which the score charges ``1/horizon`` of the part the step waits for. Only the
+    ``k`` imagined experts are passed, so the bound costs little next to scoring a plan.
+    """
+    view = Floors.of(counts_RE, target, prev_RB, prev_F3, replay=replay, step=step)
+    free_s, experts_s, combine_s = _free(cost, view, planned)
+    lift = max(0.0, experts_floor(cost, view) - experts_s)
+    d_link, c_link = link_floor(cost, view)
+    without = free_s + lift + d_link + c_link
+    fetch = fetch_floor(cost, view)
+    if fetch <= 0:
+        return without
+    if getattr(cost, "overlap", False):  # the receiver waits for the copy, then runs its rows
+        rates = [float(getattr(cost, n, 0.0)) for n in ("weight_read_s", "row_mem_s", "row_flop_s")]
+        one = max(rates[0] + rates[1], rates[2] * int(getattr(cost, "tile_rows", 1)))
+        comb = combine_s + c_link
+        total = max(without, planned * cost.plan_s + fetch + one + comb)
+    else:  # serial: the fetch adds to the step
+        total = without + fetch
+    return without + (total - without) / horizon
+
+
+def _free(cost: CostModel, view: Floors, planned: int) -> tuple[float, float, float]:
+    """``(total, experts, combine)`` seconds of the imagined traffic-free step (see
+    :func:`lower_bound`): in closed form for a ``StepCost``'s fields, else predicted by
+    ``cost.step_time`` on the imagined ranks."""
+    R = len(view.step.load_R)
+    k = -(-int((view.step.T_E > 0).sum()) // R)
+    top = int(view.t_R.max())
+    if all(hasattr(cost, n) for n in _STEP_FIELDS):
+        flop, read, mem, tile = (_rate(cost, n) for n in _STEP_FIELDS[:4])
+        one = _rate(cost, "base_latency_s") + _rate(cost, "per_peer_latency_s") * (R - 1)
+        lat = one if R > 1 else 0.0
+        rank0 = max(flop * tile * k, (read + mem) * k)
+        rank1 = max(flop * (-(-top // int(tile)) * tile), read + mem * top) if top > 0 else 0.0
+        experts = max(rank0, rank1)
+        return planned * cost.plan_s + 2 * lat + experts, experts, lat
+    rows_KR = torch.zeros(max(k, 1), R, dtype=torch.int64)  # imagined experts
+    rows_KR[:k, 0] = 1
+    if R > 1:
+        rows_KR[0, 1] = top
+    sent_RK = rows_KR.t().contiguous()  # every row stays on the rank that routed it
+    fetch_KR = torch.zeros(rows_KR.shape, dtype=torch.bool)
+    src_K = torch.zeros(rows_KR.shape[0], dtype=torch.int64)
+    free = cost.step_time(rows_KR, sent_RK, fetch_KR, src_K, planned=planned)
+    experts = float(getattr(free, "experts_s", math.inf))
+    return float(free.total_s), experts, float(getattr(free, "combine_s", 0.0))
+
+
+_STEP_FIELDS = (
+    "row_flop_s",
+    "weight_read_s",
+    "row_mem_s",
+    "tile_rows",
+    "base_latency_s",
+    "per_peer_latency_s",
+)
+
+
+def fetch_floor(cost: CostModel, view: Floors) -> float:
+    """Seconds until the weight copies of the candidate of ``view`` have all arrived, at least.
+
+    Each flow ``(d, r, q)`` makes at least ``copies_F`` copies from ``d`` to ``r``, over
+    the fast link in one domain (``copy_s_intra``) or across (``copy_s_inter``); per
+    rank, sends and receives are full duplex and the two link classes run in parallel,
+    so the busiest direction of each class counts (as in ``StepCost``), plus
+    ``base_latency_s``. 0 for a cost model without those fields or without copies.
+    """
+    names = ("copy_s_intra", "copy_s_inter", "base_latency_s", "domain_size")
+    R = len(view.step.load_R)
+    if R <= 1 or not all(hasattr(cost, n) for n in names) or not view.copies_F.any():
+        return 0.0
+    d_F, r_F = view.flow_F3[:, 0], view.flow_F3[:, 1]
+    G = _domain_size(cost, R)
+    inter_F = d_F // G != r_F // G
+    busiest = 0.0
+    a, b = _rate(cost, "copy_s_intra"), _rate(cost, "copy_s_inter")
+    for mask, rate in ((~inter_F, a), (inter_F, b)):
+        n_F = np.where(mask, view.copies_F, 0)
+        send_R = np.bincount(d_F, weights=n_F, minlength=R)
+        recv_R = np.bincount(r_F, weights=n_F, minlength=R)
+        busiest = max(busiest, float(np.maximum(send_R, recv_R).max()) * rate)
+    return _rate(cost, "base_latency_s") + busiest if busiest > 0 else 0.0
+
+
+def experts_floor(cost: CostModel, view: Floors) -> float:
+    """Expert seconds the busiest rank of the candidate of ``view`` pays at least.
+
+    Two floors, the larger holds. The ranks' mean: over all ranks, tile-padded
+    rows are at least ``sum_e tile(T_e)`` (an expert split over ranks pads once
+    per part), weights are read at least once per expert with records (``A``)
+    and every record is a row. Per rank ``r``, executing ``t_r`` rows: of its
+    ``n_r`` home experts with records, giving ``g_r`` records (its flows out) empties
+    at most as many as its smallest ones sum to ``g_r`` or less, so it still runs at
+    least ``kept_r`` of them, each at least one tile (all of them, with their
+    padded rows, when ``g_r = 0``); every flow into it adds at least its ``pairs_F``
+    experts, padded. Read from a ``StepCost``'s rate fields; a cost model without
+    them gets 0.
+    """
+    names = ("row_flop_s", "weight_read_s", "row_mem_s", "tile_rows")
+    if not all(hasattr(cost, n) for n in names):
+        return 0.0
+    R = len(view.step.load_R)
+    T_E, home_E, t_R = view.step.T_E, view.step.home_E, view.t_R
+    N = int(T_E.sum())
+    tile = int(_rate(cost, "tile_rows"))
+    flop_s, read_s = _rate(cost, "row_flop_s"), _rate(cost, "weight_read_s")
+    mem_s = _rate(cost, "row_mem_s")
+    pad_E = (T_E + tile - 1) // tile * tile
+    mean = max(flop_s * int(pad_E.sum()) / R, (read_s * int((T_E > 0).sum()) + mem_s * N) / R)
+    d_F, q_F = view.flow_F3[:, 0], view.flow_F3[:, 2]
+    given_R = np.bincount(d_F, weights=q_F, minlength=R).astype(np.int64)
+    kept_R = np.bincount(home_E, weights=T_E > 0, minlength=R).astype(np.int64)
+    kept_R -= (view.step.asc_RM <= given_R[:, None]).sum(1)
+    left_R = view.step.load_R - given_R
+    home_pad_R = np.maximum((left_R + tile - 1) // tile * tile, kept_R * tile)
+    home_pad_R = np.where(given_R == 0, np.bincount(home_E, weights=pad_E, minlength=R), home_pad_R)
+    pad_F = np.maximum((q_F + tile - 1) // tile * tile, view.pairs_F * tile)
+    flop_R = flop_s * (home_pad_R + view.per_receiver(pad_F))
+    mem_R = read_s * (kept_R + view.per_receiver(view.pairs_F)) + mem_s * t_R
+    return max(mean, float(np.maximum(flop_R, mem_R).max()))
+
+
+def _group_sums_RR(c_RE: np.ndarray, home_E: np.ndarray, R: int) -> np.ndarray:
+    """int64 ``[R, R]``: row sums of ``c_RE`` over each rank's (contiguous) home experts."""
+    cum_RE1 = np.zeros((c_RE.shape[0], c_RE.shape[1] + 1), dtype=np.int64)
+    np.cumsum(c_RE, axis=1, out=cum_RE1[:, 1:])
+    edge_R1 = np.searchsorted(home_E, np.arange(R + 1))
+    return cum_RE1[:, edge_R1[1:]] - cum_RE1[:, edge_R1[:-1]]
+
+
+def _grouped_RM(v_E: np.ndarray, home_E: np.ndarray, R: int) -> np.ndarray:
+    """int64 ``[R, M]``: ``v_E`` of each rank's home experts, 0-padded to ``M`` columns."""
+    E = len(v_E)
+    first_R = np.searchsorted(home_E, np.arange(R))
+    out_RM = np.zeros((R, -(-E // R)), dtype=np.int64)
+    out_RM[home_E, np.arange(E) - first_R[home_E]] = v_E
+    return out_RM
+
+
+def link_floor(cost: CostModel, view: Floors) -> tuple[float, float]:
+    """Dispatch and combine link seconds the candidate of ``view`` pays at least.
+
+    Rank ``r`` computes at most ``keep_r`` of the rows it routes itself: its rows to
+    its home experts, plus, for each flow ``(d, r, q)`` into it, at most
+    ``min(q, its rows to d's home experts)``. It sends at least ``S_r - keep_r``
+    rows (``S_r``: rows it routes) and receives at least ``t_r - keep_r``. A link
+    time is at least ``n * a`` in one fast-link domain (``a``: the intra rate) and
+    ``n * a * b / (a + b)`` across domains (the best split of ``n`` over both link
+    classes, ``b`` the inter rate), or more where the senders' link classes are
+    known (:func:`_send_split_s`). Combine sends the same rows back. Read from a
+    ``StepCost``'s rate fields; a cost model without them gets ``(0, 0)``.
+    """
+    R = len(view.step.load_R)
+    names = (
+        "dispatch_row_s_intra",
+        "dispatch_row_s_inter",
+        "combine_row_s_intra",
+        "combine_row_s_inter",
+    )
+    if R <= 1 or not all(hasattr(cost, n) for n in names) or not hasattr(cost, "domain_size"):
+        return 0.0, 0.0
+    c, t_R = view.step.counts_RE, view.t_R
+    group_RR = view.step.group_RR  # [s, d]: rows s routes to d's home experts
+    d_F, r_F, q_F = view.flow_F3[:, 0], view.flow_F3[:, 1], view.flow_F3[:, 2]
+    keep_RD = np.zeros((R, R), dtype=np.int64)  # [s, d]: rows s may keep of d's experts
+    np.fill_diagonal(keep_RD, group_RR.diagonal())
+    keep_RD[r_F, d_F] += np.minimum(q_F, group_RR[r_F, d_F])
+    keep_R = keep_RD.sum(1)
+    n = float((np.maximum(c.sum(1), t_R) - keep_R).max())
+    G = int(_domain_size(cost, R))
+    out = []
+    for intra_n, inter_n in (names[:2], names[2:]):
+        a, b = float(getattr(cost, intra_n)), float(getattr(cost, inter_n))
+        if G >= R:
+            out.append(max(0.0, n) * a)
+            continue
+        rate = a * b / (a + b) if a > 0 and b > 0 else 0.0
+        sends = _send_split_s(view, group_RR - keep_RD, G, a, b)
+        recvs = _recv_split_s(view, group_RR, keep_R, G, a, b)
+        out.append(max(max(0.0, n) * rate, sends, recvs))
+    return out[0], out[1]
+
+
+def _recv_split_s(
+    view: Floors, group_RR: np.ndarray, keep_R: np.ndarray, G: int, a: float, b: float
+) -> float:
+    """Link seconds of the busiest receiver when its rows' link classes are partly known.
+
+    Rank ``d`` executes all but the ``g_d`` records it gives of its home experts; of the
+    rows routed to them from outside its domain at most ``g_d`` run elsewhere, so at least
+    the rest cross the network into ``d`` (likewise from inside its domain). It receives
+    at least ``t_d - keep_d`` rows in all; the best split within those limits is a floor.
+    """
+    R = len(view.step.load_R)
+    dom_R = np.arange(R) // G
+    far_RR = dom_R[:, None] != dom_R[None, :]  # [s, d]
+    near_RR = ~far_RR & ~np.eye(R, dtype=bool)
+    given_R = np.bincount(view.flow_F3[:, 0], weights=view.flow_F3[:, 2], minlength=R)
+    inter_R = (np.where(far_RR, group_RR, 0).sum(0) - given_R).clip(min=0)
+    intra_R = (np.where(near_RR, group_RR, 0).sum(0) - given_R).clip(min=0)
+    n_R = np.maximum((view.t_R - keep_R).astype(np.float64), inter_R + intra_R)
+    return _split_s(n_R, inter_R, intra_R, a, b)
+
+
+def _split_s(
+    n_R: np.ndarray, inter_R: np.ndarray, intra_R: np.ndarray, a: float, b: float
+) -> float:
+    """``max_r min_y max((n_r - y) a, y b)`` over ``inter_r <= y <= n_r - intra_r``."""
+    best = n_R * a / (a + b) if a + b > 0 else n_R
+    y_R = np.minimum(np.maximum(best, inter_R), n_R - intra_R)
+    return float(np.maximum((n_R - y_R) * a, y_R * b).max())
+
+
+def _send_split_s(view: Floors, sent_RD: np.ndarray, G: int, a: float, b: float) -> float:
+    """Link seconds of the busiest sender when its rows' link classes are partly known.
+
+    The ranks holding some expert of group ``d`` are among ``d`` and the receivers of
+    ``d``'s flows; rows ``s`` sends for group ``d`` (``sent_RD``, at least) all cross
+    the network when every such rank but ``s`` is outside ``s``'s domain, and all stay
+    inside when every one is inside. The rest may take either class; the best split of
+    a sender's rows within those limits, ``min_y max((n - y) a, y b)``, is a floor.
+    """
+    R = len(view.step.load_R)
+    hold_DR = np.eye(R, dtype=np.float64)
+    hold_DR[view.flow_F3[:, 0], view.flow_F3[:, 1]] = 1.0
+    dom_R = np.arange(R) // G
+    same_RR = (dom_R[:, None] == dom_R[None, :]) & ~np.eye(R, dtype=bool)
+    near_RD = same_RR.astype(np.float64) @ hold_DR.T  # [s, d]: holders in s's domain
+    far_RD = (dom_R[:, None] != dom_R[None, :]).astype(np.float64) @ hold_DR.T
+    sent_RD = sent_RD.clip(min=0).astype(np.float64)
+    inter_R = np.where((far_RD > 0) & (near_RD == 0), sent_RD, 0.0).sum(1)
+    intra_R = np.where((near_RD > 0) & (far_RD == 0), sent_RD, 0.0).sum(1)
+    return _split_s(sent_RD.sum(1), inter_R, intra_R, a, b)
+
+
+def _rate(cost: CostModel, name: str) -> float:
+    """A ``StepCost`` field the floors read (callers check it exists)."""
+    return float(getattr(cost, name))
+
+
+def _domain_size(cost: CostModel, num_ranks: int) -> int:
+    return int(getattr(cost, "domain_size")(num_ranks))  # noqa: B009 (not in CostModel)
