@@ -46,6 +46,12 @@ class StepStats:
     step (beyond its slots); ``policy``: the balance policy of the step's plan;
     ``predicted``: the cost model's predicted step seconds per candidate policy
     (empty when the step was not planned with a cost model).
+
+    ``records``: this rank's ``(token, k)`` records; ``rows_sent``: rows its dispatch
+    sent (one per record, or one per ``(token, destination rank)`` on a token-row
+    transport; its own rank included); ``bytes_sent``: bytes it sent in dispatch and
+    combine (rows, per-record words, rows returned as executing rank); the backward
+    moves the same the other way (``moonplan.runtime.transports.base.StepState``).
     """
 
     copies: int = 0
@@ -57,6 +63,14 @@ class StepStats:
     direct_reads: int = 0
     policy: str = "exact"
     predicted: dict[str, float] = field(default_factory=dict)
+    records: int = 0
+    rows_sent: int = 0
+    bytes_sent: int = 0
+
+    @property
+    def rows_per_record(self) -> float:
+        """``rows_sent / records`` (1.0 with no records)."""
+        return self.rows_sent / self.records if self.records else 1.0
 
 
 def register_home(module: nn.Module, group: EPGroup, num_experts: int) -> tuple[int, int]:
@@ -263,9 +277,10 @@ class LayerRuntime:
             plan = self._plan(counts_RE, None)
             need = int(plan.recv_size().max())
         ids = ids_SK if ids_SK is not None else torch.zeros(0, self.K, dtype=torch.int64)
-        # Per-record transports: affinity (a token's records on few ranks) pays only once
-        # dispatch sends token rows (docs/design.md §3), so it is not computed here yet.
-        route = route_tokens(plan, self.group.rank, ids, check=False, affinity=False)
+        # Affinity (a token's records on few ranks) pays only where dispatch sends token
+        # rows (docs/design.md §3); per-record transports skip computing it.
+        tokens = self.transport.rows == "tokens"
+        route = route_tokens(plan, self.group.rank, ids, check=False, affinity=tokens)
         if not self.published:
             self.store.publish_home(params)
             self.published, self.published_version = True, version
@@ -293,6 +308,9 @@ class LayerRuntime:
             phases,
             **self._plan_figures(plan),
         )
+        self.last_stats.records = step.traffic.get("records", 0)
+        self.last_stats.rows_sent = step.traffic.get("rows_sent", 0)
+        self.last_stats.bytes_sent = step.traffic.get("bytes_sent", 0)
         self.balancer.record(plan, self.group.rank, route.dest_rank.numel(), phases)
         return y_SH
 

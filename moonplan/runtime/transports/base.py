@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -62,11 +62,18 @@ class StepState:
     """What a transport keeps of one step between its forward and backward.
 
     ``dtype`` is x's dtype (the dtype of ``y`` and ``dx``); ``saved`` holds whatever
-    tensors the transport needs later (opaque to the step function).
+    the transport needs later (tensors, segments: opaque to the step function);
+    ``traffic`` what the step's forward moved, filled by ``dispatch`` and ``combine``:
+    ``records`` (this rank's ``(token, k)`` records), ``rows_sent`` (rows its dispatch
+    sent, its own rank included: one per record, or one per ``(token, destination)``)
+    and ``bytes_sent`` (bytes this rank sent in dispatch and combine: the rows, the
+    per-record ints and weights of token rows, and the rows it returned as executing
+    rank, its own rank included). The backward moves the same rows the other way.
     """
 
     dtype: torch.dtype
-    saved: dict[str, torch.Tensor] = field(default_factory=dict)
+    saved: dict[str, Any] = field(default_factory=dict)
+    traffic: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -109,12 +116,15 @@ class Transport(Protocol):
         group: the EP group it spans.
         capacity: receive rows per rank (``P`` of any plan it serves is at most this).
         one_sided: ``fetch_rows`` reads peers without a collective.
+        rows: ``"records"`` (one row per ``(token, k)`` record) or ``"tokens"`` (one row
+            per ``(token, destination rank)``: the runtime then routes with affinity).
     """
 
     name: str
     group: EPGroup
     capacity: int
     one_sided: bool
+    rows: str
 
     def dispatch(
         self, x_SH: Tensor, route: Route, plan: Plan, *, weight_SK: Tensor | None = None
