@@ -88,25 +88,31 @@ def _reference(cfg: dict) -> dict:
 
 
 CASES = [
-    (1, 4, [6], None, 1, "auto"),
-    (2, 4, [7, 5], None, 1, "auto"),
-    (2, 3, [0, 9], None, 2, "auto"),  # a rank with no tokens; E mod R != 0
-    (3, 2, [5, 4, 6], None, 1, "auto"),  # E < R
-    (3, 7, [6, 6, 6], 0, 1, "auto"),  # slots = 0: gradients of direct replicas go home too
-    (4, 9, [4, 6, 0, 5], 1, 1, "auto"),
-    (3, 5, [5, 6, 4], None, 1, "a2a"),
+    # (world, E, sizes, slots, align, transport, K); "auto" is the heap here
+    (1, 4, [6], None, 1, "auto", 2),
+    (2, 4, [7, 5], None, 1, "auto", 2),
+    (2, 3, [0, 9], None, 2, "auto", 2),  # a rank with no tokens; E mod R != 0
+    (3, 2, [5, 4, 6], None, 1, "auto", 2),  # E < R
+    (3, 7, [6, 6, 6], 0, 1, "auto", 2),  # slots = 0: gradients of direct replicas go home too
+    (4, 9, [4, 6, 0, 5], 1, 1, "auto", 2),
+    (3, 5, [5, 6, 4], None, 1, "a2a", 2),
+    (4, 12, [5, 6, 0, 4], None, 1, "auto", 8),  # top-8: a token's records share rows
+    (3, 10, [5, 6, 4], 0, 2, "a2a", 8),
+    (3, 2, [5, 4, 6], None, 1, "a2a", 2),
+    (2, 4, [7, 5], None, 2, "heap-records", 2),  # one row per record
+    (3, 10, [5, 0, 4], 0, 1, "a2a-records", 8),
 ]
 
 
-@pytest.mark.parametrize(("world", "E", "sizes", "slots", "align", "transport"), CASES)
+@pytest.mark.parametrize(("world", "E", "sizes", "slots", "align", "transport", "K"), CASES)
 def test_gradients_equal_reference(
-    world: int, E: int, sizes: list[int], slots, align: int, transport: str
+    world: int, E: int, sizes: list[int], slots, align: int, transport: str, K: int
 ) -> None:
     cfg = {
         "H": 8,
         "F": 12,
         "E": E,
-        "K": 2,
+        "K": K,
         "seed": 3,
         "sizes": sizes,
         "slots": slots,
@@ -124,6 +130,20 @@ def test_gradients_equal_reference(
             g["gate_up"].double(), want["gate_up"][home], rtol=1e-5, atol=1e-6
         )
         torch.testing.assert_close(g["down"].double(), want["down"][home], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", ["tokens", "records"])
+def test_heap_and_all_to_all_gradients_agree_bit_for_bit(rows: str) -> None:
+    from moonplan.runtime.transports.registry import builtin_name
+
+    cfg = {"H": 8, "F": 12, "E": 10, "K": 8, "seed": 4, "sizes": [5, 7, 0], "slots": 1}
+    heap, a2a = (
+        run_ranks(_rank_grads, 3, {**cfg, "transport": builtin_name(t, rows)}, timeout=120)
+        for t in ("heap", "a2a")
+    )
+    for h, a in zip(heap, a2a, strict=True):
+        for key in ("x", "router", "gate_up", "down"):
+            assert torch.equal(h[key], a[key]), key
 
 
 def test_micro_batches_accumulate_and_reuse_slots() -> None:
