@@ -57,12 +57,17 @@ class AllToAllRows(RowMoves):
         return LocalRows(torch.zeros(*shape, dtype=dtype, device=self.group.device))
 
     def fetch_rows(
-        self, buffer: SharedRows, src_rank_N: torch.Tensor, src_row_N: torch.Tensor
+        self,
+        buffer: SharedRows,
+        src_rank_N: torch.Tensor,
+        src_row_N: torch.Tensor,
+        *,
+        check: bool = True,
     ) -> torch.Tensor:
         """Collective: ``[n, ...]`` rows of other ranks' ``buffer`` (every rank calls it)."""
         local = buffer.local
         flat = local.view(local.shape[0], -1)
-        got = a2a.gather_rows(self.group, flat, src_rank_N, src_row_N)
+        got = a2a.gather_rows(self.group, flat, src_rank_N, src_row_N, check=check)
         return got.view(-1, *local.shape[1:])
 
 

@@ -64,9 +64,15 @@ class HeapRows(RowMoves):
         return self.heap.alloc(shape, dtype)
 
     def fetch_rows(
-        self, buffer: SharedRows, src_rank_N: torch.Tensor, src_row_N: torch.Tensor
+        self,
+        buffer: SharedRows,
+        src_rank_N: torch.Tensor,
+        src_row_N: torch.Tensor,
+        *,
+        check: bool = True,
     ) -> torch.Tensor:
-        """Peer loads (no collective): ``[n, ...]`` rows of other ranks' ``buffer``."""
+        """Peer loads (no collective): ``[n, ...]`` rows of other ranks' ``buffer``
+        (checked locally either way: ``check`` is the all-to-all's collective check)."""
         if not isinstance(buffer, SymTensor):
             raise TypeError(f"heap transport reads heap buffers only, got {type(buffer)}")
         views = self._peers(buffer)

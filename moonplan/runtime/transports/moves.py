@@ -67,9 +67,17 @@ class RowMoves(ABC):
 
     @abstractmethod
     def fetch_rows(
-        self, buffer: SharedRows, src_rank_N: torch.Tensor, src_row_N: torch.Tensor
+        self,
+        buffer: SharedRows,
+        src_rank_N: torch.Tensor,
+        src_row_N: torch.Tensor,
+        *,
+        check: bool = True,
     ) -> torch.Tensor:
-        """``[N, ...]``: row ``src_row[i]`` of rank ``src_rank[i]``'s ``buffer`` (as published)."""
+        """``[N, ...]``: row ``src_row[i]`` of rank ``src_rank[i]``'s ``buffer`` (as published).
+
+        ``check=False`` skips the all-to-all transport's collective check that every
+        asked row exists (the data paths' rows come from ``moonplan.route``)."""
 
     @abstractmethod
     def publish(self) -> None:

@@ -133,12 +133,16 @@ class TokenTransport(RowMoves):
         self.put_rows([rows])
         dy_TH = self.tokens.local[: saved["seg_P"].num_out]
         g_PH = ops.expand_rows(dy_TH, src_row_P, out_PH=self.recv_CH[: src_row_P.numel()])
-        g_PH.copy_(saved["w_P"][:, None] * g_PH.float())  # padding: weight 0, row 0
+        w_P1 = saved["w_P"][:, None]  # padding rows: weight 0, row 0
+        if g_PH.dtype == torch.float32:
+            g_PH.mul_(w_P1)  # the same fp32 product, in place
+        else:
+            g_PH.copy_(w_P1 * g_PH.float())
         self.dweight.local[: src_row_P.numel(), 0] = ops.row_dot(o_PH, dy_TH, src_row_P)
         self.publish()
         S, K = route.dest_rank.shape
         dest_N, off_N = route.dest_rank.reshape(-1), route.dest_offset.reshape(-1)
-        dweight_SK = self.fetch_rows(self.dweight, dest_N, off_N).view(S, K)
+        dweight_SK = self.fetch_rows(self.dweight, dest_N, off_N, check=False).view(S, K)
         return g_PH, dweight_SK.to(weight_SK.dtype)
 
     def dispatch_backward(
@@ -173,7 +177,7 @@ class TokenTransport(RowMoves):
         self.publish()
         if after_publish is not None:
             after_publish()
-        got_UH = self.fetch_rows(self.out, route.unique_dest, route.unique_offset)
+        got_UH = self.fetch_rows(self.out, route.unique_dest, route.unique_offset, check=False)
         seg_U = state.saved["seg_U"]
         return token_ops_for(got_UH.device).reduce_rows(
             got_UH, seg_U, seg_U.num_out, None, state.dtype
