@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from moonplan.comm import a2a
 from moonplan.runtime.transports.base import SharedRows
@@ -57,13 +58,8 @@ class AllToAllRows(RowMoves):
         return LocalRows(torch.zeros(*shape, dtype=dtype, device=self.group.device))
 
     def fetch_rows(
-        self,
-        buffer: SharedRows,
-        src_rank_N: torch.Tensor,
-        src_row_N: torch.Tensor,
-        *,
-        check: bool = True,
-    ) -> torch.Tensor:
+        self, buffer: SharedRows, src_rank_N: Tensor, src_row_N: Tensor, *, check: bool = True
+    ) -> Tensor:
         """Collective: ``[n, ...]`` rows of other ranks' ``buffer`` (every rank calls it)."""
         local = buffer.local
         flat = local.view(local.shape[0], -1)

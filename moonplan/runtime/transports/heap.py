@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import Tensor
 
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap, SymTensor
@@ -64,13 +65,8 @@ class HeapRows(RowMoves):
         return self.heap.alloc(shape, dtype)
 
     def fetch_rows(
-        self,
-        buffer: SharedRows,
-        src_rank_N: torch.Tensor,
-        src_row_N: torch.Tensor,
-        *,
-        check: bool = True,
-    ) -> torch.Tensor:
+        self, buffer: SharedRows, src_rank_N: Tensor, src_row_N: Tensor, *, check: bool = True
+    ) -> Tensor:
         """Peer loads (no collective): ``[n, ...]`` rows of other ranks' ``buffer``
         (checked locally either way: ``check`` is the all-to-all's collective check)."""
         if not isinstance(buffer, SymTensor):
