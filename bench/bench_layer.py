@@ -14,8 +14,8 @@ the weight fetch's own time (measured in the worker thread), ``exposed`` the par
 the experts waited for, both summed over the timed steps and ranks. Writes JSON.
 
 ``--rows``: token rows against per-record rows instead (issue #11). ``--ranks``
-gloo ranks build one layer per transport (``heap``, ``heap-records``, ``a2a``,
-``a2a-records``: the registered names, token rows on the plain ones) with the same
+gloo ranks build one layer per transport and rows (the registered names: ``heap``
+and ``a2a`` with their default rows, ``heap-tokens``, ``a2a-records``) with the same
 weights and uniform top-8 routing of 32 experts; they run in turn (interleaved), and
 rank 0's dispatch + combine time (``StepStats.phases``, median over steps) is
 reported per transport with the ratio token rows / per-record of the same transport,
@@ -39,6 +39,7 @@ import torch
 from _common import bench_parser, write_json
 
 from moonplan.runtime.routers import softmax_topk
+from moonplan.runtime.transports.registry import builtin_name
 from moonplan.testing.dist import run_ranks
 
 VARIANTS = ("auto", "static", "exact", "exact-M")
@@ -148,7 +149,9 @@ def _merge(got: list[dict], mode: str) -> dict:
     return res
 
 
-ROWS_TRANSPORTS = ("heap", "heap-records", "a2a", "a2a-records")
+ROWS_TRANSPORTS = tuple(
+    builtin_name(base, rows) for base in ("heap", "a2a") for rows in ("tokens", "records")
+)
 
 
 def _rows_rank(rank: int, world: int, cfg: dict) -> dict:
@@ -203,13 +206,13 @@ def rows_main(args: Any) -> None:
     )
     rows = []
     for name in ROWS_TRANSPORTS:
-        base = name.split("-")[0]
-        ref = me[f"{base}-records"]
+        ref_name = builtin_name(name.split("-")[0], "records")
+        ref = me[ref_name]
         r = me[name]
         records, sent_rows, sent_bytes = r["traffic"]
         row = {
             "transport": name,
-            "rows": "records" if name.endswith("records") else "tokens",
+            "rows": "records" if name == ref_name else "tokens",
             "dispatch_combine_s": r["fwd"],
             "ratio_vs_records": r["fwd"] / ref["fwd"],
             "backward_pair_s": r["bwd"],

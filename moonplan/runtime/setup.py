@@ -311,6 +311,7 @@ class LayerRuntime:
         self.last_stats.records = step.traffic.get("records", 0)
         self.last_stats.rows_sent = step.traffic.get("rows_sent", 0)
         self.last_stats.bytes_sent = step.traffic.get("bytes_sent", 0)
+        rec.traffic(self.last_stats.records, self.last_stats.rows_sent)
         self.balancer.record(plan, self.group.rank, route.dest_rank.numel(), phases)
         return y_SH
 

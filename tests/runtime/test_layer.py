@@ -5,10 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from moonplan.runtime.transports.registry import builtin_name
 from moonplan.testing.dist import run_ranks
 from tests.runtime.oracle import dense_moe, dense_weights, split, tokens
 
 pytestmark = pytest.mark.distributed
+
+
+TOKENS = {base: builtin_name(base, "tokens") for base in ("heap", "a2a")}
+RECORDS = {base: builtin_name(base, "records") for base in ("heap", "a2a")}
 
 
 def _fixed_router(ids_TK: torch.Tensor, w_TK: torch.Tensor, offset: int):
@@ -63,11 +68,14 @@ CASES = [
     (3, 7, [8, 8, 8], 0, 1, "auto", True, 2),  # slots = 0: every replica direct
     (4, 13, [5, 0, 7, 6], 2, 2, "auto", True, 2),
     (3, 6, [7, 5, 6], None, 1, "a2a", True, 2),  # the all-to-all transport
-    (4, 16, [6, 5, 0, 7], None, 1, "auto", True, 8),  # top-8: tokens reach few ranks
-    (3, 12, [5, 6, 4], 0, 2, "a2a", True, 8),
-    (3, 2, [6, 4, 5], None, 4, "a2a", True, 2),
-    (3, 6, [7, 5, 6], None, 1, "heap-records", True, 2),  # one row per record
-    (4, 13, [5, 0, 7, 6], 0, 2, "a2a-records", True, 8),
+    # one row per (token, destination rank) on both transports, and per record
+    (4, 16, [6, 5, 0, 7], None, 1, TOKENS["heap"], True, 8),  # top-8: few ranks per token
+    (3, 12, [5, 6, 4], 0, 2, TOKENS["a2a"], True, 8),
+    (3, 2, [6, 4, 5], None, 4, TOKENS["a2a"], True, 2),
+    (3, 2, [6, 4, 5], None, 4, TOKENS["heap"], True, 2),
+    (2, 3, [0, 11], 0, 1, TOKENS["heap"], True, 2),
+    (4, 13, [5, 0, 7, 6], 0, 2, RECORDS["a2a"], True, 8),
+    (3, 6, [7, 5, 6], None, 1, RECORDS["heap"], True, 2),
 ]
 
 
@@ -131,7 +139,7 @@ def _bf16_outputs(rank: int, world: int, sizes: list[int], transport: str) -> to
         return layer(x.bfloat16()).float()
 
 
-@pytest.mark.parametrize("transport", ["auto", "a2a", "a2a-records"])
+@pytest.mark.parametrize("transport", ["auto", TOKENS["heap"], TOKENS["a2a"], RECORDS["a2a"]])
 def test_bf16_tokens_within_bf16_rounding(transport: str) -> None:
     """Token rows round a partial sum per destination rank to bf16: still a few ulps."""
     sizes = [9, 4, 7]
@@ -147,7 +155,7 @@ def test_bf16_tokens_within_bf16_rounding(transport: str) -> None:
 def test_bf16_heap_and_all_to_all_agree_bit_for_bit() -> None:
     sizes = [9, 4, 7]
     heap, a2a = (
-        torch.cat(run_ranks(_bf16_outputs, 3, sizes, t, timeout=60)) for t in ("heap", "a2a")
+        torch.cat(run_ranks(_bf16_outputs, 3, sizes, t, timeout=60)) for t in TOKENS.values()
     )
     assert torch.equal(heap, a2a)
 
@@ -206,13 +214,13 @@ def _traffic(rank: int, world: int, transport: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("transport", ["heap", "a2a-records"])
+@pytest.mark.parametrize("transport", [TOKENS["heap"], RECORDS["a2a"]])
 def test_last_stats_report_records_rows_and_bytes(transport: str) -> None:
     K, S, row = 8, 12, 8 * 4  # row: H = 8 fp32 values
     for got in run_ranks(_traffic, 3, transport, timeout=60):
         records, rows, sent, per_record = got["stats"]
         assert records == S * K and per_record == rows / records
-        if transport.endswith("records"):
+        if transport in RECORDS.values():
             assert rows == records and sent == (records + got["executed"]) * row
         else:  # one row per (token, destination): fewer rows than records at top-8
             assert rows == got["unique"] < records and S <= rows

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F_
 
+from moonplan.runtime.transports.registry import builtin_name
 from moonplan.testing.dist import run_ranks
 from tests.runtime.oracle import dense_weights, split, tokens
 
@@ -96,11 +97,13 @@ CASES = [
     (3, 7, [6, 6, 6], 0, 1, "auto", 2),  # slots = 0: gradients of direct replicas go home too
     (4, 9, [4, 6, 0, 5], 1, 1, "auto", 2),
     (3, 5, [5, 6, 4], None, 1, "a2a", 2),
-    (4, 12, [5, 6, 0, 4], None, 1, "auto", 8),  # top-8: a token's records share rows
-    (3, 10, [5, 6, 4], 0, 2, "a2a", 8),
-    (3, 2, [5, 4, 6], None, 1, "a2a", 2),
-    (2, 4, [7, 5], None, 2, "heap-records", 2),  # one row per record
-    (3, 10, [5, 0, 4], 0, 1, "a2a-records", 8),
+    # one row per (token, destination rank) on both transports, and per record
+    (4, 12, [5, 6, 0, 4], None, 1, builtin_name("heap", "tokens"), 8),  # top-8: rows shared
+    (3, 10, [5, 6, 4], 0, 2, builtin_name("a2a", "tokens"), 8),
+    (3, 2, [5, 4, 6], None, 1, builtin_name("a2a", "tokens"), 2),
+    (3, 2, [0, 4, 6], 0, 2, builtin_name("heap", "tokens"), 2),
+    (2, 4, [7, 5], None, 2, builtin_name("heap", "records"), 2),
+    (3, 10, [5, 0, 4], 0, 1, builtin_name("a2a", "records"), 8),
 ]
 
 
@@ -134,8 +137,6 @@ def test_gradients_equal_reference(
 
 @pytest.mark.parametrize("rows", ["tokens", "records"])
 def test_heap_and_all_to_all_gradients_agree_bit_for_bit(rows: str) -> None:
-    from moonplan.runtime.transports.registry import builtin_name
-
     cfg = {"H": 8, "F": 12, "E": 10, "K": 8, "seed": 4, "sizes": [5, 7, 0], "slots": 1}
     heap, a2a = (
         run_ranks(_rank_grads, 3, {**cfg, "transport": builtin_name(t, rows)}, timeout=120)

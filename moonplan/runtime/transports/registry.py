@@ -83,7 +83,7 @@ def create(
 
 # Each built-in transport under its plain name with its default rows (measured:
 # docs/runtime.md, "Token rows or record rows"), the other rows as "<name>-<rows>".
-DEFAULT_ROWS = MappingProxyType({"heap": "tokens", "a2a": "tokens"})
+DEFAULT_ROWS = MappingProxyType({"heap": "records", "a2a": "tokens"})
 
 
 def builtin_name(base: str, rows: str) -> str:
