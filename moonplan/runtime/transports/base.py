@@ -16,14 +16,15 @@ A step calls the four data-path operations in this order, always on every rank
    with the rows; per-record transports ignore it (combine gets them again).
 2. ``y_SH = combine(y_PH, route, weight_SK, state)``: the experts' outputs of the
    receive rows go back to their tokens: ``y[s] = sum_k weight[s, k] * o[s, k]``
-   with fp32 products and sums in ascending ``k``, in x's dtype.
+   with fp32 products and sums in a fixed order, in x's dtype (one row per record:
+   ascending ``k``; one row per token and rank: ``transports/tokens.py``).
 3. ``g_PH, dweight_SK = combine_backward(dy_SH, route, plan, weight_SK, state)``:
    the gradient of each receive row (``weight * dy`` of its record, at its
    executing rank, in the receive rows' dtype) and of the weights
    (``dweight[s, k] = <dy[s], o[s, k]>`` in fp32, in weight's dtype).
 4. ``dx_SH = dispatch_backward(dx_PH, route, state, after_publish=None)``: the
-   receive rows' input gradients back to token order, summed over ``k`` (fp32,
-   ascending ``k``), in x's dtype. ``after_publish`` (optional) is called once
+   receive rows' input gradients back to token order, summed over ``k`` (fp32, in
+   the same fixed order as combine), in x's dtype. ``after_publish`` (optional) is called once
    every shared buffer written before the call is visible to peers and before
    the rows move back: the overlapped backward starts the replica-gradient reduce
    there.
