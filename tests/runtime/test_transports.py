@@ -246,3 +246,23 @@ def test_layer_rejects_unknown_transport_listing_known() -> None:
 
     with pytest.raises(ValueError, match=f"known transports: {', '.join(registry.names())}"):
         MoonMoE(4, 4, 2, 1, router=lambda x: None, transport="nccl")
+
+
+@pytest.mark.parametrize("ranks_per_host", [1, 2])
+def test_two_stage_on_two_hosts_matches_reference(ranks_per_host: int) -> None:
+    """4 gloo ranks as hosts of 2 (and of 1: every token crosses to each rank once)."""
+    env = {"LOCAL_WORLD_SIZE": str(ranks_per_host)}
+    got = run_ranks(_round_trip, 4, "a2a-hosts", env, timeout=TIMEOUT)
+    assert [g["fails"] for g in got] == [[]] * 4
+    again = run_ranks(_round_trip, 4, "a2a-hosts", env, timeout=TIMEOUT)
+    _assert_same_bits([got, again])
+
+
+def test_two_stage_needs_whole_hosts() -> None:
+    from moonplan.runtime.transports.two_stage import TwoStageTokenTransport
+
+    class _Group:
+        size, rank, device = 4, 0, torch.device("cpu")
+
+    with pytest.raises(ValueError, match="must divide the 4 ranks, got 3"):
+        TwoStageTokenTransport(_Group(), 4, 2, torch.float32, ranks_per_host=3)  # type: ignore[arg-type]

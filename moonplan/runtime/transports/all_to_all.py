@@ -15,6 +15,7 @@ rank)``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -46,8 +47,7 @@ class AllToAllRows(RowMoves):
     def put_rows(self, puts: Sequence[Put]) -> None:
         """Collective: one ``exchange_rows`` per put (see :class:`RowMoves`)."""
         for p in puts:
-            local = p.buffer.local
-            flat = local.view(local.shape[0], -1)
+            flat = _flat(p.buffer.local)
             x_XL = p.rows.reshape(p.rows.shape[0], flat.shape[1])
             if p.top_k != 1:
                 x_XL = x_XL[torch.arange(p.dest.numel(), device=x_XL.device) // p.top_k]
@@ -62,9 +62,13 @@ class AllToAllRows(RowMoves):
     ) -> Tensor:
         """Collective: ``[n, ...]`` rows of other ranks' ``buffer`` (every rank calls it)."""
         local = buffer.local
-        flat = local.view(local.shape[0], -1)
-        got = a2a.gather_rows(self.group, flat, src_rank_N, src_row_N, check=check)
+        got = a2a.gather_rows(self.group, _flat(local), src_rank_N, src_row_N, check=check)
         return got.view(-1, *local.shape[1:])
+
+
+def _flat(local: torch.Tensor) -> torch.Tensor:
+    """``[C, L]`` view of a buffer's rows (also with ``C = 0``)."""
+    return local.view(local.shape[0], math.prod(local.shape[1:]))
 
 
 class AllToAllTransport(AllToAllRows, RecordTransport):

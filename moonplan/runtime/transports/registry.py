@@ -24,6 +24,7 @@ from moonplan.comm.heap import SymmetricHeap
 from moonplan.runtime.transports.all_to_all import AllToAllTokenTransport, AllToAllTransport
 from moonplan.runtime.transports.base import Transport
 from moonplan.runtime.transports.heap import HeapTokenTransport, HeapTransport
+from moonplan.runtime.transports.two_stage import TwoStageTokenTransport
 
 Factory = Callable[..., Transport]
 
@@ -115,10 +116,15 @@ def _all_to_all(rows: str) -> Factory:
     return make
 
 
+def _two_stage(group: EPGroup, *, heap: SymmetricHeap | None, **sizes: Any) -> Transport:
+    return TwoStageTokenTransport(group, sizes["capacity"], sizes["hidden"], sizes["dtype"])
+
+
 def _register_builtins() -> None:
     for rows in ("tokens", "records"):
         register(builtin_name("heap", rows), _heap(rows), needs_heap=True)
         register(builtin_name("a2a", rows), _all_to_all(rows))
+    register("a2a-hosts", _two_stage)  # hosts of LOCAL_WORLD_SIZE ranks (two_stage.py)
 
 
 _register_builtins()

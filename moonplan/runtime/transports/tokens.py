@@ -79,29 +79,27 @@ class TokenTransport(RowMoves):
         with the records; without it combine sends the weights)."""
         ops = token_ops_for(x_SH.device)
         rank, (S, K) = self.group.rank, route.dest_rank.shape
-        dest_U, off_U = route.unique_dest, route.unique_offset
-        rows = Put(x_SH[route.unique_token], dest_U, off_U, self.tokens)
-        self.put_rows([rows, self._meta_put(route, weight_SK)])
+        state = StepState(x_SH.dtype)
+        self._send_tokens(x_SH, route, plan, state, [self._meta_put(route, weight_SK)])
         pad_P = padding_mask(plan, rank)
         P, T = pad_P.numel(), int(plan.target[rank])
         meta_P2 = self.meta.local[:P]
         src_row_P = meta_P2[:, 0].to(torch.int64).masked_fill(pad_P, -1)
         seg_P = ops.segments(src_row_P, T)
-        state = StepState(x_SH.dtype)
         state.saved.update(
             pad_P=pad_P,
             src_row_P=src_row_P,
             w_P=None if weight_SK is None else _weights(meta_P2, pad_P),
             seg_P=seg_P,
-            seg_U=ops.segments(route.unique_token, S, check=False),
         )
         recv_PH = ops.expand_rows(self.tokens.local[:T], src_row_P, out_PH=self.recv_CH[:P])
         row_bytes = x_SH.shape[1] * x_SH.element_size()
         returned = int((seg_P.offsets_T1.diff() > 0).sum())  # token rows this rank sends back
+        U = route.sent_rows
         state.traffic = {
             "records": S * K,
-            "rows_sent": int(dest_U.numel()),
-            "bytes_sent": (int(dest_U.numel()) + returned) * row_bytes + S * K * 8,
+            "rows_sent": U,
+            "bytes_sent": (U + returned) * row_bytes + S * K * 8,
         }
         return self._view(recv_PH, state)
 
@@ -129,8 +127,7 @@ class TokenTransport(RowMoves):
         o_PH, src_row_P = saved.pop("o_PH"), saved["src_row_P"]
         ops = token_ops_for(dy_SH.device)
         self._view(self.recv_CH, state)  # the forward's receive view is stale from here
-        rows = Put(dy_SH[route.unique_token], route.unique_dest, route.unique_offset, self.tokens)
-        self.put_rows([rows])
+        self._send_tokens(dy_SH, route, plan, state, [])
         dy_TH = self.tokens.local[: saved["seg_P"].num_out]
         g_PH = ops.expand_rows(dy_TH, src_row_P, out_PH=self.recv_CH[: src_row_P.numel()])
         w_P1 = saved["w_P"][:, None]  # padding rows: weight 0, row 0
@@ -168,20 +165,33 @@ class TokenTransport(RowMoves):
         dest_N, off_N = route.dest_rank.reshape(-1), route.dest_offset.reshape(-1)
         return Put(words_N2, dest_N, off_N, self.meta)
 
+    def _send_tokens(
+        self, rows_SH: Tensor, route: Route, plan: Plan, state: StepState, extra: list[Put]
+    ) -> None:
+        """Collective: ``rows[unique_token]`` once per (token, destination) into the
+        destinations' token buffers, with the ``extra`` puts."""
+        rows = Put(rows_SH[route.unique_token], route.unique_dest, route.unique_offset, self.tokens)
+        self.put_rows([rows, *extra])
+
+    def _fetch_tokens(self, route: Route, state: StepState) -> Tensor:
+        """Collective: every rank's published ``out`` rows back to their sources, summed
+        over destinations (ascending rank, fp32): ``[S, H]`` in x's dtype."""
+        got_UH = self.fetch_rows(self.out, route.unique_dest, route.unique_offset, check=False)
+        S = route.dest_rank.shape[0]
+        ops = token_ops_for(got_UH.device)
+        seg_U = state.saved.get("seg_U") or ops.segments(route.unique_token, S, check=False)
+        state.saved["seg_U"] = seg_U  # built once a step, also serves the backward
+        return ops.reduce_rows(got_UH, seg_U, S, None, state.dtype)
+
     def _return(
         self, red_TH: torch.Tensor, route: Route, state: StepState, after_publish: AfterPublish
     ) -> torch.Tensor:
-        """This rank's reduced token rows back to their sources, each source's rows
-        summed over destinations (ascending rank, fp32): ``[S, H]`` in x's dtype."""
+        """This rank's reduced token rows back to their sources (see :meth:`_fetch_tokens`)."""
         self.out.local[: red_TH.shape[0]] = red_TH
         self.publish()
         if after_publish is not None:
             after_publish()
-        got_UH = self.fetch_rows(self.out, route.unique_dest, route.unique_offset, check=False)
-        seg_U = state.saved["seg_U"]
-        return token_ops_for(got_UH.device).reduce_rows(
-            got_UH, seg_U, seg_U.num_out, None, state.dtype
-        )
+        return self._fetch_tokens(route, state)
 
 
 def _weights(meta_P2: torch.Tensor, pad_P: torch.Tensor) -> torch.Tensor:
