@@ -20,7 +20,9 @@ weights and uniform top-8 routing of 32 experts; they run in turn (interleaved),
 rank 0's dispatch + combine time (``StepStats.phases``, median over steps) is
 reported per transport with the ratio token rows / per-record of the same transport,
 the backward pair (combine-backward + dispatch-backward) likewise, and rows sent per
-record and bytes sent (``StepStats``). Writes JSON.
+record and bytes sent (``StepStats``); then, counted from routes (no timing), the
+rows per record that cross hosts with record rows, token rows and two-stage token
+rows (``a2a-hosts``) at R=8, E=64, K=8. Writes JSON.
 
     python bench/bench_layer.py               # R=2, H=512, F=1024, E=8, K=2, 2048 tokens/rank
     python bench/bench_layer.py --quick       # small sizes (smoke test)
@@ -228,7 +230,36 @@ def rows_main(args: Any) -> None:
             f"{1e3 * r['bwd']:>8.2f} {row['backward_ratio_vs_records']:>6.3f} "
             f"{row['rows_per_record']:>8.3f} {sent_bytes / 1e6:>8.2f}"
         )
-    write_json(args.out.replace(".json", "_rows.json"), {"torch": torch.__version__, "rows": rows})
+    hosts = host_rows()
+    write_json(
+        args.out.replace(".json", "_rows.json"),
+        {"torch": torch.__version__, "rows": rows, "cross_host": hosts},
+    )
+
+
+def host_rows(R: int = 8, E: int = 64, K: int = 8, S: int = 1024) -> list[dict]:
+    """Rows that cross hosts per record (counted from routes, no timing): one row per
+    record, per (token, rank) and, two-stage (``a2a-hosts``), per (token, host)."""
+    import moonplan
+
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(S)]) for _ in range(R)]
+    plan = moonplan.plan(torch.stack([torch.bincount(i.view(-1), minlength=E) for i in ids]))
+    routes = [moonplan.route(plan, r, ids[r]) for r in range(R)]
+    print(f"cross-host rows per record, R={R} E={E} K={K} S={S}/rank, uniform:")
+    print(f"{'ranks/host':>10} {'records':>8} {'tokens':>8} {'2-stage':>8}")
+    out = []
+    for G in (4, 2):
+        n = [0, 0, 0]
+        for r, rt in enumerate(routes):
+            n[0] += int((rt.dest_rank // G != r // G).sum())
+            n[1] += int((rt.unique_dest // G != r // G).sum())
+            hosts_V = torch.unique((rt.unique_dest // G) * S + rt.unique_token) // S
+            n[2] += int((hosts_V != r // G).sum())
+        per = [c / (R * S * K) for c in n]
+        out.append({"ranks_per_host": G, "records": per[0], "tokens": per[1], "two_stage": per[2]})
+        print(f"{G:>10} {per[0]:>8.3f} {per[1]:>8.3f} {per[2]:>8.3f}")
+    return out
 
 
 def main() -> None:
