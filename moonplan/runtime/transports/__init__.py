@@ -5,8 +5,8 @@ Legend: none (see :mod:`moonplan.runtime.transports.base`).
 ``Transport`` (the protocol), ``RecvView``, ``StepState``, ``StaleViewError``;
 the built-in ``HeapTransport`` and ``AllToAllTransport`` (one row per record) and
 ``HeapTokenTransport`` and ``AllToAllTokenTransport`` (one row per token and
-destination rank); and the name registry
-(``register``, ``create``, ``names``).
+destination rank), ``TwoStageTokenTransport`` (once per destination host); and the
+name registry (``register``, ``create``, ``names``).
 """
 
 from moonplan.runtime.transports.all_to_all import AllToAllTokenTransport, AllToAllTransport
@@ -19,6 +19,7 @@ from moonplan.runtime.transports.base import (
 )
 from moonplan.runtime.transports.heap import HeapTokenTransport, HeapTransport
 from moonplan.runtime.transports.registry import check, create, names, needs_heap, register
+from moonplan.runtime.transports.two_stage import TwoStageTokenTransport
 
 __all__ = [
     "AllToAllTokenTransport",
@@ -30,6 +31,7 @@ __all__ = [
     "StaleViewError",
     "StepState",
     "Transport",
+    "TwoStageTokenTransport",
     "check",
     "create",
     "names",
