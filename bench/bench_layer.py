@@ -13,8 +13,20 @@ wall time per step (median) is reported with the ratio to static; ``prefetch`` i
 the weight fetch's own time (measured in the worker thread), ``exposed`` the part
 the experts waited for, both summed over the timed steps and ranks. Writes JSON.
 
+``--rows``: token rows against per-record rows instead (issue #11). ``--ranks``
+gloo ranks build one layer per transport and rows (the registered names: ``heap``
+and ``a2a`` with their default rows, ``heap-tokens``, ``a2a-records``) with the same
+weights and uniform top-8 routing of 32 experts; they run in turn (interleaved), and
+rank 0's dispatch + combine time (``StepStats.phases``, median over steps) is
+reported per transport with the ratio token rows / per-record of the same transport,
+the backward pair (combine-backward + dispatch-backward) likewise, and rows sent per
+record and bytes sent (``StepStats``); then, counted from routes (no timing), the
+rows per record that cross hosts with record rows, token rows and two-stage token
+rows (``a2a-hosts``) at R=8, E=64, K=8. Writes JSON.
+
     python bench/bench_layer.py               # R=2, H=512, F=1024, E=8, K=2, 2048 tokens/rank
     python bench/bench_layer.py --quick       # small sizes (smoke test)
+    python bench/bench_layer.py --rows        # token rows vs per-record, R=4, E=32, K=8
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ import torch
 from _common import bench_parser, write_json
 
 from moonplan.runtime.routers import softmax_topk
+from moonplan.runtime.transports.registry import builtin_name
 from moonplan.testing.dist import run_ranks
 
 VARIANTS = ("auto", "static", "exact", "exact-M")
@@ -138,15 +151,131 @@ def _merge(got: list[dict], mode: str) -> dict:
     return res
 
 
+ROWS_TRANSPORTS = tuple(
+    builtin_name(base, rows) for base in ("heap", "a2a") for rows in ("tokens", "records")
+)
+
+
+def _rows_rank(rank: int, world: int, cfg: dict) -> dict:
+    """Per transport: rank 0's forward and backward pair times (s), rows and bytes."""
+    from moonplan import MoonMoE
+
+    torch.set_num_threads(1)
+    E, H, F, K, S = cfg["E"], cfg["H"], cfg["F"], cfg["K"], cfg["S"]
+    g = torch.Generator().manual_seed(0)
+    w = (
+        torch.randn(E, H, generator=g) * 0.02,
+        torch.randn(E, 2 * F, H, generator=g) * H**-0.5,
+        torch.randn(E, H, F, generator=g) * F**-0.5,
+    )
+    layers = {}
+    for name in ROWS_TRANSPORTS:
+        layers[name] = MoonMoE(H, F, E, K, max_tokens=S, transport=name)
+        layers[name].load_dense(*w)
+    x = torch.randn(S, H, generator=torch.Generator().manual_seed(10 + rank))
+    got: dict[str, dict[str, list[float]]] = {n: {"fwd": [], "bwd": []} for n in layers}
+    traffic: dict[str, list[int]] = {}
+    for i in range(cfg["warmup"] + cfg["reps"]):
+        for name, layer in layers.items():
+            _time(layer, x, True)
+            s = layer.last_stats
+            if i < cfg["warmup"]:
+                continue
+            p = s.phases
+            got[name]["fwd"].append(p["dispatch"] + p["combine"])
+            got[name]["bwd"].append(p["combine_backward"] + p["dispatch_backward"])
+            traffic[name] = [s.records, s.rows_sent, s.bytes_sent]
+    return {
+        n: {k: statistics.median(v) for k, v in t.items()} | {"traffic": traffic[n]}
+        for n, t in got.items()
+    }
+
+
+def rows_main(args: Any) -> None:
+    """``--rows``: token rows vs per-record rows on both transports (module docstring)."""
+    cfg = {"E": 32, "K": 8, "H": 1024, "F": 64, "S": 512, "reps": args.reps, "warmup": 3}
+    if args.quick:
+        cfg.update(H=64, S=64, reps=3, warmup=1)
+    got = run_ranks(_rows_rank, args.ranks, cfg, timeout=1800)
+    me = got[0]  # "this rank": rank 0's own times
+    print(
+        f"R={args.ranks} E={cfg['E']} K={cfg['K']} H={cfg['H']} S={cfg['S']}/rank, "
+        f"fp32, uniform routing; rank 0, median of {cfg['reps']} steps"
+    )
+    print(
+        f"{'transport':>13} {'rows':>8} {'d+c ms':>8} {'ratio':>6} {'bwd ms':>8} {'ratio':>6} "
+        f"{'rows/rec':>8} {'MB sent':>8}"
+    )
+    rows = []
+    for name in ROWS_TRANSPORTS:
+        ref_name = builtin_name(name.split("-")[0], "records")
+        ref = me[ref_name]
+        r = me[name]
+        records, sent_rows, sent_bytes = r["traffic"]
+        row = {
+            "transport": name,
+            "rows": "records" if name == ref_name else "tokens",
+            "dispatch_combine_s": r["fwd"],
+            "ratio_vs_records": r["fwd"] / ref["fwd"],
+            "backward_pair_s": r["bwd"],
+            "backward_ratio_vs_records": r["bwd"] / ref["bwd"],
+            "rows_per_record": sent_rows / records,
+            "bytes_sent": sent_bytes,
+            "ranks": args.ranks,
+            **cfg,
+        }
+        rows.append(row)
+        print(
+            f"{name:>13} {row['rows']:>8} {1e3 * r['fwd']:>8.2f} {row['ratio_vs_records']:>6.3f} "
+            f"{1e3 * r['bwd']:>8.2f} {row['backward_ratio_vs_records']:>6.3f} "
+            f"{row['rows_per_record']:>8.3f} {sent_bytes / 1e6:>8.2f}"
+        )
+    hosts = host_rows()
+    write_json(
+        args.out.replace(".json", "_rows.json"),
+        {"torch": torch.__version__, "rows": rows, "cross_host": hosts},
+    )
+
+
+def host_rows(R: int = 8, E: int = 64, K: int = 8, S: int = 1024) -> list[dict]:
+    """Rows that cross hosts per record (counted from routes, no timing): one row per
+    record, per (token, rank) and, two-stage (``a2a-hosts``), per (token, host)."""
+    import moonplan
+
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(S)]) for _ in range(R)]
+    plan = moonplan.plan(torch.stack([torch.bincount(i.view(-1), minlength=E) for i in ids]))
+    routes = [moonplan.route(plan, r, ids[r]) for r in range(R)]
+    print(f"cross-host rows per record, R={R} E={E} K={K} S={S}/rank, uniform:")
+    print(f"{'ranks/host':>10} {'records':>8} {'tokens':>8} {'2-stage':>8}")
+    out = []
+    for G in (4, 2):
+        n = [0, 0, 0]
+        for r, rt in enumerate(routes):
+            n[0] += int((rt.dest_rank // G != r // G).sum())
+            n[1] += int((rt.unique_dest // G != r // G).sum())
+            hosts_V = torch.unique((rt.unique_dest // G) * S + rt.unique_token) // S
+            n[2] += int((hosts_V != r // G).sum())
+        per = [c / (R * S * K) for c in n]
+        out.append({"ranks_per_host": G, "records": per[0], "tokens": per[1], "two_stage": per[2]})
+        print(f"{G:>10} {per[0]:>8.3f} {per[1]:>8.3f} {per[2]:>8.3f}")
+    return out
+
+
 def main() -> None:
     ap = bench_parser(__doc__)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rows", action="store_true", help="token rows vs per-record rows")
+    ap.add_argument("--ranks", type=int, default=4, help="ranks of --rows")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--warmup", type=int, default=6, help="untimed steps (auto calibrates)")
     ap.add_argument("--drift", type=float, default=0.1, help="1 - step-to-step correlation")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="any of " + ",".join(VARIANTS))
     ap.add_argument("--out", default="bench/results/bench_layer.json")
     args = ap.parse_args()
+    if args.rows:
+        rows_main(args)
+        return
     base = {"E": 8, "K": 2, "H": 512, "F": 1024, "S": 2048}
     base |= {"reps": args.reps, "warmup": args.warmup, "drift": args.drift}
     variants = [v for v in args.variants.split(",") if v]

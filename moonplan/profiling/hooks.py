@@ -43,6 +43,9 @@ class NullProfiler:
     def background(self, name: str, t0: float, t1: float, events: Any = None) -> None:
         """Background phase ``name`` ran from ``t0`` to ``t1``: ignored."""
 
+    def traffic(self, records: int, rows_sent: int) -> None:
+        """The step's records and rows sent (``StepStats``): ignored."""
+
 
 NULL_PROFILER = NullProfiler()
 """Immutable no-op hooks; the default of ``LayerRuntime.profiler``."""
@@ -82,6 +85,10 @@ class StepRecorder:
         if self._prof.cuda and events is None:
             return  # inline job: its time is already inside the critical-path phases
         self._prof.add(self.layer, self.step, name, (t0, t1), events or (None, None))
+
+    def traffic(self, records: int, rows_sent: int) -> None:
+        """The step's records and the rows its dispatch sent (``StepStats``)."""
+        self._prof.add_traffic(records, rows_sent)
 
 
 class LayerProfiler:

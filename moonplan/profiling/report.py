@@ -55,6 +55,8 @@ class ProfileReport:
         spans: all spans, by rank then recording order.
         clock: ``"cpu perf_counter"`` or ``"cuda events"``.
         aligned: whether every step began with a barrier.
+        traffic: ``(records, rows sent)`` of every profiled step of every rank
+            (``StepStats.records``, ``StepStats.rows_sent``).
     """
 
     ranks: int
@@ -62,6 +64,14 @@ class ProfileReport:
     spans: tuple[Span, ...]
     clock: str
     aligned: bool = False
+    traffic: tuple[int, int] = (0, 0)
+
+    @property
+    def rows_per_record(self) -> float | None:
+        """Rows dispatch sent per record (1 per record; less with token rows), or
+        ``None`` when no step with records was profiled."""
+        records, rows = self.traffic
+        return rows / records if records else None
 
     # ---- arrays -------------------------------------------------------------------------
     @property
@@ -167,6 +177,11 @@ class ProfileReport:
                     f"{name}: {summ[name]['mean_ms']:.3f} ms in the background, "
                     f"{exposed['mean_ms']:.3f} ms exposed ({100 * frac:.0f}%)"
                 )
+        if self.rows_per_record is not None:
+            lines.append(
+                f"rows per record: {self.rows_per_record:.3f} ({self.traffic[1]} rows sent "
+                f"for {self.traffic[0]} records, all ranks and steps)"
+            )
         steps = summ["step"]["rank_mean_ms"]
         if steps:
             lo, hi = int(np.argmin(steps)), int(np.argmax(steps))
@@ -195,6 +210,8 @@ class ProfileReport:
             "layers": list(self.layers),
             "clock": self.clock,
             "aligned": self.aligned,
+            "traffic": {"records": self.traffic[0], "rows_sent": self.traffic[1]},
+            "rows_per_record": self.rows_per_record,
             "phases": list(self.phases),
             "summary": self.summary(),
             "wall_step_ms": (1e3 * self.wall_step_s()).tolist(),

@@ -92,6 +92,7 @@ class Profiler:
         self._origin_event: Any = None
         self._report: ProfileReport | None = None
         self._recording = False
+        self._traffic = [0, 0]  # records, rows sent by this rank's profiled steps
 
     # ---- recording ------------------------------------------------------------------------
     def _synchronize(self) -> None:
@@ -124,6 +125,12 @@ class Profiler:
             self._events.append((layer, step, pid, *marks))
         else:
             self._rows.append((layer, step, pid, times[0] - self.origin, times[1] - self.origin))
+
+    def add_traffic(self, records: int, rows_sent: int) -> None:
+        """Count a profiled step's records and rows sent (rows per record in the report)."""
+        if self._recording:
+            self._traffic[0] += records
+            self._traffic[1] += rows_sent
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -177,7 +184,11 @@ class Profiler:
         rows = self._rows + self._resolve_events()
         spans, names = gather_spans(self.group, rows, self.names)
         clock = "cuda events" if self.cuda else "cpu perf_counter"
-        self._report = ProfileReport(self.group.size, names, spans, clock, self.aligned)
+        mine = torch.tensor(self._traffic, dtype=torch.int64, device=self.group.device)
+        records, rows_sent = (int(v) for v in self.group.all_gather(mine).sum(0).tolist())
+        self._report = ProfileReport(
+            self.group.size, names, spans, clock, self.aligned, (records, rows_sent)
+        )
         return self._report
 
     def _resolve_events(self) -> list[tuple[int, int, int, float, float]]:

@@ -49,10 +49,12 @@ class BufferSpec:
     dtype: torch.dtype
 
     def heap_bytes(self, capacity: int) -> int:
-        """Bytes per rank: receive and output rows ``[C, H]``, weight rows, 64 KiB slack."""
+        """Bytes per rank: receive and output rows ``[C, H]``, 12 bytes per row for a
+        token-row transport's per-record words and weight gradients, weight rows, 64 KiB
+        slack."""
         elem = torch.empty((), dtype=self.dtype).element_size()
         weight_rows = (self.M + self.B + max(self.M, self.B)) * 3 * self.H * self.F * elem
-        return 2 * capacity * self.H * elem + weight_rows + (1 << 16)
+        return capacity * (2 * self.H * elem + 12) + weight_rows + (1 << 16)
 
 
 def build_buffers(group: EPGroup, spec: BufferSpec, capacity: int) -> LayerBuffers:

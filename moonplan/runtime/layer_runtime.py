@@ -196,9 +196,10 @@ class LayerRuntime:
             plan = self._plan(counts_RE, None)
             need = int(plan.recv_size().max())
         ids = ids_SK if ids_SK is not None else torch.zeros(0, self.K, dtype=torch.int64)
-        # Per-record transports: affinity (a token's records on few ranks) pays only once
-        # dispatch sends token rows (docs/design.md §3), so it is not computed here yet.
-        route = route_tokens(plan, self.group.rank, ids, check=False, affinity=False)
+        # Affinity (a token's records on few ranks) pays only where dispatch sends token
+        # rows (docs/design.md §3); per-record transports skip computing it.
+        tokens = self.transport.rows == "tokens"
+        route = route_tokens(plan, self.group.rank, ids, check=False, affinity=tokens)
         if not self.published:
             self.store.publish_home(params)
             self.published, self.published_version = True, version
@@ -226,6 +227,10 @@ class LayerRuntime:
             phases,
             **self._plan_figures(plan),
         )
+        self.last_stats.records = step.traffic.get("records", 0)
+        self.last_stats.rows_sent = step.traffic.get("rows_sent", 0)
+        self.last_stats.bytes_sent = step.traffic.get("bytes_sent", 0)
+        rec.traffic(self.last_stats.records, self.last_stats.rows_sent)
         self.balancer.record(plan, self.group.rank, route.dest_rank.numel(), phases)
         return y_SH
 

@@ -51,6 +51,7 @@ class MoEStep:
     phases: dict[str, float] = field(default_factory=dict)
     recorder: Any = NULL_PROFILER  # moonplan.profile hooks of this step (no-op when off)
     fetch: Any = None  # Pending prefetch: (slot rows copied, direct weights per projection)
+    traffic: dict[str, int] = field(default_factory=dict)  # the transport's StepState.traffic
 
     def tick(self, name: str, t0: float) -> float:
         t = time.perf_counter()
@@ -123,6 +124,7 @@ class _MoEFunction(torch.autograd.Function):
         t = step.tick("experts", t)
         y_SH = rt.transport.combine(y_PH.detach(), route, weight_SK, recv.state)
         step.tick("combine", t)
+        step.traffic = recv.state.traffic
         ctx.step, ctx.state = step, recv.state
         ctx.graph = (x_PH, home, rem, y_PH) if training else None
         ctx.save_for_backward(weight_SK)

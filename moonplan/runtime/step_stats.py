@@ -25,6 +25,12 @@ class StepStats:
     step (beyond its slots); ``policy``: the balance policy of the step's plan;
     ``predicted``: the cost model's predicted step seconds per candidate policy
     (empty when the step was not planned with a cost model).
+
+    ``records``: this rank's ``(token, k)`` records; ``rows_sent``: rows its dispatch
+    sent (one per record, or one per ``(token, destination rank)`` on a token-row
+    transport; its own rank included); ``bytes_sent``: bytes it sent in dispatch and
+    combine (rows, per-record words, rows returned as executing rank); the backward
+    moves the same the other way (``moonplan.runtime.transports.base.StepState``).
     """
 
     copies: int = 0
@@ -36,3 +42,11 @@ class StepStats:
     direct_reads: int = 0
     policy: str = "exact"
     predicted: dict[str, float] = field(default_factory=dict)
+    records: int = 0
+    rows_sent: int = 0
+    bytes_sent: int = 0
+
+    @property
+    def rows_per_record(self) -> float:
+        """``rows_sent / records`` (1.0 with no records)."""
+        return self.rows_sent / self.records if self.records else 1.0

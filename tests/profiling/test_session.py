@@ -116,7 +116,7 @@ def test_off_costs_under_two_percent() -> None:
 
 
 class _CountingHook:
-    """Counts every hook call (begin_step, begin, span) of one step."""
+    """Counts every hook call (begin_step, begin, span, background, traffic) of one step."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -132,6 +132,9 @@ class _CountingHook:
         self.calls += 1
 
     def background(self, name: str, t0: float, t1: float, events: object = None) -> None:
+        self.calls += 1
+
+    def traffic(self, records: int, rows_sent: int) -> None:
         self.calls += 1
 
 
@@ -334,3 +337,36 @@ def test_event_path_chains_boundaries_per_sequence() -> None:
     backward = [n for n in BACKWARD_PHASES if n not in BACKGROUND_PHASES]
     assert [report.phases[s.phase] for s in spans] == forward + backward
     assert spans[8].start > spans[7].end  # the backward opened its own sequence
+
+
+@pytest.mark.distributed
+def test_report_counts_records_and_rows_per_record(profiled: list[dict[str, Any]]) -> None:
+    report: ProfileReport = profiled[0]["report"]
+    assert report.traffic == (R * T * S * K, R * T * S * K)  # one row per record (heap)
+    assert report.rows_per_record == 1.0 and "rows per record: 1.000" in report.table()
+
+
+def _token_rows_rank(rank: int, world: int) -> dict[str, Any]:
+    from moonplan.runtime.transports.registry import builtin_name
+
+    layer = _layer(H=16, F=16, transport=builtin_name("heap", "tokens"))
+    x = torch.randn(24, 16, generator=torch.Generator().manual_seed(rank))
+    sent = []
+    with profiling(layer) as prof:
+        for _ in range(2):
+            _step(layer, x)
+            assert layer.last_stats is not None
+            sent.append((layer.last_stats.records, layer.last_stats.rows_sent))
+    return {"report": prof.report, "sent": sent}
+
+
+@pytest.mark.distributed
+def test_report_rows_per_record_of_token_rows() -> None:
+    got = run_ranks(_token_rows_rank, R, timeout=120)
+    records = sum(r for g in got for r, _ in g["sent"])
+    rows = sum(n for g in got for _, n in g["sent"])
+    report: ProfileReport = got[0]["report"]
+    assert report.traffic == (records, rows) == got[1]["report"].traffic
+    assert records == R * 2 * 24 * K and rows < records  # a token's 2 records share rows
+    assert f"rows per record: {rows / records:.3f}" in report.table()
+    assert report.to_json()["rows_per_record"] == rows / records

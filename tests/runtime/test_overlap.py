@@ -18,6 +18,7 @@ import threading
 import pytest
 import torch
 
+from moonplan.runtime.transports.registry import builtin_name
 from moonplan.testing.dist import run_ranks
 from tests.runtime.oracle import dense_weights, tokens
 
@@ -104,6 +105,8 @@ CASES = [
     (3, 7, 1, "auto", [9, 9, 30]),  # few slots: direct reads too
     (3, 5, 0, "auto", [10, 0, 10]),  # no slots: every replica direct; an empty step
     (2, 4, None, "a2a", [12, 20]),  # the all-to-all path: serial by design
+    (3, 7, 1, builtin_name("heap", "tokens"), [9, 9, 30]),  # token rows: reduce in the hook
+    (2, 4, None, builtin_name("a2a", "records"), [12, 20]),
 ]
 
 
@@ -122,7 +125,7 @@ def test_overlapped_equals_serial_bit_for_bit(world, E, slots, transport, sizes)
             assert "grad_reduce" in a["phases"] and "grad_reduce_exposed" in a["phases"]
     assert moved > 0  # the case exercises the prefetch at all
     for r in got:
-        if transport == "a2a":
+        if transport.startswith("a2a"):
             assert r["lane"] == "inline" and r["threads"] == ["MainThread"]
         else:  # the overlapped layer's prefetch ran in its worker, the serial one's inline
             assert r["lane"] == "thread"

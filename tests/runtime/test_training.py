@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F_
 
+from moonplan.runtime.transports.registry import builtin_name
 from moonplan.testing.dist import run_ranks
 from tests.runtime.oracle import dense_weights, split, tokens
 
@@ -35,8 +36,11 @@ def _cotangent(T: int, H: int, seed: int) -> torch.Tensor:
 
 
 def _rank_grads(rank: int, world: int, cfg: dict) -> dict:
+    import os
+
     from moonplan import MoonMoE
 
+    os.environ.update(cfg.get("env", {}))  # this rank process only (forked)
     H, F, E, K, sizes = cfg["H"], cfg["F"], cfg["E"], cfg["K"], cfg["sizes"]
     w = dense_weights(E, H, F, seed=cfg["seed"])
     x_r = split(tokens(sum(sizes), H, cfg["seed"]), sizes)[rank].clone().requires_grad_(True)
@@ -88,32 +92,44 @@ def _reference(cfg: dict) -> dict:
 
 
 CASES = [
-    (1, 4, [6], None, 1, "auto"),
-    (2, 4, [7, 5], None, 1, "auto"),
-    (2, 3, [0, 9], None, 2, "auto"),  # a rank with no tokens; E mod R != 0
-    (3, 2, [5, 4, 6], None, 1, "auto"),  # E < R
-    (3, 7, [6, 6, 6], 0, 1, "auto"),  # slots = 0: gradients of direct replicas go home too
-    (4, 9, [4, 6, 0, 5], 1, 1, "auto"),
-    (3, 5, [5, 6, 4], None, 1, "a2a"),
+    # (world, E, sizes, slots, align, transport, K); "auto" is the heap here
+    (1, 4, [6], None, 1, "auto", 2),
+    (2, 4, [7, 5], None, 1, "auto", 2),
+    (2, 3, [0, 9], None, 2, "auto", 2),  # a rank with no tokens; E mod R != 0
+    (3, 2, [5, 4, 6], None, 1, "auto", 2),  # E < R
+    (3, 7, [6, 6, 6], 0, 1, "auto", 2),  # slots = 0: gradients of direct replicas go home too
+    (4, 9, [4, 6, 0, 5], 1, 1, "auto", 2),
+    (3, 5, [5, 6, 4], None, 1, "a2a", 2),
+    # one row per (token, destination rank) on both transports, and per record
+    (4, 12, [5, 6, 0, 4], None, 1, builtin_name("heap", "tokens"), 8),  # top-8: rows shared
+    (3, 10, [5, 6, 4], 0, 2, builtin_name("a2a", "tokens"), 8),
+    (3, 2, [5, 4, 6], None, 1, builtin_name("a2a", "tokens"), 2),
+    (3, 2, [0, 4, 6], 0, 2, builtin_name("heap", "tokens"), 2),
+    (2, 4, [7, 5], None, 2, builtin_name("heap", "records"), 2),
+    (3, 10, [5, 0, 4], 0, 1, builtin_name("a2a", "records"), 8),
 ]
 
 
-@pytest.mark.parametrize(("world", "E", "sizes", "slots", "align", "transport"), CASES)
+@pytest.mark.parametrize(("world", "E", "sizes", "slots", "align", "transport", "K"), CASES)
 def test_gradients_equal_reference(
-    world: int, E: int, sizes: list[int], slots, align: int, transport: str
+    world: int, E: int, sizes: list[int], slots, align: int, transport: str, K: int
 ) -> None:
     cfg = {
         "H": 8,
         "F": 12,
         "E": E,
-        "K": 2,
+        "K": K,
         "seed": 3,
         "sizes": sizes,
         "slots": slots,
         "align": align,
         "transport": transport,
     }
-    got = run_ranks(_rank_grads, world, cfg, timeout=120)
+    _assert_reference(run_ranks(_rank_grads, world, cfg, timeout=120), cfg)
+
+
+def _assert_reference(got: list[dict], cfg: dict) -> None:
+    """Every rank's gradients equal the dense fp64 reference's (one plan per step)."""
     want = _reference(cfg)
     for r, g in enumerate(got):
         assert g["plans"] == 1  # backward replays the forward plan
@@ -124,6 +140,25 @@ def test_gradients_equal_reference(
             g["gate_up"].double(), want["gate_up"][home], rtol=1e-5, atol=1e-6
         )
         torch.testing.assert_close(g["down"].double(), want["down"][home], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", ["tokens", "records"])
+def test_heap_and_all_to_all_gradients_agree_bit_for_bit(rows: str) -> None:
+    cfg = {"H": 8, "F": 12, "E": 10, "K": 8, "seed": 4, "sizes": [5, 7, 0], "slots": 1}
+    heap, a2a = (
+        run_ranks(_rank_grads, 3, {**cfg, "transport": builtin_name(t, rows)}, timeout=120)
+        for t in ("heap", "a2a")
+    )
+    for h, a in zip(heap, a2a, strict=True):
+        for key in ("x", "router", "gate_up", "down"):
+            assert torch.equal(h[key], a[key]), key
+
+
+def test_two_stage_on_two_hosts_equals_reference() -> None:
+    """Four ranks as two hosts of two: tokens cross hosts once, gradients still exact."""
+    cfg = {"H": 8, "F": 12, "E": 10, "K": 8, "seed": 6, "sizes": [5, 0, 6, 4], "slots": 1}
+    cfg |= {"transport": "a2a-hosts", "env": {"LOCAL_WORLD_SIZE": "2"}}
+    _assert_reference(run_ranks(_rank_grads, 4, cfg, timeout=120), cfg)
 
 
 def test_micro_batches_accumulate_and_reuse_slots() -> None:

@@ -8,6 +8,6 @@ which picks one of them for a device. Expanding token rows into expert-grouped r
 reducing them back (token-once dispatch and combine): ``token_torch`` and ``token_triton``.
 """
 
-from moonplan.runtime.row_ops.backend import row_ops_for
+from moonplan.runtime.row_ops.backend import row_ops_for, token_ops_for
 
-__all__ = ["row_ops_for"]
+__all__ = ["row_ops_for", "token_ops_for"]

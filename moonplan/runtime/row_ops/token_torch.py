@@ -109,7 +109,10 @@ def expand_rows(
     idx_P = src_row_P.to(tokens_TH.device, torch.int64)
     if tokens_TH.shape[0] == 0:  # then every row is padding (checked)
         return out_PH.zero_()
-    out_PH.copy_(tokens_TH.index_select(0, idx_P.clamp(min=0)))
+    if out_PH.is_contiguous():  # straight into out (no temporary)
+        torch.index_select(tokens_TH, 0, idx_P.clamp(min=0), out=out_PH)
+    else:
+        out_PH.copy_(tokens_TH.index_select(0, idx_P.clamp(min=0)))
     return out_PH.index_fill_(0, (idx_P < 0).nonzero().flatten(), 0)
 
 
@@ -139,11 +142,14 @@ def reduce_rows(
     longest = int(len_T.max()) if num_out else 0
     for j in range(longest):  # the j-th record of every segment: ascending p per row
         t_M = (len_T > j).nonzero().flatten()
-        p_M = seg.order_P[seg.offsets_T1[t_M] + j]
-        term_MH = rows_PH[p_M].float()
+        p_M = seg.order_P.index_select(0, seg.offsets_T1.index_select(0, t_M) + j)
+        term_MH = rows_PH.index_select(0, p_M).float()
         if weight_P is not None:
-            term_MH = weight_P[p_M].float()[:, None] * term_MH
-        acc_TH.index_add_(0, t_M, term_MH)  # distinct t_M: one add per row, exact
+            term_MH = weight_P.index_select(0, p_M).float()[:, None] * term_MH
+        if j == 0:  # +0.0 + term, spelled out: the same bits (-0.0 becomes +0.0)
+            acc_TH.index_copy_(0, t_M, term_MH + 0.0)
+        else:
+            acc_TH.index_add_(0, t_M, term_MH)  # distinct t_M: one add per row, exact
     return acc_TH.to(rows_PH.dtype if out_dtype is None else out_dtype)
 
 
@@ -164,16 +170,18 @@ def row_dot(a_PH: torch.Tensor, b_TH: torch.Tensor, idx_P: torch.Tensor) -> torc
     """
     check_dot(a_PH, b_TH, idx_P)
     P, H = a_PH.shape
-    chunks = -(-H // DOT_BLOCK)
-    prod_PH = a_PH.float() * expand_rows(b_TH, idx_P).float()
-    padded_PH = torch.nn.functional.pad(prod_PH, (0, chunks * DOT_BLOCK - H))  # zero columns
+    idx_P = idx_P.to(a_PH.device, torch.int64)
     lane_PB = torch.zeros(P, DOT_BLOCK, dtype=torch.float32, device=a_PH.device)
-    for c in range(chunks):
-        lane_PB += padded_PH[:, c * DOT_BLOCK : (c + 1) * DOT_BLOCK]
+    if b_TH.shape[0] == 0:  # then every idx is negative (checked): all zero
+        return lane_PB[:, 0].clone()
+    b_PH = b_TH.index_select(0, idx_P.clamp(min=0))  # padding rows: masked at the end
+    for lo in range(0, H, DOT_BLOCK):  # columns past H add nothing (the kernel adds +0.0)
+        hi = min(H, lo + DOT_BLOCK)
+        lane_PB[:, : hi - lo] += a_PH[:, lo:hi].float() * b_PH[:, lo:hi].float()
     while lane_PB.shape[1] > 1:
         half = lane_PB.shape[1] // 2
         lane_PB = lane_PB[:, :half] + lane_PB[:, half:]
-    return torch.where(idx_P.to(a_PH.device) < 0, 0.0, lane_PB[:, 0])
+    return torch.where(idx_P < 0, 0.0, lane_PB[:, 0])
 
 
 # ---- checks (shared with the kernels) --------------------------------------------------------

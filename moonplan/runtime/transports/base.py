@@ -16,14 +16,15 @@ A step calls the four data-path operations in this order, always on every rank
    with the rows; per-record transports ignore it (combine gets them again).
 2. ``y_SH = combine(y_PH, route, weight_SK, state)``: the experts' outputs of the
    receive rows go back to their tokens: ``y[s] = sum_k weight[s, k] * o[s, k]``
-   with fp32 products and sums in ascending ``k``, in x's dtype.
+   with fp32 products and sums in a fixed order, in x's dtype (one row per record:
+   ascending ``k``; one row per token and rank: ``transports/tokens.py``).
 3. ``g_PH, dweight_SK = combine_backward(dy_SH, route, plan, weight_SK, state)``:
    the gradient of each receive row (``weight * dy`` of its record, at its
    executing rank, in the receive rows' dtype) and of the weights
    (``dweight[s, k] = <dy[s], o[s, k]>`` in fp32, in weight's dtype).
 4. ``dx_SH = dispatch_backward(dx_PH, route, state, after_publish=None)``: the
-   receive rows' input gradients back to token order, summed over ``k`` (fp32,
-   ascending ``k``), in x's dtype. ``after_publish`` (optional) is called once
+   receive rows' input gradients back to token order, summed over ``k`` (fp32, in
+   the same fixed order as combine), in x's dtype. ``after_publish`` (optional) is called once
    every shared buffer written before the call is visible to peers and before
    the rows move back: the overlapped backward starts the replica-gradient reduce
    there.
@@ -43,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -62,11 +63,18 @@ class StepState:
     """What a transport keeps of one step between its forward and backward.
 
     ``dtype`` is x's dtype (the dtype of ``y`` and ``dx``); ``saved`` holds whatever
-    tensors the transport needs later (opaque to the step function).
+    the transport needs later (tensors, segments: opaque to the step function);
+    ``traffic`` what the step's forward moved, filled by ``dispatch`` and ``combine``:
+    ``records`` (this rank's ``(token, k)`` records), ``rows_sent`` (rows its dispatch
+    sent, its own rank included: one per record, or one per ``(token, destination)``)
+    and ``bytes_sent`` (bytes this rank sent in dispatch and combine: the rows, the
+    per-record ints and weights of token rows, and the rows it returned as executing
+    rank, its own rank included). The backward moves the same rows the other way.
     """
 
     dtype: torch.dtype
-    saved: dict[str, torch.Tensor] = field(default_factory=dict)
+    saved: dict[str, Any] = field(default_factory=dict)
+    traffic: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -109,12 +117,15 @@ class Transport(Protocol):
         group: the EP group it spans.
         capacity: receive rows per rank (``P`` of any plan it serves is at most this).
         one_sided: ``fetch_rows`` reads peers without a collective.
+        rows: ``"records"`` (one row per ``(token, k)`` record) or ``"tokens"`` (one row
+            per ``(token, destination rank)``: the runtime then routes with affinity).
     """
 
     name: str
     group: EPGroup
     capacity: int
     one_sided: bool
+    rows: str
 
     def dispatch(
         self, x_SH: Tensor, route: Route, plan: Plan, *, weight_SK: Tensor | None = None

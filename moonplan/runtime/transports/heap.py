@@ -1,15 +1,16 @@
-"""The heap transport: records and weight rows move by direct peer stores and loads.
+"""The heap transports: rows move by direct peer stores and loads on a symmetric heap.
 
 Legend:
-    R ranks, N records (or rows fetched), H hidden, C receive capacity
+    R ranks, N rows moved (or fetched), H hidden, C receive capacity
 
-Every rank's receive and output buffers ``[C, H]`` are allocations of one
-symmetric heap (``shm`` on CPU, ``nvshmem`` on GPU: :mod:`moonplan.comm.heap`),
-so a dispatch stores rows straight into the executing rank's receive buffer and
-the expert layer reads them there (zero copy); combine loads each record's output
-from the executing rank's output buffer. A barrier makes writes visible
-(:meth:`publish`); :meth:`fetch_rows` is plain peer loads (``one_sided``), which
-the overlapped schedule runs in a background thread or side stream.
+Every rank's shared buffers are allocations of one symmetric heap (``shm`` on CPU,
+``nvshmem`` on GPU: :mod:`moonplan.comm.heap`), so a put stores rows straight into
+the peer's buffer and a fetch loads them from it; a barrier makes writes visible
+(:meth:`HeapRows.publish`); :meth:`HeapRows.fetch_rows` is plain peer loads
+(``one_sided``), which the overlapped schedule runs in a background thread or side
+stream. :class:`HeapTransport` sends one row per record (the expert layer reads the
+receive rows in the heap: zero copy); :class:`HeapTokenTransport` one row per
+``(token, destination rank)``.
 """
 
 from __future__ import annotations
@@ -17,45 +18,43 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import Tensor
 
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap, SymTensor
 from moonplan.runtime.row_ops import row_ops_for
 from moonplan.runtime.transports.base import SharedRows
+from moonplan.runtime.transports.moves import Put, RowMoves
 from moonplan.runtime.transports.records import RecordTransport
+from moonplan.runtime.transports.tokens import TokenTransport
 
 
-class HeapTransport(RecordTransport):
-    """Per-record transport over a symmetric heap (see the module docstring)."""
+class HeapRows(RowMoves):
+    """The row movements of a symmetric heap (``self.heap``)."""
 
-    name = "heap"
     one_sided = True
 
     def __init__(
         self, group: EPGroup, heap: SymmetricHeap, capacity: int, hidden: int, dtype: torch.dtype
     ):
-        self.heap = heap
-        self.recv, self.out = (heap.alloc((capacity, hidden), dtype) for _ in range(2))
-        super().__init__(group, capacity, self.recv.local, self.out.local)
+        self.heap = heap  # before the data path allocates its buffers on it
+        super().__init__(group, capacity, hidden, dtype)  # type: ignore[call-arg]
 
     def publish(self) -> None:
         """Collective: every rank's writes to its heap buffers are visible (a barrier)."""
         self.heap.barrier()
 
-    def _scatter(
-        self, x_XH: torch.Tensor, dest_N: torch.Tensor, off_N: torch.Tensor, K: int
-    ) -> None:
-        # Nobody writes a peer's rows before that peer is done with its previous view
-        # (every rank has reached this dispatch), so a view stays valid until its
-        # owner's next dispatch, whatever the peers do meanwhile.
+    def put_rows(self, puts: Sequence[Put]) -> None:
+        """Collective: peer stores between two barriers (see :class:`RowMoves`)."""
+        # Nobody writes a peer's rows before that peer is done with its previous
+        # contents (every rank has reached this call).
         self.heap.barrier()
-        row_ops_for(x_XH.device).scatter_rows(x_XH, dest_N, off_N, K, self._peers(self.recv))
+        for p in puts:
+            if not isinstance(p.buffer, SymTensor):
+                raise TypeError(f"heap transport writes heap buffers only, got {type(p.buffer)}")
+            ops = row_ops_for(p.rows.device)
+            ops.scatter_rows(p.rows, p.dest, p.off, p.top_k, self._peers(p.buffer))
         self.heap.barrier()  # every peer's rows have landed
-
-    def _gather(self, dest_N: torch.Tensor, off_N: torch.Tensor, publish: bool) -> torch.Tensor:
-        if publish:
-            self.heap.barrier()
-        return self.fetch_rows(self.out, dest_N, off_N)
 
     def _peers(self, sym: SymTensor) -> list[torch.Tensor]:
         """Every rank's copy of ``sym`` (``R`` views, rank order)."""
@@ -66,9 +65,10 @@ class HeapTransport(RecordTransport):
         return self.heap.alloc(shape, dtype)
 
     def fetch_rows(
-        self, buffer: SharedRows, src_rank_N: torch.Tensor, src_row_N: torch.Tensor
-    ) -> torch.Tensor:
-        """Peer loads (no collective): ``[n, ...]`` rows of other ranks' ``buffer``."""
+        self, buffer: SharedRows, src_rank_N: Tensor, src_row_N: Tensor, *, check: bool = True
+    ) -> Tensor:
+        """Peer loads (no collective): ``[n, ...]`` rows of other ranks' ``buffer``
+        (checked locally either way: ``check`` is the all-to-all's collective check)."""
         if not isinstance(buffer, SymTensor):
             raise TypeError(f"heap transport reads heap buffers only, got {type(buffer)}")
         views = self._peers(buffer)
@@ -78,3 +78,15 @@ class HeapTransport(RecordTransport):
         )
         row_ops_for(got.device).gather_rows(views, src_rank_N, src_row_N, got)
         return got
+
+
+class HeapTransport(HeapRows, RecordTransport):
+    """Per-record transport over a symmetric heap (see the module docstring)."""
+
+    name = "heap-records"
+
+
+class HeapTokenTransport(HeapRows, TokenTransport):
+    """Token-once transport over a symmetric heap (see the module docstring)."""
+
+    name = "heap-tokens"

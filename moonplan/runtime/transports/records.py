@@ -12,13 +12,11 @@ keeps ``o [S, K, H]`` in the step state for the weight gradient. Combine and
 dispatch-backward sum over ``k`` in fp32, ascending ``k`` (bit-identical run to run,
 and the same on every transport of this family).
 
-A subclass provides the two collective row movements (:meth:`_scatter`,
-:meth:`_gather`) and the weight-row services of the protocol.
+A subclass provides the row movements (:mod:`~moonplan.runtime.transports.moves`),
+which also serve the protocol's weight rows.
 """
 
 from __future__ import annotations
-
-from abc import ABC, abstractmethod
 
 import torch
 
@@ -26,40 +24,23 @@ from moonplan.comm.group import EPGroup
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import Route
 from moonplan.runtime.transports.base import AfterPublish, RecvView, StepState
+from moonplan.runtime.transports.moves import Put, RowMoves
 
 
-class RecordTransport(ABC):
+class RecordTransport(RowMoves):
     """Dispatch, combine and their backwards over a receive and an output buffer.
 
-    Args:
-        group: the EP group.
-        capacity: ``C``, rows of each buffer.
-        recv_CH, out_CH: this rank's receive and output rows ``[C, H]``.
+    A subclass provides the row movements (:class:`~moonplan.runtime.transports.moves.RowMoves`);
+    ``hidden`` and ``dtype`` are the rows' ``H`` and dtype.
     """
 
     name = "records"
-    one_sided = False
+    rows = "records"
 
-    def __init__(self, group: EPGroup, capacity: int, recv_CH: torch.Tensor, out_CH: torch.Tensor):
-        self.group, self.capacity = group, capacity
-        self.recv_CH, self.out_CH = recv_CH, out_CH
-        self.generation = 0
-
-    # ---- what a subclass provides -----------------------------------------------------
-    @abstractmethod
-    def _scatter(
-        self, x_XH: torch.Tensor, dest_N: torch.Tensor, off_N: torch.Tensor, K: int
-    ) -> None:
-        """Collective: row ``x[n // K]`` to row ``off[n]`` of rank ``dest[n]``'s ``recv``."""
-
-    @abstractmethod
-    def _gather(self, dest_N: torch.Tensor, off_N: torch.Tensor, publish: bool) -> torch.Tensor:
-        """Collective: ``[N, H]`` row ``off[n]`` of rank ``dest[n]``'s ``out``; ``publish``
-        first makes every rank's ``out`` rows visible (``False``: the caller just did)."""
-
-    @abstractmethod
-    def publish(self) -> None:
-        """Collective: this rank's writes to its shared buffers become visible to peers."""
+    def __init__(self, group: EPGroup, capacity: int, hidden: int, dtype: torch.dtype):
+        super().__init__(group, capacity)
+        self.recv, self.out = (self.alloc_shared((capacity, hidden), dtype) for _ in range(2))
+        self.recv_CH, self.out_CH = self.recv.local, self.out.local
 
     # ---- the data path --------------------------------------------------------------------
     def dispatch(
@@ -72,7 +53,12 @@ class RecordTransport(ABC):
     ) -> RecvView:
         """See :class:`~moonplan.runtime.transports.base.Transport` (``weight_SK`` unused:
         the source weights each record's output in :meth:`combine`)."""
-        return self._send(x_SH, route, plan, route.dest_rank.shape[1], StepState(x_SH.dtype))
+        state = StepState(x_SH.dtype)
+        view = self._send(x_SH, route, plan, route.dest_rank.shape[1], state)
+        N, row_bytes = route.dest_rank.numel(), x_SH.shape[1] * x_SH.element_size()
+        executed = int(plan.target[self.group.rank])
+        state.traffic = {"records": N, "rows_sent": N, "bytes_sent": (N + executed) * row_bytes}
+        return view
 
     def combine(
         self, y_PH: torch.Tensor, route: Route, weight_SK: torch.Tensor, state: StepState
@@ -118,38 +104,36 @@ class RecordTransport(ABC):
         self, x_XH: torch.Tensor, route: Route, plan: Plan, K: int, state: StepState
     ) -> RecvView:
         """Rows to their executing ranks (``K`` records per row of ``x``); a fresh view."""
-        self.generation += 1
-        self._scatter(x_XH, route.dest_rank.reshape(-1), route.dest_offset.reshape(-1), K)
-        _zero_padding(self.recv_CH, plan, self.group.rank)
-        size = int(plan.recv_size()[self.group.rank])
-        return RecvView(self.recv_CH[:size], self.generation, self._current, state)
-
-    def _current(self) -> int:
-        return self.generation
+        dest_N, off_N = route.dest_rank.reshape(-1), route.dest_offset.reshape(-1)
+        self.put_rows([Put(x_XH, dest_N, off_N, self.recv, K)])
+        pad_P = padding_mask(plan, self.group.rank)
+        recv_PH = self.recv_CH[: pad_P.numel()]
+        recv_PH[pad_P] = 0
+        return self._view(recv_PH, state)
 
     def _back(
         self, rows_PH: torch.Tensor, route: Route, after_publish: AfterPublish
     ) -> torch.Tensor:
         """``[S, K, H]``: each record's row of ``rows`` (written at its executing rank)."""
         self.out_CH[: rows_PH.shape[0]] = rows_PH
+        self.publish()
         if after_publish is not None:
-            self.publish()
             after_publish()
         S, K = route.dest_rank.shape
         dest_N, off_N = route.dest_rank.reshape(-1), route.dest_offset.reshape(-1)
-        o_NH = self._gather(dest_N, off_N, publish=after_publish is None)
+        o_NH = self.fetch_rows(self.out, dest_N, off_N, check=False)
         return o_NH.view(S, K, self.out_CH.shape[1])
 
 
-def _zero_padding(recv_CH: torch.Tensor, plan: Plan, rank: int) -> None:
-    """Zero the ``align`` padding rows between this rank's rows (experts then see zeros)."""
-    if plan.align == 1:
-        return
+def padding_mask(plan: Plan, rank: int) -> torch.Tensor:
+    """``[P]`` bool: the ``align`` padding rows between ``rank``'s receive rows (nobody
+    sends them; the experts must see zeros there)."""
     size = int(plan.recv_size()[rank])
-    pos_P = torch.arange(size, device=recv_CH.device)
+    pos_P = torch.arange(size, device=plan.device)
+    if plan.align == 1:
+        return torch.zeros(size, dtype=torch.bool, device=plan.device)
     w_P = torch.searchsorted(plan.row_offset[rank], pos_P, right=True) - 1
-    pad_P = pos_P - plan.row_offset[rank][w_P] >= plan.row_count[rank][w_P]
-    recv_CH[:size][pad_P] = 0
+    return pos_P - plan.row_offset[rank][w_P] >= plan.row_count[rank][w_P]
 
 
 def weighted_sum(

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
-from moonplan.runtime.transports import two_stage
-from moonplan.runtime.transports.all_to_all import AllToAllTransport
+from moonplan.runtime.transports.all_to_all import AllToAllTokenTransport, AllToAllTransport
 from moonplan.runtime.transports.base import Transport
-from moonplan.runtime.transports.heap import HeapTransport
+from moonplan.runtime.transports.heap import HeapTokenTransport, HeapTransport
+from moonplan.runtime.transports.two_stage import TwoStageTokenTransport
 
 Factory = Callable[..., Transport]
 
@@ -81,14 +82,49 @@ def create(
     return entry.factory(group, capacity=capacity, hidden=hidden, dtype=dtype, heap=heap)
 
 
-def _heap(group: EPGroup, *, heap: SymmetricHeap, **sizes: Any) -> Transport:
-    return HeapTransport(group, heap, sizes["capacity"], sizes["hidden"], sizes["dtype"])
+# Each built-in transport under its plain name with its default rows (measured:
+# docs/runtime.md, "Token rows or record rows"), the other rows as "<name>-<rows>".
+DEFAULT_ROWS = MappingProxyType({"heap": "records", "a2a": "tokens"})
 
 
-def _all_to_all(group: EPGroup, *, heap: SymmetricHeap | None, **sizes: Any) -> Transport:
-    return AllToAllTransport(group, sizes["capacity"], sizes["hidden"], sizes["dtype"])
+def builtin_name(base: str, rows: str) -> str:
+    """The registered name of built-in transport ``base`` moving ``rows``."""
+    return base if rows == DEFAULT_ROWS[base] else f"{base}-{rows}"
 
 
-register("heap", _heap, needs_heap=True)
-register("a2a", _all_to_all)
-register("a2a-hosts", two_stage.factory)
+def _heap(rows: str) -> Factory:
+    cls = HeapTokenTransport if rows == "tokens" else HeapTransport
+    name = builtin_name("heap", rows)
+
+    def make(group: EPGroup, *, heap: SymmetricHeap, **sizes: Any) -> Transport:
+        t = cls(group, heap, sizes["capacity"], sizes["hidden"], sizes["dtype"])
+        t.name = name
+        return t
+
+    return make
+
+
+def _all_to_all(rows: str) -> Factory:
+    cls = AllToAllTokenTransport if rows == "tokens" else AllToAllTransport
+    name = builtin_name("a2a", rows)
+
+    def make(group: EPGroup, *, heap: SymmetricHeap | None, **sizes: Any) -> Transport:
+        t = cls(group, sizes["capacity"], sizes["hidden"], sizes["dtype"])
+        t.name = name
+        return t
+
+    return make
+
+
+def _two_stage(group: EPGroup, *, heap: SymmetricHeap | None, **sizes: Any) -> Transport:
+    return TwoStageTokenTransport(group, sizes["capacity"], sizes["hidden"], sizes["dtype"])
+
+
+def _register_builtins() -> None:
+    for rows in ("tokens", "records"):
+        register(builtin_name("heap", rows), _heap(rows), needs_heap=True)
+        register(builtin_name("a2a", rows), _all_to_all(rows))
+    register("a2a-hosts", _two_stage)  # hosts of LOCAL_WORLD_SIZE ranks (two_stage.py)
+
+
+_register_builtins()

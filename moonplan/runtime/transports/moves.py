@@ -1,0 +1,88 @@
+"""The row movements a transport's data path is written in: put, fetch, publish.
+
+Legend:
+    R ranks, N rows moved, X rows of a sent tensor (``N // top_k``), L row length
+
+Both data paths (``records``: one row per ``(token, k)`` record; ``tokens``: one row
+per ``(token, destination rank)``) are written once against these four methods;
+the heap (peer stores and loads on a symmetric heap) and the all-to-all transport
+(``torch.distributed`` collectives) each provide them once
+(:mod:`~moonplan.runtime.transports.heap`, :mod:`~moonplan.runtime.transports.all_to_all`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from moonplan.comm.group import EPGroup
+from moonplan.runtime.transports.base import RecvView, SharedRows, StepState
+
+
+class Put(NamedTuple):
+    """Row ``rows[n // top_k]`` to row ``off[n]`` of rank ``dest[n]``'s ``buffer``.
+
+    ``rows`` is ``[X, ...]`` of the buffer's dtype and row shape; ``dest`` and ``off``
+    are ``[N]`` integer (``N = X * top_k``); ``buffer`` comes from ``alloc_shared``.
+    """
+
+    rows: torch.Tensor
+    dest: torch.Tensor
+    off: torch.Tensor
+    buffer: SharedRows
+    top_k: int = 1
+
+
+class RowMoves(ABC):
+    """Where rows live and how they move (see the module docstring); a data path built
+    on it numbers its dispatches (``generation``: a receive view is valid until the next).
+
+    Args:
+        group: the EP group.
+        capacity: ``C``, rows of each receive buffer.
+    """
+
+    def __init__(self, group: EPGroup, capacity: int):
+        self.group, self.capacity = group, capacity
+        self.generation = 0
+
+    def _current(self) -> int:
+        """The generation of the latest dispatch (a :class:`RecvView`'s clock)."""
+        return self.generation
+
+    def _view(self, rows_PH: torch.Tensor, state: StepState) -> RecvView:
+        """A new dispatch's receive view of ``rows``."""
+        self.generation += 1
+        return RecvView(rows_PH, self.generation, self._current, state)
+
+    @abstractmethod
+    def put_rows(self, puts: Sequence[Put]) -> None:
+        """Collective: every :class:`Put` lands; when it returns, every rank's buffers
+        hold the rows sent to them (and no rank writes a peer's buffer before that
+        peer has entered the call, so a buffer stays valid until its owner's next
+        ``put_rows``)."""
+
+    @abstractmethod
+    def fetch_rows(
+        self,
+        buffer: SharedRows,
+        src_rank_N: torch.Tensor,
+        src_row_N: torch.Tensor,
+        *,
+        check: bool = True,
+    ) -> torch.Tensor:
+        """``[N, ...]``: row ``src_row[i]`` of rank ``src_rank[i]``'s ``buffer`` (as published).
+
+        ``check=False`` skips the all-to-all transport's collective check that every
+        asked row exists (the data paths' rows come from ``moonplan.route``)."""
+
+    @abstractmethod
+    def publish(self) -> None:
+        """Collective: this rank's writes to its shared buffers become visible to peers."""
+
+    @abstractmethod
+    def alloc_shared(self, shape: Sequence[int], dtype: torch.dtype) -> SharedRows:
+        """A buffer every rank allocates alike (same calls, same order)."""
