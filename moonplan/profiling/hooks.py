@@ -11,12 +11,24 @@ them, so the profiler and the runtime do not import each other.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from moonplan.profiling.session import Profiler
 
-__all__ = ["NULL_PROFILER", "LayerProfiler", "NullProfiler", "StepRecorder"]
+__all__ = ["NULL_PROFILER", "LayerProfiler", "NullProfiler", "StepHooks", "StepRecorder"]
+
+
+class StepHooks(Protocol):
+    """What a step reports while it runs (:class:`NullProfiler` or :class:`StepRecorder`)."""
+
+    def begin(self) -> None: ...
+
+    def span(self, name: str, t0: float, t1: float) -> None: ...
+
+    def background(self, name: str, t0: float, t1: float, events: Any = None) -> None: ...
+
+    def traffic(self, records: int, rows_sent: int) -> None: ...
 
 
 class NullProfiler:

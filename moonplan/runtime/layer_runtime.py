@@ -206,12 +206,12 @@ class LayerRuntime:
         t2 = time.perf_counter()
         rec.span("plan", t1, t2)
         step = MoEStep(self, plan, route, recorder=rec)
-        step.fetch = self._start_prefetch(plan)
+        step.fetch = fetch = self._start_prefetch(plan)
         t3 = time.perf_counter()
         rec.span("prefetch_exposed", t2, t3)
         step.phases["prefetch_exposed"] = t3 - t2
         y_SH = moe_apply(step, x_SH, weight_SK, params["gate_up"], params["down"])
-        fetched = step.fetch.wait()[0]
+        fetched = fetch.wait()[0]
         self.resident = plan if self.B > 0 else None
         self.last_plan = plan
         s = plan.summary()

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import Route
-from moonplan.profiling.hooks import NULL_PROFILER
+from moonplan.profiling.hooks import NULL_PROFILER, StepHooks
 from moonplan.runtime.background import Pending
 from moonplan.runtime.rank_experts import run_sections
 from moonplan.runtime.store import PROJECTIONS
@@ -49,8 +49,8 @@ class MoEStep:
     plan: Plan
     route: Route
     phases: dict[str, float] = field(default_factory=dict)
-    recorder: Any = NULL_PROFILER  # moonplan.profile hooks of this step (no-op when off)
-    fetch: Any = None  # Pending prefetch: (slot rows copied, direct weights per projection)
+    recorder: StepHooks = NULL_PROFILER  # the profiler's hooks of this step (no-op when off)
+    fetch: Pending | None = None  # the prefetch: (slot rows copied, direct weights per projection)
     traffic: dict[str, int] = field(default_factory=dict)  # the transport's StepState.traffic
 
     def tick(self, name: str, t0: float) -> float:
@@ -59,7 +59,7 @@ class MoEStep:
         self.recorder.span(name, t0, t)
         return t
 
-    def background(self, name: str, pending: Any) -> None:
+    def background(self, name: str, pending: Pending) -> None:
         """Record the background job ``pending`` (done) as phase ``name`` (its run time)."""
         self.phases[name] = self.phases.get(name, 0.0) + pending.run_s
         self.recorder.background(name, *pending.span, pending.events)
@@ -88,6 +88,7 @@ def _remote_weights(step: MoEStep) -> dict[str, torch.Tensor]:
     """This rank's slot rows (``[B, ...]``, views of the store: no copy) and direct rows
     (``[D, ...]``, read from their home ranks), per projection, once the prefetch is done."""
     store = step.runtime.store
+    assert step.fetch is not None, "the runtime starts the prefetch before the forward"
     _, direct = step.fetch.wait()
     step.background("prefetch", step.fetch)
     out = {f"slot_{n}": store.slots(n) for n in PROJECTIONS}
