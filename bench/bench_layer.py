@@ -13,7 +13,7 @@ wall time per step (median) is reported with the ratio to static; ``prefetch`` i
 the weight fetch's own time (measured in the worker thread), ``exposed`` the part
 the experts waited for, both summed over the timed steps and ranks. Writes JSON.
 
-``--rows``: token rows against per-record rows instead (issue #11). ``--ranks``
+``--rows``: token rows against per-record rows instead. ``--ranks``
 gloo ranks build one layer per transport and rows (the registered names: ``heap``
 and ``a2a`` with their default rows, ``heap-tokens``, ``a2a-records``) with the same
 weights and uniform top-8 routing of 32 experts; they run in turn (interleaved), and

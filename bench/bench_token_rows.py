@@ -8,7 +8,7 @@ memory, so a row written or read there is a row moved between ranks):
 * ``per-record``: the source writes each record's token row into its executing
   rank's expert-grouped buffer (``rows.scatter_rows``), and reads the record's output
   back and sums ``w * o`` over ``k`` (a gather, then ``weighted_sum``).
-* ``token-once`` (issue #11): the source writes each unique (token, destination) row
+* ``token-once``: the source writes each unique (token, destination) row
   into the destination's token buffer (``rows.scatter_rows`` of the unique rows); the
   destination builds its expert-grouped rows (``expand_rows``) and sums each token's
   weighted outputs into one row (``reduce_rows``); the source reads one row per
