@@ -257,3 +257,31 @@ def test_triton_token_ops_give_the_reference_bits() -> None:
     env = {"MOONPLAN_ROW_OPS": "triton", "TRITON_INTERPRET": "1", "LOCAL_WORLD_SIZE": "2"}
     got = run_ranks(_round_trip, 4, "a2a-hosts", env, timeout=TIMEOUT)
     assert [g["fails"] for g in got] == [[]] * 4
+
+
+def _layer_traffic(rank: int, world: int) -> dict:
+    """A top-8 ``a2a-hosts`` layer's ``last_stats``, and the figures from the routes."""
+    from moonplan import MoonMoE
+    from tests.runtime.test_layer import _fixed_router
+
+    os.environ["LOCAL_WORLD_SIZE"] = "2"  # this forked rank process only
+    H, E, K, S = 8, 16, 8, 12
+    ids, wk = _hot_ids(S * world, E, K, seed=5)
+    layer = MoonMoE(H, 12, E, K, router=_fixed_router(ids, wk, S * rank), transport="a2a-hosts")
+    layer(tokens(S * world, H, 5)[S * rank : S * (rank + 1)])
+    stats, plan = layer.last_stats, layer.runtime.last_plan
+    assert stats is not None and plan is not None
+    ids_R = ids.split(S)
+    routes = [moonplan.route(plan, q, ids_R[q], affinity=True) for q in range(world)]
+    return {
+        "stats": (stats.records, stats.rows_sent, stats.bytes_sent),
+        "want": _from_routes(routes, rank, 2, row=H * 4),
+    }
+
+
+def test_layer_last_stats_count_both_stages() -> None:
+    """``layer.last_stats`` of ``a2a-hosts``: the rows this rank sent in both stages and
+    the bytes of dispatch and combine, as counted from the routes."""
+    for got in run_ranks(_layer_traffic, 4, timeout=TIMEOUT):
+        want = got["want"]
+        assert got["stats"] == (want["records"], want["rows_sent"], want["bytes_sent"])
