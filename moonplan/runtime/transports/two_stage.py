@@ -4,7 +4,9 @@ Legend:
     R ranks, G ranks per host, S tokens of this rank, H hidden,
     U unique (token, destination rank) rows of this rank (``Route.unique_*``),
     V unique (token, destination host) rows of this rank,
-    Q staging rows this rank holds as a proxy, M rows it forwards as a proxy
+    Q staging rows this rank holds as a proxy, M rows it forwards as a proxy,
+    Y staging rows in use, B source blocks at this proxy, T token-buffer rows of
+    this rank, X rows of one movement
 
 Ranks ``h*G .. h*G + G - 1`` form host ``h``. A source ``s`` sends each of its tokens
 once per destination host ``h``, to its *proxy* there, the rank of ``h`` with the
@@ -200,19 +202,19 @@ class TwoStageTokenTransport(AllToAllRows, TokenTransport):
             ((me // G) * G + src_T % G, row),  # combine: to the proxies
             (hops.stage_src_Q[hops.stage_src_Q >= 0], row),  # combine: to the sources
         ]
-        inter, intra, total = 0, 0, 0
-        for dest_X, size in moves:
+        counts_X2 = []  # per move: (to other hosts, to other ranks of my host)
+        for dest_X, _ in moves:
             away_X = dest_X // G != me // G
-            inter += size * int(away_X.sum())
-            intra += size * int((~away_X & (dest_X != me)).sum())
-            total += size * dest_X.numel()
+            counts_X2.append(torch.stack([away_X.sum(), (~away_X & (dest_X != me)).sum()]))
+        counts = torch.stack(counts_X2).tolist()  # one device sync
+        size = [b for _, b in moves]
         return {
             "rows_sent": hops.proxy_V.numel() + hops.dest_M.numel(),
-            "rows_inter": int((hops.proxy_V // G != me // G).sum()),
-            "rows_intra": int((hops.dest_M != me).sum()),
-            "bytes_inter": inter,
-            "bytes_intra": intra,
-            "bytes_sent": total,
+            "rows_inter": counts[0][0],
+            "rows_intra": counts[3][1],
+            "bytes_inter": sum(b * c[0] for b, c in zip(size, counts, strict=True)),
+            "bytes_intra": sum(b * c[1] for b, c in zip(size, counts, strict=True)),
+            "bytes_sent": sum(b * d.numel() for d, b in moves),
         }
 
 
