@@ -54,6 +54,7 @@ def test_planner_check_says_no_device(tmp_path: Path) -> None:
         "bench_layer.py",
         "bench_wrap.py",
         "bench_simulate.py",
+        "bench_two_stage.py",
     ],
 )
 def test_help_runs_nothing(name: str, tmp_path: Path) -> None:

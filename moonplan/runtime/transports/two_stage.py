@@ -4,7 +4,9 @@ Legend:
     R ranks, G ranks per host, S tokens of this rank, H hidden,
     U unique (token, destination rank) rows of this rank (``Route.unique_*``),
     V unique (token, destination host) rows of this rank,
-    Q staging rows this rank holds as a proxy, M rows it forwards as a proxy
+    Q staging rows this rank holds as a proxy, M rows it forwards as a proxy,
+    Y staging rows in use, B source blocks at this proxy, T token-buffer rows of
+    this rank, X rows of one movement
 
 Ranks ``h*G .. h*G + G - 1`` form host ``h``. A source ``s`` sends each of its tokens
 once per destination host ``h``, to its *proxy* there, the rank of ``h`` with the
@@ -27,6 +29,17 @@ the step.
 Rounding: a token's records are summed where they ran, then per host at the proxy,
 then over hosts at the source, each partial sum in x's dtype: not the same bits as the
 single-stage path (within the same tolerance; reruns are bit-identical).
+
+Traffic (``StepState.traffic``, what this rank sent in dispatch and combine; the
+backward moves the same rows the other way): ``rows_sent`` its rows of both stages
+(``V + M``, its own rank included), ``rows_inter`` its stage-1 rows to other hosts
+(one per (token, other host)), ``rows_intra`` its stage-2 rows to other ranks of its
+host; ``bytes_inter`` / ``bytes_intra`` / ``bytes_sent`` the bytes to other hosts, to
+other ranks of its host and in all: rows (both stages and both directions), 24
+bytes per forwarding entry (three int64 words, one per (token, destination rank),
+to the proxy) and 8 per record (token row and weight, straight to the executing
+rank, as in :mod:`~moonplan.runtime.transports.tokens`). The all-to-all's own
+addressing (``moonplan.comm.a2a`` sends an int64 offset per row) is not counted.
 """
 
 from __future__ import annotations
@@ -44,7 +57,7 @@ from moonplan.plan.route_rows import pair_records
 from moonplan.runtime.row_ops import token_ops_for
 from moonplan.runtime.row_ops.token_torch import Segments
 from moonplan.runtime.transports.all_to_all import AllToAllRows, LocalRows
-from moonplan.runtime.transports.base import StepState
+from moonplan.runtime.transports.base import RecvView, StepState
 from moonplan.runtime.transports.moves import Put
 from moonplan.runtime.transports.tokens import TokenTransport
 
@@ -54,6 +67,8 @@ class Hops:
     """One step's two-stage addresses (int64; see the module docstring).
 
     Attributes:
+        entry_dest_U: ``[U]`` the proxy each forwarding entry went to.
+        stage_src_Q: ``[Q]`` the source of each staging row (-1: unused).
         token_V, proxy_V, stage_V: ``[V]`` this source's (token, host) rows: the token,
             its proxy rank and its staging row there (sorted by (host, token)).
         seg_V: the source's sum over hosts (:class:`Segments` of ``token_V``).
@@ -63,6 +78,8 @@ class Hops:
         seg_M: the proxy's sum over its host (:class:`Segments` of ``stage_M``).
     """
 
+    entry_dest_U: Tensor
+    stage_src_Q: Tensor
     token_V: Tensor
     proxy_V: Tensor
     stage_V: Tensor
@@ -93,11 +110,18 @@ class TwoStageTokenTransport(AllToAllRows, TokenTransport):
         *,
         ranks_per_host: int | None = None,
     ):
-        G = ranks_per_host or int(os.environ.get("LOCAL_WORLD_SIZE", group.size))
-        if G < 1 or group.size % G:
-            raise ValueError(f"ranks_per_host must divide the {group.size} ranks, got {G}")
-        self.ranks_per_host = G
+        self.ranks_per_host = ranks_per_host_of(group.size, ranks_per_host)
         super().__init__(group, capacity, hidden, dtype)
+
+    def dispatch(
+        self, x_SH: Tensor, route: Route, plan: Plan, *, weight_SK: Tensor | None = None
+    ) -> RecvView:
+        """See :class:`~moonplan.runtime.transports.tokens.TokenTransport`; the step's
+        traffic by stage (module docstring)."""
+        view = super().dispatch(x_SH, route, plan, weight_SK=weight_SK)
+        row_bytes = x_SH.shape[1] * x_SH.element_size()
+        view.state.traffic.update(self._traffic(route, plan, view.state, row_bytes))
+        return view
 
     def _send_tokens(
         self, rows_SH: Tensor, route: Route, plan: Plan, state: StepState, extra: list[Put]
@@ -142,7 +166,14 @@ class TwoStageTokenTransport(AllToAllRows, TokenTransport):
         self.put_rows([Put(words_U3, proxy_V[v_of_U], entry_U, table)])
         fwd_M3 = table.local[table.local[:, 0] >= 0]  # by source, then (dest, token)
         ops = token_ops_for(dev)
+        block_end_B = torch.cumsum(room_RH[peers_R, me // G], 0)  # my proxy blocks, in order
+        stage_src_Q = torch.full((num_stage,), -1, dtype=torch.int64, device=dev)
+        used_Y = fwd_M3[:, 0].unique()
+        src_Y = ranks_R[peers_R][torch.searchsorted(block_end_B, used_Y, right=True)]
+        stage_src_Q[used_Y] = src_Y
         return Hops(
+            entry_dest_U=proxy_V[v_of_U],
+            stage_src_Q=stage_src_Q,
             token_V=token_V,
             proxy_V=proxy_V,
             stage_V=stage_V,
@@ -153,6 +184,61 @@ class TwoStageTokenTransport(AllToAllRows, TokenTransport):
             off_M=fwd_M3[:, 2],
             seg_M=ops.segments(fwd_M3[:, 0], num_stage),
         )
+
+    def _traffic(self, route: Route, plan: Plan, state: StepState, row: int) -> dict[str, int]:
+        """This rank's rows and bytes of dispatch and combine by stage and link (module
+        docstring): counted from the step's addresses."""
+        hops: Hops = state.saved["hops"]
+        me, G = self.group.rank, self.ranks_per_host
+        # Combine: my reduced token rows go to the proxy of their source in my host.
+        seg_P = state.saved["seg_P"]
+        used_T = seg_P.offsets_T1.diff().view(-1) > 0
+        src_T = _source_of_rows(pair_records(plan)[:, me], used_T.numel())[used_T]
+        moves = [  # (destination ranks, bytes each)
+            (hops.proxy_V, row),  # stage 1
+            (hops.entry_dest_U, 24),  # forwarding entries
+            (route.dest_rank.reshape(-1), 8),  # per-record words
+            (hops.dest_M, row),  # stage 2
+            ((me // G) * G + src_T % G, row),  # combine: to the proxies
+            (hops.stage_src_Q[hops.stage_src_Q >= 0], row),  # combine: to the sources
+        ]
+        counts_X2 = []  # per move: (to other hosts, to other ranks of my host)
+        for dest_X, _ in moves:
+            away_X = dest_X // G != me // G
+            counts_X2.append(torch.stack([away_X.sum(), (~away_X & (dest_X != me)).sum()]))
+        counts = torch.stack(counts_X2).tolist()  # one device sync
+        size = [b for _, b in moves]
+        return {
+            "rows_sent": hops.proxy_V.numel() + hops.dest_M.numel(),
+            "rows_inter": counts[0][0],
+            "rows_intra": counts[3][1],
+            "bytes_inter": sum(b * c[0] for b, c in zip(size, counts, strict=True)),
+            "bytes_intra": sum(b * c[1] for b, c in zip(size, counts, strict=True)),
+            "bytes_sent": sum(b * d.numel() for d, b in moves),
+        }
+
+
+def ranks_per_host_of(num_ranks: int, given: int | None) -> int:
+    """``G``: ``given``, else ``LOCAL_WORLD_SIZE``, else ``num_ranks`` (one host); raises
+    ``ValueError`` unless it is a positive divisor of ``num_ranks``."""
+    what = "ranks_per_host"
+    if given is None:
+        what, text = "LOCAL_WORLD_SIZE", os.environ.get("LOCAL_WORLD_SIZE", str(num_ranks))
+        try:
+            given = int(text)
+        except ValueError:
+            raise ValueError(f"LOCAL_WORLD_SIZE must be an integer, got {text!r}") from None
+    if given < 1 or num_ranks % given:
+        raise ValueError(f"{what} must divide the {num_ranks} ranks, got {given}")
+    return given
+
+
+def _source_of_rows(records_R: Tensor, num_rows: int) -> Tensor:
+    """``[T]``: the source rank of each token-buffer row (blocks of ``records_R`` rows
+    per source, in source order: ``moonplan/plan/route_rows.py``)."""
+    end_R = torch.cumsum(records_R, 0)
+    rows_T = torch.arange(num_rows, device=records_R.device)
+    return torch.searchsorted(end_R, rows_T, right=True)
 
 
 def _rank_within(group_X: Tensor, num_groups: int) -> Tensor:
