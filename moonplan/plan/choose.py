@@ -55,7 +55,7 @@ from moonplan.plan.candidates import (
 from moonplan.plan.from_alloc import layout_reference, layout_resident, layout_torch
 from moonplan.plan.home import home_map, targets_list
 from moonplan.plan.placement import static_alloc, static_load
-from moonplan.plan.plan_type import Plan, Predicted, make_plan
+from moonplan.plan.plan_type import Basis, Plan, Predicted, make_plan
 from moonplan.plan.reference import reference_plan, to_tensors
 from moonplan.plan.screen import Step, lower_bound
 from moonplan.plan.torch_backend import plan_torch
@@ -69,6 +69,15 @@ GREEDY = "greedy"
 CANDIDATES = ("static", "resident", *(bounded_name(e) for e in EPS), "exact", GREEDY)
 """Candidate names of ``policy="auto"`` (the order they are built in: :func:`balancing_order`,
 then ``greedy``)."""
+
+
+WORK = {"setup": 1.5, "screen": 0.45, "score": 0.55, "keep": 0.2}
+"""The choice's own work in construction equivalents (CPU host time of this code over
+one group-flow construction, torch builder, ``bench/bench_auto_sweep.py --paths``; the
+largest ratio measured over its cases, rounded up): ``setup`` once per full choice
+(static and resident allocations, :class:`~moonplan.plan.screen.Step`, the candidate
+order, the chosen plan's layout), ``screen`` per lower bound, ``score`` per predicted
+step time, ``keep`` for a step that keeps the previous choice (:func:`keeps`)."""
 
 
 class CostModel(Protocol):
@@ -109,6 +118,7 @@ class Inputs:
     prev_F3: torch.Tensor | None
     backend: str  # "reference" or "torch"
     prev_policy: str | None = None  # the previous plan's policy: auto builds it first
+    prev_basis: Basis | None = None  # the previous plan's basis: auto may keep its choice
 
 
 def build(name: str, inp: Inputs) -> Plan:
@@ -131,8 +141,66 @@ def build(name: str, inp: Inputs) -> Plan:
 
 
 def choose(inp: Inputs, cost: CostModel, eps: tuple[str, ...] = EPS) -> Plan:
-    """``policy="auto"``: the candidate with the least score (module docstring)."""
+    """``policy="auto"``: the previous choice kept where :func:`keeps` allows it, else the
+    candidate with the least score (module docstring)."""
     load = _static_load(inp)
+    if keeps(inp, load, cost):
+        return _kept(inp)
+    return _full_choice(inp, cost, load, eps)
+
+
+KEEP_FIELDS = ("row_flop_s", "row_mem_s", *(f"{p}_row_s_{c}" for p in ("dispatch", "combine")
+                                            for c in ("intra", "inter")))  # fmt: skip
+
+
+def record_s(cost: CostModel, num_ranks: int) -> float | None:
+    """Seconds one more record can add to a candidate's step on ``num_ranks`` ranks, by
+    ``cost``'s rates: its row's compute (flop and memory, tile padding aside) plus its
+    dispatch and combine over the slower link class the ranks use (intra only when one
+    fast-link domain holds them all). ``None`` for a cost model without those fields
+    (it never keeps)."""
+    if not all(hasattr(cost, n) for n in (*KEEP_FIELDS, "domain_size")):
+        return None
+    r = {n: float(getattr(cost, n)) for n in KEEP_FIELDS}
+    one_domain = int(getattr(cost, "domain_size")(num_ranks)) >= num_ranks  # noqa: B009
+    classes = ("intra",) if one_domain else ("intra", "inter")
+    link = sum(max(r[f"{p}_row_s_{c}"] for c in classes) for p in ("dispatch", "combine"))
+    return r["row_flop_s"] + r["row_mem_s"] + link
+
+
+def keeps(inp: Inputs, load: list[int], cost: CostModel) -> bool:
+    """Whether ``auto`` keeps the previous plan's candidate without choosing again.
+
+    Only after a full choice (``prev_basis``) fewer than ``cost.horizon`` steps ago, and
+    only while no rank's static load has moved from the one that choice saw by more than
+    ``gap_s / (4 * record_s)`` records (``gap_s``: how far the runner-up's score was
+    above the best's; :func:`record_s`: the most one record adds to a step). A rank's
+    target under any candidate (its static load, the mean, a capped or filled level)
+    moves by at most the largest static-load move, so each score moves by about that
+    times ``record_s``, and the two together close at most half the gap. Not covered:
+    tile padding and first-record weight reads, which the remaining half and the full
+    choice every ``horizon`` steps absorb. ``O(E*R)`` for the static loads, then
+    ``O(R)``: a pure function of the counts, the previous plan and the cost model.
+    """
+    b, per = inp.prev_basis, record_s(cost, len(load))
+    if b is None or inp.prev_policy is None or per is None or len(b.load) != len(load):
+        return False
+    if b.kept + 1 >= horizon_of(cost) or b.gap_s <= 0:
+        return False
+    moved = max(abs(x - x0) for x, x0 in zip(load, b.load, strict=True))
+    return moved * per * 4 <= b.gap_s
+
+
+def _kept(inp: Inputs) -> Plan:
+    """The previous plan's candidate, built for these counts (no screen, no score)."""
+    assert inp.prev_basis is not None and inp.prev_policy is not None
+    p = build(inp.prev_policy, inp)
+    basis = dataclasses.replace(inp.prev_basis, kept=inp.prev_basis.kept + 1)
+    return dataclasses.replace(p, chose=WORK["keep"], basis=basis)
+
+
+def _full_choice(inp: Inputs, cost: CostModel, load: list[int], eps: tuple[str, ...]) -> Plan:
+    """Every candidate screened or scored; the least score wins (module docstring)."""
     h = horizon_of(cost)
     fixed = {"static": static_alloc(inp.counts_RE)}  # no copy, no planner run: scored
     if inp.prev_RB is not None:  # from their allocations, built only if they win
@@ -144,7 +212,8 @@ def choose(inp: Inputs, cost: CostModel, eps: tuple[str, ...] = EPS) -> Plan:
     best: Plan | None = None
     best_s = times[best_name]
     runs = 0
-    order = _screened_order(load, inp)
+    floors: dict[str, float] = {}  # the screened-out candidates' least possible scores
+    order = _screened_order(load, inp, eps)
     step = Step.of(inp.counts_RE, inp.prev_RB) if order else None
     for name, target, bound in order:
         floor_s = lower_bound(
@@ -159,6 +228,7 @@ def choose(inp: Inputs, cost: CostModel, eps: tuple[str, ...] = EPS) -> Plan:
             step=step,
         )
         if floor_s + (runs + 1) * cost.plan_s >= best_s:
+            floors[name] = floor_s + (runs + 1) * cost.plan_s
             continue  # cannot beat the best so far
         runs += 1
         cand = _greedy(inp) if name == GREEDY else _construct(inp, target, bound, name)
@@ -167,7 +237,19 @@ def choose(inp: Inputs, cost: CostModel, eps: tuple[str, ...] = EPS) -> Plan:
             best, best_s = cand, t
     if best is None:
         best = _from_alloc(inp, fixed[best_name], best_name)
-    return dataclasses.replace(best, predicted=Predicted(times), planned=runs)
+    work = WORK["setup"] + len(order) * WORK["screen"] + len(times) * WORK["score"]
+    basis = Basis(tuple(load), gap(best_s, {**floors, **times}))
+    return dataclasses.replace(
+        best, predicted=Predicted(times), planned=runs, chose=work, basis=basis
+    )
+
+
+def gap(best_s: float, times: dict[str, float]) -> float:
+    """The least of ``times`` (scores, or lower bounds of the screened-out candidates' scores
+    with their planner runs) above the best score ``best_s``, minus it (0 with no other):
+    the runner-up's lead, at least."""
+    s = sorted(times.values())
+    return s[1] - best_s if len(s) > 1 else 0.0
 
 
 def _fetchless_time(cost: CostModel, inp: Inputs, alloc_ER: torch.Tensor) -> Any:
