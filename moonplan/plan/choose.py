@@ -33,7 +33,7 @@ is the choice's own work beyond those runs (the setup, each screen, each score,
 in construction equivalents: :data:`WORK`), which the simulator charges too.
 
 Between full choices ``auto`` keeps the previous plan's candidate (:func:`keeps`:
-at most ``cost.horizon - 1`` steps, and only while no static load moved further
+at most ``basis.every - 1`` steps, and only while no static load moved further
 than the runner-up's lead over the winner allows), building only it
 (``plan.basis`` carries what the last full choice saw). The choice is a pure
 function of ``(counts, previous (its slots, flows, policy and basis), cost,
@@ -211,24 +211,38 @@ def record_s(cost: CostModel, num_ranks: int) -> float | None:
 def keeps(inp: Inputs, load: list[int], cost: CostModel) -> bool:
     """Whether ``auto`` keeps the previous plan's candidate without choosing again.
 
-    Only after a full choice (``prev_basis``) fewer than ``cost.horizon`` steps ago, and
+    Only after a full choice (``prev_basis``) fewer than ``basis.every`` steps ago, and
     only while no rank's static load has moved from the one that choice saw by more than
-    ``gap_s / (4 * record_s)`` records (``gap_s``: how far the runner-up's score was
-    above the best's; :func:`record_s`: the most one record adds to a step). A rank's
-    target under any candidate (its static load, the mean, a capped or filled level)
-    moves by at most the largest static-load move, so each score moves by about that
-    times ``record_s``, and the two together close at most half the gap. Not covered:
-    tile padding and first-record weight reads, which the remaining half and the full
-    choice every ``horizon`` steps absorb. ``O(E*R)`` for the static loads, then
-    ``O(R)``: a pure function of the counts, the previous plan and the cost model.
+    ``gap_s / (2 * record_s)`` records (``gap_s``: how far the runner-up's score, or the
+    lower bound of a screened-out one's, was above the best's; :func:`record_s`: the
+    most one record adds to a step). A rank's target under any candidate (its static
+    load, the mean, a capped or filled level) moves by at most the largest static-load
+    move, so each score moves by at most that times ``record_s`` in the model's linear
+    terms, and the two together cannot close the gap. Not covered: tile padding and
+    first-record weight reads, which the full choice every ``basis.every`` steps
+    (:func:`refresh_every`) catches. ``O(E*R)`` for the static loads, then ``O(R)``: a
+    pure function of the counts, the previous plan and the cost model.
     """
     b, per = inp.prev_basis, record_s(cost, len(load))
     if b is None or inp.prev_policy is None or per is None or len(b.load) != len(load):
         return False
-    if b.kept + 1 >= horizon_of(cost) or b.gap_s <= 0:
+    if b.kept + 1 >= b.every or b.gap_s <= 0:
         return False
     moved = max(abs(x - x0) for x, x0 in zip(load, b.load, strict=True))
-    return moved * per * 4 <= b.gap_s
+    return moved * per * 2 <= b.gap_s
+
+
+REFRESH_SHARE = 0.01
+"""The full choices' share of the step time, at most, on average over kept steps."""
+
+
+def refresh_every(full_s: float, best_s: float) -> int:
+    """Steps between full choices (:func:`keeps`): the fewest that bring a full choice's
+    charge ``full_s`` (its runs and its own work) down to :data:`REFRESH_SHARE` of the best
+    score ``best_s`` per step; 1 (choose every step) when the choice costs nothing."""
+    if full_s <= 0 or best_s <= 0:
+        return 1
+    return max(1, math.ceil(full_s / (REFRESH_SHARE * best_s)))
 
 
 def _kept(inp: Inputs, table: tuple[Candidate, ...]) -> Plan:
@@ -277,7 +291,8 @@ def _full_choice(
     if best is None:
         best = builders[best_name].build(inp)
     work = WORK["setup"] + len(order) * WORK["screen"] + len(times) * WORK["score"]
-    basis = Basis(tuple(load), gap(best_s, {**floors, **times}))
+    every = refresh_every((runs + work) * cost.plan_s, best_s)
+    basis = Basis(tuple(load), gap(best_s, {**floors, **times}), every=every)
     return dataclasses.replace(
         best, predicted=Predicted(times), planned=runs, chose=work, basis=basis
     )

@@ -12,13 +12,14 @@ import torch
 from hypothesis import given
 
 import moonplan
-from moonplan.plan.choose import WORK, Inputs, build, keeps, record_s
+from moonplan.plan import choose
+from moonplan.plan.choose import WORK, Inputs, build, keeps, record_s, refresh_every
 from moonplan.plan.plan_type import Basis, Plan
 from moonplan.stepcost import StepCost
 from moonplan.testing import counts
 from moonplan.traces import DriftingTrace
+from tests.plan.test_policy import H200
 
-H200 = StepCost.from_hardware("h200-node", "deepseek-v3")
 MULTI = StepCost.from_hardware("h200-multinode", "deepseek-v3")
 
 
@@ -32,13 +33,17 @@ def _skewed(R: int = 8, E: int = 64, S: int = 64) -> torch.Tensor:
 
 
 @given(counts(max_ranks=6, max_experts=14, max_records_per_rank=300))
-def test_the_same_counts_keep_the_choice_until_the_horizon(c: torch.Tensor) -> None:
-    cost = H200.scaled(horizon=4.0)
+def test_the_same_counts_keep_the_choice_until_the_refresh(c: torch.Tensor) -> None:
+    cost = H200.scaled(plan_s=H200.plan_s / 200)  # full choices every few steps
     p = moonplan.plan(c, policy="auto", cost=cost)
     assert p.basis is not None and p.basis.kept == 0 and p.predicted
     assert p.chose >= WORK["setup"] + WORK["score"]  # one fixed candidate scored at least
+    best = p.predicted[p.policy]
+    assert p.basis.every == refresh_every((p.planned + p.chose) * cost.plan_s, best)
     first = p
-    for step in range(1, 4):  # kept 1..3, then the full choice again
+    if p.basis.every > 6:
+        return  # checked by hand below
+    for step in range(1, p.basis.every):  # kept, then the full choice again
         q = moonplan.plan(c, previous=p, policy="auto", cost=cost)
         if first.basis.gap_s <= 0:  # nothing to keep by: every step chooses
             assert q.basis is not None and q.basis.kept == 0 and q.predicted
@@ -61,13 +66,23 @@ def test_keeps_up_to_the_tolerance_and_not_beyond() -> None:
     per = record_s(H200, 8)
     assert per is not None and per > 0
     moved = [x + (3 if r == 0 else 0) for r, x in enumerate(load)]  # rank 0: 3 more records
-    for gap_s, kept in ((4 * 3 * per * (1 + 1e-9), True), (4 * 3 * per * (1 - 1e-9), False)):
-        prev = dataclasses.replace(p, basis=Basis(tuple(load), gap_s))
+    for gap_s, kept in ((2 * 3 * per * (1 + 1e-9), True), (2 * 3 * per * (1 - 1e-9), False)):
+        prev = dataclasses.replace(p, basis=Basis(tuple(load), gap_s, every=2))
         assert keeps(_inputs(c, prev), moved, H200) is kept
-    prev = dataclasses.replace(p, basis=Basis(tuple(load), 1.0, kept=7))  # 8th step: choose
+    prev = dataclasses.replace(p, basis=Basis(tuple(load), 1.0, kept=7, every=8))  # choose
     assert not keeps(_inputs(c, prev), load, H200)
+    prev = dataclasses.replace(p, basis=Basis(tuple(load), 1.0, kept=6, every=8))  # keep
+    assert keeps(_inputs(c, prev), load, H200)
     assert not keeps(_inputs(c, dataclasses.replace(p, basis=None)), load, H200)
     assert not keeps(_inputs(c, dataclasses.replace(p, basis=Basis(tuple(load), 0.0))), load, H200)
+
+
+def test_refresh_every_bounds_the_full_choices_share() -> None:
+    assert refresh_every(0.0, 1e-3) == 1 and refresh_every(1e-4, 0.0) == 1
+    for full_s, best_s in ((2.5e-4, 6.5e-4), (4e-4, 6.8e-3), (1e-6, 1.0)):
+        n = refresh_every(full_s, best_s)
+        assert full_s / n <= choose.REFRESH_SHARE * best_s * (1 + 1e-12)
+        assert n == 1 or full_s / (n - 1) > choose.REFRESH_SHARE * best_s
 
 
 def test_record_s_uses_the_link_classes_the_ranks_use() -> None:

@@ -27,14 +27,10 @@ from moonplan.plan.choose import (
 )
 from moonplan.plan.placement import static_alloc
 from moonplan.plan.plan_type import Plan
-from moonplan.stepcost import StepCost
 from moonplan.traces import DriftingTrace
+from tests.plan.test_policy import COMPUTE_ONLY
 
-FREE = StepCost(  # only the busiest rank's rows cost: copies, traffic and planning free
-    row_flop_s=1e-6, weight_read_s=0.0, row_mem_s=0.0, copy_s_intra=0.0, copy_s_inter=0.0,
-    dispatch_row_s_intra=0.0, dispatch_row_s_inter=0.0, combine_row_s_intra=0.0,
-    combine_row_s_inter=0.0,
-)  # fmt: skip
+FREE = COMPUTE_ONLY  # only the busiest rank's rows cost: copies, traffic, planning free
 
 
 def _toy_targets(load: list[int], inp: Inputs | None) -> Targets:
