@@ -84,7 +84,7 @@ class Basis:
         load: the static loads (records per rank of its home experts) the choice saw.
         gap_s: the runner-up's score minus the best's, seconds (0 with one candidate).
         kept: steps since that choice that kept its candidate without choosing again.
-        every: steps between full choices at most (``choose.refresh_every``).
+        every: steps between full choices at most (``moonplan.plan.keep.refresh_every``).
     """
 
     load: tuple[int, ...]

@@ -1,4 +1,4 @@
-"""``policy="auto"`` keeping its previous choice (``choose.keeps``) and charging its work.
+"""``policy="auto"`` keeping its previous choice (``moonplan.plan.keep``) and charging its work.
 
 Legend: R ranks, E experts; ``load`` the static loads (records of each rank's home experts).
 """
@@ -12,8 +12,9 @@ import torch
 from hypothesis import given
 
 import moonplan
-from moonplan.plan import choose
-from moonplan.plan.choose import WORK, Inputs, build, keeps, record_s, refresh_every
+from moonplan.plan import keep
+from moonplan.plan.choose import WORK, Inputs, build
+from moonplan.plan.keep import keeps, record_s, refresh_every
 from moonplan.plan.plan_type import Basis, Plan
 from moonplan.stepcost import StepCost
 from moonplan.testing import counts
@@ -81,8 +82,8 @@ def test_refresh_every_bounds_the_full_choices_share() -> None:
     assert refresh_every(0.0, 1e-3) == 1 and refresh_every(1e-4, 0.0) == 1
     for full_s, best_s in ((2.5e-4, 6.5e-4), (4e-4, 6.8e-3), (1e-6, 1.0)):
         n = refresh_every(full_s, best_s)
-        assert full_s / n <= choose.REFRESH_SHARE * best_s * (1 + 1e-12)
-        assert n == 1 or full_s / (n - 1) > choose.REFRESH_SHARE * best_s
+        assert full_s / n <= keep.REFRESH_SHARE * best_s * (1 + 1e-12)
+        assert n == 1 or full_s / (n - 1) > keep.REFRESH_SHARE * best_s
 
 
 def test_record_s_uses_the_link_classes_the_ranks_use() -> None:
