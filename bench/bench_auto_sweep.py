@@ -214,24 +214,38 @@ def _path_row(R: int, S: int) -> dict[str, Any]:
     prev = moonplan_plan(c0, policy="auto", cost=cost, backend="torch")
     inp = Inputs(c, prev.num_slots, 1, prev.slot_expert, prev.flow, "torch", prev.policy)
     p = choose(inp, cost)
+    construct_us = _median_us(lambda: build("exact", inp))
+    auto_us = _median_us(lambda: choose(inp, cost))
+    # the keep path: the same counts again after a full choice (the loads cannot have moved)
+    again = Inputs(c, p.num_slots, 1, p.slot_expert, p.flow, "torch", p.policy, p.basis)
+    kept = choose(again, cost)
+    kept_us = _median_us(lambda: choose(again, cost))
+    kept_built_us = _median_us(lambda: build(kept.policy, again))
     return {
         "ranks": R, "tokens": S, "picks": p.policy, "runs": p.planned,
-        "auto_us": _median_us(lambda: choose(inp, cost)),
+        "auto_us": auto_us, "construct_us": construct_us,
         "bound_us": _median_us(lambda: lower_bound(cost, c, 0, prev_RB=inp.prev_RB,
                                                    prev_F3=inp.prev_F3, horizon=8.0)),
-        "construct_us": _median_us(lambda: build("exact", inp)),
         "score_us": _median_us(lambda: cost.plan_time(p, planned=1)),
+        "beyond": (auto_us - p.planned * construct_us) / construct_us, "chose": p.chose,
+        "kept": kept.basis is not None and kept.basis.kept > 0, "kept_runs": kept.planned,
+        "keep_beyond": (kept_us - kept_built_us) / construct_us, "keep_chose": kept.chose,
     }  # fmt: skip
 
 
 def paths_markdown(rows: list[dict[str, Any]]) -> list[str]:
     head = ["EP", "tokens/rank", "auto picks", "runs", "whole choice us", "one bound us",
-            "one construction us", "one score us", "choice / construction"]  # fmt: skip
+            "one construction us", "one score us", "beyond runs / construction",
+            "charged (chose)", "kept?", "keep beyond / construction", "keep charged"]  # fmt: skip
     lines = [[str(r["ranks"]), str(r["tokens"]), r["picks"], str(r["runs"]),
               f"{r['auto_us']:.0f}", f"{r['bound_us']:.0f}", f"{r['construct_us']:.0f}",
-              f"{r['score_us']:.0f}", f"{r['auto_us'] / r['construct_us']:.2f}"]
+              f"{r['score_us']:.0f}", f"{r['beyond']:.2f}", f"{r['chose']:.2f}",
+              "yes" if r["kept"] else "no", f"{r['keep_beyond']:.2f}", f"{r['keep_chose']:.2f}"]
              for r in rows]  # fmt: skip
     return ["### CPU time of auto's paths (median of 15; torch builder)", "",
+            "`beyond runs`: the whole choice minus its constructions, over one construction "
+            "(what `Plan.chose` must cover); `keep`: the same counts again, the choice kept "
+            "(its time minus building the kept candidate).", "",
             table(head, lines), ""]  # fmt: skip
 
 

@@ -83,7 +83,8 @@ class PlannerPolicy(Policy):
         p = self.plan(counts_RE, self._previous)
         self._previous = p if self.keep_previous else None
         choice = p.policy if self.planner_policy == "auto" else ""
-        return plan_step(self.name, counts_RE, p, planned=p.planned, choice=choice)
+        # charged: the constructions run plus the choice's own work (0 unless chosen)
+        return plan_step(self.name, counts_RE, p, planned=p.planned + p.chose, choice=choice)
 
 
 class MoonplanPolicy(PlannerPolicy):
@@ -105,7 +106,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
     ``cost`` is the :class:`~moonplan.stepcost.StepCost` the choice minimises; the
     simulator passes the one it charges the step with (same model, hardware, schedule
     and planning time), so the plan's predicted time is its simulated time. Planning is
-    charged per planner run (``plan.planned``).
+    charged per planner run (``plan.planned``) plus the choice's own work (screens,
+    scorings, the keep test: ``plan.chose``, in construction equivalents measured on this
+    code, ``moonplan.plan.choose.WORK``).
     """
 
     name = "moonplan-auto"

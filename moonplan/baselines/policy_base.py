@@ -51,7 +51,8 @@ class PolicyStep:
         fetch_ER: bool ``[E, R]`` pairs whose weights must arrive before their rows run
             this step (the expert of each ``moves_C2`` copy); ``None``: none.
         src_E: ``[E]`` rank each expert's weights are fetched from; ``None``: no fetch.
-        planned: planner runs on the critical path this step.
+        planned: planner runs on the critical path this step (construction equivalents:
+            ``moonplan-auto`` adds its choice's own work, ``Plan.chose``).
         choice: the candidate a choosing policy took this step (``moonplan-auto``:
             ``plan.policy``, e.g. ``"static"``); ``""`` for the others.
     """
@@ -66,7 +67,7 @@ class PolicyStep:
     background_C2: torch.Tensor = field(default_factory=no_moves)
     fetch_ER: torch.Tensor | None = None
     src_E: torch.Tensor | None = None
-    planned: int = 1
+    planned: float = 1
     choice: str = ""
 
     @property

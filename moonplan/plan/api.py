@@ -95,7 +95,8 @@ def plan(
     if policy != "exact":
         builder = "reference" if name == "reference" else "torch"
         prev_policy = None if previous is None else previous.policy
-        inp = Inputs(counts_RE, B, align, prev_RB, prev_F3, builder, prev_policy)
+        prev_basis = None if previous is None else previous.basis
+        inp = Inputs(counts_RE, B, align, prev_RB, prev_F3, builder, prev_policy, prev_basis)
         if policy == "auto" and cost is not None:
             return choose(inp, cost)
         return build(policy, inp)

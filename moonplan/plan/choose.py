@@ -5,12 +5,14 @@ Legend:
     counts_RE   int64 [R, E] validated router counts
     prev_RB     int64 [R, B] previous plan's slots (or None), prev_F3 its flows
 
-Candidates, in the order they are evaluated (ties go to the earlier one):
+Candidates are the entries of :data:`TABLE` (one :class:`Candidate` each: its
+builder, how ``auto`` bounds its score, whether ``auto`` considers it), evaluated in
+this order (ties go to the earlier one):
 
 ``static`` and ``resident`` (only with ``previous=``, and only when it moves
 records) first: they fetch nothing and need no planner run, so they are scored
 from their allocations (``cost.step_time``) and built only if they win. Then
-the balancing candidates (:func:`balancing_order`): the previous plan's
+the balancing candidates (:func:`screened_order`): the previous plan's
 candidate (``previous.policy``) first, as it usually wins again, then
 ``exact``, then ``bounded-<eps>`` for ``eps`` in :data:`EPS` (largest first).
 A balancing candidate whose targets equal the static loads or another
@@ -26,8 +28,15 @@ of its score (``moonplan.plan.screen.lower_bound``: the construction's group
 flows, decided from the counts alone, and what every plan with those flows
 pays) and skips it, unbuilt, when the bound plus the runs cannot beat the best
 so far: ``plan.planned`` counts only the candidates actually built, and
-``plan.predicted`` holds the score of every candidate evaluated. The choice is
-a pure function of ``(counts, previous (its slots, flows and policy), cost,
+``plan.predicted`` holds the score of every candidate evaluated. ``plan.chose``
+is the choice's own work beyond those runs (the setup, each screen, each score,
+in construction equivalents: :data:`WORK`), which the simulator charges too.
+
+Between full choices ``auto`` keeps the previous plan's candidate (:func:`keeps`:
+at most ``basis.every - 1`` steps, and only while no static load moved further
+than the runner-up's lead over the winner allows), building only it
+(``plan.basis`` carries what the last full choice saw). The choice is a pure
+function of ``(counts, previous (its slots, flows, policy and basis), cost,
 options)``: every rank picks the same plan.
 
 Two builders with identical results: ``reference`` (plain Python, the
@@ -39,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any, Protocol
 
@@ -54,8 +64,9 @@ from moonplan.plan.candidates import (
 )
 from moonplan.plan.from_alloc import layout_reference, layout_resident, layout_torch
 from moonplan.plan.home import home_map, targets_list
+from moonplan.plan.keep import gap, keeps, refresh_every
 from moonplan.plan.placement import static_alloc, static_load
-from moonplan.plan.plan_type import Plan, Predicted, make_plan
+from moonplan.plan.plan_type import Basis, Plan, Predicted, make_plan
 from moonplan.plan.reference import reference_plan, to_tensors
 from moonplan.plan.screen import Step, lower_bound
 from moonplan.plan.torch_backend import plan_torch
@@ -66,9 +77,17 @@ EPS = ("0.25", "0.1", "0.05")
 GREEDY = "greedy"
 """The MoonEP greedy's allocation as a candidate (:func:`build`)."""
 
-CANDIDATES = ("static", "resident", *(bounded_name(e) for e in EPS), "exact", GREEDY)
-"""Candidate names of ``policy="auto"`` (the order they are built in: :func:`balancing_order`,
-then ``greedy``)."""
+Targets = tuple[list[int] | None, int | None]
+"""A balancing candidate's per-rank targets (``None``: exact balance) and declared bound."""
+
+
+WORK = {"setup": 1.5, "screen": 0.45, "score": 0.55, "keep": 0.2}
+"""The choice's own work in construction equivalents (CPU host time of this code over
+one group-flow construction, torch builder, ``bench/bench_auto_sweep.py --paths``; the
+largest ratio measured over its cases, rounded up): ``setup`` once per full choice
+(static and resident allocations, :class:`~moonplan.plan.screen.Step`, the candidate
+order, the chosen plan's layout), ``screen`` per lower bound, ``score`` per predicted
+step time, ``keep`` for a step that keeps the previous choice (:func:`keeps`)."""
 
 
 class CostModel(Protocol):
@@ -109,18 +128,49 @@ class Inputs:
     prev_F3: torch.Tensor | None
     backend: str  # "reference" or "torch"
     prev_policy: str | None = None  # the previous plan's policy: auto builds it first
+    prev_basis: Basis | None = None  # the previous plan's basis: auto may keep its choice
 
 
-def build(name: str, inp: Inputs) -> Plan:
-    """The candidate ``name`` (see the module docstring), recorded as ``plan.policy``."""
-    if name == "static":
-        return _from_alloc(inp, static_alloc(inp.counts_RE), "static")
-    if name == "resident":
-        return _from_alloc(inp, _resident_alloc(inp), "resident")
-    if name == "exact":
-        return _construct(inp, None, None, "exact")
-    if name == GREEDY:
-        return _greedy(inp)
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One entry of the candidate table (:data:`TABLE`): a new candidate is one builder
+    and one entry (CONTRIBUTING.md, "Adding a planner policy").
+
+    Attributes:
+        name: its ``policy=`` name, recorded as ``plan.policy``.
+        build: ``inputs -> Plan``, the plan itself (``policy=name``, or ``auto``'s winner).
+        auto: whether ``policy="auto"`` considers it (``build`` serves ``policy=name``
+            either way).
+        alloc: for a candidate that fetches nothing and runs no planner (every replica
+            resident): ``inputs -> alloc_ER`` (``None``: not a candidate this step).
+            ``auto`` scores it from the allocation, exactly, and builds it only if it wins.
+        targets: for a balancing candidate (one group-flow construction):
+            ``(static loads, inputs or None) -> Targets`` (``None``: not a candidate this
+            step; the inputs are ``None`` when only the loads are known).
+            ``auto`` bounds its score from below from these targets
+            (``moonplan.plan.screen.lower_bound``) and builds it only if the bound,
+            plus its run, can beat the best so far. A candidate whose targets are the
+            static loads, or an earlier one's, is left out.
+        replay: its construction replays ``previous``'s flows (``False``: it plans
+            without ``previous``, and its replicas still reuse the residents).
+        first: tried before the other balancing candidates (after the previous plan's).
+    """
+
+    name: str
+    build: Callable[[Inputs], Plan]
+    auto: bool = True
+    alloc: Callable[[Inputs], torch.Tensor | None] | None = None
+    targets: Callable[[list[int], Inputs | None], Targets | None] | None = None
+    replay: bool = True
+    first: bool = False
+
+
+def build(name: str, inp: Inputs, table: tuple[Candidate, ...] | None = None) -> Plan:
+    """The candidate ``name`` of ``table`` (default :data:`TABLE`; any ``bounded-<eps>``),
+    recorded as ``plan.policy``."""
+    for cand in TABLE if table is None else table:
+        if cand.name == name:
+            return cand.build(inp)
     eps = parse_bounded(name)
     if eps is None:
         raise PlanError(
@@ -130,23 +180,40 @@ def build(name: str, inp: Inputs) -> Plan:
     return _bounded(inp, name, eps)
 
 
-def choose(inp: Inputs, cost: CostModel, eps: tuple[str, ...] = EPS) -> Plan:
-    """``policy="auto"``: the candidate with the least score (module docstring)."""
+def choose(inp: Inputs, cost: CostModel, table: tuple[Candidate, ...] | None = None) -> Plan:
+    """``policy="auto"`` among ``table``'s candidates (default :data:`TABLE`): the previous
+    choice kept where :func:`keeps` allows it, else the least score (module docstring)."""
+    table = TABLE if table is None else table
     load = _static_load(inp)
+    if keeps(inp, load, cost):
+        return _kept(inp, table)
+    return _full_choice(inp, cost, load, table)
+
+
+def _kept(inp: Inputs, table: tuple[Candidate, ...]) -> Plan:
+    """The previous plan's candidate, built for these counts (no screen, no score)."""
+    assert inp.prev_basis is not None and inp.prev_policy is not None
+    p = build(inp.prev_policy, inp, table)
+    basis = dataclasses.replace(inp.prev_basis, kept=inp.prev_basis.kept + 1)
+    return dataclasses.replace(p, chose=WORK["keep"], basis=basis)
+
+
+def _full_choice(
+    inp: Inputs, cost: CostModel, load: list[int], table: tuple[Candidate, ...]
+) -> Plan:
+    """Every candidate screened or scored; the least score wins (module docstring)."""
     h = horizon_of(cost)
-    fixed = {"static": static_alloc(inp.counts_RE)}  # no copy, no planner run: scored
-    if inp.prev_RB is not None:  # from their allocations, built only if they win
-        resident = _resident_alloc(inp)
-        if not torch.equal(resident, fixed["static"]):  # else it is the static plan
-            fixed["resident"] = resident
+    fixed = _fetchless(inp, table)  # no copy, no planner run: scored from their
     times = {n: score(_fetchless_time(cost, inp, a), h) for n, a in fixed.items()}
     best_name = min(times, key=lambda n: times[n])  # ties: the earlier one
     best: Plan | None = None
     best_s = times[best_name]
     runs = 0
-    order = _screened_order(load, inp)
+    floors: dict[str, float] = {}  # the screened-out candidates' least possible scores
+    order = screened_order(load, inp, table)
     step = Step.of(inp.counts_RE, inp.prev_RB) if order else None
-    for name, target, bound in order:
+    builders = {c.name: c for c in table}
+    for name, target, _ in order:
         floor_s = lower_bound(
             cost,
             inp.counts_RE,
@@ -155,19 +222,25 @@ def choose(inp: Inputs, cost: CostModel, eps: tuple[str, ...] = EPS) -> Plan:
             prev_RB=inp.prev_RB,
             prev_F3=inp.prev_F3,
             horizon=h,
-            replay=name != GREEDY,
+            replay=builders[name].replay,
             step=step,
         )
         if floor_s + (runs + 1) * cost.plan_s >= best_s:
+            floors[name] = floor_s + (runs + 1) * cost.plan_s
             continue  # cannot beat the best so far
         runs += 1
-        cand = _greedy(inp) if name == GREEDY else _construct(inp, target, bound, name)
+        cand = builders[name].build(inp)
         times[name] = t = score(cost.plan_time(cand, planned=runs), h)
         if t < best_s:
             best, best_s = cand, t
     if best is None:
-        best = _from_alloc(inp, fixed[best_name], best_name)
-    return dataclasses.replace(best, predicted=Predicted(times), planned=runs)
+        best = builders[best_name].build(inp)
+    work = WORK["setup"] + len(order) * WORK["screen"] + len(times) * WORK["score"]
+    every = refresh_every((runs + work) * cost.plan_s, best_s)
+    basis = Basis(tuple(load), gap(best_s, {**floors, **times}), every=every)
+    return dataclasses.replace(
+        best, predicted=Predicted(times), planned=runs, chose=work, basis=basis
+    )
 
 
 def _fetchless_time(cost: CostModel, inp: Inputs, alloc_ER: torch.Tensor) -> Any:
@@ -190,16 +263,36 @@ def _resident_alloc(inp: Inputs) -> torch.Tensor:
     return alloc_ER.to(inp.counts_RE.device)
 
 
-def _screened_order(
-    load: list[int], inp: Inputs, eps: tuple[str, ...] = EPS
+def _fetchless(inp: Inputs, table: tuple[Candidate, ...]) -> dict[str, torch.Tensor]:
+    """The allocations of ``table``'s fetch-free candidates this step, in table order; one
+    equal to an earlier one's is left out (it would be the same plan)."""
+    out: dict[str, torch.Tensor] = {}
+    for cand in table:
+        a = cand.alloc(inp) if cand.auto and cand.alloc is not None else None
+        if a is not None and not any(torch.equal(a, b) for b in out.values()):
+            out[cand.name] = a
+    return out
+
+
+def screened_order(
+    load: list[int], inp: Inputs, table: tuple[Candidate, ...] | None = None
 ) -> list[tuple[str, list[int] | None, int | None]]:
-    """:func:`balancing_order`, then ``greedy`` where it differs from ``exact``: with a
-    previous plan (without one the greedy's allocation is exact's: ``tests/plan``) and
-    when exact balance moves records at all."""
-    cands = balancing_order(load, inp.prev_policy, eps)
-    if inp.prev_RB is not None and load != targets_list(sum(load), len(load)):
-        cands.append((GREEDY, None, None))
-    return cands
+    """``auto``'s balancing candidates this step ``(name, targets or None for exact, bound)``
+    in build order: those that replay ``previous`` (:func:`balancing_order`), then the others
+    in table order."""
+    table = TABLE if table is None else table
+    out = balancing_order(load, inp.prev_policy, table, inp)
+    for cand in table:
+        t = _targets(cand, load, inp, replay=False)
+        if t is not None and t[0] != load:  # targets equal to the static loads: no plan
+            out.append((cand.name, *t))
+    return out
+
+
+def _targets(cand: Candidate, load: list[int], inp: Inputs | None, replay: bool) -> Targets | None:
+    if not cand.auto or cand.targets is None or cand.replay is not replay:
+        return None
+    return cand.targets(load, inp)
 
 
 def horizon_of(cost: CostModel) -> float:
@@ -224,26 +317,31 @@ def score(t: Any, horizon: float) -> float:
 
 
 def balancing_order(
-    load: list[int], prev_policy: str | None, eps: tuple[str, ...] = EPS
+    load: list[int],
+    prev_policy: str | None,
+    table: tuple[Candidate, ...] | None = None,
+    inp: Inputs | None = None,
 ) -> list[tuple[str, list[int] | None, int | None]]:
-    """The balancing candidates ``(name, targets or None for exact, bound)`` in build order.
+    """The balancing candidates that replay ``previous`` ``(name, targets or None for exact,
+    bound)`` in build order.
 
     The previous plan's candidate first (it usually wins again: its replicas are
-    resident), then ``exact``, then the ``bounded-<eps>`` of :data:`EPS`, largest first.
-    A candidate whose targets are the static loads or an earlier one's is left out.
+    resident), then those marked ``first`` (``exact``), then the table's order. A
+    candidate whose targets are the static loads or an earlier one's (table order) is
+    left out: the same targets give the same plan.
     """
     cands: list[tuple[str, list[int] | None, int | None]] = []
     seen = [load]  # targets already planned (the static loads: nothing to plan)
-    for e in eps:
-        bounded, cap = bounded_targets(load, Fraction(e))
-        if bounded not in seen:  # the same targets give the same plan: plan it once
-            seen.append(bounded)
-            cands.append((bounded_name(e), bounded, cap))
     exact = targets_list(sum(load), len(load))
-    if exact not in seen:
-        cands.append(("exact", None, None))
-    # exact before the bounded ones; the previous choice before all
-    cands.sort(key=lambda c: (c[0] != prev_policy, c[0] != "exact"))
+    first = set()
+    for cand in TABLE if table is None else table:
+        t = _targets(cand, load, inp, replay=True)
+        if t is None or (exact if t[0] is None else t[0]) in seen:
+            continue
+        seen.append(exact if t[0] is None else t[0])
+        cands.append((cand.name, *t))
+        first |= {cand.name} if cand.first else set()
+    cands.sort(key=lambda c: (c[0] != prev_policy, c[0] not in first))
     return cands
 
 
@@ -326,3 +424,48 @@ def _greedy(inp: Inputs) -> Plan:
 def _bounded(inp: Inputs, name: str, eps: Fraction) -> Plan:
     target, cap = bounded_targets(_static_load(inp), eps)
     return _construct(inp, target, cap, name)
+
+
+def _exact_targets(load: list[int], inp: Inputs | None) -> Targets:
+    return None, None
+
+
+def _bounded_targets(eps: str) -> Callable[[list[int], Inputs | None], Targets]:
+    def targets(load: list[int], inp: Inputs | None) -> Targets:
+        return bounded_targets(load, Fraction(eps))
+
+    return targets
+
+
+def _greedy_targets(load: list[int], inp: Inputs | None) -> Targets | None:
+    """Exact balance without ``previous`` (the greedy's allocation is exact's without one:
+    ``tests/plan``), so only with a previous plan."""
+    return (None, None) if inp is not None and inp.prev_RB is not None else None
+
+
+def _resident_or_none(inp: Inputs) -> torch.Tensor | None:
+    return _resident_alloc(inp) if inp.prev_RB is not None else None
+
+
+def _bounded_entry(eps: str) -> Candidate:
+    name = bounded_name(eps)
+    return Candidate(name, lambda inp: _bounded(inp, name, Fraction(eps)),
+                     targets=_bounded_targets(eps))  # fmt: skip
+
+
+TABLE: tuple[Candidate, ...] = (
+    Candidate("static", lambda inp: _from_alloc(inp, static_alloc(inp.counts_RE), "static"),
+              alloc=lambda inp: static_alloc(inp.counts_RE)),
+    Candidate("resident", lambda inp: _from_alloc(inp, _resident_alloc(inp), "resident"),
+              alloc=_resident_or_none),
+    *(_bounded_entry(e) for e in EPS),
+    Candidate("exact", lambda inp: _construct(inp, None, None, "exact"),
+              targets=_exact_targets, first=True),
+    Candidate(GREEDY, _greedy, targets=_greedy_targets, replay=False),
+)  # fmt: skip
+"""The planner's candidates, in evaluation order (module docstring): ``policy=<name>``
+builds one, ``policy="auto"`` chooses among those marked ``auto``. Immutable: a test or
+an experiment passes its own table to :func:`choose` and :func:`build`."""
+
+CANDIDATES = tuple(c.name for c in TABLE)
+"""Candidate names of ``policy="auto"`` (:data:`TABLE`'s)."""

@@ -15,8 +15,9 @@ expert-grouped receive buffer):
 ``row_offset[r]`` are the ``align``-padded cumulative offsets (cu_seqlens) of
 the rows in the receive buffer; empty rows take no space.
 
-``policy``, ``predicted``, ``planned`` and ``load_bound`` say how the allocation
-was chosen (``docs/planner-policy.md``); every policy's plan has this layout.
+``policy``, ``predicted``, ``planned``, ``chose``, ``basis`` and ``load_bound`` say
+how the allocation was chosen (``docs/planner-policy.md``); every policy's plan has
+this layout.
 """
 
 from __future__ import annotations
@@ -75,6 +76,23 @@ class Predicted(Mapping[str, float]):
         return f"Predicted({dict(self._items)!r})"
 
 
+@dataclass(frozen=True)
+class Basis:
+    """What ``policy="auto"`` keeps of its last full choice, to decide whether to keep it.
+
+    Attributes:
+        load: the static loads (records per rank of its home experts) the choice saw.
+        gap_s: the runner-up's score minus the best's, seconds (0 with one candidate).
+        kept: steps since that choice that kept its candidate without choosing again.
+        every: steps between full choices at most (``moonplan.plan.keep.refresh_every``).
+    """
+
+    load: tuple[int, ...]
+    gap_s: float
+    kept: int = 0
+    every: int = 1
+
+
 @dataclass(frozen=True, eq=False)
 class Plan:
     """An allocation of routed records to ranks (immutable); exactly balanced by default.
@@ -106,6 +124,11 @@ class Plan:
         predicted: candidate -> predicted step seconds (empty unless ``policy="auto"``).
         planned: runs of the group-flow construction that made this plan (what
             ``StepCost.plan_time(..., planned=)`` charges; 0 for static and from_alloc).
+        chose: the choice's own work beyond those runs (screens, scorings, the
+            keep test of ``policy="auto"``), in construction equivalents
+            (``moonplan.plan.choose.WORK``); 0 for a plan that was not chosen.
+        basis: the :class:`Basis` of ``policy="auto"``'s last full choice (``None``
+            for other policies).
         declared_bound: the bound on every rank's load this plan declares
             (``None``: ``max(target)``); read it as :attr:`load_bound`.
     """
@@ -127,6 +150,8 @@ class Plan:
     predicted: Predicted = field(default_factory=Predicted)
     planned: int = 1
     declared_bound: int | None = None
+    chose: float = 0.0
+    basis: Basis | None = None
 
     # ---- sizes -------------------------------------------------------------
     @property
@@ -218,6 +243,7 @@ class Plan:
             "load_bound": self.load_bound,
             "predicted": dict(self.predicted),
             "planned": self.planned,
+            "chose": self.chose,
         }
 
     # ---- construction from any allocation -------------------------------------

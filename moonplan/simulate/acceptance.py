@@ -61,7 +61,7 @@ class AcceptanceGrid:
     ranks: tuple[int, ...] = (8, 16, 64)
     sigmas: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0)
     tokens: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384)
-    steps: int = 2
+    steps: int = 8
     warmup: int = 4
     rho: float = 0.99
     seed: int = 0

@@ -12,7 +12,11 @@ Legend:
 * **plan**: ``SimConfig.plan_us`` per planner run (``PolicyStep.planned``); by default
   each policy's registered ``plan_us`` (51 us for moonplan and the greedy, MoonEP's
   published GPU planning time; 0 for static placements, EPLB and capacity, which plan
-  off the critical path or not at all);
+  off the critical path or not at all). ``moonplan-auto`` is also charged its choice's
+  own work (``Plan.chose``: screens, scorings, the keep test) at ``plan_us`` times the
+  ratio of that work to one construction, measured as CPU host time of our code
+  (``moonplan.plan.choose.WORK``, ``bench/bench_auto_sweep.py --paths``): the 51 us
+  base is a published GPU figure, the ratios are our own CPU measurements;
 * **fetch** (prefetch and direct reads): the weights a policy moves before its rows can
   run (``PolicyStep.fetch_ER``; EPLB's periodic moves are in the background and cost
   nothing here). ``SimConfig.overlap_prefetch=True`` (default: moonplan's runtime
@@ -47,7 +51,8 @@ def default_plan_us() -> dict[str, float]:
     critical path (its ``PolicyInfo.plan_us``; MoonEP reports ~51 us on H20/H200 EP8).
     Policies not listed plan nothing per step. ``moonplan-auto`` is charged per run of
     the group-flow construction (``plan.planned``: 0 when it keeps the static or the
-    resident plan, one per balancing candidate it built)."""
+    resident plan, one per balancing candidate it built) plus its choice's own work in
+    construction equivalents (``plan.chose``)."""
     return {name: p.plan_us for name, p in infos().items() if p.plan_us > 0}
 
 

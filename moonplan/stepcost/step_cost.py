@@ -302,7 +302,7 @@ class StepCost:
         fetch_ER: Any,
         src_E: Any,
         *,
-        planned: int = 1,
+        planned: float = 1,
         traffic: Traffic | None = None,
     ) -> StepTime:
         """Predicted :class:`StepTime` of one step (module docstring).
@@ -345,7 +345,7 @@ class StepCost:
             total = without + alone
         return StepTime(plan, alone, max(0.0, total - without), D, experts, Cb, total)
 
-    def plan_time(self, plan: Plan, *, planned: int = 1) -> StepTime:
+    def plan_time(self, plan: Plan, *, planned: float = 1) -> StepTime:
         """Predicted :class:`StepTime` of a moonplan :class:`~moonplan.plan.Plan`.
 
         Rows are the plan's records (``alloc``; ``align`` padding is not modelled: it is

@@ -32,7 +32,15 @@ def _rank_main(rank: int, world: int, experts: int, steps: int) -> list[tuple]:
         counts_RE = torch.stack(rows)
         p = moonplan.plan(counts_RE, slots=2, previous=prev, policy="auto", cost=cost)
         out.append(
-            (p.policy, dict(p.predicted), p.planned, p.alloc.tolist(), p.slot_expert.tolist())
+            (
+                p.policy,
+                dict(p.predicted),
+                p.planned,
+                p.chose,
+                p.basis,
+                p.alloc.tolist(),
+                p.slot_expert.tolist(),
+            )
         )
         prev = p
     return out

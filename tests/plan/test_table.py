@@ -1,0 +1,97 @@
+"""The candidate table of ``policy=``/``auto`` (``choose.TABLE``): one entry per candidate.
+
+Legend: R ranks, E experts; a toy candidate is registered in a test's own table (the
+module's table is immutable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+
+import pytest
+import torch
+
+import moonplan
+from moonplan import PlanError, check_plan
+from moonplan.plan.candidates import bounded_targets
+from moonplan.plan.choose import (
+    CANDIDATES,
+    TABLE,
+    Candidate,
+    Inputs,
+    Targets,
+    build,
+    choose,
+    screened_order,
+)
+from moonplan.plan.placement import static_alloc
+from moonplan.plan.plan_type import Plan
+from moonplan.traces import DriftingTrace
+from tests.plan.test_policy import COMPUTE_ONLY
+
+FREE = COMPUTE_ONLY  # only the busiest rank's rows cost: copies, traffic, planning free
+
+
+def _toy_targets(load: list[int], inp: Inputs | None) -> Targets:
+    return bounded_targets(load, Fraction(1, 2))
+
+
+def _toy_build(inp: Inputs) -> Plan:
+    return dataclasses.replace(build("bounded-0.5", inp), policy="toy")
+
+
+TOY = Candidate("toy", _toy_build, targets=_toy_targets)
+"""A balancing candidate: every load at most 1.5x the mean (one builder, one entry)."""
+
+
+def _inputs(c: torch.Tensor) -> Inputs:
+    R, E = c.shape
+    return Inputs(c, -(-E // R), 1, None, None, "torch")
+
+
+def _skewed() -> torch.Tensor:
+    return DriftingTrace(8, 32, 256, 4, sigma=2.0, seed=5).step()
+
+
+def test_a_toy_candidate_is_one_entry() -> None:
+    c = _skewed()
+    inp = _inputs(c)
+    load = static_alloc(c).sum(0).tolist()
+    assert max(load) > 1.5 * sum(load) / len(load)  # the toy has records to move
+    table = (TABLE[0], TOY)  # static and the toy
+    assert [n for n, _, _ in screened_order(load, inp, table)] == ["toy"]
+    p = choose(inp, FREE, table)
+    assert p.policy == "toy" and set(p.predicted) == {"static", "toy"} and p.planned == 1
+    assert p.load_bound == bounded_targets(load, Fraction(1, 2))[1]
+    check_plan(p, c)
+    assert torch.equal(build("toy", inp, table).alloc, p.alloc)
+    # beside the real candidates: evaluated (scored or screened), after the table's own
+    q = choose(inp, FREE, (*TABLE, TOY))
+    assert "toy" in [n for n, _, _ in screened_order(load, inp, (*TABLE, TOY))]
+    assert q.predicted[q.policy] <= p.predicted["toy"]
+
+
+def test_auto_skips_an_entry_not_marked_auto() -> None:
+    c = _skewed()
+    inp = _inputs(c)
+    table = (TABLE[0], dataclasses.replace(TOY, auto=False))
+    p = choose(inp, FREE, table)
+    assert p.policy == "static" and set(p.predicted) == {"static"}
+    assert build("toy", inp, table).policy == "toy"  # policy="toy" still builds it
+
+
+def test_the_module_table_is_unchanged_by_a_test_table() -> None:
+    choose(_inputs(_skewed()), FREE, (*TABLE, TOY))
+    assert "toy" not in CANDIDATES and isinstance(TABLE, tuple)
+    assert CANDIDATES == ("static", "resident", "bounded-0.25", "bounded-0.1",
+                          "bounded-0.05", "exact", "greedy")  # fmt: skip
+    with pytest.raises(PlanError, match="unknown policy"):
+        moonplan.plan(_skewed(), policy="toy")
+
+
+def test_a_fetchless_entry_equal_to_an_earlier_one_is_left_out() -> None:
+    c = _skewed()
+    twin = Candidate("twin", TABLE[0].build, alloc=lambda inp: static_alloc(inp.counts_RE))
+    p = choose(_inputs(c), FREE, (TABLE[0], twin))
+    assert set(p.predicted) == {"static"}
