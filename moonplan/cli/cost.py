@@ -1,6 +1,6 @@
 """``moonplan cost``: print the EP cost figures of a model preset (see ``moonplan.cost``).
 
-``register(subparsers)`` adds the subcommand; ``moonplan/cli.py`` wires it in. The table
+``register(subparsers)`` adds the subcommand; ``moonplan/cli/main.py`` wires it in. The table
 shows parameters, weight GiB per rank and dispatch/combine MiB per rank for both backends.
 """
 

@@ -1,7 +1,7 @@
 """``moonplan simulate``: estimated MoE step time of every balancing policy, swept over skew
 and EP size (see ``moonplan.simulate`` and ``docs/simulator.md``).
 
-``register(subparsers)`` adds the subcommand; ``moonplan/cli.py`` wires it in.
+``register(subparsers)`` adds the subcommand; ``moonplan/cli/main.py`` wires it in.
 
     moonplan simulate --model deepseek-v3 --hardware h200-multinode --ep 8,64 --sigma 0,1,2
     moonplan simulate --maxvio 0.5,1,2 --plot sweep.png --json
