@@ -4,7 +4,7 @@ Legend:
     R ranks, E experts, S tokens on this rank, K top-k, N = S*K records (token-major)
     U unique (token, destination) rows of this rank
 
-Tests compare :func:`moonplan.route` with it bit for bit (``tests/plan/test_route_reference.py``).
+Tests compare :func:`moonplan.route` with it bit for bit (``tests/plan/test_route_rows.py``).
 The order is ``docs/design.md`` §3, the affinity rule ``route_affinity``, the
 token-buffer layout ``route_rows``.
 """

@@ -13,7 +13,7 @@ pairwise, halving (the order the twin spells out). Kernels with a sum are launch
 with ``enable_fp_fusion=False`` (no FMA). As in :mod:`moonplan.runtime.row_ops.triton`,
 Triton is imported only when a launcher runs; CPU tensors need ``TRITON_INTERPRET=1``,
 and bf16 inputs are widened by bit operations because the interpreter's bf16 -> fp32
-cast mishandles subnormals. ``tests/runtime/test_token_rows.py`` also compiles every
+cast mishandles subnormals. ``tests/runtime/row_ops/test_token_rows.py`` also compiles every
 kernel for sm_90 on the CPU (the compiled front end is stricter than the interpreter).
 """
 
