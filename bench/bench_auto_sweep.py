@@ -1,4 +1,4 @@
-"""Acceptance sweep of ``moonplan-auto`` in the simulator, and the issue's old-vs-new numbers.
+"""Acceptance sweep of ``moonplan-auto`` in the simulator, and serial vs overlapped (``WHY``).
 
 Legend: R ranks (EP size), S tokens per rank, sigma lognormal skew; ``vs peers`` is
 moonplan-auto's mean step time over the least of static-linear, EPLB, the MoonEP greedy
@@ -150,7 +150,7 @@ def causes(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def why(cfg_by_name: dict[str, SimConfig], steps: int, warmup: int) -> list[dict[str, Any]]:
-    """Step time / ideal and moonplan's prefetch at the issue's settings, per schedule."""
+    """Step time / ideal and moonplan's prefetch at the ``WHY`` settings, per schedule."""
     out = []
     for label, hw, R, sigma, S in WHY:
         spec = SweepSpec(model="deepseek-v3", hardware=hw, steps=steps, warmup=warmup)
@@ -300,7 +300,7 @@ def main() -> None:
         "",
         table(POINT_HEADER, point_lines(ideal)) if ideal else "(not in this grid)",
         "",
-        "#### Issue 10's settings, serial vs overlapped schedule (DeepSeek-V3)",
+        "#### Reference settings, serial vs overlapped schedule (DeepSeek-V3)",
         "",
         why_markdown(old_new),
         "",
