@@ -183,7 +183,7 @@ def test_matches_reference_random(cuda_ok: None, seed: int) -> None:
 
 
 ADVERSARIAL = [
-    ([[9, 1, 2, 0, 3, 5, 4, 8]] + [[0] * 8] * 3, 2),  # the seed example (overshooting donor)
+    ([[9, 1, 2, 0, 3, 5, 4, 8]] + [[0] * 8] * 3, 2),  # worked example, overshooting donor
     ([[5, 0, 0]] + [[0, 0, 0]] * 4, 1),  # E < R, one hot expert
     ([[0] * 7] * 3, 3),  # N = 0
     ([[1] * 7] * 3, 3),  # E mod R != 0, all ties

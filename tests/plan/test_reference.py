@@ -40,7 +40,7 @@ def test_seed_example_four_ranks() -> None:
 
 
 def _spill_in_rank_order(totals: list[int], ranks: int) -> list[list[int]]:
-    """The seed's minimal model: keep what fits at home, spill the rest in rank order."""
+    """A minimal spill model: keep what fits at home, spill the rest in rank order."""
     E = len(totals)
     cap = sum(totals) // ranks
     home = moonplan.home_map(E, ranks).tolist()
