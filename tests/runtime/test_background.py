@@ -70,9 +70,11 @@ def test_jobs_run_in_order_one_at_a_time() -> None:
 
 
 def test_close_joins_the_worker_and_the_lane_can_restart() -> None:
+    before = set(threading.enumerate())  # other tests' layers may keep their own lanes
     lane = BackgroundLane("thread", torch.device("cpu"))
     lane.submit(lambda: None).wait()
-    workers = [t for t in threading.enumerate() if t.name.startswith("moonplan-bg")]
+    new = set(threading.enumerate()) - before
+    workers = [t for t in new if t.name.startswith("moonplan-bg")]
     assert workers
     lane.close()
     assert all(not t.is_alive() for t in workers)
