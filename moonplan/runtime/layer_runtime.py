@@ -250,7 +250,7 @@ class LayerRuntime:
             return x_SH, None, torch.zeros(0, K, device=dev), False, msg
         return x_SH, ids_SK.long(), weight_SK, ok, msg
 
-    def _start_prefetch(self, plan: Plan) -> Any:
+    def _start_prefetch(self, plan: Plan) -> Pending:
         """Start filling new slots and reading direct rows (the step's ``Pending``).
 
         Home rows were published behind a barrier, and this rank's previous step
