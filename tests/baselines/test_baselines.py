@@ -12,7 +12,7 @@ from moonplan.testing import counts
 from moonplan.traces import COUNT_FAMILIES, generate_counts
 
 
-def test_greedy_on_the_seed_example() -> None:
+def test_greedy_on_the_worked_example() -> None:
     c = torch.zeros(4, 8, dtype=torch.int64)
     c[0] = torch.tensor([9, 1, 2, 0, 3, 5, 4, 8])
     a = moonep_greedy_alloc(c)

@@ -31,7 +31,8 @@ from moonplan.plan.placement import round_robin_home
 from moonplan.stepcost import StepCost
 from moonplan.traces import generate_counts
 
-SEED_COUNTS = torch.tensor([[9, 1, 2, 0, 3, 5, 4, 8], [0] * 8, [0] * 8, [0] * 8])
+# the README's worked example: every record on rank 0, 8 experts on 4 ranks
+WORKED_COUNTS = torch.tensor([[9, 1, 2, 0, 3, 5, 4, 8], [0] * 8, [0] * 8, [0] * 8])
 
 
 def t(x: list) -> torch.Tensor:
@@ -169,19 +170,19 @@ def test_eplb_arguments_and_defaults() -> None:
 
 
 def test_greedy_and_moonplan_copies_and_moves() -> None:
-    greedy = make_policy("moonep-greedy", 4, 8).step(SEED_COUNTS)
+    greedy = make_policy("moonep-greedy", 4, 8).step(WORKED_COUNTS)
     assert greedy.load_R.tolist() == [8, 8, 8, 8]
     assert greedy.copies == 2 and greedy.new_copies == 2
     home = greedy.moves_C2[:, 0].tolist()
     assert all(h != r for h, r in greedy.moves_C2.tolist()) and set(home) <= {0, 1, 2, 3}
     plain = make_policy("moonplan", 4, 8)
-    assert plain.step(SEED_COUNTS).new_copies == 2 and plain.step(SEED_COUNTS).new_copies == 2
+    assert plain.step(WORKED_COUNTS).new_copies == 2 and plain.step(WORKED_COUNTS).new_copies == 2
     resident = make_policy("moonplan-resident", 4, 8)
-    assert resident.step(SEED_COUNTS).new_copies == 2
-    again = resident.step(SEED_COUNTS)
+    assert resident.step(WORKED_COUNTS).new_copies == 2
+    again = resident.step(WORKED_COUNTS)
     assert again.new_copies == 0 and again.copies == 2  # replicas already resident
     resident.reset()
-    assert resident.step(SEED_COUNTS).new_copies == 2
+    assert resident.step(WORKED_COUNTS).new_copies == 2
 
 
 COST = StepCost.from_hardware("h200-node", "deepseek-v3")
@@ -251,18 +252,18 @@ def rows_only(**fields: float) -> StepCost:
 
 def test_moonplan_auto_balances_when_copies_are_free_and_keeps_its_plan() -> None:
     auto = make_policy("moonplan-auto", 4, 8, cost=rows_only())
-    first = auto.step(SEED_COUNTS)
+    first = auto.step(WORKED_COUNTS)
     assert first.choice == "exact" and first.load_R.tolist() == [8, 8, 8, 8]
     assert first.new_copies == 2 and first.planned >= 1
-    again = auto.step(SEED_COUNTS)  # the chosen plan is `previous`: its replicas are resident
+    again = auto.step(WORKED_COUNTS)  # the chosen plan is `previous`: its replicas are resident
     assert again.load_R.tolist() == [8, 8, 8, 8] and again.new_copies == 0
     auto.reset()
-    assert auto.step(SEED_COUNTS).new_copies == 2
+    assert auto.step(WORKED_COUNTS).new_copies == 2
 
 
 def test_moonplan_auto_stays_static_when_copies_cost_more_than_balance_saves() -> None:
     cost = rows_only(copy_s_intra=1.0, copy_s_inter=1.0, plan_s=1.0)
-    step = make_policy("moonplan-auto", 4, 8, cost=cost).step(SEED_COUNTS)
+    step = make_policy("moonplan-auto", 4, 8, cost=cost).step(WORKED_COUNTS)
     # no planner run: what is charged is the choice's own work (screens and scores)
     assert step.choice == "static" and step.planned > 0
     assert step.new_copies == 0 and step.load_R.tolist() == [10, 2, 8, 12]

@@ -16,7 +16,7 @@ def _on_rank0(totals: list[int], ranks: int) -> torch.Tensor:
     return counts_RE
 
 
-def test_seed_example_four_ranks() -> None:
+def test_worked_example_four_ranks() -> None:
     counts_RE = _on_rank0([9, 1, 2, 0, 3, 5, 4, 8], 4)
     p = moonplan.plan(counts_RE, backend="reference")
     check_plan(p, counts_RE)
