@@ -79,6 +79,7 @@ def policy_rows(name: str, measured: list[Any], model: Any, hw: Any, cfg: SimCon
     out: dict[str, dict[str, float]] = {s: {} for s in SCHEMES}
     for step, ids in measured:
         dest = step_dest(step, ids, name in AFFINITY_POLICIES)
+        plain = step_dest(step, ids, affinity=False) if name in AFFINITY_POLICIES else None
         fetch = step.fetch_ER if step.fetch_ER is not None else torch.zeros_like(step.rows_ER) > 0
         src = step.src_E if step.src_E is not None else torch.zeros(step.rows_ER.shape[0])
         for scheme in SCHEMES:
@@ -94,8 +95,7 @@ def policy_rows(name: str, measured: list[Any], model: Any, hw: Any, cfg: SimCon
                 "combine_us": t.combine_s * 1e6,
                 "step_us": t.total_s * 1e6,
             }
-            if name in AFFINITY_POLICIES:
-                plain = step_dest(step, ids, affinity=False)
+            if plain is not None:
                 got["plain_rows_per_record"] = rows_per_record(plain, scheme, G)
             for k, v in got.items():
                 out[scheme][k] = out[scheme].get(k, 0.0) + v / len(measured)

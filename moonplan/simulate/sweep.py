@@ -183,22 +183,23 @@ def spec_point(
     EPLB settings come from ``spec``. With ``cfg.dispatch`` other than ``"record"``
     every token's top-k set is sampled (``token_routing.drifting_tokens``, the model's
     group limit included) and the counts are theirs."""
-    counts = drifting_counts(
-        ranks,
-        model.num_experts,
-        tokens,
-        model.top_k,
-        sigma=sigma,
-        steps=spec.warmup + spec.steps,
-        rho=spec.rho,
-        seed=spec.seed,
-        exact=spec.exact,
-    )
     ids = None
     if cfg.dispatch != "record":
         T, E = spec.warmup + spec.steps, model.num_experts
         pops = drifting_popularity(E, sigma=sigma, steps=T, rho=spec.rho, seed=spec.seed)
         counts, ids = token_trace(model, ranks, tokens, pops, seed=spec.seed + 1)
+    else:
+        counts = drifting_counts(
+            ranks,
+            model.num_experts,
+            tokens,
+            model.top_k,
+            sigma=sigma,
+            steps=spec.warmup + spec.steps,
+            rho=spec.rho,
+            seed=spec.seed,
+            exact=spec.exact,
+        )
     return simulate_trace(
         counts,
         model,
