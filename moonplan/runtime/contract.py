@@ -97,10 +97,13 @@ def check_routing(ids_SK: Any, weight_SK: Any, S: int, E: int, K: int, device: t
     if not (same_device(ids_SK.device, device) and same_device(weight_SK.device, device)):
         devs = f"ids on {ids_SK.device} and weights on {weight_SK.device}"
         return f"router returned {devs}, expected both on {device}"
-    if ids_SK.numel() and (int(ids_SK.min()) < 0 or int(ids_SK.max()) >= E):
+    bad_ids, bad_weights = torch.stack(
+        [((ids_SK < 0) | (ids_SK >= E)).any(), ~torch.isfinite(weight_SK).all()]
+    ).tolist()  # the one host read of a valid step
+    if bad_ids:
         lo, hi = int(ids_SK.min()), int(ids_SK.max())
         return f"router returned expert ids outside [0, {E}): range [{lo}, {hi}]"
-    if not bool(torch.isfinite(weight_SK).all()):
+    if bad_weights:
         return "router returned non-finite (NaN or inf) route weights"
     return ""
 
