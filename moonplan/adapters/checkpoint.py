@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from moonplan.adapters.model import sharded_experts
+from moonplan.plan.home import home_start, max_local
 
 FORMAT = "moonplan-sharded-v1"
 _FILE = re.compile(r"rank-(\d{5})-of-(\d{5})\.pt")
@@ -209,9 +210,9 @@ def gather_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 def _all_gather_rows(ex: Any, home: torch.Tensor) -> torch.Tensor:
     """``[E, ...]`` from every rank's ``[E_r, ...]`` home rows (linear home map)."""
     R, E = ex.group.size, ex.num_experts
-    M = -(-E // R)
+    M = max_local(E, R)
     pad = home.new_zeros((M, *home.shape[1:]))
     pad[: home.shape[0]] = home.detach()
     got = ex.group.all_gather(pad)  # [R, M, ...]
-    sizes = [E // R + (1 if r < E % R else 0) for r in range(R)]
+    sizes = [home_start(r + 1, E, R) - home_start(r, E, R) for r in range(R)]
     return torch.cat([got[r, : sizes[r]] for r in range(R)], 0)

@@ -68,7 +68,7 @@ def create_heap(group: EPGroup, nbytes: int, *, backend: str = "auto") -> Symmet
 def _survey(group: EPGroup, backend: str, nbytes: int) -> list[dict[str, Any]]:
     """Every rank's request and capabilities (one all-gather); checks the request agrees."""
     cuda = group.device.type == "cuda"
-    nv_ok, nv_why = _nvshmem_available() if cuda or backend == "nvshmem" else (False, "")
+    nv_ok, nv_why = nvshmem_available() if cuda or backend == "nvshmem" else (False, "")
     mine = {
         "backend": backend,
         "nbytes": nbytes,
@@ -93,10 +93,6 @@ def _survey(group: EPGroup, backend: str, nbytes: int) -> list[dict[str, Any]]:
 def _shm_usable() -> bool:
     """``/dev/shm`` is a writable directory and ``/proc/self/fd`` reopens descriptors."""
     return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) and os.path.isdir("/proc/self/fd")
-
-
-def _nvshmem_available() -> tuple[bool, str]:
-    return nvshmem_available()
 
 
 def _choose_backend(group: EPGroup, backend: str, survey: list[dict[str, Any]]) -> str:

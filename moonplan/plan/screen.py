@@ -110,12 +110,6 @@ class Floors:
         copies_F = (pairs_F - st.res_RR[r_F, d_F]).clip(min=0)
         return cls(st, t_R, flow_F3, pairs_F, copies_F)
 
-    def keeps_R(self) -> np.ndarray:
-        """bool ``[R]``: ranks that are no flow's donor (they keep every home record)."""
-        keeps_R = np.ones(len(self.step.load_R), dtype=bool)
-        keeps_R[self.flow_F3[:, 0]] = False
-        return keeps_R
-
     def per_receiver(self, values_F: np.ndarray) -> np.ndarray:
         """``values_F`` summed per receiving rank: int64 ``[R]``."""
         R = len(self.step.load_R)

@@ -20,6 +20,7 @@ from moonplan.comm.errors import HeapUnavailable
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
 from moonplan.comm.heap_factory import create_heap
+from moonplan.runtime.slot_budget import expert_bytes
 from moonplan.runtime.store import ExpertStore, GradReducer
 from moonplan.runtime.transports import registry
 from moonplan.runtime.transports.base import Transport
@@ -53,7 +54,9 @@ class BufferSpec:
         token-row transport's per-record words and weight gradients, weight rows, 64 KiB
         slack."""
         elem = torch.empty((), dtype=self.dtype).element_size()
-        weight_rows = (self.M + self.B + max(self.M, self.B)) * 3 * self.H * self.F * elem
+        weight_rows = (self.M + self.B + max(self.M, self.B)) * expert_bytes(
+            self.H, self.F, self.dtype
+        )
         return capacity * (2 * self.H * elem + 12) + weight_rows + (1 << 16)
 
 
