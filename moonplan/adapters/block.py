@@ -13,13 +13,13 @@ now plans, dispatches and combines over the EP group.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from torch import nn
 
 from moonplan.adapters.detect import inspect_block
 from moonplan.adapters.experts import MoonExperts
+from moonplan.adapters.sharded import with_experts
 from moonplan.adapters.torchtitan import is_torchtitan_moe, wrap_moe
 from moonplan.comm.group import EPGroup
 from moonplan.runtime.config import MoEConfig
@@ -73,17 +73,6 @@ def wrap(
         config=config,
         **options,
     )
-    wrapped = _shallow_copy(module)
-    setattr(wrapped, spec.experts_name, moon)
-    wrapped.register_buffer("home_experts", moon.get_buffer("home_experts"), persistent=False)
+    wrapped = with_experts(module, spec.experts_name, moon, moon)
     wrapped.home_range = moon.home_range  # type: ignore[assignment]
     return wrapped
-
-
-def _shallow_copy(module: nn.Module) -> nn.Module:
-    """Same class and attributes; own registries (children, parameters, buffers, hooks)."""
-    new = copy.copy(module)
-    for key, value in vars(module).items():
-        if isinstance(value, (dict, set)):
-            new.__dict__[key] = copy.copy(value)
-    return new

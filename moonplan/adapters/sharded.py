@@ -15,6 +15,7 @@ to ``runtime.forward``.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -140,3 +141,16 @@ def options_config(config: MoEConfig | None, options: dict[str, Any], **given: A
     """``config`` with the keyword ``options`` and the ``given`` values that are not ``None``
     replacing its fields (see :meth:`MoEConfig.merged`)."""
     return MoEConfig.merged(config, **options, **{k: v for k, v in given.items() if v is not None})
+
+
+def with_experts(module: nn.Module, name: str, child: nn.Module, experts: nn.Module) -> nn.Module:
+    """A shallow copy of ``module`` (same class and attributes, its own registries of
+    children, parameters, buffers and hooks) whose child ``name`` is ``child``, sharing
+    ``experts``' non-persistent ``home_experts`` buffer; ``module`` is left as it was."""
+    new = copy.copy(module)
+    for key, value in vars(module).items():
+        if isinstance(value, (dict, set)):
+            new.__dict__[key] = copy.copy(value)
+    setattr(new, name, child)
+    new.register_buffer("home_experts", experts.get_buffer("home_experts"), persistent=False)
+    return new

@@ -28,13 +28,17 @@ Detection is by structure (no torchtitan import): :func:`is_torchtitan_moe`.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 from torch import nn
 
-from moonplan.adapters.sharded import ShardedExperts, home_parameter, options_config
+from moonplan.adapters.sharded import (
+    ShardedExperts,
+    home_parameter,
+    options_config,
+    with_experts,
+)
 from moonplan.comm.group import EPGroup
 from moonplan.runtime.config import MoEConfig
 
@@ -250,10 +254,4 @@ def wrap_moe(
         config=config,
         **options,
     )
-    wrapped = copy.copy(moe)
-    for key, value in vars(moe).items():
-        if isinstance(value, (dict, set)):
-            wrapped.__dict__[key] = copy.copy(value)
-    wrapped.routed_experts = MoonRoutedExperts(experts)
-    wrapped.register_buffer("home_experts", experts.get_buffer("home_experts"), persistent=False)
-    return wrapped
+    return with_experts(moe, "routed_experts", MoonRoutedExperts(experts), experts)
