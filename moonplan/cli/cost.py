@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from moonplan.cli.args import add_subcommand
+from moonplan.cli.args import add_subcommand, int_range
 from moonplan.cost import (
     ALL_TO_ALL,
     ALLGATHER_REDUCESCATTER,
@@ -32,19 +32,6 @@ _BACKEND_LABELS = {
     ALL_TO_ALL: "direct all-to-all",
     ALLGATHER_REDUCESCATTER: "allgather + reduce-scatter",
 }
-
-
-def _int_at_least(minimum: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    return parse
 
 
 def preset_name(text: str) -> str:
@@ -70,20 +57,18 @@ def register(subparsers: Any) -> None:
         choices=sorted(PRESETS),
         help="model preset (case-insensitive)",
     )
+    parser.add_argument("--ep", "--ranks", type=int_range(1), default=8, help="EP size (default 8)")
     parser.add_argument(
-        "--ep", "--ranks", type=_int_at_least(1), default=8, help="EP size (default 8)"
-    )
-    parser.add_argument(
-        "--tp", type=_int_at_least(1), default=1, help="TP of replicated params (default 1)"
+        "--tp", type=int_range(1), default=1, help="TP of replicated params (default 1)"
     )
     parser.add_argument(
         "--tokens",
-        type=_int_at_least(0),
+        type=int_range(0),
         default=512,
         help="tokens per rank per layer, B (default 512)",
     )
     parser.add_argument(
-        "--bytes", type=_int_at_least(1), default=2, help="bytes per element (default 2, bf16)"
+        "--bytes", type=int_range(1), default=2, help="bytes per element (default 2, bf16)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
 
