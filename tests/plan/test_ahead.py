@@ -1,0 +1,49 @@
+"""moonplan.plan.ahead: the lagged choice is inline auto's choice one step back."""
+
+import torch
+
+from moonplan.cost import get_preset
+from moonplan.plan import plan
+from moonplan.plan.ahead import AheadChoice, choose_next
+from moonplan.stepcost import StepCost
+
+
+def _cost() -> StepCost:
+    return StepCost.from_hardware("h200-node", get_preset("deepseek-v3"))
+
+
+def _trace(steps: int, R: int = 8, E: int = 32, seed: int = 0) -> list[torch.Tensor]:
+    """``steps`` skewed count matrices ``[R, E]`` (64 records per rank)."""
+    g = torch.Generator().manual_seed(seed)
+    pop_E = torch.rand(E, generator=g) ** 4 + 0.01
+    out = []
+    for _ in range(steps):
+        ids = torch.multinomial(pop_E, R * 64, replacement=True, generator=g).reshape(R, 64)
+        out.append(torch.stack([torch.bincount(row, minlength=E) for row in ids]))
+    return out
+
+
+def test_first_step_is_inline_then_named():
+    ahead, cost = AheadChoice(), _cost()
+    assert ahead.policy() == "auto"
+    c0 = _trace(1)[0]
+    p0 = plan(c0, policy=ahead.policy(), cost=cost, backend="torch")
+    ahead.update(c0, p0, cost=cost)
+    assert ahead.policy() == plan(c0, policy="auto", cost=cost, backend="torch").policy
+    assert ahead.before is p0
+
+
+def test_choice_is_inline_auto_one_step_back():
+    cost, ahead = _cost(), AheadChoice()
+    prev = None
+    for counts in _trace(5, seed=1):
+        named = ahead.policy() != "auto"
+        p = plan(counts, previous=prev, policy=ahead.policy(), cost=cost, backend="torch")
+        assert p.planned <= 1 or not named  # a named candidate is built at most once
+        assert p.chose == 0 or not named  # and no search runs on the critical path
+        expect = choose_next(counts, ahead.before, cost=cost).policy
+        found = ahead.update(counts, p, cost=cost)
+        assert found.policy == expect == ahead.policy()
+        prev = p
+    ahead.reset()
+    assert ahead.policy() == "auto" and ahead.before is None
