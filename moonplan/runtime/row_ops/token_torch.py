@@ -79,8 +79,8 @@ def segments(dst_row_P: torch.Tensor, num_out: int, *, check: bool = True) -> Se
     if isinstance(num_out, bool) or not isinstance(num_out, int) or num_out < 0:
         raise ValueError(f"num_out must be a non-negative int, got {num_out!r}")
     key_P = dst_row_P.to(torch.int64)
-    if check and key_P.numel() and int(key_P.max()) >= num_out:
-        raise ValueError(f"dst_row {int(key_P.max())} is outside the {num_out} output rows")
+    if check:
+        check_below("dst_row", key_P, num_out, "output rows")
     key_P = key_P.clamp(min=-1)
     sorted_P, order_P = torch.sort(key_P, stable=True)
     bounds_T1 = torch.arange(num_out + 1, dtype=torch.int64, device=key_P.device)
@@ -89,8 +89,8 @@ def segments(dst_row_P: torch.Tensor, num_out: int, *, check: bool = True) -> Se
 
 
 def expand_rows(
-    tokens_TH: torch.Tensor, src_row_P: torch.Tensor, out_PH: torch.Tensor | None = None
-) -> torch.Tensor:
+    tokens_TH: Tensor, src_row_P: Tensor, out_PH: Tensor | None = None, *, check: bool = True
+) -> Tensor:
     """``out[p] = tokens[src_row[p]]``, zero where ``src_row[p] < 0`` (bits copied).
 
     Args:
@@ -98,6 +98,8 @@ def expand_rows(
         src_row_P: ``[P]`` integer row of ``tokens`` for each output row, negative on
             padding.
         out_PH: optional ``[P, H]`` of ``tokens``' dtype and device, written in place.
+        check: verify ``src_row < T`` (one host read); pass ``False`` only for rows
+            already checked against these ``T`` rows (a bad row then reads out of range).
 
     Returns:
         ``out_PH`` (or a new ``[P, H]`` tensor).
@@ -105,7 +107,7 @@ def expand_rows(
     Raises:
         ValueError: shapes, dtypes or a ``src_row >= T``.
     """
-    out_PH = check_expand(tokens_TH, src_row_P, out_PH)
+    out_PH = check_expand(tokens_TH, src_row_P, out_PH, check=check)
     idx_P = src_row_P.to(tokens_TH.device, torch.int64)
     if tokens_TH.shape[0] == 0:  # then every row is padding (checked)
         return out_PH.zero_()
@@ -153,7 +155,7 @@ def reduce_rows(
     return acc_TH.to(rows_PH.dtype if out_dtype is None else out_dtype)
 
 
-def row_dot(a_PH: torch.Tensor, b_TH: torch.Tensor, idx_P: torch.Tensor) -> torch.Tensor:
+def row_dot(a_PH: Tensor, b_TH: Tensor, idx_P: Tensor, *, check: bool = True) -> Tensor:
     """``out[p] = sum_h a[p, h] * b[idx[p], h]`` in fp32; zero where ``idx[p] < 0``.
 
     The order is fixed (the kernel's): lane ``j`` of ``DOT_BLOCK`` sums the products of
@@ -164,11 +166,12 @@ def row_dot(a_PH: torch.Tensor, b_TH: torch.Tensor, idx_P: torch.Tensor) -> torc
         a_PH: ``[P, H]`` fp32 or bf16 (the records' expert output rows).
         b_TH: ``[T, H]`` of ``a``'s dtype (the tokens' gradient rows).
         idx_P: ``[P]`` integer row of ``b`` for each record, negative on padding.
+        check: verify ``idx < T`` (one host read), as :func:`expand_rows`' ``check``.
 
     Returns:
         ``[P]`` fp32.
     """
-    check_dot(a_PH, b_TH, idx_P)
+    check_dot(a_PH, b_TH, idx_P, check=check)
     P, H = a_PH.shape
     idx_P = idx_P.to(a_PH.device, torch.int64)
     lane_PB = torch.zeros(P, DOT_BLOCK, dtype=torch.float32, device=a_PH.device)
@@ -186,15 +189,16 @@ def row_dot(a_PH: torch.Tensor, b_TH: torch.Tensor, idx_P: torch.Tensor) -> torc
 
 # ---- checks (shared with the kernels) --------------------------------------------------------
 def check_expand(
-    tokens_TH: torch.Tensor, src_row_P: torch.Tensor, out_PH: torch.Tensor | None
-) -> torch.Tensor:
-    """Validate :func:`expand_rows`' arguments; returns ``out_PH`` or a new one (host read)."""
+    tokens_TH: Tensor, src_row_P: Tensor, out_PH: Tensor | None, *, check: bool = True
+) -> Tensor:
+    """Validate :func:`expand_rows`' arguments; returns ``out_PH`` or a new one (``check``:
+    also the rows' range, one host read)."""
     _check_rows("tokens", tokens_TH, None)
     _check_index("src_row", src_row_P)
     T, H = tokens_TH.shape
     P = src_row_P.numel()
-    if P and int(src_row_P.max()) >= T:
-        raise ValueError(f"src_row {int(src_row_P.max())} is outside the {T} token rows")
+    if check:
+        check_below("src_row", src_row_P, T, "token rows")
     if out_PH is None:
         return torch.empty(P, H, dtype=tokens_TH.dtype, device=tokens_TH.device)
     _check_like("out", out_PH, (P, H), (tokens_TH.dtype,), tokens_TH)
@@ -222,8 +226,8 @@ def check_reduce(
     return seg
 
 
-def check_dot(a_PH: torch.Tensor, b_TH: torch.Tensor, idx_P: torch.Tensor) -> None:
-    """Validate :func:`row_dot`'s arguments (host read of ``idx``)."""
+def check_dot(a_PH: Tensor, b_TH: Tensor, idx_P: Tensor, *, check: bool = True) -> None:
+    """Validate :func:`row_dot`'s arguments (``check``: also ``idx``'s range, one host read)."""
     _check_rows("a", a_PH, DTYPES)
     _check_rows("b", b_TH, (a_PH.dtype,))
     _check_index("idx", idx_P)
@@ -234,8 +238,14 @@ def check_dot(a_PH: torch.Tensor, b_TH: torch.Tensor, idx_P: torch.Tensor) -> No
         )
     if b_TH.device != a_PH.device:
         raise ValueError(f"b is on {b_TH.device}, a on {a_PH.device}")
-    if idx_P.numel() and int(idx_P.max()) >= b_TH.shape[0]:
-        raise ValueError(f"idx {int(idx_P.max())} is outside the {b_TH.shape[0]} rows of b")
+    if check:
+        check_below("idx", idx_P, b_TH.shape[0], "rows of b")
+
+
+def check_below(name: str, idx: Tensor, limit: int, what: str) -> None:
+    """Raise ``ValueError`` if an entry of ``idx`` is ``>= limit`` (one host read)."""
+    if idx.numel() and (top := int(idx.max())) >= limit:
+        raise ValueError(f"{name} {top} is outside the {limit} {what}")
 
 
 def _check_rows(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...] | None) -> None:

@@ -46,13 +46,13 @@ BLOCK_H = 128  # columns per program (expand, reduce)
 
 
 def expand_rows(
-    tokens_TH: torch.Tensor, src_row_P: torch.Tensor, out_PH: torch.Tensor | None = None
-) -> torch.Tensor:
+    tokens_TH: Tensor, src_row_P: Tensor, out_PH: Tensor | None = None, *, check: bool = True
+) -> Tensor:
     """Kernel twin of :func:`~moonplan.runtime.row_ops.token_torch.expand_rows`.
 
     ``out_PH``, if given, needs row-major rows (any row stride).
     """
-    out_PH = check_expand(tokens_TH, src_row_P, out_PH)
+    out_PH = check_expand(tokens_TH, src_row_P, out_PH, check=check)
     dev = _device(tokens_TH)
     P, H = out_PH.shape
     if P == 0 or H == 0:
@@ -70,9 +70,9 @@ def expand_rows(
     return out_PH
 
 
-def row_dot(a_PH: torch.Tensor, b_TH: torch.Tensor, idx_P: torch.Tensor) -> torch.Tensor:
+def row_dot(a_PH: Tensor, b_TH: Tensor, idx_P: Tensor, *, check: bool = True) -> Tensor:
     """Kernel twin of :func:`~moonplan.runtime.row_ops.token_torch.row_dot`."""
-    check_dot(a_PH, b_TH, idx_P)
+    check_dot(a_PH, b_TH, idx_P, check=check)
     dev = _device(a_PH)
     P, H = a_PH.shape
     out_P = torch.zeros(P, dtype=torch.float32, device=dev)

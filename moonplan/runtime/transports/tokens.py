@@ -129,13 +129,15 @@ class TokenTransport(RowMoves):
         self._view(self.recv_CH, state)  # the forward's receive view is stale from here
         self._send_tokens(dy_SH, route, plan, state, [])
         dy_TH = self.tokens.local[: saved["seg_P"].num_out]
-        g_PH = ops.expand_rows(dy_TH, src_row_P, out_PH=self.recv_CH[: src_row_P.numel()])
+        # the rows were checked against these T rows by dispatch's expand_rows
+        g_PH = ops.expand_rows(dy_TH, src_row_P, self.recv_CH[: src_row_P.numel()], check=False)
         w_P1 = saved["w_P"][:, None]  # padding rows: weight 0, row 0
         if g_PH.dtype == torch.float32:
             g_PH.mul_(w_P1)  # the same fp32 product, in place
         else:
             g_PH.copy_(w_P1 * g_PH.float())
-        self.dweight.local[: src_row_P.numel(), 0] = ops.row_dot(o_PH, dy_TH, src_row_P)
+        dweight_P = ops.row_dot(o_PH, dy_TH, src_row_P, check=False)
+        self.dweight.local[: src_row_P.numel(), 0] = dweight_P
         self.publish()
         S, K = route.dest_rank.shape
         dest_N, off_N = route.dest_rank.reshape(-1), route.dest_offset.reshape(-1)

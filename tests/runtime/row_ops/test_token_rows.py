@@ -332,6 +332,29 @@ def test_bad_inputs_raise(impl) -> None:
         impl.row_dot(rows_PH, tok, torch.tensor([0, 1, 2, 3]))
 
 
+@pytest.mark.usefixtures("interpret")
+@pytest.mark.parametrize("impl", [ref, ker], ids=["torch", "triton"])
+def test_check_false_skips_only_the_range_read(impl, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``check=False`` (rows already checked) gives the same bits and reads no range on
+    the host; the default still does, and the shape checks stay on either way."""
+    tokens_TH, rows_PH, idx_P, _ = _case(7, 40, 33, torch.float32, seed=5)
+    want_PH, want_P = ref.expand_rows(tokens_TH, idx_P), ref.row_dot(rows_PH, tokens_TH, idx_P)
+    reads: list[str] = []
+
+    def counted(name: str, *args) -> None:  # type: ignore[no-untyped-def]
+        reads.append(name)
+
+    monkeypatch.setattr(ref, "check_below", counted)
+    assert _same_bits(impl.expand_rows(tokens_TH, idx_P, check=False), want_PH)
+    assert _same_bits(impl.row_dot(rows_PH, tokens_TH, idx_P, check=False), want_P)
+    assert reads == []
+    with pytest.raises(ValueError, match="disagree"):
+        impl.row_dot(rows_PH, tokens_TH, idx_P[:-1], check=False)
+    impl.expand_rows(tokens_TH, idx_P)
+    impl.row_dot(rows_PH, tokens_TH, idx_P)
+    assert reads == ["src_row", "idx"]
+
+
 def test_kernels_need_the_interpreter_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
