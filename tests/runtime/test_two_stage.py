@@ -177,8 +177,14 @@ def _traffic(rank: int, world: int, G: int, K: int) -> dict:
     x = torch.randn(sizes[rank], H).bfloat16()
     w = torch.rand(sizes[rank], K)
     P = int(plan.recv_size()[rank])
+    from moonplan.runtime.transports import two_stage
+
+    calls = []  # pair_records of the step: the stage rooms and the traffic share one
+    real = two_stage.pair_records
+    two_stage.pair_records = lambda p: calls.append(p) or real(p)  # this rank process only
     traffic = _step(t, plan, routes[rank], x, w, x, torch.zeros(P, H).bfloat16())[1]
-    return {"traffic": dict(traffic), "want": _from_routes(routes, rank, G, row=H * 2)}
+    return {"traffic": dict(traffic), "want": _from_routes(routes, rank, G, row=H * 2),
+            "pair_records": len(calls)}  # fmt: skip
 
 
 def _from_routes(routes, me: int, G: int, row: int) -> dict:
@@ -223,6 +229,7 @@ def test_traffic_counts_distinct_token_host_pairs(G: int, K: int) -> None:
     for g in got:
         t, want = g["traffic"], g["want"]
         assert {k: t[k] for k in want} == want
+        assert g["pair_records"] == 1  # once a step
     rows = [sum(g["traffic"][k] for g in got) for k in ("rows_inter", "rows_intra")]
     if G == 4:
         assert rows[0] == 0  # one host: nothing crosses

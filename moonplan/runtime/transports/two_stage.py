@@ -76,6 +76,8 @@ class Hops:
         stage_M, dest_M, off_M: ``[M]`` the rows this rank forwards as a proxy: staging
             row, destination rank and its token-buffer row.
         seg_M: the proxy's sum over its host (:class:`Segments` of ``stage_M``).
+        records_RR: ``[R, R]`` records each source sends each destination
+            (``route_rows.pair_records`` of the step's plan; the stage rooms, the traffic).
     """
 
     entry_dest_U: Tensor
@@ -89,6 +91,7 @@ class Hops:
     dest_M: Tensor
     off_M: Tensor
     seg_M: Segments
+    records_RR: Tensor
 
 
 class TwoStageTokenTransport(AllToAllRows, TokenTransport):
@@ -98,8 +101,6 @@ class TwoStageTokenTransport(AllToAllRows, TokenTransport):
         ranks_per_host: ``G``; ``None`` reads ``LOCAL_WORLD_SIZE`` (set by ``torchrun``),
             else the whole group is one host. ``R`` must be a multiple of ``G``.
     """
-
-    name = "a2a-hosts"
 
     def __init__(
         self,
@@ -120,7 +121,7 @@ class TwoStageTokenTransport(AllToAllRows, TokenTransport):
         traffic by stage (module docstring)."""
         view = super().dispatch(x_SH, route, plan, weight_SK=weight_SK)
         row_bytes = x_SH.shape[1] * x_SH.element_size()
-        view.state.traffic.update(self._traffic(route, plan, view.state, row_bytes))
+        view.state.traffic.update(self._traffic(route, view.state, row_bytes))
         return view
 
     def _send_tokens(
@@ -153,7 +154,8 @@ class TwoStageTokenTransport(AllToAllRows, TokenTransport):
         key_V, v_of_U = torch.unique(host_U * S + route.unique_token, return_inverse=True)
         host_V, token_V = key_V // max(S, 1), key_V % max(S, 1)
         # Room of source s at the proxies of host h: records(s, h) rows.
-        room_RH = pair_records(plan).view(R, R // G, G).sum(2)
+        records_RR = pair_records(plan)
+        room_RH = records_RR.view(R, R // G, G).sum(2)
         ranks_R = torch.arange(R, device=dev)
         peers_R = ranks_R % G == me % G  # the sources that share my proxies
         start_H = room_RH[peers_R & (ranks_R < me)].sum(0)  # my block at each host's proxy
@@ -183,9 +185,10 @@ class TwoStageTokenTransport(AllToAllRows, TokenTransport):
             dest_M=fwd_M3[:, 1],
             off_M=fwd_M3[:, 2],
             seg_M=ops.segments(fwd_M3[:, 0], num_stage),
+            records_RR=records_RR,
         )
 
-    def _traffic(self, route: Route, plan: Plan, state: StepState, row: int) -> dict[str, int]:
+    def _traffic(self, route: Route, state: StepState, row: int) -> dict[str, int]:
         """This rank's rows and bytes of dispatch and combine by stage and link (module
         docstring): counted from the step's addresses."""
         hops: Hops = state.saved["hops"]
@@ -193,7 +196,7 @@ class TwoStageTokenTransport(AllToAllRows, TokenTransport):
         # Combine: my reduced token rows go to the proxy of their source in my host.
         seg_P = state.saved["seg_P"]
         used_T = seg_P.offsets_T1.diff().view(-1) > 0
-        src_T = _source_of_rows(pair_records(plan)[:, me], used_T.numel())[used_T]
+        src_T = _source_of_rows(hops.records_RR[:, me], used_T.numel())[used_T]
         moves = [  # (destination ranks, bytes each)
             (hops.proxy_V, row),  # stage 1
             (hops.entry_dest_U, 24),  # forwarding entries
