@@ -85,6 +85,7 @@ def _round_trip(rank: int, world: int, name: str, env: dict[str, str] | None = N
         fails.append(f"row ops {ops}")
     for dtype in (torch.float32, torch.bfloat16):
         t = registry.create(name, group, capacity=CAP, hidden=H, dtype=dtype, heap=heap)
+        fails += [] if t.name == name else [f"named {t.name!r}"]
         for align in (1, 3):  # dense rows first: the padding rows of align 3 held data
             plan = moonplan.plan(counts_RE, align=align)
             fails += [f"{dtype} {f}" for f in _data_path(t, plan, rank, world, dtype, outs)]
@@ -110,6 +111,7 @@ def _data_path(t, plan, rank: int, world: int, dtype: torch.dtype, outs: list) -
     exact = t.rows == "records"
     ids, x, w = _tokens(rank, dtype)
     route = moonplan.route(plan, rank, ids)
+    masks = _count_padding_masks()  # this rank process only (forked)
     view = t.dispatch(x, route, plan, weight_SK=w)
     recv = view.tensor.clone()
     if not torch.equal(
@@ -139,12 +141,29 @@ def _data_path(t, plan, rank: int, world: int, dtype: torch.dtype, outs: list) -
     if not torch.equal(t.dispatch_backward(dx_PH, route, view.state), dx):
         fails.append("dispatch_backward without after_publish")
     outs += [y, g_PH, dw, dx]
+    if len(masks) != 1:
+        fails.append(f"padding mask built {len(masks)} times in a step")
     try:
         view.tensor  # noqa: B018 - combine_backward dispatched since: the view is stale
         fails.append("stale view")
     except StaleViewError:
         pass
     return fails
+
+
+def _count_padding_masks() -> list[int]:
+    """The ranks of every ``padding_mask`` call from here on (both data paths' modules)."""
+    from moonplan.runtime.transports import records, tokens
+
+    calls: list[int] = []
+    real = records.padding_mask
+
+    def counted(plan, rank: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        calls.append(rank)
+        return real(plan, rank)
+
+    records.padding_mask = tokens.padding_mask = counted  # type: ignore[assignment]
+    return calls
 
 
 def _counter(calls: list[int]):

@@ -74,10 +74,6 @@ def _flat(local: torch.Tensor) -> torch.Tensor:
 class AllToAllTransport(AllToAllRows, RecordTransport):
     """Per-record transport over all-to-alls (see the module docstring)."""
 
-    name = "a2a-records"
-
 
 class AllToAllTokenTransport(AllToAllRows, TokenTransport):
     """Token-once transport over all-to-alls (see the module docstring)."""
-
-    name = "a2a-tokens"

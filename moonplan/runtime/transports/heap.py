@@ -83,10 +83,6 @@ class HeapRows(RowMoves):
 class HeapTransport(HeapRows, RecordTransport):
     """Per-record transport over a symmetric heap (see the module docstring)."""
 
-    name = "heap-records"
-
 
 class HeapTokenTransport(HeapRows, TokenTransport):
     """Token-once transport over a symmetric heap (see the module docstring)."""
-
-    name = "heap-tokens"

@@ -45,6 +45,8 @@ class RowMoves(ABC):
         capacity: ``C``, rows of each receive buffer.
     """
 
+    name: str  # the registry name, set by the factory that creates it (transports.registry)
+
     def __init__(self, group: EPGroup, capacity: int):
         self.group, self.capacity = group, capacity
         self.generation = 0

@@ -34,7 +34,6 @@ class RecordTransport(RowMoves):
     ``hidden`` and ``dtype`` are the rows' ``H`` and dtype.
     """
 
-    name = "records"
     rows = "records"
 
     def __init__(self, group: EPGroup, capacity: int, hidden: int, dtype: torch.dtype):
@@ -103,10 +102,13 @@ class RecordTransport(RowMoves):
     def _send(
         self, x_XH: torch.Tensor, route: Route, plan: Plan, K: int, state: StepState
     ) -> RecvView:
-        """Rows to their executing ranks (``K`` records per row of ``x``); a fresh view."""
+        """Rows to their executing ranks (``K`` records per row of ``x``); a fresh view.
+        The padding mask is built once a step (dispatch) and kept for the backward."""
         dest_N, off_N = route.dest_rank.reshape(-1), route.dest_offset.reshape(-1)
         self.put_rows([Put(x_XH, dest_N, off_N, self.recv, K)])
-        pad_P = padding_mask(plan, self.group.rank)
+        pad_P = state.saved.get("pad_P")
+        if pad_P is None:
+            pad_P = state.saved["pad_P"] = padding_mask(plan, self.group.rank)
         recv_PH = self.recv_CH[: pad_P.numel()]
         recv_PH[pad_P] = 0
         return self._view(recv_PH, state)

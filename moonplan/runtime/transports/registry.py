@@ -92,39 +92,28 @@ def builtin_name(base: str, rows: str) -> str:
     return base if rows == DEFAULT_ROWS[base] else f"{base}-{rows}"
 
 
-def _heap(rows: str) -> Factory:
-    cls = HeapTokenTransport if rows == "tokens" else HeapTransport
-    name = builtin_name("heap", rows)
-
-    def make(group: EPGroup, *, heap: SymmetricHeap, **sizes: Any) -> Transport:
-        t = cls(group, heap, sizes["capacity"], sizes["hidden"], sizes["dtype"])
-        t.name = name
-        return t
-
-    return make
-
-
-def _all_to_all(rows: str) -> Factory:
-    cls = AllToAllTokenTransport if rows == "tokens" else AllToAllTransport
-    name = builtin_name("a2a", rows)
+def _builtin(cls: Factory, name: str, *, on_heap: bool) -> Factory:
+    """The factory of a built-in transport class registered as ``name`` (its ``name``);
+    ``on_heap``: the class takes the symmetric heap after the group."""
 
     def make(group: EPGroup, *, heap: SymmetricHeap | None, **sizes: Any) -> Transport:
-        t = cls(group, sizes["capacity"], sizes["hidden"], sizes["dtype"])
+        place = (group, heap) if on_heap else (group,)
+        t = cls(*place, sizes["capacity"], sizes["hidden"], sizes["dtype"])
         t.name = name
         return t
 
     return make
-
-
-def _two_stage(group: EPGroup, *, heap: SymmetricHeap | None, **sizes: Any) -> Transport:
-    return TwoStageTokenTransport(group, sizes["capacity"], sizes["hidden"], sizes["dtype"])
 
 
 def _register_builtins() -> None:
-    for rows in ("tokens", "records"):
-        register(builtin_name("heap", rows), _heap(rows), needs_heap=True)
-        register(builtin_name("a2a", rows), _all_to_all(rows))
-    register("a2a-hosts", _two_stage)  # hosts of LOCAL_WORLD_SIZE ranks (two_stage.py)
+    classes = {"heap": (HeapTokenTransport, HeapTransport),
+               "a2a": (AllToAllTokenTransport, AllToAllTransport)}  # fmt: skip
+    for base, (tokens, records) in classes.items():
+        for rows, cls in (("tokens", tokens), ("records", records)):
+            name = builtin_name(base, rows)
+            register(name, _builtin(cls, name, on_heap=base == "heap"), needs_heap=base == "heap")
+    # hosts of LOCAL_WORLD_SIZE ranks (two_stage.py)
+    register("a2a-hosts", _builtin(TwoStageTokenTransport, "a2a-hosts", on_heap=False))
 
 
 _register_builtins()

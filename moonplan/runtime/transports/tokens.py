@@ -59,7 +59,6 @@ class TokenTransport(RowMoves):
     buffer has ``C >= P >= T`` rows).
     """
 
-    name = "tokens"
     rows = "tokens"
 
     def __init__(self, group: EPGroup, capacity: int, hidden: int, dtype: torch.dtype):
