@@ -352,18 +352,17 @@ class StepCost:
         small next to the GEMM tile), sent rows its counts, fetched pairs its new slots and
         its direct replicas, fetched from the experts' home ranks.
         """
+        alloc_ER = host_int64(plan.alloc)  # one host copy, for the rows and the fetches
+        fetch_ER = plan_fetch_ER(plan, alloc_ER)
         return self.step_time(
-            plan.alloc.cpu(),
-            plan.counts.cpu(),
-            plan_fetch_ER(plan),
-            plan.home.cpu(),
-            planned=planned,
+            alloc_ER, host_int64(plan.counts), fetch_ER, host_int64(plan.home), planned=planned
         )
 
 
-def plan_fetch_ER(plan: Plan) -> torch.Tensor:
-    """CPU bool ``[E, R]``: pairs whose weights a plan moves this step (new slots, direct reads)."""
-    alloc_ER = host_int64(plan.alloc)
+def plan_fetch_ER(plan: Plan, alloc_ER: np.ndarray | None = None) -> torch.Tensor:
+    """CPU bool ``[E, R]``: pairs whose weights a plan moves this step (new slots, direct
+    reads). ``alloc_ER``: the plan's allocation already on the host (int64 numpy), if any."""
+    alloc_ER = host_int64(plan.alloc) if alloc_ER is None else alloc_ER
     fetch_ER = np.zeros(alloc_ER.shape, dtype=bool)
     slot_RB, new_RB = host_int64(plan.slot_expert), host_int64(plan.slot_new) > 0
     r_N, j_N = new_RB.nonzero()

@@ -99,6 +99,26 @@ def test_plan_time_fetches_new_slots_and_direct_reads() -> None:
     assert c.plan_time(full).prefetch_s > 0 and c.plan_time(again).prefetch_s == 0.0
 
 
+def test_plan_time_is_the_step_time_of_the_plan_from_one_host_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``plan_time`` is ``step_time`` of the plan's tensors, bit for bit, and copies the
+    allocation to the host once (for the rows and the fetched pairs alike)."""
+    from moonplan.stepcost import step_cost
+    from moonplan.traces import DriftingTrace
+
+    trace = DriftingTrace(4, 16, 200, 4, sigma=1.5, seed=2)
+    prev = moonplan.plan(trace.step(), slots=1)
+    p = moonplan.plan(trace.step(), slots=1, previous=prev)
+    c = StepCost.from_hardware("h200-node", "mixtral-8x7b")
+    want = c.step_time(p.alloc, p.counts, plan_fetch_ER(p), p.home, planned=2)
+    copies: list[bool] = []
+    real = step_cost.host_int64
+    monkeypatch.setattr(step_cost, "host_int64", lambda a: copies.append(a is p.alloc) or real(a))
+    assert c.plan_time(p, planned=2) == want
+    assert sum(copies) == 1
+
+
 def test_from_hardware_names_and_objects_agree() -> None:
     a = StepCost.from_hardware("H200-node", "Mixtral-8x7B")
     b = StepCost.from_hardware(get_hardware("h200-node"), get_preset("mixtral-8x7b"))
