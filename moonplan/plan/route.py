@@ -17,7 +17,7 @@ reaches fewer ranks; the token-buffer layout is in ``route_rows``.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,8 +41,7 @@ class Route:
         rank: the source rank.
         affinity: the ``affinity`` argument of :func:`route` (with ``True`` the rows
             are the affinity rule's, or plain order's where that sends fewer rows).
-        block_start: ``[R]`` first row of this source's block in each destination's
-            token buffer (``route_rows.token_block_start``).
+        plan: the plan it routes (read by :attr:`block_start`).
 
     The unique ``(token, destination)`` rows (``unique_token``, ``unique_dest``,
     ``unique_offset``, ``record_unique``, ``unique_counts``, ``sent_rows``) are built on
@@ -56,7 +55,13 @@ class Route:
     send_counts: torch.Tensor
     rank: int
     affinity: bool
-    block_start: torch.Tensor
+    plan: Plan = field(repr=False)
+
+    @functools.cached_property
+    def block_start(self) -> torch.Tensor:
+        """``[R]`` first row of this source's block in each destination's token buffer
+        (``route_rows.token_block_start``); built on first use with the unique rows."""
+        return token_block_start(self.plan, self.rank)
 
     @functools.cached_property
     def _rows(self) -> tuple[torch.Tensor, ...]:
@@ -160,7 +165,8 @@ def route(
             cell_N[idx_P] = cell_P[regroup_P]
             aff_rank, aff_offset = _place(order_N, cell_N, base_C, dest_C, ids_N)
             # The greedy rule can lose to plain order; never send more rows than it.
-            if count_rows(aff_rank, S, K, R) <= count_rows(dest_rank, S, K, R):
+            fewer = count_rows(aff_rank, S, K, R) <= count_rows(dest_rank, S, K, R)
+            if bool(fewer):  # one host read
                 dest_rank, dest_offset = aff_rank, aff_offset
     send_counts = torch.zeros(R, dtype=torch.int64, device=plan.device)
     send_counts.index_add_(0, dest_C, take_C)
@@ -169,8 +175,8 @@ def route(
         dest_offset=dest_offset.view(S, K),
         send_counts=send_counts,
         rank=rank,
-        block_start=token_block_start(plan, rank),
         affinity=affinity,
+        plan=plan,
     )
 
 

@@ -55,12 +55,13 @@ def token_block_start(plan: Plan, rank: int) -> torch.Tensor:
     return (torch.minimum(lo_E[:, None], b_ER) - a_ER).clamp(min=0).sum(0)
 
 
-def count_rows(dest_N: torch.Tensor, S: int, K: int, num_ranks: int) -> int:
-    """Distinct ``(token, destination)`` pairs of the records ``dest_N`` (token-major)."""
+def count_rows(dest_N: torch.Tensor, S: int, K: int, num_ranks: int) -> torch.Tensor:
+    """Distinct ``(token, destination)`` pairs of the records ``dest_N`` (token-major):
+    a 0-d int64 tensor on ``dest_N``'s device (no host read: compare, then read once)."""
     tok_N = torch.arange(dest_N.numel(), device=dest_N.device) // max(K, 1)
     mask_X = torch.zeros(num_ranks * S, dtype=torch.bool, device=dest_N.device)
     mask_X[dest_N * S + tok_N] = True
-    return int(mask_X.sum())
+    return mask_X.sum()
 
 
 def unique_rows(

@@ -4,9 +4,13 @@ every count and offset set of the plan and never sends more rows."""
 
 from __future__ import annotations
 
+import importlib
+
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import moonplan
 from moonplan.plan.route_reference import route_reference
@@ -164,7 +168,7 @@ def test_affinity_follows_the_token() -> None:
     )
 
 
-def test_affinity_falls_back_when_the_greedy_loses() -> None:
+def _fallback_case() -> tuple[moonplan.Plan, torch.Tensor]:
     """Rank 3's expert-0 records are split 28 / 1 over ranks 0 and 1. The greedy gives
     rank 0's share first to token 7 (already there), which pushes one of tokens 0-6
     to rank 1: one row more than plain order, so plain order is kept (found by search)."""
@@ -189,8 +193,58 @@ def test_affinity_falls_back_when_the_greedy_loses() -> None:
     )
     p = moonplan.Plan.from_alloc(c, alloc)
     x = torch.tensor([[0, 0, 0, 0]] * 7 + [[0, 1, 1, 2], [2, 3, 4, 5]])
+    return p, x
+
+
+def test_affinity_falls_back_when_the_greedy_loses() -> None:
+    """The greedy sends one row more than plain order here (:func:`_fallback_case`)."""
+    p, x = _fallback_case()
     want = route_reference(p, 3, x, affinity=True)
     plain = moonplan.route(p, 3, x, affinity=False)
     aff = moonplan.route(p, 3, x, affinity=True)
     assert aff.sent_rows == plain.sent_rows == len(want["unique_token"])
     assert aff.dest_rank.reshape(-1).tolist() == plain.dest_rank.reshape(-1).tolist()
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts host reads of tensor values (``int()``, ``bool()``, ``.item()``) while on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads, self.paused = 0, False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is torch.ops.aten._local_scalar_dense.default and not self.paused:
+            self.reads += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_route_reads_one_value_beyond_the_affinity_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With affinity, ``route`` compares the two row counts in one host read (besides the
+    rule's own); the token-buffer block starts are built only with the unique rows."""
+    route_mod = importlib.import_module("moonplan.plan.route")  # the package exports route()
+
+    p, x = _fallback_case()
+    counter = _HostReads()
+    real_cells, real_start = route_mod.affinity_cells, route_mod.token_block_start
+    starts: list[int] = []
+
+    def cells(*args):  # type: ignore[no-untyped-def]
+        counter.paused = True
+        try:
+            return real_cells(*args)
+        finally:
+            counter.paused = False
+
+    monkeypatch.setattr(route_mod, "affinity_cells", cells)
+    monkeypatch.setattr(
+        route_mod, "token_block_start", lambda p, s: starts.append(s) or real_start(p, s)
+    )
+    for affinity, want in ((False, 0), (True, 1)):
+        counter.reads = 0
+        with counter:
+            rt = moonplan.route(p, 3, x, check=False, affinity=affinity)
+        assert counter.reads == want, affinity
+    assert starts == []  # not built by route itself
+    assert rt.sent_rows == len(route_reference(p, 3, x, affinity=True)["unique_token"])
+    assert starts == [3] and torch.equal(rt.block_start, token_block_start(p, 3))
