@@ -55,33 +55,48 @@ def line_dest(ids_RSK: torch.Tensor, alloc_ER: torch.Tensor, keep_RE: torch.Tens
     return dest_N.reshape(R, S, K)
 
 
-def affinity_dest(ids_RSK: torch.Tensor, alloc_ER: torch.Tensor) -> np.ndarray:
+def affinity_dest(
+    ids_RSK: torch.Tensor, alloc_ER: torch.Tensor, counts_RE: torch.Tensor | None = None
+) -> np.ndarray:
     """int64 ``[R, S, K]`` executing rank of each record under ``route(..., affinity=True)``
-    of a plan that executes ``alloc_ER`` (dropless: every record is sent)."""
+    of a plan that executes ``alloc_ER`` (dropless: every record is sent); ``counts_RE``:
+    ``token_counts(ids_RSK)`` if already counted."""
     R, _, _ = ids_RSK.shape
     E = alloc_ER.shape[0]
-    plan = Plan.from_alloc(token_counts(ids_RSK, E), alloc_ER, slots=E)
+    counts_RE = token_counts(ids_RSK, E) if counts_RE is None else counts_RE
+    plan = Plan.from_alloc(counts_RE, alloc_ER, slots=E)
     return np.stack(
         [route(plan, s, ids_RSK[s], check=False).dest_rank.numpy() for s in range(R)]
     ).astype(np.int64)
 
 
-def step_dest(step: PolicyStep, ids_RSK: torch.Tensor, affinity: bool) -> np.ndarray:
+def step_dest(
+    step: PolicyStep, ids_RSK: torch.Tensor, affinity: bool, counts_RE: torch.Tensor | None = None
+) -> np.ndarray:
     """int64 ``[R, S, K]`` executing rank of each record of ``step`` (``-1``: dropped);
-    ``affinity`` routes with the plan's affinity (dropless steps only)."""
-    counts_RE = token_counts(ids_RSK, step.alloc_ER.shape[0])
+    ``affinity`` routes with the plan's affinity (dropless steps only); ``counts_RE``:
+    ``token_counts(ids_RSK)`` if already counted."""
+    if counts_RE is None:
+        counts_RE = token_counts(ids_RSK, step.alloc_ER.shape[0])
     keep_RE = torch.minimum(counts_RE, step.sent_RE)
     if affinity and torch.equal(keep_RE, counts_RE):
-        return affinity_dest(ids_RSK, step.alloc_ER)
+        return affinity_dest(ids_RSK, step.alloc_ER, counts_RE)
     return line_dest(ids_RSK, step.alloc_ER, keep_RE)
 
 
 def step_traffic(
-    step: PolicyStep, ids_RSK: torch.Tensor, scheme: str, domain: int, dest_RSK: np.ndarray
+    step: PolicyStep,
+    ids_RSK: torch.Tensor,
+    scheme: str,
+    domain: int,
+    dest_RSK: np.ndarray,
+    counts_RE: torch.Tensor | None = None,
 ) -> Traffic:
     """Dispatch rows of ``step`` by link under ``scheme``: the records' rows
-    (``scheme_traffic`` of ``dest_RSK``, from :func:`step_dest`) plus any padding rows."""
-    counts_RE = token_counts(ids_RSK, step.alloc_ER.shape[0])
+    (``scheme_traffic`` of ``dest_RSK``, from :func:`step_dest`) plus any padding rows;
+    ``counts_RE``: ``token_counts(ids_RSK)`` if already counted."""
+    if counts_RE is None:
+        counts_RE = token_counts(ids_RSK, step.alloc_ER.shape[0])
     pad_RE = step.sent_RE - torch.minimum(counts_RE, step.sent_RE)
     rows = scheme_traffic(dest_RSK, scheme, domain)
     if not bool(pad_RE.any()):
@@ -93,8 +108,10 @@ def scheme_step_traffic(
     step: PolicyStep, ids_RSK: torch.Tensor | None, scheme: str, domain: int
 ) -> Traffic:
     """:func:`step_traffic` with the records routed by :func:`step_dest` (affinity for
-    :data:`AFFINITY_POLICIES`); ``ids_RSK`` is required (loud error without it)."""
+    :data:`AFFINITY_POLICIES`); ``ids_RSK`` is required (loud error without it). The
+    tokens are counted once for the routing and the padding."""
     if ids_RSK is None:
         raise ValueError(f"dispatch={scheme!r} needs the step's token routing (topk_ids)")
-    dest_RSK = step_dest(step, ids_RSK, step.name in AFFINITY_POLICIES)
-    return step_traffic(step, ids_RSK, scheme, domain, dest_RSK)
+    counts_RE = token_counts(ids_RSK, step.alloc_ER.shape[0])
+    dest_RSK = step_dest(step, ids_RSK, step.name in AFFINITY_POLICIES, counts_RE)
+    return step_traffic(step, ids_RSK, scheme, domain, dest_RSK, counts_RE)

@@ -102,3 +102,22 @@ def test_simulate_trace_with_tokens_applies_the_scheme_to_every_policy() -> None
     )
     for a, b in zip(rec, rank, strict=True):
         assert b["dispatch_us"] < a["dispatch_us"] and b["experts_us"] == a["experts_us"]
+
+
+@pytest.mark.parametrize("name", ["moonplan", "capacity-1.25", "static-linear"])
+def test_scheme_step_traffic_counts_the_tokens_once(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One count of the step's tokens serves the routing and the padding: the same rows
+    as each part counting on its own."""
+    from moonplan.simulate import dispatch_rows
+
+    ids = _ids(4, 8, 64, 2, 1.5, 4)
+    step = make_policy(name, 4, 8).step(token_counts(ids, 8))
+    aff = name in dispatch_rows.AFFINITY_POLICIES
+    want = step_traffic(step, ids, "rank", 2, step_dest(step, ids, aff))
+    calls: list[int] = []
+    real = dispatch_rows.token_counts
+    monkeypatch.setattr(dispatch_rows, "token_counts", lambda i, e: calls.append(e) or real(i, e))
+    got = dispatch_rows.scheme_step_traffic(step, ids, "rank", 2)
+    assert calls == [8] and _same(got, want)
