@@ -98,10 +98,11 @@ def _split(
             heapq.heappush(pool, (-remaining[e], e))
 
 
-def replica_pairs(alloc_ER: torch.Tensor) -> torch.Tensor:
-    """bool ``[E, R]`` (CPU): pairs ``(e, r)`` with records of ``e`` on a rank not its home."""
+def replica_pairs(alloc_ER: torch.Tensor, home_E: torch.Tensor | None = None) -> torch.Tensor:
+    """bool ``[E, R]`` (CPU): pairs ``(e, r)`` with records of ``e`` on a rank not its home
+    (``home_E``: ``home_map(E, R)``, if the caller has it)."""
     E, R = alloc_ER.shape
-    home_E = home_map(E, R)
+    home_E = home_map(E, R) if home_E is None else home_E
     return (alloc_ER.cpu() > 0) & (home_E[:, None] != torch.arange(R)[None, :])
 
 
@@ -118,11 +119,18 @@ def copies_lower_bound(counts: Any) -> int:
     return int((load_R < target_R).sum())
 
 
-def replica_moves(alloc_ER: torch.Tensor) -> torch.Tensor:
-    """``moves_C2`` of every :func:`replica_pairs` pair of ``alloc_ER`` (rank-major order)."""
+def replica_moves(
+    alloc_ER: torch.Tensor,
+    pairs_ER: torch.Tensor | None = None,
+    home_E: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``moves_C2`` of every :func:`replica_pairs` pair of ``alloc_ER`` (rank-major order);
+    ``pairs_ER`` and ``home_E``: those pairs and ``home_map(E, R)``, if the caller has them."""
     E, R = alloc_ER.shape
-    r_C, e_C = replica_pairs(alloc_ER).t().nonzero(as_tuple=True)
-    return torch.stack([home_map(E, R)[e_C], r_C], dim=1)
+    home_E = home_map(E, R) if home_E is None else home_E
+    pairs_ER = replica_pairs(alloc_ER, home_E) if pairs_ER is None else pairs_ER
+    r_C, e_C = pairs_ER.t().nonzero(as_tuple=True)
+    return torch.stack([home_E[e_C], r_C], dim=1)
 
 
 class GreedyPolicy(Policy):
@@ -132,17 +140,20 @@ class GreedyPolicy(Policy):
     name = "moonep-greedy"
 
     def step(self, counts: Any) -> PolicyStep:
+        """The step of :func:`moonep_greedy_alloc` (its home map and replica pairs built once)."""
         counts_RE = self._counts(counts)
         alloc_ER = moonep_greedy_alloc(counts_RE)
-        moves_C2 = replica_moves(alloc_ER)
+        home_E = home_map(self.num_experts, self.num_ranks)
+        pairs_ER = replica_pairs(alloc_ER, home_E)
+        moves_C2 = replica_moves(alloc_ER, pairs_ER, home_E)
         return make_step(
             self.name,
             counts_RE,
             alloc_ER,
             copies=moves_C2.shape[0],
             moves_C2=moves_C2,
-            fetch_ER=replica_pairs(alloc_ER),
-            src_E=home_map(self.num_experts, self.num_ranks),
+            fetch_ER=pairs_ER,
+            src_E=home_E,
         )
 
 

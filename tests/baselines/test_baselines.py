@@ -6,7 +6,12 @@ import torch
 from hypothesis import given
 
 import moonplan
-from moonplan.baselines.moonep_greedy import copies_lower_bound, moonep_greedy_alloc, replica_count
+from moonplan.baselines.moonep_greedy import (
+    copies_lower_bound,
+    moonep_greedy_alloc,
+    replica_count,
+    replica_pairs,
+)
 from moonplan.baselines.static_ep import max_over_mean, static_alloc
 from moonplan.testing import counts
 from moonplan.traces import COUNT_FAMILIES, generate_counts
@@ -46,3 +51,24 @@ def test_static_ep() -> None:
     assert a.tolist() == [[8, 0], [0, 0], [0, 0], [0, 0]]
     assert max_over_mean(a) == 2.0
     assert max_over_mean(static_alloc(torch.zeros(2, 4, dtype=torch.int64))) == 1.0
+
+
+@given(counts(max_ranks=8, max_experts=24))
+def test_greedy_step_is_its_allocation_with_one_home_map(c: torch.Tensor) -> None:
+    """The greedy's step (a peer's model: results unchanged) is its allocation's replica
+    moves, pairs and home map, built from one home map and one set of pairs."""
+    from unittest import mock
+
+    from moonplan.baselines import moonep_greedy
+    from moonplan.baselines.moonep_greedy import GreedyPolicy, replica_moves
+
+    R, E = c.shape
+    a = moonep_greedy_alloc(c)
+    with mock.patch.object(moonep_greedy, "home_map", wraps=moonep_greedy.home_map) as homes:
+        step = GreedyPolicy(R, E).step(c)
+    assert homes.call_count == 1
+    assert torch.equal(step.alloc_ER, a)
+    assert torch.equal(step.moves_C2, replica_moves(a))
+    assert torch.equal(step.fetch_ER, replica_pairs(a))
+    assert torch.equal(step.src_E, moonplan.home_map(E, R))
+    assert step.copies == replica_count(a)
