@@ -47,6 +47,7 @@ exact balance only).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from fractions import Fraction
@@ -130,6 +131,12 @@ class Inputs:
     prev_policy: str | None = None  # the previous plan's policy: auto builds it first
     prev_basis: Basis | None = None  # the previous plan's basis: auto may keep its choice
 
+    @functools.cached_property
+    def static_load(self) -> list[int]:
+        """``[R]`` the static loads (records of each rank's home experts; one host read,
+        made once and shared by the choice and the builders; read-only)."""
+        return static_load(self.counts_RE).tolist()
+
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
@@ -184,7 +191,7 @@ def choose(inp: Inputs, cost: CostModel, table: tuple[Candidate, ...] | None = N
     """``policy="auto"`` among ``table``'s candidates (default :data:`TABLE`): the previous
     choice kept where :func:`keeps` allows it, else the least score (module docstring)."""
     table = TABLE if table is None else table
-    load = _static_load(inp)
+    load = inp.static_load
     if keeps(inp, load, cost):
         return _kept(inp, table)
     return _full_choice(inp, cost, load, table)
@@ -345,10 +352,6 @@ def balancing_order(
     return cands
 
 
-def _static_load(inp: Inputs) -> list[int]:
-    return static_load(inp.counts_RE).tolist()
-
-
 def _prev_or_empty(inp: Inputs) -> torch.Tensor:
     if inp.prev_RB is not None:
         return inp.prev_RB
@@ -422,7 +425,7 @@ def _greedy(inp: Inputs) -> Plan:
 
 
 def _bounded(inp: Inputs, name: str, eps: Fraction) -> Plan:
-    target, cap = bounded_targets(_static_load(inp), eps)
+    target, cap = bounded_targets(inp.static_load, eps)
     return _construct(inp, target, cap, name)
 
 

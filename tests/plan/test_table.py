@@ -95,3 +95,19 @@ def test_a_fetchless_entry_equal_to_an_earlier_one_is_left_out() -> None:
     twin = Candidate("twin", TABLE[0].build, alloc=lambda inp: static_alloc(inp.counts_RE))
     p = choose(_inputs(c), FREE, (TABLE[0], twin))
     assert set(p.predicted) == {"static"}
+
+
+def test_the_static_loads_are_read_once_per_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The choice and every builder share the inputs' static loads (one host read)."""
+    from moonplan.plan import choose as choose_mod
+
+    reads: list[int] = []
+    real = choose_mod.static_load
+    monkeypatch.setattr(choose_mod, "static_load", lambda c: reads.append(1) or real(c))
+    inp = _inputs(_skewed())
+    p = choose(inp, FREE)
+    for name in ("bounded-0.1", "bounded-0.25", "exact"):
+        build(name, inp)
+    assert reads == [1] and p.planned >= 1
+    assert torch.equal(build("bounded-0.1", inp).alloc, moonplan.plan(inp.counts_RE,
+                       policy="bounded-0.1").alloc)  # fmt: skip
