@@ -150,7 +150,9 @@ class Candidate:
             either way).
         alloc: for a candidate that fetches nothing and runs no planner (every replica
             resident): ``inputs -> alloc_ER`` (``None``: not a candidate this step).
-            ``auto`` scores it from the allocation, exactly, and builds it only if it wins.
+            ``auto`` scores it from the allocation, exactly, and if it wins lays out that
+            allocation (``_from_alloc``, what its ``build`` returns too) without asking
+            for it again.
         targets: for a balancing candidate (one group-flow construction):
             ``(static loads, inputs or None) -> Targets`` (``None``: not a candidate this
             step; the inputs are ``None`` when only the loads are known).
@@ -240,8 +242,8 @@ def _full_choice(
         times[name] = t = score(cost.plan_time(cand, planned=runs), h)
         if t < best_s:
             best, best_s = cand, t
-    if best is None:
-        best = builders[best_name].build(inp)
+    if best is None:  # a fetch-free candidate: its scored allocation, laid out
+        best = _from_alloc(inp, fixed[best_name], best_name)
     work = WORK["setup"] + len(order) * WORK["screen"] + len(times) * WORK["score"]
     every = refresh_every((runs + work) * cost.plan_s, best_s)
     basis = Basis(tuple(load), gap(best_s, {**floors, **times}), every=every)

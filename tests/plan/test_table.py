@@ -97,6 +97,41 @@ def test_a_fetchless_entry_equal_to_an_earlier_one_is_left_out() -> None:
     assert set(p.predicted) == {"static"}
 
 
+def _counted(cand: Candidate, calls: list[str]) -> Candidate:
+    """``cand`` with its builder and allocation recording each call."""
+
+    def build_(inp: Inputs) -> Plan:
+        calls.append(f"build {cand.name}")
+        return cand.build(inp)
+
+    def alloc_(inp: Inputs) -> torch.Tensor | None:
+        calls.append(f"alloc {cand.name}")
+        assert cand.alloc is not None
+        return cand.alloc(inp)
+
+    return dataclasses.replace(cand, build=build_, alloc=alloc_)
+
+
+@pytest.mark.parametrize("with_previous", [False, True])
+def test_a_fetchless_winner_is_its_scored_allocation_laid_out(with_previous: bool) -> None:
+    """The winning fetch-free candidate is laid out from the allocation it was scored
+    with (asked once, never rebuilt), bit for bit its ``build``."""
+    trace = DriftingTrace(8, 32, 256, 4, sigma=2.0, seed=5)
+    c0, c = trace.step(), trace.step()
+    prev = moonplan.plan(c0) if with_previous else None
+    inp = Inputs(c, 4, 1, None if prev is None else prev.slot_expert,
+                 None if prev is None else prev.flow, "torch")  # fmt: skip
+    calls: list[str] = []
+    p = choose(inp, FREE, tuple(_counted(cand, calls) for cand in TABLE[:2]))
+    names = ["static", "resident"] if with_previous else ["static"]
+    assert calls == [f"alloc {n}" for n in ("static", "resident")]
+    assert p.policy in names and p.planned == 0
+    want = build(p.policy, inp)
+    for field in ("alloc", "target", "flow", "slot_expert", "slot_new", "row_expert",
+                  "row_count", "row_offset"):  # fmt: skip
+        assert torch.equal(getattr(p, field), getattr(want, field)), field
+
+
 def test_the_static_loads_are_read_once_per_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     """The choice and every builder share the inputs' static loads (one host read)."""
     from moonplan.plan import choose as choose_mod
