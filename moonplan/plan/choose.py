@@ -220,7 +220,7 @@ def _full_choice(
     runs = 0
     floors: dict[str, float] = {}  # the screened-out candidates' least possible scores
     order = screened_order(load, inp, table)
-    step = Step.of(inp.counts_RE, inp.prev_RB) if order else None
+    step = Step.of(inp.counts_RE, inp.prev_RB, inp.prev_F3) if order else None
     builders = {c.name: c for c in table}
     for name, target, _ in order:
         floor_s = lower_bound(

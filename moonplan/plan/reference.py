@@ -273,6 +273,14 @@ def to_tensors(res: RefResult, device: torch.device) -> dict[str, torch.Tensor]:
     }
 
 
+def previous_flows(prev_F3: torch.Tensor | None) -> list[Flow]:
+    """A previous plan's flows ``[R-1, 3]`` (any device) as host tuples in decision order,
+    the padding flows ``(-1, -1, 0)`` dropped (``[]`` for ``None``)."""
+    if prev_F3 is None:
+        return []
+    return [(d, r, q) for d, r, q in prev_F3.tolist() if d >= 0]
+
+
 def reference_fields(
     counts_RE: torch.Tensor,
     B: int,

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from moonplan.plan.home import home_list, targets_list
+from moonplan.plan.reference import Flow, previous_flows
 from moonplan.plan.torch_backend import host_flows, warm_maps
 from moonplan.stepcost.traffic import host_int64
 
@@ -51,10 +52,17 @@ class Step:
     group_RR: np.ndarray  # int64 [s, d]: rows s routes to d's home experts
     res_RR: np.ndarray  # int64 [r, d]: d's experts resident in r's previous slots
     warm: dict[int, set[int]] | None  # the construction's warm pairs (receiver -> groups)
+    previous: list[Flow] | None = None  # previous's flows on the host (None: not given)
 
     @classmethod
-    def of(cls, counts_RE: torch.Tensor, prev_RB: torch.Tensor | None = None) -> Step:
-        """The view of ``counts_RE`` and ``previous``'s slots ``prev_RB``."""
+    def of(
+        cls,
+        counts_RE: torch.Tensor,
+        prev_RB: torch.Tensor | None = None,
+        prev_F3: torch.Tensor | None = None,
+    ) -> Step:
+        """The view of ``counts_RE``, ``previous``'s slots ``prev_RB`` and, if given, its
+        flows ``prev_F3`` (copied to the host here, once for every candidate)."""
         c = host_int64(counts_RE)
         R, E = c.shape
         home = home_list(E, R)
@@ -71,7 +79,8 @@ class Step:
             np.add.at(res_RR, (r_N, home_E[slot_RB[r_N, j_N]]), 1)
         warm, _ = warm_maps(None if prev_RB is None else prev_RB.cpu(), home)
         group_RR = _group_sums_RR(c, home_E, R)
-        return cls(c, home, home_E, T_E, load_R, desc_RM, asc_RM, group_RR, res_RR, warm)
+        previous = None if prev_F3 is None else previous_flows(prev_F3)
+        return cls(c, home, home_E, T_E, load_R, desc_RM, asc_RM, group_RR, res_RR, warm, previous)
 
 
 @dataclass(frozen=True)
@@ -97,13 +106,15 @@ class Floors:
     ) -> Floors:
         """The floors' view of ``counts_RE`` for ``target`` (``None``: exact balance);
         ``replay=False``: flows decided without ``previous`` (its residents still count);
-        ``step``: :meth:`Step.of` of the same counts and ``prev_RB``, if already built."""
-        st = Step.of(counts_RE, prev_RB) if step is None else step
+        ``step``: :meth:`Step.of` of the same counts and ``prev_RB`` (and ``prev_F3``, if
+        it was given one), if already built."""
+        st = Step.of(counts_RE, prev_RB, prev_F3) if step is None else step
         R = len(st.load_R)
         N = int(st.T_E.sum())
         t_R = np.asarray(targets_list(N, R) if target is None else target, dtype=np.int64)
         warm = st.warm if replay else None
-        flows = host_flows(st.load_R.tolist(), t_R.tolist(), warm, prev_F3 if replay else None)
+        previous = st.previous if st.previous is not None else previous_flows(prev_F3)
+        flows = host_flows(st.load_R.tolist(), t_R.tolist(), warm, previous if replay else [])
         flow_F3 = np.asarray(flows, dtype=np.int64).reshape(-1, 3)
         d_F, r_F, q_F = flow_F3[:, 0], flow_F3[:, 1], flow_F3[:, 2]
         pairs_F = (st.desc_RM[d_F] < q_F[:, None]).sum(1).astype(np.int64) + 1
@@ -134,8 +145,8 @@ def lower_bound(
     ``prev_RB``, ``prev_F3``: the previous plan's slots (its residents need no
     copy) and flows (the construction may replay them); ``replay=False``: the
     construction without ``previous=`` (the ``greedy`` candidate), whose replicas still
-    reuse the residents. ``step``: :meth:`Step.of` of these counts and slots, shared by
-    the candidates of one choice.
+    reuse the residents. ``step``: :meth:`Step.of` of these counts, slots and flows,
+    shared by the candidates of one choice.
 
     The step of two imagined ranks, free of traffic (every row computed where it
     was routed, nothing fetched): rank 0 runs ``k = ceil(A/R)`` experts of one

@@ -14,7 +14,7 @@ import torch
 
 from moonplan.plan.group_flows import balance_groups_host, split_group_host
 from moonplan.plan.home import home_map, home_start
-from moonplan.plan.reference import Flow
+from moonplan.plan.reference import Flow, previous_flows
 from moonplan.plan.torch_layout import (
     group_experts,
     place_slots_torch,
@@ -127,7 +127,8 @@ def _alloc_host(step: _Steps12) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     R, E = load_R.shape[0], T_E.shape[0]
     home = home_E.tolist()
     warm, warm_experts = warm_maps(step.prev_RB, home)
-    flows = host_flows(load_R.tolist(), step.target_R.tolist(), warm, step.prev_F3)
+    previous = previous_flows(step.prev_F3)
+    flows = host_flows(load_R.tolist(), step.target_R.tolist(), warm, previous)
     remaining = T_E.tolist()
     dests: dict[int, list[tuple[int, int]]] = {}
     for d, r, q in flows:
@@ -170,15 +171,15 @@ def host_flows(
     load: list[int],
     target: list[int],
     warm: dict[int, set[int]] | None,
-    prev_F3: torch.Tensor | None,
+    previous: list[Flow],
 ) -> list[Flow]:
     """Step 1's group flows ``(donor, receiver, records)`` in decision order, on the host.
 
     The flows every backend's plan records (``plan.flow``) for these loads, targets,
-    residents (:func:`warm_maps`) and previous flows: ``O(R log R)`` integer work,
-    no expert is touched (``moonplan.plan.screen`` bounds candidates with it).
+    residents (:func:`warm_maps`) and previous flows (``reference.previous_flows``):
+    ``O(R log R)`` integer work, no expert is touched (``moonplan.plan.screen`` bounds
+    candidates with it).
     """
-    previous = [] if prev_F3 is None else [(d, r, q) for d, r, q in prev_F3.tolist() if d >= 0]
     X = [x - t for x, t in zip(load, target, strict=True)]
     return balance_groups_host(load, X, warm, previous)
 

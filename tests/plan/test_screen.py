@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 import moonplan
 from moonplan.plan.choose import Inputs, balancing_order, build
-from moonplan.plan.screen import Floors
+from moonplan.plan.screen import Floors, Step
 from moonplan.stepcost import StepCost, plan_fetch_ER
 from moonplan.testing import counts
 from moonplan.traces import DriftingTrace
@@ -62,3 +63,31 @@ def test_prefill_steps_still_balance() -> None:
     p = moonplan.plan(c, policy="auto", cost=cost)
     assert p.policy == "exact" and p.planned == 1
     assert torch.equal(p.alloc, moonplan.plan(c).alloc)
+
+
+def test_a_choice_copies_the_previous_flows_to_the_host_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every screened candidate reads the previous flows from the choice's shared
+    :class:`Step` (one host copy), and a step shared that way bounds as one built alone."""
+    from moonplan.plan import screen
+    from moonplan.plan.choose import choose, screened_order
+
+    cost = StepCost.from_hardware("h200-node", "deepseek-v3")
+    trace = DriftingTrace(8, 64, 512, 8, seed=1, sigma=1.5)
+    c0, c = trace.step(), trace.step()
+    prev = moonplan.plan(c0)
+    inp = Inputs(c, prev.num_slots, 1, prev.slot_expert, prev.flow, "torch")
+    order = screened_order(inp.static_load, inp)
+    assert len(order) >= 2  # several candidates screened
+    shared = Step.of(c, prev.slot_expert, prev.flow)
+    for _, target, _ in order:
+        alone = Floors.of(c, target, prev.slot_expert, prev.flow)
+        view = Floors.of(c, target, prev.slot_expert, prev.flow, step=shared)
+        assert view.flow_F3.tolist() == alone.flow_F3.tolist()
+        assert view.copies_F.tolist() == alone.copies_F.tolist()
+    copies: list[int] = []
+    real = screen.previous_flows
+    monkeypatch.setattr(screen, "previous_flows", lambda f: copies.append(1) or real(f))
+    choose(inp, cost)
+    assert copies == [1]
