@@ -13,7 +13,7 @@ from moonplan.errors import PlanError
 from moonplan.plan.choose import CostModel, Inputs, build, choose
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan, make_plan, previous_slots
-from moonplan.plan.reference import reference_plan, to_tensors
+from moonplan.plan.reference import reference_fields
 from moonplan.plan.static import static_plan
 from moonplan.plan.torch_backend import plan_torch
 from moonplan.plan.validate import as_counts, check_options
@@ -101,10 +101,7 @@ def plan(
             return choose(inp, cost)
         return build(policy, inp)
     if name == "reference":
-        prev_slots = None if prev_RB is None else prev_RB.tolist()
-        prev_flows = None if prev_F3 is None else [tuple(f) for f in prev_F3.tolist() if f[0] >= 0]
-        res = reference_plan(counts_RE.tolist(), B, align, prev_slots, prev_flows)
-        fields = to_tensors(res, counts_RE.device)
+        fields = reference_fields(counts_RE, B, align, (prev_RB, prev_F3), device=counts_RE.device)
     elif name == "torch":
         fields = plan_torch(counts_RE, B, align, prev_RB, prev_F3)
     else:

@@ -68,7 +68,7 @@ from moonplan.plan.home import home_map, targets_list
 from moonplan.plan.keep import gap, keeps, refresh_every
 from moonplan.plan.placement import static_alloc, static_load
 from moonplan.plan.plan_type import Basis, Plan, Predicted, make_plan
-from moonplan.plan.reference import reference_plan, to_tensors
+from moonplan.plan.reference import reference_fields
 from moonplan.plan.screen import Step, lower_bound
 from moonplan.plan.torch_backend import plan_torch
 
@@ -396,12 +396,8 @@ def _construct(inp: Inputs, target: list[int] | None, bound: int | None, policy:
     """The planner's group-flow construction towards ``target`` (``None``: exact)."""
     c = inp.counts_RE
     if inp.backend == "reference":
-        prev_slots = None if inp.prev_RB is None else inp.prev_RB.tolist()
-        prev_flows = (
-            None if inp.prev_F3 is None else [tuple(f) for f in inp.prev_F3.tolist() if f[0] >= 0]
-        )
-        res = reference_plan(c.tolist(), inp.num_slots, inp.align, prev_slots, prev_flows, target)
-        fields = to_tensors(res, c.device)
+        prev = (inp.prev_RB, inp.prev_F3)
+        fields = reference_fields(c, inp.num_slots, inp.align, prev, target=target, device=c.device)
     else:
         target_R = None
         if target is not None:
@@ -420,7 +416,7 @@ def _greedy(inp: Inputs) -> Plan:
     fullest expert), so it is built with the planner's own code. One planner run."""
     c = inp.counts_RE
     if inp.backend == "reference":
-        alloc_ER = to_tensors(reference_plan(c.tolist(), inp.num_slots, 1), c.device)["alloc"]
+        alloc_ER = reference_fields(c, inp.num_slots, 1, device=c.device)["alloc"]
     else:
         alloc_ER = plan_torch(c, inp.num_slots, 1, None)["alloc"]
     return _from_alloc(inp, alloc_ER, GREEDY, planned=1, moves=True)

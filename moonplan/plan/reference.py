@@ -285,17 +285,21 @@ def reference_fields(
     counts_RE: torch.Tensor,
     B: int,
     align: int,
-    prev: tuple[torch.Tensor, torch.Tensor] | None = None,
+    prev: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
+    *,
+    target: list[int] | None = None,
+    device: torch.device | None = None,
 ) -> dict[str, torch.Tensor]:
-    """:func:`reference_plan` on tensors: the Plan fields (int64, CPU) of ``counts_RE``.
+    """:func:`reference_plan` on tensors: the Plan fields (int64) of ``counts_RE``.
 
     ``prev`` is the previous plan's ``(slot_expert [R, B], flow [R-1, 3])`` on any device
-    (the padding flows ``(-1, -1, 0)`` are dropped), or ``None``. The twin that the GPU
-    checks compare ``plan_cuda`` against.
+    (either may be ``None``; the padding flows ``(-1, -1, 0)`` are dropped), or ``None``;
+    ``target`` as :func:`reference_plan`'s. The fields are on ``device`` (default: the
+    CPU). The reference backend, the reference builder of ``policy=`` and the twin that
+    the GPU checks compare ``plan_cuda`` against.
     """
-    slots = flows = None
-    if prev is not None:
-        slots = prev[0].cpu().tolist()
-        flows = [(d, r, q) for d, r, q in prev[1].cpu().tolist() if d >= 0]
-    res = reference_plan(counts_RE.cpu().tolist(), B, align, slots, flows)
-    return to_tensors(res, torch.device("cpu"))
+    prev_RB, prev_F3 = (None, None) if prev is None else prev
+    slots = None if prev_RB is None else prev_RB.tolist()
+    flows = None if prev_F3 is None else previous_flows(prev_F3)
+    res = reference_plan(counts_RE.tolist(), B, align, slots, flows, target)
+    return to_tensors(res, torch.device("cpu") if device is None else device)

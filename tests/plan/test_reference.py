@@ -183,3 +183,27 @@ def test_reference_fields_is_the_reference_backend_on_tensors(align: int) -> Non
         assert set(fields) <= set(dir(p))
         for name, value in fields.items():
             assert torch.equal(getattr(p, name), value), name
+
+
+def test_reference_fields_serves_the_bounded_builder_and_slots_without_flows() -> None:
+    """The one conversion of the reference plan: ``target`` as ``reference_plan``'s (the
+    reference builder of ``policy="bounded-<eps>"``), and previous slots without flows."""
+    from fractions import Fraction
+
+    from moonplan.plan.candidates import bounded_targets
+    from moonplan.plan.placement import static_load
+    from moonplan.plan.reference import reference_fields, reference_plan, to_tensors
+    from moonplan.traces import DriftingTrace
+
+    trace = DriftingTrace(4, 12, 80, 2, sigma=2.0, seed=4)
+    c0, c = trace.step(), trace.step()
+    target, _ = bounded_targets(static_load(c).tolist(), Fraction(1, 10))
+    p = moonplan.plan(c, slots=2, policy="bounded-0.1", backend="reference")
+    fields = reference_fields(c, 2, 1, target=target)
+    want = to_tensors(reference_plan(c.tolist(), 2, 1, None, None, target), torch.device("cpu"))
+    for name, value in fields.items():
+        assert torch.equal(value, want[name]) and torch.equal(getattr(p, name), value), name
+    slots = moonplan.plan(c0, slots=2).slot_expert
+    fields = reference_fields(c, 2, 1, (slots, None))
+    want = to_tensors(reference_plan(c.tolist(), 2, 1, slots.tolist()), torch.device("cpu"))
+    assert all(torch.equal(fields[k], want[k]) for k in want)
