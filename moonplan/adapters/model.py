@@ -12,7 +12,7 @@ this rank's home experts (see :mod:`moonplan.adapters.checkpoint`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 from torch import nn
@@ -30,6 +30,8 @@ from moonplan.adapters.torchtitan import is_torchtitan_moe
 from moonplan.comm.group import EPGroup
 from moonplan.runtime.config import MoEConfig
 from moonplan.runtime.contract import RefuseMoves
+
+M = TypeVar("M")
 
 
 def wrap_model(
@@ -61,7 +63,7 @@ def wrap_model(
         UnsupportedBlockError: no supported block at all, or (``strict``) an
             unsupported MoE-like block (the message names it and says why).
     """
-    if is_supported(model) or is_torchtitan_moe(model):
+    if wrappable(model):
         raise UnsupportedBlockError(
             f"{type(model).__name__} is itself a MoE block: use moonplan.wrap(block)"
         )
@@ -96,7 +98,7 @@ def _find_blocks(model: nn.Module, strict: bool) -> tuple[list[str], list[str]]:
     for name, module in model.named_modules():
         if not name or any(name.startswith(t + ".") for t in targets):
             continue
-        if is_supported(module) or is_torchtitan_moe(module):
+        if wrappable(module):
             targets.append(name)
         elif strict and looks_like_moe(module) and not _wrapped(module):
             try:
@@ -106,15 +108,19 @@ def _find_blocks(model: nn.Module, strict: bool) -> tuple[list[str], list[str]]:
     return targets, refused
 
 
+def wrappable(module: nn.Module) -> bool:
+    """Whether :func:`~moonplan.adapters.wrap` takes ``module``: a supported block
+    (:func:`~moonplan.adapters.detect.is_supported`) or a torchtitan ``MoE``."""
+    return is_supported(module) or is_torchtitan_moe(module)
+
+
 def _wrapped(module: nn.Module) -> bool:
     return isinstance(module._modules.get("experts"), MoonExperts)
 
 
 def moon_experts(model: nn.Module) -> Iterator[tuple[str, MoonExperts]]:
     """``(qualified name, MoonExperts)`` of every wrapped layer of ``model``, in module order."""
-    for name, module in model.named_modules():
-        if isinstance(module, MoonExperts):
-            yield name, module
+    return _named(model, MoonExperts)
 
 
 def sharded_experts(model: nn.Module) -> Iterator[tuple[str, ShardedExperts]]:
@@ -123,8 +129,13 @@ def sharded_experts(model: nn.Module) -> Iterator[tuple[str, ShardedExperts]]:
     a :class:`~moonplan.MoonMoE`, and torchtitan's ``MoonGroupedExperts``), in module order.
     Each has ``expert_tensors`` (its sharded parameter names), ``num_experts``,
     ``home_range``, ``group`` and ``weights_changed()``."""
+    return _named(model, ShardedExperts)
+
+
+def _named(model: nn.Module, kind: type[M]) -> Iterator[tuple[str, M]]:
+    """``(qualified name, module)`` of ``model``'s modules of class ``kind``, in module order."""
     for name, module in model.named_modules():
-        if isinstance(module, ShardedExperts):
+        if isinstance(module, kind):
             yield name, module
 
 

@@ -223,6 +223,9 @@ def test_detection_by_structure() -> None:
     moe = make_moe(shared=False)
     assert is_torchtitan_moe(moe)
     assert not is_torchtitan_moe(moe.router)
+    from moonplan.adapters.model import wrappable  # what wrap_model looks for
+
+    assert wrappable(moe) and not wrappable(moe.router)
     wrapped = wrap_moe(moe)
     assert isinstance(wrapped.routed_experts, MoonRoutedExperts)
     assert isinstance(moe.routed_experts, RoutedExperts)  # the original is left as it was
