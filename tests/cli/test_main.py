@@ -208,6 +208,10 @@ BAD_ARGUMENTS = [
     ["profile", "--topk", "99"],
     ["profile", "--tokens", "-1"],
     ["profile", "--timeout", "-1"],
+    ["profile", "--ep", "0"],
+    ["profile", "--steps", "0"],
+    ["profile", "--layers", "0"],
+    ["profile", "--warmup", "-1"],
     ["nope"],
     [],
 ]
