@@ -207,15 +207,17 @@ class LayerRuntime:
         if not self.published:
             self.store.publish_home(params)
             self.published, self.published_version = True, version
-        t2 = time.perf_counter()
-        rec.span("plan", t1, t2)
         step = MoEStep(self, plan, route, recorder=rec)
+        t2 = time.perf_counter()
         step.fetch = fetch = self._start_prefetch(copies)
         t3 = time.perf_counter()
+        if fetch is None:  # nothing to copy, no job: planning ends here, nothing is exposed
+            t2 = t3
+        rec.span("plan", t1, t2)
         rec.span("prefetch_exposed", t2, t3)
         step.phases["prefetch_exposed"] = t3 - t2
         y_SH = moe_apply(step, x_SH, weight_SK, params["gate_up"], params["down"])
-        fetched = fetch.wait()[0]
+        fetched = 0 if fetch is None else fetch.wait()[0]
         self.resident = plan if self.B > 0 else None
         self.last_plan = plan
         s = plan.summary()
@@ -254,20 +256,21 @@ class LayerRuntime:
             return x_SH, None, torch.zeros(0, K, device=dev), False, msg
         return x_SH, ids_SK.long(), weight_SK, ok, msg
 
-    def _start_prefetch(self, fetch: FetchList) -> Pending:
+    def _start_prefetch(self, fetch: FetchList) -> Pending | None:
         """Start filling new slots and reading direct rows (the step's ``Pending``).
 
         ``fetch`` is this rank's copies, read from the plan while planning
-        (:func:`~moonplan.runtime.fetch_list.fetch_list`). Nothing to copy (static
-        and resident-only plans; on a collective transport, nothing on any rank):
-        no job. Home rows were published behind a barrier, and this rank's previous
-        step (backward included) is done with its slots, so the copies need no
-        collective on the heap and run beside the dispatch; on the all-to-all path
-        they are collectives and run inline (see :mod:`moonplan.runtime.background`).
+        (:func:`~moonplan.runtime.fetch_list.fetch_list`). ``None`` (no job) when there
+        is nothing to copy: static and resident-only plans, and on a collective
+        transport only when no rank copies anything. Home rows were published behind
+        a barrier, and this rank's previous step (backward included) is done with its
+        slots, so the copies need no collective on the heap and run beside the
+        dispatch; on the all-to-all path they are collectives and run inline (see
+        :mod:`moonplan.runtime.background`).
         """
         store = self.store
         if not (fetch.mine if store.transport.one_sided else fetch.group):
-            return Pending(result=store.no_fetch())
+            return None
         return self.lane().submit(lambda: store.prefetch(fetch))
 
     def _plan_figures(self, plan: Plan) -> dict[str, Any]:
