@@ -10,8 +10,12 @@ forward + backward. Routing: uniform, or lognormal-skewed (log-popularity
 ``sigma * z`` added to the router's logits, ``z`` drifting step to step as an AR(1)
 with correlation ``1 - drift``, the same on every rank). Rank 0's barrier-aligned
 wall time per step (median) is reported with the ratio to static; ``prefetch`` is
-the weight fetch's own time (measured in the worker thread), ``exposed`` the part
-the experts waited for, both summed over the timed steps and ranks. Writes JSON.
+the weight fetch's own time (measured in the worker thread), ``exposed`` the part on
+the critical path (handing the job over and the experts' wait for it; a step that
+copies nothing starts no job and counts 0: ``docs/runtime.md``), both summed over the
+timed steps and ranks, ``exp %`` their ratio. Last, the acceptance figures of auto:
+forward step against static (uniform, lognormal) and the lognormal forward's exposed
+fraction. Writes JSON.
 
 ``--rows``: token rows against per-record rows instead. ``--ranks``
 gloo ranks build one layer per transport and rows (the registered names: ``heap``
@@ -321,7 +325,20 @@ def main() -> None:
                     f"{1e3 * pf:>11.2f} {1e3 * ex:>10.2f} {100 * frac:>6.1f} {direct:>6}  {pol}"
                 )
         print(f"{routing}: auto's calibrated StepCost rates {got[0]['cost']}")
-    write_json(args.out, {"torch": torch.__version__, "rows": rows})
+    accept = acceptance(rows)
+    if accept:
+        print("auto, forward: " + ", ".join(f"{k} {v:.3f}" for k, v in accept.items()))
+    write_json(args.out, {"torch": torch.__version__, "rows": rows, "acceptance": accept})
+
+
+def acceptance(rows: list[dict]) -> dict[str, float]:
+    """auto's forward figures of the step-time targets (where auto ran): step / static,
+    uniform and lognormal, and the lognormal exposed fraction of the prefetch."""
+    fwd = {r["routing"]: r for r in rows if r["variant"] == "auto" and r["mode"] == "forward"}
+    out = {f"{k} /static": fwd[k]["ratio_vs_static"] for k in ("uniform", "lognormal") if k in fwd}
+    if "lognormal" in fwd:
+        out["lognormal exposed"] = fwd["lognormal"]["exposed_fraction"]
+    return out
 
 
 if __name__ == "__main__":

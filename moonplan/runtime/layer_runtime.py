@@ -29,6 +29,7 @@ from moonplan.runtime.buffers import BufferSpec, build_buffers
 from moonplan.runtime.calibrate import time_local_copy
 from moonplan.runtime.config import MoEConfig
 from moonplan.runtime.contract import check_params, check_routing
+from moonplan.runtime.fetch_list import FetchList, fetch_list
 from moonplan.runtime.moe_function import MoEStep, moe_apply
 from moonplan.runtime.step_stats import StepStats
 from moonplan.runtime.store import GradReducer
@@ -195,6 +196,9 @@ class LayerRuntime:
             # Without residents "auto" may pick another candidate, with other loads.
             plan = self._plan(counts_RE, None)
             need = int(plan.recv_size().max())
+        # This rank's weight copies: one host read of the plan, already read back for
+        # `need` (no wait for later work on a device); every policy pays it, static too.
+        copies = fetch_list(plan, self.group.rank, self.store.home)
         ids = ids_SK if ids_SK is not None else torch.zeros(0, self.K, dtype=torch.int64)
         # Affinity (a token's records on few ranks) pays only where dispatch sends token
         # rows (docs/design.md §3); per-record transports skip computing it.
@@ -203,15 +207,17 @@ class LayerRuntime:
         if not self.published:
             self.store.publish_home(params)
             self.published, self.published_version = True, version
-        t2 = time.perf_counter()
-        rec.span("plan", t1, t2)
         step = MoEStep(self, plan, route, recorder=rec)
-        step.fetch = fetch = self._start_prefetch(plan)
+        t2 = time.perf_counter()
+        step.fetch = fetch = self._start_prefetch(copies)
         t3 = time.perf_counter()
+        if fetch is None:  # nothing to copy, no job: planning ends here, nothing is exposed
+            t2 = t3
+        rec.span("plan", t1, t2)
         rec.span("prefetch_exposed", t2, t3)
         step.phases["prefetch_exposed"] = t3 - t2
         y_SH = moe_apply(step, x_SH, weight_SK, params["gate_up"], params["down"])
-        fetched = fetch.wait()[0]
+        fetched = 0 if fetch is None else fetch.wait()[0]
         self.resident = plan if self.B > 0 else None
         self.last_plan = plan
         s = plan.summary()
@@ -250,19 +256,22 @@ class LayerRuntime:
             return x_SH, None, torch.zeros(0, K, device=dev), False, msg
         return x_SH, ids_SK.long(), weight_SK, ok, msg
 
-    def _start_prefetch(self, plan: Plan) -> Pending:
+    def _start_prefetch(self, fetch: FetchList) -> Pending | None:
         """Start filling new slots and reading direct rows (the step's ``Pending``).
 
-        Home rows were published behind a barrier, and this rank's previous step
-        (backward included) is done with its slots, so the copies need no collective
-        on the heap and run beside the dispatch; on the all-to-all path they are
-        collectives and run inline (see :mod:`moonplan.runtime.background`).
+        ``fetch`` is this rank's copies, read from the plan while planning
+        (:func:`~moonplan.runtime.fetch_list.fetch_list`). ``None`` (no job) when there
+        is nothing to copy: static and resident-only plans, and on a collective
+        transport only when no rank copies anything. Home rows were published behind
+        a barrier, and this rank's previous step (backward included) is done with its
+        slots, so the copies need no collective on the heap and run beside the
+        dispatch; on the all-to-all path they are collectives and run inline (see
+        :mod:`moonplan.runtime.background`).
         """
-        store, r = self.store, self.group.rank
-        lane = self.lane()
-        if lane.kind != "inline" and not _fetches(plan, r):  # nothing to move: no job
-            return Pending(result=(0, store.direct(plan)))
-        return lane.submit(lambda: (store.prefetch(plan), store.direct(plan)))
+        store = self.store
+        if not (fetch.mine if store.transport.one_sided else fetch.group):
+            return None
+        return self.lane().submit(lambda: store.prefetch(fetch))
 
     def _plan_figures(self, plan: Plan) -> dict[str, Any]:
         """``direct_reads``, ``policy`` and ``predicted`` of a plan for :class:`StepStats`."""
@@ -272,8 +281,3 @@ class LayerRuntime:
             "policy": plan.policy,
             "predicted": dict(plan.predicted),
         }
-
-
-def _fetches(plan: Plan, rank: int) -> bool:
-    """Whether ``rank`` fills a new slot or reads a direct row under ``plan``."""
-    return bool((plan.slot_new[rank] > 0).any()) or bool((plan.direct_expert()[rank] >= 0).any())

@@ -50,7 +50,8 @@ class MoEStep:
     route: Route
     phases: dict[str, float] = field(default_factory=dict)
     recorder: StepHooks = NULL_PROFILER  # the profiler's hooks of this step (no-op when off)
-    fetch: Pending | None = None  # the prefetch: (slot rows copied, direct weights per projection)
+    # The prefetch, (slot rows copied, direct weights per projection); None: nothing to copy.
+    fetch: Pending | None = None
     traffic: dict[str, int] = field(default_factory=dict)  # the transport's StepState.traffic
 
     def tick(self, name: str, t0: float) -> float:
@@ -84,13 +85,30 @@ def _alias(w: torch.Tensor) -> torch.Tensor:
     return out.set_(w.untyped_storage(), w.storage_offset(), w.size(), w.stride())
 
 
+def _wait_prefetch(step: MoEStep, t0: float) -> float:
+    """Wait for the step's background prefetch job before the slot rows: the exposed
+    wait, phase ``prefetch_exposed`` from ``t0`` (perf_counter) to now. Without a
+    background job (nothing to copy, or it ran inline when it started) nothing is waited
+    for: a span of length 0. Returns where the next phase starts."""
+    if step.fetch is None or step.fetch.done:
+        step.recorder.span("prefetch_exposed", t0, t0)
+        return t0
+    step.fetch.wait()
+    return step.tick("prefetch_exposed", t0)
+
+
 def _remote_weights(step: MoEStep) -> dict[str, torch.Tensor]:
     """This rank's slot rows (``[B, ...]``, views of the store: no copy) and direct rows
-    (``[D, ...]``, read from their home ranks), per projection, once the prefetch is done."""
+    (``[D, ...]``, read from their home ranks), per projection, once the prefetch is done
+    (no prefetch, ``step.fetch is None``: nothing was copied, no direct rows); records
+    the prefetch's own time as the background phase ``prefetch`` (0 without one)."""
     store = step.runtime.store
-    assert step.fetch is not None, "the runtime starts the prefetch before the forward"
-    _, direct = step.fetch.wait()
-    step.background("prefetch", step.fetch)
+    if step.fetch is None:
+        _, direct = store.no_fetch()
+        step.background("prefetch", Pending())  # no job: 0 seconds
+    else:
+        _, direct = step.fetch.wait()
+        step.background("prefetch", step.fetch)
     out = {f"slot_{n}": store.slots(n) for n in PROJECTIONS}
     return out | {f"direct_{n}": direct[n] for n in PROJECTIONS}
 
@@ -116,8 +134,8 @@ class _MoEFunction(torch.autograd.Function):
             }
             y_PH = run_sections(x_PH, plan, rank, [(0, home["gate_up"], home["down"])])
             t = step.tick("experts", t)
-            remote = _remote_weights(step)  # waits for the prefetch: the exposed part
-            t = step.tick("prefetch_exposed", t)
+            t = _wait_prefetch(step, t)
+            remote = _remote_weights(step)
             # Slot rows are not copied: prefetch rewrites them only in this layer's next
             # forward, after this step's backward (see docs/training.md).
             rem = {n: _alias(w).requires_grad_(training) for n, w in remote.items()}

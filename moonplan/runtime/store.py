@@ -2,15 +2,16 @@
 
 Legend:
     R ranks, E experts, M = ceil(E/R) home rows, B slots, D direct replicas,
+    N new slots, C = N + D rows one rank copies in a step,
     F expert FFN size, H hidden; projections ``gate_up [rows, 2F, H]`` and
     ``down [rows, H, F]`` (transformers layout, gate rows first)
 
 Every rank holds the same ``[M + B]`` rows per projection, in buffers of its
 transport (``Transport.alloc_shared``): its home experts (padded to ``M``) then its
-slots. ``prefetch(plan)`` fills the slots the plan marks new (``slot_new``) by
-fetching the home rank's rows (``Transport.fetch_rows``); residents stay; direct
-replicas (beyond ``B``) are read from the home rank when the experts run. Peer
-loads on a heap, all-to-alls elsewhere: the transport decides.
+slots. ``prefetch(fetch_list)`` fills the slots the plan marks new (``slot_new``) and
+reads the direct replicas (beyond ``B``), both from the home ranks' rows
+(``Transport.fetch_rows``), as listed by :mod:`moonplan.runtime.fetch_list`;
+residents stay. Peer loads on a heap, all-to-alls elsewhere: the transport decides.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from moonplan.plan.home import home_start, max_local
 from moonplan.plan.plan_type import Plan
+from moonplan.runtime.fetch_list import FetchList, HomeRows
 from moonplan.runtime.transports.base import SharedRows, Transport
 
 PROJECTIONS = ("gate_up", "down")
@@ -44,6 +46,7 @@ class ExpertStore:
         rows_ = self.M + num_slots
         self.shared = {n: transport.alloc_shared((rows_, *sh), dtype) for n, sh in shapes.items()}
         self.local = {name: buf.local for name, buf in self.shared.items()}
+        self.home = HomeRows.of(num_experts, self.group.size)  # where each expert's rows are
         self.valid = False  # home rows published and slots consistent with `resident`
 
     def publish_home(self, weights: dict[str, torch.Tensor]) -> None:
@@ -57,40 +60,30 @@ class ExpertStore:
         self.transport.publish()
         self.valid = True
 
-    def _home_row(self, e_N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Home rank and home row of experts ``e_N``."""
-        R = self.group.size
-        starts = torch.tensor([home_start(r, self.E, R) for r in range(R + 1)], device=e_N.device)
-        h_N = torch.searchsorted(starts, e_N, right=True) - 1
-        return h_N, e_N - starts[h_N]
+    def prefetch(self, fetch: FetchList) -> tuple[int, dict[str, torch.Tensor]]:
+        """Fill this rank's new slots and read its direct rows, from the home ranks.
 
-    def _fetch(self, name: str, h_N: torch.Tensor, row_N: torch.Tensor) -> torch.Tensor:
-        """Rows ``row_N`` of ranks ``h_N``'s home experts (``[n, ...]``); collective unless
-        the transport is ``one_sided``."""
-        return self.transport.fetch_rows(self.shared[name], h_N, row_N)
+        One ``fetch_rows`` per projection brings the new slots' rows and then the direct
+        rows (``C`` rows). Collective unless the transport is ``one_sided``
+        (heap: peer loads). Slots not in ``fetch`` keep their weights (residents of
+        ``previous=``).
 
-    def prefetch(self, plan: Plan) -> int:
-        """Fill this rank's new slots from the home ranks; returns the rows copied here.
-
-        Collective unless the transport is ``one_sided`` (heap: peer loads). Slots not marked new
-        keep their weights (residents of ``previous=``).
+        Returns:
+            The number of slots filled (``N``), and the direct rows' weights
+            (``[D, ...]`` per projection, in row order).
         """
-        r = self.group.rank
-        slot_B = plan.slot_expert[r]
-        new_B = (plan.slot_new[r] > 0).nonzero().flatten()
-        e_N = slot_B[new_B]
-        h_N, row_N = self._home_row(e_N)
+        slot_N, rank_C, row_C = fetch.index(self.local[PROJECTIONS[0]].device)
+        N = slot_N.numel()
+        direct = {}
         for name in PROJECTIONS:
-            self.local[name][self.M + new_B] = self._fetch(name, h_N, row_N)
-        return int(new_B.numel())
+            got = self.transport.fetch_rows(self.shared[name], rank_C, row_C)
+            self.local[name][self.M + slot_N] = got[:N]
+            direct[name] = got[N:]
+        return N, direct
 
-    def direct(self, plan: Plan) -> dict[str, torch.Tensor]:
-        """Weights of this rank's direct replicas (``[D, ...]``), read from their home ranks."""
-        r = self.group.rank
-        d_D = plan.direct_expert()[r]
-        d_D = d_D[d_D >= 0]
-        h_D, row_D = self._home_row(d_D)
-        return {name: self._fetch(name, h_D, row_D) for name in PROJECTIONS}
+    def no_fetch(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """What :meth:`prefetch` returns when nothing is copied: no slot, no direct row."""
+        return 0, {name: w[:0] for name, w in self.local.items()}
 
     def slots(self, name: str) -> torch.Tensor:
         """``[B, ...]`` this rank's slot rows of a projection."""

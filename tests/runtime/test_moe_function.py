@@ -1,0 +1,85 @@
+"""What a step counts as prefetch: no job, nothing exposed; a job's wait, exposed.
+
+Legend: S tokens per rank, H hidden, F ffn, E experts, K top-k.
+
+Every record goes to expert 0 (rank 0's): under ``balance="exact"`` rank 1 fills a
+slot with it on the first step and keeps it resident afterwards, rank 0 copies
+nothing; under ``balance="off"`` (static) nobody copies anything. A step with nothing
+to copy starts no background job, and its ``prefetch`` and ``prefetch_exposed`` are
+exactly 0 (bookkeeping every policy pays is planning, not prefetch); a step that
+copies shows the experts' wait for the job as exposed, and the profile's figures
+agree (exposed never above the prefetch's own time where the wait dominates).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from moonplan.testing.dist import run_ranks
+
+pytestmark = pytest.mark.distributed
+
+S, H, F, E, K = 16, 8, 8, 4, 1
+SLOW_S = 0.2  # the prefetch job made this slow on purpose
+
+
+def _hot(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.zeros(x.shape[0], K, dtype=torch.int64)
+    return ids, torch.ones(x.shape[0], K) + 0 * x.sum()
+
+
+def _steps(rank: int, world: int) -> dict:
+    from moonplan import MoonMoE
+    from moonplan.profiling.session import profiling
+
+    layers = {b: MoonMoE(H, F, E, K, slots=2, balance=b, router=_hot) for b in ("off", "exact")}
+    store_cls = type(layers["exact"].runtime.store)
+    original, jobs = store_cls.prefetch, {b: 0 for b in layers}
+
+    def slow(self, fetch):
+        time.sleep(SLOW_S)
+        owner = next(b for b, layer in layers.items() if layer.runtime.store is self)
+        jobs[owner] += 1
+        return original(self, fetch)
+
+    store_cls.prefetch = slow  # type: ignore[method-assign]
+    phases: dict[str, list[dict[str, float]]] = {b: [] for b in layers}
+    with profiling(list(layers.values())) as prof, torch.no_grad():
+        for step in range(3):
+            x = torch.randn(S, H, generator=torch.Generator().manual_seed(step))
+            for b, layer in layers.items():
+                layer(x).sum()
+                phases[b].append(dict(layer.last_stats.phases))
+    store_cls.prefetch = original  # type: ignore[method-assign]
+    summary = prof.report.summary()
+    for layer in layers.values():
+        layer.runtime.close()
+    return {"phases": phases, "jobs": jobs, "summary": summary}
+
+
+@pytest.fixture(scope="module")
+def got() -> list[dict]:
+    return run_ranks(_steps, 2, timeout=120)
+
+
+def test_nothing_to_copy_is_no_job_and_nothing_exposed(got: list[dict]) -> None:
+    for r in got:  # static: no copies on any rank, no job, exactly zero
+        assert r["jobs"]["off"] == 0
+        assert all(p["prefetch"] == 0.0 == p["prefetch_exposed"] for p in r["phases"]["off"])
+    idle, busy = got[0]["phases"]["exact"], got[1]["phases"]["exact"]
+    assert got[0]["jobs"]["exact"] == 0  # rank 0 never copies
+    assert all(p["prefetch"] == 0.0 == p["prefetch_exposed"] for p in idle)
+    assert got[1]["jobs"]["exact"] == 1  # rank 1 fills its slot once; then it is resident
+    first, *resident = busy
+    assert first["prefetch"] >= SLOW_S  # the job's own time, measured where it ran
+    assert 0.5 * SLOW_S <= first["prefetch_exposed"] <= first["prefetch"] + 0.05  # the wait
+    assert all(p["prefetch"] == 0.0 == p["prefetch_exposed"] for p in resident)
+
+
+def test_the_profile_agrees_exposed_within_the_prefetch(got: list[dict]) -> None:
+    s = got[0]["summary"]  # identical on every rank: every rank's spans, slowest rank per step
+    assert s["prefetch"]["mean_ms"] >= 1e3 * SLOW_S / 3  # one slow job in 3 steps
+    assert 0 < s["prefetch_exposed"]["mean_ms"] <= s["prefetch"]["mean_ms"] + 50
