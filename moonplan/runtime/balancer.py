@@ -16,7 +16,8 @@ Choosing ahead (``choose="ahead"``, the default; :mod:`moonplan.plan.ahead`). On
 ``"auto"`` has a cost model, its candidate search (screens, scores, the candidates it
 builds) leaves the critical path. Right after step ``t``'s plan is made, step ``t``'s
 search, ``choose_next(counts_t, previous_t)`` (what inline ``"auto"`` would run at step
-``t``), is submitted to a host thread the balancer owns (a ``"thread"``
+``t``), is submitted (:meth:`Balancer.search`, once the step's routing is done) to a
+host thread the balancer owns (a ``"thread"``
 :class:`~moonplan.runtime.background.BackgroundLane`, joined by :meth:`Balancer.close`)
 on a host copy of the counts and the immutable plans; it runs beside the rest of step
 ``t`` (dispatch, experts, combine, backward) and of the model. Step ``t + 1`` waits
@@ -113,6 +114,7 @@ class Balancer:
         self.figures: dict[str, float] = {}
         self._lane = BackgroundLane("thread", torch.device("cpu"), name="moonplan-choose")
         self._search: tuple[Pending, Plan] | None = None  # submitted search, its step's plan
+        self._made: tuple[torch.Tensor, Plan | None, Plan] | None = None  # to search next
 
     def policy(self) -> str:
         """The planner policy of the next step: ``"static"``, ``"exact"`` or ``"auto"``."""
@@ -126,8 +128,9 @@ class Balancer:
         """The step's plan (the same on every rank for the same counts).
 
         ``"auto"`` choosing ahead builds the candidate named by the search that
-        :meth:`collect` waited for (inline ``"auto"`` when there is none) and submits
-        this step's search; call :meth:`collect` once per step before it.
+        :meth:`collect` waited for (inline ``"auto"`` when there is none) and keeps
+        what this step's search needs for :meth:`search`; call :meth:`collect` once per
+        step before it.
         """
         policy = self.policy()
         self.how = "none"
@@ -145,13 +148,18 @@ class Balancer:
             cost=self.cost,
         )
         self.how = "inline" if name == "auto" else "ahead"
-        if self.choose == "ahead":
-            self._submit(counts_RE, previous, p)
+        if self.choose == "ahead":  # the last call of a step wins (a growth re-plan)
+            self._made = (counts_RE, previous, p)
         return p
 
-    def _submit(self, counts_RE: torch.Tensor, previous: Plan | None, p: Plan) -> None:
-        """Start this step's search in the thread (a second call in the same step, after a
-        buffer growth re-plan, waits for the first and replaces it)."""
+    def search(self) -> None:
+        """Start the search of the step just planned in the thread (nothing unless
+        ``"auto"`` chooses ahead). Call once per step, after its last :meth:`plan` and
+        the host work that follows it on the critical path (routing), so that the
+        search runs beside the dispatch and the experts rather than competing with it."""
+        if self._made is None:
+            return
+        (counts_RE, previous, p), self._made = self._made, None
         counts = counts_RE.detach().to("cpu", copy=True)  # nothing the step writes later
         cost, B, align = self.cost, self.B, self.align
         assert cost is not None, "only 'auto' with a cost model searches"
@@ -189,7 +197,7 @@ class Balancer:
         """Forget the submitted search and the named candidate: the next ``"auto"`` step
         chooses inline (after a cost model change or a failed step, on every rank)."""
         self._lane.drain()
-        self._search = None
+        self._search = self._made = None
         self.ahead.reset()
 
     def close(self) -> None:

@@ -214,6 +214,7 @@ class LayerRuntime:
         if not self.published:
             self.store.publish_home(params)
             self.published, self.published_version = True, version
+        self.balancer.search()  # "auto" choosing ahead: the next step's choice, in a thread
         t2 = time.perf_counter()
         rec.span("plan", t1, t2)
         step = MoEStep(self, plan, route, recorder=rec)

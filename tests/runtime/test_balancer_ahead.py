@@ -64,6 +64,7 @@ def test_threaded_schedule_equals_the_in_caller_reference(R: int, E: int, seed: 
         for counts in _trace(12, R, E, seed):
             assert bal.collect() == ""
             p = bal.plan(counts, prev)
+            bal.search()
             want = plan(counts, slots=B, previous=prev_ref, policy=ref.policy(), cost=cost)
             ref.update(counts, want, cost=cost, slots=B)
             assert p.policy == want.policy
@@ -85,10 +86,13 @@ def test_inline_searches_every_step_and_other_modes_never() -> None:
     for _ in range(3):
         assert bal.collect() == ""
         p = bal.plan(counts, None)
+        bal.search()
         assert bal.how == "inline" and p.chose > 0 and bal.figures == {}
+        assert bal._search is None
     for mode in ("exact", "off"):
         bal = Balancer(mode, slots=2, align=1, cost=_cost())
         bal.plan(counts, None)
+        bal.search()
         assert bal.how == "none" and bal._search is None
 
 
