@@ -116,15 +116,15 @@ def _alive() -> list[threading.Thread]:
 def test_the_thread_is_joined_on_close() -> None:
     from moonplan import MoonMoE
 
-    assert not _alive()
+    before = set(_alive())  # other layers of this process may hold theirs
     layer = MoonMoE(8, 8, 4, 2, cost=_cost())
     with torch.no_grad():
         for _ in range(3):
             layer(torch.randn(16, 8))
     assert layer.last_stats is not None and layer.last_stats.choice == "ahead"
-    assert len(_alive()) == 1
+    (mine,) = set(_alive()) - before
     layer.runtime.close()
-    assert not _alive()
+    assert not mine.is_alive()
 
 
 def test_calibration_resets_the_choice() -> None:
