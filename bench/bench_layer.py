@@ -17,7 +17,9 @@ the weight fetch's own time (measured in the worker thread), ``exposed`` the par
 the experts waited for, both summed over the timed steps and ranks; ``plan`` is the
 ``plan`` phase (constructions on the critical path), ``choice`` the search's own time
 in its thread and ``ch.exp`` the steps' wait for it (choosing ahead only), summed
-the same way. ``--modes forward`` times the forward only. Writes JSON.
+the same way; ``work`` is the planner work on the critical path per step, in
+constructions (``plan.planned + plan.chose``, rank 0's mean). ``--modes forward``
+times the forward only. Writes JSON.
 
 ``--rows``: token rows against per-record rows instead. ``--ranks``
 gloo ranks build one layer per transport and rows (the registered names: ``heap``
@@ -122,6 +124,7 @@ def _rank(rank: int, world: int, cfg: dict) -> dict:
         times: dict[str, list[float]] = {n: [] for n in layers}
         fetch = {n: [0.0, 0.0, 0] for n in layers}  # prefetch s, exposed s, direct reads
         choice = {n: [0.0, 0.0, 0.0] for n in layers}  # plan s, choice s, choice exposed s
+        work = {n: 0.0 for n in layers}  # constructions on the critical path
         policies: dict[str, Counter] = {n: Counter() for n in layers}
         static_mm: list[float] = []
         for i, bias in enumerate(biases):
@@ -137,6 +140,7 @@ def _rank(rank: int, world: int, cfg: dict) -> dict:
                 fetch[name][2] += s.direct_reads
                 for j, phase in enumerate(("plan", "choice", "choice_exposed")):
                     choice[name][j] += s.phases.get(phase, 0.0)
+                work[name] += (layer.last_plan.planned + layer.last_plan.chose) / cfg["reps"]
                 policies[name][s.policy] += 1
                 if name == "static":
                     static_mm.append(s.static_max_over_mean)
@@ -144,6 +148,7 @@ def _rank(rank: int, world: int, cfg: dict) -> dict:
             "median_s": {k: statistics.median(v) for k, v in times.items()},
             "fetch": fetch,
             "choice": choice,
+            "work": work,
             "policies": {k: dict(v) for k, v in policies.items()},
             "static_max_over_mean": statistics.mean(static_mm),
         }
@@ -303,7 +308,7 @@ def main() -> None:
     rows = []
     head = f"{'routing':>10} {'mode':>17} {'variant':>8} {'ms':>8} {'/static':>7}"
     head += f" {'prefetch ms':>11} {'exposed ms':>10} {'exp %':>6} {'direct':>6}"
-    head += f" {'plan ms':>8} {'choice ms':>9} {'ch.exp ms':>9}  policies"
+    head += f" {'plan ms':>8} {'choice ms':>9} {'ch.exp ms':>9} {'work':>5}  policies"
     print(head)
     for routing, sigma in (("uniform", 0.0), ("lognormal", 1.0)):
         cfg = {**base, "sigma": sigma}
@@ -331,6 +336,7 @@ def main() -> None:
                         "plan_s": plan_s,
                         "choice_s": choice_s,
                         "choice_exposed_s": choice_ex,
+                        "critical_work": res["work"][name],
                         "policies": res["policies"][name],
                         "static_max_over_mean": res["static_max_over_mean"],
                         **cfg,
@@ -340,7 +346,8 @@ def main() -> None:
                 print(
                     f"{routing:>10} {mode:>17} {name:>8} {1e3 * t:>8.1f} {t / st:>7.3f} "
                     f"{1e3 * pf:>11.2f} {1e3 * ex:>10.2f} {100 * frac:>6.1f} {direct:>6} "
-                    f"{1e3 * plan_s:>8.2f} {1e3 * choice_s:>9.2f} {1e3 * choice_ex:>9.2f}  {pol}"
+                    f"{1e3 * plan_s:>8.2f} {1e3 * choice_s:>9.2f} {1e3 * choice_ex:>9.2f} "
+                    f"{res['work'][name]:>5.2f}  {pol}"
                 )
         print(f"{routing}: auto's calibrated StepCost rates {got[0]['cost']}")
     write_json(args.out, {"torch": torch.__version__, "rows": rows})
