@@ -25,8 +25,8 @@ for it before its counts exchange (:meth:`Balancer.collect`: the wait is the pha
 ``choice_exposed``, the search's own time ``choice``) and builds only the candidate it
 named: ``moonplan.plan(counts_{t+1}, previous=plan_t, policy=name)``. The first
 ``"auto"`` step, the first after the cost model changes (calibration) and the first
-after a failed step choose inline. ``choose="inline"`` runs the search on every step's
-critical path. The thread runs planner code only, never a collective.
+after a failed counts exchange choose inline. ``choose="inline"`` runs the search on
+every step's critical path. The thread runs planner code only, never a collective.
 
 Every rank counts the same steps (every rank runs every forward) and agrees on one
 model; the search reads only all-gathered counts and plans that are equal on every
@@ -195,7 +195,8 @@ class Balancer:
 
     def restart(self) -> None:
         """Forget the submitted search and the named candidate: the next ``"auto"`` step
-        chooses inline (after a cost model change or a failed step, on every rank)."""
+        chooses inline (after a cost model change or a failed counts exchange, on every
+        rank)."""
         self._lane.drain()
         self._search = self._made = None
         self.ahead.reset()
