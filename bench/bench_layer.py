@@ -1,7 +1,10 @@
 """MoonMoE step time per ``balance=`` mode against static EP, side by side in one run.
 
 Two ranks (fork, gloo) build one layer per variant with the same weights:
-``auto`` (cost-model choice per step, calibrated by the layer itself), ``static``
+``auto`` (cost-model choice per step, calibrated by the layer itself; the search runs
+ahead, in a host thread after each step, and the step builds the candidate it named),
+``auto-inline`` (the same with ``choose="inline"``: the search on every step's
+critical path, as before choosing ahead), ``static``
 (``balance="off"``: every record on its home rank), ``exact`` (always exactly
 balanced), each with the default slots (``min(2, ceil(E/R))``), and ``exact-M``
 (exact with ``slots = ceil(E/R)``, the old default). They run in turn
@@ -13,9 +16,13 @@ wall time per step (median) is reported with the ratio to static; ``prefetch`` i
 the weight fetch's own time (measured in the worker thread), ``exposed`` the part on
 the critical path (handing the job over and the experts' wait for it; a step that
 copies nothing starts no job and counts 0: ``docs/runtime.md``), both summed over the
-timed steps and ranks, ``exp %`` their ratio. Last, the acceptance figures of auto:
+timed steps and ranks, ``exp %`` their ratio; ``plan`` is the ``plan`` phase
+(constructions on the critical path), ``choice`` the search's own time in its thread
+and ``ch.exp`` the steps' wait for it (choosing ahead only), summed the same way;
+``work`` is the planner work on the critical path per step, in constructions
+(``plan.planned + plan.chose``, rank 0's mean). Last, the acceptance figures of auto:
 forward step against static (uniform, lognormal) and the lognormal forward's exposed
-fraction. Writes JSON.
+fraction. ``--modes forward`` times the forward only. Writes JSON.
 
 ``--rows``: token rows against per-record rows instead. ``--ranks``
 gloo ranks build one layer per transport and rows (the registered names: ``heap``
@@ -48,7 +55,7 @@ from moonplan.runtime.routers import softmax_topk
 from moonplan.runtime.transports.registry import builtin_name
 from moonplan.testing.dist import run_ranks
 
-VARIANTS = ("auto", "static", "exact", "exact-M")
+VARIANTS = ("auto", "auto-inline", "static", "exact", "exact-M")
 MODES = ("forward", "forward+backward")
 
 
@@ -65,6 +72,7 @@ def _layers(cfg: dict, holder: dict) -> dict:
     )
     options = {
         "auto": {"balance": "auto"},
+        "auto-inline": {"balance": "auto", "choose": "inline"},
         "static": {"balance": "off"},
         "exact": {"balance": "exact"},
         "exact-M": {"balance": "exact", "slots": M},
@@ -115,9 +123,11 @@ def _rank(rank: int, world: int, cfg: dict) -> dict:
     warm = cfg["warmup"]
     biases = _biases(cfg, warm + cfg["reps"])
     out: dict[str, Any] = {}
-    for mode in MODES:
+    for mode in cfg["modes"]:
         times: dict[str, list[float]] = {n: [] for n in layers}
         fetch = {n: [0.0, 0.0, 0] for n in layers}  # prefetch s, exposed s, direct reads
+        choice = {n: [0.0, 0.0, 0.0] for n in layers}  # plan s, choice s, choice exposed s
+        work = {n: 0.0 for n in layers}  # constructions on the critical path
         policies: dict[str, Counter] = {n: Counter() for n in layers}
         static_mm: list[float] = []
         for i, bias in enumerate(biases):
@@ -131,12 +141,17 @@ def _rank(rank: int, world: int, cfg: dict) -> dict:
                 fetch[name][0] += s.phases.get("prefetch", 0.0)
                 fetch[name][1] += s.phases.get("prefetch_exposed", 0.0)
                 fetch[name][2] += s.direct_reads
+                for j, phase in enumerate(("plan", "choice", "choice_exposed")):
+                    choice[name][j] += s.phases.get(phase, 0.0)
+                work[name] += (layer.last_plan.planned + layer.last_plan.chose) / cfg["reps"]
                 policies[name][s.policy] += 1
                 if name == "static":
                     static_mm.append(s.static_max_over_mean)
         out[mode] = {
             "median_s": {k: statistics.median(v) for k, v in times.items()},
             "fetch": fetch,
+            "choice": choice,
+            "work": work,
             "policies": {k: dict(v) for k, v in policies.items()},
             "static_max_over_mean": statistics.mean(static_mm),
         }
@@ -146,12 +161,12 @@ def _rank(rank: int, world: int, cfg: dict) -> dict:
 
 
 def _merge(got: list[dict], mode: str) -> dict:
-    """Rank 0's times; prefetch figures summed over ranks."""
+    """Rank 0's times; prefetch and choice figures summed over ranks."""
     res = dict(got[0][mode])
-    res["fetch"] = {
-        n: [sum(g[mode]["fetch"][n][i] for g in got) for i in range(3)]
-        for n in got[0][mode]["fetch"]
-    }
+    for key in ("fetch", "choice"):
+        res[key] = {
+            n: [sum(g[mode][key][n][i] for g in got) for i in range(3)] for n in got[0][mode][key]
+        }
     return res
 
 
@@ -275,6 +290,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=6, help="untimed steps (auto calibrates)")
     ap.add_argument("--drift", type=float, default=0.1, help="1 - step-to-step correlation")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="any of " + ",".join(VARIANTS))
+    ap.add_argument("--modes", default=",".join(MODES), help="any of " + ",".join(MODES))
     ap.add_argument("--out", default="bench/results/bench_layer.json")
     args = ap.parse_args()
     if args.rows:
@@ -286,22 +302,28 @@ def main() -> None:
     if "static" not in variants or any(v not in VARIANTS for v in variants):
         ap.error(f"--variants: a subset of {VARIANTS} that includes static")
     base["variants"] = variants
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or any(m not in MODES for m in modes):
+        ap.error(f"--modes: a non-empty subset of {MODES}")
+    base["modes"] = modes
     if args.quick:
         base.update(H=64, F=128, S=256, reps=3)
     rows = []
     head = f"{'routing':>10} {'mode':>17} {'variant':>8} {'ms':>8} {'/static':>7}"
-    head += f" {'prefetch ms':>11} {'exposed ms':>10} {'exp %':>6} {'direct':>6}  policies"
+    head += f" {'prefetch ms':>11} {'exposed ms':>10} {'exp %':>6} {'direct':>6}"
+    head += f" {'plan ms':>8} {'choice ms':>9} {'ch.exp ms':>9} {'work':>5}  policies"
     print(head)
     for routing, sigma in (("uniform", 0.0), ("lognormal", 1.0)):
         cfg = {**base, "sigma": sigma}
         got = run_ranks(_rank, 2, cfg, timeout=1800)
-        for mode in MODES:
+        for mode in modes:
             res = _merge(got, mode)
             st = res["median_s"]["static"]
             for name in variants:
                 t = res["median_s"][name]
                 pf, ex, direct = res["fetch"][name]
                 frac = ex / pf if pf > 0 else 0.0
+                plan_s, choice_s, choice_ex = res["choice"][name]
                 rows.append(
                     {
                         "routing": routing,
@@ -314,6 +336,10 @@ def main() -> None:
                         "prefetch_exposed_s": ex,
                         "exposed_fraction": frac,
                         "direct_reads": direct,
+                        "plan_s": plan_s,
+                        "choice_s": choice_s,
+                        "choice_exposed_s": choice_ex,
+                        "critical_work": res["work"][name],
                         "policies": res["policies"][name],
                         "static_max_over_mean": res["static_max_over_mean"],
                         **cfg,
@@ -322,7 +348,9 @@ def main() -> None:
                 pol = " ".join(f"{k}:{v}" for k, v in sorted(res["policies"][name].items()))
                 print(
                     f"{routing:>10} {mode:>17} {name:>8} {1e3 * t:>8.1f} {t / st:>7.3f} "
-                    f"{1e3 * pf:>11.2f} {1e3 * ex:>10.2f} {100 * frac:>6.1f} {direct:>6}  {pol}"
+                    f"{1e3 * pf:>11.2f} {1e3 * ex:>10.2f} {100 * frac:>6.1f} {direct:>6} "
+                    f"{1e3 * plan_s:>8.2f} {1e3 * choice_s:>9.2f} {1e3 * choice_ex:>9.2f} "
+                    f"{res['work'][name]:>5.2f}  {pol}"
                 )
         print(f"{routing}: auto's calibrated StepCost rates {got[0]['cost']}")
     accept = acceptance(rows)

@@ -75,6 +75,9 @@ class MoonMoE(RuntimeViews, FixedPlacement):
             * ``cost``: the :class:`~moonplan.stepcost.StepCost` ``balance="auto"`` plans
               with; default: measured by the layer itself (a few exact warm-up steps, then
               :meth:`calibrate`, agreed across ranks).
+            * ``choose``: ``"ahead"`` (default: ``balance="auto"`` searches its candidates
+              in a host thread after each step and the next step builds the one named)
+              or ``"inline"`` (the search on every step's critical path).
 
     Attributes:
         router: ``nn.Linear(H, E)`` (the ``"softmax"``/``"sigmoid"`` routers' weights).

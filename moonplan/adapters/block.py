@@ -47,7 +47,7 @@ def wrap(
             config's: ``slots`` (a count, a byte budget ``"2GiB"``/``Bytes`` or a fraction of
             the home experts' bytes; default ``min(2, ceil(E/R))``), ``align``,
             ``max_tokens``, ``transport``, ``balance`` (``"auto"`` default, ``"exact"``,
-            ``"off"``), ``overlap``, ``cost``.
+            ``"off"``), ``overlap``, ``cost``, ``choose``.
 
     Returns:
         A module of the same class with the same forward signature and return value. It

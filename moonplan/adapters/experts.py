@@ -46,7 +46,7 @@ class MoonExperts(FixedPlacement, ShardedExperts):
             from the weights; a set one must match them).
         **options: fields of :class:`~moonplan.runtime.config.MoEConfig` (``slots``,
             ``align``, ``max_tokens``, ``transport``, ``balance``, ``overlap``, ``cost``,
-            ...), replacing the config's.
+            ``choose``, ...), replacing the config's.
         owner: the layer's name in the error of a config mismatch across ranks
             (:class:`~moonplan.MoonMoE` passes its own).
 

@@ -26,7 +26,9 @@ class StepHooks(Protocol):
 
     def span(self, name: str, t0: float, t1: float) -> None: ...
 
-    def background(self, name: str, t0: float, t1: float, events: Any = None) -> None: ...
+    def background(
+        self, name: str, t0: float, t1: float, events: Any = None, *, host: bool = False
+    ) -> None: ...
 
     def traffic(self, records: int, rows_sent: int) -> None: ...
 
@@ -52,7 +54,9 @@ class NullProfiler:
     def span(self, name: str, t0: float, t1: float) -> None:
         """Phase ``name`` ran from ``t0`` to ``t1`` (``perf_counter`` seconds): ignored."""
 
-    def background(self, name: str, t0: float, t1: float, events: Any = None) -> None:
+    def background(
+        self, name: str, t0: float, t1: float, events: Any = None, *, host: bool = False
+    ) -> None:
         """Background phase ``name`` ran from ``t0`` to ``t1``: ignored."""
 
     def traffic(self, records: int, rows_sent: int) -> None:
@@ -90,11 +94,15 @@ class StepRecorder:
         self._prof.add(self.layer, self.step, name, (t0, t1), (self._mark, end))
         self._mark = end
 
-    def background(self, name: str, t0: float, t1: float, events: Any = None) -> None:
+    def background(
+        self, name: str, t0: float, t1: float, events: Any = None, *, host: bool = False
+    ) -> None:
         """Background phase ``name`` (a worker thread's or side stream's job) ran from
         ``t0`` to ``t1`` (host seconds, measured where it ran) or, on CUDA, between the
-        side-stream ``events`` (start, end). It does not move the sequence's boundary."""
-        if self._prof.cuda and events is None:
+        side-stream ``events`` (start, end). ``host``: a host thread's job (no device
+        work), kept on the host clock on CUDA too. It does not move the sequence's
+        boundary."""
+        if self._prof.cuda and events is None and not host:
             return  # inline job: its time is already inside the critical-path phases
         self._prof.add(self.layer, self.step, name, (t0, t1), events or (None, None))
 

@@ -15,11 +15,11 @@ phases. Two step figures are therefore reported: the slowest rank's step
 clock from the first rank's start to the last rank's end of each sequence
 (forward, backward, user region) of each layer, summed.
 
-Background phases (``prefetch``, ``grad_reduce``: timed in the worker thread or on
-the side stream that ran them) overlap the others; they are left out of the step
-sums and of the shares' total (their share is still reported against that total),
-and the table adds what fraction of each was exposed on the critical path
-(``prefetch_exposed / prefetch``).
+Background phases (``prefetch``, ``grad_reduce``, ``choice``: timed in the worker
+thread or on the side stream that ran them) overlap the others; they are left out of
+the step sums, of the wall times and of the shares' total (their share is still
+reported against that total), and the table adds what fraction of each was exposed on
+the critical path (``prefetch_exposed / prefetch``, ``choice_exposed / choice``).
 """
 
 from __future__ import annotations
@@ -113,10 +113,13 @@ class ProfileReport:
 
     def wall_step_s(self) -> np.ndarray:
         """``[T]`` float64 seconds: per step, summed over layers and sequences, the time from
-        the first rank's first span to the last rank's last span (common clock)."""
+        the first rank's first span to the last rank's last span (common clock; background
+        spans left out: the choice made ahead ran beside the previous step)."""
         first: dict[tuple[int, int, str], float] = {}
         last: dict[tuple[int, int, str], float] = {}
         for s in self.spans:
+            if self.phases[s.phase] in BACKGROUND_PHASES:  # beside a sequence, maybe before it
+                continue
             key = (s.layer, s.step, sequence_of(self.phases[s.phase]))
             first[key] = min(first.get(key, s.start), s.start)
             last[key] = max(last.get(key, s.end), s.end)

@@ -18,6 +18,10 @@ Phases (:data:`PHASES`): ``counts`` (counts exchange), ``plan``, ``prefetch_expo
 and the :data:`BACKGROUND_PHASES` ``prefetch`` and ``grad_reduce``, measured where
 they run (a worker thread, a side stream), which overlap the others and are left
 out of step sums and shares (their ``*_exposed`` twins are the critical-path part).
+Steps of ``balance="auto"`` that built a candidate named ahead add the
+:data:`CHOICE_PHASES`: ``choice_exposed`` (the step's wait for the search, before its
+counts exchange) and ``choice`` (the search's own time in its host thread, beside the
+previous step: background).
 User code may time its own regions with :meth:`Profiler.phase`.
 
 Clocks. On CPU a span is the runtime's own ``time.perf_counter`` readings (the
@@ -47,6 +51,7 @@ from moonplan.profiling.hooks import NULL_PROFILER, LayerProfiler, NullProfiler,
 from moonplan.profiling.phases import (
     BACKGROUND_PHASES,
     BACKWARD_PHASES,
+    CHOICE_PHASES,
     FORWARD_PHASES,
     PHASES,
     USER_LAYER,
@@ -57,6 +62,7 @@ from moonplan.runtime.layer_runtime import LayerRuntime
 __all__ = [
     "BACKGROUND_PHASES",
     "BACKWARD_PHASES",
+    "CHOICE_PHASES",
     "FORWARD_PHASES",
     "NULL_PROFILER",
     "PHASES",
@@ -82,7 +88,7 @@ class Profiler:
     def __init__(self, group: EPGroup, *, aligned: bool = False):
         self.group, self.aligned = group, aligned
         self.cuda = group.device.type == "cuda"
-        self.names: list[str] = list(PHASES)  # local phase ids index this list
+        self.names: list[str] = [*PHASES, *CHOICE_PHASES]  # local phase ids index this list
         self._ids = {n: i for i, n in enumerate(self.names)}
         self._rows: list[tuple[int, int, int, float, float]] = []  # layer, step, phase, s, s
         self._events: list[tuple[int, int, int, Any, Any]] = []  # same with CUDA events
@@ -111,7 +117,9 @@ class Profiler:
     def add(
         self, layer: int, step: int, name: str, times: tuple[float, float], marks: tuple[Any, Any]
     ) -> None:
-        """Record a span: host ``times`` (perf_counter s) and boundary ``marks`` (CUDA).
+        """Record a span: host ``times`` (perf_counter s) and boundary ``marks`` (CUDA;
+        ``(None, None)`` for a host thread's job, kept on the host clock: both clocks
+        start at :meth:`start`, right after a device synchronisation).
 
         Spans that end after profiling ended (a backward run after the block) are dropped.
         """
@@ -121,7 +129,7 @@ class Profiler:
         if pid is None:
             pid = self._ids[name] = len(self.names)
             self.names.append(name)
-        if self.cuda:
+        if self.cuda and marks[0] is not None:
             self._events.append((layer, step, pid, *marks))
         else:
             self._rows.append((layer, step, pid, times[0] - self.origin, times[1] - self.origin))

@@ -1,4 +1,5 @@
-"""Background work of one layer runtime: weight prefetch and the replica-gradient reduce.
+"""Background work of one layer runtime: weight prefetch, the replica-gradient reduce and
+``balance="auto"``'s choice made ahead (``moonplan.runtime.balancer``).
 
 Legend: none (no tensors of their own: a job returns whatever its function returns).
 
@@ -9,7 +10,8 @@ kinds, picked by the runtime from its transport (``Transport.one_sided``) and de
 
 * ``"thread"`` (CPU shared-memory heap): one worker thread per lane, created on the
   first job and joined by :meth:`BackgroundLane.close`. Jobs are plain peer-memory
-  copies (torch releases the GIL while copying), never collectives.
+  copies (torch releases the GIL while copying) or the planner's candidate search
+  (host code on all-gathered counts), never collectives.
 * ``"stream"`` (CUDA heap): the job is enqueued on a side stream that first waits
   for the current stream; ``wait()`` makes the current stream wait for an event
   recorded after the job (no host synchronisation).
@@ -90,14 +92,15 @@ class BackgroundLane:
     Args:
         kind: ``"thread"``, ``"stream"`` or ``"inline"``.
         device: the runtime's device (the side stream's, for ``"stream"``).
+        name: the worker thread's name prefix (``"thread"``).
     """
 
-    def __init__(self, kind: str, device: torch.device):
+    def __init__(self, kind: str, device: torch.device, *, name: str = "moonplan-bg"):
         if kind not in KINDS:
             raise ValueError(f"background lane kind must be one of {KINDS}, got {kind!r}")
         if kind == "stream" and device.type != "cuda":
             raise ValueError(f"a 'stream' lane needs a CUDA device, got {device}")
-        self.kind, self.device = kind, device
+        self.kind, self.device, self.name = kind, device, name
         self._pool: ThreadPoolExecutor | None = None
         self._stream: Any = None
         self._last: Pending | None = None
@@ -112,7 +115,7 @@ class BackgroundLane:
             self._last = Pending(result=result, span=(t0, time.perf_counter()))
         elif self.kind == "thread":
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moonplan-bg")
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
             self._last = Pending(self._pool.submit(_timed, fn))
         else:
             self._last = self._submit_stream(fn)

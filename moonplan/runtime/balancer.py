@@ -12,20 +12,45 @@ Legend: R ranks, E experts, ``counts_RE`` int64 ``[R, E]`` records per source ra
   (:mod:`moonplan.runtime.calibrate`, agreed across ranks) and plans ``"auto"`` from
   then on. ``layer.calibrate()`` does the same on demand.
 
+Choosing ahead (``choose="ahead"``, the default; :mod:`moonplan.plan.ahead`). Once
+``"auto"`` has a cost model, its candidate search (screens, scores, the candidates it
+builds) leaves the critical path. Right after step ``t``'s plan is made, step ``t``'s
+search, ``choose_next(counts_t, previous_t)`` (what inline ``"auto"`` would run at step
+``t``), is submitted (:meth:`Balancer.search`, once the step's routing is done) to a
+host thread the balancer owns (a ``"thread"``
+:class:`~moonplan.runtime.background.BackgroundLane`, joined by :meth:`Balancer.close`)
+on a host copy of the counts and the immutable plans; it runs beside the rest of step
+``t`` (dispatch, experts, combine, backward) and of the model. Step ``t + 1`` waits
+for it before its counts exchange (:meth:`Balancer.collect`: the wait is the phase
+``choice_exposed``, the search's own time ``choice``) and builds only the candidate it
+named: ``moonplan.plan(counts_{t+1}, previous=plan_t, policy=name)``. The first
+``"auto"`` step, the first after the cost model changes (calibration) and the first
+after a failed counts exchange choose inline. ``choose="inline"`` runs the search on
+every step's critical path. The thread runs planner code only, never a collective.
+
 Every rank counts the same steps (every rank runs every forward) and agrees on one
-model, so every rank computes the same plan.
+model; the search reads only all-gathered counts and plans that are equal on every
+rank, so every rank computes the same plan and names the same candidate. A search that
+raises is reported by :meth:`Balancer.collect` as this rank's failure in the next
+step's counts exchange: every rank then raises the same ``ContractError`` (naming the
+rank) instead of planning differently, and every rank forgets its named candidate
+(:meth:`Balancer.restart`).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import torch
 
 from moonplan.comm.group import EPGroup
 from moonplan.plan import api as planner
+from moonplan.plan.ahead import AheadChoice, choose_next
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.static import static_plan
+from moonplan.profiling.hooks import NULL_PROFILER, StepHooks
+from moonplan.runtime.background import BackgroundLane, Pending
 from moonplan.runtime.balance import balance_mode
 from moonplan.runtime.calibrate import StepSample, agree, fit_rates, sample_step
 from moonplan.stepcost import StepCost
@@ -36,6 +61,20 @@ WARMUP_STEPS = 4
 KEEP_SAMPLES = 32
 """Most recent step samples kept for ``calibrate()``."""
 
+CHOOSE_MODES = ("ahead", "inline")
+"""Where ``balance="auto"`` runs its candidate search (see the module docstring)."""
+
+
+def choose_mode(value: object) -> str:
+    """``value`` if it is one of :data:`CHOOSE_MODES`.
+
+    Raises:
+        ValueError: naming the option and the allowed values.
+    """
+    if not isinstance(value, str) or value not in CHOOSE_MODES:
+        raise ValueError(f"choose must be one of {CHOOSE_MODES}, got {value!r}")
+    return value
+
 
 class Balancer:
     """Plans one layer's steps for a ``balance=`` mode (see the module docstring).
@@ -44,15 +83,38 @@ class Balancer:
         mode: ``"auto"``, ``"exact"`` or ``"off"``.
         slots: ``B``; align: receive-row padding.
         cost: a fixed cost model for ``"auto"`` (no calibration), or ``None``.
+        choose: ``"ahead"`` (the search of ``"auto"`` off the critical path) or ``"inline"``.
+
+    Attributes:
+        how: how the last plan's candidate was chosen: ``"ahead"`` (named by the
+            previous step's background search), ``"inline"`` (searched on the critical
+            path) or ``"none"`` (``"exact"``/``"off"``, and ``"auto"``'s warm-up).
+        figures: the last :meth:`collect`'s phases in seconds: ``choice_exposed`` (the
+            wait) and ``choice`` (the search's own time); empty when nothing was waited for.
     """
 
-    def __init__(self, mode: str, *, slots: int, align: int, cost: StepCost | None = None):
+    def __init__(
+        self,
+        mode: str,
+        *,
+        slots: int,
+        align: int,
+        cost: StepCost | None = None,
+        choose: str = "ahead",
+    ):
         self.mode = balance_mode(mode)
+        self.choose = choose_mode(choose)
         self.B, self.align = slots, align
         self.cost = cost
         self.user_cost = cost is not None
         self.samples: deque[StepSample] = deque(maxlen=KEEP_SAMPLES)
         self.steps = 0  # forwards seen (every rank counts the same)
+        self.ahead = AheadChoice()
+        self.how = "none"
+        self.figures: dict[str, float] = {}
+        self._lane = BackgroundLane("thread", torch.device("cpu"), name="moonplan-choose")
+        self._search: tuple[Pending, Plan] | None = None  # submitted search, its step's plan
+        self._made: tuple[torch.Tensor, Plan | None, Plan] | None = None  # to search next
 
     def policy(self) -> str:
         """The planner policy of the next step: ``"static"``, ``"exact"`` or ``"auto"``."""
@@ -63,20 +125,86 @@ class Balancer:
         return "auto"
 
     def plan(self, counts_RE: torch.Tensor, previous: Plan | None) -> Plan:
-        """The step's plan (the same on every rank for the same counts)."""
+        """The step's plan (the same on every rank for the same counts).
+
+        ``"auto"`` choosing ahead builds the candidate named by the search that
+        :meth:`collect` waited for (inline ``"auto"`` when there is none) and keeps
+        what this step's search needs for :meth:`search`; call :meth:`collect` once per
+        step before it.
+        """
         policy = self.policy()
+        self.how = "none"
         if policy == "static":
             return static_plan(counts_RE, slots=self.B, align=self.align)
         if policy == "exact":
             return planner.plan(counts_RE, slots=self.B, align=self.align, previous=previous)
-        return planner.plan(
+        name = self.ahead.policy() if self.choose == "ahead" else "auto"
+        p = planner.plan(
             counts_RE,
             slots=self.B,
             align=self.align,
             previous=previous,
-            policy="auto",
+            policy=name,
             cost=self.cost,
         )
+        self.how = "inline" if name == "auto" else "ahead"
+        if self.choose == "ahead":  # the last call of a step wins (a growth re-plan)
+            self._made = (counts_RE, previous, p)
+        return p
+
+    def search(self) -> None:
+        """Start the search of the step just planned in the thread (nothing unless
+        ``"auto"`` chooses ahead). Call once per step, after its last :meth:`plan` and
+        the host work that follows it on the critical path (routing), so that the
+        search runs beside the dispatch and the experts rather than competing with it."""
+        if self._made is None:
+            return
+        (counts_RE, previous, p), self._made = self._made, None
+        counts = counts_RE.detach().to("cpu", copy=True)  # nothing the step writes later
+        cost, B, align = self.cost, self.B, self.align
+        assert cost is not None, "only 'auto' with a cost model searches"
+        pending = self._lane.submit(
+            lambda: choose_next(counts, previous, cost=cost, slots=B, align=align)
+        )
+        self._search = (pending, p)
+
+    def collect(self, rec: StepHooks = NULL_PROFILER) -> str:
+        """Wait for the search submitted by the last step; ``""``, or why it failed.
+
+        Call on every rank once per step, before the counts exchange, and report a
+        failure there (the step's ``ok``/``msg``). Records the phases ``choice_exposed``
+        (the wait, on the critical path) and ``choice`` (the search's own time, in the
+        background) in :attr:`figures` and through ``rec``.
+        """
+        self.figures = {}
+        if self._search is None:
+            return ""
+        (pending, p), self._search = self._search, None
+        t0 = time.perf_counter()
+        try:
+            found = pending.wait()
+        except Exception as exc:  # reported to every rank by the counts exchange
+            self.restart()
+            return f"balance='auto' choosing ahead failed: {type(exc).__name__}: {exc}"
+        t1 = time.perf_counter()
+        self.ahead.settle(found.policy, p)
+        rec.span("choice_exposed", t0, t1)
+        rec.background("choice", *pending.span, host=True)
+        self.figures = {"choice_exposed": t1 - t0, "choice": pending.run_s}
+        return ""
+
+    def restart(self) -> None:
+        """Forget the submitted search and the named candidate: the next ``"auto"`` step
+        chooses inline (after a cost model change or a failed counts exchange, on every
+        rank)."""
+        self._lane.drain()
+        self._search = self._made = None
+        self.ahead.reset()
+
+    def close(self) -> None:
+        """Wait for a running search (its result and errors dropped), join the thread."""
+        self.restart()
+        self._lane.close()
 
     def record(self, plan: Plan, rank: int, sent: int, phases: dict[str, float]) -> None:
         """Keep this step's measurements (every step but the first)."""
@@ -89,7 +217,8 @@ class Balancer:
         return self.mode == "auto" and self.cost is None and len(self.samples) >= WARMUP_STEPS
 
     def calibrate(self, group: EPGroup, *, copy_fallback_s: float, overlap: bool) -> StepCost:
-        """Collective: fit this rank's rates, agree on the max, use it from now on."""
+        """Collective: fit this rank's rates, agree on the max, use it from now on (the
+        next ``"auto"`` step chooses inline with it)."""
         ok = bool(self.samples)
         group.agree(ok, "no measured steps yet: run a few forward steps first", what="calibrate")
         mine = fit_rates(
@@ -97,4 +226,5 @@ class Balancer:
         )
         self.cost = agree(group, mine)
         self.user_cost = False
+        self.restart()
         return self.cost

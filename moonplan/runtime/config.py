@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from moonplan.runtime.balance import balance_mode
+from moonplan.runtime.balancer import choose_mode
 from moonplan.runtime.slot_budget import SlotsOption, resolve_slots
 from moonplan.runtime.transports import registry as transports
 from moonplan.stepcost import StepCost
@@ -79,6 +80,11 @@ class MoEConfig:
     """The :class:`~moonplan.stepcost.StepCost` ``balance="auto"`` plans with; ``None``:
     calibrated by the layer from its first measured steps."""
 
+    choose: str = "ahead"
+    """Where ``balance="auto"`` searches its candidates: ``"ahead"`` (after each step, in a
+    host thread, on that step's counts; the next step builds only the candidate named)
+    or ``"inline"`` (on every step's critical path); ``moonplan.runtime.balancer``."""
+
     def __post_init__(self) -> None:
         for name in SIZES:
             _check_int(name, getattr(self, name), 1, optional=True)
@@ -97,6 +103,7 @@ class MoEConfig:
             raise ValueError(f"dtype must be a floating torch.dtype or None, got {self.dtype!r}")
         if not isinstance(self.overlap, bool):
             raise ValueError(f"overlap must be a bool, got {self.overlap!r}")
+        choose_mode(self.choose)
         if self.cost is not None and not isinstance(self.cost, StepCost):
             raise ValueError(
                 f"cost must be a moonplan.stepcost.StepCost or None, got {self.cost!r}"

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from moonplan.comm.errors import ContractError
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.home import max_local
@@ -63,7 +64,9 @@ class LayerRuntime:
         self.group, self.config = group, cfg
         self.E, self.B, self.H, self.F, self.K, self.align = E, B, H, F, K, cfg.align
         self.dtype, self.kind, self.balance = cfg.layer_dtype(), cfg.transport, cfg.balance
-        self.balancer = Balancer(cfg.balance, slots=B, align=cfg.align, cost=cfg.cost)
+        self.balancer = Balancer(
+            cfg.balance, slots=B, align=cfg.align, cost=cfg.cost, choose=cfg.choose
+        )
         self.M = max_local(E, group.size)
         self.heap: SymmetricHeap | None = None
         self.capacity = 0
@@ -111,8 +114,9 @@ class LayerRuntime:
         return self._lane
 
     def close(self) -> None:
-        """Join the background worker and release the heap (collective: every rank)."""
+        """Join the background workers and release the heap (collective: every rank)."""
         self._lane.close()
+        self.balancer.close()
         if self.heap is not None:
             self.heap.close()
             self.heap = None
@@ -173,6 +177,9 @@ class LayerRuntime:
         if self.balancer.due():  # "auto" after its measured warm-up steps (every rank)
             self.calibrate()
         rec = self.profiler.begin_step()  # records nothing unless profiling
+        failed = self.balancer.collect(rec)  # the choice made ahead, waited for here
+        if failed and ok:  # reported like a bad input: every rank raises
+            ok, msg = False, failed
         t0 = time.perf_counter()
         counts_E = torch.zeros(self.E, dtype=torch.int64, device=x_SH.device)
         if ok and ids_SK is not None and ids_SK.numel():
@@ -180,9 +187,13 @@ class LayerRuntime:
         # One exchange carries the counts, the validity flag and "my home weights changed".
         version = tuple(int(p._version) for p in params.values())
         changed = int(version != self.published_version)
-        got_RX = self.group.gather_with_status(
-            torch.cat([counts_E, counts_E.new_tensor([changed])]), ok, msg
-        )
+        try:
+            got_RX = self.group.gather_with_status(
+                torch.cat([counts_E, counts_E.new_tensor([changed])]), ok, msg
+            )
+        except ContractError:  # raised on every rank: every rank forgets its named choice
+            self.balancer.restart()
+            raise
         counts_RE = got_RX[:, : self.E]
         if bool(got_RX[:, self.E].any()):  # any rank's weights changed: every slot is stale
             self.published, self.resident = False, None
@@ -207,6 +218,7 @@ class LayerRuntime:
         if not self.published:
             self.store.publish_home(params)
             self.published, self.published_version = True, version
+        self.balancer.search()  # "auto" choosing ahead: the next step's choice, in a thread
         step = MoEStep(self, plan, route, recorder=rec)
         t2 = time.perf_counter()
         step.fetch = fetch = self._start_prefetch(copies)
@@ -222,7 +234,7 @@ class LayerRuntime:
         self.last_plan = plan
         s = plan.summary()
         # The same dict as the step's: backward adds its phases to it when it runs.
-        step.phases.update({"counts": t1 - t0, "plan": t2 - t1})
+        step.phases.update({"counts": t1 - t0, "plan": t2 - t1, **self.balancer.figures})
         phases = step.phases
         self.last_stats = StepStats(
             s["copies"],
@@ -274,10 +286,12 @@ class LayerRuntime:
         return self.lane().submit(lambda: store.prefetch(fetch))
 
     def _plan_figures(self, plan: Plan) -> dict[str, Any]:
-        """``direct_reads``, ``policy`` and ``predicted`` of a plan for :class:`StepStats`."""
+        """``direct_reads``, ``policy``, ``predicted`` and ``choice`` of a plan for
+        :class:`StepStats`."""
         d_D = plan.direct_expert()[self.group.rank]
         return {
             "direct_reads": int((d_D >= 0).sum()),
             "policy": plan.policy,
             "predicted": dict(plan.predicted),
+            "choice": self.balancer.how,
         }

@@ -19,12 +19,18 @@ class StepStats:
     overlapped schedule) after the forward; it gains ``combine_backward``,
     ``experts_backward``, ``dispatch_backward``, ``grad_reduce_exposed`` and
     ``grad_reduce`` (the same pair for the replica-gradient reduce) once the step's
-    backward has run.
+    backward has run. Steps of ``balance="auto"`` that built a candidate named ahead
+    (``choice == "ahead"``) also have ``choice_exposed`` (the wait for that search,
+    before the counts exchange, on the critical path) and ``choice`` (the search's own
+    time in its host thread, which ran beside the previous step).
 
     ``direct_reads``: replicas whose weights this rank read from their home rank this
     step (beyond its slots); ``policy``: the balance policy of the step's plan;
     ``predicted``: the cost model's predicted step seconds per candidate policy
-    (empty when the step was not planned with a cost model).
+    (empty when the step was not planned with a cost model); ``choice``: how the
+    step's candidate was chosen, ``"ahead"`` (named by the previous step's background
+    search: this step built only that candidate), ``"inline"`` (searched on the
+    critical path) or ``"none"`` (no search: ``"exact"``, ``"off"``, auto's warm-up).
 
     ``records``: this rank's ``(token, k)`` records; ``rows_sent``: rows its dispatch
     sent (one per record, or one per ``(token, destination rank)`` on a token-row
@@ -42,6 +48,7 @@ class StepStats:
     direct_reads: int = 0
     policy: str = "exact"
     predicted: dict[str, float] = field(default_factory=dict)
+    choice: str = "none"
     records: int = 0
     rows_sent: int = 0
     bytes_sent: int = 0

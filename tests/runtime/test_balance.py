@@ -99,10 +99,11 @@ def _steps(rank: int, world: int, cfg: dict) -> dict:
         K,
         balance=cfg["balance"],
         cost=cfg.get("cost"),
+        choose=cfg.get("choose", "ahead"),
         router=_hot_router(9, sum(sizes[:rank]), K, E),
     )
     layer.load_dense(w["router_weight"], w["gate_up"], w["down"])
-    ys, dxs, gus, policies = [], [], [], []
+    ys, dxs, gus, policies, choices = [], [], [], [], []
     for step in range(cfg["steps"]):
         x = split(tokens(sum(sizes), H, 30 + step), sizes)[rank].clone().requires_grad_(True)
         layer.zero_grad()
@@ -112,8 +113,10 @@ def _steps(rank: int, world: int, cfg: dict) -> dict:
         dxs.append(x.grad)
         gus.append(layer.gate_up.grad.clone())
         policies.append(layer.last_stats.policy)
+        choices.append(layer.last_stats.choice)
     cost = layer.cost.as_tensor() if layer.cost is not None else None
-    return {"y": ys, "dx": dxs, "gate_up": gus, "policies": policies, "cost": cost}
+    out = {"y": ys, "dx": dxs, "gate_up": gus, "policies": policies, "cost": cost}
+    return out | {"choices": choices}
 
 
 def _dense(cfg: dict, step: int) -> dict:
@@ -181,11 +184,32 @@ def test_every_mode_equals_the_dense_reference(balance: str, world: int, E: int,
         assert set(pols) == {"static"}
     elif balance == "exact":
         assert set(pols) == {"exact"}
-    else:  # exact while measuring; then a calibrated model, the same on every rank
+    else:  # exact while measuring; then a calibrated model, the same on every rank,
+        # the first step with it searching inline, the next ones building the named one
         assert pols[: WARMUP_STEPS + 1] == ["exact"] * (WARMUP_STEPS + 1)
         assert all(g["policies"] == pols for g in got)
+        warm = ["none"] * (WARMUP_STEPS + 1)
+        assert all(g["choices"] == [*warm, "inline", "ahead"] for g in got)
         costs = [g["cost"] for g in got]
         assert all(c is not None and torch.equal(c, costs[0]) for c in costs)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("choose", ["ahead", "inline"])
+@pytest.mark.parametrize(
+    ("world", "E", "sizes"), [(1, 4, [9]), (2, 5, [8, 6]), (4, 6, [5, 0, 7, 6])]
+)
+def test_auto_with_a_given_cost_equals_the_dense_reference(choose: str, world, E, sizes) -> None:
+    """No warm-up: step 0 searches inline, every later step builds the candidate named by
+    the previous step's background search (or searches inline with ``choose="inline"``)."""
+    cost = ROWS_AND_COPIES.scaled(copy_s_intra=1e-5, copy_s_inter=1e-5)
+    cfg = {"E": E, "sizes": sizes, "balance": "auto", "steps": 4, "cost": cost}
+    cfg["choose"] = choose
+    got = run_ranks(_steps, world, cfg, timeout=180)
+    _check_against_dense(cfg, got)
+    later = "ahead" if choose == "ahead" else "inline"
+    assert all(g["choices"] == ["inline"] + [later] * 3 for g in got)
+    assert all(g["policies"] == got[0]["policies"] for g in got)
 
 
 @pytest.mark.distributed

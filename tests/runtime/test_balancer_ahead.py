@@ -1,0 +1,283 @@
+"""``balance="auto"`` choosing ahead in the runtime (``moonplan.runtime.balancer``).
+
+Legend: R ranks, E experts, K top-k, H hidden, F ffn, ``counts_RE`` int64 ``[R, E]``.
+
+The balancer's threaded schedule against the in-caller reference
+(:class:`moonplan.plan.ahead.AheadChoice`), the same candidate on every rank of a real
+process group, the thread's life cycle, a failing search, calibration, the option and
+the profile's figures.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+from moonplan.comm.errors import ContractError
+from moonplan.plan import plan
+from moonplan.plan.ahead import AheadChoice, choose_next
+from moonplan.runtime.balancer import WARMUP_STEPS, Balancer
+from moonplan.runtime.config import MoEConfig
+from moonplan.stepcost import StepCost
+from moonplan.testing.dist import run_ranks
+
+THREAD = "moonplan-choose"
+
+
+def _cost(copy_s: float = 1e-4) -> StepCost:
+    """Rows cost 1 us, an expert copy ``copy_s``; the rest is free. At these sizes the
+    choice moves between exact, greedy, bounded, resident and static step to step."""
+    return StepCost(1e-6, 0.0, 0.0, copy_s, copy_s, 0.0, 0.0, 0.0, 0.0)
+
+
+def _trace(steps: int, R: int, E: int, seed: int) -> list[torch.Tensor]:
+    """``steps`` count matrices ``[R, E]``: skewed, drifting, and a few adversarial ones
+    (no records at all, every record on one expert, one rank with nothing)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for t in range(steps):
+        pop_E = torch.rand(E, generator=g) ** 4 + 0.01
+        ids = torch.multinomial(pop_E, R * 64, replacement=True, generator=g).reshape(R, 64)
+        counts = torch.stack([torch.bincount(row, minlength=E) for row in ids])
+        if t % 7 == 3:
+            counts = torch.zeros(R, E, dtype=torch.int64)
+        elif t % 7 == 5:
+            counts = torch.zeros(R, E, dtype=torch.int64)
+            counts[:, E - 1] = 64
+        elif t % 7 == 6:
+            counts[0] = 0
+        out.append(counts)
+    return out
+
+
+@pytest.mark.parametrize(("R", "E", "seed"), [(2, 5, 0), (4, 16, 1), (8, 32, 2)])
+def test_threaded_schedule_equals_the_in_caller_reference(R: int, E: int, seed: int) -> None:
+    """Every step's plan equals the reference's: ``AheadChoice.update`` run in the caller."""
+    cost, B = _cost(), 2
+    bal = Balancer("auto", slots=B, align=1, cost=cost)
+    ref, prev_ref, prev = AheadChoice(), None, None
+    hows, pols = [], []
+    try:
+        for counts in _trace(12, R, E, seed):
+            assert bal.collect() == ""
+            p = bal.plan(counts, prev)
+            bal.search()
+            want = plan(counts, slots=B, previous=prev_ref, policy=ref.policy(), cost=cost)
+            ref.update(counts, want, cost=cost, slots=B)
+            assert p.policy == want.policy
+            assert torch.equal(p.alloc, want.alloc) and torch.equal(p.slot_new, want.slot_new)
+            hows.append(bal.how)
+            pols.append(p.policy)
+            prev, prev_ref = p, want
+        assert hows == ["inline"] + ["ahead"] * 11
+        assert len(set(pols)) >= 3, pols  # the choice really moves
+        assert set(bal.figures) == {"choice", "choice_exposed"}
+        assert all(v >= 0 for v in bal.figures.values())
+    finally:
+        bal.close()
+
+
+def test_inline_searches_every_step_and_other_modes_never() -> None:
+    counts = _trace(1, 4, 16, 3)[0]
+    bal = Balancer("auto", slots=2, align=1, cost=_cost(), choose="inline")
+    for _ in range(3):
+        assert bal.collect() == ""
+        p = bal.plan(counts, None)
+        bal.search()
+        assert bal.how == "inline" and p.chose > 0 and bal.figures == {}
+        assert bal._search is None
+    for mode in ("exact", "off"):
+        bal = Balancer(mode, slots=2, align=1, cost=_cost())
+        bal.plan(counts, None)
+        bal.search()
+        assert bal.how == "none" and bal._search is None
+
+
+def test_choose_option_is_validated_and_passed_through() -> None:
+    from moonplan import MoonMoE
+
+    assert MoEConfig().choose == "ahead"
+    for bad in ("later", "Ahead", None, 1):
+        with pytest.raises(ValueError, match="choose must be one of"):
+            MoEConfig(choose=bad)  # type: ignore[arg-type]
+    assert MoEConfig.merged(None, choose="inline").choose == "inline"
+    layer = MoonMoE(8, 8, 4, 2, choose="inline")
+    assert layer.runtime.balancer.choose == "inline"
+    assert MoonMoE(8, 8, 4, 2).runtime.balancer.choose == "ahead"
+
+
+def _alive() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD)]
+
+
+def test_the_thread_is_joined_on_close() -> None:
+    from moonplan import MoonMoE
+
+    before = set(_alive())  # other layers of this process may hold theirs
+    layer = MoonMoE(8, 8, 4, 2, cost=_cost())
+    with torch.no_grad():
+        for _ in range(3):
+            layer(torch.randn(16, 8))
+    assert layer.last_stats is not None and layer.last_stats.choice == "ahead"
+    (mine,) = set(_alive()) - before
+    layer.runtime.close()
+    assert not mine.is_alive()
+
+
+def test_calibration_resets_the_choice() -> None:
+    """A new cost model (calibrated, or on demand): the next step searches inline with it."""
+    from moonplan import MoonMoE
+
+    layer = MoonMoE(8, 8, 4, 2)
+    choices = []
+    with torch.no_grad():
+        for _ in range(WARMUP_STEPS + 3):
+            layer(torch.randn(32, 8))
+            choices.append(layer.last_stats.choice)
+        layer.calibrate()
+        for _ in range(2):
+            layer(torch.randn(32, 8))
+            choices.append(layer.last_stats.choice)
+    warm = ["none"] * (WARMUP_STEPS + 1)
+    assert choices == [*warm, "inline", "ahead", "inline", "ahead"]
+    layer.runtime.close()
+
+
+# ---- real process groups -------------------------------------------------------------------
+def _drifting_router(E: int, K: int, rank: int):
+    """Top-``K`` of skewed logits drifting with the step (the same law on every rank)."""
+    state = {"step": 0}
+
+    def route(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(1000 * state["step"] + rank)
+        bias = 3.0 * torch.randn(E, generator=torch.Generator().manual_seed(state["step"] // 2))
+        logits = torch.randn(x.shape[0], E, generator=g) + bias
+        w, ids = torch.softmax(logits, -1).topk(K, -1)
+        state["step"] += 1
+        return ids, w * (1 + 0 * x.sum())
+
+    return route
+
+
+COPY_S = 1e-4
+
+
+def _choices(rank: int, world: int, steps: int) -> dict[str, Any]:
+    from moonplan import MoonMoE
+
+    E, K, cost = 12, 2, _cost(COPY_S)
+    layer = MoonMoE(8, 8, E, K, cost=cost, router=_drifting_router(E, K, rank))
+    rt = layer.runtime
+    plans, hows, phases = [], [], []
+    with torch.no_grad():
+        for _ in range(steps):
+            layer(torch.randn(24, 8, generator=torch.Generator().manual_seed(rank)))
+            plans.append(rt.last_plan)
+            hows.append(layer.last_stats.choice)
+            phases.append(dict(layer.last_stats.phases))
+    # Step t+1 built what inline auto chose at step t: choose_next(counts_t, plan_{t-1}).
+    named = [
+        choose_next(p.counts, plans[t - 1] if t else None, cost=cost, slots=rt.B).policy
+        for t, p in enumerate(plans[:-1])
+    ]
+    rt.close()
+    return {
+        "policies": [p.policy for p in plans],
+        "named": named,
+        "alloc": [p.alloc for p in plans],
+        "hows": hows,
+        "phases": phases,
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_rank_builds_the_same_named_candidate(world: int) -> None:
+    steps = 8
+    got = run_ranks(_choices, world, steps, timeout=180)
+    first = got[0]
+    assert first["hows"] == ["inline"] + ["ahead"] * (steps - 1)
+    assert first["policies"][1:] == first["named"]
+    assert len(set(first["policies"])) >= 2, first["policies"]  # the choice really moves
+    for g in got:
+        assert g["policies"] == first["policies"] and g["named"] == first["named"]
+        assert all(torch.equal(a, b) for a, b in zip(g["alloc"], first["alloc"], strict=True))
+        for ph in g["phases"][1:]:  # the wait and the search's own time, both measured
+            assert ph["choice"] > 0 and ph["choice_exposed"] >= 0
+        assert "choice" not in g["phases"][0]
+
+
+def _failing(rank: int, world: int, bad: list[int]) -> dict[str, Any]:
+    import moonplan.runtime.balancer as balancer_module
+    from moonplan import MoonMoE
+
+    calls = {"n": 0}
+    real = balancer_module.choose_next
+
+    def search(*args: Any, **kw: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2 and rank in bad:  # the search submitted by step 1
+            raise RuntimeError("boom in the search")
+        return real(*args, **kw)
+
+    balancer_module.choose_next = search  # this forked rank's module only
+    layer = MoonMoE(8, 8, 6, 2, cost=_cost())
+    hows, errors = [], []
+    with torch.no_grad():
+        for _ in range(5):
+            try:
+                layer(torch.randn(12, 8))
+                hows.append(layer.last_stats.choice)
+            except ContractError as exc:
+                errors.append((str(exc), exc.ranks))
+                hows.append("failed")
+    alive = bool(_alive())
+    layer.runtime.close()
+    return {"hows": hows, "errors": errors, "alive_before_close": alive}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("bad", [[1], [0, 1, 2]])
+def test_a_failing_search_raises_the_same_error_on_every_rank(bad: list[int]) -> None:
+    """Step 2 waits for step 1's search: every rank raises ContractError naming the
+    failing ranks (no hang); step 3 searches inline on every rank, step 4 is named."""
+    got = run_ranks(_failing, 3, bad, timeout=120)
+    for g in got:
+        assert g["hows"] == ["inline", "ahead", "failed", "inline", "ahead"]
+        ((msg, ranks),) = g["errors"]
+        assert ranks == tuple(bad)
+        assert "choosing ahead failed: RuntimeError: boom in the search" in msg
+        assert g["errors"] == got[0]["errors"]
+
+
+def test_the_profile_shows_the_choice_and_its_wait() -> None:
+    from moonplan import MoonMoE
+    from moonplan.profiling.phases import BACKGROUND_PHASES, CHOICE_PHASES
+    from moonplan.profiling.session import profiling
+
+    layer = MoonMoE(16, 16, 4, 2, cost=_cost())
+    x = torch.randn(32, 16)
+    with torch.no_grad():
+        layer(x)
+        with profiling(layer) as prof:
+            for _ in range(3):
+                layer(x)
+    report = prof.report
+    assert set(CHOICE_PHASES) <= set(report.present) and "choice" in BACKGROUND_PHASES
+    d = report.rank_phase_s()[0, -1]
+    for name in CHOICE_PHASES:  # the spans are the step's own figures
+        seconds = layer.last_stats.phases[name]
+        assert d[report.phases.index(name)] == pytest.approx(seconds, rel=1e-9, abs=1e-12)
+    assert "choice: " in report.table() and "in the background" in report.table()
+    # the search ran beside the previous step: its span starts before this step's forward
+    spans = [s for s in report.spans if report.phases[s.phase] == "choice" and s.step == 2]
+    starts = [s.start for s in report.spans if s.step == 2 and s.phase != spans[0].phase]
+    assert spans and spans[0].start < min(starts)
+    assert (
+        report.wall_step_s()[2]
+        <= max(s.end for s in report.spans if s.step == 2) - min(starts) + 1e-9
+    )
+    layer.runtime.close()
