@@ -9,7 +9,9 @@ Runs, in one process (``moonplan.simulate.acceptance``):
 1. every point of models x hardware x EP x sigma x S (``E >= R``; 504 points) and
    prints the worst points, the failures of the bars (auto <= 1.01x the best peer
    everywhere; <= 1.06x the ideal at DeepSeek-V3, h200-node, EP 8, sigma 1, S 4096)
-   and auto's choices;
+   and auto's choices; ``moonplan-auto`` chooses ahead (the search off the critical
+   path, its excess over the step charged), ``moonplan-auto-inline`` (the search on the
+   critical path) runs beside it on the same traces;
 2. the reference settings (DeepSeek-V3: EP 8 decode and 4096 tokens, EP 64) with the
    serial schedule (fetch, then dispatch: the old one) and the overlapped one side by
    side: step time / ideal per policy, and moonplan's prefetch (total and exposed).
@@ -44,6 +46,7 @@ from moonplan.simulate.acceptance import (
     CLASSES,
     IDEAL_BAR,
     IDEAL_POINT,
+    INLINE,
     PEER_BAR,
     PEERS,
     AcceptanceGrid,
@@ -78,7 +81,7 @@ WHY = (  # (label, hardware, EP, sigma, tokens per rank)
     ("EP64 multinode S=4096 sigma 1", "h200-multinode", 64, 1.0, 4096),
 )
 SHORT = {"static-linear": "static", "moonep-greedy": "greedy", "moonplan-resident": "resident",
-         "moonplan-auto": "auto"}  # fmt: skip
+         "moonplan-auto": "auto", INLINE: "inline"}  # fmt: skip
 
 
 def table(header: list[str], lines: list[list[str]]) -> str:
@@ -92,14 +95,21 @@ def point_lines(rows: list[dict[str, Any]]) -> list[list[str]]:
          f"{r['vs_peers']:.3f}", SHORT.get(r["best_peer"], r["best_peer"]),
          f"{r['vs_ideal']:.3f}", choices(r["choices"]), f"{r['phases']['plan_us']:.0f}",
          f"{r['phases']['prefetch_exposed_us']:.0f}", f"{r['us'][AUTO]:.0f}",
-         f"{r['vs_peers_chosen_only']:.3f}"]
+         f"{r['vs_peers_chosen_only']:.3f}", f"{r['background_plan']:.2f}",
+         f"{r['background_wait_us']:.0f}", _inline(r)]
         for r in rows
     ]  # fmt: skip
 
 
+def _inline(r: dict[str, Any]) -> str:
+    return f"{r['vs_peers_inline']:.3f}" if "vs_peers_inline" in r else "-"
+
+
 POINT_HEADER = ["model", "hardware", "EP", "sigma", "S", "auto / best peer", "best peer",
                 "auto / ideal", "auto chose", "plan us", "exposed prefetch us",
-                "auto us", "auto / best peer, chosen candidate planned only"]  # fmt: skip
+                "auto us", "auto / best peer, chosen candidate planned only",
+                "background search (constructions)", "background wait us",
+                "inline / best peer"]  # fmt: skip
 
 
 def choices(c: dict[str, int]) -> str:
@@ -113,16 +123,46 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
         at = [r for r in rows if (r["model"], r["hardware"]) == key]
         bad = sum(r["vs_peers"] > PEER_BAR for r in at)
         bad_chosen = sum(r["vs_peers_chosen_only"] > PEER_BAR for r in at)
+        bad_inline = sum(r.get("vs_peers_inline", 0.0) > PEER_BAR for r in at)
         top = max(at, key=lambda r: r["vs_peers"])
         out.append([*key, str(len(at)), str(bad), f"{top['vs_peers']:.3f}",
                     f"EP{top['ranks']} sigma {top['sigma']:g} S={top['tokens']}",
-                    str(bad_chosen)])  # fmt: skip
+                    str(bad_chosen), str(bad_inline)])  # fmt: skip
     total: Counter[str] = Counter()
     for r in rows:
         total.update(r["choices"])
     head = ["model", "hardware", "points", "above bar", "worst auto / best peer", "at",
-            "above bar, chosen candidate planned only"]  # fmt: skip
-    return [table(head, out), "", f"auto's choices over all measured steps: {choices(total)}"]
+            "above bar, chosen candidate planned only", "above bar, inline"]  # fmt: skip
+    return [table(head, out), "", f"auto's choices over all measured steps: {choices(total)}",
+            "", *by_tokens(rows)]  # fmt: skip
+
+
+def by_tokens(rows: list[dict[str, Any]]) -> list[str]:
+    """Per tokens per rank: points within the bar (ahead, inline), worst ratio, auto's mean
+    planning charge and background search a step."""
+    sizes = sorted({r["tokens"] for r in rows})
+    plan_us = SimConfig().plan_us.get(AUTO, 0.0)
+    at = {S: [r for r in rows if r["tokens"] == S] for S in sizes}
+
+    def line(label: str, f: Any) -> list[str]:
+        return [label, *(f(at[S]) for S in sizes)]
+
+    def within(key: str) -> Any:
+        return lambda rs: f"{sum(r.get(key, 9.0) <= PEER_BAR for r in rs)} of {len(rs)}"
+
+    def mean(f: Any) -> Any:
+        return lambda rs: f"{sum(f(r) for r in rs) / len(rs):.0f}"
+
+    lines = [
+        line("within 1.01x the best peer (ahead)", within("vs_peers")),
+        line("within 1.01x, inline", within("vs_peers_inline")),
+        line("within 1.01x, chosen candidate planned only", within("vs_peers_chosen_only")),
+        line("worst auto / best peer", lambda rs: f"{max(r['vs_peers'] for r in rs):.2f}"),
+        line("auto's planning charge per step, us", mean(lambda r: r["phases"]["plan_us"])),
+        line("of which background wait, us", mean(lambda r: r["background_wait_us"])),
+        line("background search per step, us", mean(lambda r: r["background_plan"] * plan_us)),
+    ]
+    return [table(["tokens per rank", *map(str, sizes)], lines), ""]
 
 
 def causes(rows: list[dict[str, Any]]) -> list[str]:
@@ -274,7 +314,7 @@ def main() -> None:
     if args.steps:
         grid = dataclasses.replace(grid, steps=args.steps)
     t0 = time.time()
-    rows = run_acceptance(grid, SimConfig(), progress=ProgressBar())
+    rows = run_acceptance(grid, SimConfig(), ProgressBar(), (*PEERS, AUTO, INLINE))
     bad = failures(rows)
     ideal = [r for r in rows if (r["model"], r["hardware"], r["ranks"], r["sigma"], r["tokens"])
              == IDEAL_POINT]  # fmt: skip
@@ -285,7 +325,9 @@ def main() -> None:
         f"after {grid.warmup})",
         "",
         f"Bars: auto <= {PEER_BAR}x the best peer at every point; auto <= {IDEAL_BAR}x the "
-        f"ideal at {IDEAL_POINT}. Points above a bar: {len(bad)}.",
+        f"ideal at {IDEAL_POINT}. Points above a bar: {len(bad)} (auto chooses ahead; the "
+        f"inline schedule, same traces: {sum(r['vs_peers_inline'] > PEER_BAR for r in rows)} "
+        "above the peer bar).",
         "",
         *summary(rows),
         "",

@@ -15,8 +15,13 @@ it asks for and whether the last plan is passed on as ``previous=``:
 
 * ``moonplan``: ``policy="exact"``, no ``previous`` (every replica copied every step);
 * ``moonplan-resident``: ``policy="exact"`` with ``previous=`` (resident slots reused);
-* ``moonplan-auto``: ``policy="auto"`` with ``previous=`` and the simulator's
-  :class:`~moonplan.stepcost.StepCost` as ``cost=``.
+* ``moonplan-auto``: the candidate chosen *ahead* (``moonplan.plan.ahead``): step
+  ``t + 1`` builds only the candidate named by ``policy="auto"``'s search on step
+  ``t``'s counts, with ``previous=`` and the simulator's
+  :class:`~moonplan.stepcost.StepCost` as ``cost=``; the search runs off the critical
+  path and is recorded as ``PolicyStep.background_plan``;
+* ``moonplan-auto-inline``: ``policy="auto"`` on every step's critical path (the
+  search inline, between the counts and the dispatch).
 
 A new planner policy (``plan(policy="<name>")``) reaches the simulator as one more
 subclass and one registration (CONTRIBUTING.md, "Adding a planner policy").
@@ -32,6 +37,7 @@ from moonplan.baselines.moonep_greedy import MOONEP_PLAN_US
 from moonplan.baselines.policy_base import Policy, PolicyStep, make_step
 from moonplan.baselines.registry import PolicyInfo, register
 from moonplan.plan import api as planner
+from moonplan.plan.ahead import AheadChoice
 from moonplan.plan.plan_type import Plan
 from moonplan.stepcost import StepCost, plan_fetch_ER
 
@@ -66,15 +72,18 @@ class PlannerPolicy(Policy):
     def reset(self) -> None:
         self._previous = None
 
-    def plan(self, counts_RE: torch.Tensor, previous: Plan | None) -> Plan:
+    def plan(
+        self, counts_RE: torch.Tensor, previous: Plan | None, policy: str | None = None
+    ) -> Plan:
         """The step's :class:`Plan` from ``counts``, ``previous`` and ``self.cost``: the
-        same ``moonplan.plan`` call as ``Balancer.plan(counts_RE, previous)``."""
+        same ``moonplan.plan`` call as ``Balancer.plan(counts_RE, previous)``
+        (``policy``: instead of ``self.planner_policy``)."""
         return planner.plan(
             counts_RE,
             slots=self.slots,
             previous=previous,
             backend="torch",
-            policy=self.planner_policy,
+            policy=policy or self.planner_policy,
             cost=self.cost,
         )
 
@@ -100,26 +109,73 @@ class MoonplanPolicy(PlannerPolicy):
 
 
 class MoonplanAutoPolicy(PlannerPolicy):
-    """``moonplan.plan(..., policy="auto", cost=cost)`` every step, the chosen plan kept as
-    ``previous=`` (its resident slots are reused by the next step's candidates).
+    """``policy="auto"``'s choice, made ahead (default) or inline, the plan of each step
+    kept as ``previous=`` (its resident slots are reused by the next step's candidates).
 
     ``cost`` is the :class:`~moonplan.stepcost.StepCost` the choice minimises; the
     simulator passes the one it charges the step with (same model, hardware, schedule
-    and planning time), so the plan's predicted time is its simulated time. Planning is
-    charged per planner run (``plan.planned``) plus the choice's own work (screens,
-    scorings, the keep test: ``plan.chose``, in construction equivalents measured on this
-    code, ``moonplan.plan.choose.WORK``).
+    and planning time), so a plan's predicted time is its simulated time.
+
+    * ``ahead=True`` (``moonplan-auto``, what the runtime runs): each step builds only
+      the candidate :class:`~moonplan.plan.ahead.AheadChoice` named (``policy=name``:
+      one construction for a balancing candidate, none for ``static`` and
+      ``resident``), charged on the critical path; the first step (no choice yet)
+      chooses inline. Then the search for the next step runs on this step's counts and
+      the previous plan (``AheadChoice.update``), off the critical path: its work
+      (``found.planned + found.chose``) is recorded as ``PolicyStep.background_plan``,
+      and the simulator charges the part of it that does not fit beside the step. After
+      an inline step the inline search *is* that search (same counts, same
+      ``previous``): its choice is kept and nothing runs in the background.
+    * ``ahead=False`` (``moonplan-auto-inline``): ``moonplan.plan(..., policy="auto")``
+      on every step's critical path, charged its runs (``plan.planned``) plus the
+      choice's own work (screens, scorings, the keep test: ``plan.chose``, in
+      construction equivalents measured on this code, ``moonplan.plan.choose.WORK``).
     """
 
     name = "moonplan-auto"
     planner_policy = "auto"
 
     def __init__(
-        self, num_ranks: int, num_experts: int, *, cost: StepCost, slots: int | None = None
+        self,
+        num_ranks: int,
+        num_experts: int,
+        *,
+        cost: StepCost,
+        slots: int | None = None,
+        ahead: bool = True,
     ) -> None:
         if not isinstance(cost, StepCost):
             raise ValueError(f"moonplan-auto needs cost=StepCost(...), got {cost!r}")
         super().__init__(num_ranks, num_experts, slots=slots, cost=cost)
+        self.ahead = ahead
+        self.name = "moonplan-auto" if ahead else "moonplan-auto-inline"
+        self._choice = AheadChoice()
+
+    def reset(self) -> None:
+        super().reset()
+        self._choice.reset()
+
+    def step(self, counts: Any) -> PolicyStep:
+        if not self.ahead:
+            return super().step(counts)
+        counts_RE = self._counts(counts)
+        named = self._choice.policy()
+        p = self.plan(counts_RE, self._previous, named)
+        background = 0.0
+        if named == "auto":  # inline: this search is the next step's choice
+            self._choice.settle(p.policy, p)
+        else:
+            found = self._choice.update(counts_RE, p, cost=self.cost, slots=self.slots)
+            background = found.planned + found.chose
+        self._previous = p
+        return plan_step(
+            self.name,
+            counts_RE,
+            p,
+            planned=p.planned + p.chose,
+            choice=p.policy,
+            background_plan=background,
+        )
 
 
 def plan_step(name: str, counts_RE: torch.Tensor, p: Plan, **options: Any) -> PolicyStep:
@@ -149,8 +205,8 @@ def _moonplan(name: str, num_ranks: int, num_experts: int, **options: Any) -> Po
 
 def _auto(name: str, num_ranks: int, num_experts: int, **options: Any) -> Policy:
     if options.get("cost") is None:
-        raise ValueError("moonplan-auto needs cost=StepCost(...) (the model it minimises)")
-    return MoonplanAutoPolicy(num_ranks, num_experts, **options)
+        raise ValueError(f"{name} needs cost=StepCost(...) (the model it minimises)")
+    return MoonplanAutoPolicy(num_ranks, num_experts, ahead=not name.endswith("-inline"), **options)
 
 
 # Both exact variants take `slots`; auto also needs `cost` (the StepCost it minimises).
@@ -160,3 +216,7 @@ register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-"
                     plan_us=MOONEP_PLAN_US, options=("slots",), order=70))  # fmt: skip
 register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=MOONEP_PLAN_US,
                     options=("cost", "slots"), order=80))  # fmt: skip
+# The inline schedule (the search on every step's critical path): not listed, for comparison.
+register(PolicyInfo("moonplan-auto-inline", _auto, label="auto-inline", style=("--", "^"),
+                    plan_us=MOONEP_PLAN_US, options=("cost", "slots"), order=90,
+                    listed=False))  # fmt: skip

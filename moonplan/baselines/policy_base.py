@@ -55,6 +55,10 @@ class PolicyStep:
             ``moonplan-auto`` adds its choice's own work, ``Plan.chose``).
         choice: the candidate a choosing policy took this step (``moonplan-auto``:
             ``plan.policy``, e.g. ``"static"``); ``""`` for the others.
+        background_plan: planner work run off the critical path after this step, in
+            construction equivalents (``moonplan-auto``'s choice of the next step's
+            candidate, ``found.planned + found.chose``); the simulator charges only the
+            part that does not fit beside the step (``moonplan.simulate.model_time``).
     """
 
     name: str
@@ -69,6 +73,7 @@ class PolicyStep:
     src_E: torch.Tensor | None = None
     planned: float = 1
     choice: str = ""
+    background_plan: float = 0.0
 
     @property
     def load_R(self) -> torch.Tensor:

@@ -32,6 +32,8 @@ Progress = Callable[[int, int, str], None]
 """``progress(done, total, label)`` callback."""
 
 AUTO = "moonplan-auto"
+INLINE = "moonplan-auto-inline"
+"""The inline schedule of the same choice (the search on the critical path), for comparison."""
 PEERS = ("static-linear", "eplb", "moonep-greedy", "moonplan-resident")
 """The policies ``moonplan-auto`` must not be slower than (beyond :data:`PEER_BAR`)."""
 PEER_BAR = 1.01
@@ -96,7 +98,11 @@ def acceptance_point(
         per step, MB: on the critical path or, for EPLB, in the background), and a
         diagnosis of the choice's own planning: ``chosen_only_us`` (auto's time if only
         the candidate it took had been planned: one run for a balancing candidate, none
-        for static and resident) and ``vs_peers_chosen_only``.
+        for static and resident) and ``vs_peers_chosen_only``; ``background_plan``
+        (auto's search off the critical path, construction equivalents a step) and
+        ``background_wait_us`` (the part of it charged because it did not fit beside its
+        step); with :data:`INLINE` among ``policies``, ``vs_peers_inline`` (the inline
+        schedule's ratio) too.
     """
     cfg = cfg or SimConfig()
     model, hw, R, sigma, S = point
@@ -130,11 +136,16 @@ def acceptance_point(
         "vs_peers_chosen_only": chosen_only / rows[best]["total_us"],
         "choices": auto.get("choices", {}),
         "phases": {k: auto[k] for k in (*phases, "combine_us", "total_us")},
-    }
+        "background_plan": auto.get("background_plan", 0.0),
+        "background_wait_us": auto.get("background_wait_us", 0.0),
+        **({"vs_peers_inline": rows[INLINE]["total_us"] / rows[best]["total_us"]}
+           if INLINE in rows else {}),
+    }  # fmt: skip
 
 
 def _chosen_runs(auto_row: dict[str, Any]) -> float:
-    """Mean planner runs per step if auto had built only the candidates it took."""
+    """Mean planner runs per step if auto had built only the candidates it took (and
+    waited for no search: neither inline nor the excess of the one in the background)."""
     choices = auto_row.get("choices", {})
     steps = sum(choices.values())
     balancing = sum(n for c, n in choices.items() if c not in ("static", "resident"))
@@ -142,15 +153,18 @@ def _chosen_runs(auto_row: dict[str, Any]) -> float:
 
 
 def run_acceptance(
-    grid: AcceptanceGrid, cfg: SimConfig | None = None, progress: Progress | None = None
+    grid: AcceptanceGrid,
+    cfg: SimConfig | None = None,
+    progress: Progress | None = None,
+    policies: Sequence[str] = (*PEERS, AUTO),
 ) -> list[dict[str, Any]]:
-    """:func:`acceptance_point` of every point of ``grid``, in grid order."""
+    """:func:`acceptance_point` of every point of ``grid`` with ``policies``, in grid order."""
     points = grid.points()
     rows = []
     for i, point in enumerate(points):
         if progress:
             progress(i, len(points), "{} {} EP={} sigma={:g} S={}".format(*point))
-        rows.append(acceptance_point(point, grid, cfg))
+        rows.append(acceptance_point(point, grid, cfg, policies))
     if progress:
         progress(len(points), len(points), "done")
     return rows
@@ -175,8 +189,9 @@ CLASSES = ("planning", "myopia", "static", "eplb", "greedy")
 def classify(r: dict[str, Any]) -> str:
     """Why auto is above the bar at point ``r`` (the first class that fits; ``""`` within it).
 
-    ``planning``: with only the candidate it kept planned, auto would be within the bar
-    (the cost of the search); ``myopia``: ``moonplan-resident`` (exact balance every step,
+    ``planning``: with only the candidate it took planned, auto would be within the bar
+    (the cost of the search: inline, or the background search's excess over its step);
+    ``myopia``: ``moonplan-resident`` (exact balance every step,
     resident slots kept) is within it; ``static``: static EP is; ``eplb``: only EPLB is;
     ``greedy``: the MoonEP greedy is (and not EPLB alone).
     """
