@@ -1,10 +1,11 @@
 """moonplan's own simulator policies: ``moonplan.plan`` every step, through one planner seam.
 
 Legend:
-    R ranks    E experts    B slots per rank    C slots filled this step
+    R ranks    E experts    B slots per rank    C slots filled this step    W window steps
     counts_RE  int64 ``[R, E]`` one step's all-gathered router counts
     moves_C2   int64 ``[C, 2]`` (home rank, rank) of each slot filled this step
     fetch_ER   bool ``[E, R]`` pairs whose weights are fetched before their rows run
+    refill_ER  bool ``[E, R]`` pairs whose slots are refilled in the background
 
 Every policy here is a :class:`PlannerPolicy`: each step it calls
 ``moonplan.plan(counts, slots=, previous=, policy=, cost=)``, the same call (and the
@@ -21,7 +22,11 @@ it asks for and whether the last plan is passed on as ``previous=``:
   :class:`~moonplan.stepcost.StepCost` as ``cost=``; the search runs off the critical
   path and is recorded as ``PolicyStep.background_plan``;
 * ``moonplan-auto-inline``: ``policy="auto"`` on every step's critical path (the
-  search inline, between the counts and the dispatch).
+  search inline, between the counts and the dispatch);
+* ``moonplan-refresh`` (a model of a runtime feature that does not exist yet, not
+  listed by default): ``policy="resident"`` every step over slots refilled in the
+  background every ``period`` steps from the exact plan of the last ``window`` steps'
+  summed counts, copied beside the next ``period`` steps (:class:`MoonplanRefreshPolicy`).
 
 A new planner policy (``plan(policy="<name>")``) reaches the simulator as one more
 subclass and one registration (CONTRIBUTING.md, "Adding a planner policy").
@@ -29,6 +34,8 @@ subclass and one registration (CONTRIBUTING.md, "Adding a planner policy").
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from typing import Any
 
 import torch
@@ -44,9 +51,12 @@ from moonplan.stepcost import StepCost, plan_fetch_ER
 __all__ = [
     "MoonplanAutoPolicy",
     "MoonplanPolicy",
+    "MoonplanRefreshPolicy",
     "PlannerPolicy",
     "plan_step",
+    "refill_link_s",
     "slot_moves",
+    "split_pairs",
 ]
 
 
@@ -178,6 +188,106 @@ class MoonplanAutoPolicy(PlannerPolicy):
         )
 
 
+class MoonplanRefreshPolicy(PlannerPolicy):
+    """Resident slots refilled in the background from a window of recent counts.
+
+    A model of a schedule the runtime does not run (its slots are filled only on the
+    critical path of the step that uses them, ``docs/runtime.md``): it says what such a
+    refill would give. Every step builds ``policy="resident"`` over the current slots
+    (no planner run, no fetch: as balanced as the resident replicas allow). After every
+    ``period``-th step the exact plan of the counts summed over the last ``window`` steps
+    (``previous=`` the slots it will replace, so residents stay) is made off the
+    critical path (``background_plan``: its one run). Its new slots are copied from the
+    experts' homes into a second set of slots (the memory is not modelled) beside the
+    next ``k`` steps, a ``1/k`` share beside each (``refill_ER``), and serve once all
+    have arrived: ``k`` is the fewest shares (at most ``period``) whose link time
+    (:func:`refill_link_s`) fits in the last step's experts phase as ``cost`` predicts it
+    (the links' idle part). The simulator charges each step's share: its link time
+    beyond that step's experts phase is exposed (``moonplan.simulate.model_time``).
+    """
+
+    name = "moonplan-refresh"
+    planner_policy = "resident"
+
+    def __init__(
+        self,
+        num_ranks: int,
+        num_experts: int,
+        *,
+        cost: StepCost,
+        period: int = 4,
+        window: int | None = None,
+        slots: int | None = None,
+    ) -> None:
+        if not isinstance(cost, StepCost):
+            raise ValueError(f"moonplan-refresh needs cost=StepCost(...), got {cost!r}")
+        super().__init__(num_ranks, num_experts, slots=slots, cost=cost)
+        self.period, self.window = int(period), int(window or period)
+        if min(self.period, self.window) < 1:
+            raise ValueError(f"period and window must be >= 1, got {period}, {window}")
+        self.reset()
+
+    def reset(self) -> None:
+        self._previous = None  # the slots the steps execute over
+        self._pending: Plan | None = None  # the slots being copied
+        self._shares: list[torch.Tensor] = []  # refill_ER of each step still to copy
+        self._history: deque[torch.Tensor] = deque(maxlen=self.window)
+        self._t = 0  # steps seen
+
+    def step(self, counts: Any) -> PolicyStep:
+        counts_RE = self._counts(counts)
+        p = self.plan(counts_RE, self._previous)
+        refill_ER = self._shares.pop(0) if self._shares else None
+        if self._pending is not None and not self._shares:  # all copied: serve from now on
+            self._previous, self._pending = self._pending, None
+        self._history.append(counts_RE)
+        self._t += 1
+        background = 0.0
+        if self._t % self.period == 0 and len(self._history) == self.window:
+            window_RE = torch.stack(list(self._history)).sum(0)
+            self._pending = planner.plan(
+                window_RE, slots=self.slots, previous=self._previous, backend="torch"
+            )
+            self._shares = self._split(plan_fetch_ER(self._pending), p)
+            background = float(self._pending.planned)
+        return plan_step(
+            self.name, counts_RE, p, planned=p.planned, background_plan=background,
+            refill_ER=refill_ER,
+        )  # fmt: skip
+
+    def _split(self, refill_ER: torch.Tensor, last: Plan) -> list[torch.Tensor]:
+        """``refill_ER`` in the fewest shares (at most ``period``) whose link time fits in
+        ``last``'s experts phase."""
+        link_s = refill_link_s(self.cost, refill_ER, last.home.cpu())
+        experts_s = self.cost.plan_time(last, planned=0).experts_s
+        k = self.period if experts_s <= 0 else math.ceil(link_s / experts_s)
+        return split_pairs(refill_ER, max(1, min(self.period, k)))
+
+
+def refill_link_s(cost: StepCost, refill_ER: torch.Tensor, src_E: torch.Tensor) -> float:
+    """Seconds the copies of ``refill_ER`` (bool ``[E, R]``, each from ``src_E[e]``) take
+    alone on the links: ``cost``'s fetch of those pairs in a step with no rows (``cost``
+    with ``dispatch="record"``: no rows, no dispatch traffic needed)."""
+    if not bool(refill_ER.any()):
+        return 0.0
+    E, R = refill_ER.shape
+    none_ER = torch.zeros(E, R, dtype=torch.int64)
+    none_RE = torch.zeros(R, E, dtype=torch.int64)
+    return float(cost.step_time(none_ER, none_RE, refill_ER, src_E, planned=0).prefetch_s)
+
+
+def split_pairs(pairs_ER: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    """``parts`` bool ``[E, R]`` masks splitting the pairs of ``pairs_ER`` round-robin (in
+    ``(e, r)`` order): their sizes differ by at most one, their union is ``pairs_ER``."""
+    e_C, r_C = pairs_ER.nonzero(as_tuple=True)
+    out = []
+    for k in range(parts):
+        part = torch.zeros_like(pairs_ER)
+        part[e_C[k::parts], r_C[k::parts]] = True
+        out.append(part)
+    return out
+
+
 def plan_step(name: str, counts_RE: torch.Tensor, p: Plan, **options: Any) -> PolicyStep:
     """The :class:`PolicyStep` of a moonplan plan: its slots' moves and fetched pairs."""
     return make_step(
@@ -209,6 +319,12 @@ def _auto(name: str, num_ranks: int, num_experts: int, **options: Any) -> Policy
     return MoonplanAutoPolicy(num_ranks, num_experts, ahead=not name.endswith("-inline"), **options)
 
 
+def _refresh(name: str, num_ranks: int, num_experts: int, **options: Any) -> Policy:
+    if options.get("cost") is None:
+        raise ValueError(f"{name} needs cost=StepCost(...) (to time its refill)")
+    return MoonplanRefreshPolicy(num_ranks, num_experts, **options)
+
+
 # Both exact variants take `slots`; auto also needs `cost` (the StepCost it minimises).
 register(PolicyInfo("moonplan", _moonplan, style=("-", "o"), plan_us=MOONEP_PLAN_US,
                     options=("slots",), order=60))  # fmt: skip
@@ -220,3 +336,7 @@ register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=MOONEP_PLAN_US
 register(PolicyInfo("moonplan-auto-inline", _auto, label="auto-inline", style=("--", "^"),
                     plan_us=MOONEP_PLAN_US, options=("cost", "slots"), order=90,
                     listed=False))  # fmt: skip
+# Background slot refresh: modelled, not in the runtime; not listed (docs/simulator.md).
+register(PolicyInfo("moonplan-refresh", _refresh, label="refresh", style=(":", "v"),
+                    plan_us=MOONEP_PLAN_US, options=("cost", "period", "window", "slots"),
+                    order=100, listed=False))  # fmt: skip

@@ -74,6 +74,7 @@ class PolicyStep:
     planned: float = 1
     choice: str = ""
     background_plan: float = 0.0
+    refill_ER: torch.Tensor | None = None
 
     @property
     def load_R(self) -> torch.Tensor:
@@ -82,8 +83,9 @@ class PolicyStep:
 
     @property
     def new_copies(self) -> int:
-        """Expert weights moved this step (blocking and background)."""
-        return int(self.moves_C2.shape[0] + self.background_C2.shape[0])
+        """Expert weights moved this step (blocking, background and refilled)."""
+        refilled = 0 if self.refill_ER is None else int(self.refill_ER.sum())
+        return int(self.moves_C2.shape[0] + self.background_C2.shape[0]) + refilled
 
     def moved_bytes(self, expert_bytes: float) -> float:
         """Bytes of expert weights moved this step, given one expert's bytes (``3*H*F*s``)."""

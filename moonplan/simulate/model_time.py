@@ -23,6 +23,12 @@ Legend:
   the excess ``max(0, background_s - step_total_s)`` (``background_s`` its
   construction equivalents times ``plan_us``, ``step_total_s`` the step's own time) is
   charged as planning on the critical path (:func:`background_wait_s`);
+* **refill** (``moonplan-refresh``'s background slot refill, ``PolicyStep.refill_ER``):
+  unlike EPLB's moves, charged. The copies take their link time alone on the links
+  (``StepCost``'s fetch without dispatch); they run beside the step but overlap only its
+  experts phase, when the links carry no dispatch or combine; the rest is exposed and
+  added to the step (:func:`with_refill`: ``prefetch_s`` gains the link time,
+  ``prefetch_exposed_s`` and ``total_s`` the exposed part);
 * **fetch** (prefetch and direct reads): the weights a policy moves before its rows can
   run (``PolicyStep.fetch_ER``; EPLB's periodic moves are in the background and cost
   nothing here). ``SimConfig.overlap_prefetch=True`` (default: moonplan's runtime
@@ -45,6 +51,7 @@ from typing import Any
 
 import torch
 
+from moonplan.baselines.policies import refill_link_s
 from moonplan.baselines.policy_base import PolicyStep
 from moonplan.baselines.registry import infos
 from moonplan.cost import ModelPreset
@@ -120,7 +127,7 @@ def step_time(
     E, R = step.rows_ER.shape
     fetch_ER = step.fetch_ER if step.fetch_ER is not None else torch.zeros(E, R, dtype=torch.bool)
     src_E = step.src_E if step.src_E is not None else torch.zeros(E, dtype=torch.int64)
-    cost = cfg.step_cost(model, hw, step.name)
+    cost = record = cfg.step_cost(model, hw, step.name)
     traffic = None
     if cfg.dispatch != "record":
         traffic = scheme_step_traffic(step, topk_ids, cfg.dispatch, cost.domain_size(R))
@@ -128,7 +135,21 @@ def step_time(
     t = cost.step_time(
         step.rows_ER, step.sent_RE, fetch_ER, src_E, planned=step.planned, traffic=traffic
     )
+    if step.refill_ER is not None:
+        t = with_refill(t, refill_link_s(record, step.refill_ER, src_E))
     return with_wait(t, background_wait_s(step, t, cfg)) if background else t
+
+
+def with_refill(t: StepTime, link_s: float) -> StepTime:
+    """``t`` with a background copy of ``link_s`` link seconds beside it: hidden behind
+    the experts phase (links idle), the rest exposed."""
+    exposed = max(0.0, link_s - t.experts_s)
+    return dataclasses.replace(
+        t,
+        prefetch_s=t.prefetch_s + link_s,
+        prefetch_exposed_s=t.prefetch_exposed_s + exposed,
+        total_s=t.total_s + exposed,
+    )
 
 
 def background_wait_s(step: PolicyStep, t: StepTime, cfg: SimConfig) -> float:

@@ -30,15 +30,8 @@ import torch
 from moonplan.baselines.metrics import expert_maxvio, summarize
 from moonplan.baselines.registry import make_policy, names
 from moonplan.cost import ModelPreset
-from moonplan.simulate.model_time import (
-    SimConfig,
-    StepTime,
-    background_wait_s,
-    ideal_time,
-    mean_time,
-    step_time,
-    with_wait,
-)
+from moonplan.simulate import model_time
+from moonplan.simulate.model_time import SimConfig, StepTime, ideal_time, mean_time, step_time
 from moonplan.simulate.models import expert_bytes, get_model
 from moonplan.simulate.token_routing import token_trace
 from moonplan.simulate.workload import drifting_counts, drifting_popularity, sigma_for_maxvio
@@ -152,8 +145,8 @@ def _policy_row(
     own = [
         step_time(s, model, hw, cfg, i, background=False) for s, i in zip(steps, ids, strict=True)
     ]
-    waits = [background_wait_s(s, t, cfg) for s, t in zip(steps, own, strict=True)]
-    t = mean_time([with_wait(t, w) for t, w in zip(own, waits, strict=True)])
+    waits = [model_time.background_wait_s(s, t, cfg) for s, t in zip(steps, own, strict=True)]
+    t = mean_time([model_time.with_wait(t, w) for t, w in zip(own, waits, strict=True)])
     row = {**base, "policy": name, **t.as_us()}
     if any(s.choice for s in steps):
         row["choices"] = dict(Counter(s.choice for s in steps))

@@ -7,10 +7,12 @@ import torch
 
 import moonplan
 from moonplan.baselines.registry import make_policy
+from moonplan.plan.ahead import AheadChoice
 from moonplan.plan.choose import WORK, score
 from moonplan.simulate.acceptance import (
     AUTO,
     IDEAL_POINT,
+    INLINE,
     PEER_BAR,
     PEERS,
     AcceptanceGrid,
@@ -42,9 +44,10 @@ def test_grid_points_need_at_least_one_expert_per_rank() -> None:
 def test_auto_step_time_is_its_plans_predicted_time(serial: bool) -> None:
     model, hw = get_model("deepseek-v3"), get_hardware("h200-multinode")
     cfg = SimConfig(overlap_prefetch=not serial)
-    cost = cfg.step_cost(model, hw, AUTO)
+    cost = cfg.step_cost(model, hw, INLINE)
     assert cost.overlap is not serial and cost.plan_s == pytest.approx(51e-6)
-    policy = make_policy(AUTO, 16, model.num_experts, cost=cost)
+    assert cfg.step_cost(model, hw, AUTO) == cost
+    policy = make_policy(INLINE, 16, model.num_experts, cost=cost)
     previous = None
     counts = drifting_counts(16, model.num_experts, 2048, model.top_k, sigma=1.5, steps=3)
     for c in counts:
@@ -66,6 +69,34 @@ def test_auto_step_time_is_its_plans_predicted_time(serial: bool) -> None:
         previous = p
 
 
+def test_ahead_step_time_is_the_named_plans_time_plus_the_search_that_did_not_fit() -> None:
+    """``moonplan-auto`` is charged its named build (the plan's own predicted time) and,
+    on top, the part of the background search longer than the step."""
+    model, hw = get_model("deepseek-v3"), get_hardware("h200-node")
+    cfg = SimConfig(plan_us={AUTO: 500.0})  # a slow host: the search outlasts a decode step
+    cost = cfg.step_cost(model, hw, AUTO)
+    policy, ahead = make_policy(AUTO, 8, model.num_experts, cost=cost), AheadChoice()
+    previous, waited = None, 0.0
+    for c in drifting_counts(8, model.num_experts, 16, model.top_k, sigma=1.0, steps=4):
+        p = moonplan.plan(c, previous=previous, policy=ahead.policy(), cost=cost)
+        step = policy.step(c)
+        assert step.choice == p.policy and step.planned == p.planned + p.chose
+        own = cost.plan_time(p, planned=p.planned + p.chose)
+        background = 0.0
+        if ahead.policy() == "auto":
+            ahead.settle(p.policy, p)
+        else:
+            found = ahead.update(c, p, cost=cost)
+            background = (found.planned + found.chose) * cost.plan_s
+        assert step.background_plan * cost.plan_s == pytest.approx(background, rel=1e-12)
+        t = step_time(step, model, hw, cfg)
+        wait = max(0.0, background - own.total_s)
+        assert t.total_s == pytest.approx(own.total_s + wait, rel=1e-12)
+        waited += wait
+        previous = p
+    assert waited > 0
+
+
 def test_acceptance_point_ratios() -> None:
     grid = AcceptanceGrid(steps=1, warmup=2)
     row = acceptance_point(("deepseek-v3", "h200-node", 8, 1.0, 1024), grid)
@@ -77,6 +108,12 @@ def test_acceptance_point_ratios() -> None:
     assert sum(row["choices"].values()) == 1
     assert row["chosen_only_us"] <= row["us"][AUTO] + 1e-9
     assert row["vs_peers_chosen_only"] == pytest.approx(row["chosen_only_us"] / best)
+    assert row["background_plan"] > 0 and row["background_wait_us"] >= 0
+    assert "vs_peers_inline" not in row
+    both = acceptance_point(("deepseek-v3", "h200-node", 8, 1.0, 1024), grid,
+                            policies=(*PEERS, AUTO, INLINE))  # fmt: skip
+    assert both["us"][AUTO] == row["us"][AUTO]  # the same trace, the same steps: rerun alike
+    assert both["vs_peers_inline"] == pytest.approx(both["us"][INLINE] / best)
     with pytest.raises(ValueError, match="needs"):
         acceptance_point(IDEAL_POINT, grid, policies=("static-linear",))
 
