@@ -11,7 +11,8 @@ Runs, in one process (``moonplan.simulate.acceptance``):
    everywhere; <= 1.06x the ideal at DeepSeek-V3, h200-node, EP 8, sigma 1, S 4096)
    and auto's choices; ``moonplan-auto`` chooses ahead (the search off the critical
    path, its excess over the step charged), ``moonplan-auto-inline`` (the search on the
-   critical path) runs beside it on the same traces;
+   critical path) and ``moonplan-refresh`` (resident slots refilled in the background,
+   modelled only: not in the runtime) run beside it on the same traces, not counted;
 2. the reference settings (DeepSeek-V3: EP 8 decode and 4096 tokens, EP 64) with the
    serial schedule (fetch, then dispatch: the old one) and the overlapped one side by
    side: step time / ideal per policy, and moonplan's prefetch (total and exposed).
@@ -49,6 +50,7 @@ from moonplan.simulate.acceptance import (
     INLINE,
     PEER_BAR,
     PEERS,
+    REFRESH,
     AcceptanceGrid,
     classify,
     failures,
@@ -81,7 +83,7 @@ WHY = (  # (label, hardware, EP, sigma, tokens per rank)
     ("EP64 multinode S=4096 sigma 1", "h200-multinode", 64, 1.0, 4096),
 )
 SHORT = {"static-linear": "static", "moonep-greedy": "greedy", "moonplan-resident": "resident",
-         "moonplan-auto": "auto", INLINE: "inline"}  # fmt: skip
+         "moonplan-auto": "auto", INLINE: "inline", REFRESH: "refresh"}  # fmt: skip
 
 
 def table(header: list[str], lines: list[list[str]]) -> str:
@@ -96,20 +98,21 @@ def point_lines(rows: list[dict[str, Any]]) -> list[list[str]]:
          f"{r['vs_ideal']:.3f}", choices(r["choices"]), f"{r['phases']['plan_us']:.0f}",
          f"{r['phases']['prefetch_exposed_us']:.0f}", f"{r['us'][AUTO]:.0f}",
          f"{r['vs_peers_chosen_only']:.3f}", f"{r['background_plan']:.2f}",
-         f"{r['background_wait_us']:.0f}", _inline(r)]
+         f"{r['background_wait_us']:.0f}", _ratio(r, "vs_peers_inline"),
+         _ratio(r, "vs_peers_refresh")]
         for r in rows
     ]  # fmt: skip
 
 
-def _inline(r: dict[str, Any]) -> str:
-    return f"{r['vs_peers_inline']:.3f}" if "vs_peers_inline" in r else "-"
+def _ratio(r: dict[str, Any], key: str) -> str:
+    return f"{r[key]:.3f}" if key in r else "-"
 
 
 POINT_HEADER = ["model", "hardware", "EP", "sigma", "S", "auto / best peer", "best peer",
                 "auto / ideal", "auto chose", "plan us", "exposed prefetch us",
                 "auto us", "auto / best peer, chosen candidate planned only",
                 "background search (constructions)", "background wait us",
-                "inline / best peer"]  # fmt: skip
+                "inline / best peer", "refresh / best peer"]  # fmt: skip
 
 
 def choices(c: dict[str, int]) -> str:
@@ -157,6 +160,7 @@ def by_tokens(rows: list[dict[str, Any]]) -> list[str]:
         line("within 1.01x the best peer (ahead)", within("vs_peers")),
         line("within 1.01x, inline", within("vs_peers_inline")),
         line("within 1.01x, chosen candidate planned only", within("vs_peers_chosen_only")),
+        line("refresh within 1.01x (not counted)", within("vs_peers_refresh")),
         line("worst auto / best peer", lambda rs: f"{max(r['vs_peers'] for r in rs):.2f}"),
         line("auto's planning charge per step, us", mean(lambda r: r["phases"]["plan_us"])),
         line("of which background wait, us", mean(lambda r: r["background_wait_us"])),
@@ -181,11 +185,18 @@ def causes(rows: list[dict[str, Any]]) -> list[str]:
                       r["moved_mb"]["eplb"]))  # fmt: skip
     med = [sorted(x[i] for x in lines)[len(lines) // 2] for i in range(4)]
     fits = sum(x[2] <= x[1] for x in lines)
+    refresh = sorted(r["us"][REFRESH] / r["us"]["eplb"] for r in only if REFRESH in r["us"])
     out += [f"EPLB-only points: {len(only)}; auto / EPLB median {med[0]:.3f}, worst "
             f"{max(x[0] for x in lines):.3f}; auto - EPLB median {med[1]:.0f} us; EPLB moves "
             f"{med[3]:.0f} MB per step in the background (median), {med[2]:.0f} us of one rank's "
             f"NVLink if spread over the ranks; at {fits} of them that link time is below the "
             "gap (moving the same bytes in the background could close it)", ""]  # fmt: skip
+    if refresh:
+        ok = sum(r.get("vs_peers_refresh", 9.0) <= PEER_BAR for r in only)
+        out += [f"moonplan-refresh (background refill, charged) at these points: refresh / EPLB "
+                f"median {refresh[len(refresh) // 2]:.3f}, best {refresh[0]:.3f}, worst "
+                f"{refresh[-1]:.3f}; within {PEER_BAR}x the best peer at {ok} of {len(only)}",
+                ""]  # fmt: skip
     return out
 
 
@@ -314,7 +325,7 @@ def main() -> None:
     if args.steps:
         grid = dataclasses.replace(grid, steps=args.steps)
     t0 = time.time()
-    rows = run_acceptance(grid, SimConfig(), ProgressBar(), (*PEERS, AUTO, INLINE))
+    rows = run_acceptance(grid, SimConfig(), ProgressBar(), (*PEERS, AUTO, INLINE, REFRESH))
     bad = failures(rows)
     ideal = [r for r in rows if (r["model"], r["hardware"], r["ranks"], r["sigma"], r["tokens"])
              == IDEAL_POINT]  # fmt: skip

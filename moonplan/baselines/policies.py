@@ -45,6 +45,7 @@ from moonplan.baselines.policy_base import Policy, PolicyStep, make_step
 from moonplan.baselines.registry import PolicyInfo, register
 from moonplan.plan import api as planner
 from moonplan.plan.ahead import AheadChoice
+from moonplan.plan.choose import WORK
 from moonplan.plan.plan_type import Plan
 from moonplan.stepcost import StepCost, plan_fetch_ER
 
@@ -173,7 +174,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
         p = self.plan(counts_RE, self._previous, named)
         background = 0.0
         if named == "auto":  # inline: this search is the next step's choice
-            self._choice.settle(p.policy, p)
+            self._choice.settle(p.policy, p, basis=p.basis)
         else:
             found = self._choice.update(counts_RE, p, cost=self.cost, slots=self.slots)
             background = found.planned + found.chose
@@ -197,13 +198,16 @@ class MoonplanRefreshPolicy(PlannerPolicy):
     (no planner run, no fetch: as balanced as the resident replicas allow). After every
     ``period``-th step the exact plan of the counts summed over the last ``window`` steps
     (``previous=`` the slots it will replace, so residents stay) is made off the
-    critical path (``background_plan``: its one run). Its new slots are copied from the
-    experts' homes into a second set of slots (the memory is not modelled) beside the
-    next ``k`` steps, a ``1/k`` share beside each (``refill_ER``), and serve once all
-    have arrived: ``k`` is the fewest shares (at most ``period``) whose link time
-    (:func:`refill_link_s`) fits in the last step's experts phase as ``cost`` predicts it
-    (the links' idle part). The simulator charges each step's share: its link time
-    beyond that step's experts phase is exposed (``moonplan.simulate.model_time``).
+    critical path (``background_plan``: its one run and two scores). Its new slots are
+    copied from the experts' homes into a second set of slots (the memory is not
+    modelled) beside the next ``k`` steps, a ``1/k`` share beside each (``refill_ER``),
+    and serve once all have arrived: ``k`` is the fewest shares (at most ``period``)
+    whose link time (:func:`refill_link_s`) fits in the last step's experts phase as
+    ``cost`` predicts it (the links' idle part). The refill is made only if it pays by
+    ``cost``: the resident plan over the new slots, on the last step's counts, must
+    save more over ``period`` steps than the shares would expose. The simulator charges
+    each step's share: its link time beyond that step's experts phase is exposed
+    (``moonplan.simulate.model_time``).
     """
 
     name = "moonplan-refresh"
@@ -245,23 +249,31 @@ class MoonplanRefreshPolicy(PlannerPolicy):
         background = 0.0
         if self._t % self.period == 0 and len(self._history) == self.window:
             window_RE = torch.stack(list(self._history)).sum(0)
-            self._pending = planner.plan(
+            refill = planner.plan(
                 window_RE, slots=self.slots, previous=self._previous, backend="torch"
             )
-            self._shares = self._split(plan_fetch_ER(self._pending), p)
-            background = float(self._pending.planned)
+            self._shares = self._shares_if_paid(counts_RE, p, refill)
+            self._pending = refill if self._shares else None
+            background = refill.planned + 2 * WORK["score"]
         return plan_step(
             self.name, counts_RE, p, planned=p.planned, background_plan=background,
             refill_ER=refill_ER,
         )  # fmt: skip
 
-    def _split(self, refill_ER: torch.Tensor, last: Plan) -> list[torch.Tensor]:
-        """``refill_ER`` in the fewest shares (at most ``period``) whose link time fits in
-        ``last``'s experts phase."""
-        link_s = refill_link_s(self.cost, refill_ER, last.home.cpu())
-        experts_s = self.cost.plan_time(last, planned=0).experts_s
-        k = self.period if experts_s <= 0 else math.ceil(link_s / experts_s)
-        return split_pairs(refill_ER, max(1, min(self.period, k)))
+    def _shares_if_paid(self, counts_RE: torch.Tensor, p: Plan, refill: Plan) -> list[torch.Tensor]:
+        """The refill's pairs in the fewest shares (at most ``period``) whose link time fits
+        in ``p``'s experts phase; none (no refill) unless the refilled slots, over this
+        step's counts, save more in ``period`` steps than the shares would expose."""
+        refill_ER = plan_fetch_ER(refill)
+        now = self.cost.plan_time(p, planned=0)
+        link_s = refill_link_s(self.cost, refill_ER, p.home.cpu())
+        k = self.period if now.experts_s <= 0 else math.ceil(link_s / now.experts_s)
+        k = max(1, min(self.period, k))
+        after = self.cost.plan_time(self.plan(counts_RE, refill), planned=0)
+        exposed_s = k * max(0.0, link_s / k - now.experts_s)
+        if (now.total_s - after.total_s) * self.period <= exposed_s or not refill_ER.any():
+            return []
+        return split_pairs(refill_ER, k)
 
 
 def refill_link_s(cost: StepCost, refill_ER: torch.Tensor, src_E: torch.Tensor) -> float:

@@ -34,6 +34,10 @@ Progress = Callable[[int, int, str], None]
 AUTO = "moonplan-auto"
 INLINE = "moonplan-auto-inline"
 """The inline schedule of the same choice (the search on the critical path), for comparison."""
+REFRESH = "moonplan-refresh"
+"""Resident slots refilled in the background (modelled, not in the runtime), for comparison."""
+ALSO = {INLINE: "vs_peers_inline", REFRESH: "vs_peers_refresh"}
+"""Policies reported beside auto (not counted in the bars) -> their row key."""
 PEERS = ("static-linear", "eplb", "moonep-greedy", "moonplan-resident")
 """The policies ``moonplan-auto`` must not be slower than (beyond :data:`PEER_BAR`)."""
 PEER_BAR = 1.01
@@ -101,8 +105,8 @@ def acceptance_point(
         for static and resident) and ``vs_peers_chosen_only``; ``background_plan``
         (auto's search off the critical path, construction equivalents a step) and
         ``background_wait_us`` (the part of it charged because it did not fit beside its
-        step); with :data:`INLINE` among ``policies``, ``vs_peers_inline`` (the inline
-        schedule's ratio) too.
+        step); for each policy of :data:`ALSO` among ``policies``, its ratio to the best
+        peer (``vs_peers_inline``, ``vs_peers_refresh``).
     """
     cfg = cfg or SimConfig()
     model, hw, R, sigma, S = point
@@ -138,8 +142,8 @@ def acceptance_point(
         "phases": {k: auto[k] for k in (*phases, "combine_us", "total_us")},
         "background_plan": auto.get("background_plan", 0.0),
         "background_wait_us": auto.get("background_wait_us", 0.0),
-        **({"vs_peers_inline": rows[INLINE]["total_us"] / rows[best]["total_us"]}
-           if INLINE in rows else {}),
+        **{key: rows[p]["total_us"] / rows[best]["total_us"] for p, key in ALSO.items()
+           if p in rows},
     }  # fmt: skip
 
 
@@ -182,7 +186,7 @@ def failures(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return bad + [r for r in ideal if r not in bad]
 
 
-CLASSES = ("planning", "myopia", "static", "eplb", "greedy")
+CLASSES = ("planning", "lag", "myopia", "static", "eplb", "greedy")
 """Causes of a point above :data:`PEER_BAR`, in the order :func:`classify` tries them."""
 
 
@@ -191,14 +195,18 @@ def classify(r: dict[str, Any]) -> str:
 
     ``planning``: with only the candidate it took planned, auto would be within the bar
     (the cost of the search: inline, or the background search's excess over its step);
-    ``myopia``: ``moonplan-resident`` (exact balance every step,
-    resident slots kept) is within it; ``static``: static EP is; ``eplb``: only EPLB is;
-    ``greedy``: the MoonEP greedy is (and not EPLB alone).
+    ``lag``: the same choice made inline (``vs_peers_inline``: on the step's own counts)
+    is within it, the choice made ahead on the last step's counts is not; ``myopia``:
+    ``moonplan-resident`` (exact balance every step, resident slots kept) is within it;
+    ``static``: static EP is; ``eplb``: only EPLB is; ``greedy``: the MoonEP greedy is
+    (and not EPLB alone).
     """
     if r["vs_peers"] <= PEER_BAR:
         return ""
     if r["vs_peers_chosen_only"] <= PEER_BAR:
         return "planning"
+    if r.get("vs_peers_inline", float("inf")) <= PEER_BAR:
+        return "lag"
     ok = {p for p in PEERS if p in r["us"] and r["us"][p] <= PEER_BAR * r["best_peer_us"]}
     if "moonplan-resident" in ok:
         return "myopia"

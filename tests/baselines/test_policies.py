@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -26,7 +28,7 @@ from moonplan.baselines.metrics import (
     step_metrics,
     summarize,
 )
-from moonplan.baselines.policies import split_pairs
+from moonplan.baselines.policies import refill_link_s, split_pairs
 from moonplan.baselines.static_ep import StaticPolicy, round_robin_alloc
 from moonplan.plan import plan
 from moonplan.plan.candidates import resident_alloc
@@ -427,7 +429,8 @@ def test_refresh_refills_from_the_window_and_serves_once_copied() -> None:
     policy = make_policy("moonplan-refresh", 8, 64, cost=cost, period=3)
     steps = [policy.step(c) for c in trace]
     window = plan(torch.stack(trace[:3]).sum(0), backend="torch")
-    assert [s.background_plan for s in steps] == [0, 0, 1, 0, 0, 1, 0, 0, 1]
+    search = 1 + 2 * WORK["score"]  # the window's plan and two scores, in the background
+    assert [s.background_plan for s in steps] == [0, 0, search] * 3
     assert [s.refill_ER is not None for s in steps] == [False] * 3 + [True, False, False] * 2
     assert torch.equal(steps[3].refill_ER, plan_fetch_ER(window))
     assert steps[3].new_copies == int(plan_fetch_ER(window).sum()) > 0
@@ -443,16 +446,25 @@ def test_refresh_refills_from_the_window_and_serves_once_copied() -> None:
     assert sum(s.load_R.max() for s in steps[4:]) < sum(s.load_R.max() for s in static[4:])
 
 
-def test_refresh_spreads_a_refill_that_does_not_fit_over_the_period() -> None:
-    cost = rows_only(copy_s_intra=1.0, copy_s_inter=1.0)  # copies far longer than any step
+def test_refresh_spreads_a_refill_that_does_not_fit_and_skips_one_that_does_not_pay() -> None:
     trace = drifting(8, seed=2)
-    policy = make_policy("moonplan-refresh", 8, 64, cost=cost, period=4)
-    steps = [policy.step(c) for c in trace]
-    shares = [0 if s.refill_ER is None else int(s.refill_ER.sum()) for s in steps[4:]]
-    total = int(plan_fetch_ER(plan(torch.stack(trace[:4]).sum(0), backend="torch")).sum())
-    assert sum(shares) == total and max(shares) - min(shares) <= 1 and min(shares) > 0
-    assert all(torch.equal(s.alloc_ER, StaticPolicy(8, 64).step(c).alloc_ER)
-               for s, c in zip(steps, trace, strict=True))  # fmt: skip  # not served yet
+    window = plan(torch.stack(trace[:4]).sum(0), backend="torch")
+    total = int(plan_fetch_ER(window).sum())
+    seen = set()
+    for copy_s in (1e-9, 3e-5, 1e-4, 3e-4, 1e-3, 1.0):
+        cost = rows_only(copy_s_intra=copy_s, copy_s_inter=copy_s)
+        policy = make_policy("moonplan-refresh", 8, 64, cost=cost, period=4)
+        steps = [policy.step(c) for c in trace]
+        shares = [int(s.refill_ER.sum()) for s in steps[4:] if s.refill_ER is not None]
+        before = StaticPolicy(8, 64).step(trace[3])
+        link = refill_link_s(cost, plan_fetch_ER(window), window.home.cpu())
+        experts = cost.step_time(before.alloc_ER, trace[3], torch.zeros(64, 8, dtype=torch.bool),
+                                 window.home.cpu(), planned=0).experts_s  # fmt: skip
+        if shares:  # refilled: in ceil(link / experts) shares (at most the period), all copied
+            assert len(shares) == max(1, min(4, math.ceil(link / experts)))
+            assert sum(shares) == total and max(shares) - min(shares) <= 1
+        seen.add(len(shares))
+    assert seen >= {0, 1} and max(seen) > 1  # kept whole, spread, and skipped (too dear)
     with pytest.raises(ValueError, match="needs cost"):
         make_policy("moonplan-refresh", 8, 64)
     with pytest.raises(ValueError, match="period"):

@@ -73,7 +73,7 @@ def test_ahead_step_time_is_the_named_plans_time_plus_the_search_that_did_not_fi
     """``moonplan-auto`` is charged its named build (the plan's own predicted time) and,
     on top, the part of the background search longer than the step."""
     model, hw = get_model("deepseek-v3"), get_hardware("h200-node")
-    cfg = SimConfig(plan_us={AUTO: 500.0})  # a slow host: the search outlasts a decode step
+    cfg = SimConfig(plan_us={AUTO: 5000.0})  # a slow host: even a keep test outlasts a step
     cost = cfg.step_cost(model, hw, AUTO)
     policy, ahead = make_policy(AUTO, 8, model.num_experts, cost=cost), AheadChoice()
     previous, waited = None, 0.0
@@ -84,7 +84,7 @@ def test_ahead_step_time_is_the_named_plans_time_plus_the_search_that_did_not_fi
         own = cost.plan_time(p, planned=p.planned + p.chose)
         background = 0.0
         if ahead.policy() == "auto":
-            ahead.settle(p.policy, p)
+            ahead.settle(p.policy, p, basis=p.basis)
         else:
             found = ahead.update(c, p, cost=cost)
             background = (found.planned + found.chose) * cost.plan_s
@@ -137,6 +137,8 @@ def test_classify_by_hand() -> None:
     assert classify(row) == "eplb"
     assert classify({**row, "vs_peers": 1.0}) == ""
     assert classify({**row, "vs_peers_chosen_only": 1.0}) == "planning"
+    assert classify({**row, "vs_peers_inline": 1.0}) == "lag"
+    assert classify({**row, "vs_peers_inline": 1.0, "vs_peers_chosen_only": 1.0}) == "planning"
     assert classify({**row, "us": {**us, "moonplan-resident": 101.0}}) == "myopia"
     assert classify({**row, "us": {**us, "static-linear": 100.5}}) == "static"
     assert classify({**row, "us": {**us, "moonep-greedy": 100.0}}) == "greedy"
