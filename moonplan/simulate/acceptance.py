@@ -12,6 +12,10 @@ measured) on which ``moonplan-auto`` and its peers run. Its verdicts:
 * ``vs_ideal``: its mean step time over the force-balanced ideal (the bar
   :data:`IDEAL_BAR` applies at :data:`IDEAL_POINT` only).
 
+``moonplan-auto`` chooses ahead (the search off the critical path, its excess over
+the step charged: ``moonplan.simulate.model_time``); :data:`ALSO` (the inline schedule,
+the background slot refresh) may run beside it, reported, never counted in the bars.
+
 Points need ``E >= R`` (every rank holds at least one home expert: with fewer
 experts than ranks static EP leaves ranks idle and is no deployment anyone runs),
 so Mixtral-8x7B (8 experts) is swept at EP 8 only.
