@@ -15,6 +15,7 @@ from moonplan.simulate.acceptance import (
     INLINE,
     PEER_BAR,
     PEERS,
+    REFRESH,
     AcceptanceGrid,
     acceptance_point,
     classify,
@@ -111,9 +112,11 @@ def test_acceptance_point_ratios() -> None:
     assert row["background_plan"] > 0 and row["background_wait_us"] >= 0
     assert "vs_peers_inline" not in row
     both = acceptance_point(("deepseek-v3", "h200-node", 8, 1.0, 1024), grid,
-                            policies=(*PEERS, AUTO, INLINE))  # fmt: skip
+                            policies=(*PEERS, AUTO, INLINE, REFRESH))  # fmt: skip
     assert both["us"][AUTO] == row["us"][AUTO]  # the same trace, the same steps: rerun alike
+    assert both["best_peer_us"] == best  # the policies beside auto are not peers
     assert both["vs_peers_inline"] == pytest.approx(both["us"][INLINE] / best)
+    assert both["vs_peers_refresh"] == pytest.approx(both["us"][REFRESH] / best)
     with pytest.raises(ValueError, match="needs"):
         acceptance_point(IDEAL_POINT, grid, policies=("static-linear",))
 
