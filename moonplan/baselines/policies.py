@@ -26,7 +26,8 @@ it asks for and whether the last plan is passed on as ``previous=``:
 * ``moonplan-refresh`` (a model of a runtime feature that does not exist yet, not
   listed by default): ``policy="resident"`` every step over slots refilled in the
   background every ``period`` steps from the exact plan of the last ``window`` steps'
-  summed counts, copied beside the next ``period`` steps (:class:`MoonplanRefreshPolicy`).
+  summed counts, copied beside the next steps (at most ``period``) when the cost model
+  says it pays (:class:`MoonplanRefreshPolicy`).
 
 A new planner policy (``plan(policy="<name>")``) reaches the simulator as one more
 subclass and one registration (CONTRIBUTING.md, "Adding a planner policy").
@@ -127,7 +128,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
     simulator passes the one it charges the step with (same model, hardware, schedule
     and planning time), so a plan's predicted time is its simulated time.
 
-    * ``ahead=True`` (``moonplan-auto``, what the runtime runs): each step builds only
+    * ``ahead=True`` (``moonplan-auto``; the schedule the runtime's ``Balancer`` is
+      being given, a host thread running ``choose_next``): each step builds only
       the candidate :class:`~moonplan.plan.ahead.AheadChoice` named (``policy=name``:
       one construction for a balancing candidate, none for ``static`` and
       ``resident``), charged on the critical path; the first step (no choice yet)
