@@ -364,18 +364,21 @@ def test_ahead_charges_only_the_named_build_after_the_first_step() -> None:
 
 def test_inline_and_ahead_choices_match_one_step_shifted() -> None:
     """Step t + 1 of ``moonplan-auto`` takes what inline ``auto`` takes at step t from the
-    same counts and the same previous plan (step t - 1's)."""
+    same counts and the same previous plan (step t - 1's, with the basis of the search
+    that named its candidate); step 0 is inline."""
     cost, trace = mixed_cost(), drifting(10, seed=3)
     ahead = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4)
-    plans: list[Plan | None] = [None]  # ahead's plan of each step, step -1 first
+    befores: list[Plan | None] = []  # what each step's search starts from
     taken = []
     for c in trace:
+        befores.append(ahead._choice.before)
         taken.append(ahead.step(c).choice)
-        plans.append(ahead._previous)
     inline = [plan(c, slots=4, previous=before, policy="auto", cost=cost, backend="torch").policy
-              for c, before in zip(trace, plans[:-1], strict=True)]  # fmt: skip
+              for c, before in zip(trace, befores, strict=True)]  # fmt: skip
     assert taken[1:] == inline[:-1] and taken[0] == inline[0]
     assert len(set(taken)) > 1  # the trace makes the choice move
+    named = [b for b in befores[2:] if b is not None]
+    assert named and all(b.basis is not None for b in named)  # built by name, basis handed on
 
 
 def test_ahead_and_inline_rerun_and_reset_give_the_same_steps() -> None:
