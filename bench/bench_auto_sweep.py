@@ -9,15 +9,18 @@ Runs, in one process (``moonplan.simulate.acceptance``):
 1. every point of models x hardware x EP x sigma x S (``E >= R``; 504 points) and
    prints the worst points, the failures of the bars (auto <= 1.01x the best peer
    everywhere; <= 1.06x the ideal at DeepSeek-V3, h200-node, EP 8, sigma 1, S 4096)
-   and auto's choices;
+   and auto's choices; ``moonplan-auto`` chooses ahead (the search off the critical
+   path, its excess over the step charged), ``moonplan-auto-inline`` (the search on the
+   critical path) and ``moonplan-refresh`` (resident slots refilled in the background,
+   modelled only: not in the runtime) run beside it on the same traces, not counted;
 2. the reference settings (DeepSeek-V3: EP 8 decode and 4096 tokens, EP 64) with the
    serial schedule (fetch, then dispatch: the old one) and the overlapped one side by
    side: step time / ideal per policy, and moonplan's prefetch (total and exposed).
 
 Writes ``bench/results/bench_auto_sweep.json`` and ``.md``.
 
-    python bench/bench_auto_sweep.py            # full grid (tens of minutes on 2 CPUs)
-    python bench/bench_auto_sweep.py --quick    # 24 points, a minute
+    python bench/bench_auto_sweep.py            # full grid (9-13 minutes on 2 shared CPUs)
+    python bench/bench_auto_sweep.py --quick    # 24 points, 20 s
     python bench/bench_auto_sweep.py --paths --out ...  # CPU time of auto's paths
     python bench/bench_auto_sweep.py --horizons 1,2,4,8,16 --out ...  # the horizon study:
         # auto on HORIZON_GRID (8 measured steps) per StepCost.horizon, peers run once
@@ -44,8 +47,10 @@ from moonplan.simulate.acceptance import (
     CLASSES,
     IDEAL_BAR,
     IDEAL_POINT,
+    INLINE,
     PEER_BAR,
     PEERS,
+    REFRESH,
     AcceptanceGrid,
     classify,
     failures,
@@ -78,7 +83,7 @@ WHY = (  # (label, hardware, EP, sigma, tokens per rank)
     ("EP64 multinode S=4096 sigma 1", "h200-multinode", 64, 1.0, 4096),
 )
 SHORT = {"static-linear": "static", "moonep-greedy": "greedy", "moonplan-resident": "resident",
-         "moonplan-auto": "auto"}  # fmt: skip
+         "moonplan-auto": "auto", INLINE: "inline", REFRESH: "refresh"}  # fmt: skip
 
 
 def table(header: list[str], lines: list[list[str]]) -> str:
@@ -92,14 +97,22 @@ def point_lines(rows: list[dict[str, Any]]) -> list[list[str]]:
          f"{r['vs_peers']:.3f}", SHORT.get(r["best_peer"], r["best_peer"]),
          f"{r['vs_ideal']:.3f}", choices(r["choices"]), f"{r['phases']['plan_us']:.0f}",
          f"{r['phases']['prefetch_exposed_us']:.0f}", f"{r['us'][AUTO]:.0f}",
-         f"{r['vs_peers_chosen_only']:.3f}"]
+         f"{r['vs_peers_chosen_only']:.3f}", f"{r['background_plan']:.2f}",
+         f"{r['background_wait_us']:.0f}", _ratio(r, "vs_peers_inline"),
+         _ratio(r, "vs_peers_refresh")]
         for r in rows
     ]  # fmt: skip
 
 
+def _ratio(r: dict[str, Any], key: str) -> str:
+    return f"{r[key]:.3f}" if key in r else "-"
+
+
 POINT_HEADER = ["model", "hardware", "EP", "sigma", "S", "auto / best peer", "best peer",
                 "auto / ideal", "auto chose", "plan us", "exposed prefetch us",
-                "auto us", "auto / best peer, chosen candidate planned only"]  # fmt: skip
+                "auto us", "auto / best peer, chosen candidate planned only",
+                "background search (constructions)", "background wait us",
+                "inline / best peer", "refresh / best peer"]  # fmt: skip
 
 
 def choices(c: dict[str, int]) -> str:
@@ -113,16 +126,47 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
         at = [r for r in rows if (r["model"], r["hardware"]) == key]
         bad = sum(r["vs_peers"] > PEER_BAR for r in at)
         bad_chosen = sum(r["vs_peers_chosen_only"] > PEER_BAR for r in at)
+        bad_inline = sum(r.get("vs_peers_inline", 0.0) > PEER_BAR for r in at)
         top = max(at, key=lambda r: r["vs_peers"])
         out.append([*key, str(len(at)), str(bad), f"{top['vs_peers']:.3f}",
                     f"EP{top['ranks']} sigma {top['sigma']:g} S={top['tokens']}",
-                    str(bad_chosen)])  # fmt: skip
+                    str(bad_chosen), str(bad_inline)])  # fmt: skip
     total: Counter[str] = Counter()
     for r in rows:
         total.update(r["choices"])
     head = ["model", "hardware", "points", "above bar", "worst auto / best peer", "at",
-            "above bar, chosen candidate planned only"]  # fmt: skip
-    return [table(head, out), "", f"auto's choices over all measured steps: {choices(total)}"]
+            "above bar, chosen candidate planned only", "above bar, inline"]  # fmt: skip
+    return [table(head, out), "", f"auto's choices over all measured steps: {choices(total)}",
+            "", *by_tokens(rows)]  # fmt: skip
+
+
+def by_tokens(rows: list[dict[str, Any]]) -> list[str]:
+    """Per tokens per rank: points within the bar (ahead, inline), worst ratio, auto's mean
+    planning charge and background search a step."""
+    sizes = sorted({r["tokens"] for r in rows})
+    plan_us = SimConfig().plan_us.get(AUTO, 0.0)
+    at = {S: [r for r in rows if r["tokens"] == S] for S in sizes}
+
+    def line(label: str, f: Any) -> list[str]:
+        return [label, *(f(at[S]) for S in sizes)]
+
+    def within(key: str) -> Any:
+        return lambda rs: f"{sum(r.get(key, 9.0) <= PEER_BAR for r in rs)} of {len(rs)}"
+
+    def mean(f: Any) -> Any:
+        return lambda rs: f"{sum(f(r) for r in rs) / len(rs):.0f}"
+
+    lines = [
+        line("within 1.01x the best peer (ahead)", within("vs_peers")),
+        line("within 1.01x, inline", within("vs_peers_inline")),
+        line("within 1.01x, chosen candidate planned only", within("vs_peers_chosen_only")),
+        line("refresh within 1.01x (not counted)", within("vs_peers_refresh")),
+        line("worst auto / best peer", lambda rs: f"{max(r['vs_peers'] for r in rs):.2f}"),
+        line("auto's planning charge per step, us", mean(lambda r: r["phases"]["plan_us"])),
+        line("of which background wait, us", mean(lambda r: r["background_wait_us"])),
+        line("background search per step, us", mean(lambda r: r["background_plan"] * plan_us)),
+    ]
+    return [table(["tokens per rank", *map(str, sizes)], lines), ""]
 
 
 def causes(rows: list[dict[str, Any]]) -> list[str]:
@@ -141,11 +185,18 @@ def causes(rows: list[dict[str, Any]]) -> list[str]:
                       r["moved_mb"]["eplb"]))  # fmt: skip
     med = [sorted(x[i] for x in lines)[len(lines) // 2] for i in range(4)]
     fits = sum(x[2] <= x[1] for x in lines)
+    refresh = sorted(r["us"][REFRESH] / r["us"]["eplb"] for r in only if REFRESH in r["us"])
     out += [f"EPLB-only points: {len(only)}; auto / EPLB median {med[0]:.3f}, worst "
             f"{max(x[0] for x in lines):.3f}; auto - EPLB median {med[1]:.0f} us; EPLB moves "
             f"{med[3]:.0f} MB per step in the background (median), {med[2]:.0f} us of one rank's "
             f"NVLink if spread over the ranks; at {fits} of them that link time is below the "
             "gap (moving the same bytes in the background could close it)", ""]  # fmt: skip
+    if refresh:
+        ok = sum(r.get("vs_peers_refresh", 9.0) <= PEER_BAR for r in only)
+        out += [f"moonplan-refresh (background refill, charged) at these points: refresh / EPLB "
+                f"median {refresh[len(refresh) // 2]:.3f}, best {refresh[0]:.3f}, worst "
+                f"{refresh[-1]:.3f}; within {PEER_BAR}x the best peer at {ok} of {len(only)}",
+                ""]  # fmt: skip
     return out
 
 
@@ -274,7 +325,7 @@ def main() -> None:
     if args.steps:
         grid = dataclasses.replace(grid, steps=args.steps)
     t0 = time.time()
-    rows = run_acceptance(grid, SimConfig(), progress=ProgressBar())
+    rows = run_acceptance(grid, SimConfig(), ProgressBar(), (*PEERS, AUTO, INLINE, REFRESH))
     bad = failures(rows)
     ideal = [r for r in rows if (r["model"], r["hardware"], r["ranks"], r["sigma"], r["tokens"])
              == IDEAL_POINT]  # fmt: skip
@@ -285,7 +336,9 @@ def main() -> None:
         f"after {grid.warmup})",
         "",
         f"Bars: auto <= {PEER_BAR}x the best peer at every point; auto <= {IDEAL_BAR}x the "
-        f"ideal at {IDEAL_POINT}. Points above a bar: {len(bad)}.",
+        f"ideal at {IDEAL_POINT}. Points above a bar: {len(bad)} (auto chooses ahead; the "
+        f"inline schedule, same traces: {sum(r['vs_peers_inline'] > PEER_BAR for r in rows)} "
+        "above the peer bar).",
         "",
         *summary(rows),
         "",

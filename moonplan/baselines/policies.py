@@ -1,10 +1,11 @@
 """moonplan's own simulator policies: ``moonplan.plan`` every step, through one planner seam.
 
 Legend:
-    R ranks    E experts    B slots per rank    C slots filled this step
+    R ranks    E experts    B slots per rank    C slots filled this step    W window steps
     counts_RE  int64 ``[R, E]`` one step's all-gathered router counts
     moves_C2   int64 ``[C, 2]`` (home rank, rank) of each slot filled this step
     fetch_ER   bool ``[E, R]`` pairs whose weights are fetched before their rows run
+    refill_ER  bool ``[E, R]`` pairs whose slots are refilled in the background
 
 Every policy here is a :class:`PlannerPolicy`: each step it calls
 ``moonplan.plan(counts, slots=, previous=, policy=, cost=)``, the same call (and the
@@ -15,8 +16,18 @@ it asks for and whether the last plan is passed on as ``previous=``:
 
 * ``moonplan``: ``policy="exact"``, no ``previous`` (every replica copied every step);
 * ``moonplan-resident``: ``policy="exact"`` with ``previous=`` (resident slots reused);
-* ``moonplan-auto``: ``policy="auto"`` with ``previous=`` and the simulator's
-  :class:`~moonplan.stepcost.StepCost` as ``cost=``.
+* ``moonplan-auto``: the candidate chosen *ahead* (``moonplan.plan.ahead``): step
+  ``t + 1`` builds only the candidate named by ``policy="auto"``'s search on step
+  ``t``'s counts, with ``previous=`` and the simulator's
+  :class:`~moonplan.stepcost.StepCost` as ``cost=``; the search runs off the critical
+  path and is recorded as ``PolicyStep.background_plan``;
+* ``moonplan-auto-inline``: ``policy="auto"`` on every step's critical path (the
+  search inline, between the counts and the dispatch);
+* ``moonplan-refresh`` (a model of a runtime feature that does not exist yet, not
+  listed by default): ``policy="resident"`` every step over slots refilled in the
+  background every ``period`` steps from the exact plan of the last ``window`` steps'
+  summed counts, copied beside the next steps (at most ``period``) when the cost model
+  says it pays (:class:`MoonplanRefreshPolicy`).
 
 A new planner policy (``plan(policy="<name>")``) reaches the simulator as one more
 subclass and one registration (CONTRIBUTING.md, "Adding a planner policy").
@@ -24,6 +35,8 @@ subclass and one registration (CONTRIBUTING.md, "Adding a planner policy").
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from typing import Any
 
 import torch
@@ -32,15 +45,20 @@ from moonplan.baselines.moonep_greedy import MOONEP_PLAN_US
 from moonplan.baselines.policy_base import Policy, PolicyStep, make_step
 from moonplan.baselines.registry import PolicyInfo, register
 from moonplan.plan import api as planner
+from moonplan.plan.ahead import AheadChoice
+from moonplan.plan.choose import WORK
 from moonplan.plan.plan_type import Plan
 from moonplan.stepcost import StepCost, plan_fetch_ER
 
 __all__ = [
     "MoonplanAutoPolicy",
     "MoonplanPolicy",
+    "MoonplanRefreshPolicy",
     "PlannerPolicy",
     "plan_step",
+    "refill_link_s",
     "slot_moves",
+    "split_pairs",
 ]
 
 
@@ -66,15 +84,18 @@ class PlannerPolicy(Policy):
     def reset(self) -> None:
         self._previous = None
 
-    def plan(self, counts_RE: torch.Tensor, previous: Plan | None) -> Plan:
+    def plan(
+        self, counts_RE: torch.Tensor, previous: Plan | None, policy: str | None = None
+    ) -> Plan:
         """The step's :class:`Plan` from ``counts``, ``previous`` and ``self.cost``: the
-        same ``moonplan.plan`` call as ``Balancer.plan(counts_RE, previous)``."""
+        same ``moonplan.plan`` call as ``Balancer.plan(counts_RE, previous)``
+        (``policy``: instead of ``self.planner_policy``)."""
         return planner.plan(
             counts_RE,
             slots=self.slots,
             previous=previous,
             backend="torch",
-            policy=self.planner_policy,
+            policy=policy or self.planner_policy,
             cost=self.cost,
         )
 
@@ -100,26 +121,185 @@ class MoonplanPolicy(PlannerPolicy):
 
 
 class MoonplanAutoPolicy(PlannerPolicy):
-    """``moonplan.plan(..., policy="auto", cost=cost)`` every step, the chosen plan kept as
-    ``previous=`` (its resident slots are reused by the next step's candidates).
+    """``policy="auto"``'s choice, made ahead (default) or inline, the plan of each step
+    kept as ``previous=`` (its resident slots are reused by the next step's candidates).
 
     ``cost`` is the :class:`~moonplan.stepcost.StepCost` the choice minimises; the
     simulator passes the one it charges the step with (same model, hardware, schedule
-    and planning time), so the plan's predicted time is its simulated time. Planning is
-    charged per planner run (``plan.planned``) plus the choice's own work (screens,
-    scorings, the keep test: ``plan.chose``, in construction equivalents measured on this
-    code, ``moonplan.plan.choose.WORK``).
+    and planning time), so a plan's predicted time is its simulated time.
+
+    * ``ahead=True`` (``moonplan-auto``; the schedule the runtime's ``Balancer`` is
+      being given, a host thread running ``choose_next``): each step builds only
+      the candidate :class:`~moonplan.plan.ahead.AheadChoice` named (``policy=name``:
+      one construction for a balancing candidate, none for ``static`` and
+      ``resident``), charged on the critical path; the first step (no choice yet)
+      chooses inline. Then the search for the next step runs on this step's counts and
+      the previous plan (``AheadChoice.update``), off the critical path: its work
+      (``found.planned + found.chose``) is recorded as ``PolicyStep.background_plan``,
+      and the simulator charges the part of it that does not fit beside the step. After
+      an inline step the inline search *is* that search (same counts, same
+      ``previous``): its choice is kept and nothing runs in the background.
+    * ``ahead=False`` (``moonplan-auto-inline``): ``moonplan.plan(..., policy="auto")``
+      on every step's critical path, charged its runs (``plan.planned``) plus the
+      choice's own work (screens, scorings, the keep test: ``plan.chose``, in
+      construction equivalents measured on this code, ``moonplan.plan.choose.WORK``).
     """
 
     name = "moonplan-auto"
     planner_policy = "auto"
 
     def __init__(
-        self, num_ranks: int, num_experts: int, *, cost: StepCost, slots: int | None = None
+        self,
+        num_ranks: int,
+        num_experts: int,
+        *,
+        cost: StepCost,
+        slots: int | None = None,
+        ahead: bool = True,
     ) -> None:
         if not isinstance(cost, StepCost):
             raise ValueError(f"moonplan-auto needs cost=StepCost(...), got {cost!r}")
         super().__init__(num_ranks, num_experts, slots=slots, cost=cost)
+        self.ahead = ahead
+        self.name = "moonplan-auto" if ahead else "moonplan-auto-inline"
+        self._choice = AheadChoice()
+
+    def reset(self) -> None:
+        super().reset()
+        self._choice.reset()
+
+    def step(self, counts: Any) -> PolicyStep:
+        if not self.ahead:
+            return super().step(counts)
+        counts_RE = self._counts(counts)
+        named = self._choice.policy()
+        p = self.plan(counts_RE, self._previous, named)
+        background = 0.0
+        if named == "auto":  # inline: this search is the next step's choice
+            self._choice.settle(p.policy, p, basis=p.basis)
+        else:
+            found = self._choice.update(counts_RE, p, cost=self.cost, slots=self.slots)
+            background = found.planned + found.chose
+        self._previous = p
+        return plan_step(
+            self.name,
+            counts_RE,
+            p,
+            planned=p.planned + p.chose,
+            choice=p.policy,
+            background_plan=background,
+        )
+
+
+class MoonplanRefreshPolicy(PlannerPolicy):
+    """Resident slots refilled in the background from a window of recent counts.
+
+    A model of a schedule the runtime does not run (its slots are filled only on the
+    critical path of the step that uses them, ``docs/runtime.md``): it says what such a
+    refill would give. Every step builds ``policy="resident"`` over the current slots
+    (no planner run, no fetch: as balanced as the resident replicas allow). After every
+    ``period``-th step the exact plan of the counts summed over the last ``window`` steps
+    (``previous=`` the slots it will replace, so residents stay) is made off the
+    critical path (``background_plan``: its one run and two scores). Its new slots are
+    copied from the experts' homes into a second set of slots (the memory is not
+    modelled) beside the next ``k`` steps, a ``1/k`` share beside each (``refill_ER``),
+    and serve once all have arrived: ``k`` is the fewest shares (at most ``period``)
+    whose link time (:func:`refill_link_s`) fits in the last step's experts phase as
+    ``cost`` predicts it (the links' idle part). The refill is made only if it pays by
+    ``cost``: the resident plan over the new slots, on the last step's counts, must
+    save more over ``period`` steps than the shares would expose. The simulator charges
+    each step's share: its link time beyond that step's experts phase is exposed
+    (``moonplan.simulate.model_time``).
+    """
+
+    name = "moonplan-refresh"
+    planner_policy = "resident"
+
+    def __init__(
+        self,
+        num_ranks: int,
+        num_experts: int,
+        *,
+        cost: StepCost,
+        period: int = 4,
+        window: int | None = None,
+        slots: int | None = None,
+    ) -> None:
+        if not isinstance(cost, StepCost):
+            raise ValueError(f"moonplan-refresh needs cost=StepCost(...), got {cost!r}")
+        super().__init__(num_ranks, num_experts, slots=slots, cost=cost)
+        self.period, self.window = int(period), int(window or period)
+        if min(self.period, self.window) < 1:
+            raise ValueError(f"period and window must be >= 1, got {period}, {window}")
+        self.reset()
+
+    def reset(self) -> None:
+        self._previous = None  # the slots the steps execute over
+        self._pending: Plan | None = None  # the slots being copied
+        self._shares: list[torch.Tensor] = []  # refill_ER of each step still to copy
+        self._history: deque[torch.Tensor] = deque(maxlen=self.window)
+        self._t = 0  # steps seen
+
+    def step(self, counts: Any) -> PolicyStep:
+        counts_RE = self._counts(counts)
+        p = self.plan(counts_RE, self._previous)
+        refill_ER = self._shares.pop(0) if self._shares else None
+        if self._pending is not None and not self._shares:  # all copied: serve from now on
+            self._previous, self._pending = self._pending, None
+        self._history.append(counts_RE)
+        self._t += 1
+        background = 0.0
+        if self._t % self.period == 0 and len(self._history) == self.window:
+            window_RE = torch.stack(list(self._history)).sum(0)
+            refill = planner.plan(
+                window_RE, slots=self.slots, previous=self._previous, backend="torch"
+            )
+            self._shares = self._shares_if_paid(counts_RE, p, refill)
+            self._pending = refill if self._shares else None
+            background = refill.planned + 2 * WORK["score"]
+        return plan_step(
+            self.name, counts_RE, p, planned=p.planned, background_plan=background,
+            refill_ER=refill_ER,
+        )  # fmt: skip
+
+    def _shares_if_paid(self, counts_RE: torch.Tensor, p: Plan, refill: Plan) -> list[torch.Tensor]:
+        """The refill's pairs in the fewest shares (at most ``period``) whose link time fits
+        in ``p``'s experts phase; none (no refill) unless the refilled slots, over this
+        step's counts, save more in ``period`` steps than the shares would expose."""
+        refill_ER = plan_fetch_ER(refill)
+        now = self.cost.plan_time(p, planned=0)
+        link_s = refill_link_s(self.cost, refill_ER, p.home.cpu())
+        k = self.period if now.experts_s <= 0 else math.ceil(link_s / now.experts_s)
+        k = max(1, min(self.period, k))
+        after = self.cost.plan_time(self.plan(counts_RE, refill), planned=0)
+        exposed_s = k * max(0.0, link_s / k - now.experts_s)
+        if (now.total_s - after.total_s) * self.period <= exposed_s or not refill_ER.any():
+            return []
+        return split_pairs(refill_ER, k)
+
+
+def refill_link_s(cost: StepCost, refill_ER: torch.Tensor, src_E: torch.Tensor) -> float:
+    """Seconds the copies of ``refill_ER`` (bool ``[E, R]``, each from ``src_E[e]``) take
+    alone on the links: ``cost``'s fetch of those pairs in a step with no rows (``cost``
+    with ``dispatch="record"``: no rows, no dispatch traffic needed)."""
+    if not bool(refill_ER.any()):
+        return 0.0
+    E, R = refill_ER.shape
+    none_ER = torch.zeros(E, R, dtype=torch.int64)
+    none_RE = torch.zeros(R, E, dtype=torch.int64)
+    return float(cost.step_time(none_ER, none_RE, refill_ER, src_E, planned=0).prefetch_s)
+
+
+def split_pairs(pairs_ER: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    """``parts`` bool ``[E, R]`` masks splitting the pairs of ``pairs_ER`` round-robin (in
+    ``(e, r)`` order): their sizes differ by at most one, their union is ``pairs_ER``."""
+    e_C, r_C = pairs_ER.nonzero(as_tuple=True)
+    out = []
+    for k in range(parts):
+        part = torch.zeros_like(pairs_ER)
+        part[e_C[k::parts], r_C[k::parts]] = True
+        out.append(part)
+    return out
 
 
 def plan_step(name: str, counts_RE: torch.Tensor, p: Plan, **options: Any) -> PolicyStep:
@@ -149,8 +329,14 @@ def _moonplan(name: str, num_ranks: int, num_experts: int, **options: Any) -> Po
 
 def _auto(name: str, num_ranks: int, num_experts: int, **options: Any) -> Policy:
     if options.get("cost") is None:
-        raise ValueError("moonplan-auto needs cost=StepCost(...) (the model it minimises)")
-    return MoonplanAutoPolicy(num_ranks, num_experts, **options)
+        raise ValueError(f"{name} needs cost=StepCost(...) (the model it minimises)")
+    return MoonplanAutoPolicy(num_ranks, num_experts, ahead=not name.endswith("-inline"), **options)
+
+
+def _refresh(name: str, num_ranks: int, num_experts: int, **options: Any) -> Policy:
+    if options.get("cost") is None:
+        raise ValueError(f"{name} needs cost=StepCost(...) (to time its refill)")
+    return MoonplanRefreshPolicy(num_ranks, num_experts, **options)
 
 
 # Both exact variants take `slots`; auto also needs `cost` (the StepCost it minimises).
@@ -160,3 +346,11 @@ register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-"
                     plan_us=MOONEP_PLAN_US, options=("slots",), order=70))  # fmt: skip
 register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=MOONEP_PLAN_US,
                     options=("cost", "slots"), order=80))  # fmt: skip
+# The inline schedule (the search on every step's critical path): not listed, for comparison.
+register(PolicyInfo("moonplan-auto-inline", _auto, label="auto-inline", style=("--", "^"),
+                    plan_us=MOONEP_PLAN_US, options=("cost", "slots"), order=90,
+                    listed=False))  # fmt: skip
+# Background slot refresh: modelled, not in the runtime; not listed (docs/simulator.md).
+register(PolicyInfo("moonplan-refresh", _refresh, label="refresh", style=(":", "v"),
+                    plan_us=MOONEP_PLAN_US, options=("cost", "period", "window", "slots"),
+                    order=100, listed=False))  # fmt: skip

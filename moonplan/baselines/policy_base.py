@@ -55,6 +55,10 @@ class PolicyStep:
             ``moonplan-auto`` adds its choice's own work, ``Plan.chose``).
         choice: the candidate a choosing policy took this step (``moonplan-auto``:
             ``plan.policy``, e.g. ``"static"``); ``""`` for the others.
+        background_plan: planner work run off the critical path after this step, in
+            construction equivalents (``moonplan-auto``'s choice of the next step's
+            candidate, ``found.planned + found.chose``); the simulator charges only the
+            part that does not fit beside the step (``moonplan.simulate.model_time``).
     """
 
     name: str
@@ -69,6 +73,8 @@ class PolicyStep:
     src_E: torch.Tensor | None = None
     planned: float = 1
     choice: str = ""
+    background_plan: float = 0.0
+    refill_ER: torch.Tensor | None = None
 
     @property
     def load_R(self) -> torch.Tensor:
@@ -77,8 +83,9 @@ class PolicyStep:
 
     @property
     def new_copies(self) -> int:
-        """Expert weights moved this step (blocking and background)."""
-        return int(self.moves_C2.shape[0] + self.background_C2.shape[0])
+        """Expert weights moved this step (blocking, background and refilled)."""
+        refilled = 0 if self.refill_ER is None else int(self.refill_ER.sum())
+        return int(self.moves_C2.shape[0] + self.background_C2.shape[0]) + refilled
 
     def moved_bytes(self, expert_bytes: float) -> float:
         """Bytes of expert weights moved this step, given one expert's bytes (``3*H*F*s``)."""

@@ -20,15 +20,23 @@ plan_t`` and ``counts_t`` the balancing candidates would replay ``plan_t`` and l
 as if they fetched nothing). Steps before the first choice plan inline
 (:meth:`AheadChoice.policy` is ``"auto"``).
 
+Keeping the choice (``moonplan.plan.keep``) works as inline: inline ``"auto"``'s
+``previous`` carries the :class:`~moonplan.plan.plan_type.Basis` of the last full
+choice, while a plan built by name carries none. So :class:`AheadChoice` hands the
+search ``plan_{t-1}`` with the basis of the search that named its candidate, and a
+search that may keep its choice costs a keep test, not a full choice.
+
 Every input is all-gathered or derived from all-gathered data, so every rank names
 the same candidate, as inline ``"auto"`` does.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from moonplan.plan.api import plan
 from moonplan.plan.choose import CostModel
-from moonplan.plan.plan_type import Plan
+from moonplan.plan.plan_type import Basis, Plan
 
 
 def choose_next(
@@ -73,10 +81,13 @@ class AheadChoice:
     def __init__(self) -> None:
         self._before: Plan | None = None  # plan of the step before the last one
         self._next: str | None = None  # candidate named for the next step
+        self._next_basis: Basis | None = None  # the basis of the search that named it
 
     @property
     def before(self) -> Plan | None:
-        """The plan the next choice starts from (the last step's ``previous``)."""
+        """The plan the next choice starts from (the last step's ``previous``), with the
+        basis of the search that named its candidate (what inline ``auto``'s previous
+        plan carries: the keep test reads it)."""
         return self._before
 
     def policy(self) -> str:
@@ -99,13 +110,18 @@ class AheadChoice:
         found = choose_next(
             counts_RE, self._before, cost=cost, slots=slots, align=align, backend=backend
         )
-        self.settle(found.policy, p)
+        self.settle(found.policy, p, basis=found.basis)
         return found
 
-    def settle(self, name: str, p: Plan) -> None:
-        """Record ``name`` as the next step's candidate and ``p`` as this step's plan."""
-        self._next, self._before = name, p
+    def settle(self, name: str, p: Plan, *, basis: Basis | None = None) -> None:
+        """Record ``name`` as the next step's candidate (``basis``: that of the search that
+        named it, ``found.basis``) and ``p`` as this step's plan. ``p`` keeps its own
+        basis when it was chosen inline (no candidate named before it), else it takes
+        the basis of the search that named its candidate."""
+        own = p.basis if self._next is None else self._next_basis
+        self._before = p if own is p.basis else dataclasses.replace(p, basis=own)
+        self._next, self._next_basis = name, basis
 
     def reset(self) -> None:
         """Forget the history (the next step chooses inline)."""
-        self._before, self._next = None, None
+        self._before, self._next, self._next_basis = None, None, None

@@ -12,6 +12,10 @@ measured) on which ``moonplan-auto`` and its peers run. Its verdicts:
 * ``vs_ideal``: its mean step time over the force-balanced ideal (the bar
   :data:`IDEAL_BAR` applies at :data:`IDEAL_POINT` only).
 
+``moonplan-auto`` chooses ahead (the search off the critical path, its excess over
+the step charged: ``moonplan.simulate.model_time``); :data:`ALSO` (the inline schedule,
+the background slot refresh) may run beside it, reported, never counted in the bars.
+
 Points need ``E >= R`` (every rank holds at least one home expert: with fewer
 experts than ranks static EP leaves ranks idle and is no deployment anyone runs),
 so Mixtral-8x7B (8 experts) is swept at EP 8 only.
@@ -32,6 +36,12 @@ Progress = Callable[[int, int, str], None]
 """``progress(done, total, label)`` callback."""
 
 AUTO = "moonplan-auto"
+INLINE = "moonplan-auto-inline"
+"""The inline schedule of the same choice (the search on the critical path), for comparison."""
+REFRESH = "moonplan-refresh"
+"""Resident slots refilled in the background (modelled, not in the runtime), for comparison."""
+ALSO = {INLINE: "vs_peers_inline", REFRESH: "vs_peers_refresh"}
+"""Policies reported beside auto (not counted in the bars) -> their row key."""
 PEERS = ("static-linear", "eplb", "moonep-greedy", "moonplan-resident")
 """The policies ``moonplan-auto`` must not be slower than (beyond :data:`PEER_BAR`)."""
 PEER_BAR = 1.01
@@ -96,7 +106,11 @@ def acceptance_point(
         per step, MB: on the critical path or, for EPLB, in the background), and a
         diagnosis of the choice's own planning: ``chosen_only_us`` (auto's time if only
         the candidate it took had been planned: one run for a balancing candidate, none
-        for static and resident) and ``vs_peers_chosen_only``.
+        for static and resident) and ``vs_peers_chosen_only``; ``background_plan``
+        (auto's search off the critical path, construction equivalents a step) and
+        ``background_wait_us`` (the part of it charged because it did not fit beside its
+        step); for each policy of :data:`ALSO` among ``policies``, its ratio to the best
+        peer (``vs_peers_inline``, ``vs_peers_refresh``).
     """
     cfg = cfg or SimConfig()
     model, hw, R, sigma, S = point
@@ -130,11 +144,16 @@ def acceptance_point(
         "vs_peers_chosen_only": chosen_only / rows[best]["total_us"],
         "choices": auto.get("choices", {}),
         "phases": {k: auto[k] for k in (*phases, "combine_us", "total_us")},
-    }
+        "background_plan": auto.get("background_plan", 0.0),
+        "background_wait_us": auto.get("background_wait_us", 0.0),
+        **{key: rows[p]["total_us"] / rows[best]["total_us"] for p, key in ALSO.items()
+           if p in rows},
+    }  # fmt: skip
 
 
 def _chosen_runs(auto_row: dict[str, Any]) -> float:
-    """Mean planner runs per step if auto had built only the candidates it took."""
+    """Mean planner runs per step if auto had built only the candidates it took (and
+    waited for no search: neither inline nor the excess of the one in the background)."""
     choices = auto_row.get("choices", {})
     steps = sum(choices.values())
     balancing = sum(n for c, n in choices.items() if c not in ("static", "resident"))
@@ -142,15 +161,18 @@ def _chosen_runs(auto_row: dict[str, Any]) -> float:
 
 
 def run_acceptance(
-    grid: AcceptanceGrid, cfg: SimConfig | None = None, progress: Progress | None = None
+    grid: AcceptanceGrid,
+    cfg: SimConfig | None = None,
+    progress: Progress | None = None,
+    policies: Sequence[str] = (*PEERS, AUTO),
 ) -> list[dict[str, Any]]:
-    """:func:`acceptance_point` of every point of ``grid``, in grid order."""
+    """:func:`acceptance_point` of every point of ``grid`` with ``policies``, in grid order."""
     points = grid.points()
     rows = []
     for i, point in enumerate(points):
         if progress:
             progress(i, len(points), "{} {} EP={} sigma={:g} S={}".format(*point))
-        rows.append(acceptance_point(point, grid, cfg))
+        rows.append(acceptance_point(point, grid, cfg, policies))
     if progress:
         progress(len(points), len(points), "done")
     return rows
@@ -168,22 +190,27 @@ def failures(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return bad + [r for r in ideal if r not in bad]
 
 
-CLASSES = ("planning", "myopia", "static", "eplb", "greedy")
+CLASSES = ("planning", "lag", "myopia", "static", "eplb", "greedy")
 """Causes of a point above :data:`PEER_BAR`, in the order :func:`classify` tries them."""
 
 
 def classify(r: dict[str, Any]) -> str:
     """Why auto is above the bar at point ``r`` (the first class that fits; ``""`` within it).
 
-    ``planning``: with only the candidate it kept planned, auto would be within the bar
-    (the cost of the search); ``myopia``: ``moonplan-resident`` (exact balance every step,
-    resident slots kept) is within it; ``static``: static EP is; ``eplb``: only EPLB is;
-    ``greedy``: the MoonEP greedy is (and not EPLB alone).
+    ``planning``: with only the candidate it took planned, auto would be within the bar
+    (the cost of the search: inline, or the background search's excess over its step);
+    ``lag``: the same choice made inline (``vs_peers_inline``: on the step's own counts)
+    is within it, the choice made ahead on the last step's counts is not; ``myopia``:
+    ``moonplan-resident`` (exact balance every step, resident slots kept) is within it;
+    ``static``: static EP is; ``eplb``: only EPLB is; ``greedy``: the MoonEP greedy is
+    (and not EPLB alone).
     """
     if r["vs_peers"] <= PEER_BAR:
         return ""
     if r["vs_peers_chosen_only"] <= PEER_BAR:
         return "planning"
+    if r.get("vs_peers_inline", float("inf")) <= PEER_BAR:
+        return "lag"
     ok = {p for p in PEERS if p in r["us"] and r["us"][p] <= PEER_BAR * r["best_peer_us"]}
     if "moonplan-resident" in ok:
         return "myopia"

@@ -16,7 +16,19 @@ Legend:
   own work (``Plan.chose``: screens, scorings, the keep test) at ``plan_us`` times the
   ratio of that work to one construction, measured as CPU host time of our code
   (``moonplan.plan.choose.WORK``, ``bench/bench_auto_sweep.py --paths``): the 51 us
-  base is a published GPU figure, the ratios are our own CPU measurements;
+  base is a published GPU figure, the ratios are our own CPU measurements. Work a
+  policy runs *off* the critical path (``PolicyStep.background_plan``: ``moonplan-auto``
+  choosing the next step's candidate on a host thread) is free only while it fits
+  beside the step: the next step cannot start its plan before that choice is made, so
+  the excess ``max(0, background_s - step_total_s)`` (``background_s`` its
+  construction equivalents times ``plan_us``, ``step_total_s`` the step's own time) is
+  charged as planning on the critical path (:func:`background_wait_s`);
+* **refill** (``moonplan-refresh``'s background slot refill, ``PolicyStep.refill_ER``):
+  unlike EPLB's moves, charged. The copies take their link time alone on the links
+  (``StepCost``'s fetch without dispatch); they run beside the step but overlap only its
+  experts phase, when the links carry no dispatch or combine; the rest is exposed and
+  added to the step (:func:`with_refill`: ``prefetch_s`` gains the link time,
+  ``prefetch_exposed_s`` and ``total_s`` the exposed part);
 * **fetch** (prefetch and direct reads): the weights a policy moves before its rows can
   run (``PolicyStep.fetch_ER``; EPLB's periodic moves are in the background and cost
   nothing here). ``SimConfig.overlap_prefetch=True`` (default: moonplan's runtime
@@ -39,6 +51,7 @@ from typing import Any
 
 import torch
 
+from moonplan.baselines.policies import refill_link_s
 from moonplan.baselines.policy_base import PolicyStep
 from moonplan.baselines.registry import infos
 from moonplan.cost import ModelPreset
@@ -104,21 +117,54 @@ def step_time(
     hw: Hardware,
     cfg: SimConfig,
     topk_ids: torch.Tensor | None = None,
+    *,
+    background: bool = True,
 ) -> StepTime:
     """Estimated :class:`StepTime` of one policy step (see the module docstring);
     ``topk_ids`` (``[R, S, K]`` experts of the step's records) is needed for
-    ``cfg.dispatch`` other than ``"record"``."""
+    ``cfg.dispatch`` other than ``"record"``. ``background=False``: without the wait for
+    the step's background planning (:func:`background_wait_s`)."""
     E, R = step.rows_ER.shape
     fetch_ER = step.fetch_ER if step.fetch_ER is not None else torch.zeros(E, R, dtype=torch.bool)
     src_E = step.src_E if step.src_E is not None else torch.zeros(E, dtype=torch.int64)
-    cost = cfg.step_cost(model, hw, step.name)
+    cost = record = cfg.step_cost(model, hw, step.name)
     traffic = None
     if cfg.dispatch != "record":
         traffic = scheme_step_traffic(step, topk_ids, cfg.dispatch, cost.domain_size(R))
         cost = cost.scaled(dispatch=cfg.dispatch)
-    return cost.step_time(
+    t = cost.step_time(
         step.rows_ER, step.sent_RE, fetch_ER, src_E, planned=step.planned, traffic=traffic
     )
+    if step.refill_ER is not None:
+        t = with_refill(t, refill_link_s(record, step.refill_ER, src_E))
+    return with_wait(t, background_wait_s(step, t, cfg)) if background else t
+
+
+def with_refill(t: StepTime, link_s: float) -> StepTime:
+    """``t`` with a background copy of ``link_s`` link seconds beside it: hidden behind
+    the experts phase (links idle), the rest exposed."""
+    exposed = max(0.0, link_s - t.experts_s)
+    return dataclasses.replace(
+        t,
+        prefetch_s=t.prefetch_s + link_s,
+        prefetch_exposed_s=t.prefetch_exposed_s + exposed,
+        total_s=t.total_s + exposed,
+    )
+
+
+def background_wait_s(step: PolicyStep, t: StepTime, cfg: SimConfig) -> float:
+    """Seconds the next step waits for ``step``'s background planning: its host time
+    (``step.background_plan`` construction equivalents at ``cfg``'s planning time per
+    run) beyond ``t.total_s``, the step it runs beside (``t``: without this wait)."""
+    background_s = step.background_plan * cfg.plan_seconds(step.name)
+    return max(0.0, background_s - t.total_s)
+
+
+def with_wait(t: StepTime, wait_s: float) -> StepTime:
+    """``t`` with ``wait_s`` more planning on the critical path."""
+    if wait_s <= 0:
+        return t
+    return dataclasses.replace(t, plan_s=t.plan_s + wait_s, total_s=t.total_s + wait_s)
 
 
 def ideal_time(

@@ -8,7 +8,10 @@ whole trace (EPLB needs history, moonplan-resident its previous plan) and is
 measured on the last ``steps``. A result row holds the mean step time per
 phase (us), the mean force-balanced ideal (us), their ratio ``rel_ideal``, and
 the balance metrics of ``moonplan.baselines.metrics``; for ``moonplan-auto`` also
-``choices`` (candidate -> measured steps that took it).
+``choices`` (candidate -> measured steps that took it) and, for a policy that plans
+in the background, ``background_plan`` (its mean construction equivalents a step, off
+the critical path) and ``background_wait_us`` (the mean part of it that did not fit
+beside its step, charged as planning: ``model_time.background_wait_s``).
 
 Every policy gets the simulator's :class:`~moonplan.stepcost.StepCost` for the point
 (``SimConfig.step_cost``); only ``moonplan-auto`` uses it, to choose its plan with the
@@ -27,6 +30,7 @@ import torch
 from moonplan.baselines.metrics import expert_maxvio, summarize
 from moonplan.baselines.registry import make_policy, names
 from moonplan.cost import ModelPreset
+from moonplan.simulate import model_time
 from moonplan.simulate.model_time import SimConfig, StepTime, ideal_time, mean_time, step_time
 from moonplan.simulate.models import expert_bytes, get_model
 from moonplan.simulate.token_routing import token_trace
@@ -138,10 +142,17 @@ def _policy_row(
     policy = make_policy(name, R, E, cost=cfg.step_cost(model, hw, name), **opts)
     steps = [policy.step(c) for c in counts_TRE][warmup:]
     ids = list(topk_ids[warmup:]) if topk_ids is not None else [None] * len(steps)
-    t = mean_time([step_time(s, model, hw, cfg, i) for s, i in zip(steps, ids, strict=True)])
+    own = [
+        step_time(s, model, hw, cfg, i, background=False) for s, i in zip(steps, ids, strict=True)
+    ]
+    waits = [model_time.background_wait_s(s, t, cfg) for s, t in zip(steps, own, strict=True)]
+    t = mean_time([model_time.with_wait(t, w) for t, w in zip(own, waits, strict=True)])
     row = {**base, "policy": name, **t.as_us()}
     if any(s.choice for s in steps):
         row["choices"] = dict(Counter(s.choice for s in steps))
+    if any(s.background_plan for s in steps):
+        row["background_plan"] = sum(s.background_plan for s in steps) / len(steps)
+        row["background_wait_us"] = sum(waits) / len(waits) * 1e6
     row["rel_ideal"] = t.total_s / ideal.total_s if ideal.total_s > 0 else 1.0
     metrics = summarize(steps, expert_bytes(model, cfg.weight_bytes))
     row.update(metrics)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -26,9 +28,14 @@ from moonplan.baselines.metrics import (
     step_metrics,
     summarize,
 )
+from moonplan.baselines.policies import refill_link_s, split_pairs
 from moonplan.baselines.static_ep import StaticPolicy, round_robin_alloc
+from moonplan.plan import plan
+from moonplan.plan.candidates import resident_alloc
+from moonplan.plan.choose import WORK
 from moonplan.plan.placement import round_robin_home
-from moonplan.stepcost import StepCost
+from moonplan.plan.plan_type import Plan
+from moonplan.stepcost import StepCost, plan_fetch_ER
 from moonplan.traces import generate_counts
 
 # the README's worked example: every record on rank 0, 8 experts on 4 ranks
@@ -298,12 +305,14 @@ def test_fetched_pairs_are_the_critical_path_moves(name: str) -> None:
 
 @pytest.mark.parametrize("mode", ["exact", "auto"])
 def test_simulator_plans_what_the_runtime_balancer_plans(mode: str) -> None:
-    """``moonplan-resident``/``moonplan-auto`` and the runtime's ``Balancer`` make the same
-    ``moonplan.plan(counts, previous=, policy=, cost=)`` call: the same plans step by step."""
+    """``moonplan-resident``/``moonplan-auto-inline`` and the runtime's ``Balancer`` make the
+    same ``moonplan.plan(counts, previous=, policy=, cost=)`` call: the same plans step by
+    step (the runtime's ``"auto"`` chooses inline; ``moonplan-auto`` chooses ahead, through
+    ``moonplan.plan.ahead``, below)."""
     from moonplan.runtime.balancer import Balancer
 
     cost = rows_only(copy_s_intra=1e-3, copy_s_inter=1e-3, plan_s=1e-3)  # auto mixes choices
-    name = "moonplan-resident" if mode == "exact" else "moonplan-auto"
+    name = "moonplan-resident" if mode == "exact" else "moonplan-auto-inline"
     sim = make_policy(name, 8, 64, cost=cost, slots=4)
     runtime = Balancer(mode, slots=4, align=1, cost=cost if mode == "auto" else None)
     previous = None
@@ -320,3 +329,146 @@ def test_simulator_plans_what_the_runtime_balancer_plans(mode: str) -> None:
         )
         choices.add(previous.policy)
     assert choices == ({"exact"} if mode == "exact" else {"exact", "resident", "static"})
+
+
+# ---- moonplan-auto chooses ahead -------------------------------------------------------------
+
+
+def mixed_cost() -> StepCost:
+    """Copies and planning cost something: the choice changes along a drifting trace."""
+    return rows_only(copy_s_intra=1e-3, copy_s_inter=1e-3, plan_s=1e-3)
+
+
+def drifting(steps: int, seed: int = 0) -> list[torch.Tensor]:
+    """``steps`` lognormal count matrices ``[8, 64]`` (a new draw each step)."""
+    return [generate_counts("lognormal", ranks=8, experts=64, tokens=256, topk=4, sigma=1.5,
+                            seed=seed + i) for i in range(steps)]  # fmt: skip
+
+
+def test_ahead_charges_only_the_named_build_after_the_first_step() -> None:
+    cost, trace = mixed_cost(), drifting(8)
+    ahead = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4)
+    first = plan(trace[0], slots=4, policy="auto", cost=cost, backend="torch")
+    step = ahead.step(trace[0])  # no choice yet: inline, and that search names the next one
+    assert step.planned == first.planned + first.chose
+    assert step.choice == first.policy and step.background_plan == 0
+    assert step.planned >= WORK["setup"] + WORK["score"]
+    named = first.policy
+    for c in trace[1:]:
+        step = ahead.step(c)
+        assert step.choice == named  # the candidate the last step's search named
+        assert step.planned == (0 if named in ("static", "resident") else 1)
+        assert step.background_plan >= WORK["setup"] + WORK["score"]  # the search, off the path
+        named = ahead._choice.policy()
+
+
+def test_inline_and_ahead_choices_match_one_step_shifted() -> None:
+    """Step t + 1 of ``moonplan-auto`` takes what inline ``auto`` takes at step t from the
+    same counts and the same previous plan (step t - 1's, with the basis of the search
+    that named its candidate); step 0 is inline."""
+    cost, trace = mixed_cost(), drifting(10, seed=3)
+    ahead = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4)
+    befores: list[Plan | None] = []  # what each step's search starts from
+    taken = []
+    for c in trace:
+        befores.append(ahead._choice.before)
+        taken.append(ahead.step(c).choice)
+    inline = [plan(c, slots=4, previous=before, policy="auto", cost=cost, backend="torch").policy
+              for c, before in zip(trace, befores, strict=True)]  # fmt: skip
+    assert taken[1:] == inline[:-1] and taken[0] == inline[0]
+    assert len(set(taken)) > 1  # the trace makes the choice move
+    named = [b for b in befores[2:] if b is not None]
+    assert named and all(b.basis is not None for b in named)  # built by name, basis handed on
+
+
+def test_ahead_and_inline_rerun_and_reset_give_the_same_steps() -> None:
+    cost, trace = mixed_cost(), drifting(6, seed=1)
+    for name in ("moonplan-auto", "moonplan-auto-inline", "moonplan-refresh"):
+        policy = make_policy(name, 8, 64, cost=cost, slots=4, period=2)
+        runs = []
+        for _ in range(2):
+            policy.reset()
+            runs.append([policy.step(c) for c in trace])
+        fresh = make_policy(name, 8, 64, cost=cost, slots=4, period=2)
+        again = [fresh.step(c) for c in trace]
+        for a, b, c in zip(*runs, again, strict=True):
+            assert torch.equal(a.alloc_ER, b.alloc_ER) and torch.equal(a.alloc_ER, c.alloc_ER)
+            assert (a.planned, a.choice, a.background_plan) == (c.planned, c.choice,
+                                                                c.background_plan)  # fmt: skip
+            assert (a.planned, a.choice, a.background_plan) == (b.planned, b.choice,
+                                                                b.background_plan)  # fmt: skip
+
+
+def test_inline_auto_charges_its_search_every_step() -> None:
+    cost, trace = mixed_cost(), drifting(4)
+    inline = make_policy("moonplan-auto-inline", 8, 64, cost=cost, slots=4)
+    previous = None
+    for c in trace:
+        step = inline.step(c)
+        p = plan(c, slots=4, previous=previous, policy="auto", cost=cost, backend="torch")
+        assert step.planned == p.planned + p.chose and step.background_plan == 0
+        assert step.name == "moonplan-auto-inline" and step.choice == p.policy
+        previous = p
+
+
+# ---- moonplan-refresh: slots refilled in the background --------------------------------------
+
+
+def test_split_pairs_round_robin() -> None:
+    pairs = torch.zeros(4, 3, dtype=torch.bool)
+    pairs[0, 1] = pairs[1, 2] = pairs[2, 0] = pairs[3, 1] = pairs[3, 2] = True
+    parts = split_pairs(pairs, 2)
+    assert [int(p.sum()) for p in parts] == [3, 2]
+    assert torch.equal(parts[0] | parts[1], pairs) and not bool((parts[0] & parts[1]).any())
+    assert [int(p.sum()) for p in split_pairs(pairs, 7)] == [1] * 5 + [0, 0]
+
+
+def test_refresh_refills_from_the_window_and_serves_once_copied() -> None:
+    """After each ``period``-th step the exact plan of the window's summed counts; its new
+    slots are copied beside the next steps (a share each), then served (resident: no
+    fetch on the critical path, no planner run)."""
+    cost = rows_only(copy_s_intra=1e-9, copy_s_inter=1e-9)  # fits any experts phase: one share
+    trace = drifting(9, seed=2)
+    policy = make_policy("moonplan-refresh", 8, 64, cost=cost, period=3)
+    steps = [policy.step(c) for c in trace]
+    window = plan(torch.stack(trace[:3]).sum(0), backend="torch")
+    search = 1 + 2 * WORK["score"]  # the window's plan and two scores, in the background
+    assert [s.background_plan for s in steps] == [0, 0, search] * 3
+    assert [s.refill_ER is not None for s in steps] == [False] * 3 + [True, False, False] * 2
+    assert torch.equal(steps[3].refill_ER, plan_fetch_ER(window))
+    assert steps[3].new_copies == int(plan_fetch_ER(window).sum()) > 0
+    for s, c in zip(steps, trace, strict=True):
+        assert s.planned == 0 and s.moves_C2.shape[0] == 0 and not bool(s.fetch_ER.any())
+        assert torch.equal(s.alloc_ER.sum(1), c.sum(0))
+    static = [StaticPolicy(8, 64).step(c) for c in trace]
+    assert all(
+        torch.equal(a.alloc_ER, b.alloc_ER) for a, b in zip(steps[:4], static[:4], strict=True)
+    )
+    served = resident_alloc(trace[4], window.slot_expert)  # from the step after the copy
+    assert torch.equal(steps[4].alloc_ER, served)
+    assert sum(s.load_R.max() for s in steps[4:]) < sum(s.load_R.max() for s in static[4:])
+
+
+def test_refresh_spreads_a_refill_that_does_not_fit_and_skips_one_that_does_not_pay() -> None:
+    trace = drifting(8, seed=2)
+    window = plan(torch.stack(trace[:4]).sum(0), backend="torch")
+    total = int(plan_fetch_ER(window).sum())
+    seen = set()
+    for copy_s in (1e-9, 3e-5, 1e-4, 3e-4, 1e-3, 1.0):
+        cost = rows_only(copy_s_intra=copy_s, copy_s_inter=copy_s)
+        policy = make_policy("moonplan-refresh", 8, 64, cost=cost, period=4)
+        steps = [policy.step(c) for c in trace]
+        shares = [int(s.refill_ER.sum()) for s in steps[4:] if s.refill_ER is not None]
+        before = StaticPolicy(8, 64).step(trace[3])
+        link = refill_link_s(cost, plan_fetch_ER(window), window.home.cpu())
+        experts = cost.step_time(before.alloc_ER, trace[3], torch.zeros(64, 8, dtype=torch.bool),
+                                 window.home.cpu(), planned=0).experts_s  # fmt: skip
+        if shares:  # refilled: in ceil(link / experts) shares (at most the period), all copied
+            assert len(shares) == max(1, min(4, math.ceil(link / experts)))
+            assert sum(shares) == total and max(shares) - min(shares) <= 1
+        seen.add(len(shares))
+    assert seen >= {0, 1} and max(seen) > 1  # kept whole, spread, and skipped (too dear)
+    with pytest.raises(ValueError, match="needs cost"):
+        make_policy("moonplan-refresh", 8, 64)
+    with pytest.raises(ValueError, match="period"):
+        make_policy("moonplan-refresh", 8, 64, cost=cost, period=0)

@@ -58,8 +58,11 @@ def test_builtin_registrations_keep_the_old_tables() -> None:
                       "resident", "auto"]  # fmt: skip
     assert info("capacity-3").header("capacity-3") == "capacity-3"  # a family member
     assert default_plan_us() == dict.fromkeys(
-        ("moonep-greedy", "moonplan", "moonplan-resident", "moonplan-auto"), 51.0
-    )
+        ("moonep-greedy", "moonplan", "moonplan-resident", "moonplan-auto",
+         "moonplan-auto-inline", "moonplan-refresh"), 51.0
+    )  # fmt: skip
+    # the inline schedule and the background refresh are registered, not listed
+    assert not {"moonplan-auto-inline", "moonplan-refresh"} & set(names())
     assert info("moonep-greedy").style == ("--", "s") and info("eplb").style == ("-", ".")
 
 

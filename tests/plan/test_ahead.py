@@ -5,6 +5,7 @@ import torch
 from moonplan.cost import get_preset
 from moonplan.plan import plan
 from moonplan.plan.ahead import AheadChoice, choose_next
+from moonplan.plan.choose import WORK
 from moonplan.stepcost import StepCost
 
 
@@ -47,3 +48,25 @@ def test_choice_is_inline_auto_one_step_back():
         prev = p
     ahead.reset()
     assert ahead.policy() == "auto" and ahead.before is None
+
+
+def test_the_background_search_keeps_as_inline_auto_does():
+    """A plan built by name carries no basis; the search still gets the basis of the
+    search that named it, so it keeps its choice where inline ``auto`` would."""
+    cost, ahead = _cost(), AheadChoice()
+    trace = _trace(1, seed=2) * 6  # the same counts every step: nothing moves
+    prev, inline_prev, kept = None, None, 0
+    for counts in trace:
+        p = plan(counts, previous=prev, policy=ahead.policy(), cost=cost, backend="torch")
+        inline = plan(counts, previous=inline_prev, policy="auto", cost=cost, backend="torch")
+        if ahead.policy() == "auto":
+            ahead.settle(p.policy, p, basis=p.basis)  # the inline search named the next one
+        else:
+            before = ahead.before
+            assert before is not None and before.basis is not None
+            found = ahead.update(counts, p, cost=cost)
+            assert found.policy == inline.policy
+            kept += found.chose == WORK["keep"]
+            assert (found.chose == WORK["keep"]) == (inline.chose == WORK["keep"])
+        prev, inline_prev = p, inline
+    assert kept >= 3

@@ -7,12 +7,15 @@ import torch
 
 import moonplan
 from moonplan.baselines.registry import make_policy
+from moonplan.plan.ahead import AheadChoice
 from moonplan.plan.choose import WORK, score
 from moonplan.simulate.acceptance import (
     AUTO,
     IDEAL_POINT,
+    INLINE,
     PEER_BAR,
     PEERS,
+    REFRESH,
     AcceptanceGrid,
     acceptance_point,
     classify,
@@ -42,9 +45,10 @@ def test_grid_points_need_at_least_one_expert_per_rank() -> None:
 def test_auto_step_time_is_its_plans_predicted_time(serial: bool) -> None:
     model, hw = get_model("deepseek-v3"), get_hardware("h200-multinode")
     cfg = SimConfig(overlap_prefetch=not serial)
-    cost = cfg.step_cost(model, hw, AUTO)
+    cost = cfg.step_cost(model, hw, INLINE)
     assert cost.overlap is not serial and cost.plan_s == pytest.approx(51e-6)
-    policy = make_policy(AUTO, 16, model.num_experts, cost=cost)
+    assert cfg.step_cost(model, hw, AUTO) == cost
+    policy = make_policy(INLINE, 16, model.num_experts, cost=cost)
     previous = None
     counts = drifting_counts(16, model.num_experts, 2048, model.top_k, sigma=1.5, steps=3)
     for c in counts:
@@ -66,6 +70,34 @@ def test_auto_step_time_is_its_plans_predicted_time(serial: bool) -> None:
         previous = p
 
 
+def test_ahead_step_time_is_the_named_plans_time_plus_the_search_that_did_not_fit() -> None:
+    """``moonplan-auto`` is charged its named build (the plan's own predicted time) and,
+    on top, the part of the background search longer than the step."""
+    model, hw = get_model("deepseek-v3"), get_hardware("h200-node")
+    cfg = SimConfig(plan_us={AUTO: 5000.0})  # a slow host: even a keep test outlasts a step
+    cost = cfg.step_cost(model, hw, AUTO)
+    policy, ahead = make_policy(AUTO, 8, model.num_experts, cost=cost), AheadChoice()
+    previous, waited = None, 0.0
+    for c in drifting_counts(8, model.num_experts, 16, model.top_k, sigma=1.0, steps=4):
+        p = moonplan.plan(c, previous=previous, policy=ahead.policy(), cost=cost)
+        step = policy.step(c)
+        assert step.choice == p.policy and step.planned == p.planned + p.chose
+        own = cost.plan_time(p, planned=p.planned + p.chose)
+        background = 0.0
+        if ahead.policy() == "auto":
+            ahead.settle(p.policy, p, basis=p.basis)
+        else:
+            found = ahead.update(c, p, cost=cost)
+            background = (found.planned + found.chose) * cost.plan_s
+        assert step.background_plan * cost.plan_s == pytest.approx(background, rel=1e-12)
+        t = step_time(step, model, hw, cfg)
+        wait = max(0.0, background - own.total_s)
+        assert t.total_s == pytest.approx(own.total_s + wait, rel=1e-12)
+        waited += wait
+        previous = p
+    assert waited > 0
+
+
 def test_acceptance_point_ratios() -> None:
     grid = AcceptanceGrid(steps=1, warmup=2)
     row = acceptance_point(("deepseek-v3", "h200-node", 8, 1.0, 1024), grid)
@@ -77,6 +109,14 @@ def test_acceptance_point_ratios() -> None:
     assert sum(row["choices"].values()) == 1
     assert row["chosen_only_us"] <= row["us"][AUTO] + 1e-9
     assert row["vs_peers_chosen_only"] == pytest.approx(row["chosen_only_us"] / best)
+    assert row["background_plan"] > 0 and row["background_wait_us"] >= 0
+    assert "vs_peers_inline" not in row
+    both = acceptance_point(("deepseek-v3", "h200-node", 8, 1.0, 1024), grid,
+                            policies=(*PEERS, AUTO, INLINE, REFRESH))  # fmt: skip
+    assert both["us"][AUTO] == row["us"][AUTO]  # the same trace, the same steps: rerun alike
+    assert both["best_peer_us"] == best  # the policies beside auto are not peers
+    assert both["vs_peers_inline"] == pytest.approx(both["us"][INLINE] / best)
+    assert both["vs_peers_refresh"] == pytest.approx(both["us"][REFRESH] / best)
     with pytest.raises(ValueError, match="needs"):
         acceptance_point(IDEAL_POINT, grid, policies=("static-linear",))
 
@@ -100,6 +140,8 @@ def test_classify_by_hand() -> None:
     assert classify(row) == "eplb"
     assert classify({**row, "vs_peers": 1.0}) == ""
     assert classify({**row, "vs_peers_chosen_only": 1.0}) == "planning"
+    assert classify({**row, "vs_peers_inline": 1.0}) == "lag"
+    assert classify({**row, "vs_peers_inline": 1.0, "vs_peers_chosen_only": 1.0}) == "planning"
     assert classify({**row, "us": {**us, "moonplan-resident": 101.0}}) == "myopia"
     assert classify({**row, "us": {**us, "static-linear": 100.5}}) == "static"
     assert classify({**row, "us": {**us, "moonep-greedy": 100.0}}) == "greedy"
@@ -114,11 +156,11 @@ REDUCED = AcceptanceGrid(models=("deepseek-v3",), hardware=("h200-node", "h200-m
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the acceptance bar fails (docs/simulator.md, 'moonplan-auto acceptance'): charged "
-    "its choice's own host work (plan.chose, CPU-measured ratios to one construction) as "
-    "well as its runs, auto loses most points from 64 tokens up to the choice's cost, and "
-    "at decode sizes with sigma 2 EPLB's background re-placement (free in its model) wins "
-    "(the full grid: 112 of 504 points pass; 352 when charged runs only)",
+    reason="the acceptance bar fails at decode sizes with heavy skew (docs/simulator.md, "
+    "'moonplan-auto acceptance'): choosing ahead, auto is within the bar at 20 of these 24 "
+    "points; the 4 left are 16 tokens per rank at sigma 2, EP 8 and 16, where "
+    "only EPLB is within it, its re-placement being free background traffic in its model "
+    "(full grid: 377 of 504 points pass ahead, 112 inline; 103 of the rest are EPLB's)",
 )
 def test_reduced_grid_auto_is_never_slower_than_the_best_peer() -> None:
     rows = run_acceptance(REDUCED)

@@ -7,11 +7,14 @@ import math
 import pytest
 import torch
 
+from moonplan.baselines.policies import refill_link_s
+from moonplan.baselines.policy_base import make_step
 from moonplan.baselines.registry import make_policy
 from moonplan.cost import GQAAttention, ModelPreset
 from moonplan.simulate.model_time import (
     SimConfig,
     StepTime,
+    background_wait_s,
     ideal_time,
     mean_time,
     step_time,
@@ -166,3 +169,51 @@ def test_mean_time_and_units() -> None:
         mean_time([])
     assert math.isclose(SimConfig().plan_seconds("moonplan"), 51e-6)
     assert SimConfig().plan_seconds("static-linear") == 0.0
+
+
+# ---- work beside the step: the background search's excess, the refill's exposed copies -------
+
+
+def test_background_search_is_free_while_it_fits_and_its_excess_is_charged() -> None:
+    counts = torch.full((4, 8), 64, dtype=torch.int64)
+    model = toy(8, top_k=2)
+    cfg = SimConfig(plan_us={"moonplan-auto": 10.0})
+    alloc = make_policy("static-linear", 4, 8).step(counts).alloc_ER
+    own = step_time(make_step("moonplan-auto", counts, alloc, planned=1), model, HW, cfg)
+    fits = own.total_s / 10e-6 * 0.99  # construction equivalents just inside the step
+    for background, wait in ((0.0, 0.0), (fits, 0.0), (fits * 3, fits * 3 * 10e-6 - own.total_s)):
+        step = make_step("moonplan-auto", counts, alloc, planned=1, background_plan=background)
+        t = step_time(step, model, HW, cfg)
+        assert background_wait_s(step, own, cfg) == pytest.approx(wait, abs=1e-15)
+        assert t.total_s == pytest.approx(own.total_s + wait, rel=1e-12)
+        assert t.plan_s == pytest.approx(10e-6 + wait, rel=1e-12)
+        assert step_time(step, model, HW, cfg, background=False) == own
+    assert wait > 0  # the last case does not fit: its excess waits on the critical path
+
+
+def test_refill_is_hidden_behind_the_experts_phase_and_the_rest_exposed() -> None:
+    multi = get_hardware("h200-multinode")
+    model = toy(16, hidden=1024, ffn=1024)
+    cfg = SimConfig(plan_us={})
+    cost = cfg.step_cost(model, multi)
+    src_E = torch.arange(16)  # expert e at home on rank e
+    for rows in (1, 1 << 16):  # a short and a long experts phase
+        counts = torch.zeros(16, 16, dtype=torch.int64)
+        counts[0, 0] = rows
+        alloc = torch.diag(counts.sum(0))
+        refill = torch.zeros(16, 16, dtype=torch.bool)
+        refill[0, 9] = True  # one copy across nodes
+        base = step_time(make_step("moonplan-refresh", counts, alloc, src_E=src_E), model,
+                         multi, cfg)  # fmt: skip
+        step = make_step("moonplan-refresh", counts, alloc, src_E=src_E, refill_ER=refill)
+        t = step_time(step, model, multi, cfg)
+        link = refill_link_s(cost, refill, src_E)
+        one_expert = 3 * 1024 * 1024 * 2
+        assert link == pytest.approx(multi.base_latency_s + one_expert / multi.net_effective)
+        exposed = max(0.0, link - base.experts_s)
+        assert t.total_s == pytest.approx(base.total_s + exposed, rel=1e-12)
+        assert t.prefetch_s == pytest.approx(link) and t.prefetch_exposed_s == pytest.approx(
+            exposed
+        )
+        assert (exposed > 0) == (rows == 1) and step.new_copies == 1
+    assert refill_link_s(cost, torch.zeros(16, 16, dtype=torch.bool), src_E) == 0.0

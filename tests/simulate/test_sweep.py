@@ -112,3 +112,18 @@ def test_progress_on_a_terminal_draws_a_rich_bar() -> None:
     text = out.getvalue()
     assert "demo" in text and "2/2" in text and "ETA" in text and "step 2" in text
     assert bar._live is None
+
+
+def test_rows_report_the_background_search_and_charge_what_does_not_fit() -> None:
+    from moonplan.simulate import get_hardware, get_model
+    from moonplan.simulate.model_time import SimConfig
+
+    model, hw = get_model("deepseek-v3"), get_hardware("h200-node")
+    counts = drifting_counts(8, model.num_experts, 16, model.top_k, sigma=1.0, steps=4)
+    for plan_us, waits in ((51.0, False), (5000.0, True)):  # a slow host: the search outlasts
+        cfg = SimConfig(plan_us={"moonplan-auto": plan_us})
+        row = simulate_trace(counts, model, hw, cfg, ["moonplan-auto"], warmup=1)[0]
+        assert row["background_plan"] > 0
+        assert (row["background_wait_us"] > 0) == waits
+        # the wait is planning on the critical path (decode: the named build is static)
+        assert row["plan_us"] == pytest.approx(row["background_wait_us"])
