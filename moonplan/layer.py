@@ -75,9 +75,11 @@ class MoonMoE(RuntimeViews, FixedPlacement):
             * ``cost``: the :class:`~moonplan.stepcost.StepCost` ``balance="auto"`` plans
               with; default: measured by the layer itself (a few exact warm-up steps, then
               :meth:`calibrate`, agreed across ranks).
-            * ``choose``: ``"ahead"`` (default: ``balance="auto"`` searches its candidates
-              in a host thread after each step and the next step builds the one named)
-              or ``"inline"`` (the search on every step's critical path).
+            * ``choose``: ``"ahead"`` (``balance="auto"`` searches its candidates in a
+              host thread after each step and the next step builds the one named),
+              ``"inline"`` (the search on every step's critical path) or ``None``
+              (default: ahead on an accelerator, inline on the CPU, where it measured
+              faster).
 
     Attributes:
         router: ``nn.Linear(H, E)`` (the ``"softmax"``/``"sigmoid"`` routers' weights).

@@ -12,7 +12,8 @@ Legend: R ranks, E experts, ``counts_RE`` int64 ``[R, E]`` records per source ra
   (:mod:`moonplan.runtime.calibrate`, agreed across ranks) and plans ``"auto"`` from
   then on. ``layer.calibrate()`` does the same on demand.
 
-Choosing ahead (``choose="ahead"``, the default; :mod:`moonplan.plan.ahead`). Once
+Choosing ahead (``choose="ahead"``, the layer's default on an accelerator:
+:func:`default_choose`; :mod:`moonplan.plan.ahead`). Once
 ``"auto"`` has a cost model, its candidate search (screens, scores, the candidates it
 builds) leaves the critical path. Right after step ``t``'s plan is made, step ``t``'s
 search, ``choose_next(counts_t, previous_t)`` (what inline ``"auto"`` would run at step
@@ -65,15 +66,24 @@ CHOOSE_MODES = ("ahead", "inline")
 """Where ``balance="auto"`` runs its candidate search (see the module docstring)."""
 
 
-def choose_mode(value: object) -> str:
-    """``value`` if it is one of :data:`CHOOSE_MODES`.
+def choose_mode(value: object) -> str | None:
+    """``value`` if it is one of :data:`CHOOSE_MODES` or ``None`` (the default: the
+    layer picks by its device, :func:`default_choose`).
 
     Raises:
         ValueError: naming the option and the allowed values.
     """
-    if not isinstance(value, str) or value not in CHOOSE_MODES:
-        raise ValueError(f"choose must be one of {CHOOSE_MODES}, got {value!r}")
+    if value is not None and (not isinstance(value, str) or value not in CHOOSE_MODES):
+        raise ValueError(f"choose must be one of {CHOOSE_MODES} or None, got {value!r}")
     return value
+
+
+def default_choose(device: torch.device) -> str:
+    """``choose=None``'s mode on ``device``: ``"ahead"`` where an accelerator runs the
+    step while the host thread searches, ``"inline"`` on the CPU, where the step's own
+    work and the search share the same cores and the GIL (measured slower ahead there:
+    ``docs/runtime.md``, "Choosing ahead")."""
+    return "inline" if device.type == "cpu" else "ahead"
 
 
 class Balancer:
@@ -103,7 +113,7 @@ class Balancer:
         choose: str = "ahead",
     ):
         self.mode = balance_mode(mode)
-        self.choose = choose_mode(choose)
+        self.choose = choose_mode(choose) or "ahead"
         self.B, self.align = slots, align
         self.cost = cost
         self.user_cost = cost is not None
@@ -161,10 +171,15 @@ class Balancer:
             return
         (counts_RE, previous, p), self._made = self._made, None
         counts = counts_RE.detach().to("cpu", copy=True)  # nothing the step writes later
+        # what the search starts from: the plan this step replayed, with the basis of the
+        # search that named its candidate (so it may keep its choice, as inline does)
+        before = self.ahead.before
+        if previous is None or before is None or before.alloc is not previous.alloc:
+            before = previous  # no residents this step (slots=0, stale weights): none there
         cost, B, align = self.cost, self.B, self.align
         assert cost is not None, "only 'auto' with a cost model searches"
         pending = self._lane.submit(
-            lambda: choose_next(counts, previous, cost=cost, slots=B, align=align)
+            lambda: choose_next(counts, before, cost=cost, slots=B, align=align)
         )
         self._search = (pending, p)
 
@@ -187,7 +202,7 @@ class Balancer:
             self.restart()
             return f"balance='auto' choosing ahead failed: {type(exc).__name__}: {exc}"
         t1 = time.perf_counter()
-        self.ahead.settle(found.policy, p)
+        self.ahead.settle(found.policy, p, basis=found.basis)
         rec.span("choice_exposed", t0, t1)
         rec.background("choice", *pending.span, host=True)
         self.figures = {"choice_exposed": t1 - t0, "choice": pending.run_s}

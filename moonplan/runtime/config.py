@@ -80,10 +80,12 @@ class MoEConfig:
     """The :class:`~moonplan.stepcost.StepCost` ``balance="auto"`` plans with; ``None``:
     calibrated by the layer from its first measured steps."""
 
-    choose: str = "ahead"
+    choose: str | None = None
     """Where ``balance="auto"`` searches its candidates: ``"ahead"`` (after each step, in a
-    host thread, on that step's counts; the next step builds only the candidate named)
-    or ``"inline"`` (on every step's critical path); ``moonplan.runtime.balancer``."""
+    host thread, on that step's counts; the next step builds only the candidate named),
+    ``"inline"`` (on every step's critical path) or ``None`` (default: ``"ahead"`` on an
+    accelerator, ``"inline"`` on the CPU, from measurement;
+    ``moonplan.runtime.balancer.default_choose``)."""
 
     def __post_init__(self) -> None:
         for name in SIZES:

@@ -25,7 +25,7 @@ from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import route as route_tokens
 from moonplan.profiling.hooks import NULL_PROFILER, LayerProfiler, NullProfiler
 from moonplan.runtime.background import BackgroundLane, Pending, lane_kind
-from moonplan.runtime.balancer import Balancer
+from moonplan.runtime.balancer import Balancer, default_choose
 from moonplan.runtime.buffers import BufferSpec, build_buffers
 from moonplan.runtime.calibrate import time_local_copy
 from moonplan.runtime.config import MoEConfig
@@ -65,7 +65,11 @@ class LayerRuntime:
         self.E, self.B, self.H, self.F, self.K, self.align = E, B, H, F, K, cfg.align
         self.dtype, self.kind, self.balance = cfg.layer_dtype(), cfg.transport, cfg.balance
         self.balancer = Balancer(
-            cfg.balance, slots=B, align=cfg.align, cost=cfg.cost, choose=cfg.choose
+            cfg.balance,
+            slots=B,
+            align=cfg.align,
+            cost=cfg.cost,
+            choose=cfg.choose or default_choose(group.device),
         )
         self.M = max_local(E, group.size)
         self.heap: SymmetricHeap | None = None

@@ -19,7 +19,7 @@ import torch
 from moonplan.comm.errors import ContractError
 from moonplan.plan import plan
 from moonplan.plan.ahead import AheadChoice, choose_next
-from moonplan.runtime.balancer import WARMUP_STEPS, Balancer
+from moonplan.runtime.balancer import WARMUP_STEPS, Balancer, default_choose
 from moonplan.runtime.config import MoEConfig
 from moonplan.stepcost import StepCost
 from moonplan.testing.dist import run_ranks
@@ -99,14 +99,23 @@ def test_inline_searches_every_step_and_other_modes_never() -> None:
 def test_choose_option_is_validated_and_passed_through() -> None:
     from moonplan import MoonMoE
 
-    assert MoEConfig().choose == "ahead"
-    for bad in ("later", "Ahead", None, 1):
+    assert MoEConfig().choose is None  # the layer picks by its device
+    for bad in ("later", "Ahead", 1):
         with pytest.raises(ValueError, match="choose must be one of"):
             MoEConfig(choose=bad)  # type: ignore[arg-type]
     assert MoEConfig.merged(None, choose="inline").choose == "inline"
-    layer = MoonMoE(8, 8, 4, 2, choose="inline")
-    assert layer.runtime.balancer.choose == "inline"
-    assert MoonMoE(8, 8, 4, 2).runtime.balancer.choose == "ahead"
+    assert MoonMoE(8, 8, 4, 2, choose="ahead").runtime.balancer.choose == "ahead"
+    assert MoonMoE(8, 8, 4, 2, choose="inline").runtime.balancer.choose == "inline"
+
+
+def test_the_default_is_ahead_on_an_accelerator_and_inline_on_the_cpu() -> None:
+    """Measured on the CPU, the search in a thread shares the step's cores and GIL and is
+    slower than inline (docs/runtime.md); on an accelerator the host thread runs beside it."""
+    from moonplan import MoonMoE
+
+    assert default_choose(torch.device("cpu")) == "inline"
+    assert default_choose(torch.device("cuda", 0)) == "ahead"
+    assert MoonMoE(8, 8, 4, 2).runtime.balancer.choose == "inline"  # a CPU layer
 
 
 def _alive() -> list[threading.Thread]:
@@ -117,7 +126,7 @@ def test_the_thread_is_joined_on_close() -> None:
     from moonplan import MoonMoE
 
     before = set(_alive())  # other layers of this process may hold theirs
-    layer = MoonMoE(8, 8, 4, 2, cost=_cost())
+    layer = MoonMoE(8, 8, 4, 2, cost=_cost(), choose="ahead")
     with torch.no_grad():
         for _ in range(3):
             layer(torch.randn(16, 8))
@@ -131,7 +140,7 @@ def test_calibration_resets_the_choice() -> None:
     """A new cost model (calibrated, or on demand): the next step searches inline with it."""
     from moonplan import MoonMoE
 
-    layer = MoonMoE(8, 8, 4, 2)
+    layer = MoonMoE(8, 8, 4, 2, choose="ahead")
     choices = []
     with torch.no_grad():
         for _ in range(WARMUP_STEPS + 3):
@@ -169,7 +178,7 @@ def _choices(rank: int, world: int, steps: int) -> dict[str, Any]:
     from moonplan import MoonMoE
 
     E, K, cost = 12, 2, _cost(COPY_S)
-    layer = MoonMoE(8, 8, E, K, cost=cost, router=_drifting_router(E, K, rank))
+    layer = MoonMoE(8, 8, E, K, cost=cost, router=_drifting_router(E, K, rank), choose="ahead")
     rt = layer.runtime
     plans, hows, phases = [], [], []
     with torch.no_grad():
@@ -224,7 +233,7 @@ def _failing(rank: int, world: int, bad: list[int]) -> dict[str, Any]:
         return real(*args, **kw)
 
     balancer_module.choose_next = search  # this forked rank's module only
-    layer = MoonMoE(8, 8, 6, 2, cost=_cost())
+    layer = MoonMoE(8, 8, 6, 2, cost=_cost(), choose="ahead")
     hows, errors = [], []
     with torch.no_grad():
         for _ in range(5):
@@ -258,7 +267,7 @@ def test_the_profile_shows_the_choice_and_its_wait() -> None:
     from moonplan.profiling.phases import BACKGROUND_PHASES, CHOICE_PHASES
     from moonplan.profiling.session import profiling
 
-    layer = MoonMoE(16, 16, 4, 2, cost=_cost())
+    layer = MoonMoE(16, 16, 4, 2, cost=_cost(), choose="ahead")
     x = torch.randn(32, 16)
     with torch.no_grad():
         layer(x)
