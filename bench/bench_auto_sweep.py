@@ -308,6 +308,8 @@ def main() -> None:
     ap.add_argument("--horizons", default="", help="e.g. 1,2,4,8,16: the horizon study instead")
     ap.add_argument("--steps", type=int, default=0, help="measured steps per point (0: grid's)")
     ap.add_argument("--paths", action="store_true", help="time auto's paths instead")
+    ap.add_argument("--search-us", type=float, default=None,
+                    help="host us a construction, background search (default plan_us)")  # fmt: skip
     args = ap.parse_args()
     if args.paths:
         t0 = time.time()
@@ -325,7 +327,8 @@ def main() -> None:
     if args.steps:
         grid = dataclasses.replace(grid, steps=args.steps)
     t0 = time.time()
-    rows = run_acceptance(grid, SimConfig(), ProgressBar(), (*PEERS, AUTO, INLINE, REFRESH))
+    cfg = SimConfig(search_us=args.search_us)
+    rows = run_acceptance(grid, cfg, ProgressBar(), (*PEERS, AUTO, INLINE, REFRESH))
     bad = failures(rows)
     ideal = [r for r in rows if (r["model"], r["hardware"], r["ranks"], r["sigma"], r["tokens"])
              == IDEAL_POINT]  # fmt: skip

@@ -178,7 +178,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
         if named == "auto":  # inline: this search is the next step's choice
             self._choice.settle(p.policy, p, basis=p.basis)
         else:
-            found = self._choice.update(counts_RE, p, cost=self.cost, slots=self.slots)
+            found = self._choice.update(
+                counts_RE, p, previous=self._previous, cost=self.cost, slots=self.slots
+            )
             background = found.planned + found.chose
         self._previous = p
         return plan_step(

@@ -74,8 +74,9 @@ class AheadChoice:
     """One layer's choose-ahead state: the candidate named for the next step.
 
     Use: ``p = plan(counts, previous=last, policy=ahead.policy(), cost=cost)`` on the
-    critical path, then ``ahead.update(counts, p)`` (or ``ahead.settle(name, p)`` with a
-    name chosen elsewhere, e.g. by a host thread running :func:`choose_next`).
+    critical path, then ``ahead.update(counts, p, previous=last, cost=cost)`` (or
+    ``ahead.settle(name, p, basis=found.basis)`` with ``found`` searched elsewhere, e.g.
+    by a host thread running :func:`choose_next` from :meth:`start`).
     """
 
     def __init__(self) -> None:
@@ -100,18 +101,30 @@ class AheadChoice:
         counts_RE: object,
         p: Plan,
         *,
+        previous: Plan | None,
         cost: CostModel,
         slots: int | None = None,
         align: int = 1,
         backend: str = "torch",
     ) -> Plan:
         """Choose the next step's candidate now (in the caller) from this step's counts
-        and ``p`` (this step's plan); returns the search's plan (its work, its scores)."""
-        found = choose_next(
-            counts_RE, self._before, cost=cost, slots=slots, align=align, backend=backend
-        )
+        and ``p`` (this step's plan); returns the search's plan (its work, its scores).
+
+        ``previous``: the plan this step was built from (the search starts from
+        :meth:`start` of it: the search inline ``"auto"`` would have run at this step)."""
+        start = self.start(previous)
+        found = choose_next(counts_RE, start, cost=cost, slots=slots, align=align, backend=backend)
         self.settle(found.policy, p, basis=found.basis)
         return found
+
+    def start(self, previous: Plan | None) -> Plan | None:
+        """What the search of a step built from ``previous`` starts from: :attr:`before`
+        (``previous`` with the basis handed on) when it is that plan, else ``previous``
+        itself (no search recorded yet, after :meth:`reset`, or residents dropped)."""
+        b = self._before
+        if previous is None or b is None or b.alloc is not previous.alloc:
+            return previous
+        return b
 
     def settle(self, name: str, p: Plan, *, basis: Basis | None = None) -> None:
         """Record ``name`` as the next step's candidate (``basis``: that of the search that

@@ -113,7 +113,10 @@ class Balancer:
         choose: str = "ahead",
     ):
         self.mode = balance_mode(mode)
-        self.choose = choose_mode(choose) or "ahead"
+        resolved = choose_mode(choose)
+        if resolved is None:  # the layer resolves None by its device (default_choose)
+            raise ValueError("Balancer needs choose='ahead' or 'inline'")
+        self.choose: str = resolved
         self.B, self.align = slots, align
         self.cost = cost
         self.user_cost = cost is not None
@@ -159,7 +162,9 @@ class Balancer:
         )
         self.how = "inline" if name == "auto" else "ahead"
         if self.choose == "ahead":  # the last call of a step wins (a growth re-plan)
-            self._made = (counts_RE, previous, p)
+            # a host copy now: the host has just read the gathered counts, so this waits
+            # for nothing (in search() it would wait for the routing's device work)
+            self._made = (counts_RE.detach().to("cpu", copy=True), previous, p)
         return p
 
     def search(self) -> None:
@@ -170,12 +175,10 @@ class Balancer:
         if self._made is None:
             return
         (counts_RE, previous, p), self._made = self._made, None
-        counts = counts_RE.detach().to("cpu", copy=True)  # nothing the step writes later
+        counts = counts_RE  # a host copy (plan()): nothing the step writes later
         # what the search starts from: the plan this step replayed, with the basis of the
         # search that named its candidate (so it may keep its choice, as inline does)
-        before = self.ahead.before
-        if previous is None or before is None or before.alloc is not previous.alloc:
-            before = previous  # no residents this step (slots=0, stale weights): none there
+        before = self.ahead.start(previous)  # with the basis handed on, if it is that plan
         cost, B, align = self.cost, self.B, self.align
         assert cost is not None, "only 'auto' with a cost model searches"
         pending = self._lane.submit(

@@ -208,7 +208,8 @@ class LayerRuntime:
         need = int(plan.recv_size().max())
         while need > self.capacity:  # every rank sees the same plan: all grow together
             self._build(self._capacity_for(need))
-            # Without residents "auto" may pick another candidate, with other loads.
+            # Without residents inline "auto" may pick another candidate, with other
+            # loads; choosing ahead builds the same named candidate without residents.
             plan = self._plan(counts_RE, None)
             need = int(plan.recv_size().max())
         # This rank's weight copies: one host read of the plan, already read back for

@@ -20,9 +20,10 @@ Legend:
   policy runs *off* the critical path (``PolicyStep.background_plan``: ``moonplan-auto``
   choosing the next step's candidate on a host thread) is free only while it fits
   beside the step: the next step cannot start its plan before that choice is made, so
-  the excess ``max(0, background_s - step_total_s)`` (``background_s`` its
-  construction equivalents times ``plan_us``, ``step_total_s`` the step's own time) is
-  charged as planning on the critical path (:func:`background_wait_s`);
+  the excess ``max(0, background_s - (step_total_s - step_plan_s))`` (``background_s``
+  its construction equivalents times ``SimConfig.search_us``, by default ``plan_us``;
+  the window is the step after its own plan) is charged as planning on the critical
+  path (:func:`background_wait_s`);
 * **refill** (``moonplan-refresh``'s background slot refill, ``PolicyStep.refill_ER``):
   unlike EPLB's moves, charged. The copies take their link time alone on the links
   (``StepCost``'s fetch without dispatch); they run beside the step but overlap only its
@@ -85,6 +86,11 @@ class SimConfig:
         dispatch: the transport's dispatch scheme for every policy alike
             (``moonplan.stepcost.traffic.SCHEMES``; ``"rank"``/``"host"`` need the step's
             token routing, ``moonplan.simulate.dispatch_rows``).
+        search_us: host microseconds per construction equivalent of a *background*
+            search (``PolicyStep.background_plan``); ``None``: the policy's ``plan_us``,
+            i.e. the search on the host as fast as the GPU planner (an assumption: the
+            torch builder the runtime's search thread runs takes 1.3-2.3 ms a
+            construction on this project's CPU; ``docs/simulator.md``).
     """
 
     weight_bytes: float = 2.0
@@ -93,10 +99,15 @@ class SimConfig:
     plan_us: Mapping[str, float] = field(default_factory=default_plan_us)
     overlap_prefetch: bool = True
     dispatch: str = "record"
+    search_us: float | None = None
 
     def plan_seconds(self, policy: str) -> float:
         """Planning seconds of ``policy`` (0 when not listed)."""
         return float(self.plan_us.get(policy, 0.0)) * 1e-6
+
+    def search_seconds(self, policy: str) -> float:
+        """Host seconds per construction equivalent of ``policy``'s background search."""
+        return self.plan_seconds(policy) if self.search_us is None else self.search_us * 1e-6
 
     def step_cost(self, model: ModelPreset, hw: Hardware, policy: str = "") -> StepCost:
         """The :class:`StepCost` of ``model`` on ``hw`` with ``policy``'s planning time."""
@@ -154,10 +165,11 @@ def with_refill(t: StepTime, link_s: float) -> StepTime:
 
 def background_wait_s(step: PolicyStep, t: StepTime, cfg: SimConfig) -> float:
     """Seconds the next step waits for ``step``'s background planning: its host time
-    (``step.background_plan`` construction equivalents at ``cfg``'s planning time per
-    run) beyond ``t.total_s``, the step it runs beside (``t``: without this wait)."""
-    background_s = step.background_plan * cfg.plan_seconds(step.name)
-    return max(0.0, background_s - t.total_s)
+    (``step.background_plan`` construction equivalents at ``cfg.search_seconds``) beyond
+    the part of the step it runs beside, ``t.total_s - t.plan_s`` (it is submitted once
+    the step's plan is made; ``t``: without this wait)."""
+    background_s = step.background_plan * cfg.search_seconds(step.name)
+    return max(0.0, background_s - (t.total_s - t.plan_s))
 
 
 def with_wait(t: StepTime, wait_s: float) -> StepTime:

@@ -29,7 +29,7 @@ def test_first_step_is_inline_then_named():
     assert ahead.policy() == "auto"
     c0 = _trace(1)[0]
     p0 = plan(c0, policy=ahead.policy(), cost=cost, backend="torch")
-    ahead.update(c0, p0, cost=cost)
+    ahead.update(c0, p0, previous=None, cost=cost)
     assert ahead.policy() == plan(c0, policy="auto", cost=cost, backend="torch").policy
     assert ahead.before is p0
 
@@ -42,8 +42,8 @@ def test_choice_is_inline_auto_one_step_back():
         p = plan(counts, previous=prev, policy=ahead.policy(), cost=cost, backend="torch")
         assert p.planned <= 1 or not named  # a named candidate is built at most once
         assert p.chose == 0 or not named  # and no search runs on the critical path
-        expect = choose_next(counts, ahead.before, cost=cost).policy
-        found = ahead.update(counts, p, cost=cost)
+        expect = choose_next(counts, ahead.start(prev), cost=cost).policy
+        found = ahead.update(counts, p, previous=prev, cost=cost)
         assert found.policy == expect == ahead.policy()
         prev = p
     ahead.reset()
@@ -64,9 +64,24 @@ def test_the_background_search_keeps_as_inline_auto_does():
         else:
             before = ahead.before
             assert before is not None and before.basis is not None
-            found = ahead.update(counts, p, cost=cost)
+            found = ahead.update(counts, p, previous=prev, cost=cost)
             assert found.policy == inline.policy
             kept += found.chose == WORK["keep"]
             assert (found.chose == WORK["keep"]) == (inline.chose == WORK["keep"])
         prev, inline_prev = p, inline
     assert kept >= 3
+
+
+def test_the_search_starts_from_the_previous_plan_the_step_was_built_from():
+    """With no search recorded yet (a fresh or reset state) the search starts from the
+    step's own ``previous``, not from nothing: the choice inline auto would have made."""
+    cost = _cost()
+    c0, c1, c2 = _trace(3, seed=3)
+    last = plan(c0, policy="exact", backend="torch")  # e.g. an exact warm-up step
+    p = plan(c1, previous=last, policy="auto", cost=cost, backend="torch")
+    ahead = AheadChoice()
+    assert ahead.start(last) is last and ahead.start(None) is None
+    found = ahead.update(c1, p, previous=last, cost=cost)
+    assert found.policy == choose_next(c1, last, cost=cost).policy == ahead.policy()
+    other = plan(c2, policy="exact", backend="torch")  # not the recorded plan: itself
+    assert ahead.start(other) is other and ahead.start(p).alloc is p.alloc

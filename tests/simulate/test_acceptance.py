@@ -87,11 +87,11 @@ def test_ahead_step_time_is_the_named_plans_time_plus_the_search_that_did_not_fi
         if ahead.policy() == "auto":
             ahead.settle(p.policy, p, basis=p.basis)
         else:
-            found = ahead.update(c, p, cost=cost)
+            found = ahead.update(c, p, previous=previous, cost=cost)
             background = (found.planned + found.chose) * cost.plan_s
         assert step.background_plan * cost.plan_s == pytest.approx(background, rel=1e-12)
         t = step_time(step, model, hw, cfg)
-        wait = max(0.0, background - own.total_s)
+        wait = max(0.0, background - (own.total_s - own.plan_s))  # beside the step after its plan
         assert t.total_s == pytest.approx(own.total_s + wait, rel=1e-12)
         waited += wait
         previous = p

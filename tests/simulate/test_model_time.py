@@ -180,8 +180,9 @@ def test_background_search_is_free_while_it_fits_and_its_excess_is_charged() -> 
     cfg = SimConfig(plan_us={"moonplan-auto": 10.0})
     alloc = make_policy("static-linear", 4, 8).step(counts).alloc_ER
     own = step_time(make_step("moonplan-auto", counts, alloc, planned=1), model, HW, cfg)
-    fits = own.total_s / 10e-6 * 0.99  # construction equivalents just inside the step
-    for background, wait in ((0.0, 0.0), (fits, 0.0), (fits * 3, fits * 3 * 10e-6 - own.total_s)):
+    window = own.total_s - own.plan_s  # submitted once the step's plan is made
+    fits = window / 10e-6 * 0.99  # construction equivalents just inside the window
+    for background, wait in ((0.0, 0.0), (fits, 0.0), (fits * 3, fits * 3 * 10e-6 - window)):
         step = make_step("moonplan-auto", counts, alloc, planned=1, background_plan=background)
         t = step_time(step, model, HW, cfg)
         assert background_wait_s(step, own, cfg) == pytest.approx(wait, abs=1e-15)
@@ -217,3 +218,22 @@ def test_refill_is_hidden_behind_the_experts_phase_and_the_rest_exposed() -> Non
         )
         assert (exposed > 0) == (rows == 1) and step.new_copies == 1
     assert refill_link_s(cost, torch.zeros(16, 16, dtype=torch.bool), src_E) == 0.0
+
+
+def test_the_background_search_runs_at_its_own_host_rate() -> None:
+    """``SimConfig.search_us``: the background search's host time per construction (by
+    default the GPU planner's ``plan_us``); a slower host makes the same search wait."""
+    counts = torch.full((4, 8), 64, dtype=torch.int64)
+    model = toy(8, top_k=2)
+    fast = SimConfig(plan_us={"moonplan-auto": 10.0})
+    slow = SimConfig(plan_us={"moonplan-auto": 10.0}, search_us=1000.0)
+    assert slow.search_seconds("moonplan-auto") == 1e-3
+    assert fast.search_seconds("moonplan-auto") == fast.plan_seconds("moonplan-auto")
+    alloc = make_policy("static-linear", 4, 8).step(counts).alloc_ER
+    own = step_time(make_step("moonplan-auto", counts, alloc, planned=1), model, HW, fast)
+    n = (own.total_s - own.plan_s) / 10e-6 * 0.99  # fits at the GPU rate
+    step = make_step("moonplan-auto", counts, alloc, planned=1, background_plan=n)
+    assert background_wait_s(step, own, fast) == 0.0
+    assert background_wait_s(step, own, slow) == pytest.approx(
+        n * 1e-3 - (own.total_s - own.plan_s), rel=1e-12
+    )
