@@ -78,8 +78,8 @@ class MoonMoE(RuntimeViews, FixedPlacement):
             * ``choose``: ``"ahead"`` (``balance="auto"`` searches its candidates in a
               host thread after each step and the next step builds the one named),
               ``"inline"`` (the search on every step's critical path) or ``None``
-              (default: ahead on an accelerator, inline on the CPU, where it measured
-              faster).
+              (default: ahead on an accelerator, not yet measured there; inline on the
+              CPU, where it measured faster).
 
     Attributes:
         router: ``nn.Linear(H, E)`` (the ``"softmax"``/``"sigmoid"`` routers' weights).

@@ -128,8 +128,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
     simulator passes the one it charges the step with (same model, hardware, schedule
     and planning time), so a plan's predicted time is its simulated time.
 
-    * ``ahead=True`` (``moonplan-auto``; the schedule the runtime's ``Balancer`` is
-      being given, a host thread running ``choose_next``): each step builds only
+    * ``ahead=True`` (``moonplan-auto``; the schedule the runtime's ``Balancer`` runs,
+      a host thread running ``choose_next``): each step builds only
       the candidate :class:`~moonplan.plan.ahead.AheadChoice` named (``policy=name``:
       one construction for a balancing candidate, none for ``static`` and
       ``resident``), charged on the critical path; the first step (no choice yet)

@@ -84,7 +84,8 @@ class MoEConfig:
     """Where ``balance="auto"`` searches its candidates: ``"ahead"`` (after each step, in a
     host thread, on that step's counts; the next step builds only the candidate named),
     ``"inline"`` (on every step's critical path) or ``None`` (default: ``"ahead"`` on an
-    accelerator, ``"inline"`` on the CPU, from measurement;
+    accelerator (a design choice, not yet measured on one), ``"inline"`` on the CPU
+    (measured faster there);
     ``moonplan.runtime.balancer.default_choose``)."""
 
     def __post_init__(self) -> None:
