@@ -19,7 +19,7 @@ Runs, in one process (``moonplan.simulate.acceptance``):
 
 Writes ``bench/results/bench_auto_sweep.json`` and ``.md``.
 
-    python bench/bench_auto_sweep.py            # full grid (3-13 minutes on 2 shared CPUs, with the load)
+    python bench/bench_auto_sweep.py            # full grid (3-13 minutes on 2 shared CPUs)
     python bench/bench_auto_sweep.py --quick    # 24 points, 20 s
     python bench/bench_auto_sweep.py --paths --out ...  # CPU time of auto's paths
     python bench/bench_auto_sweep.py --horizons 1,2,4,8,16 --out ...  # the horizon study:

@@ -12,7 +12,7 @@ import torch
 from moonplan.errors import PlanError
 from moonplan.plan.choose import CostModel, Inputs, build, choose
 from moonplan.plan.home import max_local
-from moonplan.plan.plan_type import Plan, make_plan, previous_slots
+from moonplan.plan.plan_type import Plan, make_plan, plan_to, previous_slots
 from moonplan.plan.reference import reference_fields
 from moonplan.plan.static import static_plan
 from moonplan.plan.torch_backend import plan_torch
@@ -93,13 +93,7 @@ def plan(
     name = _resolve(backend, counts_RE.device)
     prev_F3 = None if previous is None else previous.flow.to(counts_RE.device)
     if policy != "exact":
-        builder = "reference" if name == "reference" else "torch"
-        prev_policy = None if previous is None else previous.policy
-        prev_basis = None if previous is None else previous.basis
-        inp = Inputs(counts_RE, B, align, prev_RB, prev_F3, builder, prev_policy, prev_basis)
-        if policy == "auto" and cost is not None:
-            return choose(inp, cost)
-        return build(policy, inp)
+        return _policy_plan(policy, counts_RE, B, align, previous, name, cost)
     if name == "reference":
         fields = reference_fields(counts_RE, B, align, (prev_RB, prev_F3), device=counts_RE.device)
     elif name == "torch":
@@ -109,6 +103,35 @@ def plan(
 
         fields = plan_cuda(counts_RE, B, align, prev_RB, prev_F3)
     return make_plan(fields, counts=counts_RE, num_slots=B, align=align, backend=name)
+
+
+def _policy_plan(
+    policy: str,
+    counts_RE: torch.Tensor,
+    B: int,
+    align: int,
+    previous: Plan | None,
+    name: str,
+    cost: CostModel | None,
+) -> Plan:
+    """A policy other than ``exact`` (``static`` on the reference backend included),
+    built on the host and handed back on the counts' device.
+
+    Its builders take many small steps and read the counts on the host; on an
+    accelerator each step is a kernel launch and each read a synchronisation, which
+    made them 2-50x slower there than on host copies (``bench/bench_plan_paths.py``,
+    ``docs/benchmarks.md``), so an accelerator's counts are planned on a host copy and
+    the plan's tensors are copied back (:func:`~moonplan.plan.plan_type.plan_to`)."""
+    device, host = counts_RE.device, torch.device("cpu")
+    counts_RE = counts_RE.to(host)
+    prev_RB = None if previous is None else previous.slot_expert.to(host)
+    prev_F3 = None if previous is None else previous.flow.to(host)
+    builder = "reference" if name == "reference" else "torch"
+    prev_policy = None if previous is None else previous.policy
+    prev_basis = None if previous is None else previous.basis
+    inp = Inputs(counts_RE, B, align, prev_RB, prev_F3, builder, prev_policy, prev_basis)
+    p = choose(inp, cost) if policy == "auto" and cost is not None else build(policy, inp)
+    return plan_to(p, device)
 
 
 def _resolve(backend: str, device: torch.device) -> str:

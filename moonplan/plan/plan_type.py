@@ -22,6 +22,7 @@ this layout.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -305,6 +306,24 @@ class Plan:
             planned=0,
             declared_bound=top if load_bound is None else load_bound,
         )
+
+
+TENSOR_FIELDS = (
+    "counts", "alloc", "target", "home", "flow", "slot_expert", "slot_new",
+    "row_expert", "row_count", "row_offset",
+)  # fmt: skip
+"""The :class:`Plan` fields that are tensors (the rest are scalars and records)."""
+
+
+def plan_to(p: Plan, device: torch.device) -> Plan:
+    """``p`` with every tensor field on ``device`` (the same plan; ``p`` if already there).
+
+    One copy per field; on CUDA from host memory the copies are queued on the current
+    stream (the plan's consumers run on it)."""
+    if p.counts.device == device:
+        return p
+    moved = {name: getattr(p, name).to(device) for name in TENSOR_FIELDS}
+    return dataclasses.replace(p, **moved)
 
 
 def make_plan(fields: Mapping[str, torch.Tensor], **meta: Any) -> Plan:

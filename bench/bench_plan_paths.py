@@ -1,0 +1,104 @@
+"""What each planner path of ``balance="auto"`` costs where the runtime runs it.
+
+Legend: R ranks (EP), S tokens per rank; DeepSeek-V3 (E=256, top-8), sigma 1, the second
+step of a drifting trace with the first step's inline auto plan as ``previous``.
+
+Per case it times (median of ``--reps``, wall clock, synchronised on CUDA):
+
+* ``named <policy>``: ``moonplan.plan(counts, previous=..., policy=<policy>)`` on the
+  counts' device, what step ``t + 1`` builds on the critical path when choosing ahead
+  (``exact`` with the default backend: the fused CUDA kernel where available, eager);
+* ``search``: ``moonplan.plan.ahead.choose_next`` on host copies, what the runtime's
+  search thread runs beside the step (``auto``'s full search; torch builder on the CPU);
+* ``inline auto``: ``policy="auto"`` on the counts' device (the inline schedule).
+
+Run it on a CUDA machine for the GPU figures (``docs/benchmarks.md``); on a CPU-only
+machine every path runs on the CPU. Prints a table, writes JSON (``--out``)::
+
+    python bench/bench_plan_paths.py [--reps 15] [--out bench/results/plan_paths.json]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from _common import bench_parser  # noqa: E402  (bench/ is the script's folder)
+
+from moonplan.plan.ahead import choose_next  # noqa: E402
+from moonplan.plan.api import plan  # noqa: E402
+from moonplan.simulate.model_time import SimConfig  # noqa: E402
+from moonplan.simulate.models import get_model  # noqa: E402
+from moonplan.simulate.workload import drifting_counts  # noqa: E402
+from moonplan.stepcost.hardware import get_hardware  # noqa: E402
+
+CASES = [(8, 16), (8, 4096), (64, 64), (64, 4096)]
+NAMED = ("static", "exact", "resident", "bounded-0.1", "greedy")
+
+
+def _median_us(fn: Callable[[], Any], reps: int, cuda: bool) -> float:
+    """Median wall time of ``fn`` in microseconds (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2] * 1e6
+
+
+def case_row(R: int, S: int, device: torch.device, reps: int) -> dict[str, Any]:
+    """Times of every path at ``(R, S)`` on ``device`` (module docstring)."""
+    m = get_model("deepseek-v3")
+    cost = SimConfig().step_cost(m, get_hardware("h200-node"), "moonplan-auto")
+    c0, c1 = drifting_counts(R, m.num_experts, S, m.top_k, sigma=1.0, steps=2, seed=0)
+    prev = plan(c0.to(device), policy="auto", cost=cost)
+    counts = c1.to(device)
+    cuda = device.type == "cuda"
+    row: dict[str, Any] = {"ranks": R, "tokens": S, "device": str(device)}
+    for name in NAMED:
+        row[f"named {name}"] = _median_us(
+            lambda n=name: plan(counts, previous=prev, policy=n, cost=cost), reps, cuda
+        )
+    host_prev = plan(c0, policy="auto", cost=cost)
+    row["search"] = _median_us(lambda: choose_next(c1, host_prev, cost=cost), reps, False)
+    row["inline auto"] = _median_us(
+        lambda: plan(counts, previous=prev, policy="auto", cost=cost), reps, cuda
+    )
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_parser(__doc__)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--out", default=str(ROOT / "bench/results/plan_paths.json"))
+    args = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rows = [case_row(R, S, device, args.reps) for R, S in CASES]
+    cols = [f"named {n}" for n in NAMED] + ["search", "inline auto"]
+    print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
+          f"torch {torch.__version__}; microseconds, median of {args.reps}")  # fmt: skip
+    print(f"{'EP':>4} {'S':>6} " + " ".join(f"{c:>17}" for c in cols))
+    for r in rows:
+        print(f"{r['ranks']:>4} {r['tokens']:>6} " + " ".join(f"{r[c]:>17.0f}" for c in cols))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"rows": rows}, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
