@@ -1,10 +1,10 @@
 """MoonMoE step time per ``balance=`` mode against static EP, side by side in one run.
 
 Two ranks (fork, gloo) build one layer per variant with the same weights:
-``auto`` (cost-model choice per step, calibrated by the layer itself; the search runs
-ahead, in a host thread after each step, and the step builds the candidate it named),
-``auto-inline`` (the same with ``choose="inline"``: the search on every step's
-critical path, as before choosing ahead), ``static``
+``auto`` (cost-model choice per step, calibrated by the layer itself, with the
+default ``choose=None``: on these CPU ranks the search runs inline, on every step's
+critical path), ``auto-ahead`` (the same with ``choose="ahead"``: the search in a host
+thread after each step, the next step building the candidate it named), ``static``
 (``balance="off"``: every record on its home rank), ``exact`` (always exactly
 balanced), each with the default slots (``min(2, ceil(E/R))``), and ``exact-M``
 (exact with ``slots = ceil(E/R)``, the old default). They run in turn
@@ -55,7 +55,7 @@ from moonplan.runtime.routers import softmax_topk
 from moonplan.runtime.transports.registry import builtin_name
 from moonplan.testing.dist import run_ranks
 
-VARIANTS = ("auto", "auto-inline", "static", "exact", "exact-M")
+VARIANTS = ("auto", "auto-ahead", "static", "exact", "exact-M")
 MODES = ("forward", "forward+backward")
 
 
@@ -72,7 +72,7 @@ def _layers(cfg: dict, holder: dict) -> dict:
     )
     options = {
         "auto": {"balance": "auto"},
-        "auto-inline": {"balance": "auto", "choose": "inline"},
+        "auto-ahead": {"balance": "auto", "choose": "ahead"},
         "static": {"balance": "off"},
         "exact": {"balance": "exact"},
         "exact-M": {"balance": "exact", "slots": M},
