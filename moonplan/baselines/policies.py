@@ -202,7 +202,7 @@ class MoonplanRefreshPolicy(PlannerPolicy):
     (no planner run, no fetch: as balanced as the resident replicas allow). After every
     ``period``-th step the exact plan of the counts summed over the last ``window`` steps
     (``previous=`` the slots it will replace, so residents stay) is made off the
-    critical path (``background_plan``: its one run and two scores). Its new slots are
+    critical path (``background_plan``: its run, a trial plan and three scores). Its new slots are
     copied from the experts' homes into a second set of slots (the memory is not
     modelled) beside the next ``k`` steps, a ``1/k`` share beside each (``refill_ER``),
     and serve once all have arrived: ``k`` is the fewest shares (at most ``period``)
@@ -258,7 +258,9 @@ class MoonplanRefreshPolicy(PlannerPolicy):
             )
             self._shares = self._shares_if_paid(counts_RE, p, refill)
             self._pending = refill if self._shares else None
-            background = refill.planned + 2 * WORK["score"]
+            # the refill's own run, the trial plan over the refilled slots (one run) and
+            # three predictions (now, the refill's link time, after)
+            background = refill.planned + 1 + 3 * WORK["score"]
         return plan_step(
             self.name, counts_RE, p, planned=p.planned, background_plan=background,
             refill_ER=refill_ER,

@@ -444,7 +444,8 @@ def test_refresh_refills_from_the_window_and_serves_once_copied() -> None:
     policy = make_policy("moonplan-refresh", 8, 64, cost=cost, period=3)
     steps = [policy.step(c) for c in trace]
     window = plan(torch.stack(trace[:3]).sum(0), backend="torch")
-    search = 1 + 2 * WORK["score"]  # the window's plan and two scores, in the background
+    # the window's plan, the trial plan over its slots and three predictions, beside it
+    search = 1 + 1 + 3 * WORK["score"]
     assert [s.background_plan for s in steps] == [0, 0, search] * 3
     assert [s.refill_ER is not None for s in steps] == [False] * 3 + [True, False, False] * 2
     assert torch.equal(steps[3].refill_ER, plan_fetch_ER(window))
