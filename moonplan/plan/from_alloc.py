@@ -123,12 +123,13 @@ def _fields(
     row_RW, count_RW, offset_RW1 = row_layout_torch(
         group_experts(E, R, dev), slot_RB, direct_RD, alloc_ER, align
     )
-    F = max(R - 1, 0)
+    flow_F3 = torch.full((max(R - 1, 0), 3), -1, dtype=torch.int64, device=dev)
+    flow_F3[:, 2].fill_(0)  # padding rows (-1, -1, 0), built on the device (no host copy)
     return {
         "alloc": alloc_ER,
         "target": alloc_ER.sum(0),
         "home": home_map(E, R, device=dev),
-        "flow": torch.tensor([[-1, -1, 0]], dtype=torch.int64, device=dev).expand(F, 3).clone(),
+        "flow": flow_F3,
         "slot_expert": slot_RB,
         "slot_new": new_RB,
         "row_expert": row_RW,

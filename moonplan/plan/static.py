@@ -18,7 +18,7 @@ from moonplan.plan.from_alloc import layout_resident
 from moonplan.plan.home import max_local
 from moonplan.plan.placement import static_alloc
 from moonplan.plan.plan_type import Plan, make_plan, previous_slots
-from moonplan.plan.validate import as_counts, check_options
+from moonplan.plan.validate import check_options, checked_counts
 
 
 def static_plan(
@@ -35,9 +35,9 @@ def static_plan(
     later balanced step still finds them. With ``check_input=False`` no value is
     read on the host (``load_bound`` is read lazily).
     """
-    counts_RE = as_counts(counts, check_values=check_input)
+    counts_RE, N = checked_counts(counts, check_values=check_input)
     R, E = counts_RE.shape
-    B = check_options(slots, align, max_local(E, R), counts_RE, check_values=check_input)
+    B = check_options(slots, align, max_local(E, R), counts_RE, check_values=check_input, total=N)
     prev_RB = previous_slots(previous, R, E, B, counts_RE.device)
     fields = layout_resident(static_alloc(counts_RE), B, align, prev_RB)
     return make_plan(
