@@ -30,7 +30,7 @@ def _counts(R: int, E: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 1000, (R, E), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("R, E", [(8, 256), (64, 256), (6, 16), (5, 3), (1, 1), (7, 7)])
+@given(st.integers(1, 70), st.integers(1, 300))
 def test_home_layout_is_the_home_map_and_its_groups(R: int, E: int) -> None:
     home_E, ids_RM = home_layout(E, R, torch.device("cpu"))
     assert torch.equal(home_E, home_map(E, R))
@@ -74,10 +74,10 @@ def test_static_plan_without_checks_reads_nothing_on_the_host(R: int, E: int) ->
     assert w.host_reads == 0, w.reads
 
 
-@pytest.mark.parametrize("R, E, most", [(8, 256, 32), (64, 256, 32), (6, 16, 48)])
+@pytest.mark.parametrize("R, E, most", [(8, 256, 32), (64, 256, 32), (6, 16, 38), (7, 3, 33)])
 def test_static_plan_launches_few_kernels(R: int, E: int, most: int) -> None:
     """The kernels a static plan launches today (47 at every shape before
-    :func:`home_layout`'s shortcut for ``R | E``): fails if the small steps grow back."""
+    :func:`home_layout`): fails if the small steps grow back."""
     c = _counts(R, E)
     prev = moonplan.plan(_counts(R, E, 1))
     w = host_work(lambda: static_plan(c, previous=prev, check_input=False))
