@@ -99,3 +99,15 @@ def test_one_read_still_rejects_negative_counts_and_big_totals() -> None:
     with pytest.raises(PlanError, match="align"):
         check_options(None, 1 << 20, 1, c, total=5)
     assert check_options(None, 1 << 20, 1, c) == 1  # the real N allows it
+
+
+@pytest.mark.parametrize("policy", ["exact", "resident", "greedy"])
+def test_check_input_costs_one_host_read_on_every_path(policy: str) -> None:
+    """The builders' own reads aside (host builders on the CPU), validation adds one."""
+    c = _counts(8, 64)
+    prev = moonplan.plan(_counts(8, 64, 1))
+    on = host_work(lambda: moonplan.plan(c, previous=prev, policy=policy, backend="torch"))
+    off = host_work(
+        lambda: moonplan.plan(c, previous=prev, policy=policy, backend="torch", check_input=False)
+    )
+    assert on.host_reads - off.host_reads == 1, (on.reads, off.reads)
