@@ -14,9 +14,9 @@ from moonplan.plan.choose import CostModel, Inputs, build, choose
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan, make_plan, plan_to, previous_slots
 from moonplan.plan.reference import reference_fields
-from moonplan.plan.static import static_plan
+from moonplan.plan.static import static_checked
 from moonplan.plan.torch_backend import plan_torch
-from moonplan.plan.validate import as_counts, check_options
+from moonplan.plan.validate import check_options, checked_counts
 
 BACKENDS = ("auto", "reference", "torch", "cuda")
 
@@ -84,12 +84,12 @@ def plan(
             f"the cuda backend plans exact balance only; policy={policy!r} needs backend "
             "'auto', 'torch' or 'reference' (the torch builder runs on any device)"
         )
-    counts_RE = as_counts(counts, num_ranks, check_values=check_input)
+    counts_RE, N = checked_counts(counts, num_ranks, check_values=check_input)
     R, E = counts_RE.shape
-    B = check_options(slots, align, max_local(E, R), counts_RE, check_values=check_input)
+    B = check_options(slots, align, max_local(E, R), counts_RE, check_values=check_input, total=N)
     prev_RB = previous_slots(previous, R, E, B, counts_RE.device)
     if policy == "static" and backend != "reference":
-        return static_plan(counts_RE, slots=B, align=align, previous=previous, check_input=False)
+        return static_checked(counts_RE, B, align, prev_RB)
     name = _resolve(backend, counts_RE.device)
     prev_F3 = None if previous is None else previous.flow.to(counts_RE.device)
     if policy != "exact":

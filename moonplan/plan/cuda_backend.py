@@ -277,6 +277,9 @@ def allocate(
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Uninitialised int64 outputs (the Plan fields) and the kernel's scratch buffers.
 
+    All are views of one int64 allocation (one allocator call instead of fourteen, a
+    host cost of every call), each starting on an 8-byte boundary.
+
     Returns:
         ``(out, scratch)``: ``out`` holds ``flow [R-1, 3]``, ``alloc [E, R]``,
         ``target [R]``, ``home [E]``, ``slot_expert [R, B]``, ``slot_new [R, B]``,
@@ -286,32 +289,40 @@ def allocate(
     """
     M = max_local(E, R)
     W = M + max(B, M)
-
-    def i64(*shape: int) -> torch.Tensor:
-        return torch.empty(shape, dtype=torch.int64, device=device)
-
-    def i32(n: int) -> torch.Tensor:
-        return torch.empty(n, dtype=torch.int32, device=device)
-
-    out = {
-        "flow": i64(max(R - 1, 0), 3),
-        "alloc": i64(E, R),
-        "target": i64(R),
-        "home": i64(E),
-        "slot_expert": i64(R, B),
-        "slot_new": i64(R, B),
-        "row_expert": i64(R, W),
-        "row_count": i64(R, W),
-        "row_offset": i64(R, W + 1),
+    shapes64: dict[str, tuple[int, ...]] = {
+        "flow": (max(R - 1, 0), 3),
+        "alloc": (E, R),
+        "target": (R,),
+        "home": (E,),
+        "slot_expert": (R, B),
+        "slot_new": (R, B),
+        "row_expert": (R, W),
+        "row_count": (R, W),
+        "row_offset": (R, W + 1),
+        "total_E": (E,),
+        "rep_c": (R * M,),
     }
-    scratch = {
-        "total_E": i64(E),
-        "rep_c": i64(R * M),
-        "rep_e": i32(R * M),
-        "srt_e": i32(R * M),
-        "warm_d": i32(R * B if with_prev else 1),
-    }
-    return out, scratch
+    sizes32 = {"rep_e": R * M, "srt_e": R * M, "warm_d": R * B if with_prev else 1}
+    words = sum(_numel(s) for s in shapes64.values()) + sum((n + 1) // 2 for n in sizes32.values())
+    buf = torch.empty(words, dtype=torch.int64, device=device)
+    views: dict[str, torch.Tensor] = {}
+    at = 0
+    for name, shape in shapes64.items():
+        views[name] = buf[at : at + _numel(shape)].view(shape)
+        at += _numel(shape)
+    for name, n in sizes32.items():
+        views[name] = buf[at : at + (n + 1) // 2].view(torch.int32)[:n]
+        at += (n + 1) // 2
+    scratch_names = ("total_E", "rep_c", *sizes32)
+    out = {k: v for k, v in views.items() if k not in scratch_names}
+    return out, {k: views[k] for k in scratch_names}
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def kernel_args(

@@ -28,7 +28,7 @@ import torch
 from moonplan.errors import PlanError
 from moonplan.plan.home import home_list, home_map, max_local
 from moonplan.plan.reference import place_slots, row_layout
-from moonplan.plan.torch_layout import group_experts, place_slots_torch, row_layout_torch
+from moonplan.plan.torch_layout import place_slots_torch, row_layout_torch
 
 
 def as_alloc(alloc: Any, counts_RE: torch.Tensor) -> torch.Tensor:
@@ -82,10 +82,9 @@ def layout_torch(
     The caller guarantees at most ``K = max(B, M)`` remote experts per rank.
     """
     E, R = alloc_ER.shape
-    dev = alloc_ER.device
     M = max_local(E, R)
     K = max(num_slots, M)
-    home_E = home_map(E, R, device=dev)
+    home_E, ids_RM = home_layout(E, R, alloc_ER.device)
     rec_RE = torch.where(replicas(alloc_ER, home_E), alloc_ER, 0).t()
     rec_RE, order_RE = torch.sort(rec_RE, dim=1, descending=True, stable=True)
     cand_RK = torch.where(rec_RE > 0, order_RE, -1)[:, :K]
@@ -93,7 +92,7 @@ def layout_torch(
         cand_RK = torch.cat([cand_RK, cand_RK.new_full((R, K - cand_RK.shape[1]), -1)], 1)
     prev = prev_RB if prev_RB is not None else cand_RK.new_full((R, num_slots), -1)
     slot_RB, new_RB, direct_RD = place_slots_torch(cand_RK, prev, num_slots)
-    return _fields(alloc_ER, slot_RB, new_RB, direct_RD, align)
+    return _fields(alloc_ER, (home_E, ids_RM), (slot_RB, new_RB, direct_RD), align)
 
 
 def layout_resident(
@@ -107,28 +106,53 @@ def layout_resident(
     E, R = alloc_ER.shape
     slot_RB = prev_RB if prev_RB is not None else alloc_ER.new_full((R, num_slots), -1)
     direct_RD = alloc_ER.new_full((R, max(0, max_local(E, R) - num_slots)), -1)
-    return _fields(alloc_ER, slot_RB, torch.zeros_like(slot_RB), direct_RD, align)
+    slots = (slot_RB, torch.zeros_like(slot_RB), direct_RD)
+    return _fields(alloc_ER, home_layout(E, R, alloc_ER.device), slots, align)
+
+
+def home_layout(
+    num_experts: int, num_ranks: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(home_E, ids_RM)``: :func:`~moonplan.plan.home.home_map` and
+    :func:`~moonplan.plan.torch_layout.group_experts`, int64 on ``device``, from one
+    ``arange`` of the experts in few kernels (the general formulas take about 19).
+
+    The first ``E mod R`` ranks own ``M`` experts, the others ``M - 1`` (or all ``M``
+    when ``R`` divides ``E``): the home rows are the experts in order, the short
+    groups padded with ``E``.
+    """
+    E, R = num_experts, num_ranks
+    base, extra = divmod(E, R)
+    M = max_local(E, R)
+    e_E = torch.arange(E, dtype=torch.int64, device=device)
+    if extra == 0:  # 2 kernels
+        return e_E // M, e_E.view(R, M)
+    cut = extra * M  # experts of the full groups
+    short = torch.nn.functional.pad(e_E[cut:].view(R - extra, base), (0, 1), value=E)
+    ids_RM = torch.cat([e_E[:cut].view(extra, M), short], 0)
+    if base == 0:  # E < R: expert e alone on rank e
+        return e_E, ids_RM
+    return torch.where(e_E < cut, e_E // M, (e_E - extra) // base), ids_RM
 
 
 def _fields(
     alloc_ER: torch.Tensor,
-    slot_RB: torch.Tensor,
-    new_RB: torch.Tensor,
-    direct_RD: torch.Tensor,
+    homes: tuple[torch.Tensor, torch.Tensor],
+    slots: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     align: int,
 ) -> dict[str, torch.Tensor]:
-    """The plan fields of ``alloc_ER`` with these slots (``slot_new``) and direct replicas."""
-    E, R = alloc_ER.shape
-    dev = alloc_ER.device
-    row_RW, count_RW, offset_RW1 = row_layout_torch(
-        group_experts(E, R, dev), slot_RB, direct_RD, alloc_ER, align
-    )
-    F = max(R - 1, 0)
+    """The plan fields of ``alloc_ER``: ``homes = (home_E, ids_RM)`` from :func:`home_layout`,
+    ``slots = (slot_RB, new_RB, direct_RD)`` the slots, ``slot_new`` and direct replicas."""
+    R, dev = alloc_ER.shape[1], alloc_ER.device
+    (home_E, ids_RM), (slot_RB, new_RB, direct_RD) = homes, slots
+    row_RW, count_RW, offset_RW1 = row_layout_torch(ids_RM, slot_RB, direct_RD, alloc_ER, align)
+    flow_F3 = torch.full((max(R - 1, 0), 3), -1, dtype=torch.int64, device=dev)
+    flow_F3[:, 2].fill_(0)  # padding rows (-1, -1, 0), built on the device (no host copy)
     return {
         "alloc": alloc_ER,
         "target": alloc_ER.sum(0),
-        "home": home_map(E, R, device=dev),
-        "flow": torch.tensor([[-1, -1, 0]], dtype=torch.int64, device=dev).expand(F, 3).clone(),
+        "home": home_E,
+        "flow": flow_F3,
         "slot_expert": slot_RB,
         "slot_new": new_RB,
         "row_expert": row_RW,

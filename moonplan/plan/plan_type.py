@@ -33,7 +33,7 @@ from moonplan.errors import PlanError
 from moonplan.plan.from_alloc import as_alloc, check_remote, layout_reference, layout_torch
 from moonplan.plan.home import max_local
 from moonplan.plan.placement import static_load
-from moonplan.plan.validate import as_counts, check_options
+from moonplan.plan.validate import check_options, checked_counts
 
 PLAN_TENSORS = (
     "counts",
@@ -278,9 +278,9 @@ class Plan:
             PlanError: naming the broken requirement (shape, dtype, negative entry,
                 conservation, too many remote experts on a rank, bound, options).
         """
-        counts_RE = as_counts(counts)
+        counts_RE, N = checked_counts(counts)
         R, E = counts_RE.shape
-        B = check_options(slots, align, max_local(E, R), counts_RE)
+        B = check_options(slots, align, max_local(E, R), counts_RE, total=N)
         alloc_ER = as_alloc(alloc, counts_RE)
         prev_RB = previous_slots(previous, R, E, B, counts_RE.device)
         check_remote(alloc_ER, max(B, max_local(E, R)))

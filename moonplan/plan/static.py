@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from moonplan.plan.from_alloc import layout_resident
 from moonplan.plan.home import max_local
 from moonplan.plan.placement import static_alloc
 from moonplan.plan.plan_type import Plan, make_plan, previous_slots
-from moonplan.plan.validate import as_counts, check_options
+from moonplan.plan.validate import check_options, checked_counts
 
 
 def static_plan(
@@ -35,10 +37,19 @@ def static_plan(
     later balanced step still finds them. With ``check_input=False`` no value is
     read on the host (``load_bound`` is read lazily).
     """
-    counts_RE = as_counts(counts, check_values=check_input)
+    counts_RE, N = checked_counts(counts, check_values=check_input)
     R, E = counts_RE.shape
-    B = check_options(slots, align, max_local(E, R), counts_RE, check_values=check_input)
-    prev_RB = previous_slots(previous, R, E, B, counts_RE.device)
+    B = check_options(slots, align, max_local(E, R), counts_RE, check_values=check_input, total=N)
+    return static_checked(counts_RE, B, align, previous_slots(previous, R, E, B, counts_RE.device))
+
+
+def static_checked(
+    counts_RE: torch.Tensor, num_slots: int, align: int, prev_RB: torch.Tensor | None
+) -> Plan:
+    """:func:`static_plan` of inputs already validated (as :func:`moonplan.plan` does):
+    int64 ``counts_RE [R, E]``, ``num_slots`` B, ``align`` and ``previous``'s slots
+    ``prev_RB [R, B]`` on the counts' device (or ``None``). Reads nothing on the host."""
+    B = num_slots
     fields = layout_resident(static_alloc(counts_RE), B, align, prev_RB)
     return make_plan(
         fields,

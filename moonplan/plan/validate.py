@@ -38,6 +38,17 @@ def as_counts(
     turns it off and relies on the caller.
     Nothing is modified: the result is a fresh tensor when a conversion is needed.
     """
+    return checked_counts(counts, num_ranks, check_values=check_values)[0]
+
+
+def checked_counts(
+    counts: Any, num_ranks: int | None = None, *, check_values: bool = True
+) -> tuple[torch.Tensor, int | None]:
+    """:func:`as_counts` and the total ``N`` it read (``None`` without ``check_values``).
+
+    The value check is one host read (minimum, maximum and sum stacked), so a caller
+    that also needs ``N`` (:func:`check_options`'s ``total=``) reads the device once.
+    """
     if not isinstance(counts, torch.Tensor):
         try:
             counts = torch.as_tensor(counts)
@@ -57,34 +68,40 @@ def as_counts(
     if num_ranks is not None and R != num_ranks:
         raise PlanError(f"counts has {R} rows (source ranks) but the group has {num_ranks} ranks")
     counts_RE = counts.to(torch.int64)
-    if check_values:
-        _check_nonnegative(counts_RE)
-        total_records(counts_RE)
-    return counts_RE
+    if not check_values:
+        return counts_RE, None
+    return counts_RE, total_records(counts_RE)
 
 
-def _check_nonnegative(counts_RE: torch.Tensor) -> None:
-    bad = counts_RE < 0
-    if bool(bad.any()):
-        s, e = (int(v) for v in bad.nonzero()[0])
-        raise PlanError(
-            f"counts must be non-negative: counts[{s}, {e}] = {int(counts_RE[s, e])} "
-            f"(source rank {s}, expert {e})"
-        )
+def _raise_negative(counts_RE: torch.Tensor) -> None:
+    """The PlanError naming the first negative entry (only once one is known to exist)."""
+    s, e = (int(v) for v in (counts_RE < 0).nonzero()[0])
+    raise PlanError(
+        f"counts must be non-negative: counts[{s}, {e}] = {int(counts_RE[s, e])} "
+        f"(source rank {s}, expert {e})"
+    )
 
 
 def total_records(counts_RE: torch.Tensor) -> int:
-    """``N = counts.sum()`` of non-negative ``counts [R, E]``, exact; PlanError if it
-    does not fit in int64 (host read: one sync on accelerators)."""
-    top = int(counts_RE.max())
+    """``N = counts.sum()`` of ``counts [R, E]``, exact; PlanError naming a negative entry,
+    or a total beyond int64.
+
+    One host read (one sync on accelerators): the minimum, maximum and sum in one
+    stacked tensor. Only when ``max * numel`` could overflow is the exact total summed
+    again on the host in Python integers.
+    """
+    lo_hi = torch.aminmax(counts_RE)
+    low, top, total = torch.stack([lo_hi.min, lo_hi.max, counts_RE.sum()]).tolist()
+    if low < 0:
+        _raise_negative(counts_RE)
     if top * counts_RE.numel() <= INT64_MAX:  # no partial sum can wrap
-        return int(counts_RE.sum())
+        return int(total)
     total = sum(int(v) for v in counts_RE.reshape(-1).tolist())
     if total > INT64_MAX:
         raise PlanError(
             f"counts total {total} records, beyond the int64 limit 2**63 - 1 = {INT64_MAX}"
         )
-    return total
+    return int(total)
 
 
 def check_options(
@@ -94,12 +111,14 @@ def check_options(
     counts_RE: torch.Tensor | None = None,
     *,
     check_values: bool = True,
+    total: int | None = None,
 ) -> int:
     """Validate ``slots`` and ``align``; return the slot count ``B`` (default ``M``).
 
     With ``counts_RE`` the limits of the module docstring apply too (``slots <= E``
     from its shape; the ``align`` limits read ``N`` on the host, so only with
-    ``check_values``).
+    ``check_values``). ``total``: ``N`` already read by :func:`checked_counts` (no
+    second host read).
     """
     if isinstance(align, bool) or not isinstance(align, int) or align < 1:
         raise PlanError(f"align must be an integer >= 1, got {align!r}")
@@ -112,7 +131,8 @@ def check_options(
     if B > E:
         raise PlanError(f"slots={B} exceeds the limit E = {E} experts (a rank never holds more)")
     if check_values:
-        _check_align(align, total_records(counts_RE), R * (max_local + max(max_local, B)))
+        N = total_records(counts_RE) if total is None else total
+        _check_align(align, N, R * (max_local + max(max_local, B)))
     return B
 
 

@@ -9,6 +9,7 @@ cleanly without a usable CUDA backend.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import shutil
@@ -247,3 +248,22 @@ def test_cuda_graph_capture_and_replay(cuda_ok: None) -> None:
             assert torch.equal(out[key].cpu(), ref), key
         prev_RB.copy_(out["slot_expert"])
         prev_F3.copy_(out["flow"])
+
+
+@pytest.mark.parametrize(
+    ("R", "E", "B", "prev"), [(4, 10, 3, True), (1, 1, 0, False), (3, 7, 5, True)]
+)
+def test_allocate_carves_disjoint_aligned_buffers_from_one(
+    R: int, E: int, B: int, prev: bool
+) -> None:
+    out, scratch = cuda_backend.allocate(R, E, B, torch.device("cpu"), prev)
+    bufs = list(out.values()) + list(scratch.values())
+    assert len({t.untyped_storage().data_ptr() for t in bufs}) == 1  # one allocation
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in bufs)
+    assert all(a_end <= b for (_, a_end), (b, _) in itertools.pairwise(spans))
+    assert all(t.data_ptr() % 8 == 0 and t.is_contiguous() for t in bufs)
+    assert {k: v.dtype for k, v in scratch.items() if v.dtype == torch.int32}.keys() == {
+        "rep_e", "srt_e", "warm_d"
+    }  # fmt: skip
+    assert scratch["warm_d"].numel() == (R * B if prev else 1)
+    assert scratch["rep_e"].numel() == R * -(-E // R)
