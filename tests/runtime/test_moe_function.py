@@ -83,3 +83,41 @@ def test_the_profile_agrees_exposed_within_the_prefetch(got: list[dict]) -> None
     s = got[0]["summary"]  # identical on every rank: every rank's spans, slowest rank per step
     assert s["prefetch"]["mean_ms"] >= 1e3 * SLOW_S / 3  # one slow job in 3 steps
     assert 0 < s["prefetch_exposed"]["mean_ms"] <= s["prefetch"]["mean_ms"] + 50
+
+
+def _a2a_steps(rank: int, world: int) -> dict:
+    """The same hot routing on the all-to-all transport, whose fetch is a collective:
+    when one rank copies, every rank must run the job (or the copier waits forever)."""
+    from moonplan import MoonMoE
+
+    layers = {}
+    for b in ("off", "exact"):
+        torch.manual_seed(0)  # the same weights in both layers
+        layers[b] = MoonMoE(H, F, E, K, slots=2, balance=b, router=_hot, transport="a2a")
+    store_cls = type(layers["exact"].runtime.store)
+    original, jobs = store_cls.prefetch, {b: 0 for b in layers}
+
+    def counted(self, fetch):
+        owner = next(b for b, layer in layers.items() if layer.runtime.store is self)
+        jobs[owner] += 1
+        return original(self, fetch)
+
+    store_cls.prefetch = counted  # type: ignore[method-assign]
+    outs: dict[str, list[torch.Tensor]] = {b: [] for b in layers}
+    with torch.no_grad():
+        for step in range(3):
+            x = torch.randn(S, H, generator=torch.Generator().manual_seed(10 * rank + step))
+            for b, layer in layers.items():
+                outs[b].append(layer(x))
+    store_cls.prefetch = original  # type: ignore[method-assign]
+    for layer in layers.values():
+        layer.runtime.close()
+    return {"jobs": jobs, "outs": outs}
+
+
+def test_all_to_all_runs_the_fetch_on_every_rank_when_any_rank_copies() -> None:
+    got = run_ranks(_a2a_steps, 2, timeout=120)  # a rank left out of the collective hangs
+    for r in got:
+        assert r["jobs"] == {"off": 0, "exact": 1}  # rank 0 copies nothing, yet joins once
+        for y_exact, y_off in zip(r["outs"]["exact"], r["outs"]["off"], strict=True):
+            torch.testing.assert_close(y_exact, y_off, rtol=1e-5, atol=1e-6)
