@@ -70,7 +70,7 @@ from moonplan.plan.placement import static_alloc, static_load
 from moonplan.plan.plan_type import Basis, Plan, Predicted, make_plan
 from moonplan.plan.reference import reference_fields
 from moonplan.plan.screen import Step, lower_bound
-from moonplan.plan.torch_backend import plan_torch
+from moonplan.plan.torch_backend import alloc_torch, plan_torch
 
 EPS = ("0.25", "0.1", "0.05")
 """The ``eps`` of the ``bounded-<eps>`` candidates of ``auto`` (exact decimals)."""
@@ -418,7 +418,7 @@ def _greedy(inp: Inputs) -> Plan:
     if inp.backend == "reference":
         alloc_ER = reference_fields(c, inp.num_slots, 1, device=c.device)["alloc"]
     else:
-        alloc_ER = plan_torch(c, inp.num_slots, 1, None)["alloc"]
+        alloc_ER = alloc_torch(c)
     return _from_alloc(inp, alloc_ER, GREEDY, planned=1, moves=True)
 
 

@@ -48,26 +48,11 @@ def plan_torch(
         target_R: int64 ``[R]`` targets replacing the exact ones (see
             ``reference.reference_plan``), or ``None``.
     """
-    R, E = counts_RE.shape
-    dev = counts_RE.device
-    home_E = home_map(E, R, device=dev)
-    T_E = counts_RE.sum(0)
-    N = T_E.sum()
-    r_R = torch.arange(R, device=dev)
-    if target_R is None:
-        target_R = N // R + (r_R < N % R).to(torch.int64)
-    load_R = torch.zeros(R, dtype=torch.int64, device=dev).index_add_(0, home_E, T_E)
-    ids_RM = group_experts(E, R, dev)
-    if scan == "auto":
-        scan = "host" if dev.type == "cpu" else "tensor"
-    step = _Steps12(load_R, target_R, T_E, home_E, prev_RB, prev_F3)
-    if scan == "host":
-        quota_RR, flow_F3, alloc_ER = _alloc_host(step)
-    elif scan == "tensor":
-        quota_RR, flow_F3, alloc_ER = _alloc_tensor(step, ids_RM)
-    else:
-        raise ValueError(f"scan must be 'auto', 'host' or 'tensor', got {scan!r}")
-
+    R = counts_RE.shape[0]
+    step, ids_RM, (quota_RR, flow_F3, alloc_ER) = _steps12(
+        counts_RE, prev_RB, prev_F3, scan, target_R
+    )
+    target_R, home_E = step.target_R, step.home_E
     cand_RM, _ = replica_candidates(quota_RR, ids_RM, alloc_ER)
     prev = prev_RB if prev_RB is not None else cand_RM.new_full((R, num_slots), -1)
     slot_RB, new_RB, direct_RD = place_slots_torch(cand_RM, prev, num_slots)
@@ -83,6 +68,48 @@ def plan_torch(
         "row_count": count_RW,
         "row_offset": offset_RW1,
     }
+
+
+def alloc_torch(
+    counts_RE: torch.Tensor,
+    prev_RB: torch.Tensor | None = None,
+    prev_F3: torch.Tensor | None = None,
+    *,
+    scan: str = "auto",
+    target_R: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """int64 ``[E, R]``: :func:`plan_torch`'s ``alloc`` alone (steps 1-2, no slots and no
+    row layout; they do not depend on ``num_slots`` or ``align``). Arguments as there."""
+    return _steps12(counts_RE, prev_RB, prev_F3, scan, target_R)[2][2]
+
+
+def _steps12(
+    counts_RE: torch.Tensor,
+    prev_RB: torch.Tensor | None,
+    prev_F3: torch.Tensor | None,
+    scan: str,
+    target_R: torch.Tensor | None,
+) -> tuple[_Steps12, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Steps 1-2: their inputs, the home groups ``ids_RM`` and ``(quota_RR, flow_F3,
+    alloc_ER)``."""
+    R, E = counts_RE.shape
+    dev = counts_RE.device
+    home_E = home_map(E, R, device=dev)
+    T_E = counts_RE.sum(0)
+    N = T_E.sum()
+    r_R = torch.arange(R, device=dev)
+    if target_R is None:
+        target_R = N // R + (r_R < N % R).to(torch.int64)
+    load_R = torch.zeros(R, dtype=torch.int64, device=dev).index_add_(0, home_E, T_E)
+    ids_RM = group_experts(E, R, dev)
+    if scan == "auto":
+        scan = "host" if dev.type == "cpu" else "tensor"
+    step = _Steps12(load_R, target_R, T_E, home_E, prev_RB, prev_F3)
+    if scan == "host":
+        return step, ids_RM, _alloc_host(step)
+    if scan == "tensor":
+        return step, ids_RM, _alloc_tensor(step, ids_RM)
+    raise ValueError(f"scan must be 'auto', 'host' or 'tensor', got {scan!r}")
 
 
 @dataclass(frozen=True)
