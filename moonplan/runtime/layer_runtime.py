@@ -248,7 +248,7 @@ class LayerRuntime:
             s["static_max_over_mean"],
             s["planned_max_over_mean"],
             phases,
-            **self._plan_figures(plan),
+            **self._plan_figures(plan, copies),
         )
         self.last_stats.records = step.traffic.get("records", 0)
         self.last_stats.rows_sent = step.traffic.get("rows_sent", 0)
@@ -290,12 +290,11 @@ class LayerRuntime:
             return None
         return self.lane().submit(lambda: store.prefetch(fetch))
 
-    def _plan_figures(self, plan: Plan) -> dict[str, Any]:
+    def _plan_figures(self, plan: Plan, copies: FetchList) -> dict[str, Any]:
         """``direct_reads``, ``policy``, ``predicted`` and ``choice`` of a plan for
-        :class:`StepStats`."""
-        d_D = plan.direct_expert()[self.group.rank]
+        :class:`StepStats` (``copies``: this rank's copies under it, already on the host)."""
         return {
-            "direct_reads": int((d_D >= 0).sum()),
+            "direct_reads": len(copies.direct_rank_D),
             "policy": plan.policy,
             "predicted": dict(plan.predicted),
             "choice": self.balancer.how,

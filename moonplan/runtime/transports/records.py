@@ -110,7 +110,8 @@ class RecordTransport(RowMoves):
         if pad_P is None:
             pad_P = state.saved["pad_P"] = padding_mask(plan, self.group.rank)
         recv_PH = self.recv_CH[: pad_P.numel()]
-        recv_PH[pad_P] = 0
+        if plan.align > 1:  # with align 1 there are no padding rows to clear
+            recv_PH[pad_P] = 0
         return self._view(recv_PH, state)
 
     def _back(
@@ -131,9 +132,9 @@ def padding_mask(plan: Plan, rank: int) -> torch.Tensor:
     """``[P]`` bool: the ``align`` padding rows between ``rank``'s receive rows (nobody
     sends them; the experts must see zeros there)."""
     size = int(plan.recv_size()[rank])
-    pos_P = torch.arange(size, device=plan.device)
     if plan.align == 1:
         return torch.zeros(size, dtype=torch.bool, device=plan.device)
+    pos_P = torch.arange(size, device=plan.device)
     w_P = torch.searchsorted(plan.row_offset[rank], pos_P, right=True) - 1
     return pos_P - plan.row_offset[rank][w_P] >= plan.row_count[rank][w_P]
 
