@@ -271,13 +271,15 @@ class MoonplanRefreshPolicy(PlannerPolicy):
         in ``p``'s experts phase; none (no refill) unless the refilled slots, over this
         step's counts, save more in ``period`` steps than the shares would expose."""
         refill_ER = plan_fetch_ER(refill)
+        if not refill_ER.any():  # nothing to copy: no trial plan needed
+            return []
         now = self.cost.plan_time(p, planned=0)
         link_s = refill_link_s(self.cost, refill_ER, p.home.cpu())
         k = self.period if now.experts_s <= 0 else math.ceil(link_s / now.experts_s)
         k = max(1, min(self.period, k))
         after = self.cost.plan_time(self.plan(counts_RE, refill), planned=0)
         exposed_s = k * max(0.0, link_s / k - now.experts_s)
-        if (now.total_s - after.total_s) * self.period <= exposed_s or not refill_ER.any():
+        if (now.total_s - after.total_s) * self.period <= exposed_s:
             return []
         return split_pairs(refill_ER, k)
 

@@ -33,9 +33,15 @@ AFFINITY_POLICIES = ("moonplan", "moonplan-resident", "moonplan-auto")
 """Policies whose records are routed with the plan's affinity."""
 
 
-def line_dest(ids_RSK: torch.Tensor, alloc_ER: torch.Tensor, keep_RE: torch.Tensor) -> np.ndarray:
+def line_dest(
+    ids_RSK: torch.Tensor,
+    alloc_ER: torch.Tensor,
+    keep_RE: torch.Tensor,
+    counts_RE: torch.Tensor | None = None,
+) -> np.ndarray:
     """int64 ``[R, S, K]`` executing rank of each record under the routing rule (module
-    docstring); a source's records of ``e`` past the first ``keep_RE[s, e]`` are ``-1``."""
+    docstring); a source's records of ``e`` past the first ``keep_RE[s, e]`` are ``-1``;
+    ``counts_RE``: ``token_counts(ids_RSK)`` if already counted."""
     R, S, K = ids_RSK.shape
     ids_N = ids_RSK.reshape(-1).numpy().astype(np.int64)
     alloc, keep = alloc_ER.numpy().astype(np.int64), keep_RE.numpy().astype(np.int64)
@@ -43,7 +49,10 @@ def line_dest(ids_RSK: torch.Tensor, alloc_ER: torch.Tensor, keep_RE: torch.Tens
     narrow = np.int16 if E <= np.iinfo(np.int16).max else np.int32  # radix sort: faster
     order_N = np.argsort(ids_N.astype(narrow), kind="stable")  # by (expert, source, local)
     e_N, s_N = ids_N[order_N], order_N // max(1, S * K)
-    counts = np.bincount(s_N * E + e_N, minlength=R * E).reshape(R, E)
+    if counts_RE is None:
+        counts = np.bincount(s_N * E + e_N, minlength=R * E).reshape(R, E)
+    else:
+        counts = counts_RE.numpy().astype(np.int64)
     first_E = np.cumsum(counts.sum(0)) - counts.sum(0)
     j_N = np.arange(ids_N.size) - first_E[e_N] - (np.cumsum(counts, 0) - counts)[s_N, e_N]
     sent_N = j_N < keep[s_N, e_N]
@@ -81,7 +90,7 @@ def step_dest(
     keep_RE = torch.minimum(counts_RE, step.sent_RE)
     if affinity and torch.equal(keep_RE, counts_RE):
         return affinity_dest(ids_RSK, step.alloc_ER, counts_RE)
-    return line_dest(ids_RSK, step.alloc_ER, keep_RE)
+    return line_dest(ids_RSK, step.alloc_ER, keep_RE, counts_RE)
 
 
 def step_traffic(

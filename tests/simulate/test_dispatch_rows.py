@@ -36,6 +36,7 @@ def test_line_dest_is_plain_route(seed: int) -> None:
     counts = token_counts(ids, 12)
     plan = moonplan.plan(counts, backend="torch")
     dest = line_dest(ids, plan.alloc, counts)
+    assert np.array_equal(dest, line_dest(ids, plan.alloc, counts, counts))  # counted already
     for s in range(4):
         plain = route(plan, s, ids[s], affinity=False).dest_rank
         assert np.array_equal(dest[s], plain.numpy())
