@@ -93,14 +93,16 @@ class TokenTransport(RowMoves):
         )
         recv_PH = ops.expand_rows(self.tokens.local[:T], src_row_P, out_PH=self.recv_CH[:P])
         row_bytes = x_SH.shape[1] * x_SH.element_size()
-        returned = int((seg_P.offsets_T1.diff() > 0).sum())  # token rows this rank sends back
-        U = route.sent_rows
-        state.traffic = {
-            "records": S * K,
-            "rows_sent": U,
-            "bytes_sent": (U + returned) * row_bytes + S * K * 8,
-        }
+        state.traffic = {"records": S * K, **self._traffic(route, state, row_bytes)}
         return self._view(recv_PH, state)
+
+    def _traffic(self, route: Route, state: StepState, row: int) -> dict[str, int]:
+        """This rank's ``rows_sent`` and ``bytes_sent`` of the step (``row``: bytes of one
+        token row): its token rows out, its reduced rows back, one word per record."""
+        S, K = route.dest_rank.shape
+        returned = int((state.saved["seg_P"].offsets_T1.diff() > 0).sum())  # rows sent back
+        U = route.sent_rows
+        return {"rows_sent": U, "bytes_sent": (U + returned) * row + S * K * 8}
 
     def combine(self, y_PH: Tensor, route: Route, weight_SK: Tensor, state: StepState) -> Tensor:
         """See :class:`~moonplan.runtime.transports.base.Transport`; keeps the outputs

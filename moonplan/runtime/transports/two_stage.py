@@ -57,7 +57,7 @@ from moonplan.plan.route_rows import pair_records
 from moonplan.runtime.row_ops import token_ops_for
 from moonplan.runtime.row_ops.token_torch import Segments
 from moonplan.runtime.transports.all_to_all import AllToAllRows, LocalRows
-from moonplan.runtime.transports.base import RecvView, StepState
+from moonplan.runtime.transports.base import StepState
 from moonplan.runtime.transports.moves import Put
 from moonplan.runtime.transports.tokens import TokenTransport
 
@@ -113,16 +113,6 @@ class TwoStageTokenTransport(AllToAllRows, TokenTransport):
     ):
         self.ranks_per_host = ranks_per_host_of(group.size, ranks_per_host)
         super().__init__(group, capacity, hidden, dtype)
-
-    def dispatch(
-        self, x_SH: Tensor, route: Route, plan: Plan, *, weight_SK: Tensor | None = None
-    ) -> RecvView:
-        """See :class:`~moonplan.runtime.transports.tokens.TokenTransport`; the step's
-        traffic by stage (module docstring)."""
-        view = super().dispatch(x_SH, route, plan, weight_SK=weight_SK)
-        row_bytes = x_SH.shape[1] * x_SH.element_size()
-        view.state.traffic.update(self._traffic(route, view.state, row_bytes))
-        return view
 
     def _send_tokens(
         self, rows_SH: Tensor, route: Route, plan: Plan, state: StepState, extra: list[Put]
