@@ -12,24 +12,51 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from typing import TYPE_CHECKING
 
 from moonplan.plan.reference import Flow, keep_previous_flows
 
+if TYPE_CHECKING:
+    import torch
 
-def balance_groups_host(
+
+def warm_maps(
+    prev_RB: torch.Tensor | None, home: list[int]
+) -> tuple[dict[int, set[int]] | None, dict[int, dict[int, list[int]]]]:
+    """``previous``'s residents as the host scans read them: receiver -> donor groups
+    resident there (``None`` without ``prev_RB``), and group -> receiver -> experts."""
+    if prev_RB is None:
+        return None, {}
+    warm: dict[int, set[int]] = {}
+    warm_experts: dict[int, dict[int, list[int]]] = {}
+    for r, row in enumerate(prev_RB.tolist()):
+        for e in sorted(x for x in row if x >= 0):
+            warm.setdefault(r, set()).add(home[e])
+            warm_experts.setdefault(home[e], {}).setdefault(r, []).append(e)
+    return warm, warm_experts
+
+
+def host_flows(
     load: list[int],
-    X: list[int],
+    target: list[int],
     warm_by_receiver: dict[int, set[int]] | None,
     previous: list[Flow],
 ) -> list[Flow]:
-    """Group flows as ``reference.balance_groups`` (same rule, ties and order).
+    """Step 1's group flows ``(donor, receiver, records)`` in decision order, on the host:
+    ``reference.balance_groups``'s (same rule, ties and order).
+
+    The flows every backend's plan records (``plan.flow``): ``O(R log R)`` integer work,
+    no expert is touched (``moonplan.plan.screen`` bounds candidates with it).
 
     Args:
         load: static load per rank.
-        X: load minus target per rank (modified in place).
-        warm_by_receiver: for each receiver, the donor groups resident in its slots.
-        previous: last step's flows in order (replayed first where they fit).
+        target: records each rank should execute.
+        warm_by_receiver: for each receiver, the donor groups resident in its slots
+            (:func:`warm_maps`).
+        previous: last step's flows in order (``reference.previous_flows``; replayed
+            first where they fit).
     """
+    X = [x - t for x, t in zip(load, target, strict=True)]  # > 0 donor, < 0 receiver
     flows = keep_previous_flows(load, X, previous, set())
     donors = [(-x, r) for r, x in enumerate(X) if x > 0]  # heap: largest excess, lowest rank
     heapq.heapify(donors)

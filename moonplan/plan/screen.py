@@ -10,7 +10,7 @@ Legend:
 
 The construction (``moonplan/plan/README.md``) decides its group flows (step 1) from
 the loads alone, before touching an expert; the screen runs that same step
-(:func:`moonplan.plan.torch_backend.host_flows`, ``O(R log R)``) and bounds what
+(:func:`moonplan.plan.group_flows.host_flows`, ``O(R log R)``) and bounds what
 step 2 and the layout can make of the flows, without building the plan. A flow
 ``(d, r, q)`` moves ``q`` records of donor ``d``'s home experts to ``r``; a pair
 ``(e, r)`` carries at most ``T_e`` records, so the flow needs at least as many
@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from moonplan.plan.group_flows import host_flows, warm_maps
 from moonplan.plan.home import home_list, targets_list
 from moonplan.plan.reference import Flow, previous_flows
-from moonplan.plan.torch_backend import host_flows, warm_maps
 from moonplan.stepcost.traffic import host_int64
 
 if TYPE_CHECKING:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from moonplan.plan.group_flows import balance_groups_host, split_group_host
+from moonplan.plan.group_flows import host_flows, split_group_host, warm_maps
 from moonplan.plan.home import home_map, home_start
-from moonplan.plan.reference import Flow, previous_flows
+from moonplan.plan.reference import previous_flows
 from moonplan.plan.torch_layout import (
     group_experts,
     place_slots_torch,
@@ -176,39 +176,6 @@ def _alloc_host(step: _Steps12) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     alloc_ER[torch.arange(E), home_E.cpu()] += torch.tensor(remaining, dtype=torch.int64)
     dev = load_R.device
     return quota_RR.to(dev), flow_F3.to(dev), alloc_ER.to(dev)
-
-
-def warm_maps(
-    prev_RB: torch.Tensor | None, home: list[int]
-) -> tuple[dict[int, set[int]] | None, dict[int, dict[int, list[int]]]]:
-    """``previous``'s residents as the host scans read them: receiver -> donor groups
-    resident there (``None`` without ``prev_RB``), and group -> receiver -> experts."""
-    if prev_RB is None:
-        return None, {}
-    warm: dict[int, set[int]] = {}
-    warm_experts: dict[int, dict[int, list[int]]] = {}
-    for r, row in enumerate(prev_RB.tolist()):
-        for e in sorted(x for x in row if x >= 0):
-            warm.setdefault(r, set()).add(home[e])
-            warm_experts.setdefault(home[e], {}).setdefault(r, []).append(e)
-    return warm, warm_experts
-
-
-def host_flows(
-    load: list[int],
-    target: list[int],
-    warm: dict[int, set[int]] | None,
-    previous: list[Flow],
-) -> list[Flow]:
-    """Step 1's group flows ``(donor, receiver, records)`` in decision order, on the host.
-
-    The flows every backend's plan records (``plan.flow``) for these loads, targets,
-    residents (:func:`warm_maps`) and previous flows (``reference.previous_flows``):
-    ``O(R log R)`` integer work, no expert is touched (``moonplan.plan.screen`` bounds
-    candidates with it).
-    """
-    X = [x - t for x, t in zip(load, target, strict=True)]
-    return balance_groups_host(load, X, warm, previous)
 
 
 def _resident(prev_RB: torch.Tensor, num_experts: int) -> torch.Tensor:
