@@ -28,6 +28,7 @@ import ctypes
 import functools
 import importlib
 import importlib.resources
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -303,26 +304,21 @@ def allocate(
         "rep_c": (R * M,),
     }
     sizes32 = {"rep_e": R * M, "srt_e": R * M, "warm_d": R * B if with_prev else 1}
-    words = sum(_numel(s) for s in shapes64.values()) + sum((n + 1) // 2 for n in sizes32.values())
+    words = sum(math.prod(s) for s in shapes64.values()) + sum(
+        (n + 1) // 2 for n in sizes32.values()
+    )
     buf = torch.empty(words, dtype=torch.int64, device=device)
     views: dict[str, torch.Tensor] = {}
     at = 0
     for name, shape in shapes64.items():
-        views[name] = buf[at : at + _numel(shape)].view(shape)
-        at += _numel(shape)
+        views[name] = buf[at : at + math.prod(shape)].view(shape)
+        at += math.prod(shape)
     for name, n in sizes32.items():
         views[name] = buf[at : at + (n + 1) // 2].view(torch.int32)[:n]
         at += (n + 1) // 2
     scratch_names = ("total_E", "rep_c", *sizes32)
     out = {k: v for k, v in views.items() if k not in scratch_names}
     return out, {k: views[k] for k in scratch_names}
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def kernel_args(
