@@ -58,17 +58,14 @@ def drifting_counts(
         raise ValueError("need steps >= 1, tokens >= 0, sigma >= 0 and rho in [-1, 1]")
     gen = torch.Generator().manual_seed(int(seed))
     rng = np.random.default_rng(int(seed))
-    x_E = start_log_popularity(experts, sigma, gen)
     out = []
-    for _ in range(steps):
-        pop_E = torch.softmax(x_E, 0)
-        if exact:
+    for pop_E in popularity_walk(experts, sigma, steps, rho, gen):
+        if exact:  # shares ``gen`` with the walk: it draws between two drifts
             out.append(counts_for_ranks(pop_E, [tokens] * ranks, topk, gen))
         else:
             q_E = inclusion_probability(pop_E, topk)
             draw = rng.multinomial(tokens * topk, (q_E / q_E.sum()).numpy(), size=ranks)
             out.append(torch.from_numpy(draw).to(torch.int64))
-        x_E = drift_log_popularity(x_E, sigma, rho, gen)
     return torch.stack(out)
 
 
@@ -134,7 +131,16 @@ def drifting_popularity(
     ``moonplan.simulate.token_routing``)."""
     if steps < 1 or sigma < 0 or abs(rho) > 1:
         raise ValueError("need steps >= 1, sigma >= 0 and rho in [-1, 1]")
-    gen = torch.Generator().manual_seed(int(seed))
+    yield from popularity_walk(experts, sigma, steps, rho, torch.Generator().manual_seed(int(seed)))
+
+
+def popularity_walk(
+    experts: int, sigma: float, steps: int, rho: float, gen: torch.Generator
+) -> Iterator[torch.Tensor]:
+    """float64 ``[E]`` ``softmax(x)`` of each step of the drifting log-popularity ``x``
+    (module :mod:`moonplan.traces.drift`), drawn from ``gen``: the start when the walk
+    begins, each drift only when the next step is asked for, so a caller may draw from
+    the same ``gen`` between steps (``drifting_counts(exact=True)`` does)."""
     x_E = start_log_popularity(experts, sigma, gen)
     for t in range(steps):
         if t:

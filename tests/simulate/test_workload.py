@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 
 from moonplan.simulate.workload import (
     drifting_counts,
+    drifting_popularity,
     inclusion_probability,
     popularity_maxvio,
     recorded_counts,
@@ -53,3 +55,30 @@ def test_recorded_counts(tmp_path: Path) -> None:
     assert recorded_counts(tmp_path / "one.npy").shape == (1, 2, 3)
     np.save(tmp_path / "trace.npy", np.ones((4, 2, 3), dtype=np.int64))
     assert recorded_counts(tmp_path / "trace.npy").shape == (4, 2, 3)
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize(
+    ("exact", "seed", "digest"),
+    [
+        (False, 0, "8f4d0bfadf0cfdda"),
+        (False, 7, "6bec8dd7a3df4504"),
+        (True, 0, "4053d5dc41755ae3"),
+        (True, 7, "4a0a6b54d48d85de"),
+    ],
+)
+def test_drifting_counts_traces_are_unchanged(exact: bool, seed: int, digest: str) -> None:
+    """Seeded traces stay bit-identical (digests of the traces before drifting_counts and
+    drifting_popularity shared one walk; exact=True draws from the walk's generator
+    between its drifts)."""
+    c = drifting_counts(4, 16, 64, 2, sigma=1.0, steps=5, rho=0.9, seed=seed, exact=exact)
+    assert _digest(c) == digest
+
+
+@pytest.mark.parametrize(("seed", "digest"), [(0, "d6d2c7fa0232e025"), (7, "d19583b90207353c")])
+def test_drifting_popularity_is_unchanged(seed: int, digest: str) -> None:
+    pops = drifting_popularity(16, sigma=1.0, steps=5, rho=0.9, seed=seed)
+    assert _digest(torch.stack(list(pops))) == digest
