@@ -114,13 +114,19 @@ def step_traffic(
 
 
 def scheme_step_traffic(
-    step: PolicyStep, ids_RSK: torch.Tensor | None, scheme: str, domain: int
+    step: PolicyStep,
+    ids_RSK: torch.Tensor | None,
+    scheme: str,
+    domain: int,
+    counts_RE: torch.Tensor | None = None,
 ) -> Traffic:
     """:func:`step_traffic` with the records routed by :func:`step_dest` (affinity for
     :data:`AFFINITY_POLICIES`); ``ids_RSK`` is required (loud error without it). The
-    tokens are counted once for the routing and the padding."""
+    tokens are counted at most once for the routing and the padding (``counts_RE``:
+    ``token_counts(ids_RSK)`` if already counted, e.g. the counts the step planned on)."""
     if ids_RSK is None:
         raise ValueError(f"dispatch={scheme!r} needs the step's token routing (topk_ids)")
-    counts_RE = token_counts(ids_RSK, step.alloc_ER.shape[0])
+    if counts_RE is None:
+        counts_RE = token_counts(ids_RSK, step.alloc_ER.shape[0])
     dest_RSK = step_dest(step, ids_RSK, step.name in AFFINITY_POLICIES, counts_RE)
     return step_traffic(step, ids_RSK, scheme, domain, dest_RSK, counts_RE)

@@ -130,18 +130,21 @@ def step_time(
     topk_ids: torch.Tensor | None = None,
     *,
     background: bool = True,
+    counts_RE: torch.Tensor | None = None,
 ) -> StepTime:
     """Estimated :class:`StepTime` of one policy step (see the module docstring);
     ``topk_ids`` (``[R, S, K]`` experts of the step's records) is needed for
-    ``cfg.dispatch`` other than ``"record"``. ``background=False``: without the wait for
-    the step's background planning (:func:`background_wait_s`)."""
+    ``cfg.dispatch`` other than ``"record"``, with ``counts_RE`` (int64 ``[R, E]``) its
+    ``token_counts`` when the caller already has them (else they are counted here).
+    ``background=False``: without the wait for the step's background planning
+    (:func:`background_wait_s`)."""
     E, R = step.rows_ER.shape
     fetch_ER = step.fetch_ER if step.fetch_ER is not None else torch.zeros(E, R, dtype=torch.bool)
     src_E = step.src_E if step.src_E is not None else torch.zeros(E, dtype=torch.int64)
     cost = record = cfg.step_cost(model, hw, step.name)
     traffic = None
     if cfg.dispatch != "record":
-        traffic = scheme_step_traffic(step, topk_ids, cfg.dispatch, cost.domain_size(R))
+        traffic = scheme_step_traffic(step, topk_ids, cfg.dispatch, cost.domain_size(R), counts_RE)
         cost = cost.scaled(dispatch=cfg.dispatch)
     t = cost.step_time(
         step.rows_ER, step.sent_RE, fetch_ER, src_E, planned=step.planned, traffic=traffic

@@ -103,12 +103,16 @@ def simulate_trace(
 ) -> list[dict[str, Any]]:
     """One row per policy (default: every listed one, ``registry.names()``): mean phase
     times and metrics over steps ``warmup:`` of the trace (``topk_ids``: each step's
-    ``[R, S, K]`` token routing, for ``cfg.dispatch`` other than ``"record"``)."""
+    ``[R, S, K]`` token routing, for ``cfg.dispatch`` other than ``"record"``; its
+    ``token_counts`` must be ``counts_TRE``, which serve every policy's routing, not
+    recounted: shapes and per-rank totals are checked)."""
     T, R, E = counts_TRE.shape
     if E != model.num_experts:
         raise ValueError(f"counts have E = {E} experts, model {model.name} has {model.num_experts}")
     if not 0 <= warmup < T:
         raise ValueError(f"warmup = {warmup} leaves no measured step of {T}")
+    if topk_ids is not None:
+        _check_ids(counts_TRE, topk_ids)
     opts = policy_options(hw, R, eplb_period, eplb_groups)
     records = [int(c.sum()) for c in counts_TRE[warmup:]]
     ideal = mean_time([ideal_time(n, R, model, hw, cfg) for n in records])
@@ -124,6 +128,21 @@ def simulate_trace(
         _policy_row(name, counts_TRE, model, hw, cfg, warmup, opts, ideal, base, topk_ids)
         for name in (names() if policies is None else policies)
     ]
+
+
+def _check_ids(counts_TRE: torch.Tensor, topk_ids: Sequence[torch.Tensor]) -> None:
+    """``topk_ids`` has a ``[R, S, K]`` step per step of ``counts_TRE``, each rank's
+    ``S*K`` records counted there (the cheap part of ``token_counts(ids) == counts``)."""
+    T, R, _ = counts_TRE.shape
+    if len(topk_ids) != T:
+        raise ValueError(f"topk_ids has {len(topk_ids)} steps, the counts {T}")
+    for t, ids in enumerate(topk_ids):
+        fits = ids.dim() == 3 and ids.shape[0] == R
+        if not fits or not bool((counts_TRE[t].sum(1) == ids[0].numel()).all()):
+            raise ValueError(
+                f"step {t}: topk_ids {tuple(ids.shape)} do not route the counts' "
+                f"{counts_TRE[t].sum(1).tolist()} records per rank on {R} ranks"
+            )
 
 
 def _policy_row(
@@ -143,7 +162,8 @@ def _policy_row(
     steps = [policy.step(c) for c in counts_TRE][warmup:]
     ids = list(topk_ids[warmup:]) if topk_ids is not None else [None] * len(steps)
     own = [
-        step_time(s, model, hw, cfg, i, background=False) for s, i in zip(steps, ids, strict=True)
+        step_time(s, model, hw, cfg, i, background=False, counts_RE=c)
+        for s, i, c in zip(steps, ids, counts_TRE[warmup:], strict=True)
     ]
     waits = [model_time.background_wait_s(s, t, cfg) for s, t in zip(steps, own, strict=True)]
     t = mean_time([model_time.with_wait(t, w) for t, w in zip(own, waits, strict=True)])

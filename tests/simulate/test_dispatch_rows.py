@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -122,3 +124,38 @@ def test_scheme_step_traffic_counts_the_tokens_once(
     monkeypatch.setattr(dispatch_rows, "token_counts", lambda i, e: calls.append(e) or real(i, e))
     got = dispatch_rows.scheme_step_traffic(step, ids, "rank", 2)
     assert calls == [8] and _same(got, want)
+
+
+def test_simulate_trace_routes_with_the_counts_it_was_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The trace's counts serve every policy's routing: no step is recounted, and the
+    rows are those of recounting every step for every policy."""
+    from moonplan.simulate import dispatch_rows
+
+    sweep = sys.modules["moonplan.simulate.sweep"]  # the package's ``sweep`` is a function
+    model, hw = get_model("deepseek-v3"), get_hardware("h200-multinode")
+    counts, ids = token_trace(model, 8, 64, drifting_popularity(256, sigma=1.0, steps=3), 2)
+    names, cfg = ["static-linear", "capacity-1.25", "moonplan-resident"], SimConfig(dispatch="rank")
+    with monkeypatch.context() as m:  # the recounting reference: counts_RE dropped
+        real_time = sweep.step_time
+        m.setattr(sweep, "step_time", lambda *a, counts_RE, **k: real_time(*a, **k))
+        want = simulate_trace(counts, model, hw, cfg, names, warmup=1, topk_ids=ids)
+    calls: list[int] = []
+    real = dispatch_rows.token_counts
+    monkeypatch.setattr(dispatch_rows, "token_counts", lambda i, e: calls.append(e) or real(i, e))
+    assert simulate_trace(counts, model, hw, cfg, names, warmup=1, topk_ids=ids) == want
+    assert calls == []
+    monkeypatch.setattr(sweep, "step_time", lambda *a, counts_RE, **k: real_time(*a, **k))
+    simulate_trace(counts, model, hw, cfg, names, warmup=1, topk_ids=ids)
+    assert calls == [256] * 6  # the reference counts 2 measured steps x 3 policies
+
+
+def test_simulate_trace_refuses_ids_that_do_not_match_the_counts() -> None:
+    model, hw = get_model("deepseek-v3"), get_hardware("h200-multinode")
+    counts, ids = token_trace(model, 8, 64, drifting_popularity(256, sigma=1.0, steps=2), 2)
+    cfg = SimConfig(dispatch="rank")
+    with pytest.raises(ValueError, match="topk_ids has 1 steps"):
+        simulate_trace(counts, model, hw, cfg, ["static-linear"], topk_ids=ids[:1])
+    with pytest.raises(ValueError, match="step 1: topk_ids"):
+        simulate_trace(counts, model, hw, cfg, ["static-linear"], topk_ids=[ids[0], ids[1][:, :32]])
