@@ -12,11 +12,15 @@ extra). Every function writes one PNG to ``path`` and returns the path.
 
 Each policy's line has the style it registered (``moonplan.baselines.registry``).
 Axes carry their units and a labelled tick at every simulated point; the ratio axis is
-linear with 5-8 labelled ticks. ``figure_*`` build the figures without saving them.
+linear with 5-8 labelled ticks, or logarithmic past :data:`LOG_ABOVE`, its limits taken
+from the plotted values (no point is clipped). Legends stand outside the axes, right of
+the last panel, so they never cover data. ``figure_*`` build the figures without saving
+them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -56,7 +60,7 @@ def plot_rank_loads(
     """Grouped bars: records each rank executes under each policy (dashed line: mean)."""
     plt = require_matplotlib()
     R = int(steps[0].load_R.numel())
-    fig, ax = plt.subplots(figsize=(9, 3.6))
+    fig, ax = plt.subplots(figsize=(10.5, 3.6))
     width = 0.8 / len(steps)
     for i, s in enumerate(steps):
         xs = [r + (i - (len(steps) - 1) / 2) * width for r in range(R)]
@@ -64,7 +68,7 @@ def plot_rank_loads(
     mean = float(steps[0].alloc_ER.sum() + steps[0].dropped) / R
     ax.axhline(mean, color="black", linestyle="--", linewidth=1, label="mean offered")
     ax.set(xlabel="rank", ylabel="records executed", title=title, xticks=list(range(R)))
-    ax.legend(fontsize=7, ncol=3)
+    legend_outside(ax)
     return _save(fig, path)
 
 
@@ -73,12 +77,18 @@ def plot_balancedness(
 ) -> Path:
     """One line per policy: balancedness (mean/max records per rank) at each step."""
     plt = require_matplotlib()
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    fig, ax = plt.subplots(figsize=(9.5, 3.6))
     for name, values in series.items():
         ax.plot(range(len(values)), list(values), marker=".", label=name)
     ax.set(xlabel="step", ylabel="mean / max records per rank", title=title, ylim=(0, 1.05))
-    ax.legend(fontsize=7, ncol=3)
+    legend_outside(ax)
     return _save(fig, path)
+
+
+def legend_outside(ax: Any) -> Any:
+    """``ax``'s legend outside the axes, on its right, top-aligned (it covers no data;
+    ``tight_layout`` makes room for it)."""
+    return ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
 
 
 def _grouped(rows: Sequence[dict[str, Any]], key: str) -> dict[Any, list[dict[str, Any]]]:
@@ -114,21 +124,40 @@ LOG_ABOVE = 12.0
 """Ratios above this make the axis logarithmic (ticks 1x 2x 5x 10x 20x ...)."""
 
 
-def _y_axis(ax: Any, bottom: float = 0.9) -> None:
-    """The ratio axis, once every panel sharing it is drawn: linear from ``bottom`` with
-    5-8 labelled ticks (``1x``, ``1.5x``, ...), or log with labelled 1-2-5 ticks when a
-    ratio exceeds :data:`LOG_ABOVE`."""
+def ratio_limits(values: Sequence[float], bottom: float = 0.9) -> tuple[float, float, bool]:
+    """``(low, high, log)`` of the ratio axis for the plotted ``values``: log when a value
+    exceeds :data:`LOG_ABOVE` (and all are positive), else linear. It starts at
+    ``bottom`` unless a value lies at or below it; then below that value (linear: a 5%
+    margin; log: the next labelled 1-2-5 tick under it), and ends with a margin above the
+    highest: every value lies strictly inside, none is clipped."""
+    lo, hi = min(values), max(values)
+    if hi > LOG_ABOVE and lo > 0 and bottom > 0:
+        return (bottom if lo > bottom else _tick_below(lo / 1.15)), hi * 1.15, True
+    span = max(hi, bottom) - min(lo, bottom) or 1.0
+    low = bottom if lo > bottom else lo - 0.05 * span
+    return low, max(hi, bottom) + 0.05 * span, False
+
+
+def _tick_below(v: float) -> float:
+    """The largest 1-2-5 tick of the log axis at or below ``v > 0`` (a labelled bottom)."""
+    decade = 10.0 ** math.floor(math.log10(v))
+    return max(m * decade for m in (1.0, 2.0, 5.0) if m * decade <= v * (1 + 1e-12))
+
+
+def _y_axis(ax: Any, values: Sequence[float], bottom: float = 0.9) -> None:
+    """The ratio axis of the plotted ``values`` (every panel sharing it): limits from
+    :func:`ratio_limits`; linear with 5-8 labelled ticks (``1x``, ``1.5x``, ...), or log
+    with labelled 1-2-5 ticks."""
     from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-    lo, hi = ax.get_ylim()
-    if hi > LOG_ABOVE and bottom > 0:
+    low, high, log = ratio_limits(values, bottom)
+    if log:
         ax.set_yscale("log")
-        ax.set_ylim(bottom=min(bottom, lo) if lo > 0 else bottom, top=hi * 1.1)
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_minor_formatter(NullFormatter())
     else:
-        ax.set_ylim(bottom=min(bottom, lo), top=hi)
         ax.yaxis.set_major_locator(MaxNLocator(nbins=7, steps=[1, 2, 2.5, 5, 10]))
+    ax.set_ylim(bottom=low, top=high)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
     ax.grid(True, alpha=0.3)
 
@@ -146,7 +175,7 @@ def _lines(ax: Any, rows: Sequence[dict[str, Any]], x: Any) -> None:
 
 def _panels(n: int) -> tuple[Any, list[Any]]:
     plt = require_matplotlib()
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.8), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n + 1.6, 3.8), squeeze=False, sharey=True)
     return fig, list(axes[0])
 
 
@@ -158,9 +187,9 @@ def figure_vs_skew(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
     for ax, (R, pts) in zip(axes, sorted(by_ep.items()), strict=True):
         _lines(ax, pts, _skew_x)
         ax.set(xlabel=label, title=f"{title} EP={R}".strip())
-    _y_axis(axes[0])  # shared by every panel, now that all are drawn
+    _y_axis(axes[0], [r["rel_ideal"] for r in rows])  # shared by every panel
     axes[0].set_ylabel(Y_LABEL)
-    axes[-1].legend(fontsize=7)
+    legend_outside(axes[-1])
     return fig
 
 
@@ -174,9 +203,9 @@ def figure_vs_ep(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
         _lines(ax, pts, lambda p: p["ranks"])
         ax.minorticks_off()
         ax.set(xlabel="EP size (ranks)", title=f"{title} {name} {skew:g}".strip())
-    _y_axis(axes[0])
+    _y_axis(axes[0], [r["rel_ideal"] for r in rows])
     axes[0].set_ylabel(Y_LABEL)
-    axes[-1].legend(fontsize=7)
+    legend_outside(axes[-1])
     return fig
 
 
@@ -190,7 +219,7 @@ def figure_policies(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
     ax.set_xticks(range(len(rows)), names, rotation=30, ha="right", fontsize=8)
     EP = rows[0].get("ranks")
     ax.set(ylabel=Y_LABEL, title=f"{title} recorded trace, EP={EP}".strip())
-    _y_axis(ax, bottom=0.0)
+    _y_axis(ax, [r["rel_ideal"] for r in rows], bottom=0.0)
     return fig
 
 

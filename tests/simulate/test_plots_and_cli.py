@@ -148,3 +148,74 @@ def test_cli_progress_goes_to_stderr(capsys: pytest.CaptureFixture[str]) -> None
     assert run([*argv, "--sigma", "0", "--policies", "static-linear"]) == 0
     captured = capsys.readouterr()
     assert "ETA" in captured.err and "done" in captured.err and "ETA" not in captured.out
+
+
+def _ratio_rows(low: float, high: float) -> list[dict]:
+    """Two policies on two EP sizes and three skews; one point at ``low``, one at ``high``."""
+    rows = []
+    for R in (8, 64):
+        for sigma in (0.0, 1.0, 2.0):
+            for name in ("static-linear", "moonplan-resident"):
+                ratio = 1.0 + sigma
+                if (R, name) == (64, "moonplan-resident"):
+                    ratio = low if sigma == 0.0 else 1.2
+                if (R, name, sigma) == (64, "static-linear", 2.0):
+                    ratio = high
+                rows.append({"policy": name, "ranks": R, "sigma": sigma, "rel_ideal": ratio})
+    return [{**r, "maxvio_target": None} for r in rows]
+
+
+@pytest.mark.parametrize(("low", "high"), [(0.65, 36.0), (0.65, 4.0), (0.3, 200.0), (0.89, 3.0)])
+def test_points_below_the_usual_bottom_stay_inside_the_axis(low: float, high: float) -> None:
+    """A ratio below 0.9x (a policy faster than the ideal's model) is drawn, on the log
+    axis as on the linear one: no plotted point lies outside the limits."""
+    pytest.importorskip("matplotlib")
+    from moonplan.simulate import plots
+
+    rows = _ratio_rows(low, high)
+    for fig in (plots.figure_vs_skew(rows), plots.figure_vs_ep(rows)):
+        fig.canvas.draw()
+        ys = [float(y) for ax in fig.axes for line in ax.get_lines() for y in line.get_ydata()]
+        assert low in ys and high in ys
+        for ax in fig.axes:  # the panels share the ratio axis
+            bottom, top = ax.get_ylim()
+            assert ax.get_yscale() == ("log" if high > plots.LOG_ABOVE else "linear")
+            assert all(bottom < y < top for y in ys), (bottom, top, min(ys), max(ys))
+        plots.require_matplotlib().close(fig)
+
+
+def test_ratio_limits_keep_the_usual_bottom_when_nothing_is_below_it() -> None:
+    from moonplan.simulate.plots import ratio_limits
+
+    assert ratio_limits([1.0, 2.0])[0] == 0.9 and ratio_limits([1.0, 20.0])[:1] == (0.9,)
+    assert ratio_limits([0.65, 20.0])[0] == 0.5  # the next labelled log tick below
+    low, high, log = ratio_limits([0.5, 3.0], bottom=0.0)  # bars start at zero
+    assert (low, log) == (0.0, False) and high > 3.0
+
+
+def test_legends_cover_no_data(tmp_path: Path) -> None:
+    """Every figure's legend lies outside all of its axes."""
+    pytest.importorskip("matplotlib")
+    from moonplan.simulate import plots
+
+    counts = generate_counts("lognormal", ranks=4, experts=8, tokens=64, topk=2, sigma=1.0)
+    steps = [make_policy(n, 4, 8).step(counts) for n in ("static-linear", "moonplan")]
+    plt = plots.require_matplotlib()
+    rows = _ratio_rows(0.65, 36.0)
+    figs = [plots.figure_vs_skew(rows), plots.figure_vs_ep(rows)]
+    for fig in figs:
+        fig.tight_layout()
+    paths = [
+        plots.plot_rank_loads(steps, tmp_path / "loads.png"),
+        plots.plot_balancedness({"static": [0.5, 0.6], "moonplan": [1, 1]}, tmp_path / "b.png"),
+    ]
+    assert all(p.exists() for p in paths)
+    for fig in figs:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        legends = [a.get_legend() for a in fig.axes if a.get_legend() is not None]
+        assert len(legends) == 1
+        box = legends[0].get_window_extent(renderer)
+        assert not any(box.overlaps(a.get_window_extent(renderer)) for a in fig.axes)
+        assert fig.bbox.contains(box.x1 - 1, box.y0 + 1)  # inside the figure, not cut off
+        plt.close(fig)
