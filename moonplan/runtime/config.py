@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from moonplan.checks import check_int
 from moonplan.runtime.balance import balance_mode
 from moonplan.runtime.balancer import choose_mode
 from moonplan.runtime.slot_budget import SlotsOption, resolve_slots
@@ -89,14 +90,15 @@ class MoEConfig:
     ``moonplan.runtime.balancer.default_choose``)."""
 
     def __post_init__(self) -> None:
-        for name in SIZES:
-            _check_int(name, getattr(self, name), 1, optional=True)
+        for name in SIZES:  # a NumPy integer is kept as the Python int it equals
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check_int(name, getattr(self, name), 1))
         E, K = self.num_experts, self.top_k
         if K is not None and E is not None and K > E:
             raise ValueError(f"top_k ({K}) cannot exceed num_experts ({E})")
         resolve_slots(self.slots, num_experts=1, ranks=1, hidden=1, ffn=1, dtype=torch.float32)
-        _check_int("align", self.align, 1)
-        _check_int("max_tokens", self.max_tokens, 0)
+        object.__setattr__(self, "align", check_int("align", self.align, 1))
+        object.__setattr__(self, "max_tokens", check_int("max_tokens", self.max_tokens, 0))
         if self.transport != "auto":
             transports.check(self.transport)  # a registered name (listed when unknown)
         object.__setattr__(self, "balance", balance_mode(self.balance, stacklevel=4))
@@ -167,10 +169,3 @@ class MoEConfig:
         return resolve_slots(
             self.slots, num_experts=E, ranks=ranks, hidden=H, ffn=F, dtype=self.layer_dtype()
         )
-
-
-def _check_int(name: str, value: Any, low: int, *, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")

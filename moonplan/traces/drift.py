@@ -20,9 +20,8 @@ from dataclasses import KW_ONLY, dataclass
 
 import torch
 
+from moonplan.checks import check_int, check_range
 from moonplan.traces.generators import (
-    check_int,
-    check_range,
     counts_for_ranks,
     hot_popularity,
     make_generator,

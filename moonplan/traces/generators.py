@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
+
+from moonplan.checks import check_int, check_range
 
 FAMILIES = ("uniform", "lognormal", "zipf", "hot")
 """Popularity families understood by :func:`popularity`."""
@@ -349,15 +350,3 @@ def tokens_per_rank(tokens: int | Sequence[int], R: int, empty_ranks: int) -> li
 
 def make_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
-
-
-def check_int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
-
-
-def check_range(name: str, value: float, low: float, high: float) -> float:
-    if not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
-    return float(value)

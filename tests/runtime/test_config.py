@@ -62,6 +62,17 @@ def test_bad_fields_raise_naming_the_field(fields: dict[str, Any], words: str) -
         MoEConfig(**fields)
 
 
+def test_numpy_integer_sizes_are_kept_as_python_ints() -> None:
+    import numpy as np
+
+    cfg = MoEConfig(hidden_size=np.int64(H), top_k=np.int32(K), align=np.int64(4), max_tokens=0)
+    assert (cfg.hidden_size, cfg.top_k, cfg.align, cfg.max_tokens) == (H, K, 4, 0)
+    assert all(type(v) is int for v in (cfg.hidden_size, cfg.top_k, cfg.align, cfg.max_tokens))
+    assert cfg.ffn_size is None  # unset sizes stay unset
+    with pytest.raises(ValueError, match="top_k must be an integer >= 1, got "):
+        MoEConfig(top_k=np.int64(0))
+
+
 def test_defaults_equal_the_old_keyword_defaults() -> None:
     cfg = MoEConfig()
     assert {n: getattr(cfg, n) for n in OLD_DEFAULTS} == OLD_DEFAULTS
