@@ -111,6 +111,7 @@ def _data_path(t, plan, rank: int, world: int, dtype: torch.dtype, outs: list) -
     exact = t.rows == "records"
     ids, x, w = _tokens(rank, dtype)
     route = moonplan.route(plan, rank, ids)
+    fails += _host_reads_after_puts(t, plan, route, x, w)
     masks = _count_padding_masks()  # this rank process only (forked)
     view = t.dispatch(x, route, plan, weight_SK=w)
     recv = view.tensor.clone()
@@ -158,12 +159,51 @@ def _count_padding_masks() -> list[int]:
     calls: list[int] = []
     real = records.padding_mask
 
-    def counted(plan, rank: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    def counted(plan, rank: int, size: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
         calls.append(rank)
-        return real(plan, rank)
+        return real(plan, rank, size)
 
     records.padding_mask = tokens.padding_mask = counted  # type: ignore[assignment]
     return calls
+
+
+class _HostReads(torch.Tensor):
+    """A plan tensor that logs every host read of its values: of itself, or of an entry
+    or a stack of entries of it (``int(plan.target[rank])``). What is computed from it
+    otherwise is a plain tensor (reading received rows is not a read of the plan)."""
+
+    log: list[str] = []  # noqa: RUF012 - set per dispatch by _host_reads_after_puts
+    READS = ("__int__", "__float__", "__bool__", "__index__", "item", "tolist", "nonzero")
+    ENTRIES = ("__getitem__", "stack", "select")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = getattr(func, "__name__", "")
+        if name in cls.READS:
+            cls.log.append(f"read {name}")
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **(kwargs or {}))
+        keep = name in cls.ENTRIES and isinstance(out, torch.Tensor)
+        return out.as_subclass(cls) if keep else out
+
+
+def _host_reads_after_puts(t, plan, route, x, w) -> list[str]:  # type: ignore[no-untyped-def]
+    """A dispatch reads the plan on the host before it issues its puts, none after (a
+    read after them would wait for the communication)."""
+    import dataclasses
+
+    from moonplan.plan.plan_type import TENSOR_FIELDS
+
+    fields = {f: getattr(plan, f).as_subclass(_HostReads) for f in TENSOR_FIELDS}
+    log = _HostReads.log = []
+    real_put = t.put_rows
+    t.put_rows = lambda puts: log.append("put") or real_put(puts)
+    try:
+        t.dispatch(x, route, dataclasses.replace(plan, **fields), weight_SK=w)
+    finally:
+        del t.put_rows
+    late = sum(e.startswith("read") for e in log[log.index("put") :]) if "put" in log else -1
+    return [] if late == 0 else [f"dispatch: host reads of the plan after its puts: {log}"]
 
 
 def _counter(calls: list[int]):

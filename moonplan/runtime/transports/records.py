@@ -53,9 +53,10 @@ class RecordTransport(RowMoves):
         """See :class:`~moonplan.runtime.transports.base.Transport` (``weight_SK`` unused:
         the source weights each record's output in :meth:`combine`)."""
         state = StepState(x_SH.dtype)
+        P, executed = receive_sizes(plan, self.group.rank)  # read before the puts are issued
+        state.saved["pad_P"] = padding_mask(plan, self.group.rank, P)
         view = self._send(x_SH, route, plan, route.dest_rank.shape[1], state)
         N, row_bytes = route.dest_rank.numel(), x_SH.shape[1] * x_SH.element_size()
-        executed = int(plan.target[self.group.rank])
         state.traffic = {"records": N, "rows_sent": N, "bytes_sent": (N + executed) * row_bytes}
         return view
 
@@ -103,15 +104,14 @@ class RecordTransport(RowMoves):
         self, x_XH: torch.Tensor, route: Route, plan: Plan, K: int, state: StepState
     ) -> RecvView:
         """Rows to their executing ranks (``K`` records per row of ``x``); a fresh view.
-        The padding mask is built once a step (dispatch) and kept for the backward."""
+        The padding mask ``state.saved["pad_P"]`` is built once a step, by dispatch before
+        its puts, and kept for the backward."""
         dest_N, off_N = route.dest_rank.reshape(-1), route.dest_offset.reshape(-1)
         self.put_rows([Put(x_XH, dest_N, off_N, self.recv, K)])
-        pad_P = state.saved.get("pad_P")
-        if pad_P is None:
-            pad_P = state.saved["pad_P"] = padding_mask(plan, self.group.rank)
+        pad_P = state.saved["pad_P"]
         recv_PH = self.recv_CH[: pad_P.numel()]
         if plan.align > 1:  # with align 1 there are no padding rows to clear
-            recv_PH[pad_P] = 0
+            recv_PH.masked_fill_(pad_P[:, None], 0)  # no host sync (a mask index would)
         return self._view(recv_PH, state)
 
     def _back(
@@ -128,10 +128,18 @@ class RecordTransport(RowMoves):
         return o_NH.view(S, K, self.out_CH.shape[1])
 
 
-def padding_mask(plan: Plan, rank: int) -> torch.Tensor:
+def receive_sizes(plan: Plan, rank: int) -> tuple[int, int]:
+    """``(P, executed)``: ``rank``'s receive rows (padding included, ``plan.recv_size()``)
+    and the records it executes (``plan.target``), in one host read: a data path reads
+    them before it issues its puts, so the read does not wait for the communication."""
+    P, executed = torch.stack([plan.recv_size()[rank], plan.target[rank]]).tolist()
+    return int(P), int(executed)
+
+
+def padding_mask(plan: Plan, rank: int, size: int) -> torch.Tensor:
     """``[P]`` bool: the ``align`` padding rows between ``rank``'s receive rows (nobody
-    sends them; the experts must see zeros there)."""
-    size = int(plan.recv_size()[rank])
+    sends them; the experts must see zeros there); ``size``: ``P``
+    (:func:`receive_sizes`)."""
     if plan.align == 1:
         return torch.zeros(size, dtype=torch.bool, device=plan.device)
     pos_P = torch.arange(size, device=plan.device)

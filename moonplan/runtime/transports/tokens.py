@@ -49,7 +49,7 @@ from moonplan.plan.route import Route
 from moonplan.runtime.row_ops import token_ops_for
 from moonplan.runtime.transports.base import AfterPublish, RecvView, StepState
 from moonplan.runtime.transports.moves import Put, RowMoves
-from moonplan.runtime.transports.records import padding_mask
+from moonplan.runtime.transports.records import padding_mask, receive_sizes
 
 
 class TokenTransport(RowMoves):
@@ -79,9 +79,9 @@ class TokenTransport(RowMoves):
         ops = token_ops_for(x_SH.device)
         rank, (S, K) = self.group.rank, route.dest_rank.shape
         state = StepState(x_SH.dtype)
+        P, T = receive_sizes(plan, rank)  # read before the puts are issued
+        pad_P = padding_mask(plan, rank, P)
         self._send_tokens(x_SH, route, plan, state, [self._meta_put(route, weight_SK)])
-        pad_P = padding_mask(plan, rank)
-        P, T = pad_P.numel(), int(plan.target[rank])
         meta_P2 = self.meta.local[:P]
         src_row_P = meta_P2[:, 0].to(torch.int64).masked_fill(pad_P, -1)
         seg_P = ops.segments(src_row_P, T, check=False)  # expand_rows below checks the rows
