@@ -39,10 +39,6 @@ def _skew(r: dict[str, Any]) -> str:
     return f"sigma {sigma:g}"
 
 
-def _table(header: list[str], lines: list[list[str]], markdown: bool) -> str:
-    return render(header, lines, markdown=markdown)
-
-
 def sweep_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> str:
     """Step time / force-balanced ideal, lines (EP, skew, measured expert MaxVio), one
     column per policy; the ideal's absolute time (us) last."""
@@ -57,7 +53,7 @@ def sweep_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> st
         lines.append(
             [str(R), skew, f"{first['expert_maxvio']:.2f}", *cells, f"{first['ideal_us']:,.0f}"]
         )
-    return _table(header, lines, markdown)
+    return render(header, lines, markdown=markdown)
 
 
 PHASES = ("plan", "prefetch", "dispatch", "experts", "combine")
@@ -88,7 +84,7 @@ def detail_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> s
         [str(r["ranks"]), _skew(r), r["policy"], *[f.format(r[k]) for k, _, f in DETAIL]]
         for r in rows
     ]
-    return _table(header, lines, markdown)
+    return render(header, lines, markdown=markdown)
 
 
 def break_even_table(results: Sequence[dict[str, Any]], *, markdown: bool = False) -> str:
@@ -101,7 +97,7 @@ def break_even_table(results: Sequence[dict[str, Any]], *, markdown: bool = Fals
         lines.append(
             [res["model"], res["hardware"], str(res["ranks"]), f"{res['sigma']:g}", *cells]
         )
-    return _table(header, lines, markdown)
+    return render(header, lines, markdown=markdown)
 
 
 def _be(value: int | None, grid: Sequence[int]) -> str:
@@ -117,7 +113,7 @@ def trend_table(
     separators (``7,810``), other floats with 3 significant digits, never exponents."""
     lines = [[_num(r[k], k) for k in keys] for r in rows]
     header = [f"{k.removesuffix('_us')} us" if k.endswith("_us") else k for k in keys]
-    return _table(header, lines, markdown)
+    return render(header, lines, markdown=markdown)
 
 
 def _num(v: Any, key: str = "") -> str:
