@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from moonplan.checks import check_int
+
 GIB = 2**30
 MIB = 2**20
 ALL_TO_ALL = "all_to_all"
@@ -203,12 +205,6 @@ def get_preset(name: str) -> ModelPreset:
 # --------------------------------------------------------------------------- validation
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
 def _check_bytes(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number of bytes, got {value!r}")
@@ -324,8 +320,8 @@ def memory_per_rank(
     ``bytes_per_param`` (``s``, > 0, default 2 = bf16). The expert term is the uniform
     average; with ``EP > E`` or ``E mod EP != 0`` some ranks hold more, some none.
     """
-    _check_int("ep", ep, 1)
-    _check_int("tp", tp, 1)
+    check_int("ep", ep, 1)
+    check_int("tp", tp, 1)
     s = _check_bytes("bytes_per_param", bytes_per_param)
     params = count_params(model)
     return MemoryPerRank(
@@ -381,10 +377,10 @@ def all_to_all_dispatch_bytes(
     Each of the ``S`` tokens sends ``K`` copies of its ``H``-vector; with uniform routing a
     fraction ``(EP-1)/EP`` of them leaves the rank. A lower bound (no metadata, no padding).
     """
-    _check_int("tokens", tokens, 0)
-    _check_int("top_k", top_k, 1)
-    _check_int("hidden", hidden, 1)
-    _check_int("ep", ep, 1)
+    check_int("tokens", tokens, 0)
+    check_int("top_k", top_k, 1)
+    check_int("hidden", hidden, 1)
+    check_int("ep", ep, 1)
     s = _check_bytes("bytes_per_elem", bytes_per_elem)
     return tokens * top_k * hidden * s * (ep - 1) / ep
 
@@ -396,9 +392,9 @@ def allgather_dispatch_bytes(tokens: int, hidden: int, ep: int, bytes_per_elem: 
     gives every rank a copy of all tokens, so it is independent of ``K``; the
     reduce-scatter combine moves the same amount back.
     """
-    _check_int("tokens", tokens, 0)
-    _check_int("hidden", hidden, 1)
-    _check_int("ep", ep, 1)
+    check_int("tokens", tokens, 0)
+    check_int("hidden", hidden, 1)
+    check_int("ep", ep, 1)
     s = _check_bytes("bytes_per_elem", bytes_per_elem)
     return (ep - 1) * tokens * hidden * s
 
