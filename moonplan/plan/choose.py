@@ -23,8 +23,12 @@ construction without ``previous=``), its slots reusing the residents.
 ``auto`` scores each candidate with :func:`score` of
 ``cost.plan_time(candidate, planned=k)`` (``k``: planner runs so far, this one
 included; the exposed fetch amortised over ``cost.horizon`` steps) and keeps
-the least score. Before building a balancing candidate it checks a lower bound
-of its score (``moonplan.plan.screen.lower_bound``: the construction's group
+the least score. A balancing candidate marked ``construct`` is scored from its
+allocation alone (``moonplan.plan.score_alloc``: the same time, without laying it
+out) and only the winner is built (:func:`decide`; ``choose(..., lean=False)``
+builds every scored candidate, the same plan bit for bit); the choose-ahead search
+(``moonplan.plan.search``) builds none. Before building a balancing candidate it
+checks a lower bound of its score (``moonplan.plan.screen.lower_bound``: the construction's group
 flows, decided from the counts alone, and what every plan with those flows
 pays) and skips it, unbuilt, when the bound plus the runs cannot beat the best
 so far: ``plan.planned`` counts only the candidates actually built, and
@@ -69,6 +73,7 @@ from moonplan.plan.keep import gap, keeps, refresh_every
 from moonplan.plan.placement import static_alloc, static_load
 from moonplan.plan.plan_type import Basis, Plan, Predicted, make_plan
 from moonplan.plan.reference import reference_fields
+from moonplan.plan.score_alloc import alloc_time, construction_alloc
 from moonplan.plan.screen import Step, lower_bound
 from moonplan.plan.torch_backend import alloc_torch, plan_torch
 
@@ -163,6 +168,10 @@ class Candidate:
         replay: its construction replays ``previous``'s flows (``False``: it plans
             without ``previous``, and its replicas still reuse the residents).
         first: tried before the other balancing candidates (after the previous plan's).
+        construct: its plan's allocation is the group-flow construction towards its
+            targets (with ``previous``'s flows where it replays them): ``auto`` then
+            scores it from that allocation (``moonplan.plan.score_alloc``) and builds
+            it only if it wins. ``False``: ``auto`` builds it to score it.
     """
 
     name: str
@@ -172,6 +181,7 @@ class Candidate:
     targets: Callable[[list[int], Inputs | None], Targets | None] | None = None
     replay: bool = True
     first: bool = False
+    construct: bool = False
 
 
 def build(name: str, inp: Inputs, table: tuple[Candidate, ...] | None = None) -> Plan:
@@ -189,28 +199,73 @@ def build(name: str, inp: Inputs, table: tuple[Candidate, ...] | None = None) ->
     return _bounded(inp, name, eps)
 
 
-def choose(inp: Inputs, cost: CostModel, table: tuple[Candidate, ...] | None = None) -> Plan:
+def choose(
+    inp: Inputs, cost: CostModel, table: tuple[Candidate, ...] | None = None, *, lean: bool = True
+) -> Plan:
     """``policy="auto"`` among ``table``'s candidates (default :data:`TABLE`): the previous
-    choice kept where :func:`keeps` allows it, else the least score (module docstring)."""
+    choice kept where :func:`keeps` allows it, else the least score (module docstring).
+
+    ``lean=True`` scores the balancing candidates from their allocations
+    (:func:`decide`) and builds only the winner; ``lean=False`` builds every candidate it
+    scores (the readable reference: the same plan, bit for bit, ``tests/plan``).
+    """
     table = TABLE if table is None else table
     load = inp.static_load
     if keeps(inp, load, cost):
         return _kept(inp, table)
-    return _full_choice(inp, cost, load, table)
+    d = decide(inp, cost, load, table, lean=lean)
+    best = d.plan
+    if best is None and d.alloc is not None:  # a fetch-free candidate's scored allocation
+        best = _from_alloc(inp, d.alloc, d.name)
+    elif best is None:
+        best = build(d.name, inp, table)
+    return dataclasses.replace(
+        best, predicted=d.predicted, planned=d.planned, chose=d.chose, basis=d.basis
+    )
 
 
 def _kept(inp: Inputs, table: tuple[Candidate, ...]) -> Plan:
     """The previous plan's candidate, built for these counts (no screen, no score)."""
     assert inp.prev_basis is not None and inp.prev_policy is not None
     p = build(inp.prev_policy, inp, table)
-    basis = dataclasses.replace(inp.prev_basis, kept=inp.prev_basis.kept + 1)
-    return dataclasses.replace(p, chose=WORK["keep"], basis=basis)
+    return dataclasses.replace(p, chose=WORK["keep"], basis=kept_basis(inp.prev_basis))
 
 
-def _full_choice(
-    inp: Inputs, cost: CostModel, load: list[int], table: tuple[Candidate, ...]
-) -> Plan:
-    """Every candidate screened or scored; the least score wins (module docstring)."""
+def kept_basis(basis: Basis) -> Basis:
+    """The basis of a step that keeps the choice ``basis`` records (one more kept step)."""
+    return dataclasses.replace(basis, kept=basis.kept + 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """A full choice's outcome (:func:`decide`).
+
+    Attributes:
+        name: the winning candidate.
+        plan: the winner's plan where the choice built it to score it, else ``None``.
+        alloc: the winner's allocation ``[E, R]`` where it is a fetch-free candidate
+            (scored from it, never built), else ``None``.
+        predicted, planned, chose, basis: what the chosen plan records (:class:`Plan`).
+    """
+
+    name: str
+    plan: Plan | None
+    alloc: torch.Tensor | None
+    predicted: Predicted
+    planned: int
+    chose: float
+    basis: Basis
+
+
+def decide(
+    inp: Inputs, cost: CostModel, load: list[int], table: tuple[Candidate, ...], *, lean: bool
+) -> Decision:
+    """Every candidate screened or scored; the least score wins (module docstring).
+
+    ``lean``: score a balancing candidate marked ``construct`` from its allocation
+    (``moonplan.plan.score_alloc``: the same score as its built plan's, without its
+    slots and rows); otherwise, and for the other candidates, build it and score the plan.
+    """
     h = horizon_of(cost)
     fixed = _fetchless(inp, table)  # no copy, no planner run: scored from their
     times = {n: score(_fetchless_time(cost, inp, a), h) for n, a in fixed.items()}
@@ -238,18 +293,34 @@ def _full_choice(
             floors[name] = floor_s + (runs + 1) * cost.plan_s
             continue  # cannot beat the best so far
         runs += 1
-        cand = builders[name].build(inp)
-        times[name] = t = score(cost.plan_time(cand, planned=runs), h)
+        st, built = _evaluate(builders[name], inp, cost, target, runs, lean)
+        times[name] = t = score(st, h)
         if t < best_s:
-            best, best_s = cand, t
-    if best is None:  # a fetch-free candidate: its scored allocation, laid out
-        best = _from_alloc(inp, fixed[best_name], best_name)
+            best_name, best, best_s = name, built, t
     work = WORK["setup"] + len(order) * WORK["screen"] + len(times) * WORK["score"]
     every = refresh_every((runs + work) * cost.plan_s, best_s)
     basis = Basis(tuple(load), gap(best_s, {**floors, **times}), every=every)
-    return dataclasses.replace(
-        best, predicted=Predicted(times), planned=runs, chose=work, basis=basis
-    )
+    alloc = fixed.get(best_name) if best is None else None
+    return Decision(best_name, best, alloc, Predicted(times), runs, work, basis)
+
+
+def _evaluate(
+    cand: Candidate,
+    inp: Inputs,
+    cost: CostModel,
+    target: list[int] | None,
+    runs: int,
+    lean: bool,
+) -> tuple[Any, Plan | None]:
+    """``(cost's time, the plan or None)`` of the balancing candidate ``cand`` towards
+    ``target``, charged ``runs`` planner runs: from its allocation alone where ``lean`` and
+    ``cand.construct`` allow it (no plan), else from its built plan."""
+    if lean and cand.construct:
+        prev = (inp.prev_RB, inp.prev_F3) if cand.replay else (None, None)
+        alloc_ER = construction_alloc(inp.counts_RE, prev, target, inp.backend)
+        return alloc_time(cost, inp.counts_RE, alloc_ER, inp.prev_RB, runs), None
+    p = cand.build(inp)
+    return cost.plan_time(p, planned=runs), p
 
 
 def _fetchless_time(cost: CostModel, inp: Inputs, alloc_ER: torch.Tensor) -> Any:
@@ -451,7 +522,7 @@ def _resident_or_none(inp: Inputs) -> torch.Tensor | None:
 def _bounded_entry(eps: str) -> Candidate:
     name = bounded_name(eps)
     return Candidate(name, lambda inp: _bounded(inp, name, Fraction(eps)),
-                     targets=_bounded_targets(eps))  # fmt: skip
+                     targets=_bounded_targets(eps), construct=True)  # fmt: skip
 
 
 TABLE: tuple[Candidate, ...] = (
@@ -461,8 +532,8 @@ TABLE: tuple[Candidate, ...] = (
               alloc=_resident_or_none),
     *(_bounded_entry(e) for e in EPS),
     Candidate("exact", lambda inp: _construct(inp, None, None, "exact"),
-              targets=_exact_targets, first=True),
-    Candidate(GREEDY, _greedy, targets=_greedy_targets, replay=False),
+              targets=_exact_targets, first=True, construct=True),
+    Candidate(GREEDY, _greedy, targets=_greedy_targets, replay=False, construct=True),
 )  # fmt: skip
 """The planner's candidates, in evaluation order (module docstring): ``policy=<name>``
 builds one, ``policy="auto"`` chooses among those marked ``auto``. Immutable: a test or
