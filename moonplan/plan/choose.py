@@ -57,6 +57,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from moonplan.errors import PlanError
@@ -73,7 +74,7 @@ from moonplan.plan.keep import gap, keeps, refresh_every
 from moonplan.plan.placement import static_alloc, static_load
 from moonplan.plan.plan_type import Basis, Plan, Predicted, make_plan
 from moonplan.plan.reference import reference_fields
-from moonplan.plan.score_alloc import alloc_time, construction_alloc
+from moonplan.plan.score_alloc import Context
 from moonplan.plan.screen import Step, lower_bound
 from moonplan.plan.torch_backend import alloc_torch, plan_torch
 
@@ -113,14 +114,15 @@ class CostModel(Protocol):
 
     def step_time(
         self,
-        rows_ER: torch.Tensor,
-        sent_RE: torch.Tensor,
-        fetch_ER: torch.Tensor,
-        src_E: torch.Tensor,
+        rows_ER: torch.Tensor | np.ndarray,
+        sent_RE: torch.Tensor | np.ndarray,
+        fetch_ER: torch.Tensor | np.ndarray,
+        src_E: torch.Tensor | np.ndarray,
         *,
         planned: int = 1,
     ) -> Any:
-        """Predicted step time of an allocation; ``.total_s`` is read."""
+        """Predicted step time of an allocation (int64 tensors or host numpy arrays, the
+        fetched pairs bool; ``auto`` passes numpy arrays); ``.total_s`` is read."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,11 +266,13 @@ def decide(
 
     ``lean``: score a balancing candidate marked ``construct`` from its allocation
     (``moonplan.plan.score_alloc``: the same score as its built plan's, without its
-    slots and rows); otherwise, and for the other candidates, build it and score the plan.
+    slots and rows, on host values shared by the whole choice); otherwise, and for the
+    other candidates, build it and score the plan.
     """
     h = horizon_of(cost)
+    ctx = Context.of(inp.counts_RE, inp.prev_RB, inp.prev_F3) if lean else None
     fixed = _fetchless(inp, table)  # no copy, no planner run: scored from their
-    times = {n: score(_fetchless_time(cost, inp, a), h) for n, a in fixed.items()}
+    times = {n: score(_fetchless_time(cost, inp, a, ctx), h) for n, a in fixed.items()}
     best_name = min(times, key=lambda n: times[n])  # ties: the earlier one
     best: Plan | None = None
     best_s = times[best_name]
@@ -293,7 +297,7 @@ def decide(
             floors[name] = floor_s + (runs + 1) * cost.plan_s
             continue  # cannot beat the best so far
         runs += 1
-        st, built = _evaluate(builders[name], inp, cost, target, runs, lean)
+        st, built = _evaluate(builders[name], inp, cost, (target, runs), ctx)
         times[name] = t = score(st, h)
         if t < best_s:
             best_name, best, best_s = name, built, t
@@ -308,26 +312,33 @@ def _evaluate(
     cand: Candidate,
     inp: Inputs,
     cost: CostModel,
-    target: list[int] | None,
-    runs: int,
-    lean: bool,
+    target_runs: tuple[list[int] | None, int],
+    ctx: Context | None,
 ) -> tuple[Any, Plan | None]:
     """``(cost's time, the plan or None)`` of the balancing candidate ``cand`` towards
-    ``target``, charged ``runs`` planner runs: from its allocation alone where ``lean`` and
+    ``target``, charged ``runs`` planner runs (``target_runs``): from its allocation alone
+    where ``ctx`` (the lean choice's :class:`~moonplan.plan.score_alloc.Context`) and
     ``cand.construct`` allow it (no plan), else from its built plan."""
-    if lean and cand.construct:
-        prev = (inp.prev_RB, inp.prev_F3) if cand.replay else (None, None)
-        alloc_ER = construction_alloc(inp.counts_RE, prev, target, inp.backend)
-        return alloc_time(cost, inp.counts_RE, alloc_ER, inp.prev_RB, runs), None
+    target, runs = target_runs
+    if ctx is not None and cand.construct:
+        alloc_ER = ctx.alloc(target, cand.replay, inp.backend)
+        return ctx.time(cost, alloc_ER, runs), None
     p = cand.build(inp)
     return cost.plan_time(p, planned=runs), p
 
 
-def _fetchless_time(cost: CostModel, inp: Inputs, alloc_ER: torch.Tensor) -> Any:
+def _fetchless_time(
+    cost: CostModel, inp: Inputs, alloc_ER: torch.Tensor, ctx: Context | None = None
+) -> Any:
     """``cost``'s time of a plan of ``alloc_ER`` that fetches nothing (static, resident:
     every replica resident), without building it: ``plan_time`` of the built plan is
-    ``step_time`` of its allocation, counts, no fetched pair and the home map."""
+    ``step_time`` of its allocation, counts, no fetched pair and the home map (the
+    host arrays of ``ctx``, where given)."""
     E, R = alloc_ER.shape
+    if ctx is not None:
+        a_ER = alloc_ER.cpu().numpy()
+        none_ER = np.zeros((E, R), dtype=bool)
+        return cost.step_time(a_ER, ctx.counts_RE, none_ER, ctx.home_E, planned=0)
     fetch_ER = torch.zeros(E, R, dtype=torch.bool)
     return cost.step_time(alloc_ER, inp.counts_RE, fetch_ER, home_map(E, R), planned=0)
 
