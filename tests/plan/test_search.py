@@ -151,3 +151,19 @@ def test_a_candidate_without_construct_is_built_to_score_it() -> None:
     assert _fields(found) == _fields(search(inp, COMPUTE_ONLY))
     assert found.policy == "exact" and calls == [1]  # built once, to score it
     assert all(isinstance(t, Candidate) for t in table)
+
+
+def test_the_bench_times_both_paths_and_names_the_search_choice() -> None:
+    """``bench/bench_search.py`` on one small case, one repetition: its row reports the
+    search's own choice and the charged work it divides by."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from bench_search import case, markdown
+
+    row = case(8, 16, reps=1)
+    assert row["picks"] in CANDIDATES and row["kept"]
+    assert row["us_per_work"] == row["full"]["search"] / (row["planned"] + row["chose"])
+    assert set(row["full"]) == {"choose", "search", "lean_choose", "construct"}
+    assert row["keep_ratio"] > 0 and len(markdown([row], 1)) == 6
