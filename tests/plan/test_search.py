@@ -105,16 +105,22 @@ def test_fetched_pairs_are_the_built_plans_fetch(chain: tuple) -> None:
 
 
 def test_direct_reads_and_evictions_are_fetched_pairs() -> None:
-    """A case with both, written out: one slot, two replicas on a rank (one direct), and a
-    resident the new allocation no longer uses (evicted)."""
-    c = torch.tensor([[40, 0, 0, 0], [0, 30, 20, 0]])  # E=4, R=2: experts 0,1 | 2,3
-    prev_RB = torch.tensor([[3], [-1]])  # rank 0 held expert 3 (unused now)
-    inp = Inputs(c, 1, 1, prev_RB, None, "torch")
-    p = build("exact", inp)
-    assert bool((p.direct_expert() >= 0).any()) or int(p.slot_new.sum()) > 0
-    got = torch.from_numpy(fetched_pairs(p.alloc, prev_RB))
-    assert torch.equal(got, plan_fetch_ER(p))
-    assert int(got.sum()) >= 1
+    """Both, written out: R=3, E=12 (4 experts a rank), one slot. Rank 0 gives 20 records
+    to rank 1 from two of its experts (10 each): one takes rank 1's slot, evicting the
+    resident expert 9 it no longer uses, the other is a direct read. Both are fetched."""
+    c = torch.zeros(3, 12, dtype=torch.int64)
+    c[0, :4] = 10  # rank 0's home experts 0-3: 40 records
+    c[2, 8:10] = 10  # rank 2's experts 8, 9: 20 records; exact targets 20 each
+    prev_RB = torch.tensor([[-1], [9], [-1]])
+    want = torch.zeros(12, 3, dtype=torch.bool)
+    want[0, 1] = want[1, 1] = True
+    for backend in ("torch", "reference"):
+        for name in ("exact", "greedy"):
+            p = build(name, Inputs(c, 1, 1, prev_RB, None, backend))
+            assert p.slot_expert[1].tolist() == [0] and p.slot_new[1].tolist() == [1]
+            assert p.direct_expert()[1].tolist()[:1] == [1]
+            got = torch.from_numpy(fetched_pairs(p.alloc, prev_RB))
+            assert torch.equal(got, want) and torch.equal(plan_fetch_ER(p), want)
 
 
 def test_a_kept_step_builds_nothing_and_says_so() -> None:
