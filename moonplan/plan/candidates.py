@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 from fractions import Fraction
 
+import numpy as np
 import torch
 
 from moonplan.plan.home import home_list, max_local, targets_list
@@ -178,10 +179,8 @@ def resident_alloc(counts_RE: torch.Tensor, prev_RB: torch.Tensor) -> torch.Tens
         X[d] -= q
         X[r] += q
         heapq.heappush(heap, (-X[d], X[r], e, r))  # it may move again
-    alloc_ER = torch.zeros(E, R, dtype=torch.int64)
-    alloc_ER[torch.arange(E), torch.tensor(home, dtype=torch.int64)] = torch.tensor(
-        left, dtype=torch.int64
-    )
+    alloc_ER = np.zeros((E, R), dtype=np.int64)  # filled on the host: no tensor op a move
+    alloc_ER[np.arange(E), home] = left
     for (e, r), q in got.items():
         alloc_ER[e, r] += q
-    return alloc_ER.to(counts_RE.device)
+    return torch.from_numpy(alloc_ER).to(counts_RE.device)
