@@ -42,6 +42,7 @@ from moonplan.cost import ModelPreset
 from moonplan.plan.api import plan as moonplan_plan
 from moonplan.plan.choose import Inputs, build, choose
 from moonplan.plan.screen import lower_bound
+from moonplan.plan.search import search
 from moonplan.simulate.acceptance import (
     AUTO,
     CLASSES,
@@ -272,6 +273,7 @@ def _path_row(R: int, S: int) -> dict[str, Any]:
     kept = choose(again, cost)
     kept_us = _median_us(lambda: choose(again, cost))
     kept_built_us = _median_us(lambda: build(kept.policy, again))
+    search_us = _median_us(lambda: search(inp, cost))
     return {
         "ranks": R, "tokens": S, "picks": p.policy, "runs": p.planned,
         "auto_us": auto_us, "construct_us": construct_us,
@@ -281,22 +283,27 @@ def _path_row(R: int, S: int) -> dict[str, Any]:
         "beyond": (auto_us - p.planned * construct_us) / construct_us, "chose": p.chose,
         "kept": kept.basis is not None and kept.basis.kept > 0, "kept_runs": kept.planned,
         "keep_beyond": (kept_us - kept_built_us) / construct_us, "keep_chose": kept.chose,
+        "search_us": search_us, "search_us_per_work": search_us / (p.planned + p.chose),
     }  # fmt: skip
 
 
 def paths_markdown(rows: list[dict[str, Any]]) -> list[str]:
     head = ["EP", "tokens/rank", "auto picks", "runs", "whole choice us", "one bound us",
             "one construction us", "one score us", "beyond runs / construction",
-            "charged (chose)", "kept?", "keep beyond / construction", "keep charged"]  # fmt: skip
+            "charged (chose)", "kept?", "keep beyond / construction", "keep charged",
+            "ahead search us", "search us / (runs + chose)"]  # fmt: skip
     lines = [[str(r["ranks"]), str(r["tokens"]), r["picks"], str(r["runs"]),
               f"{r['auto_us']:.0f}", f"{r['bound_us']:.0f}", f"{r['construct_us']:.0f}",
               f"{r['score_us']:.0f}", f"{r['beyond']:.2f}", f"{r['chose']:.2f}",
-              "yes" if r["kept"] else "no", f"{r['keep_beyond']:.2f}", f"{r['keep_chose']:.2f}"]
+              "yes" if r["kept"] else "no", f"{r['keep_beyond']:.2f}", f"{r['keep_chose']:.2f}",
+              f"{r['search_us']:.0f}", f"{r['search_us_per_work']:.0f}"]
              for r in rows]  # fmt: skip
     return ["### CPU time of auto's paths (median of 15; torch builder)", "",
             "`beyond runs`: the whole choice minus its constructions, over one construction "
             "(what `Plan.chose` must cover); `keep`: the same counts again, the choice kept "
-            "(its time minus building the kept candidate).", "",
+            "(its time minus building the kept candidate); `ahead search`: the choose-ahead "
+            "search (`moonplan.plan.search`) of the full choice, and its us per construction "
+            "equivalent charged (`--search-us`; `bench/bench_search.py` compares it).", "",
             table(head, lines), ""]  # fmt: skip
 
 

@@ -134,9 +134,12 @@ class MoonplanAutoPolicy(PlannerPolicy):
       one construction for a balancing candidate, none for ``static`` and
       ``resident``), charged on the critical path; the first step (no choice yet)
       chooses inline. Then the search for the next step runs on this step's counts and
-      the previous plan (``AheadChoice.update``), off the critical path: its work
-      (``found.planned + found.chose``) is recorded as ``PolicyStep.background_plan``,
-      and the simulator charges the part of it that does not fit beside the step. After
+      the previous plan (``AheadChoice.update``: the lean search, ``moonplan.plan.search``,
+      which names the candidate and builds no plan), off the critical path: its work
+      (``found.planned + found.chose``: the constructions it scored, and its own work;
+      on a step that keeps the choice only ``WORK["keep"]``, as nothing is built) is
+      recorded as ``PolicyStep.background_plan``, and the simulator charges the part of
+      it that does not fit beside the step. After
       an inline step the inline search *is* that search (same counts, same
       ``previous``): its choice is kept and nothing runs in the background.
     * ``ahead=False`` (``moonplan-auto-inline``): ``moonplan.plan(..., policy="auto")``

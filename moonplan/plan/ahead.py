@@ -26,6 +26,11 @@ choice, while a plan built by name carries none. So :class:`AheadChoice` hands t
 search ``plan_{t-1}`` with the basis of the search that named its candidate, and a
 search that may keep its choice costs a keep test, not a full choice.
 
+The search is the lean one (``moonplan.plan.search``): the same choice as inline
+``"auto"``, by name, with no plan laid out (the next step builds its candidate); a
+step that keeps the choice builds nothing (``Choice.planned`` is 0 where inline
+``"auto"`` counts the kept candidate's construction).
+
 Every input is all-gathered or derived from all-gathered data, so every rank names
 the same candidate, as inline ``"auto"`` does.
 """
@@ -34,40 +39,91 @@ from __future__ import annotations
 
 import dataclasses
 
-from moonplan.plan.api import plan
-from moonplan.plan.choose import CostModel
+import torch
+
+from moonplan.errors import PlanError
+from moonplan.plan.choose import CostModel, Inputs
+from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Basis, Plan
+from moonplan.plan.search import Choice, search
+from moonplan.plan.validate import check_options, checked_counts
+
+
+@dataclasses.dataclass(frozen=True)
+class Before:
+    """What the search reads of the plan it starts from, on the host.
+
+    Attributes:
+        slot_expert: int64 ``[R, B]`` its slots (CPU).
+        flow: int64 ``[R-1, 3]`` its group flows (CPU).
+        policy: its candidate (the search tries it first; a kept choice names it).
+        basis: the basis of the search that named it (:attr:`AheadChoice.before`).
+        num_experts: ``E`` of its counts.
+    """
+
+    slot_expert: torch.Tensor
+    flow: torch.Tensor
+    policy: str
+    basis: Basis | None
+    num_experts: int
+
+    @classmethod
+    def of(cls, p: Plan) -> Before:
+        """Host copies of ``p``'s slots and flows (a device read where ``p`` lives on one)."""
+        cpu = torch.device("cpu")
+        return cls(p.slot_expert.to(cpu), p.flow.to(cpu), p.policy, p.basis, p.num_experts)
 
 
 def choose_next(
     counts_RE: object,
-    before: Plan | None,
+    before: Plan | Before | None,
     *,
     cost: CostModel,
     slots: int | None = None,
     align: int = 1,
     backend: str = "torch",
-) -> Plan:
-    """``policy="auto"``'s plan of step ``t``'s counts from step ``t - 1``'s plan.
+) -> Choice:
+    """``policy="auto"``'s choice on step ``t``'s counts from step ``t - 1``'s plan, by name.
 
     Args:
-        counts_RE: step ``t``'s counts ``[R, E]`` (anything ``moonplan.plan`` accepts).
-        before: the plan of step ``t - 1`` (``None``: no resident slots).
-        cost, slots, align, backend: as for ``moonplan.plan``.
+        counts_RE: step ``t``'s counts ``[R, E]`` (anything ``moonplan.plan`` accepts;
+            read on the host).
+        before: the plan of step ``t - 1``, or its host copies (:meth:`Before.of`: what a
+            background thread is handed), or ``None`` (no resident slots).
+        cost, slots, align: as for ``moonplan.plan``.
+        backend: ``"reference"`` searches with the reference builder, ``"torch"`` and
+            ``"auto"`` with the torch builder (as ``policy="auto"`` does; the two choose
+            alike); ``"cuda"`` plans exact balance only and is refused, as there.
 
     Returns:
-        The auto :class:`Plan`; its ``policy`` names step ``t + 1``'s candidate and its
+        The :class:`~moonplan.plan.search.Choice` of the lean search
+        (``moonplan.plan.search``): the same choice inline ``"auto"`` makes at step
+        ``t``; its ``policy`` names step ``t + 1``'s candidate and its
         ``planned``/``chose`` are the search's work (off the critical path).
+
+    Raises:
+        PlanError: bad counts or options, or ``before`` of another shape.
     """
-    return plan(
-        counts_RE,
-        slots=slots,
-        align=align,
-        previous=before,
-        backend=backend,
-        policy="auto",
-        cost=cost,
-    )
+    if backend not in ("auto", "torch", "reference"):
+        raise PlanError(
+            f"choosing ahead searches with the 'torch' or 'reference' builder; got backend "
+            f"{backend!r} (the cuda backend plans exact balance only)"
+        )
+    c_RE, N = checked_counts(counts_RE)
+    R, E = c_RE.shape
+    B = check_options(slots, align, max_local(E, R), c_RE, total=N)
+    prev = Before.of(before) if isinstance(before, Plan) else before
+    if prev is not None and (*prev.slot_expert.shape, prev.num_experts) != (R, B, E):
+        raise PlanError(
+            f"the previous plan has (R, B, E) = {(*prev.slot_expert.shape, prev.num_experts)}, "
+            f"this call has {(R, B, E)}"
+        )
+    builder = "reference" if backend == "reference" else "torch"
+    host = c_RE.to("cpu")
+    if prev is None:
+        return search(Inputs(host, B, align, None, None, builder), cost)
+    inp = Inputs(host, B, align, prev.slot_expert, prev.flow, builder, prev.policy, prev.basis)
+    return search(inp, cost)
 
 
 class AheadChoice:
@@ -76,7 +132,8 @@ class AheadChoice:
     Use: ``p = plan(counts, previous=last, policy=ahead.policy(), cost=cost)`` on the
     critical path, then ``ahead.update(counts, p, previous=last, cost=cost)`` (or
     ``ahead.settle(name, p, basis=found.basis)`` with ``found`` searched elsewhere, e.g.
-    by a host thread running :func:`choose_next` from :meth:`start`).
+    by a host thread running :func:`choose_next` from host copies of :meth:`start`,
+    :meth:`Before.of`).
     """
 
     def __init__(self) -> None:
@@ -106,9 +163,10 @@ class AheadChoice:
         slots: int | None = None,
         align: int = 1,
         backend: str = "torch",
-    ) -> Plan:
+    ) -> Choice:
         """Choose the next step's candidate now (in the caller) from this step's counts
-        and ``p`` (this step's plan); returns the search's plan (its work, its scores).
+        and ``p`` (this step's plan); returns the search's :class:`Choice` (its work,
+        its scores).
 
         ``previous``: the plan this step was built from (the search starts from
         :meth:`start` of it: the search inline ``"auto"`` would have run at this step)."""

@@ -21,8 +21,10 @@ Legend:
 
 from __future__ import annotations
 
+import heapq
 from fractions import Fraction
 
+import numpy as np
 import torch
 
 from moonplan.plan.home import home_list, max_local, targets_list
@@ -134,13 +136,15 @@ def resident_alloc_reference(
 
 
 def resident_alloc(counts_RE: torch.Tensor, prev_RB: torch.Tensor) -> torch.Tensor:
-    """:func:`resident_alloc_reference` on tensors: the same moves, fewer scans.
+    """:func:`resident_alloc_reference` on tensors: the same moves, no rescans.
 
-    A pair that stops being usable never becomes usable again (a donor's excess,
-    a receiver's deficit and the records left at home only shrink; a full rank
-    stays full), so dead pairs are dropped instead of rescanned. Reads the
-    counts on the host (``O(E + R*B)`` integers); returns ``alloc_ER`` on the
-    counts' device.
+    A pair's key ``(-X[d], X[r], e, r)`` only grows (a donor's excess and a receiver's
+    deficit only shrink), and a pair that stops being usable never becomes usable again
+    (the records left at home only shrink; a full rank stays full). So the pairs sit in
+    a heap under the key they had when filed: the least filed key whose pair's key has
+    not grown is the least of all, and a pair whose key grew is filed again. Reads the
+    counts on the host (``O(E + R*B)`` integers); returns ``alloc_ER`` on the counts'
+    device.
     """
     R, E = counts_RE.shape
     home = home_list(E, R)
@@ -151,21 +155,22 @@ def resident_alloc(counts_RE: torch.Tensor, prev_RB: torch.Tensor) -> torch.Tens
     for e in range(E):
         load[home[e]] += T[e]
     X = [x - t for x, t in zip(load, targets_list(sum(T), R), strict=True)]
-    pairs = sorted(
-        {(e, r) for r, row in enumerate(prev_RB.tolist()) for e in row if e >= 0 and home[e] != r}
-    )
+    pairs = {
+        (e, r) for r, row in enumerate(prev_RB.tolist()) for e in row if e >= 0 and home[e] != r
+    }
+    heap = [(-X[home[e]], X[r], e, r) for e, r in pairs]
+    heapq.heapify(heap)
     got: dict[tuple[int, int], int] = {}
     remote = [0] * R
-    while True:
-        pairs = [
-            (e, r)
-            for e, r in pairs
-            if X[home[e]] > 0 and X[r] < 0 and left[e] > 0 and ((e, r) in got or remote[r] < M)
-        ]
-        if not pairs:
-            break
-        e, r = min(pairs, key=lambda p: (-X[home[p[0]]], X[p[1]], p[0], p[1]))
+    while heap:
+        key = heapq.heappop(heap)
+        e, r = key[2], key[3]
         d = home[e]
+        if not (X[d] > 0 and X[r] < 0 and left[e] > 0 and ((e, r) in got or remote[r] < M)):
+            continue  # dead for good
+        if key[:2] != (-X[d], X[r]):
+            heapq.heappush(heap, (-X[d], X[r], e, r))  # grown: filed again
+            continue
         q = min(X[d], -X[r], left[e])
         if (e, r) not in got:
             remote[r] += 1
@@ -173,10 +178,9 @@ def resident_alloc(counts_RE: torch.Tensor, prev_RB: torch.Tensor) -> torch.Tens
         left[e] -= q
         X[d] -= q
         X[r] += q
-    alloc_ER = torch.zeros(E, R, dtype=torch.int64)
-    alloc_ER[torch.arange(E), torch.tensor(home, dtype=torch.int64)] = torch.tensor(
-        left, dtype=torch.int64
-    )
+        heapq.heappush(heap, (-X[d], X[r], e, r))  # it may move again
+    alloc_ER = np.zeros((E, R), dtype=np.int64)  # filled on the host: no tensor op a move
+    alloc_ER[np.arange(E), home] = left
     for (e, r), q in got.items():
         alloc_ER[e, r] += q
-    return alloc_ER.to(counts_RE.device)
+    return torch.from_numpy(alloc_ER).to(counts_RE.device)

@@ -23,8 +23,12 @@ construction without ``previous=``), its slots reusing the residents.
 ``auto`` scores each candidate with :func:`score` of
 ``cost.plan_time(candidate, planned=k)`` (``k``: planner runs so far, this one
 included; the exposed fetch amortised over ``cost.horizon`` steps) and keeps
-the least score. Before building a balancing candidate it checks a lower bound
-of its score (``moonplan.plan.screen.lower_bound``: the construction's group
+the least score. A balancing candidate marked ``construct`` is scored from its
+allocation alone (``moonplan.plan.score_alloc``: the same time, without laying it
+out) and only the winner is built (:func:`decide`; ``choose(..., lean=False)``
+builds every scored candidate, the same plan bit for bit); the choose-ahead search
+(``moonplan.plan.search``) builds none. Before building a balancing candidate it
+checks a lower bound of its score (``moonplan.plan.screen.lower_bound``: the construction's group
 flows, decided from the counts alone, and what every plan with those flows
 pays) and skips it, unbuilt, when the bound plus the runs cannot beat the best
 so far: ``plan.planned`` counts only the candidates actually built, and
@@ -53,6 +57,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from moonplan.errors import PlanError
@@ -69,6 +74,7 @@ from moonplan.plan.keep import gap, keeps, refresh_every
 from moonplan.plan.placement import static_alloc, static_load
 from moonplan.plan.plan_type import Basis, Plan, Predicted, make_plan
 from moonplan.plan.reference import reference_fields
+from moonplan.plan.score_alloc import Context
 from moonplan.plan.screen import Step, lower_bound
 from moonplan.plan.torch_backend import alloc_torch, plan_torch
 
@@ -108,14 +114,15 @@ class CostModel(Protocol):
 
     def step_time(
         self,
-        rows_ER: torch.Tensor,
-        sent_RE: torch.Tensor,
-        fetch_ER: torch.Tensor,
-        src_E: torch.Tensor,
+        rows_ER: torch.Tensor | np.ndarray,
+        sent_RE: torch.Tensor | np.ndarray,
+        fetch_ER: torch.Tensor | np.ndarray,
+        src_E: torch.Tensor | np.ndarray,
         *,
         planned: int = 1,
     ) -> Any:
-        """Predicted step time of an allocation; ``.total_s`` is read."""
+        """Predicted step time of an allocation (int64 tensors or host numpy arrays, the
+        fetched pairs bool; ``auto`` passes numpy arrays); ``.total_s`` is read."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +170,10 @@ class Candidate:
         replay: its construction replays ``previous``'s flows (``False``: it plans
             without ``previous``, and its replicas still reuse the residents).
         first: tried before the other balancing candidates (after the previous plan's).
+        construct: its plan's allocation is the group-flow construction towards its
+            targets (with ``previous``'s flows where it replays them): ``auto`` then
+            scores it from that allocation (``moonplan.plan.score_alloc``) and builds
+            it only if it wins. ``False``: ``auto`` builds it to score it.
     """
 
     name: str
@@ -172,6 +183,7 @@ class Candidate:
     targets: Callable[[list[int], Inputs | None], Targets | None] | None = None
     replay: bool = True
     first: bool = False
+    construct: bool = False
 
 
 def build(name: str, inp: Inputs, table: tuple[Candidate, ...] | None = None) -> Plan:
@@ -189,31 +201,78 @@ def build(name: str, inp: Inputs, table: tuple[Candidate, ...] | None = None) ->
     return _bounded(inp, name, eps)
 
 
-def choose(inp: Inputs, cost: CostModel, table: tuple[Candidate, ...] | None = None) -> Plan:
+def choose(
+    inp: Inputs, cost: CostModel, table: tuple[Candidate, ...] | None = None, *, lean: bool = True
+) -> Plan:
     """``policy="auto"`` among ``table``'s candidates (default :data:`TABLE`): the previous
-    choice kept where :func:`keeps` allows it, else the least score (module docstring)."""
+    choice kept where :func:`keeps` allows it, else the least score (module docstring).
+
+    ``lean=True`` scores the balancing candidates from their allocations
+    (:func:`decide`) and builds only the winner; ``lean=False`` builds every candidate it
+    scores (the readable reference: the same plan, bit for bit, ``tests/plan``).
+    """
     table = TABLE if table is None else table
     load = inp.static_load
     if keeps(inp, load, cost):
         return _kept(inp, table)
-    return _full_choice(inp, cost, load, table)
+    d = decide(inp, cost, load, table, lean=lean)
+    best = d.plan
+    if best is None and d.alloc is not None:  # a fetch-free candidate's scored allocation
+        best = _from_alloc(inp, d.alloc, d.name)
+    elif best is None:
+        best = build(d.name, inp, table)
+    return dataclasses.replace(
+        best, predicted=d.predicted, planned=d.planned, chose=d.chose, basis=d.basis
+    )
 
 
 def _kept(inp: Inputs, table: tuple[Candidate, ...]) -> Plan:
     """The previous plan's candidate, built for these counts (no screen, no score)."""
     assert inp.prev_basis is not None and inp.prev_policy is not None
     p = build(inp.prev_policy, inp, table)
-    basis = dataclasses.replace(inp.prev_basis, kept=inp.prev_basis.kept + 1)
-    return dataclasses.replace(p, chose=WORK["keep"], basis=basis)
+    return dataclasses.replace(p, chose=WORK["keep"], basis=kept_basis(inp.prev_basis))
 
 
-def _full_choice(
-    inp: Inputs, cost: CostModel, load: list[int], table: tuple[Candidate, ...]
-) -> Plan:
-    """Every candidate screened or scored; the least score wins (module docstring)."""
+def kept_basis(basis: Basis) -> Basis:
+    """The basis of a step that keeps the choice ``basis`` records (one more kept step)."""
+    return dataclasses.replace(basis, kept=basis.kept + 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """A full choice's outcome (:func:`decide`).
+
+    Attributes:
+        name: the winning candidate.
+        plan: the winner's plan where the choice built it to score it, else ``None``.
+        alloc: the winner's allocation ``[E, R]`` where it is a fetch-free candidate
+            (scored from it, never built), else ``None``.
+        predicted, planned, chose, basis: what the chosen plan records (:class:`Plan`).
+    """
+
+    name: str
+    plan: Plan | None
+    alloc: torch.Tensor | None
+    predicted: Predicted
+    planned: int
+    chose: float
+    basis: Basis
+
+
+def decide(
+    inp: Inputs, cost: CostModel, load: list[int], table: tuple[Candidate, ...], *, lean: bool
+) -> Decision:
+    """Every candidate screened or scored; the least score wins (module docstring).
+
+    ``lean``: score a balancing candidate marked ``construct`` from its allocation
+    (``moonplan.plan.score_alloc``: the same score as its built plan's, without its
+    slots and rows, on host values shared by the whole choice); otherwise, and for the
+    other candidates, build it and score the plan.
+    """
     h = horizon_of(cost)
+    ctx = Context.of(inp.counts_RE, inp.prev_RB, inp.prev_F3) if lean else None
     fixed = _fetchless(inp, table)  # no copy, no planner run: scored from their
-    times = {n: score(_fetchless_time(cost, inp, a), h) for n, a in fixed.items()}
+    times = {n: score(_fetchless_time(cost, inp, a, ctx), h) for n, a in fixed.items()}
     best_name = min(times, key=lambda n: times[n])  # ties: the earlier one
     best: Plan | None = None
     best_s = times[best_name]
@@ -238,25 +297,48 @@ def _full_choice(
             floors[name] = floor_s + (runs + 1) * cost.plan_s
             continue  # cannot beat the best so far
         runs += 1
-        cand = builders[name].build(inp)
-        times[name] = t = score(cost.plan_time(cand, planned=runs), h)
+        st, built = _evaluate(builders[name], inp, cost, (target, runs), ctx)
+        times[name] = t = score(st, h)
         if t < best_s:
-            best, best_s = cand, t
-    if best is None:  # a fetch-free candidate: its scored allocation, laid out
-        best = _from_alloc(inp, fixed[best_name], best_name)
+            best_name, best, best_s = name, built, t
     work = WORK["setup"] + len(order) * WORK["screen"] + len(times) * WORK["score"]
     every = refresh_every((runs + work) * cost.plan_s, best_s)
     basis = Basis(tuple(load), gap(best_s, {**floors, **times}), every=every)
-    return dataclasses.replace(
-        best, predicted=Predicted(times), planned=runs, chose=work, basis=basis
-    )
+    alloc = fixed.get(best_name) if best is None else None
+    return Decision(best_name, best, alloc, Predicted(times), runs, work, basis)
 
 
-def _fetchless_time(cost: CostModel, inp: Inputs, alloc_ER: torch.Tensor) -> Any:
+def _evaluate(
+    cand: Candidate,
+    inp: Inputs,
+    cost: CostModel,
+    target_runs: tuple[list[int] | None, int],
+    ctx: Context | None,
+) -> tuple[Any, Plan | None]:
+    """``(cost's time, the plan or None)`` of the balancing candidate ``cand`` towards
+    ``target``, charged ``runs`` planner runs (``target_runs``): from its allocation alone
+    where ``ctx`` (the lean choice's :class:`~moonplan.plan.score_alloc.Context`) and
+    ``cand.construct`` allow it (no plan), else from its built plan."""
+    target, runs = target_runs
+    if ctx is not None and cand.construct:
+        alloc_ER = ctx.alloc(target, cand.replay, inp.backend)
+        return ctx.time(cost, alloc_ER, runs), None
+    p = cand.build(inp)
+    return cost.plan_time(p, planned=runs), p
+
+
+def _fetchless_time(
+    cost: CostModel, inp: Inputs, alloc_ER: torch.Tensor, ctx: Context | None = None
+) -> Any:
     """``cost``'s time of a plan of ``alloc_ER`` that fetches nothing (static, resident:
     every replica resident), without building it: ``plan_time`` of the built plan is
-    ``step_time`` of its allocation, counts, no fetched pair and the home map."""
+    ``step_time`` of its allocation, counts, no fetched pair and the home map (the
+    host arrays of ``ctx``, where given)."""
     E, R = alloc_ER.shape
+    if ctx is not None:
+        a_ER = alloc_ER.cpu().numpy()
+        none_ER = np.zeros((E, R), dtype=bool)
+        return cost.step_time(a_ER, ctx.counts_RE, none_ER, ctx.home_E, planned=0)
     fetch_ER = torch.zeros(E, R, dtype=torch.bool)
     return cost.step_time(alloc_ER, inp.counts_RE, fetch_ER, home_map(E, R), planned=0)
 
@@ -451,7 +533,7 @@ def _resident_or_none(inp: Inputs) -> torch.Tensor | None:
 def _bounded_entry(eps: str) -> Candidate:
     name = bounded_name(eps)
     return Candidate(name, lambda inp: _bounded(inp, name, Fraction(eps)),
-                     targets=_bounded_targets(eps))  # fmt: skip
+                     targets=_bounded_targets(eps), construct=True)  # fmt: skip
 
 
 TABLE: tuple[Candidate, ...] = (
@@ -461,8 +543,8 @@ TABLE: tuple[Candidate, ...] = (
               alloc=_resident_or_none),
     *(_bounded_entry(e) for e in EPS),
     Candidate("exact", lambda inp: _construct(inp, None, None, "exact"),
-              targets=_exact_targets, first=True),
-    Candidate(GREEDY, _greedy, targets=_greedy_targets, replay=False),
+              targets=_exact_targets, first=True, construct=True),
+    Candidate(GREEDY, _greedy, targets=_greedy_targets, replay=False, construct=True),
 )  # fmt: skip
 """The planner's candidates, in evaluation order (module docstring): ``policy=<name>``
 builds one, ``policy="auto"`` chooses among those marked ``auto``. Immutable: a test or

@@ -20,7 +20,11 @@ search, ``choose_next(counts_t, previous_t)`` (what inline ``"auto"`` would run 
 ``t``), is submitted (:meth:`Balancer.search`, once the step's routing is done) to a
 host thread the balancer owns (a ``"thread"``
 :class:`~moonplan.runtime.background.BackgroundLane`, joined by :meth:`Balancer.close`)
-on a host copy of the counts and the immutable plans; it runs beside the rest of step
+on host copies of the counts and of the previous plan's slots and flows
+(:class:`~moonplan.plan.ahead.Before`, taken in :meth:`Balancer.plan`, where the counts
+are read anyway: the thread never touches a device tensor). It is the lean search
+(``moonplan.plan.search``: the candidate's name, no plan laid out, nothing built on a
+step that keeps the choice); it runs beside the rest of step
 ``t`` (dispatch, experts, combine, backward) and of the model. Step ``t + 1`` waits
 for it before its counts exchange (:meth:`Balancer.collect`: the wait is the phase
 ``choice_exposed``, the search's own time ``choice``) and builds only the candidate it
@@ -47,7 +51,7 @@ import torch
 
 from moonplan.comm.group import EPGroup
 from moonplan.plan import api as planner
-from moonplan.plan.ahead import AheadChoice, choose_next
+from moonplan.plan.ahead import AheadChoice, Before, choose_next
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.static import static_plan
 from moonplan.profiling.hooks import NULL_PROFILER, StepHooks
@@ -127,7 +131,7 @@ class Balancer:
         self.figures: dict[str, float] = {}
         self._lane = BackgroundLane("thread", torch.device("cpu"), name="moonplan-choose")
         self._search: tuple[Pending, Plan] | None = None  # submitted search, its step's plan
-        self._made: tuple[torch.Tensor, Plan | None, Plan] | None = None  # to search next
+        self._made: tuple[torch.Tensor, Before | None, Plan] | None = None  # to search next
 
     def policy(self) -> str:
         """The planner policy of the next step: ``"static"``, ``"exact"`` or ``"auto"``."""
@@ -152,6 +156,13 @@ class Balancer:
         if policy == "exact":
             return planner.plan(counts_RE, slots=self.B, align=self.align, previous=previous)
         name = self.ahead.policy() if self.choose == "ahead" else "auto"
+        start = None
+        if self.choose == "ahead":  # host copies now: the counts are read on the host
+            # here anyway (their validation), and the plan this step's search starts
+            # from (the step before's) is long made, so neither waits for device work
+            counts_host = counts_RE.detach().to("cpu", copy=True)
+            before = self.ahead.start(previous)
+            start = None if before is None else Before.of(before)
         p = planner.plan(
             counts_RE,
             slots=self.B,
@@ -162,9 +173,7 @@ class Balancer:
         )
         self.how = "inline" if name == "auto" else "ahead"
         if self.choose == "ahead":  # the last call of a step wins (a growth re-plan)
-            # a host copy now: the host has just read the gathered counts, so this waits
-            # for nothing (in search() it would wait for the routing's device work)
-            self._made = (counts_RE.detach().to("cpu", copy=True), previous, p)
+            self._made = (counts_host, start, p)
         return p
 
     def search(self) -> None:
@@ -174,11 +183,10 @@ class Balancer:
         search runs beside the dispatch and the experts rather than competing with it."""
         if self._made is None:
             return
-        (counts_RE, previous, p), self._made = self._made, None
-        counts = counts_RE  # a host copy (plan()): nothing the step writes later
-        # what the search starts from: the plan this step replayed, with the basis of the
-        # search that named its candidate (so it may keep its choice, as inline does)
-        before = self.ahead.start(previous)  # with the basis handed on, if it is that plan
+        # host copies (plan()): the counts, and the slots, flows, policy and basis of the
+        # plan this step replayed, with the basis of the search that named its candidate
+        # (so it may keep its choice, as inline does); nothing the step writes later
+        (counts, before, p), self._made = self._made, None
         cost, B, align = self.cost, self.B, self.align
         assert cost is not None, "only 'auto' with a cost model searches"
         pending = self._lane.submit(

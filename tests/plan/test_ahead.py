@@ -85,3 +85,27 @@ def test_the_search_starts_from_the_previous_plan_the_step_was_built_from():
     assert found.policy == choose_next(c1, last, cost=cost).policy == ahead.policy()
     other = plan(c2, policy="exact", backend="torch")  # not the recorded plan: itself
     assert ahead.start(other) is other and ahead.start(p).alloc is p.alloc
+
+
+def test_choose_next_is_the_lean_search_and_checks_its_inputs() -> None:
+    import pytest
+
+    from moonplan.errors import PlanError
+    from moonplan.plan.ahead import Before
+    from moonplan.plan.choose import Inputs
+    from moonplan.plan.search import Choice, search
+
+    cost = _cost()
+    c0, c1 = _trace(2, seed=4)
+    p0 = plan(c0, slots=2, policy="auto", cost=cost, backend="torch")
+    found = choose_next(c1, p0, cost=cost, slots=2)
+    inp = Inputs(c1, 2, 1, p0.slot_expert, p0.flow, "torch", p0.policy, p0.basis)
+    assert isinstance(found, Choice) and found == search(inp, cost)
+    assert choose_next(c1.tolist(), Before.of(p0), cost=cost, slots=2) == found
+    assert choose_next(c1, p0, cost=cost, slots=2, backend="reference") == found
+    with pytest.raises(PlanError, match=r"\(R, B, E\)"):
+        choose_next(c1, p0, cost=cost, slots=3)
+    with pytest.raises(PlanError, match="exact balance only"):
+        choose_next(c1, p0, cost=cost, slots=2, backend="cuda")
+    with pytest.raises(PlanError):
+        choose_next(-c1, p0, cost=cost, slots=2)

@@ -295,3 +295,36 @@ def test_the_profile_shows_the_choice_and_its_wait() -> None:
         <= max(s.end for s in report.spans if s.step == 2) - min(starts) + 1e-9
     )
     layer.runtime.close()
+
+
+def test_the_search_thread_is_handed_host_copies_not_the_plans() -> None:
+    """What the thread searches from is taken in ``plan()``: the counts and the previous
+    plan's slots, flows, policy and basis, copied to the host (``Before``); its choice is
+    the search on the plan itself."""
+    from moonplan.plan.ahead import Before, choose_next
+
+    cost, B = _cost(), 2
+    bal = Balancer("auto", slots=B, align=1, cost=cost)
+    prev = None
+    try:
+        for counts in _trace(4, 4, 16, 5):
+            assert bal.collect() == ""
+            start = bal.ahead.start(prev)
+            p = bal.plan(counts, prev)
+            assert bal._made is not None
+            host, before, made = bal._made
+            assert made is p and torch.equal(host, counts) and host is not counts
+            assert host.device.type == "cpu"
+            if prev is None:
+                assert before is None
+            else:
+                assert isinstance(before, Before) and start is not None
+                assert before.slot_expert.device.type == before.flow.device.type == "cpu"
+                assert torch.equal(before.slot_expert, start.slot_expert)
+                assert (before.policy, before.basis) == (start.policy, start.basis)
+                got = choose_next(host, before, cost=cost, slots=B)
+                assert got == choose_next(counts, start, cost=cost, slots=B)
+            bal.search()
+            prev = p
+    finally:
+        bal.close()
