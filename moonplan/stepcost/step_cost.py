@@ -49,7 +49,14 @@ import torch
 
 from moonplan.cost import ModelPreset, get_preset
 from moonplan.stepcost.hardware import Hardware, get_hardware
-from moonplan.stepcost.traffic import SCHEMES, Traffic, dispatch_traffic, host_int64, pair_traffic
+from moonplan.stepcost.traffic import (
+    SCHEMES,
+    Traffic,
+    dispatch_traffic,
+    host_bool,
+    host_int64,
+    pair_traffic,
+)
 
 if TYPE_CHECKING:
     from moonplan.plan.plan_type import Plan
@@ -256,11 +263,17 @@ class StepCost:
 
     def experts_R(self, rows_ER: Any) -> np.ndarray:
         """float64 ``[R]`` roofline seconds of each rank's grouped GEMM over ``rows_ER``."""
-        rows = host_int64(rows_ER).astype(np.float64)
-        tiles = np.ceil(rows / self.tile_rows) * self.tile_rows
-        flop_R = self.row_flop_s * tiles.sum(0)
-        mem_R = self.weight_read_s * (rows > 0).sum(0) + self.row_mem_s * rows.sum(0)
-        return np.maximum(flop_R, mem_R)
+        return self._experts_XR(host_int64(rows_ER)[None])[0]
+
+    def _experts_XR(self, rows_XER: np.ndarray) -> np.ndarray:
+        """float64 ``[X, R]``: :meth:`experts_R` of ``X`` row sets (int64 ``[X, E, R]``) at
+        once. Padded rows, expert and row counts are summed as integers (exact, so the
+        same floats as summing them as floats; ``moonplan.stepcost.reference``)."""
+        t = self.tile_rows
+        tiles_XR = (rows_XER if t == 1 else -(-rows_XER // t) * t).sum(1)
+        flop_XR = self.row_flop_s * tiles_XR
+        mem_XR = self.weight_read_s * (rows_XER > 0).sum(1) + self.row_mem_s * rows_XER.sum(1)
+        return np.maximum(flop_XR, mem_XR)
 
     @staticmethod
     def _busiest(t: Traffic) -> tuple[np.ndarray, np.ndarray]:
@@ -317,7 +330,7 @@ class StepCost:
                 is ``"record"``, whose rows follow from ``sent_RE`` and ``rows_ER``).
         """
         rows, sent, src = host_int64(rows_ER), host_int64(sent_RE), host_int64(src_E)
-        fetch = host_int64(fetch_ER) != 0
+        fetch = host_bool(fetch_ER)
         E, R = rows.shape
         if fetch.shape != (E, R) or src.shape != (E,):
             raise ValueError(
@@ -328,16 +341,34 @@ class StepCost:
         if traffic is None and self.dispatch != "record":
             raise ValueError(f"dispatch={self.dispatch!r} needs traffic= (scheme_traffic)")
         data = dispatch_traffic(sent, rows, G) if traffic is None else traffic
-        e_C, r_C = fetch.nonzero()
-        moves = pair_traffic(np.stack([src[e_C], r_C], axis=1), R, G)
         plan = self.plan_s * planned
-        d_busy, w_busy = self._busiest(data), self._busiest(moves)
+        d_busy = self._busiest(data)
         D = self._all_to_all(R, d_busy, self.dispatch_row_s_intra, self.dispatch_row_s_inter)
         Cb = self._all_to_all(R, d_busy, self.combine_row_s_intra, self.combine_row_s_inter)
-        home_R = self.experts_R(np.where(fetch, 0, rows))
-        wait_R = self.experts_R(np.where(fetch, rows, 0))
+        wait = rows * fetch
+        home_R, wait_R = self._experts_XR(np.stack([rows - wait, wait]))
+        e_C, r_C = fetch.nonzero()
+        if len(e_C):
+            moves = pair_traffic(np.stack([src[e_C], r_C], axis=1), R, G)
+            alone, ready = self._fetch(self._busiest(moves), d_busy)
+        else:  # nothing fetched (``_fetch``'s own answer for no copy)
+            alone = ready = 0.0
+        return self._schedule(plan, D, Cb, (home_R, wait_R), (alone, ready))
+
+    def _schedule(
+        self,
+        plan: float,
+        D: float,
+        Cb: float,
+        sections: tuple[np.ndarray, np.ndarray],
+        fetch: tuple[float, float],
+    ) -> StepTime:
+        """The step's phases from its parts (module docstring): planning, dispatch and
+        combine seconds, each rank's home and fetched expert ``sections`` (float64
+        ``[R]``) and the fetch's ``(alone, ready)`` seconds (:meth:`_fetch`)."""
+        home_R, wait_R = sections
+        alone, ready = fetch
         experts = float((home_R + wait_R).max())
-        alone, ready = self._fetch(w_busy, d_busy)
         without = plan + D + experts + Cb
         if self.overlap:
             total = plan + float((np.maximum(D + home_R, ready) + wait_R).max()) + Cb
@@ -353,7 +384,7 @@ class StepCost:
         its direct replicas, fetched from the experts' home ranks.
         """
         alloc_ER = host_int64(plan.alloc)  # one host copy, for the rows and the fetches
-        fetch_ER = plan_fetch_ER(plan, alloc_ER)
+        fetch_ER = _fetch_ER(plan, alloc_ER)
         return self.step_time(
             alloc_ER, host_int64(plan.counts), fetch_ER, host_int64(plan.home), planned=planned
         )
@@ -362,12 +393,19 @@ class StepCost:
 def plan_fetch_ER(plan: Plan, alloc_ER: np.ndarray | None = None) -> torch.Tensor:
     """CPU bool ``[E, R]``: pairs whose weights a plan moves this step (new slots, direct
     reads). ``alloc_ER``: the plan's allocation already on the host (int64 numpy), if any."""
-    alloc_ER = host_int64(plan.alloc) if alloc_ER is None else alloc_ER
+    return torch.from_numpy(
+        _fetch_ER(plan, host_int64(plan.alloc) if alloc_ER is None else alloc_ER)
+    )
+
+
+def _fetch_ER(plan: Plan, alloc_ER: np.ndarray) -> np.ndarray:
+    """:func:`plan_fetch_ER` as a numpy array (``alloc_ER``: the plan's, on the host)."""
     fetch_ER = np.zeros(alloc_ER.shape, dtype=bool)
-    slot_RB, new_RB = host_int64(plan.slot_expert), host_int64(plan.slot_new) > 0
+    slot_RB, new_RB = host_int64(plan.slot_expert), host_bool(plan.slot_new)
     r_N, j_N = new_RB.nonzero()
     fetch_ER[slot_RB[r_N, j_N], r_N] = True
     direct_RD = host_int64(plan.direct_expert())
     r_N, j_N = (direct_RD >= 0).nonzero()
     fetch_ER[direct_RD[r_N, j_N], r_N] = True
-    return torch.from_numpy(fetch_ER & (alloc_ER > 0))
+    fetch_ER &= alloc_ER > 0
+    return fetch_ER
