@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from moonplan.errors import PlanError
-from moonplan.plan.home import home_list, home_map, max_local
+from moonplan.plan.home import home_list, home_map, home_of, max_local
 from moonplan.plan.reference import place_slots, row_layout
 from moonplan.plan.torch_layout import place_slots_torch, row_layout_torch
 
@@ -126,13 +126,11 @@ def home_layout(
     M = max_local(E, R)
     e_E = torch.arange(E, dtype=torch.int64, device=device)
     if extra == 0:  # 2 kernels
-        return e_E // M, e_E.view(R, M)
+        return home_of(e_E, E, R), e_E.view(R, M)
     cut = extra * M  # experts of the full groups
     short = torch.nn.functional.pad(e_E[cut:].view(R - extra, base), (0, 1), value=E)
     ids_RM = torch.cat([e_E[:cut].view(extra, M), short], 0)
-    if base == 0:  # E < R: expert e alone on rank e
-        return e_E, ids_RM
-    return torch.where(e_E < cut, e_E // M, (e_E - extra) // base), ids_RM
+    return home_of(e_E, E, R), ids_RM
 
 
 def _fields(
