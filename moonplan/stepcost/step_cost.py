@@ -263,17 +263,27 @@ class StepCost:
 
     def experts_R(self, rows_ER: Any) -> np.ndarray:
         """float64 ``[R]`` roofline seconds of each rank's grouped GEMM over ``rows_ER``."""
-        return self._experts_XR(host_int64(rows_ER)[None])[0]
+        rows = host_int64(rows_ER)
+        return self._roofline(self._padded(rows).sum(0), (rows > 0).sum(0), rows.sum(0))
 
-    def _experts_XR(self, rows_XER: np.ndarray) -> np.ndarray:
-        """float64 ``[X, R]``: :meth:`experts_R` of ``X`` row sets (int64 ``[X, E, R]``) at
-        once. Padded rows, expert and row counts are summed as integers (exact, so the
-        same floats as summing them as floats; ``moonplan.stepcost.reference``)."""
+    def _padded(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` (int64) each padded up to a multiple of :attr:`tile_rows`."""
         t = self.tile_rows
-        tiles_XR = (rows_XER if t == 1 else -(-rows_XER // t) * t).sum(1)
-        flop_XR = self.row_flop_s * tiles_XR
-        mem_XR = self.weight_read_s * (rows_XER > 0).sum(1) + self.row_mem_s * rows_XER.sum(1)
-        return np.maximum(flop_XR, mem_XR)
+        if t == 1:
+            return rows
+        if t & (t - 1) == 0:  # a power of two: one add and one mask
+            return (rows + (t - 1)) & -t
+        return -(-rows // t) * t
+
+    def _roofline(
+        self, padded_R: np.ndarray, experts_R: np.ndarray, rows_R: np.ndarray
+    ) -> np.ndarray:
+        """float64 ``[R]``: ``max(row_flop_s * padded rows, weight_read_s * experts with rows
+        + row_mem_s * rows)`` per rank from those sums (integer-valued, exact: the same
+        floats as summing the rows as floats, ``moonplan.stepcost.reference``)."""
+        flop_R = self.row_flop_s * padded_R
+        mem_R = self.weight_read_s * experts_R + self.row_mem_s * rows_R
+        return np.maximum(flop_R, mem_R)
 
     @staticmethod
     def _busiest(t: Traffic) -> tuple[np.ndarray, np.ndarray]:
@@ -345,9 +355,14 @@ class StepCost:
         d_busy = self._busiest(data)
         D = self._all_to_all(R, d_busy, self.dispatch_row_s_intra, self.dispatch_row_s_inter)
         Cb = self._all_to_all(R, d_busy, self.combine_row_s_intra, self.combine_row_s_inter)
-        wait = rows * fetch
-        home_R, wait_R = self._experts_XR(np.stack([rows - wait, wait]))
+        # both expert sections from sums over all rows and over the few fetched pairs (a
+        # pair's rows are in exactly one section, and padding 0 rows gives 0)
         e_C, r_C = fetch.nonzero()
+        w_C = rows[e_C, r_C]
+        wait_3R = [np.bincount(r_C, v_C, minlength=R) for v_C in (self._padded(w_C), w_C > 0, w_C)]
+        all_3R = (self._padded(rows).sum(0), (rows > 0).sum(0), rows.sum(0))
+        home_R = self._roofline(*(a - w for a, w in zip(all_3R, wait_3R, strict=True)))
+        wait_R = self._roofline(*wait_3R)
         if len(e_C):
             moves = pair_traffic(np.stack([src[e_C], r_C], axis=1), R, G)
             alone, ready = self._fetch(self._busiest(moves), d_busy)
