@@ -111,7 +111,7 @@ def _steps12(
         load = [sum(T[home_start(r, E, R) : home_start(r + 1, E, R)]) for r in range(R)]
         if target_R is None:
             target = targets_list(sum(load), R)
-            target_R = torch.tensor(target, dtype=torch.int64, device=dev)
+            target_R = torch.from_numpy(np.array(target, dtype=np.int64)).to(dev)
         else:
             target = host_int64(target_R).tolist()
         out = _alloc_host(_HostSteps12(load, target, T, prev_RB, prev_F3), dev)
