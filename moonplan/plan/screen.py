@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from moonplan.plan.group_flows import host_flows
-from moonplan.plan.home import home_list, targets_list
+from moonplan.plan.home import home_start, targets_list
 from moonplan.plan.reference import Flow, previous_flows
 from moonplan.stepcost.traffic import host_int64
 
@@ -75,14 +75,15 @@ class Step:
         flows ``prev_F3`` (each copied to the host here once, for every candidate)."""
         c = host_int64(counts_RE)
         R, E = c.shape
-        home = home_list(E, R)
-        home_E = np.asarray(home, dtype=np.int64)
+        edge_R1 = np.array([home_start(r, E, R) for r in range(R + 1)], dtype=np.int64)
+        home_E = np.repeat(np.arange(R, dtype=np.int64), np.diff(edge_R1))
+        at_EE = (home_E, np.arange(E) - edge_R1[home_E])  # each expert's place in its group
         T_E = c.sum(0)
         load_R = np.bincount(home_E, weights=T_E, minlength=R).astype(np.int64)
         held_R = np.bincount(home_E, weights=T_E > 0, minlength=R).astype(np.int64)
-        desc_RM = np.cumsum(-np.sort(-_grouped_RM(T_E, home_E, R), axis=1), axis=1)
+        desc_RM = np.cumsum(-np.sort(-_grouped_RM(T_E, at_EE, R), axis=1), axis=1)
         never = np.iinfo(np.int64).max // (E + 1)  # an expert without records: never emptied
-        asc_RM = np.cumsum(np.sort(_grouped_RM(np.where(T_E > 0, T_E, never), home_E, R)), 1)
+        asc_RM = np.cumsum(np.sort(_grouped_RM(np.where(T_E > 0, T_E, never), at_EE, R)), 1)
         res_RR = np.zeros((R, R), dtype=np.int64)
         warm = None
         if prev_RB is not None:
@@ -91,9 +92,10 @@ class Step:
             key_N = r_N * R + home_E[slot_RB[r_N, j_N]]
             res_RR = np.bincount(key_N, minlength=R * R).reshape(R, R)
             warm = _warm(res_RR)
-        group_RR = _group_sums_RR(c, home_E, R)
+        group_RR = _group_sums_RR(c, edge_R1)
         previous = None if prev_F3 is None else previous_flows(prev_F3)
         views = (desc_RM, asc_RM, group_RR, res_RR)
+        home = home_E.tolist()
         return cls(c, home, home_E, T_E, load_R, held_R, c.sum(1), *views, warm, previous)
 
     def tiled(self, tile: int) -> tuple[int, np.ndarray]:
@@ -104,6 +106,13 @@ class Step:
             pad_E = (self.T_E + tile - 1) // tile * tile
             R = len(self.load_R)
             self._memo[key] = (int(pad_E.sum()), np.bincount(self.home_E, pad_E, minlength=R))
+        return self._memo[key]
+
+    def totals(self) -> tuple[int, int]:
+        """``(N, A)``: records in all and experts with records (made once)."""
+        key = ("totals", 0)
+        if key not in self._memo:
+            self._memo[key] = (int(self.load_R.sum()), int(self.held_R.sum()))
         return self._memo[key]
 
     def domains(self, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -233,7 +242,7 @@ def _free(cost: CostModel, view: Floors, planned: int) -> tuple[float, float, fl
     :func:`lower_bound`): in closed form for a ``StepCost``'s fields, else predicted by
     ``cost.step_time`` on the imagined ranks."""
     R = len(view.step.load_R)
-    k = -(-int(view.step.held_R.sum()) // R)
+    k = -(-view.step.totals()[1] // R)
     top = int(view.t_R.max())
     if all(hasattr(cost, n) for n in _STEP_FIELDS):
         flop, read, mem, tile = (_rate(cost, n) for n in _STEP_FIELDS[:4])
@@ -309,12 +318,12 @@ def experts_floor(cost: CostModel, view: Floors) -> float:
         return 0.0
     R = len(view.step.load_R)
     st, t_R = view.step, view.t_R
-    N = int(st.load_R.sum())
+    N, A = st.totals()
     tile = int(_rate(cost, "tile_rows"))
     flop_s, read_s = _rate(cost, "row_flop_s"), _rate(cost, "weight_read_s")
     mem_s = _rate(cost, "row_mem_s")
     pad, home_pad0_R = st.tiled(tile)
-    mean = max(flop_s * pad / R, (read_s * int(st.held_R.sum()) + mem_s * N) / R)
+    mean = max(flop_s * pad / R, (read_s * A + mem_s * N) / R)
     r_F = view.flow_F3[:, 1]
     q_F, given_R = view.flow_F3[:, 2], view.given_R
     kept_R = st.held_R - (st.asc_RM <= given_R[:, None]).sum(1)
@@ -328,20 +337,20 @@ def experts_floor(cost: CostModel, view: Floors) -> float:
     return max(mean, float(np.maximum(flop_R, mem_R).max()))
 
 
-def _group_sums_RR(c_RE: np.ndarray, home_E: np.ndarray, R: int) -> np.ndarray:
-    """int64 ``[R, R]``: row sums of ``c_RE`` over each rank's (contiguous) home experts."""
+def _group_sums_RR(c_RE: np.ndarray, edge_R1: np.ndarray) -> np.ndarray:
+    """int64 ``[R, R]``: row sums of ``c_RE`` over each rank's (contiguous) home experts,
+    rank ``r``'s being ``[edge_R1[r], edge_R1[r + 1])``."""
     cum_RE1 = np.zeros((c_RE.shape[0], c_RE.shape[1] + 1), dtype=np.int64)
     np.cumsum(c_RE, axis=1, out=cum_RE1[:, 1:])
-    edge_R1 = np.searchsorted(home_E, np.arange(R + 1))
     return cum_RE1[:, edge_R1[1:]] - cum_RE1[:, edge_R1[:-1]]
 
 
-def _grouped_RM(v_E: np.ndarray, home_E: np.ndarray, R: int) -> np.ndarray:
-    """int64 ``[R, M]``: ``v_E`` of each rank's home experts, 0-padded to ``M`` columns."""
+def _grouped_RM(v_E: np.ndarray, at_EE: tuple[np.ndarray, np.ndarray], R: int) -> np.ndarray:
+    """int64 ``[R, M]``: ``v_E`` of each rank's home experts, 0-padded to ``M`` columns
+    (``at_EE``: each expert's home rank and place among its home experts)."""
     E = len(v_E)
-    first_R = np.searchsorted(home_E, np.arange(R))
     out_RM = np.zeros((R, -(-E // R)), dtype=np.int64)
-    out_RM[home_E, np.arange(E) - first_R[home_E]] = v_E
+    out_RM[at_EE] = v_E
     return out_RM
 
 

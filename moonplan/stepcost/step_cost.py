@@ -301,6 +301,18 @@ class StepCost:
         link = float(np.maximum(intra * intra_s, inter * inter_s).max())
         return self.base_latency_s + self.per_peer_latency_s * (R - 1) + link
 
+    def _dispatch_combine(self, R: int, busy: tuple[np.ndarray, np.ndarray]) -> tuple[float, float]:
+        """:meth:`_all_to_all` of dispatch and of combine at once (the same products, one
+        array op each for both)."""
+        if R <= 1:
+            return 0.0, 0.0
+        intra, inter = busy
+        intra_2 = np.array([self.dispatch_row_s_intra, self.combine_row_s_intra])[:, None]
+        inter_2 = np.array([self.dispatch_row_s_inter, self.combine_row_s_inter])[:, None]
+        D, Cb = np.maximum(intra * intra_2, inter * inter_2).max(1).tolist()
+        lat = self.base_latency_s + self.per_peer_latency_s * (R - 1)
+        return lat + D, lat + Cb
+
     def _fetch(
         self, weights: tuple[np.ndarray, np.ndarray], data: tuple[np.ndarray, np.ndarray]
     ) -> tuple[float, float]:
@@ -353,21 +365,22 @@ class StepCost:
         data = dispatch_traffic(sent, rows, G) if traffic is None else traffic
         plan = self.plan_s * planned
         d_busy = self._busiest(data)
-        D = self._all_to_all(R, d_busy, self.dispatch_row_s_intra, self.dispatch_row_s_inter)
-        Cb = self._all_to_all(R, d_busy, self.combine_row_s_intra, self.combine_row_s_inter)
+        D, Cb = self._dispatch_combine(R, d_busy)
         # both expert sections from sums over all rows and over the few fetched pairs (a
         # pair's rows are in exactly one section, and padding 0 rows gives 0)
+        rows_R = rows.sum(0)
+        padded_R = rows_R if self.tile_rows == 1 else self._padded(rows).sum(0)
+        all_3R = (padded_R, (rows > 0).sum(0), rows_R)
         e_C, r_C = fetch.nonzero()
+        if not len(e_C):  # nothing fetched: no wait section, no copy (``_fetch``'s (0, 0))
+            home_R, wait_R = self._roofline(*all_3R), np.zeros(R)
+            return self._schedule(plan, D, Cb, (home_R, wait_R), (0.0, 0.0))
         w_C = rows[e_C, r_C]
         wait_3R = [np.bincount(r_C, v_C, minlength=R) for v_C in (self._padded(w_C), w_C > 0, w_C)]
-        all_3R = (self._padded(rows).sum(0), (rows > 0).sum(0), rows.sum(0))
         home_R = self._roofline(*(a - w for a, w in zip(all_3R, wait_3R, strict=True)))
         wait_R = self._roofline(*wait_3R)
-        if len(e_C):
-            moves = pair_traffic(np.stack([src[e_C], r_C], axis=1), R, G)
-            alone, ready = self._fetch(self._busiest(moves), d_busy)
-        else:  # nothing fetched (``_fetch``'s own answer for no copy)
-            alone = ready = 0.0
+        moves = pair_traffic(np.stack([src[e_C], r_C], axis=1), R, G)
+        alone, ready = self._fetch(self._busiest(moves), d_busy)
         return self._schedule(plan, D, Cb, (home_R, wait_R), (alone, ready))
 
     def _schedule(

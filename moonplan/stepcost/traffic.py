@@ -107,7 +107,7 @@ def dispatch_traffic(sent_RE: Any, rows_ER: Any, domain: int) -> Traffic:
     sent_ER = np.ascontiguousarray(sent_RE.T)
     src_hi = sent_ER.cumsum(1)
     dst_hi = rows_ER.cumsum(1)
-    if R and not np.array_equal(src_hi[:, -1], dst_hi[:, -1]):
+    if R and (src_hi[:, -1] != dst_hi[:, -1]).any():
         raise ValueError("sent_RE and rows_ER must be [R, E] and [E, R] with equal expert totals")
     src_lo = src_hi - sent_ER
     dst_lo = dst_hi - rows_ER
