@@ -181,8 +181,7 @@ class Floors:
         pairs_F = (st.desc_RM[d_F] < q_F[:, None]).sum(1) + 1
         copies_F = pairs_F - st.res_RR[r_F, d_F]
         np.maximum(copies_F, 0, out=copies_F)
-        given_R = np.zeros(R, dtype=np.int64)
-        np.add.at(given_R, d_F, q_F)
+        given_R = np.bincount(d_F, weights=q_F, minlength=R).astype(np.int64)
         return cls(st, np.asarray(t, dtype=np.int64), flow_F3, pairs_F, copies_F, given_R)
 
 
