@@ -32,6 +32,13 @@ def home_start(rank: int, num_experts: int, num_ranks: int) -> int:
     return rank * base + min(rank, extra)
 
 
+def home_edges(num_experts: int, num_ranks: int) -> list[int]:
+    """``[R + 1]`` group edges: rank ``r`` owns experts ``[edges[r], edges[r + 1])``
+    (:func:`home_start` of every rank and of ``R``)."""
+    base, extra = divmod(num_experts, num_ranks)
+    return [r * base + min(r, extra) for r in range(num_ranks + 1)]
+
+
 def home_list(num_experts: int, num_ranks: int) -> list[int]:
     """Home rank of every expert, as a Python list of length ``E``."""
     _check_sizes(num_experts, num_ranks)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from moonplan.plan.group_flows import host_flows
-from moonplan.plan.home import home_start, targets_list
+from moonplan.plan.home import home_edges, targets_list
 from moonplan.plan.reference import Flow, previous_flows
 from moonplan.stepcost.traffic import host_int64
 
@@ -75,7 +75,7 @@ class Step:
         flows ``prev_F3`` (each copied to the host here once, for every candidate)."""
         c = host_int64(counts_RE)
         R, E = c.shape
-        edge_R1 = np.array([home_start(r, E, R) for r in range(R + 1)], dtype=np.int64)
+        edge_R1 = np.array(home_edges(E, R), dtype=np.int64)
         home_E = np.repeat(np.arange(R, dtype=np.int64), np.diff(edge_R1))
         at_EE = (home_E, np.arange(E) - edge_R1[home_E])  # each expert's place in its group
         T_E = c.sum(0)

@@ -18,7 +18,7 @@ import torch
 
 from moonplan.plan.from_alloc import home_layout
 from moonplan.plan.group_flows import host_flows, split_group_host, warm_maps
-from moonplan.plan.home import home_list, home_start, targets_list
+from moonplan.plan.home import home_edges, targets_list
 from moonplan.plan.reference import previous_flows
 from moonplan.plan.torch_layout import place_slots_torch, replica_candidates, row_layout_torch
 from moonplan.plan.torch_scan import balance_groups_torch, split_groups_torch
@@ -107,14 +107,17 @@ def _steps12(
     home_E, ids_RM = home_layout(E, R, dev)
     if scan == "host":
         c = host_int64(counts_RE)  # the one host copy of the counts
-        T = c.sum(0).tolist()
-        load = [sum(T[home_start(r, E, R) : home_start(r + 1, E, R)]) for r in range(R)]
+        edges = home_edges(E, R)
+        T_E1 = np.zeros(E + 1, dtype=np.int64)
+        np.cumsum(c.sum(0), out=T_E1[1:])
+        load = (T_E1[edges[1:]] - T_E1[edges[:-1]]).tolist()
         if target_R is None:
             target = targets_list(sum(load), R)
             target_R = torch.from_numpy(np.array(target, dtype=np.int64)).to(dev)
         else:
             target = host_int64(target_R).tolist()
-        out = _alloc_host(_HostSteps12(load, target, T, prev_RB, prev_F3), dev)
+        T = np.diff(T_E1).tolist()
+        out = _alloc_host(_HostSteps12(load, target, T, edges, prev_RB, prev_F3), dev)
         return (target_R, home_E, ids_RM), out
     T_E = counts_RE.sum(0)
     if target_R is None:
@@ -139,12 +142,14 @@ class _Steps12:
 
 @dataclass(frozen=True)
 class _HostSteps12:
-    """The inputs of steps 1-2 on the host: loads, targets and records per expert as
-    Python integers, and ``previous``'s slots and flows (tensors, read once here)."""
+    """The inputs of steps 1-2 on the host: loads, targets, records per expert and the
+    home groups' edges as Python integers, and ``previous``'s slots and flows (tensors,
+    read once here)."""
 
     load: list[int]
     target: list[int]
     T: list[int]
+    edges: list[int]  # [R + 1]: rank r's home experts are [edges[r], edges[r + 1])
     prev_RB: torch.Tensor | None
     prev_F3: torch.Tensor | None
 
@@ -178,9 +183,9 @@ def _alloc_host(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Steps 1-2 over host integers (heap scans): quota, flows, alloc (numpy arrays on the
     host, one copy each to ``dev``)."""
-    R, E = len(step.load), len(step.T)
-    home = home_list(E, R)
-    warm, warm_experts = warm_maps(step.prev_RB, home)
+    R, E, edges = len(step.load), len(step.T), step.edges
+    home_E = np.repeat(np.arange(R, dtype=np.int64), np.diff(edges))
+    warm, warm_experts = warm_maps(step.prev_RB, home_E.tolist())
     previous = previous_flows(step.prev_F3)
     flows = host_flows(step.load, step.target, warm, previous)
     remaining = list(step.T)
@@ -189,7 +194,7 @@ def _alloc_host(
         dests.setdefault(d, []).append((r, q))
     moves = []
     for d, out in dests.items():
-        experts = list(range(home_start(d, E, R), home_start(d + 1, E, R)))
+        experts = list(range(edges[d], edges[d + 1]))
         moves += split_group_host(experts, remaining, out, warm_experts.get(d, {}))
     F = max(R - 1, 0)
     quota_RR = np.zeros((R, R), dtype=np.int64)
@@ -200,7 +205,7 @@ def _alloc_host(
         quota_RR[f[:, 0], f[:, 1]] = f[:, 2]
         m = np.array(moves, dtype=np.int64)
         np.add.at(alloc_ER, (m[:, 0], m[:, 1]), m[:, 2])
-    alloc_ER[np.arange(E), home] += remaining
+    alloc_ER[np.arange(E), home_E] += remaining
     return tuple(torch.from_numpy(a).to(dev) for a in (quota_RR, flow_F3, alloc_ER))  # type: ignore[return-value]
 
 

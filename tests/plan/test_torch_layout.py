@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moonplan.plan.from_alloc import home_layout
-from moonplan.plan.home import home_list, home_map
+from moonplan.plan.home import home_edges, home_list, home_map, home_start
 from moonplan.plan.torch_layout import place_slots_host, place_slots_masked, place_slots_torch
 
 
@@ -75,3 +75,11 @@ def test_home_map_is_the_linear_home_list(device: str, R: int, E: int) -> None:
 @given(st.integers(1, 70), st.integers(1, 300))
 def test_home_map_everywhere(R: int, E: int) -> None:
     assert home_map(E, R).tolist() == home_list(E, R)
+
+
+@given(st.integers(1, 70), st.integers(1, 300))
+def test_home_edges_bound_each_ranks_home_experts(R: int, E: int) -> None:
+    edges = home_edges(E, R)
+    assert edges == [home_start(r, E, R) for r in range(R + 1)] and edges[-1] == E
+    home = home_list(E, R)
+    assert all(home[e] == r for r in range(R) for e in range(edges[r], edges[r + 1]))
