@@ -204,8 +204,10 @@ def _alloc_host(
         f = flow_F3[: len(flows)]
         quota_RR[f[:, 0], f[:, 1]] = f[:, 2]
         m = np.array(moves, dtype=np.int64)
-        np.add.at(alloc_ER, (m[:, 0], m[:, 1]), m[:, 2])
-    alloc_ER[np.arange(E), home_E] += remaining
+        # each (expert, rank) moves once: after a move the rank's quota or the expert's
+        # records are spent, and an expert belongs to one group (no add.at needed)
+        alloc_ER[m[:, 0], m[:, 1]] = m[:, 2]
+    alloc_ER[np.arange(E), home_E] = np.array(remaining, dtype=np.int64)  # no move went home
     return tuple(torch.from_numpy(a).to(dev) for a in (quota_RR, flow_F3, alloc_ER))  # type: ignore[return-value]
 
 
