@@ -243,9 +243,10 @@ def _free(cost: CostModel, view: Floors, planned: int) -> tuple[float, float, fl
     R = len(view.step.load_R)
     k = -(-view.step.totals()[1] // R)
     top = int(view.t_R.max())
-    if all(hasattr(cost, n) for n in _STEP_FIELDS):
-        flop, read, mem, tile = (_rate(cost, n) for n in _STEP_FIELDS[:4])
-        one = _rate(cost, "base_latency_s") + _rate(cost, "per_peer_latency_s") * (R - 1)
+    rates = _rates(cost, _STEP_FIELDS)
+    if rates is not None:
+        flop, read, mem, tile, base, per_peer = rates
+        one = base + per_peer * (R - 1)
         lat = one if R > 1 else 0.0
         rank0 = max(flop * tile * k, (read + mem) * k)
         rank1 = max(flop * (-(-top // int(tile)) * tile), read + mem * top) if top > 0 else 0.0
@@ -284,7 +285,8 @@ def fetch_floor(cost: CostModel, view: Floors) -> float:
     """
     names = ("copy_s_intra", "copy_s_inter", "base_latency_s", "domain_size")
     R = len(view.step.load_R)
-    if R <= 1 or not all(hasattr(cost, n) for n in names) or not view.copies_F.any():
+    rates = _rates(cost, names[:3])
+    if R <= 1 or rates is None or not hasattr(cost, names[3]) or not view.copies_F.any():
         return 0.0
     d_F, r_F = view.flow_F3[:, 0], view.flow_F3[:, 1]
     G = _domain_size(cost, R)
@@ -293,9 +295,9 @@ def fetch_floor(cost: CostModel, view: Floors) -> float:
     key_F += 2 * (r_F - d_F)
     recv_R2 = np.bincount(key_F, weights=view.copies_F, minlength=2 * R).reshape(R, 2)
     most_2 = np.maximum(send_R2, recv_R2).max(0)
-    busiest = max(0.0, float(most_2[0]) * _rate(cost, "copy_s_intra"))
-    busiest = max(busiest, float(most_2[1]) * _rate(cost, "copy_s_inter"))
-    return _rate(cost, "base_latency_s") + busiest if busiest > 0 else 0.0
+    busiest = max(0.0, float(most_2[0]) * rates[0])
+    busiest = max(busiest, float(most_2[1]) * rates[1])
+    return rates[2] + busiest if busiest > 0 else 0.0
 
 
 def experts_floor(cost: CostModel, view: Floors) -> float:
@@ -313,14 +315,14 @@ def experts_floor(cost: CostModel, view: Floors) -> float:
     them gets 0.
     """
     names = ("row_flop_s", "weight_read_s", "row_mem_s", "tile_rows")
-    if not all(hasattr(cost, n) for n in names):
+    rates = _rates(cost, names)
+    if rates is None:
         return 0.0
     R = len(view.step.load_R)
     st, t_R = view.step, view.t_R
     N, A = st.totals()
-    tile = int(_rate(cost, "tile_rows"))
-    flop_s, read_s = _rate(cost, "row_flop_s"), _rate(cost, "weight_read_s")
-    mem_s = _rate(cost, "row_mem_s")
+    flop_s, read_s, mem_s, tile_s = rates
+    tile = int(tile_s)
     pad, home_pad0_R = st.tiled(tile)
     mean = max(flop_s * pad / R, (read_s * A + mem_s * N) / R)
     r_F = view.flow_F3[:, 1]
@@ -373,7 +375,8 @@ def link_floor(cost: CostModel, view: Floors) -> tuple[float, float]:
         "combine_row_s_intra",
         "combine_row_s_inter",
     )
-    if R <= 1 or not all(hasattr(cost, n) for n in names) or not hasattr(cost, "domain_size"):
+    rates4 = _rates(cost, names)
+    if R <= 1 or rates4 is None or not hasattr(cost, "domain_size"):
         return 0.0, 0.0
     st, t_R = view.step, view.t_R
     group_RR = st.group_RR  # [s, d]: rows s routes to d's home experts
@@ -384,7 +387,7 @@ def link_floor(cost: CostModel, view: Floors) -> tuple[float, float]:
     keep_R = keep_RD.sum(1)
     n = max(0.0, float((np.maximum(st.routed_R, t_R) - keep_R).max()))
     G = int(_domain_size(cost, R))
-    rates = [(_rate(cost, i), _rate(cost, o)) for i, o in (names[:2], names[2:])]
+    rates = [rates4[:2], rates4[2:]]
     if G >= R:
         return n * rates[0][0], n * rates[1][0]
     sends = _send_split(view, group_RR - keep_RD, G)
@@ -449,9 +452,11 @@ def _send_split(view: Floors, sent_RD: np.ndarray, G: int) -> Split:
     return sent_RD.sum(1), inter_R, intra_R
 
 
-def _rate(cost: CostModel, name: str) -> float:
-    """A ``StepCost`` field the floors read (callers check it exists)."""
-    return float(getattr(cost, name))
+def _rates(cost: CostModel, names: tuple[str, ...]) -> tuple[float, ...] | None:
+    """The ``StepCost`` fields ``names`` the floors read, as floats, or ``None`` where the
+    cost model lacks any of them (one read each)."""
+    values = [getattr(cost, n, None) for n in names]
+    return None if None in values else tuple(float(v) for v in values)  # type: ignore[arg-type]
 
 
 def _domain_size(cost: CostModel, num_ranks: int) -> int:
