@@ -19,23 +19,29 @@ the median of ``--reps`` samples (at least 15), in microseconds per call. Run wi
 ``OMP_NUM_THREADS=1`` (torch's thread pool slows small ops on a shared machine).
 
 ``--compare TREE`` runs every part in two worker processes, one importing ``moonplan``
-from ``TREE`` (e.g. ``/work/main``: the code before a change) and one from this
+from ``TREE`` (another checkout: the code before a change) and one from this
 checkout, alternating one sample of each (a busy machine slows both alike), and prints
 ``old/new`` per part; it also checks that both trees give the same results (the bound's
-and the score's floats, the plan's tensors, the choice) and says so per case::
+and the score's floats, the plan's tensors, the choice) and says so per case.
+``--compare-rev REV`` does the same against this repository's commit ``REV``, unpacked
+(``git archive``) into a temporary folder: a fixed base, where a shared checkout may
+move on while the benchmark runs::
 
-    OMP_NUM_THREADS=1 python bench/bench_search_parts.py --compare /work/main \\
+    OMP_NUM_THREADS=1 python bench/bench_search_parts.py --compare-rev main \\
         [--reps 15] [--out bench/results/search_parts.json]
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -211,6 +217,21 @@ def table_lines(rows: list[dict[str, Any]], compare: bool) -> list[str]:
     return lines
 
 
+def unpack(rev: str, into: Path) -> Path:
+    """This repository's commit ``rev`` unpacked under ``into`` (``git archive``): a tree
+    to import ``moonplan`` from."""
+    sha = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", sha], check=True, capture_output=True)
+    tree = into / sha[:12]
+    with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as archive:
+        archive.extractall(tree, filter="data")
+    print(f"comparing with {rev} ({sha[:12]}) unpacked in {tree}")
+    return tree
+
+
 def main() -> None:
     if "--worker" in sys.argv:
         worker()
@@ -220,12 +241,17 @@ def main() -> None:
 
     ap = timing_parser(__doc__, reps=15, out="bench/results/search_parts.json")
     ap.add_argument("--compare", default=None, help="another checkout: time it side by side")
+    ap.add_argument("--compare-rev", default=None, help="a commit of this repository, likewise")
     args = ap.parse_args()
     if args.reps < 15:
         ap.error("--reps must be at least 15 (medians of fewer samples are too noisy here)")
-    compare = Path(args.compare).resolve() if args.compare else None
-    t0 = time.perf_counter()
-    rows = run(QUICK if args.quick else CASES, args.reps, compare)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.compare_rev:
+            compare: Path | None = unpack(args.compare_rev, Path(tmp))
+        else:
+            compare = Path(args.compare).resolve() if args.compare else None
+        t0 = time.perf_counter()
+        rows = run(QUICK if args.quick else CASES, args.reps, compare)
     unit = "microseconds per call, median"
     md = [
         f"# Search parts ({unit}{'; old / new = old/new' if compare else ''})",
@@ -235,7 +261,7 @@ def main() -> None:
     result = {
         "rows": rows,
         "reps": args.reps,
-        "compare": str(compare) if compare else None,
+        "compare": args.compare_rev or (str(compare) if compare else None),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "seconds": time.perf_counter() - t0,
     }

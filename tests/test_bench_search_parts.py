@@ -28,3 +28,11 @@ def test_digest_tells_results_apart() -> None:
     assert digest(0.1 + 0.2) != digest(0.3)  # floats by their exact repr
     assert digest(torch.tensor([1, 2])) == digest(torch.tensor([1, 2]))
     assert digest(torch.tensor([1, 2])) != digest(torch.tensor([1, 2], dtype=torch.int32))
+
+
+def test_unpack_gives_a_commits_tree(tmp_path: Path) -> None:
+    from bench_search_parts import unpack
+
+    tree = unpack("HEAD", tmp_path)
+    assert (tree / "moonplan" / "stepcost" / "traffic.py").is_file()
+    assert tree.parent == tmp_path
