@@ -120,8 +120,9 @@ def sample_us(fn: Callable[[], Any], batch: int) -> float:
 
 
 def batch_of(part: str, R: int, S: int) -> int:
-    """Calls per sample: more for the short parts, so each sample lasts about a millisecond."""
-    return {"home_map": 50, "bound": 10, "score": 10, "step": 5}.get(part, 1)
+    """Calls per sample: more for the short parts, so each sample lasts a few
+    milliseconds (a burst of other load then spreads over many calls)."""
+    return {"home_map": 200, "bound": 20, "score": 10, "step": 20, "alloc": 8}.get(part, 3)
 
 
 def worker() -> None:
