@@ -108,16 +108,15 @@ def _steps12(
     if scan == "host":
         c = host_int64(counts_RE)  # the one host copy of the counts
         edges = home_edges(E, R)
-        T_E1 = np.zeros(E + 1, dtype=np.int64)
-        np.cumsum(c.sum(0), out=T_E1[1:])
+        T_E = c.sum(0)
+        T_E1 = np.concatenate([[0], np.cumsum(T_E)])  # records of the experts before e
         load = (T_E1[edges[1:]] - T_E1[edges[:-1]]).tolist()
         if target_R is None:
             target = targets_list(sum(load), R)
             target_R = torch.from_numpy(np.array(target, dtype=np.int64)).to(dev)
         else:
             target = host_int64(target_R).tolist()
-        T = np.diff(T_E1).tolist()
-        out = _alloc_host(_HostSteps12(load, target, T, edges, prev_RB, prev_F3), dev)
+        out = _alloc_host(_HostSteps12(load, target, T_E.tolist(), edges, prev_RB, prev_F3), dev)
         return (target_R, home_E, ids_RM), out
     T_E = counts_RE.sum(0)
     if target_R is None:
