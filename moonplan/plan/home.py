@@ -32,6 +32,13 @@ def home_start(rank: int, num_experts: int, num_ranks: int) -> int:
     return rank * base + min(rank, extra)
 
 
+def home_edges(num_experts: int, num_ranks: int) -> list[int]:
+    """``[R + 1]`` group edges: rank ``r`` owns experts ``[edges[r], edges[r + 1])``
+    (:func:`home_start` of every rank and of ``R``)."""
+    base, extra = divmod(num_experts, num_ranks)
+    return [r * base + min(r, extra) for r in range(num_ranks + 1)]
+
+
 def home_list(num_experts: int, num_ranks: int) -> list[int]:
     """Home rank of every expert, as a Python list of length ``E``."""
     _check_sizes(num_experts, num_ranks)
@@ -51,13 +58,22 @@ def home_map(
         home_E: int64 tensor ``[E]``; ``home_E[e]`` is the rank that owns expert ``e``.
     """
     _check_sizes(num_experts, num_ranks)
-    base, extra = divmod(num_experts, num_ranks)
     e_E = torch.arange(num_experts, device=device, dtype=torch.int64)
-    # Experts below `cut` belong to the ranks that own base+1 experts.
-    cut = extra * (base + 1)
-    big = e_E // (base + 1)
-    small = extra + (e_E - cut) // max(base, 1)
-    return torch.where(e_E < cut, big, small)
+    return home_of(e_E, num_experts, num_ranks)
+
+
+def home_of(e_E: torch.Tensor, num_experts: int, num_ranks: int) -> torch.Tensor:
+    """Home rank of the experts ``e_E`` (int64 tensor, any device, values in ``[0, E)``),
+    in at most four kernels: the first ``E mod R`` ranks own ``M`` experts each, the
+    others ``M - 1``. With ``E < R`` it is ``e_E`` itself (expert ``e`` alone on rank ``e``)."""
+    base, extra = divmod(num_experts, num_ranks)
+    M = -(-num_experts // num_ranks)
+    if extra == 0:
+        return e_E // M
+    if base == 0:
+        return e_E
+    cut = extra * M  # experts of the full groups
+    return torch.where(e_E < cut, e_E // M, (e_E - extra) // base)
 
 
 def targets_list(total: int, num_ranks: int) -> list[int]:

@@ -3,25 +3,26 @@
 Legend: R ranks, E experts, B slots, M = ceil(E/R).
 
 No value is read on the host on accelerators (CUDA-graph capturable); output
-shapes depend only on ``(R, E, B)``.
+shapes depend only on ``(R, E, B)``. CPU tensors take the host path, where reading
+costs nothing and a Python or numpy step is cheaper than a tensor op: steps 1-2 on host
+integers from one numpy copy of the counts (``scan="host"``), slots placed rank by rank
+(``torch_layout.place_slots_torch``); the plans are the same, bit for bit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from moonplan.plan.from_alloc import home_layout
 from moonplan.plan.group_flows import host_flows, split_group_host, warm_maps
-from moonplan.plan.home import home_map, home_start
+from moonplan.plan.home import home_edges, targets_list
 from moonplan.plan.reference import previous_flows
-from moonplan.plan.torch_layout import (
-    group_experts,
-    place_slots_torch,
-    replica_candidates,
-    row_layout_torch,
-)
+from moonplan.plan.torch_layout import place_slots_torch, replica_candidates, row_layout_torch
 from moonplan.plan.torch_scan import balance_groups_torch, split_groups_torch
+from moonplan.stepcost.traffic import host_int64
 
 
 def plan_torch(
@@ -49,10 +50,9 @@ def plan_torch(
             ``reference.reference_plan``), or ``None``.
     """
     R = counts_RE.shape[0]
-    step, ids_RM, (quota_RR, flow_F3, alloc_ER) = _steps12(
+    (target_R, home_E, ids_RM), (quota_RR, flow_F3, alloc_ER) = _steps12(
         counts_RE, prev_RB, prev_F3, scan, target_R
     )
-    target_R, home_E = step.target_R, step.home_E
     cand_RM, _ = replica_candidates(quota_RR, ids_RM, alloc_ER)
     prev = prev_RB if prev_RB is not None else cand_RM.new_full((R, num_slots), -1)
     slot_RB, new_RB, direct_RD = place_slots_torch(cand_RM, prev, num_slots)
@@ -80,7 +80,14 @@ def alloc_torch(
 ) -> torch.Tensor:
     """int64 ``[E, R]``: :func:`plan_torch`'s ``alloc`` alone (steps 1-2, no slots and no
     row layout; they do not depend on ``num_slots`` or ``align``). Arguments as there."""
-    return _steps12(counts_RE, prev_RB, prev_F3, scan, target_R)[2][2]
+    return _steps12(counts_RE, prev_RB, prev_F3, scan, target_R)[1][2]
+
+
+Steps12 = tuple[
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+]
+"""``((target_R, home_E, ids_RM), (quota_RR, flow_F3, alloc_ER))``: steps 1-2's targets,
+home map and home groups, and their group quotas, flows and allocation."""
 
 
 def _steps12(
@@ -89,27 +96,35 @@ def _steps12(
     prev_F3: torch.Tensor | None,
     scan: str,
     target_R: torch.Tensor | None,
-) -> tuple[_Steps12, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Steps 1-2: their inputs, the home groups ``ids_RM`` and ``(quota_RR, flow_F3,
-    alloc_ER)``."""
+) -> Steps12:
+    """Steps 1-2 by ``scan`` (:func:`plan_torch`); every tensor on the counts' device."""
     R, E = counts_RE.shape
     dev = counts_RE.device
-    home_E = home_map(E, R, device=dev)
-    T_E = counts_RE.sum(0)
-    N = T_E.sum()
-    r_R = torch.arange(R, device=dev)
-    if target_R is None:
-        target_R = N // R + (r_R < N % R).to(torch.int64)
-    load_R = torch.zeros(R, dtype=torch.int64, device=dev).index_add_(0, home_E, T_E)
-    ids_RM = group_experts(E, R, dev)
     if scan == "auto":
         scan = "host" if dev.type == "cpu" else "tensor"
-    step = _Steps12(load_R, target_R, T_E, home_E, prev_RB, prev_F3)
+    if scan not in ("host", "tensor"):
+        raise ValueError(f"scan must be 'auto', 'host' or 'tensor', got {scan!r}")
+    home_E, ids_RM = home_layout(E, R, dev)
     if scan == "host":
-        return step, ids_RM, _alloc_host(step)
-    if scan == "tensor":
-        return step, ids_RM, _alloc_tensor(step, ids_RM)
-    raise ValueError(f"scan must be 'auto', 'host' or 'tensor', got {scan!r}")
+        c = host_int64(counts_RE)  # the one host copy of the counts
+        edges = home_edges(E, R)
+        T_E = c.sum(0)
+        T_E1 = np.concatenate([[0], np.cumsum(T_E)])  # records of the experts before e
+        load = (T_E1[edges[1:]] - T_E1[edges[:-1]]).tolist()
+        if target_R is None:
+            target = targets_list(sum(load), R)
+            target_R = torch.from_numpy(np.array(target, dtype=np.int64)).to(dev)
+        else:
+            target = host_int64(target_R).tolist()
+        out = _alloc_host(_HostSteps12(load, target, T_E.tolist(), edges, prev_RB, prev_F3), dev)
+        return (target_R, home_E, ids_RM), out
+    T_E = counts_RE.sum(0)
+    if target_R is None:
+        N = T_E.sum()
+        target_R = N // R + (torch.arange(R, device=dev) < N % R).to(torch.int64)
+    load_R = torch.zeros(R, dtype=torch.int64, device=dev).index_add_(0, home_E, T_E)
+    step = _Steps12(load_R, target_R, T_E, home_E, prev_RB, prev_F3)
+    return (target_R, home_E, ids_RM), _alloc_tensor(step, ids_RM)
 
 
 @dataclass(frozen=True)
@@ -120,6 +135,20 @@ class _Steps12:
     target_R: torch.Tensor
     T_E: torch.Tensor
     home_E: torch.Tensor
+    prev_RB: torch.Tensor | None
+    prev_F3: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class _HostSteps12:
+    """The inputs of steps 1-2 on the host: loads, targets, records per expert and the
+    home groups' edges as Python integers, and ``previous``'s slots and flows (tensors,
+    read once here)."""
+
+    load: list[int]
+    target: list[int]
+    T: list[int]
+    edges: list[int]  # [R + 1]: rank r's home experts are [edges[r], edges[r + 1])
     prev_RB: torch.Tensor | None
     prev_F3: torch.Tensor | None
 
@@ -148,34 +177,37 @@ def _alloc_tensor(
     return quota_RR, flow_F3, alloc_ER
 
 
-def _alloc_host(step: _Steps12) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Steps 1-2 over host integers (heap scans): quota, flows, alloc."""
-    load_R, T_E, home_E = step.load_R, step.T_E, step.home_E
-    R, E = load_R.shape[0], T_E.shape[0]
-    home = home_E.tolist()
-    warm, warm_experts = warm_maps(step.prev_RB, home)
+def _alloc_host(
+    step: _HostSteps12, dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Steps 1-2 over host integers (heap scans): quota, flows, alloc (numpy arrays on the
+    host, one copy each to ``dev``)."""
+    R, E, edges = len(step.load), len(step.T), step.edges
+    home_E = np.repeat(np.arange(R, dtype=np.int64), np.diff(edges))
+    warm, warm_experts = warm_maps(step.prev_RB, home_E.tolist())
     previous = previous_flows(step.prev_F3)
-    flows = host_flows(load_R.tolist(), step.target_R.tolist(), warm, previous)
-    remaining = T_E.tolist()
+    flows = host_flows(step.load, step.target, warm, previous)
+    remaining = list(step.T)
     dests: dict[int, list[tuple[int, int]]] = {}
     for d, r, q in flows:
         dests.setdefault(d, []).append((r, q))
     moves = []
     for d, out in dests.items():
-        experts = list(range(home_start(d, E, R), home_start(d + 1, E, R)))
+        experts = list(range(edges[d], edges[d + 1]))
         moves += split_group_host(experts, remaining, out, warm_experts.get(d, {}))
-    quota_RR = torch.zeros(R, R, dtype=torch.int64)
-    alloc_ER = torch.zeros(E, R, dtype=torch.int64)
-    flow = flows + [(-1, -1, 0)] * (max(R - 1, 0) - len(flows))
-    flow_F3 = torch.tensor(flow, dtype=torch.int64).view(max(R - 1, 0), 3)
+    F = max(R - 1, 0)
+    quota_RR = np.zeros((R, R), dtype=np.int64)
+    alloc_ER = np.zeros((E, R), dtype=np.int64)
+    flow_F3 = np.array(flows + [(-1, -1, 0)] * (F - len(flows)), dtype=np.int64).reshape(F, 3)
     if flows:
-        f = torch.tensor(flows, dtype=torch.int64)
+        f = flow_F3[: len(flows)]
         quota_RR[f[:, 0], f[:, 1]] = f[:, 2]
-        m = torch.tensor(moves, dtype=torch.int64)
-        alloc_ER.index_put_((m[:, 0], m[:, 1]), m[:, 2], accumulate=True)
-    alloc_ER[torch.arange(E), home_E.cpu()] += torch.tensor(remaining, dtype=torch.int64)
-    dev = load_R.device
-    return quota_RR.to(dev), flow_F3.to(dev), alloc_ER.to(dev)
+        m = np.array(moves, dtype=np.int64)
+        # each (expert, rank) moves once: after a move the rank's quota or the expert's
+        # records are spent, and an expert belongs to one group (no add.at needed)
+        alloc_ER[m[:, 0], m[:, 1]] = m[:, 2]
+    alloc_ER[np.arange(E), home_E] = np.array(remaining, dtype=np.int64)  # no move went home
+    return tuple(torch.from_numpy(a).to(dev) for a in (quota_RR, flow_F3, alloc_ER))  # type: ignore[return-value]
 
 
 def _resident(prev_RB: torch.Tensor, num_experts: int) -> torch.Tensor:

@@ -13,9 +13,11 @@ and ``[R, B]`` tensors, vectorised over ranks.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from moonplan.plan.home import max_local
+from moonplan.plan.reference import place_slots
 
 
 def group_experts(num_experts: int, num_ranks: int, device: torch.device) -> torch.Tensor:
@@ -60,10 +62,53 @@ def place_slots_torch(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Step 3 (``reference.place_slots``) for every rank at once.
 
+    Args:
+        cand_RM: int64 ``[R, M]`` each rank's replicas in placement order (largest
+            first), ``-1`` padded.
+        prev_RB: int64 ``[R, B]`` the previous slots (``-1``: empty).
+        num_slots: ``B``.
+
     Returns:
         ``(slot_RB, new_RB, direct_RD)``: slot experts, 1 where filled this step,
         and the replicas beyond the slots (``-1`` padded), all int64.
+
+    CPU tensors are placed rank by rank on the host (:func:`place_slots_host`: a few
+    list operations per rank cost less than the ~40 tensor ops of the masked form);
+    any other device runs the masked form (:func:`place_slots_masked`: no host read).
     """
+    if cand_RM.device.type == "cpu":
+        return place_slots_host(cand_RM, prev_RB, num_slots)
+    return place_slots_masked(cand_RM, prev_RB, num_slots)
+
+
+def place_slots_host(
+    cand_RM: torch.Tensor, prev_RB: torch.Tensor, num_slots: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`place_slots_torch` by ``reference.place_slots`` on each rank's host lists
+    (the tensors are read to the host: for CPU tensors)."""
+    R, M = cand_RM.shape
+    B, D = num_slots, max(0, M - num_slots)
+    slots, news, directs = [], [], []
+    for cand, prev in zip(cand_RM.tolist(), prev_RB.tolist(), strict=True):
+        reps = [e for e in cand if e >= 0]
+        # records that sort like the given order (largest first): the candidates' rank
+        slot, new, direct = place_slots([(e, -i) for i, e in enumerate(reps)], prev, B)
+        slots.append(slot)
+        news.append(new)
+        directs.append(direct + [-1] * (D - len(direct)))
+    dev = cand_RM.device
+
+    def t(x: list[list[int]], cols: int) -> torch.Tensor:  # numpy reads lists faster
+        return torch.from_numpy(np.array(x, dtype=np.int64).reshape(R, cols)).to(dev)
+
+    return t(slots, B), t(news, B), t(directs, D)
+
+
+def place_slots_masked(
+    cand_RM: torch.Tensor, prev_RB: torch.Tensor, num_slots: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`place_slots_torch` as masked tensor ops on every rank at once (any device,
+    no host read, CUDA-graph capturable)."""
     R, M = cand_RM.shape
     B, D = num_slots, max(0, M - num_slots)
     dev = cand_RM.device

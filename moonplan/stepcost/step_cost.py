@@ -49,7 +49,14 @@ import torch
 
 from moonplan.cost import ModelPreset, get_preset
 from moonplan.stepcost.hardware import Hardware, get_hardware
-from moonplan.stepcost.traffic import SCHEMES, Traffic, dispatch_traffic, host_int64, pair_traffic
+from moonplan.stepcost.traffic import (
+    SCHEMES,
+    Traffic,
+    dispatch_traffic,
+    host_bool,
+    host_int64,
+    pair_traffic,
+)
 
 if TYPE_CHECKING:
     from moonplan.plan.plan_type import Plan
@@ -256,10 +263,26 @@ class StepCost:
 
     def experts_R(self, rows_ER: Any) -> np.ndarray:
         """float64 ``[R]`` roofline seconds of each rank's grouped GEMM over ``rows_ER``."""
-        rows = host_int64(rows_ER).astype(np.float64)
-        tiles = np.ceil(rows / self.tile_rows) * self.tile_rows
-        flop_R = self.row_flop_s * tiles.sum(0)
-        mem_R = self.weight_read_s * (rows > 0).sum(0) + self.row_mem_s * rows.sum(0)
+        rows = host_int64(rows_ER)
+        return self._roofline(self._padded(rows).sum(0), (rows > 0).sum(0), rows.sum(0))
+
+    def _padded(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` (int64) each padded up to a multiple of :attr:`tile_rows`."""
+        t = self.tile_rows
+        if t == 1:
+            return rows
+        if t & (t - 1) == 0:  # a power of two: one add and one mask
+            return (rows + (t - 1)) & -t
+        return -(-rows // t) * t
+
+    def _roofline(
+        self, padded_R: np.ndarray, experts_R: np.ndarray, rows_R: np.ndarray
+    ) -> np.ndarray:
+        """float64 ``[R]``: ``max(row_flop_s * padded rows, weight_read_s * experts with rows
+        + row_mem_s * rows)`` per rank from those sums (integer-valued, exact: the same
+        floats as summing the rows as floats, ``moonplan.stepcost.reference``)."""
+        flop_R = self.row_flop_s * padded_R
+        mem_R = self.weight_read_s * experts_R + self.row_mem_s * rows_R
         return np.maximum(flop_R, mem_R)
 
     @staticmethod
@@ -277,6 +300,18 @@ class StepCost:
         intra, inter = busy
         link = float(np.maximum(intra * intra_s, inter * inter_s).max())
         return self.base_latency_s + self.per_peer_latency_s * (R - 1) + link
+
+    def _dispatch_combine(self, R: int, busy: tuple[np.ndarray, np.ndarray]) -> tuple[float, float]:
+        """:meth:`_all_to_all` of dispatch and of combine at once (the same products, one
+        array op each for both)."""
+        if R <= 1:
+            return 0.0, 0.0
+        intra, inter = busy
+        intra_2 = np.array([self.dispatch_row_s_intra, self.combine_row_s_intra])[:, None]
+        inter_2 = np.array([self.dispatch_row_s_inter, self.combine_row_s_inter])[:, None]
+        D, Cb = np.maximum(intra * intra_2, inter * inter_2).max(1).tolist()
+        lat = self.base_latency_s + self.per_peer_latency_s * (R - 1)
+        return lat + D, lat + Cb
 
     def _fetch(
         self, weights: tuple[np.ndarray, np.ndarray], data: tuple[np.ndarray, np.ndarray]
@@ -317,7 +352,7 @@ class StepCost:
                 is ``"record"``, whose rows follow from ``sent_RE`` and ``rows_ER``).
         """
         rows, sent, src = host_int64(rows_ER), host_int64(sent_RE), host_int64(src_E)
-        fetch = host_int64(fetch_ER) != 0
+        fetch = host_bool(fetch_ER)
         E, R = rows.shape
         if fetch.shape != (E, R) or src.shape != (E,):
             raise ValueError(
@@ -328,16 +363,40 @@ class StepCost:
         if traffic is None and self.dispatch != "record":
             raise ValueError(f"dispatch={self.dispatch!r} needs traffic= (scheme_traffic)")
         data = dispatch_traffic(sent, rows, G) if traffic is None else traffic
-        e_C, r_C = fetch.nonzero()
-        moves = pair_traffic(np.stack([src[e_C], r_C], axis=1), R, G)
         plan = self.plan_s * planned
-        d_busy, w_busy = self._busiest(data), self._busiest(moves)
-        D = self._all_to_all(R, d_busy, self.dispatch_row_s_intra, self.dispatch_row_s_inter)
-        Cb = self._all_to_all(R, d_busy, self.combine_row_s_intra, self.combine_row_s_inter)
-        home_R = self.experts_R(np.where(fetch, 0, rows))
-        wait_R = self.experts_R(np.where(fetch, rows, 0))
+        d_busy = self._busiest(data)
+        D, Cb = self._dispatch_combine(R, d_busy)
+        # both expert sections from sums over all rows and over the few fetched pairs (a
+        # pair's rows are in exactly one section, and padding 0 rows gives 0)
+        rows_R = rows.sum(0)
+        padded_R = rows_R if self.tile_rows == 1 else self._padded(rows).sum(0)
+        all_3R = (padded_R, (rows > 0).sum(0), rows_R)
+        e_C, r_C = fetch.nonzero()
+        if not len(e_C):  # nothing fetched: no wait section, no copy (``_fetch``'s (0, 0))
+            home_R, wait_R = self._roofline(*all_3R), np.zeros(R)
+            return self._schedule(plan, D, Cb, (home_R, wait_R), (0.0, 0.0))
+        w_C = rows[e_C, r_C]
+        wait_3R = [np.bincount(r_C, v_C, minlength=R) for v_C in (self._padded(w_C), w_C > 0, w_C)]
+        home_R = self._roofline(*(a - w for a, w in zip(all_3R, wait_3R, strict=True)))
+        wait_R = self._roofline(*wait_3R)
+        moves = pair_traffic(np.stack([src[e_C], r_C], axis=1), R, G)
+        alone, ready = self._fetch(self._busiest(moves), d_busy)
+        return self._schedule(plan, D, Cb, (home_R, wait_R), (alone, ready))
+
+    def _schedule(
+        self,
+        plan: float,
+        D: float,
+        Cb: float,
+        sections: tuple[np.ndarray, np.ndarray],
+        fetch: tuple[float, float],
+    ) -> StepTime:
+        """The step's phases from its parts (module docstring): planning, dispatch and
+        combine seconds, each rank's home and fetched expert ``sections`` (float64
+        ``[R]``) and the fetch's ``(alone, ready)`` seconds (:meth:`_fetch`)."""
+        home_R, wait_R = sections
+        alone, ready = fetch
         experts = float((home_R + wait_R).max())
-        alone, ready = self._fetch(w_busy, d_busy)
         without = plan + D + experts + Cb
         if self.overlap:
             total = plan + float((np.maximum(D + home_R, ready) + wait_R).max()) + Cb
@@ -353,7 +412,7 @@ class StepCost:
         its direct replicas, fetched from the experts' home ranks.
         """
         alloc_ER = host_int64(plan.alloc)  # one host copy, for the rows and the fetches
-        fetch_ER = plan_fetch_ER(plan, alloc_ER)
+        fetch_ER = _fetch_ER(plan, alloc_ER)
         return self.step_time(
             alloc_ER, host_int64(plan.counts), fetch_ER, host_int64(plan.home), planned=planned
         )
@@ -362,12 +421,19 @@ class StepCost:
 def plan_fetch_ER(plan: Plan, alloc_ER: np.ndarray | None = None) -> torch.Tensor:
     """CPU bool ``[E, R]``: pairs whose weights a plan moves this step (new slots, direct
     reads). ``alloc_ER``: the plan's allocation already on the host (int64 numpy), if any."""
-    alloc_ER = host_int64(plan.alloc) if alloc_ER is None else alloc_ER
+    return torch.from_numpy(
+        _fetch_ER(plan, host_int64(plan.alloc) if alloc_ER is None else alloc_ER)
+    )
+
+
+def _fetch_ER(plan: Plan, alloc_ER: np.ndarray) -> np.ndarray:
+    """:func:`plan_fetch_ER` as a numpy array (``alloc_ER``: the plan's, on the host)."""
     fetch_ER = np.zeros(alloc_ER.shape, dtype=bool)
-    slot_RB, new_RB = host_int64(plan.slot_expert), host_int64(plan.slot_new) > 0
+    slot_RB, new_RB = host_int64(plan.slot_expert), host_bool(plan.slot_new)
     r_N, j_N = new_RB.nonzero()
     fetch_ER[slot_RB[r_N, j_N], r_N] = True
     direct_RD = host_int64(plan.direct_expert())
     r_N, j_N = (direct_RD >= 0).nonzero()
     fetch_ER[direct_RD[r_N, j_N], r_N] = True
-    return torch.from_numpy(fetch_ER & (alloc_ER > 0))
+    fetch_ER &= alloc_ER > 0
+    return fetch_ER

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import moonplan
 from moonplan import Plan, PlanError, check_plan
+from moonplan.plan.from_alloc import _largest_first_host, _largest_first_sort, largest_first
 from moonplan.testing import allocs, counts
 
 LAYOUT = ("slot_expert", "slot_new", "row_expert", "row_count", "row_offset", "target")
@@ -106,3 +107,20 @@ def test_more_remote_experts_than_rows_and_a_low_bound_are_rejected() -> None:
         Plan.from_alloc(c, spread, slots=4, load_bound=7)
     with pytest.raises(PlanError, match="previous plan has"):
         Plan.from_alloc(c, spread, slots=4, previous=moonplan.plan(c, slots=2))
+
+
+@given(st.data())
+def test_largest_first_on_the_host_is_the_sorted_order(data: st.DataObject) -> None:
+    """CPU tensors order their replicas on the host; other devices sort every row: the
+    same candidates either way (ties, rows without any, ``K`` below and above the
+    number of replicas), and "meta" tensors take the sorting path."""
+    R, E = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 12))
+    values = st.integers(0, 3) if data.draw(st.booleans()) else st.integers(0, 10**6)
+    rec = torch.tensor(data.draw(st.lists(values, min_size=R * E, max_size=R * E))).view(R, E)
+    rec_RE = rec.t().contiguous().t() if data.draw(st.booleans()) else rec  # strided too
+    K = data.draw(st.integers(0, E + 2))
+    want = _largest_first_sort(rec_RE, K)
+    assert torch.equal(_largest_first_host(rec_RE, K), want), (rec.tolist(), K)
+    assert torch.equal(largest_first(rec_RE, K), want)
+    meta = largest_first(rec_RE.to("meta"), K)
+    assert meta.device.type == "meta" and meta.shape == (R, K)

@@ -91,3 +91,32 @@ def test_a_choice_copies_the_previous_flows_to_the_host_once(
     monkeypatch.setattr(screen, "previous_flows", lambda f: copies.append(1) or real(f))
     choose(inp, cost)
     assert copies == [1]
+
+
+@given(st.data())
+def test_a_shared_step_bounds_as_a_fresh_one_and_reads_previous_once(data: st.DataObject) -> None:
+    """``Step`` reads ``previous``'s slots once: its warm pairs are the construction's
+    (``group_flows.warm_maps``), and the tile- and domain-sized parts it keeps for later
+    bounds give every bound the same float as a step built for that bound alone."""
+    from moonplan.plan.group_flows import warm_maps
+    from moonplan.plan.screen import lower_bound
+
+    first = data.draw(counts(max_ranks=9, max_experts=20, max_records_per_rank=300))
+    R, E = first.shape
+    prev = moonplan.plan(first) if data.draw(st.booleans()) else None
+    c = counts_like(data, first)
+    prev_RB = None if prev is None else prev.slot_expert
+    prev_F3 = None if prev is None else prev.flow
+    shared = Step.of(c, prev_RB, prev_F3)
+    assert shared.warm == warm_maps(prev_RB, shared.home)[0]
+    inp = Inputs(c, -(-E // R), 1, prev_RB, prev_F3, "torch")
+    load = build("static", inp).alloc.sum(0).tolist()
+    tile = data.draw(st.sampled_from([1, 16, 128]))
+    domain = data.draw(st.integers(0, R))
+    cost = StepCost.from_hardware("h200-node", "deepseek-v3").scaled(tile_rows=tile, domain=domain)
+    for replay in (True, False):
+        for _, target, _ in balancing_order(load, None):
+            kw = dict(target=target, prev_RB=prev_RB, prev_F3=prev_F3, horizon=8.0, replay=replay)
+            alone = lower_bound(cost, c, 0, **kw)  # type: ignore[arg-type]
+            again = lower_bound(cost, c, 0, step=shared, **kw)  # type: ignore[arg-type]
+            assert alone == again
