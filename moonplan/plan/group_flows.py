@@ -14,6 +14,8 @@ import bisect
 import heapq
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from moonplan.plan.reference import Flow, keep_previous_flows
 
 if TYPE_CHECKING:
@@ -148,3 +150,41 @@ def split_group_host(
         if -neg_q > take:
             heapq.heappush(quota_heap, (neg_q + take, r))
     return moves
+
+
+def host_alloc(
+    load: list[int],
+    target: list[int],
+    total_E: list[int],
+    edges: list[int],
+    warm: tuple[dict[int, set[int]] | None, dict[int, dict[int, list[int]]]],
+    previous: list[Flow],
+) -> tuple[list[Flow], np.ndarray]:
+    """Steps 1-2 on the host: the group flows (:func:`host_flows`) and the allocation
+    int64 numpy ``[E, R]`` they split into (:func:`split_group_host` per donor group,
+    what is left at home).
+
+    Args:
+        load, target: static loads and targets per rank (ints ``[R]``).
+        total_E: records per expert (ints ``[E]``).
+        edges: ints ``[R + 1]``, rank ``r``'s home experts ``[edges[r], edges[r + 1])``.
+        warm: ``previous``'s residents, :func:`warm_maps` (``(None, {})``: none).
+        previous: last step's flows in order (``[]``: none).
+    """
+    warm_by_receiver, warm_experts = warm
+    flows = host_flows(load, target, warm_by_receiver, previous)
+    dests: dict[int, list[tuple[int, int]]] = {}
+    for d, r, q in flows:
+        dests.setdefault(d, []).append((r, q))
+    remaining = list(total_E)
+    E, R = len(total_E), len(load)
+    alloc_ER = np.zeros((E, R), dtype=np.int64)
+    for d, out in dests.items():
+        group = list(range(edges[d], edges[d + 1]))
+        for e, r, q in split_group_host(group, remaining, out, warm_experts.get(d, {})):
+            # each (expert, rank) moves once: after a move the rank's quota or the
+            # expert's records are spent, and an expert belongs to one group
+            alloc_ER[e, r] = q
+    home_E = np.repeat(np.arange(R, dtype=np.int64), np.diff(np.asarray(edges)))
+    alloc_ER[np.arange(E), home_E] = np.asarray(remaining, dtype=np.int64)  # no move went home
+    return flows, alloc_ER

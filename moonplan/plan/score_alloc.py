@@ -26,7 +26,7 @@ rows, offsets and ``Plan``.
 
 The allocation is the group-flow construction's (steps 1-2 of ``moonplan/plan/README.md``):
 with the torch builder, the host scans the torch backend runs on CPU tensors
-(``group_flows.host_flows``, ``group_flows.split_group_host``) on host integers that
+(``group_flows.host_alloc``: its flows and their split) on host integers that
 every candidate of one choice shares (:class:`Context`: loads, residents, previous
 flows), into a numpy allocation; with the reference builder, the reference planner.
 """
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from moonplan.plan.group_flows import host_flows, split_group_host, warm_maps
-from moonplan.plan.home import home_list, home_start, targets_list
+from moonplan.plan.group_flows import host_alloc, warm_maps
+from moonplan.plan.home import home_edges, home_list, targets_list
 from moonplan.plan.reference import Flow, previous_flows, reference_fields
 
 
@@ -96,20 +96,9 @@ class Context:
             return reference_fields(counts, B, 1, prev, target=target)["alloc"].numpy()
         R, E = len(self.load), len(self.total_E)
         t = targets_list(sum(self.total_E), R) if target is None else target
-        flows = host_flows(self.load, t, self.warm if replay else None,
-                           self.previous if replay else [])  # fmt: skip
-        dests: dict[int, list[tuple[int, int]]] = {}
-        for d, r, q in flows:
-            dests.setdefault(d, []).append((r, q))
-        remaining = list(self.total_E)
-        alloc_ER = np.zeros((E, R), dtype=np.int64)
-        for d, out in dests.items():
-            group = list(range(home_start(d, E, R), home_start(d + 1, E, R)))
-            resident = self.warm_experts.get(d, {}) if replay else {}
-            for e, r, q in split_group_host(group, remaining, out, resident):
-                alloc_ER[e, r] += q
-        alloc_ER[np.arange(E), self.home_E] += np.asarray(remaining, dtype=np.int64)
-        return alloc_ER
+        warm = (self.warm, self.warm_experts) if replay else (None, {})
+        previous = self.previous if replay else []
+        return host_alloc(self.load, t, self.total_E, home_edges(E, R), warm, previous)[1]
 
     def time(self, cost: Any, alloc_ER: np.ndarray, planned: int) -> Any:
         """``cost.step_time`` of a plan of ``alloc_ER`` built on ``previous`` with

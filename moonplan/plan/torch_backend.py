@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from moonplan.plan.from_alloc import home_layout
-from moonplan.plan.group_flows import host_flows, split_group_host, warm_maps
+from moonplan.plan.group_flows import host_alloc, warm_maps
 from moonplan.plan.home import home_edges, targets_list
 from moonplan.plan.reference import previous_flows
 from moonplan.plan.torch_layout import place_slots_torch, replica_candidates, row_layout_torch
@@ -182,31 +182,18 @@ def _alloc_host(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Steps 1-2 over host integers (heap scans): quota, flows, alloc (numpy arrays on the
     host, one copy each to ``dev``)."""
-    R, E, edges = len(step.load), len(step.T), step.edges
-    home_E = np.repeat(np.arange(R, dtype=np.int64), np.diff(edges))
-    warm, warm_experts = warm_maps(step.prev_RB, home_E.tolist())
-    previous = previous_flows(step.prev_F3)
-    flows = host_flows(step.load, step.target, warm, previous)
-    remaining = list(step.T)
-    dests: dict[int, list[tuple[int, int]]] = {}
-    for d, r, q in flows:
-        dests.setdefault(d, []).append((r, q))
-    moves = []
-    for d, out in dests.items():
-        experts = list(range(edges[d], edges[d + 1]))
-        moves += split_group_host(experts, remaining, out, warm_experts.get(d, {}))
+    R, edges = len(step.load), step.edges
+    home = np.repeat(np.arange(R, dtype=np.int64), np.diff(edges)).tolist()
+    warm = warm_maps(step.prev_RB, home)
+    flows, alloc_ER = host_alloc(
+        step.load, step.target, step.T, edges, warm, previous_flows(step.prev_F3)
+    )
     F = max(R - 1, 0)
     quota_RR = np.zeros((R, R), dtype=np.int64)
-    alloc_ER = np.zeros((E, R), dtype=np.int64)
     flow_F3 = np.array(flows + [(-1, -1, 0)] * (F - len(flows)), dtype=np.int64).reshape(F, 3)
     if flows:
         f = flow_F3[: len(flows)]
         quota_RR[f[:, 0], f[:, 1]] = f[:, 2]
-        m = np.array(moves, dtype=np.int64)
-        # each (expert, rank) moves once: after a move the rank's quota or the expert's
-        # records are spent, and an expert belongs to one group (no add.at needed)
-        alloc_ER[m[:, 0], m[:, 1]] = m[:, 2]
-    alloc_ER[np.arange(E), home_E] = np.array(remaining, dtype=np.int64)  # no move went home
     return tuple(torch.from_numpy(a).to(dev) for a in (quota_RR, flow_F3, alloc_ER))  # type: ignore[return-value]
 
 
