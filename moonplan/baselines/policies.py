@@ -45,7 +45,7 @@ from moonplan.baselines.moonep_greedy import MOONEP_PLAN_US
 from moonplan.baselines.policy_base import Policy, PolicyStep, make_step
 from moonplan.baselines.registry import PolicyInfo, register
 from moonplan.plan import api as planner
-from moonplan.plan.ahead import AheadChoice
+from moonplan.plan.ahead import MAX_LAG, AheadChoice
 from moonplan.plan.choose import WORK
 from moonplan.plan.plan_type import Plan
 from moonplan.stepcost import StepCost, plan_fetch_ER
@@ -130,22 +130,29 @@ class MoonplanAutoPolicy(PlannerPolicy):
 
     * ``ahead=True`` (``moonplan-auto``; the schedule the runtime's ``Balancer`` runs,
       a host thread running ``choose_next``): each step builds only
-      the candidate :class:`~moonplan.plan.ahead.AheadChoice` named (``policy=name``:
+      the candidate in force in :class:`~moonplan.plan.ahead.AheadChoice` (``policy=name``:
       one construction for a balancing candidate, none for ``static`` and
       ``resident``), charged on the critical path; the first step (no choice yet)
-      chooses inline. Then the search for the next step runs on this step's counts and
-      the previous plan (``AheadChoice.update``: the lean search, ``moonplan.plan.search``,
-      which names the candidate and builds no plan), off the critical path: its work
-      (``found.planned + found.chose``: the constructions it scored, and its own work;
-      on a step that keeps the choice only ``WORK["keep"]``, as nothing is built) is
-      recorded as ``PolicyStep.background_plan``, and the simulator charges the part of
-      it that does not fit beside the step. After
-      an inline step the inline search *is* that search (same counts, same
-      ``previous``): its choice is kept and nothing runs in the background.
+      chooses inline, and its choice is in force from the next step (the inline search
+      *is* that step's search: nothing runs in the background after it). After each
+      later step with no search in flight, the search runs on that step's counts and the
+      previous plan (``AheadChoice.update``: the lean search, ``moonplan.plan.search``,
+      which names the candidate and builds no plan), off the critical path, naming the
+      candidate of the step ``L`` later (``moonplan.plan.ahead.search_lag``: its
+      forecast at ``search_s`` host seconds per construction equivalent over the
+      predicted step; ``max_lag`` at most). Its work (``found.planned + found.chose``:
+      the constructions it scored, and its own work; on a step that keeps the choice
+      only ``WORK["keep"]``, as nothing is built) and ``L`` are recorded at the step it
+      starts (``PolicyStep.background_plan``, ``PolicyStep.lag``); the simulator charges
+      the part of it that does not fit beside the ``L`` steps it runs beside
+      (``moonplan.simulate.model_time.background_wait_s``).
     * ``ahead=False`` (``moonplan-auto-inline``): ``moonplan.plan(..., policy="auto")``
       on every step's critical path, charged its runs (``plan.planned``) plus the
       choice's own work (screens, scorings, the keep test: ``plan.chose``, in
       construction equivalents measured on this code, ``moonplan.plan.choose.WORK``).
+
+    ``search_s``: ``None`` is ``cost.plan_s`` (the search on the host as fast as the
+    planner the simulator charges; ``SimConfig.search_seconds`` without ``search_us``).
     """
 
     name = "moonplan-auto"
@@ -159,13 +166,16 @@ class MoonplanAutoPolicy(PlannerPolicy):
         cost: StepCost,
         slots: int | None = None,
         ahead: bool = True,
+        search_s: float | None = None,
+        max_lag: int = MAX_LAG,
     ) -> None:
         if not isinstance(cost, StepCost):
             raise ValueError(f"moonplan-auto needs cost=StepCost(...), got {cost!r}")
         super().__init__(num_ranks, num_experts, slots=slots, cost=cost)
         self.ahead = ahead
         self.name = "moonplan-auto" if ahead else "moonplan-auto-inline"
-        self._choice = AheadChoice()
+        search_s = cost.plan_s if search_s is None else search_s
+        self._choice = AheadChoice(search_s=search_s, max_lag=max_lag)
 
     def reset(self) -> None:
         super().reset()
@@ -177,14 +187,12 @@ class MoonplanAutoPolicy(PlannerPolicy):
         counts_RE = self._counts(counts)
         named = self._choice.policy()
         p = self.plan(counts_RE, self._previous, named)
-        background = 0.0
-        if named == "auto":  # inline: this search is the next step's choice
-            self._choice.settle(p.policy, p, basis=p.basis)
-        else:
-            found = self._choice.update(
-                counts_RE, p, previous=self._previous, cost=self.cost, slots=self.slots
-            )
-            background = found.planned + found.chose
+        background, lag = 0.0, 1
+        found = self._choice.update(  # none after an inline step: that search was its own
+            counts_RE, p, previous=self._previous, cost=self.cost, slots=self.slots
+        )
+        if found is not None:  # a search started after this step
+            background, lag = found.planned + found.chose, self._choice.last_lag
         self._previous = p
         return plan_step(
             self.name,
@@ -193,6 +201,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
             planned=p.planned + p.chose,
             choice=p.policy,
             background_plan=background,
+            lag=lag,
         )
 
 
@@ -348,13 +357,14 @@ def _refresh(name: str, num_ranks: int, num_experts: int, **options: Any) -> Pol
     return MoonplanRefreshPolicy(num_ranks, num_experts, **options)
 
 
-# Both exact variants take `slots`; auto also needs `cost` (the StepCost it minimises).
+# Both exact variants take `slots`; auto also needs `cost` (the StepCost it minimises),
+# and choosing ahead takes `search_s` and `max_lag` (its lag, moonplan.plan.ahead).
 register(PolicyInfo("moonplan", _moonplan, style=("-", "o"), plan_us=MOONEP_PLAN_US,
                     options=("slots",), order=60))  # fmt: skip
 register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-", "D"),
                     plan_us=MOONEP_PLAN_US, options=("slots",), order=70))  # fmt: skip
 register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=MOONEP_PLAN_US,
-                    options=("cost", "slots"), order=80))  # fmt: skip
+                    options=("cost", "slots", "search_s", "max_lag"), order=80))  # fmt: skip
 # The inline schedule (the search on every step's critical path): not listed, for comparison.
 register(PolicyInfo("moonplan-auto-inline", _auto, label="auto-inline", style=("--", "^"),
                     plan_us=MOONEP_PLAN_US, options=("cost", "slots"), order=90,

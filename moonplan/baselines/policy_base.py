@@ -55,10 +55,13 @@ class PolicyStep:
             ``moonplan-auto`` adds its choice's own work, ``Plan.chose``).
         choice: the candidate a choosing policy took this step (``moonplan-auto``:
             ``plan.policy``, e.g. ``"static"``); ``""`` for the others.
-        background_plan: planner work run off the critical path after this step, in
-            construction equivalents (``moonplan-auto``'s choice of the next step's
+        background_plan: planner work started off the critical path after this step, in
+            construction equivalents (``moonplan-auto``'s search for a later step's
             candidate, ``found.planned + found.chose``); the simulator charges only the
-            part that does not fit beside the step (``moonplan.simulate.model_time``).
+            part that does not fit beside the steps it runs beside
+            (``moonplan.simulate.model_time``).
+        lag: the steps that background work runs beside, this one included (the search
+            names the candidate of the step ``lag`` later: ``moonplan.plan.ahead``).
     """
 
     name: str
@@ -74,6 +77,7 @@ class PolicyStep:
     planned: float = 1
     choice: str = ""
     background_plan: float = 0.0
+    lag: int = 1
     refill_ER: torch.Tensor | None = None
 
     @property

@@ -33,11 +33,20 @@ step that keeps the choice builds nothing (``Choice.planned`` is 0 where inline
 
 Every input is all-gathered or derived from all-gathered data, so every rank names
 the same candidate, as inline ``"auto"`` does.
+
+A search longer than a step (decode steps are far shorter than a search on the host)
+runs with a *lag*: the search started after step ``t`` names the candidate of step
+``t + L``, not ``t + 1``, with ``L`` fixed when it starts (:func:`search_lag`, from
+values every rank shares). Steps ``t + 1 .. t + L - 1`` keep building the candidate in
+force, by name; step ``t + L`` takes the search (in the runtime: waits for it, a wait
+only where the forecast was short), and the next search starts after it. One search
+is in flight at a time. With ``L = 1`` this is the schedule above, plan for plan.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -47,6 +56,11 @@ from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Basis, Plan
 from moonplan.plan.search import Choice, search
 from moonplan.plan.validate import check_options, checked_counts
+
+MAX_LAG = 8
+"""Most steps a search may run beside (:func:`search_lag`): a choice that old is made on
+counts 8 steps back; on the simulator's drifting traces (step-to-step correlation 0.99)
+that still beats waiting for it (``docs/planner-policy.md``, "Choosing ahead")."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,32 +140,87 @@ def choose_next(
     return search(inp, cost)
 
 
-class AheadChoice:
-    """One layer's choose-ahead state: the candidate named for the next step.
+def search_lag(work: float | None, step_s: float | None, search_s: float, max_lag: int) -> int:
+    """``L``: how many steps ahead a search starting now names its candidate.
 
-    Use: ``p = plan(counts, previous=last, policy=ahead.policy(), cost=cost)`` on the
-    critical path, then ``ahead.update(counts, p, previous=last, cost=cost)`` (or
-    ``ahead.settle(name, p, basis=found.basis)`` with ``found`` searched elsewhere, e.g.
-    by a host thread running :func:`choose_next` from host copies of :meth:`start`,
-    :meth:`Before.of`).
+    ``L = min(max_lag, max(1, ceil(work * search_s / step_s)))``: the forecast of the
+    search's host time (the last finished search's construction equivalents ``work``,
+    ``Choice.planned + Choice.chose``, at ``search_s`` host seconds each) over the
+    predicted step time ``step_s`` of that search's winner. ``1`` before any search
+    finished (``work`` is ``None``) or without a positive step time. Every argument is
+    the same on every rank, so every rank picks the same ``L``.
+
+    Raises:
+        ValueError: ``max_lag < 1`` or ``search_s < 0``.
+    """
+    if max_lag < 1 or search_s < 0:
+        raise ValueError(f"need max_lag >= 1 and search_s >= 0, got {max_lag}, {search_s}")
+    if work is None or step_s is None or step_s <= 0:
+        return 1
+    return min(max_lag, max(1, math.ceil(work * search_s / step_s)))
+
+
+def inline_choice(p: Plan) -> Choice:
+    """The choice inline ``"auto"`` made for ``p`` (a finished search: its name, scores,
+    work and basis), to put in force with :meth:`AheadChoice.take`."""
+    return Choice(p.policy, p.predicted, p.planned, p.chose, p.basis)
+
+
+class AheadChoice:
+    """One layer's choose-ahead state: the candidate in force and the search in flight.
+
+    Args:
+        search_s: host seconds per construction equivalent of a search (the same on
+            every rank); ``0``: every search names the next step (``L = 1``).
+        max_lag: the most steps ahead a search names (:func:`search_lag`).
+
+    Per step ``t``: ``p = plan(counts, previous=last, policy=ahead.policy(), cost=cost)``
+    on the critical path, then, in the caller, ``ahead.update(counts, p, previous=last,
+    cost=cost)``: records ``p``, starts a search when none is in flight (it names step
+    ``t + L``) and puts a search's candidate in force once the next step is the one it
+    names. A runtime running the search elsewhere makes the same calls apart:
+    :meth:`start` (what the search starts from, before the step's plan), :meth:`record`
+    (the step's plan), :meth:`launch` (a search starts, its lag), :meth:`due` and
+    :meth:`take` (at the step it names, before that step's plan).
     """
 
-    def __init__(self) -> None:
-        self._before: Plan | None = None  # plan of the step before the last one
-        self._next: str | None = None  # candidate named for the next step
+    def __init__(self, *, search_s: float = 0.0, max_lag: int = MAX_LAG) -> None:
+        search_lag(None, None, search_s, max_lag)  # checks the options
+        self.search_s, self.max_lag = float(search_s), int(max_lag)
+        self.last_lag = 1  # the lag of the last search started
+        self._before: Plan | None = None  # the last recorded plan, basis handed on
+        self._next: str | None = None  # the candidate in force
         self._next_basis: Basis | None = None  # the basis of the search that named it
+        self._steps = 0  # steps recorded
+        self._due: int | None = None  # the step the search in flight names
+        self._held: Choice | None = None  # update(): the search run, until it is due
+        self._work: float | None = None  # the last search taken: its work
+        self._step_s: float | None = None  # its winner's predicted step (last known)
 
     @property
     def before(self) -> Plan | None:
-        """The plan the next choice starts from (the last step's ``previous``), with the
-        basis of the search that named its candidate (what inline ``auto``'s previous
-        plan carries: the keep test reads it)."""
+        """The plan of the last recorded step, with the basis of the search that named its
+        candidate (what inline ``auto``'s previous plan carries: the keep test reads it):
+        what the next search starts from."""
         return self._before
 
+    @property
+    def searching(self) -> bool:
+        """Whether a search is in flight (started, not yet taken)."""
+        return self._due is not None
+
     def policy(self) -> str:
-        """The ``policy=`` of the next step: the named candidate, or ``"auto"`` before
+        """The ``policy=`` of the next step: the candidate in force, or ``"auto"`` before
         the first choice (inline)."""
         return "auto" if self._next is None else self._next
+
+    def due(self) -> bool:
+        """Whether the next step is the one the search in flight names (take it first)."""
+        return self._due is not None and self._steps >= self._due
+
+    def lag(self) -> int:
+        """:func:`search_lag` of a search starting now (from the last one taken)."""
+        return search_lag(self._work, self._step_s, self.search_s, self.max_lag)
 
     def update(
         self,
@@ -163,36 +232,74 @@ class AheadChoice:
         slots: int | None = None,
         align: int = 1,
         backend: str = "torch",
-    ) -> Choice:
-        """Choose the next step's candidate now (in the caller) from this step's counts
-        and ``p`` (this step's plan); returns the search's :class:`Choice` (its work,
-        its scores).
-
-        ``previous``: the plan this step was built from (the search starts from
-        :meth:`start` of it: the search inline ``"auto"`` would have run at this step)."""
+    ) -> Choice | None:
+        """The in-caller schedule after step ``t`` (plan ``p``, built from ``previous``):
+        record ``p`` (:meth:`record`); when a search starts, run it now (from
+        :meth:`start` of ``previous``, on ``counts_RE``: the search inline ``"auto"``
+        would run at this step), naming step ``t + L``; put it in force once the next
+        step is the one it names (at once with ``L = 1``). Returns the search run now
+        (its work, its scores), ``None`` when none started (one in flight, or ``p`` was
+        chosen inline)."""
         start = self.start(previous)
-        found = choose_next(counts_RE, start, cost=cost, slots=slots, align=align, backend=backend)
-        self.settle(found.policy, p, basis=found.basis)
+        found = None
+        if self.record(p):
+            self.launch()
+            found = choose_next(
+                counts_RE, start, cost=cost, slots=slots, align=align, backend=backend
+            )
+            self._held = found
+        if self.due():
+            held, self._held = self._held, None
+            assert held is not None, "update() holds the search it started"
+            self.take(held)
         return found
 
     def start(self, previous: Plan | None) -> Plan | None:
         """What the search of a step built from ``previous`` starts from: :attr:`before`
         (``previous`` with the basis handed on) when it is that plan, else ``previous``
-        itself (no search recorded yet, after :meth:`reset`, or residents dropped)."""
+        itself (no step recorded yet, after :meth:`reset`, or residents dropped)."""
         b = self._before
         if previous is None or b is None or b.alloc is not previous.alloc:
             return previous
         return b
 
-    def settle(self, name: str, p: Plan, *, basis: Basis | None = None) -> None:
-        """Record ``name`` as the next step's candidate (``basis``: that of the search that
-        named it, ``found.basis``) and ``p`` as this step's plan. ``p`` keeps its own
-        basis when it was chosen inline (no candidate named before it), else it takes
-        the basis of the search that named its candidate."""
-        own = p.basis if self._next is None else self._next_basis
+    def record(self, p: Plan) -> bool:
+        """Record ``p`` as this step's plan (once per step, after its last plan); returns
+        whether a search starts after this step (:meth:`launch`).
+
+        ``p`` keeps its own basis when it was chosen inline (no candidate in force), else
+        it takes the basis of the search that named its candidate. An inline choice is
+        this step's search (the same counts, the same previous plan): it is put in force
+        (:meth:`take`) and no search starts after it; otherwise one starts when none is
+        in flight."""
+        inline = self._next is None
+        own = p.basis if inline else self._next_basis
         self._before = p if own is p.basis else dataclasses.replace(p, basis=own)
-        self._next, self._next_basis = name, basis
+        self._steps += 1
+        if inline:
+            self.take(inline_choice(p))
+        return not inline and not self.searching
+
+    def launch(self) -> int:
+        """A search starts after the step just recorded; returns its lag ``L`` (it names
+        the step ``L`` after that one: :meth:`due` there)."""
+        assert not self.searching, "one search in flight at a time"
+        self.last_lag = self.lag()
+        self._due = self._steps - 1 + self.last_lag
+        return self.last_lag
+
+    def take(self, found: Choice) -> None:
+        """Put ``found``'s candidate in force (from the next step on; at the step the
+        search in flight names, or an inline choice, :func:`inline_choice`) and remember
+        its work and its winner's predicted step for the next lag (a kept choice, which
+        scores nothing, keeps the last predicted step)."""
+        self._next, self._next_basis, self._due = found.policy, found.basis, None
+        self._work = found.planned + found.chose
+        if found.policy in found.predicted:
+            self._step_s = found.predicted[found.policy]
 
     def reset(self) -> None:
-        """Forget the history (the next step chooses inline)."""
+        """Forget the history (the next step chooses inline, the next lag is 1)."""
         self._before, self._next, self._next_basis = None, None, None
+        self._steps, self._due, self._held = 0, None, None
+        self._work, self._step_s, self.last_lag = None, None, 1

@@ -25,17 +25,27 @@ on host copies of the counts and of the previous plan's slots and flows
 are read anyway: the thread never touches a device tensor). It is the lean search
 (``moonplan.plan.search``: the candidate's name, no plan laid out, nothing built on a
 step that keeps the choice); it runs beside the rest of step
-``t`` (dispatch, experts, combine, backward) and of the model. Step ``t + 1`` waits
-for it before its counts exchange (:meth:`Balancer.collect`: the wait is the phase
-``choice_exposed``, the search's own time ``choice``) and builds only the candidate it
-named: ``moonplan.plan(counts_{t+1}, previous=plan_t, policy=name)``. The first
-``"auto"`` step, the first after the cost model changes (calibration) and the first
-after a failed counts exchange choose inline. ``choose="inline"`` runs the search on
-every step's critical path. The thread runs planner code only, never a collective.
+``t`` (dispatch, experts, combine, backward) and of the model. It names the candidate
+of step ``t + L`` (:func:`~moonplan.plan.ahead.search_lag`: ``L = 1`` unless the last
+search's work at ``search_s`` host seconds per construction equivalent, the layer's
+``search_us``, forecasts it longer than its winner's predicted step; at most
+``max_lag``). Steps ``t + 1 .. t + L - 1`` build the candidate in force, by name, and
+wait for nothing; step ``t + L`` waits for the search before its counts exchange
+(:meth:`Balancer.collect`: the wait is the phase ``choice_exposed``, the search's own
+time ``choice``) and builds only the candidate it named: ``moonplan.plan(counts_{t+L},
+previous=plan_{t+L-1}, policy=name)``; the next search starts after it (one in flight
+at a time). The first ``"auto"`` step, the first after the cost model changes
+(calibration) and the first after a failed counts exchange choose inline; that search
+is the step's own (the same counts, the same previous plan), so none starts after it:
+its choice is in force until the search started after the next step is due.
+``choose="inline"`` runs the search on every step's critical path. The thread runs
+planner code only, never a collective.
 
-Every rank counts the same steps (every rank runs every forward) and agrees on one
-model; the search reads only all-gathered counts and plans that are equal on every
-rank, so every rank computes the same plan and names the same candidate. A search that
+Every rank counts the same steps (every rank runs every forward, :class:`AheadChoice`
+counts them) and agrees on one model and ``search_us``, so every rank picks the same
+``L`` and waits at the same step; the search reads only all-gathered counts and plans
+that are equal on every rank, so every rank computes the same plan and names the same
+candidate. A search that
 raises is reported by :meth:`Balancer.collect` as this rank's failure in the next
 step's counts exchange: every rank then raises the same ``ContractError`` (naming the
 rank) instead of planning differently, and every rank forgets its named candidate
@@ -51,7 +61,7 @@ import torch
 
 from moonplan.comm.group import EPGroup
 from moonplan.plan import api as planner
-from moonplan.plan.ahead import AheadChoice, Before, choose_next
+from moonplan.plan.ahead import MAX_LAG, AheadChoice, Before, choose_next
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.static import static_plan
 from moonplan.profiling.hooks import NULL_PROFILER, StepHooks
@@ -65,6 +75,11 @@ WARMUP_STEPS = 4
 
 KEEP_SAMPLES = 32
 """Most recent step samples kept for ``calibrate()``."""
+
+SEARCH_US = 600.0
+"""Host microseconds per construction equivalent of the choose-ahead search: the lean
+search measured on this project's CPU at 330-590 us (``bench/bench_search.py``), rounded
+up; the default of ``MoEConfig.search_us`` (what the lag forecasts with)."""
 
 CHOOSE_MODES = ("ahead", "inline")
 """Where ``balance="auto"`` runs its candidate search (see the module docstring)."""
@@ -98,6 +113,9 @@ class Balancer:
         slots: ``B``; align: receive-row padding.
         cost: a fixed cost model for ``"auto"`` (no calibration), or ``None``.
         choose: ``"ahead"`` (the search of ``"auto"`` off the critical path) or ``"inline"``.
+        search_s: host seconds per construction equivalent of the search (the same on
+            every rank): what the lag forecasts with (module docstring).
+        max_lag: the most steps ahead a search names.
 
     Attributes:
         how: how the last plan's candidate was chosen: ``"ahead"`` (named by the
@@ -115,6 +133,8 @@ class Balancer:
         align: int,
         cost: StepCost | None = None,
         choose: str = "ahead",
+        search_s: float = SEARCH_US * 1e-6,
+        max_lag: int = MAX_LAG,
     ):
         self.mode = balance_mode(mode)
         resolved = choose_mode(choose)
@@ -126,11 +146,11 @@ class Balancer:
         self.user_cost = cost is not None
         self.samples: deque[StepSample] = deque(maxlen=KEEP_SAMPLES)
         self.steps = 0  # forwards seen (every rank counts the same)
-        self.ahead = AheadChoice()
+        self.ahead = AheadChoice(search_s=search_s, max_lag=max_lag)
         self.how = "none"
         self.figures: dict[str, float] = {}
         self._lane = BackgroundLane("thread", torch.device("cpu"), name="moonplan-choose")
-        self._search: tuple[Pending, Plan] | None = None  # submitted search, its step's plan
+        self._search: Pending | None = None  # the search in flight
         self._made: tuple[torch.Tensor, Before | None, Plan] | None = None  # to search next
 
     def policy(self) -> str:
@@ -177,25 +197,30 @@ class Balancer:
         return p
 
     def search(self) -> None:
-        """Start the search of the step just planned in the thread (nothing unless
-        ``"auto"`` chooses ahead). Call once per step, after its last :meth:`plan` and
-        the host work that follows it on the critical path (routing), so that the
-        search runs beside the dispatch and the experts rather than competing with it."""
+        """Record the step just planned and, when no search is in flight, start its search
+        in the thread (nothing unless ``"auto"`` chooses ahead). Call once per step,
+        after its last :meth:`plan` and the host work that follows it on the critical
+        path (routing), so that the search runs beside the dispatch and the experts
+        rather than competing with it."""
         if self._made is None:
             return
         # host copies (plan()): the counts, and the slots, flows, policy and basis of the
         # plan this step replayed, with the basis of the search that named its candidate
         # (so it may keep its choice, as inline does); nothing the step writes later
         (counts, before, p), self._made = self._made, None
+        if not self.ahead.record(p):  # one in flight, or this step chose inline
+            return
+        self.ahead.launch()
         cost, B, align = self.cost, self.B, self.align
         assert cost is not None, "only 'auto' with a cost model searches"
         pending = self._lane.submit(
             lambda: choose_next(counts, before, cost=cost, slots=B, align=align)
         )
-        self._search = (pending, p)
+        self._search = pending
 
     def collect(self, rec: StepHooks = NULL_PROFILER) -> str:
-        """Wait for the search submitted by the last step; ``""``, or why it failed.
+        """Wait for the search in flight if this step is the one it names; ``""``, or why
+        it failed (``""`` at once on the steps in between).
 
         Call on every rank once per step, before the counts exchange, and report a
         failure there (the step's ``ok``/``msg``). Records the phases ``choice_exposed``
@@ -203,9 +228,9 @@ class Balancer:
         background) in :attr:`figures` and through ``rec``.
         """
         self.figures = {}
-        if self._search is None:
+        if self._search is None or not self.ahead.due():
             return ""
-        (pending, p), self._search = self._search, None
+        pending, self._search = self._search, None
         t0 = time.perf_counter()
         try:
             found = pending.wait()
@@ -213,7 +238,7 @@ class Balancer:
             self.restart()
             return f"balance='auto' choosing ahead failed: {type(exc).__name__}: {exc}"
         t1 = time.perf_counter()
-        self.ahead.settle(found.policy, p, basis=found.basis)
+        self.ahead.take(found)
         rec.span("choice_exposed", t0, t1)
         rec.background("choice", *pending.span, host=True)
         self.figures = {"choice_exposed": t1 - t0, "choice": pending.run_s}

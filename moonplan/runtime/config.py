@@ -16,6 +16,7 @@ checked when the config is made (``ValueError`` naming the field); sizes left
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ import torch
 
 from moonplan.checks import check_int
 from moonplan.runtime.balance import balance_mode
-from moonplan.runtime.balancer import choose_mode
+from moonplan.runtime.balancer import SEARCH_US, choose_mode
 from moonplan.runtime.slot_budget import SlotsOption, resolve_slots
 from moonplan.runtime.transports import registry as transports
 from moonplan.stepcost import StepCost
@@ -89,6 +90,14 @@ class MoEConfig:
     (measured faster there);
     ``moonplan.runtime.balancer.default_choose``)."""
 
+    search_us: float = SEARCH_US
+    """Host microseconds per construction equivalent of the choose-ahead search, the same
+    on every rank (``>= 0``): with the last search's work it forecasts how long the next
+    one runs, and a search forecast longer than a step names the candidate of a later
+    step (``moonplan.plan.ahead.search_lag``). Default: the host figure measured on this
+    project's CPU, 600 us (``bench/bench_search.py``: 330-590 us); ``0``: always the
+    next step."""
+
     def __post_init__(self) -> None:
         for name in SIZES:  # a NumPy integer is kept as the Python int it equals
             if getattr(self, name) is not None:
@@ -109,6 +118,10 @@ class MoEConfig:
         if not isinstance(self.overlap, bool):
             raise ValueError(f"overlap must be a bool, got {self.overlap!r}")
         choose_mode(self.choose)
+        us = self.search_us
+        if isinstance(us, bool) or not isinstance(us, int | float) or not 0 <= us < math.inf:
+            raise ValueError(f"search_us must be a finite number >= 0, got {us!r}")
+        object.__setattr__(self, "search_us", float(us))
         if self.cost is not None and not isinstance(self.cost, StepCost):
             raise ValueError(
                 f"cost must be a moonplan.stepcost.StepCost or None, got {self.cost!r}"

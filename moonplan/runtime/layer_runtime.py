@@ -70,6 +70,7 @@ class LayerRuntime:
             align=cfg.align,
             cost=cfg.cost,
             choose=cfg.choose or default_choose(group.device),
+            search_s=cfg.search_us * 1e-6,
         )
         self.M = max_local(E, group.size)
         self.heap: SymmetricHeap | None = None

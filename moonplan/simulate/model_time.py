@@ -18,12 +18,12 @@ Legend:
   (``moonplan.plan.choose.WORK``, ``bench/bench_auto_sweep.py --paths``): the 51 us
   base is a published GPU figure, the ratios are our own CPU measurements. Work a
   policy runs *off* the critical path (``PolicyStep.background_plan``: ``moonplan-auto``
-  choosing the next step's candidate on a host thread) is free only while it fits
-  beside the step: the next step cannot start its plan before that choice is made, so
-  the excess ``max(0, background_s - (step_total_s - step_plan_s))`` (``background_s``
-  its construction equivalents times ``SimConfig.search_us``, by default ``plan_us``;
-  the window is the step after its own plan) is charged as planning on the critical
-  path (:func:`background_wait_s`);
+  choosing the candidate of the step ``PolicyStep.lag`` later on a host thread) is free
+  only while it fits beside the steps it runs beside: the step it names cannot start
+  its plan before that choice is made, so the excess ``max(0, background_s -
+  (step_total_s - step_plan_s) - the next lag - 1 steps' total_s)`` (``background_s``
+  its construction equivalents times ``SimConfig.search_us``, by default ``plan_us``)
+  is charged as planning on the critical path (:func:`background_wait_s`);
 * **refill** (``moonplan-refresh``'s background slot refill, ``PolicyStep.refill_ER``):
   unlike EPLB's moves, charged. The copies take their link time alone on the links
   (``StepCost``'s fetch without dispatch); they run beside the step but overlap only its
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,13 +166,21 @@ def with_refill(t: StepTime, link_s: float) -> StepTime:
     )
 
 
-def background_wait_s(step: PolicyStep, t: StepTime, cfg: SimConfig) -> float:
-    """Seconds the next step waits for ``step``'s background planning: its host time
-    (``step.background_plan`` construction equivalents at ``cfg.search_seconds``) beyond
-    the part of the step it runs beside, ``t.total_s - t.plan_s`` (it is submitted once
-    the step's plan is made; ``t``: without this wait)."""
+def background_wait_s(
+    step: PolicyStep, t: StepTime, cfg: SimConfig, later: Sequence[StepTime] = ()
+) -> float:
+    """Seconds a later step waits for the background planning started after ``step``.
+
+    Its host time (``step.background_plan`` construction equivalents at
+    ``cfg.search_seconds``) beyond the time of the ``step.lag`` steps it runs beside:
+    ``step``'s own after its plan, ``t.total_s - t.plan_s`` (it is submitted once the
+    step's plan is made; ``t``: without this wait), plus the next ``step.lag - 1`` steps
+    in full (the first of ``later``, the times of the steps after ``step``, without
+    waits; fewer where the trace ends first). The step the search names waits for the
+    rest; it is charged to ``step``, the search's own row (the mean is the same)."""
     background_s = step.background_plan * cfg.search_seconds(step.name)
-    return max(0.0, background_s - (t.total_s - t.plan_s))
+    beside_s = t.total_s - t.plan_s + sum(x.total_s for x in later[: step.lag - 1])
+    return max(0.0, background_s - beside_s)
 
 
 def with_wait(t: StepTime, wait_s: float) -> StepTime:

@@ -10,8 +10,10 @@ phase (us), the mean force-balanced ideal (us), their ratio ``rel_ideal``, and
 the balance metrics of ``moonplan.baselines.metrics``; for ``moonplan-auto`` also
 ``choices`` (candidate -> measured steps that took it) and, for a policy that plans
 in the background, ``background_plan`` (its mean construction equivalents a step, off
-the critical path) and ``background_wait_us`` (the mean part of it that did not fit
-beside its step, charged as planning: ``model_time.background_wait_s``).
+the critical path), ``background_wait_us`` (the mean part of it that did not fit
+beside the steps it ran beside, charged as planning: ``model_time.background_wait_s``)
+and ``lagged_steps`` (measured steps run beside a search with a lag above 1, one that
+names a candidate more than one step ahead: ``moonplan.plan.ahead``).
 
 Every policy gets the simulator's :class:`~moonplan.stepcost.StepCost` for the point
 (``SimConfig.step_cost``); only ``moonplan-auto`` uses it, to choose its plan with the
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from moonplan.baselines.metrics import expert_maxvio, summarize
+from moonplan.baselines.policy_base import PolicyStep
 from moonplan.baselines.registry import make_policy, names
 from moonplan.cost import ModelPreset
 from moonplan.simulate import model_time
@@ -158,14 +161,18 @@ def _policy_row(
     topk_ids: Sequence[torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     R, E = counts_TRE.shape[1:]
-    policy = make_policy(name, R, E, cost=cfg.step_cost(model, hw, name), **opts)
+    cost, search_s = cfg.step_cost(model, hw, name), cfg.search_seconds(name)
+    policy = make_policy(name, R, E, cost=cost, search_s=search_s, **opts)
     steps = [policy.step(c) for c in counts_TRE][warmup:]
     ids = list(topk_ids[warmup:]) if topk_ids is not None else [None] * len(steps)
     own = [
         step_time(s, model, hw, cfg, i, background=False, counts_RE=c)
         for s, i, c in zip(steps, ids, counts_TRE[warmup:], strict=True)
     ]
-    waits = [model_time.background_wait_s(s, t, cfg) for s, t in zip(steps, own, strict=True)]
+    waits = [
+        model_time.background_wait_s(s, t, cfg, own[i + 1 :])
+        for i, (s, t) in enumerate(zip(steps, own, strict=True))
+    ]
     t = mean_time([model_time.with_wait(t, w) for t, w in zip(own, waits, strict=True)])
     row = {**base, "policy": name, **t.as_us()}
     if any(s.choice for s in steps):
@@ -173,11 +180,19 @@ def _policy_row(
     if any(s.background_plan for s in steps):
         row["background_plan"] = sum(s.background_plan for s in steps) / len(steps)
         row["background_wait_us"] = sum(waits) / len(waits) * 1e6
+        row["lagged_steps"] = lagged_steps(steps)
     row["rel_ideal"] = t.total_s / ideal.total_s if ideal.total_s > 0 else 1.0
     metrics = summarize(steps, expert_bytes(model, cfg.weight_bytes))
     row.update(metrics)
     row["moved_mb"] = metrics["moved_bytes"] / 1e6
     return row
+
+
+def lagged_steps(steps: Sequence[PolicyStep]) -> int:
+    """Steps run beside a background search with a lag above 1 (each such search counts
+    its ``lag`` steps, fewer where the trace ends first)."""
+    T = len(steps)
+    return sum(min(s.lag, T - i) for i, s in enumerate(steps) if s.background_plan and s.lag > 1)
 
 
 def sweep(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -304,31 +305,37 @@ def test_fetched_pairs_are_the_critical_path_moves(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "name", "choose"),
+    ("mode", "name", "choose", "search_s"),
     [
-        ("exact", "moonplan-resident", "inline"),
-        ("auto", "moonplan-auto-inline", "inline"),
-        ("auto", "moonplan-auto", "ahead"),
+        ("exact", "moonplan-resident", "inline", 0.0),
+        ("auto", "moonplan-auto-inline", "inline", 0.0),
+        ("auto", "moonplan-auto", "ahead", 0.0),
+        ("auto", "moonplan-auto", "ahead", 1e-3),  # searches longer than a step: a lag
     ],
 )
-def test_simulator_plans_what_the_runtime_balancer_plans(mode: str, name: str, choose: str) -> None:
+def test_simulator_plans_what_the_runtime_balancer_plans(
+    mode: str, name: str, choose: str, search_s: float
+) -> None:
     """``moonplan-resident``, ``moonplan-auto-inline`` and ``moonplan-auto`` (choosing ahead)
     and the runtime's ``Balancer`` make the same ``moonplan.plan(counts, previous=, policy=,
     cost=)`` calls (for ahead: the same background search, ``moonplan.plan.ahead``, here run
-    in the balancer's thread): the same plans step by step, the same critical-path charge."""
+    in the balancer's thread, with the same lag): the same plans step by step, the same
+    critical-path charge."""
     from moonplan.runtime.balancer import Balancer
 
     cost = rows_only(copy_s_intra=1e-3, copy_s_inter=1e-3, plan_s=1e-3)  # auto mixes choices
-    sim = make_policy(name, 8, 64, cost=cost, slots=4)
-    runtime = Balancer(mode, slots=4, align=1, cost=cost if mode == "auto" else None, choose=choose)
+    sim = make_policy(name, 8, 64, cost=cost, slots=4, search_s=search_s)
+    runtime = Balancer(mode, slots=4, align=1, cost=cost if mode == "auto" else None,
+                       choose=choose, search_s=search_s)  # fmt: skip
     previous = None
-    choices = set()
+    choices, lags, waited = set(), [], []
     try:
-        for seed in range(6):
+        for seed in range(10):
             c = generate_counts("lognormal", ranks=8, experts=64, tokens=256, topk=4, sigma=1.5,
                                 seed=seed)  # fmt: skip
             step = sim.step(c)
             assert runtime.collect() == ""
+            waited.append(bool(runtime.figures))
             previous = runtime.plan(c, previous)
             runtime.search()
             assert torch.equal(step.alloc_ER, previous.alloc)
@@ -337,10 +344,33 @@ def test_simulator_plans_what_the_runtime_balancer_plans(mode: str, name: str, c
                 and step.planned == previous.planned + previous.chose
             )
             choices.add(previous.policy)
+            lags += [step.lag] if step.background_plan else []
     finally:
         runtime.close()
+    if name != "moonplan-auto":
+        assert lags == []
+    elif search_s == 0:  # L = 1: a search after every step but the inline first
+        assert lags == [1] * 9 and waited == [False, False] + [True] * 8
+    else:  # the runtime waits only at the steps the simulator's searches name
+        assert max(lags) > 1
+        due = {i + lag for i, lag in enumerate(_starts(sim, lags)) if lag}
+        assert waited == [i in due for i in range(10)]
     # auto's choice changes along the trace (a mixed trace, not one candidate throughout)
     assert choices == {"exact"} if mode == "exact" else len(choices) >= 2
+
+
+def _starts(sim: Any, lags: list[int]) -> list[int]:
+    """Per step of a 10-step run of ``sim``: the lag of the search started after it, 0 if
+    none (rerun from scratch: a policy's steps are a pure function of its counts)."""
+    sim.reset()
+    out = []
+    for seed in range(10):
+        c = generate_counts("lognormal", ranks=8, experts=64, tokens=256, topk=4, sigma=1.5,
+                            seed=seed)  # fmt: skip
+        step = sim.step(c)
+        out.append(step.lag if step.background_plan else 0)
+    assert [x for x in out if x] == lags
+    return out
 
 
 # ---- moonplan-auto chooses ahead -------------------------------------------------------------
@@ -359,7 +389,7 @@ def drifting(steps: int, seed: int = 0) -> list[torch.Tensor]:
 
 def test_ahead_charges_only_the_named_build_after_the_first_step() -> None:
     cost, trace = mixed_cost(), drifting(8)
-    ahead = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4)
+    ahead = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4, search_s=0.0)  # L = 1
     first = plan(trace[0], slots=4, policy="auto", cost=cost, backend="torch")
     step = ahead.step(trace[0])  # no choice yet: inline, and that search names the next one
     assert step.planned == first.planned + first.chose
@@ -379,7 +409,7 @@ def test_inline_and_ahead_choices_match_one_step_shifted() -> None:
     same counts and the same previous plan (step t - 1's, with the basis of the search
     that named its candidate); step 0 is inline."""
     cost, trace = mixed_cost(), drifting(10, seed=3)
-    ahead = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4)
+    ahead = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4, search_s=0.0)  # L = 1
     befores: list[Plan | None] = []  # what each step's search starts from
     taken = []
     for c in trace:

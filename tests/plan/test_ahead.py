@@ -1,10 +1,17 @@
-"""moonplan.plan.ahead: the lagged choice is inline auto's choice one step back."""
+"""moonplan.plan.ahead: the lagged choice is inline auto's choice one step back (``L`` back
+with a lag: ``search_lag``, ``AheadChoice``).
 
+Legend: R ranks, E experts, ``counts_RE`` int64 ``[R, E]``.
+"""
+
+import math
+
+import pytest
 import torch
 
 from moonplan.cost import get_preset
 from moonplan.plan import plan
-from moonplan.plan.ahead import AheadChoice, choose_next
+from moonplan.plan.ahead import MAX_LAG, AheadChoice, choose_next, inline_choice, search_lag
 from moonplan.plan.choose import WORK
 from moonplan.stepcost import StepCost
 
@@ -29,9 +36,9 @@ def test_first_step_is_inline_then_named():
     assert ahead.policy() == "auto"
     c0 = _trace(1)[0]
     p0 = plan(c0, policy=ahead.policy(), cost=cost, backend="torch")
-    ahead.update(c0, p0, previous=None, cost=cost)
+    assert ahead.update(c0, p0, previous=None, cost=cost) is None  # that search was its own
     assert ahead.policy() == plan(c0, policy="auto", cost=cost, backend="torch").policy
-    assert ahead.before is p0
+    assert ahead.before is p0 and not ahead.searching
 
 
 def test_choice_is_inline_auto_one_step_back():
@@ -44,7 +51,8 @@ def test_choice_is_inline_auto_one_step_back():
         assert p.chose == 0 or not named  # and no search runs on the critical path
         expect = choose_next(counts, ahead.start(prev), cost=cost).policy
         found = ahead.update(counts, p, previous=prev, cost=cost)
-        assert found.policy == expect == ahead.policy()
+        assert (found is None) == (not named)  # none after the inline step
+        assert expect == ahead.policy() and (found is None or found.policy == expect)
         prev = p
     ahead.reset()
     assert ahead.policy() == "auto" and ahead.before is None
@@ -59,13 +67,13 @@ def test_the_background_search_keeps_as_inline_auto_does():
     for counts in trace:
         p = plan(counts, previous=prev, policy=ahead.policy(), cost=cost, backend="torch")
         inline = plan(counts, previous=inline_prev, policy="auto", cost=cost, backend="torch")
-        if ahead.policy() == "auto":
-            ahead.settle(p.policy, p, basis=p.basis)  # the inline search named the next one
+        if ahead.policy() == "auto":  # the inline search names the next one
+            assert ahead.update(counts, p, previous=prev, cost=cost) is None
         else:
             before = ahead.before
             assert before is not None and before.basis is not None
             found = ahead.update(counts, p, previous=prev, cost=cost)
-            assert found.policy == inline.policy
+            assert found is not None and found.policy == inline.policy
             kept += found.chose == WORK["keep"]
             assert (found.chose == WORK["keep"]) == (inline.chose == WORK["keep"])
         prev, inline_prev = p, inline
@@ -81,8 +89,13 @@ def test_the_search_starts_from_the_previous_plan_the_step_was_built_from():
     p = plan(c1, previous=last, policy="auto", cost=cost, backend="torch")
     ahead = AheadChoice()
     assert ahead.start(last) is last and ahead.start(None) is None
+    assert ahead.update(c1, p, previous=last, cost=cost) is None  # inline: its own search
+    assert p.policy == choose_next(c1, last, cost=cost).policy == ahead.policy()
+    ahead = AheadChoice()  # a step built by name (a choice in force), from that plan
+    ahead.record(last)
+    ahead.take(inline_choice(p))
     found = ahead.update(c1, p, previous=last, cost=cost)
-    assert found.policy == choose_next(c1, last, cost=cost).policy == ahead.policy()
+    assert found is not None and found.policy == choose_next(c1, last, cost=cost).policy
     other = plan(c2, policy="exact", backend="torch")  # not the recorded plan: itself
     assert ahead.start(other) is other and ahead.start(p).alloc is p.alloc
 
@@ -109,3 +122,126 @@ def test_choose_next_is_the_lean_search_and_checks_its_inputs() -> None:
         choose_next(c1, p0, cost=cost, slots=2, backend="cuda")
     with pytest.raises(PlanError):
         choose_next(-c1, p0, cost=cost, slots=2)
+
+
+# ---- the lag --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("work", "step_s", "search_s", "max_lag", "want"),
+    [
+        (None, 1e-3, 1e-3, 8, 1),  # no search finished yet
+        (4.0, None, 1e-3, 8, 1),  # no step time known yet
+        (4.0, 0.0, 1e-3, 8, 1),
+        (4.0, 1e-3, 0.0, 8, 1),  # a free search: always the next step
+        (0.2, 1e-3, 1e-3, 8, 1),  # a keep test fits in a step
+        (4.0, 1e-3, 2.5e-4, 8, 1),  # exactly one step long
+        (4.0, 1e-3, 2.6e-4, 8, 2),  # a little more: two
+        (4.85, 3e-4, 6e-4, 16, 10),  # the decode case: ceil(2.91 ms / 0.3 ms)
+        (4.85, 3e-4, 6e-4, 8, 8),  # capped
+        (4.85, 3e-4, 6e-4, 1, 1),
+    ],
+)
+def test_search_lag_is_the_forecast_over_the_step(work, step_s, search_s, max_lag, want) -> None:
+    assert search_lag(work, step_s, search_s, max_lag) == want
+    if work is not None and step_s and search_s:
+        assert want == min(max_lag, max(1, math.ceil(work * search_s / step_s)))
+
+
+def test_search_lag_checks_its_options() -> None:
+    with pytest.raises(ValueError, match="max_lag"):
+        search_lag(1.0, 1.0, 1e-3, 0)
+    with pytest.raises(ValueError, match="search_s"):
+        AheadChoice(search_s=-1.0)
+    assert AheadChoice().max_lag == MAX_LAG >= 1
+
+
+def _run(trace: list[torch.Tensor], ahead: AheadChoice, cost: StepCost) -> list[tuple]:
+    """``(policy, alloc, lag or 0, took)`` per step of the in-caller schedule: ``lag`` of
+    the search started after the step, ``took``: a search was put in force after it (the
+    next step is the one it names)."""
+    prev, out = None, []
+    for counts in trace:
+        p = plan(counts, previous=prev, policy=ahead.policy(), cost=cost, backend="torch")
+        was = ahead.searching
+        found = ahead.update(counts, p, previous=prev, cost=cost)
+        took = (was or found is not None) and not ahead.searching
+        out.append((p.policy, p.alloc, ahead.last_lag if found else 0, took))
+        prev = p
+    return out
+
+
+def test_lag_one_is_todays_schedule_plan_for_plan() -> None:
+    """``search_s = 0`` (and any search that fits in a step) gives ``L = 1`` at every
+    step: plan for plan the one-step-ahead schedule (a search after every step but the
+    inline first, each taken by the next step)."""
+    cost, trace = _cost(), _trace(10, seed=5)
+    today = _run(trace, AheadChoice(), cost)
+    fits = _run(trace, AheadChoice(search_s=1e-9), cost)  # a search far shorter than a step
+    for (pa, aa, la, _), (pb, ab, lb, _) in zip(today, fits, strict=True):
+        assert pa == pb and torch.equal(aa, ab) and la == lb
+    assert [lag for *_, lag, _ in today] == [0] + [1] * 9
+    # the reference: step t + 1 builds what the search on step t's counts named
+    prev, ref = None, AheadChoice()
+    for t, counts in enumerate(trace[:-1]):
+        p = plan(counts, previous=prev, policy=ref.policy(), cost=cost, backend="torch")
+        start = ref.start(prev)
+        ref.update(counts, p, previous=prev, cost=cost)
+        if t:
+            assert today[t + 1][0] == choose_next(counts, start, cost=cost).policy
+        prev = p
+
+
+def test_a_long_search_names_the_step_lag_steps_later() -> None:
+    """A search forecast ``L`` steps long: steps ``t+1 .. t+L-1`` keep the candidate in
+    force, step ``t+L`` takes the search (``due``) and the next search starts after it."""
+    cost, trace = _cost(), _trace(14, seed=6)
+    ahead = AheadChoice(search_s=cost.plan_s * 40, max_lag=4)
+    steps = _run(trace, ahead, cost)
+    starts = [t for t, (_, _, lag, _) in enumerate(steps) if lag]
+    lags = [steps[t][2] for t in starts]
+    assert starts[0] == 1 and max(lags) > 1 and max(lags) <= 4
+    for t, lag in zip(starts, lags, strict=False):
+        nxt = t + lag
+        if nxt < len(steps):  # one in flight: the next starts at the step it names
+            assert steps[nxt - 1][3] and nxt in starts
+            assert not any(steps[u][3] for u in range(t, nxt - 1))
+            assert not any(steps[u][2] for u in range(t + 1, nxt))
+            kept = {steps[u][0] for u in range(t + 1, nxt)}
+            assert len(kept) <= 1  # the candidate in force, built by name
+
+
+def test_the_lag_comes_from_the_last_search_taken() -> None:
+    """``L`` of the next search: the work of the last one taken at ``search_s`` over its
+    winner's predicted step; a kept choice (nothing predicted) keeps the last step time."""
+    cost, trace = _cost(), _trace(12, seed=7)
+    search_s = cost.plan_s * 3
+    ahead, prev, pending, last = AheadChoice(search_s=search_s, max_lag=64), None, None, None
+    lags = []
+    for counts in trace:
+        p = plan(counts, previous=prev, policy=ahead.policy(), cost=cost, backend="torch")
+        inline = ahead.policy() == "auto"
+        found = ahead.update(counts, p, previous=prev, cost=cost)
+        if found is not None:
+            assert last is not None  # the inline first step is the first taken
+            assert ahead.last_lag == search_lag(*last, search_s, 64)
+            lags.append(ahead.last_lag)
+            pending = found
+        taken = inline_choice(p) if inline else None
+        if pending is not None and not ahead.searching:
+            taken, pending = pending, None
+        if taken is not None:
+            step_s = taken.predicted.get(taken.policy, last[1] if last else None)
+            last = (taken.planned + taken.chose, step_s)
+        prev = p
+    assert len(lags) >= 2 and max(lags) > 1
+
+
+def test_every_rank_names_the_same_candidates_with_a_lag() -> None:
+    """Two states fed the same all-gathered counts (two ranks) agree step by step, on the
+    names, the lags and the steps that take a search."""
+    cost, trace = _cost(), _trace(12, seed=8)
+    a = _run(trace, AheadChoice(search_s=cost.plan_s * 40, max_lag=4), cost)
+    b = _run(trace, AheadChoice(search_s=cost.plan_s * 40, max_lag=4), cost)
+    assert [(x[0], x[2], x[3]) for x in a] == [(y[0], y[2], y[3]) for y in b]
+    assert all(torch.equal(x[1], y[1]) for x, y in zip(a, b, strict=True))

@@ -54,28 +54,40 @@ def _trace(steps: int, R: int, E: int, seed: int) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize(("R", "E", "seed"), [(2, 5, 0), (4, 16, 1), (8, 32, 2)])
-def test_threaded_schedule_equals_the_in_caller_reference(R: int, E: int, seed: int) -> None:
-    """Every step's plan equals the reference's: ``AheadChoice.update`` run in the caller."""
+@pytest.mark.parametrize("search_s", [0.0, 6e-4])  # L = 1; searches longer than a step
+def test_threaded_schedule_equals_the_in_caller_reference(
+    R: int, E: int, seed: int, search_s: float
+) -> None:
+    """Every step's plan equals the reference's: ``AheadChoice.update`` run in the caller,
+    with the same lag; the balancer waits only at the steps its searches name."""
     cost, B = _cost(), 2
-    bal = Balancer("auto", slots=B, align=1, cost=cost)
-    ref, prev_ref, prev = AheadChoice(), None, None
-    hows, pols = [], []
+    bal = Balancer("auto", slots=B, align=1, cost=cost, search_s=search_s)
+    ref, prev_ref, prev = AheadChoice(search_s=search_s), None, None
+    hows, pols, waits, lags = [], [], [], []
     try:
         for counts in _trace(12, R, E, seed):
+            due = bal.ahead.due()
             assert bal.collect() == ""
+            waits.append(bool(bal.figures))
+            assert waits[-1] == due
             p = bal.plan(counts, prev)
             bal.search()
             want = plan(counts, slots=B, previous=prev_ref, policy=ref.policy(), cost=cost)
-            ref.update(counts, want, previous=prev_ref, cost=cost, slots=B)
+            if ref.update(counts, want, previous=prev_ref, cost=cost, slots=B) is not None:
+                lags.append(ref.last_lag)
             assert p.policy == want.policy
             assert torch.equal(p.alloc, want.alloc) and torch.equal(p.slot_new, want.slot_new)
             hows.append(bal.how)
             pols.append(p.policy)
             prev, prev_ref = p, want
         assert hows == ["inline"] + ["ahead"] * 11
-        assert len(set(pols)) >= 3, pols  # the choice really moves
-        assert set(bal.figures) == {"choice", "choice_exposed"}
-        assert all(v >= 0 for v in bal.figures.values())
+        if search_s == 0:  # a search after every step but the inline first, each waited for
+            assert len(set(pols)) >= 3, pols  # the choice really moves
+            assert lags == [1] * 11 and waits == [False, False] + [True] * 10
+            assert set(bal.figures) == {"choice", "choice_exposed"}
+            assert all(v >= 0 for v in bal.figures.values())
+        else:
+            assert max(lags) > 1 and sum(waits) == len(lags) - bal.ahead.searching
     finally:
         bal.close()
 
@@ -174,50 +186,80 @@ def _drifting_router(E: int, K: int, rank: int):
 COPY_S = 1e-4
 
 
-def _choices(rank: int, world: int, steps: int) -> dict[str, Any]:
+def _choices(rank: int, world: int, steps: int, search_us: float) -> dict[str, Any]:
     from moonplan import MoonMoE
+    from tests.runtime.oracle import dense_moe, dense_weights
 
     E, K, cost = 12, 2, _cost(COPY_S)
-    layer = MoonMoE(8, 8, E, K, cost=cost, router=_drifting_router(E, K, rank), choose="ahead")
+    route = _drifting_router(E, K, rank)
+    routed: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def router(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, w = route(x)
+        routed.append((ids, w.detach()))
+        return ids, w
+
+    layer = MoonMoE(8, 8, E, K, cost=cost, router=router, choose="ahead", search_us=search_us)
+    w = dense_weights(E, 8, 8, seed=3)
+    layer.load_dense(w["router_weight"], w["gate_up"], w["down"])
     rt = layer.runtime
-    plans, hows, phases = [], [], []
+    plans, hows, phases, errors = [], [], [], []
     with torch.no_grad():
         for _ in range(steps):
-            layer(torch.randn(24, 8, generator=torch.Generator().manual_seed(rank)))
+            x = torch.randn(24, 8, generator=torch.Generator().manual_seed(rank))
+            y = layer(x)
+            ids, wk = routed[-1]
+            errors.append(float((y.double() - dense_moe(x, ids, wk, w)).abs().max()))
             plans.append(rt.last_plan)
             hows.append(layer.last_stats.choice)
             phases.append(dict(layer.last_stats.phases))
-    # Step t+1 built what inline auto chose at step t: choose_next(counts_t, plan_{t-1}),
-    # plan_{t-1} with the basis of the search that named it (AheadChoice, as the runtime)
-    ref, named = AheadChoice(), []
+    # Each step built what the in-caller schedule names (AheadChoice with the same lag:
+    # the search on step t's counts from plan_{t-1}, with the basis of the search that
+    # named it, in force from step t + L)
+    ref, named, lags = AheadChoice(search_s=search_us * 1e-6), [], []
     for t, p in enumerate(plans[:-1]):
         prev = plans[t - 1] if t else None
-        named.append(ref.update(p.counts, p, previous=prev, cost=cost, slots=rt.B).policy)
+        if ref.update(p.counts, p, previous=prev, cost=cost, slots=rt.B) is not None:
+            lags.append(ref.last_lag)
+        named.append(ref.policy())
     rt.close()
     return {
         "policies": [p.policy for p in plans],
         "named": named,
+        "lags": lags,
         "alloc": [p.alloc for p in plans],
         "hows": hows,
         "phases": phases,
+        "errors": errors,
     }
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_every_rank_builds_the_same_named_candidate(world: int) -> None:
-    steps = 8
-    got = run_ranks(_choices, world, steps, timeout=180)
+@pytest.mark.parametrize(("world", "search_us"), [(2, 0.0), (3, 0.0), (4, 0.0), (2, 600.0),
+                                                  (4, 600.0)])  # fmt: skip
+def test_every_rank_builds_the_same_named_candidate(world: int, search_us: float) -> None:
+    """Every rank builds the same candidate each step, named by the in-caller schedule,
+    and waits at the same steps; with the default ``search_us`` and steps this cheap the
+    searches name steps more than one ahead; the outputs equal the dense oracle."""
+    steps = 10
+    got = run_ranks(_choices, world, steps, search_us, timeout=240)
     first = got[0]
     assert first["hows"] == ["inline"] + ["ahead"] * (steps - 1)
     assert first["policies"][1:] == first["named"]
     assert len(set(first["policies"])) >= 2, first["policies"]  # the choice really moves
+    waited = ["choice" in ph for ph in first["phases"]]
+    assert not waited[0] and not waited[1]  # the inline step's search was its own
+    if search_us == 0:
+        assert first["lags"] == [1] * (steps - 2) and all(waited[2:])
+    else:
+        assert max(first["lags"]) > 1 and 0 < sum(waited) < steps - 2
     for g in got:
         assert g["policies"] == first["policies"] and g["named"] == first["named"]
         assert all(torch.equal(a, b) for a, b in zip(g["alloc"], first["alloc"], strict=True))
-        for ph in g["phases"][1:]:  # the wait and the search's own time, both measured
-            assert ph["choice"] > 0 and ph["choice_exposed"] >= 0
-        assert "choice" not in g["phases"][0]
+        assert ["choice" in ph for ph in g["phases"]] == waited
+        for ph in g["phases"]:  # the wait and the search's own time, both measured
+            assert "choice" not in ph or (ph["choice"] > 0 and ph["choice_exposed"] >= 0)
+        assert max(g["errors"]) < 1e-4
 
 
 def _failing(rank: int, world: int, bad: list[int]) -> dict[str, Any]:
@@ -229,12 +271,13 @@ def _failing(rank: int, world: int, bad: list[int]) -> dict[str, Any]:
 
     def search(*args: Any, **kw: Any) -> Any:
         calls["n"] += 1
-        if calls["n"] == 2 and rank in bad:  # the search submitted by step 1
+        if calls["n"] == 1 and rank in bad:  # the search submitted by step 1 (the first:
+            # none follows the inline step 0)
             raise RuntimeError("boom in the search")
         return real(*args, **kw)
 
     balancer_module.choose_next = search  # this forked rank's module only
-    layer = MoonMoE(8, 8, 6, 2, cost=_cost(), choose="ahead")
+    layer = MoonMoE(8, 8, 6, 2, cost=_cost(), choose="ahead", search_us=0.0)  # L = 1
     hows, errors = [], []
     with torch.no_grad():
         for _ in range(5):
@@ -268,7 +311,7 @@ def test_the_profile_shows_the_choice_and_its_wait() -> None:
     from moonplan.profiling.phases import BACKGROUND_PHASES, CHOICE_PHASES
     from moonplan.profiling.session import profiling
 
-    layer = MoonMoE(16, 16, 4, 2, cost=_cost(), choose="ahead")
+    layer = MoonMoE(16, 16, 4, 2, cost=_cost(), choose="ahead", search_us=0.0)  # L = 1
     x = torch.randn(32, 16)
     with torch.no_grad():
         layer(x)
@@ -328,3 +371,17 @@ def test_the_search_thread_is_handed_host_copies_not_the_plans() -> None:
             prev = p
     finally:
         bal.close()
+
+
+def test_search_us_is_validated_and_handed_to_the_balancer() -> None:
+    from moonplan import MoonMoE
+    from moonplan.runtime.balancer import SEARCH_US
+
+    assert MoEConfig().search_us == SEARCH_US == 600.0  # bench/bench_search.py's host figure
+    for bad in (-1.0, float("inf"), float("nan"), "600", True, None):
+        with pytest.raises(ValueError, match="search_us must be"):
+            MoEConfig(search_us=bad)  # type: ignore[arg-type]
+    assert MoEConfig(search_us=3).search_us == 3.0
+    layer = MoonMoE(8, 8, 4, 2, choose="ahead", search_us=250.0)
+    assert layer.runtime.balancer.ahead.search_s == pytest.approx(250e-6)
+    layer.runtime.close()

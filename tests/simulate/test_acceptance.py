@@ -76,19 +76,17 @@ def test_ahead_step_time_is_the_named_plans_time_plus_the_search_that_did_not_fi
     model, hw = get_model("deepseek-v3"), get_hardware("h200-node")
     cfg = SimConfig(plan_us={AUTO: 5000.0})  # a slow host: even a keep test outlasts a step
     cost = cfg.step_cost(model, hw, AUTO)
-    policy, ahead = make_policy(AUTO, 8, model.num_experts, cost=cost), AheadChoice()
+    # L = 1 (search_s=0: every search names the next step): today's charge, step by step
+    policy = make_policy(AUTO, 8, model.num_experts, cost=cost, search_s=0.0)
+    ahead = AheadChoice()
     previous, waited = None, 0.0
     for c in drifting_counts(8, model.num_experts, 16, model.top_k, sigma=1.0, steps=4):
         p = moonplan.plan(c, previous=previous, policy=ahead.policy(), cost=cost)
         step = policy.step(c)
         assert step.choice == p.policy and step.planned == p.planned + p.chose
         own = cost.plan_time(p, planned=p.planned + p.chose)
-        background = 0.0
-        if ahead.policy() == "auto":
-            ahead.settle(p.policy, p, basis=p.basis)
-        else:
-            found = ahead.update(c, p, previous=previous, cost=cost)
-            background = (found.planned + found.chose) * cost.plan_s
+        found = ahead.update(c, p, previous=previous, cost=cost)  # none after the inline step
+        background = 0.0 if found is None else (found.planned + found.chose) * cost.plan_s
         assert step.background_plan * cost.plan_s == pytest.approx(background, rel=1e-12)
         t = step_time(step, model, hw, cfg)
         wait = max(0.0, background - (own.total_s - own.plan_s))  # beside the step after its plan
