@@ -237,3 +237,31 @@ def test_the_background_search_runs_at_its_own_host_rate() -> None:
     assert background_wait_s(step, own, slow) == pytest.approx(
         n * 1e-3 - (own.total_s - own.plan_s), rel=1e-12
     )
+
+
+def test_a_lagged_search_is_charged_beyond_the_steps_it_runs_beside() -> None:
+    """A search ``3`` steps long: with ``L = 3`` it runs beside its step (after the plan)
+    and the next two in full, and waits 0; with ``L = 1`` the next step waits ~2 steps
+    (today's charge exactly, whatever the later steps); the window stops where the trace
+    does."""
+    counts = torch.full((4, 8), 64, dtype=torch.int64)
+    model = toy(8, top_k=2)
+    cfg = SimConfig(plan_us={"moonplan-auto": 10.0})
+    alloc = make_policy("static-linear", 4, 8).step(counts).alloc_ER
+    own = step_time(make_step("moonplan-auto", counts, alloc, planned=1), model, HW, cfg)
+    first, step_s = own.total_s - own.plan_s, own.total_s
+    n = (first + 2 * step_s) / 10e-6 * 0.999  # just inside three steps
+    later = [own] * 5
+    for lag, wait in ((3, 0.0), (4, 0.0), (2, n * 10e-6 - first - step_s),
+                      (1, n * 10e-6 - first)):  # fmt: skip
+        step = make_step("moonplan-auto", counts, alloc, planned=1, background_plan=n, lag=lag)
+        assert background_wait_s(step, own, cfg, later) == pytest.approx(wait, abs=1e-15)
+    one = make_step("moonplan-auto", counts, alloc, planned=1, background_plan=n)
+    assert one.lag == 1 and background_wait_s(one, own, cfg, later) == background_wait_s(
+        one, own, cfg
+    )
+    assert background_wait_s(one, own, cfg) == pytest.approx(2 * step_s, rel=2e-3)
+    three = make_step("moonplan-auto", counts, alloc, planned=1, background_plan=n, lag=3)
+    assert background_wait_s(three, own, cfg, later[:1]) == pytest.approx(
+        n * 10e-6 - first - step_s, rel=1e-12
+    )  # the trace ends after one more step: only that one counts

@@ -128,3 +128,21 @@ def test_rows_report_the_background_search_and_charge_what_does_not_fit() -> Non
         assert (row["background_wait_us"] > 0) == waits
         # the wait is planning on the critical path (decode: the named build is static)
         assert row["plan_us"] == pytest.approx(row["background_wait_us"])
+
+
+def test_a_search_longer_than_the_steps_runs_with_a_lag_and_rows_count_those_steps() -> None:
+    """At the measured host rate (600 us a construction) a decode step is far shorter than
+    a search: searches name candidates several steps ahead (``lagged_steps``) and the
+    charge is what outlasts those steps; at the GPU planner's rate prefill-sized steps
+    keep ``L = 1``."""
+    from moonplan.simulate import get_hardware, get_model
+    from moonplan.simulate.model_time import SimConfig
+
+    model, hw = get_model("deepseek-v3"), get_hardware("h200-node")
+    decode = drifting_counts(8, model.num_experts, 16, model.top_k, sigma=1.0, steps=10)
+    slow = SimConfig(search_us=600.0)
+    row = simulate_trace(decode, model, hw, slow, ["moonplan-auto"], warmup=1)[0]
+    assert row["lagged_steps"] > 0  # the first search after the inline step
+    prefill = drifting_counts(8, model.num_experts, 4096, model.top_k, sigma=1.0, steps=6)
+    row = simulate_trace(prefill, model, hw, SimConfig(), ["moonplan-auto"], warmup=2)[0]
+    assert row["lagged_steps"] == 0 and row["background_plan"] > 0
