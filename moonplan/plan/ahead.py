@@ -145,7 +145,7 @@ def search_lag(work: float | None, step_s: float | None, search_s: float, max_la
     """``L``: how many steps ahead a search starting now names its candidate.
 
     ``L = min(max_lag, max(1, ceil(work * search_s / step_s)))``: the forecast of the
-    search's host time (the last finished search's construction equivalents ``work``,
+    search's host time (the last full choice's construction equivalents ``work``,
     ``Choice.planned + Choice.chose``, at ``search_s`` host seconds each) over the
     predicted step time ``step_s`` of that search's winner. ``1`` before any search
     finished (``work`` is ``None``) or without a positive step time. Every argument is
@@ -195,7 +195,7 @@ class AheadChoice:
         self._steps = 0  # steps recorded
         self._due: int | None = None  # the step the search in flight names
         self._held: Choice | None = None  # update(): the search run, until it is due
-        self._work: float | None = None  # the last search taken: its work
+        self._work: float | None = None  # the last full choice taken: its work
         self._step_s: float | None = None  # its winner's predicted step (last known)
 
     @property
@@ -291,11 +291,17 @@ class AheadChoice:
 
     def take(self, found: Choice) -> None:
         """Put ``found``'s candidate in force (from the next step on; at the step the
-        search in flight names, or an inline choice, :func:`inline_choice`) and remember
-        its work and its winner's predicted step for the next lag (a kept choice, which
-        scores nothing, keeps the last predicted step)."""
+        search in flight names, or an inline choice, :func:`inline_choice`) and remember,
+        for the next lag, the work of the last *full* choice and its winner's predicted
+        step. A kept choice (it scores nothing) changes neither: the next search may be
+        a full choice again (the keep rule lets go after a few steps or a moved load),
+        and forecasting it from a keep test's 0.2 constructions would give ``L = 1`` to
+        a search of 4-12 (measured on the acceptance sweep at 600 us a construction: 307
+        points within 1.01x the best peer forecasting from the last search taken, 322
+        from the last full choice, ``docs/planner-policy.md``)."""
         self._next, self._next_basis, self._due = found.policy, found.basis, None
-        self._work = found.planned + found.chose
+        if found.policy in found.predicted or self._work is None:
+            self._work = found.planned + found.chose
         if found.policy in found.predicted:
             self._step_s = found.predicted[found.policy]
 

@@ -211,9 +211,9 @@ def test_a_long_search_names_the_step_lag_steps_later() -> None:
             assert len(kept) <= 1  # the candidate in force, built by name
 
 
-def test_the_lag_comes_from_the_last_search_taken() -> None:
-    """``L`` of the next search: the work of the last one taken at ``search_s`` over its
-    winner's predicted step; a kept choice (nothing predicted) keeps the last step time."""
+def test_the_lag_comes_from_the_last_full_choice() -> None:
+    """``L`` of the next search: the work of the last full choice taken at ``search_s``
+    over its winner's predicted step; a kept choice (nothing predicted) keeps both."""
     cost, trace = _cost(), _trace(12, seed=7)
     search_s = cost.plan_s * 3
     ahead, prev, pending, last = AheadChoice(search_s=search_s, max_lag=64), None, None, None
@@ -230,9 +230,8 @@ def test_the_lag_comes_from_the_last_search_taken() -> None:
         taken = inline_choice(p) if inline else None
         if pending is not None and not ahead.searching:
             taken, pending = pending, None
-        if taken is not None:
-            step_s = taken.predicted.get(taken.policy, last[1] if last else None)
-            last = (taken.planned + taken.chose, step_s)
+        if taken is not None and (last is None or taken.policy in taken.predicted):
+            last = (taken.planned + taken.chose, taken.predicted.get(taken.policy))
         prev = p
     assert len(lags) >= 2 and max(lags) > 1
 
