@@ -145,7 +145,6 @@ def by_tokens(rows: list[dict[str, Any]]) -> list[str]:
     """Per tokens per rank: points within the bar (ahead, inline), worst ratio, auto's mean
     planning charge and background search a step."""
     sizes = sorted({r["tokens"] for r in rows})
-    plan_us = SimConfig().plan_us.get(AUTO, 0.0)
     at = {S: [r for r in rows if r["tokens"] == S] for S in sizes}
 
     def line(label: str, f: Any) -> list[str]:
@@ -165,7 +164,17 @@ def by_tokens(rows: list[dict[str, Any]]) -> list[str]:
         line("worst auto / best peer", lambda rs: f"{max(r['vs_peers'] for r in rs):.2f}"),
         line("auto's planning charge per step, us", mean(lambda r: r["phases"]["plan_us"])),
         line("of which background wait, us", mean(lambda r: r["background_wait_us"])),
-        line("background search per step, us", mean(lambda r: r["background_plan"] * plan_us)),
+        line(
+            "background search per step, constructions (mean)",
+            lambda rs: f"{sum(r['background_plan'] for r in rs) / len(rs):.2f}",
+        ),
+        line(
+            "measured steps beside a search with a lag above 1",
+            lambda rs: (
+                f"{sum(r.get('lagged_steps', 0) for r in rs)} of "
+                f"{sum(sum(r['choices'].values()) for r in rs)}"
+            ),
+        ),
     ]
     return [table(["tokens per rank", *map(str, sizes)], lines), ""]
 

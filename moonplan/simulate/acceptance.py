@@ -109,7 +109,8 @@ def acceptance_point(
         for static and resident) and ``vs_peers_chosen_only``; ``background_plan``
         (auto's search off the critical path, construction equivalents a step) and
         ``background_wait_us`` (the part of it charged because it did not fit beside its
-        step); for each policy of :data:`ALSO` among ``policies``, its ratio to the best
+        step), ``lagged_steps`` (measured steps beside a search with a lag above 1); for
+        each policy of :data:`ALSO` among ``policies``, its ratio to the best
         peer (``vs_peers_inline``, ``vs_peers_refresh``).
     """
     cfg = cfg or SimConfig()
@@ -146,6 +147,7 @@ def acceptance_point(
         "phases": {k: auto[k] for k in (*phases, "combine_us", "total_us")},
         "background_plan": auto.get("background_plan", 0.0),
         "background_wait_us": auto.get("background_wait_us", 0.0),
+        "lagged_steps": auto.get("lagged_steps", 0),
         **{key: rows[p]["total_us"] / rows[best]["total_us"] for p, key in ALSO.items()
            if p in rows},
     }  # fmt: skip
