@@ -151,7 +151,8 @@ class Balancer:
         self.figures: dict[str, float] = {}
         self._lane = BackgroundLane("thread", torch.device("cpu"), name="moonplan-choose")
         self._search: Pending | None = None  # the search in flight
-        self._made: tuple[torch.Tensor, Before | None, Plan] | None = None  # to search next
+        # to record (and search from, when a search starts): host counts, the start, plan
+        self._made: tuple[torch.Tensor | None, Before | None, Plan] | None = None
 
     def policy(self) -> str:
         """The planner policy of the next step: ``"static"``, ``"exact"`` or ``"auto"``."""
@@ -176,10 +177,12 @@ class Balancer:
         if policy == "exact":
             return planner.plan(counts_RE, slots=self.B, align=self.align, previous=previous)
         name = self.ahead.policy() if self.choose == "ahead" else "auto"
-        start = None
-        if self.choose == "ahead":  # host copies now: the counts are read on the host
-            # here anyway (their validation), and the plan this step's search starts
-            # from (the step before's) is long made, so neither waits for device work
+        counts_host, start = None, None
+        if self.choose == "ahead" and not self.ahead.searching:  # a search starts after
+            # this step: host copies now (the counts are read on the host here anyway,
+            # their validation, and the plan the search starts from, the step before's,
+            # is long made, so neither waits for device work); none on the steps a
+            # search in flight spans
             counts_host = counts_RE.detach().to("cpu", copy=True)
             before = self.ahead.start(previous)
             start = None if before is None else Before.of(before)
@@ -210,6 +213,7 @@ class Balancer:
         (counts, before, p), self._made = self._made, None
         if not self.ahead.record(p):  # one in flight, or this step chose inline
             return
+        assert counts is not None, "plan() takes the host copies when no search is in flight"
         self.ahead.launch()
         cost, B, align = self.cost, self.B, self.align
         assert cost is not None, "only 'auto' with a cost model searches"

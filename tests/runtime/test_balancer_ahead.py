@@ -343,20 +343,29 @@ def test_the_profile_shows_the_choice_and_its_wait() -> None:
 def test_the_search_thread_is_handed_host_copies_not_the_plans() -> None:
     """What the thread searches from is taken in ``plan()``: the counts and the previous
     plan's slots, flows, policy and basis, copied to the host (``Before``); its choice is
-    the search on the plan itself."""
+    the search on the plan itself. Steps a search in flight spans copy nothing."""
     from moonplan.plan.ahead import Before, choose_next
 
     cost, B = _cost(), 2
-    bal = Balancer("auto", slots=B, align=1, cost=cost)
+    bal = Balancer("auto", slots=B, align=1, cost=cost, search_s=6e-4)
     prev = None
+    spanned = 0
     try:
-        for counts in _trace(4, 4, 16, 5):
+        for counts in _trace(8, 4, 16, 5):
             assert bal.collect() == ""
             start = bal.ahead.start(prev)
+            searching = bal.ahead.searching
             p = bal.plan(counts, prev)
             assert bal._made is not None
             host, before, made = bal._made
-            assert made is p and torch.equal(host, counts) and host is not counts
+            assert made is p
+            if searching:  # a search in flight spans this step: nothing to copy
+                assert host is None and before is None
+                spanned += 1
+                bal.search()
+                prev = p
+                continue
+            assert host is not None and torch.equal(host, counts) and host is not counts
             assert host.device.type == "cpu"
             if prev is None:
                 assert before is None
@@ -371,6 +380,7 @@ def test_the_search_thread_is_handed_host_copies_not_the_plans() -> None:
             prev = p
     finally:
         bal.close()
+    assert spanned > 0  # 600 us a construction against these tiny steps: lags above 1
 
 
 def test_search_us_is_validated_and_handed_to_the_balancer() -> None:
