@@ -26,8 +26,8 @@ are read anyway: the thread never touches a device tensor). It is the lean searc
 (``moonplan.plan.search``: the candidate's name, no plan laid out, nothing built on a
 step that keeps the choice); it runs beside the rest of step
 ``t`` (dispatch, experts, combine, backward) and of the model. It names the candidate
-of step ``t + L`` (:func:`~moonplan.plan.ahead.search_lag`: ``L = 1`` unless the last
-search's work at ``search_s`` host seconds per construction equivalent, the layer's
+of step ``t + L`` (:func:`~moonplan.plan.ahead.search_lag`: ``L = 1`` unless the last full
+choice's work at ``search_s`` host seconds per construction equivalent, the layer's
 ``search_us``, forecasts it longer than its winner's predicted step; at most
 ``max_lag``). Steps ``t + 1 .. t + L - 1`` build the candidate in force, by name, and
 wait for nothing; step ``t + L`` waits for the search before its counts exchange

@@ -92,7 +92,7 @@ class MoEConfig:
 
     search_us: float = SEARCH_US
     """Host microseconds per construction equivalent of the choose-ahead search, the same
-    on every rank (``>= 0``): with the last search's work it forecasts how long the next
+    on every rank (``>= 0``): with the last full choice's work it forecasts how long the next
     one runs, and a search forecast longer than a step names the candidate of a later
     step (``moonplan.plan.ahead.search_lag``). Default: the host figure measured on this
     project's CPU, 600 us (``bench/bench_search.py``: 330-590 us); ``0``: always the
