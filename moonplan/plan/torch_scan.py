@@ -58,9 +58,9 @@ def balance_groups_torch(
         x_min, r = X_R.clamp(max=0).min(0)  # largest deficit, lowest rank
         if warm_RR is not None:
             d, r = _prefer_warm(X_R, warm_RR, d, r)
-            x_min = X_R[r].clamp(max=0)
-        X_R[d] += x_min  # the donor gives the receiver's whole deficit (it may overshoot)
-        X_R[r] -= x_min
+            x_min = _at(X_R, r).clamp(max=0)
+        _add(X_R, d, x_min)  # the donor gives the receiver's whole deficit (it may overshoot)
+        _add(X_R, r, -x_min)
         steps.append((d, r, -x_min))
     return _record(steps, R, X_R.device)
 
@@ -74,16 +74,27 @@ def _keep_previous_torch(
     steps = []
     for i in range(prev_F3.shape[0]):
         d, r = prev_F3[i, 0].clamp(min=0), prev_F3[i, 1].clamp(min=0)
-        need = -X_R[r]
-        ok = (prev_F3[i, 0] >= 0) & (need > 0) & ~filled_R[r] & ~filled_R[d]
-        ok &= load_R[d] - given_R[d] >= need
+        need = -_at(X_R, r)
+        ok = (prev_F3[i, 0] >= 0) & (need > 0) & ~_at(filled_R, r) & ~_at(filled_R, d)
+        ok &= _at(load_R, d) - _at(given_R, d) >= need
         q = torch.where(ok, need, 0)
-        given_R[d] += q
-        X_R[d] -= q
-        X_R[r] += q
-        filled_R[r] |= ok
+        _add(given_R, d, q)
+        _add(X_R, d, -q)
+        _add(X_R, r, q)
+        filled_R.index_put_((r.view(1),), (_at(filled_R, r) | ok).view(1))
         steps.append((d, r, q))
     return steps
+
+
+def _at(t_R: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """``t_R[i]`` for a 0-d index tensor without reading it on the host (plain indexing
+    with a 0-d tensor calls ``.item()``: a sync on accelerators, an error on "meta")."""
+    return t_R.gather(0, i.view(1)).view(())
+
+
+def _add(t_R: torch.Tensor, i: torch.Tensor, v: torch.Tensor) -> None:
+    """``t_R[i] += v`` for 0-d ``i`` and ``v``, in place, without a host read."""
+    t_R.index_add_(0, i.view(1), v.view(1))
 
 
 def _record(
