@@ -78,7 +78,7 @@ KEEP_SAMPLES = 32
 
 SEARCH_US = 600.0
 """Host microseconds per construction equivalent of the choose-ahead search: the lean
-search measured on this project's CPU at 330-590 us (``bench/bench_search.py``), rounded
+search measured on this project's CPU at 323-599 us (``bench/bench_search.py``), rounded
 up; the default of ``MoEConfig.search_us`` (what the lag forecasts with)."""
 
 CHOOSE_MODES = ("ahead", "inline")

@@ -95,7 +95,7 @@ class MoEConfig:
     on every rank (``>= 0``): with the last full choice's work it forecasts how long the next
     one runs, and a search forecast longer than a step names the candidate of a later
     step (``moonplan.plan.ahead.search_lag``). Default: the host figure measured on this
-    project's CPU, 600 us (``bench/bench_search.py``: 330-590 us); ``0``: always the
+    project's CPU, 600 us (``bench/bench_search.py``: 323-599 us); ``0``: always the
     next step."""
 
     def __post_init__(self) -> None:

@@ -177,10 +177,27 @@ def background_wait_s(
     step's plan is made; ``t``: without this wait), plus the next ``step.lag - 1`` steps
     in full (the first of ``later``, the times of the steps after ``step``, without
     waits; fewer where the trace ends first). The step the search names waits for the
-    rest; it is charged to ``step``, the search's own row (the mean is the same)."""
+    rest (:func:`named_waits` puts it there)."""
     background_s = step.background_plan * cfg.search_seconds(step.name)
     beside_s = t.total_s - t.plan_s + sum(x.total_s for x in later[: step.lag - 1])
     return max(0.0, background_s - beside_s)
+
+
+def named_waits(
+    steps: Sequence[PolicyStep], own: Sequence[StepTime], cfg: SimConfig
+) -> list[float]:
+    """Seconds each step of a trace waits for a background search: the search started
+    after step ``i`` (:func:`background_wait_s`, over the steps of the trace after it)
+    is waited for by the step it names, ``i + step.lag``; a search naming a step past
+    the trace is waited for by no step of it. ``own``: the steps' times without waits.
+    Run it over the whole trace, warm-up included, and keep the measured steps' waits:
+    a search started in the warm-up may name a measured step."""
+    waits = [0.0] * len(steps)
+    for i, (s, t) in enumerate(zip(steps, own, strict=True)):
+        j = i + max(s.lag, 1)
+        if s.background_plan and j < len(steps):
+            waits[j] += background_wait_s(s, t, cfg, own[i + 1 :])
+    return waits
 
 
 def with_wait(t: StepTime, wait_s: float) -> StepTime:

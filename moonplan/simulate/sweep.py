@@ -163,16 +163,18 @@ def _policy_row(
     R, E = counts_TRE.shape[1:]
     cost, search_s = cfg.step_cost(model, hw, name), cfg.search_seconds(name)
     policy = make_policy(name, R, E, cost=cost, search_s=search_s, **opts)
-    steps = [policy.step(c) for c in counts_TRE][warmup:]
-    ids = list(topk_ids[warmup:]) if topk_ids is not None else [None] * len(steps)
+    every = [policy.step(c) for c in counts_TRE]
+    steps = every[warmup:]
+    ids = list(topk_ids) if topk_ids is not None else [None] * len(every)
+    # a search started in the warm-up may name a measured step: the warm-up's times too,
+    # for a policy that searches in the background
+    first = 0 if any(s.background_plan for s in every) else warmup
     own = [
         step_time(s, model, hw, cfg, i, background=False, counts_RE=c)
-        for s, i, c in zip(steps, ids, counts_TRE[warmup:], strict=True)
+        for s, i, c in zip(every[first:], ids[first:], counts_TRE[first:], strict=True)
     ]
-    waits = [
-        model_time.background_wait_s(s, t, cfg, own[i + 1 :])
-        for i, (s, t) in enumerate(zip(steps, own, strict=True))
-    ]
+    waits = model_time.named_waits(every[first:], own, cfg)[warmup - first :]
+    own = own[warmup - first :]
     t = mean_time([model_time.with_wait(t, w) for t, w in zip(own, waits, strict=True)])
     row = {**base, "policy": name, **t.as_us()}
     if any(s.choice for s in steps):
@@ -180,7 +182,7 @@ def _policy_row(
     if any(s.background_plan for s in steps):
         row["background_plan"] = sum(s.background_plan for s in steps) / len(steps)
         row["background_wait_us"] = sum(waits) / len(waits) * 1e6
-        row["lagged_steps"] = lagged_steps(steps)
+        row["lagged_steps"] = lagged_steps(every, warmup)
     row["rel_ideal"] = t.total_s / ideal.total_s if ideal.total_s > 0 else 1.0
     metrics = summarize(steps, expert_bytes(model, cfg.weight_bytes))
     row.update(metrics)
@@ -188,11 +190,15 @@ def _policy_row(
     return row
 
 
-def lagged_steps(steps: Sequence[PolicyStep]) -> int:
-    """Steps run beside a background search with a lag above 1 (each such search counts
-    its ``lag`` steps, fewer where the trace ends first)."""
-    T = len(steps)
-    return sum(min(s.lag, T - i) for i, s in enumerate(steps) if s.background_plan and s.lag > 1)
+def lagged_steps(steps: Sequence[PolicyStep], warmup: int = 0) -> int:
+    """Measured steps (those from ``warmup`` on) run beside a background search with a
+    lag above 1: the ``lag`` steps from the one it starts after, a search started in the
+    warm-up included, none past the trace."""
+    covered: set[int] = set()
+    for i, s in enumerate(steps):
+        if s.background_plan and s.lag > 1:
+            covered.update(range(max(i, warmup), min(i + s.lag, len(steps))))
+    return len(covered)
 
 
 def sweep(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from moonplan.baselines.policies import refill_link_s
-from moonplan.baselines.policy_base import make_step
+from moonplan.baselines.policy_base import PolicyStep, make_step
 from moonplan.baselines.registry import make_policy
 from moonplan.cost import GQAAttention, ModelPreset
 from moonplan.simulate.model_time import (
@@ -17,6 +17,7 @@ from moonplan.simulate.model_time import (
     background_wait_s,
     ideal_time,
     mean_time,
+    named_waits,
     step_time,
 )
 from moonplan.stepcost.hardware import get_hardware
@@ -265,3 +266,31 @@ def test_a_lagged_search_is_charged_beyond_the_steps_it_runs_beside() -> None:
     assert background_wait_s(three, own, cfg, later[:1]) == pytest.approx(
         n * 10e-6 - first - step_s, rel=1e-12
     )  # the trace ends after one more step: only that one counts
+
+
+def test_a_search_is_waited_for_by_the_step_it_names_inside_the_trace() -> None:
+    """``named_waits``: the wait of the search started after step ``i`` lands on step
+    ``i + lag``; a search naming a step past the trace is waited for by none of it (the
+    measured mean does not pay a wait no measured step feels), and one started in the
+    warm-up is charged to the measured step it names (the sweep runs it over the whole
+    trace and keeps the measured steps' waits)."""
+    counts = torch.full((4, 8), 64, dtype=torch.int64)
+    model = toy(8, top_k=2)
+    cfg = SimConfig(plan_us={"moonplan-auto": 10.0})
+    alloc = make_policy("static-linear", 4, 8).step(counts).alloc_ER
+    quiet = make_step("moonplan-auto", counts, alloc, planned=1)
+    own = step_time(quiet, model, HW, cfg)
+    n = 5 * own.total_s / 10e-6  # five steps long: every lag below waits
+
+    def long(lag: int) -> PolicyStep:
+        return make_step("moonplan-auto", counts, alloc, planned=1, background_plan=n, lag=lag)
+
+    steps = [long(2), quiet, quiet, long(3), quiet, long(1)]
+    times = [own] * len(steps)
+    waits = named_waits(steps, times, cfg)
+    assert waits[2] == pytest.approx(background_wait_s(steps[0], own, cfg, times[1:]))
+    assert waits[0] == waits[1] == waits[3] == waits[4] == waits[5] == 0.0
+    # the search after step 3 names step 6 and the one after step 5 names step 6: past it
+    assert sum(w > 0 for w in waits) == 1
+    # with a warm-up of 2 steps the trace's waits from step 2 on are the measured ones:
+    # the search started in the warm-up (after step 0) is measured step 2's wait

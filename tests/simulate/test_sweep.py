@@ -119,8 +119,9 @@ def test_rows_report_the_background_search_and_charge_what_does_not_fit() -> Non
     from moonplan.simulate.model_time import SimConfig
 
     model, hw = get_model("deepseek-v3"), get_hardware("h200-node")
-    counts = drifting_counts(8, model.num_experts, 16, model.top_k, sigma=1.0, steps=4)
-    # a slow host: even a keep test outlasts the 3 measured steps its lag lets it run beside
+    counts = drifting_counts(8, model.num_experts, 16, model.top_k, sigma=1.0, steps=12)
+    # a slow host: the search after step 1 outlasts the 8 steps its lag (the cap) lets it
+    # run beside, and step 9, which it names, waits for the rest
     for plan_us, waits in ((51.0, False), (50000.0, True)):
         cfg = SimConfig(plan_us={"moonplan-auto": plan_us})
         row = simulate_trace(counts, model, hw, cfg, ["moonplan-auto"], warmup=1)[0]
