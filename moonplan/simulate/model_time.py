@@ -136,8 +136,11 @@ def step_time(
     ``topk_ids`` (``[R, S, K]`` experts of the step's records) is needed for
     ``cfg.dispatch`` other than ``"record"``, with ``counts_RE`` (int64 ``[R, E]``) its
     ``token_counts`` when the caller already has them (else they are counted here).
-    ``background=False``: without the wait for the step's background planning
-    (:func:`background_wait_s`)."""
+    ``background=True`` adds, to this step, the wait for the search started after it
+    as if it named the next step and ran beside this step alone (:func:`background_wait_s`
+    without later steps: a one-step view, which overstates a search with ``lag > 1``);
+    a trace is charged by :func:`named_waits` instead (the sweep passes
+    ``background=False`` and puts each wait on the step the search names)."""
     E, R = step.rows_ER.shape
     fetch_ER = step.fetch_ER if step.fetch_ER is not None else torch.zeros(E, R, dtype=torch.bool)
     src_E = step.src_E if step.src_E is not None else torch.zeros(E, dtype=torch.int64)
