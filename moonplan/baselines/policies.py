@@ -137,7 +137,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
       *is* that step's search: nothing runs in the background after it). After each
       later step with no search in flight, the search runs on that step's counts and the
       previous plan (``AheadChoice.update``: the lean search, ``moonplan.plan.search``,
-      which names the candidate and builds no plan), off the critical path, naming the
+      which names the candidate and builds no plan, scoring with the horizon measured on
+      the plans run so far, ``moonplan.plan.reuse``), off the critical path, naming the
       candidate of the step ``L`` later (``moonplan.plan.ahead.search_lag``: its
       forecast at ``search_s`` host seconds per construction equivalent over the
       predicted step; ``max_lag`` at most). Its work (``found.planned + found.chose``:

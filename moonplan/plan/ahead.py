@@ -41,27 +41,45 @@ values every rank shares). Steps ``t + 1 .. t + L - 1`` keep building the candid
 force, by name; step ``t + L`` takes the search (in the runtime: waits for it, a wait
 only where the forecast was short), and the next search starts after it. One search
 is in flight at a time. With ``L = 1`` this is the schedule above, plan for plan.
+
+The search amortises a fetch over the horizon the replicas it fetched actually served,
+measured on the plans the steps executed (:class:`~moonplan.plan.reuse.ReplicaLife`,
+:meth:`AheadChoice.search_cost`), not over ``cost.horizon``, which is its cap.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 
+import numpy as np
 import torch
 
 from moonplan.errors import PlanError
 from moonplan.plan.choose import CostModel, Inputs
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Basis, Plan
+from moonplan.plan.reuse import ReplicaLife
 from moonplan.plan.search import Choice, search
 from moonplan.plan.validate import check_options, checked_counts
+from moonplan.stepcost.step_cost import plan_fetch_ER
+from moonplan.stepcost.traffic import host_int64
 
 MAX_LAG = 8
 """Most steps a search may run beside (:func:`search_lag`): a choice that old is made on
 counts 8 steps back. On the acceptance sweep's drifting traces (step-to-step
 correlation 0.99, 8 measured steps) at 600 us a construction, a cap of 4 leaves more
 wait than 8 and a cap of 16 no less (``docs/planner-policy.md``, "Choosing ahead")."""
+
+FORECAST_CHOICES = 4
+"""Full choices whose work the lag forecasts from: the largest of the last four
+(:meth:`AheadChoice.lag`). A full choice's work varies 2-4x from one to the next (how
+many candidates its screens let through: 3 to 12 construction equivalents on the
+acceptance sweep), and a search forecast from a light one waits for the rest at the
+step it names. On the acceptance sweep at 600 us a construction: 343 points within
+1.01x the best peer forecasting from the last full choice, 356 from the largest of the
+last 4, 356 of the last 8 (``docs/planner-policy.md``, "Choosing ahead")."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,9 +163,10 @@ def search_lag(work: float | None, step_s: float | None, search_s: float, max_la
     """``L``: how many steps ahead a search starting now names its candidate.
 
     ``L = min(max_lag, max(1, ceil(work * search_s / step_s)))``: the forecast of the
-    search's host time (the last full choice's construction equivalents ``work``,
-    ``Choice.planned + Choice.chose``, at ``search_s`` host seconds each) over the
-    predicted step time ``step_s`` of that search's winner. ``1`` before any search
+    search's host time (construction equivalents ``work``, ``Choice.planned +
+    Choice.chose`` of recent full choices: :meth:`AheadChoice.lag` passes the largest of
+    the last :data:`FORECAST_CHOICES`, at ``search_s`` host seconds each) over the
+    predicted step time ``step_s`` of the last full choice's winner. ``1`` before any search
     finished (``work`` is ``None``) or without a positive step time. Every argument is
     the same on every rank, so every rank picks the same ``L``.
 
@@ -159,6 +178,14 @@ def search_lag(work: float | None, step_s: float | None, search_s: float, max_la
     if work is None or step_s is None or step_s <= 0:
         return 1
     return min(max_lag, max(1, math.ceil(work * search_s / step_s)))
+
+
+def executed(p: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """What :class:`~moonplan.plan.reuse.ReplicaLife` reads of an executed plan, on the
+    host: its allocation (int64 numpy ``[E, R]``) and fetched pairs (bool numpy ``[E,
+    R]``, ``moonplan.stepcost.plan_fetch_ER``). One host read of ``p``."""
+    alloc_ER = host_int64(p.alloc)
+    return alloc_ER, plan_fetch_ER(p, alloc_ER).numpy()
 
 
 def inline_choice(p: Plan) -> Choice:
@@ -195,8 +222,10 @@ class AheadChoice:
         self._steps = 0  # steps recorded
         self._due: int | None = None  # the step the search in flight names
         self._held: Choice | None = None  # update(): the search run, until it is due
-        self._work: float | None = None  # the last full choice taken: its work
+        # the work of the last FORECAST_CHOICES full choices taken (the first: any choice)
+        self._works: deque[float] = deque(maxlen=FORECAST_CHOICES)
         self._step_s: float | None = None  # its winner's predicted step (last known)
+        self.life = ReplicaLife()  # how long the executed plans' fetched replicas served
 
     @property
     def before(self) -> Plan | None:
@@ -219,9 +248,21 @@ class AheadChoice:
         """Whether the next step is the one the search in flight names (take it first)."""
         return self._due is not None and self._steps >= self._due
 
+    def search_cost(self, cost: CostModel) -> CostModel:
+        """The cost model a search starting now scores with: ``cost`` with its
+        ``horizon`` (the cap) replaced by the one measured on the plans recorded so far
+        (:class:`~moonplan.plan.reuse.ReplicaLife`); ``cost`` itself for a model without
+        a ``horizon`` field (a plain object: every fetch counted in full)."""
+        cap = getattr(cost, "horizon", None)
+        if cap is None or not dataclasses.is_dataclass(cost) or isinstance(cost, type):
+            return cost
+        return dataclasses.replace(cost, horizon=self.life.horizon(float(cap)))
+
     def lag(self) -> int:
-        """:func:`search_lag` of a search starting now (from the last one taken)."""
-        return search_lag(self._work, self._step_s, self.search_s, self.max_lag)
+        """:func:`search_lag` of a search starting now: the largest work of the last
+        :data:`FORECAST_CHOICES` full choices taken over the last one's predicted step."""
+        work = max(self._works) if self._works else None
+        return search_lag(work, self._step_s, self.search_s, self.max_lag)
 
     def update(
         self,
@@ -246,7 +287,12 @@ class AheadChoice:
         if self.record(p):
             self.launch()
             found = choose_next(
-                counts_RE, start, cost=cost, slots=slots, align=align, backend=backend
+                counts_RE,
+                start,
+                cost=self.search_cost(cost),
+                slots=slots,
+                align=align,
+                backend=backend,
             )
             self._held = found
         if self.due():
@@ -264,9 +310,14 @@ class AheadChoice:
             return previous
         return b
 
-    def record(self, p: Plan) -> bool:
+    def record(self, p: Plan, seen: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
         """Record ``p`` as this step's plan (once per step, after its last plan); returns
         whether a search starts after this step (:meth:`launch`).
+
+        The replicas ``p`` executes and fetches feed the measured horizon
+        (:attr:`life`): ``seen`` is :func:`executed` of ``p`` if the caller already
+        took it (the runtime does, where it reads the plan on the host anyway), else it
+        is read here.
 
         ``p`` keeps its own basis when it was chosen inline (no candidate in force), else
         it takes the basis of the search that named its candidate. An inline choice is
@@ -277,6 +328,7 @@ class AheadChoice:
         own = p.basis if inline else self._next_basis
         self._before = p if own is p.basis else dataclasses.replace(p, basis=own)
         self._steps += 1
+        self.life.observe(*(executed(p) if seen is None else seen))
         if inline:
             self.take(inline_choice(p))
         return not inline and not self.searching
@@ -292,17 +344,18 @@ class AheadChoice:
     def take(self, found: Choice) -> None:
         """Put ``found``'s candidate in force (from the next step on; at the step the
         search in flight names, or an inline choice, :func:`inline_choice`) and remember,
-        for the next lag, the work of the last *full* choice and its winner's predicted
-        step. A kept choice (it scores nothing) changes neither: the next search may be
-        a full choice again (the keep rule lets go after a few steps or a moved load),
-        and forecasting it from a keep test's 0.2 constructions would give ``L = 1`` to
-        a search of 4-12 (measured on the acceptance sweep at 600 us a construction, each
-        wait then charged to the step that started the search: 307 points within 1.01x
-        the best peer forecasting from the last search taken, 322 from the last full
-        choice, ``docs/planner-policy.md``)."""
+        for the next lag, the work of the *full* choices (the last
+        :data:`FORECAST_CHOICES`) and the last one's winner's predicted step. A kept
+        choice (it scores nothing) changes neither: the next search may be a full choice
+        again (the keep rule lets go after a few steps or a moved load), and forecasting
+        it from a keep test's 0.2 constructions would give ``L = 1`` to a search of 4-12
+        (measured on the acceptance sweep at 600 us a construction, each wait then
+        charged to the step that started the search: 307 points within 1.01x the best
+        peer forecasting from the last search taken, 322 from the last full choice,
+        ``docs/planner-policy.md``)."""
         self._next, self._next_basis, self._due = found.policy, found.basis, None
-        if found.policy in found.predicted or self._work is None:
-            self._work = found.planned + found.chose
+        if found.policy in found.predicted or not self._works:
+            self._works.append(found.planned + found.chose)
         if found.policy in found.predicted:
             self._step_s = found.predicted[found.policy]
 
@@ -310,4 +363,6 @@ class AheadChoice:
         """Forget the history (the next step chooses inline, the next lag is 1)."""
         self._before, self._next, self._next_basis = None, None, None
         self._steps, self._due, self._held = 0, None, None
-        self._work, self._step_s, self.last_lag = None, None, 1
+        self._works.clear()
+        self._step_s, self.last_lag = None, 1
+        self.life.reset()

@@ -22,12 +22,15 @@ host thread the balancer owns (a ``"thread"``
 :class:`~moonplan.runtime.background.BackgroundLane`, joined by :meth:`Balancer.close`)
 on host copies of the counts and of the previous plan's slots and flows
 (:class:`~moonplan.plan.ahead.Before`, taken in :meth:`Balancer.plan`, where the counts
-are read anyway: the thread never touches a device tensor). It is the lean search
-(``moonplan.plan.search``: the candidate's name, no plan laid out, nothing built on a
-step that keeps the choice); it runs beside the rest of step
+are read anyway: the thread never touches a device tensor). It scores with the horizon
+measured on the plans recorded so far (:meth:`AheadChoice.search_cost`,
+:mod:`moonplan.plan.reuse`: how many steps the fetched replicas actually served, capped
+by the cost model's ``horizon``), read from each step's plan in :meth:`Balancer.plan`.
+It is the lean search (``moonplan.plan.search``: the candidate's name, no plan laid
+out, nothing built on a step that keeps the choice); it runs beside the rest of step
 ``t`` (dispatch, experts, combine, backward) and of the model. It names the candidate
-of step ``t + L`` (:func:`~moonplan.plan.ahead.search_lag`: ``L = 1`` unless the last full
-choice's work at ``search_s`` host seconds per construction equivalent, the layer's
+of step ``t + L`` (:func:`~moonplan.plan.ahead.search_lag`: ``L = 1`` unless the largest work of the
+last four full choices at ``search_s`` host seconds per construction equivalent, the layer's
 ``search_us``, forecasts it longer than its winner's predicted step; at most
 ``max_lag``). Steps ``t + 1 .. t + L - 1`` build the candidate in force, by name, and
 wait for nothing; step ``t + L`` waits for the search before its counts exchange
@@ -57,11 +60,12 @@ from __future__ import annotations
 import time
 from collections import deque
 
+import numpy as np
 import torch
 
 from moonplan.comm.group import EPGroup
 from moonplan.plan import api as planner
-from moonplan.plan.ahead import MAX_LAG, AheadChoice, Before, choose_next
+from moonplan.plan.ahead import MAX_LAG, AheadChoice, Before, choose_next, executed
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.static import static_plan
 from moonplan.profiling.hooks import NULL_PROFILER, StepHooks
@@ -69,6 +73,11 @@ from moonplan.runtime.background import BackgroundLane, Pending
 from moonplan.runtime.balance import balance_mode
 from moonplan.runtime.calibrate import StepSample, agree, fit_rates, sample_step
 from moonplan.stepcost import StepCost
+
+Made = tuple[torch.Tensor | None, Before | None, Plan, tuple[np.ndarray, np.ndarray]]
+"""What :meth:`Balancer.plan` keeps for :meth:`Balancer.search`: host counts (when a search
+starts after the step), the plan the search starts from, the step's plan, and
+:func:`~moonplan.plan.ahead.executed` of it."""
 
 WARMUP_STEPS = 4
 """Measured exact steps before ``"auto"`` calibrates its own cost model."""
@@ -151,8 +160,9 @@ class Balancer:
         self.figures: dict[str, float] = {}
         self._lane = BackgroundLane("thread", torch.device("cpu"), name="moonplan-choose")
         self._search: Pending | None = None  # the search in flight
-        # to record (and search from, when a search starts): host counts, the start, plan
-        self._made: tuple[torch.Tensor | None, Before | None, Plan] | None = None
+        # to record (and search from, when a search starts): host counts, the start, the
+        # plan and what the measured horizon reads of it (host copies)
+        self._made: Made | None = None
 
     def policy(self) -> str:
         """The planner policy of the next step: ``"static"``, ``"exact"`` or ``"auto"``."""
@@ -196,7 +206,9 @@ class Balancer:
         )
         self.how = "inline" if name == "auto" else "ahead"
         if self.choose == "ahead":  # the last call of a step wins (a growth re-plan)
-            self._made = (counts_host, start, p)
+            # what the measured horizon reads of the plan: read now, right after it is
+            # made (the layer reads it on the host next anyway), not after the routing
+            self._made = (counts_host, start, p, executed(p))
         return p
 
     def search(self) -> None:
@@ -210,13 +222,14 @@ class Balancer:
         # host copies (plan()): the counts, and the slots, flows, policy and basis of the
         # plan this step replayed, with the basis of the search that named its candidate
         # (so it may keep its choice, as inline does); nothing the step writes later
-        (counts, before, p), self._made = self._made, None
-        if not self.ahead.record(p):  # one in flight, or this step chose inline
+        (counts, before, p, seen), self._made = self._made, None
+        if not self.ahead.record(p, seen):  # one in flight, or this step chose inline
             return
         assert counts is not None, "plan() takes the host copies when no search is in flight"
         self.ahead.launch()
-        cost, B, align = self.cost, self.B, self.align
-        assert cost is not None, "only 'auto' with a cost model searches"
+        assert self.cost is not None, "only 'auto' with a cost model searches"
+        # the horizon measured on the plans recorded so far (AheadChoice.search_cost)
+        cost, B, align = self.ahead.search_cost(self.cost), self.B, self.align
         pending = self._lane.submit(
             lambda: choose_next(counts, before, cost=cost, slots=B, align=align)
         )

@@ -11,7 +11,14 @@ import torch
 
 from moonplan.cost import get_preset
 from moonplan.plan import plan
-from moonplan.plan.ahead import MAX_LAG, AheadChoice, choose_next, inline_choice, search_lag
+from moonplan.plan.ahead import (
+    FORECAST_CHOICES,
+    MAX_LAG,
+    AheadChoice,
+    choose_next,
+    inline_choice,
+    search_lag,
+)
 from moonplan.plan.choose import WORK
 from moonplan.stepcost import StepCost
 
@@ -211,29 +218,58 @@ def test_a_long_search_names_the_step_lag_steps_later() -> None:
             assert len(kept) <= 1  # the candidate in force, built by name
 
 
-def test_the_lag_comes_from_the_last_full_choice() -> None:
-    """``L`` of the next search: the work of the last full choice taken at ``search_s``
-    over its winner's predicted step; a kept choice (nothing predicted) keeps both."""
-    cost, trace = _cost(), _trace(12, seed=7)
+def test_the_lag_comes_from_the_last_full_choices() -> None:
+    """``L`` of the next search: the largest work of the last ``FORECAST_CHOICES`` full
+    choices taken at ``search_s`` over the last one's predicted step; a kept choice
+    (nothing predicted) changes neither."""
+    cost, trace = _cost(), _trace(16, seed=7)
     search_s = cost.plan_s * 3
-    ahead, prev, pending, last = AheadChoice(search_s=search_s, max_lag=64), None, None, None
+    ahead, prev, pending = AheadChoice(search_s=search_s, max_lag=64), None, None
+    works: list[float] = []  # the work of every full choice taken, in order
+    step_s = None
     lags = []
     for counts in trace:
         p = plan(counts, previous=prev, policy=ahead.policy(), cost=cost, backend="torch")
         inline = ahead.policy() == "auto"
         found = ahead.update(counts, p, previous=prev, cost=cost)
         if found is not None:
-            assert last is not None  # the inline first step is the first taken
-            assert ahead.last_lag == search_lag(*last, search_s, 64)
+            assert works  # the inline first step is the first taken
+            want = max(works[-FORECAST_CHOICES:])
+            assert ahead.last_lag == search_lag(want, step_s, search_s, 64)
             lags.append(ahead.last_lag)
             pending = found
         taken = inline_choice(p) if inline else None
         if pending is not None and not ahead.searching:
             taken, pending = pending, None
-        if taken is not None and (last is None or taken.policy in taken.predicted):
-            last = (taken.planned + taken.chose, taken.predicted.get(taken.policy))
+        if taken is not None and (not works or taken.policy in taken.predicted):
+            works.append(taken.planned + taken.chose)
+            step_s = taken.predicted.get(taken.policy)
         prev = p
     assert len(lags) >= 2 and max(lags) > 1
+
+
+def test_a_light_full_choice_does_not_shorten_the_lag() -> None:
+    """After a heavy full choice (12 construction equivalents), a light one (3) leaves
+    the forecast at the heavy one's work until it leaves the window of
+    ``FORECAST_CHOICES`` full choices; kept choices (nothing predicted) do not count."""
+    from moonplan.plan.search import Choice
+
+    ahead = AheadChoice(search_s=1e-3, max_lag=64)
+
+    def full(work: float) -> Choice:
+        return Choice("exact", {"exact": 1e-3, "static": 2e-3}, int(work), 0.0, None)
+
+    kept = Choice("exact", {}, 0, WORK["keep"], None)
+    ahead.take(full(12))
+    assert ahead.lag() == 12  # 12 ms of search over a 1 ms step
+    for _ in range(FORECAST_CHOICES - 1):
+        ahead.take(full(3))
+        ahead.take(kept)
+        assert ahead.lag() == 12
+    ahead.take(full(3))  # the heavy one leaves the window
+    assert ahead.lag() == 3
+    ahead.reset()
+    assert ahead.lag() == 1
 
 
 def test_every_rank_names_the_same_candidates_with_a_lag() -> None:

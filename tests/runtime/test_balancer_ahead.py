@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -344,7 +345,7 @@ def test_the_search_thread_is_handed_host_copies_not_the_plans() -> None:
     """What the thread searches from is taken in ``plan()``: the counts and the previous
     plan's slots, flows, policy and basis, copied to the host (``Before``); its choice is
     the search on the plan itself. Steps a search in flight spans copy nothing."""
-    from moonplan.plan.ahead import Before, choose_next
+    from moonplan.plan.ahead import Before, choose_next, executed
 
     cost, B = _cost(), 2
     bal = Balancer("auto", slots=B, align=1, cost=cost, search_s=6e-4)
@@ -357,8 +358,10 @@ def test_the_search_thread_is_handed_host_copies_not_the_plans() -> None:
             searching = bal.ahead.searching
             p = bal.plan(counts, prev)
             assert bal._made is not None
-            host, before, made = bal._made
+            host, before, made, seen = bal._made
             assert made is p
+            # what the measured horizon reads of the step's plan, on the host
+            assert all(np.array_equal(a, b) for a, b in zip(seen, executed(p), strict=True))
             if searching:  # a search in flight spans this step: nothing to copy
                 assert host is None and before is None
                 spanned += 1
@@ -395,3 +398,41 @@ def test_search_us_is_validated_and_handed_to_the_balancer() -> None:
     layer = MoonMoE(8, 8, 4, 2, choose="ahead", search_us=250.0)
     assert layer.runtime.balancer.ahead.search_s == pytest.approx(250e-6)
     layer.runtime.close()
+
+
+def test_the_thread_searches_with_the_horizon_measured_on_the_recorded_plans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each search the balancer submits scores with ``AheadChoice.search_cost``: the
+    horizon measured on every plan recorded so far (this step's included), capped by
+    the cost model's own. On this drifting trace the replicas do not serve 8 steps."""
+    import moonplan.runtime.balancer as balancer_module
+    from moonplan.plan.ahead import executed
+    from moonplan.plan.reuse import ReplicaLife
+
+    seen: list[float] = []
+    real = balancer_module.choose_next
+
+    def spy(*args: object, cost: StepCost, **kw: object) -> object:
+        seen.append(cost.horizon)
+        return real(*args, cost=cost, **kw)
+
+    monkeypatch.setattr(balancer_module, "choose_next", spy)
+    cost = _cost(copy_s=2e-5)
+    bal = Balancer("auto", slots=2, align=1, cost=cost, search_s=0.0)
+    life, want, prev = ReplicaLife(), [], None
+    try:
+        for counts in _trace(10, 4, 16, 11):
+            assert bal.collect() == ""
+            searching = bal.ahead.searching
+            p = bal.plan(counts, prev)
+            life.observe(*executed(p))
+            if not searching and bal.ahead.policy() != "auto":  # a search starts after it
+                want.append(life.horizon(cost.horizon))
+            bal.search()
+            bal._lane.drain()
+            prev = p
+    finally:
+        bal.close()
+    assert seen == want and len(seen) >= 5
+    assert min(seen) < cost.horizon  # measured, not the cap
