@@ -227,11 +227,11 @@ class Balancer:
         rather than competing with it."""
         if self._made is None:
             return
+        self.recorded += 1  # this rank's place in the schedule (schedule())
         # host copies (plan()): the counts, and the slots, flows, policy and basis of the
         # plan this step replayed, with the basis of the search that named its candidate
         # (so it may keep its choice, as inline does); nothing the step writes later
         (counts, before, p), self._made = self._made, None
-        self.recorded += 1
         if not self.ahead.record(p):  # one in flight, or this step chose inline
             return
         assert counts is not None, "plan() takes the host copies when no search is in flight"
