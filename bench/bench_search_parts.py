@@ -7,12 +7,17 @@ with the first step's ``policy="auto"`` plan as ``previous`` (torch builder, CPU
 Parts (each one call, as a choice makes it):
 
 * ``step``: ``screen.Step.of`` (the host view every bound of a choice shares);
+* ``views``: every host view of one lean choice: ``Step.of`` and the scores'
+  ``score_alloc.Context`` (from that step where the tree has ``Context.of_step``,
+  else ``Context.of``, which reads the counts and ``previous`` again);
 * ``bound``: one ``screen.lower_bound`` of the exact candidate with that shared step;
 * ``score``: ``StepCost.plan_time`` of the exact plan (one candidate's predicted step);
 * ``construct``: ``choose.build("exact", inputs)`` (one group-flow construction);
 * ``alloc``: ``torch_backend.alloc_torch`` (steps 1-2 alone: the greedy candidate);
 * ``home_map``: ``home.home_map(E, R)``;
-* ``choose``: ``choose.choose(inputs, cost)`` (a whole full choice).
+* ``choose``: ``choose.choose(inputs, cost)`` (a whole full choice);
+* ``search``: ``search.search(inputs, cost)`` (the lean choose-ahead search: a full
+  choice by name, nothing laid out).
 
 Each sample times a batch of calls (``--batch``: enough for the timer); the table holds
 the median of ``--reps`` samples (at least 15), in microseconds per call. Run with
@@ -49,7 +54,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PARTS = ("step", "bound", "score", "construct", "alloc", "home_map", "choose")
+PARTS = ("step", "views", "bound", "score", "construct", "alloc", "home_map", "choose", "search")
+VIEWS = ("step", "views")  # host views: their fields may change, so no digest compared
 CASES = [(8, 16), (8, 256), (8, 4096), (64, 16), (64, 256), (64, 4096)]
 QUICK = [(8, 256), (64, 256)]
 
@@ -59,7 +65,9 @@ def make_parts(R: int, S: int) -> dict[str, Callable[[], Any]]:
     from moonplan.plan.api import plan
     from moonplan.plan.choose import Inputs, build, choose, horizon_of
     from moonplan.plan.home import home_map
+    from moonplan.plan.score_alloc import Context
     from moonplan.plan.screen import Step, lower_bound
+    from moonplan.plan.search import search
     from moonplan.plan.torch_backend import alloc_torch
     from moonplan.simulate.model_time import SimConfig
     from moonplan.simulate.models import get_model
@@ -77,18 +85,26 @@ def make_parts(R: int, S: int) -> dict[str, Callable[[], Any]]:
     h = horizon_of(cost)
     E = c.shape[1]
 
+    def views() -> Any:
+        st = Step.of(c, prev_RB, prev_F3)
+        if hasattr(Context, "of_step"):
+            return st, Context.of_step(st, prev_RB, prev_F3)
+        return st, Context.of(c, prev_RB, prev_F3)
+
     def bound() -> float:
         kw = {"prev_RB": prev_RB, "prev_F3": prev_F3}  # exact balance: target None
         return lower_bound(cost, c, 0, horizon=h, step=step, **kw)
 
     return {
         "step": lambda: Step.of(c, prev_RB, prev_F3),
+        "views": views,
         "bound": bound,
         "score": lambda: cost.plan_time(exact, planned=1),
         "construct": lambda: build("exact", inp),
         "alloc": lambda: alloc_torch(c, prev_RB, prev_F3),
         "home_map": lambda: home_map(E, R),
         "choose": lambda: choose(inp, cost),
+        "search": lambda: search(inp, cost),
     }
 
 
@@ -122,7 +138,9 @@ def sample_us(fn: Callable[[], Any], batch: int) -> float:
 def batch_of(part: str, R: int, S: int) -> int:
     """Calls per sample: more for the short parts, so each sample lasts a few
     milliseconds (a burst of other load then spreads over many calls)."""
-    return {"home_map": 200, "bound": 20, "score": 10, "step": 20, "alloc": 8}.get(part, 3)
+    return {"home_map": 200, "bound": 20, "score": 10, "step": 20, "views": 10, "alloc": 8}.get(
+        part, 3
+    )
 
 
 def worker() -> None:
@@ -138,7 +156,8 @@ def worker() -> None:
                 fn()
         parts = cache[key]
         if part == "digest":
-            out: dict[str, Any] = {"digest": {p: digest(fn()) for p, fn in parts.items()}}
+            kept = {p: fn for p, fn in parts.items() if p not in VIEWS}
+            out: dict[str, Any] = {"digest": {p: digest(fn()) for p, fn in kept.items()}}
         else:
             out = {"us": sample_us(parts[part], batch_of(part, *key))}
         print(json.dumps(out), flush=True)
@@ -177,9 +196,9 @@ def run(cases: list[tuple[int, int]], reps: int, compare: Path | None) -> list[d
     try:
         for R, S in cases:
             row: dict[str, Any] = {"R": R, "S": S}
-            if old is not None:  # Step is a view (its fields may change); the rest may not
+            if old is not None:  # the views' fields may change (VIEWS); the rest may not
                 a, b = old.ask(R, S, "digest")["digest"], new.ask(R, S, "digest")["digest"]
-                row["differ"] = sorted(p for p in a if a[p] != b[p] and p != "step")
+                row["differ"] = sorted(p for p in a if a[p] != b[p])
                 row["same"] = not row["differ"]
             for part in PARTS:
                 new_us, old_us = [], []

@@ -62,7 +62,7 @@ from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Basis, Plan
 from moonplan.plan.reuse import ReplicaLife
 from moonplan.plan.search import Choice, search
-from moonplan.plan.validate import check_options, checked_counts
+from moonplan.plan.validate import check_options, check_previous, checked_counts
 from moonplan.stepcost.step_cost import plan_fetch_ER
 from moonplan.stepcost.traffic import host_int64
 
@@ -146,11 +146,9 @@ def choose_next(
     R, E = c_RE.shape
     B = check_options(slots, align, max_local(E, R), c_RE, total=N)
     prev = Before.of(before) if isinstance(before, Plan) else before
-    if prev is not None and (*prev.slot_expert.shape, prev.num_experts) != (R, B, E):
-        raise PlanError(
-            f"the previous plan has (R, B, E) = {(*prev.slot_expert.shape, prev.num_experts)}, "
-            f"this call has {(R, B, E)}"
-        )
+    if prev is not None:
+        (R_prev, B_prev), E_prev = prev.slot_expert.shape, prev.num_experts
+        check_previous((R_prev, E_prev, B_prev), (R, E, B))
     builder = "reference" if backend == "reference" else "torch"
     host = c_RE.to("cpu")
     if prev is None:

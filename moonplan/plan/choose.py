@@ -270,7 +270,10 @@ def decide(
     other candidates, build it and score the plan.
     """
     h = horizon_of(cost)
-    ctx = Context.of(inp.counts_RE, inp.prev_RB, inp.prev_F3) if lean else None
+    order = screened_order(load, inp, table)
+    # one host view of the counts and previous per choice: the screens' and the scores'
+    step = Step.of(inp.counts_RE, inp.prev_RB, inp.prev_F3) if order or lean else None
+    ctx = Context.of_step(step, inp.prev_RB, inp.prev_F3) if lean and step else None
     fixed = _fetchless(inp, table)  # no copy, no planner run: scored from their
     times = {n: score(_fetchless_time(cost, inp, a, ctx), h) for n, a in fixed.items()}
     best_name = min(times, key=lambda n: times[n])  # ties: the earlier one
@@ -278,8 +281,6 @@ def decide(
     best_s = times[best_name]
     runs = 0
     floors: dict[str, float] = {}  # the screened-out candidates' least possible scores
-    order = screened_order(load, inp, table)
-    step = Step.of(inp.counts_RE, inp.prev_RB, inp.prev_F3) if order else None
     builders = {c.name: c for c in table}
     for name, target, _ in order:
         floor_s = lower_bound(

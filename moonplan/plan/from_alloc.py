@@ -149,8 +149,8 @@ def layout_resident(
 def home_layout(
     num_experts: int, num_ranks: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(home_E, ids_RM)``: :func:`~moonplan.plan.home.home_map` and
-    :func:`~moonplan.plan.torch_layout.group_experts`, int64 on ``device``, from one
+    """``(home_E, ids_RM)``: :func:`~moonplan.plan.home.home_map` and the experts of each
+    home group (``E`` where it has fewer than ``M``), int64 on ``device``, from one
     ``arange`` of the experts in few kernels (the general formulas take about 19).
 
     The first ``E mod R`` ranks own ``M`` experts, the others ``M - 1`` (or all ``M``

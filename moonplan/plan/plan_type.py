@@ -33,7 +33,7 @@ from moonplan.errors import PlanError
 from moonplan.plan.from_alloc import as_alloc, check_remote, layout_reference, layout_torch
 from moonplan.plan.home import max_local
 from moonplan.plan.placement import static_load
-from moonplan.plan.validate import check_options, checked_counts
+from moonplan.plan.validate import check_options, check_previous, checked_counts
 
 PLAN_TENSORS = (
     "counts",
@@ -340,10 +340,5 @@ def previous_slots(
         return None
     if not isinstance(previous, Plan):
         raise PlanError(f"previous must be a moonplan Plan, got {type(previous).__name__}")
-    if (previous.num_ranks, previous.num_experts, previous.num_slots) != (R, E, B):
-        raise PlanError(
-            "previous plan has (R, E, B) = "
-            f"{(previous.num_ranks, previous.num_experts, previous.num_slots)}, "
-            f"this call has {(R, E, B)}"
-        )
+    check_previous((previous.num_ranks, previous.num_experts, previous.num_slots), (R, E, B))
     return previous.slot_expert.to(device)

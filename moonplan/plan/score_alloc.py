@@ -42,6 +42,7 @@ import torch
 from moonplan.plan.group_flows import host_alloc, warm_maps
 from moonplan.plan.home import home_edges, home_list, targets_list
 from moonplan.plan.reference import Flow, previous_flows, reference_fields
+from moonplan.plan.screen import Step
 
 
 @dataclass(frozen=True)
@@ -73,16 +74,33 @@ class Context:
     def of(
         cls, counts_RE: torch.Tensor, prev_RB: torch.Tensor | None, prev_F3: torch.Tensor | None
     ) -> Context:
-        """The context of ``counts_RE`` (any device: one host copy) and ``previous``."""
+        """The context of ``counts_RE`` (any device: one host copy) and ``previous``,
+        derived on its own: the reference of :meth:`of_step`."""
         c_RE = counts_RE.detach().cpu().numpy().astype(np.int64, copy=False)
         R, E = c_RE.shape
         home = home_list(E, R)
         home_E = np.asarray(home, dtype=np.int64)
         total_E = c_RE.sum(0)
         load = np.bincount(home_E, weights=total_E, minlength=R).astype(np.int64).tolist()
-        warm, warm_experts = warm_maps(None if prev_RB is None else prev_RB.cpu(), home)
+        p_RB = None if prev_RB is None else prev_RB.cpu()
+        warm, warm_experts = warm_maps(p_RB, home)
+        moved_ER = moved_pairs(home_E, None if p_RB is None else p_RB.numpy(), R)
         return cls(c_RE, home_E, total_E.tolist(), load, warm, warm_experts,
-                   previous_flows(prev_F3), moved_pairs(home_E, prev_RB, R),
+                   previous_flows(prev_F3), moved_ER, (prev_RB, prev_F3))  # fmt: skip
+
+    @classmethod
+    def of_step(
+        cls, step: Step, prev_RB: torch.Tensor | None, prev_F3: torch.Tensor | None
+    ) -> Context:
+        """:meth:`of` from the choice's screening view ``step`` (``screen.Step.of`` of the
+        same counts, ``prev_RB`` and ``prev_F3``): its host counts, home map, loads,
+        previous flows and slots, so one choice reads its inputs on the host once."""
+        R = len(step.load_R)
+        slot_RB = None if step.slot_RB is None else torch.from_numpy(step.slot_RB)
+        warm, warm_experts = warm_maps(slot_RB, step.home)
+        previous = previous_flows(prev_F3) if step.previous is None else step.previous
+        return cls(step.counts_RE, step.home_E, step.T_E.tolist(), step.load_R.tolist(),
+                   warm, warm_experts, previous, moved_pairs(step.home_E, step.slot_RB, R),
                    (prev_RB, prev_F3))  # fmt: skip
 
     def alloc(self, target: list[int] | None, replay: bool, backend: str) -> np.ndarray:
@@ -107,13 +125,13 @@ class Context:
         return cost.step_time(alloc_ER, self.counts_RE, fetch_ER, self.home_E, planned=planned)
 
 
-def moved_pairs(home_E: np.ndarray, prev_RB: torch.Tensor | None, num_ranks: int) -> np.ndarray:
-    """bool ``[E, R]``: ``r`` is not ``e``'s home and holds no previous slot of ``e``."""
+def moved_pairs(home_E: np.ndarray, p_RB: np.ndarray | None, num_ranks: int) -> np.ndarray:
+    """bool ``[E, R]``: ``r`` is not ``e``'s home and holds no previous slot of ``e``
+    (``p_RB``: the previous slots on the host, or ``None``)."""
     E = len(home_E)
     moved_ER = np.ones((E, num_ranks), dtype=bool)
     moved_ER[np.arange(E), home_E] = False
-    if prev_RB is not None and prev_RB.numel():
-        p_RB = prev_RB.cpu().numpy()
+    if p_RB is not None and p_RB.size:
         r_N, j_N = (p_RB >= 0).nonzero()
         moved_ER[p_RB[r_N, j_N], r_N] = False
     return moved_ER
@@ -124,4 +142,5 @@ def fetched_pairs(alloc_ER: torch.Tensor, prev_RB: torch.Tensor | None) -> np.nd
     (module docstring): what a plan of ``alloc_ER`` built on ``prev_RB`` fetches."""
     a_ER = alloc_ER.cpu().numpy()
     E, R = a_ER.shape
-    return (a_ER > 0) & moved_pairs(np.asarray(home_list(E, R), dtype=np.int64), prev_RB, R)
+    p_RB = None if prev_RB is None else prev_RB.cpu().numpy()
+    return (a_ER > 0) & moved_pairs(np.asarray(home_list(E, R), dtype=np.int64), p_RB, R)

@@ -60,6 +60,7 @@ class Step:
     res_RR: np.ndarray  # int64 [r, d]: d's experts resident in r's previous slots
     warm: dict[int, set[int]] | None  # the construction's warm pairs (receiver -> groups)
     previous: list[Flow] | None = None  # previous's flows on the host (None: not given)
+    slot_RB: np.ndarray | None = None  # int64 [R, B]: previous's slots on the host, or None
     _memo: dict[tuple[str, int], tuple[Any, ...]] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -85,7 +86,7 @@ class Step:
         never = np.iinfo(np.int64).max // (E + 1)  # an expert without records: never emptied
         asc_RM = np.cumsum(np.sort(_grouped_RM(np.where(T_E > 0, T_E, never), at_EE, R)), 1)
         res_RR = np.zeros((R, R), dtype=np.int64)
-        warm = None
+        warm, slot_RB = None, None
         if prev_RB is not None:
             slot_RB = host_int64(prev_RB)
             r_N, j_N = (slot_RB >= 0).nonzero()
@@ -96,7 +97,8 @@ class Step:
         previous = None if prev_F3 is None else previous_flows(prev_F3)
         views = (desc_RM, asc_RM, group_RR, res_RR)
         home = home_E.tolist()
-        return cls(c, home, home_E, T_E, load_R, held_R, c.sum(1), *views, warm, previous)
+        return cls(c, home, home_E, T_E, load_R, held_R, c.sum(1), *views, warm, previous,
+                   slot_RB)  # fmt: skip
 
     def tiled(self, tile: int) -> tuple[int, np.ndarray]:
         """``(padded rows, home padded rows [R])`` of the experts' records padded to GEMM

@@ -16,20 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from moonplan.plan.home import max_local
 from moonplan.plan.reference import place_slots
-
-
-def group_experts(num_experts: int, num_ranks: int, device: torch.device) -> torch.Tensor:
-    """``ids_RM``: the experts of each home group, ``E`` where the group has fewer than ``M``."""
-    base, extra = divmod(num_experts, num_ranks)
-    M = max_local(num_experts, num_ranks)
-    r_R = torch.arange(num_ranks, device=device)
-    start_R = r_R * base + torch.clamp(r_R, max=extra)
-    size_R = base + (r_R < extra).to(torch.int64)
-    m_M = torch.arange(M, device=device)
-    ids_RM = start_R[:, None] + m_M[None, :]
-    return torch.where(m_M[None, :] < size_R[:, None], ids_RM, num_experts)
 
 
 def replica_candidates(
@@ -39,7 +26,8 @@ def replica_candidates(
 
     Args:
         quota_RR: ``[donor, receiver]`` group flows of step 1 (before the split).
-        ids_RM: from :func:`group_experts`.
+        ids_RM: the experts of each home group, ``E`` where the group has fewer than
+            ``M`` (``from_alloc.home_layout``).
         alloc_ER: the allocation.
 
     Returns:

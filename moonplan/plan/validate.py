@@ -136,6 +136,19 @@ def check_options(
     return B
 
 
+def check_previous(got_REB: tuple[int, int, int], want_REB: tuple[int, int, int]) -> None:
+    """A previous plan's ``(R, E, B)`` against this call's (``moonplan.plan``'s
+    ``previous=``, and the plan a choose-ahead search starts from).
+
+    Raises:
+        PlanError: naming both shapes.
+    """
+    if tuple(got_REB) != tuple(want_REB):
+        raise PlanError(
+            f"previous plan has (R, E, B) = {tuple(got_REB)}, this call has {tuple(want_REB)}"
+        )
+
+
 def _check_align(align: int, N: int, rows: int) -> None:
     """``align`` against ``N`` records spread over at most ``rows`` padded rows."""
     limit = max(ALIGN_FREE, 1 << max(N - 1, 0).bit_length())

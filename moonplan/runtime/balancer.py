@@ -48,16 +48,35 @@ Every rank counts the same steps (every rank runs every forward, :class:`AheadCh
 counts them) and agrees on one model and ``search_us``, so every rank picks the same
 ``L`` and waits at the same step; the search reads only all-gathered counts and plans
 that are equal on every rank, so every rank computes the same plan and names the same
-candidate. A search that
-raises is reported by :meth:`Balancer.collect` as this rank's failure in the next
-step's counts exchange: every rank then raises the same ``ContractError`` (naming the
-rank) instead of planning differently, and every rank forgets its named candidate
-(:meth:`Balancer.restart`).
+candidate.
+
+Failures: every rank fails alike, at the same step.
+
+* A search that raises (whatever its lag) is reported by :meth:`Balancer.collect`, at
+  the step it names, as this rank's failure in that step's counts exchange: every rank
+  raises the same ``ContractError`` naming the rank, and every rank forgets the search
+  and its named candidate (:meth:`Balancer.restart`); the next step chooses inline.
+* Calibration (``layer.calibrate()``, a collective, or the automatic one) waits for a
+  search in flight, drops it and the named candidate on every rank
+  (:meth:`Balancer.calibrate`); the next step chooses inline with the agreed model.
+* A step that raises *after* its plan was made on some ranks only (before their search
+  is recorded and started, :meth:`Balancer.search`, on some; after it, or after the
+  step's collectives, on others) leaves the ranks at different places in the schedule.
+  The next counts exchange carries each rank's place (:meth:`Balancer.schedule`:
+  forwards finished, steps recorded); where they differ, every rank resynchronises
+  alike (:meth:`Balancer.resync`: a ``RuntimeWarning`` naming the counts, the search
+  in flight, the named candidate and the measured steps forgotten, the resident slots
+  dropped): that step chooses inline (or the warm-up starts over) on every rank. The
+  automatic calibration is decided after that comparison, so it never runs on some
+  ranks only. This covers every rank reaching the next exchange: a rank raising before
+  a collective of the step that its peers entered leaves them waiting in it (a hang
+  until the group's timeout, as any rank skipping a collective; ``docs/reliability.md``).
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections import deque
 
 import numpy as np
@@ -154,7 +173,8 @@ class Balancer:
         self.cost = cost
         self.user_cost = cost is not None
         self.samples: deque[StepSample] = deque(maxlen=KEEP_SAMPLES)
-        self.steps = 0  # forwards seen (every rank counts the same)
+        self.steps = 0  # forwards finished since the start or the last resync
+        self.recorded = 0  # steps recorded for choosing ahead (search()), likewise
         self.ahead = AheadChoice(search_s=search_s, max_lag=max_lag)
         self.how = "none"
         self.figures: dict[str, float] = {}
@@ -219,6 +239,7 @@ class Balancer:
         rather than competing with it."""
         if self._made is None:
             return
+        self.recorded += 1  # this rank's place in the schedule (schedule())
         # host copies (plan()): the counts, and the slots, flows, policy and basis of the
         # plan this step replayed, with the basis of the search that named its candidate
         # (so it may keep its choice, as inline does); nothing the step writes later
@@ -269,13 +290,41 @@ class Balancer:
         self._search = self._made = None
         self.ahead.reset()
 
+    def schedule(self) -> tuple[int, int]:
+        """This rank's place in the step schedule, for the counts exchange: forwards
+        finished (:meth:`record`) and steps recorded for choosing ahead (:meth:`search`),
+        since the start or the last :meth:`resync`. Equal on every rank unless a step
+        raised on some ranks only after its plan was made (module docstring, "Failures")."""
+        return self.steps, self.recorded
+
+    def resync(self, schedule_RS: torch.Tensor) -> bool:
+        """Compare every rank's :meth:`schedule` (``[R, 2]`` int64, all-gathered: the same
+        on every rank) and, where they differ, resynchronise: forget the search in flight
+        and the named candidate (:meth:`restart`), the counters and the measured steps
+        (the warm-up starts over), and warn naming the ranks; returns whether it did (the
+        caller then drops its resident slots too). Every rank decides alike."""
+        rows = [tuple(int(v) for v in row) for row in schedule_RS.tolist()]
+        if len(set(rows)) == 1:
+            return False
+        warnings.warn(
+            "balance: a step raised on some ranks after its plan was made (forwards "
+            f"finished, steps recorded per rank: {rows}); every rank resynchronises: "
+            "the named candidate, the measured steps and the resident slots are dropped",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        self.restart()
+        self.steps = self.recorded = 0
+        self.samples.clear()
+        return True
+
     def close(self) -> None:
         """Wait for a running search (its result and errors dropped), join the thread."""
         self.restart()
         self._lane.close()
 
     def record(self, plan: Plan, rank: int, sent: int, phases: dict[str, float]) -> None:
-        """Keep this step's measurements (every step but the first)."""
+        """Keep this step's measurements (every step but the first, also after a resync)."""
         self.steps += 1
         if self.steps > 1:
             self.samples.append(sample_step(plan, rank, sent, phases))

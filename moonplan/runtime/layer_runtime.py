@@ -179,8 +179,6 @@ class LayerRuntime:
             x_SH, ids_SK, weight_SK, params if own is None else own, ok, msg
         )
         self._lane.drain()  # a failed step's background job, before buffers change
-        if self.balancer.due():  # "auto" after its measured warm-up steps (every rank)
-            self.calibrate()
         rec = self.profiler.begin_step()  # records nothing unless profiling
         failed = self.balancer.collect(rec)  # the choice made ahead, waited for here
         if failed and ok:  # reported like a bad input: every rank raises
@@ -189,21 +187,26 @@ class LayerRuntime:
         counts_E = torch.zeros(self.E, dtype=torch.int64, device=x_SH.device)
         if ok and ids_SK is not None and ids_SK.numel():
             counts_E = torch.bincount(ids_SK.reshape(-1), minlength=self.E)
-        # One exchange carries the counts, the validity flag and "my home weights changed".
+        # One exchange carries the counts, the validity flag, "my home weights changed"
+        # and where this rank is in the step schedule (Balancer.schedule).
         version = tuple(int(p._version) for p in params.values())
         changed = int(version != self.published_version)
+        mine = counts_E.new_tensor([changed, *self.balancer.schedule()])
         try:
-            got_RX = self.group.gather_with_status(
-                torch.cat([counts_E, counts_E.new_tensor([changed])]), ok, msg
-            )
+            got_RX = self.group.gather_with_status(torch.cat([counts_E, mine]), ok, msg)
         except ContractError:  # raised on every rank: every rank forgets its named choice
             self.balancer.restart()
             raise
         counts_RE = got_RX[:, : self.E]
         if bool(got_RX[:, self.E].any()):  # any rank's weights changed: every slot is stale
             self.published, self.resident = False, None
+        if self.balancer.resync(got_RX[:, self.E + 1 :]):  # a step failed on some ranks only
+            self.resident = None
         t1 = time.perf_counter()
         rec.span("counts", t0, t1)
+        if self.balancer.due():  # "auto" after its measured warm-up steps (every rank
+            self.calibrate()  # alike: decided after the schedules are compared)
+            t1 = time.perf_counter()
         plan = self._plan(counts_RE, self.resident)
         self.plans_made += 1
         need = int(plan.recv_size().max())

@@ -84,11 +84,14 @@ class _Run:
         )
 
     def each(self, sizes: Sequence[int], label: str) -> Iterator[int]:
-        """``sizes`` one by one, reporting ``label=<size>`` to ``progress`` before each."""
+        """``sizes`` one by one, reporting ``label=<size>`` to ``progress`` before each and
+        ``(total, total, "done")`` after the last (as the sweeps report)."""
         for i, n in enumerate(sizes):
             if self.progress:
                 self.progress(i, len(sizes), f"{label}={n}")
             yield n
+        if self.progress:
+            self.progress(len(sizes), len(sizes), "done")
 
     def layer(self, model: ModelPreset, ranks: int, dense_layers: int = 1) -> dict[str, float]:
         """Static-EP MoE layer on near-uniform routing (lognormal sigma 0): ``moe_layer_us``,

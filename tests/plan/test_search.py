@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,7 +15,8 @@ from hypothesis import strategies as st
 import moonplan
 from moonplan.plan.choose import CANDIDATES, TABLE, WORK, Candidate, Inputs, build, choose
 from moonplan.plan.plan_type import PLAN_TENSORS, Plan
-from moonplan.plan.score_alloc import fetched_pairs
+from moonplan.plan.score_alloc import Context, fetched_pairs
+from moonplan.plan.screen import Step
 from moonplan.plan.search import Choice, search
 from moonplan.stepcost.step_cost import plan_fetch_ER
 from moonplan.testing import counts
@@ -102,6 +104,34 @@ def test_fetched_pairs_are_the_built_plans_fetch(chain: tuple) -> None:
                 got = fetched_pairs(p.alloc, inp.prev_RB)
                 assert torch.equal(torch.from_numpy(got), plan_fetch_ER(p)), name
         prev = moonplan.plan(c, slots=B, align=align, previous=prev, policy="exact")
+
+
+def _same_context(a: Context, b: Context) -> None:
+    for f in dataclasses.fields(Context):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and np.array_equal(x, y), f.name
+        elif isinstance(x, dict):  # the host scans walk them in order
+            assert list(x.items()) == list(y.items()), f.name
+        elif f.name == "prev":  # the tensors as given (the reference builder reads them)
+            assert all(u is v for u, v in zip(x, y, strict=True))
+        else:
+            assert x == y, f.name
+
+
+@given(chains(SMALL) | chains(ADVERSARIAL))
+def test_context_from_the_screen_step_equals_context_of(chain: tuple) -> None:
+    """``Context.of_step`` (the lean choice's one host view, ``screen.Step``) equals
+    ``Context.of`` (its own reading of the counts and previous), field by field, with
+    and without a previous plan, its slots alone or with its flows."""
+    steps, B, align, cost, _ = chain
+    prev = moonplan.plan(steps[0], slots=B, align=align, policy="auto", cost=cost)
+    for c in steps[1:]:
+        for prev_RB, prev_F3 in ((None, None), (prev.slot_expert, None),
+                                 (prev.slot_expert, prev.flow)):  # fmt: skip
+            want = Context.of(c, prev_RB, prev_F3)
+            _same_context(Context.of_step(Step.of(c, prev_RB, prev_F3), prev_RB, prev_F3), want)
+        prev = moonplan.plan(c, slots=B, align=align, previous=prev, policy="auto", cost=cost)
 
 
 def test_direct_reads_and_evictions_are_fetched_pairs() -> None:

@@ -187,11 +187,14 @@ def _drifting_router(E: int, K: int, rank: int):
 COPY_S = 1e-4
 
 
-def _choices(rank: int, world: int, steps: int, search_us: float) -> dict[str, Any]:
+def oracle_layer(rank: int, search_us: float) -> tuple[Any, Any]:
+    """A choose-ahead layer (``E = 12``, ``K = 2``, ``H = F = 8``) on the drifting router
+    with oracle weights; ``run(x)`` returns ``(y, error)``: the step's output and its
+    largest difference from the dense oracle."""
     from moonplan import MoonMoE
     from tests.runtime.oracle import dense_moe, dense_weights
 
-    E, K, cost = 12, 2, _cost(COPY_S)
+    E, K = 12, 2
     route = _drifting_router(E, K, rank)
     routed: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -200,17 +203,27 @@ def _choices(rank: int, world: int, steps: int, search_us: float) -> dict[str, A
         routed.append((ids, w.detach()))
         return ids, w
 
-    layer = MoonMoE(8, 8, E, K, cost=cost, router=router, choose="ahead", search_us=search_us)
+    layer = MoonMoE(8, 8, E, K, cost=_cost(COPY_S), router=router, choose="ahead",
+                    search_us=search_us)  # fmt: skip
     w = dense_weights(E, 8, 8, seed=3)
     layer.load_dense(w["router_weight"], w["gate_up"], w["down"])
-    rt = layer.runtime
+
+    def run(x: torch.Tensor) -> tuple[torch.Tensor, float]:
+        y = layer(x)
+        ids, wk = routed[-1]
+        return y, float((y.double() - dense_moe(x, ids, wk, w)).abs().max())
+
+    return layer, run
+
+
+def _choices(rank: int, world: int, steps: int, search_us: float) -> dict[str, Any]:
+    layer, run = oracle_layer(rank, search_us)
+    cost, rt = _cost(COPY_S), layer.runtime
     plans, hows, phases, errors = [], [], [], []
     with torch.no_grad():
         for _ in range(steps):
             x = torch.randn(24, 8, generator=torch.Generator().manual_seed(rank))
-            y = layer(x)
-            ids, wk = routed[-1]
-            errors.append(float((y.double() - dense_moe(x, ids, wk, w)).abs().max()))
+            errors.append(run(x)[1])
             plans.append(rt.last_plan)
             hows.append(layer.last_stats.choice)
             phases.append(dict(layer.last_stats.phases))
