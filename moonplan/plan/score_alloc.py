@@ -29,6 +29,11 @@ with the torch builder, the host scans the torch backend runs on CPU tensors
 (``group_flows.host_alloc``: its flows and their split) on host integers that
 every candidate of one choice shares (:class:`Context`: loads, residents, previous
 flows), into a numpy allocation; with the reference builder, the reference planner.
+
+A choice reads its inputs on the host once: ``choose.decide`` builds the screens'
+``screen.Step`` and derives the :class:`Context` from it (:meth:`Context.of_step`);
+:meth:`Context.of`, which reads the counts and ``previous`` on its own, is its reference
+(``tests/plan/test_search.py`` pins them equal, field by field and in order).
 """
 
 from __future__ import annotations
