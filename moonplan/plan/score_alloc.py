@@ -29,6 +29,11 @@ with the torch builder, the host scans the torch backend runs on CPU tensors
 (``group_flows.host_alloc``: its flows and their split) on host integers that
 every candidate of one choice shares (:class:`Context`: loads, residents, previous
 flows), into a numpy allocation; with the reference builder, the reference planner.
+
+A choice reads its inputs on the host once: ``choose.decide`` builds the screens'
+``screen.Step`` and derives the :class:`Context` from it (:meth:`Context.of_step`);
+:meth:`Context.of`, which reads the counts and ``previous`` on its own, is its reference
+(``tests/plan/test_search.py`` pins them equal, field by field and in order).
 """
 
 from __future__ import annotations
@@ -96,8 +101,7 @@ class Context:
         same counts, ``prev_RB`` and ``prev_F3``): its host counts, home map, loads,
         previous flows and slots, so one choice reads its inputs on the host once."""
         R = len(step.load_R)
-        slot_RB = None if step.slot_RB is None else torch.from_numpy(step.slot_RB)
-        warm, warm_experts = warm_maps(slot_RB, step.home)
+        warm, warm_experts = resident_maps(step.slot_RB, step.home_E)
         previous = previous_flows(prev_F3) if step.previous is None else step.previous
         return cls(step.counts_RE, step.home_E, step.T_E.tolist(), step.load_R.tolist(),
                    warm, warm_experts, previous, moved_pairs(step.home_E, step.slot_RB, R),
@@ -123,6 +127,26 @@ class Context:
         ``planned`` runs: ``cost.plan_time(plan, planned=planned)``, without the plan."""
         fetch_ER = (alloc_ER > 0) & self.moved_ER
         return cost.step_time(alloc_ER, self.counts_RE, fetch_ER, self.home_E, planned=planned)
+
+
+def resident_maps(
+    slot_RB: np.ndarray | None, home_E: np.ndarray
+) -> tuple[dict[int, set[int]] | None, dict[int, dict[int, list[int]]]]:
+    """``group_flows.warm_maps`` of host slots ``slot_RB`` (int64 ``[R, B]``, ``-1``
+    empty): the same maps, filled in the same order (receivers ascending, each one's
+    experts ascending), from one sort of the resident pairs instead of a sort per rank."""
+    if slot_RB is None:
+        return None, {}
+    r_N, j_N = (slot_RB >= 0).nonzero()
+    e_N = slot_RB[r_N, j_N]
+    order_N = np.lexsort((e_N, r_N))
+    r_N, e_N = r_N[order_N], e_N[order_N]
+    warm: dict[int, set[int]] = {}
+    warm_experts: dict[int, dict[int, list[int]]] = {}
+    for r, e, g in zip(r_N.tolist(), e_N.tolist(), home_E[e_N].tolist(), strict=True):
+        warm.setdefault(r, set()).add(g)
+        warm_experts.setdefault(g, {}).setdefault(r, []).append(e)
+    return warm, warm_experts
 
 
 def moved_pairs(home_E: np.ndarray, p_RB: np.ndarray | None, num_ranks: int) -> np.ndarray:

@@ -38,7 +38,8 @@ wait for nothing; step ``t + L`` waits for the search before its counts exchange
 time ``choice``) and builds only the candidate it named: ``moonplan.plan(counts_{t+L},
 previous=plan_{t+L-1}, policy=name)``; the next search starts after it (one in flight
 at a time). The first ``"auto"`` step, the first after the cost model changes
-(calibration) and the first after a failed counts exchange choose inline; that search
+(calibration), the first after a failed counts exchange and a step that resynchronises
+(see "Failures" below) choose inline; that search
 is the step's own (the same counts, the same previous plan), so none starts after it:
 its choice is in force until the search started after the next step is due.
 ``choose="inline"`` runs the search on every step's critical path. The thread runs

@@ -197,10 +197,10 @@ class LayerRuntime:
         except ContractError:  # raised on every rank: every rank forgets its named choice
             self.balancer.restart()
             raise
-        counts_RE = got_RX[:, : self.E]
-        if bool(got_RX[:, self.E].any()):  # any rank's weights changed: every slot is stale
+        counts_RE, flags_RX = got_RX[:, : self.E], got_RX[:, self.E :].cpu()  # one host read
+        if bool(flags_RX[:, 0].any()):  # any rank's weights changed: every slot is stale
             self.published, self.resident = False, None
-        if self.balancer.resync(got_RX[:, self.E + 1 :]):  # a step failed on some ranks only
+        if self.balancer.resync(flags_RX[:, 1:]):  # a step failed on some ranks only
             self.resident = None
         t1 = time.perf_counter()
         rec.span("counts", t0, t1)
