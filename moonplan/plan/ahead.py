@@ -115,6 +115,7 @@ def choose_next(
     slots: int | None = None,
     align: int = 1,
     backend: str = "torch",
+    budget: float | None = None,
 ) -> Choice:
     """``policy="auto"``'s choice on step ``t``'s counts from step ``t - 1``'s plan, by name.
 
@@ -127,6 +128,9 @@ def choose_next(
         backend: ``"reference"`` searches with the reference builder, ``"torch"`` and
             ``"auto"`` with the torch builder (as ``policy="auto"`` does; the two choose
             alike); ``"cuda"`` plans exact balance only and is refused, as there.
+        budget: the most work the search may spend, in construction equivalents
+            (:func:`search_budget`; ``moonplan.plan.choose.decide``); ``None``: none,
+            the choice inline ``"auto"`` makes.
 
     Returns:
         The :class:`~moonplan.plan.search.Choice` of the lean search
@@ -152,9 +156,9 @@ def choose_next(
     builder = "reference" if backend == "reference" else "torch"
     host = c_RE.to("cpu")
     if prev is None:
-        return search(Inputs(host, B, align, None, None, builder), cost)
+        return search(Inputs(host, B, align, None, None, builder), cost, budget=budget)
     inp = Inputs(host, B, align, prev.slot_expert, prev.flow, builder, prev.policy, prev.basis)
-    return search(inp, cost)
+    return search(inp, cost, budget=budget)
 
 
 def search_lag(work: float | None, step_s: float | None, search_s: float, max_lag: int) -> int:
@@ -176,6 +180,24 @@ def search_lag(work: float | None, step_s: float | None, search_s: float, max_la
     if work is None or step_s is None or step_s <= 0:
         return 1
     return min(max_lag, max(1, math.ceil(work * search_s / step_s)))
+
+
+def search_budget(lag: int, step_s: float | None, search_s: float) -> float | None:
+    """The most work (construction equivalents) a search with lag ``lag`` may spend:
+    what ``search_s`` host seconds each fit in ``lag`` steps of ``step_s`` (the last full
+    choice's predicted step), ``lag * step_s / search_s``; ``None`` (no limit) before any
+    step time is known or with ``search_s = 0``. Every argument is the same on every
+    rank, so every rank's search stops at the same candidate.
+
+    The lag is forecast from recent full choices (:func:`search_lag`), but a choice's
+    work varies 2-4x (how many candidates its screens let through), and a search longer
+    than its lag makes the step it names wait. With this budget it leaves out the last
+    balancing candidates instead (``Choice.cut``), the candidate in force and the
+    fetch-free ones always scored. At ``max_lag`` steps, where even the forecast does
+    not fit, the budget is what does."""
+    if step_s is None or step_s <= 0 or search_s <= 0:
+        return None
+    return lag * step_s / search_s
 
 
 def executed(p: Plan) -> tuple[np.ndarray, np.ndarray]:
@@ -214,6 +236,7 @@ class AheadChoice:
         search_lag(None, None, search_s, max_lag)  # checks the options
         self.search_s, self.max_lag = float(search_s), int(max_lag)
         self.last_lag = 1  # the lag of the last search started
+        self.last_budget: float | None = None  # its work budget (search_budget)
         self._before: Plan | None = None  # the last recorded plan, basis handed on
         self._next: str | None = None  # the candidate in force
         self._next_basis: Basis | None = None  # the basis of the search that named it
@@ -291,6 +314,7 @@ class AheadChoice:
                 slots=slots,
                 align=align,
                 backend=backend,
+                budget=self.last_budget,
             )
             self._held = found
         if self.due():
@@ -333,9 +357,11 @@ class AheadChoice:
 
     def launch(self) -> int:
         """A search starts after the step just recorded; returns its lag ``L`` (it names
-        the step ``L`` after that one: :meth:`due` there)."""
+        the step ``L`` after that one: :meth:`due` there) and sets :attr:`last_budget`,
+        the work it may spend (:func:`search_budget`: pass it to :func:`choose_next`)."""
         assert not self.searching, "one search in flight at a time"
         self.last_lag = self.lag()
+        self.last_budget = search_budget(self.last_lag, self._step_s, self.search_s)
         self._due = self._steps - 1 + self.last_lag
         return self.last_lag
 
@@ -362,5 +388,5 @@ class AheadChoice:
         self._before, self._next, self._next_basis = None, None, None
         self._steps, self._due, self._held = 0, None, None
         self._works.clear()
-        self._step_s, self.last_lag = None, 1
+        self._step_s, self.last_lag, self.last_budget = None, 1, None
         self.life.reset()

@@ -248,6 +248,8 @@ class Decision:
         alloc: the winner's allocation ``[E, R]`` where it is a fetch-free candidate
             (scored from it, never built), else ``None``.
         predicted, planned, chose, basis: what the chosen plan records (:class:`Plan`).
+        cut: balancing candidates left unscreened because the work budget ran out
+            (:func:`decide`'s ``budget``; 0 without one).
     """
 
     name: str
@@ -257,10 +259,17 @@ class Decision:
     planned: int
     chose: float
     basis: Basis
+    cut: int = 0
 
 
 def decide(
-    inp: Inputs, cost: CostModel, load: list[int], table: tuple[Candidate, ...], *, lean: bool
+    inp: Inputs,
+    cost: CostModel,
+    load: list[int],
+    table: tuple[Candidate, ...],
+    *,
+    lean: bool,
+    budget: float | None = None,
 ) -> Decision:
     """Every candidate screened or scored; the least score wins (module docstring).
 
@@ -268,6 +277,16 @@ def decide(
     (``moonplan.plan.score_alloc``: the same score as its built plan's, without its
     slots and rows, on host values shared by the whole choice); otherwise, and for the
     other candidates, build it and score the plan.
+
+    ``budget``: the most work (construction equivalents, :data:`WORK`, planner runs
+    included) the choice may spend; ``None``: no limit. The fetch-free candidates and
+    the setup are always spent; the balancing candidates are taken in build order
+    while the next screen (and, if it passes, the next run and score) fits, and the
+    rest are left out (``Decision.cut``). A cut choice records no lead over the
+    runner-up (``basis.gap_s = 0``), so it is never kept: the next search chooses
+    again. The choose-ahead search passes the work that fits beside the steps it runs
+    beside (``moonplan.plan.ahead``), so that a search heavier than forecast narrows
+    instead of making the step it names wait.
     """
     h = horizon_of(cost)
     order = screened_order(load, inp, table)
@@ -282,7 +301,15 @@ def decide(
     runs = 0
     floors: dict[str, float] = {}  # the screened-out candidates' least possible scores
     builders = {c.name: c for c in table}
+    screened = 0
+
+    def spent() -> float:  # the work so far, runs included
+        return WORK["setup"] + screened * WORK["screen"] + len(times) * WORK["score"] + runs
+
     for name, target, _ in order:
+        if budget is not None and spent() + WORK["screen"] > budget:
+            break
+        screened += 1
         floor_s = lower_bound(
             cost,
             inp.counts_RE,
@@ -297,16 +324,20 @@ def decide(
         if floor_s + (runs + 1) * cost.plan_s >= best_s:
             floors[name] = floor_s + (runs + 1) * cost.plan_s
             continue  # cannot beat the best so far
+        if budget is not None and spent() + WORK["score"] + 1 > budget:
+            break  # screened (counted), not scored: no room for its run and score
         runs += 1
         st, built = _evaluate(builders[name], inp, cost, (target, runs), ctx)
         times[name] = t = score(st, h)
         if t < best_s:
             best_name, best, best_s = name, built, t
-    work = WORK["setup"] + len(order) * WORK["screen"] + len(times) * WORK["score"]
+    work = spent() - runs
     every = refresh_every((runs + work) * cost.plan_s, best_s)
-    basis = Basis(tuple(load), gap(best_s, {**floors, **times}), every=every)
+    cut = len(order) - len(floors) - (len(times) - len(fixed))
+    lead = gap(best_s, {**floors, **times}) if cut == 0 else 0.0
+    basis = Basis(tuple(load), lead, every=every)
     alloc = fixed.get(best_name) if best is None else None
-    return Decision(best_name, best, alloc, Predicted(times), runs, work, basis)
+    return Decision(best_name, best, alloc, Predicted(times), runs, work, basis, cut)
 
 
 def _evaluate(

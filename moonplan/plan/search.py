@@ -51,6 +51,8 @@ class Choice:
         chose: the search's own work beyond those runs, in construction equivalents
             (``moonplan.plan.choose.WORK``; ``WORK["keep"]`` on a kept step).
         basis: the basis of the full choice this one keeps or makes (``Plan.basis``).
+        cut: balancing candidates the search left out to stay within its work budget
+            (:func:`search`'s ``budget``; 0 without one).
 
     The simulator charges ``planned + chose`` construction equivalents of background
     work to the search (``moonplan.baselines.policies``).
@@ -61,15 +63,23 @@ class Choice:
     planned: int
     chose: float
     basis: Basis | None
+    cut: int = 0
 
 
-def search(inp: Inputs, cost: CostModel, table: tuple[Candidate, ...] | None = None) -> Choice:
+def search(
+    inp: Inputs,
+    cost: CostModel,
+    table: tuple[Candidate, ...] | None = None,
+    budget: float | None = None,
+) -> Choice:
     """``policy="auto"``'s choice among ``table``'s candidates (default
-    :data:`~moonplan.plan.choose.TABLE`) on ``inp``, by name (module docstring)."""
+    :data:`~moonplan.plan.choose.TABLE`) on ``inp``, by name (module docstring);
+    ``budget``: the most work it may spend (``moonplan.plan.choose.decide``), ``None``
+    for none (the same choice as inline ``"auto"``)."""
     table = TABLE if table is None else table
     load = inp.static_load
     if keeps(inp, load, cost):
         assert inp.prev_basis is not None and inp.prev_policy is not None
         return Choice(inp.prev_policy, Predicted(), 0, WORK["keep"], kept_basis(inp.prev_basis))
-    d = decide(inp, cost, load, table, lean=True)
-    return Choice(d.name, d.predicted, d.planned, d.chose, d.basis)
+    d = decide(inp, cost, load, table, lean=True, budget=budget)
+    return Choice(d.name, d.predicted, d.planned, d.chose, d.basis, d.cut)

@@ -252,8 +252,9 @@ class Balancer:
         assert self.cost is not None, "only 'auto' with a cost model searches"
         # the horizon measured on the plans recorded so far (AheadChoice.search_cost)
         cost, B, align = self.ahead.search_cost(self.cost), self.B, self.align
+        budget = self.ahead.last_budget  # the work that fits beside its lag's steps
         pending = self._lane.submit(
-            lambda: choose_next(counts, before, cost=cost, slots=B, align=align)
+            lambda: choose_next(counts, before, cost=cost, slots=B, align=align, budget=budget)
         )
         self._search = pending
 

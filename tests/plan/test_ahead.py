@@ -280,3 +280,41 @@ def test_every_rank_names_the_same_candidates_with_a_lag() -> None:
     b = _run(trace, AheadChoice(search_s=cost.plan_s * 40, max_lag=4), cost)
     assert [(x[0], x[2], x[3]) for x in a] == [(y[0], y[2], y[3]) for y in b]
     assert all(torch.equal(x[1], y[1]) for x, y in zip(a, b, strict=True))
+
+
+def test_search_budget_is_the_work_that_fits_beside_the_lag() -> None:
+    from moonplan.plan.ahead import search_budget
+
+    assert search_budget(3, 2e-3, 5e-4) == pytest.approx(12.0)
+    assert search_budget(1, None, 5e-4) is None
+    assert search_budget(2, 1e-3, 0.0) is None
+
+
+def test_each_search_runs_within_the_budget_of_its_lag() -> None:
+    """``launch`` sets ``last_budget`` from the lag it picks; ``update`` runs the search
+    with it (the choice ``choose_next`` makes with that budget), and no search spends
+    more than it beyond the setup and the fetch-free scores."""
+    from moonplan.plan.ahead import executed, search_budget
+    from moonplan.plan.reuse import ReplicaLife
+
+    cost, trace = _cost(), _trace(14, seed=9)
+    ahead = AheadChoice(search_s=cost.plan_s * 40, max_lag=2)  # lags capped: budgets bind
+    prev, life, budgets = None, ReplicaLife(), []
+    import dataclasses
+
+    for counts in trace:
+        p = plan(counts, previous=prev, policy=ahead.policy(), cost=cost, backend="torch")
+        start = ahead.start(prev)
+        life.observe(*executed(p))
+        step_s = ahead._step_s
+        found = ahead.update(counts, p, previous=prev, cost=cost)
+        if found is not None:
+            want = search_budget(ahead.last_lag, step_s, ahead.search_s)
+            assert ahead.last_budget == want and want is not None
+            horizon = dataclasses.replace(cost, horizon=life.horizon(cost.horizon))
+            assert found == choose_next(counts, start, cost=horizon, budget=want)
+            floor = WORK["setup"] + WORK["score"] * len(found.predicted)
+            assert found.planned + found.chose <= max(want, floor) + 1e-9
+            budgets.append(want)
+        prev = p
+    assert len(budgets) >= 3

@@ -203,3 +203,42 @@ def test_the_bench_times_both_paths_and_names_the_search_choice() -> None:
     assert row["us_per_work"] == row["full"]["search"] / (row["planned"] + row["chose"])
     assert set(row["full"]) == {"choose", "search", "lean_choose", "construct"}
     assert row["keep_ratio"] > 0 and len(markdown([row], 1)) == 6
+
+
+@given(chains(SMALL) | chains(ADVERSARIAL), st.floats(0.0, 16.0))
+def test_a_work_budget_narrows_the_search_to_a_prefix(chain: tuple, budget: float) -> None:
+    """``search(..., budget=)``: the full search's scores for the candidates it still
+    scores (the same build order, the same runs), no more work than the budget beyond
+    the setup and the fetch-free scores, ``cut`` the candidates it left out, no lead
+    (never kept) when it cut any, and the full search itself when the budget covers it."""
+    steps, B, align, cost, backend = chain
+    prev = None
+    for c in steps:
+        inp = _inputs(c, B, align, prev, backend)
+        full, cut = search(inp, cost), search(inp, cost, budget=budget)
+        if full.basis is None or not full.predicted:  # a kept step: no full choice to cut
+            assert cut == full
+        else:
+            assert cut.predicted.items() <= full.predicted.items()
+            assert min(cut.predicted.values()) == cut.predicted[cut.policy]
+            floor = WORK["setup"] + WORK["score"] * len(cut.predicted)
+            assert cut.planned + cut.chose <= max(budget, floor) + 1e-9
+            if full.planned + full.chose <= budget:
+                assert cut == full
+            if cut.cut:
+                assert cut.basis is not None and cut.basis.gap_s == 0.0
+            else:
+                assert (cut.policy, cut.predicted) == (full.policy, full.predicted)
+        prev = choose(inp, cost)
+
+
+def test_a_tight_budget_keeps_the_fetch_free_candidates() -> None:
+    """With no room for any balancing candidate the search still scores static (and
+    resident where slots exist) and names the best of them; the cut is reported."""
+    c = torch.tensor([[90, 1, 1, 1, 30, 0], [80, 2, 0, 1, 0, 40]])
+    inp = _inputs(c, 2, 1, None, "torch")
+    full, cut = search(inp, COMPUTE_ONLY), search(inp, COMPUTE_ONLY, budget=0.0)
+    assert full.policy not in ("static", "resident")  # copies free: a balancing one wins
+    assert len(full.predicted) > len(cut.predicted) >= 1 and cut.cut > 0
+    assert "static" in cut.predicted and cut.planned == 0
+    assert cut.policy in ("static", "resident")

@@ -413,7 +413,7 @@ def test_search_us_is_validated_and_handed_to_the_balancer() -> None:
     layer.runtime.close()
 
 
-def test_the_thread_searches_with_the_horizon_measured_on_the_recorded_plans(
+def test_the_thread_searches_with_the_measured_horizon_and_the_lags_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Each search the balancer submits scores with ``AheadChoice.search_cost``: the
@@ -424,28 +424,35 @@ def test_the_thread_searches_with_the_horizon_measured_on_the_recorded_plans(
     from moonplan.plan.reuse import ReplicaLife
 
     seen: list[float] = []
+    budgets: list[object] = []
     real = balancer_module.choose_next
 
     def spy(*args: object, cost: StepCost, **kw: object) -> object:
         seen.append(cost.horizon)
+        budgets.append(kw.get("budget"))
         return real(*args, cost=cost, **kw)
 
     monkeypatch.setattr(balancer_module, "choose_next", spy)
     cost = _cost(copy_s=2e-5)
-    bal = Balancer("auto", slots=2, align=1, cost=cost, search_s=0.0)
+    bal = Balancer("auto", slots=2, align=1, cost=cost, search_s=1e-9)  # always L = 1
     life, want, prev = ReplicaLife(), [], None
+    wanted_budgets: list[object] = []
     try:
         for counts in _trace(10, 4, 16, 11):
             assert bal.collect() == ""
             searching = bal.ahead.searching
             p = bal.plan(counts, prev)
             life.observe(*executed(p))
-            if not searching and bal.ahead.policy() != "auto":  # a search starts after it
+            starts = not searching and bal.ahead.policy() != "auto"  # a search after it
+            if starts:
                 want.append(life.horizon(cost.horizon))
             bal.search()
+            if starts:  # the budget of its lag (search_budget)
+                wanted_budgets.append(bal.ahead.last_budget)
             bal._lane.drain()
             prev = p
     finally:
         bal.close()
     assert seen == want and len(seen) >= 5
     assert min(seen) < cost.horizon  # measured, not the cap
+    assert budgets == wanted_budgets and any(b is not None for b in budgets)
