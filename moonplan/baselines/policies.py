@@ -45,7 +45,7 @@ from moonplan.baselines.moonep_greedy import MOONEP_PLAN_US
 from moonplan.baselines.policy_base import Policy, PolicyStep, make_step
 from moonplan.baselines.registry import PolicyInfo, register
 from moonplan.plan import api as planner
-from moonplan.plan.ahead import MAX_LAG, AheadChoice
+from moonplan.plan.ahead import MAX_LAG, AheadChoice, executed
 from moonplan.plan.choose import WORK
 from moonplan.plan.plan_type import Plan
 from moonplan.stepcost import StepCost, plan_fetch_ER
@@ -85,18 +85,23 @@ class PlannerPolicy(Policy):
         self._previous = None
 
     def plan(
-        self, counts_RE: torch.Tensor, previous: Plan | None, policy: str | None = None
+        self,
+        counts_RE: torch.Tensor,
+        previous: Plan | None,
+        policy: str | None = None,
+        cost: Any = None,
     ) -> Plan:
         """The step's :class:`Plan` from ``counts``, ``previous`` and ``self.cost``: the
         same ``moonplan.plan`` call as ``Balancer.plan(counts_RE, previous)``
-        (``policy``: instead of ``self.planner_policy``)."""
+        (``policy``: instead of ``self.planner_policy``; ``cost``: instead of
+        ``self.cost``)."""
         return planner.plan(
             counts_RE,
             slots=self.slots,
             previous=previous,
             backend="torch",
             policy=policy or self.planner_policy,
-            cost=self.cost,
+            cost=self.cost if cost is None else cost,
         )
 
     def step(self, counts: Any) -> PolicyStep:
@@ -184,10 +189,10 @@ class MoonplanAutoPolicy(PlannerPolicy):
 
     def step(self, counts: Any) -> PolicyStep:
         if not self.ahead:
-            return super().step(counts)
+            return self._inline_step(counts)
         counts_RE = self._counts(counts)
         named = self._choice.policy()
-        p = self.plan(counts_RE, self._previous, named)
+        p = self.plan(counts_RE, self._previous, named, self._choice.search_cost(self.cost))
         background, lag = 0.0, 1
         found = self._choice.update(  # none after an inline step: that search was its own
             counts_RE, p, previous=self._previous, cost=self.cost, slots=self.slots
@@ -204,6 +209,16 @@ class MoonplanAutoPolicy(PlannerPolicy):
             background_plan=background,
             lag=lag,
         )
+
+    def _inline_step(self, counts: Any) -> PolicyStep:
+        """``moonplan-auto-inline``'s step: inline ``"auto"`` scoring with the horizon
+        measured on the plans run so far (``AheadChoice.search_cost``, as the runtime's
+        ``Balancer`` does with ``choose="inline"``), its plan then measured in turn."""
+        counts_RE = self._counts(counts)
+        p = self.plan(counts_RE, self._previous, cost=self._choice.search_cost(self.cost))
+        self._choice.life.observe(*executed(p))
+        self._previous = p
+        return plan_step(self.name, counts_RE, p, planned=p.planned + p.chose, choice=p.policy)
 
 
 class MoonplanRefreshPolicy(PlannerPolicy):

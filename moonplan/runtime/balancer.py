@@ -199,7 +199,9 @@ class Balancer:
         ``"auto"`` choosing ahead builds the candidate named by the search that
         :meth:`collect` waited for (inline ``"auto"`` when there is none) and keeps
         what this step's search needs for :meth:`search`; call :meth:`collect` once per
-        step before it.
+        step before it. ``"auto"`` scores with the horizon measured on the plans recorded
+        so far (:meth:`AheadChoice.search_cost`) whether it chooses inline or ahead;
+        :meth:`search` records the step's plan for that measure.
         """
         policy = self.policy()
         self.how = "none"
@@ -207,6 +209,7 @@ class Balancer:
             return static_plan(counts_RE, slots=self.B, align=self.align)
         if policy == "exact":
             return planner.plan(counts_RE, slots=self.B, align=self.align, previous=previous)
+        assert self.cost is not None, "'auto' plans with a cost model (policy())"
         name = self.ahead.policy() if self.choose == "ahead" else "auto"
         counts_host, start = None, None
         if self.choose == "ahead" and not self.ahead.searching:  # a search starts after
@@ -223,18 +226,19 @@ class Balancer:
             align=self.align,
             previous=previous,
             policy=name,
-            cost=self.cost,
+            cost=self.ahead.search_cost(self.cost),
         )
         self.how = "inline" if name == "auto" else "ahead"
-        if self.choose == "ahead":  # the last call of a step wins (a growth re-plan)
-            # what the measured horizon reads of the plan: read now, right after it is
-            # made (the layer reads it on the host next anyway), not after the routing
-            self._made = (counts_host, start, p, executed(p))
+        # the last call of a step wins (a growth re-plan); what the measured horizon
+        # reads of the plan is read now, right after it is made (the layer reads it on
+        # the host next anyway), not after the routing
+        self._made = (counts_host, start, p, executed(p))
         return p
 
     def search(self) -> None:
-        """Record the step just planned and, when no search is in flight, start its search
-        in the thread (nothing unless ``"auto"`` chooses ahead). Call once per step,
+        """Record the step just planned (``"auto"``: its plan feeds the measured horizon)
+        and, when no search is in flight, start its search in the thread (only where
+        ``"auto"`` chooses ahead). Call once per step,
         after its last :meth:`plan` and the host work that follows it on the critical
         path (routing), so that the search runs beside the dispatch and the experts
         rather than competing with it."""
@@ -245,6 +249,9 @@ class Balancer:
         # plan this step replayed, with the basis of the search that named its candidate
         # (so it may keep its choice, as inline does); nothing the step writes later
         (counts, before, p, seen), self._made = self._made, None
+        if self.choose == "inline":  # no search: only the measured horizon's record
+            self.ahead.life.observe(*seen)
+            return
         if not self.ahead.record(p, seen):  # one in flight, or this step chose inline
             return
         assert counts is not None, "plan() takes the host copies when no search is in flight"

@@ -456,3 +456,30 @@ def test_the_thread_searches_with_the_measured_horizon_and_the_lags_budget(
     assert seen == want and len(seen) >= 5
     assert min(seen) < cost.horizon  # measured, not the cap
     assert budgets == wanted_budgets and any(b is not None for b in budgets)
+
+
+def test_inline_auto_scores_with_the_horizon_measured_on_its_own_plans() -> None:
+    """``choose="inline"``: each step's ``plan(policy="auto")`` gets the cost model with the
+    horizon measured on the plans of the steps before (``search()`` records each)."""
+    import dataclasses
+
+    from moonplan.plan.ahead import executed
+    from moonplan.plan.reuse import ReplicaLife
+
+    cost = _cost(copy_s=2e-5)
+    bal = Balancer("auto", slots=2, align=1, cost=cost, choose="inline")
+    life, prev, horizons = ReplicaLife(), None, []
+    try:
+        for counts in _trace(10, 4, 16, 12):
+            assert bal.collect() == ""
+            measured = dataclasses.replace(cost, horizon=life.horizon(cost.horizon))
+            want = plan(counts, slots=2, previous=prev, policy="auto", cost=measured)
+            p = bal.plan(counts, prev)
+            assert torch.equal(p.alloc, want.alloc) and p.policy == want.policy
+            bal.search()
+            life.observe(*executed(p))
+            horizons.append(measured.horizon)
+            prev = p
+    finally:
+        bal.close()
+    assert min(horizons) < cost.horizon and bal.recorded == 10
