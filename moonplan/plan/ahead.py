@@ -192,9 +192,11 @@ def search_budget(lag: int, step_s: float | None, search_s: float) -> float | No
     The lag is forecast from recent full choices (:func:`search_lag`), but a choice's
     work varies 2-4x (how many candidates its screens let through), and a search longer
     than its lag makes the step it names wait. With this budget it leaves out the last
-    balancing candidates instead (``Choice.cut``), the candidate in force and the
-    fetch-free ones always scored. At ``max_lag`` steps, where even the forecast does
-    not fit, the budget is what does."""
+    balancing candidates instead (``Choice.cut``): the setup and the fetch-free
+    candidates (static, resident) are always spent, then the balancing ones in build
+    order (the candidate in force first) while they fit; a budget under about 4.6
+    construction equivalents scores no balancing candidate at all. At ``max_lag`` steps,
+    where even the forecast does not fit, the budget is what does."""
     if step_s is None or step_s <= 0 or search_s <= 0:
         return None
     return lag * step_s / search_s
@@ -203,7 +205,8 @@ def search_budget(lag: int, step_s: float | None, search_s: float) -> float | No
 def executed(p: Plan) -> tuple[np.ndarray, np.ndarray]:
     """What :class:`~moonplan.plan.reuse.ReplicaLife` reads of an executed plan, on the
     host: its allocation (int64 numpy ``[E, R]``) and fetched pairs (bool numpy ``[E,
-    R]``, ``moonplan.stepcost.plan_fetch_ER``). One host read of ``p``."""
+    R]``, ``moonplan.stepcost.plan_fetch_ER``): host reads of ``p``'s allocation, slots
+    and direct rows (device-to-host copies where ``p`` lives on an accelerator)."""
     alloc_ER = host_int64(p.alloc)
     return alloc_ER, plan_fetch_ER(p, alloc_ER).numpy()
 

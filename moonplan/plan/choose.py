@@ -248,8 +248,9 @@ class Decision:
         alloc: the winner's allocation ``[E, R]`` where it is a fetch-free candidate
             (scored from it, never built), else ``None``.
         predicted, planned, chose, basis: what the chosen plan records (:class:`Plan`).
-        cut: balancing candidates left unscreened because the work budget ran out
-            (:func:`decide`'s ``budget``; 0 without one).
+        cut: balancing candidates left out because the work budget ran out (not
+            screened, or screened and not scored; :func:`decide`'s ``budget``; 0 without
+            one).
     """
 
     name: str

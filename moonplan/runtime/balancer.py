@@ -1,6 +1,8 @@
 """How a layer runtime plans each step for its ``balance=`` mode, and its cost model.
 
-Legend: R ranks, E experts, ``counts_RE`` int64 ``[R, E]`` records per source rank and expert.
+Legend: R ranks, E experts, ``counts_RE`` int64 ``[R, E]`` records per source rank and expert,
+``schedule_RS`` int64 ``[R, 2]`` every rank's place in the step schedule (S: forwards
+finished, steps recorded; :meth:`Balancer.schedule`).
 
 * ``"off"``: ``static_plan`` (every record on its home rank);
 * ``"exact"``: ``moonplan.plan`` (exact balance, the planner's default policy);

@@ -152,3 +152,50 @@ def test_the_search_scores_with_the_measured_horizon() -> None:
             searched += 1
         prev = p
     assert searched >= 3
+
+
+class DenseLife:
+    """Reference: the ages of every ``(e, r)`` pair in a dense array (-1: none), the
+    survival counts per age bucket kept as :class:`ReplicaLife` keeps them."""
+
+    def __init__(self) -> None:
+        self.age_ER: np.ndarray | None = None
+        self.live = [0.0] * 3
+        self.kept = [0.0] * 3
+
+    def observe(self, alloc_ER: np.ndarray, fetch_ER: np.ndarray) -> None:
+        used_ER = alloc_ER > 0
+        if self.age_ER is None:
+            self.age_ER = np.full(used_ER.shape, -1, dtype=np.int64)
+        live_ER = self.age_ER >= 0
+        kept_ER = live_ER & used_ER & ~fetch_ER
+        for a in range(3):
+            at_ER = live_ER & (np.minimum(self.age_ER, 2) == a)
+            if at_ER.sum():
+                self.live[a] = 0.7 * self.live[a] + int(at_ER.sum())
+                self.kept[a] = 0.7 * self.kept[a] + int((at_ER & kept_ER).sum())
+        self.age_ER = np.where(kept_ER, self.age_ER + 1, -1)
+        self.age_ER[fetch_ER] = 0
+
+
+@given(st.integers(0, 2**31 - 1), st.integers(1, 12))
+def test_sparse_observe_equals_the_dense_reference(seed: int, steps: int) -> None:
+    """Random steps (replicas used or not, fetched or not, some re-fetched while live):
+    the same survival counts as the dense reference, so the same horizon."""
+    g = np.random.default_rng(seed)
+    fast, ref = ReplicaLife(), DenseLife()
+    for _ in range(steps):
+        alloc_ER = g.integers(0, 3, size=(E, R)) * (g.random((E, R)) < 0.5)
+        fetch_ER = (alloc_ER > 0) & (g.random((E, R)) < 0.3)
+        fast.observe(alloc_ER, fetch_ER)
+        ref.observe(alloc_ER, fetch_ER)
+        assert fast._live == pytest.approx(ref.live) and fast._kept == pytest.approx(ref.kept)
+        assert fast.horizon(8.0) == pytest.approx(
+            ReplicaLife.horizon(_with_counts(ref.live, ref.kept), 8.0)
+        )
+
+
+def _with_counts(live: list[float], kept: list[float]) -> ReplicaLife:
+    life = ReplicaLife()
+    life._live, life._kept = list(live), list(kept)
+    return life

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import moonplan
 from moonplan.baselines.registry import make_policy
-from moonplan.plan.ahead import AheadChoice
+from moonplan.plan.ahead import AheadChoice, executed
 from moonplan.plan.choose import WORK, score
+from moonplan.plan.reuse import OBSERVE_WORK, ReplicaLife
 from moonplan.simulate.acceptance import (
     AUTO,
     IDEAL_POINT,
@@ -49,23 +52,28 @@ def test_auto_step_time_is_its_plans_predicted_time(serial: bool) -> None:
     assert cost.overlap is not serial and cost.plan_s == pytest.approx(51e-6)
     assert cfg.step_cost(model, hw, AUTO) == cost
     policy = make_policy(INLINE, 16, model.num_experts, cost=cost)
-    previous = None
+    previous, life = None, ReplicaLife()  # the horizon inline auto measures on its plans
     counts = drifting_counts(16, model.num_experts, 2048, model.top_k, sigma=1.5, steps=3)
     for c in counts:
-        p = moonplan.plan(c, previous=previous, policy="auto", cost=cost, backend="torch")
+        measured = dataclasses.replace(cost, horizon=life.horizon(cost.horizon))
+        p = moonplan.plan(c, previous=previous, policy="auto", cost=measured, backend="torch")
+        life.observe(*executed(p))
         step = policy.step(c)
-        # charged: every construction run plus the choice's own work (screens, scorings)
-        assert step.choice == p.policy and step.planned == p.planned + p.chose
+        # charged: every construction run, the choice's own work (screens, scorings) and
+        # the measured horizon's read of the plan
+        work = p.planned + p.chose + OBSERVE_WORK
+        assert step.choice == p.policy and step.planned == pytest.approx(work)
         assert p.chose >= WORK["setup"] + WORK["score"] or p.chose == WORK["keep"]
         assert torch.equal(step.alloc_ER, p.alloc.cpu())
         t = step_time(step, model, hw, cfg)
-        charged = cost.plan_time(p, planned=p.planned + p.chose).total_s
+        charged = cost.plan_time(p, planned=work).total_s
         assert t.total_s == pytest.approx(charged, rel=1e-12)
-        assert t.plan_s == pytest.approx((p.planned + p.chose) * cost.plan_s, rel=1e-12)
+        assert t.plan_s == pytest.approx(work * cost.plan_s, rel=1e-12)
         if p.predicted:  # a full choice: the plan's score of its candidate amortises the
             # exposed fetch over the horizon and counts the runs made up to it, not the
-            # choice's own work: they differ by that work and whole runs
-            runs = (score(t, cost.horizon) - p.predicted[p.policy]) / cost.plan_s - p.chose
+            # choice's own work: they differ by that work, the read and whole runs
+            own = score(t, measured.horizon) - p.predicted[p.policy]
+            runs = own / cost.plan_s - p.chose - OBSERVE_WORK
             assert runs == pytest.approx(round(runs), abs=1e-6) and 0 <= round(runs) <= p.planned
         previous = p
 
@@ -83,8 +91,9 @@ def test_ahead_step_time_is_the_named_plans_time_plus_the_search_that_did_not_fi
     for c in drifting_counts(8, model.num_experts, 16, model.top_k, sigma=1.0, steps=4):
         p = moonplan.plan(c, previous=previous, policy=ahead.policy(), cost=cost)
         step = policy.step(c)
-        assert step.choice == p.policy and step.planned == p.planned + p.chose
-        own = cost.plan_time(p, planned=p.planned + p.chose)
+        work = p.planned + p.chose + OBSERVE_WORK  # with the measured horizon's read
+        assert step.choice == p.policy and step.planned == pytest.approx(work)
+        own = cost.plan_time(p, planned=work)
         found = ahead.update(c, p, previous=previous, cost=cost)  # none after the inline step
         background = 0.0 if found is None else (found.planned + found.chose) * cost.plan_s
         assert step.background_plan * cost.plan_s == pytest.approx(background, rel=1e-12)
