@@ -48,7 +48,7 @@ from moonplan.plan import api as planner
 from moonplan.plan.ahead import MAX_LAG, AheadChoice, executed
 from moonplan.plan.choose import WORK
 from moonplan.plan.plan_type import Plan
-from moonplan.plan.reuse import OBSERVE_WORK
+from moonplan.plan.reuse import OBSERVE_WORK, READ_WORK
 from moonplan.stepcost import StepCost, plan_fetch_ER
 
 __all__ = [
@@ -183,29 +183,34 @@ class MoonplanAutoPolicy(PlannerPolicy):
         self.name = "moonplan-auto" if ahead else "moonplan-auto-inline"
         search_s = cost.plan_s if search_s is None else search_s
         self._choice = AheadChoice(search_s=search_s, max_lag=max_lag)
+        self._unobserved = 0  # steps whose measure update waits for the next search
 
     def reset(self) -> None:
         super().reset()
         self._choice.reset()
+        self._unobserved = 0  # steps whose measure update waits for the next search
 
     def step(self, counts: Any) -> PolicyStep:
         if not self.ahead:
             return self._inline_step(counts)
         counts_RE = self._counts(counts)
         named = self._choice.policy()
-        p = self.plan(counts_RE, self._previous, named, self._choice.search_cost(self.cost))
+        cost = self._choice.search_cost(self.cost) if named == "auto" else self.cost
+        p = self.plan(counts_RE, self._previous, named, cost)
         background, lag = 0.0, 1
         found = self._choice.update(  # none after an inline step: that search was its own
             counts_RE, p, previous=self._previous, cost=self.cost, slots=self.slots
         )
-        if found is not None:  # a search started after this step
-            background, lag = found.planned + found.chose, self._choice.last_lag
+        self._unobserved += 1  # the measure's update of this step, queued in the thread
+        if found is not None:  # a search started after this step, after those updates
+            work = found.planned + found.chose + self._unobserved * OBSERVE_WORK
+            background, lag, self._unobserved = work, self._choice.last_lag, 0
         self._previous = p
         return plan_step(
             self.name,
             counts_RE,
             p,
-            planned=p.planned + p.chose + OBSERVE_WORK,  # the measure's read, on the path
+            planned=p.planned + p.chose + READ_WORK,  # the measure's read, on the path
             choice=p.policy,
             background_plan=background,
             lag=lag,
@@ -219,7 +224,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
         p = self.plan(counts_RE, self._previous, cost=self._choice.search_cost(self.cost))
         self._choice.life.observe(*executed(p))
         self._previous = p
-        planned = p.planned + p.chose + OBSERVE_WORK  # the measure's read, on the path
+        # the measure's read of the plan and its update, both on the critical path
+        planned = p.planned + p.chose + READ_WORK + OBSERVE_WORK
         return plan_step(self.name, counts_RE, p, planned=planned, choice=p.policy)
 
 

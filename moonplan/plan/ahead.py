@@ -335,14 +335,16 @@ class AheadChoice:
             return previous
         return b
 
-    def record(self, p: Plan, seen: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
+    def record(
+        self, p: Plan, seen: tuple[np.ndarray, np.ndarray] | None = None, *, observe: bool = True
+    ) -> bool:
         """Record ``p`` as this step's plan (once per step, after its last plan); returns
         whether a search starts after this step (:meth:`launch`).
 
         The replicas ``p`` executes and fetches feed the measured horizon
         (:attr:`life`): ``seen`` is :func:`executed` of ``p`` if the caller already
         took it (the runtime does, where it reads the plan on the host anyway), else it
-        is read here.
+        is read here; ``observe=False`` leaves feeding :attr:`life` to the caller.
 
         ``p`` keeps its own basis when it was chosen inline (no candidate in force), else
         it takes the basis of the search that named its candidate. An inline choice is
@@ -353,7 +355,8 @@ class AheadChoice:
         own = p.basis if inline else self._next_basis
         self._before = p if own is p.basis else dataclasses.replace(p, basis=own)
         self._steps += 1
-        self.life.observe(*(executed(p) if seen is None else seen))
+        if observe:  # else the caller feeds self.life itself (the runtime: in its thread)
+            self.life.observe(*(executed(p) if seen is None else seen))
         if inline:
             self.take(inline_choice(p))
         return not inline and not self.searching

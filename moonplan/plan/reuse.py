@@ -41,12 +41,18 @@ DECAY = 0.7
 (over 5 such steps, 0.17)."""
 
 
-OBSERVE_WORK = 0.2
-"""What reading a step's plan for the measure (``moonplan.plan.ahead.executed``) and
-:meth:`ReplicaLife.observe` cost on the critical path, in construction equivalents (the
-simulator charges it to every ``"auto"`` step of the layer, inline or ahead): 105-152 µs
-against a construction's 788-1679 µs on this project's CPU (EP 8 x 256 experts to EP 64
-x 896; ratios 0.08-0.17, rounded up), measured 2026-11-30."""
+READ_WORK = 0.1
+"""Reading a step's plan for the measure (``moonplan.plan.ahead.executed``), in
+construction equivalents: on the critical path of every ``"auto"`` step (the runtime's
+``Balancer.plan`` takes it right after the plan is made). 47-88 µs against a
+construction's 788-1679 µs on this project's CPU (EP 8 x 256 experts to EP 64 x 896:
+0.04-0.11), measured 2026-11-30."""
+
+OBSERVE_WORK = 0.1
+""":meth:`ReplicaLife.observe` of one step, in construction equivalents: 46-89 µs on the
+same cases (0.03-0.06). Choosing ahead, it runs in the search's thread, queued before
+the next search (the simulator adds it to that search's work); choosing inline, on the
+critical path."""
 
 
 class ReplicaLife:

@@ -186,6 +186,9 @@ class Balancer:
         # to record (and search from, when a search starts): host counts, the start, the
         # plan and what the measured horizon reads of it (host copies)
         self._made: Made | None = None
+        # choosing ahead: executed() of the steps recorded since the last search started,
+        # for the next search job to observe first (the thread alone updates the measure)
+        self._unseen: list[tuple[np.ndarray, np.ndarray]] = []
 
     def policy(self) -> str:
         """The planner policy of the next step: ``"static"``, ``"exact"`` or ``"auto"``."""
@@ -228,7 +231,9 @@ class Balancer:
             align=self.align,
             previous=previous,
             policy=name,
-            cost=self.ahead.search_cost(self.cost),
+            # inline "auto": the measured horizon (choosing ahead, the thread holds it
+            # until a restart drains it, and only an inline step after one reads it here)
+            cost=self.ahead.search_cost(self.cost) if name == "auto" else self.cost,
         )
         self.how = "inline" if name == "auto" else "ahead"
         # the last call of a step wins (a growth re-plan); what the measured horizon
@@ -254,18 +259,25 @@ class Balancer:
         if self.choose == "inline":  # no search: only the measured horizon's record
             self.ahead.life.observe(*seen)
             return
-        if not self.ahead.record(p, seen):  # one in flight, or this step chose inline
+        # the measure's update runs in the thread, off the critical path: the next
+        # search job first observes every step's plan since the last one (in order)
+        self._unseen.append(seen)
+        if not self.ahead.record(p, seen, observe=False):  # one in flight, or inline
             return
         assert counts is not None, "plan() takes the host copies when no search is in flight"
         self.ahead.launch()
         assert self.cost is not None, "only 'auto' with a cost model searches"
-        # the horizon measured on the plans recorded so far (AheadChoice.search_cost)
-        cost, B, align = self.ahead.search_cost(self.cost), self.B, self.align
+        ahead, base, B, align = self.ahead, self.cost, self.B, self.align
         budget = self.ahead.last_budget  # the work that fits beside its lag's steps
-        pending = self._lane.submit(
-            lambda: choose_next(counts, before, cost=cost, slots=B, align=align, budget=budget)
-        )
-        self._search = pending
+        batch, self._unseen = self._unseen, []
+
+        def run() -> object:  # in the thread: the horizon measured on every plan so far
+            for s in batch:
+                ahead.life.observe(*s)
+            cost = ahead.search_cost(base)
+            return choose_next(counts, before, cost=cost, slots=B, align=align, budget=budget)
+
+        self._search = self._lane.submit(run)
 
     def collect(self, rec: StepHooks = NULL_PROFILER) -> str:
         """Wait for the search in flight if this step is the one it names; ``""``, or why
@@ -299,6 +311,7 @@ class Balancer:
         rank)."""
         self._lane.drain()
         self._search = self._made = None
+        self._unseen = []
         self.ahead.reset()
 
     def schedule(self) -> tuple[int, int]:
