@@ -27,7 +27,8 @@ on host copies of the counts and of the previous plan's slots and flows
 are read anyway: the thread never touches a device tensor). It scores with the horizon
 measured on the plans recorded so far (:meth:`AheadChoice.search_cost`,
 :mod:`moonplan.plan.reuse`: how many steps the fetched replicas actually served, capped
-by the cost model's ``horizon``), read from each step's plan in :meth:`Balancer.plan`.
+by the cost model's ``horizon``), read from each step's plan in :meth:`Balancer.plan`
+and updated in the thread (each search job first observes the steps since the last).
 It is the lean search (``moonplan.plan.search``: the candidate's name, no plan laid
 out, nothing built on a step that keeps the choice); it runs beside the rest of step
 ``t`` (dispatch, experts, combine, backward) and of the model. It names the candidate
