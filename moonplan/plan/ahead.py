@@ -63,8 +63,6 @@ from moonplan.plan.plan_type import Basis, Plan
 from moonplan.plan.reuse import ReplicaLife
 from moonplan.plan.search import Choice, search
 from moonplan.plan.validate import check_options, check_previous, checked_counts
-from moonplan.stepcost.step_cost import plan_fetch_ER
-from moonplan.stepcost.traffic import host_int64
 
 MAX_LAG = 8
 """Most steps a search may run beside (:func:`search_lag`): a choice that old is made on
@@ -202,13 +200,38 @@ def search_budget(lag: int, step_s: float | None, search_s: float) -> float | No
     return lag * step_s / search_s
 
 
+def plan_rows(p: Plan) -> np.ndarray:
+    """int64 numpy ``[R, 2B + D]``: each rank's new-slot flags, slots' experts and direct
+    rows' experts (``-1``: none), in one host read (a device-to-host copy where ``p``
+    lives on an accelerator). The layer reads these once a step for its fetch list
+    (``moonplan.runtime.fetch_list``) and hands the same rows to the measured horizon."""
+    parts = [p.slot_new.to(torch.int64), p.slot_expert, p.direct_expert()]
+    return torch.cat(parts, 1).cpu().numpy()
+
+
+def executed_rows(
+    rows: np.ndarray, num_slots: int, num_experts: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """What :class:`~moonplan.plan.reuse.ReplicaLife` reads of an executed plan, from its
+    :func:`plan_rows`: the replicas it holds off their home (bool numpy ``[E, R]``: its
+    slots' experts and its direct rows) and those it copies this step (bool numpy ``[E,
+    R]``: its new slots and its direct rows, what the layer's fetch list copies)."""
+    B, R = num_slots, rows.shape[0]
+    new_RB, slot_RB, direct_RD = rows[:, :B] > 0, rows[:, B : 2 * B], rows[:, 2 * B :]
+    held_ER = np.zeros((num_experts, R), dtype=bool)
+    fetch_ER = np.zeros((num_experts, R), dtype=bool)
+    r_N, j_N = (slot_RB >= 0).nonzero()
+    held_ER[slot_RB[r_N, j_N], r_N] = True
+    r_N, j_N = (new_RB & (slot_RB >= 0)).nonzero()
+    fetch_ER[slot_RB[r_N, j_N], r_N] = True
+    r_N, j_N = (direct_RD >= 0).nonzero()
+    held_ER[direct_RD[r_N, j_N], r_N] = fetch_ER[direct_RD[r_N, j_N], r_N] = True
+    return held_ER, fetch_ER
+
+
 def executed(p: Plan) -> tuple[np.ndarray, np.ndarray]:
-    """What :class:`~moonplan.plan.reuse.ReplicaLife` reads of an executed plan, on the
-    host: its allocation (int64 numpy ``[E, R]``) and fetched pairs (bool numpy ``[E,
-    R]``, ``moonplan.stepcost.plan_fetch_ER``): host reads of ``p``'s allocation, slots
-    and direct rows (device-to-host copies where ``p`` lives on an accelerator)."""
-    alloc_ER = host_int64(p.alloc)
-    return alloc_ER, plan_fetch_ER(p, alloc_ER).numpy()
+    """:func:`executed_rows` of ``p``'s :func:`plan_rows`."""
+    return executed_rows(plan_rows(p), p.num_slots, p.num_experts)
 
 
 def inline_choice(p: Plan) -> Choice:

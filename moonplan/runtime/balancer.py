@@ -88,7 +88,7 @@ import torch
 
 from moonplan.comm.group import EPGroup
 from moonplan.plan import api as planner
-from moonplan.plan.ahead import MAX_LAG, AheadChoice, Before, choose_next, executed
+from moonplan.plan.ahead import MAX_LAG, AheadChoice, Before, choose_next, executed_rows, plan_rows
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.static import static_plan
 from moonplan.profiling.hooks import NULL_PROFILER, StepHooks
@@ -97,10 +97,9 @@ from moonplan.runtime.balance import balance_mode
 from moonplan.runtime.calibrate import StepSample, agree, fit_rates, sample_step
 from moonplan.stepcost import StepCost
 
-Made = tuple[torch.Tensor | None, Before | None, Plan, tuple[np.ndarray, np.ndarray]]
+Made = tuple[torch.Tensor | None, Before | None, Plan]
 """What :meth:`Balancer.plan` keeps for :meth:`Balancer.search`: host counts (when a search
-starts after the step), the plan the search starts from, the step's plan, and
-:func:`~moonplan.plan.ahead.executed` of it."""
+starts after the step), the plan the search starts from, and the step's plan."""
 
 WARMUP_STEPS = 4
 """Measured exact steps before ``"auto"`` calibrates its own cost model."""
@@ -189,7 +188,7 @@ class Balancer:
         self._made: Made | None = None
         # choosing ahead: executed() of the steps recorded since the last search started,
         # for the next search job to observe first (the thread alone updates the measure)
-        self._unseen: list[tuple[np.ndarray, np.ndarray]] = []
+        self._unseen: list[tuple[np.ndarray, int, int]] = []
 
     def policy(self) -> str:
         """The planner policy of the next step: ``"static"``, ``"exact"`` or ``"auto"``."""
@@ -237,33 +236,35 @@ class Balancer:
             cost=self.ahead.search_cost(self.cost) if name == "auto" else self.cost,
         )
         self.how = "inline" if name == "auto" else "ahead"
-        # the last call of a step wins (a growth re-plan); what the measured horizon
-        # reads of the plan is read now, right after it is made (the layer reads it on
-        # the host next anyway), not after the routing
-        self._made = (counts_host, start, p, executed(p))
+        self._made = (counts_host, start, p)  # the last call of a step wins (growth)
         return p
 
-    def search(self) -> None:
+    def search(self, rows: np.ndarray | None = None) -> None:
         """Record the step just planned (``"auto"``: its plan feeds the measured horizon)
         and, when no search is in flight, start its search in the thread (only where
         ``"auto"`` chooses ahead). Call once per step,
         after its last :meth:`plan` and the host work that follows it on the critical
         path (routing), so that the search runs beside the dispatch and the experts
-        rather than competing with it."""
+        rather than competing with it. ``rows``: the step plan's
+        :func:`~moonplan.plan.ahead.plan_rows` where the caller already read them (the
+        layer does, for its fetch list), else they are read here."""
         if self._made is None:
             return
         self.recorded += 1  # this rank's place in the schedule (schedule())
         # host copies (plan()): the counts, and the slots, flows, policy and basis of the
         # plan this step replayed, with the basis of the search that named its candidate
         # (so it may keep its choice, as inline does); nothing the step writes later
-        (counts, before, p, seen), self._made = self._made, None
-        if self.choose == "inline":  # no search: only the measured horizon's record
-            self.ahead.life.observe(*seen)
+        (counts, before, p), self._made = self._made, None
+        # the plan's host rows for the measured horizon: the fetch list's read (``rows``,
+        # passed by the layer), else read here
+        read = (plan_rows(p) if rows is None else rows, p.num_slots, p.num_experts)
+        if self.choose == "inline":  # no search: only the measured horizon's update
+            self.ahead.life.observe(*executed_rows(*read))
             return
         # the measure's update runs in the thread, off the critical path: the next
         # search job first observes every step's plan since the last one (in order)
-        self._unseen.append(seen)
-        if not self.ahead.record(p, seen, observe=False):  # one in flight, or inline
+        self._unseen.append(read)
+        if not self.ahead.record(p, observe=False):  # one in flight, or this step inline
             return
         assert counts is not None, "plan() takes the host copies when no search is in flight"
         self.ahead.launch()
@@ -273,8 +274,8 @@ class Balancer:
         batch, self._unseen = self._unseen, []
 
         def run() -> object:  # in the thread: the horizon measured on every plan so far
-            for s in batch:
-                ahead.life.observe(*s)
+            for r in batch:
+                ahead.life.observe(*executed_rows(*r))
             cost = ahead.search_cost(base)
             return choose_next(counts, before, cost=cost, slots=B, align=align, budget=budget)
 

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from moonplan.plan.ahead import plan_rows
 from moonplan.plan.home import home_list, home_start
 from moonplan.plan.plan_type import Plan
 
@@ -91,16 +93,18 @@ class FetchList:
         return flat[:N], flat[N : N + C], flat[N + C :]
 
 
-def fetch_list(plan: Plan, rank: int, home: HomeRows) -> FetchList:
+def fetch_list(plan: Plan, rank: int, home: HomeRows, rows: np.ndarray | None = None) -> FetchList:
     """``rank``'s copies under ``plan`` (one host read of ``[R, 2B + D]`` integers).
 
     Args:
         plan: the step's plan (tensors on any device).
         rank: this rank.
         home: the home map of the plan's ``E`` experts over its ``R`` ranks.
+        rows: that read if the caller already made it (``moonplan.plan.ahead.plan_rows``:
+            the layer hands the same rows to the measured horizon), else it is made here.
     """
     B = plan.num_slots
-    rows_R = torch.cat([plan.slot_new, plan.slot_expert, plan.direct_expert()], 1).tolist()
+    rows_R = (plan_rows(plan) if rows is None else rows).tolist()
     group = any(any(n > 0 for n in r[:B]) or any(e >= 0 for e in r[2 * B :]) for r in rows_R)
     row = rows_R[rank]
     slot_N = [b for b in range(B) if row[b] > 0]

@@ -20,6 +20,7 @@ from torch import Tensor
 from moonplan.comm.errors import ContractError
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
+from moonplan.plan.ahead import plan_rows
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import route as route_tokens
@@ -218,7 +219,8 @@ class LayerRuntime:
             need = int(plan.recv_size().max())
         # This rank's weight copies: one host read of the plan, already read back for
         # `need` (no wait for later work on a device); every policy pays it, static too.
-        copies = fetch_list(plan, self.group.rank, self.store.home)
+        rows = plan_rows(plan)  # one host read: the fetch list's and the measured horizon's
+        copies = fetch_list(plan, self.group.rank, self.store.home, rows)
         ids = ids_SK if ids_SK is not None else torch.zeros(0, self.K, dtype=torch.int64)
         # Affinity (a token's records on few ranks) pays only where dispatch sends token
         # rows (docs/design.md §3); per-record transports skip computing it.
@@ -227,7 +229,7 @@ class LayerRuntime:
         if not self.published:
             self.store.publish_home(params)
             self.published, self.published_version = True, version
-        self.balancer.search()  # "auto" choosing ahead: the next step's choice, in a thread
+        self.balancer.search(rows)  # "auto" choosing ahead: the next step's choice, in a thread
         step = MoEStep(self, plan, route, recorder=rec)
         t2 = time.perf_counter()
         step.fetch = fetch = self._start_prefetch(copies)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -358,7 +357,7 @@ def test_the_search_thread_is_handed_host_copies_not_the_plans() -> None:
     """What the thread searches from is taken in ``plan()``: the counts and the previous
     plan's slots, flows, policy and basis, copied to the host (``Before``); its choice is
     the search on the plan itself. Steps a search in flight spans copy nothing."""
-    from moonplan.plan.ahead import Before, choose_next, executed
+    from moonplan.plan.ahead import Before, choose_next
 
     cost, B = _cost(), 2
     bal = Balancer("auto", slots=B, align=1, cost=cost, search_s=6e-4)
@@ -371,10 +370,8 @@ def test_the_search_thread_is_handed_host_copies_not_the_plans() -> None:
             searching = bal.ahead.searching
             p = bal.plan(counts, prev)
             assert bal._made is not None
-            host, before, made, seen = bal._made
+            host, before, made = bal._made
             assert made is p
-            # what the measured horizon reads of the step's plan, on the host
-            assert all(np.array_equal(a, b) for a, b in zip(seen, executed(p), strict=True))
             if searching:  # a search in flight spans this step: nothing to copy
                 assert host is None and before is None
                 spanned += 1
