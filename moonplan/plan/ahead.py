@@ -209,29 +209,33 @@ def plan_rows(p: Plan) -> np.ndarray:
     return torch.cat(parts, 1).cpu().numpy()
 
 
+def plan_used(p: Plan) -> np.ndarray:
+    """bool numpy ``[E, R]``: the pairs ``p`` sends records to (``alloc > 0``), one host read
+    (a device-to-host copy of ``E * R`` booleans where ``p`` lives on an accelerator)."""
+    return (p.alloc > 0).cpu().numpy()
+
+
 def executed_rows(
-    rows: np.ndarray, num_slots: int, num_experts: int
+    rows: np.ndarray, used_ER: np.ndarray, num_slots: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """What :class:`~moonplan.plan.reuse.ReplicaLife` reads of an executed plan, from its
-    :func:`plan_rows`: the replicas it holds off their home (bool numpy ``[E, R]``: its
-    slots' experts and its direct rows) and those it copies this step (bool numpy ``[E,
-    R]``: its new slots and its direct rows, what the layer's fetch list copies)."""
-    B, R = num_slots, rows.shape[0]
+    """What :class:`~moonplan.plan.reuse.ReplicaLife` reads of an executed plan: the pairs
+    it sends records to, ``used_ER`` (:func:`plan_used`), and those whose weights it
+    copies this step (bool numpy ``[E, R]``: its new slots and its direct rows, what the
+    layer's fetch list copies, from its :func:`plan_rows`; of the used pairs only, as
+    ``moonplan.stepcost.plan_fetch_ER``)."""
+    B, (E, R) = num_slots, used_ER.shape
     new_RB, slot_RB, direct_RD = rows[:, :B] > 0, rows[:, B : 2 * B], rows[:, 2 * B :]
-    held_ER = np.zeros((num_experts, R), dtype=bool)
-    fetch_ER = np.zeros((num_experts, R), dtype=bool)
-    r_N, j_N = (slot_RB >= 0).nonzero()
-    held_ER[slot_RB[r_N, j_N], r_N] = True
+    fetch_ER = np.zeros((E, R), dtype=bool)
     r_N, j_N = (new_RB & (slot_RB >= 0)).nonzero()
     fetch_ER[slot_RB[r_N, j_N], r_N] = True
     r_N, j_N = (direct_RD >= 0).nonzero()
-    held_ER[direct_RD[r_N, j_N], r_N] = fetch_ER[direct_RD[r_N, j_N], r_N] = True
-    return held_ER, fetch_ER
+    fetch_ER[direct_RD[r_N, j_N], r_N] = True
+    return used_ER, fetch_ER & used_ER
 
 
 def executed(p: Plan) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`executed_rows` of ``p``'s :func:`plan_rows`."""
-    return executed_rows(plan_rows(p), p.num_slots, p.num_experts)
+    """:func:`executed_rows` of ``p``'s :func:`plan_rows` and :func:`plan_used`."""
+    return executed_rows(plan_rows(p), plan_used(p), p.num_slots)
 
 
 def inline_choice(p: Plan) -> Choice:

@@ -2,9 +2,9 @@
 
 Legend:
     R ranks, E experts
-    held_ER   bool [E, R] replicas a plan holds off their home: its slots' experts and
-              its direct rows (``moonplan.plan.ahead.executed``)
-    fetch_ER  bool [E, R] replicas it copies this step: its new slots and direct rows
+    used_ER   bool [E, R] pairs a plan sends records to (``alloc > 0``)
+    fetch_ER  bool [E, R] those whose weights it copies this step: its new slots and its
+              direct rows (``moonplan.plan.ahead.executed``)
     live_L    int64 [L] the live fetched pairs, as flat ``e * R + r`` indices
     age_L     int64 [L] steps each has served since its fetch
 
@@ -15,9 +15,10 @@ is used for 1.1-2.5 steps (measured on the acceptance sweep's traces at EP 64), 
 fetch spread over 8 looks 3-7x cheaper than it is.
 
 :class:`ReplicaLife` measures it from the plans a layer executes. A fetched pair
-*survives* a step when the next plan still holds the replica without copying it again
-(kept in its slot, whether or not that step sends it records: a later step may, without
-a copy; a direct row, copied every step, never survives). Per age (0, 1,
+*survives* a step when the next plan still sends it records without copying it again
+(a direct row, copied every step, never survives; a replica kept in its slot but sent
+nothing does not count as serving: measured both ways on the acceptance sweep, counting
+held slots kept the horizon near its cap and lost most of the gain). Per age (0, 1,
 2 and older pooled) it keeps a decayed count of the live pairs and of those that
 survived, ``q_a = survived_a / live_a``, and the expected steps a fetch serves are
 ``h = 1 + q_0 + q_0 q_1 + q_0 q_1 q_2 + ...`` (``cap - 1`` terms, ``q_2`` for every age
@@ -42,15 +43,20 @@ DECAY = 0.7
 (over 5 such steps, 0.17)."""
 
 
+READ_WORK = 0.03
+"""Reading which pairs a step's plan sends records to (``moonplan.plan.ahead.plan_used``,
+``alloc > 0`` on the host), in construction equivalents: on the critical path of every
+``"auto"`` step (its copied pairs come from the rows the fetch list reads anyway,
+``plan_rows``). 5-38 µs against a construction's 731-1611 µs on this project's CPU (EP 8
+x 256 experts to EP 64 x 896: 0.007-0.023, rounded up), measured 2026-11-30."""
+
 OBSERVE_WORK = 0.1
-"""One step's update of the measure, in construction equivalents: the held and copied
-pairs from the plan's host rows (``moonplan.plan.ahead.executed_rows``; the rows are the
-fetch list's read, which every policy pays: 17-18 µs) and :meth:`ReplicaLife.observe`,
-76-137 µs against a construction's 1135-1965 µs on this project's CPU (EP 8 x 256
-experts to EP 64 x 896: 0.067-0.070, rounded up), measured 2026-11-30.
-Choosing ahead it runs in the search's thread, each search job first observing the
-steps since the last (the simulator adds it to that search's work); choosing inline, on
-the critical path."""
+"""One step's update of the measure, in construction equivalents: the copied pairs from
+the plan's host rows (``moonplan.plan.ahead.executed_rows``) and
+:meth:`ReplicaLife.observe`, 66-123 µs on the same cases (0.061-0.090, rounded up),
+measured 2026-11-30. Choosing ahead it runs in the search's thread, each search job
+first observing the steps since the last (the simulator adds it to that search's work);
+choosing inline, on the critical path."""
 
 
 class ReplicaLife:
@@ -71,22 +77,23 @@ class ReplicaLife:
         self._live = [0.0] * AGES
         self._kept = [0.0] * AGES
 
-    def observe(self, held_ER: np.ndarray, fetch_ER: np.ndarray) -> None:
-        """One executed step: the replicas it holds ``held_ER`` and copies ``fetch_ER``
-        (bool, or ints read as ``> 0``, ``[E, R]``). A shape change starts over.
+    def observe(self, used_ER: np.ndarray, fetch_ER: np.ndarray) -> None:
+        """One executed step: the pairs it sends records to ``used_ER`` and copies
+        ``fetch_ER`` (bool, or ints read as ``> 0``, ``[E, R]``). A shape change starts
+        over.
 
         Only the live fetched pairs are followed (a few per rank, not ``E * R``): one
-        pass over ``fetch_ER`` for its fetched pairs, a gather of ``held_ER`` at the
+        pass over ``fetch_ER`` for its fetched pairs, a gather of ``used_ER`` at the
         live ones (``tests/plan/test_reuse.py`` checks it against a dense reference)."""
-        held_ER, fetch_ER = np.asarray(held_ER), np.asarray(fetch_ER, dtype=bool)
-        if held_ER.shape != fetch_ER.shape:
-            raise ValueError(f"held {held_ER.shape} and fetch {fetch_ER.shape} differ in shape")
-        if self._shape != held_ER.shape:
+        used_ER, fetch_ER = np.asarray(used_ER), np.asarray(fetch_ER, dtype=bool)
+        if used_ER.shape != fetch_ER.shape:
+            raise ValueError(f"used {used_ER.shape} and fetch {fetch_ER.shape} differ in shape")
+        if self._shape != used_ER.shape:
             self.reset()
-            self._shape = held_ER.shape
+            self._shape = used_ER.shape
         fetch_F = np.flatnonzero(fetch_ER)
         live_L, age_L = self._live_L, self._age_L
-        kept_L = (held_ER.reshape(-1)[live_L] > 0) & ~np.isin(live_L, fetch_F)
+        kept_L = (used_ER.reshape(-1)[live_L] > 0) & ~np.isin(live_L, fetch_F)
         bucket_L = np.minimum(age_L, AGES - 1)
         live_A = np.bincount(bucket_L, minlength=AGES)
         kept_A = np.bincount(bucket_L[kept_L], minlength=AGES)
