@@ -48,7 +48,7 @@ from moonplan.plan import api as planner
 from moonplan.plan.ahead import MAX_LAG, AheadChoice, executed
 from moonplan.plan.choose import WORK
 from moonplan.plan.plan_type import Plan
-from moonplan.plan.reuse import OBSERVE_WORK, READ_WORK
+from moonplan.plan.reuse import OBSERVE_WORK
 from moonplan.stepcost import StepCost, plan_fetch_ER
 
 __all__ = [
@@ -210,7 +210,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
             self.name,
             counts_RE,
             p,
-            planned=p.planned + p.chose + READ_WORK,  # the measure's read, on the path
+            planned=p.planned + p.chose,  # the measure reads the fetch list's rows
             choice=p.policy,
             background_plan=background,
             lag=lag,
@@ -224,8 +224,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
         p = self.plan(counts_RE, self._previous, cost=self._choice.search_cost(self.cost))
         self._choice.life.observe(*executed(p))
         self._previous = p
-        # the measure's read and update, both on the critical path
-        planned = p.planned + p.chose + READ_WORK + OBSERVE_WORK
+        # the measure's update, on the critical path (it reads the fetch list's rows)
+        planned = p.planned + p.chose + OBSERVE_WORK
         return plan_step(self.name, counts_RE, p, planned=planned, choice=p.policy)
 
 

@@ -201,41 +201,42 @@ def search_budget(lag: int, step_s: float | None, search_s: float) -> float | No
 
 
 def plan_rows(p: Plan) -> np.ndarray:
-    """int64 numpy ``[R, 2B + D]``: each rank's new-slot flags, slots' experts and direct
-    rows' experts (``-1``: none), in one host read (a device-to-host copy where ``p``
-    lives on an accelerator). The layer reads these once a step for its fetch list
-    (``moonplan.runtime.fetch_list``) and hands the same rows to the measured horizon."""
-    parts = [p.slot_new.to(torch.int64), p.slot_expert, p.direct_expert()]
+    """int64 numpy ``[R, 3B + 2D]``: each rank's new-slot flags ``[B]``, slots' experts
+    ``[B]`` and direct rows' experts ``[D]`` (``-1``: none), then the records of each slot
+    and direct row ``[B + D]`` (``Plan.row_count``), in one host read (a device-to-host
+    copy where ``p`` lives on an accelerator). The layer reads these once a step for its
+    fetch list (``moonplan.runtime.fetch_list``, the first ``2B + D`` columns) and hands
+    the same rows to the measured horizon."""
+    M = p.max_local
+    parts = [p.slot_new.to(torch.int64), p.slot_expert, p.direct_expert(), p.row_count[:, M:]]
     return torch.cat(parts, 1).cpu().numpy()
 
 
-def plan_used(p: Plan) -> np.ndarray:
-    """bool numpy ``[E, R]``: the pairs ``p`` sends records to (``alloc > 0``), one host read
-    (a device-to-host copy of ``E * R`` booleans where ``p`` lives on an accelerator)."""
-    return (p.alloc > 0).cpu().numpy()
-
-
 def executed_rows(
-    rows: np.ndarray, used_ER: np.ndarray, num_slots: int
+    rows: np.ndarray, num_slots: int, num_experts: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """What :class:`~moonplan.plan.reuse.ReplicaLife` reads of an executed plan: the pairs
-    it sends records to, ``used_ER`` (:func:`plan_used`), and those whose weights it
-    copies this step (bool numpy ``[E, R]``: its new slots and its direct rows, what the
-    layer's fetch list copies, from its :func:`plan_rows`; of the used pairs only, as
+    """What :class:`~moonplan.plan.reuse.ReplicaLife` reads of an executed plan, from its
+    :func:`plan_rows`: the replicas off their home it sends records to (bool numpy
+    ``[E, R]``: slots and direct rows with records) and those whose weights it copies
+    this step (bool numpy ``[E, R]``: its new slots and its direct rows with records, as
     ``moonplan.stepcost.plan_fetch_ER``)."""
-    B, (E, R) = num_slots, used_ER.shape
-    new_RB, slot_RB, direct_RD = rows[:, :B] > 0, rows[:, B : 2 * B], rows[:, 2 * B :]
-    fetch_ER = np.zeros((E, R), dtype=bool)
-    r_N, j_N = (new_RB & (slot_RB >= 0)).nonzero()
-    fetch_ER[slot_RB[r_N, j_N], r_N] = True
-    r_N, j_N = (direct_RD >= 0).nonzero()
-    fetch_ER[direct_RD[r_N, j_N], r_N] = True
-    return used_ER, fetch_ER & used_ER
+    B, (R, W) = num_slots, rows.shape
+    D = (W - 3 * B) // 2
+    new_RB, slot_RB, direct_RD = rows[:, :B] > 0, rows[:, B : 2 * B], rows[:, 2 * B : 2 * B + D]
+    count_RB, count_RD = rows[:, 2 * B + D : 3 * B + D], rows[:, 3 * B + D :]
+    used_ER = np.zeros((num_experts, R), dtype=bool)
+    fetch_ER = np.zeros((num_experts, R), dtype=bool)
+    r_N, j_N = ((slot_RB >= 0) & (count_RB > 0)).nonzero()
+    used_ER[slot_RB[r_N, j_N], r_N] = True
+    fetch_ER[slot_RB[r_N, j_N], r_N] = new_RB[r_N, j_N]
+    r_N, j_N = ((direct_RD >= 0) & (count_RD > 0)).nonzero()
+    used_ER[direct_RD[r_N, j_N], r_N] = fetch_ER[direct_RD[r_N, j_N], r_N] = True
+    return used_ER, fetch_ER
 
 
 def executed(p: Plan) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`executed_rows` of ``p``'s :func:`plan_rows` and :func:`plan_used`."""
-    return executed_rows(plan_rows(p), plan_used(p), p.num_slots)
+    """:func:`executed_rows` of ``p``'s :func:`plan_rows`."""
+    return executed_rows(plan_rows(p), p.num_slots, p.num_experts)
 
 
 def inline_choice(p: Plan) -> Choice:

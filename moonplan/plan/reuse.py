@@ -43,20 +43,14 @@ DECAY = 0.7
 (over 5 such steps, 0.17)."""
 
 
-READ_WORK = 0.03
-"""Reading which pairs a step's plan sends records to (``moonplan.plan.ahead.plan_used``,
-``alloc > 0`` on the host), in construction equivalents: on the critical path of every
-``"auto"`` step (its copied pairs come from the rows the fetch list reads anyway,
-``plan_rows``). 5-38 µs against a construction's 731-1611 µs on this project's CPU (EP 8
-x 256 experts to EP 64 x 896: 0.007-0.023, rounded up), measured 2026-11-30."""
-
 OBSERVE_WORK = 0.1
-"""One step's update of the measure, in construction equivalents: the copied pairs from
-the plan's host rows (``moonplan.plan.ahead.executed_rows``) and
-:meth:`ReplicaLife.observe`, 66-123 µs on the same cases (0.061-0.090, rounded up),
-measured 2026-11-30. Choosing ahead it runs in the search's thread, each search job
-first observing the steps since the last (the simulator adds it to that search's work);
-choosing inline, on the critical path."""
+"""One step's update of the measure, in construction equivalents: the used and copied
+pairs from the plan's host rows (``moonplan.plan.ahead.executed_rows``; the rows are the
+fetch list's read, which every policy pays: 22-23 µs) and :meth:`ReplicaLife.observe`,
+78-142 µs against a construction's 805-1766 µs on this project's CPU (EP 8 x 256 experts
+to EP 64 x 896: 0.071-0.097, rounded up), measured 2026-11-30. Choosing ahead it runs in
+the search's thread, each search job first observing the steps since the last (the
+simulator adds it to that search's work); choosing inline, on the critical path."""
 
 
 class ReplicaLife:

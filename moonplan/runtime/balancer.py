@@ -95,7 +95,6 @@ from moonplan.plan.ahead import (
     choose_next,
     executed_rows,
     plan_rows,
-    plan_used,
 )
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.static import static_plan
@@ -196,7 +195,7 @@ class Balancer:
         self._made: Made | None = None
         # choosing ahead: executed() of the steps recorded since the last search started,
         # for the next search job to observe first (the thread alone updates the measure)
-        self._unseen: list[tuple[np.ndarray, np.ndarray, int]] = []
+        self._unseen: list[tuple[np.ndarray, int, int]] = []
 
     def policy(self) -> str:
         """The planner policy of the next step: ``"static"``, ``"exact"`` or ``"auto"``."""
@@ -265,8 +264,7 @@ class Balancer:
         (counts, before, p), self._made = self._made, None
         # the plan's host rows for the measured horizon: the fetch list's read (``rows``,
         # passed by the layer), else read here
-        # and the pairs it sends records to (a read of its own, on the critical path)
-        read = (plan_rows(p) if rows is None else rows, plan_used(p), p.num_slots)
+        read = (plan_rows(p) if rows is None else rows, p.num_slots, p.num_experts)
         if self.choose == "inline":  # no search: only the measured horizon's update
             self.ahead.life.observe(*executed_rows(*read))
             return

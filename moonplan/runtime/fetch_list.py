@@ -100,11 +100,12 @@ def fetch_list(plan: Plan, rank: int, home: HomeRows, rows: np.ndarray | None = 
         plan: the step's plan (tensors on any device).
         rank: this rank.
         home: the home map of the plan's ``E`` experts over its ``R`` ranks.
-        rows: that read if the caller already made it (``moonplan.plan.ahead.plan_rows``:
-            the layer hands the same rows to the measured horizon), else it is made here.
+        rows: that read if the caller already made it (``moonplan.plan.ahead.plan_rows``,
+            whose first ``2B + D`` columns it reads; the layer hands the same rows to the
+            measured horizon), else it is made here.
     """
-    B = plan.num_slots
-    rows_R = (plan_rows(plan) if rows is None else rows).tolist()
+    B, D = plan.num_slots, plan.direct_expert().shape[1]
+    rows_R = (plan_rows(plan) if rows is None else rows)[:, : 2 * B + D].tolist()
     group = any(any(n > 0 for n in r[:B]) or any(e >= 0 for e in r[2 * B :]) for r in rows_R)
     row = rows_R[rank]
     slot_N = [b for b in range(B) if row[b] > 0]

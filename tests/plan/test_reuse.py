@@ -108,8 +108,8 @@ def test_checks_and_resets() -> None:
 
 
 def test_executed_is_the_plans_used_and_fetched_pairs() -> None:
-    """``executed``: the pairs the plan sends records to (``alloc > 0``) and those it
-    copies (from the fetch list's rows): the plan's fetched pairs (``plan_fetch_ER``)."""
+    """``executed``, from the fetch list's rows alone: the replicas off their home the
+    plan sends records to (``alloc > 0``) and those it copies (``plan_fetch_ER``)."""
     cost = StepCost.from_hardware("h200-node", get_preset("deepseek-v3"))
     g = np.random.default_rng(0)
     prev = None
@@ -117,7 +117,9 @@ def test_executed_is_the_plans_used_and_fetched_pairs() -> None:
         counts = g.integers(0, 40, size=(R, 8)) * (g.random((R, 8)) < 0.5)
         p = plan(counts, previous=prev if B == 2 else None, policy="exact", cost=cost, slots=B)
         used_ER, fetch_ER = executed(p)
-        assert np.array_equal(used_ER, p.alloc.numpy() > 0)
+        off_home_ER = np.ones((8, R), dtype=bool)
+        off_home_ER[np.arange(8), p.home.numpy()] = False
+        assert np.array_equal(used_ER, (p.alloc.numpy() > 0) & off_home_ER)
         assert np.array_equal(fetch_ER, plan_fetch_ER(p).numpy())
         prev = p
 

@@ -11,7 +11,7 @@ import moonplan
 from moonplan.baselines.registry import make_policy
 from moonplan.plan.ahead import AheadChoice, executed
 from moonplan.plan.choose import WORK, score
-from moonplan.plan.reuse import OBSERVE_WORK, READ_WORK, ReplicaLife
+from moonplan.plan.reuse import OBSERVE_WORK, ReplicaLife
 from moonplan.simulate.acceptance import (
     AUTO,
     IDEAL_POINT,
@@ -61,7 +61,7 @@ def test_auto_step_time_is_its_plans_predicted_time(serial: bool) -> None:
         step = policy.step(c)
         # charged: every construction run, the choice's own work (screens, scorings) and
         # the measured horizon's read of the plan
-        work = p.planned + p.chose + READ_WORK + OBSERVE_WORK
+        work = p.planned + p.chose + OBSERVE_WORK
         assert step.choice == p.policy and step.planned == pytest.approx(work)
         assert p.chose >= WORK["setup"] + WORK["score"] or p.chose == WORK["keep"]
         assert torch.equal(step.alloc_ER, p.alloc.cpu())
@@ -73,7 +73,7 @@ def test_auto_step_time_is_its_plans_predicted_time(serial: bool) -> None:
             # exposed fetch over the horizon and counts the runs made up to it, not the
             # choice's own work: they differ by that work, the read and whole runs
             own = score(t, measured.horizon) - p.predicted[p.policy]
-            runs = own / cost.plan_s - p.chose - READ_WORK - OBSERVE_WORK
+            runs = own / cost.plan_s - p.chose - OBSERVE_WORK
             assert runs == pytest.approx(round(runs), abs=1e-6) and 0 <= round(runs) <= p.planned
         previous = p
 
@@ -91,7 +91,7 @@ def test_ahead_step_time_is_the_named_plans_time_plus_the_search_that_did_not_fi
     for c in drifting_counts(8, model.num_experts, 16, model.top_k, sigma=1.0, steps=4):
         p = moonplan.plan(c, previous=previous, policy=ahead.policy(), cost=cost)
         step = policy.step(c)
-        work = p.planned + p.chose + READ_WORK  # the measure's read (update: in the thread)
+        work = p.planned + p.chose  # the measure's update runs in the search's thread
         assert step.choice == p.policy and step.planned == pytest.approx(work)
         own = cost.plan_time(p, planned=work)
         found = ahead.update(c, p, previous=previous, cost=cost)  # none after the inline step
