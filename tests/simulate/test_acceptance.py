@@ -171,7 +171,7 @@ REDUCED = AcceptanceGrid(models=("deepseek-v3",), hardware=("h200-node", "h200-m
     "'moonplan-auto acceptance'): choosing ahead, auto is within the bar at 20 of these 24 "
     "points; the 4 left are 16 tokens per rank at sigma 2, EP 8 and 16, where "
     "only EPLB is within it, its re-placement being free background traffic in its model "
-    "(full grid at 51 us a construction: 375 of 504 points pass ahead, 115 inline; 104 of "
+    "(full grid at 51 us a construction: 375 of 504 points pass ahead, 104 inline; 104 of "
     "the rest are EPLB's)",
 )
 def test_reduced_grid_auto_is_never_slower_than_the_best_peer() -> None:
