@@ -60,7 +60,7 @@ from moonplan.errors import PlanError
 from moonplan.plan.choose import CostModel, Inputs
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Basis, Plan
-from moonplan.plan.reuse import ReplicaLife
+from moonplan.plan.reuse import OBSERVE_WORK, ReplicaLife
 from moonplan.plan.search import Choice, search
 from moonplan.plan.validate import check_options, check_previous, checked_counts
 
@@ -272,6 +272,7 @@ class AheadChoice:
         self._next: str | None = None  # the candidate in force
         self._next_basis: Basis | None = None  # the basis of the search that named it
         self._steps = 0  # steps recorded
+        self._launched = 0  # steps recorded when the last search started
         self._due: int | None = None  # the step the search in flight names
         self._held: Choice | None = None  # update(): the search run, until it is due
         # the work of the last FORECAST_CHOICES full choices taken (the first: any choice)
@@ -392,10 +393,17 @@ class AheadChoice:
     def launch(self) -> int:
         """A search starts after the step just recorded; returns its lag ``L`` (it names
         the step ``L`` after that one: :meth:`due` there) and sets :attr:`last_budget`,
-        the work it may spend (:func:`search_budget`: pass it to :func:`choose_next`)."""
+        the work it may spend (:func:`search_budget`, less the measure's updates of the
+        steps recorded since the last search, which run first in the same thread,
+        ``OBSERVE_WORK`` each: pass it to :func:`choose_next`)."""
         assert not self.searching, "one search in flight at a time"
         self.last_lag = self.lag()
-        self.last_budget = search_budget(self.last_lag, self._step_s, self.search_s)
+        budget = search_budget(self.last_lag, self._step_s, self.search_s)
+        # the measure's updates of the steps since the last search run first, in the
+        # same thread (moonplan.runtime.balancer; the simulator charges them alike)
+        pending = self._steps - self._launched
+        self.last_budget = None if budget is None else max(0.0, budget - pending * OBSERVE_WORK)
+        self._launched = self._steps
         self._due = self._steps - 1 + self.last_lag
         return self.last_lag
 
@@ -420,7 +428,7 @@ class AheadChoice:
     def reset(self) -> None:
         """Forget the history (the next step chooses inline, the next lag is 1)."""
         self._before, self._next, self._next_basis = None, None, None
-        self._steps, self._due, self._held = 0, None, None
+        self._steps, self._due, self._held, self._launched = 0, None, None, 0
         self._works.clear()
         self._step_s, self.last_lag, self.last_budget = None, 1, None
         self.life.reset()

@@ -291,26 +291,31 @@ def test_search_budget_is_the_work_that_fits_beside_the_lag() -> None:
 
 
 def test_each_search_runs_within_the_budget_of_its_lag() -> None:
-    """``launch`` sets ``last_budget`` from the lag it picks; ``update`` runs the search
-    with it (the choice ``choose_next`` makes with that budget), and no search spends
-    more than it beyond the setup and the fetch-free scores."""
+    """``launch`` sets ``last_budget`` from the lag it picks, less the measure's updates of
+    the steps since the last search (they run first in the same thread); ``update`` runs
+    the search with it (the choice ``choose_next`` makes with that budget), and no search
+    spends more than it beyond the setup and the fetch-free scores."""
     from moonplan.plan.ahead import executed, search_budget
-    from moonplan.plan.reuse import ReplicaLife
+    from moonplan.plan.reuse import OBSERVE_WORK, ReplicaLife
 
     cost, trace = _cost(), _trace(14, seed=9)
     ahead = AheadChoice(search_s=cost.plan_s * 40, max_lag=2)  # lags capped: budgets bind
-    prev, life, budgets = None, ReplicaLife(), []
+    prev, life, budgets, pending = None, ReplicaLife(), [], 0
     import dataclasses
 
     for counts in trace:
+        pending += 1  # this step's update, queued before the next search
         p = plan(counts, previous=prev, policy=ahead.policy(), cost=cost, backend="torch")
         start = ahead.start(prev)
         life.observe(*executed(p))
         step_s = ahead._step_s
         found = ahead.update(counts, p, previous=prev, cost=cost)
         if found is not None:
-            want = search_budget(ahead.last_lag, step_s, ahead.search_s)
-            assert ahead.last_budget == want and want is not None
+            full = search_budget(ahead.last_lag, step_s, ahead.search_s)
+            assert full is not None
+            want = max(0.0, full - pending * OBSERVE_WORK)
+            assert ahead.last_budget == pytest.approx(want)
+            want, pending = ahead.last_budget, 0
             horizon = dataclasses.replace(cost, horizon=life.horizon(cost.horizon))
             assert found == choose_next(counts, start, cost=horizon, budget=want)
             floor = WORK["setup"] + WORK["score"] * len(found.predicted)
