@@ -183,12 +183,10 @@ class MoonplanAutoPolicy(PlannerPolicy):
         self.name = "moonplan-auto" if ahead else "moonplan-auto-inline"
         search_s = cost.plan_s if search_s is None else search_s
         self._choice = AheadChoice(search_s=search_s, max_lag=max_lag)
-        self._unobserved = 0  # steps whose measure update waits for the next search
 
     def reset(self) -> None:
         super().reset()
         self._choice.reset()
-        self._unobserved = 0  # steps whose measure update waits for the next search
 
     def step(self, counts: Any) -> PolicyStep:
         if not self.ahead:
@@ -201,10 +199,10 @@ class MoonplanAutoPolicy(PlannerPolicy):
         found = self._choice.update(  # none after an inline step: that search was its own
             counts_RE, p, previous=self._previous, cost=self.cost, slots=self.slots
         )
-        self._unobserved += 1  # the measure's update of this step, queued in the thread
-        if found is not None:  # a search started after this step, after those updates
-            work = found.planned + found.chose + self._unobserved * OBSERVE_WORK
-            background, lag, self._unobserved = work, self._choice.last_lag, 0
+        if found is not None:  # a search started after this step, after the measure's
+            # updates of the steps since the last one (queued first in its thread)
+            updates = self._choice.last_pending * OBSERVE_WORK
+            background, lag = found.planned + found.chose + updates, self._choice.last_lag
         self._previous = p
         return plan_step(
             self.name,

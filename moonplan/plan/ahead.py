@@ -268,6 +268,7 @@ class AheadChoice:
         self.search_s, self.max_lag = float(search_s), int(max_lag)
         self.last_lag = 1  # the lag of the last search started
         self.last_budget: float | None = None  # its work budget (search_budget)
+        self.last_pending = 0  # steps whose measure update runs before it (launch())
         self._before: Plan | None = None  # the last recorded plan, basis handed on
         self._next: str | None = None  # the candidate in force
         self._next_basis: Basis | None = None  # the basis of the search that named it
@@ -364,16 +365,14 @@ class AheadChoice:
             return previous
         return b
 
-    def record(
-        self, p: Plan, seen: tuple[np.ndarray, np.ndarray] | None = None, *, observe: bool = True
-    ) -> bool:
+    def record(self, p: Plan, *, observe: bool = True) -> bool:
         """Record ``p`` as this step's plan (once per step, after its last plan); returns
         whether a search starts after this step (:meth:`launch`).
 
         The replicas ``p`` executes and fetches feed the measured horizon
-        (:attr:`life`): ``seen`` is :func:`executed` of ``p`` if the caller already
-        took it (the runtime does, where it reads the plan on the host anyway), else it
-        is read here; ``observe=False`` leaves feeding :attr:`life` to the caller.
+        (:attr:`life`, :func:`executed` of ``p``); ``observe=False`` leaves feeding it to
+        the caller (the runtime does, in its search thread, from the rows its fetch list
+        reads).
 
         ``p`` keeps its own basis when it was chosen inline (no candidate in force), else
         it takes the basis of the search that named its candidate. An inline choice is
@@ -385,7 +384,7 @@ class AheadChoice:
         self._before = p if own is p.basis else dataclasses.replace(p, basis=own)
         self._steps += 1
         if observe:  # else the caller feeds self.life itself (the runtime: in its thread)
-            self.life.observe(*(executed(p) if seen is None else seen))
+            self.life.observe(*executed(p))
         if inline:
             self.take(inline_choice(p))
         return not inline and not self.searching
@@ -394,14 +393,14 @@ class AheadChoice:
         """A search starts after the step just recorded; returns its lag ``L`` (it names
         the step ``L`` after that one: :meth:`due` there) and sets :attr:`last_budget`,
         the work it may spend (:func:`search_budget`, less the measure's updates of the
-        steps recorded since the last search, which run first in the same thread,
-        ``OBSERVE_WORK`` each: pass it to :func:`choose_next`)."""
+        :attr:`last_pending` steps recorded since the last search, which run first in
+        the same thread, ``OBSERVE_WORK`` each: pass it to :func:`choose_next`)."""
         assert not self.searching, "one search in flight at a time"
         self.last_lag = self.lag()
         budget = search_budget(self.last_lag, self._step_s, self.search_s)
         # the measure's updates of the steps since the last search run first, in the
         # same thread (moonplan.runtime.balancer; the simulator charges them alike)
-        pending = self._steps - self._launched
+        self.last_pending = pending = self._steps - self._launched
         self.last_budget = None if budget is None else max(0.0, budget - pending * OBSERVE_WORK)
         self._launched = self._steps
         self._due = self._steps - 1 + self.last_lag
@@ -430,5 +429,5 @@ class AheadChoice:
         self._before, self._next, self._next_basis = None, None, None
         self._steps, self._due, self._held, self._launched = 0, None, None, 0
         self._works.clear()
-        self._step_s, self.last_lag, self.last_budget = None, 1, None
+        self._step_s, self.last_lag, self.last_budget, self.last_pending = None, 1, None, 0
         self.life.reset()

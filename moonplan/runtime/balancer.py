@@ -190,11 +190,11 @@ class Balancer:
         self.figures: dict[str, float] = {}
         self._lane = BackgroundLane("thread", torch.device("cpu"), name="moonplan-choose")
         self._search: Pending | None = None  # the search in flight
-        # to record (and search from, when a search starts): host counts, the start, the
-        # plan and what the measured horizon reads of it (host copies)
+        # to record (and search from, when a search starts): host counts, the start, plan
         self._made: Made | None = None
-        # choosing ahead: executed() of the steps recorded since the last search started,
-        # for the next search job to observe first (the thread alone updates the measure)
+        # choosing ahead: the host rows (plan_rows, B, E) of the steps recorded since the
+        # last search started, for the next search job to observe first (the thread alone
+        # updates the measure)
         self._unseen: list[tuple[np.ndarray, int, int]] = []
 
     def policy(self) -> str:

@@ -94,7 +94,8 @@ class FetchList:
 
 
 def fetch_list(plan: Plan, rank: int, home: HomeRows, rows: np.ndarray | None = None) -> FetchList:
-    """``rank``'s copies under ``plan`` (one host read of ``[R, 2B + D]`` integers).
+    """``rank``'s copies under ``plan`` (the first ``2B + D`` columns of one host read,
+    :func:`~moonplan.plan.ahead.plan_rows`).
 
     Args:
         plan: the step's plan (tensors on any device).
