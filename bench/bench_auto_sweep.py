@@ -169,6 +169,13 @@ def by_tokens(rows: list[dict[str, Any]]) -> list[str]:
             lambda rs: f"{sum(r['background_plan'] for r in rs) / len(rs):.2f}",
         ),
         line(
+            "searches cut to fit their work budget",
+            lambda rs: (
+                f"{sum(r.get('cut_searches', 0) for r in rs)} of "
+                f"{sum(r.get('searches', 0) for r in rs)}"
+            ),
+        ),
+        line(
             "measured steps beside a search with a lag above 1",
             lambda rs: (
                 f"{sum(r.get('lagged_steps', 0) for r in rs)} of "

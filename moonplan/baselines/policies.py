@@ -149,8 +149,10 @@ class MoonplanAutoPolicy(PlannerPolicy):
       forecast at ``search_s`` host seconds per construction equivalent over the
       predicted step; ``max_lag`` at most). Its work (``found.planned + found.chose``:
       the constructions it scored, and its own work; on a step that keeps the choice
-      only ``WORK["keep"]``, as nothing is built) and ``L`` are recorded at the step it
-      starts (``PolicyStep.background_plan``, ``PolicyStep.lag``); the simulator charges
+      only ``WORK["keep"]``, as nothing is built), ``L`` and the balancing candidates
+      it left out to fit its work budget are recorded at the step it starts
+      (``PolicyStep.background_plan``, ``PolicyStep.lag``, ``PolicyStep.cut``); the
+      simulator charges
       the part of it that does not fit beside the ``L`` steps it runs beside
       (``moonplan.simulate.model_time.background_wait_s``).
     * ``ahead=False`` (``moonplan-auto-inline``): ``moonplan.plan(..., policy="auto")``
@@ -195,7 +197,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
         named = self._choice.policy()
         cost = self._choice.search_cost(self.cost) if named == "auto" else self.cost
         p = self.plan(counts_RE, self._previous, named, cost)
-        background, lag = 0.0, 1
+        background, lag, cut = 0.0, 1, 0
         found = self._choice.update(  # none after an inline step: that search was its own
             counts_RE, p, previous=self._previous, cost=self.cost, slots=self.slots
         )
@@ -203,6 +205,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
             # updates of the steps since the last one (queued first in its thread)
             updates = self._choice.last_pending * OBSERVE_WORK
             background, lag = found.planned + found.chose + updates, self._choice.last_lag
+            cut = found.cut
         self._previous = p
         return plan_step(
             self.name,
@@ -212,6 +215,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
             choice=p.policy,
             background_plan=background,
             lag=lag,
+            cut=cut,
         )
 
     def _inline_step(self, counts: Any) -> PolicyStep:

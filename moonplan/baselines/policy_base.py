@@ -62,6 +62,8 @@ class PolicyStep:
             (``moonplan.simulate.model_time``).
         lag: the steps that background work runs beside, this one included (the search
             names the candidate of the step ``lag`` later: ``moonplan.plan.ahead``).
+        cut: balancing candidates that background search left out to stay within its
+            work budget (``moonplan.plan.search.Choice.cut``; 0: none, or no search).
     """
 
     name: str
@@ -78,6 +80,7 @@ class PolicyStep:
     choice: str = ""
     background_plan: float = 0.0
     lag: int = 1
+    cut: int = 0
     refill_ER: torch.Tensor | None = None
 
     @property

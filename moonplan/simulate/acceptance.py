@@ -109,7 +109,9 @@ def acceptance_point(
         for static and resident) and ``vs_peers_chosen_only``; ``background_plan``
         (auto's search off the critical path, construction equivalents a step) and
         ``background_wait_us`` (the part of it charged because it did not fit beside its
-        step), ``lagged_steps`` (measured steps beside a search with a lag above 1); for
+        step), ``lagged_steps`` (measured steps beside a search with a lag above 1),
+        ``searches`` and ``cut_searches`` (background searches started after the
+        measured steps, and those cut to fit their work budget); for
         each policy of :data:`ALSO` among ``policies``, its ratio to the best
         peer (``vs_peers_inline``, ``vs_peers_refresh``).
     """
@@ -148,6 +150,8 @@ def acceptance_point(
         "background_plan": auto.get("background_plan", 0.0),
         "background_wait_us": auto.get("background_wait_us", 0.0),
         "lagged_steps": auto.get("lagged_steps", 0),
+        "searches": auto.get("searches", 0),
+        "cut_searches": auto.get("cut_searches", 0),
         **{key: rows[p]["total_us"] / rows[best]["total_us"] for p, key in ALSO.items()
            if p in rows},
     }  # fmt: skip

@@ -13,7 +13,9 @@ in the background, ``background_plan`` (its mean construction equivalents a step
 the critical path), ``background_wait_us`` (the mean part of it that did not fit
 beside the steps it ran beside, charged as planning: ``model_time.background_wait_s``)
 and ``lagged_steps`` (measured steps run beside a search with a lag above 1, one that
-names a candidate more than one step ahead: ``moonplan.plan.ahead``).
+names a candidate more than one step ahead: ``moonplan.plan.ahead``), ``searches``
+and ``cut_searches`` (background searches started after the measured steps, and those
+of them that left out a balancing candidate to fit their work budget).
 
 Every policy gets the simulator's :class:`~moonplan.stepcost.StepCost` for the point
 (``SimConfig.step_cost``); only ``moonplan-auto`` uses it, to choose its plan with the
@@ -183,11 +185,20 @@ def _policy_row(
         row["background_plan"] = sum(s.background_plan for s in steps) / len(steps)
         row["background_wait_us"] = sum(waits) / len(waits) * 1e6
         row["lagged_steps"] = lagged_steps(every, warmup)
+        row["searches"], row["cut_searches"] = cut_searches(steps)
     row["rel_ideal"] = t.total_s / ideal.total_s if ideal.total_s > 0 else 1.0
     metrics = summarize(steps, expert_bytes(model, cfg.weight_bytes))
     row.update(metrics)
     row["moved_mb"] = metrics["moved_bytes"] / 1e6
     return row
+
+
+def cut_searches(steps: Sequence[PolicyStep]) -> tuple[int, int]:
+    """``(searches, cut)``: background searches started after ``steps`` (keep tests
+    included) and how many of them left out a balancing candidate to fit their work
+    budget (``PolicyStep.cut``: ``moonplan.plan.ahead.search_budget``)."""
+    started = [s for s in steps if s.background_plan]
+    return len(started), sum(s.cut > 0 for s in started)
 
 
 def lagged_steps(steps: Sequence[PolicyStep], warmup: int = 0) -> int:

@@ -147,3 +147,22 @@ def test_a_search_longer_than_the_steps_runs_with_a_lag_and_rows_count_those_ste
     prefill = drifting_counts(8, model.num_experts, 4096, model.top_k, sigma=1.0, steps=6)
     row = simulate_trace(prefill, model, hw, SimConfig(), ["moonplan-auto"], warmup=2)[0]
     assert row["lagged_steps"] == 0 and row["background_plan"] > 0
+
+
+def test_rows_count_the_searches_cut_to_fit_their_work_budget() -> None:
+    """``searches`` / ``cut_searches``: a host as fast as the GPU planner never cuts a
+    search (its budget covers the full choice); at the measured host rate a search
+    beside 1024-token steps leaves balancing candidates out (``Choice.cut``), and the row
+    counts it among the searches started after the measured steps."""
+    from moonplan.simulate import get_hardware, get_model
+    from moonplan.simulate.model_time import SimConfig
+
+    model, hw = get_model("deepseek-v3"), get_hardware("h200-node")
+    counts = drifting_counts(8, model.num_experts, 1024, model.top_k, sigma=1.0, steps=12)
+    fast = simulate_trace(counts, model, hw, SimConfig(), ["moonplan-auto"], warmup=2)[0]
+    assert fast["searches"] == 10 and fast["cut_searches"] == 0  # L = 1: one per step
+    slow = simulate_trace(counts, model, hw, SimConfig(search_us=600.0), ["moonplan-auto"],
+                          warmup=2)[0]  # fmt: skip
+    assert 0 < slow["cut_searches"] <= slow["searches"] < fast["searches"]
+    static = simulate_trace(counts, model, hw, SimConfig(), ["static-linear"], warmup=2)[0]
+    assert "searches" not in static and "cut_searches" not in static
