@@ -66,8 +66,17 @@ def _run(rank: int, world: int, cfg: dict) -> dict:
     layers, holders = make_layers(cfg)
     calls = _spy_collectives(layers)
     rt = layers[True].runtime
+    reducer_cls, reduce_threads = type(rt.reducer()), set()
+    collect = reducer_cls.collect
+
+    def spy_collect(self, *args):  # where the replica-gradient reduce's collectives run
+        reduce_threads.add((threading.current_thread().name, self is rt.reducer()))
+        return collect(self, *args)
+
+    reducer_cls.collect = spy_collect  # type: ignore[method-assign]
     out = {"first": run_steps(rank, world, cfg, layers, holders)}
     out["calls"] = sorted(calls)
+    out["reduce_threads"] = sorted(reduce_threads)
     out["lanes"] = (rt.lane().kind, layers[False].runtime.lane().kind)
     out["serial_background"] = layers[False].runtime._background is None
     out["capacity"] = rt.capacity
@@ -115,6 +124,8 @@ def test_a2a_overlap_runs_on_the_background_group_bit_for_bit(
         # the data path in the caller on the main group; the prefetch and the reduce
         # in the worker on the background group, and nothing else anywhere
         assert r["calls"] == sorted([("MainThread", "main"), (WORKER, "background")])
+        # the overlapped layer's reduce in its worker, the serial one's in the caller
+        assert r["reduce_threads"] == [("MainThread", False), (WORKER, True)]
         # one group per overlapped layer (over the whole world: every rank creates it)
         assert r["created"] == [False] and r["created_again"] == 1
 
