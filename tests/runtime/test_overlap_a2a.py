@@ -53,8 +53,12 @@ def _spy_collectives(layers: dict) -> set:
 
 
 def _run(rank: int, world: int, cfg: dict) -> dict:
+    import os
+
     import torch.distributed as dist
 
+    if "hosts" in cfg:  # a2a-hosts: simulated hosts of this many ranks
+        os.environ["LOCAL_WORLD_SIZE"] = str(cfg["hosts"])
     created: list = []  # use_local_synchronization of every new_group call
     new_group = dist.new_group
 
@@ -102,6 +106,7 @@ CASES = [
     (2, 6, 0, "a2a-records", [12, 40, 7]),
     (3, 7, 1, "a2a-records", [9, 9, 30]),
     (3, 5, 0, "a2a-records", [10, 0, 10]),  # no slots: every replica direct; an empty step
+    (4, 8, 0, "a2a-hosts", [8, 8, 20]),  # two-stage: 2 simulated hosts of 2 ranks
 ]
 
 
@@ -111,6 +116,8 @@ def test_a2a_overlap_runs_on_the_background_group_bit_for_bit(
 ) -> None:
     cfg = {"H": 8, "F": 12, "E": E, "K": 2, "slots": slots, "transport": transport}
     cfg |= {"tokens": sizes, "max_tokens": 4}
+    if transport == "a2a-hosts":
+        cfg["hosts"] = 2
     got = run_ranks(_run, world, cfg, timeout=120)
     assert assert_same_steps([r["first"] for r in got]) > 0  # replicas were fetched
     assert assert_same_steps([r["again"] for r in got]) > 0
