@@ -221,3 +221,28 @@ def test_single_rank_needs_no_background_group(monkeypatch) -> None:
     for layer in layers.values():
         layer.runtime.close()
     assert rt._background is None
+
+
+def test_lane_kind_of_a_collective_transport() -> None:
+    from moonplan.runtime.background import collectives_in_thread, lane_kind
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert collectives_in_thread(cpu) and not collectives_in_thread(cuda)
+    assert lane_kind(False, cpu, True, second_group=True) == "thread"
+    assert lane_kind(False, cpu, True, second_group=False) == "inline"  # no group: serial
+    assert lane_kind(False, cpu, False, second_group=True) == "inline"  # serial schedule
+    assert lane_kind(False, cuda, True, second_group=True) == "inline"  # NCCL: not yet
+
+
+def test_on_group_needs_the_same_ranks() -> None:
+    from moonplan.comm import EPGroup
+    from moonplan.runtime.transports.registry import create
+
+    g = EPGroup()
+    t = create("a2a", g, capacity=4, hidden=2, dtype=torch.float32)
+    view = t.on_group(g)
+    assert view.group is g and view.out is t.out and view is not t  # buffers shared
+    other = EPGroup()
+    other.size = 2  # a group of another size (the check reads size and rank only)
+    with pytest.raises(ValueError, match="same ranks"):
+        t.on_group(other)
