@@ -15,12 +15,14 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import NamedTuple, Self
+from typing import NamedTuple, TypeVar
 
 import torch
 
 from moonplan.comm.group import EPGroup
 from moonplan.runtime.transports.base import RecvView, SharedRows, StepState
+
+_Moves = TypeVar("_Moves", bound="RowMoves")  # Python 3.10 has no typing.Self
 
 
 class Put(NamedTuple):
@@ -61,7 +63,7 @@ class RowMoves(ABC):
         self.generation += 1
         return RecvView(rows_PH, self.generation, self._current, state)
 
-    def on_group(self, group: EPGroup) -> Self:
+    def on_group(self: _Moves, group: EPGroup) -> _Moves:
         """These row movements through ``group``'s collectives: a shallow copy sharing
         every buffer, whose ``group`` is ``group`` (the same ranks in the same order,
         e.g. :meth:`~moonplan.comm.group.EPGroup.background_group`). The runtime's
