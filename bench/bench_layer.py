@@ -22,7 +22,13 @@ and ``ch.exp`` the steps' wait for it (choosing ahead only), summed the same way
 ``work`` is the planner work on the critical path per step, in constructions
 (``plan.planned + plan.chose``, rank 0's mean). Last, the acceptance figures of auto:
 forward step against static (uniform, lognormal) and the lognormal forward's exposed
-fraction. ``--modes forward`` times the forward only. Writes JSON.
+fraction. ``--modes forward`` times the forward only. ``--transport NAME`` builds
+every layer on that registered transport (default ``auto``: the heap where one spans
+the ranks); ``--serial`` builds them with ``overlap=False`` (the prefetch inline, the
+whole job exposed), to set the overlapped schedule side by side with the serial one,
+e.g. on the all-to-all transport, where the worker's collectives run on a second
+process group. Writes JSON (``bench_layer_<transport>[_serial].json`` unless the
+transport is ``auto`` and the schedule overlapped).
 
 ``--rows``: token rows against per-record rows instead. ``--ranks``
 gloo ranks build one layer per transport and rows (the registered names: ``heap``
@@ -38,6 +44,8 @@ rows (``a2a-hosts``) at R=8, E=64, K=8. Writes JSON.
     python bench/bench_layer.py               # R=2, H=512, F=1024, E=8, K=2, 2048 tokens/rank
     python bench/bench_layer.py --quick       # small sizes (smoke test)
     python bench/bench_layer.py --rows        # token rows vs per-record, R=4, E=32, K=8
+    python bench/bench_layer.py --transport a2a --variants auto,static,exact --modes forward
+    python bench/bench_layer.py --transport a2a --serial ...  # the same, overlap=False
 """
 
 from __future__ import annotations
@@ -84,7 +92,17 @@ def _layers(cfg: dict, holder: dict) -> dict:
         def router(x: torch.Tensor, cell: dict = cell) -> tuple[torch.Tensor, torch.Tensor]:
             return softmax_topk(cell["layer"].router(x) + holder["bias"], cfg["K"])
 
-        layer = MoonMoE(H, F, E, cfg["K"], router=router, max_tokens=cfg["S"], **options[name])
+        layer = MoonMoE(
+            H,
+            F,
+            E,
+            cfg["K"],
+            router=router,
+            max_tokens=cfg["S"],
+            transport=cfg["transport"],
+            overlap=cfg["overlap"],
+            **options[name],
+        )
         layer.load_dense(*w)
         cell["layer"] = layer
         layers[name] = layer
@@ -291,13 +309,20 @@ def main() -> None:
     ap.add_argument("--drift", type=float, default=0.1, help="1 - step-to-step correlation")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="any of " + ",".join(VARIANTS))
     ap.add_argument("--modes", default=",".join(MODES), help="any of " + ",".join(MODES))
-    ap.add_argument("--out", default="bench/results/bench_layer.json")
+    ap.add_argument("--transport", default="auto", help="a registered transport name, or auto")
+    ap.add_argument("--serial", action="store_true", help="overlap=False on every layer")
+    ap.add_argument("--out", default=None, help="JSON path (default: by transport, schedule)")
     args = ap.parse_args()
+    if args.out is None:
+        plain = args.transport == "auto" and not args.serial
+        tail = "" if plain else f"_{args.transport}" + ("_serial" if args.serial else "")
+        args.out = f"bench/results/bench_layer{tail}.json"
     if args.rows:
         rows_main(args)
         return
     base = {"E": 8, "K": 2, "H": 512, "F": 1024, "S": 2048}
     base |= {"reps": args.reps, "warmup": args.warmup, "drift": args.drift}
+    base |= {"transport": args.transport, "overlap": not args.serial}
     variants = [v for v in args.variants.split(",") if v]
     if "static" not in variants or any(v not in VARIANTS for v in variants):
         ap.error(f"--variants: a subset of {VARIANTS} that includes static")
@@ -309,6 +334,8 @@ def main() -> None:
     if args.quick:
         base.update(H=64, F=128, S=256, reps=3)
     rows = []
+    schedule = "serial (overlap=False)" if args.serial else "overlapped"
+    print(f"transport {args.transport}, {schedule} schedule")
     head = f"{'routing':>10} {'mode':>17} {'variant':>8} {'ms':>8} {'/static':>7}"
     head += f" {'prefetch ms':>11} {'exposed ms':>10} {'exp %':>6} {'direct':>6}"
     head += f" {'plan ms':>8} {'choice ms':>9} {'ch.exp ms':>9} {'work':>5}  policies"

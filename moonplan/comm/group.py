@@ -11,6 +11,10 @@ takes the same decision from the same bytes and builds the same message.
 
 Without ``torch.distributed`` (not initialised, ``group=None``) the group is a
 single rank that never communicates; every method still works.
+
+:meth:`EPGroup.background_group` gives a second group over the same ranks, on its
+own ``torch.distributed`` process group: collectives issued from a worker thread go
+there, so each process group sees its collectives in one order on every rank.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class EPGroup:
             if self.rank < 0:
                 raise ValueError("this process is not a member of the given process group")
         self.device = torch.device(device) if device is not None else self._default_device()
+        self._owned = False  # close() destroys the process group (background_group)
 
     def _default_device(self) -> torch.device:
         if "nccl" in self.backend and torch.cuda.is_available():
@@ -76,6 +81,45 @@ class EPGroup:
             f"EPGroup(rank={self.rank}, size={self.size}, backend={self.backend!r}, "
             f"device={self.device})"
         )
+
+    # ---- a second process group ---------------------------------------------------
+    def background_group(self) -> EPGroup:
+        """Collective (every rank of the group, at the same point): a new ``EPGroup`` over
+        the same ranks, in the same order, with the same backend, device and timeout, on
+        its own process group; :meth:`close` releases it. The single-rank group needs
+        none and returns itself (it never communicates).
+
+        A group spanning the whole world is created by every rank
+        (``use_local_synchronization=False``): torch names it from its group counter,
+        never reused, so :meth:`close` destroys it and a later group is a fresh one. A
+        group of fewer ranks is created by its members only
+        (``use_local_synchronization=True``: the other ranks need not call anything);
+        torch names it from its ranks and the number of live groups, so a group created
+        after one was destroyed could take the dead one's name and read its stale
+        rendezvous keys (measured on gloo: ``connectFullMesh ... Connection refused``).
+        :meth:`close` therefore leaves such a group alive: it is released with the
+        default group (``dist.destroy_process_group()``) or at process exit.
+        """
+        if self.group is None or self.size == 1:
+            return self
+        ranks = dist.get_process_group_ranks(self.group)
+        whole = len(ranks) == dist.get_world_size()
+        pg = dist.new_group(
+            ranks=ranks,
+            timeout=_timeout_of(self.group, self.device),
+            backend=self.backend,
+            use_local_synchronization=not whole,
+        )
+        other = EPGroup(pg, self.device)
+        other._owned = whole
+        return other
+
+    def close(self) -> None:
+        """Destroy the process group if :meth:`background_group` created it over the whole
+        world (see there); otherwise nothing. Safe to call twice."""
+        if self._owned and dist.is_initialized():
+            dist.destroy_process_group(self.group)
+        self._owned = False
 
     # ---- collectives -------------------------------------------------------------
     def all_gather(self, t: torch.Tensor) -> torch.Tensor:
@@ -185,6 +229,15 @@ class EPGroup:
         reference = max(groups.values(), key=lambda ranks: (len(ranks), -ranks[0]))
         others = tuple(r for r in range(self.size) if r not in reference)
         raise ContractError(f"config {name!r} differs across ranks: " + "; ".join(parts), others)
+
+
+def _timeout_of(group: Any, device: torch.device) -> Any:
+    """The collective timeout of ``group``'s backend on ``device`` (a ``timedelta``), or
+    ``None`` (torch's default) where this torch does not expose it."""
+    try:
+        return group._get_backend(device).options._timeout
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def dense(t: torch.Tensor) -> torch.Tensor:

@@ -8,21 +8,37 @@ A :class:`BackgroundLane` runs a job beside the caller's work and hands back a
 kinds, picked by the runtime from its transport (``Transport.one_sided``) and device
 (never at import time):
 
-* ``"thread"`` (CPU shared-memory heap): one worker thread per lane, created on the
-  first job and joined by :meth:`BackgroundLane.close`. Jobs are plain peer-memory
-  copies (torch releases the GIL while copying) or the planner's candidate search
-  (host code on all-gathered counts), never collectives.
+* ``"thread"`` (CPU): one worker thread per lane, created on the first job and
+  joined by :meth:`BackgroundLane.close`. On the shared-memory heap the jobs are
+  plain peer-memory copies (torch releases the GIL while copying) or the planner's
+  candidate search (host code on all-gathered counts). On the all-to-all
+  transports the prefetch and the replica-gradient reduce are collectives: the
+  worker issues them on the layer's second process group
+  (:meth:`~moonplan.comm.group.EPGroup.background_group`), never on the group the
+  caller's dispatch uses, so each process group sees its collectives in the same
+  order on every rank (a job is started, or not, from all-gathered data).
 * ``"stream"`` (CUDA heap): the job is enqueued on a side stream that first waits
   for the current stream; ``wait()`` makes the current stream wait for an event
   recorded after the job (no host synchronisation).
-* ``"inline"`` (all-to-all transport, or the serial schedule): the job runs at once
-  in the caller. Jobs there are collectives, and running collectives from a second
-  thread on the same process group is not safe, so nothing overlaps.
+* ``"inline"`` (the serial schedule; the all-to-all transports on CUDA): the job
+  runs at once in the caller. On CUDA the all-to-all prefetch stays inline for
+  now: two NCCL communicators used from two threads must issue their collectives
+  in the same order on every rank, and that path has never run on a GPU
+  (:func:`collectives_in_thread`).
 
 Times: ``Pending.run_s`` is the job's own duration (measured in the worker on CPU,
 host enqueue time on CUDA, where ``events`` hold the side-stream start and end);
 ``Pending.waited_s`` is how long ``wait()`` blocked the caller. Inline jobs run on
 the critical path, so there ``waited_s == run_s``.
+
+Failures: a job's exception is raised by the ``wait()`` of the step that started
+it. A collective job (all-to-all, ``"thread"``) that fails on one rank before its
+collectives leaves the other ranks' workers waiting in the background group; they
+raise when that group's collective timeout expires (the same as the main group's:
+:meth:`~moonplan.comm.group.EPGroup.background_group` copies it), exactly as a
+rank failing in a serial collective leaves its peers waiting in the main group. A
+failure inside ``gather_rows``'s own validation is agreed by its first all-to-all
+and raised on every rank at once. No collective is added per step for this.
 """
 
 from __future__ import annotations
@@ -160,13 +176,35 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, tuple[float, float]]:
     return out, (t0, time.perf_counter())
 
 
-def lane_kind(one_sided: bool, device: torch.device, overlap: bool) -> str:
-    """The lane a runtime uses: ``"inline"`` when its transport's ``fetch_rows`` is a
-    collective (not ``one_sided``: all-to-all) or with the serial schedule, else
-    ``"stream"`` on CUDA and ``"thread"`` elsewhere."""
-    if not (one_sided and overlap):
+def collectives_in_thread(device: torch.device) -> bool:
+    """Whether a worker thread may issue collectives on a second process group while the
+    caller issues its own on the first, for tensors on ``device``.
+
+    True on the CPU (gloo: every process group has its own connections; tested on 2 and
+    3 ranks, ``tests/runtime/test_overlap_a2a.py``). False on CUDA: NCCL would need the
+    two communicators' kernels ordered alike on every rank, and this has not run on a
+    GPU, so the all-to-all prefetch stays inline there (serial schedule).
+    """
+    return device.type != "cuda"
+
+
+def lane_kind(
+    one_sided: bool, device: torch.device, overlap: bool, *, second_group: bool = False
+) -> str:
+    """The lane a runtime uses.
+
+    ``"inline"`` with the serial schedule (``overlap=False``). A ``one_sided`` transport
+    (heap: ``fetch_rows`` is peer reads) gets ``"stream"`` on CUDA and ``"thread"``
+    elsewhere. A collective transport (all-to-all) gets ``"thread"`` only where
+    ``second_group`` (the runtime holds a background process group for the worker's
+    collectives) and :func:`collectives_in_thread` allows it; else ``"inline"``
+    (on CUDA for now: the serial schedule).
+    """
+    if not overlap:
         return "inline"
-    return "stream" if device.type == "cuda" else "thread"
+    if one_sided:
+        return "stream" if device.type == "cuda" else "thread"
+    return "thread" if second_group and collectives_in_thread(device) else "inline"
 
 
 def _record_stream(result: Any, stream: Any) -> None:

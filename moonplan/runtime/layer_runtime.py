@@ -11,6 +11,7 @@ Heap, transport, expert store, the resident plan and the step figures
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +26,12 @@ from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import route as route_tokens
 from moonplan.profiling.hooks import NULL_PROFILER, LayerProfiler, NullProfiler
-from moonplan.runtime.background import BackgroundLane, Pending, lane_kind
+from moonplan.runtime.background import (
+    BackgroundLane,
+    Pending,
+    collectives_in_thread,
+    lane_kind,
+)
 from moonplan.runtime.balancer import Balancer, default_choose
 from moonplan.runtime.buffers import BufferSpec, build_buffers
 from moonplan.runtime.calibrate import time_local_copy
@@ -61,7 +67,9 @@ class LayerRuntime:
     def __init__(self, group: EPGroup, cfg: MoEConfig, *, what: str = "layer"):
         H, F, E, K = cfg.require_sizes()
         B = cfg.slot_count(group.size)
-        group.check_same(f"{what} config", (H, F, E, K, B, cfg.align))
+        # overlap too: on a collective transport it decides whether every rank creates
+        # the background process group (below), and a rank alone in new_group would hang
+        group.check_same(f"{what} config", (H, F, E, K, B, cfg.align, cfg.overlap))
         self.group, self.config = group, cfg
         self.E, self.B, self.H, self.F, self.K, self.align = E, B, H, F, K, cfg.align
         self.dtype, self.kind, self.balance = cfg.layer_dtype(), cfg.transport, cfg.balance
@@ -88,7 +96,38 @@ class LayerRuntime:
         # False runs the same operations serially (docs/runtime.md).
         self.overlap = cfg.overlap
         self._lane = BackgroundLane("inline", group.device)
+        self._background: EPGroup | None = None  # the worker's collectives (all-to-all)
         self._build(self._capacity_for(cfg.max_tokens * K))
+        self._background = self._background_group()
+        if self._background is not None:
+            self.store.fetch_on(self._background)
+
+    def _background_group(self) -> EPGroup | None:
+        """The second process group of the worker's all-to-all prefetch and reduce, or
+        ``None`` where none is needed: the serial schedule, a one-sided transport (peer
+        reads, no collective), a device where :func:`collectives_in_thread` says no
+        (CUDA for now: inline), a transport without ``on_group`` (said loudly). The
+        single-rank group is its own (it never communicates).
+
+        Created here, in the collective construction, because every rank reaches this
+        point in the same order with the same ``overlap`` (checked above) and the same
+        transport (``build_buffers`` agrees on it): ``new_group`` then pairs up across
+        ranks. Creating it lazily in a step would tie it to the first step that starts a
+        background job, which is the same point on every rank too, but would put the
+        group's rendezvous inside a step's timing. :meth:`close` releases it.
+        """
+        if not self.overlap or self.transport.one_sided:
+            return None
+        if not collectives_in_thread(self.group.device):
+            return None
+        if not hasattr(self.transport, "on_group"):
+            warnings.warn(
+                f"transport {self.transport.name!r} has no on_group(): its prefetch and "
+                "replica-gradient reduce run inline (serial schedule)",
+                stacklevel=3,
+            )
+            return None
+        return self.group.background_group()
 
     def _capacity_for(self, records: int) -> int:
         W = self.M + max(self.B, self.M)
@@ -106,6 +145,8 @@ class LayerRuntime:
         old, self.heap, self.capacity = self.heap, new.heap, new.capacity
         self.transport: Transport = new.transport
         self.store, self._reducer = new.store, new.reducer
+        if self._background is not None:  # growth: the new store fetches there too
+            self.store.fetch_on(self._background)
         if old is not None:
             old.close()
         self.published, self.resident = False, None
@@ -113,16 +154,28 @@ class LayerRuntime:
     def lane(self) -> BackgroundLane:
         """Where this step's prefetch and reduce run (a worker thread, a side stream, or
         inline: see :mod:`moonplan.runtime.background`)."""
-        kind = lane_kind(self.transport.one_sided, self.group.device, self.overlap)
+        kind = lane_kind(
+            self.transport.one_sided,
+            self.group.device,
+            self.overlap,
+            second_group=self._background is not None,
+        )
         if self._lane.kind != kind:
             self._lane.close()
             self._lane = BackgroundLane(kind, self.group.device)
         return self._lane
 
     def close(self) -> None:
-        """Join the background workers and release the heap (collective: every rank)."""
+        """Join the background workers, release the heap and the background process group
+        (collective: every rank). Without ``close()`` the worker thread ends with the
+        process and the background group lives until ``dist.destroy_process_group()``."""
         self._lane.close()
         self.balancer.close()
+        if self._background is not None:
+            if self._background is not self.group:
+                self._background.close()
+            self._background = None
+            self.store.fetcher = self.store.transport
         if self.heap is not None:
             self.heap.close()
             self.heap = None
@@ -288,7 +341,8 @@ class LayerRuntime:
         transport only when no rank copies anything. Home rows were published behind
         a barrier, and this rank's previous step (backward included) is done with its
         slots, so the copies need no collective on the heap and run beside the
-        dispatch; on the all-to-all path they are collectives and run inline (see
+        dispatch; on the all-to-all path they are collectives, started (or not) on
+        every rank alike, in the worker on the background group, or inline (see
         :mod:`moonplan.runtime.background`).
         """
         store = self.store

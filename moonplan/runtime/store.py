@@ -12,12 +12,16 @@ slots. ``prefetch(fetch_list)`` fills the slots the plan marks new (``slot_new``
 reads the direct replicas (beyond ``B``), both from the home ranks' rows
 (``Transport.fetch_rows``), as listed by :mod:`moonplan.runtime.fetch_list`;
 residents stay. Peer loads on a heap, all-to-alls elsewhere: the transport decides.
+Weight rows are fetched through ``ExpertStore.fetcher``: the transport, or its view
+on the layer's background process group (:meth:`ExpertStore.fetch_on`) where a
+worker thread runs the all-to-all prefetch and reduce beside the data path.
 """
 
 from __future__ import annotations
 
 import torch
 
+from moonplan.comm.group import EPGroup
 from moonplan.plan.home import home_start, max_local
 from moonplan.plan.plan_type import Plan
 from moonplan.runtime.fetch_list import FetchList, HomeRows
@@ -40,6 +44,7 @@ class ExpertStore:
         dtype: torch.dtype,
     ):
         self.transport, self.group = transport, transport.group
+        self.fetcher: Transport = transport  # what fetch_rows goes through
         self.E, self.B = num_experts, num_slots
         self.M = max_local(num_experts, self.group.size)
         shapes = {"gate_up": (2 * ffn, hidden), "down": (hidden, ffn)}
@@ -48,6 +53,13 @@ class ExpertStore:
         self.local = {name: buf.local for name, buf in self.shared.items()}
         self.home = HomeRows.of(num_experts, self.group.size)  # where each expert's rows are
         self.valid = False  # home rows published and slots consistent with `resident`
+
+    def fetch_on(self, group: EPGroup) -> None:
+        """Fetch weight rows (:meth:`prefetch`, :meth:`GradReducer.collect`) through
+        ``group``'s collectives (``Transport.on_group``): the layer's background group,
+        same ranks; the data path keeps the transport's own group."""
+        if group is not self.group:
+            self.fetcher = self.transport.on_group(group)  # type: ignore[attr-defined]
 
     def publish_home(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy this rank's home experts (``[E_r, ...]`` per projection) into the home rows.
@@ -76,7 +88,7 @@ class ExpertStore:
         N = slot_N.numel()
         direct = {}
         for name in PROJECTIONS:
-            got = self.transport.fetch_rows(self.shared[name], rank_C, row_C)
+            got = self.fetcher.fetch_rows(self.shared[name], rank_C, row_C)
             self.local[name][self.M + slot_N] = got[:N]
             direct[name] = got[N:]
         return N, direct
@@ -136,7 +148,8 @@ class GradReducer:
 
         On a ``one_sided`` transport (heap): peer reads only (call it between two
         ``publish`` calls that follow every rank's :meth:`stage`), so it may run in a
-        background thread. Otherwise a collective.
+        background thread. Otherwise a collective, on the store's ``fetcher`` group (the
+        background group when the runtime runs it in a worker thread).
         """
         group, M = self.store.group, self.store.M
         r = group.rank
@@ -147,7 +160,7 @@ class GradReducer:
         slot_N = e_RX[q_N, j_N] - first
         out = {}
         for name in PROJECTIONS:
-            got = self.transport.fetch_rows(self.shared[name], q_N, j_N)
+            got = self.store.fetcher.fetch_rows(self.shared[name], q_N, j_N)
             acc = torch.zeros(num_home, *got.shape[1:], dtype=torch.float32, device=got.device)
             for q in range(group.size):  # fixed order: ascending source rank
                 sel = q_N == q

@@ -114,3 +114,66 @@ def test_one_rank_failing_raises_the_same_error_everywhere(kind, world, bad):
         assert all(f"rank {r}" in msg for r in bad)
     if kind == "agree":
         assert msg.startswith("dispatch: ") and all(f"id {100 + r}" in msg for r in bad)
+
+
+# ---- the background group --------------------------------------------------------------
+def test_single_rank_background_group_is_itself():
+    g = EPGroup()
+    assert g.background_group() is g
+    g.close()  # nothing to release
+    assert g.size == 1 and g.group is None
+
+
+def _concurrent_a2a(main: EPGroup, other: EPGroup) -> tuple[list, list]:
+    """An all-to-all on ``main`` in this thread while a worker runs one on ``other``."""
+    import threading
+
+    R, r = main.size, main.rank
+    got = {}
+
+    def work() -> None:
+        out = torch.empty(R)
+        other.all_to_all(out, torch.full((R,), 10.0 * r) + torch.arange(R), [1] * R, [1] * R)
+        got["other"] = out.tolist()
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    out = torch.empty(R)
+    main.all_to_all(out, torch.full((R,), float(r)), [1] * R, [1] * R)
+    worker.join()
+    return out.tolist(), got["other"]
+
+
+def _background(rank: int, world: int, sub: bool) -> dict:
+    import torch.distributed as dist
+
+    from moonplan.comm.group import _timeout_of
+
+    pg = dist.new_group(ranks=[0, 1]) if sub else None  # every rank calls (default mode)
+    if sub and rank >= 2:
+        return {}  # outside the EP group: takes part in nothing below
+    g = EPGroup(pg)
+    out: dict = {"rounds": []}
+    for _ in range(3):  # created, used beside the main group, closed: three times over
+        bg = g.background_group()
+        assert bg is not g and bg.group is not g.group
+        assert (bg.rank, bg.size, bg.backend) == (g.rank, g.size, g.backend)
+        assert _timeout_of(bg.group, bg.device) == _timeout_of(g.group, g.device)
+        out["rounds"].append(_concurrent_a2a(g, bg))
+        out["owned"] = bg._owned
+        bg.close()
+        bg.close()  # twice is fine
+    return out
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("world", "sub"), [(2, False), (3, False), (3, True)])
+def test_background_group_runs_beside_the_main_one(world, sub):
+    results = run_ranks(_background, world, sub, timeout=TIMEOUT)
+    size = 2 if sub else world
+    for r, res in enumerate(results[:size]):
+        expected = ([float(q) for q in range(size)], [10.0 * q + r for q in range(size)])
+        assert res["rounds"] == [expected] * 3
+        # destroyed on close over the whole world; a subgroup's stays (name reuse)
+        assert res["owned"] == (not sub)
+    assert all(res == {} for res in results[size:])

@@ -4,7 +4,9 @@ Legend: T tokens (all ranks), H hidden, F ffn, E experts, K top-k.
 
 Two layers with the same weights run in the same processes, one with
 ``overlap=True`` (prefetch in a worker thread beside dispatch and the home experts,
-replica-gradient reads beside the dispatch-backward) and one with ``overlap=False``;
+replica-gradient reads beside the dispatch-backward; on the all-to-all transports the
+worker's collectives run on the layer's second process group, more in
+``test_overlap_a2a.py``) and one with ``overlap=False``;
 every step's output, input gradient and expert gradients must be equal bit for bit.
 The steps drift the routing (new slots, residents, direct reads), update the
 weights in place between steps (republish, every slot stale) and grow the receive
@@ -34,7 +36,9 @@ def _biased_router(layer, bias_holder: dict, K: int):
     return route
 
 
-def _run(rank: int, world: int, cfg: dict) -> dict:
+def make_layers(cfg: dict) -> tuple[dict, dict]:
+    """``({overlap: layer}, {overlap: bias holder})``: the same weights and biased
+    router, one layer with the overlapped schedule and one serial (collective)."""
     from moonplan import MoonMoE
 
     H, F, E, K = cfg["H"], cfg["F"], cfg["E"], cfg["K"]
@@ -56,15 +60,13 @@ def _run(rank: int, world: int, cfg: dict) -> dict:
         layer.route_fn = _biased_router(layer, holder, K)
         layer.load_dense(w["router_weight"], w["gate_up"], w["down"])
         layers[overlap], holders[overlap] = layer, holder
-    threads: set[str] = set()
-    store_cls = type(layers[True].runtime.store)
-    original = store_cls.prefetch
+    return layers, holders
 
-    def spy(self, plan):  # records which thread fills the slots
-        threads.add(threading.current_thread().name)
-        return original(self, plan)
 
-    store_cls.prefetch = spy  # type: ignore[method-assign]
+def run_steps(rank: int, world: int, cfg: dict, layers: dict, holders: dict) -> dict:
+    """Forward and backward of every step of ``cfg["tokens"]`` on both layers:
+    ``{overlap: [per-step outputs, gradients and figures]}``."""
+    H, E = cfg["H"], cfg["E"]
     out: dict = {True: [], False: []}
     g = torch.Generator().manual_seed(11)
     for step, n in enumerate(cfg["tokens"]):
@@ -91,6 +93,35 @@ def _run(rank: int, world: int, cfg: dict) -> dict:
             )
             with torch.no_grad():  # an optimizer-like in-place update: republish next step
                 layer.gate_up.mul_(0.999)
+    return out
+
+
+def assert_same_steps(got: list[dict]) -> int:
+    """Every rank's overlapped steps equal the serial ones bit for bit, with the
+    background phases recorded; returns the weight rows fetched (all ranks, steps)."""
+    moved = 0
+    for r in got:
+        for a, b in zip(r[True], r[False], strict=True):
+            for key in ("y", "dx", "gate_up", "down"):
+                assert torch.equal(a[key], b[key]), key
+            moved += a["new_copies"] + a["direct"]
+            assert a["phases"]["prefetch"] >= 0 and a["phases"]["prefetch_exposed"] >= 0
+            assert "grad_reduce" in a["phases"] and "grad_reduce_exposed" in a["phases"]
+    return moved
+
+
+def _run(rank: int, world: int, cfg: dict) -> dict:
+    layers, holders = make_layers(cfg)
+    threads: set[str] = set()
+    store_cls = type(layers[True].runtime.store)
+    original = store_cls.prefetch
+
+    def spy(self, plan):  # records which thread fills the slots
+        threads.add(threading.current_thread().name)
+        return original(self, plan)
+
+    store_cls.prefetch = spy  # type: ignore[method-assign]
+    out = run_steps(rank, world, cfg, layers, holders)
     store_cls.prefetch = original  # type: ignore[method-assign]
     out["threads"] = sorted(threads)
     out["lane"] = layers[True].runtime.lane().kind
@@ -104,7 +135,7 @@ CASES = [
     (2, 6, None, "auto", [12, 40, 7]),
     (3, 7, 1, "auto", [9, 9, 30]),  # few slots: direct reads too
     (3, 5, 0, "auto", [10, 0, 10]),  # no slots: every replica direct; an empty step
-    (2, 4, None, "a2a", [12, 20]),  # the all-to-all path: serial by design
+    (2, 4, None, "a2a", [12, 20]),  # all-to-all: the worker on a second process group
     (3, 7, 1, builtin_name("heap", "tokens"), [9, 9, 30]),  # token rows: reduce in the hook
     (2, 4, None, builtin_name("a2a", "records"), [12, 20]),
 ]
@@ -115,21 +146,10 @@ def test_overlapped_equals_serial_bit_for_bit(world, E, slots, transport, sizes)
     cfg = {"H": 8, "F": 12, "E": E, "K": 2, "slots": slots, "transport": transport}
     cfg |= {"tokens": sizes, "max_tokens": 4}
     got = run_ranks(_run, world, cfg, timeout=120)
-    moved = 0
-    for r in got:
-        for a, b in zip(r[True], r[False], strict=True):
-            for key in ("y", "dx", "gate_up", "down"):
-                assert torch.equal(a[key], b[key]), key
-            moved += a["new_copies"] + a["direct"]
-            assert a["phases"]["prefetch"] >= 0 and a["phases"]["prefetch_exposed"] >= 0
-            assert "grad_reduce" in a["phases"] and "grad_reduce_exposed" in a["phases"]
-    assert moved > 0  # the case exercises the prefetch at all
-    for r in got:
-        if transport.startswith("a2a"):
-            assert r["lane"] == "inline" and r["threads"] == ["MainThread"]
-        else:  # the overlapped layer's prefetch ran in its worker, the serial one's inline
-            assert r["lane"] == "thread"
-            assert r["threads"] == ["MainThread", "moonplan-bg_0"]
+    assert assert_same_steps(got) > 0  # the case exercises the prefetch at all
+    for r in got:  # the overlapped layer's prefetch ran in its worker, the serial one's inline
+        assert r["lane"] == "thread"
+        assert r["threads"] == ["MainThread", "moonplan-bg_0"]
 
 
 def _slow_prefetch(rank: int, world: int) -> dict:

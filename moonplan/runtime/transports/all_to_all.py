@@ -8,9 +8,14 @@ NVSHMEM) every movement is a collective of :mod:`moonplan.comm.a2a`: a put
 exchanges rows (``exchange_rows``), :meth:`AllToAllRows.fetch_rows` asks each owner
 for its rows (``gather_rows``). The buffers are plain local tensors and
 :meth:`AllToAllRows.publish` has nothing to do; ``fetch_rows`` is a collective (not
-``one_sided``), so nothing runs in the background. :class:`AllToAllTransport` sends
-one row per record, :class:`AllToAllTokenTransport` one per ``(token, destination
-rank)``.
+``one_sided``). With the overlapped schedule on the CPU the runtime's worker thread
+fetches weight rows (prefetch, replica-gradient reduce) through
+``on_group(background)`` (:meth:`~moonplan.runtime.transports.moves.RowMoves.on_group`):
+these same movements on a second process group over the same ranks, never on the
+group of the data path, which the caller keeps using meanwhile; on CUDA they run
+inline (:func:`~moonplan.runtime.background.lane_kind`). :class:`AllToAllTransport`
+sends one row per record, :class:`AllToAllTokenTransport` one per ``(token,
+destination rank)``.
 """
 
 from __future__ import annotations

@@ -12,14 +12,17 @@ the heap (peer stores and loads on a symmetric heap) and the all-to-all transpor
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import torch
 
 from moonplan.comm.group import EPGroup
 from moonplan.runtime.transports.base import RecvView, SharedRows, StepState
+
+_Moves = TypeVar("_Moves", bound="RowMoves")  # Python 3.10 has no typing.Self
 
 
 class Put(NamedTuple):
@@ -59,6 +62,25 @@ class RowMoves(ABC):
         """A new dispatch's receive view of ``rows``."""
         self.generation += 1
         return RecvView(rows_PH, self.generation, self._current, state)
+
+    def on_group(self: _Moves, group: EPGroup) -> _Moves:
+        """These row movements through ``group``'s collectives: a shallow copy sharing
+        every buffer, whose ``group`` is ``group`` (the same ranks in the same order,
+        e.g. :meth:`~moonplan.comm.group.EPGroup.background_group`). The runtime's
+        worker thread fetches weight rows through it on a collective transport; the
+        data path stays on the original's group.
+
+        Raises:
+            ValueError: ``group`` has another size or puts this process at another rank.
+        """
+        if (group.size, group.rank) != (self.group.size, self.group.rank):
+            raise ValueError(
+                f"on_group needs the same ranks: rank {group.rank} of {group.size}, "
+                f"not rank {self.group.rank} of {self.group.size}"
+            )
+        view = copy.copy(self)
+        view.group = group
+        return view
 
     @abstractmethod
     def put_rows(self, puts: Sequence[Put]) -> None:

@@ -1,0 +1,248 @@
+"""The overlapped schedule on the all-to-all transports: the worker's collectives run on
+the layer's second process group, with results bit-identical to the serial schedule.
+
+Legend: T tokens (all ranks), H hidden, F ffn, E experts, K top-k.
+
+Each rank records every ``gather_rows`` and ``exchange_rows`` call (the all-to-all
+row movements) with the thread that issued it and the process group it ran on: the
+prefetch and the replica-gradient reduce must run in the worker thread on the
+background group, the data path in the caller on the main group. Layers are closed
+and built again (a new background group), buffers grow, and a prefetch that fails
+on one rank makes every rank raise within the collective timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from moonplan.testing.dist import RankError, run_ranks
+from tests.runtime.test_overlap import assert_same_steps, make_layers, run_steps
+
+pytestmark = pytest.mark.distributed
+
+WORKER = "moonplan-bg_0"
+
+
+def _spy_collectives(layers: dict) -> set:
+    """Record ``(thread, group)`` of every all-to-all row movement from now on
+    (``group``: "main", "background" or "other")."""
+    from moonplan.comm import a2a
+
+    calls: set = set()
+    rt = layers[True].runtime
+
+    def label(group) -> str:
+        if group.group is rt.group.group:
+            return "main"
+        if rt._background is not None and group.group is rt._background.group:
+            return "background"
+        return "other"
+
+    for name in ("gather_rows", "exchange_rows"):
+        original = getattr(a2a, name)
+
+        def spy(group, *args, _original=original, **kwargs):
+            calls.add((threading.current_thread().name, label(group)))
+            return _original(group, *args, **kwargs)
+
+        setattr(a2a, name, spy)
+    return calls
+
+
+def _run(rank: int, world: int, cfg: dict) -> dict:
+    import os
+
+    import torch.distributed as dist
+
+    if "hosts" in cfg:  # a2a-hosts: simulated hosts of this many ranks
+        os.environ["LOCAL_WORLD_SIZE"] = str(cfg["hosts"])
+    created: list = []  # use_local_synchronization of every new_group call
+    new_group = dist.new_group
+
+    def counting(*args, **kwargs):
+        created.append(kwargs.get("use_local_synchronization"))
+        return new_group(*args, **kwargs)
+
+    dist.new_group = counting  # type: ignore[assignment]
+    layers, holders = make_layers(cfg)
+    calls = _spy_collectives(layers)
+    rt = layers[True].runtime
+    reducer_cls, reduce_threads = type(rt.reducer()), set()
+    collect = reducer_cls.collect
+
+    def spy_collect(self, *args):  # where the replica-gradient reduce's collectives run
+        reduce_threads.add((threading.current_thread().name, self is rt.reducer()))
+        return collect(self, *args)
+
+    reducer_cls.collect = spy_collect  # type: ignore[method-assign]
+    out = {"first": run_steps(rank, world, cfg, layers, holders)}
+    out["calls"] = sorted(calls)
+    out["reduce_threads"] = sorted(reduce_threads)
+    out["lanes"] = (rt.lane().kind, layers[False].runtime.lane().kind)
+    out["serial_background"] = layers[False].runtime._background is None
+    out["capacity"] = rt.capacity
+    background = rt._background
+    out["distinct"] = background is not None and background.group is not rt.group.group
+    for layer in layers.values():
+        layer.runtime.close()
+    out["closed"] = rt._background is None and rt.lane().kind == "inline"
+    out["created"] = list(created)
+    # built again after closing: a fresh background group, the same results
+    layers, holders = make_layers(cfg)
+    out["again"] = run_steps(rank, world, cfg | {"tokens": cfg["tokens"][-1:]}, layers, holders)
+    for layer in layers.values():
+        layer.runtime.close()
+    out["created_again"] = len(created) - len(out["created"])
+    return out
+
+
+CASES = [
+    # world, E, slots, transport, tokens per rank per step (growth: max_tokens is small)
+    (2, 4, None, "a2a", [12, 20, 9]),
+    (3, 7, 1, "a2a", [9, 9, 30]),  # few slots: direct reads too
+    (2, 6, 0, "a2a-records", [12, 40, 7]),
+    (3, 7, 1, "a2a-records", [9, 9, 30]),
+    (3, 5, 0, "a2a-records", [10, 0, 10]),  # no slots: every replica direct; an empty step
+    (4, 8, 0, "a2a-hosts", [8, 8, 20]),  # two-stage: 2 simulated hosts of 2 ranks
+]
+
+
+@pytest.mark.parametrize(("world", "E", "slots", "transport", "sizes"), CASES)
+def test_a2a_overlap_runs_on_the_background_group_bit_for_bit(
+    world, E, slots, transport, sizes
+) -> None:
+    cfg = {"H": 8, "F": 12, "E": E, "K": 2, "slots": slots, "transport": transport}
+    cfg |= {"tokens": sizes, "max_tokens": 4}
+    if transport == "a2a-hosts":
+        cfg["hosts"] = 2
+    got = run_ranks(_run, world, cfg, timeout=120)
+    assert assert_same_steps([r["first"] for r in got]) > 0  # replicas were fetched
+    assert assert_same_steps([r["again"] for r in got]) > 0
+    direct = sum(s["direct"] for r in got for s in r["first"][True])
+    if slots is not None and slots <= 1:
+        assert direct > 0  # the case reads direct rows, not only slots
+    for r in got:
+        assert r["lanes"] == ("thread", "inline")
+        assert r["distinct"] and r["serial_background"] and r["closed"]
+        assert r["capacity"] > 4 * 2  # the receive buffers grew (the store kept its group)
+        # the data path in the caller on the main group; the prefetch and the reduce
+        # in the worker on the background group, and nothing else anywhere
+        assert r["calls"] == sorted([("MainThread", "main"), (WORKER, "background")])
+        # the overlapped layer's reduce in its worker, the serial one's in the caller
+        assert r["reduce_threads"] == [("MainThread", False), (WORKER, True)]
+        # one group per overlapped layer (over the whole world: every rank creates it)
+        assert r["created"] == [False] and r["created_again"] == 1
+
+
+def _failing_prefetch(rank: int, world: int) -> str:
+    """Rank 1's prefetch raises before its collectives; every rank must raise."""
+    from moonplan import MoonMoE
+
+    def hot(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.zeros(x.shape[0], 1, dtype=torch.int64)  # every record on expert 0
+        return ids, torch.ones(x.shape[0], 1) + 0 * x.sum()
+
+    layer = MoonMoE(8, 8, 4, 1, slots=2, balance="exact", router=hot, transport="a2a")
+    store_cls = type(layer.runtime.store)
+    original = store_cls.prefetch
+
+    def broken(self, fetch):
+        if rank == 1:
+            raise ValueError("prefetch broke on rank 1")
+        return original(self, fetch)
+
+    store_cls.prefetch = broken  # type: ignore[method-assign]
+    with torch.no_grad():
+        layer(torch.randn(16, 8))
+    return "no error"
+
+
+def test_a_prefetch_failing_on_one_rank_raises_on_every_rank() -> None:
+    with pytest.raises(RankError) as info:
+        run_ranks(_failing_prefetch, 2, timeout=10)
+    failures = {f.rank: f for f in info.value.failures}
+    assert "prefetch broke on rank 1" in failures[1].message
+    # rank 0 is not left waiting past the collective timeout: it raised (its peer left
+    # the collectives) or it was still running when the others had failed, and killed
+    assert 0 in failures or 0 in info.value.killed
+
+
+def _failing_prefetch_lingering(rank: int, world: int) -> str:
+    """As :func:`_failing_prefetch`, but the failing rank stays alive (an application
+    that catches the error) for twice the collective timeout before it returns."""
+    import time
+
+    try:
+        return _failing_prefetch(rank, world)
+    except ValueError as exc:
+        time.sleep(2 * LINGER_TIMEOUT_S)
+        return f"caught: {exc}"
+
+
+LINGER_TIMEOUT_S = 2.0
+
+
+def test_a_peer_left_in_a_background_collective_raises_at_the_collective_timeout() -> None:
+    """Rank 0's worker waits in the background group's ``gather_rows`` for rank 1, which
+    never comes; it raises once the timeout of the main group (copied to the background
+    group) expires, not torch's 30-minute default, and the step raises it on rank 0."""
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(RankError) as info:
+        run_ranks(_failing_prefetch_lingering, 2, timeout=LINGER_TIMEOUT_S)
+    (failure,) = info.value.failures
+    assert failure.rank == 0 and "gather_rows" in failure.traceback
+    assert time.perf_counter() - t0 < 4 * LINGER_TIMEOUT_S + 5
+
+
+def test_single_rank_needs_no_background_group(monkeypatch) -> None:
+    import torch.distributed as dist
+
+    from moonplan import MoonMoE
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the single-rank group created a process group")
+
+    monkeypatch.setattr(dist, "new_group", refuse)
+    layers = {}
+    for overlap in (True, False):
+        torch.manual_seed(0)
+        layers[overlap] = MoonMoE(8, 12, 4, 2, transport="a2a", overlap=overlap)
+    rt = layers[True].runtime
+    assert rt._background is rt.group and rt.lane().kind == "thread"
+    assert layers[False].runtime._background is None
+    x = torch.randn(10, 8)
+    ys = [layers[o](x) for o in (True, False)]
+    assert torch.equal(ys[0], ys[1])
+    for layer in layers.values():
+        layer.runtime.close()
+    assert rt._background is None
+
+
+def test_lane_kind_of_a_collective_transport() -> None:
+    from moonplan.runtime.background import collectives_in_thread, lane_kind
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert collectives_in_thread(cpu) and not collectives_in_thread(cuda)
+    assert lane_kind(False, cpu, True, second_group=True) == "thread"
+    assert lane_kind(False, cpu, True, second_group=False) == "inline"  # no group: serial
+    assert lane_kind(False, cpu, False, second_group=True) == "inline"  # serial schedule
+    assert lane_kind(False, cuda, True, second_group=True) == "inline"  # NCCL: not yet
+
+
+def test_on_group_needs_the_same_ranks() -> None:
+    from moonplan.comm import EPGroup
+    from moonplan.runtime.transports.registry import create
+
+    g = EPGroup()
+    t = create("a2a", g, capacity=4, hidden=2, dtype=torch.float32)
+    view = t.on_group(g)
+    assert view.group is g and view.out is t.out and view is not t  # buffers shared
+    other = EPGroup()
+    other.size = 2  # a group of another size (the check reads size and rank only)
+    with pytest.raises(ValueError, match="same ranks"):
+        t.on_group(other)
