@@ -190,13 +190,16 @@ def _dispatch_backward_and_reduce(
     """Input gradients ``dx [P, H]`` back to token order and replica gradients home
     (collective).
 
-    With an ``"inline"`` lane (all-to-all, or the serial schedule): dispatch-backward,
-    then reduce. With a background lane (one-sided transport): stage the replica
-    gradients; the dispatch-backward's ``publish`` makes its rows and the staged
-    gradients visible at once, the reduce's peer reads start there in the background
-    while the rows move back, and a final ``publish`` keeps every reduce buffer until
-    its readers are done. Same operations in the same order on the data either way:
-    bit-identical results.
+    With an ``"inline"`` lane (the serial schedule, or an all-to-all transport on CUDA):
+    dispatch-backward, then reduce. With a background lane (a one-sided transport, or an
+    all-to-all transport whose worker has a process group of its own,
+    ``EPGroup.background_group``): stage the replica gradients; the dispatch-backward's
+    ``publish`` makes its rows and the staged gradients visible at once (on the
+    all-to-all transport there is nothing to publish and the hook runs at the same
+    point), the reduce starts there in the background (peer reads, or the all-to-all
+    transport's collectives on the worker's group) while the rows move back, and a final
+    ``publish`` keeps every reduce buffer until its readers are done. Same operations
+    in the same order on the data either way: bit-identical results.
 
     Returns ``dx [S, H]`` in x's dtype, the fp32 home gradients ``[E_r, ...]`` per
     projection, and when the exposed part of the reduce began (perf_counter).
