@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -45,6 +46,11 @@ class EPGroup:
         device: device of the tensors this group communicates; default ``cpu`` for
             gloo (and the single-rank group), ``cuda:{local rank}`` for NCCL
             (``LOCAL_RANK`` if set, else ``rank % device_count``).
+        background: a second process group over the same ranks (same order) for the
+            layers' background collectives (:meth:`background_group`), created by the
+            caller on every rank (``dist.new_group(ranks)``, as ``group`` was). Needed
+            only to overlap the all-to-all transports' prefetch when ``group`` does not
+            span the whole world; moonplan never destroys it.
 
     Attributes:
         group: the wrapped ``ProcessGroup`` (``None`` for the single-rank group).
@@ -54,7 +60,9 @@ class EPGroup:
         device: the communication device.
     """
 
-    def __init__(self, group: Any = None, device: torch.device | str | None = None):
+    def __init__(
+        self, group: Any = None, device: torch.device | str | None = None, *, background: Any = None
+    ):
         if group is None and dist.is_available() and dist.is_initialized():
             group = dist.group.WORLD
         self.group = group
@@ -68,6 +76,16 @@ class EPGroup:
                 raise ValueError("this process is not a member of the given process group")
         self.device = torch.device(device) if device is not None else self._default_device()
         self._owned = False  # close() destroys the process group (background_group)
+        self._given = background  # the caller's second group (background_group)
+        self._shared: EPGroup | None = None  # the background group handed out
+        self._users = 0  # holders of _shared (background_group / release_background)
+        if background is not None and self.group is not None:
+            same = dist.get_process_group_ranks(background) == self.ranks()
+            if not same:
+                raise ValueError(
+                    f"background group ranks {dist.get_process_group_ranks(background)} "
+                    f"differ from the EP group's {self.ranks()}"
+                )
 
     def _default_device(self) -> torch.device:
         if "nccl" in self.backend and torch.cuda.is_available():
@@ -83,40 +101,75 @@ class EPGroup:
         )
 
     # ---- a second process group ---------------------------------------------------
-    def background_group(self) -> EPGroup:
-        """Collective (every rank of the group, at the same point): a new ``EPGroup`` over
-        the same ranks, in the same order, with the same backend, device and timeout, on
-        its own process group; :meth:`close` releases it. The single-rank group needs
-        none and returns itself (it never communicates).
+    def ranks(self) -> list[int]:
+        """The global ranks of the group, in group order (``[0]`` without dist)."""
+        return [0] if self.group is None else list(dist.get_process_group_ranks(self.group))
 
-        A group spanning the whole world is created by every rank
-        (``use_local_synchronization=False``): torch names it from its group counter,
-        never reused, so :meth:`close` destroys it and a later group is a fresh one. A
-        group of fewer ranks is created by its members only
-        (``use_local_synchronization=True``: the other ranks need not call anything);
-        torch names it from its ranks and the number of live groups, so a group created
-        after one was destroyed could take the dead one's name and read its stale
-        rendezvous keys (measured on gloo: ``connectFullMesh ... Connection refused``).
-        :meth:`close` therefore leaves such a group alive: it is released with the
-        default group (``dist.destroy_process_group()``) or at process exit.
+    def background_group(self) -> EPGroup | None:
+        """A second ``EPGroup`` over the same ranks, in the same order, with the same
+        backend and device, on its own process group, for collectives issued from a
+        worker thread beside this group's (the all-to-all transports' prefetch and
+        replica-gradient reduce); ``None`` where none is available. Release each call
+        with :meth:`release_background`. The single-rank group needs none and returns
+        itself (it never communicates).
+
+        Every layer built on this ``EPGroup`` shares the one it hands out (each layer
+        waits for its own background job inside its own forward or backward, so their
+        collectives on it never overlap, and they are issued in program order, the same
+        on every rank): one process group in all, not one per layer.
+
+        * The group given as ``background=`` at construction, if any (never destroyed).
+        * Else, a group spanning the whole world: created here by every rank, at the
+          same point (collective; the first holder's call, ``dist.new_group`` with the
+          same timeout), destroyed when the last holder releases it.
+        * Else ``None``: a group of fewer ranks is not created here. ``new_group`` would
+          need every rank of the world, or (``use_local_synchronization=True``, members
+          only) it names the group from the number of process groups each process holds,
+          so members that hold different numbers of groups (a pipeline stage's group,
+          any group of some ranks) wait under different names and hang. Pass
+          ``background=`` instead.
         """
         if self.group is None or self.size == 1:
             return self
-        ranks = dist.get_process_group_ranks(self.group)
-        whole = len(ranks) == dist.get_world_size()
-        pg = dist.new_group(
-            ranks=ranks,
-            timeout=_timeout_of(self.group, self.device),
-            backend=self.backend,
-            use_local_synchronization=not whole,
-        )
+        if self._shared is None:
+            self._shared = self._new_background()
+            if self._shared is None:
+                return None
+        self._users += 1
+        return self._shared
+
+    def _new_background(self) -> EPGroup | None:
+        if self._given is not None:
+            return EPGroup(self._given, self.device)
+        if self.size != dist.get_world_size():
+            return None
+        timeout = _timeout_of(self.group, self.device)
+        if timeout is None:
+            warnings.warn(
+                "this torch does not expose the EP group's collective timeout: its "
+                "background group takes torch's default (30 minutes for gloo)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        pg = dist.new_group(ranks=self.ranks(), timeout=timeout, backend=self.backend)
         other = EPGroup(pg, self.device)
-        other._owned = whole
+        other._owned = True
         return other
 
+    def release_background(self) -> None:
+        """Give back one :meth:`background_group`; the last release destroys a group this
+        ``EPGroup`` created (collective then: every rank releases alike). Extra calls do
+        nothing."""
+        if self._users == 0:
+            return
+        self._users -= 1
+        if self._users == 0 and self._shared is not None:
+            self._shared.close()
+            self._shared = None
+
     def close(self) -> None:
-        """Destroy the process group if :meth:`background_group` created it over the whole
-        world (see there); otherwise nothing. Safe to call twice."""
+        """Destroy the process group if :meth:`background_group` created it (see there);
+        otherwise nothing. Safe to call twice."""
         if self._owned and dist.is_initialized():
             dist.destroy_process_group(self.group)
         self._owned = False

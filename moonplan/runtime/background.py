@@ -180,8 +180,8 @@ def collectives_in_thread(device: torch.device) -> bool:
     """Whether a worker thread may issue collectives on a second process group while the
     caller issues its own on the first, for tensors on ``device``.
 
-    True on the CPU (gloo: every process group has its own connections; tested on 2 and
-    3 ranks, ``tests/runtime/test_overlap_a2a.py``). False on CUDA: NCCL would need the
+    True on the CPU (gloo: every process group has its own connections; tested on 2 to
+    4 ranks, ``tests/runtime/test_overlap_a2a.py``). False on CUDA: NCCL would need the
     two communicators' kernels ordered alike on every rank, and this has not run on a
     GPU, so the all-to-all prefetch stays inline there (serial schedule).
     """

@@ -67,9 +67,11 @@ class LayerRuntime:
     def __init__(self, group: EPGroup, cfg: MoEConfig, *, what: str = "layer"):
         H, F, E, K = cfg.require_sizes()
         B = cfg.slot_count(group.size)
-        # overlap too: on a collective transport it decides whether every rank creates
-        # the background process group (below), and a rank alone in new_group would hang
-        group.check_same(f"{what} config", (H, F, E, K, B, cfg.align, cfg.overlap))
+        # overlap and transport too: on a collective transport they decide whether every
+        # rank creates the background process group (below), and a rank alone in
+        # new_group would hang
+        same = (H, F, E, K, B, cfg.align, cfg.overlap, cfg.transport)
+        group.check_same(f"{what} config", same)
         self.group, self.config = group, cfg
         self.E, self.B, self.H, self.F, self.K, self.align = E, B, H, F, K, cfg.align
         self.dtype, self.kind, self.balance = cfg.layer_dtype(), cfg.transport, cfg.balance
@@ -109,12 +111,18 @@ class LayerRuntime:
         (CUDA for now: inline), a transport without ``on_group`` (said loudly). The
         single-rank group is its own (it never communicates).
 
-        Created here, in the collective construction, because every rank reaches this
-        point in the same order with the same ``overlap`` (checked above) and the same
-        transport (``build_buffers`` agrees on it): ``new_group`` then pairs up across
-        ranks. Creating it lazily in a step would tie it to the first step that starts a
-        background job, which is the same point on every rank too, but would put the
-        group's rendezvous inside a step's timing. :meth:`close` releases it.
+        Taken here, in the collective construction, because every rank reaches this
+        point in the same order with the same ``overlap`` and transport (both in the
+        config checked above): where ``EPGroup.background_group`` creates the group (the
+        first layer on a group spanning the whole world), ``new_group`` then pairs up
+        across ranks. Creating it lazily in a step would tie it to the first step that
+        starts a background job, which is the same point on every rank too, but would put
+        the group's rendezvous inside a step's timing. Every layer on the same
+        ``EPGroup`` shares the one group; :meth:`close` releases this layer's hold.
+
+        An EP group of fewer ranks than the world gets one only from the caller
+        (``EPGroup(group, background=...)``: see ``EPGroup.background_group`` for why);
+        without it the all-to-all prefetch and reduce run inline, and this warns.
         """
         if not self.overlap or self.transport.one_sided:
             return None
@@ -127,7 +135,16 @@ class LayerRuntime:
                 stacklevel=3,
             )
             return None
-        return self.group.background_group()
+        background = self.group.background_group()
+        if background is None:
+            warnings.warn(
+                f"transport {self.transport.name!r} on an EP group of {self.group.size} of "
+                "the world's ranks: its prefetch and replica-gradient reduce run inline "
+                "(serial schedule). To overlap them, pass EPGroup(group, background=pg2), "
+                "pg2 a second dist.new_group over the same ranks created on every rank",
+                stacklevel=3,
+            )
+        return background
 
     def _capacity_for(self, records: int) -> int:
         W = self.M + max(self.B, self.M)
@@ -172,8 +189,7 @@ class LayerRuntime:
         self._lane.close()
         self.balancer.close()
         if self._background is not None:
-            if self._background is not self.group:
-                self._background.close()
+            self.group.release_background()
             self._background = None
             self.store.fetcher = self.store.transport
         if self.heap is not None:

@@ -120,6 +120,7 @@ def test_one_rank_failing_raises_the_same_error_everywhere(kind, world, bad):
 def test_single_rank_background_group_is_itself():
     g = EPGroup()
     assert g.background_group() is g
+    g.release_background()  # nothing held
     g.close()  # nothing to release
     assert g.size == 1 and g.group is None
 
@@ -144,36 +145,77 @@ def _concurrent_a2a(main: EPGroup, other: EPGroup) -> tuple[list, list]:
     return out.tolist(), got["other"]
 
 
-def _background(rank: int, world: int, sub: bool) -> dict:
+def _background(rank: int, world: int, sub: bool, given: bool) -> dict:
     import torch.distributed as dist
 
     from moonplan.comm.group import _timeout_of
 
     pg = dist.new_group(ranks=[0, 1]) if sub else None  # every rank calls (default mode)
+    second = dist.new_group(ranks=[0, 1] if sub else list(range(world))) if given else None
     if sub and rank >= 2:
         return {}  # outside the EP group: takes part in nothing below
-    g = EPGroup(pg)
-    out: dict = {"rounds": []}
-    for _ in range(3):  # created, used beside the main group, closed: three times over
+    g = EPGroup(pg, background=second)
+    out: dict = {"rounds": [], "none": False}
+    for _ in range(3):  # taken by two holders, used beside the main group, released
         bg = g.background_group()
+        if bg is None:  # a subgroup without background=: none (new_group could hang)
+            out["none"] = True
+            g.release_background()  # nothing held: nothing happens
+            return out
+        assert g.background_group() is bg  # a second holder shares it
         assert bg is not g and bg.group is not g.group
+        assert (given and bg.group is second) or not given
         assert (bg.rank, bg.size, bg.backend) == (g.rank, g.size, g.backend)
+        assert _timeout_of(g.group, g.device) is not None  # readable on this torch
         assert _timeout_of(bg.group, bg.device) == _timeout_of(g.group, g.device)
         out["rounds"].append(_concurrent_a2a(g, bg))
         out["owned"] = bg._owned
-        bg.close()
-        bg.close()  # twice is fine
+        g.release_background()
+        assert g.background_group() is bg  # still held by one: the same group
+        g.release_background()
+        g.release_background()
+        g.release_background()  # more releases than holds: nothing happens
+        out["released_owned"] = bg._owned  # destroyed by the last release if created
     return out
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize(("world", "sub"), [(2, False), (3, False), (3, True)])
-def test_background_group_runs_beside_the_main_one(world, sub):
-    results = run_ranks(_background, world, sub, timeout=TIMEOUT)
+@pytest.mark.parametrize(
+    ("world", "sub", "given"), [(2, False, False), (3, False, False), (3, True, True)]
+)
+def test_background_group_runs_beside_the_main_one(world, sub, given):
+    results = run_ranks(_background, world, sub, given, timeout=TIMEOUT)
     size = 2 if sub else world
     for r, res in enumerate(results[:size]):
         expected = ([float(q) for q in range(size)], [10.0 * q + r for q in range(size)])
         assert res["rounds"] == [expected] * 3
-        # destroyed on close over the whole world; a subgroup's stays (name reuse)
-        assert res["owned"] == (not sub)
+        # created (and destroyed on the last release) over the whole world; a given one
+        # is the caller's and never destroyed here
+        assert res["owned"] == (not given) and res["released_owned"] is False
     assert all(res == {} for res in results[size:])
+
+
+@pytest.mark.distributed
+def test_a_subgroup_without_a_given_background_group_gets_none():
+    """Members of an EP subgroup holding different numbers of process groups would name
+    a members-only group differently and hang: none is created, the caller is asked for
+    one (``EPGroup(group, background=...)``)."""
+    results = run_ranks(_background, 3, True, False, timeout=TIMEOUT)
+    assert [r["none"] for r in results[:2]] == [True, True] and results[2] == {}
+
+
+def _wrong_background(rank: int, world: int) -> str:
+    import torch.distributed as dist
+
+    pg = dist.new_group(ranks=[0, 1])
+    other = dist.new_group(ranks=[1, 2])
+    if rank > 1:
+        return ""
+    with pytest.raises(ValueError, match="differ from the EP group"):
+        EPGroup(pg, background=other if rank == 1 else dist.group.WORLD)
+    return "raised"
+
+
+@pytest.mark.distributed
+def test_a_background_group_of_other_ranks_is_refused():
+    assert run_ranks(_wrong_background, 3, timeout=TIMEOUT)[:2] == ["raised", "raised"]

@@ -36,9 +36,10 @@ def _biased_router(layer, bias_holder: dict, K: int):
     return route
 
 
-def make_layers(cfg: dict) -> tuple[dict, dict]:
+def make_layers(cfg: dict, group=None) -> tuple[dict, dict]:
     """``({overlap: layer}, {overlap: bias holder})``: the same weights and biased
-    router, one layer with the overlapped schedule and one serial (collective)."""
+    router, one layer with the overlapped schedule and one serial (collective), on
+    ``group`` (an ``EPGroup``; ``None``: the whole world)."""
     from moonplan import MoonMoE
 
     H, F, E, K = cfg["H"], cfg["F"], cfg["E"], cfg["K"]
@@ -56,6 +57,7 @@ def make_layers(cfg: dict) -> tuple[dict, dict]:
             transport=cfg["transport"],
             balance="exact",
             overlap=overlap,
+            group=group,
         )
         layer.route_fn = _biased_router(layer, holder, K)
         layer.load_dense(w["router_weight"], w["gate_up"], w["down"])

@@ -99,6 +99,8 @@ def _run(rank: int, world: int, cfg: dict) -> dict:
     return out
 
 
+BASE = {"H": 8, "F": 12, "K": 2, "max_tokens": 4}  # small max_tokens: the buffers grow
+
 CASES = [
     # world, E, slots, transport, tokens per rank per step (growth: max_tokens is small)
     (2, 4, None, "a2a", [12, 20, 9]),
@@ -133,8 +135,9 @@ def test_a2a_overlap_runs_on_the_background_group_bit_for_bit(
         assert r["calls"] == sorted([("MainThread", "main"), (WORKER, "background")])
         # the overlapped layer's reduce in its worker, the serial one's in the caller
         assert r["reduce_threads"] == [("MainThread", False), (WORKER, True)]
-        # one group per overlapped layer (over the whole world: every rank creates it)
-        assert r["created"] == [False] and r["created_again"] == 1
+        # one group for the overlapped layer (over the whole world: every rank creates
+        # it, torch's default synchronisation), destroyed at close, created again after
+        assert r["created"] == [None] and r["created_again"] == 1
 
 
 def _failing_prefetch(rank: int, world: int) -> str:
@@ -246,3 +249,78 @@ def test_on_group_needs_the_same_ranks() -> None:
     other.size = 2  # a group of another size (the check reads size and rank only)
     with pytest.raises(ValueError, match="same ranks"):
         t.on_group(other)
+
+
+def _subgroup(rank: int, world: int, given: bool) -> dict:
+    """World of 4, EP groups {0, 1} and {2, 3}; ranks 0 and 2 also hold a group of their
+    own ({0, 2}), so the members of each EP group hold different numbers of groups."""
+    import warnings
+
+    import torch.distributed as dist
+
+    from moonplan.comm.group import EPGroup
+
+    eps = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    seconds = [dist.new_group([0, 1]), dist.new_group([2, 3])] if given else [None, None]
+    dist.new_group([0, 2])  # every rank calls; only 0 and 2 hold it
+    group = EPGroup(eps[rank // 2], background=seconds[rank // 2])
+    cfg = dict(BASE, E=4, slots=None, transport="a2a", tokens=[12, 20, 9])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        layers, holders = make_layers(cfg, group)
+    rt = layers[True].runtime
+    out = {"lane": rt.lane().kind, "warned": any("background=" in str(w.message) for w in caught)}
+    out["steps"] = run_steps(group.rank, group.size, cfg, layers, holders)
+    for layer in layers.values():
+        layer.runtime.close()
+    return out
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_an_ep_subgroup_overlaps_with_a_given_background_group_and_warns_without(given) -> None:
+    """EP groups smaller than the world: with ``EPGroup(group, background=...)`` the
+    prefetch and reduce overlap on the caller's group; without it none is created (members
+    holding different numbers of groups would name a new one differently and hang), the
+    layer warns and runs them inline. Both bit-identical to serial."""
+    results = run_ranks(_subgroup, 4, given, timeout=60)
+    for r in results:
+        assert r["lane"] == ("thread" if given else "inline") and r["warned"] == (not given)
+        assert assert_same_steps([r["steps"]]) > 0
+
+
+def _two_layers(rank: int, world: int) -> dict:
+    """Two overlapped layers on one EPGroup share one background group."""
+    import torch.distributed as dist
+
+    from moonplan.comm.group import EPGroup
+
+    created: list = []
+    new_group = dist.new_group
+
+    def counting(*args, **kwargs):
+        created.append(1)
+        return new_group(*args, **kwargs)
+
+    dist.new_group = counting  # type: ignore[assignment]
+    group = EPGroup()
+    cfg = dict(BASE, E=4, slots=None, transport="a2a", tokens=[12, 20])
+    first, holders = make_layers(cfg, group)
+    second, holders2 = make_layers(cfg, group)
+    a, b = first[True].runtime, second[True].runtime
+    out = {"shared": a._background is b._background is not None, "created": len(created)}
+    out["steps"] = [run_steps(rank, world, cfg, layers, h) for layers, h in
+                    ((first, holders), (second, holders2))]  # fmt: skip
+    for layer in first.values():
+        layer.runtime.close()
+    out["alive"] = b._background is not None and b._background._owned  # still held
+    out["steps_after"] = run_steps(rank, world, cfg, second, holders2)
+    for layer in second.values():
+        layer.runtime.close()
+    out["destroyed"] = group._shared is None
+    return out
+
+
+def test_layers_on_one_ep_group_share_one_background_group() -> None:
+    for r in run_ranks(_two_layers, 2, timeout=60):
+        assert r["shared"] and r["created"] == 1 and r["alive"] and r["destroyed"]
+        assert all(assert_same_steps([s]) > 0 for s in (*r["steps"], r["steps_after"]))
