@@ -7,7 +7,10 @@ critical path), ``auto-ahead`` (the same with ``choose="ahead"``: the search in 
 thread after each step, the next step building the candidate it named), ``static``
 (``balance="off"``: every record on its home rank), ``exact`` (always exactly
 balanced), each with the default slots (``min(2, ceil(E/R))``), and ``exact-M``
-(exact with ``slots = ceil(E/R)``, the old default). They run in turn
+(exact with ``slots = ceil(E/R)``, the old default); ``auto-serial`` and
+``exact-serial`` are ``auto`` and ``exact`` with ``overlap=False`` (the prefetch and
+the replica-gradient reduce inline), to time the overlapped schedule against the
+serial one in the same run. They run in turn
 (A B C D A B C D ...) in the same processes on the same tokens: forward, then
 forward + backward. Routing: uniform, or lognormal-skewed (log-popularity
 ``sigma * z`` added to the router's logits, ``z`` drifting step to step as an AR(1)
@@ -24,10 +27,10 @@ and ``ch.exp`` the steps' wait for it (choosing ahead only), summed the same way
 forward step against static (uniform, lognormal) and the lognormal forward's exposed
 fraction. ``--modes forward`` times the forward only. ``--transport NAME`` builds
 every layer on that registered transport (default ``auto``: the heap where one spans
-the ranks); ``--serial`` builds them with ``overlap=False`` (the prefetch inline, the
-whole job exposed), to set the overlapped schedule side by side with the serial one,
-e.g. on the all-to-all transport, where the worker's collectives run on a second
-process group. Writes JSON (``bench_layer_<transport>[_serial].json`` unless the
+the ranks); ``--serial`` builds them all with ``overlap=False`` (the prefetch inline, the
+whole job exposed); the ``-serial`` variants set the two schedules side by side in
+one run, e.g. on the all-to-all transport, where the worker's collectives run on a
+second process group. Writes JSON (``bench_layer_<transport>[_serial].json`` unless the
 transport is ``auto`` and the schedule overlapped).
 
 ``--rows``: token rows against per-record rows instead. ``--ranks``
@@ -63,7 +66,7 @@ from moonplan.runtime.routers import softmax_topk
 from moonplan.runtime.transports.registry import builtin_name
 from moonplan.testing.dist import run_ranks
 
-VARIANTS = ("auto", "auto-ahead", "static", "exact", "exact-M")
+VARIANTS = ("auto", "auto-ahead", "static", "exact", "exact-M", "auto-serial", "exact-serial")
 MODES = ("forward", "forward+backward")
 
 
@@ -84,6 +87,8 @@ def _layers(cfg: dict, holder: dict) -> dict:
         "static": {"balance": "off"},
         "exact": {"balance": "exact"},
         "exact-M": {"balance": "exact", "slots": M},
+        "auto-serial": {"balance": "auto", "overlap": False},
+        "exact-serial": {"balance": "exact", "overlap": False},
     }
     layers = {}
     for name in cfg["variants"]:
@@ -100,8 +105,7 @@ def _layers(cfg: dict, holder: dict) -> dict:
             router=router,
             max_tokens=cfg["S"],
             transport=cfg["transport"],
-            overlap=cfg["overlap"],
-            **options[name],
+            **({"overlap": cfg["overlap"]} | options[name]),
         )
         layer.load_dense(*w)
         cell["layer"] = layer
