@@ -152,9 +152,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
       only ``WORK["keep"]``, as nothing is built), ``L`` and the balancing candidates
       it left out to fit its work budget are recorded at the step it starts
       (``PolicyStep.background_plan``, ``PolicyStep.lag``, ``PolicyStep.cut``); the
-      simulator charges
-      the part of it that does not fit beside the ``L`` steps it runs beside
-      (``moonplan.simulate.model_time.background_wait_s``).
+      simulator charges the part of it that does not fit beside the ``L`` steps it runs
+      beside (``moonplan.simulate.model_time.background_wait_s``).
     * ``ahead=False`` (``moonplan-auto-inline``): ``moonplan.plan(..., policy="auto")``
       on every step's critical path, charged its runs (``plan.planned``) plus the
       choice's own work (screens, scorings, the keep test: ``plan.chose``, in

@@ -80,11 +80,10 @@ class EPGroup:
         self._shared: EPGroup | None = None  # the background group handed out
         self._users = 0  # holders of _shared (background_group / release_background)
         if background is not None and self.group is not None:
-            same = dist.get_process_group_ranks(background) == self.ranks()
-            if not same:
+            given, ours = list(dist.get_process_group_ranks(background)), self.ranks()
+            if given != ours:
                 raise ValueError(
-                    f"background group ranks {dist.get_process_group_ranks(background)} "
-                    f"differ from the EP group's {self.ranks()}"
+                    f"background group ranks {given} differ from the EP group's {ours}"
                 )
 
     def _default_device(self) -> torch.device:

@@ -191,7 +191,7 @@ class LayerRuntime:
         if self._background is not None:
             self.group.release_background()
             self._background = None
-            self.store.fetcher = self.store.transport
+            self.store.fetch_on(self.group)
         if self.heap is not None:
             self.heap.close()
             self.heap = None

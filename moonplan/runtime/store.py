@@ -57,8 +57,11 @@ class ExpertStore:
     def fetch_on(self, group: EPGroup) -> None:
         """Fetch weight rows (:meth:`prefetch`, :meth:`GradReducer.collect`) through
         ``group``'s collectives (``Transport.on_group``): the layer's background group,
-        same ranks; the data path keeps the transport's own group."""
-        if group is not self.group:
+        same ranks; the data path keeps the transport's own group. The store's own group
+        fetches through the transport itself again."""
+        if group is self.group:
+            self.fetcher = self.transport
+        else:
             self.fetcher = self.transport.on_group(group)  # type: ignore[attr-defined]
 
     def publish_home(self, weights: dict[str, torch.Tensor]) -> None:
