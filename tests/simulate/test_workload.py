@@ -78,7 +78,9 @@ def test_drifting_counts_traces_are_unchanged(exact: bool, seed: int, digest: st
     assert _digest(c) == digest
 
 
-@pytest.mark.parametrize(("seed", "digest"), [(0, "d6d2c7fa0232e025"), (7, "d19583b90207353c")])
+@pytest.mark.parametrize(("seed", "digest"), [(0, "e44e86cd46489895"), (7, "a533315ce558b4e8")])
 def test_drifting_popularity_is_unchanged(seed: int, digest: str) -> None:
-    pops = drifting_popularity(16, sigma=1.0, steps=5, rho=0.9, seed=seed)
-    assert _digest(torch.stack(list(pops))) == digest
+    """The popularities to 2^-40: their last bits come from a vectorised ``exp`` (softmax),
+    which differs between CPUs (the counts drawn from them are pinned exactly above)."""
+    pops = torch.stack(list(drifting_popularity(16, sigma=1.0, steps=5, rho=0.9, seed=seed)))
+    assert _digest((pops * 2**40).round().long()) == digest
