@@ -16,13 +16,9 @@ it asks for and whether the last plan is passed on as ``previous=``:
 
 * ``moonplan``: ``policy="exact"``, no ``previous`` (every replica copied every step);
 * ``moonplan-resident``: ``policy="exact"`` with ``previous=`` (resident slots reused);
-* ``moonplan-auto``: the candidate chosen *ahead* (``moonplan.plan.ahead``): step
-  ``t + 1`` builds only the candidate named by ``policy="auto"``'s search on step
-  ``t``'s counts, with ``previous=`` and the simulator's
-  :class:`~moonplan.stepcost.StepCost` as ``cost=``; the search runs off the critical
-  path and is recorded as ``PolicyStep.background_plan``;
-* ``moonplan-auto-inline``: ``policy="auto"`` on every step's critical path (the
-  search inline, between the counts and the dispatch);
+* ``moonplan-auto``: ``policy="auto"`` every step, with ``previous=`` and the
+  simulator's :class:`~moonplan.stepcost.StepCost` as ``cost=`` (one planner call that
+  chooses, charged as the runtime's call costs: ``moonplan.baselines.planner_time``);
 * ``moonplan-refresh`` (a model of a runtime feature that does not exist yet, not
   listed by default): ``policy="resident"`` every step over slots refilled in the
   background every ``period`` steps from the exact plan of the last ``window`` steps'
@@ -41,14 +37,11 @@ from typing import Any
 
 import torch
 
-from moonplan.baselines.moonep_greedy import MOONEP_PLAN_US
+from moonplan.baselines.planner_time import auto_us, exact_us, exit_us
 from moonplan.baselines.policy_base import Policy, PolicyStep, make_step
 from moonplan.baselines.registry import PolicyInfo, register
 from moonplan.plan import api as planner
-from moonplan.plan.ahead import MAX_LAG, AheadChoice, executed
-from moonplan.plan.choose import WORK
 from moonplan.plan.plan_type import Plan
-from moonplan.plan.reuse import OBSERVE_WORK
 from moonplan.stepcost import StepCost, plan_fetch_ER
 
 __all__ = [
@@ -109,9 +102,7 @@ class PlannerPolicy(Policy):
         counts_RE = self._counts(counts)
         p = self.plan(counts_RE, self._previous)
         self._previous = p if self.keep_previous else None
-        choice = p.policy if self.planner_policy == "auto" else ""
-        # charged: the constructions run plus the choice's own work (0 unless chosen)
-        return plan_step(self.name, counts_RE, p, planned=p.planned + p.chose, choice=choice)
+        return plan_step(self.name, counts_RE, p, planned=p.planned)
 
 
 class MoonplanPolicy(PlannerPolicy):
@@ -127,106 +118,35 @@ class MoonplanPolicy(PlannerPolicy):
 
 
 class MoonplanAutoPolicy(PlannerPolicy):
-    """``policy="auto"``'s choice, made ahead (default) or inline, the plan of each step
+    """``policy="auto"`` every step: the runtime's one planner call, the plan of each step
     kept as ``previous=`` (its resident slots are reused by the next step's candidates).
 
     ``cost`` is the :class:`~moonplan.stepcost.StepCost` the choice minimises; the
-    simulator passes the one it charges the step with (same model, hardware, schedule
-    and planning time), so a plan's predicted time is its simulated time.
-
-    * ``ahead=True`` (``moonplan-auto``; the schedule the runtime's ``Balancer`` runs,
-      a host thread running ``choose_next``): each step builds only
-      the candidate in force in :class:`~moonplan.plan.ahead.AheadChoice` (``policy=name``:
-      one construction for a balancing candidate, none for ``static`` and
-      ``resident``), charged on the critical path; the first step (no choice yet)
-      chooses inline, and its choice is in force from the next step (the inline search
-      *is* that step's search: nothing runs in the background after it). After each
-      later step with no search in flight, the search runs on that step's counts and the
-      previous plan (``AheadChoice.update``: the lean search, ``moonplan.plan.search``,
-      which names the candidate and builds no plan, scoring with the horizon measured on
-      the plans run so far, ``moonplan.plan.reuse``), off the critical path, naming the
-      candidate of the step ``L`` later (``moonplan.plan.ahead.search_lag``: its
-      forecast at ``search_s`` host seconds per construction equivalent over the
-      predicted step; ``max_lag`` at most). Its work (``found.planned + found.chose``:
-      the constructions it scored, and its own work; on a step that keeps the choice
-      only ``WORK["keep"]``, as nothing is built), ``L`` and the balancing candidates
-      it left out to fit its work budget are recorded at the step it starts
-      (``PolicyStep.background_plan``, ``PolicyStep.lag``, ``PolicyStep.cut``); the
-      simulator charges the part of it that does not fit beside the ``L`` steps it runs
-      beside (``moonplan.simulate.model_time.background_wait_s``).
-    * ``ahead=False`` (``moonplan-auto-inline``): ``moonplan.plan(..., policy="auto")``
-      on every step's critical path, charged its runs (``plan.planned``) plus the
-      choice's own work (screens, scorings, the keep test: ``plan.chose``, in
-      construction equivalents measured on this code, ``moonplan.plan.choose.WORK``).
-
-    ``search_s``: ``None`` is ``cost.plan_s`` (the search on the host as fast as the
-    planner the simulator charges; ``SimConfig.search_seconds`` without ``search_us``).
+    simulator passes the one it charges the step with (same model, hardware, schedule and
+    planner times), so a plan's predicted time is its simulated time. Each step is charged
+    one planner call (``cost.plan_s``), or the early exit's test alone (``cost.exit_s``)
+    when it returned static EP without building anything: ``PolicyStep.planned`` is
+    ``exit_s / plan_s`` then.
     """
 
     name = "moonplan-auto"
     planner_policy = "auto"
 
     def __init__(
-        self,
-        num_ranks: int,
-        num_experts: int,
-        *,
-        cost: StepCost,
-        slots: int | None = None,
-        ahead: bool = True,
-        search_s: float | None = None,
-        max_lag: int = MAX_LAG,
+        self, num_ranks: int, num_experts: int, *, cost: StepCost, slots: int | None = None
     ) -> None:
         if not isinstance(cost, StepCost):
             raise ValueError(f"moonplan-auto needs cost=StepCost(...), got {cost!r}")
         super().__init__(num_ranks, num_experts, slots=slots, cost=cost)
-        self.ahead = ahead
-        self.name = "moonplan-auto" if ahead else "moonplan-auto-inline"
-        search_s = cost.plan_s if search_s is None else search_s
-        self._choice = AheadChoice(search_s=search_s, max_lag=max_lag)
-
-    def reset(self) -> None:
-        super().reset()
-        self._choice.reset()
 
     def step(self, counts: Any) -> PolicyStep:
-        if not self.ahead:
-            return self._inline_step(counts)
         counts_RE = self._counts(counts)
-        named = self._choice.policy()
-        cost = self._choice.search_cost(self.cost) if named == "auto" else self.cost
-        p = self.plan(counts_RE, self._previous, named, cost)
-        background, lag, cut = 0.0, 1, 0
-        found = self._choice.update(  # none after an inline step: that search was its own
-            counts_RE, p, previous=self._previous, cost=self.cost, slots=self.slots
-        )
-        if found is not None:  # a search started after this step, after the measure's
-            # updates of the steps since the last one (queued first in its thread)
-            updates = self._choice.last_pending * OBSERVE_WORK
-            background, lag = found.planned + found.chose + updates, self._choice.last_lag
-            cut = found.cut
+        p = self.plan(counts_RE, self._previous)
         self._previous = p
-        return plan_step(
-            self.name,
-            counts_RE,
-            p,
-            planned=p.planned + p.chose,  # the measure reads the fetch list's rows
-            choice=p.policy,
-            background_plan=background,
-            lag=lag,
-            cut=cut,
-        )
-
-    def _inline_step(self, counts: Any) -> PolicyStep:
-        """``moonplan-auto-inline``'s step: inline ``"auto"`` scoring with the horizon
-        measured on the plans run so far (``AheadChoice.search_cost``, as the runtime's
-        ``Balancer`` does with ``choose="inline"``), its plan then measured in turn."""
-        counts_RE = self._counts(counts)
-        p = self.plan(counts_RE, self._previous, cost=self._choice.search_cost(self.cost))
-        self._choice.life.observe(*executed(p))
-        self._previous = p
-        # the measure's update, on the critical path (it reads the fetch list's rows)
-        planned = p.planned + p.chose + OBSERVE_WORK
+        assert p.choice is not None  # an auto plan
+        planned = 1.0
+        if p.choice.early_exit():
+            planned = self.cost.exit_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
         return plan_step(self.name, counts_RE, p, planned=planned, choice=p.policy)
 
 
@@ -297,7 +217,7 @@ class MoonplanRefreshPolicy(PlannerPolicy):
             self._pending = refill if self._shares else None
             # the refill's own run, the trial plan over the refilled slots (one run) and
             # three predictions (now, the refill's link time, after)
-            background = refill.planned + 1 + 3 * WORK["score"]
+            background = refill.planned + 1  # the refill's run and the trial plan
         return plan_step(
             self.name, counts_RE, p, planned=p.planned, background_plan=background,
             refill_ER=refill_ER,
@@ -373,7 +293,7 @@ def _moonplan(name: str, num_ranks: int, num_experts: int, **options: Any) -> Po
 def _auto(name: str, num_ranks: int, num_experts: int, **options: Any) -> Policy:
     if options.get("cost") is None:
         raise ValueError(f"{name} needs cost=StepCost(...) (the model it minimises)")
-    return MoonplanAutoPolicy(num_ranks, num_experts, ahead=not name.endswith("-inline"), **options)
+    return MoonplanAutoPolicy(num_ranks, num_experts, **options)
 
 
 def _refresh(name: str, num_ranks: int, num_experts: int, **options: Any) -> Policy:
@@ -382,19 +302,14 @@ def _refresh(name: str, num_ranks: int, num_experts: int, **options: Any) -> Pol
     return MoonplanRefreshPolicy(num_ranks, num_experts, **options)
 
 
-# Both exact variants take `slots`; auto also needs `cost` (the StepCost it minimises),
-# and choosing ahead takes `search_s` and `max_lag` (its lag, moonplan.plan.ahead).
-register(PolicyInfo("moonplan", _moonplan, style=("-", "o"), plan_us=MOONEP_PLAN_US,
+# Both exact variants take `slots`; auto also needs `cost` (the StepCost it minimises).
+register(PolicyInfo("moonplan", _moonplan, style=("-", "o"), plan_us=exact_us,
                     options=("slots",), order=60))  # fmt: skip
 register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-", "D"),
-                    plan_us=MOONEP_PLAN_US, options=("slots",), order=70))  # fmt: skip
-register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=MOONEP_PLAN_US,
-                    options=("cost", "slots", "search_s", "max_lag"), order=80))  # fmt: skip
-# The inline schedule (the search on every step's critical path): not listed, for comparison.
-register(PolicyInfo("moonplan-auto-inline", _auto, label="auto-inline", style=("--", "^"),
-                    plan_us=MOONEP_PLAN_US, options=("cost", "slots"), order=90,
-                    listed=False))  # fmt: skip
+                    plan_us=exact_us, options=("slots",), order=70))  # fmt: skip
+register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=auto_us, exit_us=exit_us,
+                    options=("cost", "slots"), order=80))  # fmt: skip
 # Background slot refresh: modelled, not in the runtime; not listed (docs/simulator.md).
 register(PolicyInfo("moonplan-refresh", _refresh, label="refresh", style=(":", "v"),
-                    plan_us=MOONEP_PLAN_US, options=("cost", "period", "window", "slots"),
+                    plan_us=exact_us, options=("cost", "period", "window", "slots"),
                     order=100, listed=False))  # fmt: skip

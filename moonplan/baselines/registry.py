@@ -32,6 +32,15 @@ Builder = Callable[..., Policy]
 policy declares, see :attr:`PolicyInfo.options`)."""
 
 
+PlanUs = float | Callable[[int, int], float]
+"""Microseconds of a planner call: fixed, or a function of ``(R, E)``."""
+
+
+def plan_us_at(value: PlanUs, num_ranks: int, num_experts: int) -> float:
+    """``value`` (:data:`PlanUs`) at ``(R, E)``."""
+    return float(value(num_ranks, num_experts) if callable(value) else value)
+
+
 @dataclass(frozen=True)
 class PolicyInfo:
     """One registered policy (or, with ``family=True``, every name starting with ``name``).
@@ -42,8 +51,10 @@ class PolicyInfo:
         build: ``build(name, num_ranks, num_experts, **options) -> Policy``.
         label: column header in the simulator's tables (default: the name).
         style: ``(line style, marker)`` of its line in the simulator's plots.
-        plan_us: planning time per planner run on the critical path, microseconds
-            (what ``SimConfig`` charges per ``PolicyStep.planned``; 0: plans nothing).
+        plan_us: planning time per planner call on the critical path, microseconds
+            (what ``SimConfig`` charges per ``PolicyStep.planned``; 0: plans nothing), or
+            a function of ``(R, E)`` giving it (a device planner's time by shape).
+        exit_us: the same for ``policy="auto"``'s early exit (``StepCost.exit_s``).
         options: keyword options of :func:`make_policy` the builder takes (others are
             dropped, so one option set serves every policy).
         order: position in :func:`names` (report order; ties keep registration order).
@@ -55,7 +66,8 @@ class PolicyInfo:
     build: Builder
     label: str = ""
     style: tuple[str, str] = ("-", ".")
-    plan_us: float = 0.0
+    plan_us: PlanUs = 0.0
+    exit_us: PlanUs = 0.0
     options: tuple[str, ...] = ()
     order: int = 1000
     listed: bool = True

@@ -10,13 +10,16 @@ from typing import Any
 import torch
 
 from moonplan.errors import PlanError
-from moonplan.plan.choose import CostModel, Inputs, build, choose
+from moonplan.plan.choice import build_named, choose, is_named
+from moonplan.plan.from_alloc import layout_reference
 from moonplan.plan.home import max_local
-from moonplan.plan.plan_type import Plan, make_plan, plan_to, previous_slots
+from moonplan.plan.placement import static_alloc
+from moonplan.plan.plan_type import Plan, make_plan, previous_slots
 from moonplan.plan.reference import reference_fields
 from moonplan.plan.static import static_checked
 from moonplan.plan.torch_backend import plan_torch
 from moonplan.plan.validate import check_options, checked_counts
+from moonplan.stepcost.step_cost import StepCost
 
 BACKENDS = ("auto", "reference", "torch", "cuda")
 
@@ -31,7 +34,7 @@ def plan(
     num_ranks: int | None = None,
     check_input: bool = True,
     policy: str = "exact",
-    cost: CostModel | None = None,
+    cost: StepCost | None = None,
 ) -> Plan:
     """Plan which rank executes how many records of each expert (exactly balanced by default).
 
@@ -45,45 +48,32 @@ def plan(
         previous: the last plan whose slots still hold valid weights; resident
             replicas are preferred and kept, so fewer weights move.
         backend: ``"reference"`` (plain Python, the spec), ``"torch"`` (vectorised,
-            any device, no host sync), ``"cuda"`` (the fused kernel) or ``"auto"``
-            (``"cuda"`` on a CUDA device where the kernel is available, else ``"torch"``).
+            any device), ``"cuda"`` (the fused kernel) or ``"auto"`` (``"cuda"`` on a
+            CUDA device where the kernel is available, else ``"torch"``).
         num_ranks: if given, ``counts`` must have this many rows.
         check_input: read ``counts`` on the host to reject negative entries. Turn it
             off only to capture the plan in a CUDA graph, with counts known to be valid.
         policy: ``"exact"`` (exact balance; bit-identical on every backend),
-            ``"static"`` (no replicas), ``"resident"`` (only replicas resident in
-            ``previous``'s slots), ``"greedy"`` (the MoonEP greedy's allocation,
-            residents reused), ``"bounded-<eps>"`` (every load at most
-            ``ceil(N/R * (1 + eps))``, fewer copies) or ``"auto"`` (the candidate
-            with the least step time predicted by ``cost``; see
-            ``docs/planner-policy.md``). Policies other than ``exact`` and
-            ``static`` read the counts on the host and run the ``torch`` builder
-            (``reference`` with ``backend="reference"``).
-        cost: the cost model ``policy="auto"`` needs (a ``moonplan.stepcost.StepCost``,
-            or any object with its ``plan_time`` and ``step_time``).
+            ``"static"`` (static EP, no replicas), ``"auto"`` (the candidate with the
+            least step time predicted by ``cost``, chosen in the same call;
+            ``docs/planner-policy.md``) or one candidate by name: ``"resident"``
+            (exact balance restricted to replicas resident in ``previous``'s slots),
+            ``"greedy"`` (MoonEP's greedy allocation), ``"level-<k>"`` (``1 <= k < 8``)
+            or ``"bounded-<eps>"`` (every load at most ``ceil(N/R * (1 + eps))``).
+            Named candidates are built on a host copy of the counts.
+        cost: the :class:`~moonplan.stepcost.StepCost` ``policy="auto"`` needs.
 
     Returns:
         An immutable :class:`Plan` meeting the invariants of ``docs/design.md`` §3
         (exact balance for ``policy="exact"``, its ``load_bound`` otherwise).
 
     Raises:
-        PlanError: bad counts, options, policy, a missing ``cost`` for ``"auto"``,
-            or a ``previous`` plan of another shape.
+        PlanError: bad counts, options, policy, a missing or wrong ``cost`` for
+            ``"auto"``, or a ``previous`` plan of another shape.
     """
     if backend not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
-    if not isinstance(policy, str):
-        raise PlanError(f"policy must be a string, got {policy!r}")
-    if policy == "auto" and cost is None:
-        raise PlanError(
-            "policy='auto' needs cost=StepCost(...) (e.g. "
-            "moonplan.stepcost.StepCost.from_hardware('h200-node', model)) to predict step times"
-        )
-    if policy != "exact" and backend == "cuda":
-        raise PlanError(
-            f"the cuda backend plans exact balance only; policy={policy!r} needs backend "
-            "'auto', 'torch' or 'reference' (the torch builder runs on any device)"
-        )
+    _check_policy(policy, cost)
     counts_RE, N = checked_counts(counts, num_ranks, check_values=check_input)
     R, E = counts_RE.shape
     B = check_options(slots, align, max_local(E, R), counts_RE, check_values=check_input, total=N)
@@ -91,9 +81,16 @@ def plan(
     if policy == "static" and backend != "reference":
         return static_checked(counts_RE, B, align, prev_RB)
     name = _resolve(backend, counts_RE.device)
-    prev_F3 = None if previous is None else previous.flow.to(counts_RE.device)
+    if policy == "auto":
+        assert isinstance(cost, StepCost)  # _check_policy
+        return choose(counts_RE, B, align, previous, cost, _path(name, counts_RE.device))
+    if policy == "static":  # the reference backend
+        fields = layout_reference(counts_RE, static_alloc(counts_RE), B, align, prev_RB)
+        return make_plan(fields, counts=counts_RE, num_slots=B, align=align,
+                         backend=name, policy="static", planned=0)  # fmt: skip
     if policy != "exact":
-        return _policy_plan(policy, counts_RE, B, align, previous, name, cost)
+        return build_named(policy, counts_RE, B, align, previous, name == "reference")
+    prev_F3 = None if previous is None else previous.flow.to(counts_RE.device)
     if name == "reference":
         fields = reference_fields(counts_RE, B, align, (prev_RB, prev_F3), device=counts_RE.device)
     elif name == "torch":
@@ -105,33 +102,30 @@ def plan(
     return make_plan(fields, counts=counts_RE, num_slots=B, align=align, backend=name)
 
 
-def _policy_plan(
-    policy: str,
-    counts_RE: torch.Tensor,
-    B: int,
-    align: int,
-    previous: Plan | None,
-    name: str,
-    cost: CostModel | None,
-) -> Plan:
-    """A policy other than ``exact`` (``static`` on the reference backend included),
-    built on the host and handed back on the counts' device.
+POLICIES = ("exact", "static", "auto", "resident", "greedy", "level-<k>", "bounded-<eps>")
+"""The ``policy=`` names :func:`plan` accepts (``<k>``: 1 to 7; ``<eps>``: a decimal >= 0)."""
 
-    Its builders take many small steps and read the counts on the host; on an
-    accelerator each step is a kernel launch and each read a synchronisation, which
-    made them 2-50x slower there than on host copies (``bench/bench_plan_paths.py``,
-    ``docs/benchmarks.md``), so an accelerator's counts are planned on a host copy and
-    the plan's tensors are copied back (:func:`~moonplan.plan.plan_type.plan_to`)."""
-    device, host = counts_RE.device, torch.device("cpu")
-    counts_RE = counts_RE.to(host)
-    prev_RB = None if previous is None else previous.slot_expert.to(host)
-    prev_F3 = None if previous is None else previous.flow.to(host)
-    builder = "reference" if name == "reference" else "torch"
-    prev_policy = None if previous is None else previous.policy
-    prev_basis = None if previous is None else previous.basis
-    inp = Inputs(counts_RE, B, align, prev_RB, prev_F3, builder, prev_policy, prev_basis)
-    p = choose(inp, cost) if policy == "auto" and cost is not None else build(policy, inp)
-    return plan_to(p, device)
+
+def _check_policy(policy: object, cost: object) -> None:
+    """PlanError unless ``policy`` is one of :data:`POLICIES` (exactly: no spaces, no case
+    folding) and ``"auto"`` has a ``StepCost``."""
+    if not isinstance(policy, str):
+        raise PlanError(f"policy must be a string, got {policy!r}")
+    if policy not in ("exact", "static", "auto") and not is_named(policy):
+        raise PlanError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if policy == "auto" and not isinstance(cost, StepCost):
+        got = "no cost" if cost is None else f"cost={type(cost).__name__}"
+        raise PlanError(
+            f"policy='auto' needs cost=StepCost(...) to predict step times, got {got} (e.g. "
+            "moonplan.stepcost.StepCost.from_hardware('h200-node', 'deepseek-v3'))"
+        )
+
+
+def _path(backend: str, device: torch.device) -> str:
+    """Which form of the choice runs (``moonplan.plan.choice.PATHS``)."""
+    if backend == "reference":
+        return "reference"
+    return "host" if device.type == "cpu" else "tensor"
 
 
 def _resolve(backend: str, device: torch.device) -> str:

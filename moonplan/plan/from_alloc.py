@@ -29,7 +29,7 @@ import torch
 from moonplan.errors import PlanError
 from moonplan.plan.home import home_list, home_map, home_of, max_local
 from moonplan.plan.reference import place_slots, row_layout
-from moonplan.plan.torch_layout import place_slots_torch, row_layout_torch
+from moonplan.plan.torch_layout import place_slots_host, place_slots_masked, row_layout_torch
 
 
 def as_alloc(alloc: Any, counts_RE: torch.Tensor) -> torch.Tensor:
@@ -76,20 +76,29 @@ def replicas(alloc_ER: torch.Tensor, home_E: torch.Tensor) -> torch.Tensor:
 
 
 def layout_torch(
-    alloc_ER: torch.Tensor, num_slots: int, align: int, prev_RB: torch.Tensor | None
+    alloc_ER: torch.Tensor,
+    num_slots: int,
+    align: int,
+    prev_RB: torch.Tensor | None,
+    *,
+    host: bool | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Every Plan field but ``counts`` for ``alloc_ER`` (vectorised; no host read off the CPU).
+    """Every Plan field but ``counts`` for ``alloc_ER`` (vectorised).
 
-    The caller guarantees at most ``K = max(B, M)`` remote experts per rank.
+    The caller guarantees at most ``K = max(B, M)`` remote experts per rank. ``host``:
+    order and place the replicas on the host (cheaper for CPU tensors); ``False``: masked
+    tensor ops only, no host read on any device; ``None``: by the device.
     """
     E, R = alloc_ER.shape
     M = max_local(E, R)
     K = max(num_slots, M)
+    host = alloc_ER.device.type == "cpu" if host is None else host
     home_E, ids_RM = home_layout(E, R, alloc_ER.device)
     rec_RE = torch.where(replicas(alloc_ER, home_E), alloc_ER, 0).t()
-    cand_RK = largest_first(rec_RE, K)
+    cand_RK = _largest_first_host(rec_RE, K) if host else _largest_first_sort(rec_RE, K)
     prev = prev_RB if prev_RB is not None else cand_RK.new_full((R, num_slots), -1)
-    slot_RB, new_RB, direct_RD = place_slots_torch(cand_RK, prev, num_slots)
+    place = place_slots_host if host else place_slots_masked
+    slot_RB, new_RB, direct_RD = place(cand_RK, prev, num_slots)
     return _fields(alloc_ER, (home_E, ids_RM), (slot_RB, new_RB, direct_RD), align)
 
 

@@ -15,14 +15,14 @@ expert-grouped receive buffer):
 ``row_offset[r]`` are the ``align``-padded cumulative offsets (cu_seqlens) of
 the rows in the receive buffer; empty rows take no space.
 
-``policy``, ``predicted``, ``planned``, ``chose``, ``basis`` and ``load_bound`` say
-how the allocation was chosen (``docs/planner-policy.md``); every policy's plan has
-this layout.
+``policy``, ``predicted``, ``planned``, ``choice`` and ``load_bound`` say how the
+allocation was chosen (``docs/planner-policy.md``); every policy's plan has this layout.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,21 +77,43 @@ class Predicted(Mapping[str, float]):
         return f"Predicted({dict(self._items)!r})"
 
 
-@dataclass(frozen=True)
-class Basis:
-    """What ``policy="auto"`` keeps of its last full choice, to decide whether to keep it.
+@dataclass(frozen=True, eq=False)
+class Choice:
+    """How ``policy="auto"`` chose a plan (``moonplan.plan.choice``).
+
+    The tensors stay on the plan's device: the planner reads nothing on the host, and
+    each accessor below reads them when asked (one synchronisation on a GPU).
 
     Attributes:
-        load: the static loads (records per rank of its home experts) the choice saw.
-        gap_s: the runner-up's score minus the best's, seconds (0 with one candidate).
-        kept: steps since that choice that kept its candidate without choosing again.
-        every: steps between full choices at most (``moonplan.plan.keep.refresh_every``).
+        names: the candidates in table order (``moonplan.plan.choice.table``).
+        index: int64 0-d, the winner's position in ``names``.
+        scores: float64 ``[C]``, each candidate's predicted step seconds (``inf``: not
+            scored, because the early exit showed static EP wins).
+        exited: bool 0-d, the early exit was taken (only static EP was scored).
     """
 
-    load: tuple[int, ...]
-    gap_s: float
-    kept: int = 0
-    every: int = 1
+    names: tuple[str, ...]
+    index: torch.Tensor
+    scores: torch.Tensor
+    exited: torch.Tensor
+
+    def name(self) -> str:
+        """The chosen candidate's name (host read)."""
+        return self.names[int(self.index)]
+
+    def predicted(self) -> Predicted:
+        """``candidate -> predicted seconds`` of the candidates scored (host read)."""
+        values = self.scores.tolist()
+        return Predicted({n: v for n, v in zip(self.names, values, strict=True) if v < math.inf})
+
+    def early_exit(self) -> bool:
+        """Whether the early exit was taken (host read)."""
+        return bool(self.exited)
+
+    def to(self, device: torch.device) -> Choice:
+        """The same choice with its tensors on ``device``."""
+        moved = (t.to(device) for t in (self.index, self.scores, self.exited))
+        return Choice(self.names, *moved)
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,21 +139,14 @@ class Plan:
         num_slots: ``B``.
         align: row padding multiple.
         backend: name of the backend that built it.
-        policy: how the allocation was chosen: ``"exact"`` (exact balance, the
-            default), ``"static"`` (no replicas), ``"resident"`` (only replicas
-            resident in ``previous``'s slots), ``"bounded-<eps>"`` (every load
-            ``<= ceil(mean * (1 + eps))``) or ``"custom"`` (``Plan.from_alloc``).
-            ``policy="auto"`` records the candidate it chose.
-        predicted: candidate -> predicted step seconds (empty unless ``policy="auto"``).
-        planned: runs of the group-flow construction that made this plan (what
-            ``StepCost.plan_time(..., planned=)`` charges; 0 for static and from_alloc).
-        chose: the choice's own work beyond those runs (screens, scorings, the
-            keep test of ``policy="auto"``), in construction equivalents
-            (``moonplan.plan.choose.WORK``); 0 for a plan that was not chosen.
-        basis: the :class:`Basis` of ``policy="auto"``'s last full choice (``None``
-            for other policies).
+        requested: the ``policy=`` the plan was asked for (``"custom"`` from
+            ``Plan.from_alloc``); read :attr:`policy` for how it was made.
+        planned: planner calls that built this plan (what ``StepCost.plan_time``
+            charges: 1 for ``exact``, a named candidate and ``auto``, 0 for static EP and
+            ``from_alloc``; ``auto``'s early exit is charged ``StepCost.exit_s``).
         declared_bound: the bound on every rank's load this plan declares
             (``None``: ``max(target)``); read it as :attr:`load_bound`.
+        choice: how ``policy="auto"`` chose (:class:`Choice`), ``None`` for the others.
     """
 
     counts: torch.Tensor
@@ -147,12 +162,10 @@ class Plan:
     num_slots: int
     align: int
     backend: str = field(default="reference")
-    policy: str = "exact"
-    predicted: Predicted = field(default_factory=Predicted)
+    requested: str = "exact"
     planned: int = 1
     declared_bound: int | None = None
-    chose: float = 0.0
-    basis: Basis | None = None
+    choice: Choice | None = None
 
     # ---- sizes -------------------------------------------------------------
     @property
@@ -178,6 +191,21 @@ class Plan:
     @property
     def device(self) -> torch.device:
         return self.alloc.device
+
+    @property
+    def policy(self) -> str:
+        """How the allocation was made: ``"exact"`` (exact balance, the default),
+        ``"static"`` (no replicas), ``"resident"`` (only replicas resident in
+        ``previous``'s slots), ``"level-<k>"``, ``"greedy"``, ``"bounded-<eps>"`` or
+        ``"custom"`` (``Plan.from_alloc``); for ``policy="auto"`` the candidate it chose
+        (a host read of :attr:`choice`)."""
+        return self.choice.name() if self.choice is not None else self.requested
+
+    @property
+    def predicted(self) -> Predicted:
+        """``candidate -> predicted step seconds`` of the candidates ``policy="auto"``
+        scored (empty for other policies; a host read)."""
+        return self.choice.predicted() if self.choice is not None else Predicted()
 
     @property
     def load_bound(self) -> int:
@@ -244,7 +272,6 @@ class Plan:
             "load_bound": self.load_bound,
             "predicted": dict(self.predicted),
             "planned": self.planned,
-            "chose": self.chose,
         }
 
     # ---- construction from any allocation -------------------------------------
@@ -301,8 +328,7 @@ class Plan:
             num_slots=B,
             align=align,
             backend=backend,
-            policy=policy,
-            predicted=Predicted(),
+            requested=policy,
             planned=0,
             declared_bound=top if load_bound is None else load_bound,
         )
@@ -322,13 +348,18 @@ def plan_to(p: Plan, device: torch.device) -> Plan:
     stream (the plan's consumers run on it)."""
     if p.counts.device == device:
         return p
-    moved = {name: getattr(p, name).to(device) for name in TENSOR_FIELDS}
+    moved: dict[str, Any] = {name: getattr(p, name).to(device) for name in TENSOR_FIELDS}
+    if p.choice is not None:
+        moved["choice"] = p.choice.to(device)
     return dataclasses.replace(p, **moved)
 
 
 def make_plan(fields: Mapping[str, torch.Tensor], **meta: Any) -> Plan:
-    """``Plan(**fields, **meta)``: a backend's tensor fields plus the scalar fields."""
+    """``Plan(**fields, **meta)``: a backend's tensor fields plus the scalar fields
+    (``policy=`` is the :attr:`Plan.requested` name)."""
     args: dict[str, Any] = {**fields, **meta}
+    if "policy" in args:
+        args["requested"] = args.pop("policy")
     return Plan(**args)
 
 

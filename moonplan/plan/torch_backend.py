@@ -123,12 +123,12 @@ def _steps12(
         N = T_E.sum()
         target_R = N // R + (torch.arange(R, device=dev) < N % R).to(torch.int64)
     load_R = torch.zeros(R, dtype=torch.int64, device=dev).index_add_(0, home_E, T_E)
-    step = _Steps12(load_R, target_R, T_E, home_E, prev_RB, prev_F3)
-    return (target_R, home_E, ids_RM), _alloc_tensor(step, ids_RM)
+    step = Steps12Inputs(load_R, target_R, T_E, home_E, prev_RB, prev_F3)
+    return (target_R, home_E, ids_RM), alloc_tensor(step, ids_RM)
 
 
 @dataclass(frozen=True)
-class _Steps12:
+class Steps12Inputs:
     """The inputs of steps 1-2 (int64 tensors on the counts' device)."""
 
     load_R: torch.Tensor
@@ -153,24 +153,27 @@ class _HostSteps12:
     prev_F3: torch.Tensor | None
 
 
-def _alloc_tensor(
-    step: _Steps12, ids_RM: torch.Tensor
+def alloc_tensor(
+    step: Steps12Inputs, ids_RM: torch.Tensor, stop_early: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Steps 1-2 as masked tensor steps: ``(quota_RR, flow_F3, alloc_ER)``."""
+    """Steps 1-2 as masked tensor steps: ``(quota_RR, flow_F3, alloc_ER)`` (no host read
+    unless ``stop_early``; ``None``: stop early on CPU only)."""
     load_R, target_R, T_E, home_E = step.load_R, step.target_R, step.T_E, step.home_E
     prev_RB, prev_F3 = step.prev_RB, step.prev_F3
     R, E = load_R.shape[0], T_E.shape[0]
     dev = load_R.device
     resident_ER = warm_RR = None
     if prev_RB is not None:
-        resident_ER = _resident(prev_RB, E)
+        resident_ER = resident_map(prev_RB, E)
         warm_RR = torch.zeros(R, R, dtype=torch.int64, device=dev)
         warm_RR.index_add_(0, home_E, resident_ER.to(torch.int64))
         warm_RR = warm_RR > 0
-    quota_RR, flow_F3 = balance_groups_torch(load_R, load_R - target_R, warm_RR, prev_F3)
+    quota_RR, flow_F3 = balance_groups_torch(
+        load_R, load_R - target_R, warm_RR, prev_F3, stop_early
+    )
     rem_RM = torch.where(ids_RM < E, T_E[ids_RM.clamp(max=E - 1)], 0)
     alloc_ER = torch.zeros(E, R, dtype=torch.int64, device=dev)
-    split_groups_torch(quota_RR.clone(), ids_RM, rem_RM, resident_ER, alloc_ER)
+    split_groups_torch(quota_RR.clone(), ids_RM, rem_RM, resident_ER, alloc_ER, stop_early)
     r_R = torch.arange(R, device=dev)
     home_RM = ids_RM.clamp(max=E - 1)
     alloc_ER.view(-1).index_add_(0, (home_RM * R + r_R[:, None]).view(-1), rem_RM.view(-1))
@@ -197,7 +200,7 @@ def _alloc_host(
     return tuple(torch.from_numpy(a).to(dev) for a in (quota_RR, flow_F3, alloc_ER))  # type: ignore[return-value]
 
 
-def _resident(prev_RB: torch.Tensor, num_experts: int) -> torch.Tensor:
+def resident_map(prev_RB: torch.Tensor, num_experts: int) -> torch.Tensor:
     """``[E, R]`` bool: expert ``e`` sits in one of rank ``r``'s previous slots."""
     R, B = prev_RB.shape
     res_ER = torch.zeros(num_experts + 1, R, dtype=torch.bool, device=prev_RB.device)

@@ -20,9 +20,11 @@ from __future__ import annotations
 import torch
 
 
-def _can_stop_early(t: torch.Tensor) -> bool:
-    """Early exit reads a flag on the host: free on CPU, a sync on accelerators."""
-    return t.device.type == "cpu"
+def _can_stop_early(t: torch.Tensor, stop_early: bool | None) -> bool:
+    """Early exit reads a flag on the host: free on CPU, a sync on accelerators
+    (``stop_early=None`` decides by the device; ``False`` never reads, for the
+    device path on any device)."""
+    return t.device.type == "cpu" if stop_early is None else stop_early
 
 
 def balance_groups_torch(
@@ -30,6 +32,7 @@ def balance_groups_torch(
     X_R: torch.Tensor,
     warm_RR: torch.Tensor | None,
     prev_F3: torch.Tensor | None,
+    stop_early: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 1 (``reference.balance_groups``) as masked tensor steps.
 
@@ -38,6 +41,7 @@ def balance_groups_torch(
         X_R: int64 ``[R]`` load minus target.
         warm_RR: bool ``[R, R]`` resident (donor, receiver) pairs, or ``None``.
         prev_F3: int64 ``[R-1, 3]`` previous flows (``-1`` padded), or ``None``.
+        stop_early: stop once nothing is left (a host read a step; ``None``: on CPU only).
 
     Returns:
         ``(quota_RR, flow_F3)``: records group ``d`` sends rank ``r``, and the flows in
@@ -48,7 +52,7 @@ def balance_groups_torch(
     steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     if prev_F3 is not None:
         steps += _keep_previous_torch(load_R, X_R, prev_F3)
-    stop_early = _can_stop_early(X_R)
+    stop_early = _can_stop_early(X_R, stop_early)
     for _ in range(max(R - 1, 0)):
         # Sum(X) == 0, so with no donor left there is no receiver either: the step
         # then moves q = 0 records and changes nothing.
@@ -143,11 +147,13 @@ def split_groups_torch(
     rem_RM: torch.Tensor,
     resident_ER: torch.Tensor | None,
     alloc_ER: torch.Tensor,
+    stop_early: bool | None = None,
 ) -> None:
     """Step 2 (``reference.split_group``) for every donor group at once, in lockstep.
 
     Updates ``alloc_ER`` (int64 ``[E, R]``), ``quota_RR`` and ``rem_RM`` in place; the
     records left in ``rem_RM`` stay on the home rank (added by the caller).
+    ``stop_early`` as in :func:`balance_groups_torch`.
     """
     R, M = rem_RM.shape
     E = alloc_ER.shape[0]
@@ -155,7 +161,7 @@ def split_groups_torch(
     safe_RM = ids_RM.clamp(max=E - 1)
     group_R = torch.arange(R, device=rem_RM.device)
     flat_alloc = alloc_ER.view(-1)
-    stop_early = _can_stop_early(rem_RM)
+    stop_early = _can_stop_early(rem_RM, stop_early)
     for _ in range(max(R + M - 2, 1)):
         has_R = (quota_RR > 0).any(1)
         if stop_early and not bool(has_R.any()):

@@ -20,7 +20,8 @@ samples into rates:
 * latency: the median ``counts`` all-gather (a collective carrying no rows);
 * dispatch / combine: ``(phase - latency) / busiest rows`` (rows this rank sent or
   received, whichever is more), median over the samples;
-* plan: median ``plan`` seconds per planned candidate.
+* plan: median ``plan`` seconds per planner call (``balance="auto"``'s two paths are then
+  timed on their own, ``moonplan.runtime.balancer.Balancer.calibrate``).
 
 :func:`agree` takes the element-wise max of every rank's ``StepCost.as_tensor()``
 over the group (collective), so every rank plans with the same model. Link
@@ -50,7 +51,6 @@ class StepSample:
     sent: int  # records this rank dispatched
     received: int  # records this rank received
     phases: dict[str, float]
-    planned: int = 1
 
 
 def sample_step(plan: Plan, rank: int, sent: int, phases: dict[str, float]) -> StepSample:
@@ -66,7 +66,6 @@ def sample_step(plan: Plan, rank: int, sent: int, phases: dict[str, float]) -> S
         sent=sent,
         received=int(alloc_E.sum()),
         phases=dict(phases),
-        planned=int(getattr(plan, "planned", 1) or 1),
     )
 
 
@@ -93,7 +92,7 @@ def fit_rates(
     )
     dispatch = _per_row(samples, "dispatch", latency)
     combine = _per_row(samples, "combine", latency)
-    plan_s = statistics.median(s.phases.get("plan", 0.0) / max(1, s.planned) for s in samples)
+    plan_s = statistics.median(s.phases.get("plan", 0.0) for s in samples)
     return StepCost(
         row_flop_s=a,
         weight_read_s=b,
@@ -170,5 +169,4 @@ def agree(group: EPGroup, cost: StepCost) -> StepCost:
         tile_rows=cost.tile_rows,
         domain=cost.domain,
         overlap=cost.overlap,
-        horizon=cost.horizon,
     )

@@ -16,7 +16,7 @@ checked when the config is made (``ValueError`` naming the field); sizes left
 from __future__ import annotations
 
 import dataclasses
-import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +24,13 @@ import torch
 
 from moonplan.checks import check_int
 from moonplan.runtime.balance import balance_mode
-from moonplan.runtime.balancer import SEARCH_US, choose_mode
 from moonplan.runtime.slot_budget import SlotsOption, resolve_slots
 from moonplan.runtime.transports import registry as transports
 from moonplan.stepcost import StepCost
 
 SIZES = ("hidden_size", "ffn_size", "num_experts", "top_k")
+DEPRECATED = ("choose", "search_us")
+"""Fields accepted for one release, with a DeprecationWarning, and ignored."""
 
 
 @dataclass(frozen=True)
@@ -83,20 +84,11 @@ class MoEConfig:
     calibrated by the layer from its first measured steps."""
 
     choose: str | None = None
-    """Where ``balance="auto"`` searches its candidates: ``"ahead"`` (after each step, in a
-    host thread, on that step's counts; the next step builds only the candidate named),
-    ``"inline"`` (on every step's critical path) or ``None`` (default: ``"ahead"`` on an
-    accelerator (a design choice, not yet measured on one), ``"inline"`` on the CPU
-    (measured faster there);
-    ``moonplan.runtime.balancer.default_choose``)."""
+    """Deprecated and ignored: ``balance="auto"`` chooses inside its one planner call every
+    step (``moonplan.plan.choice``); setting it warns. Removed in the next release."""
 
-    search_us: float = SEARCH_US
-    """Host microseconds per construction equivalent of the choose-ahead search, the same
-    on every rank (``>= 0``): with the last full choice's work it forecasts how long the next
-    one runs, and a search forecast longer than a step names the candidate of a later
-    step (``moonplan.plan.ahead.search_lag``). Default: the host figure measured on this
-    project's CPU, 600 us (``bench/bench_search.py``: 323-599 us); ``0``: always the
-    next step."""
+    search_us: float | None = None
+    """Deprecated and ignored, as :attr:`choose` (it timed the host search that is gone)."""
 
     def __post_init__(self) -> None:
         for name in SIZES:  # a NumPy integer is kept as the Python int it equals
@@ -117,11 +109,15 @@ class MoEConfig:
             raise ValueError(f"dtype must be a floating torch.dtype or None, got {self.dtype!r}")
         if not isinstance(self.overlap, bool):
             raise ValueError(f"overlap must be a bool, got {self.overlap!r}")
-        choose_mode(self.choose)
-        us = self.search_us
-        if isinstance(us, bool) or not isinstance(us, int | float) or not 0 <= us < math.inf:
-            raise ValueError(f"search_us must be a finite number >= 0, got {us!r}")
-        object.__setattr__(self, "search_us", float(us))
+        for name in DEPRECATED:
+            if getattr(self, name) is not None:
+                warnings.warn(
+                    f"MoEConfig.{name} is deprecated and ignored: balance='auto' chooses "
+                    "inside its one planner call every step (docs/planner-policy.md)",
+                    DeprecationWarning,
+                    stacklevel=4,
+                )
+                object.__setattr__(self, name, None)
         if self.cost is not None and not isinstance(self.cost, StepCost):
             raise ValueError(
                 f"cost must be a moonplan.stepcost.StepCost or None, got {self.cost!r}"

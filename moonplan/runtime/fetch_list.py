@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from moonplan.plan.ahead import plan_rows
 from moonplan.plan.home import home_list, home_start
 from moonplan.plan.plan_type import Plan
 
@@ -93,17 +92,25 @@ class FetchList:
         return flat[:N], flat[N : N + C], flat[N + C :]
 
 
+def plan_rows(p: Plan) -> np.ndarray:
+    """int64 numpy ``[R, 2B + D + 1]``: each rank's new-slot flags ``[B]``, slots' experts
+    ``[B]``, direct rows' experts ``[D]`` (``-1``: none) and receive rows ``[1]``
+    (``Plan.recv_size``), in one host read (a device-to-host copy where ``p`` lives on an
+    accelerator): what the layer reads of a plan each step (its buffer size and its fetch
+    list)."""
+    parts = [p.slot_new.to(torch.int64), p.slot_expert, p.direct_expert(), p.recv_size()[:, None]]
+    return torch.cat(parts, 1).cpu().numpy()
+
+
 def fetch_list(plan: Plan, rank: int, home: HomeRows, rows: np.ndarray | None = None) -> FetchList:
     """``rank``'s copies under ``plan`` (the first ``2B + D`` columns of one host read,
-    :func:`~moonplan.plan.ahead.plan_rows`).
+    :func:`plan_rows`).
 
     Args:
         plan: the step's plan (tensors on any device).
         rank: this rank.
         home: the home map of the plan's ``E`` experts over its ``R`` ranks.
-        rows: that read if the caller already made it (``moonplan.plan.ahead.plan_rows``,
-            whose first ``2B + D`` columns it reads; the layer hands the same rows to the
-            measured horizon), else it is made here.
+        rows: that read if the caller already made it, else it is made here.
     """
     B, D = plan.num_slots, plan.direct_expert().shape[1]
     rows_R = (plan_rows(plan) if rows is None else rows)[:, : 2 * B + D].tolist()

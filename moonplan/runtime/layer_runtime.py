@@ -18,10 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from moonplan.comm.errors import ContractError
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
-from moonplan.plan.ahead import plan_rows
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import route as route_tokens
@@ -32,12 +30,12 @@ from moonplan.runtime.background import (
     collectives_in_thread,
     lane_kind,
 )
-from moonplan.runtime.balancer import Balancer, default_choose
+from moonplan.runtime.balancer import Balancer
 from moonplan.runtime.buffers import BufferSpec, build_buffers
 from moonplan.runtime.calibrate import time_local_copy
 from moonplan.runtime.config import MoEConfig
 from moonplan.runtime.contract import check_params, check_routing
-from moonplan.runtime.fetch_list import FetchList, fetch_list
+from moonplan.runtime.fetch_list import FetchList, fetch_list, plan_rows
 from moonplan.runtime.moe_function import MoEStep, moe_apply
 from moonplan.runtime.step_stats import StepStats
 from moonplan.runtime.store import GradReducer
@@ -75,14 +73,7 @@ class LayerRuntime:
         self.group, self.config = group, cfg
         self.E, self.B, self.H, self.F, self.K, self.align = E, B, H, F, K, cfg.align
         self.dtype, self.kind, self.balance = cfg.layer_dtype(), cfg.transport, cfg.balance
-        self.balancer = Balancer(
-            cfg.balance,
-            slots=B,
-            align=cfg.align,
-            cost=cfg.cost,
-            choose=cfg.choose or default_choose(group.device),
-            search_s=cfg.search_us * 1e-6,
-        )
+        self.balancer = Balancer(cfg.balance, slots=B, align=cfg.align, cost=cfg.cost)
         self.M = max_local(E, group.size)
         self.heap: SymmetricHeap | None = None
         self.capacity = 0
@@ -187,7 +178,6 @@ class LayerRuntime:
         (collective: every rank). Without ``close()`` the worker thread ends with the
         process and the background group lives until ``dist.destroy_process_group()``."""
         self._lane.close()
-        self.balancer.close()
         if self._background is not None:
             self.group.release_background()
             self._background = None
@@ -250,9 +240,6 @@ class LayerRuntime:
         )
         self._lane.drain()  # a failed step's background job, before buffers change
         rec = self.profiler.begin_step()  # records nothing unless profiling
-        failed = self.balancer.collect(rec)  # the choice made ahead, waited for here
-        if failed and ok:  # reported like a bad input: every rank raises
-            ok, msg = False, failed
         t0 = time.perf_counter()
         counts_E = torch.zeros(self.E, dtype=torch.int64, device=x_SH.device)
         if ok and ids_SK is not None and ids_SK.numel():
@@ -261,16 +248,12 @@ class LayerRuntime:
         # and where this rank is in the step schedule (Balancer.schedule).
         version = tuple(int(p._version) for p in params.values())
         changed = int(version != self.published_version)
-        mine = counts_E.new_tensor([changed, *self.balancer.schedule()])
-        try:
-            got_RX = self.group.gather_with_status(torch.cat([counts_E, mine]), ok, msg)
-        except ContractError:  # raised on every rank: every rank forgets its named choice
-            self.balancer.restart()
-            raise
+        mine = counts_E.new_tensor([changed, self.balancer.schedule()])
+        got_RX = self.group.gather_with_status(torch.cat([counts_E, mine]), ok, msg)
         counts_RE, flags_RX = got_RX[:, : self.E], got_RX[:, self.E :].cpu()  # one host read
         if bool(flags_RX[:, 0].any()):  # any rank's weights changed: every slot is stale
             self.published, self.resident = False, None
-        if self.balancer.resync(flags_RX[:, 1:]):  # a step failed on some ranks only
+        if self.balancer.resync(flags_RX[:, 1]):  # a step failed on some ranks only
             self.resident = None
         t1 = time.perf_counter()
         rec.span("counts", t0, t1)
@@ -279,16 +262,15 @@ class LayerRuntime:
             t1 = time.perf_counter()
         plan = self._plan(counts_RE, self.resident)
         self.plans_made += 1
-        need = int(plan.recv_size().max())
+        # This rank's weight copies and every rank's receive rows: one host read of the
+        # plan (every policy pays it, static too).
+        rows = plan_rows(plan)
+        need = int(rows[:, -1].max())
         while need > self.capacity:  # every rank sees the same plan: all grow together
             self._build(self._capacity_for(need))
-            # Without residents inline "auto" may pick another candidate, with other
-            # loads; choosing ahead builds the same named candidate without residents.
-            plan = self._plan(counts_RE, None)
-            need = int(plan.recv_size().max())
-        # This rank's weight copies: one host read of the plan, already read back for
-        # `need` (no wait for later work on a device); every policy pays it, static too.
-        rows = plan_rows(plan)  # one host read: the fetch list's and the measured horizon's
+            plan = self._plan(counts_RE, None)  # without residents (the buffers are new)
+            rows = plan_rows(plan)
+            need = int(rows[:, -1].max())
         copies = fetch_list(plan, self.group.rank, self.store.home, rows)
         ids = ids_SK if ids_SK is not None else torch.zeros(0, self.K, dtype=torch.int64)
         # Affinity (a token's records on few ranks) pays only where dispatch sends token
@@ -298,7 +280,6 @@ class LayerRuntime:
         if not self.published:
             self.store.publish_home(params)
             self.published, self.published_version = True, version
-        self.balancer.search(rows)  # "auto" choosing ahead: the next step's choice, in a thread
         step = MoEStep(self, plan, route, recorder=rec)
         t2 = time.perf_counter()
         step.fetch = fetch = self._start_prefetch(copies)
@@ -314,7 +295,7 @@ class LayerRuntime:
         self.last_plan = plan
         s = plan.summary()
         # The same dict as the step's: backward adds its phases to it when it runs.
-        step.phases.update({"counts": t1 - t0, "plan": t2 - t1, **self.balancer.figures})
+        step.phases.update({"counts": t1 - t0, "plan": t2 - t1})
         phases = step.phases
         self.last_stats = StepStats(
             s["copies"],
@@ -373,5 +354,13 @@ class LayerRuntime:
             "direct_reads": len(copies.direct_rank_D),
             "policy": plan.policy,
             "predicted": dict(plan.predicted),
-            "choice": self.balancer.how,
+            "choice": _how(plan),
         }
+
+
+def _how(plan: Plan) -> str:
+    """``StepStats.choice``: ``"full"`` (``auto`` scored every candidate), ``"exit"`` (its
+    early exit) or ``"none"`` (``"exact"``, ``"off"`` and ``auto``'s warm-up)."""
+    if plan.choice is None:
+        return "none"
+    return "exit" if plan.choice.early_exit() else "full"

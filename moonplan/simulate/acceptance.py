@@ -36,11 +36,9 @@ Progress = Callable[[int, int, str], None]
 """``progress(done, total, label)`` callback."""
 
 AUTO = "moonplan-auto"
-INLINE = "moonplan-auto-inline"
-"""The inline schedule of the same choice (the search on the critical path), for comparison."""
 REFRESH = "moonplan-refresh"
 """Resident slots refilled in the background (modelled, not in the runtime), for comparison."""
-ALSO = {INLINE: "vs_peers_inline", REFRESH: "vs_peers_refresh"}
+ALSO = {REFRESH: "vs_peers_refresh"}
 """Policies reported beside auto (not counted in the bars) -> their row key."""
 PEERS = ("static-linear", "eplb", "moonep-greedy", "moonplan-resident")
 """The policies ``moonplan-auto`` must not be slower than (beyond :data:`PEER_BAR`)."""
@@ -127,7 +125,8 @@ def acceptance_point(
         raise ValueError(f"an acceptance point needs {AUTO} and at least one of {PEERS}")
     best = min(peers, key=lambda p: rows[p]["total_us"])
     auto = rows[AUTO]
-    chosen_only = auto["total_us"] - auto["plan_us"] + _chosen_runs(auto) * cfg.plan_us.get(AUTO, 0)
+    plan_us = cfg.plan_seconds(AUTO, R, m.num_experts) * 1e6
+    chosen_only = auto["total_us"] - auto["plan_us"] + _chosen_runs(auto) * plan_us
     phases = ("plan_us", "prefetch_us", "prefetch_exposed_us", "dispatch_us", "experts_us")
     return {
         "model": model,

@@ -54,20 +54,24 @@ import torch
 
 from moonplan.baselines.policies import refill_link_s
 from moonplan.baselines.policy_base import PolicyStep
-from moonplan.baselines.registry import infos
+from moonplan.baselines.registry import PlanUs, infos, plan_us_at
 from moonplan.cost import ModelPreset
 from moonplan.simulate.dispatch_rows import scheme_step_traffic
 from moonplan.stepcost import Hardware, StepCost, StepTime
 
 
-def default_plan_us() -> dict[str, float]:
-    """Planning time per planner run (us) of every registered policy that plans on the
-    critical path (its ``PolicyInfo.plan_us``; MoonEP reports ~51 us on H20/H200 EP8).
-    Policies not listed plan nothing per step. ``moonplan-auto`` is charged per run of
-    the group-flow construction (``plan.planned``: 0 when it keeps the static or the
-    resident plan, one per balancing candidate it built) plus its choice's own work in
-    construction equivalents (``plan.chose``)."""
-    return {name: p.plan_us for name, p in infos().items() if p.plan_us > 0}
+def default_plan_us() -> dict[str, PlanUs]:
+    """Planning time per planner call (us, or a function of ``(R, E)``) of every
+    registered policy that plans on the critical path (its ``PolicyInfo.plan_us``: the
+    MoonEP greedy 51 us, its published figure; moonplan's policies their kernel's time by
+    shape, ``moonplan.baselines.planner_time``). Policies not listed plan nothing."""
+    return {n: p.plan_us for n, p in infos().items() if callable(p.plan_us) or p.plan_us > 0}
+
+
+def default_exit_us() -> dict[str, PlanUs]:
+    """``policy="auto"``'s early-exit time (``PolicyInfo.exit_us``) of the policies that
+    have one."""
+    return {n: p.exit_us for n, p in infos().items() if callable(p.exit_us) or p.exit_us > 0}
 
 
 @dataclass(frozen=True)
@@ -96,29 +100,35 @@ class SimConfig:
     weight_bytes: float = 2.0
     act_bytes: float = 2.0
     dispatch_bytes: float = 2.0
-    plan_us: Mapping[str, float] = field(default_factory=default_plan_us)
+    plan_us: Mapping[str, PlanUs] = field(default_factory=default_plan_us)
     overlap_prefetch: bool = True
     dispatch: str = "record"
     search_us: float | None = None
+    exit_us: Mapping[str, PlanUs] = field(default_factory=default_exit_us)
 
-    def plan_seconds(self, policy: str) -> float:
-        """Planning seconds of ``policy`` (0 when not listed)."""
-        return float(self.plan_us.get(policy, 0.0)) * 1e-6
+    def plan_seconds(self, policy: str, num_ranks: int = 8, num_experts: int = 256) -> float:
+        """Planning seconds of ``policy`` at ``(R, E)`` (0 when not listed)."""
+        return plan_us_at(self.plan_us.get(policy, 0.0), num_ranks, num_experts) * 1e-6
 
     def search_seconds(self, policy: str) -> float:
         """Host seconds per construction equivalent of ``policy``'s background search."""
         return self.plan_seconds(policy) if self.search_us is None else self.search_us * 1e-6
 
-    def step_cost(self, model: ModelPreset, hw: Hardware, policy: str = "") -> StepCost:
-        """The :class:`StepCost` of ``model`` on ``hw`` with ``policy``'s planning time."""
+    def step_cost(
+        self, model: ModelPreset, hw: Hardware, policy: str = "", num_ranks: int = 8
+    ) -> StepCost:
+        """The :class:`StepCost` of ``model`` on ``hw`` with ``policy``'s planning times at
+        ``num_ranks`` ranks (and the model's experts)."""
+        E = model.num_experts
         return StepCost.from_hardware(
             hw,
             model,
             weight_bytes=self.weight_bytes,
             act_bytes=self.act_bytes,
             dispatch_bytes=self.dispatch_bytes,
-            plan_us=float(self.plan_us.get(policy, 0.0)),
+            plan_us=plan_us_at(self.plan_us.get(policy, 0.0), num_ranks, E),
             overlap=self.overlap_prefetch,
+            exit_us=plan_us_at(self.exit_us.get(policy, 0.0), num_ranks, E),
         )
 
 
@@ -144,7 +154,7 @@ def step_time(
     E, R = step.rows_ER.shape
     fetch_ER = step.fetch_ER if step.fetch_ER is not None else torch.zeros(E, R, dtype=torch.bool)
     src_E = step.src_E if step.src_E is not None else torch.zeros(E, dtype=torch.int64)
-    cost = record = cfg.step_cost(model, hw, step.name)
+    cost = record = cfg.step_cost(model, hw, step.name, R)
     traffic = None
     if cfg.dispatch != "record":
         traffic = scheme_step_traffic(step, topk_ids, cfg.dispatch, cost.domain_size(R), counts_RE)

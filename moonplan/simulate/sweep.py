@@ -163,8 +163,8 @@ def _policy_row(
     topk_ids: Sequence[torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     R, E = counts_TRE.shape[1:]
-    cost, search_s = cfg.step_cost(model, hw, name), cfg.search_seconds(name)
-    policy = make_policy(name, R, E, cost=cost, search_s=search_s, **opts)
+    cost = cfg.step_cost(model, hw, name, R)
+    policy = make_policy(name, R, E, cost=cost, **opts)
     every = [policy.step(c) for c in counts_TRE]
     steps = every[warmup:]
     ids = list(topk_ids) if topk_ids is not None else [None] * len(every)

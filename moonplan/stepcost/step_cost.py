@@ -11,7 +11,8 @@ Legend:
 
 Phases of one forward step, per rank ``r``:
 
-* **plan**: ``planned * plan_s`` (planner runs on the critical path);
+* **plan**: ``planned * plan_s`` (planner calls on the critical path; ``policy="auto"``'s
+  early exit is charged ``exit_s`` instead);
 * **fetch** (prefetch and direct reads): ``C`` expert copies, each ``copy_s_intra`` over
   a fast link (same host or NVLink domain) or ``copy_s_inter`` across hosts; per rank,
   sends and receives are full duplex and the two link classes run in parallel; the
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -74,12 +76,9 @@ _RATE_FIELDS = (
     "base_latency_s",
     "per_peer_latency_s",
     "plan_s",
+    "exit_s",
 )
 """The float fields of :class:`StepCost`, in :meth:`StepCost.as_tensor` order."""
-
-
-DEFAULT_HORIZON = 8.0
-"""Default :attr:`StepCost.horizon`: steps a fetched replica is expected to stay resident."""
 
 
 @dataclass(frozen=True)
@@ -138,19 +137,21 @@ class StepCost:
     per_peer_latency_s: float = 0.0
     """Extra latency per peer of an all-to-all."""
     plan_s: float = 0.0
-    """Planner seconds per planner run (group-flow construction) on the critical path."""
+    """Seconds of one planner call on the critical path that builds a plan (``exact``, or
+    ``policy="auto"`` scoring every candidate: ``moonplan.plan.choice``)."""
+    exit_s: float = 0.0
+    """Seconds of ``policy="auto"``'s early exit: the test on the counts alone, when it
+    shows that static EP wins (``moonplan.plan.choice.bound``)."""
     tile_rows: int = 1
     """An expert's rows are padded to a multiple of this (GEMM tile)."""
     domain: int = 0
     """Ranks per fast-link domain (consecutive ranks); 0: all ranks share one."""
     overlap: bool = True
     """The overlapped schedule (fetch during dispatch and the home section)."""
-    horizon: float = DEFAULT_HORIZON
-    """Steps a fetched replica is expected to stay resident in its slot (``>= 1``). It only
-    steers ``policy="auto"``'s choice (the exposed fetch of a candidate is charged
-    ``1 / horizon`` per step, ``moonplan.plan.choose.score``); every prediction of this class
-    is the full time of one step. Default :data:`DEFAULT_HORIZON` (``docs/planner-policy.md``
-    says why)."""
+    horizon: float | None = None
+    """Deprecated and ignored (``policy="auto"`` no longer amortises a copy over future
+    steps: it picks the least predicted time of this step, ``docs/planner-policy.md``);
+    setting it warns. Removed in the next release."""
     dispatch: str = "record"
     """The dispatch scheme (``moonplan.stepcost.traffic.SCHEMES``): ``"record"`` (a row per
     record, routed from the counts) or ``"rank"``/``"host"``, whose unique rows need each
@@ -168,13 +169,13 @@ class StepCost:
             raise ValueError(f"StepCost.tile_rows must be an integer >= 1, got {self.tile_rows!r}")
         if isinstance(self.domain, bool) or not isinstance(self.domain, int) or self.domain < 0:
             raise ValueError(f"StepCost.domain must be an integer >= 0, got {self.domain!r}")
-        h = self.horizon
-        if (
-            isinstance(h, bool)
-            or not isinstance(h, (int, float))
-            or not (math.isfinite(h) and h >= 1)
-        ):
-            raise ValueError(f"StepCost.horizon must be a finite number >= 1, got {h!r}")
+        if self.horizon is not None:
+            warnings.warn(
+                "StepCost.horizon is deprecated and ignored: policy='auto' scores each "
+                "candidate by the predicted time of this step (docs/planner-policy.md)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
         if self.dispatch not in SCHEMES:
             raise ValueError(f"StepCost.dispatch must be one of {SCHEMES}, got {self.dispatch!r}")
 
@@ -190,7 +191,7 @@ class StepCost:
         dispatch_bytes: float = 2.0,
         plan_us: float = 51.0,
         overlap: bool = True,
-        horizon: float | None = None,
+        exit_us: float = 0.0,
     ) -> StepCost:
         """The roofline rates of ``model``'s MoE layer on a hardware preset.
 
@@ -199,10 +200,11 @@ class StepCost:
             model: a ``moonplan.cost.ModelPreset`` or a preset name (``moonplan.cost.PRESETS``).
             weight_bytes, act_bytes, dispatch_bytes: bytes per weight, per activation
                 element (GEMM and combine) and per dispatched element.
-            plan_us: planner time per planned candidate, microseconds (51: MoonEP's
-                published GPU planning time at EP8).
+            plan_us: microseconds of one planner call that builds a plan (51: MoonEP's
+                published GPU planning time at EP8; ``moonplan.baselines.planner_time`` has
+                moonplan's own by shape).
             overlap: the overlapped schedule (module docstring).
-            horizon: steps a fetched replica stays resident (``None``: :data:`DEFAULT_HORIZON`).
+            exit_us: microseconds of ``policy="auto"``'s early exit (:attr:`exit_s`).
         """
         if isinstance(hw, str):
             hw = get_hardware(hw)
@@ -226,7 +228,7 @@ class StepCost:
             tile_rows=hw.gemm_tile_rows,
             domain=max(0, hw.nvlink_domain),
             overlap=overlap,
-            horizon=DEFAULT_HORIZON if horizon is None else horizon,
+            exit_s=exit_us * 1e-6,
         )
 
     def scaled(self, **fields: Any) -> StepCost:
@@ -234,7 +236,7 @@ class StepCost:
         return dataclasses.replace(self, **fields)
 
     def as_tensor(self) -> torch.Tensor:
-        """float64 ``[12]`` of the rates (for agreeing across ranks, e.g. the element-wise max)."""
+        """float64 ``[13]`` of the rates (for agreeing across ranks, e.g. the element-wise max)."""
         return torch.tensor([float(getattr(self, n)) for n in _RATE_FIELDS], dtype=torch.float64)
 
     @classmethod
@@ -245,16 +247,14 @@ class StepCost:
         tile_rows: int = 1,
         domain: int = 0,
         overlap: bool = True,
-        horizon: float | None = None,
     ) -> StepCost:
-        """The inverse of :meth:`as_tensor` (``rates`` float ``[12]``); the non-rate fields
-        are passed (``horizon=None``: :data:`DEFAULT_HORIZON`)."""
+        """The inverse of :meth:`as_tensor` (``rates`` float ``[13]``); the non-rate fields
+        are passed."""
         values = [float(v) for v in rates.reshape(-1).tolist()]
         if len(values) != len(_RATE_FIELDS):
             raise ValueError(f"expected {len(_RATE_FIELDS)} rates, got {len(values)}")
         kw: dict[str, Any] = dict(zip(_RATE_FIELDS, values, strict=True))
-        h = DEFAULT_HORIZON if horizon is None else horizon
-        return cls(**kw, tile_rows=tile_rows, domain=domain, overlap=overlap, horizon=h)
+        return cls(**kw, tile_rows=tile_rows, domain=domain, overlap=overlap)
 
     # ---- prediction ----------------------------------------------------------------
     def domain_size(self, num_ranks: int) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import pytest
 import torch
@@ -32,11 +31,7 @@ from moonplan.baselines.metrics import (
 from moonplan.baselines.policies import refill_link_s, split_pairs
 from moonplan.baselines.static_ep import StaticPolicy, round_robin_alloc
 from moonplan.plan import plan
-from moonplan.plan.candidates import resident_alloc
-from moonplan.plan.choose import WORK
 from moonplan.plan.placement import round_robin_home
-from moonplan.plan.plan_type import Plan
-from moonplan.plan.reuse import OBSERVE_WORK
 from moonplan.stepcost import StepCost, plan_fetch_ER
 from moonplan.traces import generate_counts
 
@@ -260,10 +255,10 @@ def rows_only(**fields: float) -> StepCost:
 
 
 def test_moonplan_auto_balances_when_copies_are_free_and_keeps_its_plan() -> None:
-    auto = make_policy("moonplan-auto", 4, 8, cost=rows_only())
+    auto = make_policy("moonplan-auto", 4, 8, cost=rows_only(plan_s=1e-6))
     first = auto.step(WORKED_COUNTS)
     assert first.choice == "exact" and first.load_R.tolist() == [8, 8, 8, 8]
-    assert first.new_copies == 2 and first.planned >= 1
+    assert first.new_copies == 2 and first.planned == 1  # one planner call
     again = auto.step(WORKED_COUNTS)  # the chosen plan is `previous`: its replicas are resident
     assert again.load_R.tolist() == [8, 8, 8, 8] and again.new_copies == 0
     auto.reset()
@@ -271,10 +266,10 @@ def test_moonplan_auto_balances_when_copies_are_free_and_keeps_its_plan() -> Non
 
 
 def test_moonplan_auto_stays_static_when_copies_cost_more_than_balance_saves() -> None:
-    cost = rows_only(copy_s_intra=1.0, copy_s_inter=1.0, plan_s=1.0)
+    cost = rows_only(copy_s_intra=1.0, copy_s_inter=1.0, plan_s=1e-3, exit_s=1e-6)
     step = make_policy("moonplan-auto", 4, 8, cost=cost).step(WORKED_COUNTS)
-    # no planner run: what is charged is the choice's own work (screens and scores)
-    assert step.choice == "static" and step.planned > 0
+    # the early exit: charged the test alone, as a share of one planner call
+    assert step.choice == "static" and step.planned == pytest.approx(1e-3)
     assert step.new_copies == 0 and step.load_R.tolist() == [10, 2, 8, 12]
     assert step.fetch_ER is not None and not bool(step.fetch_ER.any())
 
@@ -306,128 +301,38 @@ def test_fetched_pairs_are_the_critical_path_moves(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "name", "choose", "search_s"),
-    [
-        ("exact", "moonplan-resident", "inline", 0.0),
-        ("auto", "moonplan-auto-inline", "inline", 0.0),
-        ("auto", "moonplan-auto", "ahead", 0.0),
-        ("auto", "moonplan-auto", "ahead", 1e-3),  # searches longer than a step: a lag
-    ],
+    ("mode", "name"), [("exact", "moonplan-resident"), ("auto", "moonplan-auto")]
 )
-def test_simulator_plans_what_the_runtime_balancer_plans(
-    mode: str, name: str, choose: str, search_s: float
-) -> None:
-    """``moonplan-resident``, ``moonplan-auto-inline`` and ``moonplan-auto`` (choosing ahead)
-    and the runtime's ``Balancer`` make the same ``moonplan.plan(counts, previous=, policy=,
-    cost=)`` calls (for ahead: the same background search, ``moonplan.plan.ahead``, here run
-    in the balancer's thread, with the same lag): the same plans step by step, the same
-    critical-path charge."""
+def test_simulator_plans_what_the_runtime_balancer_plans(mode: str, name: str) -> None:
+    """``moonplan-resident`` and ``moonplan-auto`` and the runtime's ``Balancer`` make the
+    same ``moonplan.plan(counts, previous=, policy=, cost=)`` call: the same plans step by
+    step, and the simulator charges one planner call (or the early exit's test)."""
     from moonplan.runtime.balancer import Balancer
 
-    cost = rows_only(copy_s_intra=1e-3, copy_s_inter=1e-3, plan_s=1e-3)  # auto mixes choices
-    sim = make_policy(name, 8, 64, cost=cost, slots=4, search_s=search_s)
-    runtime = Balancer(mode, slots=4, align=1, cost=cost if mode == "auto" else None,
-                       choose=choose, search_s=search_s)  # fmt: skip
+    cost = rows_only(copy_s_intra=1e-3, copy_s_inter=1e-3, plan_s=1e-3, exit_s=1e-5)
+    sim = make_policy(name, 8, 64, cost=cost, slots=4)
+    runtime = Balancer(mode, slots=4, align=1, cost=cost if mode == "auto" else None)
     previous = None
-    choices, lags, waited = set(), [], []
-    try:
-        for seed in range(10):
-            c = generate_counts("lognormal", ranks=8, experts=64, tokens=256, topk=4, sigma=1.5,
-                                seed=seed)  # fmt: skip
-            step = sim.step(c)
-            assert runtime.collect() == ""
-            waited.append(bool(runtime.figures))
-            previous = runtime.plan(c, previous)
-            runtime.search()
-            assert torch.equal(step.alloc_ER, previous.alloc)
-            # inline: the measured horizon's update (ahead: in the search's thread)
-            read = OBSERVE_WORK if mode == "auto" and choose == "inline" else 0.0
-            assert step.new_copies == previous.new_copies()
-            assert step.planned == pytest.approx(previous.planned + previous.chose + read)
-            choices.add(previous.policy)
-            lags += [step.lag] if step.background_plan else []
-    finally:
-        runtime.close()
-    if name != "moonplan-auto":
-        assert lags == []
-    elif search_s == 0:  # L = 1: a search after every step but the inline first
-        assert lags == [1] * 9 and waited == [False, False] + [True] * 8
-    else:  # the runtime waits only at the steps the simulator's searches name
-        assert max(lags) > 1
-        due = {i + lag for i, lag in enumerate(_starts(sim, lags)) if lag}
-        assert waited == [i in due for i in range(10)]
-    # auto's choice changes along the trace (a mixed trace, not one candidate throughout)
-    assert choices == {"exact"} if mode == "exact" else len(choices) >= 2
-
-
-def _starts(sim: Any, lags: list[int]) -> list[int]:
-    """Per step of a 10-step run of ``sim``: the lag of the search started after it, 0 if
-    none (rerun from scratch: a policy's steps are a pure function of its counts)."""
-    sim.reset()
-    out = []
+    choices = set()
     for seed in range(10):
         c = generate_counts("lognormal", ranks=8, experts=64, tokens=256, topk=4, sigma=1.5,
                             seed=seed)  # fmt: skip
         step = sim.step(c)
-        out.append(step.lag if step.background_plan else 0)
-    assert [x for x in out if x] == lags
-    return out
+        previous = runtime.plan(c, previous)
+        assert torch.equal(step.alloc_ER, previous.alloc)
+        assert step.new_copies == previous.new_copies()
+        exited = previous.choice is not None and previous.choice.early_exit()
+        assert step.planned == pytest.approx(1e-2 if exited else 1.0)
+        choices.add(previous.policy)
+    # auto's choice changes along the trace (a mixed trace, not one candidate throughout)
+    assert choices == {"exact"} if mode == "exact" else len(choices) >= 2
 
 
-# ---- moonplan-auto chooses ahead -------------------------------------------------------------
-
-
-def mixed_cost() -> StepCost:
-    """Copies and planning cost something: the choice changes along a drifting trace."""
-    return rows_only(copy_s_intra=1e-3, copy_s_inter=1e-3, plan_s=1e-3)
-
-
-def drifting(steps: int, seed: int = 0) -> list[torch.Tensor]:
-    """``steps`` lognormal count matrices ``[8, 64]`` (a new draw each step)."""
-    return [generate_counts("lognormal", ranks=8, experts=64, tokens=256, topk=4, sigma=1.5,
-                            seed=seed + i) for i in range(steps)]  # fmt: skip
-
-
-def test_ahead_charges_only_the_named_build_after_the_first_step() -> None:
-    cost, trace = mixed_cost(), drifting(8)
-    ahead = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4, search_s=0.0)  # L = 1
-    first = plan(trace[0], slots=4, policy="auto", cost=cost, backend="torch")
-    step = ahead.step(trace[0])  # no choice yet: inline, and that search names the next one
-    assert step.planned == first.planned + first.chose
-    assert step.choice == first.policy and step.background_plan == 0
-    assert step.planned >= WORK["setup"] + WORK["score"]
-    named = first.policy
-    for c in trace[1:]:
-        step = ahead.step(c)
-        assert step.choice == named  # the candidate the last step's search named
-        runs = 0 if named in ("static", "resident") else 1
-        assert step.planned == runs  # the measure's update runs in the search's thread
-        assert step.background_plan >= WORK["setup"] + WORK["score"]  # the search, off the path
-        named = ahead._choice.policy()
-
-
-def test_inline_and_ahead_choices_match_one_step_shifted() -> None:
-    """Step t + 1 of ``moonplan-auto`` takes what inline ``auto`` takes at step t from the
-    same counts and the same previous plan (step t - 1's, with the basis of the search
-    that named its candidate); step 0 is inline."""
-    cost, trace = mixed_cost(), drifting(10, seed=3)
-    ahead = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4, search_s=0.0)  # L = 1
-    befores: list[Plan | None] = []  # what each step's search starts from
-    taken = []
-    for c in trace:
-        befores.append(ahead._choice.before)
-        taken.append(ahead.step(c).choice)
-    inline = [plan(c, slots=4, previous=before, policy="auto", cost=cost, backend="torch").policy
-              for c, before in zip(trace, befores, strict=True)]  # fmt: skip
-    assert taken[1:] == inline[:-1] and taken[0] == inline[0]
-    assert len(set(taken)) > 1  # the trace makes the choice move
-    named = [b for b in befores[2:] if b is not None]
-    assert named and all(b.basis is not None for b in named)  # built by name, basis handed on
-
-
-def test_ahead_and_inline_rerun_and_reset_give_the_same_steps() -> None:
-    cost, trace = mixed_cost(), drifting(6, seed=1)
-    for name in ("moonplan-auto", "moonplan-auto-inline", "moonplan-refresh"):
+def test_auto_reruns_and_resets_give_the_same_steps() -> None:
+    cost = rows_only(copy_s_intra=1e-3, copy_s_inter=1e-3, plan_s=1e-3)
+    trace = [generate_counts("lognormal", ranks=8, experts=64, tokens=256, topk=4, sigma=1.5,
+                             seed=1 + i) for i in range(6)]  # fmt: skip
+    for name in ("moonplan-auto", "moonplan-refresh"):
         policy = make_policy(name, 8, 64, cost=cost, slots=4, period=2)
         runs = []
         for _ in range(2):
@@ -437,33 +342,13 @@ def test_ahead_and_inline_rerun_and_reset_give_the_same_steps() -> None:
         again = [fresh.step(c) for c in trace]
         for a, b, c in zip(*runs, again, strict=True):
             assert torch.equal(a.alloc_ER, b.alloc_ER) and torch.equal(a.alloc_ER, c.alloc_ER)
-            assert (a.planned, a.choice, a.background_plan) == (c.planned, c.choice,
-                                                                c.background_plan)  # fmt: skip
-            assert (a.planned, a.choice, a.background_plan) == (b.planned, b.choice,
-                                                                b.background_plan)  # fmt: skip
+            assert (a.planned, a.choice) == (b.planned, b.choice) == (c.planned, c.choice)
 
 
-def test_inline_auto_charges_its_search_every_step() -> None:
-    """``moonplan-auto-inline``: inline ``auto`` with the horizon measured on its own plans,
-    charged its runs, its choice's work and the measure's read of each plan."""
-    import dataclasses
-
-    from moonplan.plan.ahead import executed
-    from moonplan.plan.reuse import ReplicaLife
-
-    cost, trace = mixed_cost(), drifting(6)
-    inline = make_policy("moonplan-auto-inline", 8, 64, cost=cost, slots=4)
-    previous, life = None, ReplicaLife()
-    for c in trace:
-        step = inline.step(c)
-        measured = dataclasses.replace(cost, horizon=life.horizon(cost.horizon))
-        p = plan(c, slots=4, previous=previous, policy="auto", cost=measured, backend="torch")
-        life.observe(*executed(p))
-        assert step.planned == pytest.approx(p.planned + p.chose + OBSERVE_WORK)
-        assert step.background_plan == 0
-        assert step.name == "moonplan-auto-inline" and step.choice == p.policy
-        assert torch.equal(step.alloc_ER, p.alloc)
-        previous = p
+def drifting(steps: int, seed: int = 0) -> list[torch.Tensor]:
+    """``steps`` lognormal count matrices ``[8, 64]`` (a new draw each step)."""
+    return [generate_counts("lognormal", ranks=8, experts=64, tokens=256, topk=4, sigma=1.5,
+                            seed=seed + i) for i in range(steps)]  # fmt: skip
 
 
 # ---- moonplan-refresh: slots refilled in the background --------------------------------------
@@ -487,8 +372,8 @@ def test_refresh_refills_from_the_window_and_serves_once_copied() -> None:
     policy = make_policy("moonplan-refresh", 8, 64, cost=cost, period=3)
     steps = [policy.step(c) for c in trace]
     window = plan(torch.stack(trace[:3]).sum(0), backend="torch")
-    # the window's plan, the trial plan over its slots and three predictions, beside it
-    search = 1 + 1 + 3 * WORK["score"]
+    # the window's plan and the trial plan over its slots (a run each), beside it
+    search = 1 + 1
     assert [s.background_plan for s in steps] == [0, 0, search] * 3
     assert [s.refill_ER is not None for s in steps] == [False] * 3 + [True, False, False] * 2
     assert torch.equal(steps[3].refill_ER, plan_fetch_ER(window))
@@ -500,7 +385,7 @@ def test_refresh_refills_from_the_window_and_serves_once_copied() -> None:
     assert all(
         torch.equal(a.alloc_ER, b.alloc_ER) for a, b in zip(steps[:4], static[:4], strict=True)
     )
-    served = resident_alloc(trace[4], window.slot_expert)  # from the step after the copy
+    served = plan(trace[4], previous=window, policy="resident").alloc  # after the copy
     assert torch.equal(steps[4].alloc_ER, served)
     assert sum(s.load_R.max() for s in steps[4:]) < sum(s.load_R.max() for s in static[4:])
 

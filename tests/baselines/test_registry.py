@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from moonplan.baselines import POLICY_NAMES
+from moonplan.baselines.planner_time import auto_us, exact_us
 from moonplan.baselines.policy_base import Policy, PolicyStep, make_step
 from moonplan.baselines.registry import PolicyInfo, info, make_policy, names, register, registered
 from moonplan.cli import simulate as cli_simulate
@@ -57,12 +58,13 @@ def test_builtin_registrations_keep_the_old_tables() -> None:
     assert labels == ["static", "rr", "cap1.0", "cap1.25", "eplb", "greedy", "moonplan",
                       "resident", "auto"]  # fmt: skip
     assert info("capacity-3").header("capacity-3") == "capacity-3"  # a family member
-    assert default_plan_us() == dict.fromkeys(
-        ("moonep-greedy", "moonplan", "moonplan-resident", "moonplan-auto",
-         "moonplan-auto-inline", "moonplan-refresh"), 51.0
-    )  # fmt: skip
-    # the inline schedule and the background refresh are registered, not listed
-    assert not {"moonplan-auto-inline", "moonplan-refresh"} & set(names())
+    # the MoonEP greedy's published 51 us; moonplan's kernel by shape (baselines.planner_time)
+    assert default_plan_us() == {
+        "moonep-greedy": 51.0, "moonplan": exact_us, "moonplan-resident": exact_us,
+        "moonplan-auto": auto_us, "moonplan-refresh": exact_us,
+    }  # fmt: skip
+    # the background refresh is registered, not listed
+    assert "moonplan-refresh" not in set(names())
     assert info("moonep-greedy").style == ("--", "s") and info("eplb").style == ("-", ".")
 
 

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.distributed
 
 def _rank_main(rank: int, world: int, experts: int, steps: int) -> list[tuple]:
     # Each rank measures slightly different rates; agreeing on the max makes them equal.
-    base = StepCost.from_hardware("h200-node", "deepseek-v3")
-    mine = base.scaled(copy_s_intra=base.copy_s_intra * (1 + 0.1 * rank))
+    base = StepCost.from_hardware("h200-node", "deepseek-v3", plan_us=20.0, exit_us=1.0)
+    mine = base.scaled(copy_s_intra=base.copy_s_intra * 0.01 * (1 + 0.1 * rank))
     rates = mine.as_tensor()
     dist.all_reduce(rates, op=dist.ReduceOp.MAX)
     cost = StepCost.from_tensor(rates, tile_rows=base.tile_rows, domain=base.domain)
@@ -34,12 +34,11 @@ def _rank_main(rank: int, world: int, experts: int, steps: int) -> list[tuple]:
         out.append(
             (
                 p.policy,
-                dict(p.predicted),
-                p.planned,
-                p.chose,
-                p.basis,
+                p.choice.scores.tolist(),  # every candidate's score, bit for bit
+                p.choice.early_exit(),
                 p.alloc.tolist(),
                 p.slot_expert.tolist(),
+                p.flow.tolist(),
             )
         )
         prev = p
@@ -51,4 +50,4 @@ def test_every_rank_chooses_the_same_plan(world: int) -> None:
     results = run_ranks(_rank_main, world, 16, 4, timeout=60.0)
     for r in range(1, world):
         assert results[r] == results[0], f"rank {r} differs from rank 0"
-    assert all(len(step[1]) >= 1 for step in results[0])  # every step was scored
+    assert any(not step[2] for step in results[0])  # some step scored every candidate

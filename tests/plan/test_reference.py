@@ -190,14 +190,15 @@ def test_reference_fields_serves_the_bounded_builder_and_slots_without_flows() -
     reference builder of ``policy="bounded-<eps>"``), and previous slots without flows."""
     from fractions import Fraction
 
-    from moonplan.plan.candidates import bounded_targets
+    from moonplan.plan.choice.targets import bounded_cap, water_fill
     from moonplan.plan.placement import static_load
     from moonplan.plan.reference import reference_fields, reference_plan, to_tensors
     from moonplan.traces import DriftingTrace
 
     trace = DriftingTrace(4, 12, 80, 2, sigma=2.0, seed=4)
     c0, c = trace.step(), trace.step()
-    target, _ = bounded_targets(static_load(c).tolist(), Fraction(1, 10))
+    load = static_load(c).tolist()
+    target = water_fill(load, bounded_cap(sum(load), len(load), Fraction(1, 10)))
     p = moonplan.plan(c, slots=2, policy="bounded-0.1", backend="reference")
     fields = reference_fields(c, 2, 1, target=target)
     want = to_tensors(reference_plan(c.tolist(), 2, 1, None, None, target), torch.device("cpu"))

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 import moonplan
 from moonplan.baselines.registry import make_policy
-from moonplan.plan.ahead import AheadChoice, executed
-from moonplan.plan.choose import WORK, score
-from moonplan.plan.reuse import OBSERVE_WORK, ReplicaLife
 from moonplan.simulate.acceptance import (
     AUTO,
     IDEAL_POINT,
-    INLINE,
     PEER_BAR,
     PEERS,
     REFRESH,
@@ -46,67 +40,24 @@ def test_grid_points_need_at_least_one_expert_per_rank() -> None:
 
 @pytest.mark.parametrize("serial", [False, True])
 def test_auto_step_time_is_its_plans_predicted_time(serial: bool) -> None:
+    """The simulator charges ``moonplan-auto`` what its plan predicts for itself: one
+    planner call, or the early exit's test."""
     model, hw = get_model("deepseek-v3"), get_hardware("h200-multinode")
     cfg = SimConfig(overlap_prefetch=not serial)
-    cost = cfg.step_cost(model, hw, INLINE)
-    assert cost.overlap is not serial and cost.plan_s == pytest.approx(51e-6)
-    assert cfg.step_cost(model, hw, AUTO) == cost
-    policy = make_policy(INLINE, 16, model.num_experts, cost=cost)
-    previous, life = None, ReplicaLife()  # the horizon inline auto measures on its plans
+    cost = cfg.step_cost(model, hw, AUTO, 16)
+    assert cost.overlap is not serial and cost.plan_s > cost.exit_s > 0
+    policy = make_policy(AUTO, 16, model.num_experts, cost=cost)
+    previous = None
     counts = drifting_counts(16, model.num_experts, 2048, model.top_k, sigma=1.5, steps=3)
     for c in counts:
-        measured = dataclasses.replace(cost, horizon=life.horizon(cost.horizon))
-        p = moonplan.plan(c, previous=previous, policy="auto", cost=measured, backend="torch")
-        life.observe(*executed(p))
+        p = moonplan.plan(c, previous=previous, policy="auto", cost=cost, backend="torch")
         step = policy.step(c)
-        # charged: every construction run, the choice's own work (screens, scorings) and
-        # the measured horizon's read of the plan
-        work = p.planned + p.chose + OBSERVE_WORK
-        assert step.choice == p.policy and step.planned == pytest.approx(work)
-        assert p.chose >= WORK["setup"] + WORK["score"] or p.chose == WORK["keep"]
-        assert torch.equal(step.alloc_ER, p.alloc.cpu())
+        assert step.choice == p.policy and torch.equal(step.alloc_ER, p.alloc.cpu())
         t = step_time(step, model, hw, cfg)
-        charged = cost.plan_time(p, planned=work).total_s
-        assert t.total_s == pytest.approx(charged, rel=1e-12)
-        assert t.plan_s == pytest.approx(work * cost.plan_s, rel=1e-12)
-        if p.predicted:  # a full choice: the plan's score of its candidate amortises the
-            # exposed fetch over the horizon and counts the runs made up to it, not the
-            # choice's own work: they differ by that work, the read and whole runs
-            own = score(t, measured.horizon) - p.predicted[p.policy]
-            runs = own / cost.plan_s - p.chose - OBSERVE_WORK
-            assert runs == pytest.approx(round(runs), abs=1e-6) and 0 <= round(runs) <= p.planned
+        charge = cost.exit_s if p.choice.early_exit() else cost.plan_s
+        assert t.plan_s == pytest.approx(charge, rel=1e-12)
+        assert t.total_s == pytest.approx(p.choice.predicted()[p.policy], rel=1e-12)
         previous = p
-
-
-def test_ahead_step_time_is_the_named_plans_time_plus_the_search_that_did_not_fit() -> None:
-    """``moonplan-auto`` is charged its named build (the plan's own predicted time) and,
-    on top, the part of the background search longer than the step."""
-    model, hw = get_model("deepseek-v3"), get_hardware("h200-node")
-    cfg = SimConfig(plan_us={AUTO: 5000.0})  # a slow host: even a keep test outlasts a step
-    cost = cfg.step_cost(model, hw, AUTO)
-    # L = 1 (search_s=0: every search names the next step): today's charge, step by step
-    policy = make_policy(AUTO, 8, model.num_experts, cost=cost, search_s=0.0)
-    ahead = AheadChoice()
-    previous, waited, unobserved = None, 0.0, 0
-    for c in drifting_counts(8, model.num_experts, 16, model.top_k, sigma=1.0, steps=4):
-        p = moonplan.plan(c, previous=previous, policy=ahead.policy(), cost=cost)
-        step = policy.step(c)
-        work = p.planned + p.chose  # the measure's update runs in the search's thread
-        assert step.choice == p.policy and step.planned == pytest.approx(work)
-        own = cost.plan_time(p, planned=work)
-        found = ahead.update(c, p, previous=previous, cost=cost)  # none after the inline step
-        unobserved += 1  # the measure's updates queued before the next search, in its thread
-        background = 0.0
-        if found is not None:
-            background = (found.planned + found.chose + unobserved * OBSERVE_WORK) * cost.plan_s
-            unobserved = 0
-        assert step.background_plan * cost.plan_s == pytest.approx(background, rel=1e-12)
-        t = step_time(step, model, hw, cfg)
-        wait = max(0.0, background - (own.total_s - own.plan_s))  # beside the step after its plan
-        assert t.total_s == pytest.approx(own.total_s + wait, rel=1e-12)
-        waited += wait
-        previous = p
-    assert waited > 0
 
 
 def test_acceptance_point_ratios() -> None:
@@ -120,13 +71,11 @@ def test_acceptance_point_ratios() -> None:
     assert sum(row["choices"].values()) == 1
     assert row["chosen_only_us"] <= row["us"][AUTO] + 1e-9
     assert row["vs_peers_chosen_only"] == pytest.approx(row["chosen_only_us"] / best)
-    assert row["background_plan"] > 0 and row["background_wait_us"] >= 0
-    assert "vs_peers_inline" not in row
+    assert "vs_peers_refresh" not in row
     both = acceptance_point(("deepseek-v3", "h200-node", 8, 1.0, 1024), grid,
-                            policies=(*PEERS, AUTO, INLINE, REFRESH))  # fmt: skip
+                            policies=(*PEERS, AUTO, REFRESH))  # fmt: skip
     assert both["us"][AUTO] == row["us"][AUTO]  # the same trace, the same steps: rerun alike
     assert both["best_peer_us"] == best  # the policies beside auto are not peers
-    assert both["vs_peers_inline"] == pytest.approx(both["us"][INLINE] / best)
     assert both["vs_peers_refresh"] == pytest.approx(both["us"][REFRESH] / best)
     with pytest.raises(ValueError, match="needs"):
         acceptance_point(IDEAL_POINT, grid, policies=("static-linear",))

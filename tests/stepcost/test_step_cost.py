@@ -8,7 +8,6 @@ import torch
 import moonplan
 from moonplan.cost import get_preset
 from moonplan.stepcost import StepCost, get_hardware, plan_fetch_ER
-from moonplan.stepcost.step_cost import DEFAULT_HORIZON
 
 # Round numbers so every expected time can be written by hand (seconds).
 UNIT = StepCost(
@@ -135,21 +134,20 @@ def test_tensor_round_trip_and_agreement_by_max() -> None:
     slower = a.scaled(copy_s_intra=2 * a.copy_s_intra)
     agreed = StepCost.from_tensor(torch.maximum(a.as_tensor(), slower.as_tensor()), tile_rows=128)
     assert agreed.copy_s_intra == slower.copy_s_intra and agreed.row_flop_s == a.row_flop_s
-    long = a.scaled(horizon=32.0)  # not a rate: passed like tile_rows, default otherwise
-    assert StepCost.from_tensor(long.as_tensor(), tile_rows=128, horizon=32.0) == long
-    assert back.horizon == DEFAULT_HORIZON and long.as_tensor().equal(a.as_tensor())
+    exiting = a.scaled(exit_s=3e-6)  # the early exit's time is a rate, agreed like the rest
+    assert StepCost.from_tensor(exiting.as_tensor(), tile_rows=128).exit_s == 3e-6
 
 
-def test_horizon_steers_only_the_choice_never_the_step_time() -> None:
+def test_horizon_is_deprecated_and_ignored() -> None:
     a = StepCost.from_hardware("h200-node", "deepseek-v3")
-    assert a.horizon == DEFAULT_HORIZON
-    assert StepCost.from_hardware("h200-node", "deepseek-v3", horizon=2.0).horizon == 2.0
+    assert a.horizon is None
+    with pytest.warns(DeprecationWarning, match="horizon"):
+        b = a.scaled(horizon=8.0)
     rows = torch.tensor([[50, 0], [0, 20]])
     sent = torch.tensor([[30, 10], [20, 10]])
     fetch = torch.tensor([[False, False], [True, False]])
     src = torch.tensor([0, 0])
-    t1 = a.scaled(horizon=1.0).step_time(rows, sent, fetch, src)
-    assert a.scaled(horizon=1e6).step_time(rows, sent, fetch, src) == t1
+    assert b.step_time(rows, sent, fetch, src) == a.step_time(rows, sent, fetch, src)
 
 
 @pytest.mark.parametrize(
@@ -159,9 +157,7 @@ def test_horizon_steers_only_the_choice_never_the_step_time() -> None:
         ("copy_s_inter", float("nan")),
         ("tile_rows", 0),
         ("domain", -1),
-        ("horizon", 0.5),
-        ("horizon", float("inf")),
-        ("horizon", True),
+        ("exit_s", -1e-6),
     ],
 )
 def test_bad_values_are_refused(field: str, value: float) -> None:

@@ -1,0 +1,153 @@
+"""``policy="auto"``: one planner call scores every candidate and keeps the fastest.
+
+Legend: R ranks, E experts, B slots, K levels, C = K + 3 candidates.
+
+The candidates (:mod:`~moonplan.plan.choice.table`): static EP, the exact plan restricted
+to resident replicas, ``K - 1`` levels of capped water-filling between exact balance and
+static EP (:mod:`~moonplan.plan.choice.targets`), exact balance, and MoonEP's greedy
+allocation. Each is scored by the step-cost formula (``moonplan.stepcost``) and the least
+predicted time wins, ties to the earlier entry; static EP is one of them, so the chosen
+plan is never predicted slower than static EP. An early exit
+(:mod:`~moonplan.plan.choice.bound`) returns static EP without building anything when the
+counts alone show that nothing can beat it.
+
+The rule is a pure function of the all-gathered counts, ``previous`` and the cost model,
+so every rank chooses alike. Four forms give the same plan and scores bit for bit:
+``reference.py`` (plain Python, the definition), ``host.py`` (CPU tensors), ``tensor.py``
+(torch ops on any device, no host read) and the CUDA kernel (``moonplan.plan.cuda_backend``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from moonplan.errors import PlanError
+from moonplan.plan.choice import host, reference, tensor
+from moonplan.plan.choice.table import LEVELS, Candidate, names, table
+from moonplan.plan.choice.targets import bounded_cap, parse_bounded, water_fill
+from moonplan.plan.plan_type import Choice, Plan, make_plan, plan_to
+from moonplan.plan.reference import previous_flows
+from moonplan.stepcost.step_cost import StepCost
+
+PATHS = ("reference", "host", "tensor")
+"""Forms of the choice: plain Python, host integers (CPU), torch ops (any device)."""
+
+
+def choose(
+    counts_RE: torch.Tensor,
+    num_slots: int,
+    align: int,
+    previous: Plan | None,
+    cost: StepCost,
+    path: str,
+    levels: int = LEVELS,
+) -> Plan:
+    """The ``auto`` plan of validated inputs (int64 ``counts_RE [R, E]`` on its device).
+
+    ``path``: one of :data:`PATHS` (``host`` needs CPU tensors; ``reference`` plans on
+    the host and copies the plan to the counts' device; ``tensor`` reads nothing on the
+    host).
+    """
+    sizes = (num_slots, align)
+    if path == "tensor":
+        prev = _prev(previous, counts_RE.device)
+        fields, (i, s, x) = tensor.choose_tensor(counts_RE, num_slots, align, prev, cost, levels)
+        return _make(counts_RE, fields, sizes, "torch", Choice(names(levels), i, s, x))
+    c = counts_RE.cpu()
+    prev = _prev(previous, torch.device("cpu"))
+    if path == "reference":
+        got = reference.choose_reference(_step(c, num_slots, align, prev), cost, levels)
+        choice = _choice(got.index, got.scores, got.exited, levels)
+        p = _make(c, got.fields, sizes, "reference", choice)
+    elif path == "host":
+        fields, (index, scores, exited) = host.choose_host(c, num_slots, align, prev, cost, levels)
+        p = _make(c, fields, sizes, "torch", _choice(index, scores, exited, levels))
+    else:
+        raise PlanError(f"unknown path {path!r}; choose one of {PATHS}")
+    return plan_to(p, counts_RE.device)
+
+
+def is_named(name: str) -> bool:
+    """Whether ``name`` is a candidate that ``policy=name`` builds on its own."""
+    return name in names() or parse_bounded(name) is not None
+
+
+def build_named(
+    name: str,
+    counts_RE: torch.Tensor,
+    num_slots: int,
+    align: int,
+    previous: Plan | None,
+    reference_backend: bool,
+) -> Plan:
+    """The plan of one named candidate (``"resident"``, ``"greedy"``, ``"level-<k>"``,
+    ``"bounded-<eps>"``; ``"static"`` and ``"exact"`` have their own paths), built on a
+    host copy (reference or host integers) and returned on the counts' device."""
+    c = counts_RE.cpu()
+    prev = _prev(previous, torch.device("cpu"))
+    hs = host.HostStep.of(c, num_slots, align, prev)
+    eps = parse_bounded(name)
+    bound = None
+    if eps is not None:
+        bound = bounded_cap(sum(hs.load), len(hs.load), eps)
+        flows, alloc = host.construct(hs, water_fill(hs.load, bound), replay=True)
+    elif reference_backend:
+        step = _step(c, num_slots, align, prev)
+        got, flows = reference.build(_candidate(name), step, LEVELS)
+        alloc = np.array(got, dtype=np.int64).reshape(c.shape[1], c.shape[0])
+    else:
+        alloc, flows = host.build(_candidate(name), hs, LEVELS)
+    backend = "reference" if reference_backend else "torch"
+    p = make_plan(host.layout(hs, alloc, flows), counts=c, num_slots=num_slots, align=align,
+                  backend=backend, policy=name, planned=int(name != "resident"),
+                  declared_bound=bound)  # fmt: skip
+    return plan_to(p, counts_RE.device)
+
+
+def _candidate(name: str) -> Candidate:
+    for cand in table():
+        if cand.name == name:
+            return cand
+    raise PlanError(f"unknown candidate {name!r}; the candidates are {names()}")
+
+
+def _prev(
+    previous: Plan | None, device: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``previous``'s slots and flows on ``device`` (``(None, None)`` without one)."""
+    if previous is None:
+        return None, None
+    return previous.slot_expert.to(device), previous.flow.to(device)
+
+
+def _step(
+    counts: torch.Tensor,
+    num_slots: int,
+    align: int,
+    prev: tuple[torch.Tensor | None, torch.Tensor | None],
+) -> reference.Step:
+    slots = None if prev[0] is None else prev[0].tolist()
+    return reference.Step(counts.tolist(), num_slots, align, slots, previous_flows(prev[1]))
+
+
+def _choice(index: int, scores: list[float] | torch.Tensor, exited: bool, levels: int) -> Choice:
+    """A :class:`Choice` of host values (CPU tensors)."""
+    return Choice(
+        names(levels),
+        torch.tensor(index, dtype=torch.int64),
+        torch.as_tensor(scores, dtype=torch.float64),
+        torch.tensor(exited),
+    )
+
+
+def _make(
+    counts_RE: torch.Tensor,
+    fields: dict[str, torch.Tensor],
+    sizes: tuple[int, int],
+    backend: str,
+    choice: Choice,
+) -> Plan:
+    num_slots, align = sizes
+    return make_plan(fields, counts=counts_RE, num_slots=num_slots, align=align,
+                     backend=backend, policy="auto", planned=1, choice=choice)  # fmt: skip

@@ -1,0 +1,174 @@
+"""``policy="auto"`` for CPU tensors: the reference's rule on host integers, then torch.
+
+Legend:
+    R ranks    E experts    B slots    K levels    C = K + 3 candidates
+    counts_RE  int64 [R, E] validated counts (CPU)
+    alloc_CER  int64 [C, E, R] every candidate's allocation
+    fetch_CER  bool  [C, E, R] replicas not resident in ``previous``'s slots
+
+The same choice as :mod:`moonplan.plan.choice.reference`, bit for bit, with the fast
+forms: the group-flow constructions as host heap scans (``group_flows.host_alloc``), the
+scores of all candidates in one :func:`~moonplan.stepcost.batch.batch_step_time`, the
+layout of the winner only (``from_alloc.layout_torch``). Where reading is free (the CPU)
+the early exit skips every construction. :mod:`moonplan.plan.choice.tensor` is the form
+that reads nothing on the host, for other devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from moonplan.plan.choice.bound import exit_bound
+from moonplan.plan.choice.resident import resident_torch
+from moonplan.plan.choice.table import LEVELS, Candidate, table
+from moonplan.plan.choice.targets import level_caps, water_fill
+from moonplan.plan.from_alloc import layout_torch
+from moonplan.plan.group_flows import host_alloc, warm_maps
+from moonplan.plan.home import home_edges, targets_list
+from moonplan.plan.reference import Flow, previous_flows
+from moonplan.stepcost.batch import batch_step_time
+from moonplan.stepcost.step_cost import StepCost
+
+
+@dataclass(frozen=True)
+class HostStep:
+    """One step's inputs on the host: numpy views and Python integers."""
+
+    counts: np.ndarray  # int64 [R, E]
+    num_slots: int
+    align: int
+    prev_RB: torch.Tensor | None
+    prev_F3: torch.Tensor | None
+    edges: list[int]  # [R + 1] home groups
+    home: np.ndarray  # int64 [E]
+    total: np.ndarray  # int64 [E] records per expert
+    load: list[int]  # [R] static loads
+
+    @classmethod
+    def of(
+        cls,
+        counts_RE: torch.Tensor,
+        num_slots: int,
+        align: int,
+        prev: tuple[torch.Tensor | None, torch.Tensor | None],
+    ) -> HostStep:
+        c = counts_RE.numpy()
+        R, E = c.shape
+        edges = home_edges(E, R)
+        home = np.repeat(np.arange(R, dtype=np.int64), np.diff(edges))
+        total = c.sum(0)
+        cum = np.concatenate([[0], np.cumsum(total)])
+        load = (cum[edges[1:]] - cum[edges[:-1]]).tolist()
+        return cls(c, num_slots, align, prev[0], prev[1], edges, home, total, load)
+
+    @property
+    def resident(self) -> np.ndarray:
+        """bool ``[E, R]``: ``e`` sits in one of rank ``r``'s previous slots."""
+        R, E = self.counts.shape
+        out = np.zeros((E + 1, R), dtype=bool)
+        if self.prev_RB is not None:
+            slots = self.prev_RB.numpy()
+            out[np.where(slots >= 0, slots, E), np.arange(R)[:, None]] = True
+        return out[:E]
+
+    def static(self) -> np.ndarray:
+        """int64 ``[E, R]``: static EP's allocation."""
+        R, E = self.counts.shape
+        a = np.zeros((E, R), dtype=np.int64)
+        a[np.arange(E), self.home] = self.total
+        return a
+
+
+def choose_host(
+    counts_RE: torch.Tensor,
+    num_slots: int,
+    align: int,
+    prev: tuple[torch.Tensor | None, torch.Tensor | None],
+    cost: StepCost,
+    levels: int = LEVELS,
+) -> tuple[dict[str, torch.Tensor], tuple[int, torch.Tensor, bool]]:
+    """The winner's plan fields and ``(index, scores [C], exited)``; CPU tensors."""
+    hs = HostStep.of(counts_RE, num_slots, align, prev)
+    R = len(hs.load)
+    resident = hs.resident
+    static = hs.static()
+    t_exit = float(_scores(cost, hs, static[None], resident, cost.exit_s)[0])
+    full = (
+        None if resident.any() else float(_scores(cost, hs, static[None], resident, cost.plan_s)[0])
+    )
+    if t_exit <= exit_bound(cost, R, _totals(cost, hs), _home_lb(cost, hs, resident), full):
+        scores = torch.full((levels + 3,), float("inf"), dtype=torch.float64)
+        scores[0] = t_exit
+        return layout(hs, static, []), (0, scores, True)
+    built = [build(c, hs, levels) for c in table(levels)]
+    alloc_CER = np.stack([a for a, _ in built])
+    scores = _scores(cost, hs, alloc_CER, resident, cost.plan_s)
+    best = int(torch.argmin(scores))  # the first least: the earlier candidate on ties
+    return layout(hs, alloc_CER[best], built[best][1]), (best, scores, False)
+
+
+def _scores(
+    cost: StepCost, hs: HostStep, alloc_CER: np.ndarray, resident: np.ndarray, plan_s: float
+) -> torch.Tensor:
+    """float64 ``[C]`` predicted step seconds, each charged ``plan_s``."""
+    alloc = torch.from_numpy(np.ascontiguousarray(alloc_CER))
+    R = alloc.shape[2]
+    away_ER = hs.home[:, None] != np.arange(R)[None, :]
+    fetch = torch.from_numpy((alloc_CER > 0) & away_ER & ~resident)
+    plan_C = torch.full((alloc.shape[0],), plan_s, dtype=torch.float64)
+    counts = torch.from_numpy(hs.counts)
+    return batch_step_time(cost, counts, alloc, fetch, torch.from_numpy(hs.home), plan_C).total_s
+
+
+def build(c: Candidate, hs: HostStep, levels: int) -> tuple[np.ndarray, list[Flow]]:
+    """A candidate's allocation ``[E, R]`` and its construction's flows (reference's)."""
+    if c.kind == "static":
+        return hs.static(), []
+    if c.kind == "resident":
+        counts = torch.from_numpy(hs.counts)
+        return resident_torch(counts, hs.prev_RB, torch.from_numpy(hs.home)).numpy(), []
+    target = targets_list(sum(hs.load), len(hs.load))
+    if c.kind == "level":
+        target = water_fill(hs.load, level_caps(hs.load, levels)[c.level - 1])
+    flows, alloc = construct(hs, target, replay=c.kind != "greedy")
+    return alloc, flows
+
+
+def construct(hs: HostStep, target: list[int], replay: bool) -> tuple[list[Flow], np.ndarray]:
+    """The group-flow construction towards ``target`` (with ``previous``'s flows and
+    residents when ``replay``): its flows and allocation ``[E, R]``."""
+    prev_RB, prev_F3 = (hs.prev_RB, hs.prev_F3) if replay else (None, None)
+    warm = warm_maps(prev_RB, hs.home.tolist())
+    return host_alloc(hs.load, target, hs.total.tolist(), hs.edges, warm, previous_flows(prev_F3))
+
+
+def _totals(cost: StepCost, hs: HostStep) -> tuple[int, int, int]:
+    t = cost.tile_rows
+    T = hs.total
+    return int((-(-T // t) * t).sum()), int((T > 0).sum()), int(T.sum())
+
+
+def _home_lb(cost: StepCost, hs: HostStep, resident: np.ndarray) -> float:
+    """``bound``'s ``home_lb``: the home experts without a resident replica, per rank."""
+    R = len(hs.load)
+    t = cost.tile_rows
+    kept = np.where(resident.any(1), 0, hs.total)  # experts with no resident replica
+    padded = np.bincount(hs.home, -(-kept // t) * t, minlength=R).astype(np.int64)
+    busy = np.bincount(hs.home, kept > 0, minlength=R).astype(np.int64)
+    rows = np.bincount(hs.home, kept, minlength=R).astype(np.int64)
+    mem = busy * cost.weight_read_s + rows * cost.row_mem_s
+    return float(np.maximum(padded * cost.row_flop_s, mem).max())
+
+
+def layout(hs: HostStep, alloc_ER: np.ndarray, flows: list[Flow]) -> dict[str, torch.Tensor]:
+    """The plan fields of ``alloc_ER`` with ``flows`` recorded."""
+    a = torch.from_numpy(np.ascontiguousarray(alloc_ER))
+    fields = layout_torch(a, hs.num_slots, hs.align, hs.prev_RB)
+    R = a.shape[1]
+    F = max(R - 1, 0)
+    padded = flows + [(-1, -1, 0)] * (F - len(flows))
+    fields["flow"] = torch.tensor(padded, dtype=torch.int64).reshape(F, 3)
+    return fields

@@ -1,0 +1,177 @@
+"""The readable definition of ``policy="auto"``: every candidate built, scored, the least kept.
+
+Legend:
+    R ranks    E experts    B slots    K levels    C = K + 3 candidates
+    T[e]       records of expert e     L[r]  static load of rank r    N  records in all
+    resident   pairs ``(e, r)`` with ``e`` in ``previous``'s slots of rank ``r``
+
+Plain Python and the planner's reference construction (``moonplan.plan.reference``); the
+torch (``tensor.py``), host (``host.py``) and CUDA forms give the same plan and scores,
+bit for bit. The rule, for counts, ``previous`` and a cost model:
+
+1. **Early exit.** Score static EP charged only the test (``cost.exit_s``). If that is at
+   most :func:`~moonplan.plan.choice.bound.exit_bound` (a time no other candidate can beat),
+   return the static plan: nothing else is built or scored.
+2. **Candidates.** Otherwise build every entry of the table
+   (:mod:`~moonplan.plan.choice.table`): static EP; each ``level-k``, ``exact`` and
+   ``greedy`` by one run of the group-flow construction (``level-k`` towards
+   ``water_fill(L, cap_k)``, ``exact`` towards the exact targets, both replaying
+   ``previous``; ``greedy`` without ``previous``); ``resident`` from ``exact``'s
+   allocation with its replicas that are not resident sent back home.
+3. **Scores.** Each candidate's predicted step time (``cost.step_time``), charged one
+   planner call (``cost.plan_s``), with the weights it fetches: its replicas that are not
+   resident in ``previous``'s slots.
+4. **Choice.** The least score; ties go to the earlier entry of the table. Static EP is a
+   candidate, so the chosen plan's predicted time is never above static EP's.
+5. **Layout.** The winner's slots (residents kept) and rows (``from_alloc`` layout); its
+   construction's flows are recorded for the next step's replay.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from moonplan.plan.choice.bound import exit_bound
+from moonplan.plan.choice.resident import resident_reference
+from moonplan.plan.choice.table import LEVELS, Candidate, table
+from moonplan.plan.choice.targets import level_caps, water_fill
+from moonplan.plan.from_alloc import layout_reference
+from moonplan.plan.home import home_list
+from moonplan.plan.reference import Flow, reference_plan
+from moonplan.stepcost.step_cost import StepCost
+
+Alloc = list[list[int]]  # [E][R]
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The reference choice: the winner's plan fields and how it was chosen."""
+
+    fields: dict[str, torch.Tensor]
+    index: int
+    scores: list[float]  # [C], inf where not scored
+    exited: bool
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step's inputs as plain Python values."""
+
+    counts: list[list[int]]  # [R][E]
+    slots: int
+    align: int
+    prev_slots: list[list[int]] | None  # [R][B]
+    prev_flows: list[Flow]
+
+    @property
+    def resident(self) -> set[tuple[int, int]]:
+        """``(e, r)`` pairs resident in ``previous``'s slots."""
+        rows = self.prev_slots or []
+        return {(e, r) for r, row in enumerate(rows) for e in row if e >= 0}
+
+
+def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen:
+    """``policy="auto"`` on ``step`` (module docstring); the fields are CPU int64 tensors."""
+    counts = step.counts
+    R, E = len(counts), len(counts[0])
+    home = home_list(E, R)
+    static = _static_alloc(counts, home)
+    t_exit = _time(cost, step, static, cost.exit_s)
+    static_full = None if step.resident else _time(cost, step, static, cost.plan_s)
+    bound = exit_bound(cost, R, _totals(cost, counts), _home_lb(cost, step, home), static_full)
+    if t_exit <= bound:
+        scores = [t_exit] + [math.inf] * (levels + 2)
+        return Chosen(_layout(step, static, []), 0, scores, True)
+    built = [build(c, step, levels) for c in table(levels)]
+    scores = [_time(cost, step, alloc, cost.plan_s) for alloc, _ in built]
+    best = min(range(len(scores)), key=lambda i: (scores[i], i))
+    alloc, flows = built[best]
+    return Chosen(_layout(step, alloc, flows), best, scores, False)
+
+
+def _static_alloc(counts: list[list[int]], home: list[int]) -> Alloc:
+    R, E = len(counts), len(counts[0])
+    alloc = [[0] * R for _ in range(E)]
+    for e in range(E):
+        alloc[e][home[e]] = sum(row[e] for row in counts)
+    return alloc
+
+
+def build(c: Candidate, step: Step, levels: int) -> tuple[Alloc, list[Flow]]:
+    """A candidate's allocation and the flows its construction recorded (none without one)."""
+    R, E = len(step.counts), len(step.counts[0])
+    static = _static_alloc(step.counts, home_list(E, R))
+    if c.kind == "static":
+        return static, []
+    if c.kind == "resident":
+        return resident_reference(step.counts, step.prev_slots, home_list(E, R)), []
+    prev = (step.prev_slots, step.prev_flows)
+    if c.kind == "greedy":
+        prev = (None, [])
+    target = None
+    if c.kind == "level":
+        load = [sum(row) for row in zip(*static, strict=True)]
+        target = water_fill(load, level_caps(load, levels)[c.level - 1])
+    res = reference_plan(step.counts, step.slots, 1, prev[0], prev[1], target)
+    return res.alloc, res.flows
+
+
+def _time(cost: StepCost, step: Step, alloc: Alloc, plan_s: float) -> float:
+    """Predicted step seconds of ``alloc``, charged ``plan_s`` of planning."""
+    R, E = len(step.counts), len(step.counts[0])
+    home = home_list(E, R)
+    resident = step.resident
+    fetch = [[alloc[e][r] > 0 and r != home[e] and (e, r) not in resident for r in range(R)]
+             for e in range(E)]  # fmt: skip
+    t = cost.scaled(plan_s=plan_s).step_time(
+        torch.tensor(alloc, dtype=torch.int64).reshape(E, R),
+        torch.tensor(step.counts, dtype=torch.int64),
+        torch.tensor(fetch, dtype=torch.bool).reshape(E, R),
+        torch.tensor(home, dtype=torch.int64),
+        planned=1,
+    )
+    return t.total_s
+
+
+def _totals(cost: StepCost, counts: list[list[int]]) -> tuple[int, int, int]:
+    """``(sum_e tile(T[e]), experts with records, N)`` for the bound."""
+    T = [sum(col) for col in zip(*counts, strict=True)]
+    t = cost.tile_rows
+    return sum(-(-x // t) * t for x in T), sum(1 for x in T if x > 0), sum(T)
+
+
+def _home_lb(cost: StepCost, step: Step, home: list[int]) -> float:
+    """The largest roofline over ranks of their home experts without a resident replica."""
+    resident = step.resident
+    R = len(step.counts)
+    T = [sum(col) for col in zip(*step.counts, strict=True)]
+    moved = {e for e, _ in resident}
+    sums = [[0, 0, 0] for _ in range(R)]  # padded rows, experts with records, rows
+    t = cost.tile_rows
+    for e, x in enumerate(T):
+        if e not in moved:
+            s = sums[home[e]]
+            s[0], s[1], s[2] = s[0] + -(-x // t) * t, s[1] + (x > 0), s[2] + x
+    return max(_roofline(cost, *s) for s in sums)
+
+
+def _roofline(cost: StepCost, padded: int, experts: int, rows: int) -> float:
+    """``StepCost``'s roofline of one rank's integer sums."""
+    mem = experts * cost.weight_read_s + rows * cost.row_mem_s
+    return max(padded * cost.row_flop_s, mem)
+
+
+def _layout(step: Step, alloc: Alloc, flows: list[Flow]) -> dict[str, torch.Tensor]:
+    """The plan fields of ``alloc`` (residents keep their slot) with ``flows`` recorded."""
+    R, E = len(step.counts), len(step.counts[0])
+    counts = torch.tensor(step.counts, dtype=torch.int64)
+    prev = None if step.prev_slots is None else torch.tensor(step.prev_slots, dtype=torch.int64)
+    a = torch.tensor(alloc, dtype=torch.int64).reshape(E, R)
+    fields = layout_reference(counts, a, step.slots, step.align, prev)
+    F = max(R - 1, 0)
+    padded = flows + [(-1, -1, 0)] * (F - len(flows))
+    fields["flow"] = torch.tensor(padded, dtype=torch.int64).reshape(F, 3)
+    return fields

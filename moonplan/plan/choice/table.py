@@ -1,0 +1,76 @@
+"""The candidates ``policy="auto"`` chooses among, in tie-break order.
+
+Legend: R ranks, E experts, K levels (:data:`LEVELS`), C = K + 3 candidates.
+
+Every step ``auto`` scores all of them with the step-cost formula and takes the least
+predicted step time; ties go to the earlier entry: static EP first (never a plan predicted
+no faster than static EP), then ``exact`` (a candidate that plans the same allocation as
+``exact`` is named ``exact``), then the others, fewer weight moves first. The table is
+fixed by ``K`` alone (not by the counts), so the device planner's shapes depend only on
+``(R, E, B)``.
+
+* ``static``: every record on its expert's home rank (static EP);
+* ``exact``: the group-flow construction towards the exact targets, ``previous``'s flows
+  replayed and resident pairs preferred;
+* ``resident``: records moved only to replicas resident in ``previous``'s slots
+  (:mod:`~moonplan.plan.choice.resident`: a few parallel rounds, no weight moves);
+* ``level-k`` (``k = K-1 .. 1``): the construction towards ``water_fill(L, cap_k)``,
+  ``cap_k`` the k-th of :func:`~moonplan.plan.choice.targets.level_caps`;
+* ``greedy``: the construction towards the exact targets without ``previous`` (MoonEP's
+  greedy allocation), its replicas reusing the residents.
+
+Without ``previous=`` the ``resident`` plan is ``static`` and ``greedy`` is ``exact``: each
+ties the earlier one and never wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LEVELS = 8
+"""``K``: levels between exact balance (level 0) and static EP (level ``K``). Each level
+is one candidate; the caps are ``(max L - m) / K`` records apart, which bounds what a
+finer grid could gain (``docs/planner-policy.md``, "Levels")."""
+
+KINDS = ("static", "resident", "level", "exact", "greedy")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One entry of the table: its name (``plan.policy`` when it wins), kind and level."""
+
+    name: str
+    kind: str
+    level: int = 0
+
+    @property
+    def constructs(self) -> bool:
+        """Whether it is built by its own run of the group-flow construction."""
+        return self.kind in ("level", "exact", "greedy")
+
+
+def table(levels: int = LEVELS) -> tuple[Candidate, ...]:
+    """The ``levels + 3`` candidates in tie-break order (module docstring)."""
+    if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:
+        raise ValueError(f"levels must be an integer >= 1, got {levels!r}")
+    steps = tuple(Candidate(f"level-{k}", "level", k) for k in range(levels - 1, 0, -1))
+    return (
+        Candidate("static", "static"),
+        Candidate("exact", "exact"),
+        Candidate("resident", "resident"),
+        *steps,
+        Candidate("greedy", "greedy"),
+    )
+
+
+def names(levels: int = LEVELS) -> tuple[str, ...]:
+    """The candidates' names in table order."""
+    return tuple(c.name for c in table(levels))
+
+
+def parse_level(name: str, levels: int = LEVELS) -> int | None:
+    """``k`` of ``"level-k"`` (``1 <= k < levels``), else ``None``."""
+    if not name.startswith("level-") or not name[6:].isdigit():
+        return None
+    k = int(name[6:])
+    return k if 1 <= k < levels and name == f"level-{k}" else None

@@ -1,0 +1,137 @@
+"""``policy="auto"`` in torch ops on any device, with no host read (CUDA-graph capturable).
+
+Legend:
+    R ranks    E experts    B slots    M = ceil(E/R)    K levels    C = K + 3 candidates
+    alloc_CER  int64 [C, E, R] every candidate's allocation, in table order
+    flow_CF3   int64 [C, R-1, 3] the flows each candidate's construction recorded
+
+The same choice as :mod:`moonplan.plan.choice.reference`, bit for bit: every candidate is
+built with the construction's masked tensor steps (``torch_backend.alloc_tensor``, a
+fixed number of steps), scored in one :func:`~moonplan.stepcost.batch.batch_step_time`,
+and the winner is selected and laid out by indexing with a device tensor. Shapes depend
+only on ``(R, E, B, K)``. The early exit is decided here too, but only selects: with no
+host read nothing can be skipped, so this form costs the full choice every step (the
+CUDA kernel skips the constructions when it exits; :mod:`~moonplan.plan.choice.host` is
+the CPU's fast form).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moonplan.plan.choice.bound import exit_bound_torch
+from moonplan.plan.choice.resident import resident_torch
+from moonplan.plan.choice.table import LEVELS, table
+from moonplan.plan.choice.targets import level_caps_torch, water_fill_torch
+from moonplan.plan.from_alloc import home_layout, layout_torch
+from moonplan.plan.placement import static_alloc
+from moonplan.plan.torch_backend import Steps12Inputs, alloc_tensor, resident_map
+from moonplan.stepcost.batch import _padded, _roofline, batch_step_time
+from moonplan.stepcost.step_cost import StepCost
+
+
+def choose_tensor(
+    counts_RE: torch.Tensor,
+    num_slots: int,
+    align: int,
+    prev: tuple[torch.Tensor | None, torch.Tensor | None],
+    cost: StepCost,
+    levels: int = LEVELS,
+) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The winner's plan fields and ``(index 0-d, scores [C], exited 0-d)``, all on the
+    counts' device."""
+    R, E = counts_RE.shape
+    dev = counts_RE.device
+    prev_RB = prev[0]
+    home_E, ids_RM = home_layout(E, R, dev)
+    T_E = counts_RE.sum(0)
+    load_R = torch.zeros(R, dtype=torch.int64, device=dev).index_add_(0, home_E, T_E)
+    resident_ER = _resident(prev_RB, E, R, dev)
+    static_ER = static_alloc(counts_RE)
+    t_exit = _scores(cost, counts_RE, static_ER[None], resident_ER, home_E, cost.exit_s)[0]
+    static_full = _scores(cost, counts_RE, static_ER[None], resident_ER, home_E, cost.plan_s)[0]
+    bound = _bound(cost, T_E, home_E, resident_ER, static_full)
+    exited = t_exit <= bound
+    alloc_CER, flow_CF3 = _candidates(counts_RE, (load_R, T_E, home_E, ids_RM), prev, levels)
+    scores = _scores(cost, counts_RE, alloc_CER, resident_ER, home_E, cost.plan_s)
+    C = alloc_CER.shape[0]
+    first = torch.arange(C, device=dev) == 0
+    scores = torch.where(exited, torch.where(first, t_exit, torch.inf), scores)
+    index = torch.argmin(scores)  # the first least: the earlier candidate on ties
+    pick = index.view(1)
+    alloc_ER = alloc_CER.index_select(0, pick)[0]
+    fields = layout_torch(alloc_ER, num_slots, align, prev_RB, host=False)
+    fields["flow"] = flow_CF3.index_select(0, pick)[0]
+    return fields, (index, scores, exited)
+
+
+def _resident(prev_RB: torch.Tensor | None, E: int, R: int, dev: torch.device) -> torch.Tensor:
+    """bool ``[E, R]`` resident pairs (none without ``previous``)."""
+    if prev_RB is None:
+        return torch.zeros(E, R, dtype=torch.bool, device=dev)
+    return resident_map(prev_RB, E)
+
+
+def _scores(
+    cost: StepCost,
+    counts_RE: torch.Tensor,
+    alloc_CER: torch.Tensor,
+    resident_ER: torch.Tensor,
+    home_E: torch.Tensor,
+    plan_s: float,
+) -> torch.Tensor:
+    """float64 ``[C]`` predicted step seconds, each charged ``plan_s``."""
+    R = alloc_CER.shape[2]
+    away_ER = home_E[:, None] != torch.arange(R, device=home_E.device)[None, :]
+    fetch_CER = (alloc_CER > 0) & (away_ER & ~resident_ER)
+    plan_C = torch.full((alloc_CER.shape[0],), plan_s, dtype=torch.float64, device=home_E.device)
+    return batch_step_time(cost, counts_RE, alloc_CER, fetch_CER, home_E, plan_C).total_s
+
+
+def _bound(
+    cost: StepCost,
+    T_E: torch.Tensor,
+    home_E: torch.Tensor,
+    resident_ER: torch.Tensor,
+    static_full: torch.Tensor,
+) -> torch.Tensor:
+    """float64 0-d: ``bound.exit_bound_torch`` of this step."""
+    R = resident_ER.shape[1]
+    totals = (_padded(cost, T_E).sum(), (T_E > 0).sum(), T_E.sum())
+    kept_E = torch.where(resident_ER.any(1), 0, T_E)  # experts with no resident replica
+    zero_R = torch.zeros(R, dtype=torch.int64, device=T_E.device)
+    parts = (_padded(cost, kept_E), (kept_E > 0).long(), kept_E)
+    sums = [zero_R.index_add(0, home_E, x) for x in parts]
+    home_lb = _roofline(cost, *(x[None] for x in sums))[0].amax()
+    return exit_bound_torch(cost, R, totals, home_lb, static_full, resident_ER.any())
+
+
+def _candidates(
+    counts_RE: torch.Tensor,
+    homes: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    prev: tuple[torch.Tensor | None, torch.Tensor | None],
+    levels: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(alloc_CER, flow_CF3)`` of every candidate, in table order."""
+    load_R, T_E, home_E, ids_RM = homes
+    R = counts_RE.shape[0]
+    N = T_E.sum()
+    exact_R = N // R + (torch.arange(R, device=T_E.device) < N % R).to(torch.int64)
+    level_KR = water_fill_torch(load_R, level_caps_torch(load_R, levels))
+
+    def build(target_R: torch.Tensor, replay: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        prev_RB, prev_F3 = prev if replay else (None, None)
+        step = Steps12Inputs(load_R, target_R, T_E, home_E, prev_RB, prev_F3)
+        _, flow_F3, alloc_ER = alloc_tensor(step, ids_RM, stop_early=False)
+        return alloc_ER, flow_F3
+
+    static_ER = static_alloc(counts_RE)
+    none_F3 = torch.full((max(R - 1, 0), 3), -1, dtype=torch.int64, device=T_E.device)
+    none_F3[:, 2] = 0
+    exact = build(exact_R, True)
+    out = {"exact": exact, "greedy": build(exact_R, False), "static": (static_ER, none_F3)}
+    out["resident"] = (resident_torch(counts_RE, prev[0], home_E), none_F3)
+    for k in range(1, levels):
+        out[f"level-{k}"] = build(level_KR[k - 1], True)
+    allocs, flows = zip(*(out[c.name] for c in table(levels)), strict=True)
+    return torch.stack(allocs), torch.stack(flows)

@@ -1,0 +1,212 @@
+"""``policy="auto"``: every form gives the reference's plan, and the choice's properties.
+
+Legend: R ranks, E experts, B slots, M = ceil(E/R).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import moonplan
+from moonplan import PlanError, check_plan
+from moonplan.baselines.moonep_greedy import moonep_greedy_alloc
+from moonplan.plan.choice import PATHS, choose
+from moonplan.plan.choice.table import LEVELS, names
+from moonplan.plan.plan_type import PLAN_TENSORS, Plan
+from moonplan.testing import counts
+from moonplan.traces import DriftingTrace
+from tests.plan.choice.costs import COMPUTE_ONLY, H200, MULTI, costs, full
+from tests.plan.draw import counts_like
+
+
+def _same(a: Plan, b: Plan) -> None:
+    for k in PLAN_TENSORS:
+        assert torch.equal(getattr(a, k), getattr(b, k)), k
+    assert a.choice is not None and b.choice is not None
+    assert torch.equal(a.choice.scores, b.choice.scores)  # bit for bit, inf included
+    assert (a.policy, a.choice.early_exit(), a.planned) == (b.policy, b.choice.early_exit(), 1)
+
+
+def _auto(c: torch.Tensor, slots: int, prev: Plan | None, cost, path: str) -> Plan:
+    return choose(c, slots, 1, prev, cost, path)
+
+
+@given(st.data())
+@settings(deadline=None)
+def test_every_form_is_the_reference_bit_for_bit(data: st.DataObject) -> None:
+    """Random and adversarial counts, chains of previous plans, B from 0 to 2M + 3."""
+    first = data.draw(counts(max_ranks=6, max_experts=14, max_records_per_rank=300))
+    R, E = first.shape
+    M = -(-E // R)
+    slots = data.draw(st.integers(0, min(2 * M + 3, E)))
+    cost = data.draw(costs())
+    prev = {path: None for path in PATHS}
+    for step in range(3):
+        c = first if step == 0 or data.draw(st.booleans()) else counts_like(data, first)
+        got = {path: _auto(c, slots, prev[path], cost, path) for path in PATHS}
+        for path in PATHS[1:]:
+            _same(got["reference"], got[path])
+        check_plan(got["host"], c, previous=prev["host"])
+        prev = got
+
+
+@given(st.data())
+@settings(deadline=None)
+def test_chosen_is_predicted_no_slower_than_any_candidate(data: st.DataObject) -> None:
+    """Static EP included; with the early exit, static charged the test alone is below
+    every candidate charged its planning: the bound holds."""
+    first = data.draw(counts(max_ranks=6, max_experts=14, max_records_per_rank=300))
+    R, E = first.shape
+    slots = data.draw(st.integers(0, E))
+    cost = data.draw(costs())
+    prev = moonplan.plan(counts_like(data, first), slots=slots)
+    p = _auto(first, slots, prev, cost, "host")
+    if R == 1:  # one rank: nothing but static EP exists, and the bound is infinite
+        assert p.choice.early_exit() and p.policy == "static"
+        return
+    every = _auto(first, slots, prev, full(cost), "host")  # every candidate scored
+    scores = every.choice.scores.tolist()
+    assert all(math.isfinite(s) for s in scores) and len(scores) == LEVELS + 3
+    mine = float(p.choice.scores[int(p.choice.index)])
+    assert mine <= min(scores)
+    charge = cost.exit_s if p.choice.early_exit() else cost.plan_s
+    assert mine == cost.scaled(plan_s=charge).plan_time(p).total_s  # its own prediction
+
+
+@given(counts(max_ranks=6, max_experts=14, max_records_per_rank=300))
+@example(torch.tensor([[0, 0], [43, 44]]))
+def test_exact_balance_when_copies_and_planning_are_free(c: torch.Tensor) -> None:
+    p = moonplan.plan(c, policy="auto", cost=COMPUTE_ONLY)
+    R = c.shape[0]
+    assert int(p.alloc.sum(0).max()) == -(-int(c.sum()) // R)  # exact's busiest rank
+
+
+@given(counts(max_ranks=6, max_experts=14, families=["uniform", "random"]), st.data())
+def test_static_when_copies_are_prohibitive(c: torch.Tensor, data: st.DataObject) -> None:
+    base = data.draw(st.sampled_from([H200, MULTI]))
+    p = moonplan.plan(c, policy="auto", cost=base.scaled(copy_s_intra=10.0, copy_s_inter=10.0))
+    assert p.policy == "static" and p.copies() == 0
+    assert p.choice is not None and p.choice.early_exit()  # nothing else was built
+    assert list(p.predicted) == ["static"]
+
+
+def test_exact_wins_a_skewed_step_when_copies_are_free() -> None:
+    c = torch.tensor([[4000, 100, 50, 10, 5, 5, 0, 30]] * 4)
+    p = moonplan.plan(c, policy="auto", cost=COMPUTE_ONLY)
+    assert p.policy == "exact" and p.alloc.sum(0).tolist() == [4200] * 4
+    assert not p.choice.early_exit() and list(p.predicted) == list(names())
+
+
+def test_resident_reuses_what_the_previous_step_copied() -> None:
+    """Copies free on the first step, prohibitive after: auto balances through the
+    replicas the first step left resident and copies nothing more."""
+    trace = DriftingTrace(8, 32, 2048, 4, seed=1, sigma=1.5, rho=0.999)
+    free = COMPUTE_ONLY.scaled(plan_s=1e-6)
+    dear = H200.scaled(copy_s_intra=1.0, copy_s_inter=1.0)
+    prev = moonplan.plan(trace.step(), slots=2, policy="auto", cost=free)
+    assert prev.new_copies() > 0
+    picked = []
+    for _ in range(4):
+        c = trace.step()
+        p = moonplan.plan(c, slots=2, previous=prev, policy="auto", cost=dear)
+        check_plan(p, c, previous=prev)
+        assert p.new_copies() == 0 and p.summary()["direct"] == 0
+        static_max = int(moonplan.plan(c, policy="static").alloc.sum(0).max())
+        assert int(p.alloc.sum(0).max()) <= static_max
+        picked.append(p.policy)
+        prev = p
+    assert "resident" in picked, picked
+
+
+def test_chosen_plans_chain_as_previous_and_pickle() -> None:
+    trace = DriftingTrace(8, 32, 2048, 4, seed=1, sigma=1.5, rho=0.9)
+    prev, picked = None, set()
+    for step in range(12):
+        c = trace.step()
+        cost = H200.scaled(copy_s_intra=H200.copy_s_intra * (0.05 if step % 3 else 30))
+        p = moonplan.plan(c, slots=2, previous=prev, policy="auto", cost=cost)
+        check_plan(p, c, previous=prev)
+        picked.add(p.policy)
+        buf = io.BytesIO()
+        torch.save(p, buf)
+        buf.seek(0)
+        q = torch.load(buf, weights_only=False)
+        assert dict(q.predicted) == dict(p.predicted) and q.policy == p.policy
+        prev = p
+    assert len(picked) >= 2, picked
+
+
+def test_policy_names_and_costs_are_checked() -> None:
+    c = torch.tensor([[9, 1], [0, 4]])
+    for bad in ("exact ", "bounded-0.1 ", "auto ", "level-0", "fastest", "", None, 3):
+        with pytest.raises(PlanError):
+            moonplan.plan(c, policy=bad)  # type: ignore[arg-type]
+    for cost in (None, object(), {"plan_s": 1.0}):
+        with pytest.raises(PlanError, match="StepCost"):
+            moonplan.plan(c, policy="auto", cost=cost)  # type: ignore[arg-type]
+
+
+@given(st.data())
+def test_named_candidates_meet_their_bounds(data: st.DataObject) -> None:
+    first = data.draw(counts(max_ranks=7, max_experts=16))
+    R, E = first.shape
+    slots = data.draw(st.none() | st.integers(0, min(-(-E // R) + 1, E)))
+    prev = moonplan.plan(first, slots=slots)
+    c = counts_like(data, first)
+    for name in ("resident", "greedy", "level-1", "level-7", "bounded-0", "bounded-1.5"):
+        ref = moonplan.plan(c, slots=slots, previous=prev, policy=name, backend="reference")
+        got = moonplan.plan(c, slots=slots, previous=prev, policy=name)
+        for k in PLAN_TENSORS:
+            assert torch.equal(getattr(ref, k), getattr(got, k)), (name, k)
+        assert got.policy == name and got.load_bound >= int(got.alloc.sum(0).max())
+        check_plan(got, c, previous=prev)
+
+
+@given(counts(max_ranks=7, max_experts=16), st.data())
+def test_resident_moves_only_to_residents(c: torch.Tensor, data: st.DataObject) -> None:
+    R, E = c.shape
+    slots = data.draw(st.integers(0, min(-(-E // R) + 2, E)))
+    prev = moonplan.plan(counts_like(data, c), slots=slots)
+    p = moonplan.plan(c, slots=slots, previous=prev, policy="resident")
+    assert p.new_copies() == 0 and p.summary()["direct"] == 0
+    resident = {(e, r) for r, row in enumerate(prev.slot_expert.tolist()) for e in row if e >= 0}
+    used = {(int(e), int(r)) for e, r in p.replica_mask().nonzero().tolist()}
+    assert used <= resident
+    static_R = moonplan.plan(c, policy="static").alloc.sum(0)
+    assert int(p.alloc.sum(0).max()) <= int(static_R.max()) or not used
+
+
+@given(st.data())
+def test_greedy_is_the_moonep_greedy_allocation_with_residents_kept(data: st.DataObject) -> None:
+    first = data.draw(counts(max_ranks=7, max_experts=16))
+    R, E = first.shape
+    slots = data.draw(st.none() | st.integers(0, -(-E // R)))
+    prev = moonplan.plan(first, slots=slots)
+    c = counts_like(data, first)
+    greedy = moonep_greedy_alloc(c)  # the baseline, written independently from the description
+    for backend in ("reference", "torch"):
+        p = moonplan.plan(c, slots=slots, previous=prev, policy="greedy", backend=backend)
+        assert p.policy == "greedy" and torch.equal(p.alloc, greedy)
+        check_plan(p, c, previous=prev)
+        r_N, j_N = p.slot_new.nonzero(as_tuple=True)
+        moved = {(int(p.slot_expert[r, j]), int(r)) for r, j in zip(r_N, j_N, strict=True)}
+        old = {(e, r) for r, row in enumerate(prev.slot_expert.tolist()) for e in row if e >= 0}
+        assert not (moved & old)  # a resident replica keeps its slot: only new ones move
+
+
+def test_summary_and_predicted_report_the_choice() -> None:
+    c = torch.tensor([[90, 1, 2, 3], [50, 0, 0, 1]])
+    p = moonplan.plan(c, policy="auto", cost=H200)
+    with pytest.raises(TypeError):
+        p.predicted["static"] = 0.0  # type: ignore[index]
+    s = p.summary()
+    assert s["policy"] == p.policy and s["load_bound"] == p.load_bound
+    assert s["predicted"] == dict(p.predicted) and math.isfinite(s["predicted"]["static"])
+    exact = moonplan.plan(c)
+    assert (exact.policy, dict(exact.predicted), exact.planned) == ("exact", {}, 1)
