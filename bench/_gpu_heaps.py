@@ -10,6 +10,7 @@ Legend: R ranks (processes on the one GPU), H hidden, F ffn, E experts, K top-k,
     nvshmem_1  the NVSHMEM heap at one PE: allocate, write through ``peer(0)``, read back
     layers     one MoonMoE step (forward and backward, bf16) on the ipc heap and on the
                NVSHMEM heap, same weights and tokens: output and gradients bit for bit
+               (the ipc step runs twice: where it does not repeat its own bits, to 1e-2)
 
 NVSHMEM is initialised once per process (uid bootstrap over the loopback interface
 unless ``NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME`` says otherwise; ``NVSHMEM_SYMMETRIC_SIZE``
@@ -156,10 +157,18 @@ def layer_step(backend: str, dev: torch.device) -> list[torch.Tensor]:
 
 
 def same_layer_bits(backends: tuple[str, str], dev: torch.device) -> dict[str, Any]:
-    """The same step on two heaps: equal bits (the kernels do not depend on the heap)."""
-    a, b = (layer_step(name, dev) for name in backends)
+    """The same step on two heaps: equal bits (the kernels do not depend on the heap). The
+    first heap runs twice: if its two runs differ (a non-deterministic kernel), bit
+    equality across heaps cannot be asked, and the heaps must agree to 1e-2 instead."""
+    a, b, again = (layer_step(name, dev) for name in (*backends, backends[0]))
     same = [bool(torch.equal(x, y)) for x, y in zip(a, b, strict=True)]
-    return {"ok": all(same), "backends": list(backends), "same_y_dx_dgate_up": same}
+    repeat = all(bool(torch.equal(x, y)) for x, y in zip(a, again, strict=True))
+    close = all(
+        float((x.double() - y.double()).norm() / y.double().norm().clamp(min=1e-30)) < 1e-2
+        for x, y in zip(a, b, strict=True)
+    )
+    ok = all(same) if repeat else close
+    return {"ok": ok, "backends": list(backends), "same_y_dx_dgate_up": same, "repeatable": repeat}
 
 
 def _fake_mapper(directory: str) -> None:

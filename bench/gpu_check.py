@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _common import bench_parser, section  # noqa: E402  (bench/ is the script's folder)
 
-BOXES = {"env": 30, "heaps": 75, "pytest": 170, "step": 120, "runtime": 75, "planner": 60}
+BOXES = {"env": 30, "heaps": 75, "pytest": 170, "step": 120, "runtime": 100, "planner": 60}
 SMOKE_PYTEST = ["tests/comm/test_ipc_heap.py", "tests/runtime/test_layer_ipc.py"]
 LOG_TAIL = 200_000  # characters of each section's output kept in sections.log
 

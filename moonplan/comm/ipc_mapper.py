@@ -94,17 +94,17 @@ class IpcMapper(Protocol):
 
 
 class _CudaBytes:
-    """``__cuda_array_interface__`` (version 3) of ``nbytes`` bytes at ``ptr``: what
-    ``torch.as_tensor`` wraps without copying (the tensor keeps this object alive)."""
+    """``__cuda_array_interface__`` (version 2: no stream to synchronise with; the heap's
+    barriers order the accesses) of ``nbytes`` bytes at ``ptr``: what ``torch.as_tensor``
+    wraps without copying (the tensor keeps this object alive)."""
 
     def __init__(self, ptr: int, nbytes: int):
         self.__cuda_array_interface__ = {
             "shape": (nbytes,),
             "typestr": "|u1",
             "data": (ptr, False),
-            "version": 3,
+            "version": 2,
             "strides": None,
-            "stream": None,  # no synchronisation: the heap's barriers order the accesses
         }
 
 
