@@ -2,9 +2,12 @@
 
 Legend: R ranks (processes on the one GPU), H hidden, F ffn, E experts, K top-k, T tokens.
 
+:func:`install_nvshmem` (run by ``gpu_check.py`` before any section): nvshmem4py from
+the carried wheel (``.whl/nvshmem4py*.whl``, pip without index or deps, into
+``/tmp/moonplan-site``, added to ``PYTHONPATH``) unless it is installed already.
+
 :func:`heaps_section`:
-    install    nvshmem4py from the carried wheel (``.whl/nvshmem4py*.whl``, pip without
-               index or deps, into ``/tmp/moonplan-site``) unless it is importable already
+    nvshmem4py ``nvshmem.core`` imports (its host library found), its version
     ipc_1      the ipc heap at one rank: allocate, write through ``peer(0)``, read back
     ipc_2      two processes sharing the GPU write each other's rows (spawned, gloo)
     nvshmem_1  the NVSHMEM heap at one PE: allocate, write through ``peer(0)``, read back
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import glob
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -49,7 +53,7 @@ def heaps_section(smoke: bool) -> dict[str, Any]:
 def _checks(smoke: bool, dev: torch.device) -> dict[str, Any]:
     out: dict[str, Any] = {}
     checks = [
-        ("install", lambda: {"skipped": "cpu"} if smoke else install_nvshmem()),
+        ("nvshmem4py", lambda: {"skipped": "cpu"} if smoke else nvshmem_importable()),
         ("ipc_1", lambda: roundtrip("ipc", dev)),
         ("ipc_2", lambda: ipc_two_ranks(smoke)),
         ("nvshmem_1", lambda: {"skipped": "cpu"} if smoke else roundtrip("nvshmem", dev)),
@@ -67,27 +71,31 @@ def _checks(smoke: bool, dev: torch.device) -> dict[str, Any]:
 
 
 def install_nvshmem() -> dict[str, Any]:
-    """Make ``nvshmem.core`` importable from the carried wheel (module docstring)."""
+    """Make ``nvshmem`` findable from the carried wheel (module docstring): run by
+    ``gpu_check.py`` itself before its sections, so that every section's process (the
+    ``pytest`` one too) inherits ``PYTHONPATH`` and the NVSHMEM settings. Imports nothing."""
     for k, v in NVSHMEM_ENV.items():
         os.environ.setdefault(k, v)
-    try:
-        importlib.import_module("nvshmem.core")
-        return {"ok": True, "from": "already importable"}
-    except Exception as exc:
-        before = f"{type(exc).__name__}: {exc}"[:200]
+    if importlib.util.find_spec("nvshmem") is not None:
+        return {"ok": True, "from": "already installed"}
     wheels = sorted(glob.glob(str(ROOT / ".whl" / "nvshmem4py*.whl")))
     if not wheels:
-        return {"ok": False, "error": f"nvshmem4py not importable ({before}); no .whl carried"}
+        return {"ok": False, "error": "nvshmem4py is not installed and no .whl/ wheel was carried"}
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
            "--no-compile", "--no-cache-dir", "--upgrade", "--target", SITE, *wheels]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if done.returncode:
         return {"ok": False, "error": f"pip install failed: {done.stderr[-500:]}"}
     sys.path.insert(0, SITE)
-    os.environ["PYTHONPATH"] = SITE + os.pathsep + os.environ.get("PYTHONPATH", "")
-    importlib.invalidate_caches()
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SITE, os.environ.get("PYTHONPATH")) if p)
+    return {"ok": True, "from": [Path(w).name for w in wheels], "target": SITE}
+
+
+def nvshmem_importable() -> dict[str, Any]:
+    """``nvshmem.core`` imports here (its host library is found), with its version."""
     mod = importlib.import_module("nvshmem.core")
-    return {"ok": True, "from": [Path(w).name for w in wheels], "module": mod.__file__}
+    version = getattr(importlib.import_module("nvshmem"), "__version__", "?")
+    return {"ok": True, "version": version, "module": mod.__file__}
 
 
 def roundtrip(backend: str, dev: torch.device) -> dict[str, Any]:

@@ -8,8 +8,9 @@
 Sections, most valuable first. Each runs in its own process with a time box (a hang,
 a crash or an NVSHMEM that cannot be finalised stays there) and fails alone:
     env       torch, Triton, cuda-bindings, nvshmem4py, the device, the ipc mapper
-    heaps     ipc heap at 1 and 2 ranks, NVSHMEM at 1 PE (the carried wheel installed), one
-              layer step on each heap, bit for bit (bench/_gpu_heaps.py)
+    heaps     ipc heap at 1 and 2 ranks, NVSHMEM at 1 PE, one layer step on each heap, bit
+              for bit (bench/_gpu_heaps.py; the carried nvshmem4py wheel is installed
+              before any section, so that pytest's NVSHMEM tests find it too)
     pytest    pytest -m gpu tests: the multi-rank tests on one GPU among them
     step      bench/bench_layer.py --cuda: R = 1, 2, 4 processes on the GPU, static, exact
               and auto, uniform and lognormal routing (bench/_layer_cuda.py)
@@ -218,6 +219,8 @@ def headline(name: str, r: dict[str, Any]) -> str:
         return str(r["error"])[:90]
     if name == "env":
         return f"{r.get('device', 'no CUDA')}; torch {r.get('torch')}; triton {r.get('triton')}"
+    if name == "nvshmem_install":
+        return f"nvshmem4py: {r.get('from', '')}"
     if name == "heaps":
         parts = [f"{k}: {'ok' if v.get('ok') else v.get('error', v.get('skipped', '?'))}"
                  for k, v in r.items() if isinstance(v, dict)]  # fmt: skip
@@ -273,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.resume:
         (out_dir / "sections.log").write_text("")
     results: dict[str, Any] = {}
+    if not args.cpu_smoke:
+        results["nvshmem_install"] = _install_nvshmem()
     state = _load(args.state) if args.resume else {}
     deadline = time.monotonic() + args.budget_s
     for name in [s for s in args.sections.split(",") if s]:
@@ -290,7 +295,18 @@ def main(argv: list[str] | None = None) -> int:
     if not results.get("env", {}).get("cuda") and not args.cpu_smoke:
         print("gpu_check: no CUDA device (--cpu-smoke checks the script on CPU)")
         return 2
-    return 0 if all(r.get("ok") for r in results.values()) else 1
+    sections = [r for name, r in results.items() if name != "nvshmem_install"]
+    return 0 if all(r.get("ok") for r in sections) else 1
+
+
+def _install_nvshmem() -> dict[str, Any]:
+    """The carried nvshmem4py wheel, installed for every section's process (never fatal)."""
+    import _gpu_heaps
+
+    try:
+        return _gpu_heaps.install_nvshmem()
+    except Exception as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 def _load(path: str) -> dict[str, Any]:

@@ -134,9 +134,12 @@ class IpcHeap(SymmetricHeap):
         """Close the peers' mappings; free this rank's buffer only when ``collective``
         (after a barrier: nobody maps it any more)."""
         self._bytes_R = []
-        _sync(self.group.device)
         if collective:
+            _sync(self.group.device)
             self.group.barrier()  # every rank is done with every view
+        else:  # interpreter exit: the device may be gone already
+            with contextlib.suppress(Exception):
+                _sync(self.group.device)
         peers, self._peers = list(self._peers.values()), {}
         _close_quietly(self.mapper, peers)
         own, self._own = self._own, None
