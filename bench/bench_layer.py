@@ -49,6 +49,13 @@ rows (``a2a-hosts``) at R=8, E=64, K=8. Writes JSON.
     python bench/bench_layer.py --rows        # token rows vs per-record, R=4, E=32, K=8
     python bench/bench_layer.py --transport a2a --variants auto,static,exact --modes forward
     python bench/bench_layer.py --transport a2a --serial ...  # the same, overlap=False
+
+``--cuda``: the step against static EP on one GPU, R = 1, 2, 4 processes sharing it,
+at DeepSeek-V3-like sizes (``bench/_layer_cuda.py`` says what it reports and how
+sharing one GPU biases it; written, not yet run on a GPU); ``--cuda --cpu-smoke`` runs
+that code on CPU ranks at tiny sizes. Writes ``bench_layer_cuda.json``.
+
+    python bench/bench_layer.py --cuda [--cuda-ranks 1,2,4] [--tokens 16,256,1024,4096]
 """
 
 from __future__ import annotations
@@ -316,7 +323,11 @@ def main() -> None:
     ap.add_argument("--transport", default="auto", help="a registered transport name, or auto")
     ap.add_argument("--serial", action="store_true", help="overlap=False on every layer")
     ap.add_argument("--out", default=None, help="JSON path (default: by transport, schedule)")
+    add_cuda_arguments(ap)
     args = ap.parse_args()
+    if args.cuda:
+        cuda_main(args)
+        return
     if args.out is None:
         plain = args.transport == "auto" and not args.serial
         tail = "" if plain else f"_{args.transport}" + ("_serial" if args.serial else "")
@@ -388,6 +399,30 @@ def main() -> None:
     if accept:
         print("auto, forward: " + ", ".join(f"{k} {v:.3f}" for k, v in accept.items()))
     write_json(args.out, {"torch": torch.__version__, "rows": rows, "acceptance": accept})
+
+
+# ---- --cuda: the step on one GPU (bench/_layer_cuda.py) ----------------------------------------
+def add_cuda_arguments(ap: Any) -> None:
+    """The options of ``--cuda`` (the CPU bench ignores them)."""
+    ap.add_argument("--cuda", action="store_true", help="the step on one GPU (R processes)")
+    ap.add_argument("--cpu-smoke", action="store_true", help="--cuda's code on CPU, tiny")
+    ap.add_argument("--cuda-ranks", default="1,2,4", help="--cuda: processes sharing the GPU")
+    ap.add_argument("--tokens", default=None, help="--cuda: tokens per rank, comma-separated")
+    ap.add_argument("--heap", default="ipc", help="--cuda: MOONPLAN_HEAP of the layers")
+
+
+def cuda_main(args: Any) -> None:
+    """``--cuda``: run, print the table and the bars, write JSON."""
+    import _layer_cuda
+
+    cfg = _layer_cuda.config(args)
+    print(f"--cuda on {cfg['device']}: {cfg}")
+    rows = _layer_cuda.run(cfg)
+    print("\n".join(_layer_cuda.table(rows)))
+    accept = _layer_cuda.acceptance(rows)
+    print(f"auto vs static, R={accept.get('R')}: {accept}")
+    out = args.out or "bench/results/bench_layer_cuda.json"
+    write_json(out, {"torch": torch.__version__, "config": cfg, "rows": rows, "acceptance": accept})
 
 
 def acceptance(rows: list[dict]) -> dict[str, float]:

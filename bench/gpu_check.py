@@ -1,316 +1,321 @@
-"""GPU check of the fused planner: correctness against the reference, CUDA graph replay timing.
+"""The prepared GPU run: every GPU check of moonplan in one script, under 8 minutes on an H200.
 
-Legend: R ranks, E experts, S tokens per rank, K top-k, B slots per rank (default M = ceil(E/R)).
+    python bench/gpu_check.py                       # every section, table last, JSON in $OUT
+    python bench/gpu_check.py --resume              # only the sections not yet ok (--state)
+    python bench/gpu_check.py --sections heaps,step # some sections
+    python bench/gpu_check.py --cpu-smoke           # every section's code on CPU, tiny (CI)
 
-Run on a machine with a CUDA device (under 8 minutes on an H200):
+Sections, most valuable first. Each runs in its own process with a time box (a hang,
+a crash or an NVSHMEM that cannot be finalised stays there) and fails alone:
+    env       torch, Triton, cuda-bindings, nvshmem4py, the device, the ipc mapper
+    heaps     ipc heap at 1 and 2 ranks, NVSHMEM at 1 PE, one layer step on each heap, bit
+              for bit (bench/_gpu_heaps.py; the carried nvshmem4py wheel is installed
+              before any section, so that pytest's NVSHMEM tests find it too)
+    pytest    pytest -m gpu tests: the multi-rank tests on one GPU among them
+    step      bench/bench_layer.py --cuda: R = 1, 2, 4 processes on the GPU, static, exact
+              and auto, uniform and lognormal routing (bench/_layer_cuda.py)
+    runtime   record-row and token-row kernels vs a device copy, the experts through
+              torch._grouped_mm and the Triton grouped GEMM vs torch.mm, one layer
+              (bench/gpu_runtime_check.py)
+    planner   the fused planner kernel (random cases, graph replay, timing) and the public
+              plan() per policy, eager and in graph replay (bench/_gpu_planner.py)
 
-    python bench/gpu_check.py            # writes $OUT/gpu_check.json (./gpu_check.json without OUT)
+Time. ``--budget-s`` (default 480) bounds the whole run; a section gets its own box or
+what is left, whichever is less, and one that cannot start in time is skipped. After
+every section the results are saved to ``--state`` (default
+``bench/results/gpu_check_state.json``, kept on a warm device machine between calls),
+so ``--resume`` reruns only what failed or did not run.
 
-Sections (each one catches and reports its own failure, the script always finishes):
-    env        torch, device, cuda-python, ``cuda_backend.available()``
-    random     ~200 random cases (with and without ``previous``) vs ``reference_plan``
-    graph      capture ``plan_cuda`` in a CUDA graph, replay on new counts, compare
-    timing     graph replay time of the cuda and torch backends at the shapes of SHAPES,
-               with lognormal (sigma 1) expert popularity; target <= 25 us at (8, 896, 8192, 8)
-    runtime    ``bench/gpu_runtime_check.py`` (Triton row kernels vs d2d copy bandwidth,
-               grouped experts vs torch.mm, one MoonMoE step, NVSHMEM), writing its own JSON
-The table printed last is the summary.
+Outputs in ``$OUT`` (``./gpu_check_out`` without it): ``gpu_check.json`` (every
+section's result), ``sections.log`` (their output) and ``bench_layer_cuda.json``.
+Exit status: 0 every section ok, 1 some failed or were skipped, 2 no CUDA device.
+Written, not yet run on a GPU (the CPU smoke mode runs every section's code in CI).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import random
+import re
+import signal
 import subprocess
 import sys
+import tempfile
 import time
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from _common import bench_parser, section  # noqa: E402  (bench/ is the script's folder)
 
-from moonplan.plan import cuda_backend  # noqa: E402
-from moonplan.plan.reference import reference_fields  # noqa: E402
-from moonplan.tables import render  # noqa: E402
-
-SHAPES = [(8, 896, 8192, 8), (8, 256, 4096, 8), (64, 896, 8192, 8), (256, 896, 2048, 16)]
-TARGET_US = 25.0
-RANDOM_CASES = 200
-REPLAYS = 200
-
-Fields = dict[str, torch.Tensor]
+BOXES = {"env": 30, "heaps": 75, "pytest": 170, "step": 120, "runtime": 100, "planner": 60}
+SMOKE_PYTEST = ["tests/comm/test_ipc_heap.py", "tests/runtime/test_layer_ipc.py"]
+LOG_TAIL = 200_000  # characters of each section's output kept in sections.log
 
 
-# ---- counts ----------------------------------------------------------------------------------
+def parse(argv: list[str] | None) -> Any:
+    ap = bench_parser(__doc__)
+    ap.add_argument("--cpu-smoke", action="store_true", help="every section on CPU, tiny")
+    ap.add_argument("--sections", default=",".join(BOXES), help="comma-separated subset")
+    ap.add_argument("--resume", action="store_true", help="skip sections already ok in --state")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="seconds for the whole run")
+    ap.add_argument("--state", default=str(ROOT / "bench" / "results" / "gpu_check_state.json"))
+    ap.add_argument("--box", action="append", default=[], metavar="NAME=S",
+                    help="another time box for a section (repeatable)")  # fmt: skip
+    ap.add_argument("--section", help=argparse.SUPPRESS, default=None)  # a child's section
+    ap.add_argument("--section-out", help=argparse.SUPPRESS, default=None)
+    args = ap.parse_args(argv)
+    unknown = [s for s in args.sections.split(",") if s and s not in BOXES]
+    if unknown:
+        ap.error(f"unknown sections {unknown}; choose from {list(BOXES)}")
+    args.boxes = dict(BOXES)
+    for item in args.box:
+        name, _, seconds = item.partition("=")
+        if name not in BOXES or not seconds.replace(".", "", 1).isdigit():
+            ap.error(f"--box {item!r}: expected NAME=SECONDS with NAME in {list(BOXES)}")
+        args.boxes[name] = float(seconds)
+    return args
 
 
-def lognormal_counts(R: int, E: int, S: int, K: int, seed: int) -> torch.Tensor:
-    """int64 ``[R, E]``: per rank a multinomial of ``S*K`` records over a lognormal popularity."""
-    if S * K == 0:
-        return torch.zeros(R, E, dtype=torch.int64)
-    g = torch.Generator().manual_seed(seed)
-    pop_E = torch.exp(torch.randn(E, generator=g))  # sigma 1
-    idx = torch.multinomial(pop_E.expand(R, E), S * K, replacement=True, generator=g)
-    counts_RE = torch.zeros(R, E, dtype=torch.int64)
-    return counts_RE.scatter_add_(1, idx, torch.ones_like(idx))
+# ---- the sections that run in a child process (``--section NAME``) ----------------------------
+def run_child(name: str, out_path: str, smoke: bool) -> int:
+    """Run section ``name`` here and write its result JSON to ``out_path``."""
+    results: dict[str, Any] = {}
+    if name == "heaps":
+        import _gpu_heaps
+
+        section(results, "heaps", lambda: _gpu_heaps.heaps_section(smoke))
+        results = results["heaps"]
+    elif name == "runtime":
+        import gpu_runtime_check as rc
+
+        dev = rc.device(smoke)
+        for sub, fn in rc.sections(dev) if dev is not None else []:
+            section(results, sub, fn)
+    elif name == "planner":
+        import _gpu_planner as gp
+
+        if not smoke:
+            gp.kernel_sections(results, section)
+        section(results, "api", lambda: gp.api_section(smoke))
+    Path(out_path).write_text(json.dumps(results, indent=1, default=str))
+    return 0
 
 
-def random_case(rng: random.Random) -> tuple[torch.Tensor, int, int]:
-    """Small skewed or adversarial counts with a random ``B`` and ``align``."""
-    R = rng.choice([1, 2, 3, 4, 5, 8, 13, 16, 40, 64])
-    E = rng.choice([1, 2, 3, 7, 8, 16, 17, 64, 100, 256])
-    M = -(-E // R)
-    B = rng.choice([0, 1, max(M - 1, 0), M, M + 1])
-    align = rng.choice([1, 8, 128])
-    kind = rng.choice(["lognormal", "lognormal", "zero", "hot", "ties"])
-    counts_RE = torch.zeros(R, E, dtype=torch.int64)
-    if kind == "hot":
-        counts_RE[:, rng.randrange(E)] = torch.randint(0, 50, (R,))
-    elif kind == "ties":
-        counts_RE[:] = rng.choice([1, 2, 3])
-    elif kind == "lognormal":
-        S = rng.choice([0, 1, 7, 64])
-        counts_RE = lognormal_counts(R, E, S, rng.choice([1, 2, 8]), rng.randrange(1 << 30))
-        for s in range(R):  # some empty source ranks
-            if rng.random() < 0.2:
-                counts_RE[s] = 0
-    return counts_RE, B, align
+def command(name: str, args: Any, out_dir: Path, result_path: str) -> list[str]:
+    """The command line of section ``name``."""
+    py, smoke = sys.executable, ["--cpu-smoke"] if args.cpu_smoke else []
+    if name == "pytest":
+        where = SMOKE_PYTEST if args.cpu_smoke else ["tests"]
+        return [py, "-m", "pytest", "-m", "gpu", *where, "-q", "-p", "no:cacheprovider"]
+    if name == "step":
+        out = ["--out", str(out_dir / "bench_layer_cuda.json")]
+        small = ["--cuda-ranks", "1,2", "--tokens", "8"] if args.cpu_smoke else []
+        return [py, str(ROOT / "bench" / "bench_layer.py"), "--cuda", *smoke, *small, *out]
+    script = str(Path(__file__).resolve())
+    return [py, script, "--section", name, "--section-out", result_path, *smoke]
 
 
-Prev = tuple[torch.Tensor, torch.Tensor] | None  # (slot_expert [R, B], flow [R-1, 3])
-
-
-def plan_gpu(counts_RE: torch.Tensor, B: int, align: int, prev: Prev) -> Fields:
-    """``plan_cuda`` on CUDA copies of the inputs."""
-    slots = flows = None
-    if prev is not None:
-        slots, flows = prev[0].cuda(), prev[1].cuda()
-    return cuda_backend.plan_cuda(counts_RE.cuda(), B, align, slots, flows)
-
-
-def mismatches(got: Fields, want: Fields) -> list[str]:
-    return [k for k, v in want.items() if not torch.equal(got[k].cpu(), v)]
-
-
-# ---- sections --------------------------------------------------------------------------------
-
-
-def env_section() -> dict[str, Any]:
-    ok, reason = cuda_backend.available()
-    info: dict[str, Any] = {"torch": torch.__version__, "available": ok, "reason": reason}
-    if torch.cuda.is_available():
-        info["device"] = torch.cuda.get_device_name()
-        info["capability"] = list(torch.cuda.get_device_capability())
+def run_process(cmd: list[str], box: float) -> tuple[int | None, str, float]:
+    """``(exit status or None if killed at the box, output, seconds)``; a process group, so
+    ranks it spawned die with it."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
     try:
-        import importlib.metadata as md
+        out, _ = proc.communicate(timeout=box)
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        code = None
+    return code, out or "", time.monotonic() - t0
 
-        info["cuda_bindings"] = md.version("cuda-bindings")
-    except Exception as exc:
-        info["cuda_bindings"] = f"unknown ({exc})"
-    if ok:
-        t0 = time.perf_counter()
-        cuda_backend.plan_cuda(torch.ones(2, 4, dtype=torch.int64, device="cuda"), 2, 1, None)
-        torch.cuda.synchronize()
-        info["first_call_s"] = round(time.perf_counter() - t0, 3)  # NVRTC compile + load
+
+def run_section(name: str, args: Any, deadline: float, out_dir: Path) -> dict[str, Any]:
+    """Run one section in its box; its result, or why it failed or was skipped."""
+    if name == "env":
+        got: dict[str, Any] = {}
+        section(got, "env", env_info)
+        return got["env"]
+    left = deadline - time.monotonic()
+    if left < 20:
+        return {"ok": False, "skipped": f"out of time ({left:.0f} s left): rerun with --resume"}
+    box = min(args.boxes[name], left - 5)
+    with tempfile.TemporaryDirectory() as tmp:
+        result_path = os.path.join(tmp, "result.json")
+        code, out, seconds = run_process(command(name, args, out_dir, result_path), box)
+        with open(out_dir / "sections.log", "a") as log:
+            log.write(f"\n##### {name} (exit {code}, {seconds:.1f} s)\n{out[-LOG_TAIL:]}")
+        res = read_result(name, code, out, result_path, out_dir)
+    res["seconds"] = round(seconds, 1)
+    if code is None:
+        res |= {"ok": False, "error": f"killed at its {box:.0f} s box"}
+    elif code and res.get("ok", True):
+        res |= {"ok": False, "error": f"exit status {code}: {out.strip()[-300:]}"}
+    return res
+
+
+def read_result(name: str, code: int | None, out: str, path: str, out_dir: Path) -> dict:
+    """A section's figures from its result file, JSON or pytest summary."""
+    if name == "pytest":
+        lines = [ln for ln in out.splitlines() if re.search(r"\d+ (passed|failed|skipped)", ln)]
+        failed = [ln for ln in out.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+        return {
+            "ok": code == 0,
+            "summary": lines[-1].strip("= ") if lines else "",
+            "failed": failed,
+        }
+    if name == "step":
+        p = out_dir / "bench_layer_cuda.json"
+        got = json.loads(p.read_text()) if p.exists() and code == 0 else {}
+        return {"ok": code == 0 and bool(got), "acceptance": got.get("acceptance", {}),
+                "rows": len(got.get("rows", []))}  # fmt: skip
+    if not os.path.exists(path):
+        return {"ok": False, "error": "no result written"}
+    subs = json.loads(Path(path).read_text())
+    ok = subs.get("ok", all(v.get("ok") for v in subs.values() if isinstance(v, dict)))
+    return {**subs, "ok": bool(ok) and code == 0}
+
+
+# ---- env, table, main -------------------------------------------------------------------------
+def env_info() -> dict[str, Any]:
+    """Versions, the device and what is importable (no CUDA context is created)."""
+    import importlib.metadata as md
+    import importlib.util
+
+    import torch
+
+    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.cuda.is_available()}
+    for dist in ("triton", "cuda-bindings", "nvshmem4py-cu13", "nvshmem4py-cu12"):
+        try:
+            info[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            info[dist] = None
+    info["nvshmem_importable"] = importlib.util.find_spec("nvshmem") is not None
+    if info["cuda"]:
+        info["device"] = torch.cuda.get_device_name(0)
+        info["capability"] = list(torch.cuda.get_device_capability(0))
+        info["devices"] = torch.cuda.device_count()
+    from moonplan.plan import cuda_backend
+
+    info["cuda_planner"] = cuda_backend.available()[1] or "available"
     return info
 
 
-def random_section() -> dict[str, Any]:
-    rng = random.Random(2024)
-    bad: list[dict[str, Any]] = []
-    n = 0
-    for _ in range(RANDOM_CASES):
-        counts_RE, B, align = random_case(rng)
-        prev: Prev = None
-        for _ in range(2):  # without previous, then with this plan as previous
-            want = reference_fields(counts_RE, B, align, prev)
-            got = plan_gpu(counts_RE, B, align, prev)
-            keys = mismatches(got, want)
-            n += 1
-            if keys and len(bad) < 5:
-                bad.append(
-                    {
-                        "shape": list(counts_RE.shape),
-                        "B": B,
-                        "align": align,
-                        "prev": prev is not None,
-                        "fields": keys,
-                        "counts": counts_RE.tolist() if counts_RE.numel() <= 64 else None,
-                    }
-                )
-            elif keys:
-                bad.append({"fields": keys})
-            prev = (want["slot_expert"], want["flow"])
-            counts_RE = counts_RE.roll(1, dims=1)  # drifted routing for the second step
-    if bad:
-        raise AssertionError(f"{len(bad)} of {n} cases differ; first: {bad[:5]}")
-    return {"cases": n}
+def headline(name: str, r: dict[str, Any]) -> str:
+    """One line of a section's figures for the table."""
+    if "skipped" in r:
+        return str(r["skipped"])
+    if "error" in r and name not in ("heaps",):
+        return str(r["error"])[:90]
+    if name == "env":
+        return f"{r.get('device', 'no CUDA')}; torch {r.get('torch')}; triton {r.get('triton')}"
+    if name == "nvshmem_install":
+        return f"nvshmem4py: {r.get('from', '')}"
+    if name == "heaps":
+        parts = [f"{k}: {'ok' if v.get('ok') else v.get('error', v.get('skipped', '?'))}"
+                 for k, v in r.items() if isinstance(v, dict)]  # fmt: skip
+        return "; ".join(parts)[:120]
+    if name == "pytest":
+        return f"{r.get('summary')}" + (f"; {len(r['failed'])} failed" if r.get("failed") else "")
+    if name == "step":
+        a = r.get("acceptance", {})
+        return (f"R={a.get('R')}: auto/static uniform worst {a.get('uniform_worst', 0):.3f} "
+                f"(bar 1.02), lognormal >=1024 worst {a.get('lognormal_from_1024_worst', 0):.3f}"
+                " (bar < 1)")  # fmt: skip
+    return _figures_line(name, r)
 
 
-def capture(fn: Callable[[], Fields]) -> tuple[torch.cuda.CUDAGraph, Fields]:
-    """Warm up ``fn`` on a side stream, then capture it in a CUDA graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
-
-
-def graph_section() -> dict[str, Any]:
-    R, E, S, K = 8, 896, 8192, 8
-    B = -(-E // R)
-    static_RE = lognormal_counts(R, E, S, K, 0).cuda()
-    prev_RB = torch.full((R, B), -1, dtype=torch.int64, device="cuda")
-    prev_F3 = torch.full((R - 1, 3), -1, dtype=torch.int64, device="cuda")
-    graph, out = capture(lambda: cuda_backend.plan_cuda(static_RE, B, 128, prev_RB, prev_F3))
-    for seed in range(1, 6):
-        counts_RE = lognormal_counts(R, E, S, K, seed)
-        static_RE.copy_(counts_RE)
-        want = reference_fields(counts_RE, B, 128, (prev_RB, prev_F3))
-        graph.replay()
-        torch.cuda.synchronize()
-        keys = mismatches(out, want)
-        if keys:
-            raise AssertionError(f"replay {seed} differs from the reference in {keys}")
-        prev_RB.copy_(out["slot_expert"])
-        prev_F3.copy_(out["flow"])
-    return {"replays_checked": 5}
-
-
-def time_replay(graph: torch.cuda.CUDAGraph, n: int = REPLAYS) -> float:
-    """Mean microseconds per replay (CUDA events around ``n`` back-to-back replays)."""
-    for _ in range(10):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000.0 / n
-
-
-def time_eager(fn: Callable[[], Any], n: int = 50) -> float:
-    """Mean wall microseconds per call of ``fn`` (host launch path included), synchronised."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e6 / n
-
-
-def timing_one(R: int, E: int, S: int, K: int) -> dict[str, Any]:
-    B = -(-E // R)
-    counts_RE = lognormal_counts(R, E, S, K, 7)
-    static_RE = counts_RE.cuda()
-    row: dict[str, Any] = {"R": R, "E": E, "S": S, "K": K, "B": B}
-    graph, out = capture(lambda: cuda_backend.plan_cuda(static_RE, B, 128, None))
-    row["cuda_us"] = round(time_replay(graph), 2)
-    row["eager_us"] = round(time_eager(lambda: cuda_backend.plan_cuda(static_RE, B, 128, None)), 2)
-    row["matches_reference"] = not mismatches(out, reference_fields(counts_RE, B, 128, None))
-    try:
-        from moonplan.plan.torch_backend import plan_torch
-
-        tgraph, _ = capture(lambda: plan_torch(static_RE, B, 128, None))
-        row["torch_us"] = round(time_replay(tgraph, 50), 2)
-    except Exception as exc:
-        row["torch_us"] = None
-        row["torch_error"] = f"{type(exc).__name__}: {exc}"[:200]
-    return row
-
-
-def timing_section() -> dict[str, Any]:
-    rows = []
-    for shape in SHAPES:
-        try:
-            rows.append(timing_one(*shape))
-        except Exception as exc:
-            rows.append(
-                dict(zip("RESK", shape, strict=True), error=f"{type(exc).__name__}: {exc}"[:300])
-            )
-            traceback.print_exc()
-    first = rows[0].get("cuda_us")
-    return {
-        "rows": rows,
-        "target_us": TARGET_US,
-        "meets_target": first is not None and first <= TARGET_US,
-    }
-
-
-# ---- report ----------------------------------------------------------------------------------
+def _figures_line(name: str, r: dict[str, Any]) -> str:
+    if name == "runtime":
+        k, t, e = r.get("kernels", {}), r.get("token_rows", {}), r.get("experts", {})
+        best = max((x["scatter_share"] for x in k.get("tiles", [])), default=0)
+        return (f"scatter {k.get('scatter_share', 0):.2f} (best tile {best:.2f}), gather "
+                f"{k.get('gather_share', 0):.2f}, expand {t.get('expand_share', 0):.2f}, reduce "
+                f"{t.get('reduce_share', 0):.2f} of a copy; experts {e.get('share_of_mm', 0):.2f}"
+                f" (triton {e.get('triton_best_share', 0):.2f}) of mm")  # fmt: skip
+    if name == "planner":
+        rows = {(tuple(x["shape"]), x["policy"]): x for x in r.get("api", {}).get("rows", [])}
+        exact = rows.get(((8, 896, 8192, 8), "exact"), {})
+        timing = r.get("timing", {}).get("rows", [{}])
+        return (
+            f"kernel graph {timing[0].get('cuda_us', '-')} us at (8, 896, 8192, 8) "
+            f"(target 25); plan(exact) eager {exact.get('eager_us', '-')} us"
+        )
+    return ""
 
 
 def print_table(results: dict[str, Any]) -> None:
-    print("\n== gpu_check summary")
-    env = results.get("env", {})
+    from moonplan.tables import render
+
+    rows = [[name, "ok" if r.get("ok") else ("skipped" if "skipped" in r else "FAILED"),
+             str(r.get("seconds", "-")), headline(name, r)]
+            for name, r in results.items() if isinstance(r, dict)]  # fmt: skip
+    print("\n" + render(["section", "status", "s", "figures"], rows, title="== gpu_check"))
     print(
-        f"device: {env.get('device', '-')}  torch {env.get('torch', '-')}  "
-        f"cuda-bindings {env.get('cuda_bindings', '-')}  available: {env.get('available')}"
+        "targets: row kernels >= 0.70 of a copy; experts >= 0.70 of torch.mm; planner kernel"
+        " <= 25 us; auto <= 1.02x static (uniform), < 1x (lognormal, >= 1024 tokens)"
     )
-    if not env.get("available"):
-        print(f"CUDA planner unavailable: {env.get('reason')}")
-    for name in ("env", "random", "graph", "timing"):
-        r = results.get(name)
-        if r is None:
-            print(f"{name:8s} skipped")
-            continue
-        state = "ok" if r.get("ok") else f"FAILED {r.get('error', '')}"
-        print(f"{name:8s} {r.get('seconds', '-')} s {state}")
-    rows = [
-        [
-            *(str(r[k]) for k in "RESK"),
-            str(r.get("B", "-")),
-            _fmt(r.get("cuda_us")),
-            _fmt(r.get("eager_us")),
-            _fmt(r.get("torch_us")),
-            str(r.get("matches_reference", r.get("error", "-")))[:40],
-        ]
-        for r in results.get("timing", {}).get("rows", [])
-    ]
-    header = ["R", "E", "S", "K", "B", "cuda us", "eager us", "torch us", "same as ref"]
-    print("\n" + render(header, rows))
-    print(f"target: <= {TARGET_US} us at (8, 896, 8192, 8)")
-
-
-def _fmt(v: Any) -> str:
-    return "-" if v is None else f"{v:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:
-    bench_parser(__doc__).parse_args(argv)  # --help prints the docstring and runs nothing
-    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    section(results, "env", env_section)
-    if results["env"].get("available"):
-        section(results, "random", random_section)
-        section(results, "graph", graph_section)
-        section(results, "timing", timing_section)
-        # The runtime's GPU checks (kernels, experts, one layer, NVSHMEM) in their own process.
-        runtime = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_runtime_check.py")])
-        results["runtime_check"] = {"ok": runtime.returncode == 0, "returncode": runtime.returncode}
-    out_dir = Path(os.environ.get("OUT", "."))
+    args = parse(argv)
+    if args.section:
+        return run_child(args.section, args.section_out, args.cpu_smoke)
+    out_dir = Path(os.environ.get("OUT", "gpu_check_out")).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "gpu_check.json"
-    path.write_text(json.dumps(results, indent=2, default=str))
-    print(f"wrote {path}")
+    if not args.resume:
+        (out_dir / "sections.log").write_text("")
+    results: dict[str, Any] = {}
+    if not args.cpu_smoke:
+        results["nvshmem_install"] = _install_nvshmem()
+    state = _load(args.state) if args.resume else {}
+    deadline = time.monotonic() + args.budget_s
+    for name in [s for s in args.sections.split(",") if s]:
+        if state.get(name, {}).get("ok"):
+            results[name] = {**state[name], "resumed": True}
+            continue
+        results[name] = run_section(name, args, deadline, out_dir)
+        if name == "env" and not results["env"].get("cuda") and not args.cpu_smoke:
+            break  # nothing else can run
+        _save(args.state, {**state, **results})
+        _save(str(out_dir / "gpu_check.json"), results)
+    _save(str(out_dir / "gpu_check.json"), results)
+    print(f"wrote {out_dir / 'gpu_check.json'}")
     print_table(results)
-    if not results["env"].get("available"):
+    if not results.get("env", {}).get("cuda") and not args.cpu_smoke:
+        print("gpu_check: no CUDA device (--cpu-smoke checks the script on CPU)")
         return 2
-    return 0 if all(r.get("ok") for r in results.values() if isinstance(r, dict)) else 1
+    sections = [r for name, r in results.items() if name != "nvshmem_install"]
+    return 0 if all(r.get("ok") for r in sections) else 1
+
+
+def _install_nvshmem() -> dict[str, Any]:
+    """The carried nvshmem4py wheel, installed for every section's process (never fatal)."""
+    import _gpu_heaps
+
+    try:
+        return _gpu_heaps.install_nvshmem()
+    except Exception as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def _load(path: str) -> dict[str, Any]:
+    return json.loads(Path(path).read_text()) if os.path.exists(path) else {}
+
+
+def _save(path: str, data: dict[str, Any]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=1, default=str))
 
 
 if __name__ == "__main__":

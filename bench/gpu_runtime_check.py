@@ -1,19 +1,21 @@
 """GPU check of the runtime: row-movement kernels, grouped experts, one MoonMoE step.
 
-Legend: N records, H hidden, F expert FFN size, G groups (experts), R "peers".
+Legend: N records, H hidden, F expert FFN size, G groups (experts), R "peers", T tokens.
 
-On a CUDA machine (part of the prepared GPU run, a few minutes on an H200)::
+On a CUDA machine (``bench/gpu_check.py`` runs these sections, a minute or two on an H200)::
 
     python bench/gpu_runtime_check.py                  # writes $OUT/gpu_runtime_check.json
 
 Sections (each catches and reports its own failure):
-    kernels   Triton scatter / gather vs their torch twins (bit equality) and
-              their bandwidth as a share of a device-to-device copy of the same bytes
-              (peers are separate buffers on this GPU; target >= 70%)
-    experts   grouped SwiGLU (torch._grouped_mm, bf16) at H=7168, F=2048 as a share of the
-              torch.mm bf16 rate on the same FLOPs (target >= 60%)
+    kernels   record rows: Triton scatter / gather vs their torch twins (bit equality), and
+              their bandwidth as a share of a device-to-device copy of the same rows, for the
+              default tile and a few others (``row_ops.triton.Blocks``; peers are separate
+              buffers on this GPU); token rows: expand_rows and reduce_rows likewise
+              (target >= 70% for each)
+    experts   SwiGLU at H=7168, F=2048, 8 experts, 8192 rows, bf16, forward: torch._grouped_mm
+              (``grouped_swiglu``) and the Triton grouped GEMM (``runtime.grouped_gemm``, each
+              tile candidate), as a share of torch.mm on the same FLOPs (target >= 70%)
     layer     one MoonMoE on one rank, bf16, forward + backward vs the dense formula
-    nvshmem   a one-PE NVSHMEM heap: allocate, write through peer(0), read back
 
 ``--cpu-smoke`` runs the same code on CPU at tiny sizes (Triton interpreted) to
 check the script itself; its timings mean nothing.
@@ -37,6 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from _common import section  # noqa: E402  (bench/ is the script's folder)
 
+TARGET = 0.70  # share of a device copy (row kernels) and of torch.mm (experts)
+
 
 def timed(fn: Callable[[], Any], dev: torch.device, n: int) -> float:
     """Median seconds of ``fn`` over ``n`` runs (CUDA events on GPU)."""
@@ -57,7 +61,15 @@ def timed(fn: Callable[[], Any], dev: torch.device, n: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _tiles() -> list[Any]:
+    from moonplan.runtime.row_ops.triton import Blocks
+
+    return [Blocks(), Blocks(8, 1024, 8), Blocks(2, 2048, 4), Blocks(1, 1024, 4), Blocks(16, 128)]
+
+
 def kernels_section(dev: torch.device, N: int, H: int, R: int, reps: int) -> dict:
+    """Record rows: bit equality with the twins at the default tile, then each tile's
+    share of a copy of the same ``[N, H]`` bf16 rows."""
     from moonplan.runtime.row_ops import torch as rows
     from moonplan.runtime.row_ops import triton as kernels
 
@@ -76,32 +88,66 @@ def kernels_section(dev: torch.device, N: int, H: int, R: int, reps: int) -> dic
     dst_t = torch.empty_like(dst_k)
     kernels.gather_rows(views_k, dest_N, off_N, dst_k)
     rows.gather_rows(views_t, dest_N, off_N, dst_t)
-    nbytes = N * H * 2
-    src, dst = (
-        torch.empty(N, H, dtype=torch.bfloat16, device=dev),
-        torch.empty(N, H, dtype=torch.bfloat16, device=dev),
-    )
+    src, dst = torch.empty_like(dst_k), torch.empty_like(dst_k)
     t_copy = timed(lambda: dst.copy_(src), dev, reps)
-    t_scatter = timed(
-        lambda: kernels.scatter_rows(x_SH, dest_N, off_N, K, views_k, check=False), dev, reps
-    )
-    t_gather = timed(
-        lambda: kernels.gather_rows(views_k, dest_N, off_N, dst_k, check=False), dev, reps
-    )
+    tiles = []
+    for b in _tiles():
+        t_s = timed(lambda b=b: kernels.scatter_rows(x_SH, dest_N, off_N, K, views_k, check=False,
+                                                      blocks=b), dev, reps)  # fmt: skip
+        t_g = timed(lambda b=b: kernels.gather_rows(views_k, dest_N, off_N, dst_k, check=False,
+                                                     blocks=b), dev, reps)  # fmt: skip
+        tile = [b.rows, b.cols, b.warps]
+        tiles.append({"tile": tile, "scatter_share": t_copy / t_s, "gather_share": t_copy / t_g})
     return {
-        "N": N,
-        "H": H,
-        "R": R,
-        "same_scatter": same_scatter,
-        "same_gather": bool(torch.equal(dst_k, dst_t)),
-        "copy_GBps": nbytes / t_copy / 1e9,
-        "scatter_share": t_copy / t_scatter,
-        "gather_share": t_copy / t_gather,
-    }
+        "N": N, "H": H, "R": R, "aligned": kernels._aligned(views_k, views_k[0].stride(0)),
+        "same_scatter": same_scatter, "same_gather": bool(torch.equal(dst_k, dst_t)),
+        "copy_GBps": N * H * 2 / t_copy / 1e9,
+        "scatter_share": tiles[0]["scatter_share"], "gather_share": tiles[0]["gather_share"],
+        "tiles": tiles,
+    }  # fmt: skip
+
+
+def token_rows_section(dev: torch.device, T: int, K: int, H: int, reps: int) -> dict:
+    """Token rows (top-``K``): ``expand_rows`` (``[T, H]`` -> ``[T*K, H]``) and weighted
+    ``reduce_rows`` (back to ``[T, H]``), bits against the twins, each as a share of a
+    copy of the ``[T*K, H]`` bf16 rows they read or write."""
+    from moonplan.runtime.row_ops import token_torch as ref
+    from moonplan.runtime.row_ops import token_triton as ker
+
+    g = torch.Generator().manual_seed(2)
+    P = T * K
+    tok = torch.randn(T, H, generator=g).to(dev, torch.bfloat16)
+    idx = torch.randperm(P, generator=g).to(dev) % T  # every token K times, shuffled
+    rows_PH = torch.randn(P, H, generator=g).to(dev, torch.bfloat16)
+    w_P = torch.rand(P, generator=g).to(dev)
+    seg = ref.segments(idx, T)
+    same_expand = torch.equal(ker.expand_rows(tok, idx), ref.expand_rows(tok, idx))
+    got = ker.reduce_rows(rows_PH, seg, T, w_P, torch.bfloat16)
+    same_reduce = torch.equal(got, ref.reduce_rows(rows_PH, seg, T, w_P, torch.bfloat16))
+    out = torch.empty(P, H, dtype=torch.bfloat16, device=dev)
+    t_copy = timed(lambda: out.copy_(rows_PH), dev, reps)
+    t_expand = timed(lambda: ker.expand_rows(tok, idx, out, check=False), dev, reps)
+    t_reduce = timed(lambda: ker.reduce_rows(rows_PH, seg, T, w_P, torch.bfloat16), dev, reps)
+    return {
+        "T": T, "K": K, "H": H, "same_expand": same_expand, "same_reduce": same_reduce,
+        "expand_share": t_copy / t_expand, "reduce_share": t_copy / t_reduce,
+    }  # fmt: skip
+
+
+def _triton_swiglu(x: torch.Tensor, ends: torch.Tensor, gu: torch.Tensor, dn: torch.Tensor,
+                   tiles: Any) -> torch.Tensor:  # fmt: skip
+    from moonplan.runtime.grouped_gemm import grouped_mm
+
+    F = gu.shape[1] // 2
+    h = grouped_mm(x, gu, ends, tiles=tiles)
+    return grouped_mm(torch.nn.functional.silu(h[:, :F]) * h[:, F:], dn, ends, tiles=tiles)
 
 
 def experts_section(dev: torch.device, T: int, H: int, F: int, G: int, reps: int) -> dict:
+    """The SwiGLU forward through torch._grouped_mm and through the Triton grouped GEMM (each
+    tile candidate), in TFLOP/s and as a share of torch.mm on the same FLOPs."""
     from moonplan.runtime.experts import grouped_swiglu
+    from moonplan.runtime.grouped_gemm import CANDIDATES
 
     dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
     g = torch.Generator().manual_seed(1)
@@ -109,19 +155,27 @@ def experts_section(dev: torch.device, T: int, H: int, F: int, G: int, reps: int
     gu = (torch.randn(G, 2 * F, H, generator=g) * H**-0.5).to(dev, dt)
     dn = (torch.randn(G, H, F, generator=g) * F**-0.5).to(dev, dt)
     offs = torch.linspace(0, T, G + 1).long().to(dev)
+    ends = offs[1:].to(torch.int32)
     flops = 2 * T * H * 3 * F
+    want = grouped_swiglu(x, offs, gu, dn, check=False)
     t_grouped = timed(lambda: grouped_swiglu(x, offs, gu, dn, check=False), dev, reps)
     a, b = torch.randn(T, H, device=dev, dtype=dt), torch.randn(H, 3 * F, device=dev, dtype=dt)
     t_mm = timed(lambda: a @ b, dev, reps)
+    triton = []
+    for tiles in CANDIDATES if dev.type == "cuda" else CANDIDATES[-1:]:
+        got = _triton_swiglu(x, ends, gu, dn, tiles)
+        err = float((got.float() - want.float()).norm() / want.float().norm())
+        t = timed(lambda tiles=tiles: _triton_swiglu(x, ends, gu, dn, tiles), dev, reps)
+        tile = [tiles.m, tiles.n, tiles.k, tiles.warps, tiles.stages]
+        triton.append({"tile": tile, "TFLOPs": flops / t / 1e12, "share_of_mm": t_mm / t,
+                       "rel_err_vs_grouped_mm": err})  # fmt: skip
+    best = max(triton, key=lambda r: r["share_of_mm"])
     return {
-        "T": T,
-        "H": H,
-        "F": F,
-        "G": G,
-        "grouped_TFLOPs": flops / t_grouped / 1e12,
-        "mm_TFLOPs": flops / t_mm / 1e12,
-        "share_of_mm": t_mm / t_grouped,
-    }
+        "T": T, "H": H, "F": F, "G": G,
+        "grouped_TFLOPs": flops / t_grouped / 1e12, "mm_TFLOPs": flops / t_mm / 1e12,
+        "share_of_mm": t_mm / t_grouped, "triton_best_share": best["share_of_mm"],
+        "triton_best_tile": best["tile"], "triton": triton,
+    }  # fmt: skip
 
 
 def layer_section(dev: torch.device, T: int, H: int, F: int, E: int, K: int) -> dict:
@@ -154,21 +208,31 @@ def layer_section(dev: torch.device, T: int, H: int, F: int, E: int, K: int) -> 
     }
 
 
-def nvshmem_section(dev: torch.device) -> dict:
-    from moonplan.comm import nvshmem_heap
-    from moonplan.comm.group import EPGroup
-    from moonplan.comm.heap_factory import create_heap
+def sections(dev: torch.device) -> list[tuple[str, Callable[[], dict]]]:
+    """The named sections at the device's sizes (tiny on CPU)."""
+    big = dev.type == "cuda"
+    reps = 20 if big else 2
+    k_sizes = (65536, 7168, 8) if big else (64, 16, 3)
+    t_sizes = (8192, 8, 7168) if big else (12, 4, 16)
+    e_sizes = (8192, 7168, 2048, 8) if big else (64, 16, 8, 4)
+    l_sizes = (4096, 1024, 512, 16, 2) if big else (24, 16, 8, 6, 2)
+    return [
+        ("kernels", lambda: kernels_section(dev, *k_sizes, reps)),
+        ("token_rows", lambda: token_rows_section(dev, *t_sizes, reps)),
+        ("experts", lambda: experts_section(dev, *e_sizes, reps)),
+        ("layer", lambda: layer_section(dev, *l_sizes)),
+    ]
 
-    ok, why = nvshmem_heap.available()
-    if not ok:
-        return {"skipped": why}
-    heap = create_heap(EPGroup(device=dev), 1 << 20, backend="nvshmem")
-    t = heap.alloc((4, 8), torch.float32)
-    t.peer(0).copy_(torch.arange(32.0, device=dev).view(4, 8))
-    heap.barrier()
-    same = bool(torch.equal(t.local, torch.arange(32.0, device=dev).view(4, 8)))
-    heap.close()
-    return {"roundtrip": same}
+
+def device(cpu_smoke: bool) -> torch.device | None:
+    """The device to check (``None``: no CUDA and no smoke run)."""
+    if cpu_smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.set_device(0)
+    return torch.device("cuda", 0)
 
 
 def main() -> int:
@@ -178,47 +242,18 @@ def main() -> int:
     ap.add_argument(
         "--cpu-smoke", action="store_true", help="tiny sizes on CPU (Triton interpreted)"
     )
-    args = ap.parse_args()
-    if args.cpu_smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        dev, big = torch.device("cpu"), False
-    elif torch.cuda.is_available():
-        dev, big = torch.device("cuda", 0), True
-        torch.cuda.set_device(dev)
-    else:
+    dev = device(ap.parse_args().cpu_smoke)
+    if dev is None:
         print("gpu_runtime_check: no CUDA device (use --cpu-smoke to check the script on CPU)")
         return 2
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": str(dev)}
-    if dev.type == "cuda":
-        results["gpu"] = torch.cuda.get_device_name(dev)
-    n, h = (65536, 7168) if big else (64, 16)
-    section(
-        results, "kernels", lambda: kernels_section(dev, n, h, 8 if big else 3, 20 if big else 2)
-    )
-    sizes = (8192, 7168, 2048, 8) if big else (64, 16, 8, 4)
-    section(results, "experts", lambda: experts_section(dev, *sizes, 20 if big else 2))
-    layer_sizes = (4096, 1024, 512, 16, 2) if big else (24, 16, 8, 6, 2)
-    section(results, "layer", lambda: layer_section(dev, *layer_sizes))
-    section(
-        results,
-        "nvshmem",
-        lambda: nvshmem_section(dev) if dev.type == "cuda" else {"skipped": "cpu"},
-    )
+    for name, fn in sections(dev):
+        section(results, name, fn)
     out = Path(os.environ.get("OUT", ".")) / "gpu_runtime_check.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=str))
     print(f"wrote {out}")
-    print("\n== gpu_runtime_check summary")
-    for name in ("kernels", "experts", "layer", "nvshmem"):
-        r = dict(results.get(name, {}))
-        r.pop("phases_ms", None)
-        print(
-            f"{name:8s} "
-            + ", ".join(
-                f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()
-            )
-        )
-    print("targets: kernels >= 0.70 of a d2d copy; experts >= 0.60 of torch.mm (bf16)")
+    print(f"targets: row kernels >= {TARGET:.0%} of a copy; experts >= {TARGET:.0%} of torch.mm")
     return 0 if all(r.get("ok") for r in results.values() if isinstance(r, dict)) else 1
 
 

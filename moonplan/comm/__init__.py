@@ -2,8 +2,9 @@
 
 * :class:`EPGroup` (``group``): process group + device, collective error agreement.
 * :class:`SymmetricHeap` / :class:`SymTensor` (``heap``; backends ``shm_heap``,
-  ``nvshmem_heap``; :func:`create_heap` in ``heap_factory`` picks and opens one):
-  the same allocation on every rank with views of the peers' copies.
+  ``nvshmem_heap``, ``ipc_heap`` with its device interface ``ipc_mapper``;
+  :func:`create_heap` in ``heap_factory`` picks and opens one): the same allocation on
+  every rank with views of the peers' copies.
 * ``shm_files``: names of the ``shm`` heap's files (job, rank, creating process) and
   ``remove_stale_files``, which removes those of dead processes (``moonplan doctor``).
 * ``a2a.exchange_rows`` / ``a2a.gather_rows``: the ``torch.distributed`` transport

@@ -9,14 +9,12 @@ same ``[offset, offset + size)`` range out of every buffer, so one allocation is
 a :class:`SymTensor`: ``.local`` (this rank's copy) and ``.peer(r)`` (rank ``r``'s
 copy, writable; a write is visible to ``r`` after :meth:`SymmetricHeap.barrier`).
 
-Backends (``moonplan.comm.heap_factory.create_heap(group, nbytes, backend=...)``):
+Backends (``moonplan.comm.heap_factory.create_heap(group, nbytes, backend=...)``, which
+documents ``"auto"``):
 
 * ``"shm"``: CPU processes on one host, files in ``/dev/shm`` (``shm_heap``);
 * ``"nvshmem"``: CUDA devices through nvshmem4py (``nvshmem_heap``);
-* ``"auto"``: nvshmem when the group's device is CUDA and nvshmem4py is usable on
-  every rank; shm when the device is the CPU and every rank runs on the same host;
-  otherwise :class:`HeapUnavailable` (with the reason) on every rank, so that the
-  caller can switch to the all-to-all transport (``moonplan.comm.a2a``) explicitly.
+* ``"ipc"``: CUDA processes on one host mapping each other's memory (``ipc_heap``).
 """
 
 from __future__ import annotations
@@ -88,7 +86,7 @@ class SymmetricHeap:
     Attributes:
         group: the :class:`EPGroup` it spans.
         nbytes: ``Y``, bytes per rank.
-        backend: ``"shm"`` or ``"nvshmem"``.
+        backend: ``"shm"``, ``"nvshmem"`` or ``"ipc"``.
     """
 
     backend = "base"

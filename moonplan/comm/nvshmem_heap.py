@@ -42,7 +42,9 @@ from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
 
 _UID_MAX_BYTES = 1024
-_STATUS_INITIALIZED = 2  # nvshmem.core.InitStatus: 0 not, 1 bootstrapped, 2 initialised
+# nvshmem.core.InitStatus: 0 not, 1 bootstrapped, 2 initialised, 3 and 4 initialised with
+# several PEs per GPU (limited / full MPG), 0x7FFF invalid (nvshmem4py 0.4.1's bindings)
+_STATUS_INITIALIZED = (2, 3, 4)
 
 
 def available() -> tuple[bool, str]:
@@ -55,7 +57,7 @@ def available() -> tuple[bool, str]:
     try:
         importlib.import_module("nvshmem.core")
     except Exception as exc:  # ImportError, or a missing shared library
-        return False, f"nvshmem4py is not importable ({exc}); pip install nvshmem4py-cu12"
+        return False, f"nvshmem4py is not importable ({exc}); pip install nvshmem4py-cu13 (-cu12)"
     try:
         _cuda_device_class()
     except Exception as exc:
@@ -141,7 +143,7 @@ def _init_once(nvshmem: Any, group: EPGroup) -> None:
 
 def _is_initialized(nvshmem: Any) -> bool:
     status = nvshmem.init_status()
-    return int(getattr(status, "value", status)) >= _STATUS_INITIALIZED
+    return int(getattr(status, "value", status)) in _STATUS_INITIALIZED
 
 
 def _peer_views(nvshmem: Any, raw: torch.Tensor, group: EPGroup) -> tuple[list[torch.Tensor], str]:

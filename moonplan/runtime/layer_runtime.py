@@ -309,6 +309,7 @@ class LayerRuntime:
         self.last_stats.records = step.traffic.get("records", 0)
         self.last_stats.rows_sent = step.traffic.get("rows_sent", 0)
         self.last_stats.bytes_sent = step.traffic.get("bytes_sent", 0)
+        self.last_stats.heap = self.heap.backend if self.heap is not None else ""
         rec.traffic(self.last_stats.records, self.last_stats.rows_sent)
         self.balancer.record(plan, self.group.rank, route.dest_rank.numel(), phases)
         return y_SH

@@ -37,6 +37,9 @@ class StepStats:
     transport; its own rank included); ``bytes_sent``: bytes it sent in dispatch and
     combine (rows, per-record words, rows returned as executing rank); the backward
     moves the same the other way (``moonplan.runtime.transports.base.StepState``).
+
+    ``heap``: the symmetric heap under the step's transport, ``"shm"``, ``"ipc"`` or
+    ``"nvshmem"`` (``moonplan.comm.heap_factory``), ``""`` on a transport without one.
     """
 
     copies: int = 0
@@ -52,6 +55,7 @@ class StepStats:
     records: int = 0
     rows_sent: int = 0
     bytes_sent: int = 0
+    heap: str = ""
 
     @property
     def rows_per_record(self) -> float:

@@ -35,6 +35,21 @@ def test_unavailable_raises_a_clear_error():
         create_heap(EPGroup(), 1024, backend="nvshmem")
 
 
+def test_init_status_reading():
+    """Initialised: 2, and 3 or 4 (several PEs per GPU); not: 0, 1, and 0x7FFF (invalid)."""
+    from types import SimpleNamespace
+
+    from moonplan.comm.nvshmem_heap import _is_initialized
+
+    def status(v):
+        return SimpleNamespace(init_status=lambda: SimpleNamespace(value=v))
+
+    assert [_is_initialized(status(v)) for v in (0, 1, 2, 3, 4, 0x7FFF)] == [
+        False, False, True, True, True, False
+    ]  # fmt: skip
+    assert _is_initialized(SimpleNamespace(init_status=lambda: 2))  # a plain int too
+
+
 @pytest.mark.gpu
 def test_peer_writes_on_gpus():
     ok, why = available()

@@ -228,6 +228,7 @@ def _traffic(rank: int, world: int, transport: str) -> dict:
         "stats": (stats.records, stats.rows_sent, stats.bytes_sent, stats.rows_per_record),
         "unique": tokens_route.sent_rows,
         "executed": int(plan.target[rank]),
+        "heap": stats.heap,
     }
 
 
@@ -237,6 +238,7 @@ def test_last_stats_report_records_rows_and_bytes(transport: str) -> None:
     for got in run_ranks(_traffic, 3, transport, timeout=60):
         records, rows, sent, per_record = got["stats"]
         assert records == S * K and per_record == rows / records
+        assert got["heap"] == ("shm" if transport.startswith("heap") else "")
         if transport in RECORDS.values():
             assert rows == records and sent == (records + got["executed"]) * row
         else:  # one row per (token, destination): fewer rows than records at top-8

@@ -37,12 +37,16 @@ from moonplan.runtime.row_ops.token_torch import (
     check_reduce,
     segments,
 )
-from moonplan.runtime.row_ops.triton import _interpreting, _on, available
+from moonplan.runtime.row_ops.triton import Blocks, _interpreting, _on, available
 
 __all__ = ["Segments", "available", "expand_rows", "reduce_rows", "row_dot", "segments"]
 
-BLOCK_P = 16  # rows per program (expand, row_dot)
-BLOCK_H = 128  # columns per program (expand, reduce)
+EXPAND = Blocks()  # expand_rows' tile: 4 rows x 1024 columns, 4 warps
+# reduce_rows: one output row a program, 1024 columns: 8 per thread of 4 warps, so the
+# loads and stores are 16-byte vectors (with 128 columns, 1 per thread: 2-byte loads and
+# 4-byte stores in the sm_90 PTX, checked by a test)
+REDUCE = Blocks(rows=1)
+BLOCK_P = 16  # rows per program (row_dot)
 
 
 def expand_rows(
@@ -61,11 +65,12 @@ def expand_rows(
         raise ValueError(f"out rows must be contiguous, got strides {out_PH.stride()}")
     tokens_TH = tokens_TH if tokens_TH.stride(1) == 1 else tokens_TH.contiguous()
     idx_P = src_row_P.to(dev, torch.int64).contiguous()
-    grid = (_cdiv(P, BLOCK_P) * _cdiv(H, BLOCK_H),)
+    rows, cols = EXPAND.tile(H)
+    grid = (_cdiv(P, rows) * _cdiv(H, cols),)
     with _on(dev):
         _kernels(_interpreting()).expand[grid](
             tokens_TH, tokens_TH.stride(0), idx_P, out_PH, out_PH.stride(0), P, H,
-            BLOCK_P=BLOCK_P, BLOCK_H=BLOCK_H,
+            BLOCK_P=rows, BLOCK_H=cols, num_warps=EXPAND.warps,
         )  # fmt: skip
     return out_PH
 
@@ -106,11 +111,13 @@ def reduce_rows(
     rows_PH = rows_PH if rows_PH.stride(1) == 1 else rows_PH.contiguous()
     # Without weights the kernel never reads w_ptr (WEIGHTED is a constant).
     w_P = rows_PH.new_zeros(1, dtype=torch.float32) if weight_P is None else weight_P.contiguous()
-    grid = (num_out * _cdiv(H, BLOCK_H),)
+    cols = REDUCE.tile(H)[1]
+    grid = (num_out * _cdiv(H, cols),)
     with _on(dev):
         _kernels(_interpreting()).reduce[grid](
             rows_PH, rows_PH.stride(0), seg.order_P, seg.offsets_T1, w_P, acc_TH, H,
-            WEIGHTED=weight_P is not None, BLOCK_H=BLOCK_H, enable_fp_fusion=False,
+            WEIGHTED=weight_P is not None, BLOCK_H=cols, enable_fp_fusion=False,
+            num_warps=REDUCE.warps,
         )  # fmt: skip
     return acc_TH.to(out_dtype)
 

@@ -4,7 +4,7 @@ Legend:
     R ranks, N rows moved (or fetched), H hidden, C receive capacity
 
 Every rank's shared buffers are allocations of one symmetric heap (``shm`` on CPU,
-``nvshmem`` on GPU: :mod:`moonplan.comm.heap`), so a put stores rows straight into
+``nvshmem`` or ``ipc`` on GPU: :mod:`moonplan.comm.heap`), so a put stores rows straight into
 the peer's buffer and a fetch loads them from it; a barrier makes writes visible
 (:meth:`HeapRows.publish`); :meth:`HeapRows.fetch_rows` is plain peer loads
 (``one_sided``), which the overlapped schedule runs in a background thread or side

@@ -367,8 +367,8 @@ def test_kernels_need_the_interpreter_on_cpu(monkeypatch: pytest.MonkeyPatch) ->
 
 # (kernel, pointer and scalar argument types, constants) for an sm_90 compile
 COMPILE_CASES = {
-    "expand": ("*bf16 i64 *i64 *bf16 i64 i32 i32", {"BLOCK_P": 16, "BLOCK_H": 128}),
-    "reduce": ("*bf16 i64 *i64 *i64 *bf16 *fp32 i32", {"WEIGHTED": True, "BLOCK_H": 128}),
+    "expand": ("*bf16 i64 *i64 *bf16 i64 i32 i32", {"BLOCK_P": 4, "BLOCK_H": 1024}),
+    "reduce": ("*bf16 i64 *i64 *i64 *bf16 *fp32 i32", {"WEIGHTED": True, "BLOCK_H": 1024}),
     "dot": ("*bf16 i64 *bf16 i64 *i64 *fp32 i32 i32", dict(BLOCK_P=16, LANES=128, LOG2_LANES=7)),
 }
 
@@ -386,9 +386,32 @@ def test_kernels_compile_for_cuda(monkeypatch: pytest.MonkeyPatch, name: str) ->
     names = fn.arg_names
     sig = dict(zip(names, types.split() + ["constexpr"] * len(consts), strict=True))
     src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
-    options = {"enable_fp_fusion": False}
+    options = {"enable_fp_fusion": False, "num_warps": 4}
     out = triton_mod.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     assert "cubin" in out.asm and "fma." not in out.asm["ptx"]
+
+
+@pytest.mark.parametrize("name", ["expand", "reduce"])
+def test_row_kernels_move_16_byte_vectors(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """At their default tiles the token-row copies load and store 16-byte vectors on sm_90
+    (integer and pointer arguments specialised as multiples of 16, as for H = 7168)."""
+    import re
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(ker._kernels(False), name)
+    types, consts = COMPILE_CASES[name]
+    assert consts["BLOCK_H"] == {"expand": ker.EXPAND, "reduce": ker.REDUCE}[name].cols
+    names, n = fn.arg_names, len(types.split())
+    sig = dict(zip(names, types.split() + ["constexpr"] * len(consts), strict=True))
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(n)}
+    src = ASTSource(fn, sig, {(names.index(k),): v for k, v in consts.items()}, attrs)
+    options = {"enable_fp_fusion": False, "num_warps": 4}
+    ptx = triton_mod.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    got = set(re.findall(r"(?:ld|st)\.global[.\w]*", ptx))
+    assert {"ld.global.v4.b32", "st.global.v4.b32"} <= got, got
 
 
 @pytest.mark.gpu

@@ -125,6 +125,82 @@ def test_routes_of_a_real_plan() -> None:
     assert torch.equal(back, twin)
 
 
+def test_tiles_and_the_alignment_check() -> None:
+    assert kernels.Blocks().tile(7168) == (4, 1024) and kernels.Blocks().tile(50) == (4, 64)
+    assert kernels.Blocks(rows=2, cols=256).tile(3) == (2, 16)
+    whole = torch.zeros(4, 64, dtype=torch.bfloat16)
+    assert kernels._aligned([whole, whole.clone()], 64)
+    assert not kernels._aligned([whole.view(-1)[1:].view(-1)[:128].view(2, 64)], 64)  # 2 bytes off
+    assert not kernels._aligned([whole], 60)  # rows 120 bytes apart
+    assert not kernels._aligned([], 64)
+
+
+@pytest.mark.usefixtures("interpret")
+@pytest.mark.parametrize("blocks", [kernels.Blocks(1, 16, 1), kernels.Blocks(8, 32, 2)])
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_other_tiles_and_misaligned_views_match_twin(blocks, misaligned: bool) -> None:
+    """Any tile gives the twin's bits; so do views that start 2 bytes off (no hint then)."""
+    gen = torch.Generator().manual_seed(3)
+    S, K, H, dtype = 7, 3, 40, torch.bfloat16
+    caps = _caps(S, K)
+    start = 1 if misaligned else 0
+    base = [torch.randn(c * H + start, generator=gen).to(dtype) for c in caps]
+    got = [b[start:].view(c, H) for b, c in zip(base, caps, strict=True)]
+    assert kernels._aligned([g for g in got if g.numel()], H) == (not misaligned)
+    want = [v.clone() for v in got]
+    x_SH = torch.randn(S, H, generator=gen).to(dtype)
+    rank_SK, off_SK = _records(S, K, caps, gen)
+    args = (rank_SK.reshape(-1), off_SK.reshape(-1), K)
+    kernels.scatter_rows(x_SH, *args, got, blocks=blocks)
+    rows.scatter_rows(x_SH, *args, want)
+    assert all(_same_bits(g, w) for g, w in zip(got, want, strict=True))
+    back, twin = torch.empty(S * K, H, dtype=dtype), torch.empty(S * K, H, dtype=dtype)
+    kernels.gather_rows(got, rank_SK.reshape(-1), off_SK.reshape(-1), back, blocks=blocks)
+    rows.gather_rows(want, rank_SK.reshape(-1), off_SK.reshape(-1), twin)
+    assert _same_bits(back, twin)
+
+
+SCATTER_SIG = "*bf16 i64 *i64 *i64 *i64 i64 i32 i32"
+GATHER_SIG = "*i64 *i64 *i64 i64 *bf16 i64 i32 i32"
+
+
+def _sm90_accesses(name: str, types: str, consts: dict) -> set[str]:
+    """The global loads and stores of kernel ``name`` compiled for sm_90 on the CPU, its
+    integer and pointer arguments specialised as multiples of 16 (as Triton does for a
+    row length of 7168 and 256-byte aligned buffers)."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(kernels._kernels(False), name)
+    names = fn.arg_names
+    types_ = types.split()
+    sig = dict(zip(names, types_ + ["constexpr"] * len(consts), strict=True))
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(types_))}
+    src = ASTSource(
+        fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs
+    )
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    return set(re.findall(r"(?:ld|st)\.global[.\w]*", ptx))
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_aligned_kernels_move_16_byte_vectors(
+    monkeypatch: pytest.MonkeyPatch, aligned: bool
+) -> None:
+    """With the launcher's alignment hint the peer stores (scatter) and peer loads (gather)
+    are 16-byte vectors in the sm_90 PTX; without it they are 2-byte bf16 accesses."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    tile = {"BLOCK_N": 4, "ALIGNED": aligned}
+    scatter = _sm90_accesses("scatter", SCATTER_SIG, {"TOP_K": 8, **tile, "BLOCK_H": 1024})
+    gather = _sm90_accesses("gather", GATHER_SIG, {**tile, "BLOCK_L": 1024})
+    assert "ld.global.v4.b32" in scatter and "st.global.v4.b32" in gather  # own rows: aligned
+    assert ("st.global.v4.b32" in scatter) == aligned and ("st.global.b16" in scatter) != aligned
+    assert ("ld.global.b16" in gather) != aligned
+
+
 @pytest.mark.usefixtures("interpret")
 def test_empty_inputs() -> None:
     views = [torch.zeros(3, 8), torch.zeros(0, 8)]
