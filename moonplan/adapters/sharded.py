@@ -16,6 +16,8 @@ to ``runtime.forward``.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -101,6 +103,24 @@ class ShardedExperts(RuntimeViews, nn.Module):
         """Build the :class:`LayerRuntime` (collective; ``what`` names the layer in errors)."""
         self.runtime = LayerRuntime(self.group, self.config, what=what)
         self.slots = self.runtime.B
+
+
+@contextmanager
+def agreed_construction(group: EPGroup, what: str) -> Iterator[None]:
+    """Run a front end's construction up to its :class:`LayerRuntime` so that a failure
+    on some ranks only raises the same error on every rank.
+
+    The body's exception (an invalid option, weights of a bad shape...) is not raised
+    alone: the failing rank enters the runtime's config agreement, the first collective
+    of a layer's construction, as a failing rank (:meth:`EPGroup.fail_settings`), where
+    its peers, done with their body, wait. So every rank raises the original error where
+    every rank failed alike, else the same ``ContractError`` naming each failing rank.
+    The body must not build the runtime (call :meth:`ShardedExperts.start` after it).
+    """
+    try:
+        yield
+    except Exception as exc:
+        group.fail_settings(f"{what} config", exc)
 
 
 def resolve_group(group: EPGroup | object | None, weights_device: torch.device | None) -> EPGroup:
