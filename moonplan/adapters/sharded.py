@@ -35,7 +35,7 @@ from moonplan.stepcost import StepCost
 
 class RuntimeViews:
     """What a layer shows of its ``runtime`` (a :class:`LayerRuntime`): the last plan and
-    figures, the cost model, calibration and ``weights_changed``. Shared by
+    figures, the cost model (``set_cost``), calibration and ``weights_changed``. Shared by
     :class:`ShardedExperts` and :class:`~moonplan.MoonMoE`."""
 
     runtime: LayerRuntime
@@ -48,6 +48,11 @@ class RuntimeViews:
         """Collective: the layer's :class:`StepCost` from its measured steps, agreed across
         ranks; ``balance="auto"`` plans with it from the next step."""
         return self.runtime.calibrate()
+
+    def set_cost(self, cost: StepCost) -> None:
+        """Collective: plan ``balance="auto"`` with ``cost`` from the next step on, agreed
+        across ranks like the config (``LayerRuntime.set_cost``)."""
+        self.runtime.set_cost(cost)
 
     @property
     def cost(self) -> StepCost | None:
