@@ -84,6 +84,13 @@ class ShardedExperts(RuntimeViews, nn.Module):
     expert_tensors: tuple[str, ...] = ()
     """Names of the sharded parameters (what checkpoints shard)."""
 
+    per_expert_keys: bool = False
+    """How ``state_dict()`` shows the expert tensors: ``False``, under their own names,
+    this rank's home rows ``[E_r, ...]``; ``True``, one key per home expert,
+    ``<name>.<e>`` (``e`` the global expert id) holding a view of its rows, for
+    ``torch.distributed.checkpoint`` and torchtitan's checkpointer (set it with
+    ``moonplan.checkpoint.per_expert_keys``). ``load_state_dict`` takes both."""
+
     def setup(
         self, group: EPGroup | object | None, cfg: MoEConfig, device: torch.device | None
     ) -> tuple[int, int]:
@@ -102,6 +109,8 @@ class ShardedExperts(RuntimeViews, nn.Module):
             )
         self.config, self.num_experts, self.top_k = cfg, E, K
         self.home_range = register_home(self, self.group, E)
+        self.register_state_dict_post_hook(_split_experts)
+        self.register_load_state_dict_pre_hook(_join_experts)
         return self.home_range
 
     def start(self, what: str) -> None:
@@ -126,6 +135,54 @@ def agreed_construction(group: EPGroup, what: str) -> Iterator[None]:
         yield
     except Exception as exc:
         group.fail_settings(f"{what} config", exc)
+
+
+def _split_experts(module: nn.Module, state: dict[str, Any], prefix: str, _: Any) -> None:
+    """``state_dict`` post-hook of a :class:`ShardedExperts`: where ``per_expert_keys`` is
+    set, each expert tensor ``<prefix><name> [E_r, ...]`` becomes ``<prefix><name>.<e>``
+    for each home expert ``e`` (views: loading into them in place, as
+    ``torch.distributed.checkpoint.load`` does, writes the parameter)."""
+    assert isinstance(module, ShardedExperts)
+    if not module.per_expert_keys:
+        return
+    lo, hi = module.home_range
+    for name in module.expert_tensors:
+        home = state.pop(prefix + name)
+        for e in range(lo, hi):
+            state[f"{prefix}{name}.{e}"] = home[e - lo]
+
+
+def _join_experts(
+    module: nn.Module,
+    state: dict[str, Any],
+    prefix: str,
+    _: Any,
+    strict: bool,
+    missing: list[str],
+    unexpected: list[str],
+    errors: list[str],
+) -> None:
+    """``load_state_dict`` pre-hook of a :class:`ShardedExperts`: per-expert keys
+    ``<prefix><name>.<e>`` (any layout: this rank's home experts are taken, those of
+    other ranks dropped) become ``<prefix><name> [E_r, ...]``; a home expert missing
+    among them is an error naming its key."""
+    assert isinstance(module, ShardedExperts)
+    lo, hi = module.home_range
+    for name in module.expert_tensors:
+        keys = {e: f"{prefix}{name}.{e}" for e in range(module.num_experts)}
+        if not any(k in state for k in keys.values()):
+            if lo == hi and module.per_expert_keys and prefix + name not in state:
+                state[prefix + name] = getattr(module, name).detach()  # no experts here
+            continue
+        rows = [state.get(keys[e]) for e in range(lo, hi)]
+        for k in keys.values():
+            state.pop(k, None)
+        absent = [keys[e] for e, row in zip(range(lo, hi), rows, strict=True) if row is None]
+        if absent:
+            errors.append(f"per-expert keys missing for this rank's experts: {absent}")
+        elif prefix + name not in state:
+            found = [row for row in rows if row is not None]
+            state[prefix + name] = torch.stack(found) if found else getattr(module, name).detach()
 
 
 def resolve_group(group: EPGroup | object | None, weights_device: torch.device | None) -> EPGroup:

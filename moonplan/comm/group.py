@@ -261,6 +261,16 @@ class EPGroup:
             return x.new_empty((self.size, *x.shape))
         return dense(g_RX[:, :nbytes]).view(x.dtype).view(self.size, *x.shape)
 
+    def outcome(self, what: str, exc: BaseException | None) -> None:
+        """Collective: every rank's outcome of the same local work (``exc``: what it raised,
+        ``None``: it succeeded). Returns where every rank succeeded; raises ``exc`` itself
+        where every rank failed with the same type and message (the error one process
+        would see), else the same :class:`ContractError` on every rank naming each failing
+        rank and its error."""
+        text = "" if exc is None else f"{type(exc).__name__}: {exc}"
+        status_RL = self.all_gather(encode_status(exc is None, text, self.device)).cpu()
+        _raise_outcome(status_RL, what, exc)
+
     def check_same(self, name: str, value: int | float | tuple | str) -> None:
         """Collective: raise :class:`ContractError` on every rank unless ``value`` is identical
         on all ranks (compared through a digest of its type and ``repr``).
@@ -332,13 +342,17 @@ class EPGroup:
             ]
         )
         got_RX = self.all_gather(mine).cpu()
-        status_RL = got_RX[:, :STATUS_BYTES]
-        texts = {_unpack_bytes(row) for row in status_RL}
-        everyone = not any(status_RL[:, 0].tolist())
-        if exc is not None and everyone and len(texts) == 1:
-            raise exc  # the same error on every rank: the user's own, not a wrapped one
-        raise_if_failed(status_RL, what)
+        _raise_outcome(got_RX[:, :STATUS_BYTES], what, exc)
         return [_unpack_bytes(row) for row in got_RX[:, STATUS_BYTES:]]
+
+
+def _raise_outcome(status_RL: torch.Tensor, what: str, exc: BaseException | None) -> None:
+    """Raise for every rank's status ``[R, L]`` (CPU uint8) as :meth:`EPGroup.outcome` says."""
+    texts = {_unpack_bytes(row) for row in status_RL}
+    everyone = not any(status_RL[:, 0].tolist())
+    if exc is not None and everyone and len(texts) == 1:
+        raise exc  # the same error on every rank: the user's own, not a wrapped one
+    raise_if_failed(status_RL, what)
 
 
 def _setting_text(value: object) -> str:
