@@ -4,10 +4,12 @@ Legend:
     R ranks that saved, R' ranks that load, E experts of a layer,
     [lo, hi) a rank's home experts (its rows of every expert tensor)
 
-A wrapped model's ``state_dict`` has the original keys; expert tensors
-(``...experts.gate_up_proj``, ``...experts.down_proj``; for torchtitan's MoE
-``...routed_experts.inner_experts.w1_EFD``, ``w2_EDF``, ``w3_EFD``) hold only the rank's
-home rows ``[lo, hi)`` of the full ``[E, ...]`` tensor, every other entry is replicated.
+The files of :func:`save_sharded` hold a wrapped model's state under the original keys:
+expert tensors (``...experts.gate_up_proj``, ``...experts.down_proj``; for torchtitan's
+MoE ``...routed_experts.inner_experts.w1_EFD``, ``w2_EDF``, ``w3_EFD``) hold only the
+rank's home rows ``[lo, hi)`` of the full ``[E, ...]`` tensor, every other entry is
+replicated. (``model.state_dict()`` itself shows one key per expert by default:
+:func:`per_expert_keys`.)
 
 * :func:`save_sharded` (every rank): ``directory/rank-{r:05d}-of-{R:05d}.pt``; rank 0's
   file has the replicated entries too, the others only their expert rows; then
@@ -19,8 +21,9 @@ home rows ``[lo, hi)`` of the full ``[E, ...]`` tensor, every other entry is rep
   under ``R'`` (files are memory-mapped).
 * :func:`load_full` (every rank): from a state dict in the original layout.
 * :func:`gather_full_state_dict` (collective, in memory): the original layout on every rank.
-* :func:`per_expert_keys`: ``state_dict()`` with one key per expert, for
-  ``torch.distributed.checkpoint`` (DCP) and torchtitan's checkpointer at any EP size.
+* :func:`per_expert_keys`: how ``state_dict()`` shows the experts: one key per expert
+  (the default, for ``torch.distributed.checkpoint`` (DCP) and torchtitan's checkpointer
+  at any EP size) or the home rows under the original keys.
 
 ``consolidate`` and ``load_sharded`` verify the files against the manifest first
 (``verify=True``, the default): a missing, truncated, corrupt file or one of another
@@ -352,18 +355,21 @@ def _all_gather_rows(ex: Any, home: torch.Tensor) -> torch.Tensor:
 
 
 def per_expert_keys(model: nn.Module, enabled: bool = True) -> nn.Module:
-    """From now on ``model.state_dict()`` shows every home expert under its own key,
-    ``<expert tensor>.<e>`` (``e`` the global expert id, a view of its rows), instead of
-    the rank's home rows under the tensor's name; returns ``model``.
+    """Choose how ``model.state_dict()`` shows every wrapped layer's experts; returns
+    ``model``.
 
-    Every key then names one tensor of one size whatever the EP size, which is what
+    ``True`` (the default of every wrapped layer): each home expert under its own key,
+    ``<expert tensor>.<e>`` (``e`` the global expert id, a view of its rows). Every key
+    then names one tensor of one size whatever the EP size, which is what
     ``torch.distributed.checkpoint`` needs (it stores a plain tensor once per key, as if
     replicated): ``dcp.save(model.state_dict(), checkpoint_id=d)`` writes each expert
-    from its home rank, and at any other EP size ``sd = model.state_dict();
-    dcp.load(sd, checkpoint_id=d); model.load_state_dict(sd)`` reads the experts each
-    rank owns. torchtitan's checkpointer does the same with ``model.state_dict()``.
-    ``load_state_dict`` takes both layouts in either mode; moonplan's own calls
-    (:func:`save_sharded`, :func:`gather_full_state_dict`) are unaffected.
+    from its home rank, and at any EP size ``sd = model.state_dict(); dcp.load(sd,
+    checkpoint_id=d); model.load_state_dict(sd)`` reads the experts each rank owns;
+    torchtitan's checkpointer does the same. ``False``: the rank's home rows under the
+    tensor's own name (the original keys, ``[E_r, ...]``): never give that to DCP, which
+    would keep one rank's rows for every rank. ``load_state_dict`` takes both layouts in
+    either mode; moonplan's own calls (:func:`save_sharded`,
+    :func:`gather_full_state_dict`) do not depend on it.
     """
     for _, ex in sharded_experts(model):
         ex.per_expert_keys = enabled

@@ -84,12 +84,14 @@ class ShardedExperts(RuntimeViews, nn.Module):
     expert_tensors: tuple[str, ...] = ()
     """Names of the sharded parameters (what checkpoints shard)."""
 
-    per_expert_keys: bool = False
-    """How ``state_dict()`` shows the expert tensors: ``False``, under their own names,
-    this rank's home rows ``[E_r, ...]``; ``True``, one key per home expert,
-    ``<name>.<e>`` (``e`` the global expert id) holding a view of its rows, for
-    ``torch.distributed.checkpoint`` and torchtitan's checkpointer (set it with
-    ``moonplan.checkpoint.per_expert_keys``). ``load_state_dict`` takes both."""
+    per_expert_keys: bool = True
+    """How ``state_dict()`` shows the expert tensors. ``True`` (the default): one key per
+    home expert, ``<name>.<e>`` (``e`` the global expert id), a view of its rows, so every
+    key names one tensor of one size at any EP size, as ``torch.distributed.checkpoint``
+    and torchtitan's checkpointer need (they store a plain tensor once per key).
+    ``False``: this rank's home rows ``[E_r, ...]`` under the tensor's own name (the
+    original keys). Set it with ``moonplan.checkpoint.per_expert_keys``;
+    ``load_state_dict`` takes both layouts."""
 
     def setup(
         self, group: EPGroup | object | None, cfg: MoEConfig, device: torch.device | None

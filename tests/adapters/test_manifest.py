@@ -178,8 +178,8 @@ def test_unverified_loads_still_name_an_unreadable_file(damaged: dict[str, Path]
 def _dcp_save(rank: int, world: int, d: str) -> list[str]:
     import torch.distributed.checkpoint as dcp
 
-    layer = checkpoint.per_expert_keys(_model(0))
-    state = layer.state_dict()
+    layer = _model(0)
+    state = layer.state_dict()  # per-expert keys: the default
     dcp.save(state, checkpoint_id=d)
     checkpoint.save_sharded(layer, d + "-own")  # moonplan's own format: unaffected by the mode
     return sorted(state)
@@ -188,7 +188,7 @@ def _dcp_save(rank: int, world: int, d: str) -> list[str]:
 def _dcp_load(rank: int, world: int, d: str) -> tuple[bool, list[str]]:
     import torch.distributed.checkpoint as dcp
 
-    layer = checkpoint.per_expert_keys(_model(7))
+    layer = _model(7)
     state = layer.state_dict()
     dcp.load(state, checkpoint_id=d)
     layer.load_state_dict(state)
@@ -214,16 +214,20 @@ def test_dcp_saves_per_expert_keys_and_loads_at_another_ep_size(tmp_path: Path) 
 
 def test_per_expert_keys_round_trip_on_one_rank() -> None:
     layer = _model(0)
+    split = layer.state_dict()  # the default
+    checkpoint.per_expert_keys(layer, False)
     home = layer.state_dict()
-    checkpoint.per_expert_keys(layer)
-    split = layer.state_dict()
+    assert "experts.gate_up_proj" in home and "experts.gate_up_proj.0" not in home
     assert "experts.gate_up_proj" not in split and "experts.gate_up_proj.5" in split
     assert torch.equal(split["experts.down_proj.2"], home["experts.down_proj"][2])
     other = _model(3)
-    other.load_state_dict(split)  # the per-expert layout loads in the default mode too
-    assert torch.equal(other.state_dict()["experts.gate_up_proj"], home["experts.gate_up_proj"])
-    del split["experts.gate_up_proj.4"]
+    other.load_state_dict(split)
+    assert torch.equal(other.experts.gate_up_proj, home["experts.gate_up_proj"])
+    partial = {k: v for k, v in split.items() if k != "experts.gate_up_proj.4"}
     with pytest.raises(RuntimeError, match=r"per-expert keys missing.*experts\.gate_up_proj\.4"):
-        other.load_state_dict(split)
-    checkpoint.per_expert_keys(layer, False)
-    assert list(layer.state_dict()) == list(home)
+        other.load_state_dict(partial)
+    other = _model(4)
+    other.load_state_dict(home)  # the home-rows layout loads in the per-expert mode
+    assert torch.equal(other.experts.down_proj, home["experts.down_proj"])
+    checkpoint.per_expert_keys(layer)
+    assert list(layer.state_dict()) == list(split)
