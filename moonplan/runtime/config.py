@@ -10,7 +10,8 @@ One frozen dataclass serves every front end (:class:`~moonplan.MoonMoE`,
 build. The keyword options those front ends take are its fields; a keyword given
 beside ``config=`` overrides that field (:meth:`MoEConfig.merged`). Each field is
 checked when the config is made (``ValueError`` naming the field); sizes left
-``None`` are read from the weights by the adapters (:meth:`MoEConfig.sized`).
+``None`` are read from the weights by the adapters (:meth:`MoEConfig.sized`). What a
+layer runs with (:meth:`MoEConfig.resolve`) is agreed across ranks when it is built.
 """
 
 from __future__ import annotations
@@ -51,14 +52,16 @@ class MoEConfig:
     slots: SlotsOption = None
     """Weight slots per rank for replicas: an ``int`` count ``B``, a byte budget
     (``"2GiB"`` or :class:`~moonplan.runtime.slot_budget.Bytes`) or a ``float`` fraction
-    of the home experts' bytes; ``None``: ``min(2, M)`` (``moonplan.runtime.slot_budget``)."""
+    of the home experts' bytes; ``None``: ``min(2, M)``. Every form is capped at ``E``
+    (``moonplan.runtime.slot_budget``)."""
 
     align: int = 1
     """Receive-row padding multiple (``>= 1``)."""
 
     max_tokens: int = 1024
     """Expected tokens per rank; sizes the receive buffers, which grow collectively when a
-    step needs more (``>= 0``)."""
+    step needs more (``>= 0``; the buffers must fit in the device's memory, checked
+    before allocation: ``moonplan.runtime.buffers``)."""
 
     transport: str = "auto"
     """``"auto"`` (a symmetric heap where one spans the group, else all-to-all),

@@ -62,13 +62,14 @@ class LayerRuntime:
     transport and the ranks per host it read from the environment, ``balance``, dtype,
     ``overlap``, the cost model's values), in the first collective every rank enters and
     before any collective allocation: a rank that cannot resolve its config, or settings
-    that differ, raise the same ``ContractError`` on every rank, naming each differing
-    setting with its value per rank. Then allocates (buffers bounded:
+    that differ, raise the same error on every rank, naming each differing setting with
+    its value per rank. Then allocates (buffers bounded:
     :func:`~moonplan.runtime.buffers.build_buffers`).
 
     Raises:
-        ContractError: on every rank, as above (also for a size of ``cfg`` that is
-            ``None``, naming it).
+        ContractError: on every rank, as above.
+        ValueError: on every rank, where every rank failed to resolve ``cfg`` alike
+            (e.g. a size that is ``None``, named): that error itself.
     """
 
     def __init__(self, group: EPGroup, cfg: MoEConfig, *, what: str = "layer"):

@@ -107,7 +107,9 @@ def create(
     entry = _REGISTRY[name]
     if entry.needs_heap and heap is None:
         raise ValueError(f"transport {name!r} needs a symmetric heap, got none")
-    extra = read_options(name, group.size) if options is None else dict(options)
+    if options is None:  # not given: read now (nothing for a transport without options)
+        options = {} if entry.options is None else entry.options(group.size)
+    extra = dict(options)
     return entry.factory(group, capacity=capacity, hidden=hidden, dtype=dtype, heap=heap, **extra)
 
 
