@@ -92,10 +92,10 @@ def save_sharded(model: nn.Module, directory: str | Path) -> Path:
     """Write this rank's part of ``model``'s state and the manifest (collective: every
     rank calls it). Returns this rank's file.
 
-    Each file is written under a temporary name and renamed; rank 0 then writes the
-    manifest (by rename too) and removes files of another world size, so the directory
-    always holds one consistent checkpoint: a save that did not finish leaves the
-    previous manifest, against which the new files fail verification.
+    Each rank's file is written, flushed to disk and checksummed; rank 0 then writes the
+    manifest (under a temporary name, renamed into place) and removes files of another
+    world size. A save that did not finish leaves the previous manifest (or none),
+    against which the new files fail verification: never a checkpoint that loads mixed.
 
     Raises:
         ContractError: on every rank, naming the ranks where writing failed (or their
