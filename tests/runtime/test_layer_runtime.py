@@ -195,3 +195,30 @@ def test_sizes_are_capped_or_refused_before_any_allocation() -> None:
     assert got[1]["max_tokens"][:2] == (kind, message)
     assert kind == "ContractError" and took < FAST_S
     assert "max_tokens=10000000000000 x top_k=2" in message and "above the limit of" in message
+
+
+def _growth_beyond_the_limit(rank: int, world: int) -> dict[str, Any]:
+    from moonplan import MoonMoE
+    from moonplan.runtime import buffers
+
+    layer = MoonMoE(H, F, E, K, max_tokens=4, transport="a2a", balance="exact")
+    built = layer.runtime.capacity
+    limit = buffers.BufferSpec("a2a", E, layer.slots, 4, H, F, torch.float32).heap_bytes(built)
+    buffers.memory_bytes = lambda device: limit  # this forked rank only: a small device
+    out: dict[str, Any] = {}
+    try:
+        layer(torch.randn(64, H))  # needs more receive rows than the limit allows
+    except Exception as exc:
+        out["error"] = (type(exc).__name__, str(exc))
+    y = layer(torch.randn(2, H))  # the old buffers still serve a small step
+    out["after"] = (layer.runtime.capacity == built, bool(torch.isfinite(y).all()))
+    return out
+
+
+def test_growth_beyond_the_device_memory_is_refused_everywhere() -> None:
+    got = run_ranks(_growth_beyond_the_limit, 2, timeout=TIMEOUT)
+    assert got[0]["error"] == got[1]["error"]
+    kind, message = got[0]["error"]
+    assert kind == "ContractError" and "this step's plan needs" in message
+    assert "above the limit of" in message and "this rank's cpu memory" in message
+    assert got[0]["after"] == got[1]["after"] == (True, True)
