@@ -22,7 +22,12 @@ from torch import nn
 
 from moonplan.adapters.experts import MoonExperts
 from moonplan.adapters.generic import routed_forward
-from moonplan.adapters.sharded import RuntimeViews, options_config, resolve_group
+from moonplan.adapters.sharded import (
+    RuntimeViews,
+    agreed_construction,
+    options_config,
+    resolve_group,
+)
 from moonplan.comm.group import EPGroup
 from moonplan.runtime.config import MoEConfig
 from moonplan.runtime.contract import FixedPlacement
@@ -105,13 +110,14 @@ class MoonMoE(RuntimeViews, FixedPlacement):
         **options: Any,
     ):
         super().__init__()
-        sizes = dict(hidden_size=hidden_size, ffn_size=ffn_size, num_experts=num_experts)
-        cfg = options_config(config, options, top_k=top_k, **sizes)
-        H, _, E, _ = cfg.require_sizes()
-        cfg = cfg.sized(dtype=cfg.layer_dtype())
         ep = resolve_group(group, None)
-        self.router = nn.Linear(H, E, bias=False, device=ep.device, dtype=cfg.dtype)
-        self.route_fn = self._make_router(router, sigmoid_config, cfg, ep.device)
+        with agreed_construction(ep, type(self).__name__):  # one rank's failure: everywhere
+            sizes = dict(hidden_size=hidden_size, ffn_size=ffn_size, num_experts=num_experts)
+            cfg = options_config(config, options, top_k=top_k, **sizes)
+            H, _, E, _ = cfg.require_sizes()
+            cfg = cfg.sized(dtype=cfg.layer_dtype())
+            self.router = nn.Linear(H, E, bias=False, device=ep.device, dtype=cfg.dtype)
+            self.route_fn = self._make_router(router, sigmoid_config, cfg, ep.device)
         self.experts = MoonExperts(group=ep, config=cfg, owner=type(self).__name__)
         self.register_buffer(
             "home_experts", self.experts.get_buffer("home_experts"), persistent=False

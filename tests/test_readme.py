@@ -97,7 +97,7 @@ def test_wrap_model_example_runs_on_its_ranks(tmp_path: Path) -> None:
     code = _block("wrap_model(")
     world = _ranks(code)
     run_ranks(_exec_on_rank, world, code, str(tmp_path), _check_wrap_model, timeout=120)
-    want = [f"rank-{r:05d}-of-{world:05d}.pt" for r in range(world)]
+    want = ["manifest.json"] + [f"rank-{r:05d}-of-{world:05d}.pt" for r in range(world)]
     assert sorted(os.listdir(tmp_path / "ckpt")) == want  # the sharded checkpoint it saves
 
 

@@ -20,7 +20,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from moonplan.adapters.sharded import ShardedExperts, home_parameter, options_config
+from moonplan.adapters.sharded import (
+    ShardedExperts,
+    agreed_construction,
+    home_parameter,
+    options_config,
+    resolve_group,
+)
 from moonplan.comm.group import EPGroup
 from moonplan.runtime.config import MoEConfig
 from moonplan.runtime.contract import FixedPlacement, check_tokens
@@ -75,21 +81,24 @@ class MoonExperts(FixedPlacement, ShardedExperts):
         **options: Any,
     ):
         super().__init__()
-        cfg = options_config(config, options, top_k=top_k)
-        if gate_up_proj is None and down_proj is None:
-            self._fresh(group, cfg)
-        elif gate_up_proj is None or down_proj is None:
-            raise ValueError("give both gate_up_proj and down_proj, or neither (fresh experts)")
-        else:
-            E, F, H = _expert_sizes(gate_up_proj, down_proj)
-            sizes = dict(num_experts=E, hidden_size=H, ffn_size=F, dtype=gate_up_proj.dtype)
-            lo, hi = self.setup(group, cfg.sized(**sizes), gate_up_proj.device)
-            self.gate_up_proj = home_parameter(gate_up_proj, lo, hi)
-            self.down_proj = home_parameter(down_proj, lo, hi)
-        self.hidden_dim, self.intermediate_dim, _, _ = self.config.require_sizes()
+        weights = gate_up_proj.device if isinstance(gate_up_proj, torch.Tensor) else None
+        ep = resolve_group(group, weights)
+        with agreed_construction(ep, owner):  # a failure on one rank raises on every rank
+            cfg = options_config(config, options, top_k=top_k)
+            if gate_up_proj is None and down_proj is None:
+                self._fresh(ep, cfg)
+            elif gate_up_proj is None or down_proj is None:
+                raise ValueError("give both gate_up_proj and down_proj, or neither (fresh experts)")
+            else:
+                E, F, H = _expert_sizes(gate_up_proj, down_proj)
+                sizes = dict(num_experts=E, hidden_size=H, ffn_size=F, dtype=gate_up_proj.dtype)
+                lo, hi = self.setup(ep, cfg.sized(**sizes), gate_up_proj.device)
+                self.gate_up_proj = home_parameter(gate_up_proj, lo, hi)
+                self.down_proj = home_parameter(down_proj, lo, hi)
+            self.hidden_dim, self.intermediate_dim, _, _ = self.config.require_sizes()
         self.start(owner)
 
-    def _fresh(self, group: EPGroup | object | None, cfg: MoEConfig) -> None:
+    def _fresh(self, group: EPGroup, cfg: MoEConfig) -> None:
         """Freshly initialised home experts of ``cfg``'s sizes, on the group's device."""
         H, F, _, _ = cfg.require_sizes()
         cfg = cfg.sized(dtype=cfg.layer_dtype())

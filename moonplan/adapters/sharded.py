@@ -16,6 +16,8 @@ to ``runtime.forward``.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -33,7 +35,7 @@ from moonplan.stepcost import StepCost
 
 class RuntimeViews:
     """What a layer shows of its ``runtime`` (a :class:`LayerRuntime`): the last plan and
-    figures, the cost model, calibration and ``weights_changed``. Shared by
+    figures, the cost model (``set_cost``), calibration and ``weights_changed``. Shared by
     :class:`ShardedExperts` and :class:`~moonplan.MoonMoE`."""
 
     runtime: LayerRuntime
@@ -46,6 +48,11 @@ class RuntimeViews:
         """Collective: the layer's :class:`StepCost` from its measured steps, agreed across
         ranks; ``balance="auto"`` plans with it from the next step."""
         return self.runtime.calibrate()
+
+    def set_cost(self, cost: StepCost) -> None:
+        """Collective: plan ``balance="auto"`` with ``cost`` from the next step on, agreed
+        across ranks like the config (``LayerRuntime.set_cost``)."""
+        self.runtime.set_cost(cost)
 
     @property
     def cost(self) -> StepCost | None:
@@ -77,6 +84,15 @@ class ShardedExperts(RuntimeViews, nn.Module):
     expert_tensors: tuple[str, ...] = ()
     """Names of the sharded parameters (what checkpoints shard)."""
 
+    per_expert_keys: bool = True
+    """How ``state_dict()`` shows the expert tensors. ``True`` (the default): one key per
+    home expert, ``<name>.<e>`` (``e`` the global expert id), a view of its rows, so every
+    key names one tensor of one size at any EP size, as ``torch.distributed.checkpoint``
+    and torchtitan's checkpointer need (they store a plain tensor once per key).
+    ``False``: this rank's home rows ``[E_r, ...]`` under the tensor's own name (the
+    original keys). Set it with ``moonplan.checkpoint.per_expert_keys``;
+    ``load_state_dict`` takes both layouts."""
+
     def setup(
         self, group: EPGroup | object | None, cfg: MoEConfig, device: torch.device | None
     ) -> tuple[int, int]:
@@ -95,12 +111,80 @@ class ShardedExperts(RuntimeViews, nn.Module):
             )
         self.config, self.num_experts, self.top_k = cfg, E, K
         self.home_range = register_home(self, self.group, E)
+        self.register_state_dict_post_hook(_split_experts)
+        self.register_load_state_dict_pre_hook(_join_experts)
         return self.home_range
 
     def start(self, what: str) -> None:
         """Build the :class:`LayerRuntime` (collective; ``what`` names the layer in errors)."""
         self.runtime = LayerRuntime(self.group, self.config, what=what)
         self.slots = self.runtime.B
+
+
+@contextmanager
+def agreed_construction(group: EPGroup, what: str) -> Iterator[None]:
+    """Run a front end's construction up to its :class:`LayerRuntime` so that a failure
+    on some ranks only raises the same error on every rank.
+
+    The body's exception (an invalid option, weights of a bad shape...) is not raised
+    alone: the failing rank enters the runtime's config agreement, the first collective
+    of a layer's construction, as a failing rank (:meth:`EPGroup.fail_settings`), where
+    its peers, done with their body, wait. So every rank raises the original error where
+    every rank failed alike, else the same ``ContractError`` naming each failing rank.
+    The body must not build the runtime (call :meth:`ShardedExperts.start` after it).
+    """
+    try:
+        yield
+    except Exception as exc:
+        group.fail_settings(f"{what} config", exc)
+
+
+def _split_experts(module: nn.Module, state: dict[str, Any], prefix: str, _: Any) -> None:
+    """``state_dict`` post-hook of a :class:`ShardedExperts`: where ``per_expert_keys`` is
+    set, each expert tensor ``<prefix><name> [E_r, ...]`` becomes ``<prefix><name>.<e>``
+    for each home expert ``e`` (views: loading into them in place, as
+    ``torch.distributed.checkpoint.load`` does, writes the parameter)."""
+    assert isinstance(module, ShardedExperts)
+    if not module.per_expert_keys:
+        return
+    lo, hi = module.home_range
+    for name in module.expert_tensors:
+        home = state.pop(prefix + name)
+        for e in range(lo, hi):
+            state[f"{prefix}{name}.{e}"] = home[e - lo]
+
+
+def _join_experts(
+    module: nn.Module,
+    state: dict[str, Any],
+    prefix: str,
+    _: Any,
+    strict: bool,
+    missing: list[str],
+    unexpected: list[str],
+    errors: list[str],
+) -> None:
+    """``load_state_dict`` pre-hook of a :class:`ShardedExperts`: per-expert keys
+    ``<prefix><name>.<e>`` (any layout: this rank's home experts are taken, those of
+    other ranks dropped) become ``<prefix><name> [E_r, ...]``; a home expert missing
+    among them is an error naming its key."""
+    assert isinstance(module, ShardedExperts)
+    lo, hi = module.home_range
+    for name in module.expert_tensors:
+        keys = {e: f"{prefix}{name}.{e}" for e in range(module.num_experts)}
+        if not any(k in state for k in keys.values()):
+            if lo == hi and module.per_expert_keys and prefix + name not in state:
+                state[prefix + name] = getattr(module, name).detach()  # no experts here
+            continue
+        rows = [state.get(keys[e]) for e in range(lo, hi)]
+        for k in keys.values():
+            state.pop(k, None)
+        absent = [keys[e] for e, row in zip(range(lo, hi), rows, strict=True) if row is None]
+        if absent:
+            errors.append(f"per-expert keys missing for this rank's experts: {absent}")
+        elif prefix + name not in state:
+            found = [row for row in rows if row is not None]
+            state[prefix + name] = torch.stack(found) if found else getattr(module, name).detach()
 
 
 def resolve_group(group: EPGroup | object | None, weights_device: torch.device | None) -> EPGroup:

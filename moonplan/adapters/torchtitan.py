@@ -35,8 +35,10 @@ from torch import nn
 
 from moonplan.adapters.sharded import (
     ShardedExperts,
+    agreed_construction,
     home_parameter,
     options_config,
+    resolve_group,
     with_experts,
 )
 from moonplan.comm.group import EPGroup
@@ -133,14 +135,17 @@ class MoonGroupedExperts(ShardedExperts):
         **options: Any,
     ):
         super().__init__()
-        cfg = options_config(config, options, top_k=top_k, dtype=compute_dtype)
-        E, F, D = w1_EFD.shape
-        sizes = dict(num_experts=E, hidden_size=D, ffn_size=F, dtype=cfg.dtype or torch.bfloat16)
-        lo, hi = self.setup(group, cfg.sized(**sizes), w1_EFD.device)
-        self.dim, self.hidden_dim, self.compute_dtype = D, F, self.config.dtype
-        self.w1_EFD = home_parameter(w1_EFD, lo, hi)
-        self.w2_EDF = home_parameter(w2_EDF, lo, hi)
-        self.w3_EFD = home_parameter(w3_EFD, lo, hi)
+        ep = resolve_group(group, w1_EFD.device)
+        with agreed_construction(ep, "MoonGroupedExperts"):  # one rank's failure: everywhere
+            cfg = options_config(config, options, top_k=top_k, dtype=compute_dtype)
+            E, F, D = w1_EFD.shape
+            dtype = cfg.dtype or torch.bfloat16
+            sizes = dict(num_experts=E, hidden_size=D, ffn_size=F, dtype=dtype)
+            lo, hi = self.setup(ep, cfg.sized(**sizes), w1_EFD.device)
+            self.dim, self.hidden_dim, self.compute_dtype = D, F, self.config.dtype
+            self.w1_EFD = home_parameter(w1_EFD, lo, hi)
+            self.w2_EDF = home_parameter(w2_EDF, lo, hi)
+            self.w3_EFD = home_parameter(w3_EFD, lo, hi)
         self.start("MoonGroupedExperts")
 
     def extra_repr(self) -> str:

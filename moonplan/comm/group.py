@@ -5,9 +5,10 @@ Legend:
     L  bytes of one encoded status (``STATUS_BYTES``: ok flag, length, message)
 
 A contract violation seen by one rank must raise the same error on every rank
-(see ``docs/reliability.md``): :meth:`EPGroup.agree`, :meth:`EPGroup.check_same` and
-:meth:`EPGroup.gather_with_status` all-gather a fixed-size status, so every rank
-takes the same decision from the same bytes and builds the same message.
+(see ``docs/reliability.md``): :meth:`EPGroup.agree`, :meth:`EPGroup.check_same`,
+:meth:`EPGroup.check_settings` and :meth:`EPGroup.gather_with_status` all-gather a
+fixed-size status, so every rank takes the same decision from the same bytes and
+builds the same message.
 
 Without ``torch.distributed`` (not initialised, ``group=None``) the group is a
 single rank that never communicates; every method still works.
@@ -20,9 +21,11 @@ there, so each process group sees its collectives in one order on every rank.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import warnings
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -34,6 +37,7 @@ _LEN_BYTES = 2
 STATUS_BYTES = 1 + _LEN_BYTES + MESSAGE_BYTES  # L
 _DIGEST_BYTES = 16
 _VALUE_TEXT_BYTES = 160  # how much of a config value's repr the error message shows
+_SETTINGS_BYTES = 16384  # most bytes of one rank's settings (check_settings), as JSON
 
 
 class EPGroup:
@@ -257,6 +261,16 @@ class EPGroup:
             return x.new_empty((self.size, *x.shape))
         return dense(g_RX[:, :nbytes]).view(x.dtype).view(self.size, *x.shape)
 
+    def outcome(self, what: str, exc: BaseException | None) -> None:
+        """Collective: every rank's outcome of the same local work (``exc``: what it raised,
+        ``None``: it succeeded). Returns where every rank succeeded; raises ``exc`` itself
+        where every rank failed with the same type and message (the error one process
+        would see), else the same :class:`ContractError` on every rank naming each failing
+        rank and its error."""
+        text = "" if exc is None else f"{type(exc).__name__}: {exc}"
+        status_RL = self.all_gather(encode_status(exc is None, text, self.device)).cpu()
+        _raise_outcome(status_RL, what, exc)
+
     def check_same(self, name: str, value: int | float | tuple | str) -> None:
         """Collective: raise :class:`ContractError` on every rank unless ``value`` is identical
         on all ranks (compared through a digest of its type and ``repr``).
@@ -281,6 +295,98 @@ class EPGroup:
         reference = max(groups.values(), key=lambda ranks: (len(ranks), -ranks[0]))
         others = tuple(r for r in range(self.size) if r not in reference)
         raise ContractError(f"config {name!r} differs across ranks: " + "; ".join(parts), others)
+
+    def check_settings(self, what: str, settings: Mapping[str, object]) -> None:
+        """Collective: raise the same :class:`ContractError` on every rank unless every rank
+        gave the same ``settings`` (compared by type and ``repr``), and no rank called
+        :meth:`fail_settings` instead.
+
+        One all-gather carries this rank's status and a digest of its settings; only
+        where the digests differ does a second one carry the settings themselves, so that
+        the message names each differing setting with its value on every rank, e.g.
+        ``layer config differs across ranks in 1 setting: balance (rank 0: 'exact';
+        rank 1: 'off')``. The error's ``ranks``: those whose settings differ from the
+        largest group's (ties: the lowest rank's group).
+        """
+        texts = {name: _setting_text(value) for name, value in settings.items()}
+        digest = hashlib.blake2b(repr(sorted(texts.items())).encode(), digest_size=_DIGEST_BYTES)
+        digests = self._settings_round(what, digest.digest(), None)
+        if len(set(digests)) == 1:
+            return
+        data = json.dumps(texts).encode()  # every rank is here: the digests are everyone's
+        if len(data) > _SETTINGS_BYTES:  # never raise on one rank only
+            note = f"str:{len(texts)} settings, too long to show"
+            data = json.dumps({"(settings)": note}).encode()
+        rows = self.all_gather_bytes(data, _SETTINGS_BYTES)
+        raise _differing(what, [json.loads(row) for row in rows], digests)
+
+    def fail_settings(self, what: str, exc: BaseException) -> NoReturn:
+        """Collective: the counterpart of :meth:`check_settings` for a rank that could not
+        produce its settings because ``exc`` was raised (e.g. an invalid option, a value
+        from the environment that cannot be used). Every rank then raises the same error:
+        ``exc`` itself where every rank failed with the same type and message (the error
+        the user would see on one rank), else a :class:`ContractError` naming each failing
+        rank and its error.
+        """
+        self._settings_round(what, b"", exc)
+        raise AssertionError("unreachable: _settings_round raises for a failing rank")
+
+    def _settings_round(self, what: str, digest: bytes, exc: BaseException | None) -> list[bytes]:
+        """The first collective of :meth:`check_settings` / :meth:`fail_settings`: every
+        rank's status and settings digest; raises where any rank failed."""
+        text = "" if exc is None else f"{type(exc).__name__}: {exc}"
+        mine = torch.cat(
+            [
+                encode_status(exc is None, text, self.device),
+                _pack_bytes(digest, _DIGEST_BYTES, self.device),
+            ]
+        )
+        got_RX = self.all_gather(mine).cpu()
+        _raise_outcome(got_RX[:, :STATUS_BYTES], what, exc)
+        return [_unpack_bytes(row) for row in got_RX[:, STATUS_BYTES:]]
+
+
+def _raise_outcome(status_RL: torch.Tensor, what: str, exc: BaseException | None) -> None:
+    """Raise for every rank's status ``[R, L]`` (CPU uint8) as :meth:`EPGroup.outcome` says."""
+    texts = {_unpack_bytes(row) for row in status_RL}
+    everyone = not any(status_RL[:, 0].tolist())
+    if exc is not None and everyone and len(texts) == 1:
+        raise exc  # the same error on every rank: the user's own, not a wrapped one
+    raise_if_failed(status_RL, what)
+
+
+def _setting_text(value: object) -> str:
+    """``type:repr`` of a setting, cut to ``_VALUE_TEXT_BYTES`` bytes (its digest is of
+    the whole text)."""
+    text = f"{type(value).__name__}:{value!r}"
+    if len(text.encode()) <= _VALUE_TEXT_BYTES:
+        return text
+    tail = hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
+    return _truncate_utf8(text, _VALUE_TEXT_BYTES - 12).decode() + f"...#{tail}"
+
+
+def _differing(what: str, settings_R: list[dict[str, str]], digests: list[bytes]) -> ContractError:
+    """The error of :meth:`EPGroup.check_settings`: each setting whose text differs across
+    ranks (or that some rank lacks), with every rank's value, ranks grouped by value."""
+    names = sorted({name for s in settings_R for name in s})
+    parts = []
+    for name in names:
+        groups: dict[str, list[int]] = {}
+        for r, s in enumerate(settings_R):
+            groups.setdefault(s.get(name, "(not set)"), []).append(r)
+        if len(groups) > 1:
+            shown = "; ".join(
+                f"rank {', '.join(map(str, ranks))}: {text.split(':', 1)[-1]}"
+                for text, ranks in groups.items()
+            )
+            parts.append(f"{name} ({shown})")
+    by_digest: dict[bytes, list[int]] = {}
+    for r, d in enumerate(digests):
+        by_digest.setdefault(d, []).append(r)
+    reference = max(by_digest.values(), key=lambda ranks: (len(ranks), -ranks[0]))
+    others = tuple(r for r in range(len(digests)) if r not in reference)
+    count = f"{len(parts)} setting{'s' if len(parts) != 1 else ''}"
+    return ContractError(f"{what} differs across ranks in {count}: " + ", ".join(parts), others)
 
 
 def _timeout_of(group: Any, device: torch.device) -> Any:

@@ -8,10 +8,19 @@ still works, and only a complete set is returned. If any rank fails (the heap ca
 be created, e.g. ``/dev/shm`` is full or a file-size limit is hit, or a local
 allocation fails), every rank raises the same :class:`ContractError`, whatever was
 created is released, and the caller keeps its old buffers and capacity.
+
+Bounded: before anything is allocated, every rank checks that one set of buffers
+(:meth:`BufferSpec.heap_bytes`, the heap's size, and what the all-to-all transports
+allocate as local tensors alike) fits in its device's memory (:func:`memory_bytes`:
+physical RAM for the CPU, the GPU's total memory for CUDA); where it does not on some
+rank, every rank raises the same ``ContractError`` naming the bytes, the limit and what
+asked for them (``max_tokens``, ``align`` and ``slots`` at construction, a step's
+plan when the buffers grow). ``slots`` is capped at ``E`` before (``slot_budget``).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +57,7 @@ class BufferSpec:
     H: int
     F: int
     dtype: torch.dtype
+    options: tuple[tuple[str, object], ...] = ()  # the transport's (registry.read_options)
 
     def heap_bytes(self, capacity: int) -> int:
         """Bytes per rank: receive and output rows ``[C, H]``, 12 bytes per row for a
@@ -60,16 +70,41 @@ class BufferSpec:
         return capacity * (2 * self.H * elem + 12) + weight_rows + (1 << 16)
 
 
-def build_buffers(group: EPGroup, spec: BufferSpec, capacity: int) -> LayerBuffers:
+def memory_bytes(device: torch.device) -> int | None:
+    """The bound on one set of a layer's buffers on ``device``: its total memory (the
+    host's physical RAM for the CPU, the GPU's for CUDA), ``None`` where unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):  # not a POSIX host
+            return None
+    return None
+
+
+def build_buffers(
+    group: EPGroup, spec: BufferSpec, capacity: int, *, sized: str = ""
+) -> LayerBuffers:
     """Collective: a new heap (where the transport uses one), transport and store for
     ``capacity`` receive rows. ``"auto"`` is the heap transport where a heap spans the
-    group, else ``"a2a"``.
+    group, else ``"a2a"``. ``sized``: what asked for ``capacity`` (named in the error
+    when the buffers would exceed the device's memory).
 
     Raises:
-        ContractError: on every rank, if creating the heap or any local allocation
+        ContractError: on every rank, if the buffers exceed :func:`memory_bytes` on some
+            rank (before any allocation), or creating the heap or any local allocation
             failed on some rank; nothing created here is left behind.
         HeapUnavailable: on every rank, for ``kind="heap"`` where no heap spans the group.
     """
+    what = f"layer buffers for {capacity} receive rows"
+    nbytes, limit = spec.heap_bytes(capacity), memory_bytes(group.device)
+    over = limit is not None and nbytes > limit
+    why = (
+        f"they need {nbytes} bytes per rank ({sized}), above the limit of {limit} bytes "
+        f"(this rank's {group.device.type} memory)"
+    )
+    group.agree(not over, why, what=what)
     heap = None
     if spec.kind == "auto" or registry.needs_heap(spec.kind):
         try:
@@ -82,7 +117,7 @@ def build_buffers(group: EPGroup, spec: BufferSpec, capacity: int) -> LayerBuffe
     except (MemoryError, RuntimeError, ValueError) as exc:  # e.g. out of memory on one rank
         parts, err = None, f"{type(exc).__name__}: {exc}"
     try:
-        group.agree(not err, err, what=f"layer buffers for {capacity} receive rows")
+        group.agree(not err, err, what=what)
     except BaseException:
         if heap is not None:
             heap.close()
@@ -96,7 +131,13 @@ def _local_parts(
 ) -> LayerBuffers:
     name = spec.kind if spec.kind != "auto" else "heap" if heap is not None else "a2a"
     transport = registry.create(
-        name, group, capacity=capacity, hidden=spec.H, dtype=spec.dtype, heap=heap
+        name,
+        group,
+        capacity=capacity,
+        hidden=spec.H,
+        dtype=spec.dtype,
+        heap=heap,
+        options=dict(spec.options) if spec.kind != "auto" else {},
     )
     store = ExpertStore(
         transport,

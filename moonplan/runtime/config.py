@@ -10,7 +10,8 @@ One frozen dataclass serves every front end (:class:`~moonplan.MoonMoE`,
 build. The keyword options those front ends take are its fields; a keyword given
 beside ``config=`` overrides that field (:meth:`MoEConfig.merged`). Each field is
 checked when the config is made (``ValueError`` naming the field); sizes left
-``None`` are read from the weights by the adapters (:meth:`MoEConfig.sized`).
+``None`` are read from the weights by the adapters (:meth:`MoEConfig.sized`). What a
+layer runs with (:meth:`MoEConfig.resolve`) is agreed across ranks when it is built.
 """
 
 from __future__ import annotations
@@ -52,14 +53,16 @@ class MoEConfig:
     slots: SlotsOption = None
     """Weight slots per rank for replicas: an ``int`` count ``B``, a byte budget
     (``"2GiB"`` or :class:`~moonplan.runtime.slot_budget.Bytes`) or a ``float`` fraction
-    of the home experts' bytes; ``None``: ``min(2, M)`` (``moonplan.runtime.slot_budget``)."""
+    of the home experts' bytes; ``None``: ``min(2, M)``. Every form is capped at ``E``
+    (``moonplan.runtime.slot_budget``)."""
 
     align: int = 1
     """Receive-row padding multiple (``>= 1``)."""
 
     max_tokens: int = 1024
     """Expected tokens per rank; sizes the receive buffers, which grow collectively when a
-    step needs more (``>= 0``)."""
+    step needs more (``>= 0``; the buffers must fit in the device's memory, checked
+    before allocation: ``moonplan.runtime.buffers``)."""
 
     transport: str = "auto"
     """``"auto"`` (a symmetric heap where one spans the group, else all-to-all),
@@ -172,9 +175,71 @@ class MoEConfig:
         """The dtype the layer runs in: ``dtype``, or ``torch.get_default_dtype()``."""
         return self.dtype if self.dtype is not None else torch.get_default_dtype()
 
+    def resolve(self, ranks: int) -> Resolved:
+        """What a layer of this config runs with on ``ranks`` ranks (sizes required).
+
+        Raises:
+            ValueError: a size is ``None``, or a setting cannot be resolved (e.g. an
+                unusable ``LOCAL_WORLD_SIZE`` for ``transport="a2a-hosts"``).
+        """
+        H, F, E, K = self.require_sizes()
+        B = self.slot_count(ranks)
+        options = transports.read_options(self.transport, ranks)
+        agreed: dict[str, object] = {
+            "hidden_size": H,
+            "ffn_size": F,
+            "num_experts": E,
+            "top_k": K,
+            "slots": B,
+            "align": self.align,
+            "max_tokens": self.max_tokens,
+            "transport": self.transport,
+            "balance": self.balance,
+            "dtype": self.layer_dtype(),
+            "overlap": self.overlap,
+            **{_LABELS.get(name, name): value for name, value in options.items()},
+            **cost_settings(self.cost),
+        }
+        return Resolved(B, options, agreed)
+
     def slot_count(self, ranks: int) -> int:
         """``B`` for this config on ``ranks`` ranks (sizes required)."""
         H, F, E, _ = self.require_sizes()
         return resolve_slots(
             self.slots, num_experts=E, ranks=ranks, hidden=H, ffn=F, dtype=self.layer_dtype()
         )
+
+
+_LABELS = {"ranks_per_host": "ranks_per_host (LOCAL_WORLD_SIZE)"}
+"""How a transport option read from the environment is named in a mismatch error."""
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a layer runs with (:meth:`MoEConfig.resolve`), agreed across ranks when it is
+    built (``LayerRuntime``).
+
+    Attributes:
+        slots: ``B``, the resolved slot count.
+        transport_options: what the transport read from the environment
+            (``moonplan.runtime.transports.registry.read_options``), used for every
+            transport the layer builds.
+        agreed: every setting that shapes a step, by name, as compared across ranks:
+            sizes, the resolved ``slots``, ``align``, ``max_tokens``, ``transport`` and its
+            options, ``balance``, the resolved ``dtype``, ``overlap`` and the cost model's
+            values (:func:`cost_settings`). Not ``choose``/``search_us`` (no-ops).
+    """
+
+    slots: int
+    transport_options: dict[str, object]
+    agreed: dict[str, object]
+
+
+def cost_settings(cost: StepCost | None) -> dict[str, object]:
+    """A cost model as agreed settings: ``{"cost": None}``, or its class name and each
+    field's value (``cost.row_flop_s``, ..., ``cost.dispatch``), so that a mismatch names
+    the field that differs."""
+    if cost is None:
+        return {"cost": None}
+    values = {f"cost.{f.name}": getattr(cost, f.name) for f in dataclasses.fields(cost)}
+    return {"cost": type(cost).__name__, **values}

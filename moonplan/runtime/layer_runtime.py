@@ -10,6 +10,7 @@ Heap, transport, expert store, the resident plan and the step figures
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Mapping
@@ -33,7 +34,7 @@ from moonplan.runtime.background import (
 from moonplan.runtime.balancer import Balancer
 from moonplan.runtime.buffers import BufferSpec, build_buffers
 from moonplan.runtime.calibrate import time_local_copy
-from moonplan.runtime.config import MoEConfig
+from moonplan.runtime.config import MoEConfig, Resolved, cost_settings
 from moonplan.runtime.contract import check_params, check_routing
 from moonplan.runtime.fetch_list import FetchList, fetch_list, plan_rows
 from moonplan.runtime.moe_function import MoEStep, moe_apply
@@ -54,26 +55,29 @@ class LayerRuntime:
         cfg: the layer's :class:`~moonplan.runtime.config.MoEConfig`, its sizes set.
         what: the layer's name in the error of a config mismatch (``"<what> config"``).
 
-    Collective: first checks that the sizes, ``B`` and ``align`` are the same on every
-    rank (before any collective allocation, so a mismatch raises the same
-    ``ContractError`` on every rank instead of leaving them waiting), then allocates.
+    Collective: first agrees on every setting that shapes a step
+    (:meth:`MoEConfig.resolve`: sizes, the resolved ``B``, ``align``, ``max_tokens``,
+    transport and the ranks per host it read from the environment, ``balance``, dtype,
+    ``overlap``, the cost model's values), in the first collective every rank enters and
+    before any collective allocation: a rank that cannot resolve its config, or settings
+    that differ, raise the same error on every rank, naming each differing setting with
+    its value per rank. Then allocates (buffers bounded:
+    :func:`~moonplan.runtime.buffers.build_buffers`).
 
     Raises:
-        ValueError: a size of ``cfg`` is ``None`` (naming it).
+        ContractError: on every rank, as above.
+        ValueError: on every rank, where every rank failed to resolve ``cfg`` alike
+            (e.g. a size that is ``None``, named): that error itself.
     """
 
     def __init__(self, group: EPGroup, cfg: MoEConfig, *, what: str = "layer"):
+        resolved = agree_config(group, cfg, f"{what} config")
         H, F, E, K = cfg.require_sizes()
-        B = cfg.slot_count(group.size)
-        # overlap and transport too: on a collective transport they decide whether every
-        # rank creates the background process group (below), and a rank alone in
-        # new_group would hang
-        same = (H, F, E, K, B, cfg.align, cfg.overlap, cfg.transport)
-        group.check_same(f"{what} config", same)
+        B = resolved.slots
         self.group, self.config = group, cfg
         self.E, self.B, self.H, self.F, self.K, self.align = E, B, H, F, K, cfg.align
         self.dtype, self.kind, self.balance = cfg.layer_dtype(), cfg.transport, cfg.balance
-        self.balancer = Balancer(cfg.balance, slots=B, align=cfg.align, cost=cfg.cost)
+        self.balancer = _balancer(cfg, B)
         self.M = max_local(E, group.size)
         self.heap: SymmetricHeap | None = None
         self.capacity = 0
@@ -90,7 +94,9 @@ class LayerRuntime:
         self.overlap = cfg.overlap
         self._lane = BackgroundLane("inline", group.device)
         self._background: EPGroup | None = None  # the worker's collectives (all-to-all)
-        self._build(self._capacity_for(cfg.max_tokens * K))
+        self._options = tuple(resolved.transport_options.items())
+        sized = f"max_tokens={cfg.max_tokens} x top_k={K}, align={cfg.align}, slots={B}"
+        self._build(self._capacity_for(cfg.max_tokens * K), sized)
         self._background = self._background_group()
         if self._background is not None:
             self.store.fetch_on(self._background)
@@ -141,15 +147,18 @@ class LayerRuntime:
         W = self.M + max(self.B, self.M)
         return max(1, records + W * (self.align - 1))
 
-    def _build(self, capacity: int) -> None:
-        """(Re)create heap, transport and store for ``capacity`` receive rows (collective).
+    def _build(self, capacity: int, sized: str) -> None:
+        """(Re)create heap, transport and store for ``capacity`` receive rows (collective;
+        ``sized``: what asked for them, named if they exceed the bound).
 
         Transactional (``moonplan.runtime.buffers``): the new set is built while the old
         one still works; if that fails on any rank, every rank raises the same
         ``ContractError`` and keeps its old buffers and ``capacity``.
         """
-        spec = BufferSpec(self.kind, self.E, self.B, self.M, self.H, self.F, self.dtype)
-        new = build_buffers(self.group, spec, capacity)
+        spec = BufferSpec(
+            self.kind, self.E, self.B, self.M, self.H, self.F, self.dtype, self._options
+        )
+        new = build_buffers(self.group, spec, capacity, sized=sized)
         old, self.heap, self.capacity = self.heap, new.heap, new.capacity
         self.transport: Transport = new.transport
         self.store, self._reducer = new.store, new.reducer
@@ -195,14 +204,33 @@ class LayerRuntime:
 
     def calibrate(self) -> StepCost:
         """Collective: a :class:`StepCost` from this layer's measured steps, agreed across
-        ranks (element-wise max); ``balance="auto"`` plans with it from the next step."""
+        ranks (element-wise max, then checked like the config: every value the same on
+        every rank, or the same ``ContractError`` everywhere); ``balance="auto"`` plans
+        with it from the next step."""
         self._lane.drain()
         home = {name: self.store.local[name][: self.M] for name in self.store.local}
-        return self.balancer.calibrate(
+        cost = self.balancer.calibrate(
             self.group,
             copy_fallback_s=time_local_copy(home),
             overlap=self.lane().kind != "inline",
         )
+        self.group.check_settings("calibrated cost", cost_settings(cost))
+        return cost
+
+    def set_cost(self, cost: StepCost) -> None:
+        """Collective: plan ``balance="auto"`` with ``cost`` from the next step on (as
+        ``MoEConfig.cost`` would have: no calibration). Agreed like the config: a
+        ``cost`` that is not a :class:`StepCost` on some rank (``TypeError`` where on
+        every rank), or values that differ, raise the same error on every rank and
+        change nothing.
+        """
+        if not isinstance(cost, StepCost):
+            bad = TypeError(f"cost must be a moonplan.stepcost.StepCost, got {cost!r}")
+            self.group.fail_settings("cost", bad)
+        self.group.check_settings("cost", cost_settings(cost))
+        self._lane.drain()
+        self.config = dataclasses.replace(self.config, cost=cost)
+        self.balancer = _balancer(self.config, self.B)
 
     def weights_changed(self) -> None:
         """Home weights changed: republish them before the next step; every slot is stale.
@@ -267,7 +295,7 @@ class LayerRuntime:
         rows = plan_rows(plan)
         need = int(rows[:, -1].max())
         while need > self.capacity:  # every rank sees the same plan: all grow together
-            self._build(self._capacity_for(need))
+            self._build(self._capacity_for(need), f"this step's plan needs {need} rows")
             plan = self._plan(counts_RE, None)  # without residents (the buffers are new)
             rows = plan_rows(plan)
             need = int(rows[:, -1].max())
@@ -365,3 +393,21 @@ def _how(plan: Plan) -> str:
     if plan.choice is None:
         return "none"
     return "exit" if plan.choice.early_exit() else "full"
+
+
+def agree_config(group: EPGroup, cfg: MoEConfig, what: str) -> Resolved:
+    """Collective: ``cfg`` resolved on this group (:meth:`MoEConfig.resolve`), the same on
+    every rank; else the same error on every rank: the ranks that could not resolve it
+    (and why), or each setting that differs with its value per rank
+    (:meth:`EPGroup.check_settings`, :meth:`EPGroup.fail_settings`)."""
+    try:
+        resolved = cfg.resolve(group.size)
+    except Exception as exc:  # reported to every rank, not raised here alone
+        group.fail_settings(what, exc)
+    group.check_settings(what, resolved.agreed)
+    return resolved
+
+
+def _balancer(cfg: MoEConfig, slots: int) -> Balancer:
+    """The :class:`Balancer` of a layer of ``cfg`` with ``slots`` slots."""
+    return Balancer(cfg.balance, slots=slots, align=cfg.align, cost=cfg.cost)

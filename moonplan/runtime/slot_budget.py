@@ -12,7 +12,9 @@ Legend: E experts, R ranks, M = ceil(E/R) home rows per rank, H hidden, F ffn,
   ``B = floor(fraction * M)`` (``1.0`` reserves as much again as the rank's own experts);
 * ``None``: :func:`default_slots`.
 
-``B`` is capped at ``E`` (a rank never holds more distinct replicas). Replicas
+``B`` is capped at ``E`` whatever the form (a rank never holds more distinct replicas;
+the planner refuses more), so no ``slots=`` value reserves more than ``E`` experts' weights
+per rank. Replicas
 beyond ``B`` still run: their weights are read from the home rank when the experts
 run ("direct reads", reported per step in ``last_stats.direct_reads``).
 """
@@ -70,7 +72,10 @@ def parse_bytes(text: str) -> int:
         raise ValueError(
             f"cannot read a byte size from {text!r}: use e.g. '2GiB', '512MiB', '1.5GB'"
         )
-    return int(float(m.group(1)) * _UNITS[unit])
+    value = float(m.group(1)) * _UNITS[unit]
+    if not math.isfinite(value):  # e.g. "1e400": beyond a float, not a size
+        raise ValueError(f"cannot read a byte size from {text!r}: not a finite number of bytes")
+    return int(value)
 
 
 def expert_bytes(hidden: int, ffn: int, dtype: torch.dtype) -> int:
@@ -95,7 +100,8 @@ def resolve_slots(
     """The slot count ``B`` for a ``slots=`` value (see the module docstring).
 
     Raises:
-        ValueError: a negative count or fraction, an unreadable size, another type.
+        ValueError: a negative count or fraction, an unreadable or infinite size, another
+            type (each names ``slots``).
     """
     E, M = num_experts, max_local(num_experts, ranks)
     if slots is None:
@@ -105,13 +111,16 @@ def resolve_slots(
     if isinstance(slots, int):
         if slots < 0:
             raise ValueError(f"slots must be >= 0, got {slots}")
-        return slots
+        return min(E, slots)
     if isinstance(slots, float):
         if not math.isfinite(slots) or slots < 0:
-            raise ValueError(f"a slot fraction must be finite and >= 0, got {slots}")
-        return min(E, math.floor(slots * M + 1e-9))
+            raise ValueError(f"slots as a fraction must be finite and >= 0, got {slots}")
+        return math.floor(min(slots * M, E) + 1e-9)  # slots * M may overflow to inf
     if isinstance(slots, str):
-        slots = Bytes(parse_bytes(slots))
+        try:
+            slots = Bytes(parse_bytes(slots))
+        except ValueError as exc:
+            raise ValueError(f"slots: {exc}") from None
     if isinstance(slots, Bytes):
         return min(E, slots.nbytes // expert_bytes(hidden, ffn, dtype))
     raise ValueError(

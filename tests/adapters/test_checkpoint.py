@@ -71,5 +71,7 @@ def test_incomplete_or_foreign_directories_are_refused(tmp_path: Path) -> None:
         checkpoint.consolidate(tmp_path)
     run_ranks(_save, 2, str(tmp_path), timeout=60)
     (tmp_path / "rank-00001-of-00002.pt").unlink()
-    with pytest.raises(ValueError, match=r"lacks the files of ranks \[1\]"):
+    with pytest.raises(ValueError, match=r"rank-00001-of-00002\.pt: missing"):
         checkpoint.consolidate(tmp_path)
+    with pytest.raises(ValueError, match=r"lacks the files of ranks \[1\]"):
+        checkpoint.consolidate(tmp_path, verify=False)

@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 
 import transformers as tf
 
+from moonplan import checkpoint
 from moonplan.adapters import (
     UnsupportedBlockError,
     inspect_block,
@@ -154,7 +155,13 @@ def test_wrapped_block_keeps_names_and_shares_the_router() -> None:
     block = make_block("deepseek_v3")
     wrapped = wrap(block)
     assert type(wrapped) is type(block)
-    assert list(wrapped.state_dict()) == list(block.state_dict())
+    E = block.experts.gate_up_proj.shape[0]
+    names = ("gate_up_proj", "down_proj")
+    experts = {f"experts.{t}": [f"experts.{t}.{e}" for e in range(E)] for t in names}
+    want = [k for key in block.state_dict() for k in experts.get(key, [key])]
+    assert sorted(wrapped.state_dict()) == sorted(want)  # one key per expert (checkpoints)
+    checkpoint.per_expert_keys(wrapped, False)
+    assert list(wrapped.state_dict()) == list(block.state_dict())  # the original keys
     assert wrapped.gate is block.gate and wrapped.shared_experts is block.shared_experts
     assert wrapped.experts is not block.experts  # the original keeps its own experts
     assert wrapped.home_experts.tolist() == list(range(8))

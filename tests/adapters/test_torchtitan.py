@@ -174,6 +174,8 @@ def _step_inputs(world: int, step: int) -> tuple[list, list]:
 def _train_rank(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
+    from moonplan import checkpoint
+
     wrapped = wrap_moe(make_moe())
     opt = torch.optim.SGD(wrapped.parameters(), lr=LR)
     experts = wrapped.routed_experts.inner_experts
@@ -188,6 +190,7 @@ def _train_rank(rank: int, world: int) -> dict:
         dist.all_reduce(tokens)
         _bias_update(wrapped, tokens)
         opt.step()
+    checkpoint.per_expert_keys(wrapped, False)  # torchtitan's keys, each rank's home rows
     return {
         "state": {n: t.detach().clone() for n, t in wrapped.state_dict().items()},
         "home": experts.home_experts.tolist(),
@@ -277,6 +280,7 @@ def _load_rank(rank: int, world: int, directory: str, x: torch.Tensor) -> dict:
 
     model = adapters.wrap_model(_two_layers(seed=50))  # other weights: the load must replace them
     checkpoint.load_sharded(model, directory)
+    checkpoint.per_expert_keys(model, False)  # torchtitan's keys, each rank's home rows
     return {
         "state": {k: v.clone() for k, v in model.state_dict().items()},
         "home": model["a"].home_experts.tolist(),
@@ -299,6 +303,65 @@ def test_checkpoint_saved_at_two_ranks_loads_at_three(tmp_path: Path) -> None:
     ref = _two_layers()
     y0 = ref["b"](ref["a"](x)).detach()
     for r, g in enumerate(run_ranks(_load_rank, 3, str(tmp_path), x, timeout=90)):
+        for k, v in g["state"].items():
+            expect = want[k][g["home"]] if EXPERT_PREFIX in k else want[k]
+            assert torch.equal(v, expect), f"rank {r} {k}"
+        rel_close(g["y"], y0, BF16_TOL, what=f"rank {r} output after loading")
+
+
+# ---- torchtitan's own checkpointer (DCP) across EP sizes ---------------------------------
+def _manager(model: torch.nn.Module, base: str, **config: object):
+    """torchtitan's DCP ``CheckpointManager`` of ``model`` alone (model-only checkpoints)."""
+    from torchtitan.components.checkpoint import CheckpointManager
+
+    cfg = CheckpointManager.Config(enable=True, folder="ckpt", keep_latest_k=0, **config)
+    return CheckpointManager(
+        cfg,
+        dataloader=None,
+        model_parts=[model],
+        optimizers=None,  # type: ignore[arg-type]
+        lr_schedulers=None,  # type: ignore[arg-type]
+        states={},
+        sd_adapter=None,
+        base_folder=base,
+    )
+
+
+def _titan_save(rank: int, world: int, base: str) -> None:
+    from moonplan import adapters
+
+    model = adapters.wrap_model(_two_layers())
+    _manager(model, base).save(curr_step=1, last_step=True)  # model only, as torchtitan's last
+
+
+def _titan_load(rank: int, world: int, base: str, x: torch.Tensor) -> dict:
+    from moonplan import adapters, checkpoint
+
+    model = adapters.wrap_model(_two_layers(seed=50))  # other weights: the load replaces them
+    step = str(Path(base) / "ckpt" / "step-1")
+    loaded = _manager(model, f"{base}-load-{world}", initial_load_path=step).load()
+    checkpoint.per_expert_keys(model, False)
+    return {
+        "loaded": loaded,
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "home": model["a"].home_experts.tolist(),
+        "y": model["b"](model["a"](x)).detach(),
+    }
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_torchtitan_checkpointer_saved_at_two_ranks_loads_at_any(
+    tmp_path: Path, world: int
+) -> None:
+    """Per-expert keys (the default) make torchtitan's DCP checkpoints hold every expert once;
+    loading at 2 (the same EP size) and 3 ranks gives each rank exactly its experts."""
+    run_ranks(_titan_save, 2, str(tmp_path), timeout=90)
+    want = dict(_two_layers().state_dict())
+    x = torch.randn(1, 4, D, generator=torch.Generator().manual_seed(3))
+    ref = _two_layers()
+    y0 = ref["b"](ref["a"](x)).detach()
+    for r, g in enumerate(run_ranks(_titan_load, world, str(tmp_path), x, timeout=90)):
+        assert g["loaded"]
         for k, v in g["state"].items():
             expect = want[k][g["home"]] if EXPERT_PREFIX in k else want[k]
             assert torch.equal(v, expect), f"rank {r} {k}"

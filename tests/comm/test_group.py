@@ -219,3 +219,57 @@ def _wrong_background(rank: int, world: int) -> str:
 @pytest.mark.distributed
 def test_a_background_group_of_other_ranks_is_refused():
     assert run_ranks(_wrong_background, 3, timeout=TIMEOUT)[:2] == ["raised", "raised"]
+
+
+# ---- settings agreement (check_settings / fail_settings) ----------------------------------
+def _settings(rank: int, world: int, kind: str) -> tuple[str, str, tuple]:
+    g = EPGroup()
+    base = {"experts": 8, "dtype": torch.float32, "name": "x" * 400}
+    try:
+        if kind == "same":
+            g.check_settings("layer config", base)
+        elif kind == "differ":  # rank 1 differs in two settings, rank 2 lacks one
+            mine = dict(base, experts=8 + (rank == 1), name="x" * 399 + ("y" if rank == 1 else "x"))
+            if rank == 2:
+                del mine["dtype"]
+            g.check_settings("layer config", mine)
+        elif kind == "one fails":
+            if rank == 1:
+                g.fail_settings("layer config", KeyError("no such option"))
+            g.check_settings("layer config", base)
+        else:  # every rank fails alike: its own error
+            g.fail_settings("layer config", TypeError("bad option"))
+    except Exception as exc:
+        g.barrier()  # every rank is still in step after the error
+        ranks = getattr(exc, "ranks", ())
+        return type(exc).__name__, str(exc), ranks
+    return "", "", ()
+
+
+@pytest.mark.distributed
+def test_settings_are_agreed_naming_each_difference() -> None:
+    for kind in ("same", "differ", "one fails", "all fail"):
+        got = run_ranks(_settings, 3, kind, timeout=TIMEOUT)
+        assert len(set(got)) == 1, (kind, got)  # the same error on every rank
+        name, message, ranks = got[0]
+        if kind == "same":
+            assert name == ""
+        elif kind == "differ":
+            assert name == "ContractError" and ranks == (1, 2)
+            assert message.startswith("layer config differs across ranks in 3 settings: ")
+            assert "dtype (rank 0, 1: torch.float32; rank 2: (not set))" in message
+            assert "experts (rank 0, 2: 8; rank 1: 9)" in message
+            assert "name (rank 0, 2: 'xxx" in message and "...#" in message  # long: cut
+        elif kind == "one fails":
+            assert name == "ContractError" and ranks == (1,)
+            want = "layer config: contract violated on rank 1: rank 1: KeyError: 'no such option'"
+            assert message == want
+        else:
+            assert (name, message, ranks) == ("TypeError", "bad option", ())
+
+
+def test_settings_on_one_rank() -> None:
+    g = EPGroup()
+    g.check_settings("config", {"a": 1})
+    with pytest.raises(TypeError, match="bad"):
+        g.fail_settings("config", TypeError("bad"))

@@ -223,3 +223,21 @@ def test_wrap_and_wrap_model_take_the_config() -> None:
     layers = [ex for _, ex in moon_experts(model)]
     assert len(layers) == 2
     assert all(ex.config.align == 4 and ex.slots == 1 and not ex.runtime.overlap for ex in layers)
+
+
+def test_resolve_lists_every_setting_that_shapes_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = MoEConfig(H, F, E, K, slots=10**6, cost=_cost(), transport="a2a-hosts")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    got = cfg.resolve(4)
+    assert got.slots == E and got.transport_options == {"ranks_per_host": 2}
+    agreed = got.agreed
+    assert agreed["slots"] == E and agreed["dtype"] == torch.get_default_dtype()
+    assert agreed["ranks_per_host (LOCAL_WORLD_SIZE)"] == 2
+    assert agreed["cost"] == "StepCost" and agreed["cost.copy_s_intra"] == 1e-3
+    assert {"balance", "max_tokens", "align", "overlap", "transport", "top_k"} <= set(agreed)
+    assert not {"choose", "search_us"} & set(agreed)  # deprecated no-ops: not agreed
+    assert MoEConfig(H, F, E, K).resolve(4).agreed["cost"] is None
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE must divide the 4 ranks, got 3"):
+        cfg.resolve(4)
+    assert MoEConfig(H, F, E, K).resolve(4).transport_options == {}  # auto reads nothing

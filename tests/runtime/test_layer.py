@@ -199,10 +199,10 @@ def test_receive_buffers_grow_collectively() -> None:
 def test_state_dict_of_earlier_releases_loads() -> None:
     """Before MoonMoE held a MoonExperts its expert parameters were ``gate_up``/``down``:
     such a state dict loads into the new keys, bit for bit."""
-    from moonplan import MoonMoE
+    from moonplan import MoonMoE, checkpoint
 
     torch.manual_seed(0)
-    src = MoonMoE(8, 12, 4, 2)
+    src = checkpoint.per_expert_keys(MoonMoE(8, 12, 4, 2), False)  # the home-rows layout
     old = {
         {"experts.gate_up_proj": "gate_up", "experts.down_proj": "down"}.get(k, k): v.clone()
         for k, v in src.state_dict().items()

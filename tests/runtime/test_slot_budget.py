@@ -63,6 +63,17 @@ def test_bad_slots_raise(bad) -> None:
         Bytes(-1)
 
 
+@pytest.mark.parametrize("slots", [17, 10**6, 10**30, Bytes(10**30), "1e30", "1e300 kB", 1e308])
+def test_every_form_is_capped_at_the_experts(slots) -> None:
+    assert _resolve(slots) == 16  # E: no slots= value reserves more than E experts per rank
+
+
+@pytest.mark.parametrize("text", ["1e400", "1e400 GiB", "1e300 TiB"])
+def test_sizes_beyond_a_float_are_refused_naming_slots(text: str) -> None:
+    with pytest.raises(ValueError, match=r"^slots: cannot read a byte size .*not a finite"):
+        _resolve(text)
+
+
 def test_layer_takes_a_budget() -> None:
     from moonplan import MoonMoE
 

@@ -298,6 +298,11 @@ def test_registry_names_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "mine" in registry.names() and not registry.needs_heap("mine")
     assert registry.create("mine", "g", capacity=3, hidden=2, dtype=torch.float32) == "t"  # type: ignore[arg-type, comparison-overlap]
     assert made == [("g", {"capacity": 3, "hidden": 2, "dtype": torch.float32, "heap": None})]
+    # options read from the environment: resolved once (read_options), passed as keywords
+    registry.register("env", lambda group, **kw: made.append(kw) or "e", options=lambda R: {"x": R})  # type: ignore[arg-type, return-value]
+    assert registry.read_options("env", 4) == {"x": 4} and registry.read_options("auto", 4) == {}
+    registry.create("env", "g", capacity=1, hidden=1, dtype=torch.float32, options={"x": 2})  # type: ignore[arg-type]
+    assert made[-1]["x"] == 2
 
 
 def test_layer_rejects_unknown_transport_listing_known() -> None:

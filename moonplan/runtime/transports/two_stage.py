@@ -211,6 +211,13 @@ class TwoStageTokenTransport(AllToAllRows, TokenTransport):
         }
 
 
+def host_options(num_ranks: int) -> dict[str, object]:
+    """The options a layer builds its ``a2a-hosts`` transports with: ``ranks_per_host``
+    read from ``LOCAL_WORLD_SIZE`` (:func:`ranks_per_host_of`), once, when the layer is
+    built; the layer agrees it across ranks (``moonplan.runtime.transports.registry``)."""
+    return {"ranks_per_host": ranks_per_host_of(num_ranks, None)}
+
+
 def ranks_per_host_of(num_ranks: int, given: int | None) -> int:
     """``G``: ``given``, else ``LOCAL_WORLD_SIZE``, else ``num_ranks`` (one host); raises
     ``ValueError`` unless it is a positive divisor of ``num_ranks``."""
