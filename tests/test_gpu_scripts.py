@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a fresh interpreter runs the whole check on CPU (3-15 s)
 def test_runtime_check_cpu_smoke(tmp_path: Path) -> None:
     pytest.importorskip("triton", reason="the row kernels run interpreted by Triton")
     env = {**os.environ, "OUT": str(tmp_path), "TRITON_INTERPRET": "1"}
@@ -44,6 +45,7 @@ def test_planner_check_says_no_device(tmp_path: Path) -> None:
     assert r.returncode == 2 and (tmp_path / "gpu_check.json").exists()
 
 
+@pytest.mark.slow  # a fresh interpreter per script imports torch (1.6-7 s each)
 @pytest.mark.parametrize(
     "name",
     [

@@ -31,6 +31,7 @@ KERNEL = ROOT / "csrc" / "plan_kernel.cu"
 # ---- CPU: compiles, capability, host-side layout ------------------------------------------
 
 
+@pytest.mark.slow  # nvcc (2.5-8 s); .ci/run also compiles csrc/ with nvcc
 def test_nvcc_compiles_for_sm90(tmp_path: Path) -> None:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
