@@ -58,6 +58,7 @@ def plot_phase_bars(report: ProfileReport, path: str | Path, *, title: str = "")
     if report.steps:
         wall = 1e3 * float(report.wall_step_s().mean())
         ax.axhline(wall, color="0.3", linestyle="--", linewidth=1, label="wall step")
+        ax.set_ylim(0, 1.08 * max(wall, float(bottom.max(initial=0.0))) or 1.0)
     ax.set_ylabel("mean time per step (ms)")
     ax.set_title(title or f"MoE phases per rank: mean of {report.steps} steps ({report.clock})")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)

@@ -24,9 +24,10 @@ Background phases (``prefetch``, ``grad_reduce``, ``choice``: timed in the worke
 or on the side stream that ran them) overlap the others; they are left out of step sums
 and wall times, and their share (in parentheses) is against the step. Each has an
 ``*_exposed`` twin on the critical path: submitting the job and waiting for it. The
-table reports the exposed part as a share of the step, and the part of the background
-job that surely ran beside other work: ``max(0, job - exposed) / job``, a lower bound
-(the wait is part of the exposed time), never above 100%.
+table reports the slowest rank's exposed time as a share of its step, and the part of
+every rank's jobs that surely ran beside other work: ``max(0, job - exposed) / job``
+summed over ranks and steps, a lower bound (a rank's wait is part of its exposed time),
+never above 100%.
 """
 
 from __future__ import annotations
@@ -177,28 +178,34 @@ class ProfileReport:
         return out
 
     def exposure(self, name: str) -> dict[str, float] | None:
-        """A background phase against its ``*_exposed`` twin, on the critical path.
+        """A background job against its ``*_exposed`` twin.
 
-        Returns ``None`` unless both were recorded and the job took time, else
-        ``exposed_ms`` and ``job_ms`` (means per step of the slowest rank),
-        ``exposed_share`` (exposed time over the slowest rank's step) and
-        ``hidden_at_least``: ``sum_t max(0, job_t - exposed_t) / sum_t job_t``, the part
-        of the job that surely ran beside other work (the step's wait for it is part of
-        the exposed time). Both fractions lie in ``[0, 1]``.
+        Returns ``None`` unless both were recorded and some job took time, else:
+
+        * ``exposed_ms``: the critical path's exposed time, the mean per step of the
+          slowest rank's, and ``exposed_share``, its part of the slowest rank's step;
+        * ``job_ms``: the job's own time, the mean over ranks and steps;
+        * ``hidden_at_least``: ``sum max(0, job - exposed) / sum job`` over every rank and
+          step, each rank's job against its own exposed time: the part of the jobs that
+          surely ran beside other work (a rank's wait for its job is part of its exposed
+          time).
+
+        Both fractions lie in ``[0, 1]``.
         """
         if name not in self.present or f"{name}_exposed" not in self.present:
             return None
-        crit_TP = self.critical_phase_s()
-        job_T = crit_TP[:, self.phases.index(name)]
-        exposed_T = crit_TP[:, self.phases.index(f"{name}_exposed")]
-        if float(job_T.sum()) <= 0:
+        job, exposed = self.phases.index(name), self.phases.index(f"{name}_exposed")
+        rank_RTP = self.rank_phase_s()
+        job_RT, exposed_RT = rank_RTP[:, :, job], rank_RTP[:, :, exposed]
+        if float(job_RT.sum()) <= 0:
             return None
+        crit_exposed_T = self.critical_phase_s()[:, exposed]
         step = float(self.rank_step_s().max(0).sum())
         return {
-            "exposed_ms": float(1e3 * exposed_T.mean()),
-            "job_ms": float(1e3 * job_T.mean()),
-            "exposed_share": float(exposed_T.sum()) / step if step > 0 else 0.0,
-            "hidden_at_least": float(np.maximum(job_T - exposed_T, 0).sum() / job_T.sum()),
+            "exposed_ms": float(1e3 * crit_exposed_T.mean()),
+            "job_ms": float(1e3 * job_RT.mean()),
+            "exposed_share": float(crit_exposed_T.sum()) / step if step > 0 else 0.0,
+            "hidden_at_least": float(np.maximum(job_RT - exposed_RT, 0).sum() / job_RT.sum()),
         }
 
     def table(self) -> str:
@@ -244,9 +251,9 @@ class ProfileReport:
             x = self.exposure(name)
             if x is not None:
                 lines.append(
-                    f"{name}: {x['exposed_ms']:.3f} ms exposed "
-                    f"({100 * x['exposed_share']:.1f}% of the step); the job: {x['job_ms']:.3f} "
-                    f"ms in the background, at least {100 * x['hidden_at_least']:.0f}% of it hidden"
+                    f"{name}: {x['exposed_ms']:.3f} ms exposed ({100 * x['exposed_share']:.1f}% "
+                    f"of the step); its jobs: {x['job_ms']:.3f} ms a rank in the background, "
+                    f"at least {100 * x['hidden_at_least']:.0f}% of them hidden"
                 )
         return lines
 

@@ -64,15 +64,16 @@ def test_per_phase_maxima_are_not_additive_and_stay_out_of_the_table() -> None:
 
 
 def test_exposure_is_a_fraction_of_its_whole() -> None:
-    """Rank 1 (the critical one) spent 2 s exposed on a 1 s job: nothing of the job is
-    surely hidden (0%, not a 200% exposure) and the exposed part is 2/4.5 of the step."""
+    """Rank 1 (the critical one) spent 2 s exposed on a 1 s job: 2/4.5 of the step. Of
+    the jobs only rank 0's 0.25 s of 0.5 s surely ran beside other work: 1/6 of the
+    1.5 s of jobs (not a 200% exposure)."""
     x = _waiting().exposure("prefetch")
     assert x is not None
-    assert x["exposed_ms"] == pytest.approx(2000.0) and x["job_ms"] == pytest.approx(1000.0)
+    assert x["exposed_ms"] == pytest.approx(2000.0) and x["job_ms"] == pytest.approx(750.0)
     assert x["exposed_share"] == pytest.approx(2 / 4.5)
-    assert x["hidden_at_least"] == 0.0
+    assert x["hidden_at_least"] == pytest.approx(1 / 6)
     line = next(ln for ln in _waiting().table().splitlines() if ln.startswith("prefetch:"))
-    assert "44.4% of the step" in line and "at least 0% of it hidden" in line
+    assert "44.4% of the step" in line and "at least 17% of them hidden" in line
 
 
 def test_a_mostly_hidden_job_reports_its_lower_bound() -> None:
