@@ -6,11 +6,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_search_parts import PARTS, digest, run, table_lines  # noqa: E402  (bench/ on the path)
 
 
+@pytest.mark.slow  # the bench run twice side by side (3.5-18 s)
 def test_one_checkout_against_itself_gives_the_same_results_and_a_table() -> None:
     rows = run([(4, 16)], reps=3, compare=ROOT)
     (row,) = rows

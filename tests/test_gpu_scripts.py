@@ -31,6 +31,7 @@ def test_runtime_check_cpu_smoke(tmp_path: Path) -> None:
     assert got["layer"]["max_rel_err"] < 1e-5 and got["layer"]["grads_finite"]
 
 
+@pytest.mark.slow  # a fresh interpreter runs the planner check (1.8-10 s)
 def test_planner_check_says_no_device(tmp_path: Path) -> None:
     script = ROOT / "bench" / "gpu_check.py"
     r = subprocess.run(

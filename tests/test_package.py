@@ -78,6 +78,7 @@ def test_unknown_attribute_raises() -> None:
         moonplan.no_such_thing  # noqa: B018
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch (2.5-6 s)
 def test_submodules_load_lazily() -> None:
     code = (
         "import sys, moonplan; lazy = ['moonplan.simulate', 'moonplan.adapters.checkpoint'];"
