@@ -3,10 +3,11 @@
 Threads: the suite's processes (pytest and the ranks of distributed tests) share this
 machine's few cores with each other and with other jobs, so torch's thread pool only
 oversubscribes them: its idle threads spin on cores another process needs. Measured on
-the 2-core box with other jobs running, single-process tensor tests ran 5-20x slower
-with torch's default of one thread per core than with one thread (e.g. 11 s against
-0.6 s; README.md, "Tests"). ``OMP_NUM_THREADS`` defaults to 1 here, set before torch is
-imported, and is inherited by every process a test starts; set it to run otherwise.
+the 2-core VM with other jobs running, alternating runs of four planner test files
+(``tests/plan/test_{previous,route_rows,route,backends}.py``): 15.2 s and 8.2 s with
+``OMP_NUM_THREADS=1``, 31.4 s and 22.1 s with 2. ``OMP_NUM_THREADS`` defaults to 1 here,
+set before torch is imported, and every process a test starts inherits it; set it
+yourself to run otherwise.
 
 Hypothesis profiles, picked by ``HYPOTHESIS_PROFILE`` (default ``dev``):
 ``ci``: derandomized, 60 examples, prints the reproduction blob on failure.
