@@ -73,6 +73,7 @@ def test_gpu_check_says_no_device(tmp_path: Path) -> None:
     assert r.returncode == 2 and (tmp_path / "gpu_check.json").exists()
 
 
+@pytest.mark.slow  # a fresh interpreter per script imports torch (1.6-7 s each)
 @pytest.mark.parametrize(
     "name",
     [

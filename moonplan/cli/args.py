@@ -58,10 +58,18 @@ def add_layer_args(parser: argparse.ArgumentParser, *, experts_help: str, topk_h
     p.add_argument("--topk", type=int_range(1), default=2, help=topk_help)
     p.add_argument("--hidden", type=int_range(1), default=64, help="hidden size H (default 64)")
     p.add_argument("--ffn", type=int_range(1), default=128, help="expert FFN size F (default 128)")
-    p.add_argument("--sigma", type=float_range(0), default=1.0, help="lognormal skew (default 1)")
+    p.add_argument(
+        "--sigma",
+        type=float_range(0),
+        default=1.0,
+        help="lognormal sigma of expert popularity (default 1)",
+    )
     p.add_argument("--seed", type=int_range(0, 2**31 - 1), default=0, help="seed (default 0)")
     p.add_argument(
-        "--device", default="cpu", choices=("cpu", "cuda"), help="cpu (gloo) or cuda (nccl)"
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="cpu (gloo) or cuda (nccl) (default cpu)",
     )
     p.add_argument(
         "--timeout",

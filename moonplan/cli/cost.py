@@ -9,28 +9,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moonplan.cli.args import add_subcommand, int_range
-from moonplan.cost import (
-    ALL_TO_ALL,
-    ALLGATHER_REDUCESCATTER,
-    BACKENDS,
-    PRESETS,
-    CommPerRank,
-    MemoryPerRank,
-    ModelPreset,
-    ParamCount,
-    comm_per_rank,
-    count_params,
-    get_preset,
-    memory_per_rank,
-)
+from moonplan.cli.choices import MODEL_PRESETS, listed
 from moonplan.tables import render
 
-_BACKEND_LABELS = {
-    ALL_TO_ALL: "direct all-to-all",
-    ALLGATHER_REDUCESCATTER: "allgather + reduce-scatter",
+if TYPE_CHECKING:
+    from moonplan.cost import CommPerRank, MemoryPerRank, ModelPreset, ParamCount
+
+_BACKEND_LABELS = {  # moonplan.cost.ALL_TO_ALL, moonplan.cost.ALLGATHER_REDUCESCATTER
+    "all_to_all": "direct all-to-all",
+    "allgather_reducescatter": "allgather + reduce-scatter",
 }
 
 
@@ -54,8 +44,8 @@ def register(subparsers: Any) -> None:
         "--model",
         default="mixtral-8x7b",
         type=preset_name,
-        choices=sorted(PRESETS),
-        help="model preset (case-insensitive)",
+        choices=MODEL_PRESETS,
+        help=f"model preset, case-insensitive: {listed(MODEL_PRESETS)} (default mixtral-8x7b)",
     )
     parser.add_argument("--ep", "--ranks", type=int_range(1), default=8, help="EP size (default 8)")
     parser.add_argument(
@@ -97,6 +87,8 @@ def cost_report(
     Arguments as for ``memory_per_rank``/``comm_per_rank``; ``bytes_per_elem`` is used for
     weights and activations alike. Raises ``ValueError`` on bad input.
     """
+    from moonplan.cost import BACKENDS, comm_per_rank, count_params, get_preset, memory_per_rank
+
     s = bytes_per_elem
     model = get_preset(name)
     params = count_params(model)

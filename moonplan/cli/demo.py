@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from moonplan.cli.args import (
     add_layer_args,
@@ -36,9 +34,10 @@ from moonplan.cli.args import (
     fail,
     int_range,
 )
-from moonplan.runtime.routers import softmax_topk
 from moonplan.tables import render
-from moonplan.traces.drift import drift_log_popularity, start_log_popularity
+
+if TYPE_CHECKING:
+    import torch
 
 PHASES = ("plan", "prefetch", "dispatch", "experts", "combine")
 RTOL, ATOL = 1e-5, 1e-6  # the check's tolerance (module docstring)
@@ -46,11 +45,16 @@ MAX_RANKS = 256  # one forked process per rank
 
 
 HELP = "run a skewed MoE layer on CPU ranks and check it"
+DESCRIPTION = (
+    "Run a small MoonMoE layer with skewed, drifting routing on --ep ranks (forked on "
+    "this host, or those torchrun launched), print each step's loads, copies and phase "
+    "times, then check every rank's output against the same layer in one process."
+)
 
 
 def register(subparsers: Any) -> None:
     """Add the ``demo`` subcommand (handler in ``args.func``)."""
-    p = add_subcommand(subparsers, "demo", handler, HELP)
+    p = add_subcommand(subparsers, "demo", handler, HELP, DESCRIPTION)
     p.add_argument(
         "--ep",
         "--ranks",
@@ -63,71 +67,11 @@ def register(subparsers: Any) -> None:
         p, experts_help="experts (default 16)", topk_help="top-k, <= experts (default 2)"
     )
     p.add_argument("--steps", type=int_range(1), default=5, help="steps (default 5)")
-    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
-
-
-DEMO_RHO = 0.99
-"""Step-to-step correlation of the demo's drifting popularity."""
-
-
-def _popularity_bias(cfg: dict, step: int) -> torch.Tensor:
-    """float32 ``[E]`` log-popularity added to the router logits at ``step``: lognormal,
-    AR(1)-drifting over steps (``traces.drift``, ``rho = DEMO_RHO``)."""
-    g = torch.Generator().manual_seed(cfg["seed"])
-    x_E = start_log_popularity(cfg["experts"], cfg["sigma"], g, torch.float32)
-    for _ in range(step):
-        x_E = drift_log_popularity(x_E, cfg["sigma"], DEMO_RHO, g)
-    return x_E
-
-
-def _step_tokens(cfg: dict, step: int, sizes: list[int]) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1000 * cfg["seed"] + step)
-    return torch.randn(sum(sizes), cfg["hidden"], generator=g)
-
-
-def _rank_main(
-    rank: int, world: int, cfg: dict, sizes: list[int], group: Any = None, what: str = "ranks"
-) -> dict:
-    """One rank: run the steps; return its outputs and (on rank 0) the step figures.
-
-    ``group``: the layer's group (default: the default process group). Rank 0 reports
-    each step on stderr (``what`` names the run) unless ``cfg["progress"]`` is false.
-    """
-    from moonplan import MoonMoE
-    from moonplan.simulate.progress import ProgressBar
-
-    bar = ProgressBar(description=f"demo {what}") if rank == 0 and cfg["progress"] else None
-    torch.manual_seed(cfg["seed"])
-    state: dict[str, Any] = {}
-
-    def router(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # fp64 then fp32: the same logits bits whatever the number of rows (see above)
-        w = state["layer"].router.weight.double()
-        logits = torch.nn.functional.linear(x.double(), w).float()
-        return softmax_topk(logits + state["bias"], cfg["topk"])
-
-    layer = MoonMoE(
-        cfg["hidden"], cfg["ffn"], cfg["experts"], cfg["topk"], router=router, group=group
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress lines on stderr (default: rank 0 reports each step)",
     )
-    g = torch.Generator().manual_seed(cfg["seed"] + 7)
-    E, H, F = cfg["experts"], cfg["hidden"], cfg["ffn"]
-    layer.load_dense(
-        torch.randn(E, H, generator=g) * H**-0.5,
-        torch.randn(E, 2 * F, H, generator=g) * H**-0.5,
-        torch.randn(E, H, F, generator=g) * F**-0.5,
-    )
-    state["layer"] = layer
-    first = sum(sizes[:rank])
-    outs, stats = [], []
-    for step in range(cfg["steps"]):
-        state["bias"] = _popularity_bias(cfg, step)
-        x = _step_tokens(cfg, step, sizes)[first : first + sizes[rank]].to(layer.group.device)
-        with torch.no_grad():
-            outs.append(layer(x).cpu())
-        stats.append(layer.last_stats)
-        if bar is not None:
-            bar(step + 1, cfg["steps"], f"step {step + 1}")
-    return {"outs": outs, "stats": stats if rank == 0 else None}
 
 
 def _table(stats: list, cfg: dict) -> str:
@@ -157,6 +101,9 @@ def _what(args: argparse.Namespace) -> str:
 
 def handler(args: argparse.Namespace) -> int:
     """Run the demo; 0 when every rank matches the single-process layer, 1 otherwise."""
+    import torch
+
+    from moonplan.cli.demo_ranks import rank_main
     from moonplan.cli.launch import resolve_world_size, run_and_announce
     from moonplan.comm.group import EPGroup
 
@@ -172,7 +119,7 @@ def handler(args: argparse.Namespace) -> int:
         return fail("moonplan demo", str(exc))
     sizes = [args.tokens] * R
     ranks = run_and_announce(
-        _rank_main, R, cfg, sizes,
+        rank_main, R, cfg, sizes,
         command="moonplan demo", what=_what(args), device=args.device, timeout=args.timeout,
     )  # fmt: skip
     if ranks is None:  # a launched rank other than 0: rank 0 reports
@@ -180,7 +127,7 @@ def handler(args: argparse.Namespace) -> int:
     print(_table(ranks[0]["stats"], cfg), flush=True)
     # the reference: the same layer in this process alone (a one-rank group, no torch.distributed)
     local = EPGroup(None, device="cuda" if args.device == "cuda" else "cpu")
-    single = _rank_main(0, 1, cfg, [sum(sizes)], local, "check")["outs"]
+    single = rank_main(0, 1, cfg, [sum(sizes)], local, "check")["outs"]
     for step in range(args.steps):
         got = torch.cat([r["outs"][step] for r in ranks])
         if not torch.allclose(got, single[step], rtol=RTOL, atol=ATOL):

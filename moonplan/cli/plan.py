@@ -7,58 +7,95 @@ trace needs ``--step``) or are generated (``--family lognormal --sigma 1 ...``).
 The text output has per-rank loads and slots, the group flows, and ``alloc[e, r]`` of
 every expert executed on more than one rank (the others run entirely at home);
 ``--json`` has the summary and every plan tensor (``plan.alloc [E, R]``, ...).
+``--save FILE`` also writes the counts it planned (``.npy`` or ``.json``), a file that
+``moonplan plan FILE`` reads back.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-import moonplan
-from moonplan.baselines import copies_lower_bound, moonep_greedy_alloc, replica_count
 from moonplan.cli.args import add_subcommand, fail, float_range, int_range
-from moonplan.plan.api import BACKENDS
-from moonplan.plan.plan_type import PLAN_TENSORS
+from moonplan.cli.choices import COUNT_FAMILIES, PLAN_BACKENDS, listed
 from moonplan.tables import render
 
+if TYPE_CHECKING:
+    import torch
+
+    import moonplan
+
 HELP = "plan one step's router counts and print per-rank loads before/after"
-DESCRIPTION = "Plan exact balance for router counts [R, E] read from a file or generated."
+DESCRIPTION = (
+    "Plan exact balance for router counts [R, E] read from a file or generated. "
+    "Write a counts file to plan later with --save counts.npy (or .json)."
+)
 
 
 def register(subparsers: Any) -> None:
     """Add the ``plan`` subcommand (handler in ``args.func``)."""
     p = add_subcommand(subparsers, "plan", handler, HELP, DESCRIPTION)
-    p.add_argument("counts", nargs="?", help="counts file (.json or .npy), [R,E] or [T,R,E]")
+    p.add_argument(
+        "counts",
+        nargs="?",
+        help="counts file (.json or .npy), [R,E] or [T,R,E], as --save writes it "
+        "(default: generate counts with --family)",
+    )
     p.add_argument(
         "--step",
         type=int_range(0),
         default=None,
-        help="step of a [T,R,E] trace file (required there)",
+        help="step of a [T,R,E] trace file (required there; default: none)",
     )
-    p.add_argument("--family", default="lognormal", help="generated family (default lognormal)")
+    p.add_argument(
+        "--family",
+        default="lognormal",
+        choices=COUNT_FAMILIES,
+        help=f"popularity family of generated counts: {listed(COUNT_FAMILIES)} (default lognormal)",
+    )
     p.add_argument("--sigma", type=float_range(0), default=1.0, help="lognormal sigma (default 1)")
     p.add_argument(
         "--ep", "--ranks", dest="ranks", type=int_range(1), default=8,
         help="EP size R of generated counts (default 8)",
     )  # fmt: skip
     p.add_argument(
-        "--experts", type=int_range(1), default=64, help="E for generated counts (default 64)"
+        "--experts", type=int_range(1), default=64, help="E of generated counts (default 64)"
     )
     p.add_argument(
         "--tokens", type=int_range(0), default=4096, help="tokens per rank (default 4096)"
     )
     p.add_argument("--topk", type=int_range(1), default=8, help="top-k (default 8)")
-    p.add_argument("--seed", type=int_range(0), default=0, help="seed (default 0)")
     p.add_argument(
-        "--slots", type=int_range(0), default=None, help="prefetch slots B (default ceil(E/R))"
+        "--seed", type=int_range(0), default=0, help="seed of generated counts (default 0)"
     )
-    p.add_argument("--align", type=int_range(1), default=1, help="row padding (default 1)")
-    p.add_argument("--backend", default="auto", choices=BACKENDS, help="planner backend")
     p.add_argument(
-        "--json", action="store_true", help="print the summary and every plan tensor as JSON"
+        "--slots",
+        type=int_range(0),
+        default=None,
+        help="prefetch slots B per rank (default ceil(E/R))",
+    )
+    p.add_argument(
+        "--align", type=int_range(1), default=1, help="row padding, in records (default 1)"
+    )
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=PLAN_BACKENDS,
+        help=f"planner backend: {listed(PLAN_BACKENDS)} (default auto: cuda for counts on "
+        "a GPU where it is available, else torch)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the summary and every plan tensor as JSON (default: tables)",
+    )
+    p.add_argument(
+        "--save",
+        metavar="FILE",
+        default=None,
+        help="also write the planned counts [R,E] to FILE (.npy or .json; default: none)",
     )
 
 
@@ -95,6 +132,9 @@ def load_or_generate(args: argparse.Namespace) -> torch.Tensor:
 
 def handler(args: argparse.Namespace) -> int:
     """Run ``moonplan plan``; returns the exit status."""
+    import moonplan
+    from moonplan.baselines import copies_lower_bound, moonep_greedy_alloc, replica_count
+
     if args.backend == "cuda":
         from moonplan.plan.cuda_backend import available
 
@@ -105,6 +145,10 @@ def handler(args: argparse.Namespace) -> int:
         counts_RE = load_or_generate(args)
         plan = moonplan.plan(counts_RE, slots=args.slots, align=args.align, backend=args.backend)
         moonplan.check_plan(plan, counts_RE)
+        if args.save:
+            from moonplan.traces import save_counts
+
+            save_counts(args.save, counts_RE)
     except (ValueError, OSError) as exc:
         return fail("moonplan plan", str(exc))
     summary = plan.summary()
@@ -114,12 +158,16 @@ def handler(args: argparse.Namespace) -> int:
         print(json.dumps({**summary, "plan": plan_fields(plan)}))
     else:
         print(format_plan_table(summary, plan))
+    if args.save:  # JSON output stays one document: the note goes to stderr
+        print(f"wrote {args.save}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
 def plan_fields(plan: moonplan.Plan) -> dict[str, Any]:
     """Every tensor of ``plan`` as nested lists (see :class:`moonplan.Plan`), plus
     ``num_slots``, ``align`` and ``backend``."""
+    from moonplan.plan.plan_type import PLAN_TENSORS
+
     out: dict[str, Any] = {name: getattr(plan, name).tolist() for name in PLAN_TENSORS}
     return out | {"num_slots": plan.num_slots, "align": plan.align, "backend": plan.backend}
 

@@ -4,13 +4,14 @@ Legend: R ranks, E experts, H hidden, F ffn, K top-k, S tokens of a rank, T trac
 
 Starts ``--ep`` processes (fork; gloo on CPU, NCCL with ``--device cuda``), or, under
 ``torchrun`` (``WORLD_SIZE`` set, any number of hosts), runs in the launched processes
-(see :mod:`moonplan.cli.launch`; rank 0 prints and writes),
-builds the demo's skewed ``MoonMoE`` (``--layers`` of them, stacked with residual
-connections), runs ``--warmup`` steps, then ``--steps`` steps inside
-:func:`moonplan.profiling.session.profiling` (forward, and backward with ``--backward``).
+(see :mod:`moonplan.cli.launch`; rank 0 prints and writes). Every rank runs
+:func:`moonplan.cli.profile_ranks.rank_main`: it builds the demo's skewed ``MoonMoE``
+(``--layers`` of them, stacked with residual connections), runs ``--warmup`` steps,
+then ``--steps`` steps inside :func:`moonplan.profiling.session.profiling` (forward,
+and backward with ``--backward``).
 With ``--trace FILE`` (counts ``[T, R, E]`` or ``[R, E]`` as written by
 ``moonplan.traces.save_counts``) each step routes exactly the recorded counts
-instead. Prints the table (p50/p90 of the critical path per phase, share of the
+instead. Prints the table (per phase the slowest rank's p50/p90/mean, share of the
 step, rank imbalance) and writes ``profile.json``, ``profile_trace.json``
 (chrome://tracing, Perfetto) and ``profile_phases.png`` (needs matplotlib) to ``--out``.
 """
@@ -20,9 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from moonplan.cli.args import (
     add_layer_args,
@@ -31,15 +30,21 @@ from moonplan.cli.args import (
     fail,
     int_range,
 )
-from moonplan.cli.demo import _popularity_bias, _step_tokens
-from moonplan.runtime.routers import softmax_topk
+
+if TYPE_CHECKING:
+    import torch
 
 HELP = "time every MoE phase per rank (table, JSON, trace)"
+DESCRIPTION = (
+    "Time every phase of the demo MoE model's steps on --ep ranks (forked on this host, "
+    "or those torchrun launched): print the table of the slowest rank's phases and write "
+    "profile.json, profile_trace.json and profile_phases.png to --out."
+)
 
 
 def register(subparsers: Any) -> None:
     """Add the ``profile`` subcommand (handler in ``args.func``)."""
-    p = add_subcommand(subparsers, "profile", handler, HELP)
+    p = add_subcommand(subparsers, "profile", handler, HELP, DESCRIPTION)
     p.add_argument(
         "--ep", "--ranks", dest="ranks", type=int_range(1), default=None,
         help="EP size: ranks (default 4, the trace's, or torchrun's WORLD_SIZE)",
@@ -48,103 +53,31 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--warmup", type=int_range(0), default=2, help="steps run before profiling (default 2)"
     )
-    p.add_argument("--backward", action="store_true", help="also run (and time) the backward")
-    p.add_argument("--aligned", action="store_true", help="barrier before every step's phases")
-    p.add_argument("--out", default="moonplan-profile", help="output folder")
-    p.add_argument("--trace", default=None, help="replay recorded counts (.npy/.json) [T, R, E]")
+    p.add_argument(
+        "--backward",
+        action="store_true",
+        help="also run (and time) the backward (default: forward only)",
+    )
+    p.add_argument(
+        "--aligned",
+        action="store_true",
+        help="a barrier before every step's forward and backward (default: none)",
+    )
+    p.add_argument(
+        "--out",
+        default="moonplan-profile",
+        help="folder for profile.json, profile_trace.json and profile_phases.png "
+        "(default moonplan-profile, in the current folder)",
+    )
+    p.add_argument(
+        "--trace",
+        default=None,
+        help="replay recorded counts [T, R, E] (.npy/.json; default: generated routing)",
+    )
     p.add_argument("--layers", type=int_range(1), default=1, help="stacked MoE layers (default 1)")
     add_layer_args(
         p, experts_help="experts (default 16; trace: its E)", topk_help="top-k (default 2)"
     )
-
-
-# ---- what every rank runs -------------------------------------------------------------------
-def ids_from_counts(counts_E: torch.Tensor, topk: int) -> torch.Tensor:
-    """int64 ``[S, K]`` expert ids whose counts are exactly ``counts_E`` (``S = sum / K``).
-
-    Records are laid out expert by expert and dealt column-wise, so a token's ``K``
-    picks are distinct whenever no expert has more than ``S`` records.
-    """
-    flat = torch.repeat_interleave(torch.arange(counts_E.numel()), counts_E.cpu())
-    return flat.view(topk, -1).t().contiguous()
-
-
-def _build_layers(cfg: dict, state: dict[str, Any]) -> list[torch.nn.Module]:
-    from moonplan import MoonMoE
-
-    E, H, F, K = cfg["experts"], cfg["hidden"], cfg["ffn"], cfg["topk"]
-    layers: list[torch.nn.Module] = []
-    for i in range(cfg["layers"]):
-        router = _trace_router(state, i) if cfg["traced"] else _skew_router(state, i, K)
-        layer = MoonMoE(H, F, E, K, router=router, max_tokens=cfg["tokens"])
-        g = torch.Generator().manual_seed(cfg["seed"] + 7 + i)
-        layer.load_dense(
-            torch.randn(E, H, generator=g) * H**-0.5,
-            torch.randn(E, 2 * F, H, generator=g) * H**-0.5,
-            torch.randn(E, H, F, generator=g) * F**-0.5,
-        )
-        layers.append(layer)
-    state["layers"] = layers
-    return layers
-
-
-def _skew_router(state: dict[str, Any], i: int, K: int) -> Any:
-    def route(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return softmax_topk(state["layers"][i].router(x) + state["bias"], K)
-
-    return route
-
-
-def _trace_router(state: dict[str, Any], i: int) -> Any:
-    def route(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ids_SK = state["ids"]
-        w_SK = torch.softmax(state["layers"][i].router(x).float(), -1).gather(1, ids_SK)
-        return ids_SK, (w_SK / w_SK.sum(1, keepdim=True).clamp_min(1e-20)).to(x.dtype)
-
-    return route
-
-
-def _inputs(cfg: dict, trace: torch.Tensor | None, step: int, rank: int, world: int) -> Any:
-    """This rank's tokens ``[S, H]`` of ``step``; sets the routing state's input."""
-    if trace is None:
-        sizes = [cfg["tokens"]] * world
-        first = cfg["tokens"] * rank
-        return _step_tokens(cfg, step, sizes)[first : first + cfg["tokens"]], None
-    ids_SK = ids_from_counts(trace[step % trace.shape[0], rank], cfg["topk"])
-    g = torch.Generator().manual_seed(cfg["seed"] * 1_000_003 + step * 1009 + rank)
-    return torch.randn(ids_SK.shape[0], cfg["hidden"], generator=g), ids_SK
-
-
-def _run_step(cfg: dict, trace: Any, state: dict[str, Any], step: int, rank: int, world: int):
-    layers = state["layers"]
-    dev = layers[0].group.device
-    x, ids = _inputs(cfg, trace, step, rank, world)
-    state["ids"] = None if ids is None else ids.to(dev)
-    if trace is None:
-        state["bias"] = _popularity_bias(cfg, step).to(dev)
-    h = x.to(dev)
-    with torch.set_grad_enabled(cfg["backward"]):
-        for layer in layers:
-            h = h + layer(h)
-        if cfg["backward"]:
-            for layer in layers:
-                layer.zero_grad(set_to_none=True)
-            h.float().square().mean().backward()
-
-
-def _rank_main(rank: int, world: int, cfg: dict, trace: torch.Tensor | None) -> Any:
-    """One rank: warm up, profile ``steps`` steps; rank 0 returns the ProfileReport."""
-    from moonplan.profiling.session import profiling
-
-    torch.manual_seed(cfg["seed"])
-    state: dict[str, Any] = {}
-    layers = _build_layers(cfg, state)
-    for step in range(cfg["warmup"]):
-        _run_step(cfg, trace, state, step, rank, world)
-    with profiling(layers, aligned=cfg["aligned"]) as prof:
-        for step in range(cfg["warmup"], cfg["warmup"] + cfg["steps"]):
-            _run_step(cfg, trace, state, step, rank, world)
-    return prof.report if rank == 0 else None
 
 
 _CONFIG_KEYS = (
@@ -214,6 +147,7 @@ def _what(args: argparse.Namespace, cfg: dict) -> str:
 def handler(args: argparse.Namespace) -> int:
     """Run the profile; 0 on success, 2 on bad arguments."""
     from moonplan.cli.launch import run_and_announce
+    from moonplan.cli.profile_ranks import rank_main
 
     try:
         trace = _load_trace(args) if args.trace else None
@@ -223,7 +157,7 @@ def handler(args: argparse.Namespace) -> int:
         return fail("moonplan profile", str(exc))
     cfg = _config(args, trace)
     got = run_and_announce(
-        _rank_main, R, cfg, trace,
+        rank_main, R, cfg, trace,
         command="moonplan profile", what=_what(args, cfg), device=args.device,
         timeout=args.timeout,
     )  # fmt: skip

@@ -17,20 +17,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from moonplan.baselines.registry import info, names
 from moonplan.cli.args import add_subcommand, float_range, int_range
+from moonplan.cli.choices import (
+    DISPATCH_SCHEMES,
+    HARDWARE,
+    MODEL_PRESETS,
+    PLAN_US,
+    POLICIES,
+    TOKEN_GRID,
+    TREND_MODELS,
+    listed,
+)
 from moonplan.cli.cost import preset_name
-from moonplan.simulate.model_time import SimConfig, default_plan_us
-from moonplan.simulate.models import get_model
-from moonplan.simulate.progress import ProgressBar
-from moonplan.simulate.report import break_even_table, detail_table, sweep_table, trend_table
-from moonplan.simulate.sweep import TOKEN_GRID, SweepSpec, break_even, simulate_trace, sweep
-from moonplan.simulate.trends import deepspeed_trend, gshard_trend
-from moonplan.simulate.workload import recorded_counts
-from moonplan.stepcost.hardware import HARDWARE, get_hardware
-from moonplan.stepcost.traffic import SCHEMES
+
+if TYPE_CHECKING:
+    from moonplan.simulate.model_time import SimConfig
+    from moonplan.simulate.sweep import SweepSpec
 
 
 def _list(kind: Any) -> Any:
@@ -52,30 +56,46 @@ DESCRIPTION = (
     "Roofline + communication model of one MoE layer step for static EP, "
     "capacity, EPLB, the MoonEP greedy and moonplan (see docs/simulator.md)."
 )
+MODELS = (*MODEL_PRESETS, *TREND_MODELS, "gshard-<E>e")
 
 
 def register(subparsers: Any) -> None:
     """Add the ``simulate`` subcommand (handler in ``args.func``)."""
     p = add_subcommand(subparsers, "simulate", handler, HELP, DESCRIPTION)
+    _workload_args(p)
+    _policy_args(p)
+    _mode_args(p)
+
+
+def _workload_args(p: argparse.ArgumentParser) -> None:
+    """Model, hardware, EP sizes, skew and the steps of each point."""
     p.add_argument(
         "--model",
         default="deepseek-v3",
-        help="model preset, case-insensitive (default deepseek-v3)",
+        help=f"model preset, case-insensitive: {listed(MODELS)} (default deepseek-v3)",
     )
     p.add_argument(
-        "--hardware", default="h200-multinode", type=preset_name, choices=sorted(HARDWARE)
+        "--hardware",
+        default="h200-multinode",
+        type=preset_name,
+        choices=HARDWARE,
+        help=f"hardware preset, case-insensitive: {listed(HARDWARE)} (default h200-multinode)",
     )
     p.add_argument(
-        "--ep", "--ranks", type=_list(int_range(1)), default=[8, 64], help="EP sizes (default 8,64)"
-    )
+        "--ep", "--ranks", type=_list(int_range(1)), default=[8, 64],
+        help="comma-separated EP sizes (default 8,64)",
+    )  # fmt: skip
     p.add_argument(
-        "--sigma", type=_list(float), default=[0, 0.25, 0.5, 1, 2], help="lognormal sigmas"
+        "--sigma",
+        type=_list(float),
+        default=[0, 0.25, 0.5, 1, 2],
+        help="comma-separated lognormal sigmas of expert popularity (default 0,0.25,0.5,1,2)",
     )
     p.add_argument(
         "--maxvio",
         type=_list(float),
         default=None,
-        help="expert MaxVio targets (instead of --sigma)",
+        help="comma-separated expert MaxVio targets, instead of --sigma (default: none)",
     )
     p.add_argument(
         "--tokens", type=int, default=4096, help="tokens per rank per step (default 4096)"
@@ -87,25 +107,50 @@ def register(subparsers: Any) -> None:
         "--warmup", type=int_range(0), default=4, help="steps run before measuring (default 4)"
     )
     p.add_argument(
-        "--rho", type=float_range(-1, 1), default=0.99, help="step-to-step drift correlation"
+        "--rho",
+        type=float_range(-1, 1),
+        default=0.99,
+        help="step-to-step correlation of the drifting popularity (default 0.99)",
     )
-    p.add_argument("--seed", type=int_range(0), default=0)
-    p.add_argument("--exact", action="store_true", help="exact top-k sampling (slow at scale)")
-    p.add_argument("--policies", type=_list(str), default=list(names()))
-    p.add_argument("--counts", help="recorded counts (.npy/.json, [T,R,E]) instead of generated")
+    p.add_argument(
+        "--seed", type=int_range(0), default=0, help="seed of the generated counts (default 0)"
+    )
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="exact top-k sampling (slow at scale; default: the fast sampler)",
+    )
+    p.add_argument(
+        "--counts",
+        help="recorded counts (.npy/.json, [T,R,E]) instead of generated (default: none)",
+    )
+
+
+def _policy_args(p: argparse.ArgumentParser) -> None:
+    """Which policies run and what they are charged."""
+    p.add_argument(
+        "--policies",
+        type=_list(str),
+        default=None,
+        help=f"comma-separated policies (default: every registered one: {listed(POLICIES)})",
+    )
     p.add_argument(
         "--plan-us",
         action="append",
         default=[],
         metavar="POLICY=US",
-        help="planning time of a policy in us (default moonplan/greedy 51)",
+        help=f"planning time of a policy in us, repeatable (default: {PLAN_US:g} for "
+        "moonep-greedy, moonplan's kernel time by shape for moonplan's policies)",
     )
     p.add_argument(
-        "--dispatch-bytes", type=float, default=2.0, help="bytes/element of dispatch (1: FP8)"
+        "--dispatch-bytes",
+        type=float,
+        default=2.0,
+        help="bytes per element of dispatch (default 2; 1: FP8)",
     )
     p.add_argument(
         "--dispatch",
-        choices=SCHEMES,
+        choices=DISPATCH_SCHEMES,
         default="record",
         help="dispatch rows, for every policy: per record (default), per (token, rank) or "
         "per (token, host) with forwarding inside the host; rank/host sample every token",
@@ -113,29 +158,47 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--serial-prefetch",
         action="store_true",
-        help="the old serial schedule (fetch, then dispatch) instead of the overlapped one",
+        help="the old serial schedule, fetch then dispatch (default: overlapped)",
     )
     p.add_argument(
-        "--eplb-period", type=int_range(1), default=4, help="EPLB rearrangement period (steps)"
+        "--eplb-period",
+        type=int_range(1),
+        default=4,
+        help="EPLB rearrangement period in steps (default 4)",
     )
     p.add_argument(
-        "--eplb-groups", type=int_range(1), default=1, help="expert groups for hierarchical EPLB"
+        "--eplb-groups",
+        type=int_range(1),
+        default=1,
+        help="expert groups of hierarchical EPLB (default 1)",
     )
+
+
+def _mode_args(p: argparse.ArgumentParser) -> None:
+    """What to compute instead of the sweep, and how to print it."""
     p.add_argument("--break-even", action="store_true", help="break-even tokens per rank instead")
-    p.add_argument("--tokens-grid", type=_list(int_range(1)), default=list(TOKEN_GRID))
+    p.add_argument(
+        "--tokens-grid",
+        type=_list(int_range(1)),
+        default=list(TOKEN_GRID),
+        help=f"comma-separated tokens per rank that --break-even tries (default "
+        f"{','.join(str(t) for t in TOKEN_GRID)})",
+    )
     p.add_argument("--trends", action="store_true", help="DeepSpeed-MoE and GShard trends instead")
     p.add_argument("--detail", action="store_true", help="also print every phase and metric")
     p.add_argument(
         "--plot",
         metavar="PNG",
         help="plot step time vs skew or EP size (or per policy, with --counts) to this file; "
-        "refused with --break-even and --trends",
+        "refused with --break-even and --trends (default: no plot)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
 def _config(args: argparse.Namespace) -> SimConfig:
+    from moonplan.simulate.model_time import SimConfig, default_plan_us
+
     plan_us = default_plan_us()
     for item in args.plan_us:
         name, sep, value = item.partition("=")
@@ -151,16 +214,21 @@ def _config(args: argparse.Namespace) -> SimConfig:
 
 
 def _spec(args: argparse.Namespace) -> SweepSpec:
-    if not args.policies or not args.ep or not (args.sigma or args.maxvio):
+    from moonplan.baselines.registry import info, names
+    from moonplan.simulate.sweep import SweepSpec
+
+    # default: every policy registered when the command runs
+    policies = list(names()) if args.policies is None else args.policies
+    if not policies or not args.ep or not (args.sigma or args.maxvio):
         raise ValueError("--policies, --ep and --sigma (or --maxvio) need at least one value")
-    for name in args.policies:
+    for name in policies:
         info(name)  # ValueError naming the registered policies
     if min(args.ep) < 1 or args.steps < 1 or args.warmup < 0 or args.tokens < 1:
         raise ValueError("--ep, --steps, --tokens must be >= 1 and --warmup >= 0")
     return SweepSpec(
         model=args.model, hardware=args.hardware, ranks=tuple(args.ep), sigmas=tuple(args.sigma),
         maxvios=None if args.maxvio is None else tuple(args.maxvio), tokens=args.tokens,
-        policies=tuple(args.policies), steps=args.steps, warmup=args.warmup, rho=args.rho,
+        policies=tuple(policies), steps=args.steps, warmup=args.warmup, rho=args.rho,
         seed=args.seed, eplb_period=args.eplb_period, eplb_groups=args.eplb_groups,
         exact=args.exact,
     )  # fmt: skip
@@ -168,6 +236,10 @@ def _spec(args: argparse.Namespace) -> SweepSpec:
 
 def handler(args: argparse.Namespace) -> int:
     """Run what ``args`` ask for; print tables or JSON; return the exit code."""
+    from moonplan.simulate.models import get_model
+    from moonplan.simulate.progress import ProgressBar
+    from moonplan.stepcost.hardware import get_hardware
+
     try:
         get_model(args.model)
         get_hardware(args.hardware)
@@ -196,12 +268,20 @@ def handler(args: argparse.Namespace) -> int:
         print(f"moonplan simulate: error: {err}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=1) if args.json else _text(report, args.detail))
+    if args.plot:  # JSON output stays one document: the note goes to stderr
+        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
 def _run(
     args: argparse.Namespace, spec: SweepSpec, cfg: SimConfig, progress: Any
 ) -> dict[str, Any]:
+    from moonplan.simulate.models import get_model
+    from moonplan.simulate.sweep import break_even, simulate_trace, sweep
+    from moonplan.simulate.trends import deepspeed_trend, gshard_trend
+    from moonplan.simulate.workload import recorded_counts
+    from moonplan.stepcost.hardware import get_hardware
+
     if args.trends:
         return {
             "deepspeed": deepspeed_trend(cfg=cfg, progress=progress),
@@ -229,6 +309,8 @@ def _run(
 
 
 def _text(report: dict[str, Any], detail: bool) -> str:
+    from moonplan.simulate.report import break_even_table, detail_table, sweep_table, trend_table
+
     parts = []
     if "rows" in report:
         r0 = report["rows"][0]

@@ -246,8 +246,13 @@ class Plan:
         """Slots filled this step (weights actually moved; residents and direct reads excluded)."""
         return int(self.slot_new.sum())
 
-    def summary(self) -> dict[str, Any]:
-        """Host-side figures (synchronises on CUDA): loads before/after, copies, bounds."""
+    def summary(self) -> PlanSummary:
+        """Host-side figures (synchronises on CUDA): loads before/after, copies, bounds.
+
+        A dict (``plan.summary()["copies"]``) that prints as small tables (``print``)."""
+        return PlanSummary(self._figures())
+
+    def _figures(self) -> dict[str, Any]:
         static_R = self.static_load().tolist()
         planned_R = self.alloc.sum(0).tolist()
         n = sum(planned_R)
@@ -373,3 +378,32 @@ def previous_slots(
         raise PlanError(f"previous must be a moonplan Plan, got {type(previous).__name__}")
     check_previous((previous.num_ranks, previous.num_experts, previous.num_slots), (R, E, B))
     return previous.slot_expert.to(device)
+
+
+class PlanSummary(dict[str, Any]):
+    """:meth:`Plan.summary`'s figures: a plain dict that prints as tables with units
+    (per-rank loads in records, then the plan's totals and bounds)."""
+
+    def __str__(self) -> str:
+        from moonplan.tables import render
+
+        head = (
+            f"R={self['ranks']} E={self['experts']} slots B={self['slots']} "
+            f"records N={self['records']} policy {self['policy']}"
+        )
+        cols = (self["static_load"], self["planned_load"], self["remote_experts"])
+        per_rank = [[str(r), *(str(c[r]) for c in cols)] for r in range(self["ranks"])]
+        header = ["rank", "static load (records)", "planned load (records)", "remote experts"]
+        totals = [
+            ["load max/mean", f"static EP {self['static_max_over_mean']:.3f} -> "
+             f"planned {self['planned_max_over_mean']:.3f}"],
+            ["replica copies", f"{self['copies']} ({self['new_copies']} new, "
+             f"{self['direct']} read directly)"],
+            ["remote experts per rank", f"max {self['max_remote_experts']} "
+             f"(bound ceil(E/R) = {self['remote_bound']})"],
+            ["load bound", f"{self['load_bound']} records"],
+        ]  # fmt: skip
+        if self.get("predicted"):
+            best = sorted(self["predicted"].items(), key=lambda kv: kv[1])
+            totals.append(["predicted step", ", ".join(f"{n} {1e3 * t:.3f} ms" for n, t in best)])
+        return "\n".join([head, render(header, per_rank), render(["plan", "value"], totals)])

@@ -1,4 +1,5 @@
-"""The profiler: ``session`` (public as ``moonplan.profile``) and its reports.
+"""The profiler: ``session`` (its context manager is public as ``moonplan.profile``) and
+its reports.
 
 ``session`` times the phases of MoonMoE steps and finds the runtimes in a model;
 ``gather`` collects every rank's spans; ``report`` holds them and computes the

@@ -1,5 +1,9 @@
 """Stacked bars of the mean phase times per rank (and the critical path) as a PNG.
 
+Every bar adds up: a rank's bar is its mean step, the last bar the mean of each step's
+slowest rank (``ProfileReport.critical_phase_s``), and a dashed line marks the mean wall
+step, which no bar exceeds.
+
 Legend: R ranks, P phases present. Needs matplotlib (imported when called; not a
 dependency of moonplan). Uses the object API (no pyplot state, no display needed).
 """
@@ -25,11 +29,12 @@ def _figure_class() -> type:
 
 
 def plot_phase_bars(report: ProfileReport, path: str | Path, *, title: str = "") -> Path:
-    """Write a PNG: one bar per rank plus one of the per-phase maxima, stacked by phase
-    (critical-path phases only: background ones overlap them).
+    """Write a PNG: one bar per rank plus one of each step's slowest rank, stacked by
+    phase (foreground phases only: background ones overlap them), and the wall step.
 
     Each segment is the phase's mean time per step in milliseconds (layers summed); the
-    last bar stacks each phase's critical path (slowest rank per step).
+    last bar stacks the phases of each step's slowest rank (their mean), so it is as high
+    as the mean slowest-rank step; the dashed line is the mean wall step.
 
     Raises:
         ImportError: matplotlib is not installed (the message says how to install it).
@@ -42,7 +47,7 @@ def plot_phase_bars(report: ProfileReport, path: str | Path, *, title: str = "")
     bars_XP = (
         np.vstack([rank_RP, crit_P[None, :]]) if len(names) else np.zeros((report.ranks + 1, 0))
     )
-    labels = [f"rank {r}" for r in range(report.ranks)] + ["max over\nranks"]
+    labels = [f"rank {r}" for r in range(report.ranks)] + ["slowest rank\nper step"]
     fig = Figure(figsize=(max(7.0, 3.0 + 0.6 * len(labels)), 4.5), layout="constrained")
     ax = fig.add_subplot()
     colors = _colors(len(names))
@@ -50,6 +55,10 @@ def plot_phase_bars(report: ProfileReport, path: str | Path, *, title: str = "")
     for j, name in enumerate(names):
         ax.bar(labels, bars_XP[:, j], bottom=bottom, label=name, color=colors[j], width=0.7)
         bottom += bars_XP[:, j]
+    if report.steps:
+        wall = 1e3 * float(report.wall_step_s().mean())
+        ax.axhline(wall, color="0.3", linestyle="--", linewidth=1, label="wall step")
+        ax.set_ylim(0, 1.08 * max(wall, float(bottom.max(initial=0.0))) or 1.0)
     ax.set_ylabel("mean time per step (ms)")
     ax.set_title(title or f"MoE phases per rank: mean of {report.steps} steps ({report.clock})")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)

@@ -1,4 +1,4 @@
-"""``moonplan.profile``: per-phase timing of MoonMoE steps, per rank and on the critical path.
+"""The profiler: per-phase timing of MoonMoE steps, per rank and on the critical path.
 
 Legend:
     R ranks, L profiled layers, T steps (a layer's ``t``-th forward is its step ``t``)
@@ -7,10 +7,12 @@ Legend:
 
 Usage (every rank of the EP group runs the same code)::
 
-    with moonplan.profile.profiling(model) as prof:      # finds every MoonMoE in model
+    with moonplan.profile(model) as prof:      # finds every MoonMoE in model
         for x in batches:
             model(x).sum().backward()
-    print(prof.report.table())                            # gathered from every rank at exit
+    print(prof.report.table())                  # gathered from every rank at exit
+
+``moonplan.profile`` is :func:`profiling` (also ``layer.profile()`` for one layer).
 
 Phases (:data:`PHASES`): ``counts`` (counts exchange), ``plan``, ``prefetch_exposed``,
 ``dispatch``, ``experts``, ``combine`` in the forward; ``combine_backward``,
@@ -73,6 +75,7 @@ __all__ = [
     "Profiler",
     "StepRecorder",
     "find_runtimes",
+    "profile",
     "profiling",
 ]
 
@@ -265,3 +268,8 @@ def profiling(layers_or_model: Any, *, aligned: bool = False) -> Iterator[Profil
         prof.detach()
         raise
     prof.finish()
+
+
+profile = profiling
+"""``moonplan.profile``: the same context manager as :func:`profiling`
+(``with moonplan.profile(model) as prof: ...``)."""

@@ -1,11 +1,17 @@
 """``StepStats``: the host figures of one MoE step (``layer.last_stats``).
 
 Legend: none (host values only; phase times in seconds).
+
+``print(layer.last_stats)`` shows them as a small table with units (phase times in
+milliseconds); ``repr`` keeps the dataclass form.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+BACKGROUND = ("prefetch", "grad_reduce", "choice")
+"""Phases timed where they run, beside the others (``moonplan.profiling.phases``)."""
 
 
 @dataclass
@@ -61,3 +67,31 @@ class StepStats:
     def rows_per_record(self) -> float:
         """``rows_sent / records`` (1.0 with no records)."""
         return self.rows_sent / self.records if self.records else 1.0
+
+    def __str__(self) -> str:
+        """A two-column table (figure, value with its unit); phases in milliseconds in the
+        order they ran, background ones marked."""
+        from moonplan.tables import render
+
+        rows = [
+            ["policy", self.policy],
+            ["replica copies", f"{self.copies} ({self.new_copies} new)"],
+            ["prefetched", f"{self.prefetched_rows} experts into slots"],
+            ["direct reads", f"{self.direct_reads} experts"],
+            [
+                "load max/mean",
+                f"static EP {self.static_max_over_mean:.3f} -> "
+                f"planned {self.planned_max_over_mean:.3f}",
+            ],
+            ["records", str(self.records)],
+            ["rows sent", f"{self.rows_sent} ({self.rows_per_record:.3f} per record)"],
+            ["bytes sent", f"{self.bytes_sent / 2**10:.1f} KiB"],
+        ]
+        rows += [
+            [f"{name} (background)" if name in BACKGROUND else name, f"{1e3 * sec:.3f} ms"]
+            for name, sec in self.phases.items()
+        ]
+        if self.predicted:
+            best = sorted(self.predicted.items(), key=lambda kv: kv[1])
+            rows.append(["predicted step", ", ".join(f"{n} {1e3 * sec:.3f} ms" for n, sec in best)])
+        return render(["step figure", "value"], rows)

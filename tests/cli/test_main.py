@@ -155,6 +155,7 @@ def test_launched_size_must_match_ep(
     assert main(["profile", "--ep", "2"]) == 2
 
 
+@pytest.mark.slow  # torchrun starts fresh interpreters (6-13 s each)
 @pytest.mark.distributed
 @pytest.mark.parametrize("command", ["demo", "profile"])
 def test_runs_under_torchrun(command: str, tmp_path: Path) -> None:

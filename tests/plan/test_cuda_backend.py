@@ -31,6 +31,7 @@ KERNEL = ROOT / "csrc" / "plan_kernel.cu"
 # ---- CPU: compiles, capability, host-side layout ------------------------------------------
 
 
+@pytest.mark.slow  # nvcc (2.5-8 s); .ci/run also compiles csrc/ with nvcc
 def test_nvcc_compiles_for_sm90(tmp_path: Path) -> None:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -43,6 +44,7 @@ def test_nvcc_compiles_for_sm90(tmp_path: Path) -> None:
     assert "warning" not in res.stderr.lower(), res.stderr
 
 
+@pytest.mark.slow  # NVRTC compiles the kernel (1.5-12 s); .ci/run runs it
 def test_nvrtc_compiles_for_sm90() -> None:
     try:
         cuda_backend.nvrtc_version()

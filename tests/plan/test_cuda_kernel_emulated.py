@@ -94,6 +94,7 @@ def _counts(rng: random.Random, R: int, E: int) -> torch.Tensor:
     return c
 
 
+@pytest.mark.slow  # a sweep of plan sequences through the emulated kernel (2.7-4.5 s)
 def test_kernel_equals_reference_over_plan_sequences(emu: ctypes.CDLL) -> None:
     rng = random.Random(5)
     for _ in range(6):

@@ -20,6 +20,7 @@ import torch
 
 from moonplan import MoonMoE
 from moonplan.cli import profile as cli_profile
+from moonplan.cli.profile_ranks import ids_from_counts
 from moonplan.profiling.chrome import BACKGROUND_TID, write_chrome_trace
 from moonplan.profiling.gather import merged_names
 from moonplan.profiling.report import ProfileReport, Span
@@ -262,7 +263,7 @@ def test_merged_names_keep_rank_order() -> None:
 
 def test_ids_from_counts_match_counts_with_distinct_picks() -> None:
     counts = torch.tensor([3, 0, 2, 1, 2])
-    ids = cli_profile.ids_from_counts(counts, 2)
+    ids = ids_from_counts(counts, 2)
     assert ids.shape == (4, 2)
     assert torch.bincount(ids.view(-1), minlength=5).tolist() == counts.tolist()
     assert bool((ids[:, 0] != ids[:, 1]).all())

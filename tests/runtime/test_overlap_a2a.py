@@ -188,6 +188,7 @@ def _failing_prefetch_lingering(rank: int, world: int) -> str:
 LINGER_TIMEOUT_S = 2.0
 
 
+@pytest.mark.slow  # waits for the collective timeout (about 4 s)
 def test_a_peer_left_in_a_background_collective_raises_at_the_collective_timeout() -> None:
     """Rank 0's worker waits in the background group's ``gather_rows`` for rank 1, which
     never comes; it raises once the timeout of the main group (copied to the background

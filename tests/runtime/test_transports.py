@@ -251,6 +251,7 @@ def test_heap_and_all_to_all_agree_bit_for_bit(rows: str) -> None:
     _assert_same_bits([run_ranks(_round_trip, 3, n, timeout=TIMEOUT) for n in (heap, a2a, heap)])
 
 
+@pytest.mark.slow  # Triton interpreter on 3 ranks (1.6-4 s)
 def test_heap_with_triton_row_ops_matches_reference() -> None:
     """The heap's peer stores and loads through the Triton kernels (interpreted on CPU)."""
     pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
@@ -312,6 +313,7 @@ def test_layer_rejects_unknown_transport_listing_known() -> None:
         MoonMoE(4, 4, 2, 1, router=lambda x: None, transport="nccl")
 
 
+@pytest.mark.slow  # 4 ranks as 2 hosts, twice (1.4-2.2 s each)
 @pytest.mark.parametrize("ranks_per_host", [1, 2])
 def test_two_stage_on_two_hosts_matches_reference(ranks_per_host: int) -> None:
     """4 gloo ranks as hosts of 2 (and of 1: every token crosses to each rank once)."""

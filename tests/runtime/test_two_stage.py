@@ -257,6 +257,7 @@ def test_ranks_per_host_must_divide_the_group(monkeypatch: pytest.MonkeyPatch) -
         ranks_per_host_of(4, None)
 
 
+@pytest.mark.slow  # Triton interpreter on 2 ranks (2.5-6 s)
 def test_triton_token_ops_give_the_reference_bits() -> None:
     """With the Triton row ops (interpreted on CPU) the round trip still matches the
     reference (``_round_trip`` checks the backend it ran)."""

@@ -72,6 +72,7 @@ def _sleep_forever(rank: int, world: int, pid_dir: str) -> int:
     return rank
 
 
+@pytest.mark.slow  # waits for the timeout to expire (about 4 s)
 def test_hung_rank_times_out_and_nothing_is_left(tmp_path):
     timeout = 1.0
     start = time.monotonic()
@@ -112,6 +113,7 @@ def _rank_and_size(rank: int, world: int) -> tuple[int, int]:
     return dist_.get_rank(), world
 
 
+@pytest.mark.slow  # spawned ranks import torch afresh (about 3 s)
 def test_spawn_start_method() -> None:
     """Spawned ranks (the default for NCCL, where forked children cannot use CUDA)."""
     assert run_ranks(_rank_and_size, 2, timeout=60, start_method="spawn") == [(0, 2), (1, 2)]

@@ -152,6 +152,7 @@ def test_plan_options_cover_defaults_direct_and_extra_slots(condition: Callable)
     find(plan_options(3, 7), condition, settings=SEARCH)
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch (2.3-6.5 s)
 def test_strategies_load_lazily_without_hypothesis() -> None:
     code = "import sys, moonplan, moonplan.testing; assert 'hypothesis' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from moonplan.cli.demo import DEMO_RHO, _popularity_bias
+from moonplan.cli.demo_ranks import DEMO_RHO, popularity_bias
 from moonplan.simulate.workload import drifting_counts, popularity_maxvio
 from moonplan.traces import (
     DriftingTrace,
@@ -75,7 +75,7 @@ def test_demo_bias_is_the_law_in_float32() -> None:
     cfg = {"seed": 5, "experts": 12, "sigma": 1.1}
     want = _written_out(12, 1.1, DEMO_RHO, 5, 4, torch.float32)
     for step in range(5):
-        assert torch.equal(_popularity_bias(cfg, step), want[step])
+        assert torch.equal(popularity_bias(cfg, step), want[step])
 
 
 def test_maxvio_reads_the_first_popularity() -> None:
