@@ -1,27 +1,26 @@
-"""What each planner path of ``balance="auto"`` costs where the runtime runs it.
+"""What one planner call costs per policy, where the runtime makes it.
 
 Legend: R ranks (EP), S tokens per rank; DeepSeek-V3 (E=256, top-8), sigma 1, the second
-step of a drifting trace with the first step's inline auto plan as ``previous``.
+step of a drifting trace with the first step's auto plan as ``previous``.
 
-Per case it times (median of ``--reps``, wall clock, synchronised on CUDA):
-
-* ``named <policy>``: ``moonplan.plan(counts, previous=..., policy=<policy>)`` on the
-  counts' device, what step ``t + 1`` builds on the critical path when choosing ahead
-  (``exact`` with the default backend: the fused CUDA kernel where available, eager);
-* ``search``: ``moonplan.plan.ahead.choose_next`` on host copies, what the runtime's
-  search thread runs beside the step (``auto``'s full search; torch builder on the CPU);
-* ``inline auto``: ``policy="auto"`` on the counts' device (the inline schedule).
+Per case it times (median of ``--reps``, wall clock, synchronised on CUDA)
+``moonplan.plan(counts, previous=..., policy=<policy>)`` on the counts' device: ``static``
+(``balance="off"``), ``exact`` (the fused CUDA kernel where available), named candidates,
+and ``auto`` twice: ``auto full`` with the early exit made impossible (every candidate
+built and scored) and ``auto exit`` with it certain (the test alone): the two paths of the
+one call ``balance="auto"`` makes each step.
 
 Run it on a CUDA machine for the GPU figures (``docs/benchmarks.md``); on a CPU-only
 machine every path runs on the CPU. Prints a table, writes JSON (``--out``)::
 
     python bench/bench_plan_paths.py [--reps 15] [--out bench/results/plan_paths.json]
 
-``--count`` counts instead of timing: per named path and ``check_input``, the host reads
+``--count`` counts instead of timing: per policy and ``check_input``, the host reads
 (synchronisations on a GPU) and the kernels (aten ops less views) of one call, with
 ``tests/plan/host_work.py``; the same call makes the same ops on a GPU, except that
 ``exact`` runs the fused kernel there (one launch, no host read) and the torch
-builder's host scan here. Writes ``bench/results/plan_paths_count.json`` by default.
+builder's host scan here, and ``auto`` its torch form (``moonplan.plan.choice.tensor``)
+there and its host form here. Writes ``bench/results/plan_paths_count.json`` by default.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ sys.path.insert(0, str(ROOT))
 
 from _common import bench_parser  # noqa: E402  (bench/ is the script's folder)
 
-from moonplan.plan.ahead import choose_next  # noqa: E402
 from moonplan.plan.api import plan  # noqa: E402
 from moonplan.simulate.model_time import SimConfig  # noqa: E402
 from moonplan.simulate.models import get_model  # noqa: E402
@@ -49,8 +47,9 @@ from moonplan.stepcost.hardware import get_hardware  # noqa: E402
 from tests.plan.host_work import host_work  # noqa: E402
 
 CASES = [(8, 16), (8, 4096), (64, 64), (64, 4096)]
-NAMED = ("static", "exact", "resident", "bounded-0.1", "greedy")
-COUNTED = ("static", "exact", "resident")
+NAMED = ("static", "exact", "resident", "level-4", "greedy")
+COUNTED = ("static", "exact")
+FORCED_S = 1e9  # a planning charge no step beats: forces one path of auto
 
 
 def _median_us(fn: Callable[[], Any], reps: int, cuda: bool) -> float:
@@ -93,7 +92,7 @@ def count_row(R: int, S: int, device: torch.device) -> dict[str, Any]:
 
 def case_row(R: int, S: int, device: torch.device, reps: int) -> dict[str, Any]:
     """Times of every path at ``(R, S)`` on ``device`` (module docstring)."""
-    cost, prev, c0, c1 = _inputs(R, S, device)
+    cost, prev, _, c1 = _inputs(R, S, device)
     counts = c1.to(device)
     cuda = device.type == "cuda"
     row: dict[str, Any] = {"ranks": R, "tokens": S, "device": str(device)}
@@ -101,11 +100,13 @@ def case_row(R: int, S: int, device: torch.device, reps: int) -> dict[str, Any]:
         row[f"named {name}"] = _median_us(
             lambda n=name: plan(counts, previous=prev, policy=n, cost=cost), reps, cuda
         )
-    host_prev = plan(c0, policy="auto", cost=cost)
-    row["search"] = _median_us(lambda: choose_next(c1, host_prev, cost=cost), reps, False)
-    row["inline auto"] = _median_us(
-        lambda: plan(counts, previous=prev, policy="auto", cost=cost), reps, cuda
-    )
+    for path, forced in (
+        ("full", cost.scaled(exit_s=FORCED_S)),
+        ("exit", cost.scaled(plan_s=FORCED_S)),
+    ):
+        row[f"auto {path}"] = _median_us(
+            lambda f=forced: plan(counts, previous=prev, policy="auto", cost=f), reps, cuda
+        )
     return row
 
 
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         return _count(device, args.out or str(ROOT / "bench/results/plan_paths_count.json"))
     args.out = args.out or str(ROOT / "bench/results/plan_paths.json")
     rows = [case_row(R, S, device, args.reps) for R, S in CASES]
-    cols = [f"named {n}" for n in NAMED] + ["search", "inline auto"]
+    cols = [f"named {n}" for n in NAMED] + ["auto full", "auto exit"]
     print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
           f"torch {torch.__version__}; microseconds, median of {args.reps}")  # fmt: skip
     print(f"{'EP':>4} {'S':>6} " + " ".join(f"{c:>17}" for c in cols))

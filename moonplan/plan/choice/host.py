@@ -25,7 +25,7 @@ from moonplan.plan.choice.bound import exit_bound
 from moonplan.plan.choice.resident import resident_torch
 from moonplan.plan.choice.table import LEVELS, Candidate, table
 from moonplan.plan.choice.targets import level_caps, water_fill
-from moonplan.plan.from_alloc import layout_torch
+from moonplan.plan.from_alloc import layout_resident, layout_torch
 from moonplan.plan.group_flows import host_alloc, warm_maps
 from moonplan.plan.home import home_edges, targets_list
 from moonplan.plan.reference import Flow, previous_flows
@@ -95,19 +95,26 @@ def choose_host(
     R = len(hs.load)
     resident = hs.resident
     static = hs.static()
-    t_exit = float(_scores(cost, hs, static[None], resident, cost.exit_s)[0])
-    full = (
-        None if resident.any() else float(_scores(cost, hs, static[None], resident, cost.plan_s)[0])
-    )
+    t_exit = _static_time(cost, hs, static, cost.exit_s)
+    full = None if resident.any() else _static_time(cost, hs, static, cost.plan_s)
     if t_exit <= exit_bound(cost, R, _totals(cost, hs), _home_lb(cost, hs, resident), full):
         scores = torch.full((levels + 3,), float("inf"), dtype=torch.float64)
         scores[0] = t_exit
-        return layout(hs, static, []), (0, scores, True)
+        fields = layout_resident(torch.from_numpy(static), num_slots, align, hs.prev_RB)
+        return fields, (0, scores, True)
     built = [build(c, hs, levels) for c in table(levels)]
     alloc_CER = np.stack([a for a, _ in built])
     scores = _scores(cost, hs, alloc_CER, resident, cost.plan_s)
     best = int(torch.argmin(scores))  # the first least: the earlier candidate on ties
     return layout(hs, alloc_CER[best], built[best][1]), (best, scores, False)
+
+
+def _static_time(cost: StepCost, hs: HostStep, static: np.ndarray, plan_s: float) -> float:
+    """Static EP's predicted seconds charged ``plan_s`` (``StepCost.step_time``'s numpy form:
+    the same floats as :func:`_scores`, fewer calls for one allocation)."""
+    none = np.zeros(static.shape, dtype=bool)
+    t = cost.scaled(plan_s=plan_s).step_time(static, hs.counts, none, hs.home, planned=1)
+    return t.total_s
 
 
 def _scores(
