@@ -21,10 +21,15 @@ of two, one per way a candidate can differ from static EP:
   ``plan_s + lat + max(experts_lb, home_lb) + lat``. With no resident replica at all the
   only such plan is static EP itself, and the bound is its time charged ``plan_s``.
 
-``experts_lb`` is the experts phase of a perfectly balanced step: the slowest rank
-computes at least ``ceil(sum_e tile(T[e]) / R)`` padded rows (padding a split expert
-never pads less), and its weight reads and rows are at least the ranks' mean
-(``(weight_read_s * experts with records + row_mem_s * N) / R``). ``home_lb`` is the
+``experts_lb`` bounds the slowest rank's experts phase in any plan, from two facts. The
+ranks' padded rows add up to at least ``sum_e tile(T[e])`` (padding a split expert never
+pads less), and their weight reads and rows to at least ``weight_read_s * Z + row_mem_s *
+N``, ``Z`` the experts with records: the slowest rank is at least the mean of each. And
+every expert with records runs on some rank, so some rank runs at least ``k = ceil(Z / R)``
+of them, each at least one tile and one row: ``k * tile_rows`` padded rows and
+``k * (weight_read_s + row_mem_s)`` of weight reads and rows. At decode sizes, where
+every rank reads about ``E / R`` experts' weights, the second fact is the tight one.
+``home_lb`` is the
 largest roofline, over ranks, of their home experts that have no resident replica. Every
 term is a non-negative product of a rate and an integer, a ``max``, a mean or a sum; in
 real arithmetic each is at most the candidate's own term, and adding them in another order
@@ -79,9 +84,10 @@ def exit_bound(
         return math.inf
     tiles, busy, N = totals
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
-    flop_lb = (-(-tiles // R)) * cost.row_flop_s
+    k = -(-busy // R)
+    flop_lb = max(-(-tiles // R), k * cost.tile_rows) * cost.row_flop_s
     mem_lb = (busy * cost.weight_read_s + N * cost.row_mem_s) / R
-    experts_lb = max(flop_lb, mem_lb)
+    experts_lb = max(flop_lb, mem_lb, k * cost.weight_read_s + k * cost.row_mem_s)
     wait = cost.base_latency_s + copy_min_s(cost, R)
     if cost.overlap:
         copying = cost.plan_s + max(lat + experts_lb, wait) + lat
@@ -108,9 +114,13 @@ def exit_bound_torch(
     if R <= 1:
         return inf
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
-    flop_lb = ((tiles + (R - 1)) // R).to(torch.float64) * cost.row_flop_s
+    k = (busy + (R - 1)) // R
+    flop_lb = torch.maximum((tiles + (R - 1)) // R, k * cost.tile_rows)
+    flop_lb = flop_lb.to(torch.float64) * cost.row_flop_s
     mem_lb = busy.to(torch.float64) * cost.weight_read_s + N.to(torch.float64) * cost.row_mem_s
-    experts_lb = torch.maximum(flop_lb, mem_lb / R)
+    k_f = k.to(torch.float64)
+    per_k = k_f * cost.weight_read_s + k_f * cost.row_mem_s
+    experts_lb = torch.maximum(torch.maximum(flop_lb, mem_lb / R), per_k)
     wait = cost.base_latency_s + copy_min_s(cost, R)
     if cost.overlap:
         copying = cost.plan_s + torch.clamp(lat + experts_lb, min=wait) + lat
