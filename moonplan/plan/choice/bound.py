@@ -14,7 +14,11 @@ of two, one per way a candidate can differ from static EP:
   (``base_latency_s`` plus the cheapest copy over a link class the group has), and for
   the dispatch, a balanced experts phase and the combine:
   ``plan_s + max(lat + experts_lb, base + copy_min) + lat`` (overlapped schedule;
-  serially the copy is added to the rest);
+  serially the copy is added to the rest). With the overlapped schedule a copy reads its
+  expert's weights beside the sender's home rows (``StepCost``): a home expert with
+  records and no resident replica elsewhere costs its home rank one weight read whether
+  its rows stay or are copied away, so the experts phase is also at least
+  ``weight_read_s`` times the most such experts on one rank;
 * **it copies nothing** (static EP built in the full call among them): it only moves
   records to replicas resident in ``previous``'s slots, so an expert with no resident
   replica keeps all its records at home, and every rank runs at least those:
@@ -65,7 +69,7 @@ def copy_min_s(cost: StepCost, num_ranks: int) -> float:
 def exit_bound(
     cost: StepCost,
     num_ranks: int,
-    totals: tuple[int, int, int],
+    totals: tuple[int, int, int, int],
     home_lb: float,
     static_full: float | None,
 ) -> float:
@@ -74,7 +78,8 @@ def exit_bound(
     Args:
         cost: the model.
         num_ranks: ``R``.
-        totals: ``(sum_e tile(T[e]), experts with records, N)``.
+        totals: ``(sum_e tile(T[e]), experts with records, N, the most home experts
+            with records and no resident replica elsewhere on one rank)``.
         home_lb: ``home_lb`` seconds.
         static_full: static EP's time charged ``plan_s`` when ``previous`` holds no
             resident replica (the only copy-free plan), else ``None``.
@@ -82,7 +87,7 @@ def exit_bound(
     R = num_ranks
     if R <= 1:
         return math.inf
-    tiles, busy, N = totals
+    tiles, busy, N, kept = totals
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
     k = -(-busy // R)
     flop_lb = max(-(-tiles // R), k * cost.tile_rows) * cost.row_flop_s
@@ -90,17 +95,18 @@ def exit_bound(
     experts_lb = max(flop_lb, mem_lb, k * cost.weight_read_s + k * cost.row_mem_s)
     wait = cost.base_latency_s + copy_min_s(cost, R)
     if cost.overlap:
-        copying = cost.plan_s + max(lat + experts_lb, wait) + lat
+        reads = max(experts_lb, kept * cost.weight_read_s)
+        copying = cost.plan_s + max(lat + reads, wait) + lat
     else:
         copying = cost.plan_s + lat + experts_lb + lat + wait
-    kept = cost.plan_s + lat + max(experts_lb, home_lb) + lat
-    return min(copying, kept if static_full is None else static_full) * MARGIN
+    free = cost.plan_s + lat + max(experts_lb, home_lb) + lat
+    return min(copying, free if static_full is None else static_full) * MARGIN
 
 
 def exit_bound_torch(
     cost: StepCost,
     num_ranks: int,
-    totals: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    totals: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     home_lb: torch.Tensor,
     static_full: torch.Tensor,
     resident: torch.Tensor,
@@ -109,7 +115,7 @@ def exit_bound_torch(
     0-d ``home_lb`` and ``static_full``, bool 0-d ``resident``: ``previous`` holds a
     resident replica)."""
     R = num_ranks
-    tiles, busy, N = totals
+    tiles, busy, N, kept = totals
     inf = torch.full((), math.inf, dtype=torch.float64, device=tiles.device)
     if R <= 1:
         return inf
@@ -123,8 +129,9 @@ def exit_bound_torch(
     experts_lb = torch.maximum(torch.maximum(flop_lb, mem_lb / R), per_k)
     wait = cost.base_latency_s + copy_min_s(cost, R)
     if cost.overlap:
-        copying = cost.plan_s + torch.clamp(lat + experts_lb, min=wait) + lat
+        reads = torch.maximum(experts_lb, kept.to(torch.float64) * cost.weight_read_s)
+        copying = cost.plan_s + torch.clamp(lat + reads, min=wait) + lat
     else:
         copying = cost.plan_s + lat + experts_lb + lat + wait
-    kept = cost.plan_s + lat + torch.maximum(experts_lb, home_lb) + lat
-    return torch.minimum(copying, torch.where(resident, kept, static_full)) * MARGIN
+    free = cost.plan_s + lat + torch.maximum(experts_lb, home_lb) + lat
+    return torch.minimum(copying, torch.where(resident, free, static_full)) * MARGIN

@@ -97,7 +97,9 @@ def choose_host(
     static = hs.static()
     t_exit = _static_time(cost, hs, static, cost.exit_s)
     full = None if resident.any() else _static_time(cost, hs, static, cost.plan_s)
-    if t_exit <= exit_bound(cost, R, _totals(cost, hs), _home_lb(cost, hs, resident), full):
+    if t_exit <= exit_bound(
+        cost, R, _totals(cost, hs, resident), _home_lb(cost, hs, resident), full
+    ):
         scores = torch.full((levels + 3,), float("inf"), dtype=torch.float64)
         scores[0] = t_exit
         fields = layout_resident(torch.from_numpy(static), num_slots, align, hs.prev_RB)
@@ -152,10 +154,14 @@ def construct(hs: HostStep, target: list[int], replay: bool) -> tuple[list[Flow]
     return host_alloc(hs.load, target, hs.total.tolist(), hs.edges, warm, previous_flows(prev_F3))
 
 
-def _totals(cost: StepCost, hs: HostStep) -> tuple[int, int, int]:
+def _totals(cost: StepCost, hs: HostStep, resident: np.ndarray) -> tuple[int, int, int, int]:
+    """``bound``'s totals: tiles, experts with records, records, and the most home experts
+    with records and no resident replica elsewhere on one rank."""
     t = cost.tile_rows
     T = hs.total
-    return int((-(-T // t) * t).sum()), int((T > 0).sum()), int(T.sum())
+    kept = (T > 0) & ~resident.any(1)
+    busy = np.bincount(hs.home, kept, minlength=len(hs.load))
+    return int((-(-T // t) * t).sum()), int((T > 0).sum()), int(T.sum()), int(busy.max())
 
 
 def _home_lb(cost: StepCost, hs: HostStep, resident: np.ndarray) -> float:

@@ -97,11 +97,11 @@ def _bound(
 ) -> torch.Tensor:
     """float64 0-d: ``bound.exit_bound_torch`` of this step."""
     R = resident_ER.shape[1]
-    totals = (_padded(cost, T_E).sum(), (T_E > 0).sum(), T_E.sum())
     kept_E = torch.where(resident_ER.any(1), 0, T_E)  # experts with no resident replica
     zero_R = torch.zeros(R, dtype=torch.int64, device=T_E.device)
     parts = (_padded(cost, kept_E), (kept_E > 0).long(), kept_E)
     sums = [zero_R.index_add(0, home_E, x) for x in parts]
+    totals = (_padded(cost, T_E).sum(), (T_E > 0).sum(), T_E.sum(), sums[1].max())
     home_lb = _roofline(cost, *(x[None] for x in sums))[0].amax()
     return exit_bound_torch(cost, R, totals, home_lb, static_full, resident_ER.any())
 
