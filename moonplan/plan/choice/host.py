@@ -104,7 +104,7 @@ def choose_host(
         scores[0] = t_exit
         fields = layout_resident(torch.from_numpy(static), num_slots, align, hs.prev_RB)
         return fields, (0, scores, True)
-    built = [build(c, hs, levels) for c in table(levels)]
+    built = build_all(hs, levels)
     alloc_CER = np.stack([a for a, _ in built])
     scores = _scores(cost, hs, alloc_CER, resident, cost.plan_s)
     best = int(torch.argmin(scores))  # the first least: the earlier candidate on ties
@@ -132,6 +132,32 @@ def _scores(
     return batch_step_time(cost, counts, alloc, fetch, torch.from_numpy(hs.home), plan_C).total_s
 
 
+def build_all(hs: HostStep, levels: int) -> list[tuple[np.ndarray, list[Flow]]]:
+    """Every candidate's :func:`build`, in table order; a construction towards targets
+    (and a replay choice) already built is not built again (the same plan: levels whose
+    caps round to the same targets, or equal the exact targets)."""
+    done: dict[tuple[tuple[int, ...], bool], tuple[np.ndarray, list[Flow]]] = {}
+    caps = level_caps(hs.load, levels)
+    out = []
+    for c in table(levels):
+        if not c.constructs:
+            out.append(build(c, hs, levels))
+            continue
+        target = _target(c, hs, caps)
+        key = (tuple(target), c.kind != "greedy")
+        if key not in done:
+            done[key] = construct(hs, target, replay=key[1])[::-1]
+        out.append(done[key])
+    return out
+
+
+def _target(c: Candidate, hs: HostStep, caps: list[int]) -> list[int]:
+    """A construction candidate's per-rank targets (``caps``: the levels' caps)."""
+    if c.kind == "level":
+        return water_fill(hs.load, caps[c.level - 1])
+    return targets_list(sum(hs.load), len(hs.load))
+
+
 def build(c: Candidate, hs: HostStep, levels: int) -> tuple[np.ndarray, list[Flow]]:
     """A candidate's allocation ``[E, R]`` and its construction's flows (reference's)."""
     if c.kind == "static":
@@ -139,10 +165,7 @@ def build(c: Candidate, hs: HostStep, levels: int) -> tuple[np.ndarray, list[Flo
     if c.kind == "resident":
         counts = torch.from_numpy(hs.counts)
         return resident_torch(counts, hs.prev_RB, torch.from_numpy(hs.home)).numpy(), []
-    target = targets_list(sum(hs.load), len(hs.load))
-    if c.kind == "level":
-        target = water_fill(hs.load, level_caps(hs.load, levels)[c.level - 1])
-    flows, alloc = construct(hs, target, replay=c.kind != "greedy")
+    flows, alloc = construct(hs, _target(c, hs, level_caps(hs.load, levels)), c.kind != "greedy")
     return alloc, flows
 
 
