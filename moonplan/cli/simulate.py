@@ -6,6 +6,8 @@ and EP size (see ``moonplan.simulate`` and ``docs/simulator.md``).
     moonplan simulate --model deepseek-v3 --hardware h200-multinode --ep 8,64 --sigma 0,1,2
     moonplan simulate --maxvio 0.5,1,2 --plot sweep.png --json
     moonplan simulate --counts trace.npy --model mixtral-8x7b      # a recorded [T, R, E] trace
+    moonplan simulate --counts moonplan/traces/data/decode-l1.npz --model olmoe-1b-7b
+    moonplan simulate --persistent 0                               # drift only (the earlier law)
     moonplan simulate --break-even --ep 8 --sigma 1                # tokens/rank where copying pays
     moonplan simulate --serial-prefetch                            # the old serial fetch schedule
     moonplan simulate --dispatch host                              # a row per (token, host)
@@ -19,18 +21,30 @@ import json
 import sys
 from typing import Any
 
+from moonplan.baselines.eplb import DEPLOYED_PERIOD, DEPLOYED_WINDOW
 from moonplan.baselines.registry import info, names
 from moonplan.cli.args import add_subcommand, float_range, int_range
 from moonplan.cli.cost import preset_name
+from moonplan.simulate.acceptance import recorded_options
 from moonplan.simulate.model_time import SimConfig, default_plan_us
 from moonplan.simulate.models import get_model
 from moonplan.simulate.progress import ProgressBar
 from moonplan.simulate.report import break_even_table, detail_table, sweep_table, trend_table
-from moonplan.simulate.sweep import TOKEN_GRID, SweepSpec, break_even, simulate_trace, sweep
+from moonplan.simulate.sweep import (
+    MEASURED_STEPS,
+    TOKEN_GRID,
+    WARMUP_STEPS,
+    SweepSpec,
+    break_even,
+    policy_options,
+    simulate_trace,
+    sweep,
+)
 from moonplan.simulate.trends import deepspeed_trend, gshard_trend
 from moonplan.simulate.workload import recorded_counts
 from moonplan.stepcost.hardware import HARDWARE, get_hardware
 from moonplan.stepcost.traffic import SCHEMES
+from moonplan.traces.persistence import PERSISTENT_SHARE
 
 
 def _list(kind: Any) -> Any:
@@ -50,7 +64,8 @@ def _list(kind: Any) -> Any:
 HELP = "estimate per-step MoE time of each balancing policy (sweeps skew and EP size)"
 DESCRIPTION = (
     "Roofline + communication model of one MoE layer step for static EP, "
-    "capacity, EPLB, the MoonEP greedy and moonplan (see docs/simulator.md)."
+    "capacity, EPLB (as deployed, and every 4 steps with its moves charged), the MoonEP "
+    "greedy and moonplan (see docs/simulator.md)."
 )
 
 
@@ -81,13 +96,33 @@ def register(subparsers: Any) -> None:
         "--tokens", type=int, default=4096, help="tokens per rank per step (default 4096)"
     )
     p.add_argument(
-        "--steps", type=int_range(1), default=4, help="measured steps per point (default 4)"
+        "--steps",
+        type=int_range(1),
+        default=MEASURED_STEPS,
+        help=f"measured steps per point (default {MEASURED_STEPS}; with --counts the last ones)",
     )
     p.add_argument(
-        "--warmup", type=int_range(0), default=4, help="steps run before measuring (default 4)"
+        "--warmup",
+        type=int_range(0),
+        default=WARMUP_STEPS,
+        help=f"steps run before measuring (default {WARMUP_STEPS}; --counts: the steps before "
+        "the measured ones)",
     )
     p.add_argument(
         "--rho", type=float_range(-1, 1), default=0.99, help="step-to-step drift correlation"
+    )
+    p.add_argument(
+        "--persistent",
+        type=float_range(0, 1),
+        default=PERSISTENT_SHARE,
+        help=f"persistent share of the log-popularity's variance (default {PERSISTENT_SHARE}, "
+        "measured on real routing; 0: drift only, the earlier model)",
+    )
+    p.add_argument(
+        "--slots",
+        type=int_range(0),
+        default=None,
+        help="redundant slots per rank for moonplan and EPLB (default: each one's own)",
     )
     p.add_argument("--seed", type=int_range(0), default=0)
     p.add_argument("--exact", action="store_true", help="exact top-k sampling (slow at scale)")
@@ -116,7 +151,18 @@ def register(subparsers: Any) -> None:
         help="the old serial schedule (fetch, then dispatch) instead of the overlapped one",
     )
     p.add_argument(
-        "--eplb-period", type=int_range(1), default=4, help="EPLB rearrangement period (steps)"
+        "--eplb-period",
+        type=int_range(1),
+        default=None,
+        help=f"deployed EPLB's rearrangement period in steps (default {DEPLOYED_PERIOD}; "
+        "--counts: half the warm-up)",
+    )
+    p.add_argument(
+        "--eplb-window",
+        type=int_range(1),
+        default=None,
+        help=f"deployed EPLB's window in steps (default {DEPLOYED_WINDOW}; --counts: half the "
+        "warm-up)",
     )
     p.add_argument(
         "--eplb-groups", type=int_range(1), default=1, help="expert groups for hierarchical EPLB"
@@ -161,7 +207,9 @@ def _spec(args: argparse.Namespace) -> SweepSpec:
         model=args.model, hardware=args.hardware, ranks=tuple(args.ep), sigmas=tuple(args.sigma),
         maxvios=None if args.maxvio is None else tuple(args.maxvio), tokens=args.tokens,
         policies=tuple(args.policies), steps=args.steps, warmup=args.warmup, rho=args.rho,
-        seed=args.seed, eplb_period=args.eplb_period, eplb_groups=args.eplb_groups,
+        persistent=args.persistent, seed=args.seed, slots=args.slots,
+        eplb_window=args.eplb_window or DEPLOYED_WINDOW,
+        eplb_period=args.eplb_period or DEPLOYED_PERIOD, eplb_groups=args.eplb_groups,
         exact=args.exact,
     )  # fmt: skip
 
@@ -217,15 +265,26 @@ def _run(
         ]  # fmt: skip
         return {"break_even": results}
     if args.counts:
-        counts = recorded_counts(args.counts)
-        model, hw = get_model(spec.model), get_hardware(spec.hardware)
-        warmup = min(spec.warmup, counts.shape[0] - 1)
-        rows = simulate_trace(
-            counts, model, hw, cfg, spec.policies, warmup=warmup,
-            eplb_period=spec.eplb_period, eplb_groups=spec.eplb_groups,
-        )  # fmt: skip
-        return {"rows": [{**r, "sigma": None, "maxvio_target": None} for r in rows]}
+        return {"rows": _recorded(args, spec, cfg)}
     return {"rows": sweep(spec, cfg, progress)}
+
+
+def _recorded(args: argparse.Namespace, spec: SweepSpec, cfg: SimConfig) -> list[dict[str, Any]]:
+    """Rows of a recorded trace: its last ``--steps`` steps measured (a trace no longer than
+    that: all but its first ``--warmup``, at least one measured), the deployed EPLB's schedule
+    fitted to the steps before them unless ``--eplb-window``/``--eplb-period`` are given."""
+    counts = recorded_counts(args.counts)
+    model, hw = get_model(spec.model), get_hardware(spec.hardware)
+    T, R, _ = counts.shape
+    warmup = T - spec.steps if T > spec.steps else min(spec.warmup, T - 1)
+    eplb = recorded_options(T, T - warmup)
+    if args.eplb_window or args.eplb_period:
+        w = args.eplb_window or DEPLOYED_WINDOW
+        eplb = {"eplb_window": w, "eplb_period": args.eplb_period or DEPLOYED_PERIOD,
+                "eplb_first": w}  # fmt: skip
+    opts = policy_options(hw, R, groups=spec.eplb_groups, slots=spec.slots, eplb=eplb)
+    rows = simulate_trace(counts, model, hw, cfg, spec.policies, warmup=warmup, options=opts)
+    return [{**r, "sigma": None, "maxvio_target": None} for r in rows]
 
 
 def _text(report: dict[str, Any], detail: bool) -> str:

@@ -24,17 +24,18 @@ Legend:
   (step_total_s - step_plan_s) - the next lag - 1 steps' total_s)`` (``background_s``
   its construction equivalents times ``SimConfig.search_us``, by default ``plan_us``)
   is charged as planning on the critical path (:func:`background_wait_s`);
-* **refill** (``moonplan-refresh``'s background slot refill, ``PolicyStep.refill_ER``):
-  unlike EPLB's moves, charged. The copies take their link time alone on the links
-  (``StepCost``'s fetch without dispatch); they run beside the step but overlap only its
-  experts phase, when the links carry no dispatch or combine; the rest is exposed and
-  added to the step (:func:`with_refill`: ``prefetch_s`` gains the link time,
+* **background copies** (``moonplan-refresh``'s slot refill, ``PolicyStep.refill_ER``;
+  EPLB's rearrangement moves, ``PolicyStep.background_C2``, a share
+  ``background_share`` of them beside this step): charged. The copies take their link time
+  alone on the links (``StepCost``'s fetch without dispatch: :func:`moves_link_s`, the same
+  rates and the same busiest-link rule as moonplan's fetch); they run beside the step but
+  overlap only its experts phase, when the links carry no dispatch or combine; the rest is
+  exposed and added to the step (:func:`with_refill`: ``prefetch_s`` gains the link time,
   ``prefetch_exposed_s`` and ``total_s`` the exposed part);
 * **fetch** (prefetch and direct reads): the weights a policy moves before its rows can
-  run (``PolicyStep.fetch_ER``; EPLB's periodic moves are in the background and cost
-  nothing here). ``SimConfig.overlap_prefetch=True`` (default: moonplan's runtime
-  schedule) overlaps the fetch with dispatch and the home section; ``False`` puts it
-  on the critical path alone;
+  run (``PolicyStep.fetch_ER``). ``SimConfig.overlap_prefetch=True`` (default: moonplan's
+  runtime schedule) overlaps the fetch with dispatch and the home section; ``False`` puts
+  it on the critical path alone;
 * **dispatch**, **experts**, **combine**: see ``StepCost``.
 
 The **force-balanced ideal** (:func:`ideal_time`) is the same model with every rank
@@ -50,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from moonplan.baselines.policies import refill_link_s
@@ -58,6 +60,7 @@ from moonplan.baselines.registry import infos
 from moonplan.cost import ModelPreset
 from moonplan.simulate.dispatch_rows import scheme_step_traffic
 from moonplan.stepcost import Hardware, StepCost, StepTime
+from moonplan.stepcost.traffic import pair_traffic
 
 
 def default_plan_us() -> dict[str, float]:
@@ -152,9 +155,25 @@ def step_time(
     t = cost.step_time(
         step.rows_ER, step.sent_RE, fetch_ER, src_E, planned=step.planned, traffic=traffic
     )
-    if step.refill_ER is not None:
-        t = with_refill(t, refill_link_s(record, step.refill_ER, src_E))
+    link_s = 0.0 if step.refill_ER is None else refill_link_s(record, step.refill_ER, src_E)
+    if step.background_C2.shape[0]:
+        link_s += step.background_share * moves_link_s(record, step.background_C2, R)
+    if link_s > 0:
+        t = with_refill(t, link_s)
     return with_wait(t, background_wait_s(step, t, cfg)) if background else t
+
+
+def moves_link_s(cost: StepCost, moves_C2: torch.Tensor, num_ranks: int) -> float:
+    """Seconds the weight copies ``moves_C2`` (int64 ``[C, 2]``, ``(source, destination)``)
+    take alone on the links: ``StepCost``'s fetch rule (base latency plus the busiest rank's
+    busiest link direction, NVLink and network in parallel, sends and receives full duplex),
+    each copy from its own source (0 when there is none)."""
+    if moves_C2.shape[0] == 0:
+        return 0.0
+    traffic = pair_traffic(moves_C2, num_ranks, cost.domain_size(num_ranks))
+    intra_R = np.maximum(traffic.send_intra_R, traffic.recv_intra_R) * cost.copy_s_intra
+    inter_R = np.maximum(traffic.send_inter_R, traffic.recv_inter_R) * cost.copy_s_inter
+    return cost.base_latency_s + float(np.maximum(intra_R, inter_R).max())
 
 
 def with_refill(t: StepTime, link_s: float) -> StepTime:

@@ -23,7 +23,10 @@ from moonplan.simulate.acceptance import (
     acceptance_point,
     classify,
     failures,
+    recorded_options,
     run_acceptance,
+    run_recorded,
+    standings,
     worst,
 )
 from moonplan.simulate.model_time import SimConfig, step_time
@@ -155,7 +158,52 @@ def test_classify_by_hand() -> None:
     assert classify({**row, "vs_peers_inline": 1.0, "vs_peers_chosen_only": 1.0}) == "planning"
     assert classify({**row, "us": {**us, "moonplan-resident": 101.0}}) == "myopia"
     assert classify({**row, "us": {**us, "static-linear": 100.5}}) == "static"
+    assert classify({**row, "us": {**us, "static-round-robin": 100.5}}) == "static"
     assert classify({**row, "us": {**us, "moonep-greedy": 100.0}}) == "greedy"
+    assert classify({**row, "us": {**us, "moonplan": 100.0}}) == "greedy"
+    assert classify({**row, "us": {**us, "eplb-fast": 100.0}}) == "eplb"  # both EPLB models
+
+
+def test_peers_are_the_ones_auto_is_judged_against() -> None:
+    """Issue 22's peers: static (both placements), EPLB (both models), the greedy, moonplan
+    exact and resident."""
+    assert PEERS == ("static-linear", "static-round-robin", "eplb", "eplb-fast",
+                     "moonep-greedy", "moonplan", "moonplan-resident")  # fmt: skip
+    grid = AcceptanceGrid()
+    assert grid.steps >= 32 and grid.warmup >= 8
+
+
+def test_standings_count_wins_and_the_worst_ratio_by_hand() -> None:
+    # the third point did not run c: it is left out
+    rows = [{"us": {"a": 100.0, "b": 100.0, "c": 150.0}},
+            {"us": {"a": 120.0, "b": 100.0, "c": 110.0}},
+            {"us": {"a": 90.0, "b": 100.0}}]  # fmt: skip
+    got = {r["policy"]: r for r in standings(rows, ("a", "b", "c"))}
+    assert [got[p]["wins"] for p in "abc"] == [1, 2, 0]  # a tie counts for both
+    assert got["a"]["worst"] == pytest.approx(1.2) and got["c"]["worst"] == pytest.approx(1.5)
+    assert got["b"]["worst"] == 1.0 and got["a"]["points"] == 2
+    assert got["c"]["geomean"] == pytest.approx((1.5 * 1.1) ** 0.5)
+    with pytest.raises(ValueError, match="no point"):
+        standings(rows[2:], ("a", "b", "c"))
+
+
+def test_recorded_traces_are_judged_alike() -> None:
+    """A recorded trace: its last steps measured, EPLB's schedule fitted before them."""
+    assert recorded_options(100, 32) == {"eplb_window": 34, "eplb_period": 34, "eplb_first": 34}
+    counts = drifting_counts(8, 256, 64, 8, sigma=1.0, steps=40, seed=3)
+    rows = run_recorded({"toy": counts}, "deepseek-v3", ("h200-node",), steps=8,
+                        policies=("static-linear", "eplb", AUTO))  # fmt: skip
+    (row,) = rows
+    assert row["trace"] == "toy" and row["sigma"] is None and row["ranks"] == 8
+    assert row["tokens"] == pytest.approx(64.0) and set(row["us"]) == {
+        "static-linear",
+        "eplb",
+        AUTO,
+    }
+    assert row["vs_peers"] == pytest.approx(row["us"][AUTO] / min(row["us"]["static-linear"],
+                                                                  row["us"]["eplb"]))  # fmt: skip
+    with pytest.raises(ValueError, match="more than"):
+        run_recorded({"toy": counts[:8]}, "deepseek-v3", ("h200-node",), steps=8)
 
 
 # The reduced grid CI runs (the full grid is bench/bench_auto_sweep.py): one model on the

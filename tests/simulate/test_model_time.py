@@ -17,6 +17,7 @@ from moonplan.simulate.model_time import (
     background_wait_s,
     ideal_time,
     mean_time,
+    moves_link_s,
     named_waits,
     step_time,
 )
@@ -219,6 +220,59 @@ def test_refill_is_hidden_behind_the_experts_phase_and_the_rest_exposed() -> Non
         )
         assert (exposed > 0) == (rows == 1) and step.new_copies == 1
     assert refill_link_s(cost, torch.zeros(16, 16, dtype=torch.bool), src_E) == 0.0
+
+
+def test_eplb_moves_are_charged_like_moonplans_copies() -> None:
+    """EPLB's background moves: their link time by moonplan's fetch rule (the same seconds
+    as a refill of the same copies from the same sources), a ``background_share`` of it
+    beside the step, hidden behind the experts phase, the rest exposed."""
+    multi = get_hardware("h200-multinode")
+    model = toy(16, hidden=1024, ffn=1024)
+    cfg = SimConfig(plan_us={})
+    cost = cfg.step_cost(model, multi)
+    src_E = torch.arange(16)
+    moves = torch.tensor([[0, 9], [1, 9], [2, 3]])  # two across nodes into rank 9, one inside
+    refill = torch.zeros(16, 16, dtype=torch.bool)
+    refill[0, 9] = refill[1, 9] = refill[2, 3] = True
+    link = moves_link_s(cost, moves, 16)
+    assert link == pytest.approx(refill_link_s(cost, refill, src_E), rel=1e-12)
+    one_expert = 3 * 1024 * 1024 * 2
+    assert link == pytest.approx(multi.base_latency_s + 2 * one_expert / multi.net_effective)
+    counts = torch.zeros(16, 16, dtype=torch.int64)
+    counts[0, 0] = 1
+    alloc = torch.diag(counts.sum(0))
+    base = step_time(make_step("eplb", counts, alloc), model, multi, cfg)
+    for share in (1.0, 0.25, 1e-6):
+        step = make_step("eplb", counts, alloc, background_C2=moves, background_share=share)
+        t = step_time(step, model, multi, cfg)
+        exposed = max(0.0, share * link - base.experts_s)
+        assert t.total_s == pytest.approx(base.total_s + exposed, rel=1e-12)
+        assert t.prefetch_s == pytest.approx(share * link)
+        assert step.new_copies == pytest.approx(3 * share)
+    assert moves_link_s(cost, torch.zeros(0, 2, dtype=torch.int64), 16) == 0.0
+
+
+def test_a_trace_whose_placement_changes_costs_more_than_one_whose_does_not() -> None:
+    """``eplb-fast`` on two traces with the same loads each step: one hot expert that stays,
+    or one that moves to another rank every 4 steps. The moving one re-places, and its
+    moves are charged (exposed at decode size, where the experts phase hides little)."""
+    from moonplan.simulate.sweep import simulate_trace
+
+    model, hw = toy(16, top_k=1, hidden=1024, ffn=1024), get_hardware("h200-multinode")
+    R, E, T = 16, 16, 24
+
+    def trace(moving: bool) -> torch.Tensor:
+        out = torch.ones(T, R, E, dtype=torch.int64)
+        for step in range(T):
+            hot = (step // 4) % 2 * 8 if moving else 0
+            out[step, :, hot] = 8
+        return out
+
+    rows = {m: simulate_trace(trace(m), model, hw, SimConfig(plan_us={}), ["eplb-fast"],
+                              warmup=8)[0] for m in (False, True)}  # fmt: skip
+    assert rows[False]["prefetch_us"] == 0.0 and rows[False]["moved_mb"] == 0.0
+    assert rows[True]["moved_mb"] > 0 and rows[True]["prefetch_exposed_us"] > 0
+    assert rows[True]["total_us"] > rows[False]["total_us"] + rows[True]["prefetch_exposed_us"] / 2
 
 
 def test_the_background_search_runs_at_its_own_host_rate() -> None:
