@@ -1,8 +1,10 @@
 """Acceptance sweep of ``moonplan-auto`` in the simulator, and serial vs overlapped (``WHY``).
 
 Legend: R ranks (EP size), S tokens per rank, sigma lognormal skew; ``vs peers`` is
-moonplan-auto's mean step time over the least of static-linear, EPLB, the MoonEP greedy
-and moonplan-resident on the same trace; ``/ideal`` over the force-balanced ideal.
+moonplan-auto's mean step time over the least of its peers (``acceptance.PEERS``: static EP
+linear and round-robin, EPLB as deployed and every 4 steps with its moves charged, the
+MoonEP greedy, moonplan exact and resident) on the same trace; ``/ideal`` over the
+force-balanced ideal.
 
 Runs, in one process (``moonplan.simulate.acceptance``):
 
@@ -13,14 +15,20 @@ Runs, in one process (``moonplan.simulate.acceptance``):
    path, its excess over the step charged), ``moonplan-auto-inline`` (the search on the
    critical path) and ``moonplan-refresh`` (resident slots refilled in the background,
    modelled only: not in the runtime) run beside it on the same traces, not counted;
-2. the reference settings (DeepSeek-V3: EP 8 decode and 4096 tokens, EP 64) with the
+2. per policy of the peers and auto: the points it wins (the best of them; ties count for
+   each) and its worst and geometric-mean ratio to the best (``acceptance.standings``);
+3. the same on the shipped real traces (``moonplan.traces.real``: 12 traces of a trained
+   model, 8 ranks, timed as OLMoE-1B-7B on the three hardware presets: 36 points,
+   ``acceptance.run_recorded``);
+4. the reference settings (DeepSeek-V3: EP 8 decode and 4096 tokens, EP 64) with the
    serial schedule (fetch, then dispatch: the old one) and the overlapped one side by
    side: step time / ideal per policy, and moonplan's prefetch (total and exposed).
 
 Writes ``bench/results/bench_auto_sweep.json`` and ``.md``.
 
-    python bench/bench_auto_sweep.py            # full grid (3-13 minutes on 2 shared CPUs)
-    python bench/bench_auto_sweep.py --quick    # 24 points, 20 s
+    OMP_NUM_THREADS=1 python bench/bench_auto_sweep.py          # everything (docs/simulator.md)
+    python bench/bench_auto_sweep.py --quick    # 24 points, the real traces' decode only
+    python bench/bench_auto_sweep.py --no-real  # the generated grid only
     python bench/bench_auto_sweep.py --paths --out ...  # CPU time of auto's paths
     python bench/bench_auto_sweep.py --horizons 1,2,4,8,16 --out ...  # the horizon study:
         # auto on HORIZON_GRID (8 measured steps) per StepCost.horizon, peers run once
@@ -46,6 +54,7 @@ from moonplan.plan.search import search
 from moonplan.simulate.acceptance import (
     AUTO,
     CLASSES,
+    EPLB_MODELS,
     IDEAL_BAR,
     IDEAL_POINT,
     INLINE,
@@ -56,16 +65,20 @@ from moonplan.simulate.acceptance import (
     classify,
     failures,
     run_acceptance,
+    run_recorded,
+    standings,
     worst,
 )
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import get_model
 from moonplan.simulate.progress import ProgressBar
+from moonplan.simulate.report import label as policy_label
 from moonplan.simulate.sweep import SweepSpec, spec_point
 from moonplan.simulate.workload import drifting_counts
 from moonplan.stepcost import Hardware, StepCost
 from moonplan.stepcost.hardware import get_hardware
 from moonplan.stepcost.step_cost import DEFAULT_HORIZON
+from moonplan.traces.real import KINDS, real_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = AcceptanceGrid(models=("deepseek-v3",), hardware=("h200-node", "h200-multinode"),
@@ -75,7 +88,11 @@ HORIZON_GRID = AcceptanceGrid(models=("deepseek-v3", "kimi-k3-like"),
                               ranks=(8, 16, 64), sigmas=(1.0, 2.0), tokens=(64, 1024, 4096),
                               steps=8)  # fmt: skip
 """Where the horizon matters (skewed routing, decode to prefill sizes), measured longer."""
-WHY_POLICIES = ("static-linear", "eplb", "moonep-greedy", "moonplan", "moonplan-resident", AUTO)
+WHY_POLICIES = ("static-linear", "eplb", "eplb-fast", "moonep-greedy", "moonplan",
+                "moonplan-resident", AUTO)  # fmt: skip
+REAL_MODEL = "olmoe-1b-7b"
+"""The model preset the real traces are timed as (64 experts, top-8, as the traced model)."""
+REAL_HARDWARE = ("h200-node", "h20-node", "h200-multinode")
 WHY = (  # (label, hardware, EP, sigma, tokens per rank)
     ("EP8 decode S=16", "h200-node", 8, 1.0, 16),
     ("EP8 decode S=128", "h200-node", 8, 1.0, 128),
@@ -83,8 +100,9 @@ WHY = (  # (label, hardware, EP, sigma, tokens per rank)
     ("EP8 S=4096 sigma 1", "h200-node", 8, 1.0, 4096),
     ("EP64 multinode S=4096 sigma 1", "h200-multinode", 64, 1.0, 4096),
 )
-SHORT = {"static-linear": "static", "moonep-greedy": "greedy", "moonplan-resident": "resident",
-         "moonplan-auto": "auto", INLINE: "inline", REFRESH: "refresh"}  # fmt: skip
+SHORT = {"static-linear": "static", "static-round-robin": "rr", "moonep-greedy": "greedy",
+         "moonplan-resident": "resident", "moonplan-auto": "auto", INLINE: "inline",
+         REFRESH: "refresh"}  # fmt: skip
 
 
 def table(header: list[str], lines: list[list[str]]) -> str:
@@ -187,34 +205,54 @@ def by_tokens(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def causes(rows: list[dict[str, Any]]) -> list[str]:
-    """Points above the bar by cause (``acceptance.classify``), and the EPLB-only points'
-    background moves: what they would cost per step if they sat on the links of the step."""
+    """Points above the bar by cause (``acceptance.classify``), and at the EPLB-only points
+    which EPLB model is the best peer and how far auto is."""
     by: Counter[str] = Counter(classify(r) for r in rows)
     out = [table(["cause", "points"], [[c, str(by[c])] for c in CLASSES]), ""]
     only = [r for r in rows if classify(r) == "eplb"]
     if not only:
         return out
-    lines = []
-    for r in only:
-        hw = get_hardware(r["hardware"])
-        link_us = r["moved_mb"]["eplb"] * 1e6 / r["ranks"] / hw.nvlink_effective * 1e6
-        lines.append((r["vs_peers"], r["us"][AUTO] - r["best_peer_us"], link_us,
-                      r["moved_mb"]["eplb"]))  # fmt: skip
-    med = [sorted(x[i] for x in lines)[len(lines) // 2] for i in range(4)]
-    fits = sum(x[2] <= x[1] for x in lines)
-    refresh = sorted(r["us"][REFRESH] / r["us"]["eplb"] for r in only if REFRESH in r["us"])
-    out += [f"EPLB-only points: {len(only)}; auto / EPLB median {med[0]:.3f}, worst "
-            f"{max(x[0] for x in lines):.3f}; auto - EPLB median {med[1]:.0f} us; EPLB moves "
-            f"{med[3]:.0f} MB per step in the background (median), {med[2]:.0f} us of one rank's "
-            f"NVLink if spread over the ranks; at {fits} of them that link time is below the "
-            "gap (moving the same bytes in the background could close it)", ""]  # fmt: skip
-    if refresh:
-        ok = sum(r.get("vs_peers_refresh", 9.0) <= PEER_BAR for r in only)
-        out += [f"moonplan-refresh (background refill, charged) at these points: refresh / EPLB "
-                f"median {refresh[len(refresh) // 2]:.3f}, best {refresh[0]:.3f}, worst "
-                f"{refresh[-1]:.3f}; within {PEER_BAR}x the best peer at {ok} of {len(only)}",
-                ""]  # fmt: skip
+    best: Counter[str] = Counter(r["best_peer"] for r in only)
+    ratio = sorted(r["vs_peers"] for r in only)
+    out += [f"EPLB-only points: {len(only)} (best peer: "
+            f"{', '.join(f'{p} {best[p]}' for p in EPLB_MODELS)}); auto / best EPLB median "
+            f"{ratio[len(ratio) // 2]:.3f}, worst {ratio[-1]:.3f}", ""]  # fmt: skip
     return out
+
+
+def standings_markdown(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> str:
+    """Per policy: points won among ``policies``, worst and geometric-mean ratio to the best."""
+    got = standings(rows, policies)
+    head = ["policy", "points won (of " + str(got[0]["points"]) + ")", "worst / best",
+            "geometric mean / best"]  # fmt: skip
+    lines = [[policy_label(g["policy"]), str(g["wins"]), f"{g['worst']:.3f}", f"{g['geomean']:.3f}"]
+             for g in got]  # fmt: skip
+    return table(head, lines)
+
+
+def recorded_lines(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> list[list[str]]:
+    """One line per recorded trace and hardware: each policy's step time / the best's."""
+    out = []
+    for r in rows:
+        best = min(r["us"][p] for p in policies)
+        out.append([r["trace"], r["hardware"], f"{r['tokens']:.0f}",
+                    *[f"{r['us'][p] / best:.3f}" for p in policies]])  # fmt: skip
+    return out
+
+
+def real_part(cfg: SimConfig, kinds: tuple[str, ...]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The real traces' rows and their Markdown (standings and every trace)."""
+    t0 = time.time()
+    policies = (*PEERS, AUTO)
+    rows = run_recorded(real_traces(kinds), REAL_MODEL, REAL_HARDWARE, cfg, policies,
+                        progress=ProgressBar())  # fmt: skip
+    head = ["trace", "hardware", "tokens/rank", *[policy_label(p) for p in policies]]
+    md = [f"### The shipped real traces ({len(rows)} points: {REAL_MODEL} on "
+          f"{', '.join(REAL_HARDWARE)}; the last 32 steps measured, {time.time() - t0:.0f} s)",
+          "", standings_markdown(rows, policies), "",
+          "Each policy's step time over the best of them:", "",
+          table(head, recorded_lines(rows, policies)), ""]  # fmt: skip
+    return rows, md
 
 
 def why(cfg_by_name: dict[str, SimConfig], steps: int, warmup: int) -> list[dict[str, Any]]:
@@ -331,9 +369,15 @@ def main() -> None:
     ap.add_argument("--horizons", default="", help="e.g. 1,2,4,8,16: the horizon study instead")
     ap.add_argument("--steps", type=int, default=0, help="measured steps per point (0: grid's)")
     ap.add_argument("--paths", action="store_true", help="time auto's paths instead")
-    ap.add_argument("--search-us", type=float, default=None,
-                    help="host us a construction, background search (default plan_us)")  # fmt: skip
-    args = ap.parse_args()
+    ap.add_argument(
+        "--search-us",
+        type=float,
+        default=None,
+        help="host us a construction, background search (default plan_us)",
+    )
+    ap.add_argument("--no-real", action="store_true", help="skip the shipped real traces")
+    ap.add_argument("--real-only", action="store_true", help="only the shipped real traces")
+    args = ap.parse_args()  # fmt: skip
     if args.paths:
         t0 = time.time()
         rows = path_costs()
@@ -346,12 +390,21 @@ def main() -> None:
         result = {"grid": grid.__dict__, "horizons": study, "seconds": time.time() - t0}
         write_report(args.out, result, horizon_markdown(study, grid))
         return
+    cfg = SimConfig(search_us=args.search_us)
+    kinds = ("decode",) if args.quick else KINDS
+    if args.real_only:
+        t0 = time.time()
+        real, md = real_part(cfg, kinds)
+        write_report(args.out, {"date": time.strftime("%Y-%m-%d"), "real": real,
+                                "seconds": time.time() - t0}, md)  # fmt: skip
+        return
     grid = QUICK if args.quick else AcceptanceGrid()
     if args.steps:
         grid = dataclasses.replace(grid, steps=args.steps)
     t0 = time.time()
-    cfg = SimConfig(search_us=args.search_us)
     rows = run_acceptance(grid, cfg, ProgressBar(), (*PEERS, AUTO, INLINE, REFRESH))
+    grid_s = time.time() - t0
+    real, real_md = ([], []) if args.no_real else real_part(cfg, kinds)
     bad = failures(rows)
     ideal = [r for r in rows if (r["model"], r["hardware"], r["ranks"], r["sigma"], r["tokens"])
              == IDEAL_POINT]  # fmt: skip
@@ -365,6 +418,10 @@ def main() -> None:
         f"ideal at {IDEAL_POINT}. Points above a bar: {len(bad)} (auto chooses ahead; the "
         f"inline schedule, same traces: {sum(r['vs_peers_inline'] > PEER_BAR for r in rows)} "
         "above the peer bar).",
+        "",
+        f"#### Per policy, on the generated grid ({grid_s:.0f} s)",
+        "",
+        standings_markdown(rows, (*PEERS, AUTO)),
         "",
         *summary(rows),
         "",
@@ -383,6 +440,7 @@ def main() -> None:
         "",
         why_markdown(old_new),
         "",
+        *real_md,
     ]
     result = {
         "date": time.strftime("%Y-%m-%d"),
@@ -392,6 +450,8 @@ def main() -> None:
         "points": rows,
         "failures": bad,
         "why": old_new,
+        "real": real,
+        "grid_seconds": grid_s,
         "seconds": time.time() - t0,
     }
     write_report(args.out, result, md)

@@ -24,6 +24,7 @@ from _common import write_report
 from moonplan.baselines.compare import compare_policies
 from moonplan.baselines.metrics import balancedness
 from moonplan.baselines.registry import make_policy, names
+from moonplan.simulate.acceptance import recorded_options
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import expert_bytes, get_model
 from moonplan.simulate.progress import ProgressBar
@@ -56,8 +57,10 @@ def compare_table(model: str, ranks: int, sigma: float, layers: int, steps: int)
             for layer in range(layers)
         ]
     )  # fmt: skip
+    # the deployed EPLB's window and period scaled to the trace, as on a recorded trace
     rows = compare_policies(counts, names(), expert_bytes=expert_bytes(m), warmup=steps,
-                            period=4, window=4, cost=auto_cost(model))  # fmt: skip
+                            period=4, window=4, cost=auto_cost(model),
+                            **recorded_options(2 * steps, steps))  # fmt: skip
     return [{"model": model, "ranks": ranks, "sigma": sigma, **r} for r in rows]
 
 
@@ -80,8 +83,8 @@ def figures(out: Path, skew_rows: dict[str, list], ep_rows: dict[str, list]) -> 
     m = get_model("deepseek-v3")
     counts = drifting_counts(8, m.num_experts, 4096, m.top_k, sigma=1.0, steps=32, seed=0)
     made = []
-    pols = [make_policy(n, 8, m.num_experts, period=8, cost=auto_cost("deepseek-v3"))
-            for n in names()]  # fmt: skip
+    pols = [make_policy(n, 8, m.num_experts, period=8, cost=auto_cost("deepseek-v3"),
+                        eplb_window=8, eplb_period=8) for n in names()]  # fmt: skip
     series: dict[str, list[float]] = {p.name: [] for p in pols}
     last = []
     for c in counts:
@@ -90,7 +93,7 @@ def figures(out: Path, skew_rows: dict[str, list], ep_rows: dict[str, list]) -> 
             series[s.name].append(balancedness(s.load_R))
     title = "DeepSeek-V3, EP 8, sigma 1, last step"
     made.append(plots.plot_rank_loads(last, out / "sim_rank_loads.png", title))
-    title = "DeepSeek-V3, EP 8, sigma 1, drifting (rho 0.99), EPLB every 8 steps"
+    title = "DeepSeek-V3, EP 8, sigma 1 (persistent 0.8, rho 0.99), EPLB every 8 steps"
     made.append(plots.plot_balancedness(series, out / "sim_balancedness.png", title))
     for model, rows in skew_rows.items():
         made.append(plots.plot_vs_skew(rows, out / f"sim_skew_{model}.png", model))

@@ -20,6 +20,8 @@ so :func:`persistence_split` fits ``a, b, rho`` to the measured ``cov(L)`` at la
 noise excluded) that stays with the expert. Sampling noise needs no model: it only enters
 lag 0, which the fit leaves out. A trace shorter than a few times ``1 / (1 - rho)`` cannot
 tell a slow drift from a persistent part; the fit then reports the drift it can see.
+:func:`mean_share` is the plain load-space figure (the share of the per-expert load's
+variance that is each expert's mean over the trace), sampling noise included.
 
 :data:`PERSISTENT_SHARE` is the simulator's default split, measured on the shipped traces
 of a trained model (``bench/make_real_traces.py``, ``moonplan/traces/data/index.json``).
@@ -154,6 +156,16 @@ def _nonneg_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return (0.0, b0) if e_b < e_a else (a0, 0.0)
 
 
+def mean_share(counts_TRE: Any) -> float:
+    """The share of the variance of per-expert load (each step's records per expert over
+    the step's mean) that is each expert's mean over the trace: ``var_e(mean_t) /
+    var_{t,e}`` (sampling noise included in the rest; 1.0 for constant loads)."""
+    total_TE = expert_totals(counts_TRE)
+    load_TE = total_TE / np.maximum(total_TE.mean(1, keepdims=True), 1e-300)
+    total = float(load_TE.var())
+    return float(load_TE.mean(0).var()) / total if total > 0 else 1.0
+
+
 def static_imbalance(counts_TRE: Any) -> float:
     """Mean over steps of static EP's max / mean records per rank (linear placement)."""
     c = torch.as_tensor(counts_TRE).to(torch.int64)
@@ -179,5 +191,6 @@ def trace_stats(counts_TRE: Any, lags: Sequence[int] = LAGS) -> dict[str, Any]:
         "expert_maxvio": float((total_TE.max(1) / np.maximum(mean_E, 1e-300) - 1).mean()),
         "static_max_over_mean": static_imbalance(c),
         "correlation": {str(L): popularity_correlation(c, L) for L in lags if L < c.shape[0]},
+        "mean_share": mean_share(c),
         "split": {**asdict(split), "share": split.share},
     }

@@ -72,7 +72,9 @@ def test_trace_stats_reports_skew_correlation_and_split() -> None:
     assert stats["records_per_rank"] == 2048 * 4
     assert set(stats["correlation"]) == {"1", "10", "100"}
     assert stats["static_max_over_mean"] > 1.0 and stats["expert_maxvio"] > 0.5
-    assert 0.0 <= stats["split"]["share"] <= 1.0
+    assert 0.0 <= stats["split"]["share"] <= 1.0 and 0.0 < stats["mean_share"] <= 1.0
+    frozen = torch.ones(5, 2, 4, dtype=torch.int64) * torch.tensor([1, 2, 3, 4])
+    assert trace_stats(frozen)["mean_share"] == pytest.approx(1.0)
     assert all(math.isfinite(v) for v in stats["correlation"].values())
     with pytest.raises(ValueError, match="3 steps"):
         persistence_split(torch.ones(2, 1, 4, dtype=torch.int64))
