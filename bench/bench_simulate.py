@@ -93,7 +93,7 @@ def figures(out: Path, skew_rows: dict[str, list], ep_rows: dict[str, list]) -> 
             series[s.name].append(balancedness(s.load_R))
     title = "DeepSeek-V3, EP 8, sigma 1, last step"
     made.append(plots.plot_rank_loads(last, out / "sim_rank_loads.png", title))
-    title = "DeepSeek-V3, EP 8, sigma 1 (persistent 0.8, rho 0.99), EPLB every 8 steps"
+    title = "DeepSeek-V3, EP 8, sigma 1 (persistent 0.996, rho 0.99), EPLB every 8 steps"
     made.append(plots.plot_balancedness(series, out / "sim_balancedness.png", title))
     for model, rows in skew_rows.items():
         made.append(plots.plot_vs_skew(rows, out / f"sim_skew_{model}.png", model))

@@ -38,10 +38,11 @@ import torch
 
 from moonplan.plan.placement import static_alloc
 
-PERSISTENT_SHARE = 0.8
+PERSISTENT_SHARE = 0.996
 """Share of the log-popularity's variance that is persistent, the simulator's default
-(``moonplan.simulate.workload``): the median of the split measured on the shipped inference
-traces (prefill and decode, 4 layers each; ``docs/simulator.md``, "Real routing traces")."""
+(``moonplan.simulate.workload``): the median of :func:`persistence_split`'s share over the
+12 shipped traces (training, prefill and decode steps, 4 layers each; 0.62-0.76 while the
+router trains, 0.95-1.00 at inference; ``docs/simulator.md``, "Real routing traces")."""
 
 LAGS = (1, 10, 100)
 """Lags of the popularity correlation :func:`trace_stats` reports."""
