@@ -27,8 +27,9 @@ What it does (CPU only, offline, deterministic given ``--seed``):
 
 Writes ``moonplan/traces/data/{kind}-l{layer}.npz`` (one int16 ``[T, 8, 64]`` array, read by
 ``moonplan.traces.load_counts``) and ``moonplan/traces/data/index.json`` (the settings, the
-training loss and every trace's statistics: ``moonplan.traces.persistence``). About 15-25
-minutes on one thread of a shared 2-core CPU; not part of the test suite.
+training loss and every trace's statistics: ``moonplan.traces.persistence``). 43 minutes on
+one thread of this project's shared 2-core CPU (training 18, prefill 25, decode 0.5); not
+part of the test suite.
 
     OMP_NUM_THREADS=1 python bench/make_real_traces.py            # everything
     OMP_NUM_THREADS=1 python bench/make_real_traces.py --stats    # recompute index.json only
