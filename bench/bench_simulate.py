@@ -23,15 +23,15 @@ from _common import write_report
 
 from moonplan.baselines.compare import compare_policies
 from moonplan.baselines.metrics import balancedness
+from moonplan.baselines.prehistory import Prehistory
 from moonplan.baselines.registry import make_policy, names
-from moonplan.simulate.acceptance import recorded_options
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import expert_bytes, get_model
 from moonplan.simulate.progress import ProgressBar
 from moonplan.simulate.report import break_even_table, sweep_table, trend_table
 from moonplan.simulate.sweep import SweepSpec, break_even, sweep
 from moonplan.simulate.trends import deepspeed_trend, gshard_trend
-from moonplan.simulate.workload import drifting_counts
+from moonplan.simulate.workload import drifting_counts, prehistory
 from moonplan.stepcost import StepCost, get_hardware
 
 MODELS = ("mixtral-8x7b", "deepseek-v3", "kimi-k3-like")
@@ -53,14 +53,21 @@ def compare_table(model: str, ranks: int, sigma: float, layers: int, steps: int)
     counts = torch.stack(
         [
             drifting_counts(ranks, m.num_experts, 4096, m.top_k, sigma=sigma, steps=2 * steps,
-                            seed=layer)
+                            seed=layer, rho=0.99)
             for layer in range(layers)
         ]
     )  # fmt: skip
-    # the deployed EPLB's window and period scaled to the trace, as on a recorded trace
+    law = {"sigma": sigma, "rho": 0.99}
+
+    def before(layer: int, steps_N: torch.Tensor) -> Prehistory:
+        """The deployed EPLB's window before each layer's trace, as the sweep draws it."""
+        return prehistory(steps_N, ranks=ranks, experts=m.num_experts, tokens=4096,
+                          topk=m.top_k, seed=layer, **law)  # fmt: skip
+
+    eplb = SweepSpec().eplb_options()  # its measured steps in the middle of its period
     rows = compare_policies(counts, names(), expert_bytes=expert_bytes(m), warmup=steps,
-                            period=4, window=4, cost=auto_cost(model),
-                            **recorded_options(2 * steps, steps))  # fmt: skip
+                            before=before, period=4, window=4, cost=auto_cost(model),
+                            **eplb)  # fmt: skip
     return [{"model": model, "ranks": ranks, "sigma": sigma, **r} for r in rows]
 
 
