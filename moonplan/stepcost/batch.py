@@ -180,8 +180,8 @@ def _sections(
     padded_CER = _padded(cost, alloc_CER)
     all_3 = (padded_CER.sum(1), (alloc_CER > 0).sum(1), alloc_CER.sum(1))
     wait_3 = (_padded(cost, wait_CER).sum(1), (wait_CER > 0).sum(1), wait_CER.sum(1))
-    home = _roofline(cost, *(a - w for a, w in zip(all_3, wait_3, strict=True)), beside_CR)
-    return home, _roofline(cost, *wait_3)
+    padded, busy, rows = (a - w for a, w in zip(all_3, wait_3, strict=True))
+    return _roofline(cost, padded, busy, rows, beside_CR), _roofline(cost, *wait_3)
 
 
 def _fetch(

@@ -391,7 +391,8 @@ class StepCost:
         wait_3R = [np.bincount(r_C, v_C, minlength=R) for v_C in (self._padded(w_C), w_C > 0, w_C)]
         moves = pair_traffic(np.stack([src[e_C], r_C], axis=1), R, G)
         beside = copies_beside(moves) if self.overlap else None
-        home_R = self._roofline(*(a - w for a, w in zip(all_3R, wait_3R, strict=True)), beside)
+        padded, busy, rows_home = (a - w for a, w in zip(all_3R, wait_3R, strict=True))
+        home_R = self._roofline(padded, busy, rows_home, beside)
         wait_R = self._roofline(*wait_3R)
         alone, ready = self._fetch(self._busiest(moves), d_busy)
         return self._schedule(plan, D, Cb, (home_R, wait_R), (alone, ready))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from moonplan.plan.choice.bound import exit_bound
+from moonplan.plan.choice.bound import exit_bound, links_torch
 from moonplan.plan.choice.resident import resident_torch
 from moonplan.plan.choice.table import LEVELS, Candidate, table
 from moonplan.plan.choice.targets import level_caps, water_fill
@@ -97,9 +97,8 @@ def choose_host(
     static = hs.static()
     t_exit = _static_time(cost, hs, static, cost.exit_s)
     full = None if resident.any() else _static_time(cost, hs, static, cost.plan_s)
-    if t_exit <= exit_bound(
-        cost, R, _totals(cost, hs, resident), _home_lb(cost, hs, resident), full
-    ):
+    totals, links = _totals(cost, hs, resident), _links(hs, resident)
+    if t_exit <= exit_bound(cost, R, totals, links, _home_lb(cost, hs, resident), full):
         scores = torch.full((levels + 3,), float("inf"), dtype=torch.float64)
         scores[0] = t_exit
         fields = layout_resident(torch.from_numpy(static), num_slots, align, hs.prev_RB)
@@ -185,6 +184,13 @@ def _totals(cost: StepCost, hs: HostStep, resident: np.ndarray) -> tuple[int, in
     kept = (T > 0) & ~resident.any(1)
     busy = np.bincount(hs.home, kept, minlength=len(hs.load))
     return int((-(-T // t) * t).sum()), int((T > 0).sum()), int(T.sum()), int(busy.max())
+
+
+def _links(hs: HostStep, resident: np.ndarray) -> tuple[list[list[int]], int]:
+    """``bound``'s link rows (``bound.links_torch`` on the host's tensors: integers)."""
+    c, res, home = (torch.from_numpy(a) for a in (hs.counts, resident, hs.home))
+    sends_RJ, free_link = links_torch(c, res, home)
+    return sends_RJ.tolist(), int(free_link)
 
 
 def _home_lb(cost: StepCost, hs: HostStep, resident: np.ndarray) -> float:

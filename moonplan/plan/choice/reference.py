@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moonplan.plan.choice.bound import exit_bound
+from moonplan.plan.choice.bound import exit_bound, links_reference
 from moonplan.plan.choice.resident import resident_reference
 from moonplan.plan.choice.table import LEVELS, Candidate, table
 from moonplan.plan.choice.targets import level_caps, water_fill
@@ -81,8 +81,9 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     static = _static_alloc(counts, home)
     t_exit = _time(cost, step, static, cost.exit_s)
     static_full = None if step.resident else _time(cost, step, static, cost.plan_s)
+    links = links_reference(counts, step.resident, home)
     totals = (*_totals(cost, counts), _kept_busy(step, home))
-    bound = exit_bound(cost, R, totals, _home_lb(cost, step, home), static_full)
+    bound = exit_bound(cost, R, totals, links, _home_lb(cost, step, home), static_full)
     if t_exit <= bound:
         scores = [t_exit] + [math.inf] * (levels + 2)
         return Chosen(_layout(step, static, []), 0, scores, True)
