@@ -87,7 +87,9 @@ class AcceptanceGrid:
             window, the resident slots; the deployed EPLB's window is drawn before the trace).
         rho, seed: the drifting part's step-to-step correlation, and the seed.
         persistent: the persistent share of the log-popularity's variance (0: drift only).
-        slots: redundant slots per rank for every policy that takes them (``None``: defaults).
+        slots: redundant slots per rank for every policy that takes them: the same memory
+            for moonplan's slots and EPLB's redundant experts (default 2: the runtime's
+            default, ``moonplan.runtime.slot_budget``; ``None``: each policy's own).
     """
 
     models: tuple[str, ...] = ("deepseek-v3", "mixtral-8x7b", "kimi-k3-like")
@@ -100,7 +102,7 @@ class AcceptanceGrid:
     rho: float = 0.99
     seed: int = 0
     persistent: float = PERSISTENT_SHARE
-    slots: int | None = None
+    slots: int | None = 2
 
     def points(self) -> list[Point]:
         """Every ``(model, hardware, R, sigma, S)`` of the grid with ``E >= R``."""
