@@ -24,7 +24,6 @@ from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import route as route_tokens
-from moonplan.profiling.hooks import NULL_PROFILER, LayerProfiler, NullProfiler
 from moonplan.runtime.background import (
     BackgroundLane,
     Pending,
@@ -38,6 +37,7 @@ from moonplan.runtime.config import MoEConfig, Resolved, cost_settings
 from moonplan.runtime.contract import check_params, check_routing
 from moonplan.runtime.fetch_list import FetchList, fetch_list, plan_rows
 from moonplan.runtime.moe_function import MoEStep, moe_apply
+from moonplan.runtime.step_hooks import NULL_PROFILER, LayerHooks
 from moonplan.runtime.step_stats import StepStats
 from moonplan.runtime.store import GradReducer
 from moonplan.runtime.transports.base import Transport
@@ -88,7 +88,7 @@ class LayerRuntime:
         self.published_version: tuple[int, ...] = ()
         self.plans_made = 0  # planner calls (backward replays the forward plan: none there)
         # Phase-timing hooks; moonplan.profile.profiling() installs live ones.
-        self.profiler: LayerProfiler | NullProfiler = NULL_PROFILER
+        self.profiler: LayerHooks = NULL_PROFILER
         # Overlapped schedule (prefetch beside dispatch, reduce beside dispatch-backward);
         # False runs the same operations serially (docs/runtime.md).
         self.overlap = cfg.overlap

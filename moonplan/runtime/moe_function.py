@@ -31,9 +31,9 @@ from torch import Tensor
 
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import Route
-from moonplan.profiling.hooks import NULL_PROFILER, StepHooks
 from moonplan.runtime.background import Pending
 from moonplan.runtime.rank_experts import run_sections
+from moonplan.runtime.step_hooks import NULL_PROFILER, StepHooks
 from moonplan.runtime.store import PROJECTIONS
 from moonplan.runtime.transports.base import StepState
 
