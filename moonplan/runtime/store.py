@@ -19,6 +19,8 @@ worker thread runs the all-to-all prefetch and reduce beside the data path.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from moonplan.comm.group import EPGroup
@@ -64,7 +66,7 @@ class ExpertStore:
         else:
             self.fetcher = self.transport.on_group(group)  # type: ignore[attr-defined]
 
-    def publish_home(self, weights: dict[str, torch.Tensor]) -> None:
+    def publish_home(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Copy this rank's home experts (``[E_r, ...]`` per projection) into the home rows.
 
         Collective: every rank calls it; afterwards every slot is stale.

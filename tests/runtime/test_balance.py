@@ -257,7 +257,7 @@ def _growing_replan(rank: int, world: int) -> list[int]:
             return static_plan(counts_RE, slots=rt.B)
         return moonplan.plan(counts_RE, slots=rt.B, previous=previous)
 
-    rt._plan = plan  # type: ignore[method-assign]
+    rt.balancer.plan = plan  # type: ignore[method-assign]
     sizes = []
     for n in (2, 40):  # step 2 grows for the exact plan, then re-plans static: larger
         with torch.no_grad():
