@@ -107,7 +107,8 @@ class LayerRuntime:
         """The second process group of the worker's all-to-all prefetch and reduce, or
         ``None`` where none is needed: the serial schedule, a one-sided transport (peer
         reads, no collective), a device where :func:`collectives_in_thread` says no
-        (CUDA for now: inline), a transport without ``on_group`` (said loudly). The
+        (CUDA for now: inline), a transport whose ``on_group`` answers ``None`` (said
+        loudly; the group taken to ask it is given back at once). The
         single-rank group is its own (it never communicates).
 
         Taken here, in the collective construction, because every rank reaches this
@@ -127,13 +128,6 @@ class LayerRuntime:
             return None
         if not collectives_in_thread(self.group.device):
             return None
-        if not hasattr(self.transport, "on_group"):
-            warnings.warn(
-                f"transport {self.transport.name!r} has no on_group(): its prefetch and "
-                "replica-gradient reduce run inline (serial schedule)",
-                stacklevel=3,
-            )
-            return None
         background = self.group.background_group()
         if background is None:
             warnings.warn(
@@ -143,6 +137,15 @@ class LayerRuntime:
                 "pg2 a second dist.new_group over the same ranks created on every rank",
                 stacklevel=3,
             )
+        elif self.transport.on_group(background) is None:  # declared: it cannot
+            self.group.release_background()  # every rank alike (the same transport)
+            warnings.warn(
+                f"transport {self.transport.name!r} cannot move rows on a second process "
+                "group (its on_group returns None): its prefetch and replica-gradient "
+                "reduce run inline (serial schedule)",
+                stacklevel=3,
+            )
+            return None
         return background
 
     def _capacity_for(self, records: int) -> int:

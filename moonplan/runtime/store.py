@@ -63,8 +63,14 @@ class ExpertStore:
         fetches through the transport itself again."""
         if group is self.group:
             self.fetcher = self.transport
-        else:
-            self.fetcher = self.transport.on_group(group)  # type: ignore[attr-defined]
+            return
+        view = self.transport.on_group(group)
+        if view is None:
+            raise ValueError(
+                f"transport {self.transport.name!r} cannot fetch on another process group "
+                "(its on_group returns None)"
+            )
+        self.fetcher = view
 
     def publish_home(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Copy this rank's home experts (``[E_r, ...]`` per projection) into the home rows.
