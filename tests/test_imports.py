@@ -161,7 +161,7 @@ def test_imports_of_reads_function_level_and_skips_type_checking(tmp_path: Path)
 def test_graph_sees_known_edges() -> None:
     graph, _ = import_graph()
     assert "moonplan.plan.api" in graph
-    assert any(m.startswith("moonplan.") for m in graph["moonplan.layer"])
+    assert any(m.startswith("moonplan.") for m in graph["moonplan.core.moe"])
 
 
 def test_no_import_cycles() -> None:

@@ -33,15 +33,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from moonplan.adapters.sharded import (
+from moonplan.adapters.swap import with_experts
+from moonplan.comm.group import EPGroup
+from moonplan.core.sharded import (
     ShardedExperts,
     agreed_construction,
     home_parameter,
     options_config,
     resolve_group,
-    with_experts,
 )
-from moonplan.comm.group import EPGroup
 from moonplan.runtime.config import MoEConfig
 
 WEIGHTS = ("w1_EFD", "w2_EDF", "w3_EFD")
