@@ -52,7 +52,7 @@ def test_an_unknown_name_of_a_moved_module_raises() -> None:
     import types
 
     getter = moved_names("old.place", {"Here": types.ModuleType("new.place")})
-    with pytest.raises(AttributeError, match="'old.place' has no attribute 'Nope'"):
+    with pytest.raises(AttributeError, match=r"'old\.place' has no attribute 'Nope'"):
         getter("Nope")
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         importlib.import_module("moonplan.layer").Nope  # noqa: B018

@@ -48,7 +48,7 @@ def wrap_experts(
         :class:`RoutedExperts`; ``forward(x [..., H]) -> [..., H]``.
     """
     K = top_k if top_k is not None else getattr(router_fn, "top_k", None)
-    if not isinstance(K, int) and (config is None or config.top_k is None):
+    if not isinstance(K, int) and (config is None or config.sizes.top_k is None):
         raise ValueError("wrap_experts needs top_k= (the router has no integer `top_k`)")
     experts = MoonExperts(gate_up, down, K, group=group, config=config, **options)
     return RoutedExperts(router_fn, experts, shared_experts)

@@ -103,7 +103,7 @@ class MoonExperts(FixedPlacement, ShardedExperts):
         H, F, _, _ = cfg.require_sizes()
         cfg = cfg.sized(dtype=cfg.layer_dtype())
         lo, hi = self.setup(group, cfg, None)
-        dev, dtype = self.group.device, cfg.dtype
+        dev, dtype = self.group.device, cfg.sizes.dtype
         self.gate_up_proj = nn.Parameter(torch.empty(hi - lo, 2 * F, H, device=dev, dtype=dtype))
         self.down_proj = nn.Parameter(torch.empty(hi - lo, H, F, device=dev, dtype=dtype))
         nn.init.normal_(self.gate_up_proj, std=H**-0.5)

@@ -57,35 +57,13 @@ class MoonMoE(RuntimeViews, FixedPlacement):
         shared_experts: optional module applied to every token and added.
         sigmoid_config: DeepSeek-V3 router settings for ``router="sigmoid"``.
         config: a :class:`~moonplan.runtime.config.MoEConfig` (default: every default).
-        **options: fields of :class:`~moonplan.runtime.config.MoEConfig`, replacing the
-            config's (each documented there):
-
-            * ``slots``: weight slots per rank for replicas: an ``int`` count ``B``, a memory
-              budget (``"2GiB"``-style string or :class:`~moonplan.runtime.slot_budget.Bytes`),
-              or a ``float`` fraction of the home experts' bytes (default ``min(2, M)``; see
-              ``moonplan.runtime.slot_budget``). Replicas beyond ``B`` read their weights
-              from the home rank when they run (direct reads).
-            * ``align``: receive-row padding multiple (default 1).
-            * ``max_tokens``: expected tokens per rank (default 1024; sizes the receive
-              buffers, they grow collectively when a step needs more).
-            * ``transport``: ``"auto"`` (a symmetric heap where one spans the group, else
-              all-to-all), ``"heap"`` or ``"a2a"``.
-            * ``dtype``: parameter dtype (default ``torch.get_default_dtype()``).
-            * ``balance``: ``"auto"`` (default: per step the plan with the least predicted
-              step time, see ``moonplan.runtime.balance``), ``"exact"`` (always exactly
-              balanced) or ``"off"`` (static EP: every record on its home rank, the
-              baseline). ``True``/``False`` are deprecated aliases of ``"exact"``/``"off"``.
-            * ``overlap``: run the weight prefetch beside the dispatch and the home experts,
-              and the replica-gradient reduce beside the dispatch-backward (default);
-              ``False`` runs the same operations serially (bit-identical results).
-            * ``cost``: the :class:`~moonplan.stepcost.StepCost` ``balance="auto"`` plans
-              with; default: measured by the layer itself (a few exact warm-up steps, then
-              :meth:`calibrate`, agreed across ranks).
-            * ``choose``: ``"ahead"`` (``balance="auto"`` searches its candidates in a
-              host thread after each step and the next step builds the one named),
-              ``"inline"`` (the search on every step's critical path) or ``None``
-              (default: ahead on an accelerator, not yet measured there; inline on the
-              CPU, where it measured faster).
+        **options: options of :class:`~moonplan.runtime.config.MoEConfig` (``slots``,
+            ``align``, ``max_tokens``, ``transport``, ``dtype``, ``balance``, ``overlap``,
+            ``cost``; each with its default and meaning in the table of ``docs/api.md``,
+            generated from ``moonplan.runtime.config.sections``), replacing the config's.
+            Replicas beyond ``B`` slots read their weights from the home rank when they
+            run (direct reads); ``cost`` left ``None`` is measured by the layer itself (a
+            few exact warm-up steps, then :meth:`calibrate`, agreed across ranks).
 
     Attributes:
         router: ``nn.Linear(H, E)`` (the ``"softmax"``/``"sigmoid"`` routers' weights).
@@ -117,7 +95,7 @@ class MoonMoE(RuntimeViews, FixedPlacement):
             cfg = options_config(config, options, top_k=top_k, **sizes)
             H, _, E, _ = cfg.require_sizes()
             cfg = cfg.sized(dtype=cfg.layer_dtype())
-            self.router = nn.Linear(H, E, bias=False, device=ep.device, dtype=cfg.dtype)
+            self.router = nn.Linear(H, E, bias=False, device=ep.device, dtype=cfg.sizes.dtype)
             self.route_fn = self._make_router(router, sigmoid_config, cfg, ep.device)
         self.experts = MoonExperts(group=ep, config=cfg, owner=type(self).__name__)
         self.register_buffer(
@@ -128,7 +106,7 @@ class MoonMoE(RuntimeViews, FixedPlacement):
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = cfg.require_sizes()
         self.slots, self.align, self.home_range = (
             self.experts.slots,
-            cfg.align,
+            cfg.buffers.align,
             self.experts.home_range,
         )
         self._register_load_state_dict_pre_hook(_renamed_expert_keys)

@@ -10,7 +10,6 @@ Heap, transport, expert store, the resident plan and the step figures
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import warnings
 from collections.abc import Mapping
@@ -77,8 +76,9 @@ class LayerRuntime:
         H, F, E, K = cfg.require_sizes()
         B = resolved.slots
         self.group, self.config = group, cfg
-        self.E, self.B, self.H, self.F, self.K, self.align = E, B, H, F, K, cfg.align
-        self.dtype, self.kind, self.balance = cfg.layer_dtype(), cfg.transport, cfg.balance
+        self.E, self.B, self.H, self.F, self.K, self.align = E, B, H, F, K, cfg.buffers.align
+        self.dtype, self.kind = cfg.layer_dtype(), cfg.transfer.transport
+        self.balance = cfg.balancing.balance
         self.balancer = _balancer(cfg, B)
         self.M = max_local(E, group.size)
         self.heap: SymmetricHeap | None = None
@@ -93,12 +93,13 @@ class LayerRuntime:
         self.profiler: LayerHooks = NULL_PROFILER
         # Overlapped schedule (prefetch beside dispatch, reduce beside dispatch-backward);
         # False runs the same operations serially (docs/runtime.md).
-        self.overlap = cfg.overlap
+        self.overlap = cfg.transfer.overlap
         self._lane = BackgroundLane("inline", group.device)
         self._background: EPGroup | None = None  # the worker's collectives (all-to-all)
         self._options = tuple(resolved.transport_options.items())
-        sized = f"max_tokens={cfg.max_tokens} x top_k={K}, align={cfg.align}, slots={B}"
-        self._build(self._capacity_for(cfg.max_tokens * K), sized)
+        tokens = cfg.buffers.max_tokens
+        sized = f"max_tokens={tokens} x top_k={K}, align={self.align}, slots={B}"
+        self._build(self._capacity_for(tokens * K), sized)
         self._background = self._background_group()
         if self._background is not None:
             self.store.fetch_on(self._background)
@@ -238,7 +239,7 @@ class LayerRuntime:
             self.group.fail_settings("cost", bad)
         self.group.check_settings("cost", cost_settings(cost))
         self._lane.drain()
-        self.config = dataclasses.replace(self.config, cost=cost)
+        self.config = self.config.replace(cost=cost)
         self.balancer = _balancer(self.config, self.B)
 
     def weights_changed(self) -> None:
@@ -464,4 +465,5 @@ def agree_config(group: EPGroup, cfg: MoEConfig, what: str) -> Resolved:
 
 def _balancer(cfg: MoEConfig, slots: int) -> Balancer:
     """The :class:`Balancer` of a layer of ``cfg`` with ``slots`` slots."""
-    return Balancer(cfg.balance, slots=slots, align=cfg.align, cost=cfg.cost)
+    b = cfg.balancing
+    return Balancer(b.balance, slots=slots, align=cfg.buffers.align, cost=b.cost)

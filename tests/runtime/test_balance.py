@@ -7,9 +7,8 @@ import warnings
 import pytest
 import torch
 
-from moonplan.runtime.balance import balance_mode
-from moonplan.runtime.balancer import WARMUP_STEPS
 from moonplan.runtime.calibrate import StepSample, fit_rates
+from moonplan.runtime.config.sections import WARMUP_STEPS, balance_mode
 from moonplan.stepcost import StepCost
 from moonplan.testing.dist import run_ranks
 from tests.runtime.oracle import dense_weights, split, tokens
