@@ -5,7 +5,9 @@ Legend: R ranks, E experts, H hidden, F expert FFN size, K top-k, S tokens, E_r 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 from typing import Any
 
 import pytest
@@ -253,6 +255,7 @@ def test_the_config_is_a_tree_of_typed_sections() -> None:
     assert names == ["sizes", "buffers", "transfer", "balancing"]
     assert (cfg.slots, cfg.transport, cfg.top_k) == (2, "a2a", K)  # each option by its name
     assert MoEConfig(**cfg.options()) == cfg
+    assert pickle.loads(pickle.dumps(cfg)) == cfg == copy.deepcopy(cfg)
     with pytest.raises(AttributeError, match="no attribute 'slot'"):
         cfg.slot  # noqa: B018
 
