@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -112,7 +113,7 @@ def _warm_pick(
 
 
 def split_group_host(
-    experts: list[int],
+    experts: Iterable[int],
     remaining: list[int],
     dests: list[tuple[int, int]],
     warm_experts: dict[int, list[int]],
@@ -128,27 +129,29 @@ def split_group_host(
         dests: ``(rank, quota)`` outflows of this group.
         warm_experts: for a destination rank, this group's experts resident there.
     """
+    push, pop = heapq.heappush, heapq.heappop
     quota_heap = [(-q, r) for r, q in dests]
     heapq.heapify(quota_heap)
     pool = [(-remaining[e], e) for e in experts if remaining[e] > 0]
     heapq.heapify(pool)
     moves: list[tuple[int, int, int]] = []
     while quota_heap:
-        neg_q, r = heapq.heappop(quota_heap)
-        warm = [e for e in warm_experts.get(r, ()) if remaining[e] > 0]
-        if warm:
-            e = max(warm, key=lambda k: (remaining[k], -k))
+        neg_q, r = pop(quota_heap)
+        warm = warm_experts.get(r)
+        if warm and any(remaining[e] > 0 for e in warm):
+            e = max((k for k in warm if remaining[k] > 0), key=lambda k: (remaining[k], -k))
         else:
             while -pool[0][0] != remaining[pool[0][1]]:  # drop stale entries
-                heapq.heappop(pool)
+                pop(pool)
             e = pool[0][1]
-        take = min(-neg_q, remaining[e])
+        left = remaining[e]
+        take = min(-neg_q, left)
         moves.append((e, r, take))
-        remaining[e] -= take
-        if remaining[e] > 0:
-            heapq.heappush(pool, (-remaining[e], e))
+        remaining[e] = left - take
+        if left > take:
+            push(pool, (take - left, e))
         if -neg_q > take:
-            heapq.heappush(quota_heap, (neg_q + take, r))
+            push(quota_heap, (neg_q + take, r))
     return moves
 
 
@@ -178,13 +181,16 @@ def host_alloc(
         dests.setdefault(d, []).append((r, q))
     remaining = list(total_E)
     E, R = len(total_E), len(load)
-    alloc_ER = np.zeros((E, R), dtype=np.int64)
+    moves: list[tuple[int, int, int]] = []
     for d, out in dests.items():
-        group = list(range(edges[d], edges[d + 1]))
-        for e, r, q in split_group_host(group, remaining, out, warm_experts.get(d, {})):
-            # each (expert, rank) moves once: after a move the rank's quota or the
-            # expert's records are spent, and an expert belongs to one group
-            alloc_ER[e, r] = q
+        group = range(edges[d], edges[d + 1])
+        moves += split_group_host(group, remaining, out, warm_experts.get(d, {}))
+    alloc_ER = np.zeros((E, R), dtype=np.int64)
+    if moves:
+        # each (expert, rank) moves once: after a move the rank's quota or the
+        # expert's records are spent, and an expert belongs to one group
+        e_X, r_X, q_X = np.array(moves, dtype=np.int64).T
+        alloc_ER[e_X, r_X] = q_X
     home_E = np.repeat(np.arange(R, dtype=np.int64), np.diff(np.asarray(edges)))
     alloc_ER[np.arange(E), home_E] = np.asarray(remaining, dtype=np.int64)  # no move went home
     return flows, alloc_ER

@@ -1,0 +1,111 @@
+"""The torch backend's host form: the reference plan, bit for bit, from host integers.
+
+Legend: R ranks, E experts, B slots, M = ceil(E/R), F = R - 1 flow rows.
+
+Steps 1-2 run as heap scans over Python integers (``group_flows``), step 3 as numpy on
+``[R, M]`` arrays (``host_layout``): one numpy copy of the counts goes in, one tensor per
+field comes out (a view of its numpy array on the CPU). ``torch_backend.plan_torch`` takes
+this form for CPU tensors (``scan="host"``), where reading a value costs nothing and a
+Python or numpy step costs less than a tensor op. It works on any device (the counts are
+read to the host, the fields copied back), but only the CPU gains from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from moonplan.plan.group_flows import host_alloc, warm_maps
+from moonplan.plan.home import home_edges, max_local, targets_list
+from moonplan.plan.host_layout import place_slots_host_np, replica_candidates_host, row_layout_host
+from moonplan.plan.reference import Flow, previous_flows
+from moonplan.stepcost.traffic import host_int64
+
+
+@dataclass(frozen=True)
+class HostSteps12:
+    """Steps 1-2 on the host: the targets (int64 ``[R]``), the group flows in decision
+    order and the allocation (int64 ``[E, R]``)."""
+
+    target: np.ndarray
+    flows: list[Flow]
+    alloc_ER: np.ndarray
+
+
+def steps12_host(
+    counts_RE: torch.Tensor,
+    prev_RB: torch.Tensor | None,
+    prev_F3: torch.Tensor | None,
+    target_R: torch.Tensor | None = None,
+) -> HostSteps12:
+    """Steps 1-2 (``reference.balance_groups`` and ``split_group``) over host integers.
+
+    Args:
+        counts_RE: int64 ``[R, E]`` validated counts (any device; read once).
+        prev_RB: int64 ``[R, B]`` previous slots, or ``None``.
+        prev_F3: int64 ``[R-1, 3]`` previous flows (``-1`` padded), or ``None``.
+        target_R: int64 ``[R]`` targets replacing the exact ones, or ``None``.
+    """
+    c = host_int64(counts_RE)
+    R, E = c.shape
+    edges = home_edges(E, R)
+    T_E = c.sum(0)
+    T_E1 = np.concatenate([[0], np.cumsum(T_E)])  # records of the experts before e
+    load = (T_E1[edges[1:]] - T_E1[edges[:-1]]).tolist()
+    target = targets_list(sum(load), R) if target_R is None else host_int64(target_R).tolist()
+    warm = (None, {}) if prev_RB is None else warm_maps(prev_RB, home_groups(E, R)[0].tolist())
+    flows, alloc_ER = host_alloc(load, target, T_E.tolist(), edges, warm, previous_flows(prev_F3))
+    return HostSteps12(np.array(target, dtype=np.int64), flows, alloc_ER)
+
+
+def plan_host(
+    counts_RE: torch.Tensor,
+    num_slots: int,
+    align: int,
+    prev_RB: torch.Tensor | None,
+    prev_F3: torch.Tensor | None = None,
+    target_R: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """The plan's tensors (``torch_backend.plan_torch``'s keys and values) on the counts'
+    device. Arguments as :func:`steps12_host`; ``num_slots`` is ``B``, ``align`` the row
+    padding multiple."""
+    R, E = counts_RE.shape
+    dev = counts_RE.device
+    steps = steps12_host(counts_RE, prev_RB, prev_F3, target_R)
+    home_E, ids = home_groups(E, R)
+    F = max(R - 1, 0)
+    flow_F3 = np.tile(np.array([-1, -1, 0], dtype=np.int64), (F, 1))
+    src_R = np.full(R, -1, dtype=np.int64)
+    if steps.flows:
+        flow_F3[: len(steps.flows)] = steps.flows
+        src_R[flow_F3[: len(steps.flows), 1]] = flow_F3[: len(steps.flows), 0]  # one donor each
+    cand_RM = replica_candidates_host(src_R, ids, steps.alloc_ER)
+    prev = None if prev_RB is None else host_int64(prev_RB)
+    slot_RB, new_RB, direct_RD = place_slots_host_np(cand_RM, prev, num_slots)
+    rows = row_layout_host(ids, slot_RB, direct_RD, steps.alloc_ER, align)
+    out = {
+        "alloc": steps.alloc_ER,
+        "target": steps.target,
+        "flow": flow_F3,
+        "slot_expert": slot_RB,
+        "slot_new": new_RB,
+        "row_expert": rows[0],
+        "row_count": rows[1],
+        "row_offset": rows[2],
+    }
+    fields = {k: torch.from_numpy(v).to(dev) for k, v in out.items()}
+    if target_R is not None:
+        fields["target"] = target_R
+    return {**fields, "home": torch.from_numpy(home_E).to(dev)}
+
+
+def home_groups(num_experts: int, num_ranks: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(home_E, ids_RM)`` int64: ``from_alloc.home_layout`` on the host (each expert's
+    home rank; each rank's home experts, padded with ``E``)."""
+    E, R = num_experts, num_ranks
+    size_R = np.diff(home_edges(E, R))
+    ids_RM = np.full((R, max_local(E, R)), E, dtype=np.int64)
+    ids_RM[np.arange(ids_RM.shape[1]) < size_R[:, None]] = np.arange(E)  # groups in order
+    return np.repeat(np.arange(R, dtype=np.int64), size_R), ids_RM

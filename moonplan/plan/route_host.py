@@ -1,0 +1,75 @@
+"""Plain-order routing on the host (numpy): the CPU form of :func:`moonplan.route`.
+
+Legend:
+    R ranks, E experts, S tokens on this rank, K top-k, N = S*K records of this rank
+    W rows per rank; L live rows of the plan (``row_count > 0``), sorted by (expert, rank)
+
+The same destinations and offsets as ``route``'s tensor form (``route._row_cells`` and
+``route._place_runs``), bit for bit (``tests/plan/test_route_host.py``), for CPU tensors:
+numpy reads them without a copy, a numpy op on the ``[L]`` arrays costs about a
+microsecond against several for a torch op, and the ``[N]`` work is four passes (one
+stable radix sort of 16-bit keys, one run expansion, one add, one scatter of the
+destination packed with its offset). ``route`` takes this form on the CPU without
+``affinity``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moonplan.plan.plan_type import Plan
+
+OFFSET_BITS = 40
+"""A record's destination and offset travel packed as ``(rank << 40) + offset``: receive
+offsets stay far below ``2**40`` rows (``Route.send_order`` packs the same way)."""
+
+
+def route_host(plan: Plan, rank: int, ids_N: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``(dest_rank_N, dest_offset_N, send_counts_R)`` int64 of ``rank``'s records.
+
+    Args:
+        plan: the step's plan (CPU tensors).
+        rank: the source rank.
+        ids_N: int64 ``[N]`` expert ids, token-major, counts matching ``plan.counts[rank]``.
+    """
+    narrow = np.int16 if plan.num_experts <= np.iinfo(np.int16).max else np.int32
+    order_N = np.argsort(ids_N.astype(narrow), kind="stable")  # by expert, local order kept
+    take_L, base_L, dest_L = row_cells_host(plan, rank)
+    N = ids_N.size
+    # The i-th record of the sorted order lands at base + i of its cell's destination.
+    packed_N = np.repeat((dest_L << OFFSET_BITS) + base_L, take_L)
+    packed_N += np.arange(N, dtype=np.int64)
+    out_N = np.empty(N, dtype=np.int64)
+    out_N[order_N] = packed_N
+    send_R = np.zeros(plan.num_ranks, dtype=np.int64)
+    np.add.at(send_R, dest_L, take_L)
+    return out_N >> OFFSET_BITS, out_N & ((1 << OFFSET_BITS) - 1), send_R
+
+
+def row_cells_host(plan: Plan, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``route._row_cells`` over the live rows only: ``(take_L, base_L, dest_L)`` int64.
+
+    Lay all records on one line: experts in id order, inside an expert by source rank,
+    then local order. The rows executing expert ``e`` (ascending rank) cut ``e``'s
+    stretch into consecutive segments; ``rank`` owns ``[lo, hi)`` of it, and a row takes
+    the overlap: ``take`` records, the ``i``-th record of ``rank``'s expert-sorted order
+    landing at ``base + i`` of the row's rank ``dest``.
+    """
+    R, W = plan.num_ranks, plan.num_rows
+    row_e = plan.row_expert.numpy().reshape(-1)
+    row_count = plan.row_count.numpy().reshape(-1)
+    live_L = np.flatnonzero(row_count)
+    live_L = live_L[np.argsort(row_e[live_L] * R + live_L // W)]  # unique keys
+    e_L, count_L, dest_L = row_e[live_L], row_count[live_L], live_L // W
+    end_L = np.cumsum(count_L)
+    start_L = end_L - count_L  # the row's segment on the line
+    counts = plan.counts.numpy()
+    T_E = counts.sum(0)
+    lo_L = (np.cumsum(T_E) - T_E + counts[:rank].sum(0))[e_L]
+    hi_L = lo_L + counts[rank][e_L]
+    first_L = np.maximum(start_L, lo_L)
+    take_L = np.maximum(np.minimum(end_L, hi_L) - first_L, 0)
+    run_L = np.cumsum(take_L) - take_L  # where the row's records start in sorted order
+    # row_offset is [R, W + 1]: row (r, w) starts at flat index r * (W + 1) + w
+    base_L = plan.row_offset.numpy().reshape(-1)[live_L + dest_L] + (first_L - start_L) - run_L
+    return take_L, base_L, dest_L
