@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -155,6 +156,53 @@ def split_group_host(
     return moves
 
 
+@dataclass(frozen=True)
+class HostMoves:
+    """Steps 1-2 on the host as decided: the group flows in decision order, the moves
+    ``(expert, rank, records)`` away from home (each ``(expert, rank)`` once: after a move
+    the rank's quota or the expert's records are spent, and an expert belongs to one
+    group) and the records left at home per expert."""
+
+    flows: list[Flow]
+    moves: list[tuple[int, int, int]]
+    remaining: list[int]
+
+    def alloc(self, edges: list[int]) -> np.ndarray:
+        """int64 numpy ``[E, R]``: the moves, and what is left at home (``edges`` as
+        :func:`host_alloc`'s)."""
+        E, R = len(self.remaining), len(edges) - 1
+        alloc_ER = np.zeros((E, R), dtype=np.int64)
+        if self.moves:
+            e_X, r_X, q_X = np.array(self.moves, dtype=np.int64).T
+            alloc_ER[e_X, r_X] = q_X
+        home_E = np.repeat(np.arange(R, dtype=np.int64), np.diff(np.asarray(edges)))
+        alloc_ER[np.arange(E), home_E] = self.remaining  # no move went home
+        return alloc_ER
+
+
+def host_moves(
+    load: list[int],
+    target: list[int],
+    total_E: list[int],
+    edges: list[int],
+    warm: tuple[dict[int, set[int]] | None, dict[int, dict[int, list[int]]]],
+    previous: list[Flow],
+) -> HostMoves:
+    """Steps 1-2 on the host: the group flows (:func:`host_flows`) and the moves they
+    split into (:func:`split_group_host` per donor group). Arguments as :func:`host_alloc`."""
+    warm_by_receiver, warm_experts = warm
+    flows = host_flows(load, target, warm_by_receiver, previous)
+    dests: dict[int, list[tuple[int, int]]] = {}
+    for d, r, q in flows:
+        dests.setdefault(d, []).append((r, q))
+    remaining = list(total_E)
+    moves: list[tuple[int, int, int]] = []
+    for d, out in dests.items():
+        group = range(edges[d], edges[d + 1])
+        moves += split_group_host(group, remaining, out, warm_experts.get(d, {}))
+    return HostMoves(flows, moves, remaining)
+
+
 def host_alloc(
     load: list[int],
     target: list[int],
@@ -174,23 +222,5 @@ def host_alloc(
         warm: ``previous``'s residents, :func:`warm_maps` (``(None, {})``: none).
         previous: last step's flows in order (``[]``: none).
     """
-    warm_by_receiver, warm_experts = warm
-    flows = host_flows(load, target, warm_by_receiver, previous)
-    dests: dict[int, list[tuple[int, int]]] = {}
-    for d, r, q in flows:
-        dests.setdefault(d, []).append((r, q))
-    remaining = list(total_E)
-    E, R = len(total_E), len(load)
-    moves: list[tuple[int, int, int]] = []
-    for d, out in dests.items():
-        group = range(edges[d], edges[d + 1])
-        moves += split_group_host(group, remaining, out, warm_experts.get(d, {}))
-    alloc_ER = np.zeros((E, R), dtype=np.int64)
-    if moves:
-        # each (expert, rank) moves once: after a move the rank's quota or the
-        # expert's records are spent, and an expert belongs to one group
-        e_X, r_X, q_X = np.array(moves, dtype=np.int64).T
-        alloc_ER[e_X, r_X] = q_X
-    home_E = np.repeat(np.arange(R, dtype=np.int64), np.diff(np.asarray(edges)))
-    alloc_ER[np.arange(E), home_E] = np.asarray(remaining, dtype=np.int64)  # no move went home
-    return flows, alloc_ER
+    steps = host_moves(load, target, total_E, edges, warm, previous)
+    return steps.flows, steps.alloc(edges)

@@ -12,25 +12,26 @@ read to the host, the fields copied back), but only the CPU gains from it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from moonplan.plan.group_flows import host_alloc, warm_maps
+from moonplan.plan.group_flows import HostMoves, host_moves, warm_maps
 from moonplan.plan.home import home_edges, max_local, targets_list
-from moonplan.plan.host_layout import place_slots_host_np, replica_candidates_host, row_layout_host
-from moonplan.plan.reference import Flow, previous_flows
+from moonplan.plan.host_layout import candidates_from_moves, place_slots_host_np, row_layout_host
+from moonplan.plan.reference import previous_flows
 from moonplan.stepcost.traffic import host_int64
 
 
 @dataclass(frozen=True)
 class HostSteps12:
-    """Steps 1-2 on the host: the targets (int64 ``[R]``), the group flows in decision
-    order and the allocation (int64 ``[E, R]``)."""
+    """Steps 1-2 on the host: the targets (int64 ``[R]``), the group flows and step 2's
+    moves (``group_flows.HostMoves``), and the allocation (int64 ``[E, R]``)."""
 
     target: np.ndarray
-    flows: list[Flow]
+    split: HostMoves
     alloc_ER: np.ndarray
 
 
@@ -56,8 +57,8 @@ def steps12_host(
     load = (T_E1[edges[1:]] - T_E1[edges[:-1]]).tolist()
     target = targets_list(sum(load), R) if target_R is None else host_int64(target_R).tolist()
     warm = (None, {}) if prev_RB is None else warm_maps(prev_RB, home_groups(E, R)[0].tolist())
-    flows, alloc_ER = host_alloc(load, target, T_E.tolist(), edges, warm, previous_flows(prev_F3))
-    return HostSteps12(np.array(target, dtype=np.int64), flows, alloc_ER)
+    steps = host_moves(load, target, T_E.tolist(), edges, warm, previous_flows(prev_F3))
+    return HostSteps12(np.array(target, dtype=np.int64), steps, steps.alloc(edges))
 
 
 def plan_host(
@@ -75,13 +76,12 @@ def plan_host(
     dev = counts_RE.device
     steps = steps12_host(counts_RE, prev_RB, prev_F3, target_R)
     home_E, ids = home_groups(E, R)
-    F = max(R - 1, 0)
-    flow_F3 = np.tile(np.array([-1, -1, 0], dtype=np.int64), (F, 1))
-    src_R = np.full(R, -1, dtype=np.int64)
-    if steps.flows:
-        flow_F3[: len(steps.flows)] = steps.flows
-        src_R[flow_F3[: len(steps.flows), 1]] = flow_F3[: len(steps.flows), 0]  # one donor each
-    cand_RM = replica_candidates_host(src_R, ids, steps.alloc_ER)
+    home_E = home_E.copy()  # a field of the plan: not the cached array
+    flows = steps.split.flows
+    flow_F3 = np.tile(np.array([-1, -1, 0], dtype=np.int64), (max(R - 1, 0), 1))
+    if flows:
+        flow_F3[: len(flows)] = flows
+    cand_RM = candidates_from_moves(steps.split.moves, R, ids.shape[1])
     prev = None if prev_RB is None else host_int64(prev_RB)
     slot_RB, new_RB, direct_RD = place_slots_host_np(cand_RM, prev, num_slots)
     rows = row_layout_host(ids, slot_RB, direct_RD, steps.alloc_ER, align)
@@ -95,17 +95,24 @@ def plan_host(
         "row_count": rows[1],
         "row_offset": rows[2],
     }
-    fields = {k: torch.from_numpy(v).to(dev) for k, v in out.items()}
+    out["home"] = home_E
+    fields = {k: torch.from_numpy(v) for k, v in out.items()}
+    if dev.type != "cpu":
+        fields = {k: v.to(dev) for k, v in fields.items()}
     if target_R is not None:
         fields["target"] = target_R
-    return {**fields, "home": torch.from_numpy(home_E).to(dev)}
+    return fields
 
 
+@functools.lru_cache(maxsize=64)
 def home_groups(num_experts: int, num_ranks: int) -> tuple[np.ndarray, np.ndarray]:
     """``(home_E, ids_RM)`` int64: ``from_alloc.home_layout`` on the host (each expert's
-    home rank; each rank's home experts, padded with ``E``)."""
+    home rank; each rank's home experts, padded with ``E``). Kept per ``(E, R)`` (a layer
+    plans the same shape every step), so both arrays are read-only: copy to keep one."""
     E, R = num_experts, num_ranks
     size_R = np.diff(home_edges(E, R))
     ids_RM = np.full((R, max_local(E, R)), E, dtype=np.int64)
     ids_RM[np.arange(ids_RM.shape[1]) < size_R[:, None]] = np.arange(E)  # groups in order
-    return np.repeat(np.arange(R, dtype=np.int64), size_R), ids_RM
+    home_E = np.repeat(np.arange(R, dtype=np.int64), size_R)
+    home_E.flags.writeable = ids_RM.flags.writeable = False
+    return home_E, ids_RM

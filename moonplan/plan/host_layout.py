@@ -5,7 +5,6 @@ Legend:
     K candidate columns per rank (``M`` for the planner, ``max(B, M)`` for ``from_alloc``)
     W = M + B + D rows per rank
     ids_RM    experts of each home group (``E`` where the group has fewer than ``M``)
-    src_R     the donor group that fills each rank (step 1: at most one), ``-1`` if none
     cand_RK   each rank's replicas in placement order (largest first), ``-1`` padded
     prev_RB   previous plan's slots (``-1``: empty)
 
@@ -23,21 +22,25 @@ import numpy as np
 from moonplan.plan.reference import place_slots
 
 
-def replica_candidates_host(
-    src_R: np.ndarray, ids_RM: np.ndarray, alloc_ER: np.ndarray
+def candidates_from_moves(
+    moves: list[tuple[int, int, int]], num_ranks: int, width: int
 ) -> np.ndarray:
-    """``cand_RM`` int64: each rank's replicas (the experts of its donor group ``src_R``
-    that it executes), most records first (ties: lower id), ``-1`` padded.
+    """``cand_RM`` int64 ``[R, width]``: each rank's replicas, most records first (ties:
+    lower id), ``-1`` padded: ``torch_layout.replica_candidates`` read off step 2's moves.
 
-    ``torch_layout.replica_candidates`` on host arrays (int64 ``[R]``, ``[R, M]``, ``[E, R]``).
+    Args:
+        moves: ``(expert, rank, records)``, each ``(expert, rank)`` once
+            (``group_flows.HostMoves``): a rank's moves are its replicas, all from the one
+            donor group that fills it (so at most ``M <= width`` of them).
+        num_ranks, width: ``R`` and the columns (``M``).
     """
-    R, E = src_R.shape[0], alloc_ER.shape[0]
-    ids_RM = ids_RM[np.maximum(src_R, 0)]
-    rec_RM = alloc_ER[np.minimum(ids_RM, E - 1), np.arange(R)[:, None]]
-    rec_RM = np.where((ids_RM < E) & (src_R >= 0)[:, None], rec_RM, 0)
-    order_RM = np.argsort(-rec_RM, axis=1, kind="stable")  # stable: lower id first on ties
-    rec_RM = np.take_along_axis(rec_RM, order_RM, 1)
-    return np.where(rec_RM > 0, np.take_along_axis(ids_RM, order_RM, 1), -1)
+    cand_RM = np.full((num_ranks, width), -1, dtype=np.int64)
+    if moves:
+        keyed = sorted((r, -q, e) for e, r, q in moves)  # by rank, then the placement order
+        r_X = np.array([k[0] for k in keyed], dtype=np.int64)
+        col_X = np.arange(len(keyed)) - np.searchsorted(r_X, r_X)  # place within the rank
+        cand_RM[r_X, col_X] = [k[2] for k in keyed]
+    return cand_RM
 
 
 def place_slots_host_np(

@@ -63,9 +63,9 @@ def row_cells_host(plan: Plan, rank: int) -> tuple[np.ndarray, np.ndarray, np.nd
     e_L, count_L, dest_L = row_e[live_L], row_count[live_L], live_L // W
     end_L = np.cumsum(count_L)
     start_L = end_L - count_L  # the row's segment on the line
+    # e's stretch starts where its first row's segment does; rank owns [lo, hi) of it
     counts = plan.counts.numpy()
-    T_E = counts.sum(0)
-    lo_L = (np.cumsum(T_E) - T_E + counts[:rank].sum(0))[e_L]
+    lo_L = start_L[np.searchsorted(e_L, e_L)] + counts[:rank].sum(0)[e_L]
     hi_L = lo_L + counts[rank][e_L]
     first_L = np.maximum(start_L, lo_L)
     take_L = np.maximum(np.minimum(end_L, hi_L) - first_L, 0)

@@ -12,12 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moonplan.plan.from_alloc import home_layout
-from moonplan.plan.host_backend import home_groups, plan_host
-from moonplan.plan.host_layout import (
-    place_slots_host_np,
-    replica_candidates_host,
-    row_layout_host,
-)
+from moonplan.plan.host_backend import home_groups, plan_host, steps12_host
+from moonplan.plan.host_layout import candidates_from_moves, place_slots_host_np, row_layout_host
 from moonplan.plan.reference import place_slots
 from moonplan.plan.torch_backend import plan_torch
 from moonplan.plan.torch_layout import place_slots_masked, replica_candidates, row_layout_torch
@@ -55,25 +51,25 @@ def test_slots_never_alias_their_input() -> None:
 def test_candidates_and_rows_equal_the_torch_layout(
     c: torch.Tensor, extra: int, align: int
 ) -> None:
-    """From the torch backend's own steps 1-2 (tensor scan): the same candidates, rows,
-    counts and offsets from host arrays."""
+    """From the host steps 1-2: the torch layout's candidates (from the quotas and the
+    allocation), rows, counts and offsets."""
     R, E = c.shape
-    p = plan_torch(c, min(E, -(-E // R) + extra), align, None, scan="tensor")
+    M = -(-E // R)
+    steps = steps12_host(c, None, None)
     _, ids_RM = home_layout(E, R, c.device)
     quota_RR = torch.zeros(R, R, dtype=torch.int64)
-    real = p["flow"][:, 0] >= 0
-    quota_RR[p["flow"][real, 0], p["flow"][real, 1]] = p["flow"][real, 2]
-    src_R = torch.full((R,), -1, dtype=torch.int64)
-    src_R[p["flow"][real, 1]] = p["flow"][real, 0]
-    want, _ = replica_candidates(quota_RR, ids_RM, p["alloc"])
-    got = replica_candidates_host(src_R.numpy(), ids_RM.numpy(), p["alloc"].numpy())
+    for d, r, q in steps.split.flows:
+        quota_RR[d, r] = q
+    alloc_ER = torch.from_numpy(steps.alloc_ER)
+    want, _ = replica_candidates(quota_RR, ids_RM, alloc_ER)
+    got = candidates_from_moves(steps.split.moves, R, M)
     assert got.tolist() == want.tolist()
-    D = p["row_expert"].shape[1] - ids_RM.shape[1] - p["slot_expert"].shape[1]
-    direct_RD = p["row_expert"][:, p["row_expert"].shape[1] - D :]
+    B = min(E, M + extra)
+    slot_RB, _, direct_RD = place_slots_masked(want, torch.full((R, B), -1), B)
     rows = row_layout_host(
-        ids_RM.numpy(), p["slot_expert"].numpy(), direct_RD.numpy(), p["alloc"].numpy(), align
+        ids_RM.numpy(), slot_RB.numpy(), direct_RD.numpy(), steps.alloc_ER, align
     )
-    want_rows = row_layout_torch(ids_RM, p["slot_expert"], direct_RD, p["alloc"], align)
+    want_rows = row_layout_torch(ids_RM, slot_RB, direct_RD, alloc_ER, align)
     for g, w in zip(rows, want_rows, strict=True):
         assert g.tolist() == w.tolist()
 
@@ -83,6 +79,7 @@ def test_home_groups_are_the_home_layout(R: int, E: int) -> None:
     home_E, ids_RM = home_layout(E, R, torch.device("cpu"))
     got_E, got_RM = home_groups(E, R)
     assert got_E.tolist() == home_E.tolist() and got_RM.tolist() == ids_RM.tolist()
+    assert not got_E.flags.writeable and not got_RM.flags.writeable  # kept per (E, R)
 
 
 @given(counts(max_ranks=7, max_experts=20), st.sampled_from([1, 4]))
@@ -93,3 +90,5 @@ def test_host_plan_equals_the_tensor_plan(c: torch.Tensor, align: int) -> None:
     assert got.keys() == want.keys()
     for k in want:
         assert got[k].dtype == torch.int64 and torch.equal(got[k], want[k]), k
+    got["home"].add_(1)  # the plan's own copy, not the array kept per (E, R)
+    assert home_groups(E, R)[0].tolist() == want["home"].tolist()
