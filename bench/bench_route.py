@@ -123,7 +123,8 @@ TABLE = TextTable(
     "{rows_per_record_affinity:>8.3f} {saved_pct:>7.2f} {sort_ms:>7.2f} {route_ms_plain:>8.2f} "
     "{route_ms_affinity:>6.2f} {plain_over_sort:>11.2f} {affinity_over_sort:>9.2f} "
     "{route_time_ratio:>9.2f}",
-    "scenario|R|E|S|K|split|rows/rec|aff|saved %|sort ms|plain ms|aff ms|plain/sort|aff/sort|aff/plain",
+    "scenario|R|E|S|K|split|rows/rec|aff|saved %|sort ms|plain ms|aff ms|plain/sort|aff/sort|"
+    "aff/plain",
 )
 
 
