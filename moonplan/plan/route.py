@@ -130,9 +130,9 @@ def route(
             off for CUDA-graph capture once the inputs are known to be consistent).
         affinity: assign this rank's records of a split expert so that tokens reach
             few ranks (``route_affinity``; one host read, and several times the time of
-            the default: ``moonplan/plan/README.md``, "Routing"); ``False`` (default):
-            plain local order. Counts per (destination, expert) and the set of offsets
-            are the same either way.
+            plain order: ``moonplan/plan/README.md``, "Per-record routing"). ``False``
+            (the default): plain local order. Counts per (destination, expert) and the
+            set of offsets are the same either way.
 
     The unique rows (``Route.unique_token`` ...) are built on first use (one host read).
 

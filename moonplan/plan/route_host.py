@@ -41,9 +41,11 @@ def route_host(plan: Plan, rank: int, ids_N: np.ndarray) -> tuple[np.ndarray, ..
     packed_N += np.arange(N, dtype=np.int64)
     out_N = np.empty(N, dtype=np.int64)
     out_N[order_N] = packed_N
+    offset_N = out_N & ((1 << OFFSET_BITS) - 1)
+    dest_N = np.right_shift(out_N, OFFSET_BITS, out=out_N)  # in place: one buffer less
     send_R = np.zeros(plan.num_ranks, dtype=np.int64)
     np.add.at(send_R, dest_L, take_L)
-    return out_N >> OFFSET_BITS, out_N & ((1 << OFFSET_BITS) - 1), send_R
+    return dest_N, offset_N, send_R
 
 
 def row_cells_host(plan: Plan, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
