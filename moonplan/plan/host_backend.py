@@ -26,6 +26,43 @@ from moonplan.stepcost.traffic import host_int64
 
 
 @dataclass(frozen=True)
+class HostHome:
+    """The home layout of one ``(E, R)`` as host arrays (int64, read-only: kept per shape
+    by :func:`host_home`, since a layer plans the same shape every step).
+
+    Attributes:
+        edges: ``[R + 1]`` ints, rank ``r``'s home experts ``[edges[r], edges[r + 1])``.
+        home_E: each expert's home rank (``home.home_map``).
+        ids_RM: each rank's home experts, padded with ``E`` (``from_alloc.home_layout``).
+        rows_RM: the same, padded with ``-1`` (the home rows of the row layout).
+        cell_E: ``e * R + home_E[e]``, each expert's home cell in a flat ``[E, R]``.
+    """
+
+    edges: list[int]
+    home_E: np.ndarray
+    ids_RM: np.ndarray
+    rows_RM: np.ndarray
+    cell_E: np.ndarray
+
+
+@functools.lru_cache(maxsize=64)
+def host_home(num_experts: int, num_ranks: int) -> HostHome:
+    """:class:`HostHome` of ``(E, R)``, built once per shape."""
+    E, R = num_experts, num_ranks
+    edges = home_edges(E, R)
+    size_R = np.diff(edges)
+    ids_RM = np.full((R, max_local(E, R)), E, dtype=np.int64)
+    ids_RM[np.arange(ids_RM.shape[1]) < size_R[:, None]] = np.arange(E)  # groups in order
+    home_E = np.repeat(np.arange(R, dtype=np.int64), size_R)
+    home = HostHome(
+        edges, home_E, ids_RM, np.where(ids_RM < E, ids_RM, -1), np.arange(E) * R + home_E
+    )
+    for a in (home.home_E, home.ids_RM, home.rows_RM, home.cell_E):
+        a.flags.writeable = False
+    return home
+
+
+@dataclass(frozen=True)
 class HostSteps12:
     """Steps 1-2 on the host: the targets (int64 ``[R]``), the group flows and step 2's
     moves (``group_flows.HostMoves``), and the allocation (int64 ``[E, R]``)."""
@@ -51,14 +88,19 @@ def steps12_host(
     """
     c = host_int64(counts_RE)
     R, E = c.shape
-    edges = home_edges(E, R)
+    home = host_home(E, R)
     T_E = c.sum(0)
     T_E1 = np.concatenate([[0], np.cumsum(T_E)])  # records of the experts before e
-    load = (T_E1[edges[1:]] - T_E1[edges[:-1]]).tolist()
+    load = (T_E1[home.edges[1:]] - T_E1[home.edges[:-1]]).tolist()
     target = targets_list(sum(load), R) if target_R is None else host_int64(target_R).tolist()
-    warm = (None, {}) if prev_RB is None else warm_maps(prev_RB, home_groups(E, R)[0].tolist())
-    steps = host_moves(load, target, T_E.tolist(), edges, warm, previous_flows(prev_F3))
-    return HostSteps12(np.array(target, dtype=np.int64), steps, steps.alloc(edges))
+    warm = (None, {}) if prev_RB is None else warm_maps(prev_RB, home.home_E.tolist())
+    steps = host_moves(load, target, T_E.tolist(), home.edges, warm, previous_flows(prev_F3))
+    alloc_ER = np.zeros(E * R, dtype=np.int64)
+    if steps.moves:
+        e_X, r_X, q_X = np.array(steps.moves, dtype=np.int64).T
+        alloc_ER[e_X * R + r_X] = q_X
+    alloc_ER[home.cell_E] = steps.remaining  # no move went home
+    return HostSteps12(np.array(target, dtype=np.int64), steps, alloc_ER.reshape(E, R))
 
 
 def plan_host(
@@ -73,46 +115,28 @@ def plan_host(
     device. Arguments as :func:`steps12_host`; ``num_slots`` is ``B``, ``align`` the row
     padding multiple."""
     R, E = counts_RE.shape
-    dev = counts_RE.device
     steps = steps12_host(counts_RE, prev_RB, prev_F3, target_R)
-    home_E, ids = home_groups(E, R)
-    home_E = home_E.copy()  # a field of the plan: not the cached array
+    home = host_home(E, R)
     flows = steps.split.flows
-    flow_F3 = np.tile(np.array([-1, -1, 0], dtype=np.int64), (max(R - 1, 0), 1))
-    if flows:
-        flow_F3[: len(flows)] = flows
-    cand_RM = candidates_from_moves(steps.split.moves, R, ids.shape[1])
+    flow_F3 = np.array(flows + [(-1, -1, 0)] * (R - 1 - len(flows)), dtype=np.int64)
+    cand_RM = candidates_from_moves(steps.split.moves, R, home.ids_RM.shape[1])
     prev = None if prev_RB is None else host_int64(prev_RB)
     slot_RB, new_RB, direct_RD = place_slots_host_np(cand_RM, prev, num_slots)
-    rows = row_layout_host(ids, slot_RB, direct_RD, steps.alloc_ER, align)
+    rows = row_layout_host(home.rows_RM, slot_RB, direct_RD, steps.alloc_ER, align)
     out = {
         "alloc": steps.alloc_ER,
         "target": steps.target,
-        "flow": flow_F3,
+        "home": home.home_E.copy(),  # a field of the plan: not the kept array
+        "flow": flow_F3.reshape(max(R - 1, 0), 3),
         "slot_expert": slot_RB,
         "slot_new": new_RB,
         "row_expert": rows[0],
         "row_count": rows[1],
         "row_offset": rows[2],
     }
-    out["home"] = home_E
     fields = {k: torch.from_numpy(v) for k, v in out.items()}
-    if dev.type != "cpu":
-        fields = {k: v.to(dev) for k, v in fields.items()}
+    if counts_RE.device.type != "cpu":
+        fields = {k: v.to(counts_RE.device) for k, v in fields.items()}
     if target_R is not None:
         fields["target"] = target_R
     return fields
-
-
-@functools.lru_cache(maxsize=64)
-def home_groups(num_experts: int, num_ranks: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(home_E, ids_RM)`` int64: ``from_alloc.home_layout`` on the host (each expert's
-    home rank; each rank's home experts, padded with ``E``). Kept per ``(E, R)`` (a layer
-    plans the same shape every step), so both arrays are read-only: copy to keep one."""
-    E, R = num_experts, num_ranks
-    size_R = np.diff(home_edges(E, R))
-    ids_RM = np.full((R, max_local(E, R)), E, dtype=np.int64)
-    ids_RM[np.arange(ids_RM.shape[1]) < size_R[:, None]] = np.arange(E)  # groups in order
-    home_E = np.repeat(np.arange(R, dtype=np.int64), size_R)
-    home_E.flags.writeable = ids_RM.flags.writeable = False
-    return home_E, ids_RM

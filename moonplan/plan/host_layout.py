@@ -76,18 +76,20 @@ def place_slots_host_np(
 
 
 def row_layout_host(
-    ids_RM: np.ndarray,
+    home_RM: np.ndarray,
     slot_RB: np.ndarray,
     direct_RD: np.ndarray,
     alloc_ER: np.ndarray,
     align: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(row_RW, count_RW, offset_RW1)`` int64: ``torch_layout.row_layout_torch`` on host
-    arrays (home rows, slots, direct rows; their records; padded offsets)."""
-    R, E = slot_RB.shape[0], alloc_ER.shape[0]
-    row_RW = np.concatenate([np.where(ids_RM < E, ids_RM, -1), slot_RB, direct_RD], 1)
-    count_RW = np.where(row_RW >= 0, alloc_ER[np.maximum(row_RW, 0), np.arange(R)[:, None]], 0)
-    padded_RW = (count_RW + (align - 1)) // align * align
+    arrays (home rows ``home_RM``, ``-1`` padded, then slots and direct rows; their
+    records; ``align``-padded offsets)."""
+    R = slot_RB.shape[0]
+    row_RW = np.concatenate([home_RM, slot_RB, direct_RD], 1)
+    count_RW = alloc_ER[np.maximum(row_RW, 0), np.arange(R)[:, None]]
+    count_RW[row_RW < 0] = 0
+    padded_RW = count_RW if align == 1 else (count_RW + (align - 1)) // align * align
     offset_RW1 = np.zeros((R, row_RW.shape[1] + 1), dtype=np.int64)
     np.cumsum(padded_RW, 1, out=offset_RW1[:, 1:])
     return row_RW, count_RW, offset_RW1
