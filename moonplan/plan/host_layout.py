@@ -10,16 +10,14 @@ Legend:
 
 The CPU form of ``torch_layout`` (the same arrays, bit for bit, tested against it and the
 reference): on the CPU a numpy op on these small arrays costs about a microsecond, a torch
-op several, and a rank without residents needs no Python loop: its replicas take the
-slots in order and the rest are direct. Only ranks with residents run
-``reference.place_slots``.
+op several. Without residents the slots are the first replicas in order; with residents
+every rank is placed at once by masks (``torch_layout.place_slots_masked``'s rule), with
+no loop over ranks.
 """
 
 from __future__ import annotations
 
 import numpy as np
-
-from moonplan.plan.reference import place_slots
 
 
 def candidates_from_moves(
@@ -53,26 +51,50 @@ def place_slots_host_np(
         prev_RB: int64 ``[R, B]`` previous slots (``-1``: empty), or ``None``.
         num_slots: ``B``.
 
-    A rank with no resident (every previous slot empty) fills its slots in order, so its
-    first ``B`` candidates are its slots (all new) and the rest are direct.
+    Without residents (every previous slot empty) a rank fills its slots in order, so
+    its first ``B`` candidates are its slots (all new) and the rest are direct; with
+    some, every rank is placed by :func:`_place_with_residents`.
     """
     R, K = cand_RK.shape
-    B, D = num_slots, max(0, K - num_slots)
+    if prev_RB is not None and bool((prev_RB >= 0).any()):
+        return _place_with_residents(cand_RK, prev_RB, num_slots)
+    B = num_slots
     slot_RB = np.full((R, B), -1, dtype=np.int64)
     slot_RB[:, : min(B, K)] = cand_RK[:, :B]
     new_RB = (slot_RB >= 0).astype(np.int64)
-    direct_RD = cand_RK[:, B:].astype(np.int64)  # a copy: never a view of the input
-    if prev_RB is None:
-        return slot_RB, new_RB, direct_RD
-    for r in np.flatnonzero((prev_RB >= 0).any(1)).tolist():
-        reps = [e for e in cand_RK[r].tolist() if e >= 0]
-        # records that sort like the given order (largest first): the candidates' rank
-        slot, new, direct = place_slots(
-            [(e, -i) for i, e in enumerate(reps)], prev_RB[r].tolist(), B
-        )
-        slot_RB[r], new_RB[r] = slot, new
-        direct_RD[r] = direct + [-1] * (D - len(direct))
-    return slot_RB, new_RB, direct_RD
+    return slot_RB, new_RB, cand_RK[:, B:].astype(np.int64)  # a copy: never a view
+
+
+def _place_with_residents(
+    cand_RK: np.ndarray, prev_RB: np.ndarray, num_slots: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`place_slots_host_np` by masks over every rank at once (``B >= 1``): new
+    replicas (not resident) in order take the free slots (empty ones first, then those
+    whose resident is unused, in slot order); the rest are direct, in order."""
+    R, K = cand_RK.shape
+    B, D = num_slots, max(0, K - num_slots)
+    valid_RK = cand_RK >= 0
+    res_RK = valid_RK & (cand_RK[:, :, None] == prev_RB[:, None, :]).any(2)
+    kept_RB = (prev_RB[:, :, None] == np.where(valid_RK, cand_RK, -2)[:, None, :]).any(2)
+    new_RK = valid_RK & ~res_RK
+    order_RK = np.argsort(~new_RK, axis=1, kind="stable")  # new replicas first, in order
+    n_new_R = new_RK.sum(1, keepdims=True)
+    new_RK = np.where(np.arange(K) < n_new_R, np.take_along_axis(cand_RK, order_RK, 1), -1)
+    cat_RB = np.where(prev_RB < 0, 0, np.where(kept_RB, 2, 1))
+    free_RB = np.argsort(cat_RB, axis=1, kind="stable")  # empty, unused resident; in order
+    n_free_R = (cat_RB < 2).sum(1, keepdims=True)
+    i_K = np.arange(K)
+    to_slot_RK = (i_K < n_new_R) & (i_K < n_free_R)
+    col_RK = np.where(to_slot_RK, free_RB[:, np.minimum(i_K, B - 1)], B)  # B: discarded
+    r_R1 = np.arange(R)[:, None]
+    slot_RB = np.concatenate([prev_RB, np.full((R, 1), -1, dtype=np.int64)], 1)
+    slot_RB[r_R1, col_RK] = np.where(to_slot_RK, new_RK, -1)
+    new_RB = np.zeros((R, B + 1), dtype=np.int64)
+    new_RB[r_R1, col_RK] = to_slot_RK
+    to_direct_RK = (i_K < n_new_R) & ~to_slot_RK
+    direct_RD = np.full((R, D + 1), -1, dtype=np.int64)
+    direct_RD[r_R1, np.where(to_direct_RK, i_K - n_free_R, D)] = np.where(to_direct_RK, new_RK, -1)
+    return slot_RB[:, :B], new_RB[:, :B], direct_RD[:, :D]
 
 
 def row_layout_host(
