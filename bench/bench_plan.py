@@ -19,10 +19,12 @@ copies of the ``bounded-<eps>`` candidates against exact. Writes JSON (``--out``
     python bench/bench_plan.py                 # all configurations
     python bench/bench_plan.py --quick         # small configurations only (CI smoke)
     python bench/bench_plan.py --auto-only     # only the bounded-copies and auto-vs-exact tables
+    python bench/bench_plan.py --reference     # only the first table at (64, 896, 8192, 8)
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any
@@ -41,7 +43,9 @@ from moonplan.traces import (
     sample_topk,
 )
 
-CONFIGS = [(8, 256, 4096, 8), (64, 896, 8192, 8), (64, 896, 8192, 16), (256, 896, 2048, 16)]
+REFERENCE = (64, 896, 8192, 8)
+"""(R, E, S, K) of the CPU bar: plan + route at most 2x one stable sort of the ids."""
+CONFIGS = [(8, 256, 4096, 8), REFERENCE, (64, 896, 8192, 16), (256, 896, 2048, 16)]
 QUICK = [(8, 64, 512, 4), (16, 128, 256, 8)]
 SIGMAS = [0.5, 1.0, 2.0]
 RHOS = [0.999, 0.99]  # AR(1) drift of log-popularity per step: slow, fast
@@ -235,17 +239,32 @@ def main() -> None:
     ap = timing_parser(__doc__, reps=41, out="bench/results/bench_plan.json")
     ap.add_argument("--steps", type=int, default=12, help="drifting-trace steps (default 12)")
     ap.add_argument("--auto-only", action="store_true", help="only the auto-vs-exact table")
+    ap.add_argument(
+        "--reference", action="store_true", help="only the first table, at the reference shape"
+    )
     args = ap.parse_args()
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
+    load = round(os.getloadavg()[0], 1)  # a busy machine makes ratios noisy
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, load {load}")
     configs = QUICK if args.quick else CONFIGS
     rows: list[dict[str, Any]] = []
+    if args.reference:
+        configs = [REFERENCE]
     if not args.auto_only:
         print(TABLE.header())
         rows = run(configs, SIGMAS, args.reps, args.steps)
-    bounded = bounded_copies(5 if args.quick else 20)
-    auto = run_auto(QUICK if args.quick else AUTO_CONFIGS, SIGMAS, args.reps)
+    bounded, auto = [], []
+    if not args.reference:
+        bounded = bounded_copies(5 if args.quick else 20)
+        auto = run_auto(QUICK if args.quick else AUTO_CONFIGS, SIGMAS, args.reps)
     write_json(
-        args.out, {"torch": torch.__version__, "rows": rows, "bounded": bounded, "auto": auto}
+        args.out,
+        {
+            "torch": torch.__version__,
+            "load_avg_1min": [load, round(os.getloadavg()[0], 1)],  # at the start and the end
+            "rows": rows,
+            "bounded": bounded,
+            "auto": auto,
+        },
     )
 
 

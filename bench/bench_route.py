@@ -28,6 +28,7 @@ Scenarios (homes are contiguous: rank ``r`` owns experts ``[r*E/R, (r+1)*E/R)``)
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import zlib
@@ -136,13 +137,16 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     rows = []
+    load = round(os.getloadavg()[0], 1)  # a busy machine makes ratios noisy
+    print(f"load {load}")
     print(TABLE.header())
     for R, E, S, K in QUICK if args.quick else CONFIGS:
         for scenario in SCENARIOS:
             r = one(scenario, R, E, S, K, args.reps)
             rows.append(r)
             print(TABLE.row(r, saved_pct=100 * r["rows_saved"]), flush=True)
-    write_json(args.out, {"threads": 1, "rows": rows})
+    end = round(os.getloadavg()[0], 1)
+    write_json(args.out, {"threads": 1, "load_avg_1min": [load, end], "rows": rows})
 
 
 if __name__ == "__main__":
