@@ -32,7 +32,7 @@ def route_host(plan: Plan, rank: int, ids_N: np.ndarray) -> tuple[np.ndarray, ..
         rank: the source rank.
         ids_N: int64 ``[N]`` expert ids, token-major, counts matching ``plan.counts[rank]``.
     """
-    narrow = np.int16 if plan.num_experts <= np.iinfo(np.int16).max else np.int32
+    narrow = np.uint16 if plan.num_experts <= np.iinfo(np.uint16).max else np.int32
     order_N = np.argsort(ids_N.astype(narrow), kind="stable")  # by expert, local order kept
     take_L, base_L, dest_L = row_cells_host(plan, rank)
     N = ids_N.size
