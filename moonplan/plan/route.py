@@ -17,6 +17,7 @@ reaches fewer ranks; the token-buffer layout is in ``route_rows``.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +25,7 @@ import torch
 from moonplan.errors import PlanError
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route_affinity import affinity_cells
-from moonplan.plan.route_host import OFFSET_BITS, route_host
+from moonplan.plan.route_host import OFFSET_BITS, counts_host, route_host, sort_keys
 from moonplan.plan.route_rows import count_rows, token_block_start, unique_rows
 from moonplan.stepcost.traffic import host_int64
 
@@ -143,12 +144,19 @@ def route(
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < R:
         raise PlanError(f"rank must be an integer in [0, {R}), got {rank!r}")
     if check:
-        _check_ids(plan, rank, topk_ids)
+        _check_form(topk_ids)
     S, K = topk_ids.shape
     if not affinity and plan.device.type == "cpu" and HOST_FORM:
-        out = route_host(plan, rank, host_int64(topk_ids.reshape(-1)))
+        ids_N = host_int64(topk_ids.reshape(-1))
+        keys_N = sort_keys(ids_N, plan.num_experts)
+        if check:
+            lo_hi = (int(ids_N.min()), int(ids_N.max())) if ids_N.size else None
+            _check_values(plan, rank, lo_hi, lambda: counts_host(ids_N, keys_N, plan.num_experts))
+        out = route_host(plan, rank, keys_N)
         dest_N, offset_N, send_R = (torch.from_numpy(a) for a in out)
     else:
+        if check:
+            _check_tensor(plan, rank, topk_ids)
         dest_N, offset_N, send_R = _route_tensor(plan, rank, topk_ids, affinity)
     return Route(
         dest_rank=dest_N.view(S, K),
@@ -283,23 +291,38 @@ def _row_cells(
     return take_C, base_C, dest_C, e_C
 
 
-def _check_ids(plan: Plan, rank: int, topk_ids: torch.Tensor) -> None:
-    E = plan.num_experts
+def _check_form(topk_ids: torch.Tensor) -> None:
+    """PlanError unless ``topk_ids`` is a 2-D integer tensor."""
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2:
         raise PlanError(
             f"topk_ids must be a 2-D [S, K] tensor, got {getattr(topk_ids, 'shape', topk_ids)}"
         )
     if topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
         raise PlanError(f"topk_ids must be integer expert ids, got dtype {topk_ids.dtype}")
+
+
+def _check_tensor(plan: Plan, rank: int, topk_ids: torch.Tensor) -> None:
+    """:func:`_check_values` of ``topk_ids`` by tensor ops on the plan's device."""
     ids_N = topk_ids.reshape(-1).to(device=plan.device, dtype=torch.int64)
+    lo_hi = None
     if ids_N.numel():
         lo, hi = torch.stack(list(torch.aminmax(ids_N))).tolist()  # one host read
-        if lo < 0 or hi >= E:
-            raise PlanError(f"topk_ids must lie in [0, {E}); got range [{lo}, {hi}]")
-    got_E = torch.bincount(ids_N, minlength=E)
-    if not torch.equal(got_E, plan.counts[rank]):
-        e = int((got_E != plan.counts[rank]).nonzero()[0])
+        lo_hi = (lo, hi)
+    _check_values(plan, rank, lo_hi, lambda: torch.bincount(ids_N, minlength=plan.num_experts))
+
+
+def _check_values(
+    plan: Plan, rank: int, lo_hi: tuple[int, int] | None, count: Callable[[], torch.Tensor]
+) -> None:
+    """PlanError unless the ids' range ``lo_hi`` (``None``: no ids) lies in ``[0, E)`` and
+    their records per expert ``count()`` (called only then) equal ``plan.counts[rank]``."""
+    E = plan.num_experts
+    if lo_hi is not None and (lo_hi[0] < 0 or lo_hi[1] >= E):
+        raise PlanError(f"topk_ids must lie in [0, {E}); got range [{lo_hi[0]}, {lo_hi[1]}]")
+    got_E, want_E = count().to(plan.device), plan.counts[rank]
+    if not torch.equal(got_E, want_E):
+        e = int((got_E != want_E).nonzero()[0])
         raise PlanError(
             f"rank {rank}'s topk_ids route {int(got_E[e])} records to expert {e}, "
-            f"but the plan was made with counts[{rank}, {e}] = {int(plan.counts[rank, e])}"
+            f"but the plan was made with counts[{rank}, {e}] = {int(want_E[e])}"
         )

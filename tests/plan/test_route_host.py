@@ -13,7 +13,7 @@ import torch
 from hypothesis import given
 
 import moonplan
-from moonplan.plan.route_host import route_host, row_cells_host
+from moonplan.plan.route_host import route_host, row_cells_host, sort_keys
 from moonplan.plan.route_reference import route_reference
 from tests.plan.test_route_rows import FIELDS, routed
 
@@ -110,7 +110,7 @@ def test_host_form_takes_any_integer_ids() -> None:
     host, tensor = _forms(p, 0, x)
     assert torch.equal(host.dest_rank, tensor.dest_rank)
     assert torch.equal(host.dest_offset, tensor.dest_offset)
-    dest_N, offset_N, send_R = route_host(p, 0, x.reshape(-1).to(torch.int64).numpy())
+    dest_N, offset_N, send_R = route_host(p, 0, sort_keys(x.reshape(-1).to(torch.int64).numpy(), 3))
     assert dest_N.tolist() == host.dest_rank.reshape(-1).tolist()
     assert offset_N.tolist() == host.dest_offset.reshape(-1).tolist()
     assert send_R.tolist() == host.send_counts.tolist()
