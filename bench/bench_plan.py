@@ -74,7 +74,7 @@ def time_ratio(counts_RE: torch.Tensor, ids_SK: torch.Tensor, reps: int) -> dict
         lambda: torch.sort(flat, stable=True),
         lambda: moonplan.route(moonplan.plan(counts_RE), 0, ids_SK),
         reps,
-        warmup=3,
+        warmup=10,  # steady state: the allocator has settled (no page faults)
     )
     out = median_ms({"plan_route": plan_s, "sort": sort_s})
     paired = statistics.median(p / q for p, q in zip(plan_s, sort_s, strict=True))
