@@ -17,8 +17,9 @@ call can be captured in a CUDA graph:
 
 The cost model's rates are kernel arguments (doubles, fixed in a captured graph); outputs
 and scratch are views of one ``torch.empty``. The kernels include the exact planner's
-source (``csrc/plan_kernel.cu``) for the construction and placement steps, and are compiled
-with ``--fmad=false`` (``docs/gpu_planner.md``, "The choice kernel").
+source (``csrc/plan_kernel.cu``) for the construction and placement steps and
+``csrc/choice_cost.cuh`` for the step-cost formula, and are compiled with ``--fmad=false``
+(``docs/gpu_planner.md``, "The choice kernel").
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from moonplan.plan.home import max_local
 from moonplan.stepcost.step_cost import StepCost
 
 SOURCE_FILE = "choice_kernel.cu"
-HEADER_FILES = ("plan_kernel.cu", "plan_kernel.cuh")  # included by SOURCE_FILE
+HEADER_FILES = ("plan_kernel.cu", "plan_kernel.cuh", "choice_cost.cuh")  # SOURCE_FILE includes
 KERNELS = ("moonplan_choice_first", "moonplan_choice_build", "moonplan_choice_layout")
 NVRTC_OPTIONS = ("--fmad=false",)  # no FMA contraction: the scores' floats as Python's
 RED_F64 = 8 * 32  # doubles of mc_block_max's shared memory
