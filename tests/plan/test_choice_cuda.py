@@ -101,7 +101,7 @@ def test_argument_lists_match_the_kernels() -> None:
         want = len(params) - 1 + COST_PARAMS if "MC_COST_PARAMS" in params else len(params)
         assert len(a) == want, name
     lay = choice_cuda.layout(R, E, B, LEVELS + 3)
-    offsets = [at for at, _ in lay.out.values()] + list(lay.scratch.values())
+    offsets = [at for at, _, _ in lay.out.values()] + list(lay.scratch.values())
     assert offsets == sorted(set(offsets)) and offsets[-1] < lay.words
     assert out["scores"].dtype == torch.float64 and out["scores"].shape == (LEVELS + 3,)
     assert out["exited"].dtype == torch.bool and out["exited"].dim() == 0
