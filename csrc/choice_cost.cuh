@@ -250,6 +250,7 @@ __device__ void mc_score_expert(const McStep& st, const McCost& k, const mp_i64*
     mp_i64 S = 0, D = 0, sn = 0, sf = 0;
     for (mp_i64 g0 = 0; g0 < R; g0 += k.G) {
         const mp_i64 g1 = mc_min_i(g0 + k.G, R);
+        const bool near = g0 / k.G == gh;  // this domain is the expert's home domain
         mp_i64 S1 = S, D1 = D;
         for (mp_i64 r = g0; r < g1; ++r) {
             S1 += st.counts[r * E + e];
@@ -268,13 +269,12 @@ __device__ void mc_score_expert(const McStep& st, const McCost& k, const mp_i64*
                     mc_atomic_add(&acc.wpad[r], mc_padded(k, x));
                     mc_atomic_add(&acc.wbusy[r], 1);
                     mc_atomic_add(&acc.wrows[r], x);
-                    const bool near = r / k.G == gh;
                     mc_atomic_add(near ? &acc.cn_r[r] : &acc.cf_r[r], 1);
                     sn += near ? 1 : 0;
                     sf += near ? 0 : 1;
                 }
             }
-            const mp_i64 corr = mc_overlap(s, s + c, D, D1) - (g0 / k.G == gh ? c : 0);
+            const mp_i64 corr = mc_overlap(s, s + c, D, D1) - (near ? c : 0);
             if (corr != 0) mc_atomic_add(&acc.sdc[r], corr);
             s += c;
             d += x;

@@ -436,21 +436,23 @@ __device__ void mc_layout_alloc(int c, int R, mp_i64 E, mp_i64 M, const mp_i64* 
                                 mp_i64* flow, int C) {
     const int tid = threadIdx.x, nthreads = blockDim.x;
     const mp_i64* a = alloc_C + (mp_i64)c * E * R;
-    for (mp_i64 i = tid; i < E * R; i += nthreads) {
-        const mp_i64 e = i / R, r = i - e * R, h = mp_home_of(e, E, R);
-        const mp_i64 x = c == 0 ? (r == h ? T[e] : 0) : a[i];
-        alloc[i] = x;
-        if (r == h) {
-            rem[e] = x;
-        } else if (x > 0) {
-            const int j = atomicAdd(&rep_n[r], 1);
-            if (j < M) {  // at most M: every candidate's receiver takes one donor group
-                rep_e[r * M + j] = (int)e;
-                rep_c[r * M + j] = x;
+    for (mp_i64 e = tid; e < E; e += nthreads) {  // a thread per expert: no division per entry
+        const mp_i64 h = mp_home_of(e, E, R);
+        home[e] = h;
+        for (mp_i64 r = 0; r < R; ++r) {
+            const mp_i64 x = c == 0 ? (r == h ? T[e] : 0) : a[e * R + r];
+            alloc[e * R + r] = x;
+            if (r == h) {
+                rem[e] = x;
+            } else if (x > 0) {
+                const int j = atomicAdd(&rep_n[r], 1);
+                if (j < M) {  // at most M: every candidate's receiver takes one donor group
+                    rep_e[r * M + j] = (int)e;
+                    rep_c[r * M + j] = x;
+                }
             }
         }
     }
-    for (mp_i64 e = tid; e < E; e += nthreads) home[e] = mp_home_of(e, E, R);
     for (int r = tid; r < R; r += nthreads) target[r] = c == 0 ? L[r] : recv_C[(mp_i64)c * R + r];
     const bool constructed = c == 1 || (c >= 3 && c < C);  // exact, levels, greedy
     const mp_i64 F3 = 3 * (mp_i64)(R - 1);

@@ -34,6 +34,7 @@ import torch
 
 from moonplan.plan import cuda_backend as cb
 from moonplan.plan.choice.bound import copy_min_s
+from moonplan.plan.choice.table import table
 from moonplan.plan.home import max_local
 from moonplan.stepcost.step_cost import StepCost
 
@@ -285,6 +286,7 @@ def choose_cuda(
     ok, why = available()
     if not ok:
         raise RuntimeError(why)
+    C = len(table(levels))  # levels + 3; raises ValueError unless levels >= 1
     counts_RE = cb._check_counts(counts_RE, num_slots, align)
     R, E = counts_RE.shape
     dev = counts_RE.device
@@ -298,7 +300,6 @@ def choose_cuda(
             f"the CUDA choice needs {max(smem)} bytes of shared memory for E={E}, R={R}; this "
             f"device allows {kernels.smem_max} (use backend='torch')"
         )
-    C = levels + 3
     buf, out = allocate(R, E, num_slots, C, dev)
     args = kernel_args(counts_RE, (prev_RB, prev_F3), (num_slots, align, levels), cost, buf)
     stream = torch.cuda.current_stream(dev).cuda_stream
