@@ -1,10 +1,8 @@
 """MoonMoE step time per ``balance=`` mode against static EP, side by side in one run.
 
 Two ranks (fork, gloo) build one layer per variant with the same weights:
-``auto`` (cost-model choice per step, calibrated by the layer itself, with the
-default ``choose=None``: on these CPU ranks the search runs inline, on every step's
-critical path), ``auto-ahead`` (the same with ``choose="ahead"``: the search in a host
-thread after each step, the next step building the candidate it named), ``static``
+``auto`` (cost-model choice per step in one planner call, calibrated by the layer
+itself), ``static``
 (``balance="off"``: every record on its home rank), ``exact`` (always exactly
 balanced), each with the default slots (``min(2, ceil(E/R))``), and ``exact-M``
 (exact with ``slots = ceil(E/R)``, the old default); ``auto-serial`` and
@@ -19,13 +17,15 @@ wall time per step (median) is reported with the ratio to static; ``prefetch`` i
 the weight fetch's own time (measured in the worker thread), ``exposed`` the part on
 the critical path (handing the job over and the experts' wait for it; a step that
 copies nothing starts no job and counts 0: ``docs/runtime.md``), both summed over the
-timed steps and ranks, ``exp %`` their ratio; ``plan`` is the ``plan`` phase
-(constructions on the critical path), ``choice`` the search's own time in its thread
-and ``ch.exp`` the steps' wait for it (choosing ahead only), summed the same way;
-``work`` is the planner work on the critical path per step, in constructions
-(``plan.planned + plan.chose``, rank 0's mean). Last, the acceptance figures of auto:
-forward step against static (uniform, lognormal) and the lognormal forward's exposed
-fraction. ``--modes forward`` times the forward only. ``--transport NAME`` builds
+timed steps and ranks, ``exp %`` their ratio; ``plan`` is the ``plan`` phase (the one
+planner call and the fetch list every policy reads), summed the same way; ``calls``
+counts auto's planner calls that built every candidate (``full``) and that exited
+early (``exit``). ``bound`` is what balance alone can give: ``1 / (static max/mean)``,
+the experts phase of a perfectly balanced step over static EP's (mean over the timed
+steps of static EP's ``max/mean`` load). Last, the acceptance figures of auto: forward
+step against static (uniform, lognormal), the lognormal bound, and the lognormal
+forward's exposed fraction; the bars are uniform <= 1.02, lognormal <= bound + 0.05,
+exposed <= 25%. ``--modes forward`` times the forward only. ``--transport NAME`` builds
 every layer on that registered transport (default ``auto``: the heap where one spans
 the ranks); ``--serial`` builds them all with ``overlap=False`` (the prefetch inline, the
 whole job exposed); the ``-serial`` variants set the two schedules side by side in
@@ -73,7 +73,7 @@ from moonplan.runtime.routers import softmax_topk
 from moonplan.runtime.transports.registry import builtin_name
 from moonplan.testing.dist import run_ranks
 
-VARIANTS = ("auto", "auto-ahead", "static", "exact", "exact-M", "auto-serial", "exact-serial")
+VARIANTS = ("auto", "static", "exact", "exact-M", "auto-serial", "exact-serial")
 MODES = ("forward", "forward+backward")
 
 
@@ -90,7 +90,6 @@ def _layers(cfg: dict, holder: dict) -> dict:
     )
     options = {
         "auto": {"balance": "auto"},
-        "auto-ahead": {"balance": "auto", "choose": "ahead"},
         "static": {"balance": "off"},
         "exact": {"balance": "exact"},
         "exact-M": {"balance": "exact", "slots": M},
@@ -155,8 +154,8 @@ def _rank(rank: int, world: int, cfg: dict) -> dict:
     for mode in cfg["modes"]:
         times: dict[str, list[float]] = {n: [] for n in layers}
         fetch = {n: [0.0, 0.0, 0] for n in layers}  # prefetch s, exposed s, direct reads
-        choice = {n: [0.0, 0.0, 0.0] for n in layers}  # plan s, choice s, choice exposed s
-        work = {n: 0.0 for n in layers}  # constructions on the critical path
+        plan_s = {n: 0.0 for n in layers}  # the plan phase
+        calls: dict[str, Counter] = {n: Counter() for n in layers}  # auto: full, exit
         policies: dict[str, Counter] = {n: Counter() for n in layers}
         static_mm: list[float] = []
         for i, bias in enumerate(biases):
@@ -170,17 +169,16 @@ def _rank(rank: int, world: int, cfg: dict) -> dict:
                 fetch[name][0] += s.phases.get("prefetch", 0.0)
                 fetch[name][1] += s.phases.get("prefetch_exposed", 0.0)
                 fetch[name][2] += s.direct_reads
-                for j, phase in enumerate(("plan", "choice", "choice_exposed")):
-                    choice[name][j] += s.phases.get(phase, 0.0)
-                work[name] += (layer.last_plan.planned + layer.last_plan.chose) / cfg["reps"]
+                plan_s[name] += s.phases.get("plan", 0.0)
+                calls[name][s.choice] += 1
                 policies[name][s.policy] += 1
                 if name == "static":
                     static_mm.append(s.static_max_over_mean)
         out[mode] = {
             "median_s": {k: statistics.median(v) for k, v in times.items()},
             "fetch": fetch,
-            "choice": choice,
-            "work": work,
+            "plan": plan_s,
+            "calls": {k: dict(v) for k, v in calls.items()},
             "policies": {k: dict(v) for k, v in policies.items()},
             "static_max_over_mean": statistics.mean(static_mm),
         }
@@ -190,12 +188,13 @@ def _rank(rank: int, world: int, cfg: dict) -> dict:
 
 
 def _merge(got: list[dict], mode: str) -> dict:
-    """Rank 0's times; prefetch and choice figures summed over ranks."""
+    """Rank 0's times; prefetch and plan figures summed over ranks."""
     res = dict(got[0][mode])
-    for key in ("fetch", "choice"):
-        res[key] = {
-            n: [sum(g[mode][key][n][i] for g in got) for i in range(3)] for n in got[0][mode][key]
-        }
+    res["fetch"] = {
+        n: [sum(g[mode]["fetch"][n][i] for g in got) for i in range(3)]
+        for n in got[0][mode]["fetch"]
+    }
+    res["plan"] = {n: sum(g[mode]["plan"][n] for g in got) for n in got[0][mode]["plan"]}
     return res
 
 
@@ -353,7 +352,7 @@ def main() -> None:
     print(f"transport {args.transport}, {schedule} schedule")
     head = f"{'routing':>10} {'mode':>17} {'variant':>8} {'ms':>8} {'/static':>7}"
     head += f" {'prefetch ms':>11} {'exposed ms':>10} {'exp %':>6} {'direct':>6}"
-    head += f" {'plan ms':>8} {'choice ms':>9} {'ch.exp ms':>9} {'work':>5}  policies"
+    head += f" {'plan ms':>8} {'bound':>6} {'calls':>14}  policies"
     print(head)
     for routing, sigma in (("uniform", 0.0), ("lognormal", 1.0)):
         cfg = {**base, "sigma": sigma}
@@ -365,7 +364,9 @@ def main() -> None:
                 t = res["median_s"][name]
                 pf, ex, direct = res["fetch"][name]
                 frac = ex / pf if pf > 0 else 0.0
-                plan_s, choice_s, choice_ex = res["choice"][name]
+                plan_s = res["plan"][name]
+                bound = 1.0 / res["static_max_over_mean"]
+                calls = res["calls"][name]
                 rows.append(
                     {
                         "routing": routing,
@@ -379,9 +380,8 @@ def main() -> None:
                         "exposed_fraction": frac,
                         "direct_reads": direct,
                         "plan_s": plan_s,
-                        "choice_s": choice_s,
-                        "choice_exposed_s": choice_ex,
-                        "critical_work": res["work"][name],
+                        "balance_bound": bound,
+                        "planner_calls": calls,
                         "policies": res["policies"][name],
                         "static_max_over_mean": res["static_max_over_mean"],
                         **cfg,
@@ -391,8 +391,8 @@ def main() -> None:
                 print(
                     f"{routing:>10} {mode:>17} {name:>8} {1e3 * t:>8.1f} {t / st:>7.3f} "
                     f"{1e3 * pf:>11.2f} {1e3 * ex:>10.2f} {100 * frac:>6.1f} {direct:>6} "
-                    f"{1e3 * plan_s:>8.2f} {1e3 * choice_s:>9.2f} {1e3 * choice_ex:>9.2f} "
-                    f"{res['work'][name]:>5.2f}  {pol}"
+                    f"{1e3 * plan_s:>8.2f} {bound:>6.3f} "
+                    f"{calls.get('full', 0):>5} / {calls.get('exit', 0):>4} exit  {pol}"
                 )
         print(f"{routing}: auto's calibrated StepCost rates {got[0]['cost']}")
     accept = acceptance(rows)
@@ -427,10 +427,13 @@ def cuda_main(args: Any) -> None:
 
 def acceptance(rows: list[dict]) -> dict[str, float]:
     """auto's forward figures of the step-time targets (where auto ran): step / static,
-    uniform and lognormal, and the lognormal exposed fraction of the prefetch."""
+    uniform and lognormal, the lognormal bound of balance alone, and the lognormal exposed
+    fraction of the prefetch (bars: uniform <= 1.02, lognormal <= bound + 0.05, exposed
+    <= 0.25)."""
     fwd = {r["routing"]: r for r in rows if r["variant"] == "auto" and r["mode"] == "forward"}
     out = {f"{k} /static": fwd[k]["ratio_vs_static"] for k in ("uniform", "lognormal") if k in fwd}
     if "lognormal" in fwd:
+        out["lognormal bound"] = fwd["lognormal"]["balance_bound"]
         out["lognormal exposed"] = fwd["lognormal"]["exposed_fraction"]
     return out
 

@@ -23,6 +23,7 @@ from _common import write_report
 
 from moonplan.baselines.compare import compare_policies
 from moonplan.baselines.metrics import balancedness
+from moonplan.baselines.prehistory import Prehistory
 from moonplan.baselines.registry import make_policy, names
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import expert_bytes, get_model
@@ -30,7 +31,7 @@ from moonplan.simulate.progress import ProgressBar
 from moonplan.simulate.report import break_even_table, sweep_table, trend_table
 from moonplan.simulate.sweep import SweepSpec, break_even, sweep
 from moonplan.simulate.trends import deepspeed_trend, gshard_trend
-from moonplan.simulate.workload import drifting_counts
+from moonplan.simulate.workload import drifting_counts, prehistory
 from moonplan.stepcost import StepCost, get_hardware
 
 MODELS = ("mixtral-8x7b", "deepseek-v3", "kimi-k3-like")
@@ -52,12 +53,21 @@ def compare_table(model: str, ranks: int, sigma: float, layers: int, steps: int)
     counts = torch.stack(
         [
             drifting_counts(ranks, m.num_experts, 4096, m.top_k, sigma=sigma, steps=2 * steps,
-                            seed=layer)
+                            seed=layer, rho=0.99)
             for layer in range(layers)
         ]
     )  # fmt: skip
+    law = {"sigma": sigma, "rho": 0.99}
+
+    def before(layer: int, steps_N: torch.Tensor) -> Prehistory:
+        """The deployed EPLB's window before each layer's trace, as the sweep draws it."""
+        return prehistory(steps_N, ranks=ranks, experts=m.num_experts, tokens=4096,
+                          topk=m.top_k, seed=layer, **law)  # fmt: skip
+
+    eplb = SweepSpec().eplb_options()  # its measured steps in the middle of its period
     rows = compare_policies(counts, names(), expert_bytes=expert_bytes(m), warmup=steps,
-                            period=4, window=4, cost=auto_cost(model))  # fmt: skip
+                            before=before, period=4, window=4, cost=auto_cost(model),
+                            **eplb)  # fmt: skip
     return [{"model": model, "ranks": ranks, "sigma": sigma, **r} for r in rows]
 
 
@@ -80,8 +90,8 @@ def figures(out: Path, skew_rows: dict[str, list], ep_rows: dict[str, list]) -> 
     m = get_model("deepseek-v3")
     counts = drifting_counts(8, m.num_experts, 4096, m.top_k, sigma=1.0, steps=32, seed=0)
     made = []
-    pols = [make_policy(n, 8, m.num_experts, period=8, cost=auto_cost("deepseek-v3"))
-            for n in names()]  # fmt: skip
+    pols = [make_policy(n, 8, m.num_experts, period=8, cost=auto_cost("deepseek-v3"),
+                        eplb_window=8, eplb_period=8) for n in names()]  # fmt: skip
     series: dict[str, list[float]] = {p.name: [] for p in pols}
     last = []
     for c in counts:
@@ -90,7 +100,7 @@ def figures(out: Path, skew_rows: dict[str, list], ep_rows: dict[str, list]) -> 
             series[s.name].append(balancedness(s.load_R))
     title = "DeepSeek-V3, EP 8, sigma 1, last step"
     made.append(plots.plot_rank_loads(last, out / "sim_rank_loads.png", title))
-    title = "DeepSeek-V3, EP 8, sigma 1, drifting (rho 0.99), EPLB every 8 steps"
+    title = "DeepSeek-V3, EP 8, sigma 1 (persistent 0.996, rho 0.99), EPLB every 8 steps"
     made.append(plots.plot_balancedness(series, out / "sim_balancedness.png", title))
     for model, rows in skew_rows.items():
         made.append(plots.plot_vs_skew(rows, out / f"sim_skew_{model}.png", model))

@@ -25,11 +25,9 @@ STATUS = ROOT / "docs" / "status.md"
 BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 
 # Pages being rewritten by their owners, skipped for now: remove an entry once its page
-# passes (test_a_skipped_page_still_needs_its_skip says when). planner-policy and
-# simulator: the new balance="auto"; gpu_planner: the CUDA planner page; reliability:
-# issue 24.
+# passes (test_a_skipped_page_still_needs_its_skip says when). simulator: the honest
+# peers; gpu_planner: the CUDA planner page; reliability: issue 24.
 SKIP_FOR_NOW = {
-    "docs/planner-policy.md",
     "docs/simulator.md",
     "docs/gpu_planner.md",
     "docs/reliability.md",

@@ -18,22 +18,32 @@ per policy, measured over steps ``warmup:``:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from moonplan.baselines.metrics import balancedness_per_layer, balancedness_summed, imbalance
 from moonplan.baselines.policy_base import PolicyStep
+from moonplan.baselines.prehistory import Prehistory, UsesPrehistory, step_ranges
 from moonplan.baselines.registry import make_policy, names
 
+Before = Callable[[int, torch.Tensor], Prehistory]
+"""``before(layer, steps_N)``: the per-expert totals of the steps ``steps_N`` before layer
+``layer``'s trace (for the policies that read them, ``moonplan.baselines.prehistory``)."""
 
-def run_layers(counts_LTRE: torch.Tensor, name: str, **options: Any) -> list[list[PolicyStep]]:
-    """``steps[l][t]``: policy ``name`` (fresh per layer) over every layer's steps."""
+
+def run_layers(
+    counts_LTRE: torch.Tensor, name: str, before: Before | None = None, **options: Any
+) -> list[list[PolicyStep]]:
+    """``steps[l][t]``: policy ``name`` (fresh per layer, primed from ``before`` if it reads
+    the steps before the trace) over every layer's steps."""
     L, _, R, E = counts_LTRE.shape
     out = []
     for layer in range(L):
         policy = make_policy(name, R, E, **options)
+        if before is not None and isinstance(policy, UsesPrehistory):
+            policy.prime(before(layer, step_ranges(policy.steps_before())))
         out.append([policy.step(c) for c in counts_LTRE[layer]])
     return out
 
@@ -44,16 +54,18 @@ def compare_policies(
     *,
     expert_bytes: float = 0.0,
     warmup: int = 0,
+    before: Before | None = None,
     **options: Any,
 ) -> list[dict[str, Any]]:
     """One dict of metrics per policy (default: every registered one, ``names()``; see the
-    module docstring); ``options`` go to :func:`make_policy` (e.g. EPLB's ``period``)."""
+    module docstring); ``options`` go to :func:`make_policy` (e.g. EPLB's ``eplb_period``),
+    ``before`` primes the policies that read the steps before each layer's trace."""
     if counts_LTRE.dim() != 4:
         raise ValueError(f"counts must be [L, T, R, E], got shape {tuple(counts_LTRE.shape)}")
     if not 0 <= warmup < counts_LTRE.shape[1]:
         raise ValueError(f"warmup = {warmup} leaves no measured step")
     return [
-        _metrics(name, run_layers(counts_LTRE, name, **options), expert_bytes, warmup)
+        _metrics(name, run_layers(counts_LTRE, name, before, **options), expert_bytes, warmup)
         for name in (names() if policies is None else policies)
     ]
 

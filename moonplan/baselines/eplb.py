@@ -23,9 +23,27 @@ Written from DeepSeek's *description* of its Expert Parallelism Load Balancer
 The loads come from a moving average of past steps (the README leaves the
 estimator to the user and suggests exactly this): every ``period`` steps the
 placement is recomputed from the mean counts of the last ``window`` steps. At
-run time a logical expert's records are split evenly over its replicas. Weights
-moved by a rearrangement are reported as background moves (deployments move
-them asynchronously, every few thousand steps). Ties go to the lowest id.
+run time a logical expert's records are split evenly over its replicas. Ties go
+to the lowest id.
+
+**The schedule** (:class:`EPLBPolicy`). A rearrangement at step ``r`` (every ``period``
+steps from ``first``) plans from the steps ``[r - window, r)``. Its weight moves
+(:func:`placement_moves`) are copied beside the steps ``r .. r + spread - 1``, an equal share
+beside each (``PolicyStep.background_C2`` and ``background_share``; the simulator charges
+each share's link time, hidden only where the links are idle:
+``moonplan.simulate.model_time``), and the new placement serves from step ``r + spread``,
+once its weights have arrived. Two models are registered:
+
+* ``eplb``, as deployed: ``window`` 1000, ``period`` 3000 (vLLM's ``EPLBConfig`` defaults,
+  ``window_size`` and ``step_interval``; SGLang rebalances every 1000 iterations), the
+  moves spread over the whole period (``spread = period``: the gentlest background rate
+  that finishes before the next rearrangement; vLLM moves them asynchronously);
+* ``eplb-fast`` (``moonplan.baselines.eplb_fast``): ``window = period = 4``, every
+  rearrangement's moves beside the one step after it (``spread`` 1), as moonplan's
+  fetches are copied.
+
+Redundant experts: ``redundant``, or ``slots`` per rank (``R * slots``: the memory the
+simulator gives moonplan's slots), else one per GPU (:func:`default_redundant`).
 """
 
 from __future__ import annotations
@@ -39,6 +57,7 @@ from typing import Any
 import torch
 
 from moonplan.baselines.policy_base import Policy, PolicyStep, make_step, no_moves
+from moonplan.baselines.prehistory import Prehistory
 from moonplan.baselines.registry import PolicyInfo, register
 
 
@@ -179,36 +198,86 @@ def default_redundant(num_experts: int, num_ranks: int) -> int:
     return num_ranks + (-(num_experts + num_ranks)) % num_ranks
 
 
+DEPLOYED_WINDOW = 1000
+"""vLLM ``EPLBConfig.window_size`` default: steps of load history averaged."""
+DEPLOYED_PERIOD = 3000
+"""vLLM ``EPLBConfig.step_interval`` default: steps between rearrangements."""
+
+
 @dataclass(frozen=True)
 class EPLBSettings:
     """EPLB's knobs (the options :func:`~moonplan.baselines.registry.make_policy` passes it).
 
     Attributes:
-        redundant: extra physical experts (``E + redundant`` must be divisible by ``R``;
-            ``None``: :func:`default_redundant`).
+        redundant: extra physical experts (``E + redundant`` must be divisible by ``R``).
+        slots: redundant experts per rank instead (``redundant = R * slots``); ``None`` with
+            ``redundant`` ``None``: :func:`default_redundant`.
         period: steps between rearrangements (>= 1).
-        window: steps of history averaged for the load estimate (``None``: ``period``).
+        window: steps of history averaged for the load estimate (>= 1).
+        first: a step of the schedule: rearrangements at ``first + n * period`` for every
+            integer ``n`` (``None``: ``window``, the first once the window is full).
+        spread: steps the moves of a rearrangement are spread over, in ``[1, period]``
+            (``None``: ``period``); the new placement serves after them.
         nodes: nodes of the EP group (hierarchical policy when it divides ``groups``).
         groups: expert groups (DeepSeek-V3: 8); 1 for models without group-limited routing.
     """
 
     redundant: int | None = None
-    period: int = 8
-    window: int | None = None
+    slots: int | None = None
+    period: int = DEPLOYED_PERIOD
+    window: int = DEPLOYED_WINDOW
+    first: int | None = None
+    spread: int | None = None
     nodes: int = 1
     groups: int = 1
 
     def __post_init__(self) -> None:
-        window = self.period if self.window is None else self.window
-        if min(self.period, window, self.nodes, self.groups) < 1:
+        if min(self.period, self.window, self.nodes, self.groups) < 1:
             raise ValueError("period, window, nodes and groups must be >= 1")
+        if not 1 <= self.moves_spread <= self.period:
+            raise ValueError(f"spread must be in [1, period = {self.period}], got {self.spread}")
+        if self.slots is not None and self.slots < 0:
+            raise ValueError(f"slots must be >= 0, got {self.slots}")
+
+    @property
+    def moves_spread(self) -> int:
+        return self.period if self.spread is None else int(self.spread)
+
+    def redundant_for(self, num_experts: int, num_ranks: int) -> int:
+        """The redundant experts these settings give ``E`` experts on ``R`` ranks."""
+        if self.slots is not None:
+            by_slots = num_ranks * int(self.slots)
+            if self.redundant is not None and self.redundant != by_slots:
+                raise ValueError(f"redundant = {self.redundant} and slots = {self.slots} "
+                                 f"disagree (R * slots = {by_slots})")  # fmt: skip
+            return by_slots
+        if self.redundant is None:
+            return default_redundant(num_experts, num_ranks)
+        return int(self.redundant)
+
+
+@dataclass(frozen=True)
+class Rearrangement:
+    """A placement whose weights are being copied (module docstring, "The schedule").
+
+    Attributes:
+        place_RP: the new placement.
+        moves_C2: the copies it needs from the placement it replaces.
+        ready: the step from which it serves.
+    """
+
+    place_RP: torch.Tensor
+    moves_C2: torch.Tensor
+    ready: int
 
 
 class EPLBPolicy(Policy):
-    """Periodic EPLB-style replication (see the module docstring) for ``R`` ranks and ``E``
-    experts; ``settings`` are the fields of :class:`EPLBSettings`.
+    """Periodic EPLB-style replication on the schedule of the module docstring, for ``R``
+    ranks and ``E`` experts; ``settings`` are the fields of :class:`EPLBSettings`.
 
-    Before any history exists the placement is planned from uniform loads.
+    Before any rearrangement the placement is planned from uniform loads. Steps are
+    numbered from 0 at the first :meth:`step` after :meth:`reset`; :meth:`prime` replays
+    steps before it (negative numbers) from a :class:`Prehistory`.
     """
 
     name = "eplb"
@@ -216,20 +285,22 @@ class EPLBPolicy(Policy):
     def __init__(self, num_ranks: int, num_experts: int, **settings: Any) -> None:
         super().__init__(num_ranks, num_experts)
         R, E, s = num_ranks, num_experts, EPLBSettings(**settings)
-        self.redundant = default_redundant(E, R) if s.redundant is None else int(s.redundant)
+        self.redundant = s.redundant_for(E, R)
         if self.redundant < 0 or (E + self.redundant) % R or E + self.redundant < R:
             raise ValueError(
                 f"EPLB needs E + redundant = {E} + {self.redundant} to be a positive "
                 f"multiple of R = {R}"
             )
-        self.period, self.window = int(s.period), int(s.window or s.period)
+        self.period, self.window, self.spread = int(s.period), int(s.window), s.moves_spread
+        self.first = self.window if s.first is None else int(s.first)
         self.nodes, self.groups = int(s.nodes), int(s.groups)
         self.reset()
 
     def reset(self) -> None:
         self.t = 0
-        self.history: deque[torch.Tensor] = deque(maxlen=self.window)
+        self.history: deque[tuple[int, torch.Tensor]] = deque(maxlen=self.window)
         self.place_RP = self._plan([1.0] * self.num_experts)
+        self.pending: Rearrangement | None = None
 
     def _plan(self, load_E: Sequence[float]) -> torch.Tensor:
         return eplb_placement(
@@ -240,28 +311,86 @@ class EPLBPolicy(Policy):
             groups=self.groups,
         )
 
+    def rearranges_at(self, t: int) -> bool:
+        """Whether step ``t`` is a rearrangement of the schedule."""
+        return (t - self.first) % self.period == 0
+
+    def _advance(self) -> None:
+        """At step ``self.t``: serve a placement whose weights have arrived, then rearrange
+        if the schedule says so and history of the window exists."""
+        t = self.t
+        if self.pending is not None and self.pending.ready <= t:
+            self.place_RP, self.pending = self.pending.place_RP, None
+        if not self.rearranges_at(t):
+            return
+        seen = [total for step, total in self.history if step >= t - self.window]
+        if not seen:
+            return
+        load_E = torch.stack(seen).to(torch.float64).mean(0)
+        new_RP = self._plan(load_E.tolist())
+        moves = placement_moves(self.place_RP, new_RP, self._ranks_per_node())
+        self.pending = Rearrangement(new_RP, moves, t + self.spread)
+
+    def _moves_now(self) -> torch.Tensor:
+        """The copies beside step ``self.t`` (those of a rearrangement still in flight)."""
+        if self.pending is None or self.pending.ready <= self.t:
+            return no_moves()
+        return self.pending.moves_C2
+
     def step(self, counts: Any) -> PolicyStep:
         counts_RE = self._counts(counts)
-        background_C2 = no_moves()
-        if self.t > 0 and self.t % self.period == 0 and self.history:
-            load_E = torch.stack(list(self.history)).to(torch.float64).mean(0)
-            new_RP = self._plan(load_E.tolist())
-            background_C2 = placement_moves(self.place_RP, new_RP, self._ranks_per_node())
-            self.place_RP = new_RP
+        self._advance()
         total_E = counts_RE.sum(0)
         alloc_ER = replica_alloc(total_E, self.place_RP)
-        self.history.append(total_E)
+        moves = self._moves_now()
+        self.history.append((self.t, total_E))
         self.t += 1
         return make_step(
-            self.name, counts_RE, alloc_ER, copies=self.redundant, background_C2=background_C2
-        )
+            self.name, counts_RE, alloc_ER, copies=self.redundant, background_C2=moves,
+            background_share=1.0 / self.spread,
+        )  # fmt: skip
+
+    def steps_before(self) -> list[tuple[int, int]]:
+        """Step ranges before step 0 whose totals the schedule reads: the windows of the
+        rearrangements from the last one whose placement serves at step 0 up to the first
+        that plans from the trace's steps alone (``r >= window``)."""
+        r = self.first + ((-1 - self.first) // self.period) * self.period  # last r < 0
+        if r + self.spread > 0:  # still in flight at step 0: the one before serves
+            r -= self.period
+        out = []
+        while r < self.window:
+            out.append((r - self.window, min(r, 0)))
+            r += self.period
+        return [(a, b) for a, b in out if a < b]
+
+    def prime(self, before: Prehistory) -> None:
+        """Replay the steps ``before.first .. -1``: their totals go to the history, their
+        rearrangements are made (the steps ``before`` lacks are steps it did not see)."""
+        if self.t != 0 or self.history:
+            raise ValueError("prime an EPLB policy right after reset, before its first step")
+        totals = before.by_step()
+        for t in range(before.first, 0):
+            self.t = t
+            self._advance()
+            if t in totals:
+                self.history.append((t, totals[t].to(torch.int64)))
+        self.t = 0
 
     def _ranks_per_node(self) -> int:
         return max(1, self.num_ranks // self.nodes)
 
 
-def _build(name: str, num_ranks: int, num_experts: int, **settings: Any) -> EPLBPolicy:
+SCHEDULE_OPTIONS = {"eplb_window": "window", "eplb_period": "period", "eplb_first": "first",
+                    "eplb_spread": "spread"}  # fmt: skip
+"""Options of ``make_policy("eplb", ...)`` for its schedule -> :class:`EPLBSettings` fields
+(prefixed: ``period`` and ``window`` are ``moonplan-refresh``'s, and one option set
+serves every policy)."""
+
+
+def _build(name: str, num_ranks: int, num_experts: int, **options: Any) -> EPLBPolicy:
+    settings = {SCHEDULE_OPTIONS.get(k, k): v for k, v in options.items() if v is not None}
     return EPLBPolicy(num_ranks, num_experts, **settings)
 
 
-register(PolicyInfo("eplb", _build, order=40, options=tuple(f.name for f in fields(EPLBSettings))))
+_OTHER = tuple(f.name for f in fields(EPLBSettings) if f.name not in SCHEDULE_OPTIONS.values())
+register(PolicyInfo("eplb", _build, order=40, options=(*_OTHER, *SCHEDULE_OPTIONS)))

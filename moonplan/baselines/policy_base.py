@@ -47,7 +47,10 @@ class PolicyStep:
         moves_C2: ``[C, 2]`` weight copies that must arrive before this step's experts
             run (source rank, destination rank): moonplan's and the greedy's prefetch.
         background_C2: ``[C', 2]`` weight copies moved off the critical path
-            (EPLB's periodic rearrangement).
+            (EPLB's periodic rearrangement), of which a share ``background_share`` is
+            copied beside this step (the simulator charges its link time).
+        background_share: the part of ``background_C2`` beside this step (EPLB spreads a
+            rearrangement's moves over several steps: ``1 / spread``).
         fetch_ER: bool ``[E, R]`` pairs whose weights must arrive before their rows run
             this step (the expert of each ``moves_C2`` copy); ``None``: none.
         src_E: ``[E]`` rank each expert's weights are fetched from; ``None``: no fetch.
@@ -55,15 +58,9 @@ class PolicyStep:
             ``moonplan-auto`` adds its choice's own work, ``Plan.chose``).
         choice: the candidate a choosing policy took this step (``moonplan-auto``:
             ``plan.policy``, e.g. ``"static"``); ``""`` for the others.
-        background_plan: planner work started off the critical path after this step, in
-            construction equivalents (``moonplan-auto``'s search for a later step's
-            candidate, ``found.planned + found.chose``); the simulator charges only the
-            part that does not fit beside the steps it runs beside
-            (``moonplan.simulate.model_time``).
-        lag: the steps that background work runs beside, this one included (the search
-            names the candidate of the step ``lag`` later: ``moonplan.plan.ahead``).
-        cut: balancing candidates that background search left out to stay within its
-            work budget (``moonplan.plan.search.Choice.cut``; 0: none, or no search).
+        background_plan: planner calls started off the critical path beside this step
+            (``moonplan-refresh``'s refill plan); the simulator charges only the part that
+            does not fit beside it, to the next step (``moonplan.simulate.model_time``).
     """
 
     name: str
@@ -74,13 +71,12 @@ class PolicyStep:
     copies: int = 0
     moves_C2: torch.Tensor = field(default_factory=no_moves)
     background_C2: torch.Tensor = field(default_factory=no_moves)
+    background_share: float = 1.0
     fetch_ER: torch.Tensor | None = None
     src_E: torch.Tensor | None = None
     planned: float = 1
     choice: str = ""
     background_plan: float = 0.0
-    lag: int = 1
-    cut: int = 0
     refill_ER: torch.Tensor | None = None
 
     @property
@@ -89,10 +85,11 @@ class PolicyStep:
         return self.alloc_ER.sum(0)
 
     @property
-    def new_copies(self) -> int:
-        """Expert weights moved this step (blocking, background and refilled)."""
+    def new_copies(self) -> float:
+        """Expert weights moved this step (blocking, the background share and refilled)."""
         refilled = 0 if self.refill_ER is None else int(self.refill_ER.sum())
-        return int(self.moves_C2.shape[0] + self.background_C2.shape[0]) + refilled
+        background = self.background_C2.shape[0] * self.background_share
+        return self.moves_C2.shape[0] + background + refilled
 
     def moved_bytes(self, expert_bytes: float) -> float:
         """Bytes of expert weights moved this step, given one expert's bytes (``3*H*F*s``)."""

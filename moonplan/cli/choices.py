@@ -25,7 +25,7 @@ DISPATCH_SCHEMES = ("record", "rank", "host")
 MODEL_PRESETS = ("deepseek-v3", "kimi-k3-like", "mixtral-8x7b")
 """``sorted(moonplan.cost.PRESETS)`` (``moonplan.cost`` imports numpy: 0.2 s)."""
 
-TREND_MODELS = ("deepspeed-moe-1.3b-128",)
+TREND_MODELS = ("deepspeed-moe-1.3b-128", "olmoe-1b-7b")
 """``moonplan.simulate.models.TREND_MODELS`` (the simulator also takes every
 ``moonplan.cost`` preset and ``gshard-<E>e``)."""
 
@@ -35,6 +35,7 @@ POLICIES = (
     "capacity-1.0",
     "capacity-1.25",
     "eplb",
+    "eplb-fast",
     "moonep-greedy",
     "moonplan",
     "moonplan-resident",
@@ -50,6 +51,22 @@ PLAN_US = 51.0
 """The MoonEP greedy's published planning time (µs) the simulator charges by default;
 moonplan's own planners are charged their kernel's time by shape
 (``moonplan.baselines.planner_time``, ``moonplan.simulate.model_time.default_plan_us()``)."""
+
+MEASURED_STEPS = 32
+"""``moonplan.simulate.sweep.MEASURED_STEPS``: measured steps per simulated point."""
+
+WARMUP_STEPS = 8
+"""``moonplan.simulate.sweep.WARMUP_STEPS``: steps run before measuring."""
+
+PERSISTENT_SHARE = 0.996
+"""``moonplan.traces.persistence.PERSISTENT_SHARE``: the persistent share of the generated
+log-popularity's variance (measured on the shipped real traces)."""
+
+DEPLOYED_WINDOW = 1000
+"""``moonplan.baselines.eplb.DEPLOYED_WINDOW``: the deployed EPLB's window (steps)."""
+
+DEPLOYED_PERIOD = 3000
+"""``moonplan.baselines.eplb.DEPLOYED_PERIOD``: its rearrangement period (steps)."""
 
 SHM_DIR = "/dev/shm"
 """``moonplan.comm.shm_files.SHM_DIR``."""

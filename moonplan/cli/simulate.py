@@ -6,6 +6,8 @@ and EP size (see ``moonplan.simulate`` and ``docs/simulator.md``).
     moonplan simulate --model deepseek-v3 --hardware h200-multinode --ep 8,64 --sigma 0,1,2
     moonplan simulate --maxvio 0.5,1,2 --plot sweep.png --json
     moonplan simulate --counts trace.npy --model mixtral-8x7b      # a recorded [T, R, E] trace
+    moonplan simulate --counts moonplan/traces/data/decode-l1.npz --model olmoe-1b-7b
+    moonplan simulate --persistent 0                               # drift only (the earlier law)
     moonplan simulate --break-even --ep 8 --sigma 1                # tokens/rank where copying pays
     moonplan simulate --serial-prefetch                            # the old serial fetch schedule
     moonplan simulate --dispatch host                              # a row per (token, host)
@@ -21,13 +23,18 @@ from typing import TYPE_CHECKING, Any
 
 from moonplan.cli.args import add_subcommand, float_range, int_range
 from moonplan.cli.choices import (
+    DEPLOYED_PERIOD,
+    DEPLOYED_WINDOW,
     DISPATCH_SCHEMES,
     HARDWARE,
+    MEASURED_STEPS,
     MODEL_PRESETS,
+    PERSISTENT_SHARE,
     PLAN_US,
     POLICIES,
     TOKEN_GRID,
     TREND_MODELS,
+    WARMUP_STEPS,
     listed,
 )
 from moonplan.cli.cost import preset_name
@@ -54,7 +61,8 @@ def _list(kind: Any) -> Any:
 HELP = "estimate per-step MoE time of each balancing policy (sweeps skew and EP size)"
 DESCRIPTION = (
     "Roofline + communication model of one MoE layer step for static EP, "
-    "capacity, EPLB, the MoonEP greedy and moonplan (see docs/simulator.md)."
+    "capacity, EPLB (as deployed, and every 4 steps with its moves charged), the MoonEP "
+    "greedy and moonplan (see docs/simulator.md)."
 )
 MODELS = (*MODEL_PRESETS, *TREND_MODELS, "gshard-<E>e")
 
@@ -101,16 +109,36 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
         "--tokens", type=int, default=4096, help="tokens per rank per step (default 4096)"
     )
     p.add_argument(
-        "--steps", type=int_range(1), default=4, help="measured steps per point (default 4)"
+        "--steps",
+        type=int_range(1),
+        default=MEASURED_STEPS,
+        help=f"measured steps per point (default {MEASURED_STEPS}; with --counts the last ones)",
     )
     p.add_argument(
-        "--warmup", type=int_range(0), default=4, help="steps run before measuring (default 4)"
+        "--warmup",
+        type=int_range(0),
+        default=WARMUP_STEPS,
+        help=f"steps run before measuring (default {WARMUP_STEPS}; --counts: the steps before "
+        "the measured ones)",
     )
     p.add_argument(
         "--rho",
         type=float_range(-1, 1),
         default=0.99,
         help="step-to-step correlation of the drifting popularity (default 0.99)",
+    )
+    p.add_argument(
+        "--persistent",
+        type=float_range(0, 1),
+        default=PERSISTENT_SHARE,
+        help=f"persistent share of the log-popularity's variance (default {PERSISTENT_SHARE}, "
+        "measured on real routing; 0: drift only, the earlier model)",
+    )
+    p.add_argument(
+        "--slots",
+        type=int_range(0),
+        default=None,
+        help="redundant slots per rank for moonplan and EPLB (default: each one's own)",
     )
     p.add_argument(
         "--seed", type=int_range(0), default=0, help="seed of the generated counts (default 0)"
@@ -163,8 +191,16 @@ def _policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--eplb-period",
         type=int_range(1),
-        default=4,
-        help="EPLB rearrangement period in steps (default 4)",
+        default=None,
+        help=f"deployed EPLB's rearrangement period in steps (default {DEPLOYED_PERIOD}; "
+        "--counts: half the warm-up)",
+    )
+    p.add_argument(
+        "--eplb-window",
+        type=int_range(1),
+        default=None,
+        help=f"deployed EPLB's window in steps (default {DEPLOYED_WINDOW}; --counts: half the "
+        "warm-up)",
     )
     p.add_argument(
         "--eplb-groups",
@@ -229,7 +265,9 @@ def _spec(args: argparse.Namespace) -> SweepSpec:
         model=args.model, hardware=args.hardware, ranks=tuple(args.ep), sigmas=tuple(args.sigma),
         maxvios=None if args.maxvio is None else tuple(args.maxvio), tokens=args.tokens,
         policies=tuple(policies), steps=args.steps, warmup=args.warmup, rho=args.rho,
-        seed=args.seed, eplb_period=args.eplb_period, eplb_groups=args.eplb_groups,
+        persistent=args.persistent, seed=args.seed, slots=args.slots,
+        eplb_window=args.eplb_window or DEPLOYED_WINDOW,
+        eplb_period=args.eplb_period or DEPLOYED_PERIOD, eplb_groups=args.eplb_groups,
         exact=args.exact,
     )  # fmt: skip
 
@@ -277,10 +315,8 @@ def _run(
     args: argparse.Namespace, spec: SweepSpec, cfg: SimConfig, progress: Any
 ) -> dict[str, Any]:
     from moonplan.simulate.models import get_model
-    from moonplan.simulate.sweep import break_even, simulate_trace, sweep
+    from moonplan.simulate.sweep import break_even, sweep
     from moonplan.simulate.trends import deepspeed_trend, gshard_trend
-    from moonplan.simulate.workload import recorded_counts
-    from moonplan.stepcost.hardware import get_hardware
 
     if args.trends:
         return {
@@ -297,15 +333,32 @@ def _run(
         ]  # fmt: skip
         return {"break_even": results}
     if args.counts:
-        counts = recorded_counts(args.counts)
-        model, hw = get_model(spec.model), get_hardware(spec.hardware)
-        warmup = min(spec.warmup, counts.shape[0] - 1)
-        rows = simulate_trace(
-            counts, model, hw, cfg, spec.policies, warmup=warmup,
-            eplb_period=spec.eplb_period, eplb_groups=spec.eplb_groups,
-        )  # fmt: skip
-        return {"rows": [{**r, "sigma": None, "maxvio_target": None} for r in rows]}
+        return {"rows": _recorded(args, spec, cfg)}
     return {"rows": sweep(spec, cfg, progress)}
+
+
+def _recorded(args: argparse.Namespace, spec: SweepSpec, cfg: SimConfig) -> list[dict[str, Any]]:
+    """Rows of a recorded trace: its last ``--steps`` steps measured (a trace no longer than
+    that: all but its first ``--warmup``, at least one measured), the deployed EPLB's schedule
+    fitted to the steps before them unless ``--eplb-window``/``--eplb-period`` are given."""
+    from moonplan.simulate.acceptance import recorded_options
+    from moonplan.simulate.models import get_model
+    from moonplan.simulate.sweep import policy_options, simulate_trace
+    from moonplan.simulate.workload import recorded_counts
+    from moonplan.stepcost.hardware import get_hardware
+
+    counts = recorded_counts(args.counts)
+    model, hw = get_model(spec.model), get_hardware(spec.hardware)
+    T, R, _ = counts.shape
+    warmup = T - spec.steps if T > spec.steps else min(spec.warmup, T - 1)
+    eplb = recorded_options(T, T - warmup)
+    if args.eplb_window or args.eplb_period:
+        w = args.eplb_window or DEPLOYED_WINDOW
+        eplb = {"eplb_window": w, "eplb_period": args.eplb_period or DEPLOYED_PERIOD,
+                "eplb_first": w}  # fmt: skip
+    opts = policy_options(hw, R, groups=spec.eplb_groups, slots=spec.slots, eplb=eplb)
+    rows = simulate_trace(counts, model, hw, cfg, spec.policies, warmup=warmup, options=opts)
+    return [{**r, "sigma": None, "maxvio_target": None} for r in rows]
 
 
 def _text(report: dict[str, Any], detail: bool) -> str:

@@ -20,7 +20,12 @@ from moonplan.plan.from_alloc import home_layout
 from moonplan.plan.group_flows import host_alloc, warm_maps
 from moonplan.plan.home import home_edges, targets_list
 from moonplan.plan.reference import previous_flows
-from moonplan.plan.torch_layout import place_slots_torch, replica_candidates, row_layout_torch
+from moonplan.plan.torch_layout import (
+    place_slots_masked,
+    place_slots_torch,
+    replica_candidates,
+    row_layout_torch,
+)
 from moonplan.plan.torch_scan import balance_groups_torch, split_groups_torch
 from moonplan.stepcost.traffic import host_int64
 
@@ -43,9 +48,10 @@ def plan_torch(
         align: row padding multiple.
         prev_RB: int64 ``[R, B]`` previous plan's slots, or ``None``.
         prev_F3: int64 ``[R-1, 3]`` previous plan's flows, or ``None``.
-        scan: how steps 1-2 (the sequential greedy) run: ``"tensor"`` (masked tensor
-            steps, no host reads: the accelerator path), ``"host"`` (Python integers:
-            cheapest where the tensors are on the CPU) or ``"auto"`` (by device).
+        scan: how the plan is built: ``"tensor"`` (masked tensor steps and slot
+            placement, no host read on any device: the accelerator path), ``"host"``
+            (Python integers and host lists: cheapest where the tensors are on the CPU)
+            or ``"auto"`` (by device).
         target_R: int64 ``[R]`` targets replacing the exact ones (see
             ``reference.reference_plan``), or ``None``.
     """
@@ -55,7 +61,10 @@ def plan_torch(
     )
     cand_RM, _ = replica_candidates(quota_RR, ids_RM, alloc_ER)
     prev = prev_RB if prev_RB is not None else cand_RM.new_full((R, num_slots), -1)
-    slot_RB, new_RB, direct_RD = place_slots_torch(cand_RM, prev, num_slots)
+    if scan == "tensor":
+        slot_RB, new_RB, direct_RD = place_slots_masked(cand_RM, prev, num_slots)
+    else:
+        slot_RB, new_RB, direct_RD = place_slots_torch(cand_RM, prev, num_slots)
     row_RW, count_RW, offset_RW1 = row_layout_torch(ids_RM, slot_RB, direct_RD, alloc_ER, align)
     return {
         "alloc": alloc_ER,
@@ -124,7 +133,7 @@ def _steps12(
         target_R = N // R + (torch.arange(R, device=dev) < N % R).to(torch.int64)
     load_R = torch.zeros(R, dtype=torch.int64, device=dev).index_add_(0, home_E, T_E)
     step = Steps12Inputs(load_R, target_R, T_E, home_E, prev_RB, prev_F3)
-    return (target_R, home_E, ids_RM), alloc_tensor(step, ids_RM)
+    return (target_R, home_E, ids_RM), alloc_tensor(step, ids_RM, stop_early=False)
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,9 @@ class Balancer:
 
     def plan(self, counts_RE: torch.Tensor, previous: Plan | None) -> Plan:
         """The step's plan: one planner call (the same plan on every rank for the same
-        counts and ``previous``)."""
+        counts and ``previous``). The counts are every rank's ``bincount`` of valid ids
+        and ``align`` was checked when the layer was built, so the call reads nothing on
+        the host to check them again (``check_input=False``)."""
         self._last = (counts_RE, previous)
         policy = self.policy()
         return planner.plan(
@@ -89,6 +91,7 @@ class Balancer:
             previous=previous,
             policy=policy,
             cost=self.cost if policy == "auto" else None,
+            check_input=False,
         )
 
     def schedule(self) -> int:

@@ -7,14 +7,18 @@ A *point* is ``(model, hardware, R, sigma, S)``: one drifting trace
 measured) on which ``moonplan-auto`` and its peers run. Its verdicts:
 
 * ``vs_peers``: ``moonplan-auto``'s mean step time over the least of the peers'
-  (:data:`PEERS`: static EP with linear placement, EPLB, the MoonEP greedy,
-  moonplan with resident slots); the bar is :data:`PEER_BAR`;
+  (:data:`PEERS`: static EP with linear and with round-robin placement, EPLB as deployed
+  and re-placing every 4 steps with its moves charged, the MoonEP greedy, moonplan exact
+  and moonplan with resident slots); the bar is :data:`PEER_BAR`;
 * ``vs_ideal``: its mean step time over the force-balanced ideal (the bar
   :data:`IDEAL_BAR` applies at :data:`IDEAL_POINT` only).
 
-``moonplan-auto`` chooses ahead (the search off the critical path, its excess over
-the step charged: ``moonplan.simulate.model_time``); :data:`ALSO` (the inline schedule,
-the background slot refresh) may run beside it, reported, never counted in the bars.
+``moonplan-auto`` makes one planner call a step, charged the planner's device time by shape
+(``moonplan.baselines.planner_time``); :data:`ALSO` (the background slot refresh) may run
+beside it, reported, never counted in the bars.
+
+:func:`standings` reports, per policy, the points it wins and its worst ratio to the
+best; :func:`run_recorded` runs the same comparison on recorded traces.
 
 Points need ``E >= R`` (every rank holds at least one home expert: with fewer
 experts than ranks static EP leaves ranks idle and is no deployment anyone runs),
@@ -23,14 +27,25 @@ so Mixtral-8x7B (8 experts) is swept at EP 8 only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import get_model
-from moonplan.simulate.sweep import SweepSpec, spec_point
+from moonplan.simulate.sweep import (
+    MEASURED_STEPS,
+    WARMUP_STEPS,
+    SweepSpec,
+    policy_options,
+    simulate_trace,
+    spec_point,
+)
 from moonplan.stepcost.hardware import get_hardware
+from moonplan.traces.persistence import PERSISTENT_SHARE
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, label)`` callback."""
@@ -40,8 +55,17 @@ REFRESH = "moonplan-refresh"
 """Resident slots refilled in the background (modelled, not in the runtime), for comparison."""
 ALSO = {REFRESH: "vs_peers_refresh"}
 """Policies reported beside auto (not counted in the bars) -> their row key."""
-PEERS = ("static-linear", "eplb", "moonep-greedy", "moonplan-resident")
+PEERS = (
+    "static-linear",
+    "static-round-robin",
+    "eplb",
+    "eplb-fast",
+    "moonep-greedy",
+    "moonplan",
+    "moonplan-resident",
+)
 """The policies ``moonplan-auto`` must not be slower than (beyond :data:`PEER_BAR`)."""
+EPLB_MODELS = ("eplb", "eplb-fast")
 PEER_BAR = 1.01
 IDEAL_BAR = 1.06
 IDEAL_POINT = ("deepseek-v3", "h200-node", 8, 1.0, 4096)
@@ -59,9 +83,13 @@ class AcceptanceGrid:
         ranks: EP sizes.
         sigmas: lognormal skews.
         tokens: tokens per rank per step.
-        steps, warmup: measured steps per point, and steps run before them (EPLB's
-            history, the resident slots).
-        rho, seed: the drifting trace's step-to-step correlation and seed.
+        steps, warmup: measured steps per point, and steps run before them (``eplb-fast``'s
+            window, the resident slots; the deployed EPLB's window is drawn before the trace).
+        rho, seed: the drifting part's step-to-step correlation, and the seed.
+        persistent: the persistent share of the log-popularity's variance (0: drift only).
+        slots: redundant slots per rank for every policy that takes them: the same memory
+            for moonplan's slots and EPLB's redundant experts (default 2: the runtime's
+            default, ``moonplan.runtime.slot_budget``; ``None``: each policy's own).
     """
 
     models: tuple[str, ...] = ("deepseek-v3", "mixtral-8x7b", "kimi-k3-like")
@@ -69,10 +97,12 @@ class AcceptanceGrid:
     ranks: tuple[int, ...] = (8, 16, 64)
     sigmas: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0)
     tokens: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384)
-    steps: int = 8
-    warmup: int = 4
+    steps: int = MEASURED_STEPS
+    warmup: int = WARMUP_STEPS
     rho: float = 0.99
     seed: int = 0
+    persistent: float = PERSISTENT_SHARE
+    slots: int | None = 2
 
     def points(self) -> list[Point]:
         """Every ``(model, hardware, R, sigma, S)`` of the grid with ``E >= R``."""
@@ -101,68 +131,58 @@ def acceptance_point(
         ``best_peer`` and ``best_peer_us`` (least of the peers present),
         ``vs_peers``, ``vs_ideal``, ``choices`` (auto's candidate -> steps),
         ``phases`` (auto's mean phases, us), ``moved_mb`` (policy -> expert weights moved
-        per step, MB: on the critical path or, for EPLB, in the background), and a
-        diagnosis of the choice's own planning: ``chosen_only_us`` (auto's time if only
-        the candidate it took had been planned: one run for a balancing candidate, none
-        for static and resident) and ``vs_peers_chosen_only``; ``background_plan``
-        (auto's search off the critical path, construction equivalents a step) and
-        ``background_wait_us`` (the part of it charged because it did not fit beside its
-        step), ``lagged_steps`` (measured steps beside a search with a lag above 1),
-        ``searches`` and ``cut_searches`` (background searches started after the
-        measured steps, and those cut to fit their work budget); for
-        each policy of :data:`ALSO` among ``policies``, its ratio to the best
-        peer (``vs_peers_inline``, ``vs_peers_refresh``).
+        per step, MB: on the critical path or, for EPLB, in the background), ``vs_static``
+        (auto over static EP with linear placement), a diagnosis of the planning:
+        ``unplanned_us`` (auto's time without its planning) and ``vs_peers_unplanned``;
+        for each policy of :data:`ALSO` among ``policies``, its ratio to the best peer
+        (``vs_peers_refresh``).
     """
     cfg = cfg or SimConfig()
     model, hw, R, sigma, S = point
     spec = SweepSpec(
-        model=model, hardware=hw, steps=grid.steps, warmup=grid.warmup, rho=grid.rho, seed=grid.seed
-    )
+        model=model, hardware=hw, steps=grid.steps, warmup=grid.warmup, rho=grid.rho,
+        seed=grid.seed, persistent=grid.persistent, slots=grid.slots,
+    )  # fmt: skip
     m, h = get_model(model), get_hardware(hw)
     rows = {r["policy"]: r for r in spec_point(spec, m, h, cfg, R, S, sigma, policies)}
+    where = {"model": model, "hardware": hw, "ranks": R, "sigma": sigma, "tokens": S}
+    return verdicts(where, rows, policies, cfg)
+
+
+def verdicts(
+    point: dict[str, Any],
+    rows: dict[str, dict[str, Any]],
+    policies: Sequence[str],
+    cfg: SimConfig,
+) -> dict[str, Any]:
+    """The verdicts of :func:`acceptance_point` from one point's rows (policy -> row)."""
     peers = [p for p in policies if p in PEERS]
     if AUTO not in rows or not peers:
         raise ValueError(f"an acceptance point needs {AUTO} and at least one of {PEERS}")
     best = min(peers, key=lambda p: rows[p]["total_us"])
     auto = rows[AUTO]
-    plan_us = cfg.plan_seconds(AUTO, R, m.num_experts) * 1e6
-    chosen_only = auto["total_us"] - auto["plan_us"] + _chosen_runs(auto) * plan_us
+    unplanned = auto["total_us"] - auto["plan_us"]
+    static = rows.get("static-linear", {}).get("total_us", math.nan)
     phases = ("plan_us", "prefetch_us", "prefetch_exposed_us", "dispatch_us", "experts_us")
     return {
-        "model": model,
-        "hardware": hw,
-        "ranks": R,
-        "sigma": sigma,
-        "tokens": S,
+        **point,
         "ideal_us": auto["ideal_us"],
         "us": {p: r["total_us"] for p, r in rows.items()},
         "moved_mb": {p: r.get("moved_mb", 0.0) for p, r in rows.items()},
+        "dropped": {p: r.get("dropped_fraction", 0.0) for p, r in rows.items()},
         "rel_ideal": {p: r["rel_ideal"] for p, r in rows.items()},
         "best_peer": best,
         "best_peer_us": rows[best]["total_us"],
         "vs_peers": auto["total_us"] / rows[best]["total_us"],
         "vs_ideal": auto["rel_ideal"],
-        "chosen_only_us": chosen_only,
-        "vs_peers_chosen_only": chosen_only / rows[best]["total_us"],
+        "vs_static": auto["total_us"] / static,
+        "unplanned_us": unplanned,
+        "vs_peers_unplanned": unplanned / rows[best]["total_us"],
         "choices": auto.get("choices", {}),
         "phases": {k: auto[k] for k in (*phases, "combine_us", "total_us")},
-        "background_plan": auto.get("background_plan", 0.0),
-        "background_wait_us": auto.get("background_wait_us", 0.0),
-        "lagged_steps": auto.get("lagged_steps", 0),
-        "searches": auto.get("searches", 0),
-        "cut_searches": auto.get("cut_searches", 0),
         **{key: rows[p]["total_us"] / rows[best]["total_us"] for p, key in ALSO.items()
            if p in rows},
     }  # fmt: skip
-
-
-def _chosen_runs(auto_row: dict[str, Any]) -> float:
-    """Mean planner runs per step if auto had built only the candidates it took (and
-    waited for no search: neither inline nor the excess of the one in the background)."""
-    choices = auto_row.get("choices", {})
-    steps = sum(choices.values())
-    balancing = sum(n for c, n in choices.items() if c not in ("static", "resident"))
-    return balancing / steps if steps else 0.0
 
 
 def run_acceptance(
@@ -195,34 +215,99 @@ def failures(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return bad + [r for r in ideal if r not in bad]
 
 
-CLASSES = ("planning", "lag", "myopia", "static", "eplb", "greedy")
+CLASSES = ("planning", "myopia", "static", "eplb", "greedy")
 """Causes of a point above :data:`PEER_BAR`, in the order :func:`classify` tries them."""
 
 
 def classify(r: dict[str, Any]) -> str:
     """Why auto is above the bar at point ``r`` (the first class that fits; ``""`` within it).
 
-    ``planning``: with only the candidate it took planned, auto would be within the bar
-    (the cost of the search: inline, or the background search's excess over its step);
-    ``lag``: the same choice made inline (``vs_peers_inline``: on the step's own counts)
-    is within it, the choice made ahead on the last step's counts is not; ``myopia``:
+    ``planning``: without its planner call's time auto would be within the bar; ``myopia``:
     ``moonplan-resident`` (exact balance every step, resident slots kept) is within it;
-    ``static``: static EP is; ``eplb``: only EPLB is; ``greedy``: the MoonEP greedy is
-    (and not EPLB alone).
+    ``static``: static EP (either placement) is; ``eplb``: only EPLB (either model) is;
+    ``greedy``: the MoonEP greedy or moonplan exact is (and not EPLB alone).
     """
     if r["vs_peers"] <= PEER_BAR:
         return ""
-    if r["vs_peers_chosen_only"] <= PEER_BAR:
+    if r["vs_peers_unplanned"] <= PEER_BAR:
         return "planning"
-    if r.get("vs_peers_inline", float("inf")) <= PEER_BAR:
-        return "lag"
     ok = {p for p in PEERS if p in r["us"] and r["us"][p] <= PEER_BAR * r["best_peer_us"]}
     if "moonplan-resident" in ok:
         return "myopia"
-    if "static-linear" in ok:
+    if ok & {"static-linear", "static-round-robin"}:
         return "static"
-    return "eplb" if ok == {"eplb"} else "greedy"
+    return "eplb" if ok <= set(EPLB_MODELS) else "greedy"
 
 
 def _key(r: dict[str, Any]) -> Point:
     return (r["model"], r["hardware"], r["ranks"], r["sigma"], r["tokens"])
+
+
+def standings(
+    rows: Sequence[dict[str, Any]], policies: Sequence[str] = (*PEERS, AUTO)
+) -> list[dict[str, Any]]:
+    """Per policy of ``policies``: at how many points it is the best of ``policies`` (ties
+    count for each tied policy), its worst and its geometric-mean ratio to that best, over
+    the points of ``rows`` (:func:`acceptance_point` results) that ran every one of them."""
+    full = [r for r in rows if all(p in r["us"] for p in policies)]
+    if not full:
+        raise ValueError(f"no point ran all of {list(policies)}")
+    out = []
+    for p in policies:
+        ratios = [r["us"][p] / min(r["us"][q] for q in policies) for r in full]
+        logs = sum(math.log(x) for x in ratios)
+        out.append({"policy": p, "points": len(full),
+                    "wins": sum(x <= 1.0 + 1e-9 for x in ratios),
+                    "worst": max(ratios),
+                    "geomean": math.exp(logs / len(ratios))})  # fmt: skip
+    return out
+
+
+RECORDED_STEPS = MEASURED_STEPS
+"""Measured steps of a recorded trace in :func:`run_recorded` (its last ones)."""
+
+
+def recorded_options(total_steps: int, steps: int) -> dict[str, Any]:
+    """The deployed EPLB's schedule on a recorded trace of ``total_steps`` whose last
+    ``steps`` are measured: its window and period scaled to half the warm-up, so that it
+    has re-placed from a full window (and started the next re-placement's moves) before
+    the measured steps: a recorded trace is shorter than the deployed schedule."""
+    half = max(1, (total_steps - steps) // 2)
+    return {"eplb_window": half, "eplb_period": half, "eplb_first": half}
+
+
+def run_recorded(
+    traces: Mapping[str, torch.Tensor],
+    model: str,
+    hardware: Sequence[str],
+    cfg: SimConfig | None = None,
+    policies: Sequence[str] = (*PEERS, AUTO),
+    steps: int = RECORDED_STEPS,
+    progress: Progress | None = None,
+) -> list[dict[str, Any]]:
+    """:func:`verdicts` of ``policies`` on every recorded trace (name -> int64 ``[T, R, E]``)
+    on every hardware preset: the last ``steps`` steps measured, the others warm-up
+    (:func:`recorded_options` for the deployed EPLB). Rows carry ``trace`` and ``sigma``
+    ``None``."""
+    cfg = cfg or SimConfig()
+    m = get_model(model)
+    jobs = [(name, hw) for name in traces for hw in hardware]
+    out = []
+    for i, (name, hw) in enumerate(jobs):
+        if progress:
+            progress(i, len(jobs), f"{name} {hw}")
+        counts = traces[name]
+        T, R, _ = counts.shape
+        if T <= steps:
+            raise ValueError(f"trace {name} has {T} steps, needs more than {steps}")
+        h = get_hardware(hw)
+        opts = policy_options(h, R, eplb=recorded_options(T, steps))
+        got = simulate_trace(counts, m, h, cfg, policies, warmup=T - steps, options=opts)
+        rows = {r["policy"]: r for r in got}
+        tokens = float(counts[T - steps :].sum()) / (steps * R * m.top_k)
+        point = {"trace": name, "model": m.name, "hardware": hw, "ranks": R, "sigma": None,
+                 "tokens": tokens}  # fmt: skip
+        out.append(verdicts(point, rows, policies, cfg))
+    if progress:
+        progress(len(jobs), len(jobs), "done")
+    return out

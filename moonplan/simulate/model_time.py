@@ -9,32 +9,27 @@ Legend:
     R ranks    E experts    H hidden size    F expert intermediate size (SwiGLU: 3 H x F)
     N records (token, k) of the step    rows_ER  rows each rank computes per expert
 
-* **plan**: ``SimConfig.plan_us`` per planner run (``PolicyStep.planned``); by default
-  each policy's registered ``plan_us`` (51 us for moonplan and the greedy, MoonEP's
-  published GPU planning time; 0 for static placements, EPLB and capacity, which plan
-  off the critical path or not at all). ``moonplan-auto`` is also charged its choice's
-  own work (``Plan.chose``: screens, scorings, the keep test) at ``plan_us`` times the
-  ratio of that work to one construction, measured as CPU host time of our code
-  (``moonplan.plan.choose.WORK``, ``bench/bench_auto_sweep.py --paths``): the 51 us
-  base is a published GPU figure, the ratios are our own CPU measurements. Work a
-  policy runs *off* the critical path (``PolicyStep.background_plan``: ``moonplan-auto``
-  choosing the candidate of the step ``PolicyStep.lag`` later on a host thread) is free
-  only while it fits beside the steps it runs beside: the step it names cannot start
-  its plan before that choice is made, so the excess ``max(0, background_s -
-  (step_total_s - step_plan_s) - the next lag - 1 steps' total_s)`` (``background_s``
-  its construction equivalents times ``SimConfig.search_us``, by default ``plan_us``)
-  is charged as planning on the critical path (:func:`background_wait_s`);
-* **refill** (``moonplan-refresh``'s background slot refill, ``PolicyStep.refill_ER``):
-  unlike EPLB's moves, charged. The copies take their link time alone on the links
-  (``StepCost``'s fetch without dispatch); they run beside the step but overlap only its
-  experts phase, when the links carry no dispatch or combine; the rest is exposed and
-  added to the step (:func:`with_refill`: ``prefetch_s`` gains the link time,
+* **plan**: ``SimConfig.plan_us`` per planner call (``PolicyStep.planned``); by default
+  each policy's registered ``plan_us`` at the point's ``(R, E)``: the MoonEP greedy's
+  published 51 us, moonplan's kernel time by shape (``moonplan.baselines.planner_time``;
+  ``moonplan-auto``'s early exit is charged its own, smaller time as a share of one
+  call), 0 for static placements, EPLB and capacity, which plan off the critical path or
+  not at all. Planning a policy runs *off* the critical path
+  (``PolicyStep.background_plan``: ``moonplan-refresh``'s refill plan) is free only while
+  it fits beside its step; the excess is charged to the next step as planning
+  (:func:`background_wait_s`);
+* **background copies** (``moonplan-refresh``'s slot refill, ``PolicyStep.refill_ER``;
+  EPLB's rearrangement moves, ``PolicyStep.background_C2``, a share
+  ``background_share`` of them beside this step): charged. The copies take their link time
+  alone on the links (``StepCost``'s fetch without dispatch: :func:`moves_link_s`, the same
+  rates and the same busiest-link rule as moonplan's fetch); they run beside the step but
+  overlap only its experts phase, when the links carry no dispatch or combine; the rest is
+  exposed and added to the step (:func:`with_refill`: ``prefetch_s`` gains the link time,
   ``prefetch_exposed_s`` and ``total_s`` the exposed part);
 * **fetch** (prefetch and direct reads): the weights a policy moves before its rows can
-  run (``PolicyStep.fetch_ER``; EPLB's periodic moves are in the background and cost
-  nothing here). ``SimConfig.overlap_prefetch=True`` (default: moonplan's runtime
-  schedule) overlaps the fetch with dispatch and the home section; ``False`` puts it
-  on the critical path alone;
+  run (``PolicyStep.fetch_ER``). ``SimConfig.overlap_prefetch=True`` (default: moonplan's
+  runtime schedule) overlaps the fetch with dispatch and the home section; ``False`` puts
+  it on the critical path alone;
 * **dispatch**, **experts**, **combine**: see ``StepCost``.
 
 The **force-balanced ideal** (:func:`ideal_time`) is the same model with every rank
@@ -50,6 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from moonplan.baselines.policies import refill_link_s
@@ -58,6 +54,7 @@ from moonplan.baselines.registry import PlanUs, infos, plan_us_at
 from moonplan.cost import ModelPreset
 from moonplan.simulate.dispatch_rows import scheme_step_traffic
 from moonplan.stepcost import Hardware, StepCost, StepTime
+from moonplan.stepcost.traffic import pair_traffic
 
 
 def default_plan_us() -> dict[str, PlanUs]:
@@ -90,11 +87,6 @@ class SimConfig:
         dispatch: the transport's dispatch scheme for every policy alike
             (``moonplan.stepcost.traffic.SCHEMES``; ``"rank"``/``"host"`` need the step's
             token routing, ``moonplan.simulate.dispatch_rows``).
-        search_us: host microseconds per construction equivalent of a *background*
-            search (``PolicyStep.background_plan``); ``None``: the policy's ``plan_us``,
-            i.e. the search on the host as fast as the GPU planner (an assumption: the
-            torch builder the runtime's search thread runs takes 1.3-2.3 ms a
-            construction on this project's CPU; ``docs/simulator.md``).
     """
 
     weight_bytes: float = 2.0
@@ -103,16 +95,11 @@ class SimConfig:
     plan_us: Mapping[str, PlanUs] = field(default_factory=default_plan_us)
     overlap_prefetch: bool = True
     dispatch: str = "record"
-    search_us: float | None = None
     exit_us: Mapping[str, PlanUs] = field(default_factory=default_exit_us)
 
     def plan_seconds(self, policy: str, num_ranks: int = 8, num_experts: int = 256) -> float:
         """Planning seconds of ``policy`` at ``(R, E)`` (0 when not listed)."""
         return plan_us_at(self.plan_us.get(policy, 0.0), num_ranks, num_experts) * 1e-6
-
-    def search_seconds(self, policy: str) -> float:
-        """Host seconds per construction equivalent of ``policy``'s background search."""
-        return self.plan_seconds(policy) if self.search_us is None else self.search_us * 1e-6
 
     def step_cost(
         self, model: ModelPreset, hw: Hardware, policy: str = "", num_ranks: int = 8
@@ -146,11 +133,9 @@ def step_time(
     ``topk_ids`` (``[R, S, K]`` experts of the step's records) is needed for
     ``cfg.dispatch`` other than ``"record"``, with ``counts_RE`` (int64 ``[R, E]``) its
     ``token_counts`` when the caller already has them (else they are counted here).
-    ``background=True`` adds, to this step, the wait for the search started after it
-    as if it named the next step and ran beside this step alone (:func:`background_wait_s`
-    without later steps: a one-step view, which overstates a search with ``lag > 1``);
-    a trace is charged by :func:`named_waits` instead (the sweep passes
-    ``background=False`` and puts each wait on the step the search names)."""
+    ``background=True`` adds, to this step, the wait for the planning started beside it
+    (:func:`background_wait_s`); a trace is charged by :func:`named_waits` instead (the
+    sweep passes ``background=False`` and puts each wait on the next step)."""
     E, R = step.rows_ER.shape
     fetch_ER = step.fetch_ER if step.fetch_ER is not None else torch.zeros(E, R, dtype=torch.bool)
     src_E = step.src_E if step.src_E is not None else torch.zeros(E, dtype=torch.int64)
@@ -162,9 +147,25 @@ def step_time(
     t = cost.step_time(
         step.rows_ER, step.sent_RE, fetch_ER, src_E, planned=step.planned, traffic=traffic
     )
-    if step.refill_ER is not None:
-        t = with_refill(t, refill_link_s(record, step.refill_ER, src_E))
+    link_s = 0.0 if step.refill_ER is None else refill_link_s(record, step.refill_ER, src_E)
+    if step.background_C2.shape[0]:
+        link_s += step.background_share * moves_link_s(record, step.background_C2, R)
+    if link_s > 0:
+        t = with_refill(t, link_s)
     return with_wait(t, background_wait_s(step, t, cfg)) if background else t
+
+
+def moves_link_s(cost: StepCost, moves_C2: torch.Tensor, num_ranks: int) -> float:
+    """Seconds the weight copies ``moves_C2`` (int64 ``[C, 2]``, ``(source, destination)``)
+    take alone on the links: ``StepCost``'s fetch rule (base latency plus the busiest rank's
+    busiest link direction, NVLink and network in parallel, sends and receives full duplex),
+    each copy from its own source (0 when there is none)."""
+    if moves_C2.shape[0] == 0:
+        return 0.0
+    traffic = pair_traffic(moves_C2, num_ranks, cost.domain_size(num_ranks))
+    intra_R = np.maximum(traffic.send_intra_R, traffic.recv_intra_R) * cost.copy_s_intra
+    inter_R = np.maximum(traffic.send_inter_R, traffic.recv_inter_R) * cost.copy_s_inter
+    return cost.base_latency_s + float(np.maximum(intra_R, inter_R).max())
 
 
 def with_refill(t: StepTime, link_s: float) -> StepTime:
@@ -179,37 +180,26 @@ def with_refill(t: StepTime, link_s: float) -> StepTime:
     )
 
 
-def background_wait_s(
-    step: PolicyStep, t: StepTime, cfg: SimConfig, later: Sequence[StepTime] = ()
-) -> float:
-    """Seconds a later step waits for the background planning started after ``step``.
-
-    Its host time (``step.background_plan`` construction equivalents at
-    ``cfg.search_seconds``) beyond the time of the ``step.lag`` steps it runs beside:
-    ``step``'s own after its plan, ``t.total_s - t.plan_s`` (it is submitted once the
-    step's plan is made; ``t``: without this wait), plus the next ``step.lag - 1`` steps
-    in full (the first of ``later``, the times of the steps after ``step``, without
-    waits; fewer where the trace ends first). The step the search names waits for the
-    rest (:func:`named_waits` puts it there)."""
-    background_s = step.background_plan * cfg.search_seconds(step.name)
-    beside_s = t.total_s - t.plan_s + sum(x.total_s for x in later[: step.lag - 1])
-    return max(0.0, background_s - beside_s)
+def background_wait_s(step: PolicyStep, t: StepTime, cfg: SimConfig) -> float:
+    """Seconds the next step waits for the planning started beside ``step``, off its
+    critical path (``step.background_plan`` planner calls at the policy's ``plan_us``):
+    what does not fit beside the rest of ``step``, ``t.total_s - t.plan_s`` (``t``:
+    without this wait). :func:`named_waits` puts it on the next step."""
+    R, E = step.rows_ER.shape[1], step.rows_ER.shape[0]
+    background_s = step.background_plan * cfg.plan_seconds(step.name, R, E)
+    return max(0.0, background_s - (t.total_s - t.plan_s))
 
 
 def named_waits(
     steps: Sequence[PolicyStep], own: Sequence[StepTime], cfg: SimConfig
 ) -> list[float]:
-    """Seconds each step of a trace waits for a background search: the search started
-    after step ``i`` (:func:`background_wait_s`, over the steps of the trace after it)
-    is waited for by the step it names, ``i + step.lag``; a search naming a step past
-    the trace is waited for by no step of it. ``own``: the steps' times without waits.
-    Run it over the whole trace, warm-up included, and keep the measured steps' waits:
-    a search started in the warm-up may name a measured step."""
+    """Seconds each step of a trace waits for background planning started beside the one
+    before it (:func:`background_wait_s`). ``own``: the steps' times without waits. Run it
+    over the whole trace, warm-up included, and keep the measured steps' waits."""
     waits = [0.0] * len(steps)
     for i, (s, t) in enumerate(zip(steps, own, strict=True)):
-        j = i + max(s.lag, 1)
-        if s.background_plan and j < len(steps):
-            waits[j] += background_wait_s(s, t, cfg, own[i + 1 :])
+        if s.background_plan and i + 1 < len(steps):
+            waits[i + 1] += background_wait_s(s, t, cfg)
     return waits
 
 

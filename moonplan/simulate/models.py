@@ -1,4 +1,11 @@
-"""Model presets for the simulator: ``moonplan.cost.PRESETS`` plus the two trend models.
+"""Model presets for the simulator: ``moonplan.cost.PRESETS``, the trend models and OLMoE.
+
+``olmoe-1b-7b`` (OLMoE-1B-7B-0924, its published ``config.json``): 16 layers, hidden 2048,
+64 experts of intermediate size 1024 in every layer, top-8, 16 attention heads (16 key-value
+heads of 128), vocabulary 50304, untied output matrix. It has the expert count and top-k
+of the shipped real traces (``moonplan/traces/data``, a small model trained here with 64
+experts and top-8), so ``moonplan simulate --counts`` times those traces at a real
+model's expert sizes.
 
 The trend models reproduce published results (sources below; see docs/simulator.md):
 
@@ -60,16 +67,33 @@ def gshard_model(num_experts: int) -> ModelPreset:
     )
 
 
-TREND_MODELS = ("deepspeed-moe-1.3b-128",)
+OLMOE_1B_7B = ModelPreset(
+    name="olmoe-1b-7b",
+    hidden_size=2048,
+    moe_intermediate_size=1024,
+    num_layers=16,
+    num_experts=64,
+    top_k=8,
+    vocab_size=50304,
+    attention=GQAAttention(num_heads=16, num_kv_heads=16, head_dim=128),
+    untied_lm_head=True,
+    source="OLMoE-1B-7B-0924 config.json: hidden 2048, intermediate 1024, 64 experts, top-8, "
+    "16 layers, 16 heads, vocab 50304",
+)
+
+
+TREND_MODELS = ("deepspeed-moe-1.3b-128", "olmoe-1b-7b")
 """Extra preset names :func:`get_model` knows besides ``moonplan.cost.PRESETS`` and
-``gshard-<E>e``."""
+``gshard-<E>e`` (the trend model and OLMoE)."""
 
 
 def get_model(name: str) -> ModelPreset:
-    """A ``moonplan.cost`` preset, the DeepSpeed-MoE trend model, or ``gshard-<E>e``."""
+    """A ``moonplan.cost`` preset, the DeepSpeed-MoE trend model, OLMoE or ``gshard-<E>e``."""
     key = str(name).strip().lower()
     if key == DEEPSPEED_MOE_128.name:
         return DEEPSPEED_MOE_128
+    if key == OLMOE_1B_7B.name:
+        return OLMOE_1B_7B
     if key.startswith("gshard-") and key.endswith("e") and key[7:-1].isdigit():
         return gshard_model(int(key[7:-1]))
     if key in PRESETS:

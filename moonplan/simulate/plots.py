@@ -10,10 +10,13 @@ extra). Every function writes one PNG to ``path`` and returns the path.
   :func:`plot_policies`: the same ratio per policy on a recorded trace;
   :func:`plot_sweep` picks between them from the rows.
 
-Each policy's line has the style it registered (``moonplan.baselines.registry``).
-Axes carry their units and a labelled tick at every simulated point; the ratio axis is
-linear with 5-8 labelled ticks, or logarithmic past :data:`LOG_ABOVE`, its limits taken
-from the plotted values (no point is clipped). Legends stand outside the axes, right of
+Each policy's line has the style it registered (``moonplan.baselines.registry``) and the
+legend names it by its table label (``moonplan.simulate.report.label``: the legend and the
+tables say the same). Axes carry their units and a labelled tick at every simulated
+point; each panel (an EP size, or a skew) has a ratio axis of its own, linear with 5-8
+labelled ticks, or logarithmic past :data:`LOG_ABOVE`, its limits taken from that
+panel's values (no point is clipped, and a 1.02x gap stays visible next to a 20x one
+in another panel). Legends stand outside the axes, right of
 the last panel, so they never cover data. ``figure_*`` build the figures without saving
 them.
 """
@@ -27,6 +30,7 @@ from typing import Any
 
 from moonplan.baselines.policy_base import PolicyStep
 from moonplan.baselines.registry import info
+from moonplan.simulate.report import label
 
 DPI = 100
 
@@ -167,7 +171,7 @@ def _lines(ax: Any, rows: Sequence[dict[str, Any]], x: Any) -> None:
         pts = sorted(pts, key=x)
         line, marker = style(name)
         ys = [p["rel_ideal"] for p in pts]
-        ax.plot([x(p) for p in pts], ys, linestyle=line, marker=marker, label=name)
+        ax.plot([x(p) for p in pts], ys, linestyle=line, marker=marker, label=label(name))
     ax.axhline(1.0, color="black", linewidth=0.8)
     xs = sorted({x(p) for p in rows})
     ax.set_xticks(xs, [f"{v:g}" for v in xs])  # a labelled tick at every simulated point
@@ -175,7 +179,7 @@ def _lines(ax: Any, rows: Sequence[dict[str, Any]], x: Any) -> None:
 
 def _panels(n: int) -> tuple[Any, list[Any]]:
     plt = require_matplotlib()
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n + 1.6, 3.8), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n + 1.6, 3.8), squeeze=False)
     return fig, list(axes[0])
 
 
@@ -183,11 +187,11 @@ def figure_vs_skew(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
     """The figure of :func:`plot_vs_skew` (not saved)."""
     by_ep = _grouped(rows, "ranks")
     fig, axes = _panels(len(by_ep))
-    label = "MaxVio target" if rows[0].get("maxvio_target") is not None else "lognormal sigma"
+    x_label = "MaxVio target" if rows[0].get("maxvio_target") is not None else "lognormal sigma"
     for ax, (R, pts) in zip(axes, sorted(by_ep.items()), strict=True):
         _lines(ax, pts, _skew_x)
-        ax.set(xlabel=label, title=f"{title} EP={R}".strip())
-    _y_axis(axes[0], [r["rel_ideal"] for r in rows])  # shared by every panel
+        ax.set(xlabel=x_label, title=f"{title} EP={R}".strip())
+        _y_axis(ax, [r["rel_ideal"] for r in pts])  # each EP size its own range
     axes[0].set_ylabel(Y_LABEL)
     legend_outside(axes[-1])
     return fig
@@ -203,7 +207,7 @@ def figure_vs_ep(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
         _lines(ax, pts, lambda p: p["ranks"])
         ax.minorticks_off()
         ax.set(xlabel="EP size (ranks)", title=f"{title} {name} {skew:g}".strip())
-    _y_axis(axes[0], [r["rel_ideal"] for r in rows])
+        _y_axis(ax, [r["rel_ideal"] for r in pts])  # each skew its own range
     axes[0].set_ylabel(Y_LABEL)
     legend_outside(axes[-1])
     return fig
@@ -213,7 +217,7 @@ def figure_policies(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
     """Bars: each policy's mean step time / ideal on a recorded trace (one EP size)."""
     plt = require_matplotlib()
     fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(rows) + 1.5), 3.8))
-    names = [r["policy"] for r in rows]
+    names = [label(r["policy"]) for r in rows]
     ax.bar(range(len(rows)), [r["rel_ideal"] for r in rows], color="tab:blue")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(rows)), names, rotation=30, ha="right", fontsize=8)

@@ -3,7 +3,11 @@
 A sweep table has one line per (EP size, skew) and one column per policy, holding
 the step time relative to the force-balanced ideal (``rel_ideal``); a detail table
 lists every phase and metric of every row. Policy columns carry the label each
-policy registered (``moonplan.baselines.registry``).
+policy registered (``moonplan.baselines.registry``), the plots' legends the same.
+
+A policy that drops records (capacity) does less work than the others, so its step time
+is not comparable: its cells read ``(1.00) 38% dropped`` (the ratio in parentheses, the
+share of records it dropped) and a note under the table says so (:data:`NOT_COMPARABLE`).
 """
 
 from __future__ import annotations
@@ -39,21 +43,43 @@ def _skew(r: dict[str, Any]) -> str:
     return f"sigma {sigma:g}"
 
 
+NOT_COMPARABLE = (
+    "(x.xx) n% dropped: not comparable in step time: the policy dropped n% of the records "
+    "(capacity overflow), the others execute them all"
+)
+"""The note under a sweep table with a policy that drops records."""
+
+
+def drops(rows: Sequence[dict[str, Any]]) -> set[str]:
+    """Policies that dropped records in any of ``rows``."""
+    return {r["policy"] for r in rows if r.get("dropped_fraction", 0.0) > 0}
+
+
+def ratio_cell(r: dict[str, Any], dropping: bool) -> str:
+    """A sweep-table cell: the step time / ideal, or, for a policy that drops records,
+    ``(ratio) n% dropped``."""
+    if not dropping:
+        return f"{r['rel_ideal']:.2f}"
+    return f"({r['rel_ideal']:.2f}) {r.get('dropped_fraction', 0.0):.0%} dropped"
+
+
 def sweep_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> str:
     """Step time / force-balanced ideal, lines (EP, skew, measured expert MaxVio), one
-    column per policy; the ideal's absolute time (us) last."""
-    pols = _policies(rows)
+    column per policy; the ideal's absolute time (us) last; a policy that drops records
+    marked not comparable (module docstring)."""
+    pols, dropping = _policies(rows), drops(rows)
     keys = list(dict.fromkeys((r["ranks"], _skew(r)) for r in rows))
     header = ["EP", "skew", "MaxVio", *[label(p) for p in pols], "ideal us"]
     lines = []
     for R, skew in keys:
         at = {r["policy"]: r for r in rows if (r["ranks"], _skew(r)) == (R, skew)}
         first = next(iter(at.values()))
-        cells = [f"{at[p]['rel_ideal']:.2f}" if p in at else "-" for p in pols]
+        cells = [ratio_cell(at[p], p in dropping) if p in at else "-" for p in pols]
         lines.append(
             [str(R), skew, f"{first['expert_maxvio']:.2f}", *cells, f"{first['ideal_us']:,.0f}"]
         )
-    return render(header, lines, markdown=markdown)
+    table = render(header, lines, markdown=markdown)
+    return f"{table}\n{NOT_COMPARABLE}" if dropping else table
 
 
 PHASES = ("plan", "prefetch", "dispatch", "experts", "combine")

@@ -4,18 +4,19 @@ Legend: T steps, R ranks (EP size), E experts, S tokens per rank, K top-k;
 ``counts_TRE`` int64 ``[T, R, E]``.
 
 One *point* is a trace of ``warmup + steps`` steps; every policy runs over the
-whole trace (EPLB needs history, moonplan-resident its previous plan) and is
-measured on the last ``steps``. A result row holds the mean step time per
+whole trace (moonplan-resident needs its previous plan, ``eplb-fast`` its window) and is
+measured on the last ``steps``. A policy that plans from a longer past (the deployed
+``eplb``: a window of 1000 steps, a rearrangement every 3000,
+``moonplan.baselines.prehistory``) is first given the per-expert totals of the steps
+before the trace it reads, drawn from the same routing law
+(``moonplan.simulate.workload.prehistory``); the measured steps sit in the middle of its
+period (``eplb_first``). A result row holds the mean step time per
 phase (us), the mean force-balanced ideal (us), their ratio ``rel_ideal``, and
 the balance metrics of ``moonplan.baselines.metrics``; for ``moonplan-auto`` also
 ``choices`` (candidate -> measured steps that took it) and, for a policy that plans
-in the background, ``background_plan`` (its mean construction equivalents a step, off
-the critical path), ``background_wait_us`` (the mean part of it that did not fit
-beside the steps it ran beside, charged as planning: ``model_time.background_wait_s``)
-and ``lagged_steps`` (measured steps run beside a search with a lag above 1, one that
-names a candidate more than one step ahead: ``moonplan.plan.ahead``), ``searches``
-and ``cut_searches`` (background searches started after the measured steps, and those
-of them that left out a balancing candidate to fit their work budget).
+in the background, ``background_plan`` (its mean planner calls a step, off the critical
+path) and ``background_wait_us`` (the mean part of it that did not fit beside its step,
+charged as planning: ``model_time.background_wait_s``).
 
 Every policy gets the simulator's :class:`~moonplan.stepcost.StepCost` for the point
 (``SimConfig.step_cost``); only ``moonplan-auto`` uses it, to choose its plan with the
@@ -31,19 +32,37 @@ from typing import Any
 
 import torch
 
+from moonplan.baselines.eplb import DEPLOYED_PERIOD, DEPLOYED_WINDOW
+from moonplan.baselines.eplb_fast import FAST_PERIOD
 from moonplan.baselines.metrics import expert_maxvio, summarize
-from moonplan.baselines.policy_base import PolicyStep
+from moonplan.baselines.policy_base import Policy, PolicyStep
+from moonplan.baselines.prehistory import Prehistory, UsesPrehistory, step_ranges
 from moonplan.baselines.registry import make_policy, names
 from moonplan.cost import ModelPreset
 from moonplan.simulate import model_time
 from moonplan.simulate.model_time import SimConfig, StepTime, ideal_time, mean_time, step_time
 from moonplan.simulate.models import expert_bytes, get_model
 from moonplan.simulate.token_routing import token_trace
-from moonplan.simulate.workload import drifting_counts, drifting_popularity, sigma_for_maxvio
+from moonplan.simulate.workload import (
+    drifting_counts,
+    drifting_popularity,
+    prehistory,
+    sigma_for_maxvio,
+)
 from moonplan.stepcost.hardware import Hardware, get_hardware
+from moonplan.traces.persistence import PERSISTENT_SHARE
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, label)`` callback."""
+
+Before = Callable[[torch.Tensor], Prehistory]
+"""``before(steps_N)``: the per-expert totals of the steps ``steps_N`` before a trace."""
+
+MEASURED_STEPS = 32
+"""Measured steps per point by default (after the warm-up)."""
+WARMUP_STEPS = 2 * FAST_PERIOD
+"""Warm-up steps by default: two of ``eplb-fast``'s windows (the deployed EPLB's window is
+drawn before the trace, ``moonplan.simulate.workload.prehistory``)."""
 
 
 @dataclass(frozen=True)
@@ -58,9 +77,15 @@ class SweepSpec:
         tokens: tokens per rank per step (S).
         policies: policy names (default: every listed one, ``registry.names()``).
         steps, warmup: measured steps, and steps run before them.
-        rho: AR(1) correlation of the log-popularity from step to step.
+        rho: AR(1) correlation of the drifting part of the log-popularity, step to step.
+        persistent: share of the log-popularity's variance that is persistent (fixed per
+            expert; ``moonplan.traces.drift``); 0: the earlier model, drift only.
         seed: seeds the traces.
-        eplb_period: EPLB's rearrangement period and averaging window (steps).
+        slots: redundant slots per rank given to every policy that takes them (moonplan's
+            ``slots``, EPLB's ``R * slots`` redundant experts); ``None``: each one's default.
+        eplb_window, eplb_period: the deployed ``eplb``'s window and rearrangement period
+            (steps; vLLM's defaults); its window is drawn before the trace, the measured
+            steps in the middle of its period.
         eplb_groups: expert groups for EPLB's hierarchical policy (1: global policy; the
             generated traces do not model group-limited routing).
         exact: sample counts exactly (slow at large EP and skew); default the fast sampler.
@@ -73,11 +98,14 @@ class SweepSpec:
     maxvios: tuple[float, ...] | None = None
     tokens: int = 4096
     policies: tuple[str, ...] = field(default_factory=names)
-    steps: int = 4
-    warmup: int = 4
+    steps: int = MEASURED_STEPS
+    warmup: int = WARMUP_STEPS
     rho: float = 0.99
+    persistent: float = PERSISTENT_SHARE
     seed: int = 0
-    eplb_period: int = 4
+    slots: int | None = None
+    eplb_window: int = DEPLOYED_WINDOW
+    eplb_period: int = DEPLOYED_PERIOD
     eplb_groups: int = 1
     exact: bool = False
 
@@ -85,13 +113,36 @@ class SweepSpec:
         """``(sigma, maxvio target or None)`` of each skew point."""
         if self.maxvios is None:
             return [(float(s), None) for s in self.sigmas]
-        return [(sigma_for_maxvio(m, experts, topk, self.seed), m) for m in self.maxvios]
+        return [
+            (sigma_for_maxvio(m, experts, topk, self.seed, self.persistent), m)
+            for m in self.maxvios
+        ]
+
+    def eplb_options(self, generated: bool = True) -> dict[str, Any]:
+        """The deployed EPLB's schedule options: on a generated trace (its window drawn
+        before it) the measured steps sit in the middle of its period; on a recorded one
+        it rearranges once its window is full (``eplb_first`` = window)."""
+        first = self.eplb_period // 2 if generated else self.eplb_window
+        return {"eplb_window": self.eplb_window, "eplb_period": self.eplb_period,
+                "eplb_first": first}  # fmt: skip
 
 
-def policy_options(hw: Hardware, ranks: int, period: int, groups: int = 1) -> dict[str, Any]:
-    """Options for :func:`make_policy`: EPLB's period/window, nodes and expert groups."""
+def policy_options(
+    hw: Hardware,
+    ranks: int,
+    period: int = FAST_PERIOD,
+    groups: int = 1,
+    *,
+    slots: int | None = None,
+    eplb: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Options for :func:`make_policy`: nodes and expert groups (EPLB), ``slots`` (every
+    policy that takes them), the deployed EPLB's schedule (``eplb``:
+    :meth:`SweepSpec.eplb_options`) and ``moonplan-refresh``'s period and window
+    (``period``: ``eplb-fast``'s)."""
     nodes = max(1, ranks // hw.domain(ranks))
-    return {"period": period, "window": period, "nodes": nodes, "groups": groups}
+    opts = {"period": period, "window": period, "nodes": nodes, "groups": groups, "slots": slots}
+    return {**opts, **(eplb or {})}
 
 
 def simulate_trace(
@@ -102,15 +153,20 @@ def simulate_trace(
     policies: Sequence[str] | None = None,
     *,
     warmup: int = 0,
-    eplb_period: int = 4,
-    eplb_groups: int = 1,
+    options: dict[str, Any] | None = None,
+    before: Before | None = None,
     topk_ids: Sequence[torch.Tensor] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per policy (default: every listed one, ``registry.names()``): mean phase
     times and metrics over steps ``warmup:`` of the trace (``topk_ids``: each step's
     ``[R, S, K]`` token routing, for ``cfg.dispatch`` other than ``"record"``; its
     ``token_counts`` must be ``counts_TRE``, which serve every policy's routing, not
-    recounted: shapes and per-rank totals are checked)."""
+    recounted: shapes and per-rank totals are checked).
+
+    ``options``: :func:`make_policy` options (default :func:`policy_options` for ``hw``
+    and ``R``); ``before``: the steps before the trace, for the policies that read them
+    (:class:`~moonplan.baselines.prehistory.UsesPrehistory`; ``None``: they see none, as
+    on a recorded trace)."""
     T, R, E = counts_TRE.shape
     if E != model.num_experts:
         raise ValueError(f"counts have E = {E} experts, model {model.name} has {model.num_experts}")
@@ -118,7 +174,8 @@ def simulate_trace(
         raise ValueError(f"warmup = {warmup} leaves no measured step of {T}")
     if topk_ids is not None:
         _check_ids(counts_TRE, topk_ids)
-    opts = policy_options(hw, R, eplb_period, eplb_groups)
+    opts = {"cost": None, **(policy_options(hw, R) if options is None else options)}
+    built = _built(policies, R, E, model, hw, cfg, opts, before)
     records = [int(c.sum()) for c in counts_TRE[warmup:]]
     ideal = mean_time([ideal_time(n, R, model, hw, cfg) for n in records])
     base = {
@@ -130,9 +187,34 @@ def simulate_trace(
         "ideal_us": ideal.total_s * 1e6,
     }
     return [
-        _policy_row(name, counts_TRE, model, hw, cfg, warmup, opts, ideal, base, topk_ids)
-        for name in (names() if policies is None else policies)
+        _policy_row(policy, counts_TRE, model, hw, cfg, warmup, ideal, base, topk_ids)
+        for policy in built
     ]
+
+
+def _built(
+    policies: Sequence[str] | None,
+    R: int,
+    E: int,
+    model: ModelPreset,
+    hw: Hardware,
+    cfg: SimConfig,
+    opts: dict[str, Any],
+    before: Before | None,
+) -> list[Policy]:
+    """The policies, each with its own ``StepCost`` (its planner's time at ``R`` ranks), the
+    ones that read the past primed with one shared prehistory (the union of the steps they
+    read)."""
+    built = []
+    for name in names() if policies is None else policies:
+        cost = cfg.step_cost(model, hw, name, R)
+        built.append(make_policy(name, R, E, **{**opts, "cost": cost}))
+    readers = [p for p in built if isinstance(p, UsesPrehistory)]
+    if before is not None and readers:
+        past = before(step_ranges([r for p in readers for r in p.steps_before()]))
+        for p in readers:
+            p.prime(past)
+    return built
 
 
 def _check_ids(counts_TRE: torch.Tensor, topk_ids: Sequence[torch.Tensor]) -> None:
@@ -151,26 +233,22 @@ def _check_ids(counts_TRE: torch.Tensor, topk_ids: Sequence[torch.Tensor]) -> No
 
 
 def _policy_row(
-    name: str,
+    policy: Policy,
     counts_TRE: torch.Tensor,
     model: ModelPreset,
     hw: Hardware,
     cfg: SimConfig,
     warmup: int,
-    opts: dict[str, Any],
     ideal: StepTime,
     base: dict[str, Any],
     topk_ids: Sequence[torch.Tensor] | None = None,
 ) -> dict[str, Any]:
-    R, E = counts_TRE.shape[1:]
-    cost = cfg.step_cost(model, hw, name, R)
-    policy = make_policy(name, R, E, cost=cost, **opts)
+    name = policy.name
     every = [policy.step(c) for c in counts_TRE]
     steps = every[warmup:]
     ids = list(topk_ids) if topk_ids is not None else [None] * len(every)
-    # a search started in the warm-up may name a measured step: the warm-up's times too,
-    # for a policy that searches in the background
-    first = 0 if any(s.background_plan for s in every) else warmup
+    # planning beside the last warm-up step is waited for by the first measured one
+    first = max(0, warmup - 1) if any(s.background_plan for s in every) else warmup
     own = [
         step_time(s, model, hw, cfg, i, background=False, counts_RE=c)
         for s, i, c in zip(every[first:], ids[first:], counts_TRE[first:], strict=True)
@@ -184,32 +262,11 @@ def _policy_row(
     if any(s.background_plan for s in steps):
         row["background_plan"] = sum(s.background_plan for s in steps) / len(steps)
         row["background_wait_us"] = sum(waits) / len(waits) * 1e6
-        row["lagged_steps"] = lagged_steps(every, warmup)
-        row["searches"], row["cut_searches"] = cut_searches(steps)
     row["rel_ideal"] = t.total_s / ideal.total_s if ideal.total_s > 0 else 1.0
     metrics = summarize(steps, expert_bytes(model, cfg.weight_bytes))
     row.update(metrics)
     row["moved_mb"] = metrics["moved_bytes"] / 1e6
     return row
-
-
-def cut_searches(steps: Sequence[PolicyStep]) -> tuple[int, int]:
-    """``(searches, cut)``: background searches started after ``steps`` (keep tests
-    included) and how many of them left out a balancing candidate to fit their work
-    budget (``PolicyStep.cut``: ``moonplan.plan.ahead.search_budget``)."""
-    started = [s for s in steps if s.background_plan]
-    return len(started), sum(s.cut > 0 for s in started)
-
-
-def lagged_steps(steps: Sequence[PolicyStep], warmup: int = 0) -> int:
-    """Measured steps (those from ``warmup`` on) run beside a background search with a
-    lag above 1: the ``lag`` steps from the one it starts after, a search started in the
-    warm-up included, none past the trace."""
-    covered: set[int] = set()
-    for i, s in enumerate(steps):
-        if s.background_plan and s.lag > 1:
-            covered.update(range(max(i, warmup), min(i + s.lag, len(steps))))
-    return len(covered)
 
 
 def sweep(
@@ -242,38 +299,32 @@ def spec_point(
     policies: Sequence[str],
 ) -> list[dict[str, Any]]:
     """:func:`simulate_trace` rows of ``policies`` on one drifting trace of ``ranks`` ranks,
-    ``tokens`` per rank and skew ``sigma``; steps, warmup, rho, seed, exactness and the
-    EPLB settings come from ``spec``. With ``cfg.dispatch`` other than ``"record"``
-    every token's top-k set is sampled (``token_routing.drifting_tokens``, the model's
-    group limit included) and the counts are theirs."""
+    ``tokens`` per rank and skew ``sigma``; steps, warmup, rho, the persistent share, seed,
+    exactness, slots and the EPLB settings come from ``spec``; the steps before the trace
+    that a policy reads are drawn from the same law (``workload.prehistory``). With
+    ``cfg.dispatch`` other than ``"record"`` every token's top-k set is sampled
+    (``token_routing.drifting_tokens``, the model's group limit included) and the counts
+    are theirs."""
     ids = None
+    E, K, T = model.num_experts, model.top_k, spec.warmup + spec.steps
+    law: dict[str, Any] = {"sigma": sigma, "rho": spec.rho, "seed": spec.seed,
+                           "persistent": spec.persistent}  # fmt: skip
     if cfg.dispatch != "record":
-        T, E = spec.warmup + spec.steps, model.num_experts
-        pops = drifting_popularity(E, sigma=sigma, steps=T, rho=spec.rho, seed=spec.seed)
+        pops = drifting_popularity(E, steps=T, **law)
         counts, ids = token_trace(model, ranks, tokens, pops, seed=spec.seed + 1)
     else:
-        counts = drifting_counts(
-            ranks,
-            model.num_experts,
-            tokens,
-            model.top_k,
-            sigma=sigma,
-            steps=spec.warmup + spec.steps,
-            rho=spec.rho,
-            seed=spec.seed,
-            exact=spec.exact,
-        )
-    return simulate_trace(
-        counts,
-        model,
-        hw,
-        cfg,
-        policies,
-        warmup=spec.warmup,
-        eplb_period=spec.eplb_period,
-        eplb_groups=spec.eplb_groups,
-        topk_ids=ids,
+        counts = drifting_counts(ranks, E, tokens, K, steps=T, exact=spec.exact, **law)
+
+    def before(steps_N: torch.Tensor) -> Prehistory:
+        return prehistory(steps_N, ranks=ranks, experts=E, tokens=tokens, topk=K, **law)
+
+    opts = policy_options(
+        hw, ranks, groups=spec.eplb_groups, slots=spec.slots, eplb=spec.eplb_options()
     )
+    return simulate_trace(
+        counts, model, hw, cfg, policies, warmup=spec.warmup, options=opts, before=before,
+        topk_ids=ids,
+    )  # fmt: skip
 
 
 TOKEN_GRID = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)

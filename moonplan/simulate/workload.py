@@ -1,15 +1,19 @@
 """Router counts for the simulator: generated families, drifting traces, recorded files.
 
-Legend: T steps, R ranks, E experts, S tokens per rank, K top-k;
-``counts_TRE`` int64 ``[T, R, E]``.
+Legend: T steps, R ranks, E experts, S tokens per rank, K top-k, N steps before a trace;
+``counts_TRE`` int64 ``[T, R, E]``; ``totals_NE`` int64 ``[N, E]``.
 
-Generated counts come from a drifting lognormal popularity (AR(1) with
-correlation ``rho`` per step) routing every rank's ``S`` tokens, so EPLB's moving
-average and moonplan's resident slots see step-to-step correlation; they are
-exact top-k samples (``moonplan.traces``) on request, and by default a fast
-multinomial whose probabilities approximate top-k inclusion (any EP size).
-Skew is given as the lognormal ``sigma`` or as a MaxVio target, turned into a
-sigma by :func:`sigma_for_maxvio`.
+Generated counts come from a lognormal popularity with a persistent and a drifting part
+(``moonplan.traces.drift``: log-popularity ``mu_e + x_t[e]``, ``mu`` fixed per trace, ``x``
+AR(1) with correlation ``rho`` per step; ``persistent`` is the share of the variance in
+``mu``, by default :data:`~moonplan.traces.persistence.PERSISTENT_SHARE`, measured on real
+routing; ``persistent=0`` is the earlier model) routing every rank's ``S`` tokens, so
+EPLB's moving average and moonplan's resident slots see step-to-step correlation; they
+are exact top-k samples (``moonplan.traces``) on request, and by default a fast
+multinomial whose probabilities approximate top-k inclusion (any EP size). Skew is given
+as the lognormal ``sigma`` (the total spread) or as a MaxVio target, turned into a sigma
+by :func:`sigma_for_maxvio`. :func:`prehistory` draws the per-expert totals of steps
+*before* a trace, for the long window of the deployed EPLB.
 """
 
 from __future__ import annotations
@@ -20,9 +24,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from moonplan.traces.drift import drift_log_popularity, start_log_popularity
+from moonplan.baselines.prehistory import Prehistory
+from moonplan.traces.drift import (
+    drift_log_popularity,
+    jump_log_popularity,
+    persistent_log_popularity,
+    split_sigma,
+    start_log_popularity,
+)
 from moonplan.traces.files import load_counts
 from moonplan.traces.generators import counts_for_ranks
+from moonplan.traces.persistence import PERSISTENT_SHARE
 
 
 def drifting_counts(
@@ -36,13 +48,16 @@ def drifting_counts(
     rho: float = 0.99,
     seed: int = 0,
     exact: bool = False,
+    persistent: float = PERSISTENT_SHARE,
 ) -> torch.Tensor:
-    """``counts_TRE`` of ``steps`` steps under a drifting lognormal popularity.
+    """``counts_TRE`` of ``steps`` steps under a lognormal popularity, persistent and drifting.
 
-    The log-popularity starts at ``sigma * z`` (``z ~ N(0, I)``, the first draw of a
-    generator seeded ``seed``) and follows ``x <- rho*x + sqrt(1-rho^2)*sigma*eps``
-    (the law of :mod:`moonplan.traces.drift`). Each step routes ``tokens`` tokens
-    per rank by ``p = softmax(x)``:
+    The log-popularity is ``mu + x`` (the law of :mod:`moonplan.traces.drift`): ``mu`` fixed
+    (std ``sigma_p``, its own generator), ``x`` starting at ``sigma_f * z`` (``z ~ N(0, I)``,
+    the first draw of a generator seeded ``seed``) and following
+    ``x <- rho*x + sqrt(1-rho^2)*sigma_f*eps``, where ``sigma_p**2 = persistent * sigma**2``
+    and ``sigma_f**2 = (1 - persistent) * sigma**2``. Each step routes ``tokens`` tokens per
+    rank by ``p = softmax(mu + x)``:
 
     * ``exact=True``: ``moonplan.traces.counts_for_ranks`` (every token picks ``topk``
       distinct experts); slow for large ``R*S*K`` at high skew;
@@ -58,8 +73,10 @@ def drifting_counts(
         raise ValueError("need steps >= 1, tokens >= 0, sigma >= 0 and rho in [-1, 1]")
     gen = torch.Generator().manual_seed(int(seed))
     rng = np.random.default_rng(int(seed))
+    mu_E = persistent_log_popularity(experts, sigma, persistent, seed)
+    _, sigma_f = split_sigma(sigma, persistent)
     out = []
-    for pop_E in popularity_walk(experts, sigma, steps, rho, gen):
+    for pop_E in popularity_walk(experts, sigma_f, steps, rho, gen, mu_E):
         if exact:  # shares ``gen`` with the walk: it draws between two drifts
             out.append(counts_for_ranks(pop_E, [tokens] * ranks, topk, gen))
         else:
@@ -87,14 +104,21 @@ def inclusion_probability(pop_E: torch.Tensor, topk: int) -> torch.Tensor:
     return 1 - torch.exp(-hi * p_E)
 
 
-def popularity_maxvio(sigma: float, experts: int, seed: int = 0) -> float:
-    """MaxVio (``E * max p - 1``) of the first popularity ``softmax(sigma * z)`` that
-    :func:`drifting_counts` draws with this ``seed`` (before top-k sampling)."""
-    x_E = start_log_popularity(experts, sigma, torch.Generator().manual_seed(int(seed)))
-    return float(torch.softmax(x_E, 0).max()) * experts - 1.0
+def popularity_maxvio(
+    sigma: float, experts: int, seed: int = 0, persistent: float = PERSISTENT_SHARE
+) -> float:
+    """MaxVio (``E * max p - 1``) of the first popularity ``softmax(mu + x_0)`` that
+    :func:`drifting_counts` draws with this ``seed`` and ``persistent`` share (before top-k
+    sampling)."""
+    _, sigma_f = split_sigma(sigma, persistent)
+    x_E = start_log_popularity(experts, sigma_f, torch.Generator().manual_seed(int(seed)))
+    mu_E = persistent_log_popularity(experts, sigma, persistent, seed)
+    return float(torch.softmax(mu_E + x_E, 0).max()) * experts - 1.0
 
 
-def sigma_for_maxvio(target: float, experts: int, topk: int, seed: int = 0) -> float:
+def sigma_for_maxvio(
+    target: float, experts: int, topk: int, seed: int = 0, persistent: float = PERSISTENT_SHARE
+) -> float:
     """The lognormal sigma whose expected expert MaxVio is ``target`` (bisection on
     :func:`popularity_maxvio`, which grows with sigma for a fixed seed).
 
@@ -107,13 +131,15 @@ def sigma_for_maxvio(target: float, experts: int, topk: int, seed: int = 0) -> f
     if target >= cap:
         raise ValueError(f"MaxVio {target} unreachable: top-{topk} caps it below E/K - 1 = {cap}")
     lo, hi = 0.0, 1.0
-    while popularity_maxvio(hi, experts, seed) < target:
+    while popularity_maxvio(hi, experts, seed, persistent) < target:
         lo, hi = hi, hi * 2
         if hi > 64:
             raise ValueError(f"MaxVio {target} unreachable with E = {experts}")
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if popularity_maxvio(mid, experts, seed) < target else (lo, mid)
+        lo, hi = (
+            (mid, hi) if popularity_maxvio(mid, experts, seed, persistent) < target else (lo, mid)
+        )
     return (lo + hi) / 2
 
 
@@ -124,25 +150,117 @@ def recorded_counts(path: str | Path) -> torch.Tensor:
 
 
 def drifting_popularity(
-    experts: int, *, sigma: float, steps: int, rho: float = 0.99, seed: int = 0
+    experts: int,
+    *,
+    sigma: float,
+    steps: int,
+    rho: float = 0.99,
+    seed: int = 0,
+    persistent: float = PERSISTENT_SHARE,
 ) -> Iterator[torch.Tensor]:
     """float64 ``[E]`` popularity of each step: the sequence :func:`drifting_counts` routes
-    by with ``exact=False`` and the same ``seed`` (for token-level sampling,
-    ``moonplan.simulate.token_routing``)."""
+    by with ``exact=False`` and the same ``seed`` and ``persistent`` (for token-level
+    sampling, ``moonplan.simulate.token_routing``)."""
     if steps < 1 or sigma < 0 or abs(rho) > 1:
         raise ValueError("need steps >= 1, sigma >= 0 and rho in [-1, 1]")
-    yield from popularity_walk(experts, sigma, steps, rho, torch.Generator().manual_seed(int(seed)))
+    mu_E = persistent_log_popularity(experts, sigma, persistent, seed)
+    _, sigma_f = split_sigma(sigma, persistent)
+    gen = torch.Generator().manual_seed(int(seed))
+    yield from popularity_walk(experts, sigma_f, steps, rho, gen, mu_E)
 
 
 def popularity_walk(
-    experts: int, sigma: float, steps: int, rho: float, gen: torch.Generator
+    experts: int,
+    sigma: float,
+    steps: int,
+    rho: float,
+    gen: torch.Generator,
+    mu_E: torch.Tensor | None = None,
 ) -> Iterator[torch.Tensor]:
-    """float64 ``[E]`` ``softmax(x)`` of each step of the drifting log-popularity ``x``
-    (module :mod:`moonplan.traces.drift`), drawn from ``gen``: the start when the walk
-    begins, each drift only when the next step is asked for, so a caller may draw from
-    the same ``gen`` between steps (``drifting_counts(exact=True)`` does)."""
+    """float64 ``[E]`` ``softmax(mu + x)`` of each step of the drifting log-popularity ``x``
+    of stationary std ``sigma`` (module :mod:`moonplan.traces.drift`; ``mu_E``: the
+    persistent part, ``None``: none), drawn from ``gen``: the start when the walk begins,
+    each drift only when the next step is asked for, so a caller may draw from the same
+    ``gen`` between steps (``drifting_counts(exact=True)`` does)."""
     x_E = start_log_popularity(experts, sigma, gen)
     for t in range(steps):
         if t:
             x_E = drift_log_popularity(x_E, sigma, rho, gen)
-        yield torch.softmax(x_E, 0)
+        yield torch.softmax(x_E if mu_E is None else mu_E + x_E, 0)
+
+
+PREHISTORY_SEED_OFFSET = 1 << 61
+"""The steps before a trace of seed ``s`` are drawn from generators seeded
+``s + PREHISTORY_SEED_OFFSET`` (their own streams: the trace does not change)."""
+
+
+def prehistory(
+    steps_N: torch.Tensor,
+    *,
+    ranks: int,
+    experts: int,
+    tokens: int,
+    topk: int,
+    sigma: float,
+    rho: float = 0.99,
+    seed: int = 0,
+    persistent: float = PERSISTENT_SHARE,
+) -> Prehistory:
+    """The per-expert totals of the steps ``steps_N`` (int64 ``[N]``, negative) before the
+    trace :func:`drifting_counts` draws with the same arguments.
+
+    The walk ``x`` is drawn *backwards* from the trace's first ``x_0`` (the AR(1) process is
+    reversible: ``x`` one step earlier has the law of one step later,
+    :func:`~moonplan.traces.drift.jump_log_popularity` jumps the gaps); ``mu`` is the
+    trace's. Each step's ``R * S * K`` records are one multinomial draw with the fast
+    sampler's probabilities (:func:`inclusion_probability`): the law of the fast trace's
+    totals over ranks. Deterministic; the trace's own draws are not touched.
+    """
+    steps = sorted(int(t) for t in steps_N.tolist())
+    if any(t >= 0 for t in steps) or len(set(steps)) != len(steps):
+        raise ValueError("prehistory steps must be distinct and negative")
+    mu_E = persistent_log_popularity(experts, sigma, persistent, seed)
+    _, sigma_f = split_sigma(sigma, persistent)
+    x_E = start_log_popularity(experts, sigma_f, torch.Generator().manual_seed(int(seed)))
+    gen = torch.Generator().manual_seed(int(seed) + PREHISTORY_SEED_OFFSET)
+    now, logp = 0, {}
+    for t in reversed(steps):
+        x_E = jump_log_popularity(x_E, sigma_f, rho, now - t, gen)
+        now, logp[t] = t, mu_E + x_E
+    if not steps:
+        return Prehistory(
+            torch.zeros(0, dtype=torch.int64), torch.zeros(0, experts, dtype=torch.int64)
+        )
+    pop_NE = torch.softmax(torch.stack([logp[t] for t in steps]), dim=1)
+    q_NE = inclusion_probability_rows(pop_NE, topk)
+    rng = np.random.default_rng(int(seed) + PREHISTORY_SEED_OFFSET)
+    totals = rng.multinomial(ranks * tokens * topk, (q_NE / q_NE.sum(1, keepdim=True)).numpy())
+    return Prehistory(
+        torch.tensor(steps, dtype=torch.int64), torch.from_numpy(totals).to(torch.int64)
+    )
+
+
+def inclusion_probability_rows(pop_NE: torch.Tensor, topk: int) -> torch.Tensor:
+    """:func:`inclusion_probability` of every row of ``pop_NE`` (float64 ``[N, E]``) at once.
+
+    The same ``q = 1 - exp(-t p)`` with ``sum q = K``, ``t`` found by Newton's method from
+    ``t = K`` (where ``sum q <= K``): ``sum q`` is concave and increasing in ``t``, so every
+    iterate stays at or below the root and the steps shrink to it (about 10 iterations
+    instead of the bisection's 100; the two agree to about ``1e-12``).
+    """
+    p_NE = pop_NE.to(torch.float64).numpy()
+    positive_N = (p_NE > 0).sum(1, keepdims=True)
+    if bool((positive_N < topk).any()):
+        raise ValueError(f"need at least topk = {topk} experts with positive popularity")
+    exact_N = positive_N == topk  # every positive expert is picked by every token
+    t_N = np.full((p_NE.shape[0], 1), float(topk))
+    for _ in range(200):
+        e_NE = np.exp(-t_N * p_NE)
+        gap_N = topk - (1 - e_NE).sum(1, keepdims=True)
+        slope_N = (p_NE * e_NE).sum(1, keepdims=True)
+        step_N = np.where(exact_N | (slope_N <= 0), 0.0, gap_N / np.maximum(slope_N, 1e-300))
+        t_N = t_N + np.maximum(step_N, 0.0)
+        if bool((step_N <= 1e-15 * t_N).all()):
+            break
+    q_NE = np.where(exact_N, (p_NE > 0).astype(np.float64), -np.expm1(-t_N * p_NE))
+    return torch.from_numpy(q_NE)

@@ -67,8 +67,10 @@ def batch_step_time(
     G = cost.domain_size(R)
     d_intra, d_inter = _busiest(*_dispatch_traffic(counts_RE, alloc_CER, G))
     D, Cb = _all_to_all(cost, R, d_intra, d_inter)
-    home_R, wait_R = _sections(cost, alloc_CER, fetch_CER)
-    w_intra, w_inter = _busiest(*_copy_traffic(fetch_CER, home_E, G))
+    moves = _copy_traffic(fetch_CER, home_E, G)
+    beside_CR = moves[0] + moves[1] + moves[2] + moves[3] if cost.overlap else None
+    home_R, wait_R = _sections(cost, alloc_CER, fetch_CER, beside_CR)
+    w_intra, w_inter = _busiest(*moves)
     alone, ready = _fetch(cost, (w_intra, w_inter), (d_intra, d_inter))
     return _schedule(cost, plan_C, (D, Cb), (home_R, wait_R), (alone, ready))
 
@@ -150,25 +152,36 @@ def _padded(cost: StepCost, rows: torch.Tensor) -> torch.Tensor:
 
 
 def _roofline(
-    cost: StepCost, padded_CR: torch.Tensor, experts_CR: torch.Tensor, rows_CR: torch.Tensor
+    cost: StepCost,
+    padded_CR: torch.Tensor,
+    experts_CR: torch.Tensor,
+    rows_CR: torch.Tensor,
+    copies_CR: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """float64 ``[C, R]``: ``StepCost._roofline`` of those integer sums."""
+    """float64 ``[C, R]``: ``StepCost._roofline`` of those integer sums (``copies_CR``: the
+    weight copies each rank sends or receives beside these rows)."""
     flop = padded_CR.to(torch.float64) * cost.row_flop_s
     mem = experts_CR.to(torch.float64) * cost.weight_read_s
     mem = mem + rows_CR.to(torch.float64) * cost.row_mem_s
+    if copies_CR is not None:
+        mem = mem + copies_CR.to(torch.float64) * cost.weight_read_s
     return torch.maximum(flop, mem)
 
 
 def _sections(
-    cost: StepCost, alloc_CER: torch.Tensor, fetch_CER: torch.Tensor
+    cost: StepCost,
+    alloc_CER: torch.Tensor,
+    fetch_CER: torch.Tensor,
+    beside_CR: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each rank's home section (rows whose weights are ready) and fetched section."""
+    """Each rank's home section (rows whose weights are ready; ``beside_CR``: the copies
+    running beside it) and fetched section."""
     wait_CER = torch.where(fetch_CER, alloc_CER, 0)
     padded_CER = _padded(cost, alloc_CER)
     all_3 = (padded_CER.sum(1), (alloc_CER > 0).sum(1), alloc_CER.sum(1))
     wait_3 = (_padded(cost, wait_CER).sum(1), (wait_CER > 0).sum(1), wait_CER.sum(1))
-    home = _roofline(cost, *(a - w for a, w in zip(all_3, wait_3, strict=True)))
-    return home, _roofline(cost, *wait_3)
+    padded, busy, rows = (a - w for a, w in zip(all_3, wait_3, strict=True))
+    return _roofline(cost, padded, busy, rows, beside_CR), _roofline(cost, *wait_3)
 
 
 def _fetch(

@@ -75,12 +75,17 @@ def pair_traffic_reference(pairs_C2: Any, num_ranks: int, domain: int) -> Traffi
     )
 
 
-def experts_R_reference(cost: StepCost, rows_ER: Any) -> np.ndarray:
-    """``StepCost.experts_R`` in float arithmetic, as the module docstring states it."""
+def experts_R_reference(
+    cost: StepCost, rows_ER: Any, copies_R: np.ndarray | None = None
+) -> np.ndarray:
+    """``StepCost.experts_R`` in float arithmetic, as the module docstring states it
+    (``copies_R``: weight copies each rank sends or receives beside these rows)."""
     rows = host_int64(rows_ER).astype(np.float64)
     tiles = np.ceil(rows / cost.tile_rows) * cost.tile_rows
     flop_R = cost.row_flop_s * tiles.sum(0)
     mem_R = cost.weight_read_s * (rows > 0).sum(0) + cost.row_mem_s * rows.sum(0)
+    if copies_R is not None:
+        mem_R = mem_R + cost.weight_read_s * copies_R
     return np.maximum(flop_R, mem_R)
 
 
@@ -100,6 +105,10 @@ def step_time_reference(cost: StepCost, *args: Any, planned: float = 1) -> StepT
     d_busy, w_busy = cost._busiest(data), cost._busiest(moves)
     D = cost._all_to_all(R, d_busy, cost.dispatch_row_s_intra, cost.dispatch_row_s_inter)
     Cb = cost._all_to_all(R, d_busy, cost.combine_row_s_intra, cost.combine_row_s_inter)
-    home_R = experts_R_reference(cost, np.where(fetch, 0, rows))
+    beside = None
+    if cost.overlap:  # each copy: a read at its sender, a write at its receiver
+        away_C = src[e_C] != r_C
+        beside = np.bincount(src[e_C][away_C], minlength=R) + np.bincount(r_C[away_C], minlength=R)
+    home_R = experts_R_reference(cost, np.where(fetch, 0, rows), beside)
     wait_R = experts_R_reference(cost, np.where(fetch, rows, 0))
     return cost._schedule(plan, D, Cb, (home_R, wait_R), cost._fetch(w_busy, d_busy))

@@ -22,7 +22,11 @@ Phases of one forward step, per rank ``r``:
   rows per record, or per (token, rank) or (token, host) under :attr:`StepCost.dispatch`);
 * **experts**: a roofline per section, ``max(row_flop_s * tile-padded rows,
   weight_read_s * experts with rows + row_mem_s * rows)``: ``home_r`` for the rows whose
-  weights are ready (home experts, residents), ``wait_r`` for the fetched rows.
+  weights are ready (home experts, residents), ``wait_r`` for the fetched rows. With the
+  overlapped schedule the copies run beside the home section: each copy reads its
+  expert's weights from the sender's memory and writes them into the receiver's, so the
+  home section's memory side also pays ``weight_read_s`` per copy the rank sends or
+  receives.
 
 Schedule. ``overlap=True`` (moonplan's runtime): the fetch starts right after planning and
 shares the links with dispatch, dispatch first, so the fetched weights are ready at
@@ -276,13 +280,21 @@ class StepCost:
         return -(-rows // t) * t
 
     def _roofline(
-        self, padded_R: np.ndarray, experts_R: np.ndarray, rows_R: np.ndarray
+        self,
+        padded_R: np.ndarray,
+        experts_R: np.ndarray,
+        rows_R: np.ndarray,
+        copies_R: np.ndarray | None = None,
     ) -> np.ndarray:
         """float64 ``[R]``: ``max(row_flop_s * padded rows, weight_read_s * experts with rows
-        + row_mem_s * rows)`` per rank from those sums (integer-valued, exact: the same
-        floats as summing the rows as floats, ``moonplan.stepcost.reference``)."""
+        + row_mem_s * rows [+ weight_read_s * copies])`` per rank from those sums
+        (integer-valued, exact: the same floats as summing the rows as floats,
+        ``moonplan.stepcost.reference``); ``copies_R``: weight copies the rank sends or
+        receives beside this section (module docstring)."""
         flop_R = self.row_flop_s * padded_R
         mem_R = self.weight_read_s * experts_R + self.row_mem_s * rows_R
+        if copies_R is not None:
+            mem_R = mem_R + self.weight_read_s * copies_R
         return np.maximum(flop_R, mem_R)
 
     @staticmethod
@@ -377,9 +389,11 @@ class StepCost:
             return self._schedule(plan, D, Cb, (home_R, wait_R), (0.0, 0.0))
         w_C = rows[e_C, r_C]
         wait_3R = [np.bincount(r_C, v_C, minlength=R) for v_C in (self._padded(w_C), w_C > 0, w_C)]
-        home_R = self._roofline(*(a - w for a, w in zip(all_3R, wait_3R, strict=True)))
-        wait_R = self._roofline(*wait_3R)
         moves = pair_traffic(np.stack([src[e_C], r_C], axis=1), R, G)
+        beside = copies_beside(moves) if self.overlap else None
+        padded, busy, rows_home = (a - w for a, w in zip(all_3R, wait_3R, strict=True))
+        home_R = self._roofline(padded, busy, rows_home, beside)
+        wait_R = self._roofline(*wait_3R)
         alone, ready = self._fetch(self._busiest(moves), d_busy)
         return self._schedule(plan, D, Cb, (home_R, wait_R), (alone, ready))
 
@@ -416,6 +430,12 @@ class StepCost:
         return self.step_time(
             alloc_ER, host_int64(plan.counts), fetch_ER, host_int64(plan.home), planned=planned
         )
+
+
+def copies_beside(moves: Traffic) -> np.ndarray:
+    """int64 ``[R]``: weight copies each rank sends or receives (``moves``: their traffic;
+    a copy to the rank itself is no copy)."""
+    return moves.send_intra_R + moves.send_inter_R + moves.recv_intra_R + moves.recv_inter_R
 
 
 def plan_fetch_ER(plan: Plan, alloc_ER: np.ndarray | None = None) -> torch.Tensor:

@@ -1,13 +1,27 @@
-"""Router counts over steps: the AR(1) drift law of log-popularity, and the step traces.
+"""Router counts over steps: the law of log-popularity over steps, and the step traces.
 
-The drift law is written once, here: :func:`start_log_popularity` draws the stationary
-start and :func:`drift_log_popularity` takes one step. :class:`DriftingTrace`, the
-simulator's ``simulate.workload.drifting_counts`` and the CLI demo's router bias all
-call these two functions, so the same seed gives the same popularities everywhere.
+The law is written once, here. The log-popularity of expert ``e`` at step ``t`` is
+``mu_e + x_t[e]``:
+
+* ``mu_E`` (:func:`persistent_log_popularity`) is fixed for a trace: the persistent part,
+  the experts that stay popular (a share ``persistent`` of the variance, ``sigma_p**2``);
+* ``x_E`` drifts as an AR(1) process of stationary std ``sigma_f``:
+  :func:`start_log_popularity` draws the stationary start, :func:`drift_log_popularity`
+  takes one step and :func:`jump_log_popularity` takes ``n`` at once (the same law);
+* the router's sampling noise comes on top (the samplers of ``generators``).
+
+``sigma_p**2 + sigma_f**2 = sigma**2`` (:func:`split_sigma`), so ``sigma`` keeps its meaning,
+the total spread. ``persistent=0`` is the earlier model (no persistent part): the walk then
+draws exactly the numbers it drew before, since ``mu_E`` comes from a generator of its own.
+:class:`DriftingTrace`, the simulator's ``simulate.workload`` and the CLI demo's router
+bias all call these functions, so the same seed gives the same popularities everywhere.
+How much of the variance is persistent in real routing is measured by
+``moonplan.traces.persistence`` (its ``PERSISTENT_SHARE``).
 
 Legend:
     R ranks    E experts    K top-k    T steps of a trace
-    x_E       float log-popularity of each expert (``softmax(x_E)`` is ``pop_E``)
+    mu_E      float persistent log-popularity of each expert (fixed per trace)
+    x_E       float fluctuating log-popularity (``softmax(mu_E + x_E)`` is ``pop_E``)
     eps_E     float standard normal innovation of one step
     counts_RE int64 records each source rank routes to each expert
 """
@@ -60,6 +74,47 @@ def drift_log_popularity(
     return rho * x_E + innovation * eps_E
 
 
+def split_sigma(sigma: float, persistent: float) -> tuple[float, float]:
+    """``(sigma_p, sigma_f)``: the stds of the persistent and the fluctuating part of a
+    log-popularity of total std ``sigma`` whose variance is a share ``persistent`` in
+    ``[0, 1]`` persistent (``sigma_p**2 + sigma_f**2 = sigma**2``)."""
+    check_range("persistent", persistent, 0.0, 1.0)
+    return sigma * math.sqrt(persistent), sigma * math.sqrt(1.0 - persistent)
+
+
+MU_SEED_OFFSET = 1 << 62
+"""``mu_E`` of seed ``s`` is drawn from a generator seeded ``s + MU_SEED_OFFSET`` (its own
+stream: the walk's draws do not depend on the persistent share)."""
+
+
+def persistent_log_popularity(
+    experts: int, sigma: float, persistent: float, seed: int, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """mu_E: ``sigma_p * z`` with ``z ~ N(0, I)`` from a generator of its own, seeded
+    ``seed + MU_SEED_OFFSET``; exact zeros when ``persistent == 0``.
+
+    Returns:
+        ``dtype`` ``[experts]``.
+    """
+    sigma_p, _ = split_sigma(sigma, persistent)
+    if sigma_p == 0:
+        return torch.zeros(experts, dtype=dtype)
+    gen = make_generator(int(seed) + MU_SEED_OFFSET)
+    return sigma_p * torch.randn(experts, generator=gen, dtype=dtype)
+
+
+def jump_log_popularity(
+    x_E: torch.Tensor, sigma: float, rho: float, steps: int, gen: torch.Generator
+) -> torch.Tensor:
+    """x_E ``steps`` steps later in one draw: ``rho**n * x + sqrt(1 - rho**(2n)) * sigma * eps``,
+    the law of ``n`` :func:`drift_log_popularity` steps (not the same numbers). The AR(1)
+    process is reversible, so the same call also draws ``x`` ``steps`` steps *earlier*."""
+    n = check_int("steps", steps, 0)
+    eps_E = torch.randn(x_E.shape[0], generator=gen, dtype=x_E.dtype)
+    decay = rho**n
+    return decay * x_E + math.sqrt(max(0.0, 1.0 - decay * decay)) * sigma * eps_E
+
+
 # ---- traces over steps --------------------------------------------------------------------------
 
 
@@ -107,12 +162,14 @@ class StepTrace:
 
 @dataclass(eq=False, repr=False)
 class DriftingTrace(StepTrace):
-    """Counts per step whose log-popularity drifts as an AR(1) process.
+    """Counts per step whose log-popularity is ``mu + x_t`` (module docstring).
 
-    ``x_{t+1} = rho * x_t + sqrt(1 - rho**2) * sigma * eps_t`` with ``eps_t ~ N(0, I)``
-    per expert, started from the stationary law ``N(0, sigma**2)``; step ``t``
-    routes every rank's tokens by ``softmax(x_t)`` (fresh sampling noise each
-    step). ``rho`` near 1 drifts slowly; ``rho = 0`` draws independent steps.
+    ``x_{t+1} = rho * x_t + sqrt(1 - rho**2) * sigma_f * eps_t`` with ``eps_t ~ N(0, I)``
+    per expert, started from the stationary law ``N(0, sigma_f**2)``; ``mu`` is fixed
+    (std ``sigma_p``; ``persistent`` is the share ``sigma_p**2 / sigma**2``, default 0:
+    no persistent part); step ``t`` routes every rank's tokens by ``softmax(mu + x_t)``
+    (fresh sampling noise each step). ``rho`` near 1 drifts slowly; ``rho = 0`` draws
+    independent steps.
 
     Iterating yields ``counts_RE`` (int64 ``[R, E]``) forever; :meth:`steps`
     returns ``[T, R, E]``. Deterministic given ``seed``.
@@ -121,22 +178,27 @@ class DriftingTrace(StepTrace):
     _: KW_ONLY
     sigma: float = 1.0
     rho: float = 0.99
+    persistent: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.sigma = check_range("sigma", self.sigma, 0.0, math.inf)
         self.rho = check_range("rho", self.rho, -1.0, 1.0)
-        self.log_pop_E = start_log_popularity(self.num_experts, self.sigma, self._gen)
+        _, self.sigma_f = split_sigma(self.sigma, self.persistent)
+        self.mu_E = persistent_log_popularity(
+            self.num_experts, self.sigma, self.persistent, self.seed
+        )
+        self.log_pop_E = start_log_popularity(self.num_experts, self.sigma_f, self._gen)
 
     @property
     def popularity(self) -> torch.Tensor:
         """pop_E: float64 ``[E]`` of the next step."""
-        return torch.softmax(self.log_pop_E, dim=0)
+        return torch.softmax(self.mu_E + self.log_pop_E, dim=0)
 
     def step(self) -> torch.Tensor:
         """Counts of the current step (int64 ``[R, E]``), then advance the drift."""
         counts_RE = counts_for_ranks(self.popularity, self.tokens_R, self.topk, self._gen)
-        self.log_pop_E = drift_log_popularity(self.log_pop_E, self.sigma, self.rho, self._gen)
+        self.log_pop_E = drift_log_popularity(self.log_pop_E, self.sigma_f, self.rho, self._gen)
         return counts_RE
 
 

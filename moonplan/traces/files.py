@@ -1,24 +1,27 @@
-"""Counts files: one step ``[R, E]`` or a trace ``[T, R, E]`` as ``.json`` or ``.npy``.
+"""Counts files: one step ``[R, E]`` or a trace ``[T, R, E]`` as ``.json``, ``.npy`` or ``.npz``.
 
 Legend: T steps, R ranks, E experts; counts are non-negative int64 (CPU).
 Written by :func:`save_counts` (and ``traces.recorder.TraceRecorder``), read by
-:func:`load_counts`, ``moonplan plan FILE`` and the simulator.
+:func:`load_counts`, ``moonplan plan FILE`` and the simulator. A ``.npz`` file (numpy's
+compressed archive, the shipped real traces) holds one array; any integer dtype is read.
 """
 
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-_SUFFIXES = (".json", ".npy")
+_SUFFIXES = (".json", ".npy", ".npz")
 
 
 def save_counts(path: str | Path, counts: Any) -> None:
-    """Write counts ``[R, E]`` or a trace ``[T, R, E]`` to ``.json`` (nested lists) or ``.npy``.
+    """Write counts ``[R, E]`` or a trace ``[T, R, E]`` to ``.json`` (nested lists), ``.npy`` or
+    ``.npz`` (compressed, one array named ``counts``).
 
     Args:
         path: destination; its suffix picks the format.
@@ -32,6 +35,8 @@ def save_counts(path: str | Path, counts: Any) -> None:
     counts_T = _as_trace_counts(counts, f"counts to save to {p}")
     if suffix == ".json":
         p.write_text(json.dumps(counts_T.tolist()) + "\n")
+    elif suffix == ".npz":
+        np.savez_compressed(p, counts=counts_T.numpy())
     else:
         np.save(p, counts_T.numpy(), allow_pickle=False)
 
@@ -51,11 +56,22 @@ def load_counts(path: str | Path) -> torch.Tensor:
     try:
         if suffix == ".json":
             data: Any = json.loads(p.read_text())
+        elif suffix == ".npz":
+            data = _only_array(p)
         else:
             data = np.load(p, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise ValueError(f"could not read counts from {p}: {exc}") from None
     return _as_trace_counts(data, f"counts in {p}")
+
+
+def _only_array(p: Path) -> np.ndarray:
+    """The one array of a ``.npz`` archive (``ValueError`` if it holds several or none)."""
+    with np.load(p, allow_pickle=False) as archive:
+        names = list(archive.files)
+        if len(names) != 1:
+            raise ValueError(f"a counts archive holds one array, {p.name} holds {names}")
+        return archive[names[0]]
 
 
 def _suffix(p: Path) -> str:

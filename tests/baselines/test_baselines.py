@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 
@@ -72,3 +73,22 @@ def test_greedy_step_is_its_allocation_with_one_home_map(c: torch.Tensor) -> Non
     assert torch.equal(step.fetch_ER, replica_pairs(a))
     assert torch.equal(step.src_E, moonplan.home_map(E, R))
     assert step.copies == replica_count(a)
+
+
+def test_compare_primes_the_policies_that_read_the_past() -> None:
+    """``before`` gives the deployed EPLB its window before each layer's trace: it then
+    serves a placement planned from loads, where without it the uniform one serves."""
+    from moonplan.baselines.compare import compare_policies
+    from moonplan.baselines.prehistory import Prehistory
+
+    hot = torch.tensor([[9, 1, 9, 1], [0, 0, 0, 0]])
+    counts = hot.expand(1, 3, 2, 4).clone()
+
+    def before(layer: int, steps_N: torch.Tensor) -> Prehistory:
+        return Prehistory(steps_N, torch.tensor([9, 1, 9, 1]).expand(len(steps_N), 4).clone())
+
+    opts = {"redundant": 0, "eplb_window": 2, "eplb_period": 4, "eplb_first": 2}
+    primed = compare_policies(counts, ["eplb"], before=before, **opts)[0]
+    cold = compare_policies(counts, ["eplb"], **opts)[0]
+    # planned from the loads: {0, 1} and {2, 3}, 10 and 10; uniform: {0, 2} and {1, 3}
+    assert primed["max_over_mean"] == 1.0 and cold["max_over_mean"] == pytest.approx(1.8)

@@ -29,6 +29,7 @@ from moonplan.baselines.metrics import (
     summarize,
 )
 from moonplan.baselines.policies import refill_link_s, split_pairs
+from moonplan.baselines.prehistory import Prehistory
 from moonplan.baselines.static_ep import StaticPolicy, round_robin_alloc
 from moonplan.plan import plan
 from moonplan.plan.placement import round_robin_home
@@ -144,18 +145,75 @@ def test_hierarchical_placement_by_hand() -> None:
 
 
 def test_eplb_policy_rebalances_from_history_every_period() -> None:
+    """A rearrangement at step 2 plans from steps 0-1; its move is copied beside step 2
+    (``spread`` 1), which still runs the old placement; the new one serves from step 3."""
     counts = t([[10, 1, 1, 4], [0, 0, 0, 0]])
-    policy = EPLBPolicy(2, 4, redundant=2, period=2)
+    policy = EPLBPolicy(2, 4, redundant=2, period=2, window=2, spread=1)
     first = [policy.step(counts) for _ in range(2)]
     assert policy.place_RP.tolist() == [[0, 1, 2], [0, 1, 3]]  # planned from uniform loads
     assert all(s.new_copies == 0 for s in first)
     third = policy.step(counts)
-    assert policy.place_RP.tolist() == [[0, 2, 3], [0, 0, 1]]
     assert third.background_C2.tolist() == [[1, 0]]  # rank 0 fetches expert 3 from rank 1
-    assert third.moves_C2.shape == (0, 2) and third.new_copies == 1 and third.copies == 2
-    assert third.load_R.tolist() == [9, 7]
+    assert third.background_share == 1.0 and third.new_copies == 1
+    assert third.moves_C2.shape == (0, 2) and third.copies == 2
+    assert third.load_R.tolist() == [7, 9]  # the uniform placement: 5 + 1 + 1, 5 + 4
+    fourth = policy.step(counts)  # the moved weights have arrived
+    assert policy.place_RP.tolist() == [[0, 2, 3], [0, 0, 1]]
+    assert fourth.load_R.tolist() == [9, 7] and fourth.new_copies == 0
     policy.reset()
-    assert policy.t == 0 and not policy.history
+    assert policy.t == 0 and not policy.history and policy.pending is None
+
+
+def test_deployed_eplb_plans_from_its_window_by_hand() -> None:
+    """Window 3, period 5, rearrangements at 4, 9, ...: the one at step 4 plans from steps
+    1-3 only (mean loads [10, 2, 1, 4]: expert 0 gets 3 replicas of 10/3, packed heaviest
+    first: [[0, 2, 3], [0, 0, 1]] by hand), its moves spread over the period (a fifth beside
+    each of steps 4-8) and the placement serving from step 9."""
+    steps = [[0, 0, 40, 0], [10, 1, 1, 4], [8, 3, 1, 4], [12, 2, 1, 4]]  # step 0 is outside
+    policy = EPLBPolicy(2, 4, redundant=2, window=3, period=5, first=4)
+    assert policy.spread == 5
+    for loads in steps:
+        policy.step(t([loads, [0, 0, 0, 0]]))
+    quiet = t([[4, 4, 4, 4], [0, 0, 0, 0]])
+    during = [policy.step(quiet) for _ in range(5)]  # steps 4-8
+    assert all(s.background_share == 0.2 and s.background_C2.tolist() == [[1, 0]] for s in during)
+    assert all(s.new_copies == pytest.approx(0.2) for s in during)
+    assert policy.place_RP.tolist() == [[0, 1, 2], [0, 1, 3]]  # still the uniform placement
+    policy.step(quiet)  # step 9: the moves have arrived
+    assert policy.place_RP.tolist() == [[0, 2, 3], [0, 0, 1]]
+    # the window of steps 0-3 would have planned another placement
+    assert eplb_placement([7.5, 1.5, 10.75, 3.0], 2, 6).tolist() != [[0, 2, 3], [0, 0, 1]]
+
+
+def test_eplb_prime_replays_the_steps_before_the_trace() -> None:
+    """Deployed schedule in the middle of its period: the placement serving at step 0 is the
+    one planned a period before the last rearrangement (its moves have arrived), and the
+    last rearrangement's moves are in flight beside every step."""
+    E, R = 4, 2
+    policy = EPLBPolicy(R, E, redundant=2, window=2, period=6, first=3)  # r = -3, -9, ...
+    assert policy.steps_before() == [(-11, -9), (-5, -3)]
+    hot0, hot3 = [9, 1, 1, 1], [1, 1, 1, 9]
+    before = Prehistory(t([-11, -10, -5, -4]), t([hot0, hot0, hot3, hot3]))
+    policy.prime(before)
+    step = policy.step(t([[3, 3, 3, 3], [0, 0, 0, 0]]))
+    assert policy.place_RP.tolist() == eplb_placement(hot0, R, 6).tolist()
+    pending = eplb_placement(hot3, R, 6)
+    want = placement_moves(eplb_placement(hot0, R, 6), pending, ranks_per_node=2)
+    assert step.background_C2.tolist() == want.tolist() and step.background_share == 1 / 6
+    with pytest.raises(ValueError, match="reset"):
+        policy.prime(before)
+
+
+def test_eplb_respects_the_slots_it_is_given() -> None:
+    assert EPLBPolicy(8, 64, slots=2).redundant == 16
+    assert make_policy("eplb-fast", 8, 64, slots=3).redundant == 24
+    assert make_policy("eplb", 8, 64, slots=None).redundant == 8  # one per GPU
+    with pytest.raises(ValueError, match="disagree"):
+        EPLBPolicy(8, 64, slots=2, redundant=8)
+    fast = make_policy("eplb-fast", 8, 64, eplb_period=99)  # the deployed model's option
+    assert (fast.period, fast.window, fast.spread) == (4, 4, 1)
+    deployed = make_policy("eplb", 8, 64, period=2, eplb_period=30, eplb_window=10)
+    assert (deployed.period, deployed.window, deployed.spread) == (30, 10, 30)
 
 
 def test_eplb_arguments_and_defaults() -> None:
@@ -166,6 +224,15 @@ def test_eplb_arguments_and_defaults() -> None:
         EPLBPolicy(4, 8, redundant=1)
     with pytest.raises(ValueError):
         EPLBPolicy(4, 8, period=0)
+    with pytest.raises(ValueError, match="spread"):
+        EPLBPolicy(4, 8, period=4, spread=5)
+    deployed = EPLBPolicy(8, 64)  # vLLM's EPLBConfig defaults
+    assert (deployed.window, deployed.period, deployed.spread, deployed.first) == (
+        1000,
+        3000,
+        3000,
+        1000,
+    )
     moves = placement_moves(t([[0, 1], [2, 3]]), t([[0, 2], [2, 3]]), ranks_per_node=1)
     assert moves.tolist() == [[1, 0]]
 

@@ -52,11 +52,11 @@ TOY = PolicyInfo(
 def test_builtin_registrations_keep_the_old_tables() -> None:
     assert POLICY_NAMES == names() == (
         "static-linear", "static-round-robin", "capacity-1.0", "capacity-1.25", "eplb",
-        "moonep-greedy", "moonplan", "moonplan-resident", "moonplan-auto",
+        "eplb-fast", "moonep-greedy", "moonplan", "moonplan-resident", "moonplan-auto",
     )  # fmt: skip
     labels = [info(n).header(n) for n in names()]
-    assert labels == ["static", "rr", "cap1.0", "cap1.25", "eplb", "greedy", "moonplan",
-                      "resident", "auto"]  # fmt: skip
+    assert labels == ["static", "rr", "cap1.0", "cap1.25", "eplb", "eplb-fast", "greedy",
+                      "moonplan", "resident", "auto"]  # fmt: skip
     assert info("capacity-3").header("capacity-3") == "capacity-3"  # a family member
     # the MoonEP greedy's published 51 us; moonplan's kernel by shape (baselines.planner_time)
     assert default_plan_us() == {
@@ -129,7 +129,8 @@ def test_a_toy_policy_registered_in_a_test_is_drawn_in_its_style() -> None:
         fig = plots.figure_vs_skew(rows)
     lines = {x.get_label(): x for x in fig.axes[0].get_lines()}
     plots.require_matplotlib().close(fig)
-    assert (lines["toy-one-rank"].get_linestyle(), lines["toy-one-rank"].get_marker()) == (":", "x")
+    # the legend names a policy by its table label
+    assert (lines["TOY"].get_linestyle(), lines["TOY"].get_marker()) == (":", "x")
     assert (lines["moonplan"].get_linestyle(), lines["moonplan"].get_marker()) == ("-", "o")
 
 

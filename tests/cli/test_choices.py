@@ -39,6 +39,16 @@ def test_simulator_names() -> None:
     assert choices.DISPATCH_SCHEMES == SCHEMES
 
 
+def test_simulator_defaults() -> None:
+    from moonplan.baselines.eplb import DEPLOYED_PERIOD, DEPLOYED_WINDOW
+    from moonplan.simulate.sweep import MEASURED_STEPS, WARMUP_STEPS
+    from moonplan.traces.persistence import PERSISTENT_SHARE
+
+    assert (choices.MEASURED_STEPS, choices.WARMUP_STEPS) == (MEASURED_STEPS, WARMUP_STEPS)
+    assert choices.PERSISTENT_SHARE == PERSISTENT_SHARE
+    assert (choices.DEPLOYED_WINDOW, choices.DEPLOYED_PERIOD) == (DEPLOYED_WINDOW, DEPLOYED_PERIOD)
+
+
 def test_shm_dir() -> None:
     from moonplan.comm.shm_files import SHM_DIR
 

@@ -4,7 +4,8 @@ Legend: none (no tensors are built here; the counted call builds its own).
 
 A *host read* is an op that makes the host wait for a device's data: a scalar read
 (``item``, ``int``, ``bool``, ``float`` of a tensor: ``aten._local_scalar_dense``), an op
-whose output size depends on values (``nonzero``, ``masked_select``, ``unique``...),
+whose output size depends on values (``nonzero``, ``masked_select``, ``unique``,
+``repeat_interleave`` unless given its ``output_size``...),
 ``torch.equal``, a copy to the CPU, or ``Tensor.tolist`` (which on the CPU reads without
 dispatching, so it is counted by wrapping the method). An *op* is any aten op dispatched
 while the call runs (on an accelerator, roughly a kernel launch each; views included).
@@ -65,9 +66,20 @@ class _Counting(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = func.overloadpacket.__name__
         self.work.ops[name] += 1
-        if name in SYNC_OPS or (name in ("_to_copy", "copy_") and _to_host(args, kwargs)):
+        if (name in SYNC_OPS and not _sized(name, func, args, kwargs)) or (
+            name in ("_to_copy", "copy_") and _to_host(args, kwargs)
+        ):
             self.work.reads[name] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _sized(name: str, func: Any, args: Any, kwargs: Any) -> bool:
+    """``repeat_interleave`` given its ``output_size``: no read (the size is known)."""
+    if name != "repeat_interleave":
+        return False
+    names = [a.name for a in func._schema.arguments]
+    given = dict(zip(names, args, strict=False)) | (kwargs or {})
+    return given.get("output_size") is not None
 
 
 def _to_host(args: Any, kwargs: Any) -> bool:

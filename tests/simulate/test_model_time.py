@@ -9,7 +9,7 @@ import torch
 
 from moonplan.baselines.planner_time import exact_us
 from moonplan.baselines.policies import refill_link_s
-from moonplan.baselines.policy_base import PolicyStep, make_step
+from moonplan.baselines.policy_base import make_step
 from moonplan.baselines.registry import make_policy
 from moonplan.cost import GQAAttention, ModelPreset
 from moonplan.simulate.model_time import (
@@ -18,6 +18,7 @@ from moonplan.simulate.model_time import (
     background_wait_s,
     ideal_time,
     mean_time,
+    moves_link_s,
     named_waits,
     step_time,
 )
@@ -85,7 +86,9 @@ def test_one_hot_expert_costs_static_ep_R_times_the_ideal_expert_time() -> None:
     static = step_time(make_policy("static-linear", R, R).step(counts), model, HW, NO_PLAN)
     assert static.experts_s == pytest.approx(R * ideal.experts_s, rel=1e-12)
     ours = step_time(make_policy("moonplan", R, R).step(counts), model, HW, NO_PLAN)
-    assert ours.experts_s == pytest.approx(ideal.experts_s, rel=1e-12)
+    # a receiver's copy writes one expert's weights beside its (empty) home section
+    write_s = NO_PLAN.step_cost(model, HW).weight_read_s
+    assert ours.experts_s == pytest.approx(ideal.experts_s + write_s, rel=1e-12)
     assert ours.prefetch_s > 0  # R-1 replicas of expert 0 move from rank 0
 
 
@@ -224,76 +227,75 @@ def test_refill_is_hidden_behind_the_experts_phase_and_the_rest_exposed() -> Non
     assert refill_link_s(cost, torch.zeros(16, 16, dtype=torch.bool), src_E) == 0.0
 
 
-def test_the_background_search_runs_at_its_own_host_rate() -> None:
-    """``SimConfig.search_us``: the background search's host time per construction (by
-    default the GPU planner's ``plan_us``); a slower host makes the same search wait."""
+def test_eplb_moves_are_charged_like_moonplans_copies() -> None:
+    """EPLB's background moves: their link time by moonplan's fetch rule (the same seconds
+    as a refill of the same copies from the same sources), a ``background_share`` of it
+    beside the step, hidden behind the experts phase, the rest exposed."""
+    multi = get_hardware("h200-multinode")
+    model = toy(16, hidden=1024, ffn=1024)
+    cfg = SimConfig(plan_us={})
+    cost = cfg.step_cost(model, multi)
+    src_E = torch.arange(16)
+    moves = torch.tensor([[0, 9], [1, 9], [2, 3]])  # two across nodes into rank 9, one inside
+    refill = torch.zeros(16, 16, dtype=torch.bool)
+    refill[0, 9] = refill[1, 9] = refill[2, 3] = True
+    link = moves_link_s(cost, moves, 16)
+    assert link == pytest.approx(refill_link_s(cost, refill, src_E), rel=1e-12)
+    one_expert = 3 * 1024 * 1024 * 2
+    assert link == pytest.approx(multi.base_latency_s + 2 * one_expert / multi.net_effective)
+    counts = torch.zeros(16, 16, dtype=torch.int64)
+    counts[0, 0] = 1
+    alloc = torch.diag(counts.sum(0))
+    base = step_time(make_step("eplb", counts, alloc), model, multi, cfg)
+    for share in (1.0, 0.25, 1e-6):
+        step = make_step("eplb", counts, alloc, background_C2=moves, background_share=share)
+        t = step_time(step, model, multi, cfg)
+        exposed = max(0.0, share * link - base.experts_s)
+        assert t.total_s == pytest.approx(base.total_s + exposed, rel=1e-12)
+        assert t.prefetch_s == pytest.approx(share * link)
+        assert step.new_copies == pytest.approx(3 * share)
+    assert moves_link_s(cost, torch.zeros(0, 2, dtype=torch.int64), 16) == 0.0
+
+
+def test_a_trace_whose_placement_changes_costs_more_than_one_whose_does_not() -> None:
+    """``eplb-fast`` on two traces with the same loads each step: one hot expert that stays,
+    or one that moves to another rank every 4 steps. The moving one re-places, and its
+    moves are charged (exposed at decode size, where the experts phase hides little)."""
+    from moonplan.simulate.sweep import simulate_trace
+
+    model, hw = toy(16, top_k=1, hidden=1024, ffn=1024), get_hardware("h200-multinode")
+    R, E, T = 16, 16, 24
+
+    def trace(moving: bool) -> torch.Tensor:
+        out = torch.ones(T, R, E, dtype=torch.int64)
+        for step in range(T):
+            hot = (step // 4) % 2 * 8 if moving else 0
+            out[step, :, hot] = 8
+        return out
+
+    rows = {m: simulate_trace(trace(m), model, hw, SimConfig(plan_us={}), ["eplb-fast"],
+                              warmup=8)[0] for m in (False, True)}  # fmt: skip
+    assert rows[False]["prefetch_us"] == 0.0 and rows[False]["moved_mb"] == 0.0
+    assert rows[True]["moved_mb"] > 0 and rows[True]["prefetch_exposed_us"] > 0
+    assert rows[True]["total_us"] > rows[False]["total_us"] + rows[True]["prefetch_exposed_us"] / 2
+
+
+def test_background_planning_is_charged_beyond_its_step_to_the_next() -> None:
+    """Planning beside a step (``background_plan`` calls at the policy's ``plan_us``) is
+    free while it fits beside the rest of that step; the excess is the next step's wait
+    (``named_waits``), and no step past the trace pays it."""
     counts = torch.full((4, 8), 64, dtype=torch.int64)
     model = toy(8, top_k=2)
-    fast = SimConfig(plan_us={"moonplan-auto": 10.0})
-    slow = SimConfig(plan_us={"moonplan-auto": 10.0}, search_us=1000.0)
-    assert slow.search_seconds("moonplan-auto") == 1e-3
-    assert fast.search_seconds("moonplan-auto") == fast.plan_seconds("moonplan-auto")
+    cfg = SimConfig(plan_us={"moonplan-refresh": 10.0})
     alloc = make_policy("static-linear", 4, 8).step(counts).alloc_ER
-    own = step_time(make_step("moonplan-auto", counts, alloc, planned=1), model, HW, fast)
-    n = (own.total_s - own.plan_s) / 10e-6 * 0.99  # fits at the GPU rate
-    step = make_step("moonplan-auto", counts, alloc, planned=1, background_plan=n)
-    assert background_wait_s(step, own, fast) == 0.0
-    assert background_wait_s(step, own, slow) == pytest.approx(
-        n * 1e-3 - (own.total_s - own.plan_s), rel=1e-12
-    )
-
-
-def test_a_lagged_search_is_charged_beyond_the_steps_it_runs_beside() -> None:
-    """A search ``3`` steps long: with ``L = 3`` it runs beside its step (after the plan)
-    and the next two in full, and waits 0; with ``L = 1`` the next step waits ~2 steps
-    (today's charge exactly, whatever the later steps); the window stops where the trace
-    does."""
-    counts = torch.full((4, 8), 64, dtype=torch.int64)
-    model = toy(8, top_k=2)
-    cfg = SimConfig(plan_us={"moonplan-auto": 10.0})
-    alloc = make_policy("static-linear", 4, 8).step(counts).alloc_ER
-    own = step_time(make_step("moonplan-auto", counts, alloc, planned=1), model, HW, cfg)
-    first, step_s = own.total_s - own.plan_s, own.total_s
-    n = (first + 2 * step_s) / 10e-6 * 0.999  # just inside three steps
-    later = [own] * 5
-    for lag, wait in ((3, 0.0), (4, 0.0), (2, n * 10e-6 - first - step_s),
-                      (1, n * 10e-6 - first)):  # fmt: skip
-        step = make_step("moonplan-auto", counts, alloc, planned=1, background_plan=n, lag=lag)
-        assert background_wait_s(step, own, cfg, later) == pytest.approx(wait, abs=1e-15)
-    one = make_step("moonplan-auto", counts, alloc, planned=1, background_plan=n)
-    assert one.lag == 1 and background_wait_s(one, own, cfg, later) == background_wait_s(
-        one, own, cfg
-    )
-    assert background_wait_s(one, own, cfg) == pytest.approx(2 * step_s, rel=2e-3)
-    three = make_step("moonplan-auto", counts, alloc, planned=1, background_plan=n, lag=3)
-    assert background_wait_s(three, own, cfg, later[:1]) == pytest.approx(
-        n * 10e-6 - first - step_s, rel=1e-12
-    )  # the trace ends after one more step: only that one counts
-
-
-def test_a_search_is_waited_for_by_the_step_it_names_inside_the_trace() -> None:
-    """``named_waits``: the wait of the search started after step ``i`` lands on step
-    ``i + lag``; a search naming a step past the trace is waited for by none of it (the
-    measured mean does not pay a wait no measured step feels), and one started in the
-    warm-up is charged to the measured step it names (the sweep runs it over the whole
-    trace and keeps the measured steps' waits)."""
-    counts = torch.full((4, 8), 64, dtype=torch.int64)
-    model = toy(8, top_k=2)
-    cfg = SimConfig(plan_us={"moonplan-auto": 10.0})
-    alloc = make_policy("static-linear", 4, 8).step(counts).alloc_ER
-    quiet = make_step("moonplan-auto", counts, alloc, planned=1)
+    quiet = make_step("moonplan-refresh", counts, alloc, planned=1)
     own = step_time(quiet, model, HW, cfg)
-    n = 5 * own.total_s / 10e-6  # five steps long: every lag below waits
-
-    def long(lag: int) -> PolicyStep:
-        return make_step("moonplan-auto", counts, alloc, planned=1, background_plan=n, lag=lag)
-
-    steps = [long(2), quiet, quiet, long(3), quiet, long(1)]
-    times = [own] * len(steps)
-    waits = named_waits(steps, times, cfg)
-    assert waits[2] == pytest.approx(background_wait_s(steps[0], own, cfg, times[1:]))
-    assert waits[0] == waits[1] == waits[3] == waits[4] == waits[5] == 0.0
-    # the search after step 3 names step 6 and the one after step 5 names step 6: past it
-    assert sum(w > 0 for w in waits) == 1
-    # with a warm-up of 2 steps the trace's waits from step 2 on are the measured ones:
-    # the search started in the warm-up (after step 0) is measured step 2's wait
+    beside = own.total_s - own.plan_s
+    fits = make_step("moonplan-refresh", counts, alloc, planned=1,
+                     background_plan=beside / 10e-6 * 0.99)  # fmt: skip
+    assert background_wait_s(fits, own, cfg) == 0.0
+    n = 3 * beside / 10e-6
+    long = make_step("moonplan-refresh", counts, alloc, planned=1, background_plan=n)
+    assert background_wait_s(long, own, cfg) == pytest.approx(n * 10e-6 - beside, rel=1e-12)
+    waits = named_waits([long, quiet, long], [own] * 3, cfg)
+    assert waits == [0.0, pytest.approx(n * 10e-6 - beside, rel=1e-12), 0.0]

@@ -177,11 +177,39 @@ def test_points_below_the_usual_bottom_stay_inside_the_axis(low: float, high: fl
         fig.canvas.draw()
         ys = [float(y) for ax in fig.axes for line in ax.get_lines() for y in line.get_ydata()]
         assert low in ys and high in ys
-        for ax in fig.axes:  # the panels share the ratio axis
+        for ax in fig.axes:  # each panel its own ratio axis, from its own points
+            mine = [float(y) for line in ax.get_lines()[:2] for y in line.get_ydata()]
             bottom, top = ax.get_ylim()
-            assert ax.get_yscale() == ("log" if high > plots.LOG_ABOVE else "linear")
-            assert all(bottom < y < top for y in ys), (bottom, top, min(ys), max(ys))
+            assert ax.get_yscale() == ("log" if max(mine) > plots.LOG_ABOVE else "linear")
+            assert all(bottom < y < top for y in mine), (bottom, top, min(mine), max(mine))
         plots.require_matplotlib().close(fig)
+
+
+def test_each_ep_size_gets_its_own_ratio_axis() -> None:
+    """A 1.02x gap at EP 8 stays visible beside 20x at EP 64: the EP 8 panel spans a few
+    tenths, not the other panel's range; the legend uses the tables' labels."""
+    pytest.importorskip("matplotlib")
+    from moonplan.simulate import plots
+
+    rows = [
+        {
+            "policy": p,
+            "ranks": R,
+            "sigma": s,
+            "maxvio_target": None,
+            "rel_ideal": (1.0 if p == "static-linear" else 1.02) * (20.0 if R == 64 else 1.0),
+        }
+        for R in (8, 64)
+        for s in (0.0, 1.0)
+        for p in ("static-linear", "moonplan-resident")
+    ]
+    fig = plots.figure_vs_skew(rows)
+    fig.canvas.draw()
+    low, high = fig.axes[0].get_ylim()
+    assert high - low < 0.5 and fig.axes[1].get_ylim()[1] > 20
+    labels = {t.get_text() for t in fig.axes[-1].get_legend().get_texts()}
+    assert labels == {"static", "resident"}
+    plots.require_matplotlib().close(fig)
 
 
 def test_ratio_limits_keep_the_usual_bottom_when_nothing_is_below_it() -> None:
@@ -219,3 +247,40 @@ def test_legends_cover_no_data(tmp_path: Path) -> None:
         assert not any(box.overlaps(a.get_window_extent(renderer)) for a in fig.axes)
         assert fig.bbox.contains(box.x1 - 1, box.y0 + 1)  # inside the figure, not cut off
         plt.close(fig)
+
+
+def test_cli_persistent_slots_and_a_recorded_npz(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--persistent 0`` is the drift-only law; ``--slots`` reaches EPLB; a recorded
+    ``.npz`` trace is measured over its last ``--steps`` steps, EPLB fitted before them."""
+    argv = [*TINY, "--ep", "4", "--sigma", "1", "--json", "--policies", "static-linear,eplb"]
+    assert run([*argv, "--persistent", "0"]) == 0
+    drift = json.loads(capsys.readouterr().out)["rows"]
+    assert run(argv) == 0
+    persistent = json.loads(capsys.readouterr().out)["rows"]
+    assert drift[0]["expert_maxvio"] != persistent[0]["expert_maxvio"]
+    with pytest.raises(SystemExit):
+        run([*TINY, "--persistent", "1.5"])
+    capsys.readouterr()
+    trace = np.stack([generate_counts("lognormal", ranks=2, experts=8, tokens=32, topk=2,
+                                      seed=s).numpy() for s in range(12)])  # fmt: skip
+    np.savez_compressed(tmp_path / "t.npz", counts=trace.astype(np.int16))
+    rec = [
+        "--counts",
+        str(tmp_path / "t.npz"),
+        "--model",
+        "mixtral-8x7b",
+        "--no-progress",
+        "--json",
+        "--steps",
+        "4",
+        "--policies",
+        "static-linear,eplb,eplb-fast",
+        "--slots",
+        "1",
+    ]
+    assert run(rec) == 0
+    rows = {r["policy"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["eplb"]["copies"] == 2 and rows["eplb-fast"]["copies"] == 2  # R * slots
+    assert rows["eplb"]["new_copies"] > 0  # a re-placement's moves, planned from steps 0-3

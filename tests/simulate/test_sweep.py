@@ -15,7 +15,7 @@ from moonplan.simulate.trends import deepspeed_trend, gshard_trend
 from moonplan.simulate.workload import drifting_counts
 
 SMALL = SweepSpec(model="mixtral-8x7b", ranks=(2, 4), sigmas=(0.0, 1.5), tokens=64, steps=2,
-                  warmup=2, eplb_period=2)  # fmt: skip
+                  warmup=2, eplb_period=2, eplb_window=2)  # fmt: skip
 
 
 def test_sweep_rows_cover_every_point_and_policy() -> None:
@@ -112,3 +112,31 @@ def test_progress_on_a_terminal_draws_a_rich_bar() -> None:
     text = out.getvalue()
     assert "demo" in text and "2/2" in text and "ETA" in text and "step 2" in text
     assert bar._live is None
+
+
+def test_a_policy_that_drops_records_is_marked_not_comparable() -> None:
+    """The default table shows capacity's drop share and says its step time is not
+    comparable; the others' cells are plain ratios."""
+    from moonplan.simulate.report import NOT_COMPARABLE
+
+    spec = SweepSpec(model="mixtral-8x7b", ranks=(4,), sigmas=(1.5,), tokens=64, steps=2,
+                     warmup=1, policies=("static-linear", "capacity-1.0"))  # fmt: skip
+    rows = sweep(spec)
+    cap = next(r for r in rows if r["policy"] == "capacity-1.0")
+    assert cap["dropped_fraction"] > 0
+    table = sweep_table(rows)
+    assert f"({cap['rel_ideal']:.2f}) {cap['dropped_fraction']:.0%} dropped" in table
+    assert NOT_COMPARABLE in table and "dropped" not in sweep_table(rows[:1])
+
+
+def test_the_deployed_eplb_is_primed_from_the_steps_before_the_trace() -> None:
+    """A generated point gives the deployed EPLB its window before the trace, in the middle
+    of its period: its placement is planned from loads (not uniform), and a share of its
+    next moves rides beside every step; the measured default is 32 steps after 8."""
+    assert (SweepSpec().steps, SweepSpec().warmup) == (32, 8)
+    spec = SweepSpec(model="deepseek-v3", ranks=(8,), sigmas=(1.0,), tokens=256, steps=2,
+                     warmup=1, policies=("static-linear", "eplb"))  # fmt: skip
+    rows = {r["policy"]: r for r in sweep(spec)}
+    assert rows["eplb"]["total_us"] < rows["static-linear"]["total_us"]
+    assert 0 < rows["eplb"]["new_copies"] < 1  # a 3000th of a rearrangement a step
+    assert rows["eplb"]["prefetch_us"] > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,9 @@ from moonplan.simulate.workload import (
     drifting_counts,
     drifting_popularity,
     inclusion_probability,
+    inclusion_probability_rows,
     popularity_maxvio,
+    prehistory,
     recorded_counts,
     sigma_for_maxvio,
 )
@@ -71,10 +74,12 @@ def _digest(t: torch.Tensor) -> str:
     ],
 )
 def test_drifting_counts_traces_are_unchanged(exact: bool, seed: int, digest: str) -> None:
-    """Seeded traces stay bit-identical (digests of the traces before drifting_counts and
+    """Seeded traces of the drift-only law (``persistent=0``, the law before the persistent
+    part) stay bit-identical (digests of the traces before drifting_counts and
     drifting_popularity shared one walk; exact=True draws from the walk's generator
     between its drifts)."""
-    c = drifting_counts(4, 16, 64, 2, sigma=1.0, steps=5, rho=0.9, seed=seed, exact=exact)
+    c = drifting_counts(4, 16, 64, 2, sigma=1.0, steps=5, rho=0.9, seed=seed, exact=exact,
+                        persistent=0.0)  # fmt: skip
     assert _digest(c) == digest
 
 
@@ -82,5 +87,62 @@ def test_drifting_counts_traces_are_unchanged(exact: bool, seed: int, digest: st
 def test_drifting_popularity_is_unchanged(seed: int, digest: str) -> None:
     """The popularities to 2^-40: their last bits come from a vectorised ``exp`` (softmax),
     which differs between CPUs (the counts drawn from them are pinned exactly above)."""
-    pops = torch.stack(list(drifting_popularity(16, sigma=1.0, steps=5, rho=0.9, seed=seed)))
+    walk = drifting_popularity(16, sigma=1.0, steps=5, rho=0.9, seed=seed, persistent=0.0)
+    pops = torch.stack(list(walk))
     assert _digest((pops * 2**40).round().long()) == digest
+
+
+def test_persistent_share_keeps_sigma_and_splits_its_variance() -> None:
+    """``mu`` carries the persistent share of ``sigma**2``, from its own generator: the walk
+    draws the same numbers at any share, so the persistent part is the only difference."""
+    from moonplan.traces.drift import persistent_log_popularity, split_sigma
+
+    assert split_sigma(2.0, 0.75) == pytest.approx((math.sqrt(3.0), 1.0))
+    mu = persistent_log_popularity(4096, 2.0, 0.75, seed=3)
+    assert float(mu.var()) == pytest.approx(3.0, rel=0.1)
+    assert torch.equal(persistent_log_popularity(8, 1.0, 0.0, seed=3), torch.zeros(8))
+    frozen = torch.stack(list(drifting_popularity(64, sigma=1.0, steps=50, rho=0.9, seed=1,
+                                                  persistent=1.0)))  # fmt: skip
+    assert torch.allclose(frozen, frozen[0].expand_as(frozen))  # all persistent: no drift
+    with pytest.raises(ValueError, match="persistent"):
+        drifting_counts(2, 8, 16, 2, sigma=1.0, steps=2, persistent=1.5)
+
+
+def test_prehistory_continues_the_trace_backwards_without_changing_it() -> None:
+    """The steps before a trace: per-expert totals of the same law (``R * S * K`` records a
+    step), deterministic, drawn from their own generators (the trace is the same with or
+    without them); with no drift (``rho = 1``) they follow the trace's popularity."""
+    args = {"sigma": 1.5, "rho": 1.0, "seed": 2, "persistent": 0.3}
+    trace = drifting_counts(4, 32, 256, 4, steps=3, **args)
+    steps = torch.tensor([-900, -899, -5, -1])
+    before = prehistory(steps, ranks=4, experts=32, tokens=256, topk=4, **args)
+    again = prehistory(steps, ranks=4, experts=32, tokens=256, topk=4, **args)
+    assert torch.equal(before.totals_NE, again.totals_NE) and before.steps_N.tolist() == [
+        -900, -899, -5, -1]  # fmt: skip
+    assert before.totals_NE.sum(1).tolist() == [4 * 256 * 4] * 4
+    assert torch.equal(trace, drifting_counts(4, 32, 256, 4, steps=3, **args))
+    share_E = trace.sum((0, 1)).double() / trace.sum()
+    before_E = before.totals_NE.sum(0).double() / before.totals_NE.sum()
+    assert float((share_E - before_E).abs().sum()) < 0.08  # the same popularity, resampled
+    drifting = prehistory(steps, ranks=4, experts=32, tokens=256, topk=4,
+                          **{**args, "rho": 0.9})  # fmt: skip
+    near = torch.corrcoef(torch.stack([drifting.totals_NE[-1], trace[0].sum(0)]).double())[0, 1]
+    far = torch.corrcoef(torch.stack([drifting.totals_NE[0], trace[0].sum(0)]).double())[0, 1]
+    assert near > far  # the drift forgets with distance, backwards as forwards
+    with pytest.raises(ValueError, match="negative"):
+        prehistory(torch.tensor([0]), ranks=4, experts=32, tokens=256, topk=4, **args)
+
+
+def test_inclusion_probability_rows_agrees_with_the_bisection() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for sigma in (0.0, 1.0, 3.0):
+        pop_NE = torch.softmax(sigma * torch.randn(6, 40, generator=gen, dtype=torch.float64), 1)
+        rows = inclusion_probability_rows(pop_NE, 5)
+        one = torch.stack([inclusion_probability(p, 5) for p in pop_NE])
+        assert torch.allclose(rows, one, atol=1e-12) and torch.allclose(
+            rows.sum(1), 5 * one[:, 0] ** 0
+        )
+    exact = inclusion_probability_rows(torch.tensor([[0.5, 0.5, 0.0]], dtype=torch.float64), 2)
+    assert exact.tolist() == [[1.0, 1.0, 0.0]]
+    with pytest.raises(ValueError, match="topk"):
+        inclusion_probability_rows(torch.tensor([[1.0, 0.0]], dtype=torch.float64), 2)

@@ -56,10 +56,27 @@ def test_serial_schedule_by_hand() -> None:
 def test_overlapped_schedule_by_hand() -> None:
     t = UNIT.step_time(*two_rank_case())
     # the copy shares rank 0 -> 1 with dispatch: ready at 40 + 100 = 140; rank 1 runs its
-    # home rows after dispatch (40 + 10), waits for the copy (140), then its 20 fetched rows
-    assert t.total_s == 7 + max(40 + 10, 140) + 20 + 60
-    assert t.prefetch_exposed_s == t.total_s - (7 + 40 + 30 + 60)
+    # home rows after dispatch (40 + max(5 rows, 10 weights + 10 for the copy it receives
+    # beside them)), waits for the copy (140), then its 20 fetched rows
+    assert t.total_s == 7 + max(40 + 20, 140) + 20 + 60
+    assert t.experts_s == 40.0  # rank 1: 20 home (the copy's memory) + 20 fetched rows
+    assert t.prefetch_exposed_s == t.total_s - (7 + 40 + 40 + 60)
     assert t.prefetch_s == 100.0
+
+
+def test_a_copy_beside_the_home_rows_takes_memory_time_on_both_ends() -> None:
+    """Decode-like: memory-bound home rows, a copy hidden behind them still costs each end
+    one weight read of memory time."""
+    rows_ER = torch.tensor([[1, 1], [0, 1]])  # expert 0's 2 rows split, expert 1 on rank 1
+    sent_RE = torch.tensor([[2, 0], [0, 1]])
+    fetch_ER = torch.tensor([[False, True], [False, False]])
+    cost = UNIT.scaled(copy_s_intra=1.0)  # the copy is short: hidden behind the home rows
+    t = cost.step_time(rows_ER, sent_RE, fetch_ER, torch.tensor([0, 1]))
+    # rank 0 home: 1 row, 1 weight read + the copy it sends = 20; rank 1 home: 1 row,
+    # 1 weight read + the copy it receives = 20, then its fetched row's weight read 10
+    assert t.experts_s == 30.0
+    serial = cost.scaled(overlap=False).step_time(rows_ER, sent_RE, fetch_ER, torch.tensor([0, 1]))
+    assert serial.experts_s == 20.0  # the copy ran alone before: no memory taken
 
 
 def test_nothing_fetched_is_the_same_in_both_schedules() -> None:

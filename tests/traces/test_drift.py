@@ -60,8 +60,14 @@ def test_rho_one_freezes_and_rho_zero_forgets() -> None:
 def test_drifting_trace_equals_the_simulators_exact_counts(sigma: float, rho: float, seed: int):
     """Same seed, same law, same sampler: DriftingTrace and drifting_counts(exact=True)."""
     trace = DriftingTrace(3, 10, 40, 2, sigma=sigma, rho=rho, seed=seed).steps(6)
-    sim = drifting_counts(3, 10, 40, 2, sigma=sigma, rho=rho, seed=seed, steps=6, exact=True)
+    sim = drifting_counts(3, 10, 40, 2, sigma=sigma, rho=rho, seed=seed, steps=6, exact=True,
+                          persistent=0.0)  # fmt: skip
     assert torch.equal(trace, sim)
+    # and with a persistent part: the same mu, the same walk
+    trace = DriftingTrace(3, 10, 40, 2, sigma=sigma, rho=rho, seed=seed, persistent=0.6)
+    sim = drifting_counts(3, 10, 40, 2, sigma=sigma, rho=rho, seed=seed, steps=6, exact=True,
+                          persistent=0.6)  # fmt: skip
+    assert torch.equal(trace.steps(6), sim)
 
 
 def test_drifting_trace_follows_the_law() -> None:
@@ -80,7 +86,8 @@ def test_demo_bias_is_the_law_in_float32() -> None:
 
 def test_maxvio_reads_the_first_popularity() -> None:
     x_E = _written_out(16, 1.5, 0.99, 2, 0, torch.float64)[0]
-    assert popularity_maxvio(1.5, 16, seed=2) == float(torch.softmax(x_E, 0).max()) * 16 - 1.0
+    got = popularity_maxvio(1.5, 16, seed=2, persistent=0.0)
+    assert got == float(torch.softmax(x_E, 0).max()) * 16 - 1.0
 
 
 # ---- traces over steps --------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import torch
 from moonplan.traces import load_counts, save_counts
 
 
-@pytest.mark.parametrize("suffix", [".json", ".npy", ".JSON"])
+@pytest.mark.parametrize("suffix", [".json", ".npy", ".JSON", ".npz"])
 @pytest.mark.parametrize("shape", [(3, 5), (4, 2, 3)])
 def test_save_load_round_trip(tmp_path, suffix: str, shape: tuple[int, ...]) -> None:
     counts = torch.arange(math.prod(shape), dtype=torch.int64).reshape(shape)
@@ -23,6 +23,17 @@ def test_save_load_round_trip(tmp_path, suffix: str, shape: tuple[int, ...]) -> 
     save_counts(path, counts)
     loaded = load_counts(str(path))
     assert loaded.dtype == torch.int64 and torch.equal(loaded, counts)
+
+
+def test_npz_holds_one_array_of_any_integer_type(tmp_path) -> None:
+    np.savez_compressed(tmp_path / "small.npz", counts=np.array([[1, 2]], dtype=np.int16))
+    assert load_counts(tmp_path / "small.npz").dtype == torch.int64
+    np.savez_compressed(tmp_path / "two.npz", a=np.ones((1, 2)), b=np.ones((1, 2)))
+    with pytest.raises(ValueError, match="one array"):
+        load_counts(tmp_path / "two.npz")
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="could not read"):
+        load_counts(tmp_path / "bad.npz")
 
 
 def test_save_accepts_lists_and_numpy(tmp_path) -> None:

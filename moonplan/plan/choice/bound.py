@@ -14,18 +14,44 @@ of two, one per way a candidate can differ from static EP:
   (``base_latency_s`` plus the cheapest copy over a link class the group has), and for
   the dispatch, a balanced experts phase and the combine:
   ``plan_s + max(lat + experts_lb, base + copy_min) + lat`` (overlapped schedule;
-  serially the copy is added to the rest);
+  serially the copy is added to the rest). With the overlapped schedule a copy reads its
+  expert's weights beside the sender's home rows (``StepCost``): a home expert with
+  records and no resident replica elsewhere costs its home rank one weight read whether
+  its rows stay or are copied away, so the experts phase is also at least
+  ``weight_read_s`` times the most such experts on one rank;
 * **it copies nothing** (static EP built in the full call among them): it only moves
   records to replicas resident in ``previous``'s slots, so an expert with no resident
   replica keeps all its records at home, and every rank runs at least those:
   ``plan_s + lat + max(experts_lb, home_lb) + lat``. With no resident replica at all the
   only such plan is static EP itself, and the bound is its time charged ``plan_s``.
 
-``experts_lb`` is the experts phase of a perfectly balanced step: the slowest rank
-computes at least ``ceil(sum_e tile(T[e]) / R)`` padded rows (padding a split expert
-never pads less), and its weight reads and rows are at least the ranks' mean
-(``(weight_read_s * experts with records + row_mem_s * N) / R``). ``home_lb`` is the
-largest roofline, over ranks, of their home experts that have no resident replica. Every
+``experts_lb`` bounds the slowest rank's experts phase in any plan, from two facts. The
+ranks' padded rows add up to at least ``sum_e tile(T[e])`` (padding a split expert never
+pads less), and their weight reads and rows to at least ``weight_read_s * Z + row_mem_s *
+N``, ``Z`` the experts with records: the slowest rank is at least the mean of each. And
+every expert with records runs on some rank, so some rank runs at least ``k = ceil(Z / R)``
+of them, each at least one tile and one row: ``k * tile_rows`` padded rows and
+``k * (weight_read_s + row_mem_s)`` of weight reads and rows. At decode sizes, where
+every rank reads about ``E / R`` experts' weights, the second fact is the tight one.
+``home_lb`` is the
+largest roofline, over ranks, of their home experts that have no resident replica.
+
+The dispatch and the combine are bounded by the rows some rank must send or receive. A
+rank keeps local only the records of experts it runs: its home experts, the replicas
+resident in its slots, and new replicas, each a copy that its receiving link carries.
+So for each rank ``s`` and each number ``j <= M = ceil(E/R)`` of copies it receives, it
+sends at least its records less those of its home experts, of its resident replicas and
+of its ``j`` largest others (``sends[s][j]``), and its copies arrive no sooner than
+``base_latency_s + max(j, 1) * copy_min``. A plan that copies gives each rank some
+``j``: its time is at least, for every rank, the least over ``j`` of that rank's
+bound, hence at least the largest of those over the ranks. A plan that copies nothing
+keeps ``j = 0`` everywhere, and a rank receives at least the other ranks' records of
+its home experts that no resident replica can take (``free_link``: the larger of that
+and ``sends[s][0]``, over ranks). Split over the link classes in any way, ``n`` rows
+take at least ``n * h`` seconds, ``h`` the rate of the one class (one domain) or
+``ri * ro / (ri + ro)`` (two).
+
+Every
 term is a non-negative product of a rate and an integer, a ``max``, a mean or a sum; in
 real arithmetic each is at most the candidate's own term, and adding them in another order
 than the step-cost formula changes a sum by a few units in its last place (``2**-52``
@@ -60,7 +86,8 @@ def copy_min_s(cost: StepCost, num_ranks: int) -> float:
 def exit_bound(
     cost: StepCost,
     num_ranks: int,
-    totals: tuple[int, int, int],
+    totals: tuple[int, int, int, int],
+    links: tuple[list[list[int]], int],
     home_lb: float,
     static_full: float | None,
 ) -> float:
@@ -69,7 +96,9 @@ def exit_bound(
     Args:
         cost: the model.
         num_ranks: ``R``.
-        totals: ``(sum_e tile(T[e]), experts with records, N)``.
+        totals: ``(sum_e tile(T[e]), experts with records, N, the most home experts
+            with records and no resident replica elsewhere on one rank)``.
+        links: ``(sends [R][M + 1], free_link)`` (module docstring).
         home_lb: ``home_lb`` seconds.
         static_full: static EP's time charged ``plan_s`` when ``previous`` holds no
             resident replica (the only copy-free plan), else ``None``.
@@ -77,24 +106,49 @@ def exit_bound(
     R = num_ranks
     if R <= 1:
         return math.inf
-    tiles, busy, N = totals
+    tiles, busy, N, kept = totals
+    sends, free_link = links
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
-    flop_lb = (-(-tiles // R)) * cost.row_flop_s
+    h_d, h_c = link_rates(cost, R)
+    k = -(-busy // R)
+    flop_lb = max(-(-tiles // R), k * cost.tile_rows) * cost.row_flop_s
     mem_lb = (busy * cost.weight_read_s + N * cost.row_mem_s) / R
-    experts_lb = max(flop_lb, mem_lb)
-    wait = cost.base_latency_s + copy_min_s(cost, R)
-    if cost.overlap:
-        copying = cost.plan_s + max(lat + experts_lb, wait) + lat
-    else:
-        copying = cost.plan_s + lat + experts_lb + lat + wait
-    kept = cost.plan_s + lat + max(experts_lb, home_lb) + lat
-    return min(copying, kept if static_full is None else static_full) * MARGIN
+    experts_lb = max(flop_lb, mem_lb, k * cost.weight_read_s + k * cost.row_mem_s)
+    copy = copy_min_s(cost, R)
+    reads = max(experts_lb, kept * cost.weight_read_s) if cost.overlap else experts_lb
+
+    def copying(j: int, n: int) -> float:  # a rank receiving j copies and sending n rows
+        D, Cb, wait = lat + n * h_d, lat + n * h_c, cost.base_latency_s + max(j, 1) * copy
+        if cost.overlap:
+            return cost.plan_s + max(D + reads, wait) + Cb
+        return cost.plan_s + D + reads + Cb + wait
+
+    copies = max(min(copying(j, n) for j, n in enumerate(row)) for row in sends)
+    D, Cb = lat + free_link * h_d, lat + free_link * h_c
+    free = cost.plan_s + (D + max(experts_lb, home_lb)) + Cb
+    return min(copies, free if static_full is None else static_full) * MARGIN
+
+
+def link_rates(cost: StepCost, num_ranks: int) -> tuple[float, float]:
+    """Seconds a row takes at least on the links, dispatch and combine, however a rank's
+    rows are split over the link classes (module docstring)."""
+    if cost.domain_size(num_ranks) >= num_ranks:
+        return cost.dispatch_row_s_intra, cost.combine_row_s_intra
+
+    def h(a: float, b: float) -> float:
+        return a * b / (a + b) if a + b > 0 else 0.0
+
+    return (
+        h(cost.dispatch_row_s_intra, cost.dispatch_row_s_inter),
+        h(cost.combine_row_s_intra, cost.combine_row_s_inter),
+    )
 
 
 def exit_bound_torch(
     cost: StepCost,
     num_ranks: int,
-    totals: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    totals: tuple[torch.Tensor, ...],
+    links: tuple[torch.Tensor, torch.Tensor],
     home_lb: torch.Tensor,
     static_full: torch.Tensor,
     resident: torch.Tensor,
@@ -103,18 +157,74 @@ def exit_bound_torch(
     0-d ``home_lb`` and ``static_full``, bool 0-d ``resident``: ``previous`` holds a
     resident replica)."""
     R = num_ranks
-    tiles, busy, N = totals
+    tiles, busy, N, kept = totals
+    sends_RJ, free_link = links
     inf = torch.full((), math.inf, dtype=torch.float64, device=tiles.device)
     if R <= 1:
         return inf
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
-    flop_lb = ((tiles + (R - 1)) // R).to(torch.float64) * cost.row_flop_s
+    k = (busy + (R - 1)) // R
+    flop_lb = torch.maximum((tiles + (R - 1)) // R, k * cost.tile_rows)
+    flop_lb = flop_lb.to(torch.float64) * cost.row_flop_s
     mem_lb = busy.to(torch.float64) * cost.weight_read_s + N.to(torch.float64) * cost.row_mem_s
-    experts_lb = torch.maximum(flop_lb, mem_lb / R)
-    wait = cost.base_latency_s + copy_min_s(cost, R)
+    k_f = k.to(torch.float64)
+    per_k = k_f * cost.weight_read_s + k_f * cost.row_mem_s
+    experts_lb = torch.maximum(torch.maximum(flop_lb, mem_lb / R), per_k)
+    h_d, h_c = link_rates(cost, R)
+    n_RJ, link = sends_RJ.to(torch.float64), free_link.to(torch.float64)
+    copy = copy_min_s(cost, R)
+    j_J = torch.arange(n_RJ.shape[1], device=n_RJ.device).clamp(min=1).to(torch.float64)
+    wait_J = cost.base_latency_s + j_J * copy
+    D, Cb = lat + n_RJ * h_d, lat + n_RJ * h_c
     if cost.overlap:
-        copying = cost.plan_s + torch.clamp(lat + experts_lb, min=wait) + lat
+        reads = torch.maximum(experts_lb, kept.to(torch.float64) * cost.weight_read_s)
+        copying = cost.plan_s + torch.maximum(D + reads, wait_J) + Cb
     else:
-        copying = cost.plan_s + lat + experts_lb + lat + wait
-    kept = cost.plan_s + lat + torch.maximum(experts_lb, home_lb) + lat
-    return torch.minimum(copying, torch.where(resident, kept, static_full)) * MARGIN
+        copying = cost.plan_s + D + experts_lb + Cb + wait_J
+    copies = copying.amin(1).amax()
+    D, Cb = lat + link * h_d, lat + link * h_c
+    free = cost.plan_s + (D + torch.maximum(experts_lb, home_lb)) + Cb
+    return torch.minimum(copies, torch.where(resident, free, static_full)) * MARGIN
+
+
+def links_reference(
+    counts: list[list[int]], resident: set[tuple[int, int]], home: list[int]
+) -> tuple[list[list[int]], int]:
+    """``(sends [R][M + 1], free_link)`` of the module docstring, plain Python
+    (``resident``: the ``(e, r)`` pairs in ``previous``'s slots)."""
+    R, E = len(counts), len(counts[0])
+    M = -(-E // R)
+    T = [sum(row[e] for row in counts) for e in range(E)]
+    moved = {e for e, _ in resident}
+    sends, free_link = [], 0
+    for s, row in enumerate(counts):
+        held = [e for e in range(E) if (e, s) in resident and home[e] != s]
+        left = sum(row) - sum(row[e] for e in range(E) if home[e] == s or e in held)
+        others = sorted((row[e] for e in range(E) if home[e] != s and e not in held), reverse=True)
+        sends.append([left - sum(others[:j]) for j in range(M + 1)])
+        free_link = max(free_link, left)
+    for r in range(R):
+        stay = sum(T[e] - counts[r][e] for e in range(E) if home[e] == r and e not in moved)
+        free_link = max(free_link, stay)
+    return sends, free_link
+
+
+def links_torch(
+    counts_RE: torch.Tensor, resident_ER: torch.Tensor, home_E: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sends [R, M + 1], free_link)`` int64: :func:`links_reference` in torch ops, no
+    host read (``resident_ER``: bool ``[E, R]``)."""
+    R, E = counts_RE.shape
+    M = -(-E // R)
+    r_R = torch.arange(R, device=counts_RE.device)
+    home_RE = home_E[None, :] == r_R[:, None]
+    local_RE = home_RE | resident_ER.t()
+    left_R = torch.where(local_RE, 0, counts_RE).sum(1)
+    others_RM = torch.where(local_RE, 0, counts_RE).topk(M, dim=1).values
+    sends_RJ = left_R[:, None] - torch.cat([others_RM.new_zeros(R, 1), others_RM.cumsum(1)], 1)
+    kept_E = ~resident_ER.any(1)
+    T_E = counts_RE.sum(0)
+    stay_R = torch.zeros(R, dtype=torch.int64, device=counts_RE.device)
+    stay_R = stay_R.index_add(0, home_E, torch.where(kept_E, T_E, 0))
+    stay_R = stay_R - torch.where(home_RE & kept_E[None, :], counts_RE, 0).sum(1)
+    return sends_RJ, torch.maximum(left_R.max(), stay_R.max())

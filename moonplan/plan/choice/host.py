@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from moonplan.plan.choice.bound import exit_bound
+from moonplan.plan.choice.bound import exit_bound, links_torch
 from moonplan.plan.choice.resident import resident_torch
 from moonplan.plan.choice.table import LEVELS, Candidate, table
 from moonplan.plan.choice.targets import level_caps, water_fill
@@ -97,12 +97,13 @@ def choose_host(
     static = hs.static()
     t_exit = _static_time(cost, hs, static, cost.exit_s)
     full = None if resident.any() else _static_time(cost, hs, static, cost.plan_s)
-    if t_exit <= exit_bound(cost, R, _totals(cost, hs), _home_lb(cost, hs, resident), full):
+    totals, links = _totals(cost, hs, resident), _links(hs, resident)
+    if t_exit <= exit_bound(cost, R, totals, links, _home_lb(cost, hs, resident), full):
         scores = torch.full((levels + 3,), float("inf"), dtype=torch.float64)
         scores[0] = t_exit
         fields = layout_resident(torch.from_numpy(static), num_slots, align, hs.prev_RB)
         return fields, (0, scores, True)
-    built = [build(c, hs, levels) for c in table(levels)]
+    built = build_all(hs, levels)
     alloc_CER = np.stack([a for a, _ in built])
     scores = _scores(cost, hs, alloc_CER, resident, cost.plan_s)
     best = int(torch.argmin(scores))  # the first least: the earlier candidate on ties
@@ -130,6 +131,32 @@ def _scores(
     return batch_step_time(cost, counts, alloc, fetch, torch.from_numpy(hs.home), plan_C).total_s
 
 
+def build_all(hs: HostStep, levels: int) -> list[tuple[np.ndarray, list[Flow]]]:
+    """Every candidate's :func:`build`, in table order; a construction towards targets
+    (and a replay choice) already built is not built again (the same plan: levels whose
+    caps round to the same targets, or equal the exact targets)."""
+    done: dict[tuple[tuple[int, ...], bool], tuple[np.ndarray, list[Flow]]] = {}
+    caps = level_caps(hs.load, levels)
+    out = []
+    for c in table(levels):
+        if not c.constructs:
+            out.append(build(c, hs, levels))
+            continue
+        target = _target(c, hs, caps)
+        key = (tuple(target), c.kind != "greedy")
+        if key not in done:
+            done[key] = construct(hs, target, replay=key[1])[::-1]
+        out.append(done[key])
+    return out
+
+
+def _target(c: Candidate, hs: HostStep, caps: list[int]) -> list[int]:
+    """A construction candidate's per-rank targets (``caps``: the levels' caps)."""
+    if c.kind == "level":
+        return water_fill(hs.load, caps[c.level - 1])
+    return targets_list(sum(hs.load), len(hs.load))
+
+
 def build(c: Candidate, hs: HostStep, levels: int) -> tuple[np.ndarray, list[Flow]]:
     """A candidate's allocation ``[E, R]`` and its construction's flows (reference's)."""
     if c.kind == "static":
@@ -137,10 +164,7 @@ def build(c: Candidate, hs: HostStep, levels: int) -> tuple[np.ndarray, list[Flo
     if c.kind == "resident":
         counts = torch.from_numpy(hs.counts)
         return resident_torch(counts, hs.prev_RB, torch.from_numpy(hs.home)).numpy(), []
-    target = targets_list(sum(hs.load), len(hs.load))
-    if c.kind == "level":
-        target = water_fill(hs.load, level_caps(hs.load, levels)[c.level - 1])
-    flows, alloc = construct(hs, target, replay=c.kind != "greedy")
+    flows, alloc = construct(hs, _target(c, hs, level_caps(hs.load, levels)), c.kind != "greedy")
     return alloc, flows
 
 
@@ -152,10 +176,21 @@ def construct(hs: HostStep, target: list[int], replay: bool) -> tuple[list[Flow]
     return host_alloc(hs.load, target, hs.total.tolist(), hs.edges, warm, previous_flows(prev_F3))
 
 
-def _totals(cost: StepCost, hs: HostStep) -> tuple[int, int, int]:
+def _totals(cost: StepCost, hs: HostStep, resident: np.ndarray) -> tuple[int, int, int, int]:
+    """``bound``'s totals: tiles, experts with records, records, and the most home experts
+    with records and no resident replica elsewhere on one rank."""
     t = cost.tile_rows
     T = hs.total
-    return int((-(-T // t) * t).sum()), int((T > 0).sum()), int(T.sum())
+    kept = (T > 0) & ~resident.any(1)
+    busy = np.bincount(hs.home, kept, minlength=len(hs.load))
+    return int((-(-T // t) * t).sum()), int((T > 0).sum()), int(T.sum()), int(busy.max())
+
+
+def _links(hs: HostStep, resident: np.ndarray) -> tuple[list[list[int]], int]:
+    """``bound``'s link rows (``bound.links_torch`` on the host's tensors: integers)."""
+    c, res, home = (torch.from_numpy(a) for a in (hs.counts, resident, hs.home))
+    sends_RJ, free_link = links_torch(c, res, home)
+    return sends_RJ.tolist(), int(free_link)
 
 
 def _home_lb(cost: StepCost, hs: HostStep, resident: np.ndarray) -> float:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moonplan.plan.choice.bound import exit_bound
+from moonplan.plan.choice.bound import exit_bound, links_reference
 from moonplan.plan.choice.resident import resident_reference
 from moonplan.plan.choice.table import LEVELS, Candidate, table
 from moonplan.plan.choice.targets import level_caps, water_fill
@@ -81,7 +81,9 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     static = _static_alloc(counts, home)
     t_exit = _time(cost, step, static, cost.exit_s)
     static_full = None if step.resident else _time(cost, step, static, cost.plan_s)
-    bound = exit_bound(cost, R, _totals(cost, counts), _home_lb(cost, step, home), static_full)
+    links = links_reference(counts, step.resident, home)
+    totals = (*_totals(cost, counts), _kept_busy(step, home))
+    bound = exit_bound(cost, R, totals, links, _home_lb(cost, step, home), static_full)
     if t_exit <= bound:
         scores = [t_exit] + [math.inf] * (levels + 2)
         return Chosen(_layout(step, static, []), 0, scores, True)
@@ -141,6 +143,17 @@ def _totals(cost: StepCost, counts: list[list[int]]) -> tuple[int, int, int]:
     T = [sum(col) for col in zip(*counts, strict=True)]
     t = cost.tile_rows
     return sum(-(-x // t) * t for x in T), sum(1 for x in T if x > 0), sum(T)
+
+
+def _kept_busy(step: Step, home: list[int]) -> int:
+    """The most home experts with records and no resident replica elsewhere on one rank."""
+    R = len(step.counts)
+    moved = {e for e, _ in step.resident}
+    busy = [0] * R
+    for e, col in enumerate(zip(*step.counts, strict=True)):
+        if sum(col) > 0 and e not in moved:
+            busy[home[e]] += 1
+    return max(busy)
 
 
 def _home_lb(cost: StepCost, step: Step, home: list[int]) -> float:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from moonplan.plan.choice.bound import exit_bound_torch
+from moonplan.plan.choice.bound import exit_bound_torch, links_torch
 from moonplan.plan.choice.resident import resident_torch
 from moonplan.plan.choice.table import LEVELS, table
 from moonplan.plan.choice.targets import level_caps_torch, water_fill_torch
@@ -50,7 +50,7 @@ def choose_tensor(
     static_ER = static_alloc(counts_RE)
     t_exit = _scores(cost, counts_RE, static_ER[None], resident_ER, home_E, cost.exit_s)[0]
     static_full = _scores(cost, counts_RE, static_ER[None], resident_ER, home_E, cost.plan_s)[0]
-    bound = _bound(cost, T_E, home_E, resident_ER, static_full)
+    bound = _bound(cost, counts_RE, home_E, resident_ER, static_full)
     exited = t_exit <= bound
     alloc_CER, flow_CF3 = _candidates(counts_RE, (load_R, T_E, home_E, ids_RM), prev, levels)
     scores = _scores(cost, counts_RE, alloc_CER, resident_ER, home_E, cost.plan_s)
@@ -90,20 +90,22 @@ def _scores(
 
 def _bound(
     cost: StepCost,
-    T_E: torch.Tensor,
+    counts_RE: torch.Tensor,
     home_E: torch.Tensor,
     resident_ER: torch.Tensor,
     static_full: torch.Tensor,
 ) -> torch.Tensor:
     """float64 0-d: ``bound.exit_bound_torch`` of this step."""
+    T_E = counts_RE.sum(0)
     R = resident_ER.shape[1]
-    totals = (_padded(cost, T_E).sum(), (T_E > 0).sum(), T_E.sum())
     kept_E = torch.where(resident_ER.any(1), 0, T_E)  # experts with no resident replica
     zero_R = torch.zeros(R, dtype=torch.int64, device=T_E.device)
     parts = (_padded(cost, kept_E), (kept_E > 0).long(), kept_E)
     sums = [zero_R.index_add(0, home_E, x) for x in parts]
+    totals = (_padded(cost, T_E).sum(), (T_E > 0).sum(), T_E.sum(), sums[1].max())
+    links = links_torch(counts_RE, resident_ER, home_E)
     home_lb = _roofline(cost, *(x[None] for x in sums))[0].amax()
-    return exit_bound_torch(cost, R, totals, home_lb, static_full, resident_ER.any())
+    return exit_bound_torch(cost, R, totals, links, home_lb, static_full, resident_ER.any())
 
 
 def _candidates(

@@ -113,17 +113,17 @@ def test_resident_reuses_what_the_previous_step_copied() -> None:
     dear = H200.scaled(copy_s_intra=1.0, copy_s_inter=1.0)
     prev = moonplan.plan(trace.step(), slots=2, policy="auto", cost=free)
     assert prev.new_copies() > 0
-    picked = []
+    better = 0
     for _ in range(4):
         c = trace.step()
         p = moonplan.plan(c, slots=2, previous=prev, policy="auto", cost=dear)
         check_plan(p, c, previous=prev)
-        assert p.new_copies() == 0 and p.summary()["direct"] == 0
+        assert p.new_copies() == 0 and p.summary()["direct"] == 0, p.policy
         static_max = int(moonplan.plan(c, policy="static").alloc.sum(0).max())
         assert int(p.alloc.sum(0).max()) <= static_max
-        picked.append(p.policy)
+        better += int(p.alloc.sum(0).max()) < static_max
         prev = p
-    assert "resident" in picked, picked
+    assert better >= 3  # balanced through the replicas already there
 
 
 def test_chosen_plans_chain_as_previous_and_pickle() -> None:

@@ -1,0 +1,81 @@
+"""Host reads (synchronisations on a GPU) of one layer step: planning and routing make none.
+
+Legend: R ranks, E experts, H hidden, F ffn, K top-k, S tokens.
+
+On the CPU nothing waits, but the host-work counter (``tests/plan/host_work.py``) sees the
+ops a GPU step makes: a read where a value comes back to the host. The planner's CPU
+shortcuts (host scans, which read freely there) are swapped for the forms a GPU runs
+(``moonplan.plan.choice.tensor``, ``plan_torch(scan="tensor")``), so the count is what one
+step on the heap transport costs on a device. ``docs/runtime.md`` ("Host reads per step")
+lists the reads that remain and why.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+
+from moonplan.stepcost import StepCost
+from moonplan.testing.dist import run_ranks
+
+pytestmark = pytest.mark.distributed
+
+H, F, E, K = 8, 12, 8, 2
+
+
+def _device_forms(monkeypatch: Any) -> None:
+    """The planner's GPU forms on CPU tensors."""
+    from moonplan.plan import api
+
+    monkeypatch.setattr(api, "_path", lambda backend, device: "tensor")
+    monkeypatch.setattr(api, "plan_torch", functools.partial(api.plan_torch, scan="tensor"))
+
+
+def _step_reads(rank: int, world: int, balance: str) -> dict[str, Any]:
+    import moonplan.runtime.balancer as balancer_mod
+    import moonplan.runtime.layer_runtime as lr
+    from moonplan import MoonMoE
+    from tests.plan.host_work import host_work
+
+    with pytest.MonkeyPatch.context() as mp:
+        _device_forms(mp)
+        cost = StepCost.from_hardware("h200-node", "deepseek-v3", plan_us=20.0, exit_us=1.0)
+        cost = cost.scaled(copy_s_intra=1e-7, copy_s_inter=1e-7)  # auto builds replicas
+        layer = MoonMoE(H, F, E, K, balance=balance, transport="heap", slots=2,
+                        cost=cost if balance == "auto" else None)  # fmt: skip
+        parts: dict[str, int] = {"plan": 0, "route": 0}
+
+        def counted(name: str, fn: Any) -> Any:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                out = []
+                parts[name] += host_work(lambda: out.append(fn(*args, **kwargs))).host_reads
+                return out[0]
+
+            return wrapper
+
+        mp.setattr(balancer_mod.planner, "plan", counted("plan", balancer_mod.planner.plan))
+        mp.setattr(lr, "route_tokens", counted("route", lr.route_tokens))
+        gen = torch.Generator().manual_seed(rank)
+        total = []
+        for _ in range(3):
+            x = torch.randn(6 + 3 * rank, H, generator=gen)
+            with torch.no_grad():
+                w = host_work(lambda x=x: layer(x))
+            total.append(w.host_reads)
+        layer.runtime.close()
+        return {**parts, "total": total, "policy": layer.last_stats.policy}
+
+
+@pytest.mark.parametrize("balance", ["off", "exact", "auto"])
+def test_planning_and_routing_read_nothing_on_the_host(balance: str) -> None:
+    got = run_ranks(_step_reads, 2, balance, timeout=120)
+    for g in got:
+        assert g["plan"] == 0 and g["route"] == 0, g
+        assert max(g["total"]) <= READS_PER_STEP, g  # what remains (docs/runtime.md)
+
+
+READS_PER_STEP = 40
+"""The step's other host reads, bounded: see docs/runtime.md, "Host reads per step"."""
