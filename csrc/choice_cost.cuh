@@ -4,9 +4,10 @@
 // Legend:
 //   R ranks, E experts, B slots per rank, G ranks per fast-link domain (ranks [g*G, (g+1)*G)
 //   share one; G = R: one domain), T[e] records of expert e, N records in all
-//   McCost   StepCost's rates (seconds, doubles) and options
+//   McCost   StepCost's rates (seconds, doubles) and options, and three seconds of the bound
+//            computed on the host (bound.copy_min_s, bound.link_rates)
 //   McRank   one rank's integer sums: busiest directions of dispatch rows and weight copies,
-//            all and fetched rows of its expert sections
+//            all and fetched rows of its expert sections, the copies it sends or receives
 //
 // Floats: every product and sum of the Python formula in its order, through __dmul_rn /
 // __dadd_rn (never contracted into an FMA), so the scores equal the reference's bit for bit;
@@ -21,10 +22,11 @@
 
 // ---- the cost model ----------------------------------------------------------------------
 
-// StepCost's rates (seconds) and options; wait = base_latency_s + bound.copy_min_s.
+// StepCost's rates (seconds) and options; copy_min = bound.copy_min_s (inf: no copy
+// possible), (h_disp, h_comb) = bound.link_rates (a row's least link seconds).
 struct McCost {
     double row_flop, weight_read, row_mem, copy_intra, copy_inter, disp_intra, disp_inter;
-    double comb_intra, comb_inter, base, per_peer, plan, exit_s, wait;
+    double comb_intra, comb_inter, base, per_peer, plan, exit_s, copy_min, h_disp, h_comb;
     mp_i64 tile, G;
     bool overlap;
 };
@@ -33,10 +35,11 @@ struct McCost {
     mp_i64 tile, mp_i64 G, mp_i64 overlap, double row_flop, double weight_read, double row_mem, \
         double copy_intra, double copy_inter, double disp_intra, double disp_inter,            \
         double comb_intra, double comb_inter, double base, double per_peer, double plan_s,     \
-        double exit_s, double wait_s
+        double exit_s, double copy_min, double h_disp, double h_comb
 #define MC_COST_ARGS                                                                       \
     tile, G, overlap, row_flop, weight_read, row_mem, copy_intra, copy_inter, disp_intra, \
-        disp_inter, comb_intra, comb_inter, base, per_peer, plan_s, exit_s, wait_s
+        disp_inter, comb_intra, comb_inter, base, per_peer, plan_s, exit_s, copy_min, h_disp, \
+        h_comb
 
 __device__ McCost mc_cost(MC_COST_PARAMS) {
     McCost k;
@@ -53,7 +56,9 @@ __device__ McCost mc_cost(MC_COST_PARAMS) {
     k.per_peer = per_peer;
     k.plan = plan_s;
     k.exit_s = exit_s;
-    k.wait = wait_s;
+    k.copy_min = copy_min;
+    k.h_disp = h_disp;
+    k.h_comb = h_comb;
     k.tile = tile;
     k.G = G;
     k.overlap = overlap != 0;
@@ -63,6 +68,7 @@ __device__ McCost mc_cost(MC_COST_PARAMS) {
 __device__ __forceinline__ double mc_mul(double a, double b) { return __dmul_rn(a, b); }
 __device__ __forceinline__ double mc_add(double a, double b) { return __dadd_rn(a, b); }
 __device__ __forceinline__ double mc_max(double a, double b) { return a > b ? a : b; }
+__device__ __forceinline__ double mc_min(double a, double b) { return a < b ? a : b; }
 __device__ __forceinline__ mp_i64 mc_max_i(mp_i64 a, mp_i64 b) { return a > b ? a : b; }
 __device__ __forceinline__ mp_i64 mc_min_i(mp_i64 a, mp_i64 b) { return a < b ? a : b; }
 
@@ -71,11 +77,19 @@ __device__ __forceinline__ mp_i64 mc_padded(const McCost& k, mp_i64 rows) {
     return k.tile == 1 ? rows : (rows + (k.tile - 1)) / k.tile * k.tile;
 }
 
-// StepCost._roofline of one rank's integer sums: max(flop, weight reads + row memory).
-__device__ double mc_roofline(const McCost& k, mp_i64 padded, mp_i64 experts, mp_i64 rows) {
+// StepCost._roofline of one rank's integer sums: max(flop, weight reads + row memory
+// [+ one weight read per copy the rank sends or receives beside the section: copies >= 0]).
+__device__ double mc_roofline(const McCost& k, mp_i64 padded, mp_i64 experts, mp_i64 rows,
+                              mp_i64 copies = -1) {
     const double flop = mc_mul((double)padded, k.row_flop);
-    const double mem = mc_add(mc_mul((double)experts, k.weight_read), mc_mul((double)rows, k.row_mem));
+    double mem = mc_add(mc_mul((double)experts, k.weight_read), mc_mul((double)rows, k.row_mem));
+    if (copies >= 0) mem = mc_add(mem, mc_mul((double)copies, k.weight_read));
     return mc_max(flop, mem);
+}
+
+// The latency of one all-to-all of R > 1 ranks.
+__device__ __forceinline__ double mc_lat(const McCost& k, int R) {
+    return mc_add(k.base, mc_mul(k.per_peer, (double)(R - 1)));
 }
 
 // Length of the overlap of [a_lo, a_hi) and [b_lo, b_hi) (0 when disjoint).
@@ -110,13 +124,27 @@ __device__ void mc_block_max(double* v, int n, double* red) {
     __syncthreads();
 }
 
+// Warp maximum of an int64, and warp minimum of a double, on every lane.
+__device__ mp_i64 mc_warp_max_i(mp_i64 v) {
+    for (int off = MP_WARP / 2; off > 0; off >>= 1) {
+        v = mc_max_i(v, __shfl_xor_sync(MP_FULL_MASK, v, off));
+    }
+    return v;
+}
+
+__device__ double mc_warp_min(double v) {
+    for (int off = MP_WARP / 2; off > 0; off >>= 1) {
+        const mp_i64 o = __shfl_xor_sync(MP_FULL_MASK, __double_as_longlong(v), off);
+        v = mc_min(v, __longlong_as_double(o));
+    }
+    return v;
+}
+
 // Block maximum of an int64 (MP_I64_MIN for none); red holds 33 shared values.
 __device__ mp_i64 mc_block_max_i(mp_i64 v, mp_i64* red) {
     const int lane = threadIdx.x % MP_WARP, warp = threadIdx.x / MP_WARP;
     const int nwarps = blockDim.x / MP_WARP;
-    for (int off = MP_WARP / 2; off > 0; off >>= 1) {
-        v = mc_max_i(v, __shfl_xor_sync(MP_FULL_MASK, v, off));
-    }
+    v = mc_warp_max_i(v);
     if (lane == 0) red[warp] = v;
     __syncthreads();
     mp_i64 m = red[0];
@@ -128,10 +156,11 @@ __device__ mp_i64 mc_block_max_i(mp_i64 v, mp_i64* red) {
 // ---- the step time of one allocation (moonplan/stepcost/batch.py) ------------------------
 
 // One rank's integer sums: busiest directions of dispatch rows (d_*) and weight copies
-// (w_*) inside and across domains, all rows and the fetched rows of the expert sections.
+// (w_*) inside and across domains, all rows and the fetched rows of the expert sections,
+// and the copies it sends or receives (beside its home section: StepCost.copies_beside).
 struct McRank {
     mp_i64 d_in, d_out, w_in, w_out;
-    mp_i64 pad, busy, rows, wpad, wbusy, wrows;
+    mp_i64 pad, busy, rows, wpad, wbusy, wrows, beside;
 };
 
 // The parts of the total that do not depend on the planning charge.
@@ -143,7 +172,8 @@ struct McParts {
 __device__ McParts mc_parts(const McCost& k, const McRank& s, bool active, int R, double* red) {
     const double d_in = (double)s.d_in, d_out = (double)s.d_out;
     const double w_in = (double)s.w_in, w_out = (double)s.w_out;
-    const double home = mc_roofline(k, s.pad - s.wpad, s.busy - s.wbusy, s.rows - s.wrows);
+    const mp_i64 beside = k.overlap ? s.beside : -1;  // copies run beside it when overlapped
+    const double home = mc_roofline(k, s.pad - s.wpad, s.busy - s.wbusy, s.rows - s.wrows, beside);
     const double wait = mc_roofline(k, s.wpad, s.wbusy, s.wrows);
     double v[6] = {-MC_INF, -MC_INF, -MC_INF, -MC_INF, -MC_INF, -MC_INF};
     if (active) {
@@ -158,7 +188,7 @@ __device__ McParts mc_parts(const McCost& k, const McRank& s, bool active, int R
     }
     mc_block_max(v, 6, red);
     McParts p;
-    const double lat = mc_add(k.base, mc_mul(k.per_peer, (double)(R - 1)));
+    const double lat = mc_lat(k, R);
     p.D = R <= 1 ? 0.0 : mc_add(lat, v[0]);
     p.Cb = R <= 1 ? 0.0 : mc_add(lat, v[1]);
     const bool copies = v[4] > 0.0;
@@ -184,24 +214,49 @@ __device__ double mc_total(const McCost& k, const McParts& p, double plan) {
 
 // ---- the early-exit bound (moonplan/plan/choice/bound.py) -----------------------------------
 
-// bound.exit_bound: the least time a candidate other than static EP can reach.
-__device__ double mc_bound(const McCost& k, int R, mp_i64 tiles, mp_i64 busy, mp_i64 N,
-                           double home_lb, bool resident, double static_full) {
-    if (R <= 1) return MC_INF;
-    const double lat = mc_add(k.base, mc_mul(k.per_peer, (double)(R - 1)));
-    const double flop_lb = mc_mul((double)((tiles + (R - 1)) / R), k.row_flop);
+// bound.exit_bound's experts_lb: the slowest rank's experts phase in any plan, at least the
+// ranks' mean of tiles and of reads and rows, and the kz = ceil(Z / R) experts (a tile, a
+// weight read and a row each) that some rank runs (busy = Z, experts with records).
+__device__ double mc_experts_lb(const McCost& k, int R, mp_i64 tiles, mp_i64 busy, mp_i64 N) {
+    const mp_i64 kz = (busy + (R - 1)) / R;
+    const mp_i64 rows = mc_max_i((tiles + (R - 1)) / R, kz * k.tile);
+    const double flop_lb = mc_mul((double)rows, k.row_flop);
     const double mem = mc_add(mc_mul((double)busy, k.weight_read), mc_mul((double)N, k.row_mem));
-    const double experts_lb = mc_max(flop_lb, mem / (double)R);
-    double copying;
-    if (k.overlap) {
-        copying = mc_add(mc_add(k.plan, mc_max(mc_add(lat, experts_lb), k.wait)), lat);
-    } else {
-        copying = mc_add(mc_add(mc_add(mc_add(k.plan, lat), experts_lb), lat), k.wait);
-    }
-    const double kept = mc_add(mc_add(mc_add(k.plan, lat), mc_max(experts_lb, home_lb)), lat);
+    const double per_k = mc_add(mc_mul((double)kz, k.weight_read), mc_mul((double)kz, k.row_mem));
+    return mc_max(mc_max(flop_lb, mem / (double)R), per_k);
+}
+
+// bound.exit_bound's reads: a copying plan's experts phase, with the overlapped schedule at
+// least one weight read per home expert with records and no resident replica on the rank
+// that has the most of them (`kept`).
+__device__ double mc_reads(const McCost& k, double experts_lb, mp_i64 kept) {
+    return k.overlap ? mc_max(experts_lb, mc_mul((double)kept, k.weight_read)) : experts_lb;
+}
+
+// bound.exit_bound's copying(j, n): the least time of a plan in which a rank receives j
+// copies and sends n rows (R > 1).
+__device__ double mc_copying(const McCost& k, int R, double reads, mp_i64 j, mp_i64 n) {
+    const double lat = mc_lat(k, R);
+    const double D = mc_add(lat, mc_mul((double)n, k.h_disp));
+    const double Cb = mc_add(lat, mc_mul((double)n, k.h_comb));
+    const double wait = mc_add(k.base, mc_mul((double)mc_max_i(j, 1), k.copy_min));
+    if (k.overlap) return mc_add(mc_add(k.plan, mc_max(mc_add(D, reads), wait)), Cb);
+    return mc_add(mc_add(mc_add(mc_add(k.plan, D), reads), Cb), wait);
+}
+
+// bound.exit_bound: the least time a candidate other than static EP can reach. `copies`: the
+// largest over ranks of the least over j of mc_copying; `free_link`: the rows some rank sends
+// or receives in a plan that copies nothing; `static_full` is used when no replica is resident.
+__device__ double mc_bound(const McCost& k, int R, double experts_lb, double copies,
+                           mp_i64 free_link, double home_lb, bool resident, double static_full) {
+    if (R <= 1) return MC_INF;
+    const double lat = mc_lat(k, R);
+    const double D = mc_add(lat, mc_mul((double)free_link, k.h_disp));
+    const double Cb = mc_add(lat, mc_mul((double)free_link, k.h_comb));
+    const double kept = mc_add(mc_add(k.plan, mc_add(D, mc_max(experts_lb, home_lb))), Cb);
     const double other = resident ? kept : static_full;
     const double margin = 1.0 - 1.0 / 1099511627776.0;  // bound.MARGIN = 1 - 2**-40
-    return mc_mul(other < copying ? other : copying, margin);
+    return mc_mul(other < copies ? other : copies, margin);
 }
 
 // ---- the score of one candidate's allocation ------------------------------------------------
@@ -303,7 +358,7 @@ __device__ void mc_score(const McStep& st, const McCost& k, const mp_i64* a, int
     for (mp_i64 e = tid; e < st.E; e += nthreads) mc_score_expert(st, k, a, e, acc);
     __syncthreads();
     const int r = tid;
-    McRank s = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    McRank s = {};
     if (r < R) {
         const mp_i64 sdom = st.sdom_R[r] + acc.sdc[r];
         s.d_in = mc_max_i(sdom - acc.loc[r], acc.rdom[r] - acc.loc[r]);
@@ -316,6 +371,7 @@ __device__ void mc_score(const McStep& st, const McCost& k, const mp_i64* a, int
         s.wpad = acc.wpad[r];
         s.wbusy = acc.wbusy[r];
         s.wrows = acc.wrows[r];
+        s.beside = acc.cn_s[r] + acc.cf_s[r] + acc.cn_r[r] + acc.cf_r[r];
         recv_C[(mp_i64)c * R + r] = acc.recv[r];
     }
     const McParts p = mc_parts(k, s, r < R, R, red);

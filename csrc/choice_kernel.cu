@@ -9,10 +9,15 @@
 //     0 static, 1 exact, 2 resident, 3 .. K+1 level-(K-1) .. level-1, K+2 greedy
 //   alloc_C [C, E, R]  each candidate's allocation (scratch; static's slice is not used)
 //   flow_C  [C, R-1, 3] the flows each construction recorded (scratch)
+//   rest_RE [R, E]      each rank's records less those of its home experts and resident
+//                       replicas, then its M largest, sorted (scratch of the bound)
+//   top_RM  [R, M]      the entries above the M-th largest of a rank's rest (scratch)
+//   misc    [2]         N, and the bits of the early-exit bound (the emulated test reads them)
 //
 // Three kernels, launched by moonplan/plan/choice_cuda.py on torch's stream, no host sync:
 //   moonplan_choice_first   ONE block: T, L, static EP's scores charged exit_s and plan_s,
-//                           the early-exit bound (choice/bound.py) and the exit flag
+//                           the early-exit bound (choice/bound.py: a warp per rank for its
+//                           link rows, bound.links_reference) and the exit flag
 //   moonplan_choice_build   C-1 blocks, one per candidate 1..C-1: returns at once when the
 //                           exit flag is set; else builds its allocation into alloc_C[c]
 //                           (group-flow construction or resident rounds) and scores it
@@ -34,11 +39,12 @@
 // ---- kernel 1: counts, static EP, the bound, the exit flag --------------------------------
 
 struct McFirstSums {  // one rank's static sums, in shared memory
-    mp_i64 *loc, *rdom, *pad, *busy, *kpad, *kbusy, *krows;
+    mp_i64 *loc, *rdom, *pad, *busy, *kpad, *kbusy, *krows, *kloc;
 };
 
 // Warp per rank: static EP's traffic sums (row r of counts), its home experts' sums, and
-// those of the home experts without a resident replica (for bound's home_lb).
+// those of the home experts without a resident replica (for bound's home_lb, kept busy
+// and free_link; kloc: the rank's own records of them).
 __device__ void mc_first_ranks(const mp_i64* counts, const mp_i64* T, const int* moved, int R,
                                mp_i64 E, const McCost& k, const McFirstSums& f, mp_i64* load_R,
                                mp_i64* send_R, mp_i64* sdom_R) {
@@ -49,7 +55,7 @@ __device__ void mc_first_ranks(const mp_i64* counts, const mp_i64* T, const int*
         const mp_i64 h0 = mp_home_start(r, E, R), h1 = mp_home_start(r + 1, E, R);
         const mp_i64 g0 = r / k.G * k.G, g1 = mc_min_i(g0 + k.G, R);
         const mp_i64 e0 = mp_home_start(g0, E, R), e1 = mp_home_start(g1, E, R);
-        mp_i64 v[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};  // send, sdom, loc, L, rdom, pad..krows
+        mp_i64 v[11] = {};  // send, sdom, loc, L, rdom, pad, busy, kpad, kbusy, krows, kloc
         for (mp_i64 e = lane; e < E; e += MP_WARP) {
             const mp_i64 c = row[e];
             v[0] += c;
@@ -66,9 +72,10 @@ __device__ void mc_first_ranks(const mp_i64* counts, const mp_i64* T, const int*
                 v[7] += mc_padded(k, t);
                 v[8] += t > 0;
                 v[9] += t;
+                v[10] += row[e];
             }
         }
-        for (int i = 0; i < 10; ++i) v[i] = mp_warp_sum(v[i]);
+        for (int i = 0; i < 11; ++i) v[i] = mp_warp_sum(v[i]);
         if (lane == 0) {
             send_R[r] = v[0];
             sdom_R[r] = v[1];
@@ -80,6 +87,7 @@ __device__ void mc_first_ranks(const mp_i64* counts, const mp_i64* T, const int*
             f.kpad[r] = v[7];
             f.kbusy[r] = v[8];
             f.krows[r] = v[9];
+            f.kloc[r] = v[10];
         }
     }
 }
@@ -119,47 +127,187 @@ __device__ McTotals mc_first_totals(const mp_i64* counts, const mp_i64* prev, in
     return t;
 }
 
-// Dynamic shared memory: loc, rdom, pad, busy, kpad, kbusy, krows [R] and red64[33]
+// ---- kernel 1: the bound's link rows (bound.links_reference), a warp per rank --------------
+
+// Row s of counts less the records of s's home experts and of the replicas resident in its
+// previous slots, into rest [E] (global scratch); on every lane, left = the row's sum and
+// the largest entry.
+__device__ void mc_rest_row(const mp_i64* counts, const mp_i64* prev, bool has_prev, int s, int R,
+                            mp_i64 E, mp_i64 B, mp_i64* rest, mp_i64* left, mp_i64* vmax) {
+    const int lane = threadIdx.x % MP_WARP;
+    const mp_i64 h0 = mp_home_start(s, E, R), h1 = mp_home_start(s + 1, E, R);
+    for (mp_i64 e = lane; e < E; e += MP_WARP) {
+        rest[e] = (e >= h0 && e < h1) ? 0 : counts[(mp_i64)s * E + e];
+    }
+    __syncwarp();
+    for (mp_i64 j = lane; has_prev && j < B; j += MP_WARP) {
+        const mp_i64 e = prev[(mp_i64)s * B + j];
+        if (e >= 0 && e < E) rest[e] = 0;  // resident on s: its records may stay local
+    }
+    __syncwarp();
+    mp_i64 sum = 0, mx = 0;
+    for (mp_i64 e = lane; e < E; e += MP_WARP) {
+        sum += rest[e];
+        mx = mc_max_i(mx, rest[e]);
+    }
+    *left = mp_warp_sum(sum);
+    *vmax = mc_warp_max_i(mx);
+}
+
+// The M-th largest entry of rest [E] (M <= E), on every lane: the largest v with at least M
+// entries >= v, by bisection over [0, vmax] (one counting pass a bit of vmax).
+__device__ mp_i64 mc_mth_largest(const mp_i64* rest, mp_i64 E, mp_i64 M, mp_i64 vmax) {
+    const int lane = threadIdx.x % MP_WARP;
+    mp_i64 lo = 0, hi = vmax + 1;  // at least M entries >= lo (all E >= 0), fewer >= hi
+    while (hi - lo > 1) {
+        const mp_i64 mid = lo + (hi - lo) / 2;
+        mp_i64 n = 0;
+        for (mp_i64 e = lane; e < E; e += MP_WARP) n += rest[e] >= mid;
+        if (mp_warp_sum(n) >= M) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+// The M largest entries of rest [E], sorted from the largest, into rest[0..M) (v: the M-th
+// largest): the fewer than M above v gathered into top [M] (global scratch) and each placed
+// by its rank (ties by position), the rest of the M filled with v.
+__device__ void mc_top_sorted(mp_i64* rest, mp_i64* top, mp_i64 E, mp_i64 M, mp_i64 v) {
+    const int lane = threadIdx.x % MP_WARP;
+    mp_i64 g = 0;
+    for (mp_i64 base = 0; base < E; base += MP_WARP) {  // warp-uniform: the ballot needs all
+        const mp_i64 e = base + lane;
+        const mp_i64 x = e < E ? rest[e] : 0;
+        const bool above = e < E && x > v;
+        const unsigned mask = __ballot_sync(MP_FULL_MASK, above);
+        if (above) top[g + __popc(mask & ((1u << lane) - 1u))] = x;
+        g += __popc(mask);
+    }
+    __syncwarp();
+    for (mp_i64 i = lane; i < g; i += MP_WARP) {
+        mp_i64 at = 0;
+        for (mp_i64 q = 0; q < g; ++q) at += top[q] > top[i] || (top[q] == top[i] && q < i);
+        rest[at] = top[i];
+    }
+    for (mp_i64 i = g + lane; i < M; i += MP_WARP) rest[i] = v;
+    __syncwarp();
+}
+
+// The least over j <= M of mc_copying(j, left - the sum of the j largest), on every lane
+// (top [M]: the M largest, sorted from the largest).
+__device__ double mc_least_copying(const McCost& k, int R, double reads, const mp_i64* top,
+                                   mp_i64 M, mp_i64 left) {
+    const int lane = threadIdx.x % MP_WARP;
+    double best = mc_copying(k, R, reads, 0, left);
+    mp_i64 carry = 0;
+    for (mp_i64 base = 0; base < M; base += MP_WARP) {  // warp-uniform: the scan needs all
+        const mp_i64 j = base + lane + 1;                 // this lane's j
+        const mp_i64 incl = mp_warp_incl_scan(j <= M ? top[j - 1] : 0, lane);
+        if (j <= M) best = mc_min(best, mc_copying(k, R, reads, j, left - (carry + incl)));
+        carry += __shfl_sync(MP_FULL_MASK, incl, MP_WARP - 1);
+    }
+    return mc_warp_min(best);
+}
+
+struct McLinks {  // the bound's link terms, block-uniform
+    double copies;     // the largest over ranks of mc_least_copying
+    mp_i64 free_link;  // the most rows a rank sends or receives in a plan that copies nothing
+};
+
+// bound.links_reference and the copying term, a warp per rank (R > 1); `stay`: this thread's
+// rank's records that other ranks send to its home experts without a resident replica (0
+// for a thread past R). Every thread of the block calls it.
+__device__ McLinks mc_first_links(const McStep& st, const McCost& k, double reads, mp_i64 stay,
+                                  mp_i64* rest_RE, mp_i64* top_RM, double* red, mp_i64* red64) {
+    const int warp = threadIdx.x / MP_WARP, nwarps = blockDim.x / MP_WARP;
+    McLinks l = {-MC_INF, stay};
+    for (int s = warp; s < st.R; s += nwarps) {
+        mp_i64* rest = rest_RE + (mp_i64)s * st.E;
+        mp_i64 left = 0, vmax = 0;
+        mc_rest_row(st.counts, st.prev, st.has_prev, s, st.R, st.E, st.B, rest, &left, &vmax);
+        const mp_i64 v = mc_mth_largest(rest, st.E, st.M, vmax);
+        mc_top_sorted(rest, top_RM + (mp_i64)s * st.M, st.E, st.M, v);
+        l.copies = mc_max(l.copies, mc_least_copying(k, st.R, reads, rest, st.M, left));
+        l.free_link = mc_max_i(l.free_link, left);
+    }
+    mc_block_max(&l.copies, 1, red);
+    l.free_link = mc_block_max_i(l.free_link, red64);
+    return l;
+}
+
+// ---- kernel 1: the first kernel itself -----------------------------------------------------
+
+// Static EP's sums of rank r (r < R) and its home experts without a resident replica:
+// their roofline (bound's home_lb), their count, and the records other ranks send them.
+__device__ McRank mc_first_rank(const McCost& k, const McFirstSums& f, int r, const mp_i64* load_R,
+                                const mp_i64* send_R, const mp_i64* sdom_R, double* home_lb,
+                                mp_i64* kept, mp_i64* stay) {
+    McRank s = {};  // static EP: nothing fetched
+    s.d_in = mc_max_i(sdom_R[r] - f.loc[r], f.rdom[r] - f.loc[r]);
+    s.d_out = mc_max_i(send_R[r] - sdom_R[r], load_R[r] - f.rdom[r]);
+    s.pad = f.pad[r];
+    s.busy = f.busy[r];
+    s.rows = load_R[r];
+    *home_lb = mc_roofline(k, f.kpad[r], f.kbusy[r], f.krows[r]);
+    *kept = f.kbusy[r];
+    *stay = f.krows[r] - f.kloc[r];
+    return s;
+}
+
+// Dynamic shared memory: loc, rdom, pad, busy, kpad, kbusy, krows, kloc [R] and red64[33]
 // (int64), red[MC_RED_F64] (double), moved[E] (int32).
 extern "C" __global__ void __launch_bounds__(1024, 1)
     moonplan_choice_first(const mp_i64* counts, const mp_i64* prev, mp_i64 R_, mp_i64 E, mp_i64 B,
                           mp_i64 has_prev, mp_i64 C, MC_COST_PARAMS, double* scores,
                           unsigned char* exited, mp_i64* total_E, mp_i64* load_R, mp_i64* send_R,
-                          mp_i64* sdom_R, mp_i64* misc, int* warm_d) {
+                          mp_i64* sdom_R, mp_i64* misc, int* warm_d, mp_i64* rest_RE,
+                          mp_i64* top_RM) {
     extern __shared__ __align__(16) unsigned char mp_smem[];
     const McCost k = mc_cost(MC_COST_ARGS);
     const int R = (int)R_, r = threadIdx.x;
     McFirstSums f;
-    mp_i64** at[7] = {&f.loc, &f.rdom, &f.pad, &f.busy, &f.kpad, &f.kbusy, &f.krows};
-    for (int i = 0; i < 7; ++i) *at[i] = (mp_i64*)mp_smem + (mp_i64)i * R;
-    mp_i64* red64 = (mp_i64*)mp_smem + 7 * (mp_i64)R;
+    mp_i64** at[8] = {&f.loc, &f.rdom, &f.pad, &f.busy, &f.kpad, &f.kbusy, &f.krows, &f.kloc};
+    for (int i = 0; i < 8; ++i) *at[i] = (mp_i64*)mp_smem + (mp_i64)i * R;
+    mp_i64* red64 = (mp_i64*)mp_smem + 8 * (mp_i64)R;
     double* red = (double*)(red64 + MP_WARP + 1);
     int* moved = (int*)(red + MC_RED_F64);
     const McTotals t =
         mc_first_totals(counts, prev, R, E, B, has_prev != 0, k, total_E, moved, warm_d, red64);
     mc_first_ranks(counts, total_E, moved, R, E, k, f, load_R, send_R, sdom_R);
     __syncthreads();
-
-    McRank s = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};  // static EP: nothing fetched
+    McRank s = {};
     double home_lb = -MC_INF;
-    if (r < R) {
-        s.d_in = mc_max_i(sdom_R[r] - f.loc[r], f.rdom[r] - f.loc[r]);
-        s.d_out = mc_max_i(send_R[r] - sdom_R[r], load_R[r] - f.rdom[r]);
-        s.pad = f.pad[r];
-        s.busy = f.busy[r];
-        s.rows = load_R[r];
-        home_lb = mc_roofline(k, f.kpad[r], f.kbusy[r], f.krows[r]);
-    }
+    mp_i64 kept = MP_I64_MIN, stay = 0;
+    if (r < R) s = mc_first_rank(k, f, r, load_R, send_R, sdom_R, &home_lb, &kept, &stay);
     const McParts p = mc_parts(k, s, r < R, R, red);
     mc_block_max(&home_lb, 1, red);
+    kept = mc_block_max_i(kept, red64);
+    const double experts_lb = R > 1 ? mc_experts_lb(k, R, t.tiles, t.busy, t.N) : 0.0;
+    McLinks l = {MC_INF, 0};
+    if (R > 1) {  // block-uniform
+        McStep st = {};
+        st.counts = counts;
+        st.prev = prev;
+        st.E = E;
+        st.B = B;
+        st.M = (E + R - 1) / R;
+        st.R = R;
+        st.has_prev = has_prev != 0;
+        l = mc_first_links(st, k, mc_reads(k, experts_lb, kept), stay, rest_RE, top_RM, red, red64);
+    }
     if (r == 0) {
         const double t_exit = mc_total(k, p, k.exit_s), full = mc_total(k, p, k.plan);
-        const double bound = mc_bound(k, R, t.tiles, t.busy, t.N, home_lb, t.nres > 0, full);
+        const double bound =
+            mc_bound(k, R, experts_lb, l.copies, l.free_link, home_lb, t.nres > 0, full);
         const bool ex = t_exit <= bound;
         scores[0] = ex ? t_exit : full;
         for (mp_i64 c = 1; c < C && ex; ++c) scores[c] = MC_INF;
         exited[0] = ex ? 1 : 0;
         misc[0] = t.N;
+        misc[1] = __double_as_longlong(bound);
     }
 }
 

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import torch
 
 from moonplan.plan import cuda_backend as cb
-from moonplan.plan.choice.bound import copy_min_s
+from moonplan.plan.choice.bound import copy_min_s, link_rates
 from moonplan.plan.choice.table import table
 from moonplan.plan.home import max_local
 from moonplan.stepcost.step_cost import StepCost
@@ -130,7 +130,7 @@ def block_threads(R: int) -> int:
 
 def shared_bytes(R: int, E: int) -> tuple[int, int, int]:
     """Dynamic shared memory of the three kernels (the layouts in ``choice_kernel.cu``)."""
-    first = 8 * (7 * R + 33) + 8 * RED_F64 + 4 * E
+    first = 8 * (8 * R + 33) + 8 * RED_F64 + 4 * E
     construct = 8 * (E + 3 * R + 33) + 4 * (5 * R + 1 + 33)
     resident = 8 * (E + R) + 4 * (2 * R + E)
     score = 8 * (ACC * R) + 8 * RED_F64
@@ -157,9 +157,9 @@ def layout(R: int, E: int, B: int, C: int) -> Layout:
         "slot_expert": (R, B), "slot_new": (R, B), "row_expert": (R, W), "row_count": (R, W),
         "row_offset": (R, W + 1), "index": (), "scores": (C,), "exited": (),
     }  # fmt: skip
-    words64 = {"total_E": E, "load_R": R, "send_R": R, "sdom_R": R, "misc": 1,
+    words64 = {"total_E": E, "load_R": R, "send_R": R, "sdom_R": R, "misc": 2,
                "alloc_C": C * E * R, "flow_C": C * 3 * F, "recv_C": C * R, "rep_c": C * R * M,
-               "q_P": max(1, R * B)}  # fmt: skip
+               "q_P": max(1, R * B), "rest_RE": R * E, "top_RM": R * M}  # fmt: skip
     words32 = {"rep_e": C * R * M, "srt_e": R * M, "warm_d": max(1, R * B)}
     at, out, scratch = 0, {}, {}
     for name, shape in out_shapes.items():
@@ -197,7 +197,8 @@ def allocate(
 
 def cost_args(cost: StepCost, R: int) -> list[Arg]:
     """``MC_COST_PARAMS`` of the kernels: ``tile``, ``G``, ``overlap``, then the rates
-    (seconds, doubles) and ``wait = base_latency_s + copy_min_s`` (``inf`` with one rank)."""
+    (seconds, doubles) and the bound's ``copy_min_s`` (``inf``: no copy possible) and
+    ``link_rates`` (dispatch, combine), computed here as the reference computes them."""
     if cost.dispatch != "record":
         raise ValueError(
             f"the CUDA choice scores the 'record' dispatch scheme; got dispatch={cost.dispatch!r}"
@@ -206,8 +207,8 @@ def cost_args(cost: StepCost, R: int) -> list[Arg]:
     rates = [cost.row_flop_s, cost.weight_read_s, cost.row_mem_s, cost.copy_s_intra,
              cost.copy_s_inter, cost.dispatch_row_s_intra, cost.dispatch_row_s_inter,
              cost.combine_row_s_intra, cost.combine_row_s_inter, cost.base_latency_s,
-             cost.per_peer_latency_s, cost.plan_s, cost.exit_s,
-             cost.base_latency_s + copy_min_s(cost, R)]  # fmt: skip
+             cost.per_peer_latency_s, cost.plan_s, cost.exit_s, copy_min_s(cost, R),
+             *link_rates(cost, R)]  # fmt: skip
     args: list[Arg] = [(int(v), ctypes.c_longlong) for v in ints]
     return args + [(float(v), ctypes.c_double) for v in rates]
 
@@ -244,7 +245,7 @@ def kernel_args(
     cost_ = cost_args(cost, R)
     stats = [at(k) for k in ("total_E", "load_R", "send_R", "sdom_R", "misc")]
     first = [c, p, val(R), val(E), val(B), has, val(C), *cost_, at("scores"), at("exited")]
-    first += [*stats, at("warm_d")]
+    first += [*stats, at("warm_d"), at("rest_RE"), at("top_RM")]
     build = [c, p, f, val(R), val(E), val(B), has, val(n_flows), val(levels), *cost_]
     build += [at("exited"), at("scores"), *stats, at("warm_d")]
     build += [at(k) for k in ("alloc_C", "flow_C", "recv_C", "rep_c", "rep_e", "q_P")]

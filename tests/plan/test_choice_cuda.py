@@ -28,7 +28,7 @@ from tests.plan.choice.costs import COMPUTE_ONLY, FORCED_S, H200, MULTI, full
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL = ROOT / "csrc" / "choice_kernel.cu"
-COST_PARAMS = 17  # MC_COST_PARAMS: tile, G, overlap and 14 doubles
+COST_PARAMS = 19  # MC_COST_PARAMS: tile, G, overlap and 16 doubles
 
 
 # ---- CPU: compiles, capability, host-side arguments ------------------------------------------
@@ -90,7 +90,7 @@ def _signature(name: str) -> list[str]:
 
 
 def test_argument_lists_match_the_kernels() -> None:
-    """As many arguments as each kernel declares (MC_COST_PARAMS expands to 17), doubles
+    """As many arguments as each kernel declares (MC_COST_PARAMS expands to 19), doubles
     where the cost is, pointers into the one buffer at distinct, increasing offsets."""
     R, E, B = 3, 7, 2
     c = torch.zeros(R, E, dtype=torch.int64)

@@ -9,10 +9,10 @@ typedef unsigned char u8;
 extern "C" ll emu_choice_first(ll block, ll smem, const ll* counts, const ll* prev, ll R, ll E,
                                ll B, ll has_prev, ll C, MC_COST_PARAMS, double* scores,
                                u8* exited, ll* total_E, ll* load_R, ll* send_R, ll* sdom_R,
-                               ll* misc, int* warm_d) {
+                               ll* misc, int* warm_d, ll* rest_RE, ll* top_RM) {
     return launch(1, (int)block, [=] {
         moonplan_choice_first(counts, prev, R, E, B, has_prev, C, MC_COST_ARGS, scores, exited,
-                              total_E, load_R, send_R, sdom_R, misc, warm_d);
+                              total_E, load_R, send_R, sdom_R, misc, warm_d, rest_RE, top_RM);
     }, smem);
 }
 extern "C" ll emu_choice_build(ll grid, ll block, ll smem, const ll* counts, const ll* prev,
