@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names as type checkers and editors see them
     from moonplan.adapters import wrap, wrap_experts, wrap_model
+    from moonplan.core.moe import MoonMoE
     from moonplan.errors import PlanError
-    from moonplan.layer import MoonMoE
     from moonplan.plan import Plan, Route, home_map, plan, route
     from moonplan.profiling.session import profile
     from moonplan.runtime.config import MoEConfig
@@ -35,7 +35,7 @@ __version__ = "0.1.0"
 
 NAMES = {
     "MoEConfig": "moonplan.runtime.config",
-    "MoonMoE": "moonplan.layer",
+    "MoonMoE": "moonplan.core.moe",
     "Plan": "moonplan.plan",
     "PlanError": "moonplan.errors",
     "Route": "moonplan.plan",
@@ -72,6 +72,7 @@ SUBMODULES = {
     "checkpoint": "moonplan.adapters.checkpoint",
     "cli": "moonplan.cli",
     "comm": "moonplan.comm",
+    "core": "moonplan.core",
     "cost": "moonplan.cost",
     "demo": "moonplan.cli.demo",
     "errors": "moonplan.errors",

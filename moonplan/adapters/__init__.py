@@ -14,9 +14,10 @@ from moonplan.adapters.detect import (
     inspect_block,
     is_supported,
 )
-from moonplan.adapters.experts import MoonExperts
-from moonplan.adapters.generic import RoutedExperts, wrap_experts
+from moonplan.adapters.generic import wrap_experts
 from moonplan.adapters.model import expert_parameter_names, moon_experts, wrap_model
+from moonplan.core.experts import MoonExperts
+from moonplan.core.routed import RoutedExperts
 
 __all__ = [
     "BlockSpec",

@@ -3,7 +3,7 @@
 Legend: R ranks, E experts, E_r this rank's home experts, H hidden, F expert FFN size.
 
 The wrapped block is a shallow copy of the original, of the same class, whose
-``experts`` child is replaced by a :class:`~moonplan.adapters.experts.MoonExperts`.
+``experts`` child is replaced by a :class:`~moonplan.core.experts.MoonExperts`.
 Its forward is therefore the block's own forward: the same router (softmax top-k,
 DeepSeek-V3's group-limited sigmoid routing with its correction bias and scaling, ...),
 the same shared experts and their gates, the same return value. Only the expert
@@ -18,10 +18,10 @@ from typing import Any
 from torch import nn
 
 from moonplan.adapters.detect import inspect_block
-from moonplan.adapters.experts import MoonExperts
-from moonplan.adapters.sharded import with_experts
+from moonplan.adapters.swap import with_experts
 from moonplan.adapters.torchtitan import is_torchtitan_moe, wrap_moe
 from moonplan.comm.group import EPGroup
+from moonplan.core.experts import MoonExperts
 from moonplan.runtime.config import MoEConfig
 
 

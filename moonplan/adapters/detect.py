@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F_
 from torch import nn
 
+from moonplan.core.experts import MoonExperts
+
 ROUTER_NAMES = ("gate", "router")
 EXPERT_PARAMS = ("gate_up_proj", "down_proj")
 # transformers' layout flags (set by its ``use_experts_implementation``) and the values we need
@@ -101,8 +103,6 @@ class _Mismatch(Exception):
 
 
 def _inspect(module: nn.Module) -> BlockSpec:
-    from moonplan.adapters.experts import MoonExperts
-
     experts = module._modules.get("experts")
     if experts is None:
         children = ", ".join(module._modules) or "none"

@@ -24,10 +24,10 @@ from moonplan.adapters.detect import (
     is_supported,
     looks_like_moe,
 )
-from moonplan.adapters.experts import MoonExperts
-from moonplan.adapters.sharded import ShardedExperts
 from moonplan.adapters.torchtitan import is_torchtitan_moe
 from moonplan.comm.group import EPGroup
+from moonplan.core.experts import MoonExperts
+from moonplan.core.sharded import ShardedExperts
 from moonplan.runtime.config import MoEConfig
 from moonplan.runtime.contract import RefuseMoves
 
@@ -125,7 +125,7 @@ def moon_experts(model: nn.Module) -> Iterator[tuple[str, MoonExperts]]:
 
 def sharded_experts(model: nn.Module) -> Iterator[tuple[str, ShardedExperts]]:
     """``(qualified name, module)`` of every module holding sharded expert tensors
-    (:class:`~moonplan.adapters.sharded.ShardedExperts`: :class:`MoonExperts`, also inside
+    (:class:`~moonplan.core.sharded.ShardedExperts`: :class:`MoonExperts`, also inside
     a :class:`~moonplan.MoonMoE`, and torchtitan's ``MoonGroupedExperts``), in module order.
     Each has ``expert_tensors`` (its sharded parameter names), ``num_experts``,
     ``home_range``, ``group`` and ``weights_changed()``."""

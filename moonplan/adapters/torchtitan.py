@@ -33,15 +33,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from moonplan.adapters.sharded import (
+from moonplan.adapters.swap import with_experts
+from moonplan.comm.group import EPGroup
+from moonplan.core.sharded import (
     ShardedExperts,
     agreed_construction,
     home_parameter,
     options_config,
     resolve_group,
-    with_experts,
 )
-from moonplan.comm.group import EPGroup
 from moonplan.runtime.config import MoEConfig
 
 WEIGHTS = ("w1_EFD", "w2_EDF", "w3_EFD")
@@ -139,10 +139,10 @@ class MoonGroupedExperts(ShardedExperts):
         with agreed_construction(ep, "MoonGroupedExperts"):  # one rank's failure: everywhere
             cfg = options_config(config, options, top_k=top_k, dtype=compute_dtype)
             E, F, D = w1_EFD.shape
-            dtype = cfg.dtype or torch.bfloat16
+            dtype = cfg.sizes.dtype or torch.bfloat16
             sizes = dict(num_experts=E, hidden_size=D, ffn_size=F, dtype=dtype)
             lo, hi = self.setup(ep, cfg.sized(**sizes), w1_EFD.device)
-            self.dim, self.hidden_dim, self.compute_dtype = D, F, self.config.dtype
+            self.dim, self.hidden_dim, self.compute_dtype = D, F, self.config.sizes.dtype
             self.w1_EFD = home_parameter(w1_EFD, lo, hi)
             self.w2_EDF = home_parameter(w2_EDF, lo, hi)
             self.w3_EFD = home_parameter(w3_EFD, lo, hi)

@@ -37,6 +37,12 @@ DESCRIPTION = (
 def register(subparsers: Any) -> None:
     """Add the ``plan`` subcommand (handler in ``args.func``)."""
     p = add_subcommand(subparsers, "plan", handler, HELP, DESCRIPTION)
+    _counts_args(p)
+    _plan_args(p)
+
+
+def _counts_args(p: argparse.ArgumentParser) -> None:
+    """Where the counts come from: a file, or the generator's settings."""
     p.add_argument(
         "counts",
         nargs="?",
@@ -70,6 +76,10 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--seed", type=int_range(0), default=0, help="seed of generated counts (default 0)"
     )
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    """How to plan them and what to print or write."""
     p.add_argument(
         "--slots",
         type=int_range(0),

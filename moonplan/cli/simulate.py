@@ -71,12 +71,13 @@ def register(subparsers: Any) -> None:
     """Add the ``simulate`` subcommand (handler in ``args.func``)."""
     p = add_subcommand(subparsers, "simulate", handler, HELP, DESCRIPTION)
     _workload_args(p)
+    _step_args(p)
     _policy_args(p)
     _mode_args(p)
 
 
 def _workload_args(p: argparse.ArgumentParser) -> None:
-    """Model, hardware, EP sizes, skew and the steps of each point."""
+    """Model, hardware, EP sizes, skew and tokens of each point."""
     p.add_argument(
         "--model",
         default="deepseek-v3",
@@ -108,6 +109,10 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tokens", type=int, default=4096, help="tokens per rank per step (default 4096)"
     )
+
+
+def _step_args(p: argparse.ArgumentParser) -> None:
+    """The steps of each point: how many, their drift, seed and sampler, or a trace."""
     p.add_argument(
         "--steps",
         type=int_range(1),

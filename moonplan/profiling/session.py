@@ -35,7 +35,9 @@ span is a pair of ``torch.cuda.Event`` recorded on the current stream (no
 synchronisation per phase); they are resolved once, when profiling ends.
 
 Cost when off: every ``LayerRuntime`` holds :data:`NULL_PROFILER`, an immutable
-object whose hooks return at once (about a dozen no-op method calls per step).
+object whose hooks return at once (about a dozen no-op method calls per step). The
+runtime declares the hooks it calls (:mod:`moonplan.runtime.step_hooks`); the live
+ones, :class:`LayerProfiler` and its :class:`StepRecorder` per step, are this module's.
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ import torch
 
 from moonplan.comm.group import EPGroup
 from moonplan.profiling.gather import gather_spans
-from moonplan.profiling.hooks import NULL_PROFILER, LayerProfiler, NullProfiler, StepRecorder
 from moonplan.profiling.phases import (
     BACKGROUND_PHASES,
     BACKWARD_PHASES,
@@ -60,6 +61,7 @@ from moonplan.profiling.phases import (
 )
 from moonplan.profiling.report import ProfileReport
 from moonplan.runtime.layer_runtime import LayerRuntime
+from moonplan.runtime.step_hooks import NULL_PROFILER, NullProfiler
 
 __all__ = [
     "BACKGROUND_PHASES",
@@ -218,6 +220,66 @@ class Profiler:
         if self._report is None:
             raise RuntimeError("the profile is gathered when profiling ends (Profiler.finish)")
         return self._report
+
+
+class StepRecorder:
+    """Records the phases of one step of one layer (forward, then maybe backward).
+
+    ``begin()`` opens a sequence of contiguous phases (the forward, the backward);
+    ``span(name, t0, t1)`` closes phase ``name``, which ran from ``t0`` to ``t1``
+    (``perf_counter`` seconds). On CUDA the phase is the stream time between the
+    previous boundary event and an event recorded by this call.
+    """
+
+    __slots__ = ("_mark", "_prof", "layer", "step")
+
+    def __init__(self, prof: Profiler, layer: int, step: int):
+        self._prof, self.layer, self.step = prof, layer, step
+        self._mark: Any = None
+
+    def begin(self) -> None:
+        """Open a sequence of phases (a barrier first when the profiler is ``aligned``)."""
+        if self._prof.aligned:
+            self._prof.group.barrier()
+        self._mark = self._prof.mark()
+
+    def span(self, name: str, t0: float, t1: float) -> None:
+        """Phase ``name`` ran from ``t0`` to ``t1`` (host seconds) and ends now."""
+        end = self._prof.mark()
+        self._prof.add(self.layer, self.step, name, (t0, t1), (self._mark, end))
+        self._mark = end
+
+    def background(
+        self, name: str, t0: float, t1: float, events: Any = None, *, host: bool = False
+    ) -> None:
+        """Background phase ``name`` (a worker thread's or side stream's job) ran from
+        ``t0`` to ``t1`` (host seconds, measured where it ran) or, on CUDA, between the
+        side-stream ``events`` (start, end). ``host``: a host thread's job (no device
+        work), kept on the host clock on CUDA too. It does not move the sequence's
+        boundary."""
+        if self._prof.cuda and events is None and not host:
+            return  # inline job: its time is already inside the critical-path phases
+        self._prof.add(self.layer, self.step, name, (t0, t1), events or (None, None))
+
+    def traffic(self, records: int, rows_sent: int) -> None:
+        """The step's records and the rows its dispatch sent (``StepStats``)."""
+        self._prof.add_traffic(records, rows_sent)
+
+
+class LayerProfiler:
+    """The live hooks of one profiled layer: numbers its steps, hands out recorders."""
+
+    __slots__ = ("_prof", "layer", "steps")
+
+    def __init__(self, prof: Profiler, layer: int):
+        self._prof, self.layer, self.steps = prof, layer, 0
+
+    def begin_step(self) -> StepRecorder:
+        """A recorder for this layer's next step, its first sequence already begun."""
+        rec = StepRecorder(self._prof, self.layer, self.steps)
+        self.steps += 1
+        rec.begin()
+        return rec
 
 
 def find_runtimes(layers_or_model: Any) -> list[Any]:

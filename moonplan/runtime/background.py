@@ -1,5 +1,5 @@
-"""Background work of one layer runtime: weight prefetch, the replica-gradient reduce and
-``balance="auto"``'s choice made ahead (``moonplan.runtime.balancer``).
+"""Background work of one layer runtime: the weight prefetch and the replica-gradient
+reduce.
 
 Legend: none (no tensors of their own: a job returns whatever its function returns).
 
@@ -10,8 +10,7 @@ kinds, picked by the runtime from its transport (``Transport.one_sided``) and de
 
 * ``"thread"`` (CPU): one worker thread per lane, created on the first job and
   joined by :meth:`BackgroundLane.close`. On the shared-memory heap the jobs are
-  plain peer-memory copies (torch releases the GIL while copying) or the planner's
-  candidate search (host code on all-gathered counts). On the all-to-all
+  plain peer-memory copies (torch releases the GIL while copying). On the all-to-all
   transports the prefetch and the replica-gradient reduce are collectives: the
   worker issues them on the layer's second process group
   (:meth:`~moonplan.comm.group.EPGroup.background_group`), never on the group the

@@ -9,7 +9,8 @@ One planner call per step, on the counts' device, whatever the mode:
 * ``"auto"``: ``moonplan.plan(counts, previous=..., policy="auto", cost=...)``: the
   candidate with the least predicted step time, chosen inside that call
   (``moonplan.plan.choice``). The cost model is the user's ``cost=`` if given;
-  otherwise the first :data:`WARMUP_STEPS` steps run ``"exact"`` and are measured (the
+  otherwise the first ``WARMUP_STEPS`` (``moonplan.runtime.config.sections``) steps
+  run ``"exact"`` and are measured (the
   very first step is not: it pays one-time allocation and page faults), then the runtime
   calibrates a :class:`~moonplan.stepcost.StepCost` from those steps
   (:mod:`moonplan.runtime.calibrate`, agreed across ranks) and plans ``"auto"`` from then
@@ -33,19 +34,14 @@ import torch
 from moonplan.comm.group import EPGroup
 from moonplan.plan import api as planner
 from moonplan.plan.plan_type import Plan
-from moonplan.runtime.balance import balance_mode
 from moonplan.runtime.calibrate import StepSample, agree, fit_rates, sample_step
+from moonplan.runtime.config.sections import (
+    KEEP_SAMPLES,
+    TIMING_REPEATS,
+    WARMUP_STEPS,
+    balance_mode,
+)
 from moonplan.stepcost import StepCost
-
-WARMUP_STEPS = 4
-"""Measured exact steps before ``"auto"`` calibrates its own cost model: enough for the
-median of each phase to ignore one outlier (the first step is never measured)."""
-
-KEEP_SAMPLES = 32
-"""Most recent step samples kept for ``calibrate()``."""
-
-TIMING_REPEATS = 3
-"""Planner calls timed per path when calibrating (their median is kept)."""
 
 FORCED_S = 1e9
 """A planning charge no step can beat (seconds): forces ``auto`` down one path to time it."""

@@ -139,6 +139,11 @@ def _local_parts(
         heap=heap,
         options=dict(spec.options) if spec.kind != "auto" else {},
     )
+    if not isinstance(transport, Transport):  # a registered factory's promise, checked once
+        raise ValueError(
+            f"transport {name!r} made a {type(transport).__name__}, not a Transport: it "
+            "lacks members of the protocol (moonplan/runtime/transports/base.py)"
+        )
     store = ExpertStore(
         transport,
         num_experts=spec.E,

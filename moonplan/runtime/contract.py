@@ -134,15 +134,16 @@ class FixedPlacement(nn.Module):
     The runtime's symmetric heap and receive buffers are collective allocations of one
     dtype on one device; following a move would need every rank to rebuild them
     together, which a local ``.to()`` cannot arrange. Moves that change nothing (the
-    same dtype and device, ``share_memory()``) pass. Subclasses set ``self.runtime``.
+    same dtype and device, ``share_memory()``) pass. Subclasses set ``self.runtime``;
+    before they do (``None``, declared here) every move passes.
     """
 
-    runtime: Any
+    runtime: Any = None
 
     def check_move(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Raise ``RuntimeError`` if the conversion ``fn`` (what ``Module._apply`` applies
         to every tensor) would change this layer's dtype or device."""
-        rt = getattr(self, "runtime", None)
+        rt = self.runtime
         if rt is None:
             return
         probe = fn(torch.empty(0, dtype=rt.dtype, device=rt.group.device))

@@ -10,7 +10,6 @@ Heap, transport, expert store, the resident plan and the step figures
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import warnings
 from collections.abc import Mapping
@@ -23,8 +22,8 @@ from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan
+from moonplan.plan.route import Route
 from moonplan.plan.route import route as route_tokens
-from moonplan.profiling.hooks import NULL_PROFILER, LayerProfiler, NullProfiler
 from moonplan.runtime.background import (
     BackgroundLane,
     Pending,
@@ -38,6 +37,8 @@ from moonplan.runtime.config import MoEConfig, Resolved, cost_settings
 from moonplan.runtime.contract import check_params, check_routing
 from moonplan.runtime.fetch_list import FetchList, fetch_list, plan_rows
 from moonplan.runtime.moe_function import MoEStep, moe_apply
+from moonplan.runtime.step_context import StepContext
+from moonplan.runtime.step_hooks import NULL_PROFILER, LayerHooks, StepClock
 from moonplan.runtime.step_stats import StepStats
 from moonplan.runtime.store import GradReducer
 from moonplan.runtime.transports.base import Transport
@@ -75,8 +76,9 @@ class LayerRuntime:
         H, F, E, K = cfg.require_sizes()
         B = resolved.slots
         self.group, self.config = group, cfg
-        self.E, self.B, self.H, self.F, self.K, self.align = E, B, H, F, K, cfg.align
-        self.dtype, self.kind, self.balance = cfg.layer_dtype(), cfg.transport, cfg.balance
+        self.E, self.B, self.H, self.F, self.K, self.align = E, B, H, F, K, cfg.buffers.align
+        self.dtype, self.kind = cfg.layer_dtype(), cfg.transfer.transport
+        self.balance = cfg.balancing.balance
         self.balancer = _balancer(cfg, B)
         self.M = max_local(E, group.size)
         self.heap: SymmetricHeap | None = None
@@ -88,15 +90,16 @@ class LayerRuntime:
         self.published_version: tuple[int, ...] = ()
         self.plans_made = 0  # planner calls (backward replays the forward plan: none there)
         # Phase-timing hooks; moonplan.profile.profiling() installs live ones.
-        self.profiler: LayerProfiler | NullProfiler = NULL_PROFILER
+        self.profiler: LayerHooks = NULL_PROFILER
         # Overlapped schedule (prefetch beside dispatch, reduce beside dispatch-backward);
         # False runs the same operations serially (docs/runtime.md).
-        self.overlap = cfg.overlap
+        self.overlap = cfg.transfer.overlap
         self._lane = BackgroundLane("inline", group.device)
         self._background: EPGroup | None = None  # the worker's collectives (all-to-all)
         self._options = tuple(resolved.transport_options.items())
-        sized = f"max_tokens={cfg.max_tokens} x top_k={K}, align={cfg.align}, slots={B}"
-        self._build(self._capacity_for(cfg.max_tokens * K), sized)
+        tokens = cfg.buffers.max_tokens
+        sized = f"max_tokens={tokens} x top_k={K}, align={self.align}, slots={B}"
+        self._build(self._capacity_for(tokens * K), sized)
         self._background = self._background_group()
         if self._background is not None:
             self.store.fetch_on(self._background)
@@ -105,7 +108,8 @@ class LayerRuntime:
         """The second process group of the worker's all-to-all prefetch and reduce, or
         ``None`` where none is needed: the serial schedule, a one-sided transport (peer
         reads, no collective), a device where :func:`collectives_in_thread` says no
-        (CUDA for now: inline), a transport without ``on_group`` (said loudly). The
+        (CUDA for now: inline), a transport whose ``on_group`` answers ``None`` (said
+        loudly; the group taken to ask it is given back at once). The
         single-rank group is its own (it never communicates).
 
         Taken here, in the collective construction, because every rank reaches this
@@ -125,13 +129,6 @@ class LayerRuntime:
             return None
         if not collectives_in_thread(self.group.device):
             return None
-        if not hasattr(self.transport, "on_group"):
-            warnings.warn(
-                f"transport {self.transport.name!r} has no on_group(): its prefetch and "
-                "replica-gradient reduce run inline (serial schedule)",
-                stacklevel=3,
-            )
-            return None
         background = self.group.background_group()
         if background is None:
             warnings.warn(
@@ -141,6 +138,15 @@ class LayerRuntime:
                 "pg2 a second dist.new_group over the same ranks created on every rank",
                 stacklevel=3,
             )
+        elif self.transport.on_group(background) is None:  # declared: it cannot
+            self.group.release_background()  # every rank alike (the same transport)
+            warnings.warn(
+                f"transport {self.transport.name!r} cannot move rows on a second process "
+                "group (its on_group returns None): its prefetch and replica-gradient "
+                "reduce run inline (serial schedule)",
+                stacklevel=3,
+            )
+            return None
         return background
 
     def _capacity_for(self, records: int) -> int:
@@ -199,8 +205,12 @@ class LayerRuntime:
         """Where replica gradients go home (allocated with the store)."""
         return self._reducer
 
-    def _plan(self, counts_RE: torch.Tensor, previous: Plan | None) -> Plan:
-        return self.balancer.plan(counts_RE, previous)
+    def context(self) -> StepContext:
+        """What this step runs on (:class:`StepContext`): the transport, store, reducer
+        and lane of now, this rank, ``M`` and ``B``."""
+        return StepContext(
+            self.transport, self.store, self._reducer, self.lane(), self.group.rank, self.M, self.B
+        )
 
     def calibrate(self) -> StepCost:
         """Collective: a :class:`StepCost` from this layer's measured steps, agreed across
@@ -229,7 +239,7 @@ class LayerRuntime:
             self.group.fail_settings("cost", bad)
         self.group.check_settings("cost", cost_settings(cost))
         self._lane.drain()
-        self.config = dataclasses.replace(self.config, cost=cost)
+        self.config = self.config.replace(cost=cost)
         self.balancer = _balancer(self.config, self.B)
 
     def weights_changed(self) -> None:
@@ -262,18 +272,41 @@ class LayerRuntime:
         ``ok=False`` (with ``msg``) reports a failure seen before the step: every rank
         then raises ``ContractError`` naming this rank and ``msg``; so do bad parameters
         or routing (``moonplan.runtime.contract``).
+
+        Four stages: exchange the counts, plan, execute (prefetch, dispatch, experts,
+        combine), record the step's figures.
         """
         x_SH, ids_SK, weight_SK, ok, msg = self._contribution(
             x_SH, ids_SK, weight_SK, params if own is None else own, ok, msg
         )
         self._lane.drain()  # a failed step's background job, before buffers change
-        rec = self.profiler.begin_step()  # records nothing unless profiling
-        t0 = time.perf_counter()
-        counts_E = torch.zeros(self.E, dtype=torch.int64, device=x_SH.device)
+        clock = StepClock(self.profiler.begin_step())  # records nothing unless profiling
+        t = time.perf_counter()
+        counts_RE, version = self._exchange_counts(ids_SK, params, ok, msg)
+        t = clock.tick("counts", t)
+        if self.balancer.due():  # "auto" after its measured warm-up steps (every rank
+            self.calibrate()  # alike: decided after the schedules are compared)
+            t = time.perf_counter()
+        plan, copies = self._plan_step(counts_RE)
+        step = MoEStep(self.context(), plan, self._route(plan, ids_SK), clock)
+        self._publish_home(params, version)
+        y_SH, fetched = self._execute(step, copies, t, x_SH, weight_SK, params)
+        self._record(step, copies, fetched)
+        return y_SH
+
+    def _exchange_counts(
+        self, ids_SK: Tensor | None, params: Params, ok: bool, msg: str
+    ) -> tuple[Tensor, tuple[int, ...]]:
+        """Collective: every rank's counts ``[R, E]`` and this rank's weight versions.
+
+        One exchange carries the counts, the validity flag (a rank that is not ``ok``
+        makes every rank raise), "my home weights changed" (then every slot is stale) and
+        where this rank is in the step schedule (:meth:`Balancer.schedule`; where ranks
+        differ the resident slots are dropped). One host read, of the flags.
+        """
+        counts_E = torch.zeros(self.E, dtype=torch.int64, device=self.group.device)
         if ok and ids_SK is not None and ids_SK.numel():
             counts_E = torch.bincount(ids_SK.reshape(-1), minlength=self.E)
-        # One exchange carries the counts, the validity flag, "my home weights changed"
-        # and where this rank is in the step schedule (Balancer.schedule).
         version = tuple(int(p._version) for p in params.values())
         changed = int(version != self.published_version)
         mine = counts_E.new_tensor([changed, self.balancer.schedule()])
@@ -283,64 +316,86 @@ class LayerRuntime:
             self.published, self.resident = False, None
         if self.balancer.resync(flags_RX[:, 1]):  # a step failed on some ranks only
             self.resident = None
-        t1 = time.perf_counter()
-        rec.span("counts", t0, t1)
-        if self.balancer.due():  # "auto" after its measured warm-up steps (every rank
-            self.calibrate()  # alike: decided after the schedules are compared)
-            t1 = time.perf_counter()
-        plan = self._plan(counts_RE, self.resident)
+        return counts_RE, version
+
+    def _plan_step(self, counts_RE: Tensor) -> tuple[Plan, FetchList]:
+        """The step's plan (one planner call) and this rank's weight copies under it.
+
+        Reading the plan's receive rows is one host read (every policy pays it, static
+        too); where a rank needs more rows than the buffers hold, every rank sees the
+        same plan and all grow together, then plan again without residents.
+        """
+        plan = self.balancer.plan(counts_RE, self.resident)
         self.plans_made += 1
-        # This rank's weight copies and every rank's receive rows: one host read of the
-        # plan (every policy pays it, static too).
         rows = plan_rows(plan)
         need = int(rows[:, -1].max())
-        while need > self.capacity:  # every rank sees the same plan: all grow together
+        while need > self.capacity:
             self._build(self._capacity_for(need), f"this step's plan needs {need} rows")
-            plan = self._plan(counts_RE, None)  # without residents (the buffers are new)
+            plan = self.balancer.plan(counts_RE, None)  # the buffers are new: no residents
             rows = plan_rows(plan)
             need = int(rows[:, -1].max())
-        copies = fetch_list(plan, self.group.rank, self.store.home, rows)
+        return plan, fetch_list(plan, self.group.rank, self.store.home, rows)
+
+    def _route(self, plan: Plan, ids_SK: Tensor | None) -> Route:
+        """This rank's records under ``plan``. Affinity (a token's records on few ranks)
+        pays only where dispatch sends token rows (docs/design.md §3); per-record
+        transports skip computing it."""
         ids = ids_SK if ids_SK is not None else torch.zeros(0, self.K, dtype=torch.int64)
-        # Affinity (a token's records on few ranks) pays only where dispatch sends token
-        # rows (docs/design.md §3); per-record transports skip computing it.
         tokens = self.transport.rows == "tokens"
-        route = route_tokens(plan, self.group.rank, ids, check=False, affinity=tokens)
+        return route_tokens(plan, self.group.rank, ids, check=False, affinity=tokens)
+
+    def _publish_home(self, params: Params, version: tuple[int, ...]) -> None:
+        """Collective where any rank's weights changed: copy the home experts into the
+        store's shared rows, visible to every rank before its prefetch reads them."""
         if not self.published:
             self.store.publish_home(params)
             self.published, self.published_version = True, version
-        step = MoEStep(self, plan, route, recorder=rec)
+
+    def _execute(
+        self,
+        step: MoEStep,
+        copies: FetchList,
+        t_plan: float,
+        x_SH: Tensor,
+        weight_SK: Tensor,
+        params: Params,
+    ) -> tuple[Tensor, int]:
+        """Start the prefetch, run the step (dispatch, experts, combine); ``(y [S, H],
+        slot rows fetched)``. Planning, timed from ``t_plan``, ends where the prefetch
+        starts; with nothing to copy (no job) nothing of it is exposed."""
         t2 = time.perf_counter()
-        step.fetch = fetch = self._start_prefetch(copies)
-        t3 = time.perf_counter()
-        if fetch is None:  # nothing to copy, no job: planning ends here, nothing is exposed
-            t2 = t3
-        rec.span("plan", t1, t2)
-        rec.span("prefetch_exposed", t2, t3)
-        step.phases["prefetch_exposed"] = t3 - t2
+        step.fetch = self._start_prefetch(copies)
+        t3 = t2 if step.fetch is None else time.perf_counter()
+        step.clock.span("plan", t_plan, t2)
+        step.clock.span("prefetch_exposed", t2, t3)
         y_SH = moe_apply(step, x_SH, weight_SK, params["gate_up"], params["down"])
-        fetched = 0 if fetch is None else fetch.wait()[0]
+        fetched = 0 if step.fetch is None else step.fetch.wait()[0]
+        return y_SH, fetched
+
+    def _record(self, step: MoEStep, copies: FetchList, fetched: int) -> None:
+        """Keep the step's plan (its slots now hold valid weights) and figures
+        (:attr:`last_stats`, whose ``phases`` the step's backward extends), hand the
+        traffic to the profiler and the measurements to the balancer."""
+        plan = step.plan
         self.resident = plan if self.B > 0 else None
         self.last_plan = plan
         s = plan.summary()
-        # The same dict as the step's: backward adds its phases to it when it runs.
-        step.phases.update({"counts": t1 - t0, "plan": t2 - t1})
-        phases = step.phases
         self.last_stats = StepStats(
             s["copies"],
             s["new_copies"],
             fetched,
             s["static_max_over_mean"],
             s["planned_max_over_mean"],
-            phases,
+            step.clock.phases,
             **self._plan_figures(plan, copies),
+            records=step.traffic.get("records", 0),
+            rows_sent=step.traffic.get("rows_sent", 0),
+            bytes_sent=step.traffic.get("bytes_sent", 0),
+            heap=self.heap.backend if self.heap is not None else "",
         )
-        self.last_stats.records = step.traffic.get("records", 0)
-        self.last_stats.rows_sent = step.traffic.get("rows_sent", 0)
-        self.last_stats.bytes_sent = step.traffic.get("bytes_sent", 0)
-        self.last_stats.heap = self.heap.backend if self.heap is not None else ""
-        rec.traffic(self.last_stats.records, self.last_stats.rows_sent)
-        self.balancer.record(plan, self.group.rank, route.dest_rank.numel(), phases)
-        return y_SH
+        step.clock.hooks.traffic(self.last_stats.records, self.last_stats.rows_sent)
+        sent = step.route.dest_rank.numel()
+        self.balancer.record(plan, self.group.rank, sent, step.clock.phases)
 
     def _contribution(
         self, x_SH: Tensor, ids_SK: Any, weight_SK: Any, own: Params, ok: bool, msg: str
@@ -410,4 +465,5 @@ def agree_config(group: EPGroup, cfg: MoEConfig, what: str) -> Resolved:
 
 def _balancer(cfg: MoEConfig, slots: int) -> Balancer:
     """The :class:`Balancer` of a layer of ``cfg`` with ``slots`` slots."""
-    return Balancer(cfg.balance, slots=slots, align=cfg.align, cost=cfg.cost)
+    b = cfg.balancing
+    return Balancer(b.balance, slots=slots, align=cfg.buffers.align, cost=b.cost)

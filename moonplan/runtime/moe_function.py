@@ -24,50 +24,37 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route import Route
-from moonplan.profiling.hooks import NULL_PROFILER, StepHooks
 from moonplan.runtime.background import Pending
 from moonplan.runtime.rank_experts import run_sections
+from moonplan.runtime.step_context import StepContext
+from moonplan.runtime.step_hooks import StepClock
 from moonplan.runtime.store import PROJECTIONS
 from moonplan.runtime.transports.base import StepState
-
-if TYPE_CHECKING:  # annotation only: setup imports this module
-    from moonplan.runtime.layer_runtime import LayerRuntime
 
 
 @dataclass
 class MoEStep:
-    """What forward and backward of one step share (the runtime, plan and route)."""
+    """What forward and backward of one step share: the layer objects it runs on
+    (``context``), its plan and route, and its clock (phase times and profiler hooks)."""
 
-    runtime: LayerRuntime
+    context: StepContext
     plan: Plan
     route: Route
-    phases: dict[str, float] = field(default_factory=dict)
-    recorder: StepHooks = NULL_PROFILER  # the profiler's hooks of this step (no-op when off)
+    clock: StepClock = field(default_factory=StepClock)
     # The prefetch, (slot rows copied, direct weights per projection); None: nothing to copy.
     fetch: Pending | None = None
     traffic: dict[str, int] = field(default_factory=dict)  # the transport's StepState.traffic
 
-    def tick(self, name: str, t0: float) -> float:
-        t = time.perf_counter()
-        self.phases[name] = self.phases.get(name, 0.0) + t - t0
-        self.recorder.span(name, t0, t)
-        return t
-
-    def background(self, name: str, pending: Pending) -> None:
-        """Record the background job ``pending`` (done) as phase ``name`` (its run time)."""
-        self.phases[name] = self.phases.get(name, 0.0) + pending.run_s
-        self.recorder.background(name, *pending.span, pending.events)
-
 
 def _remote_sections(step: MoEStep, remote: dict[str, torch.Tensor]) -> list:
-    M, B = step.runtime.M, step.runtime.B
+    M, B = step.context.home_rows, step.context.slots
     return [
         (M, remote["slot_gate_up"], remote["slot_down"]),
         (M + B, remote["direct_gate_up"], remote["direct_down"]),
@@ -91,10 +78,10 @@ def _wait_prefetch(step: MoEStep, t0: float) -> float:
     background job (nothing to copy, or it ran inline when it started) nothing is waited
     for: a span of length 0. Returns where the next phase starts."""
     if step.fetch is None or step.fetch.done:
-        step.recorder.span("prefetch_exposed", t0, t0)
+        step.clock.span("prefetch_exposed", t0, t0)
         return t0
     step.fetch.wait()
-    return step.tick("prefetch_exposed", t0)
+    return step.clock.tick("prefetch_exposed", t0)
 
 
 def _remote_weights(step: MoEStep) -> dict[str, torch.Tensor]:
@@ -102,13 +89,13 @@ def _remote_weights(step: MoEStep) -> dict[str, torch.Tensor]:
     (``[D, ...]``, read from their home ranks), per projection, once the prefetch is done
     (no prefetch, ``step.fetch is None``: nothing was copied, no direct rows); records
     the prefetch's own time as the background phase ``prefetch`` (0 without one)."""
-    store = step.runtime.store
+    store = step.context.store
     if step.fetch is None:
         _, direct = store.no_fetch()
-        step.background("prefetch", Pending())  # no job: 0 seconds
+        step.clock.background("prefetch", Pending())  # no job: 0 seconds
     else:
         _, direct = step.fetch.wait()
-        step.background("prefetch", step.fetch)
+        step.clock.background("prefetch", step.fetch)
     out = {f"slot_{n}": store.slots(n) for n in PROJECTIONS}
     return out | {f"direct_{n}": direct[n] for n in PROJECTIONS}
 
@@ -118,12 +105,12 @@ class _MoEFunction(torch.autograd.Function):
     def forward(
         ctx: Any, step: MoEStep, x_SH: Tensor, weight_SK: Tensor, gate_up: Tensor, down: Tensor
     ) -> Tensor:
-        rt, plan, route = step.runtime, step.plan, step.route
+        transport, plan, route, clock = step.context.transport, step.plan, step.route, step.clock
         t = time.perf_counter()
-        recv = rt.transport.dispatch(x_SH, route, plan, weight_SK=weight_SK.detach())
-        t = step.tick("dispatch", t)
+        recv = transport.dispatch(x_SH, route, plan, weight_SK=weight_SK.detach())
+        t = clock.tick("dispatch", t)
         training = any(ctx.needs_input_grad[1:])
-        rank = rt.group.rank
+        rank = step.context.rank
         with torch.enable_grad():
             x_PH = (
                 recv.tensor.detach().clone().requires_grad_(training) if training else recv.tensor
@@ -133,16 +120,16 @@ class _MoEFunction(torch.autograd.Function):
                 "down": down.detach().requires_grad_(training),
             }
             y_PH = run_sections(x_PH, plan, rank, [(0, home["gate_up"], home["down"])])
-            t = step.tick("experts", t)
+            t = clock.tick("experts", t)
             t = _wait_prefetch(step, t)
             remote = _remote_weights(step)
             # Slot rows are not copied: prefetch rewrites them only in this layer's next
             # forward, after this step's backward (see docs/training.md).
             rem = {n: _alias(w).requires_grad_(training) for n, w in remote.items()}
             run_sections(x_PH, plan, rank, _remote_sections(step, rem), out=y_PH)
-        t = step.tick("experts", t)
-        y_SH = rt.transport.combine(y_PH.detach(), route, weight_SK, recv.state)
-        step.tick("combine", t)
+        t = clock.tick("experts", t)
+        y_SH = transport.combine(y_PH.detach(), route, weight_SK, recv.state)
+        clock.tick("combine", t)
         step.traffic = recv.state.traffic
         ctx.step, ctx.state = step, recv.state
         ctx.graph = (x_PH, home, rem, y_PH) if training else None
@@ -152,13 +139,14 @@ class _MoEFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dy_SH: torch.Tensor) -> tuple:
         step: MoEStep = ctx.step
-        rt, plan, route = step.runtime, step.plan, step.route
+        plan, route, clock = step.plan, step.route, step.clock
         (weight_SK,) = ctx.saved_tensors
         x_PH, home, rem, y_PH = ctx.graph
-        step.recorder.begin()  # the backward's phases start a new sequence
+        clock.hooks.begin()  # the backward's phases start a new sequence
         t = time.perf_counter()
-        g_PH, dweight_SK = rt.transport.combine_backward(dy_SH, route, plan, weight_SK, ctx.state)
-        t = step.tick("combine_backward", t)
+        transport = step.context.transport
+        g_PH, dweight_SK = transport.combine_backward(dy_SH, route, plan, weight_SK, ctx.state)
+        t = clock.tick("combine_backward", t)
         names = [f"{kind}_{n}" for kind in ("slot", "direct") for n in PROJECTIONS]
         leaves = [x_PH, home["gate_up"], home["down"], *(rem[n] for n in names)]
         raw: list[torch.Tensor | None] = [None] * len(leaves)
@@ -168,14 +156,14 @@ class _MoEFunction(torch.autograd.Function):
         dx_PH, dgu_home, ddown_home, dgu_slot, ddown_slot, dgu_direct, ddown_direct = grads
         dgu_rem = torch.cat([dgu_slot, dgu_direct], 0)  # slots, then direct rows
         ddown_rem = torch.cat([ddown_slot, ddown_direct], 0)
-        t = step.tick("experts_backward", t)
+        t = clock.tick("experts_backward", t)
         remote = {"gate_up": dgu_rem, "down": ddown_rem}
         dx_SH, reduced, t = _dispatch_backward_and_reduce(
             step, ctx.state, dx_PH, remote, dgu_home.shape[0]
         )
         dgu = (dgu_home.float() + reduced["gate_up"]).to(dgu_home.dtype)
         ddown = (ddown_home.float() + reduced["down"]).to(ddown_home.dtype)
-        step.tick("grad_reduce_exposed", t)
+        clock.tick("grad_reduce_exposed", t)
         ctx.graph = ctx.state = None
         return None, dx_SH, dweight_SK, dgu, ddown
 
@@ -204,12 +192,12 @@ def _dispatch_backward_and_reduce(
     Returns ``dx [S, H]`` in x's dtype, the fp32 home gradients ``[E_r, ...]`` per
     projection, and when the exposed part of the reduce began (perf_counter).
     """
-    rt, plan, route = step.runtime, step.plan, step.route
-    reducer, lane = rt.reducer(), rt.lane()
+    plan, route, clock = step.plan, step.route, step.clock
+    transport, reducer, lane = step.context.transport, step.context.reducer, step.context.lane
     t = time.perf_counter()
     if lane.kind == "inline":
-        dx_SH = rt.transport.dispatch_backward(dx_PH, route, state)
-        t = step.tick("dispatch_backward", t)
+        dx_SH = transport.dispatch_backward(dx_PH, route, state)
+        t = clock.tick("dispatch_backward", t)
         pending = lane.submit(lambda: reducer.reduce(plan, remote, num_home))
     else:
         reducer.stage(remote)
@@ -218,13 +206,13 @@ def _dispatch_backward_and_reduce(
         def start_reduce() -> None:  # every rank's dx rows and staged gradients are visible
             started.append(lane.submit(lambda: reducer.collect(plan, num_home)))
 
-        dx_SH = rt.transport.dispatch_backward(dx_PH, route, state, after_publish=start_reduce)
-        t = step.tick("dispatch_backward", t)
+        dx_SH = transport.dispatch_backward(dx_PH, route, state, after_publish=start_reduce)
+        t = clock.tick("dispatch_backward", t)
         (pending,) = started  # the transport called start_reduce exactly once
     reduced = pending.wait()
     if lane.kind != "inline":
-        rt.transport.publish()  # nobody overwrites a reduce buffer still being read
-    step.background("grad_reduce", pending)
+        transport.publish()  # nobody overwrites a reduce buffer still being read
+    clock.background("grad_reduce", pending)
     return dx_SH, reduced, t
 
 

@@ -25,18 +25,15 @@ class StepStats:
     overlapped schedule) after the forward; it gains ``combine_backward``,
     ``experts_backward``, ``dispatch_backward``, ``grad_reduce_exposed`` and
     ``grad_reduce`` (the same pair for the replica-gradient reduce) once the step's
-    backward has run. Steps of ``balance="auto"`` that built a candidate named ahead
-    (``choice == "ahead"``) also have ``choice_exposed`` (the wait for that search,
-    before the counts exchange, on the critical path) and ``choice`` (the search's own
-    time in its host thread, which ran beside the previous step).
+    backward has run.
 
     ``direct_reads``: replicas whose weights this rank read from their home rank this
     step (beyond its slots); ``policy``: the balance policy of the step's plan;
     ``predicted``: the cost model's predicted step seconds per candidate policy
-    (empty when the step was not planned with a cost model); ``choice``: how the
-    step's candidate was chosen, ``"ahead"`` (named by the previous step's background
-    search: this step built only that candidate), ``"inline"`` (searched on the
-    critical path) or ``"none"`` (no search: ``"exact"``, ``"off"``, auto's warm-up).
+    (empty when the step was not planned with a cost model); ``choice``: how
+    ``balance="auto"`` chose the step's plan, ``"full"`` (it scored every candidate),
+    ``"exit"`` (its early exit: static EP, by a bound from the counts) or ``"none"``
+    (``"exact"``, ``"off"`` and auto's warm-up).
 
     ``records``: this rank's ``(token, k)`` records; ``rows_sent``: rows its dispatch
     sent (one per record, or one per ``(token, destination rank)`` on a token-row

@@ -19,6 +19,8 @@ worker thread runs the all-to-all prefetch and reduce beside the data path.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from moonplan.comm.group import EPGroup
@@ -61,10 +63,16 @@ class ExpertStore:
         fetches through the transport itself again."""
         if group is self.group:
             self.fetcher = self.transport
-        else:
-            self.fetcher = self.transport.on_group(group)  # type: ignore[attr-defined]
+            return
+        view = self.transport.on_group(group)
+        if view is None:
+            raise ValueError(
+                f"transport {self.transport.name!r} cannot fetch on another process group "
+                "(its on_group returns None)"
+            )
+        self.fetcher = view
 
-    def publish_home(self, weights: dict[str, torch.Tensor]) -> None:
+    def publish_home(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Copy this rank's home experts (``[E_r, ...]`` per projection) into the home rows.
 
         Collective: every rank calls it; afterwards every slot is stale.

@@ -35,7 +35,7 @@ import torch
 from moonplan.baselines.eplb import DEPLOYED_PERIOD, DEPLOYED_WINDOW
 from moonplan.baselines.eplb_fast import FAST_PERIOD
 from moonplan.baselines.metrics import expert_maxvio, summarize
-from moonplan.baselines.policy_base import Policy, PolicyStep
+from moonplan.baselines.policy_base import Policy
 from moonplan.baselines.prehistory import Prehistory, UsesPrehistory, step_ranges
 from moonplan.baselines.registry import make_policy, names
 from moonplan.cost import ModelPreset

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from moonplan.adapters.experts import MoonExperts
 from moonplan.adapters.model import moon_experts
+from moonplan.core.experts import MoonExperts
 from moonplan.traces.files import load_counts, save_counts
 
 FORMAT = "moonplan-routing-trace-v1"

@@ -7,9 +7,8 @@ import warnings
 import pytest
 import torch
 
-from moonplan.runtime.balance import balance_mode
-from moonplan.runtime.balancer import WARMUP_STEPS
 from moonplan.runtime.calibrate import StepSample, fit_rates
+from moonplan.runtime.config.sections import WARMUP_STEPS, balance_mode
 from moonplan.stepcost import StepCost
 from moonplan.testing.dist import run_ranks
 from tests.runtime.oracle import dense_weights, split, tokens
@@ -257,7 +256,7 @@ def _growing_replan(rank: int, world: int) -> list[int]:
             return static_plan(counts_RE, slots=rt.B)
         return moonplan.plan(counts_RE, slots=rt.B, previous=previous)
 
-    rt._plan = plan  # type: ignore[method-assign]
+    rt.balancer.plan = plan  # type: ignore[method-assign]
     sizes = []
     for n in (2, 40):  # step 2 grows for the exact plan, then re-plans static: larger
         with torch.no_grad():

@@ -5,7 +5,9 @@ Legend: R ranks, E experts, H hidden, F expert FFN size, K top-k, S tokens, E_r 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 from typing import Any
 
 import pytest
@@ -88,7 +90,7 @@ def test_bool_balance_is_a_deprecated_alias() -> None:
     with pytest.warns(DeprecationWarning, match="balance='exact'"):
         assert MoEConfig(balance=True).balance == "exact"
     with pytest.warns(DeprecationWarning, match="balance='off'"):
-        assert dataclasses.replace(MoEConfig(), balance=False).balance == "off"
+        assert MoEConfig().replace(balance=False).balance == "off"
 
 
 def test_merged_replaces_fields_and_refuses_unknown_keywords() -> None:
@@ -158,7 +160,7 @@ def test_one_config_gives_one_runtime_through_every_front_end() -> None:
         overlap=False,
         cost=_cost(),
     )
-    options = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    options = cfg.options()
     layer = MoonMoE(config=cfg)
     gate_up, down = torch.randn(E, 2 * F, H), torch.randn(E, H, F)
     w1, w3, w2 = gate_up[:, :F], gate_up[:, F:], down
@@ -167,7 +169,7 @@ def test_one_config_gives_one_runtime_through_every_front_end() -> None:
         "MoonMoE(**keywords)": MoonMoE(**options),
         "MoonExperts": MoonExperts(gate_up, down, config=cfg),
         "MoonExperts(sizes from weights)": MoonExperts(
-            gate_up, down, K, config=dataclasses.replace(cfg, hidden_size=None, ffn_size=None)
+            gate_up, down, K, config=cfg.replace(hidden_size=None, ffn_size=None)
         ),
         "wrap_experts": wrap_experts(layer.route_fn, gate_up, down, config=cfg).experts,
         "MoonGroupedExperts": MoonGroupedExperts(w1, w2, w3, config=cfg),
@@ -241,3 +243,66 @@ def test_resolve_lists_every_setting_that_shapes_a_step(monkeypatch: pytest.Monk
     with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE must divide the 4 ranks, got 3"):
         cfg.resolve(4)
     assert MoEConfig(H, F, E, K).resolve(4).transport_options == {}  # auto reads nothing
+
+
+def test_the_config_is_a_tree_of_typed_sections() -> None:
+    from moonplan.runtime.config import Balancing, Buffers, Sizes, Transfer
+
+    cfg = MoEConfig(H, F, E, K, slots=2, transport="a2a", cost=_cost())
+    assert cfg.sizes == Sizes(H, F, E, K) and cfg.buffers == Buffers(slots=2)
+    assert cfg.transfer == Transfer("a2a") and cfg.balancing == Balancing(cost=_cost())
+    names = [f.name for f in dataclasses.fields(cfg)]
+    assert names == ["sizes", "buffers", "transfer", "balancing"]
+    assert (cfg.slots, cfg.transport, cfg.top_k) == (2, "a2a", K)  # each option by its name
+    assert MoEConfig(**cfg.options()) == cfg
+    assert pickle.loads(pickle.dumps(cfg)) == cfg == copy.deepcopy(cfg)
+    with pytest.raises(AttributeError, match="no attribute 'slot'"):
+        cfg.slot  # noqa: B018
+
+
+def test_replace_takes_options_or_whole_sections() -> None:
+    from moonplan.runtime.config import Buffers, Transfer
+
+    cfg = MoEConfig(H, F, E, K, slots=1, align=4)
+    got = cfg.replace(buffers=Buffers(slots=3), overlap=False)
+    assert (got.slots, got.align, got.overlap, got.top_k) == (3, 1, False, K)
+    assert cfg.replace(buffers=Buffers(slots=3), slots=5).slots == 5  # the option wins
+    assert cfg.replace(transfer=Transfer("a2a")).transfer.transport == "a2a"
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        cfg.replace(slot=2)
+    with pytest.raises(TypeError, match="buffers must be a Buffers, got Transfer"):
+        cfg.replace(buffers=Transfer())
+    with pytest.raises(ValueError, match="align must be an integer >= 1"):
+        cfg.replace(align=0)
+    with pytest.raises(TypeError, match="sized\\(\\) takes the sizes section's options"):
+        cfg.sized(slots=2)
+    with pytest.raises(TypeError):  # loud, not silent: the fields are the sections now
+        dataclasses.replace(cfg, slots=2)
+
+
+def test_the_keyword_signature_matches_the_sections() -> None:
+    """``MoEConfig(...)``'s keywords are exactly the sections' options, with their defaults."""
+    import inspect
+
+    from moonplan.runtime.config import OPTIONS, SECTIONS
+
+    params = inspect.signature(MoEConfig).parameters
+    assert set(params) == set(OPTIONS)
+    for cls in SECTIONS.values():
+        assert set(cls.MEANING) == {f.name for f in dataclasses.fields(cls)}, cls.__name__
+        for f in dataclasses.fields(cls):
+            assert params[f.name].default == f.default, f.name
+
+
+def test_the_api_page_shows_the_generated_option_table() -> None:
+    from pathlib import Path
+
+    from moonplan.runtime.config.table import option_table
+
+    page = (Path(__file__).parents[2] / "docs" / "api.md").read_text()
+    begin, end = "<!-- MoEConfig options: begin -->\n", "<!-- MoEConfig options: end -->"
+    shown = page[page.index(begin) + len(begin) : page.index(end)]
+    assert shown == option_table(), (
+        "docs/api.md's option table is stale: put the output of "
+        "`python -m moonplan.runtime.config.table` between its two markers"
+    )

@@ -325,3 +325,44 @@ def test_layers_on_one_ep_group_share_one_background_group() -> None:
     for r in run_ranks(_two_layers, 2, timeout=60):
         assert r["shared"] and r["created"] == 1 and r["alive"] and r["destroyed"]
         assert all(assert_same_steps([s]) > 0 for s in (*r["steps"], r["steps_after"]))
+
+
+def _declining(rank: int, world: int) -> dict:
+    """A collective transport that declares it cannot move rows on a second group."""
+    import warnings
+
+    from moonplan import MoonMoE
+    from moonplan.comm.group import EPGroup
+    from moonplan.runtime.transports import registry
+    from moonplan.runtime.transports.all_to_all import AllToAllTransport
+
+    class Declining(AllToAllTransport):
+        def on_group(self, group: EPGroup) -> None:
+            return None  # the Transport protocol's answer for "cannot"
+
+    def make(group: EPGroup, *, capacity: int, hidden: int, dtype, heap) -> Declining:
+        t = Declining(group, capacity, hidden, dtype)
+        t.name = "declining"
+        return t
+
+    registry.register("declining", make)
+    group = EPGroup()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        layer = MoonMoE(8, 12, 4, 2, group=group, transport="declining", overlap=True)
+    rt = layer.runtime
+    out = {
+        "warned": any("on_group returns None" in str(w.message) for w in caught),
+        "background": rt._background,
+        "released": group._shared is None and group._users == 0,
+        "lane": rt.lane().kind,
+    }
+    torch.manual_seed(rank)
+    layer(torch.randn(6, 8)).sum().backward()  # forward and backward run inline
+    rt.close()
+    return out
+
+
+def test_a_transport_declining_on_group_runs_inline_and_gives_the_group_back() -> None:
+    for r in run_ranks(_declining, 2, timeout=60):
+        assert r == {"warned": True, "background": None, "released": True, "lane": "inline"}

@@ -332,3 +332,20 @@ def test_two_stage_needs_whole_hosts() -> None:
 
     with pytest.raises(ValueError, match="must divide the 4 ranks, got 3"):
         TwoStageTokenTransport(_Group(), 4, 2, torch.float32, ranks_per_host=3)  # type: ignore[arg-type]
+
+
+def test_a_factory_that_makes_no_transport_is_refused_when_the_layer_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The layer checks once that what a registered factory made has every member of the
+    ``Transport`` protocol (capabilities included), rather than probing it step by step."""
+    from moonplan import MoonMoE
+    from moonplan.comm.errors import ContractError
+
+    class Half:  # a name and nothing that moves rows
+        name = "half"
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    registry.register("half", lambda group, **kw: Half())  # type: ignore[arg-type, return-value]
+    with pytest.raises(ContractError, match="made a Half, not a Transport"):
+        MoonMoE(8, 8, 4, 2, transport="half")

@@ -137,8 +137,15 @@ def _device(t: torch.Tensor) -> torch.device:
 # ---- kernels (built on first use, once per mode) --------------------------------------------
 @functools.cache
 def _kernels(interpret: bool) -> Any:
-    """The jitted kernels; ``interpret`` (the ``TRITON_INTERPRET`` mode) keys the cache."""
-    del interpret  # triton.jit reads TRITON_INTERPRET itself while decorating
+    """The jitted kernels; ``interpret`` (the ``TRITON_INTERPRET`` mode) keys the cache
+    (``triton.jit`` reads ``TRITON_INTERPRET`` itself while decorating). One factory per
+    kernel below, each importing triton only when called."""
+    del interpret
+    return SimpleNamespace(expand=_expand_kernel(), reduce=_reduce_kernel(), dot=_dot_kernel())
+
+
+def _expand_kernel() -> Any:
+    """``expand``: rows ``tok[idx[p]]`` into ``out[p]`` (``idx < 0``: a zero row)."""
     import triton
     import triton.language as tl
 
@@ -155,6 +162,15 @@ def _kernels(interpret: bool) -> Any:
         src = tok_ptr + tl.maximum(idx, 0)[:, None] * tok_stride + col[None, :]
         row = tl.load(src, mask=ok & (idx >= 0)[:, None], other=0)
         tl.store(out_ptr + p[:, None] * out_stride + col[None, :], row, mask=ok)
+
+    return expand
+
+
+def _reduce_kernel() -> Any:
+    """``reduce``: each token's segment of rows summed in order, fp32 (``WEIGHTED``: each
+    row times its weight first)."""
+    import triton
+    import triton.language as tl
 
     @triton.jit
     def reduce(rows_ptr, rows_stride, order_ptr, offsets_ptr, w_ptr, out_ptr, H,
@@ -185,6 +201,14 @@ def _kernels(interpret: bool) -> Any:
             acc += row
         tl.store(out_ptr + t * H + col, acc, mask=ok)
 
+    return reduce
+
+
+def _dot_kernel() -> Any:
+    """``dot``: ``<a[p], b[idx[p]]>`` in fp32 in a fixed order (``LANES`` lanes, then halved)."""
+    import triton
+    import triton.language as tl
+
     @triton.jit
     def dot(a_ptr, a_stride, b_ptr, b_stride, idx_ptr, out_ptr, P, H,
             BLOCK_P: tl.constexpr, LANES: tl.constexpr, LOG2_LANES: tl.constexpr):  # fmt: skip
@@ -214,4 +238,4 @@ def _kernels(interpret: bool) -> Any:
         total = tl.reshape(lane, [BLOCK_P])
         tl.store(out_ptr + p, tl.where(live, total, 0.0), mask=p_ok)
 
-    return SimpleNamespace(expand=expand, reduce=reduce, dot=dot)
+    return dot

@@ -37,7 +37,10 @@ The expert store and the gradient reducer move weight rows through the same
 object: ``alloc_shared`` (a buffer peers may read), ``fetch_rows`` (rows of other
 ranks' buffers) and ``publish`` (make this rank's writes visible). ``one_sided``
 says whether ``fetch_rows`` is plain peer reads (between two ``publish`` calls,
-no collective: it may run in a background thread) or a collective.
+no collective: it may run in a background thread) or a collective; a collective one
+runs in a background thread only through ``on_group`` (a view on a second process
+group). Capabilities are declared here, never probed: a transport says what it cannot
+do through these members' answers.
 """
 
 from __future__ import annotations
@@ -160,3 +163,15 @@ class Transport(Protocol):
     def publish(self) -> None:
         """Collective: this rank's writes to its shared buffers become visible to peers."""
         ...
+
+    def on_group(self, group: EPGroup) -> Transport | None:
+        """A view of this transport whose ``fetch_rows`` and ``publish`` run on ``group``
+        (the same ranks in the same order: the layer's background group), sharing every
+        buffer; or ``None`` where it cannot (the default).
+
+        The layer's worker thread fetches weight rows and reduces replica gradients
+        through the view beside the caller's data path on a collective transport; one
+        that answers ``None`` runs them inline (the serial schedule), with a warning. A
+        one-sided transport is never asked. Built-ins: ``RowMoves.on_group``.
+        """
+        return None
