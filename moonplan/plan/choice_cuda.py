@@ -34,6 +34,7 @@ import torch
 
 from moonplan.plan import cuda_backend as cb
 from moonplan.plan.choice.bound import copy_min_s, link_rates
+from moonplan.plan.choice.cost_options import check_cost
 from moonplan.plan.choice.table import table
 from moonplan.plan.home import max_local
 from moonplan.stepcost.step_cost import StepCost
@@ -199,10 +200,7 @@ def cost_args(cost: StepCost, R: int) -> list[Arg]:
     """``MC_COST_PARAMS`` of the kernels: ``tile``, ``G``, ``overlap``, then the rates
     (seconds, doubles) and the bound's ``copy_min_s`` (``inf``: no copy possible) and
     ``link_rates`` (dispatch, combine), computed here as the reference computes them."""
-    if cost.dispatch != "record":
-        raise ValueError(
-            f"the CUDA choice scores the 'record' dispatch scheme; got dispatch={cost.dispatch!r}"
-        )
+    check_cost(cost)  # PlanError: an option no form of the choice models
     ints = [cost.tile_rows, cost.domain_size(R), int(cost.overlap)]
     rates = [cost.row_flop_s, cost.weight_read_s, cost.row_mem_s, cost.copy_s_intra,
              cost.copy_s_inter, cost.dispatch_row_s_intra, cost.dispatch_row_s_inter,
@@ -282,7 +280,8 @@ def choose_cuda(
     Raises:
         RuntimeError: the backend is unavailable (the message names the missing piece) or
             the sizes exceed the kernels' limits.
-        ValueError: bad shapes, dtypes, devices or cost model.
+        ValueError: bad shapes, dtypes or devices.
+        PlanError: a cost option the choice does not model (``choice.cost_options``).
     """
     ok, why = available()
     if not ok:

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import moonplan
+from moonplan.errors import PlanError
 from moonplan.plan import api, choice_cuda
 from moonplan.plan.choice import choose
 from moonplan.plan.choice.table import LEVELS
@@ -78,8 +79,12 @@ def test_the_cuda_backend_runs_the_kernel_and_others_keep_their_forms() -> None:
 
 
 def test_only_the_record_dispatch_scheme_is_scored() -> None:
-    with pytest.raises(ValueError, match="record"):
+    with pytest.raises(PlanError, match="record"):
         choice_cuda.cost_args(H200.scaled(dispatch="rank"), 4)
+    with pytest.raises(PlanError, match="dispatch"):  # before the device is even looked for
+        choose(
+            torch.ones(2, 4, dtype=torch.int64), 2, 1, None, H200.scaled(dispatch="host"), "cuda"
+        )
 
 
 def _signature(name: str) -> list[str]:

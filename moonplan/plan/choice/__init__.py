@@ -25,6 +25,7 @@ import torch
 
 from moonplan.errors import PlanError
 from moonplan.plan.choice import host, reference, tensor
+from moonplan.plan.choice.cost_options import check_cost
 from moonplan.plan.choice.table import LEVELS, Candidate, names, table
 from moonplan.plan.choice.targets import bounded_cap, parse_bounded, water_fill
 from moonplan.plan.plan_type import Choice, Plan, make_plan, plan_to
@@ -50,7 +51,12 @@ def choose(
     ``path``: one of :data:`PATHS` (``host`` needs CPU tensors; ``reference`` plans on
     the host and copies the plan to the counts' device; ``tensor`` reads nothing on the
     host; ``cuda`` needs CUDA tensors and reads nothing on the host either).
+
+    Raises:
+        PlanError: ``cost`` has an option no form models (``cost_options.check_cost``:
+            a dispatch scheme other than ``"record"``), on every path alike.
     """
+    check_cost(cost)
     sizes = (num_slots, align)
     if path in ("tensor", "cuda"):
         prev = _prev(previous, counts_RE.device)
