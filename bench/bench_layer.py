@@ -292,7 +292,7 @@ def host_rows(R: int = 8, E: int = 64, K: int = 8, S: int = 1024) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     ids = [torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(S)]) for _ in range(R)]
     plan = moonplan.plan(torch.stack([torch.bincount(i.view(-1), minlength=E) for i in ids]))
-    routes = [moonplan.route(plan, r, ids[r]) for r in range(R)]
+    routes = [moonplan.route(plan, r, ids[r], affinity=True) for r in range(R)]  # token rows
     print(f"cross-host rows per record, R={R} E={E} K={K} S={S}/rank, uniform:")
     print(f"{'ranks/host':>10} {'records':>8} {'tokens':>8} {'2-stage':>8}")
     out = []

@@ -1,16 +1,17 @@
 """Routing benchmark: (token, destination rank) rows sent per record, with and without
-affinity, and the time of one ``moonplan.route`` call.
+affinity, and the time of one ``moonplan.route`` call against one stable sort of the ids.
 
 Every rank draws its own tokens' top-k ids; the counts are all-gathered into an
 exact plan (``moonplan.plan``, default slots), and every rank routes its ids.
 ``rows/rec`` is the sum over ranks of ``Route.sent_rows`` (own rank included)
 divided by all records: what a dispatch that sends a token once per destination
-rank moves, relative to per-record dispatch (1.0). ``affinity`` and ``plain``
-(``affinity=False``) route the same ids under the same plan; ``split`` is the
+rank moves, relative to per-record dispatch (1.0). ``plain`` (the default,
+``affinity=False``) and ``affinity`` (``affinity=True``) route the same ids under the
+same plan; ``saved`` is affinity's share of plain's rows it saves; ``split`` is the
 number of (expert, rank) cells beyond one per expert in the plan (how much
-splitting affinity can work with). ``route ms`` is the median time of one call on
-rank 0 (CPU, one thread), the two versions called alternately in the same run; ``ratio``
-is affinity / plain.
+splitting affinity can work with). ``ms`` is the median time of one call on rank 0
+(CPU, one thread) and of one stable ``torch.sort`` of its ``S*K`` ids (int64), the
+three called alternately in the same run; ``/sort`` are the ratios to the sort.
 
 Scenarios (homes are contiguous: rank ``r`` owns experts ``[r*E/R, (r+1)*E/R)``):
 
@@ -27,19 +28,21 @@ Scenarios (homes are contiguous: rank ``r`` owns experts ``[r*E/R, (r+1)*E/R)``)
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import zlib
 from typing import Any
 
 import torch
-from _common import bench_parser, write_json
+from _common import TextTable, bench_parser, write_json
 
 import moonplan
 from moonplan.traces import popularity, sample_topk
 
 SCENARIOS = ["uniform", "group-limited", "lognormal-1", "lognormal-2"]
-CONFIGS = [(8, 64, 4096, 8), (8, 256, 4096, 8), (64, 256, 1024, 8)]  # (R, E, S tokens per rank, K)
+CONFIGS = [(8, 64, 4096, 8), (8, 256, 4096, 8), (64, 256, 1024, 8), (64, 896, 8192, 8)]
+"""(R, E, S tokens per rank, K); the last is the planner's reference shape."""
 QUICK = [(8, 64, 512, 8)]
 
 
@@ -87,10 +90,12 @@ def one(scenario: str, R: int, E: int, S: int, K: int, reps: int) -> dict[str, A
         name: sum(moonplan.route(plan, s, x, affinity=aff).sent_rows for s, x in enumerate(ids))
         for name, aff in (("affinity", True), ("plain", False))
     }
-    ms_aff, ms_plain = paired_ms(
+    flat = ids[0].reshape(-1)
+    ms_sort, ms_plain, ms_aff = paired_ms(
         [
+            lambda: torch.sort(flat, stable=True),
+            lambda: moonplan.route(plan, 0, ids[0]),
             lambda: moonplan.route(plan, 0, ids[0], affinity=True),
-            lambda: moonplan.route(plan, 0, ids[0], affinity=False),
         ],
         reps,
     )
@@ -104,10 +109,24 @@ def one(scenario: str, R: int, E: int, S: int, K: int, reps: int) -> dict[str, A
         "split_cells": int((plan.alloc > 0).sum()) - int((plan.alloc.sum(1) > 0).sum()),
         "rows_per_record_affinity": rows["affinity"] / records,
         "rows_per_record_plain": rows["plain"] / records,
+        "rows_saved": 1 - rows["affinity"] / rows["plain"],
+        "sort_ms": ms_sort,
         "route_ms_affinity": ms_aff,
         "route_ms_plain": ms_plain,
+        "plain_over_sort": ms_plain / ms_sort,
+        "affinity_over_sort": ms_aff / ms_sort,
         "route_time_ratio": ms_aff / ms_plain,
     }
+
+
+TABLE = TextTable(
+    "{scenario:>13} {R:>3} {E:>4} {S:>5} {K:>2} {split_cells:>5} {rows_per_record_plain:>9.3f} "
+    "{rows_per_record_affinity:>8.3f} {saved_pct:>7.2f} {sort_ms:>7.2f} {route_ms_plain:>8.2f} "
+    "{route_ms_affinity:>6.2f} {plain_over_sort:>11.2f} {affinity_over_sort:>9.2f} "
+    "{route_time_ratio:>9.2f}",
+    "scenario|R|E|S|K|split|rows/rec|aff|saved %|sort ms|plain ms|aff ms|plain/sort|aff/sort|"
+    "aff/plain",
+)
 
 
 def main() -> None:
@@ -118,23 +137,16 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     rows = []
-    head = (
-        f"{'scenario':<14}{'R':>3}{'E':>5}{'S':>6}{'K':>3}{'split':>6}"
-        f"{'rows/rec aff':>13}{'plain':>7}{'route ms aff':>13}{'plain':>7}{'ratio':>7}"
-    )
-    print(head)
+    load = round(os.getloadavg()[0], 1)  # a busy machine makes ratios noisy
+    print(f"load {load}")
+    print(TABLE.header())
     for R, E, S, K in QUICK if args.quick else CONFIGS:
         for scenario in SCENARIOS:
             r = one(scenario, R, E, S, K, args.reps)
             rows.append(r)
-            print(
-                f"{scenario:<14}{R:>3}{E:>5}{S:>6}{K:>3}{r['split_cells']:>6}"
-                f"{r['rows_per_record_affinity']:>13.3f}{r['rows_per_record_plain']:>7.3f}"
-                f"{r['route_ms_affinity']:>13.2f}{r['route_ms_plain']:>7.2f}"
-                f"{r['route_time_ratio']:>7.2f}",
-                flush=True,
-            )
-    write_json(args.out, {"threads": 1, "rows": rows})
+            print(TABLE.row(r, saved_pct=100 * r["rows_saved"]), flush=True)
+    end = round(os.getloadavg()[0], 1)
+    write_json(args.out, {"threads": 1, "load_avg_1min": [load, end], "rows": rows})
 
 
 if __name__ == "__main__":

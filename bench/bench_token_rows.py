@@ -60,7 +60,7 @@ def _layout(plan: Any, ids: list[torch.Tensor]) -> dict[str, Any]:
     """Every rank's route, and each destination's per-grouped-row token row and weight
     slot (``route_rows``' contract: ``-1`` on padding)."""
     R = plan.num_ranks
-    routes = [moonplan.route(plan, s, ids[s]) for s in range(R)]
+    routes = [moonplan.route(plan, s, ids[s], affinity=True) for s in range(R)]  # as the layer
     src_row = [torch.full((int(c),), -1, dtype=torch.int64) for c in plan.recv_size()]
     for route in routes:
         token_row_SK = route.token_row()

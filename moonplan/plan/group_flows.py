@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -112,7 +114,7 @@ def _warm_pick(
 
 
 def split_group_host(
-    experts: list[int],
+    experts: Iterable[int],
     remaining: list[int],
     dests: list[tuple[int, int]],
     warm_experts: dict[int, list[int]],
@@ -128,28 +130,77 @@ def split_group_host(
         dests: ``(rank, quota)`` outflows of this group.
         warm_experts: for a destination rank, this group's experts resident there.
     """
+    push, pop = heapq.heappush, heapq.heappop
     quota_heap = [(-q, r) for r, q in dests]
     heapq.heapify(quota_heap)
     pool = [(-remaining[e], e) for e in experts if remaining[e] > 0]
     heapq.heapify(pool)
     moves: list[tuple[int, int, int]] = []
     while quota_heap:
-        neg_q, r = heapq.heappop(quota_heap)
-        warm = [e for e in warm_experts.get(r, ()) if remaining[e] > 0]
-        if warm:
-            e = max(warm, key=lambda k: (remaining[k], -k))
+        neg_q, r = pop(quota_heap)
+        warm = warm_experts.get(r)
+        if warm and any(remaining[e] > 0 for e in warm):
+            e = max((k for k in warm if remaining[k] > 0), key=lambda k: (remaining[k], -k))
         else:
             while -pool[0][0] != remaining[pool[0][1]]:  # drop stale entries
-                heapq.heappop(pool)
+                pop(pool)
             e = pool[0][1]
-        take = min(-neg_q, remaining[e])
+        left = remaining[e]
+        take = min(-neg_q, left)
         moves.append((e, r, take))
-        remaining[e] -= take
-        if remaining[e] > 0:
-            heapq.heappush(pool, (-remaining[e], e))
+        remaining[e] = left - take
+        if left > take:
+            push(pool, (take - left, e))
         if -neg_q > take:
-            heapq.heappush(quota_heap, (neg_q + take, r))
+            push(quota_heap, (neg_q + take, r))
     return moves
+
+
+@dataclass(frozen=True)
+class HostMoves:
+    """Steps 1-2 on the host as decided: the group flows in decision order, the moves
+    ``(expert, rank, records)`` away from home (each ``(expert, rank)`` once: after a move
+    the rank's quota or the expert's records are spent, and an expert belongs to one
+    group) and the records left at home per expert."""
+
+    flows: list[Flow]
+    moves: list[tuple[int, int, int]]
+    remaining: list[int]
+
+    def alloc(self, edges: list[int]) -> np.ndarray:
+        """int64 numpy ``[E, R]``: the moves, and what is left at home (``edges`` as
+        :func:`host_alloc`'s)."""
+        E, R = len(self.remaining), len(edges) - 1
+        alloc_ER = np.zeros((E, R), dtype=np.int64)
+        if self.moves:
+            e_X, r_X, q_X = np.array(self.moves, dtype=np.int64).T
+            alloc_ER[e_X, r_X] = q_X
+        home_E = np.repeat(np.arange(R, dtype=np.int64), np.diff(np.asarray(edges)))
+        alloc_ER[np.arange(E), home_E] = self.remaining  # no move went home
+        return alloc_ER
+
+
+def host_moves(
+    load: list[int],
+    target: list[int],
+    total_E: list[int],
+    edges: list[int],
+    warm: tuple[dict[int, set[int]] | None, dict[int, dict[int, list[int]]]],
+    previous: list[Flow],
+) -> HostMoves:
+    """Steps 1-2 on the host: the group flows (:func:`host_flows`) and the moves they
+    split into (:func:`split_group_host` per donor group). Arguments as :func:`host_alloc`."""
+    warm_by_receiver, warm_experts = warm
+    flows = host_flows(load, target, warm_by_receiver, previous)
+    dests: dict[int, list[tuple[int, int]]] = {}
+    for d, r, q in flows:
+        dests.setdefault(d, []).append((r, q))
+    remaining = list(total_E)
+    moves: list[tuple[int, int, int]] = []
+    for d, out in dests.items():
+        group = range(edges[d], edges[d + 1])
+        moves += split_group_host(group, remaining, out, warm_experts.get(d, {}))
+    return HostMoves(flows, moves, remaining)
 
 
 def host_alloc(
@@ -171,20 +222,5 @@ def host_alloc(
         warm: ``previous``'s residents, :func:`warm_maps` (``(None, {})``: none).
         previous: last step's flows in order (``[]``: none).
     """
-    warm_by_receiver, warm_experts = warm
-    flows = host_flows(load, target, warm_by_receiver, previous)
-    dests: dict[int, list[tuple[int, int]]] = {}
-    for d, r, q in flows:
-        dests.setdefault(d, []).append((r, q))
-    remaining = list(total_E)
-    E, R = len(total_E), len(load)
-    alloc_ER = np.zeros((E, R), dtype=np.int64)
-    for d, out in dests.items():
-        group = list(range(edges[d], edges[d + 1]))
-        for e, r, q in split_group_host(group, remaining, out, warm_experts.get(d, {})):
-            # each (expert, rank) moves once: after a move the rank's quota or the
-            # expert's records are spent, and an expert belongs to one group
-            alloc_ER[e, r] = q
-    home_E = np.repeat(np.arange(R, dtype=np.int64), np.diff(np.asarray(edges)))
-    alloc_ER[np.arange(E), home_E] = np.asarray(remaining, dtype=np.int64)  # no move went home
-    return flows, alloc_ER
+    steps = host_moves(load, target, total_E, edges, warm, previous)
+    return steps.flows, steps.alloc(edges)

@@ -90,12 +90,15 @@ class Choice:
         scores: float64 ``[C]``, each candidate's predicted step seconds (``inf``: not
             scored, because the early exit showed static EP wins).
         exited: bool 0-d, the early exit was taken (only static EP was scored).
+        credit: float64 0-d, seconds of rent accrued since the last buy, read by the next
+            step's choice (``moonplan.plan.choice.rent``).
     """
 
     names: tuple[str, ...]
     index: torch.Tensor
     scores: torch.Tensor
     exited: torch.Tensor
+    credit: torch.Tensor
 
     def name(self) -> str:
         """The chosen candidate's name (host read)."""
@@ -112,7 +115,7 @@ class Choice:
 
     def to(self, device: torch.device) -> Choice:
         """The same choice with its tensors on ``device``."""
-        moved = (t.to(device) for t in (self.index, self.scores, self.exited))
+        moved = (t.to(device) for t in (self.index, self.scores, self.exited, self.credit))
         return Choice(self.names, *moved)
 
 

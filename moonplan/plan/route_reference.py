@@ -16,7 +16,7 @@ from typing import Any
 from moonplan.plan.plan_type import Plan
 
 
-def route_reference(plan: Plan, rank: int, topk_ids: Any, *, affinity: bool = True) -> dict:
+def route_reference(plan: Plan, rank: int, topk_ids: Any, *, affinity: bool = False) -> dict:
     """Route ``rank``'s records like :func:`moonplan.route`, as plain lists.
 
     Args:

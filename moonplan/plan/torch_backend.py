@@ -3,31 +3,21 @@
 Legend: R ranks, E experts, B slots, M = ceil(E/R).
 
 No value is read on the host on accelerators (CUDA-graph capturable); output
-shapes depend only on ``(R, E, B)``. CPU tensors take the host path, where reading
-costs nothing and a Python or numpy step is cheaper than a tensor op: steps 1-2 on host
-integers from one numpy copy of the counts (``scan="host"``), slots placed rank by rank
-(``torch_layout.place_slots_torch``); the plans are the same, bit for bit.
+shapes depend only on ``(R, E, B)``. CPU tensors take the host form
+(``host_backend.plan_host``, ``scan="host"``), where reading costs nothing and a Python or
+numpy step is cheaper than a tensor op; the plans are the same, bit for bit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from moonplan.plan.from_alloc import home_layout
-from moonplan.plan.group_flows import host_alloc, warm_maps
-from moonplan.plan.home import home_edges, targets_list
-from moonplan.plan.reference import previous_flows
-from moonplan.plan.torch_layout import (
-    place_slots_masked,
-    place_slots_torch,
-    replica_candidates,
-    row_layout_torch,
-)
+from moonplan.plan.host_backend import plan_host, steps12_host
+from moonplan.plan.torch_layout import place_slots_masked, replica_candidates, row_layout_torch
 from moonplan.plan.torch_scan import balance_groups_torch, split_groups_torch
-from moonplan.stepcost.traffic import host_int64
 
 
 def plan_torch(
@@ -50,21 +40,20 @@ def plan_torch(
         prev_F3: int64 ``[R-1, 3]`` previous plan's flows, or ``None``.
         scan: how the plan is built: ``"tensor"`` (masked tensor steps and slot
             placement, no host read on any device: the accelerator path), ``"host"``
-            (Python integers and host lists: cheapest where the tensors are on the CPU)
-            or ``"auto"`` (by device).
+            (Python integers and numpy, ``host_backend``: cheapest where the tensors are
+            on the CPU) or ``"auto"`` (by device).
         target_R: int64 ``[R]`` targets replacing the exact ones (see
             ``reference.reference_plan``), or ``None``.
     """
+    if _scan(scan, counts_RE.device) == "host":
+        return plan_host(counts_RE, num_slots, align, prev_RB, prev_F3, target_R)
     R = counts_RE.shape[0]
     (target_R, home_E, ids_RM), (quota_RR, flow_F3, alloc_ER) = _steps12(
-        counts_RE, prev_RB, prev_F3, scan, target_R
+        counts_RE, prev_RB, prev_F3, target_R
     )
     cand_RM, _ = replica_candidates(quota_RR, ids_RM, alloc_ER)
     prev = prev_RB if prev_RB is not None else cand_RM.new_full((R, num_slots), -1)
-    if scan == "tensor":
-        slot_RB, new_RB, direct_RD = place_slots_masked(cand_RM, prev, num_slots)
-    else:
-        slot_RB, new_RB, direct_RD = place_slots_torch(cand_RM, prev, num_slots)
+    slot_RB, new_RB, direct_RD = place_slots_masked(cand_RM, prev, num_slots)
     row_RW, count_RW, offset_RW1 = row_layout_torch(ids_RM, slot_RB, direct_RD, alloc_ER, align)
     return {
         "alloc": alloc_ER,
@@ -89,7 +78,19 @@ def alloc_torch(
 ) -> torch.Tensor:
     """int64 ``[E, R]``: :func:`plan_torch`'s ``alloc`` alone (steps 1-2, no slots and no
     row layout; they do not depend on ``num_slots`` or ``align``). Arguments as there."""
-    return _steps12(counts_RE, prev_RB, prev_F3, scan, target_R)[1][2]
+    if _scan(scan, counts_RE.device) == "host":
+        alloc_ER = steps12_host(counts_RE, prev_RB, prev_F3, target_R).alloc_ER
+        return torch.from_numpy(alloc_ER).to(counts_RE.device)
+    return _steps12(counts_RE, prev_RB, prev_F3, target_R)[1][2]
+
+
+def _scan(scan: str, device: torch.device) -> str:
+    """``"host"`` or ``"tensor"``: the form ``scan`` names (``"auto"``: host on the CPU)."""
+    if scan == "auto":
+        return "host" if device.type == "cpu" else "tensor"
+    if scan not in ("host", "tensor"):
+        raise ValueError(f"scan must be 'auto', 'host' or 'tensor', got {scan!r}")
+    return scan
 
 
 Steps12 = tuple[
@@ -103,30 +104,12 @@ def _steps12(
     counts_RE: torch.Tensor,
     prev_RB: torch.Tensor | None,
     prev_F3: torch.Tensor | None,
-    scan: str,
     target_R: torch.Tensor | None,
 ) -> Steps12:
-    """Steps 1-2 by ``scan`` (:func:`plan_torch`); every tensor on the counts' device."""
+    """Steps 1-2 as masked tensor steps (no host read); every tensor on the counts' device."""
     R, E = counts_RE.shape
     dev = counts_RE.device
-    if scan == "auto":
-        scan = "host" if dev.type == "cpu" else "tensor"
-    if scan not in ("host", "tensor"):
-        raise ValueError(f"scan must be 'auto', 'host' or 'tensor', got {scan!r}")
     home_E, ids_RM = home_layout(E, R, dev)
-    if scan == "host":
-        c = host_int64(counts_RE)  # the one host copy of the counts
-        edges = home_edges(E, R)
-        T_E = c.sum(0)
-        T_E1 = np.concatenate([[0], np.cumsum(T_E)])  # records of the experts before e
-        load = (T_E1[edges[1:]] - T_E1[edges[:-1]]).tolist()
-        if target_R is None:
-            target = targets_list(sum(load), R)
-            target_R = torch.from_numpy(np.array(target, dtype=np.int64)).to(dev)
-        else:
-            target = host_int64(target_R).tolist()
-        out = _alloc_host(_HostSteps12(load, target, T_E.tolist(), edges, prev_RB, prev_F3), dev)
-        return (target_R, home_E, ids_RM), out
     T_E = counts_RE.sum(0)
     if target_R is None:
         N = T_E.sum()
@@ -144,20 +127,6 @@ class Steps12Inputs:
     target_R: torch.Tensor
     T_E: torch.Tensor
     home_E: torch.Tensor
-    prev_RB: torch.Tensor | None
-    prev_F3: torch.Tensor | None
-
-
-@dataclass(frozen=True)
-class _HostSteps12:
-    """The inputs of steps 1-2 on the host: loads, targets, records per expert and the
-    home groups' edges as Python integers, and ``previous``'s slots and flows (tensors,
-    read once here)."""
-
-    load: list[int]
-    target: list[int]
-    T: list[int]
-    edges: list[int]  # [R + 1]: rank r's home experts are [edges[r], edges[r + 1])
     prev_RB: torch.Tensor | None
     prev_F3: torch.Tensor | None
 
@@ -187,26 +156,6 @@ def alloc_tensor(
     home_RM = ids_RM.clamp(max=E - 1)
     alloc_ER.view(-1).index_add_(0, (home_RM * R + r_R[:, None]).view(-1), rem_RM.view(-1))
     return quota_RR, flow_F3, alloc_ER
-
-
-def _alloc_host(
-    step: _HostSteps12, dev: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Steps 1-2 over host integers (heap scans): quota, flows, alloc (numpy arrays on the
-    host, one copy each to ``dev``)."""
-    R, edges = len(step.load), step.edges
-    home = np.repeat(np.arange(R, dtype=np.int64), np.diff(edges)).tolist()
-    warm = warm_maps(step.prev_RB, home)
-    flows, alloc_ER = host_alloc(
-        step.load, step.target, step.T, edges, warm, previous_flows(step.prev_F3)
-    )
-    F = max(R - 1, 0)
-    quota_RR = np.zeros((R, R), dtype=np.int64)
-    flow_F3 = np.array(flows + [(-1, -1, 0)] * (F - len(flows)), dtype=np.int64).reshape(F, 3)
-    if flows:
-        f = flow_F3[: len(flows)]
-        quota_RR[f[:, 0], f[:, 1]] = f[:, 2]
-    return tuple(torch.from_numpy(a).to(dev) for a in (quota_RR, flow_F3, alloc_ER))  # type: ignore[return-value]
 
 
 def resident_map(prev_RB: torch.Tensor, num_experts: int) -> torch.Tensor:

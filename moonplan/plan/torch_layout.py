@@ -13,10 +13,10 @@ and ``[R, B]`` tensors, vectorised over ranks.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from moonplan.plan.reference import place_slots
+from moonplan.plan.host_layout import place_slots_host_np
+from moonplan.stepcost.traffic import host_int64
 
 
 def replica_candidates(
@@ -60,8 +60,8 @@ def place_slots_torch(
         ``(slot_RB, new_RB, direct_RD)``: slot experts, 1 where filled this step,
         and the replicas beyond the slots (``-1`` padded), all int64.
 
-    CPU tensors are placed rank by rank on the host (:func:`place_slots_host`: a few
-    list operations per rank cost less than the ~40 tensor ops of the masked form);
+    CPU tensors are placed on the host (:func:`place_slots_host`: a few numpy ops, and list
+    operations for ranks with residents, cost less than the ~40 tensor ops of the masked form);
     any other device runs the masked form (:func:`place_slots_masked`: no host read).
     """
     if cand_RM.device.type == "cpu":
@@ -72,24 +72,11 @@ def place_slots_torch(
 def place_slots_host(
     cand_RM: torch.Tensor, prev_RB: torch.Tensor, num_slots: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`place_slots_torch` by ``reference.place_slots`` on each rank's host lists
-    (the tensors are read to the host: for CPU tensors)."""
-    R, M = cand_RM.shape
-    B, D = num_slots, max(0, M - num_slots)
-    slots, news, directs = [], [], []
-    for cand, prev in zip(cand_RM.tolist(), prev_RB.tolist(), strict=True):
-        reps = [e for e in cand if e >= 0]
-        # records that sort like the given order (largest first): the candidates' rank
-        slot, new, direct = place_slots([(e, -i) for i, e in enumerate(reps)], prev, B)
-        slots.append(slot)
-        news.append(new)
-        directs.append(direct + [-1] * (D - len(direct)))
-    dev = cand_RM.device
-
-    def t(x: list[list[int]], cols: int) -> torch.Tensor:  # numpy reads lists faster
-        return torch.from_numpy(np.array(x, dtype=np.int64).reshape(R, cols)).to(dev)
-
-    return t(slots, B), t(news, B), t(directs, D)
+    """:func:`place_slots_torch` on host arrays (``host_layout.place_slots_host_np``: ranks
+    without residents at once, the others by ``reference.place_slots``); the tensors are
+    read to the host, so this is the CPU form."""
+    out = place_slots_host_np(host_int64(cand_RM), host_int64(prev_RB), num_slots)
+    return tuple(torch.from_numpy(a).to(cand_RM.device) for a in out)  # type: ignore[return-value]
 
 
 def place_slots_masked(

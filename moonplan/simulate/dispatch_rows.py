@@ -75,7 +75,7 @@ def affinity_dest(
     counts_RE = token_counts(ids_RSK, E) if counts_RE is None else counts_RE
     plan = Plan.from_alloc(counts_RE, alloc_ER, slots=E)
     return np.stack(
-        [route(plan, s, ids_RSK[s], check=False).dest_rank.numpy() for s in range(R)]
+        [route(plan, s, ids_RSK[s], check=False, affinity=True).dest_rank.numpy() for s in range(R)]
     ).astype(np.int64)
 
 

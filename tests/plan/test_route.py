@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from hypothesis import given
@@ -87,9 +89,18 @@ def test_send_order_groups_by_destination() -> None:
         (0, torch.tensor([[0.0]]), "integer expert ids"),
         (0, torch.tensor([[5]]), r"lie in \[0, 2\)"),
         (0, torch.tensor([[1]]), "route 0 records to expert 0"),
+        (0, torch.tensor([[-1]]), r"got range \[-1, -1\]"),
+        (0, torch.tensor([[65536]]), r"got range \[65536, 65536\]"),  # 0 as a 16-bit key
+        (0, torch.tensor([[0], [0]], dtype=torch.int32), "route 2 records to expert 0"),
+        (0, torch.zeros(0, 3, dtype=torch.int64), "route 0 records to expert 0"),
     ],
 )
-def test_route_rejects_bad_input(rank: int, ids: torch.Tensor, message: str) -> None:
+@pytest.mark.parametrize("host", [True, False])
+def test_route_rejects_bad_input(
+    monkeypatch: pytest.MonkeyPatch, rank: int, ids: torch.Tensor, message: str, host: bool
+) -> None:
+    """The same errors from the host form (numpy, CPU default) and the tensor form."""
+    monkeypatch.setattr(importlib.import_module("moonplan.plan.route"), "HOST_FORM", host)
     p = moonplan.plan([[1, 0], [0, 0]])
     with pytest.raises(PlanError, match=message):
         moonplan.route(p, rank, ids)

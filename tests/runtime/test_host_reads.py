@@ -5,9 +5,9 @@ Legend: R ranks, E experts, H hidden, F ffn, K top-k, S tokens.
 On the CPU nothing waits, but the host-work counter (``tests/plan/host_work.py``) sees the
 ops a GPU step makes: a read where a value comes back to the host. The planner's CPU
 shortcuts (host scans, which read freely there) are swapped for the forms a GPU runs
-(``moonplan.plan.choice.tensor``, ``plan_torch(scan="tensor")``), so the count is what one
-step on the heap transport costs on a device. ``docs/runtime.md`` ("Host reads per step")
-lists the reads that remain and why.
+(``moonplan.plan.choice.tensor``, ``plan_torch(scan="tensor")``, ``route``'s tensor form),
+so the count is what one step on the heap transport costs on a device.
+``docs/runtime.md`` ("Host reads per step") lists the reads that remain and why.
 """
 
 from __future__ import annotations
@@ -27,11 +27,14 @@ H, F, E, K = 8, 12, 8, 2
 
 
 def _device_forms(monkeypatch: Any) -> None:
-    """The planner's GPU forms on CPU tensors."""
+    """The planner's and the router's GPU forms on CPU tensors."""
+    import importlib
+
     from moonplan.plan import api
 
     monkeypatch.setattr(api, "_path", lambda backend, device: "tensor")
     monkeypatch.setattr(api, "plan_torch", functools.partial(api.plan_torch, scan="tensor"))
+    monkeypatch.setattr(importlib.import_module("moonplan.plan.route"), "HOST_FORM", False)
 
 
 def _step_reads(rank: int, world: int, balance: str) -> dict[str, Any]:

@@ -37,13 +37,15 @@ def _dy(rank: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(S_r, H, generator=torch.Generator().manual_seed(7 + rank)).to(dtype)
 
 
-def _at_executing_rank(plan, world: int, me: int, dtype: torch.dtype, rows_of) -> torch.Tensor:
+def _at_executing_rank(
+    plan, world: int, me: int, dtype: torch.dtype, rows_of, affinity: bool
+) -> torch.Tensor:
     """``[P, H]``: the rows ``rows_of(q, x, w) [S, K, H]`` of every rank ``q``'s records that
-    ``me`` executes, at their receive rows (padding rows zero)."""
+    ``me`` executes, at their receive rows (padding rows zero), routed with ``affinity``."""
     out = torch.zeros(int(plan.recv_size()[me]), H, dtype=dtype)
     for q in range(world):
         ids, x, w = _tokens(q, dtype)
-        route = moonplan.route(plan, q, ids)
+        route = moonplan.route(plan, q, ids, affinity=affinity)
         mine = route.dest_rank == me
         out[route.dest_offset[mine]] = rows_of(q, x, w)[mine]
     return out
@@ -109,14 +111,16 @@ def _data_path(t, plan, rank: int, world: int, dtype: torch.dtype, outs: list) -
 
     fails = [] if isinstance(t, Transport) else ["not a Transport"]
     exact = t.rows == "records"
+    affinity = t.rows == "tokens"  # as the layer routes for this transport
     ids, x, w = _tokens(rank, dtype)
-    route = moonplan.route(plan, rank, ids)
+    route = moonplan.route(plan, rank, ids, affinity=affinity)
     fails += _host_reads_after_puts(t, plan, route, x, w)
     masks = _count_padding_masks()  # this rank process only (forked)
     view = t.dispatch(x, route, plan, weight_SK=w)
     recv = view.tensor.clone()
     if not torch.equal(
-        recv, _at_executing_rank(plan, world, rank, dtype, lambda q, x, w: _per_record(x))
+        recv,
+        _at_executing_rank(plan, world, rank, dtype, lambda q, x, w: _per_record(x), affinity),
     ):
         fails.append("dispatch")
     y = t.combine(_experts(recv), route, w, view.state)
@@ -129,7 +133,7 @@ def _data_path(t, plan, rank: int, world: int, dtype: torch.dtype, outs: list) -
     def g_rows(q, x, w):
         return (w.float()[:, :, None] * _dy(q, dtype).float()[:, None]).to(dtype)
 
-    if not torch.equal(g_PH, _at_executing_rank(plan, world, rank, dtype, g_rows)):
+    if not torch.equal(g_PH, _at_executing_rank(plan, world, rank, dtype, g_rows, affinity)):
         fails.append("combine_backward rows")
     if not _same(dw, (dy.float()[:, None] * o_SKH.float()).sum(-1).to(w.dtype), exact):
         fails.append("dweight")

@@ -60,25 +60,29 @@ def choose(
     sizes = (num_slots, align)
     if path in ("tensor", "cuda"):
         prev = _prev(previous, counts_RE.device)
+        credit = _credit(previous, counts_RE.device)
         if path == "cuda":
             from moonplan.plan.choice_cuda import choose_cuda
 
-            fields, (i, s, x) = choose_cuda(counts_RE, num_slots, align, prev, cost, levels)
+            fields, got = choose_cuda(counts_RE, num_slots, align, prev, cost, levels, credit)
         else:
-            fields, (i, s, x) = tensor.choose_tensor(
-                counts_RE, num_slots, align, prev, cost, levels
+            fields, got = tensor.choose_tensor(
+                counts_RE, num_slots, align, prev, cost, levels, credit
             )
         backend = "cuda" if path == "cuda" else "torch"
-        return _make(counts_RE, fields, sizes, backend, Choice(names(levels), i, s, x))
+        return _make(counts_RE, fields, sizes, backend, Choice(names(levels), *got))
     c = counts_RE.cpu()
     prev = _prev(previous, torch.device("cpu"))
+    credit = float(_credit(previous, torch.device("cpu")))
     if path == "reference":
-        got = reference.choose_reference(_step(c, num_slots, align, prev), cost, levels)
-        choice = _choice(got.index, got.scores, got.exited, levels)
+        got = reference.choose_reference(_step(c, num_slots, align, prev, credit), cost, levels)
+        choice = _choice(got.index, got.scores, got.exited, got.credit, levels)
         p = _make(c, got.fields, sizes, "reference", choice)
     elif path == "host":
-        fields, (index, scores, exited) = host.choose_host(c, num_slots, align, prev, cost, levels)
-        p = _make(c, fields, sizes, "torch", _choice(index, scores, exited, levels))
+        fields, (index, scores, exited, after) = host.choose_host(
+            c, num_slots, align, prev, cost, levels, credit
+        )
+        p = _make(c, fields, sizes, "torch", _choice(index, scores, exited, after, levels))
     else:
         raise PlanError(f"unknown path {path!r}; choose one of {PATHS}")
     return plan_to(p, counts_RE.device)
@@ -137,23 +141,35 @@ def _prev(
     return previous.slot_expert.to(device), previous.flow.to(device)
 
 
+def _credit(previous: Plan | None, device: torch.device) -> torch.Tensor:
+    """float64 0-d: ``previous``'s rent-or-buy credit (0 without an ``auto`` plan)."""
+    if previous is None or previous.choice is None:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    return previous.choice.credit.to(device)
+
+
 def _step(
     counts: torch.Tensor,
     num_slots: int,
     align: int,
     prev: tuple[torch.Tensor | None, torch.Tensor | None],
+    credit: float = 0.0,
 ) -> reference.Step:
     slots = None if prev[0] is None else prev[0].tolist()
-    return reference.Step(counts.tolist(), num_slots, align, slots, previous_flows(prev[1]))
+    flows = previous_flows(prev[1])
+    return reference.Step(counts.tolist(), num_slots, align, slots, flows, credit)
 
 
-def _choice(index: int, scores: list[float] | torch.Tensor, exited: bool, levels: int) -> Choice:
+def _choice(
+    index: int, scores: list[float] | torch.Tensor, exited: bool, credit: float, levels: int
+) -> Choice:
     """A :class:`Choice` of host values (CPU tensors)."""
     return Choice(
         names(levels),
         torch.tensor(index, dtype=torch.int64),
         torch.as_tensor(scores, dtype=torch.float64),
         torch.tensor(exited),
+        torch.tensor(credit, dtype=torch.float64),
     )
 
 

@@ -90,8 +90,9 @@ def exit_bound(
     links: tuple[list[list[int]], int],
     home_lb: float,
     static_full: float | None,
-) -> float:
-    """The bound of the module docstring (``inf`` with one rank).
+) -> tuple[float, float]:
+    """The bound of the module docstring, and its part for plans that copy (``inf`` with
+    one rank; the rent-or-buy rule reads the second, a buy's least time).
 
     Args:
         cost: the model.
@@ -105,15 +106,12 @@ def exit_bound(
     """
     R = num_ranks
     if R <= 1:
-        return math.inf
+        return math.inf, math.inf
     tiles, busy, N, kept = totals
     sends, free_link = links
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
     h_d, h_c = link_rates(cost, R)
-    k = -(-busy // R)
-    flop_lb = max(-(-tiles // R), k * cost.tile_rows) * cost.row_flop_s
-    mem_lb = (busy * cost.weight_read_s + N * cost.row_mem_s) / R
-    experts_lb = max(flop_lb, mem_lb, k * cost.weight_read_s + k * cost.row_mem_s)
+    experts_lb = experts_lb_s(cost, R, tiles, busy, N)
     copy = copy_min_s(cost, R)
     reads = max(experts_lb, kept * cost.weight_read_s) if cost.overlap else experts_lb
 
@@ -126,7 +124,16 @@ def exit_bound(
     copies = max(min(copying(j, n) for j, n in enumerate(row)) for row in sends)
     D, Cb = lat + free_link * h_d, lat + free_link * h_c
     free = cost.plan_s + (D + max(experts_lb, home_lb)) + Cb
-    return min(copies, free if static_full is None else static_full) * MARGIN
+    return min(copies, free if static_full is None else static_full) * MARGIN, copies * MARGIN
+
+
+def experts_lb_s(cost: StepCost, num_ranks: int, tiles: int, busy: int, N: int) -> float:
+    """``experts_lb`` of the module docstring: the slowest rank's experts phase in any plan."""
+    R = num_ranks
+    k = -(-busy // R)
+    flop_lb = max(-(-tiles // R), k * cost.tile_rows) * cost.row_flop_s
+    mem_lb = (busy * cost.weight_read_s + N * cost.row_mem_s) / R
+    return max(flop_lb, mem_lb, k * cost.weight_read_s + k * cost.row_mem_s)
 
 
 def link_rates(cost: StepCost, num_ranks: int) -> tuple[float, float]:
@@ -152,8 +159,8 @@ def exit_bound_torch(
     home_lb: torch.Tensor,
     static_full: torch.Tensor,
     resident: torch.Tensor,
-) -> torch.Tensor:
-    """float64 0-d: :func:`exit_bound` with tensor inputs (int64 0-d ``totals``, float64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 0-d pair: :func:`exit_bound` with tensor inputs (int64 0-d ``totals``, float64
     0-d ``home_lb`` and ``static_full``, bool 0-d ``resident``: ``previous`` holds a
     resident replica)."""
     R = num_ranks
@@ -161,15 +168,9 @@ def exit_bound_torch(
     sends_RJ, free_link = links
     inf = torch.full((), math.inf, dtype=torch.float64, device=tiles.device)
     if R <= 1:
-        return inf
+        return inf, inf
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
-    k = (busy + (R - 1)) // R
-    flop_lb = torch.maximum((tiles + (R - 1)) // R, k * cost.tile_rows)
-    flop_lb = flop_lb.to(torch.float64) * cost.row_flop_s
-    mem_lb = busy.to(torch.float64) * cost.weight_read_s + N.to(torch.float64) * cost.row_mem_s
-    k_f = k.to(torch.float64)
-    per_k = k_f * cost.weight_read_s + k_f * cost.row_mem_s
-    experts_lb = torch.maximum(torch.maximum(flop_lb, mem_lb / R), per_k)
+    experts_lb = experts_lb_torch(cost, R, tiles, busy, N)
     h_d, h_c = link_rates(cost, R)
     n_RJ, link = sends_RJ.to(torch.float64), free_link.to(torch.float64)
     copy = copy_min_s(cost, R)
@@ -184,7 +185,21 @@ def exit_bound_torch(
     copies = copying.amin(1).amax()
     D, Cb = lat + link * h_d, lat + link * h_c
     free = cost.plan_s + (D + torch.maximum(experts_lb, home_lb)) + Cb
-    return torch.minimum(copies, torch.where(resident, free, static_full)) * MARGIN
+    bound = torch.minimum(copies, torch.where(resident, free, static_full)) * MARGIN
+    return bound, copies * MARGIN
+
+
+def experts_lb_torch(
+    cost: StepCost, R: int, tiles: torch.Tensor, busy: torch.Tensor, N: torch.Tensor
+) -> torch.Tensor:
+    """float64 0-d: :func:`experts_lb_s` of int64 0-d sums."""
+    k = (busy + (R - 1)) // R
+    flop_lb = torch.maximum((tiles + (R - 1)) // R, k * cost.tile_rows)
+    flop_lb = flop_lb.to(torch.float64) * cost.row_flop_s
+    mem_lb = busy.to(torch.float64) * cost.weight_read_s + N.to(torch.float64) * cost.row_mem_s
+    k_f = k.to(torch.float64)
+    per_k = k_f * cost.weight_read_s + k_f * cost.row_mem_s
+    return torch.maximum(torch.maximum(flop_lb, mem_lb / R), per_k)
 
 
 def links_reference(

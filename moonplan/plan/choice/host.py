@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from moonplan.plan.choice.bound import exit_bound, links_torch
+from moonplan.plan.choice.bound import exit_bound, experts_lb_s, links_torch
+from moonplan.plan.choice.rent import exit_rent, settle
 from moonplan.plan.choice.resident import resident_torch
 from moonplan.plan.choice.table import LEVELS, Candidate, table
 from moonplan.plan.choice.targets import level_caps, water_fill
@@ -30,7 +31,7 @@ from moonplan.plan.group_flows import host_alloc, warm_maps
 from moonplan.plan.home import home_edges, targets_list
 from moonplan.plan.reference import Flow, previous_flows
 from moonplan.stepcost.batch import batch_step_time
-from moonplan.stepcost.step_cost import StepCost
+from moonplan.stepcost.step_cost import StepCost, StepTime
 
 
 @dataclass(frozen=True)
@@ -89,39 +90,46 @@ def choose_host(
     prev: tuple[torch.Tensor | None, torch.Tensor | None],
     cost: StepCost,
     levels: int = LEVELS,
-) -> tuple[dict[str, torch.Tensor], tuple[int, torch.Tensor, bool]]:
-    """The winner's plan fields and ``(index, scores [C], exited)``; CPU tensors."""
+    credit: float = 0.0,
+) -> tuple[dict[str, torch.Tensor], tuple[int, torch.Tensor, bool, float]]:
+    """The winner's plan fields and ``(index, scores [C], exited, credit)``; CPU tensors
+    (``credit``: ``previous``'s rent-or-buy credit)."""
     hs = HostStep.of(counts_RE, num_slots, align, prev)
     R = len(hs.load)
     resident = hs.resident
     static = hs.static()
-    t_exit = _static_time(cost, hs, static, cost.exit_s)
-    full = None if resident.any() else _static_time(cost, hs, static, cost.plan_s)
+    at_exit = _static_time(cost, hs, static, cost.exit_s)
+    t_exit = at_exit.total_s
+    full = None if resident.any() else _static_time(cost, hs, static, cost.plan_s).total_s
     totals, links = _totals(cost, hs, resident), _links(hs, resident)
-    if t_exit <= exit_bound(cost, R, totals, links, _home_lb(cost, hs, resident), full):
+    bounds = exit_bound(cost, R, totals, links, _home_lb(cost, hs, resident), full)
+    gap = at_exit.experts_s - experts_lb_s(cost, R, *totals[:3])
+    exited, credit = exit_rent(t_exit, gap, bounds, credit, max(0.0, cost.plan_s - cost.exit_s))
+    if exited:
         scores = torch.full((levels + 3,), float("inf"), dtype=torch.float64)
         scores[0] = t_exit
         fields = layout_resident(torch.from_numpy(static), num_slots, align, hs.prev_RB)
-        return fields, (0, scores, True)
+        return fields, (0, scores, True, credit)
     built = build_all(hs, levels)
     alloc_CER = np.stack([a for a, _ in built])
     scores = _scores(cost, hs, alloc_CER, resident, cost.plan_s)
-    best = int(torch.argmin(scores))  # the first least: the earlier candidate on ties
-    return layout(hs, alloc_CER[best], built[best][1]), (best, scores, False)
+    free = _scores(cost, hs, alloc_CER, np.ones_like(resident), cost.plan_s)
+    best, credit = settle(scores.tolist(), free.tolist(), credit)
+    return layout(hs, alloc_CER[best], built[best][1]), (best, scores, False, credit)
 
 
-def _static_time(cost: StepCost, hs: HostStep, static: np.ndarray, plan_s: float) -> float:
-    """Static EP's predicted seconds charged ``plan_s`` (``StepCost.step_time``'s numpy form:
-    the same floats as :func:`_scores`, fewer calls for one allocation)."""
+def _static_time(cost: StepCost, hs: HostStep, static: np.ndarray, plan_s: float) -> StepTime:
+    """Static EP's predicted phases charged ``plan_s`` (``StepCost.step_time``'s numpy
+    form: the same floats as :func:`_scores`, fewer calls for one allocation)."""
     none = np.zeros(static.shape, dtype=bool)
-    t = cost.scaled(plan_s=plan_s).step_time(static, hs.counts, none, hs.home, planned=1)
-    return t.total_s
+    return cost.scaled(plan_s=plan_s).step_time(static, hs.counts, none, hs.home, planned=1)
 
 
 def _scores(
     cost: StepCost, hs: HostStep, alloc_CER: np.ndarray, resident: np.ndarray, plan_s: float
 ) -> torch.Tensor:
-    """float64 ``[C]`` predicted step seconds, each charged ``plan_s``."""
+    """float64 ``[C]`` predicted step seconds, each charged ``plan_s`` (``resident`` all
+    true: the free scores, nothing fetched)."""
     alloc = torch.from_numpy(np.ascontiguousarray(alloc_CER))
     R = alloc.shape[2]
     away_ER = hs.home[:, None] != np.arange(R)[None, :]

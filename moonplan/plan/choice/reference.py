@@ -10,19 +10,23 @@ torch (``tensor.py``), host (``host.py``) and CUDA forms give the same plan and 
 bit for bit. The rule, for counts, ``previous`` and a cost model:
 
 1. **Early exit.** Score static EP charged only the test (``cost.exit_s``). If that is at
-   most :func:`~moonplan.plan.choice.bound.exit_bound` (a time no other candidate can beat),
-   return the static plan: nothing else is built or scored.
+   most :func:`~moonplan.plan.choice.bound.exit_bound` (a time no other candidate can beat)
+   and no buy can be due (:func:`~moonplan.plan.choice.rent.exit_rent`), return the static
+   plan: nothing else is built or scored.
 2. **Candidates.** Otherwise build every entry of the table
    (:mod:`~moonplan.plan.choice.table`): static EP; each ``level-k``, ``exact`` and
    ``greedy`` by one run of the group-flow construction (``level-k`` towards
    ``water_fill(L, cap_k)``, ``exact`` towards the exact targets, both replaying
-   ``previous``; ``greedy`` without ``previous``); ``resident`` from ``exact``'s
-   allocation with its replicas that are not resident sent back home.
+   ``previous``; ``greedy`` without ``previous``); ``resident``, records moved only to
+   replicas resident in ``previous``'s slots.
 3. **Scores.** Each candidate's predicted step time (``cost.step_time``), charged one
    planner call (``cost.plan_s``), with the weights it fetches: its replicas that are not
-   resident in ``previous``'s slots.
-4. **Choice.** The least score; ties go to the earlier entry of the table. Static EP is a
-   candidate, so the chosen plan's predicted time is never above static EP's.
+   resident in ``previous``'s slots; and its *free* score, the same with nothing fetched.
+4. **Choice.** The rent-or-buy rule (:mod:`~moonplan.plan.choice.rent`): the least score
+   (ties to the earlier entry of the table), unless the rent accrued since the last buy
+   pays for the copies of the least free score. Static EP is a candidate, so a step that
+   buys nothing is never predicted slower than static EP, and a step that buys is above
+   its least score by at most the rent accrued.
 5. **Layout.** The winner's slots (residents kept) and rows (``from_alloc`` layout); its
    construction's flows are recorded for the next step's replay.
 """
@@ -34,14 +38,15 @@ from dataclasses import dataclass
 
 import torch
 
-from moonplan.plan.choice.bound import exit_bound, links_reference
+from moonplan.plan.choice.bound import exit_bound, experts_lb_s, links_reference
+from moonplan.plan.choice.rent import exit_rent, settle
 from moonplan.plan.choice.resident import resident_reference
 from moonplan.plan.choice.table import LEVELS, Candidate, table
 from moonplan.plan.choice.targets import level_caps, water_fill
 from moonplan.plan.from_alloc import layout_reference
 from moonplan.plan.home import home_list
 from moonplan.plan.reference import Flow, reference_plan
-from moonplan.stepcost.step_cost import StepCost
+from moonplan.stepcost.step_cost import StepCost, StepTime
 
 Alloc = list[list[int]]  # [E][R]
 
@@ -54,6 +59,7 @@ class Chosen:
     index: int
     scores: list[float]  # [C], inf where not scored
     exited: bool
+    credit: float  # the rent-or-buy credit carried to the next step
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class Step:
     align: int
     prev_slots: list[list[int]] | None  # [R][B]
     prev_flows: list[Flow]
+    credit: float = 0.0  # ``previous``'s rent-or-buy credit (0 without one)
 
     @property
     def resident(self) -> set[tuple[int, int]]:
@@ -79,19 +86,25 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     R, E = len(counts), len(counts[0])
     home = home_list(E, R)
     static = _static_alloc(counts, home)
-    t_exit = _time(cost, step, static, cost.exit_s)
+    at_exit = _step_time(cost, step, static, cost.exit_s)
+    t_exit = at_exit.total_s
     static_full = None if step.resident else _time(cost, step, static, cost.plan_s)
     links = links_reference(counts, step.resident, home)
-    totals = (*_totals(cost, counts), _kept_busy(step, home))
-    bound = exit_bound(cost, R, totals, links, _home_lb(cost, step, home), static_full)
-    if t_exit <= bound:
+    totals = _totals(cost, counts)
+    kept = (*totals, _kept_busy(step, home))
+    bounds = exit_bound(cost, R, kept, links, _home_lb(cost, step, home), static_full)
+    gap = at_exit.experts_s - experts_lb_s(cost, R, *totals)
+    checking = max(0.0, cost.plan_s - cost.exit_s)
+    exited, credit = exit_rent(t_exit, gap, bounds, step.credit, checking)
+    if exited:
         scores = [t_exit] + [math.inf] * (levels + 2)
-        return Chosen(_layout(step, static, []), 0, scores, True)
+        return Chosen(_layout(step, static, []), 0, scores, True, credit)
     built = [build(c, step, levels) for c in table(levels)]
     scores = [_time(cost, step, alloc, cost.plan_s) for alloc, _ in built]
-    best = min(range(len(scores)), key=lambda i: (scores[i], i))
+    free = [_time(cost, step, alloc, cost.plan_s, free=True) for alloc, _ in built]
+    best, credit = settle(scores, free, credit)
     alloc, flows = built[best]
-    return Chosen(_layout(step, alloc, flows), best, scores, False)
+    return Chosen(_layout(step, alloc, flows), best, scores, False, credit)
 
 
 def _static_alloc(counts: list[list[int]], home: list[int]) -> Alloc:
@@ -121,21 +134,28 @@ def build(c: Candidate, step: Step, levels: int) -> tuple[Alloc, list[Flow]]:
     return res.alloc, res.flows
 
 
-def _time(cost: StepCost, step: Step, alloc: Alloc, plan_s: float) -> float:
-    """Predicted step seconds of ``alloc``, charged ``plan_s`` of planning."""
+def _time(cost: StepCost, step: Step, alloc: Alloc, plan_s: float, free: bool = False) -> float:
+    """Predicted step seconds of ``alloc``, charged ``plan_s`` of planning (``free``: its
+    copies already resident, none fetched)."""
+    return _step_time(cost, step, alloc, plan_s, free).total_s
+
+
+def _step_time(
+    cost: StepCost, step: Step, alloc: Alloc, plan_s: float, free: bool = False
+) -> StepTime:
+    """:func:`_time`'s phases."""
     R, E = len(step.counts), len(step.counts[0])
     home = home_list(E, R)
     resident = step.resident
-    fetch = [[alloc[e][r] > 0 and r != home[e] and (e, r) not in resident for r in range(R)]
-             for e in range(E)]  # fmt: skip
-    t = cost.scaled(plan_s=plan_s).step_time(
+    fetch = [[alloc[e][r] > 0 and r != home[e] and (e, r) not in resident and not free
+              for r in range(R)] for e in range(E)]  # fmt: skip
+    return cost.scaled(plan_s=plan_s).step_time(
         torch.tensor(alloc, dtype=torch.int64).reshape(E, R),
         torch.tensor(step.counts, dtype=torch.int64),
         torch.tensor(fetch, dtype=torch.bool).reshape(E, R),
         torch.tensor(home, dtype=torch.int64),
         planned=1,
     )
-    return t.total_s
 
 
 def _totals(cost: StepCost, counts: list[list[int]]) -> tuple[int, int, int]:

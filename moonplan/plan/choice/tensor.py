@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import torch
 
-from moonplan.plan.choice.bound import exit_bound_torch, links_torch
+from moonplan.plan.choice.bound import exit_bound_torch, experts_lb_torch, links_torch
+from moonplan.plan.choice.rent import exit_rent_torch, settle_torch
 from moonplan.plan.choice.resident import resident_torch
 from moonplan.plan.choice.table import LEVELS, table
 from moonplan.plan.choice.targets import level_caps_torch, water_fill_torch
 from moonplan.plan.from_alloc import home_layout, layout_torch
 from moonplan.plan.placement import static_alloc
 from moonplan.plan.torch_backend import Steps12Inputs, alloc_tensor, resident_map
-from moonplan.stepcost.batch import _padded, _roofline, batch_step_time
+from moonplan.stepcost.batch import BatchTime, _padded, _roofline, batch_step_time
 from moonplan.stepcost.step_cost import StepCost
 
 
@@ -37,32 +38,41 @@ def choose_tensor(
     prev: tuple[torch.Tensor | None, torch.Tensor | None],
     cost: StepCost,
     levels: int = LEVELS,
-) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The winner's plan fields and ``(index 0-d, scores [C], exited 0-d)``, all on the
-    counts' device."""
+    credit: torch.Tensor | None = None,
+) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
+    """The winner's plan fields and ``(index 0-d, scores [C], exited 0-d, credit 0-d)``,
+    all on the counts' device (``credit``: ``previous``'s rent-or-buy credit, float64
+    0-d; ``None``: 0)."""
     R, E = counts_RE.shape
     dev = counts_RE.device
     prev_RB = prev[0]
+    if credit is None:
+        credit = torch.zeros((), dtype=torch.float64, device=dev)
     home_E, ids_RM = home_layout(E, R, dev)
     T_E = counts_RE.sum(0)
     load_R = torch.zeros(R, dtype=torch.int64, device=dev).index_add_(0, home_E, T_E)
     resident_ER = _resident(prev_RB, E, R, dev)
     static_ER = static_alloc(counts_RE)
-    t_exit = _scores(cost, counts_RE, static_ER[None], resident_ER, home_E, cost.exit_s)[0]
+    at_exit = _batch(cost, counts_RE, static_ER[None], resident_ER, home_E, cost.exit_s)
+    t_exit = at_exit.total_s[0]
     static_full = _scores(cost, counts_RE, static_ER[None], resident_ER, home_E, cost.plan_s)[0]
-    bound = _bound(cost, counts_RE, home_E, resident_ER, static_full)
-    exited = t_exit <= bound
+    bounds, experts_lb = _bound(cost, counts_RE, home_E, resident_ER, static_full)
+    gap = at_exit.experts_s[0] - experts_lb
+    checking = max(0.0, cost.plan_s - cost.exit_s)
+    exited, credit = exit_rent_torch(t_exit, gap, bounds, credit, checking)
     alloc_CER, flow_CF3 = _candidates(counts_RE, (load_R, T_E, home_E, ids_RM), prev, levels)
     scores = _scores(cost, counts_RE, alloc_CER, resident_ER, home_E, cost.plan_s)
+    free = _scores(cost, counts_RE, alloc_CER, torch.ones_like(resident_ER), home_E, cost.plan_s)
+    index, settled = settle_torch(scores, free, credit)
     C = alloc_CER.shape[0]
     first = torch.arange(C, device=dev) == 0
     scores = torch.where(exited, torch.where(first, t_exit, torch.inf), scores)
-    index = torch.argmin(scores)  # the first least: the earlier candidate on ties
+    index = torch.where(exited, torch.zeros_like(index), index)
     pick = index.view(1)
     alloc_ER = alloc_CER.index_select(0, pick)[0]
     fields = layout_torch(alloc_ER, num_slots, align, prev_RB, host=False)
     fields["flow"] = flow_CF3.index_select(0, pick)[0]
-    return fields, (index, scores, exited)
+    return fields, (index, scores, exited, torch.where(exited, credit, settled))
 
 
 def _resident(prev_RB: torch.Tensor | None, E: int, R: int, dev: torch.device) -> torch.Tensor:
@@ -81,11 +91,23 @@ def _scores(
     plan_s: float,
 ) -> torch.Tensor:
     """float64 ``[C]`` predicted step seconds, each charged ``plan_s``."""
+    return _batch(cost, counts_RE, alloc_CER, resident_ER, home_E, plan_s).total_s
+
+
+def _batch(
+    cost: StepCost,
+    counts_RE: torch.Tensor,
+    alloc_CER: torch.Tensor,
+    resident_ER: torch.Tensor,
+    home_E: torch.Tensor,
+    plan_s: float,
+) -> BatchTime:
+    """:func:`_scores`' phases."""
     R = alloc_CER.shape[2]
     away_ER = home_E[:, None] != torch.arange(R, device=home_E.device)[None, :]
     fetch_CER = (alloc_CER > 0) & (away_ER & ~resident_ER)
     plan_C = torch.full((alloc_CER.shape[0],), plan_s, dtype=torch.float64, device=home_E.device)
-    return batch_step_time(cost, counts_RE, alloc_CER, fetch_CER, home_E, plan_C).total_s
+    return batch_step_time(cost, counts_RE, alloc_CER, fetch_CER, home_E, plan_C)
 
 
 def _bound(
@@ -94,8 +116,8 @@ def _bound(
     home_E: torch.Tensor,
     resident_ER: torch.Tensor,
     static_full: torch.Tensor,
-) -> torch.Tensor:
-    """float64 0-d: ``bound.exit_bound_torch`` of this step."""
+) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """float64 0-d: ``bound.exit_bound_torch``'s pair and ``experts_lb`` of this step."""
     T_E = counts_RE.sum(0)
     R = resident_ER.shape[1]
     kept_E = torch.where(resident_ER.any(1), 0, T_E)  # experts with no resident replica
@@ -105,7 +127,8 @@ def _bound(
     totals = (_padded(cost, T_E).sum(), (T_E > 0).sum(), T_E.sum(), sums[1].max())
     links = links_torch(counts_RE, resident_ER, home_E)
     home_lb = _roofline(cost, *(x[None] for x in sums))[0].amax()
-    return exit_bound_torch(cost, R, totals, links, home_lb, static_full, resident_ER.any())
+    bounds = exit_bound_torch(cost, R, totals, links, home_lb, static_full, resident_ER.any())
+    return bounds, experts_lb_torch(cost, R, *totals[:3])
 
 
 def _candidates(

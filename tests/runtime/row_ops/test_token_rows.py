@@ -240,7 +240,7 @@ def _token_dispatch(plan, ids, x, d: int):
     tokens_TH = torch.zeros(int(plan.target[d]), H)
     src_row_P = torch.full((int(plan.recv_size()[d]),), -1, dtype=torch.int64)
     for s in range(R):
-        route = moonplan.route(plan, s, ids[s])
+        route = moonplan.route(plan, s, ids[s], affinity=True)
         mine_U = route.unique_dest == d
         tokens_TH[route.unique_offset[mine_U]] = x[s][route.unique_token[mine_U]]
         at_d = route.dest_rank == d
@@ -266,7 +266,7 @@ def test_route_contract(monkeypatch: pytest.MonkeyPatch, impl: str) -> None:
     x = [torch.randn(S, H, generator=gen) for _ in range(R)]
     want = [torch.zeros(int(c), H) for c in plan.recv_size()]
     for s in range(R):
-        route = moonplan.route(plan, s, ids[s])
+        route = moonplan.route(plan, s, ids[s], affinity=True)
         rows.scatter_rows(x[s], route.dest_rank.reshape(-1), route.dest_offset.reshape(-1), K, want)
     outs, back = [], []
     w = [torch.rand(S, K, generator=gen) for _ in range(R)]
@@ -277,12 +277,12 @@ def test_route_contract(monkeypatch: pytest.MonkeyPatch, impl: str) -> None:
         outs.append(grouped_PH * 2 + 1)  # the "experts"
         w_P = torch.zeros(src_row_P.numel())
         for s in range(R):
-            route = moonplan.route(plan, s, ids[s])
+            route = moonplan.route(plan, s, ids[s], affinity=True)
             at_d = route.dest_rank == d
             w_P[route.dest_offset[at_d]] = w[s][at_d]
         back.append(ops.reduce_rows(outs[d], src_row_P, tokens_TH.shape[0], w_P, torch.float32))
     for s in range(R):
-        route = moonplan.route(plan, s, ids[s])
+        route = moonplan.route(plan, s, ids[s], affinity=True)
         want_SH = _gather_combine(outs, route.dest_rank, route.dest_offset, w[s], torch.float32)
         # source side: the token's returned rows, one per destination, summed
         got_U = torch.stack(

@@ -1,0 +1,108 @@
+"""``auto``'s rent-or-buy rule: copies that would pay over later steps are bought once
+what going without them has cost adds up to their price.
+
+Legend: C candidates (table order).
+
+One step's scores cannot see that a replica copied now keeps serving: the step that
+copies pays the whole copy, the steps after reuse it free (the ``resident`` candidate).
+Scored one step at a time, ``auto`` would never make the first copy on a step where it
+does not pay at once, even where the skew persists and the copied replicas would pay
+many times over. The rule is the rent-or-buy (ski-rental) rule:
+
+* ``scores[C]``: each candidate's predicted step time (its copies charged);
+  ``free[C]``: the same with every copy already resident (no copy charged);
+* ``b``, the least score, is the one-step choice; ``c``, the least free score, is what
+  the step would run with the copies already there (ties to the earlier, both);
+* ``rent = scores[b] - free[c]``: what this step loses by not having ``c``'s copies;
+  ``price = scores[c] - scores[b]``: what buying them costs this step beyond ``b``;
+* ``credit`` is the rent accrued since the last buy (``Choice.credit`` of ``previous``,
+  0 without it). When ``credit + rent >= price`` the step buys: it runs ``c`` and the
+  credit returns to 0. Otherwise it runs ``b`` and carries ``credit + rent`` (the rent
+  taken as at least 0; the credit returns to 0 when ``b`` is ``c``: nothing to buy).
+
+Buying ``c``, the most balanced plan with its copies, and not a cheaper part of it: on
+the simulator's sweep, a rule that bought the paid-for candidate with the least free
+score (often a level with a few copies) was slower at most points that bought
+(``docs/planner-policy.md``, "Rent or buy").
+
+The bound it keeps, from the rule alone: a step runs above its one-step best only by
+what the steps since the last buy have already lost, so over any run ``auto`` costs at
+most its one-step choices plus the rent they paid. In the ski-rental model (one price,
+a rent that stops once bought) that is at most twice the better of renting forever and
+buying at once, the best a rule without foresight can promise. No horizon or constant
+enters it. ``docs/planner-policy.md``, "Rent or buy", has what it measures.
+
+The early exit takes part through :func:`exit_rent`: a step it settles runs static EP,
+and its rent is estimated without building anything.
+
+Two forms with equal results: plain floats (:func:`settle`, :func:`exit_rent`) and
+torch 0-d tensors (:func:`settle_torch`, :func:`exit_rent_torch`), no host read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def settle(scores: list[float], free: list[float], credit: float) -> tuple[int, float]:
+    """The winner's index and the credit carried to the next step (module docstring)."""
+    b = min(range(len(scores)), key=lambda i: (scores[i], i))
+    c = min(range(len(free)), key=lambda i: (free[i], i))
+    if c == b:
+        return b, 0.0
+    rent, price = scores[b] - free[c], scores[c] - scores[b]
+    if credit + rent >= price:
+        return c, 0.0
+    return b, credit + max(0.0, rent)
+
+
+def settle_torch(
+    scores_C: torch.Tensor, free_C: torch.Tensor, credit: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`settle` on float64 tensors: ``(index int64 0-d, credit float64 0-d)``."""
+    b, c = torch.argmin(scores_C), torch.argmin(free_C)  # the first least on ties
+    s_b = scores_C[b]
+    rent = s_b - free_C[c]
+    buy = (c != b) & (credit + rent >= scores_C[c] - s_b)
+    zero = torch.zeros((), dtype=torch.float64, device=scores_C.device)
+    kept = credit + torch.clamp(rent, min=0.0)
+    return torch.where(buy, c, b), torch.where(buy | (c == b), zero, kept)
+
+
+def exit_rent(
+    t_exit: float, gap: float, bounds: tuple[float, float], credit: float, checking: float
+) -> tuple[bool, float]:
+    """Whether the early exit is taken, and the credit after it (taken) or the credit the
+    full call settles with (not taken).
+
+    ``t_exit``: static EP charged the test; ``gap``: static EP's experts phase less
+    ``experts_lb`` (``bound.experts_lb_s``, a phase no plan beats), the rent counted on
+    an exit step (the imbalance copies could take off; what they would save on the links
+    is left out, so that balanced counts accrue none); ``bounds``: the exit bound and
+    its part for plans that copy (``bound.exit_bound``); ``checking``: the planning a
+    full call costs beyond the test (``plan_s - exit_s``, at least 0).
+
+    A buy costs at least ``bounds[1] - t_exit`` more than the exit's plan: the exit is
+    taken while static EP is within the bound and the credit plus the rent stays below
+    that. A full call that the bound alone would have skipped is made only to check
+    whether to buy: its planning beyond the test is rent too, added to the credit."""
+    within = t_exit <= bounds[0]
+    after = credit + max(0.0, gap)
+    if within and after < bounds[1] - t_exit:
+        return True, after
+    return False, credit + (checking if within else 0.0)
+
+
+def exit_rent_torch(
+    t_exit: torch.Tensor,
+    gap: torch.Tensor,
+    bounds: tuple[torch.Tensor, torch.Tensor],
+    credit: torch.Tensor,
+    checking: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`exit_rent` on float64 0-d tensors: ``(exited bool, credit)``."""
+    within = t_exit <= bounds[0]
+    after = credit + torch.clamp(gap, min=0.0)
+    exited = within & (after < bounds[1] - t_exit)
+    zero = torch.zeros((), dtype=torch.float64, device=t_exit.device)
+    return exited, torch.where(exited, after, credit + torch.where(within, checking, zero))
