@@ -7,7 +7,7 @@ per rank (``_gpu_planner.lognormal_counts``), ``previous`` the exact plan of oth
 Sections (``moonplan.plan.choice_cuda``, ``docs/gpu_planner.md``, "The choice kernel"):
     choice_random   random and adversarial cases, chains of two steps, four cost regimes:
                     ``choose(path="cuda")`` against ``choose(path="reference")``, every plan
-                    field, ``scores`` bit for bit, ``index`` and ``exited``
+                    field, ``scores`` bit for bit, ``index``, ``exited`` and ``credit``
     auto            ``moonplan.plan(policy="auto", check_input=False)`` at AUTO_SHAPES on
                     both paths of the one call: ``full`` (a cost with ``exit_s = 1e9`` s:
                     every candidate built and scored) and ``exit`` (``plan_s = 1e9`` s: the
@@ -58,6 +58,8 @@ def differences(got: Plan, want: Plan) -> list[str]:
     if not torch.equal(g.scores.cpu().view(torch.int64), w.scores.view(torch.int64)):
         bad.append("scores")
     bad += [n for n in ("index", "exited") if int(getattr(g, n)) != int(getattr(w, n))]
+    if float(g.credit) != float(w.credit):
+        bad.append("credit")
     return bad
 
 

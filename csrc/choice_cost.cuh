@@ -67,6 +67,7 @@ __device__ McCost mc_cost(MC_COST_PARAMS) {
 
 __device__ __forceinline__ double mc_mul(double a, double b) { return __dmul_rn(a, b); }
 __device__ __forceinline__ double mc_add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ double mc_sub(double a, double b) { return __dadd_rn(a, -b); }
 __device__ __forceinline__ double mc_max(double a, double b) { return a > b ? a : b; }
 __device__ __forceinline__ double mc_min(double a, double b) { return a < b ? a : b; }
 __device__ __forceinline__ mp_i64 mc_max_i(mp_i64 a, mp_i64 b) { return a > b ? a : b; }
@@ -216,7 +217,7 @@ __device__ double mc_total(const McCost& k, const McParts& p, double plan) {
 
 // bound.exit_bound's experts_lb: the slowest rank's experts phase in any plan, at least the
 // ranks' mean of tiles and of reads and rows, and the kz = ceil(Z / R) experts (a tile, a
-// weight read and a row each) that some rank runs (busy = Z, experts with records).
+// weight read and a row each) that some rank runs (busy = Z, experts with records; R >= 1).
 __device__ double mc_experts_lb(const McCost& k, int R, mp_i64 tiles, mp_i64 busy, mp_i64 N) {
     const mp_i64 kz = (busy + (R - 1)) / R;
     const mp_i64 rows = mc_max_i((tiles + (R - 1)) / R, kz * k.tile);
@@ -244,19 +245,61 @@ __device__ double mc_copying(const McCost& k, int R, double reads, mp_i64 j, mp_
     return mc_add(mc_add(mc_add(mc_add(k.plan, D), reads), Cb), wait);
 }
 
-// bound.exit_bound: the least time a candidate other than static EP can reach. `copies`: the
-// largest over ranks of the least over j of mc_copying; `free_link`: the rows some rank sends
-// or receives in a plan that copies nothing; `static_full` is used when no replica is resident.
+// bound.exit_bound: the least time a candidate other than static EP can reach, and into *buy
+// its part for plans that copy (rent.exit_rent reads it). `copies`: the largest over ranks of
+// the least over j of mc_copying; `free_link`: the rows some rank sends or receives in a plan
+// that copies nothing; `static_full` is used when no replica is resident.
 __device__ double mc_bound(const McCost& k, int R, double experts_lb, double copies,
-                           mp_i64 free_link, double home_lb, bool resident, double static_full) {
+                           mp_i64 free_link, double home_lb, bool resident, double static_full,
+                           double* buy) {
+    const double margin = 1.0 - 1.0 / 1099511627776.0;  // bound.MARGIN = 1 - 2**-40
+    *buy = R <= 1 ? MC_INF : mc_mul(copies, margin);
     if (R <= 1) return MC_INF;
     const double lat = mc_lat(k, R);
     const double D = mc_add(lat, mc_mul((double)free_link, k.h_disp));
     const double Cb = mc_add(lat, mc_mul((double)free_link, k.h_comb));
     const double kept = mc_add(mc_add(k.plan, mc_add(D, mc_max(experts_lb, home_lb))), Cb);
     const double other = resident ? kept : static_full;
-    const double margin = 1.0 - 1.0 / 1099511627776.0;  // bound.MARGIN = 1 - 2**-40
     return mc_mul(other < copies ? other : copies, margin);
+}
+
+// ---- the rent-or-buy rule (moonplan/plan/choice/rent.py) ------------------------------------
+
+// rent.exit_rent: whether the early exit is taken (static EP within the bound, and the credit
+// plus static's experts phase over experts_lb short of a buy's least extra time); *credit
+// becomes the exit's credit, or the one the full call settles from.
+__device__ bool mc_exit_rent(double t_exit, double gap, double bound, double buy,
+                             double checking, double* credit) {
+    const bool within = t_exit <= bound;
+    const double after = mc_add(*credit, gap > 0.0 ? gap : 0.0);
+    if (within && after < mc_sub(buy, t_exit)) {
+        *credit = after;
+        return true;
+    }
+    *credit = mc_add(*credit, within ? checking : 0.0);
+    return false;
+}
+
+// rent.settle: b the first least score, c the first least free score (copies resident); c is
+// bought when the credit plus this step's rent covers its price. Returns the winner; *credit
+// becomes the credit carried to the next step.
+__device__ int mc_settle(const double* scores, const double* free_C, int C, double* credit) {
+    int b = 0, c = 0;
+    for (int i = 1; i < C; ++i) {
+        b = scores[i] < scores[b] ? i : b;
+        c = free_C[i] < free_C[c] ? i : c;
+    }
+    if (c == b) {
+        *credit = 0.0;
+        return b;
+    }
+    const double rent = mc_sub(scores[b], free_C[c]), price = mc_sub(scores[c], scores[b]);
+    if (mc_add(*credit, rent) >= price) {
+        *credit = 0.0;
+        return c;
+    }
+    *credit = mc_add(*credit, rent > 0.0 ? rent : 0.0);
+    return b;
 }
 
 // ---- the score of one candidate's allocation ------------------------------------------------
@@ -341,10 +384,11 @@ __device__ void mc_score_expert(const McStep& st, const McCost& k, const mp_i64*
     if (sf) mc_atomic_add(&acc.cf_s[h], sf);
 }
 
-// Candidate c's predicted seconds charged plan_s into scores[c], its per-rank records into
-// recv_C[c]. Dynamic shared memory: MC_ACC int64 arrays of R, red[MC_RED_F64] (double).
+// Candidate c's predicted seconds charged plan_s into scores[c], the same with nothing
+// fetched (its copies resident: rent.py's free score) into free_C[c], its per-rank records
+// into recv_C[c]. Dynamic shared memory: MC_ACC int64 arrays of R, red[MC_RED_F64] (double).
 __device__ void mc_score(const McStep& st, const McCost& k, const mp_i64* a, int c,
-                         double* scores, mp_i64* recv_C, unsigned char* smem) {
+                         double* scores, double* free_C, mp_i64* recv_C, unsigned char* smem) {
     const int R = st.R, tid = threadIdx.x, nthreads = blockDim.x;
     mp_i64* base = (mp_i64*)smem;
     McAcc acc;
@@ -375,5 +419,11 @@ __device__ void mc_score(const McStep& st, const McCost& k, const mp_i64* a, int
         recv_C[(mp_i64)c * R + r] = acc.recv[r];
     }
     const McParts p = mc_parts(k, s, r < R, R, red);
-    if (tid == 0) scores[c] = mc_total(k, p, k.plan);
+    McRank none = s;  // nothing fetched: no wait section, no copy
+    none.w_in = none.w_out = none.wpad = none.wbusy = none.wrows = none.beside = 0;
+    const McParts f = mc_parts(k, none, r < R, R, red);
+    if (tid == 0) {
+        scores[c] = mc_total(k, p, k.plan);
+        free_C[c] = mc_total(k, f, k.plan);
+    }
 }

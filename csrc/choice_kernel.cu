@@ -12,17 +12,22 @@
 //   rest_RE [R, E]      each rank's records less those of its home experts and resident
 //                       replicas, then its M largest, sorted (scratch of the bound)
 //   top_RM  [R, M]      the entries above the M-th largest of a rank's rest (scratch)
-//   misc    [2]         N, and the bits of the early-exit bound (the emulated test reads them)
+//   free_C  [C]         each candidate's free score: nothing fetched (rent.py; scratch, double)
+//   misc    [3]         N, and the bits of the bound's two parts (the emulated test reads them)
+//   credit  0-d double  the rent-or-buy credit: previous's in (credit_in), this step's out
 //
 // Three kernels, launched by moonplan/plan/choice_cuda.py on torch's stream, no host sync:
 //   moonplan_choice_first   ONE block: T, L, static EP's scores charged exit_s and plan_s,
 //                           the early-exit bound (choice/bound.py: a warp per rank for its
-//                           link rows, bound.links_reference) and the exit flag
+//                           link rows, bound.links_reference), the rent-or-buy exit test
+//                           (choice/rent.py: exit_rent), the exit flag and the credit
 //   moonplan_choice_build   C-1 blocks, one per candidate 1..C-1: returns at once when the
 //                           exit flag is set; else builds its allocation into alloc_C[c]
-//                           (group-flow construction or resident rounds) and scores it
-//   moonplan_choice_layout  ONE block: the first least score (static on exit), the winner's
-//                           plan fields (slots with residents kept, rows, padded offsets)
+//                           (group-flow construction or resident rounds) and scores it, with
+//                           its copies charged and free (rent.py)
+//   moonplan_choice_layout  ONE block: the rent-or-buy winner (rent.settle; static on exit)
+//                           and the credit, the winner's plan fields (slots with residents
+//                           kept, rows, padded offsets)
 //
 // Floats: the step-cost formula (moonplan/stepcost/batch.py) with every product and sum in
 // the Python order, through __dmul_rn / __dadd_rn (never contracted into an FMA; the
@@ -257,14 +262,37 @@ __device__ McRank mc_first_rank(const McCost& k, const McFirstSums& f, int r, co
     return s;
 }
 
+// Thread 0: the exit test (bound.exit_bound, then rent.exit_rent) and its outputs: scores
+// (static's charged exit_s on exit, else plan_s, also its free score), the exit flag, the
+// credit (the exit's, or the one the full call settles from: credit_io holds previous's on
+// entry), and in misc the bound's two parts' bits (the emulated test reads them).
+__device__ void mc_first_exit(const McCost& k, const McParts& p, int R, double experts_lb,
+                              const McLinks& l, double home_lb, bool resident, mp_i64 C,
+                              double* scores, double* free_C, unsigned char* exited,
+                              double* credit_io, mp_i64* misc) {
+    const double t_exit = mc_total(k, p, k.exit_s), full = mc_total(k, p, k.plan);
+    double buy = MC_INF;
+    const double bound =
+        mc_bound(k, R, experts_lb, l.copies, l.free_link, home_lb, resident, full, &buy);
+    const double gap = mc_sub(p.experts, experts_lb);  // the exit step's rent
+    const double checking = mc_max(mc_sub(k.plan, k.exit_s), 0.0);
+    const bool ex = mc_exit_rent(t_exit, gap, bound, buy, checking, credit_io);
+    scores[0] = ex ? t_exit : full;
+    free_C[0] = full;  // static EP fetches nothing
+    for (mp_i64 c = 1; c < C && ex; ++c) scores[c] = MC_INF;
+    exited[0] = ex ? 1 : 0;
+    misc[1] = __double_as_longlong(bound);
+    misc[2] = __double_as_longlong(buy);
+}
+
 // Dynamic shared memory: loc, rdom, pad, busy, kpad, kbusy, krows, kloc [R] and red64[33]
 // (int64), red[MC_RED_F64] (double), moved[E] (int32).
 extern "C" __global__ void __launch_bounds__(1024, 1)
     moonplan_choice_first(const mp_i64* counts, const mp_i64* prev, mp_i64 R_, mp_i64 E, mp_i64 B,
-                          mp_i64 has_prev, mp_i64 C, MC_COST_PARAMS, double* scores,
-                          unsigned char* exited, mp_i64* total_E, mp_i64* load_R, mp_i64* send_R,
-                          mp_i64* sdom_R, mp_i64* misc, int* warm_d, mp_i64* rest_RE,
-                          mp_i64* top_RM) {
+                          mp_i64 has_prev, mp_i64 C, MC_COST_PARAMS, const double* credit_in,
+                          double* scores, double* free_C, unsigned char* exited, double* credit,
+                          mp_i64* total_E, mp_i64* load_R, mp_i64* send_R, mp_i64* sdom_R,
+                          mp_i64* misc, int* warm_d, mp_i64* rest_RE, mp_i64* top_RM) {
     extern __shared__ __align__(16) unsigned char mp_smem[];
     const McCost k = mc_cost(MC_COST_ARGS);
     const int R = (int)R_, r = threadIdx.x;
@@ -285,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     const McParts p = mc_parts(k, s, r < R, R, red);
     mc_block_max(&home_lb, 1, red);
     kept = mc_block_max_i(kept, red64);
-    const double experts_lb = R > 1 ? mc_experts_lb(k, R, t.tiles, t.busy, t.N) : 0.0;
+    const double experts_lb = mc_experts_lb(k, R, t.tiles, t.busy, t.N);
     McLinks l = {MC_INF, 0};
     if (R > 1) {  // block-uniform
         McStep st = {};
@@ -299,15 +327,10 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
         l = mc_first_links(st, k, mc_reads(k, experts_lb, kept), stay, rest_RE, top_RM, red, red64);
     }
     if (r == 0) {
-        const double t_exit = mc_total(k, p, k.exit_s), full = mc_total(k, p, k.plan);
-        const double bound =
-            mc_bound(k, R, experts_lb, l.copies, l.free_link, home_lb, t.nres > 0, full);
-        const bool ex = t_exit <= bound;
-        scores[0] = ex ? t_exit : full;
-        for (mp_i64 c = 1; c < C && ex; ++c) scores[c] = MC_INF;
-        exited[0] = ex ? 1 : 0;
+        credit[0] = credit_in[0];
+        mc_first_exit(k, p, R, experts_lb, l, home_lb, t.nres > 0, C, scores, free_C, exited,
+                      credit, misc);
         misc[0] = t.N;
-        misc[1] = __double_as_longlong(bound);
     }
 }
 
@@ -538,7 +561,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
                           double* scores, const mp_i64* total_E, const mp_i64* load_R,
                           const mp_i64* send_R, const mp_i64* sdom_R, const mp_i64* misc,
                           const int* warm_d, mp_i64* alloc_C, mp_i64* flow_C, mp_i64* recv_C,
-                          mp_i64* rep_c, int* rep_e, mp_i64* q_P) {
+                          mp_i64* rep_c, int* rep_e, mp_i64* q_P, double* free_C) {
     extern __shared__ __align__(16) unsigned char mp_smem[];
     if (exited[0]) return;  // the early exit: static EP, nothing built
     const McCost k = mc_cost(MC_COST_ARGS);
@@ -569,7 +592,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
         mc_construct(st, level, c != C - 1, alloc, flow_C + (mp_i64)c * 3 * (R - 1),
                      rep_c + c * RM, rep_e + c * RM, mp_smem);
     }
-    mc_score(st, k, alloc, c, scores, recv_C, mp_smem);
+    mc_score(st, k, alloc, c, scores, free_C, recv_C, mp_smem);
 }
 
 // ---- kernel 3: the winner's plan fields ------------------------------------------------------
@@ -618,7 +641,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
                            mp_i64* row_expert, mp_i64* row_count, mp_i64* row_offset,
                            const mp_i64* total_E, const mp_i64* load_R, const mp_i64* alloc_C,
                            const mp_i64* flow_C, const mp_i64* recv_C, mp_i64* rep_c, int* rep_e,
-                           int* srt_e) {
+                           int* srt_e, const double* free_C, double* credit) {
     extern __shared__ __align__(16) unsigned char mp_smem[];
     const int R = (int)R_, tid = threadIdx.x, nthreads = blockDim.x;
     const int warp = tid / MP_WARP, nwarps = nthreads / MP_WARP;
@@ -626,9 +649,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     mp_i64* rem = (mp_i64*)mp_smem;
     int* rep_n = (int*)(rem + E);
     int* win = rep_n + R;
-    if (tid == 0) {  // the first least score (argmin); static EP on the early exit
-        int best = 0;
-        for (int c = 1; c < C && !exited[0]; ++c) best = scores[c] < scores[best] ? c : best;
+    if (tid == 0) {  // the rent-or-buy winner (rent.settle); static EP on the early exit
+        const int best = exited[0] ? 0 : mc_settle(scores, free_C, (int)C, credit);
         index[0] = best;
         win[0] = best;
     }

@@ -5,15 +5,18 @@ Legend:
     K levels, C = K + 3 candidates (``moonplan.plan.choice.table``), G ranks per domain.
 
 :func:`choose_cuda` makes the same choice as ``moonplan.plan.choice.reference``, bit for bit:
-the same plan, ``index``, ``scores`` and ``exited``. Its three kernels run on torch's current
-stream with no host synchronisation, and every shape depends only on ``(R, E, B, K)``, so the
-call can be captured in a CUDA graph:
+the same plan, ``index``, ``scores``, ``exited`` and ``credit``. Its three kernels run on
+torch's current stream with no host synchronisation, and every shape depends only on
+``(R, E, B, K)``, so the call can be captured in a CUDA graph:
 
 1. ``moonplan_choice_first`` (one block): the counts' column sums, static loads, static EP's
-   scores charged ``exit_s`` and ``plan_s``, the early-exit bound and the exit flag;
+   scores charged ``exit_s`` and ``plan_s``, the early-exit bound, the rent-or-buy exit test
+   (``choice.rent.exit_rent``), the exit flag and the credit;
 2. ``moonplan_choice_build`` (``C - 1`` blocks, one per candidate but static): each returns
-   at once when the flag is set, else builds its allocation and scores it;
-3. ``moonplan_choice_layout`` (one block): the first least score, the winner's plan fields.
+   at once when the flag is set, else builds its allocation and scores it, its copies
+   charged and free;
+3. ``moonplan_choice_layout`` (one block): the rent-or-buy winner (``choice.rent.settle``)
+   and the credit, the winner's plan fields.
 
 The cost model's rates are kernel arguments (doubles, fixed in a captured graph); outputs
 and scratch are views of one ``torch.empty``. The kernels include the exact planner's
@@ -148,19 +151,19 @@ class Layout(NamedTuple):
 
 @functools.lru_cache(maxsize=64)
 def layout(R: int, E: int, B: int, C: int) -> Layout:
-    """The buffer of :func:`allocate`: the plan's fields, ``index``, ``scores`` (float64)
-    and ``exited`` (its first byte, bool), then the kernels' scratch."""
+    """The buffer of :func:`allocate`: the plan's fields, ``index``, ``scores`` and
+    ``credit`` (float64), ``exited`` (its first byte, bool), then the kernels' scratch."""
     M = max_local(E, R)
     W = M + max(B, M)
     F = max(R - 1, 0)
     out_shapes: dict[str, tuple[int, ...]] = {
         "flow": (F, 3), "alloc": (E, R), "target": (R,), "home": (E,),
         "slot_expert": (R, B), "slot_new": (R, B), "row_expert": (R, W), "row_count": (R, W),
-        "row_offset": (R, W + 1), "index": (), "scores": (C,), "exited": (),
+        "row_offset": (R, W + 1), "index": (), "scores": (C,), "exited": (), "credit": (),
     }  # fmt: skip
-    words64 = {"total_E": E, "load_R": R, "send_R": R, "sdom_R": R, "misc": 2,
+    words64 = {"total_E": E, "load_R": R, "send_R": R, "sdom_R": R, "misc": 3,
                "alloc_C": C * E * R, "flow_C": C * 3 * F, "recv_C": C * R, "rep_c": C * R * M,
-               "q_P": max(1, R * B), "rest_RE": R * E, "top_RM": R * M}  # fmt: skip
+               "q_P": max(1, R * B), "rest_RE": R * E, "top_RM": R * M, "free_C": C}  # fmt: skip
     words32 = {"rep_e": C * R * M, "srt_e": R * M, "warm_d": max(1, R * B)}
     at, out, scratch = 0, {}, {}
     for name, shape in out_shapes.items():
@@ -180,14 +183,15 @@ def allocate(
     R: int, E: int, B: int, C: int, device: torch.device
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``(buffer, out)``: one uninitialised int64 buffer and the views of the outputs:
-    the plan's fields (int64), ``index`` (int64 0-d), ``scores`` (float64 ``[C]``) and
-    ``exited`` (bool 0-d, the first byte of its word). One ``as_strided`` per view: the
-    host cost of every call (about half that of a slice and a ``view``)."""
+    the plan's fields (int64), ``index`` (int64 0-d), ``scores`` (float64 ``[C]``),
+    ``credit`` (float64 0-d) and ``exited`` (bool 0-d, the first byte of its word). One
+    ``as_strided`` per view: the host cost of every call (about half that of a slice and a
+    ``view``)."""
     lay = layout(R, E, B, C)
     buf = torch.empty(lay.words, dtype=torch.int64, device=device)
     out = {}
     for name, (at, shape, strides) in lay.out.items():
-        if name == "scores":
+        if name in ("scores", "credit"):
             out[name] = buf.view(torch.float64).as_strided(shape, strides, at)
         elif name == "exited":
             out[name] = buf.view(torch.bool).as_strided((), (), 8 * at)
@@ -217,9 +221,11 @@ def kernel_args(
     sizes: tuple[int, int, int],
     cost: StepCost,
     buf: torch.Tensor,
+    credit: torch.Tensor,
 ) -> tuple[list[Arg], list[Arg], list[Arg]]:
     """The argument lists of the three kernels, in order (``sizes = (B, align, levels)``;
-    ``prev`` the previous plan's ``(slot_expert [R, B], flow [F, 3])`` or ``None``s)."""
+    ``prev`` the previous plan's ``(slot_expert [R, B], flow [F, 3])`` or ``None``s;
+    ``credit`` its rent-or-buy credit, float64 0-d, read by the first kernel)."""
     R, E = counts_RE.shape
     B, align, levels = sizes
     C = levels + 3
@@ -242,16 +248,19 @@ def kernel_args(
     has = val(prev_RB is not None)
     cost_ = cost_args(cost, R)
     stats = [at(k) for k in ("total_E", "load_R", "send_R", "sdom_R", "misc")]
-    first = [c, p, val(R), val(E), val(B), has, val(C), *cost_, at("scores"), at("exited")]
-    first += [*stats, at("warm_d"), at("rest_RE"), at("top_RM")]
+    cred = (credit.data_ptr(), ctypes.c_void_p)
+    first = [c, p, val(R), val(E), val(B), has, val(C), *cost_, cred]
+    first += [at("scores"), at("free_C"), at("exited"), at("credit"), *stats, at("warm_d")]
+    first += [at("rest_RE"), at("top_RM")]
     build = [c, p, f, val(R), val(E), val(B), has, val(n_flows), val(levels), *cost_]
     build += [at("exited"), at("scores"), *stats, at("warm_d")]
-    build += [at(k) for k in ("alloc_C", "flow_C", "recv_C", "rep_c", "rep_e", "q_P")]
+    build += [at(k) for k in ("alloc_C", "flow_C", "recv_C", "rep_c", "rep_e", "q_P", "free_C")]
     fields = ("alloc", "home", "target", "flow", "slot_expert", "slot_new", "row_expert",
               "row_count", "row_offset")  # fmt: skip
     last = [p, val(R), val(E), val(B), val(align), has, val(C), at("exited"), at("scores")]
     last += [at("index"), *(at(k) for k in fields), at("total_E"), at("load_R")]
     last += [at(k) for k in ("alloc_C", "flow_C", "recv_C", "rep_c", "rep_e", "srt_e")]
+    last += [at("free_C"), at("credit")]
     return first, build, last
 
 
@@ -265,9 +274,11 @@ def choose_cuda(
     prev: tuple[torch.Tensor | None, torch.Tensor | None],
     cost: StepCost,
     levels: int,
-) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    credit: torch.Tensor | None = None,
+) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
     """The ``auto`` plan's fields and ``(index 0-d int64, scores [C] float64, exited 0-d
-    bool)``, all on the counts' CUDA device, written asynchronously on torch's stream.
+    bool, credit 0-d float64)``, all on the counts' CUDA device, written asynchronously
+    on torch's stream.
 
     Args:
         counts_RE: validated integer counts ``[R, E]`` on a CUDA device (not read here).
@@ -276,6 +287,8 @@ def choose_cuda(
             device, or ``(None, None)``.
         cost: the step-cost model (``dispatch="record"``).
         levels: ``K`` (``moonplan.plan.choice.table.LEVELS``).
+        credit: the previous plan's rent-or-buy credit (``Choice.credit``, 0-d), or
+            ``None`` for 0.
 
     Raises:
         RuntimeError: the backend is unavailable (the message names the missing piece) or
@@ -301,7 +314,8 @@ def choose_cuda(
             f"device allows {kernels.smem_max} (use backend='torch')"
         )
     buf, out = allocate(R, E, num_slots, C, dev)
-    args = kernel_args(counts_RE, (prev_RB, prev_F3), (num_slots, align, levels), cost, buf)
+    credit = _check_credit(credit, dev)
+    args = kernel_args(counts_RE, (prev_RB, prev_F3), (num_slots, align, levels), cost, buf, credit)
     stream = torch.cuda.current_stream(dev).cuda_stream
     ctx = cb._current(kernels.context) if stream <= 2 else contextlib.nullcontext()
     threads = block_threads(R)
@@ -309,5 +323,14 @@ def choose_cuda(
         cb._launch(kernels.first, 1, threads, smem[0], stream, args[0])
         cb._launch(kernels.build, C - 1, threads, smem[1], stream, args[1])
         cb._launch(kernels.layout, 1, threads, smem[2], stream, args[2])
-    choice = (out.pop("index"), out.pop("scores"), out.pop("exited"))
+    choice = (out.pop("index"), out.pop("scores"), out.pop("exited"), out.pop("credit"))
     return out, choice
+
+
+def _check_credit(credit: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """``credit`` as a float64 0-d tensor on ``device`` (0 for ``None``; no host read)."""
+    if credit is None:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    if credit.numel() != 1:
+        raise ValueError(f"credit must hold one value, got shape {tuple(credit.shape)}")
+    return credit.reshape(()).to(device=device, dtype=torch.float64).contiguous()

@@ -100,7 +100,8 @@ def test_argument_lists_match_the_kernels() -> None:
     R, E, B = 3, 7, 2
     c = torch.zeros(R, E, dtype=torch.int64)
     buf, out = choice_cuda.allocate(R, E, B, LEVELS + 3, torch.device("cpu"))
-    args = choice_cuda.kernel_args(c, (None, None), (B, 8, LEVELS), H200, buf)
+    credit = torch.zeros((), dtype=torch.float64)
+    args = choice_cuda.kernel_args(c, (None, None), (B, 8, LEVELS), H200, buf, credit)
     for name, a in zip(choice_cuda.KERNELS, args, strict=True):
         params = _signature(name)
         want = len(params) - 1 + COST_PARAMS if "MC_COST_PARAMS" in params else len(params)
@@ -126,6 +127,8 @@ def _differences(got: Plan, want: Plan) -> list[str]:
     g, w = got.choice, want.choice
     if not torch.equal(g.scores.cpu().view(torch.int64), w.scores.view(torch.int64)):
         bad.append("scores")
+    if float(g.credit) != float(w.credit):
+        bad.append("credit")
     return bad + [n for n in ("index", "exited") if int(getattr(g, n)) != int(getattr(w, n))]
 
 

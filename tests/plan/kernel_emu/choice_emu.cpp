@@ -7,12 +7,14 @@
 typedef long long ll;
 typedef unsigned char u8;
 extern "C" ll emu_choice_first(ll block, ll smem, const ll* counts, const ll* prev, ll R, ll E,
-                               ll B, ll has_prev, ll C, MC_COST_PARAMS, double* scores,
-                               u8* exited, ll* total_E, ll* load_R, ll* send_R, ll* sdom_R,
-                               ll* misc, int* warm_d, ll* rest_RE, ll* top_RM) {
+                               ll B, ll has_prev, ll C, MC_COST_PARAMS, const double* credit_in,
+                               double* scores, double* free_C, u8* exited, double* credit,
+                               ll* total_E, ll* load_R, ll* send_R, ll* sdom_R, ll* misc,
+                               int* warm_d, ll* rest_RE, ll* top_RM) {
     return launch(1, (int)block, [=] {
-        moonplan_choice_first(counts, prev, R, E, B, has_prev, C, MC_COST_ARGS, scores, exited,
-                              total_E, load_R, send_R, sdom_R, misc, warm_d, rest_RE, top_RM);
+        moonplan_choice_first(counts, prev, R, E, B, has_prev, C, MC_COST_ARGS, credit_in, scores,
+                              free_C, exited, credit, total_E, load_R, send_R, sdom_R, misc,
+                              warm_d, rest_RE, top_RM);
     }, smem);
 }
 extern "C" ll emu_choice_build(ll grid, ll block, ll smem, const ll* counts, const ll* prev,
@@ -20,11 +22,12 @@ extern "C" ll emu_choice_build(ll grid, ll block, ll smem, const ll* counts, con
                                ll levels, MC_COST_PARAMS, const u8* exited, double* scores,
                                const ll* total_E, const ll* load_R, const ll* send_R,
                                const ll* sdom_R, const ll* misc, const int* warm_d, ll* alloc_C,
-                               ll* flow_C, ll* recv_C, ll* rep_c, int* rep_e, ll* q_P) {
+                               ll* flow_C, ll* recv_C, ll* rep_c, int* rep_e, ll* q_P,
+                               double* free_C) {
     return launch((int)grid, (int)block, [=] {
         moonplan_choice_build(counts, prev, prev_flow, R, E, B, has_prev, n_prev_flow, levels,
                               MC_COST_ARGS, exited, scores, total_E, load_R, send_R, sdom_R, misc,
-                              warm_d, alloc_C, flow_C, recv_C, rep_c, rep_e, q_P);
+                              warm_d, alloc_C, flow_C, recv_C, rep_c, rep_e, q_P, free_C);
     }, smem);
 }
 extern "C" ll emu_choice_layout(ll block, ll smem, const ll* prev, ll R, ll E, ll B, ll align,
@@ -33,11 +36,11 @@ extern "C" ll emu_choice_layout(ll block, ll smem, const ll* prev, ll R, ll E, l
                                 ll* slot_expert, ll* slot_new, ll* row_expert, ll* row_count,
                                 ll* row_offset, const ll* total_E, const ll* load_R,
                                 const ll* alloc_C, const ll* flow_C, const ll* recv_C, ll* rep_c,
-                                int* rep_e, int* srt_e) {
+                                int* rep_e, int* srt_e, const double* free_C, double* credit) {
     return launch(1, (int)block, [=] {
         moonplan_choice_layout(prev, R, E, B, align, has_prev, C, exited, scores, index, alloc,
                                home, target, flow, slot_expert, slot_new, row_expert, row_count,
                                row_offset, total_E, load_R, alloc_C, flow_C, recv_C, rep_c, rep_e,
-                               srt_e);
+                               srt_e, free_C, credit);
     }, smem);
 }
