@@ -9,8 +9,9 @@ with one OS thread per CUDA thread), then its three kernels are launched in orde
 the real launcher's buffer and argument lists (``choice_cuda.allocate`` / ``kernel_args``).
 The buffer starts as garbage and shared memory as ``0xCD`` bytes, like on a device; a
 kernel writing past its shared layout fails the test. Every plan field, ``scores`` bit for
-bit (inf included), ``index``, ``exited`` and the early-exit bound itself (bit for bit: the
-first kernel leaves it in its scratch) are compared. A GPU run
+bit (inf included), ``index``, ``exited``, the rent-or-buy ``credit`` (bit for bit; each
+step reads the previous plan's) and the early-exit bound's two parts (bit for bit: the first
+kernel leaves them in its scratch) are compared. A GPU run
 (``tests/plan/test_choice_cuda.py``, ``bench/gpu_check.py``) is still the final word.
 """
 
@@ -76,15 +77,19 @@ def _emu_choose(
     prev: Plan | None,
     cost: StepCost,
     levels: int = LEVELS,
-) -> tuple[dict[str, torch.Tensor], float]:
-    """The three kernels, in launch order, on CPU tensors; the outputs' views and the
-    early-exit bound the first kernel left in its scratch (``misc[1]``)."""
+) -> tuple[dict[str, torch.Tensor], tuple[float, float]]:
+    """The three kernels, in launch order, on CPU tensors (``previous``'s credit in); the
+    outputs' views and the early-exit bound's two parts the first kernel left in its
+    scratch (``misc[1:3]``)."""
     R, E = c.shape
     C = levels + 3
     buf, out = cc.allocate(R, E, B, C, torch.device("cpu"))
     buf.random_(-1000, 1000)  # garbage, as a device allocation would hold
     pair = (None, None) if prev is None else (prev.slot_expert, prev.flow)
-    args = cc.kernel_args(c, pair, (B, align, levels), cost, buf)
+    credit = torch.zeros((), dtype=torch.float64)
+    if prev is not None and prev.choice is not None:
+        credit = prev.choice.credit.clone()
+    args = cc.kernel_args(c, pair, (B, align, levels), cost, buf, credit)
     block, smem = cc.block_threads(R), cc.shared_bytes(R, E)
     grids = (1, C - 1, 1)
     L = ctypes.c_longlong
@@ -93,13 +98,14 @@ def _emu_choose(
         bad = getattr(lib, name)(*head, *(t(v) for v, t in a))
         assert bad < 0, f"{name} wrote shared memory past its layout at byte {bad}"
     misc = cc.layout(R, E, B, C).scratch["misc"]
-    return out, float(buf[misc + 1 : misc + 2].view(torch.float64))
+    bounds = buf[misc + 1 : misc + 3].view(torch.float64).tolist()
+    return out, (bounds[0], bounds[1])
 
 
 def _reference_bound(
     c: torch.Tensor, B: int, align: int, prev: Plan | None, cost: StepCost
-) -> float:
-    """``bound.exit_bound`` with the inputs ``choose_reference`` gives it."""
+) -> tuple[float, float]:
+    """``bound.exit_bound``'s two parts with the inputs ``choose_reference`` gives it."""
     slots = None if prev is None else prev.slot_expert.tolist()
     step = ref.Step(
         c.tolist(), B, align, slots, previous_flows(None if prev is None else prev.flow)
@@ -125,11 +131,11 @@ def _check(
 ) -> Plan:
     """Assert the emulated kernel's choice and bound are the reference's; return the
     reference plan."""
-    got, bound = _emu_choose(lib, c, B, align, prev, cost, levels)
+    got, bounds = _emu_choose(lib, c, B, align, prev, cost, levels)
     want = choose(c, B, align, prev, cost, "reference", levels)
     case = (tuple(c.shape), B, align, cost, c.tolist() if c.numel() <= 64 else "")
-    want_bound = _reference_bound(c, B, align, prev, cost)
-    assert _bits(bound) == _bits(want_bound), (bound, want_bound, *case)
+    want_bounds = _reference_bound(c, B, align, prev, cost)
+    assert [_bits(b) for b in bounds] == [_bits(b) for b in want_bounds], (bounds, want_bounds)
     for k in PLAN_TENSORS:
         if k != "counts":
             assert torch.equal(got[k], getattr(want, k)), (k, *case)
@@ -139,6 +145,7 @@ def _check(
     assert torch.equal(*bits), (got["scores"].tolist(), ch.scores.tolist(), *case)
     assert int(got["index"]) == int(ch.index), case
     assert bool(got["exited"]) == bool(ch.exited), case
+    assert _bits(float(got["credit"])) == _bits(float(ch.credit)), (got["credit"], ch.credit)
     return want
 
 
@@ -146,11 +153,19 @@ def _bits(x: float) -> int:
     return int(torch.tensor(x, dtype=torch.float64).view(torch.int64))
 
 
-def _chain(lib: ctypes.CDLL, steps: list[torch.Tensor], B: int, align: int, cost: StepCost) -> list:
-    """Each step's plan is the next one's ``previous``; the reference plans, in order."""
+def _chain(
+    lib: ctypes.CDLL,
+    steps: list[torch.Tensor],
+    B: int,
+    align: int,
+    cost: StepCost | list[StepCost],
+) -> list[Plan]:
+    """Each step's plan (and credit) is the next one's ``previous``; the reference plans,
+    in order (``cost``: one for every step, or one per step)."""
+    costs = cost if isinstance(cost, list) else [cost] * len(steps)
     prev, plans = None, []
-    for c in steps:
-        prev = _check(lib, c, B, align, prev, cost)
+    for c, step_cost in zip(steps, costs, strict=True):
+        prev = _check(lib, c, B, align, prev, step_cost)
         plans.append(prev)
     return plans
 
@@ -205,26 +220,27 @@ def _lognormal(R: int, E: int, S: int, seeds: range) -> list[torch.Tensor]:
     return [lognormal_counts(R, E, S, 8, seed) for seed in seeds]
 
 
+def _exited(p: Plan) -> bool:
+    return p.choice is not None and bool(p.choice.exited)
+
+
 def test_the_terms_of_the_copies_and_the_bound(emu: ctypes.CDLL) -> None:
     """Cases that the cost model's copies beside the home section and the bound's terms
-    decide (the exits asserted here fire only with the term named, on the reference)."""
+    decide (each exit asserted here is taken only with the term named, on the reference)."""
     # copies beside the home section (overlap), every candidate scored: a hot expert
     _chain(emu, [_hot(8, 64, s) for s in range(2)], 2, 1, full(H200))
-    # decode: the exit fires at every step, by the kept reads term
-    assert all(
-        bool(p.choice.exited) for p in _chain(emu, _lognormal(8, 256, 16, range(3)), 2, 1, H200)
-    )
+    slow = H200.scaled(plan_s=2e-4, exit_s=0.0)  # a dear planner call
+    # the kept reads decide the exit, without residents and with them
+    assert _exited(_chain(emu, _lognormal(4, 256, 4, range(2)), 2, 1, slow)[1])
+    plans = _chain(emu, _lognormal(4, 256, 16, range(3)), 2, 1, [full(slow), slow, slow])
+    assert _exited(plans[2]) and bool(plans[1].slot_expert.ge(0).any())
+    # the link rows decide it, without residents (domains of 2) and with them
+    two = slow.scaled(domain=2)
+    assert _exited(_chain(emu, _lognormal(4, 256, 16, range(3)), 2, 1, [full(two), two, two])[2])
+    plans = _chain(emu, _lognormal(4, 16, 64, range(4)), 2, 1, [full(H200), H200, H200, H200])
+    assert _exited(plans[3]) and bool(plans[2].slot_expert.ge(0).any())
     # 16 records over 64 experts a rank: ceil(Z/R) experts on a rank is the experts' bound
     _chain(emu, _lognormal(8, 64, 2, range(2)), 2, 1, H200)
-    # the link rows decide, without and with residents (the first step's replicas)
-    first = _check(emu, _lognormal(4, 64, 64, range(1))[0], 2, 1, None, full(H200))
-    assert bool(_check(emu, _lognormal(4, 64, 64, range(1, 2))[0], 2, 1, first, H200).choice.exited)
-    first = _check(emu, _lognormal(4, 64, 256, range(1))[0], 2, 1, None, full(H200))
-    assert bool(first.slot_expert.ge(0).any())
-    later = H200.scaled(plan_s=2e-4)
-    assert bool(
-        _check(emu, _lognormal(4, 64, 256, range(1, 2))[0], 2, 1, first, later).choice.exited
-    )
     # compute-bound, one record on each of five experts: ceil(Z/R) tiles on some rank
     c = torch.zeros(4, 16, dtype=torch.int64)
     c[[0, 1, 2, 3, 0], [0, 3, 6, 9, 12]] = 1
@@ -235,6 +251,30 @@ def test_the_terms_of_the_copies_and_the_bound(emu: ctypes.CDLL) -> None:
     # several domains (the links' harmonic rate), the serial schedule
     _chain(emu, _lognormal(16, 64, 16, range(3)), 2, 1, MULTI.scaled(domain=4))
     _chain(emu, _lognormal(16, 64, 64, range(3)), 3, 1, full(MULTI.scaled(domain=4, overlap=False)))
+
+
+def test_rent_or_buy(emu: ctypes.CDLL) -> None:
+    """The rent-or-buy rule (``choice/rent.py``): a step that buys the least free score's
+    plan (not the least score) and spends the credit; an exit that carries a credit in and
+    accrues more; a full call with nothing to buy, which clears it; credit carried over
+    full calls and exits."""
+    plans = _chain(emu, _lognormal(4, 16, 64, range(4)), 2, 1, [full(H200), H200, H200, H200])
+    ch = plans[2].choice
+    assert ch is not None and int(ch.index) != int(torch.argmin(ch.scores))  # a buy
+    assert float(ch.credit) == 0.0 and float(plans[1].choice.credit) > 0.0
+    plans = _chain(emu, _lognormal(4, 16, 2, range(2)), 2, 1, [full(H200), H200])
+    assert float(plans[0].choice.credit) > 0.0 and _exited(plans[1])
+    assert float(plans[1].choice.credit) > float(plans[0].choice.credit)
+    # a full call whose least score is its least free score too: nothing to buy, credit 0
+    plans = _chain(emu, _lognormal(4, 64, 16, range(3)), 2, 1, H200)
+    assert float(plans[1].choice.credit) > 0.0 and not _exited(plans[2])
+    assert float(plans[2].choice.credit) == 0.0
+    _chain(emu, _lognormal(16, 64, 16, range(4)), 2, 1, MULTI.scaled(domain=4))
+    # one persistently hot expert, dear copies: static while the rent accrues, then a buy
+    hot = torch.full((4, 8), 40, dtype=torch.int64)
+    hot[:, 0] = 4000
+    plans = _chain(emu, [hot] * 8, 2, 1, H200.scaled(copy_s_intra=4e-3))
+    assert plans[0].policy == "static" and any(p.new_copies() > 0 for p in plans)
 
 
 # ---- sweeps (slow) ------------------------------------------------------------------------------
