@@ -60,17 +60,17 @@ def choose(
     sizes = (num_slots, align)
     if path in ("tensor", "cuda"):
         prev = _prev(previous, counts_RE.device)
-        credit = _credit(previous, counts_RE.device)
+        owed = _credit(previous, counts_RE.device)
         if path == "cuda":
             from moonplan.plan.choice_cuda import choose_cuda
 
-            fields, got = choose_cuda(counts_RE, num_slots, align, prev, cost, levels, credit)
+            fields, made = choose_cuda(counts_RE, num_slots, align, prev, cost, levels, owed)
         else:
-            fields, got = tensor.choose_tensor(
-                counts_RE, num_slots, align, prev, cost, levels, credit
+            fields, made = tensor.choose_tensor(
+                counts_RE, num_slots, align, prev, cost, levels, owed
             )
         backend = "cuda" if path == "cuda" else "torch"
-        return _make(counts_RE, fields, sizes, backend, Choice(names(levels), *got))
+        return _make(counts_RE, fields, sizes, backend, Choice(names(levels), *made))
     c = counts_RE.cpu()
     prev = _prev(previous, torch.device("cpu"))
     credit = float(_credit(previous, torch.device("cpu")))
