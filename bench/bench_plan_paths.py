@@ -19,8 +19,9 @@ machine every path runs on the CPU. Prints a table, writes JSON (``--out``)::
 (synchronisations on a GPU) and the kernels (aten ops less views) of one call, with
 ``tests/plan/host_work.py``; the same call makes the same ops on a GPU, except that
 ``exact`` runs the fused kernel there (one launch, no host read) and the torch
-builder's host scan here, and ``auto`` its torch form (``moonplan.plan.choice.tensor``)
-there and its host form here. Writes ``bench/results/plan_paths_count.json`` by default.
+builder's host scan here, and ``auto`` the fused choice kernel there (three launches, no
+host read; its torch form ``moonplan.plan.choice.tensor`` where the kernel is unavailable)
+and its host form here. Writes ``bench/results/plan_paths_count.json`` by default.
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ a crash or an NVSHMEM that cannot be finalised stays there) and fails alone:
     runtime   record-row and token-row kernels vs a device copy, the experts through
               torch._grouped_mm and the Triton grouped GEMM vs torch.mm, one layer
               (bench/gpu_runtime_check.py)
-    planner   the fused planner kernel (random cases, graph replay, timing) and the public
-              plan() per policy, eager and in graph replay (bench/_gpu_planner.py)
+    planner   the fused planner kernel (random cases, graph replay, timing), the public
+              plan() per policy, eager and in graph replay (bench/_gpu_planner.py), the
+              choice kernel against the reference and policy="auto" on both paths (full,
+              exit): host, eager and graph-replay times against the targets (bench/_gpu_choice.py)
 
 Time. ``--budget-s`` (default 480) bounds the whole run; a section gets its own box or
 what is left, whichever is less, and one that cannot start in time is skipped. After
@@ -52,7 +54,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _common import bench_parser, section  # noqa: E402  (bench/ is the script's folder)
 
-BOXES = {"env": 30, "heaps": 75, "pytest": 170, "step": 120, "runtime": 100, "planner": 60}
+BOXES = {"env": 30, "heaps": 75, "pytest": 170, "step": 120, "runtime": 100, "planner": 120}
 SMOKE_PYTEST = ["tests/comm/test_ipc_heap.py", "tests/runtime/test_layer_ipc.py"]
 LOG_TAIL = 200_000  # characters of each section's output kept in sections.log
 
@@ -97,11 +99,14 @@ def run_child(name: str, out_path: str, smoke: bool) -> int:
         for sub, fn in rc.sections(dev) if dev is not None else []:
             section(results, sub, fn)
     elif name == "planner":
+        import _gpu_choice as gc
         import _gpu_planner as gp
 
         if not smoke:
             gp.kernel_sections(results, section)
+            gc.choice_sections(results, section)
         section(results, "api", lambda: gp.api_section(smoke))
+        section(results, "auto", lambda: gc.auto_section(smoke))
     Path(out_path).write_text(json.dumps(results, indent=1, default=str))
     return 0
 
@@ -247,9 +252,16 @@ def _figures_line(name: str, r: dict[str, Any]) -> str:
         rows = {(tuple(x["shape"]), x["policy"]): x for x in r.get("api", {}).get("rows", [])}
         exact = rows.get(((8, 896, 8192, 8), "exact"), {})
         timing = r.get("timing", {}).get("rows", [{}])
+        auto = {(x["shape"][0], x["path"]): x for x in r.get("auto", {}).get("rows", [])}
+
+        def us(R: int, key: str) -> str:
+            return "/".join(str(auto.get((R, p), {}).get(key, "-")) for p in ("full", "exit"))
+
         return (
             f"kernel graph {timing[0].get('cuda_us', '-')} us at (8, 896, 8192, 8) "
-            f"(target 25); plan(exact) eager {exact.get('eager_us', '-')} us"
+            f"(target 25); plan(exact) eager {exact.get('eager_us', '-')} us; auto full/exit "
+            f"graph {us(8, 'graph_us')} us at EP 8 (25), {us(64, 'graph_us')} at EP 64 (60), "
+            f"host {us(8, 'host_us')} us at EP 8 (80)"
         )
     return ""
 
@@ -263,7 +275,8 @@ def print_table(results: dict[str, Any]) -> None:
     print("\n" + render(["section", "status", "s", "figures"], rows, title="== gpu_check"))
     print(
         "targets: row kernels >= 0.70 of a copy; experts >= 0.70 of torch.mm; planner kernel"
-        " <= 25 us; auto <= 1.02x static (uniform), < 1x (lognormal, >= 1024 tokens)"
+        " <= 25 us; plan(auto) graph <= 25 us (EP 8) / 60 us (EP 64), host <= 80 us (EP 8);"
+        " auto <= 1.02x static (uniform), < 1x (lognormal, >= 1024 tokens)"
     )
 
 

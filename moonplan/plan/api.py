@@ -55,8 +55,9 @@ def plan(
             off only to capture the plan in a CUDA graph, with counts known to be valid.
         policy: ``"exact"`` (exact balance; bit-identical on every backend),
             ``"static"`` (static EP, no replicas), ``"auto"`` (the candidate with the
-            least step time predicted by ``cost``, chosen in the same call;
-            ``docs/planner-policy.md``) or one candidate by name: ``"resident"``
+            least step time predicted by ``cost``, chosen in the same call: one fused
+            kernel call on the ``cuda`` backend; ``docs/planner-policy.md``) or one
+            candidate by name: ``"resident"``
             (exact balance restricted to replicas resident in ``previous``'s slots),
             ``"greedy"`` (MoonEP's greedy allocation), ``"level-<k>"`` (``1 <= k < 8``)
             or ``"bounded-<eps>"`` (every load at most ``ceil(N/R * (1 + eps))``).
@@ -122,9 +123,10 @@ def _check_policy(policy: object, cost: object) -> None:
 
 
 def _path(backend: str, device: torch.device) -> str:
-    """Which form of the choice runs (``moonplan.plan.choice.PATHS``)."""
-    if backend == "reference":
-        return "reference"
+    """Which form of the choice runs (``moonplan.plan.choice.PATHS``): the fused kernel for
+    the ``cuda`` backend, the host form on CPU tensors, torch ops elsewhere."""
+    if backend in ("reference", "cuda"):
+        return backend
     return "host" if device.type == "cpu" else "tensor"
 
 

@@ -48,7 +48,7 @@ SOURCE_ENV = "MOONPLAN_CSRC"
 PREP_KERNEL = "moonplan_plan_prep"
 MAIN_KERNEL = "moonplan_plan_main"
 
-Arg = tuple[int, Any]  # (value, ctypes type) of one kernel argument
+Arg = tuple[int | float, Any]  # (value, ctypes type) of one kernel argument
 
 
 class _Kernels(NamedTuple):
@@ -151,7 +151,11 @@ def kernel_source() -> str:
 
 @functools.lru_cache(maxsize=16)
 def compile_cubin(
-    source: str, arch: tuple[int, int], headers: tuple[tuple[str, str], ...] = ()
+    source: str,
+    arch: tuple[int, int],
+    headers: tuple[tuple[str, str], ...] = (),
+    options: tuple[str, ...] = (),
+    name: str = SOURCE_FILE,
 ) -> bytes:
     """Compile ``source`` with NVRTC to a cubin for compute capability ``arch`` (no GPU needed).
 
@@ -159,6 +163,8 @@ def compile_cubin(
         source: the ``.cu`` text.
         arch: ``(major, minor)`` compute capability, e.g. ``(9, 0)``.
         headers: ``(name, text)`` of the files ``source`` includes.
+        options: more NVRTC options (``--fmad=false`` for the choice kernel's floats).
+        name: the source's file name (for NVRTC's messages).
 
     Raises:
         RuntimeError: NVRTC missing, or the compile log when compilation fails.
@@ -168,16 +174,16 @@ def compile_cubin(
     names = [n.encode() for n, _ in headers]
     texts = [t.encode() for _, t in headers]
     (prog,) = _check(
-        nvrtc.nvrtcCreateProgram(source.encode(), SOURCE_FILE.encode(), len(headers), texts, names),
+        nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), len(headers), texts, names),
         "nvrtcCreateProgram",
     )
     try:
         opts = [f"--gpu-architecture=sm_{arch[0]}{arch[1]}".encode(), b"-std=c++17"]
+        opts += [o.encode() for o in options]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if int(err) != 0:
             raise RuntimeError(
-                f"NVRTC failed to compile {SOURCE_FILE} for sm_{arch[0]}{arch[1]}:\n"
-                + _nvrtc_log(prog)
+                f"NVRTC failed to compile {name} for sm_{arch[0]}{arch[1]}:\n" + _nvrtc_log(prog)
             )
         (size,) = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         cubin = b" " * size

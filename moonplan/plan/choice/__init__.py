@@ -14,7 +14,8 @@ counts alone show that nothing can beat it.
 The rule is a pure function of the all-gathered counts, ``previous`` and the cost model,
 so every rank chooses alike. Four forms give the same plan and scores bit for bit:
 ``reference.py`` (plain Python, the definition), ``host.py`` (CPU tensors), ``tensor.py``
-(torch ops on any device, no host read) and the CUDA kernel (``moonplan.plan.cuda_backend``).
+(torch ops on any device, no host read) and the CUDA kernel (``moonplan.plan.choice_cuda``,
+``csrc/choice_kernel.cu``: three launches, no host read).
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ import torch
 
 from moonplan.errors import PlanError
 from moonplan.plan.choice import host, reference, tensor
+from moonplan.plan.choice.cost_options import check_cost
 from moonplan.plan.choice.table import LEVELS, Candidate, names, table
 from moonplan.plan.choice.targets import bounded_cap, parse_bounded, water_fill
 from moonplan.plan.plan_type import Choice, Plan, make_plan, plan_to
 from moonplan.plan.reference import previous_flows
 from moonplan.stepcost.step_cost import StepCost
 
-PATHS = ("reference", "host", "tensor")
-"""Forms of the choice: plain Python, host integers (CPU), torch ops (any device)."""
+PATHS = ("reference", "host", "tensor", "cuda")
+"""Forms of the choice: plain Python, host integers (CPU), torch ops (any device), the fused
+CUDA kernel (``moonplan.plan.choice_cuda``, CUDA tensors)."""
 
 
 def choose(
@@ -47,14 +50,27 @@ def choose(
 
     ``path``: one of :data:`PATHS` (``host`` needs CPU tensors; ``reference`` plans on
     the host and copies the plan to the counts' device; ``tensor`` reads nothing on the
-    host).
+    host; ``cuda`` needs CUDA tensors and reads nothing on the host either).
+
+    Raises:
+        PlanError: ``cost`` has an option no form models (``cost_options.check_cost``:
+            a dispatch scheme other than ``"record"``), on every path alike.
     """
+    check_cost(cost)
     sizes = (num_slots, align)
-    if path == "tensor":
+    if path in ("tensor", "cuda"):
         prev = _prev(previous, counts_RE.device)
-        credit = _credit(previous, counts_RE.device)
-        fields, got = tensor.choose_tensor(counts_RE, num_slots, align, prev, cost, levels, credit)
-        return _make(counts_RE, fields, sizes, "torch", Choice(names(levels), *got))
+        owed = _credit(previous, counts_RE.device)
+        if path == "cuda":
+            from moonplan.plan.choice_cuda import choose_cuda
+
+            fields, made = choose_cuda(counts_RE, num_slots, align, prev, cost, levels, owed)
+        else:
+            fields, made = tensor.choose_tensor(
+                counts_RE, num_slots, align, prev, cost, levels, owed
+            )
+        backend = "cuda" if path == "cuda" else "torch"
+        return _make(counts_RE, fields, sizes, backend, Choice(names(levels), *made))
     c = counts_RE.cpu()
     prev = _prev(previous, torch.device("cpu"))
     credit = float(_credit(previous, torch.device("cpu")))

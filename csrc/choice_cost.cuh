@@ -1,0 +1,429 @@
+// moonplan fused GPU planner: the step-cost formula of moonplan/stepcost/batch.py in CUDA,
+// for the choice kernel (csrc/choice_kernel.cu).
+//
+// Legend:
+//   R ranks, E experts, B slots per rank, G ranks per fast-link domain (ranks [g*G, (g+1)*G)
+//   share one; G = R: one domain), T[e] records of expert e, N records in all
+//   McCost   StepCost's rates (seconds, doubles) and options, and three seconds of the bound
+//            computed on the host (bound.copy_min_s, bound.link_rates)
+//   McRank   one rank's integer sums: busiest directions of dispatch rows and weight copies,
+//            all and fetched rows of its expert sections, the copies it sends or receives
+//
+// Floats: every product and sum of the Python formula in its order, through __dmul_rn /
+// __dadd_rn (never contracted into an FMA), so the scores equal the reference's bit for bit;
+// maxima are exact in any order. Integer quantities are int64 sums, exact in any order.
+
+#pragma once
+#include "plan_kernel.cuh"
+
+#define MC_INF __longlong_as_double(0x7ff0000000000000LL)
+#define MC_RED_F64 (8 * MP_WARP)  // doubles of shared memory for mc_block_max
+#define MC_ACC 13                 // per-rank integer sums of the score (McAcc)
+
+// ---- the cost model ----------------------------------------------------------------------
+
+// StepCost's rates (seconds) and options; copy_min = bound.copy_min_s (inf: no copy
+// possible), (h_disp, h_comb) = bound.link_rates (a row's least link seconds).
+struct McCost {
+    double row_flop, weight_read, row_mem, copy_intra, copy_inter, disp_intra, disp_inter;
+    double comb_intra, comb_inter, base, per_peer, plan, exit_s, copy_min, h_disp, h_comb;
+    mp_i64 tile, G;
+    bool overlap;
+};
+
+#define MC_COST_PARAMS                                                                          \
+    mp_i64 tile, mp_i64 G, mp_i64 overlap, double row_flop, double weight_read, double row_mem, \
+        double copy_intra, double copy_inter, double disp_intra, double disp_inter,            \
+        double comb_intra, double comb_inter, double base, double per_peer, double plan_s,     \
+        double exit_s, double copy_min, double h_disp, double h_comb
+#define MC_COST_ARGS                                                                       \
+    tile, G, overlap, row_flop, weight_read, row_mem, copy_intra, copy_inter, disp_intra, \
+        disp_inter, comb_intra, comb_inter, base, per_peer, plan_s, exit_s, copy_min, h_disp, \
+        h_comb
+
+__device__ McCost mc_cost(MC_COST_PARAMS) {
+    McCost k;
+    k.row_flop = row_flop;
+    k.weight_read = weight_read;
+    k.row_mem = row_mem;
+    k.copy_intra = copy_intra;
+    k.copy_inter = copy_inter;
+    k.disp_intra = disp_intra;
+    k.disp_inter = disp_inter;
+    k.comb_intra = comb_intra;
+    k.comb_inter = comb_inter;
+    k.base = base;
+    k.per_peer = per_peer;
+    k.plan = plan_s;
+    k.exit_s = exit_s;
+    k.copy_min = copy_min;
+    k.h_disp = h_disp;
+    k.h_comb = h_comb;
+    k.tile = tile;
+    k.G = G;
+    k.overlap = overlap != 0;
+    return k;
+}
+
+__device__ __forceinline__ double mc_mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ double mc_add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ double mc_sub(double a, double b) { return __dadd_rn(a, -b); }
+__device__ __forceinline__ double mc_max(double a, double b) { return a > b ? a : b; }
+__device__ __forceinline__ double mc_min(double a, double b) { return a < b ? a : b; }
+__device__ __forceinline__ mp_i64 mc_max_i(mp_i64 a, mp_i64 b) { return a > b ? a : b; }
+__device__ __forceinline__ mp_i64 mc_min_i(mp_i64 a, mp_i64 b) { return a < b ? a : b; }
+
+// rows (>= 0) padded up to a multiple of the GEMM tile.
+__device__ __forceinline__ mp_i64 mc_padded(const McCost& k, mp_i64 rows) {
+    return k.tile == 1 ? rows : (rows + (k.tile - 1)) / k.tile * k.tile;
+}
+
+// StepCost._roofline of one rank's integer sums: max(flop, weight reads + row memory
+// [+ one weight read per copy the rank sends or receives beside the section: copies >= 0]).
+__device__ double mc_roofline(const McCost& k, mp_i64 padded, mp_i64 experts, mp_i64 rows,
+                              mp_i64 copies = -1) {
+    const double flop = mc_mul((double)padded, k.row_flop);
+    double mem = mc_add(mc_mul((double)experts, k.weight_read), mc_mul((double)rows, k.row_mem));
+    if (copies >= 0) mem = mc_add(mem, mc_mul((double)copies, k.weight_read));
+    return mc_max(flop, mem);
+}
+
+// The latency of one all-to-all of R > 1 ranks.
+__device__ __forceinline__ double mc_lat(const McCost& k, int R) {
+    return mc_add(k.base, mc_mul(k.per_peer, (double)(R - 1)));
+}
+
+// Length of the overlap of [a_lo, a_hi) and [b_lo, b_hi) (0 when disjoint).
+__device__ __forceinline__ mp_i64 mc_overlap(mp_i64 a_lo, mp_i64 a_hi, mp_i64 b_lo, mp_i64 b_hi) {
+    const mp_i64 v = mc_min_i(a_hi, b_hi) - mc_max_i(a_lo, b_lo);
+    return v > 0 ? v : 0;
+}
+
+__device__ __forceinline__ void mc_atomic_add(mp_i64* p, mp_i64 v) {
+    atomicAdd((unsigned long long*)p, (unsigned long long)v);
+}
+
+// ---- block reductions (every thread of the block calls them) -----------------------------
+
+// Block maximum of each of v[0..n) (n <= 8), in place; red holds MC_RED_F64 shared doubles.
+__device__ void mc_block_max(double* v, int n, double* red) {
+    const int lane = threadIdx.x % MP_WARP, warp = threadIdx.x / MP_WARP;
+    const int nwarps = blockDim.x / MP_WARP;
+    for (int i = 0; i < n; ++i) {
+        for (int off = MP_WARP / 2; off > 0; off >>= 1) {
+            const mp_i64 o = __shfl_xor_sync(MP_FULL_MASK, __double_as_longlong(v[i]), off);
+            v[i] = mc_max(v[i], __longlong_as_double(o));
+        }
+        if (lane == 0) red[i * MP_WARP + warp] = v[i];
+    }
+    __syncthreads();
+    for (int i = 0; i < n; ++i) {
+        double m = red[i * MP_WARP];
+        for (int w = 1; w < nwarps; ++w) m = mc_max(m, red[i * MP_WARP + w]);
+        v[i] = m;
+    }
+    __syncthreads();
+}
+
+// Warp maximum of an int64, and warp minimum of a double, on every lane.
+__device__ mp_i64 mc_warp_max_i(mp_i64 v) {
+    for (int off = MP_WARP / 2; off > 0; off >>= 1) {
+        v = mc_max_i(v, __shfl_xor_sync(MP_FULL_MASK, v, off));
+    }
+    return v;
+}
+
+__device__ double mc_warp_min(double v) {
+    for (int off = MP_WARP / 2; off > 0; off >>= 1) {
+        const mp_i64 o = __shfl_xor_sync(MP_FULL_MASK, __double_as_longlong(v), off);
+        v = mc_min(v, __longlong_as_double(o));
+    }
+    return v;
+}
+
+// Block maximum of an int64 (MP_I64_MIN for none); red holds 33 shared values.
+__device__ mp_i64 mc_block_max_i(mp_i64 v, mp_i64* red) {
+    const int lane = threadIdx.x % MP_WARP, warp = threadIdx.x / MP_WARP;
+    const int nwarps = blockDim.x / MP_WARP;
+    v = mc_warp_max_i(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    mp_i64 m = red[0];
+    for (int w = 1; w < nwarps; ++w) m = mc_max_i(m, red[w]);
+    __syncthreads();
+    return m;
+}
+
+// ---- the step time of one allocation (moonplan/stepcost/batch.py) ------------------------
+
+// One rank's integer sums: busiest directions of dispatch rows (d_*) and weight copies
+// (w_*) inside and across domains, all rows and the fetched rows of the expert sections,
+// and the copies it sends or receives (beside its home section: StepCost.copies_beside).
+struct McRank {
+    mp_i64 d_in, d_out, w_in, w_out;
+    mp_i64 pad, busy, rows, wpad, wbusy, wrows, beside;
+};
+
+// The parts of the total that do not depend on the planning charge.
+struct McParts {
+    double vmax, D, experts, Cb, alone_s;
+};
+
+// batch_step_time's phases from each rank's sums (rank = threadIdx.x < R, `active`).
+__device__ McParts mc_parts(const McCost& k, const McRank& s, bool active, int R, double* red) {
+    const double d_in = (double)s.d_in, d_out = (double)s.d_out;
+    const double w_in = (double)s.w_in, w_out = (double)s.w_out;
+    const mp_i64 beside = k.overlap ? s.beside : -1;  // copies run beside it when overlapped
+    const double home = mc_roofline(k, s.pad - s.wpad, s.busy - s.wbusy, s.rows - s.wrows, beside);
+    const double wait = mc_roofline(k, s.wpad, s.wbusy, s.wrows);
+    double v[6] = {-MC_INF, -MC_INF, -MC_INF, -MC_INF, -MC_INF, -MC_INF};
+    if (active) {
+        v[0] = mc_max(mc_mul(d_in, k.disp_intra), mc_mul(d_out, k.disp_inter));
+        v[1] = mc_max(mc_mul(d_in, k.comb_intra), mc_mul(d_out, k.comb_inter));
+        v[2] = mc_max(mc_mul(w_in, k.copy_intra), mc_mul(w_out, k.copy_inter));
+        const double intra = mc_add(mc_mul(d_in, k.disp_intra), mc_mul(w_in, k.copy_intra));
+        const double inter = mc_add(mc_mul(d_out, k.disp_inter), mc_mul(w_out, k.copy_inter));
+        v[3] = mc_max(intra, inter);
+        v[4] = (s.w_in > 0 || s.w_out > 0) ? 1.0 : 0.0;
+        v[5] = mc_add(home, wait);
+    }
+    mc_block_max(v, 6, red);
+    McParts p;
+    const double lat = mc_lat(k, R);
+    p.D = R <= 1 ? 0.0 : mc_add(lat, v[0]);
+    p.Cb = R <= 1 ? 0.0 : mc_add(lat, v[1]);
+    const bool copies = v[4] > 0.0;
+    const double shared = mc_max(v[2], v[3]);
+    p.alone_s = copies ? mc_add(v[2], k.base) : 0.0;
+    const double ready = copies ? mc_add(shared, k.base) : 0.0;
+    p.experts = v[5];
+    p.vmax = 0.0;
+    if (k.overlap) {
+        double w = active ? mc_add(mc_max(mc_add(p.D, home), ready), wait) : -MC_INF;
+        mc_block_max(&w, 1, red);
+        p.vmax = w;
+    }
+    return p;
+}
+
+// The step's total charged `plan` seconds of planning (batch._schedule).
+__device__ double mc_total(const McCost& k, const McParts& p, double plan) {
+    if (k.overlap) return mc_add(mc_add(plan, p.vmax), p.Cb);
+    const double without = mc_add(mc_add(mc_add(plan, p.D), p.experts), p.Cb);
+    return mc_add(without, p.alone_s);
+}
+
+// ---- the early-exit bound (moonplan/plan/choice/bound.py) -----------------------------------
+
+// bound.exit_bound's experts_lb: the slowest rank's experts phase in any plan, at least the
+// ranks' mean of tiles and of reads and rows, and the kz = ceil(Z / R) experts (a tile, a
+// weight read and a row each) that some rank runs (busy = Z, experts with records; R >= 1).
+__device__ double mc_experts_lb(const McCost& k, int R, mp_i64 tiles, mp_i64 busy, mp_i64 N) {
+    const mp_i64 kz = (busy + (R - 1)) / R;
+    const mp_i64 rows = mc_max_i((tiles + (R - 1)) / R, kz * k.tile);
+    const double flop_lb = mc_mul((double)rows, k.row_flop);
+    const double mem = mc_add(mc_mul((double)busy, k.weight_read), mc_mul((double)N, k.row_mem));
+    const double per_k = mc_add(mc_mul((double)kz, k.weight_read), mc_mul((double)kz, k.row_mem));
+    return mc_max(mc_max(flop_lb, mem / (double)R), per_k);
+}
+
+// bound.exit_bound's reads: a copying plan's experts phase, with the overlapped schedule at
+// least one weight read per home expert with records and no resident replica on the rank
+// that has the most of them (`kept`).
+__device__ double mc_reads(const McCost& k, double experts_lb, mp_i64 kept) {
+    return k.overlap ? mc_max(experts_lb, mc_mul((double)kept, k.weight_read)) : experts_lb;
+}
+
+// bound.exit_bound's copying(j, n): the least time of a plan in which a rank receives j
+// copies and sends n rows (R > 1).
+__device__ double mc_copying(const McCost& k, int R, double reads, mp_i64 j, mp_i64 n) {
+    const double lat = mc_lat(k, R);
+    const double D = mc_add(lat, mc_mul((double)n, k.h_disp));
+    const double Cb = mc_add(lat, mc_mul((double)n, k.h_comb));
+    const double wait = mc_add(k.base, mc_mul((double)mc_max_i(j, 1), k.copy_min));
+    if (k.overlap) return mc_add(mc_add(k.plan, mc_max(mc_add(D, reads), wait)), Cb);
+    return mc_add(mc_add(mc_add(mc_add(k.plan, D), reads), Cb), wait);
+}
+
+// bound.exit_bound: the least time a candidate other than static EP can reach, and into *buy
+// its part for plans that copy (rent.exit_rent reads it). `copies`: the largest over ranks of
+// the least over j of mc_copying; `free_link`: the rows some rank sends or receives in a plan
+// that copies nothing; `static_full` is used when no replica is resident.
+__device__ double mc_bound(const McCost& k, int R, double experts_lb, double copies,
+                           mp_i64 free_link, double home_lb, bool resident, double static_full,
+                           double* buy) {
+    const double margin = 1.0 - 1.0 / 1099511627776.0;  // bound.MARGIN = 1 - 2**-40
+    *buy = R <= 1 ? MC_INF : mc_mul(copies, margin);
+    if (R <= 1) return MC_INF;
+    const double lat = mc_lat(k, R);
+    const double D = mc_add(lat, mc_mul((double)free_link, k.h_disp));
+    const double Cb = mc_add(lat, mc_mul((double)free_link, k.h_comb));
+    const double kept = mc_add(mc_add(k.plan, mc_add(D, mc_max(experts_lb, home_lb))), Cb);
+    const double other = resident ? kept : static_full;
+    return mc_mul(other < copies ? other : copies, margin);
+}
+
+// ---- the rent-or-buy rule (moonplan/plan/choice/rent.py) ------------------------------------
+
+// rent.exit_rent: whether the early exit is taken (static EP within the bound, and the credit
+// plus static's experts phase over experts_lb short of a buy's least extra time); *credit
+// becomes the exit's credit, or the one the full call settles from.
+__device__ bool mc_exit_rent(double t_exit, double gap, double bound, double buy,
+                             double checking, double* credit) {
+    const bool within = t_exit <= bound;
+    const double after = mc_add(*credit, gap > 0.0 ? gap : 0.0);
+    if (within && after < mc_sub(buy, t_exit)) {
+        *credit = after;
+        return true;
+    }
+    *credit = mc_add(*credit, within ? checking : 0.0);
+    return false;
+}
+
+// rent.settle: b the first least score, c the first least free score (copies resident); c is
+// bought when the credit plus this step's rent covers its price. Returns the winner; *credit
+// becomes the credit carried to the next step.
+__device__ int mc_settle(const double* scores, const double* free_C, int C, double* credit) {
+    int b = 0, c = 0;
+    for (int i = 1; i < C; ++i) {
+        b = scores[i] < scores[b] ? i : b;
+        c = free_C[i] < free_C[c] ? i : c;
+    }
+    if (c == b) {
+        *credit = 0.0;
+        return b;
+    }
+    const double rent = mc_sub(scores[b], free_C[c]), price = mc_sub(scores[c], scores[b]);
+    if (mc_add(*credit, rent) >= price) {
+        *credit = 0.0;
+        return c;
+    }
+    *credit = mc_add(*credit, rent > 0.0 ? rent : 0.0);
+    return b;
+}
+
+// ---- the score of one candidate's allocation ------------------------------------------------
+
+struct McStep {  // the step's inputs and the first kernel's results (global memory)
+    const mp_i64* counts;
+    const mp_i64* prev;       // [R, B] (has_prev)
+    const mp_i64* prev_flow;  // [n_prev_flow, 3]
+    const mp_i64* T;          // [E]
+    const mp_i64* L;          // [R]
+    const mp_i64* send_R;     // [R] records each source sends
+    const mp_i64* sdom_R;     // [R] static EP's rows each source sends inside its domain
+    const int* warm_d;        // [R, B]
+    mp_i64 N, E, B, M;
+    int R, levels, n_prev_flow;
+    bool has_prev;
+};
+
+// Per-rank integer sums (shared memory, MC_ACC arrays of R): records kept local, received
+// from the rank's domain, received; padded rows, experts with rows, and the same of the
+// fetched rows; copies received inside / across domains, sent inside / across (by home);
+// the correction of static EP's in-domain sends (sdom_R).
+struct McAcc {
+    mp_i64 *loc, *rdom, *recv, *pad, *busy, *wpad, *wbusy, *wrows;
+    mp_i64 *cn_r, *cf_r, *cn_s, *cf_s, *sdc;
+};
+
+__device__ bool mc_is_resident(const McStep& st, mp_i64 e, mp_i64 r) {
+    if (!st.has_prev) return false;
+    const mp_i64* row = st.prev + r * st.B;
+    for (mp_i64 j = 0; j < st.B; ++j) {
+        if (row[j] == e) return true;
+    }
+    return false;
+}
+
+// Expert e's contribution (one thread): its source intervals (rows in source-rank order)
+// and destination intervals (alloc's row), domain by domain (traffic.dispatch_traffic).
+// In-domain sends are static EP's plus a correction, non-zero only for an expert whose
+// records leave its home domain.
+__device__ void mc_score_expert(const McStep& st, const McCost& k, const mp_i64* a, mp_i64 e,
+                                const McAcc& acc) {
+    const int R = st.R;
+    const mp_i64 E = st.E, h = mp_home_of(e, E, R), gh = h / k.G;
+    const mp_i64* ae = a + e * R;
+    mp_i64 S = 0, D = 0, sn = 0, sf = 0;
+    for (mp_i64 g0 = 0; g0 < R; g0 += k.G) {
+        const mp_i64 g1 = mc_min_i(g0 + k.G, R);
+        const bool near = g0 / k.G == gh;  // this domain is the expert's home domain
+        mp_i64 S1 = S, D1 = D;
+        for (mp_i64 r = g0; r < g1; ++r) {
+            S1 += st.counts[r * E + e];
+            D1 += ae[r];
+        }
+        mp_i64 s = S, d = D;
+        for (mp_i64 r = g0; r < g1; ++r) {
+            const mp_i64 c = st.counts[r * E + e], x = ae[r];
+            if (x > 0) {
+                mc_atomic_add(&acc.loc[r], mc_overlap(s, s + c, d, d + x));
+                mc_atomic_add(&acc.rdom[r], mc_overlap(d, d + x, S, S1));
+                mc_atomic_add(&acc.recv[r], x);
+                mc_atomic_add(&acc.pad[r], mc_padded(k, x));
+                mc_atomic_add(&acc.busy[r], 1);
+                if (r != h && !mc_is_resident(st, e, r)) {  // fetched: weights arrive this step
+                    mc_atomic_add(&acc.wpad[r], mc_padded(k, x));
+                    mc_atomic_add(&acc.wbusy[r], 1);
+                    mc_atomic_add(&acc.wrows[r], x);
+                    mc_atomic_add(near ? &acc.cn_r[r] : &acc.cf_r[r], 1);
+                    sn += near ? 1 : 0;
+                    sf += near ? 0 : 1;
+                }
+            }
+            const mp_i64 corr = mc_overlap(s, s + c, D, D1) - (near ? c : 0);
+            if (corr != 0) mc_atomic_add(&acc.sdc[r], corr);
+            s += c;
+            d += x;
+        }
+        S = S1;
+        D = D1;
+    }
+    if (sn) mc_atomic_add(&acc.cn_s[h], sn);
+    if (sf) mc_atomic_add(&acc.cf_s[h], sf);
+}
+
+// Candidate c's predicted seconds charged plan_s into scores[c], the same with nothing
+// fetched (its copies resident: rent.py's free score) into free_C[c], its per-rank records
+// into recv_C[c]. Dynamic shared memory: MC_ACC int64 arrays of R, red[MC_RED_F64] (double).
+__device__ void mc_score(const McStep& st, const McCost& k, const mp_i64* a, int c,
+                         double* scores, double* free_C, mp_i64* recv_C, unsigned char* smem) {
+    const int R = st.R, tid = threadIdx.x, nthreads = blockDim.x;
+    mp_i64* base = (mp_i64*)smem;
+    McAcc acc;
+    mp_i64** at[MC_ACC] = {&acc.loc,  &acc.rdom, &acc.recv, &acc.pad,  &acc.busy,
+                           &acc.wpad, &acc.wbusy, &acc.wrows, &acc.cn_r, &acc.cf_r,
+                           &acc.cn_s, &acc.cf_s, &acc.sdc};
+    for (int i = 0; i < MC_ACC; ++i) *at[i] = base + (mp_i64)i * R;
+    double* red = (double*)(base + (mp_i64)MC_ACC * R);
+    for (mp_i64 i = tid; i < (mp_i64)MC_ACC * R; i += nthreads) base[i] = 0;
+    __syncthreads();
+    for (mp_i64 e = tid; e < st.E; e += nthreads) mc_score_expert(st, k, a, e, acc);
+    __syncthreads();
+    const int r = tid;
+    McRank s = {};
+    if (r < R) {
+        const mp_i64 sdom = st.sdom_R[r] + acc.sdc[r];
+        s.d_in = mc_max_i(sdom - acc.loc[r], acc.rdom[r] - acc.loc[r]);
+        s.d_out = mc_max_i(st.send_R[r] - sdom, acc.recv[r] - acc.rdom[r]);
+        s.w_in = mc_max_i(acc.cn_s[r], acc.cn_r[r]);
+        s.w_out = mc_max_i(acc.cf_s[r], acc.cf_r[r]);
+        s.pad = acc.pad[r];
+        s.busy = acc.busy[r];
+        s.rows = acc.recv[r];
+        s.wpad = acc.wpad[r];
+        s.wbusy = acc.wbusy[r];
+        s.wrows = acc.wrows[r];
+        s.beside = acc.cn_s[r] + acc.cf_s[r] + acc.cn_r[r] + acc.cf_r[r];
+        recv_C[(mp_i64)c * R + r] = acc.recv[r];
+    }
+    const McParts p = mc_parts(k, s, r < R, R, red);
+    McRank none = s;  // nothing fetched: no wait section, no copy
+    none.w_in = none.w_out = none.wpad = none.wbusy = none.wrows = none.beside = 0;
+    const McParts f = mc_parts(k, none, r < R, R, red);
+    if (tid == 0) {
+        scores[c] = mc_total(k, p, k.plan);
+        free_C[c] = mc_total(k, f, k.plan);
+    }
+}

@@ -1,0 +1,687 @@
+// moonplan fused GPU planner: policy="auto" (moonplan/plan/choice/reference.py) in CUDA.
+//
+// Legend:
+//   R ranks, E experts, B slots per rank, M = ceil(E/R), K levels, C = K + 3 candidates
+//   G ranks per fast-link domain (ranks [g*G, (g+1)*G) share one; G = R: one domain)
+//   T[e]  records of expert e          L[r]  static load of rank r (its home experts' T)
+//   N     records in all               X[r]  L[r] - target[r] (> 0 donor, < 0 receiver)
+//   candidates in table order (moonplan/plan/choice/table.py), index c:
+//     0 static, 1 exact, 2 resident, 3 .. K+1 level-(K-1) .. level-1, K+2 greedy
+//   alloc_C [C, E, R]  each candidate's allocation (scratch; static's slice is not used)
+//   flow_C  [C, R-1, 3] the flows each construction recorded (scratch)
+//   rest_RE [R, E]      each rank's records less those of its home experts and resident
+//                       replicas, then its M largest, sorted (scratch of the bound)
+//   top_RM  [R, M]      the entries above the M-th largest of a rank's rest (scratch)
+//   free_C  [C]         each candidate's free score: nothing fetched (rent.py; scratch, double)
+//   misc    [3]         N, and the bits of the bound's two parts (the emulated test reads them)
+//   credit  0-d double  the rent-or-buy credit: previous's in (credit_in), this step's out
+//
+// Three kernels, launched by moonplan/plan/choice_cuda.py on torch's stream, no host sync:
+//   moonplan_choice_first   ONE block: T, L, static EP's scores charged exit_s and plan_s,
+//                           the early-exit bound (choice/bound.py: a warp per rank for its
+//                           link rows, bound.links_reference), the rent-or-buy exit test
+//                           (choice/rent.py: exit_rent), the exit flag and the credit
+//   moonplan_choice_build   C-1 blocks, one per candidate 1..C-1: returns at once when the
+//                           exit flag is set; else builds its allocation into alloc_C[c]
+//                           (group-flow construction or resident rounds) and scores it, with
+//                           its copies charged and free (rent.py)
+//   moonplan_choice_layout  ONE block: the rent-or-buy winner (rent.settle; static on exit)
+//                           and the credit, the winner's plan fields (slots with residents
+//                           kept, rows, padded offsets)
+//
+// Floats: the step-cost formula (moonplan/stepcost/batch.py) with every product and sum in
+// the Python order, through __dmul_rn / __dadd_rn (never contracted into an FMA; the
+// launcher also compiles with --fmad=false), so the scores equal the reference's bit for
+// bit. Integer quantities (rows, overlaps, copies) are int64 sums, exact in any order.
+//
+// It includes the exact planner's source for its construction and placement steps
+// (mp_balance, mp_split_group, mp_place_rank) and choice_cost.cuh for the step-cost formula;
+// NVRTC gets the three files as named headers.
+
+#include "plan_kernel.cu"
+#include "choice_cost.cuh"
+
+// ---- kernel 1: counts, static EP, the bound, the exit flag --------------------------------
+
+struct McFirstSums {  // one rank's static sums, in shared memory
+    mp_i64 *loc, *rdom, *pad, *busy, *kpad, *kbusy, *krows, *kloc;
+};
+
+// Warp per rank: static EP's traffic sums (row r of counts), its home experts' sums, and
+// those of the home experts without a resident replica (for bound's home_lb, kept busy
+// and free_link; kloc: the rank's own records of them).
+__device__ void mc_first_ranks(const mp_i64* counts, const mp_i64* T, const int* moved, int R,
+                               mp_i64 E, const McCost& k, const McFirstSums& f, mp_i64* load_R,
+                               mp_i64* send_R, mp_i64* sdom_R) {
+    const int lane = threadIdx.x % MP_WARP, warp = threadIdx.x / MP_WARP;
+    const int nwarps = blockDim.x / MP_WARP;
+    for (int r = warp; r < R; r += nwarps) {
+        const mp_i64* row = counts + (mp_i64)r * E;
+        const mp_i64 h0 = mp_home_start(r, E, R), h1 = mp_home_start(r + 1, E, R);
+        const mp_i64 g0 = r / k.G * k.G, g1 = mc_min_i(g0 + k.G, R);
+        const mp_i64 e0 = mp_home_start(g0, E, R), e1 = mp_home_start(g1, E, R);
+        mp_i64 v[11] = {};  // send, sdom, loc, L, rdom, pad, busy, kpad, kbusy, krows, kloc
+        for (mp_i64 e = lane; e < E; e += MP_WARP) {
+            const mp_i64 c = row[e];
+            v[0] += c;
+            if (e >= e0 && e < e1) v[1] += c;
+            if (e >= h0 && e < h1) v[2] += c;
+        }
+        for (mp_i64 e = h0 + lane; e < h1; e += MP_WARP) {
+            const mp_i64 t = T[e];
+            v[3] += t;
+            for (mp_i64 s = g0; s < g1 && g1 - g0 < R; ++s) v[4] += counts[s * E + e];
+            v[5] += mc_padded(k, t);
+            v[6] += t > 0;
+            if (!moved[e]) {
+                v[7] += mc_padded(k, t);
+                v[8] += t > 0;
+                v[9] += t;
+                v[10] += row[e];
+            }
+        }
+        for (int i = 0; i < 11; ++i) v[i] = mp_warp_sum(v[i]);
+        if (lane == 0) {
+            send_R[r] = v[0];
+            sdom_R[r] = v[1];
+            f.loc[r] = v[2];
+            load_R[r] = v[3];
+            f.rdom[r] = g1 - g0 < R ? v[4] : v[3];  // one domain: every home record stays in it
+            f.pad[r] = v[5];
+            f.busy[r] = v[6];
+            f.kpad[r] = v[7];
+            f.kbusy[r] = v[8];
+            f.krows[r] = v[9];
+            f.kloc[r] = v[10];
+        }
+    }
+}
+
+struct McTotals {  // the bound's sums: tile-padded rows, experts with records, records;
+    mp_i64 tiles, busy, N, nres;  // and previous's slots that hold an expert
+};
+
+// T[e] (column sums of counts), the experts resident in a previous slot (moved[e] > 0) and
+// the warm donor home(prev[r, j]) of every slot; block sums of the bound's totals.
+__device__ McTotals mc_first_totals(const mp_i64* counts, const mp_i64* prev, int R, mp_i64 E,
+                                    mp_i64 B, bool has_prev, const McCost& k, mp_i64* total_E,
+                                    int* moved, int* warm_d, mp_i64* red64) {
+    const int tid = threadIdx.x, nthreads = blockDim.x;
+    for (mp_i64 e = tid; e < E; e += nthreads) moved[e] = 0;
+    __syncthreads();
+    McTotals t = {0, 0, 0, 0};
+    for (mp_i64 e = tid; e < E; e += nthreads) {
+        mp_i64 x = 0;
+        for (mp_i64 r = 0; r < R; ++r) x += counts[r * E + e];
+        total_E[e] = x;
+        t.tiles += mc_padded(k, x);
+        t.busy += x > 0;
+        t.N += x;
+    }
+    for (mp_i64 i = tid; has_prev && i < (mp_i64)R * B; i += nthreads) {
+        const mp_i64 e = prev[i];
+        const bool valid = e >= 0 && e < E;
+        if (valid) atomicAdd(&moved[e], 1);  // several slots may hold e
+        warm_d[i] = valid ? (int)mp_home_of(e, E, R) : -1;
+        t.nres += valid;
+    }
+    t.tiles = mp_block_sum(t.tiles, red64);  // each ends with __syncthreads
+    t.busy = mp_block_sum(t.busy, red64);
+    t.N = mp_block_sum(t.N, red64);
+    t.nres = mp_block_sum(t.nres, red64);
+    return t;
+}
+
+// ---- kernel 1: the bound's link rows (bound.links_reference), a warp per rank --------------
+
+// Row s of counts less the records of s's home experts and of the replicas resident in its
+// previous slots, into rest [E] (global scratch); on every lane, left = the row's sum and
+// the largest entry.
+__device__ void mc_rest_row(const mp_i64* counts, const mp_i64* prev, bool has_prev, int s, int R,
+                            mp_i64 E, mp_i64 B, mp_i64* rest, mp_i64* left, mp_i64* vmax) {
+    const int lane = threadIdx.x % MP_WARP;
+    const mp_i64 h0 = mp_home_start(s, E, R), h1 = mp_home_start(s + 1, E, R);
+    for (mp_i64 e = lane; e < E; e += MP_WARP) {
+        rest[e] = (e >= h0 && e < h1) ? 0 : counts[(mp_i64)s * E + e];
+    }
+    __syncwarp();
+    for (mp_i64 j = lane; has_prev && j < B; j += MP_WARP) {
+        const mp_i64 e = prev[(mp_i64)s * B + j];
+        if (e >= 0 && e < E) rest[e] = 0;  // resident on s: its records may stay local
+    }
+    __syncwarp();
+    mp_i64 sum = 0, mx = 0;
+    for (mp_i64 e = lane; e < E; e += MP_WARP) {
+        sum += rest[e];
+        mx = mc_max_i(mx, rest[e]);
+    }
+    *left = mp_warp_sum(sum);
+    *vmax = mc_warp_max_i(mx);
+}
+
+// The M-th largest entry of rest [E] (M <= E), on every lane: the largest v with at least M
+// entries >= v, by bisection over [0, vmax] (one counting pass a bit of vmax).
+__device__ mp_i64 mc_mth_largest(const mp_i64* rest, mp_i64 E, mp_i64 M, mp_i64 vmax) {
+    const int lane = threadIdx.x % MP_WARP;
+    mp_i64 lo = 0, hi = vmax + 1;  // at least M entries >= lo (all E >= 0), fewer >= hi
+    while (hi - lo > 1) {
+        const mp_i64 mid = lo + (hi - lo) / 2;
+        mp_i64 n = 0;
+        for (mp_i64 e = lane; e < E; e += MP_WARP) n += rest[e] >= mid;
+        if (mp_warp_sum(n) >= M) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+// The M largest entries of rest [E], sorted from the largest, into rest[0..M) (v: the M-th
+// largest): the fewer than M above v gathered into top [M] (global scratch) and each placed
+// by its rank (ties by position), the rest of the M filled with v.
+__device__ void mc_top_sorted(mp_i64* rest, mp_i64* top, mp_i64 E, mp_i64 M, mp_i64 v) {
+    const int lane = threadIdx.x % MP_WARP;
+    mp_i64 g = 0;
+    for (mp_i64 base = 0; base < E; base += MP_WARP) {  // warp-uniform: the ballot needs all
+        const mp_i64 e = base + lane;
+        const mp_i64 x = e < E ? rest[e] : 0;
+        const bool above = e < E && x > v;
+        const unsigned mask = __ballot_sync(MP_FULL_MASK, above);
+        if (above) top[g + __popc(mask & ((1u << lane) - 1u))] = x;
+        g += __popc(mask);
+    }
+    __syncwarp();
+    for (mp_i64 i = lane; i < g; i += MP_WARP) {
+        mp_i64 at = 0;
+        for (mp_i64 q = 0; q < g; ++q) at += top[q] > top[i] || (top[q] == top[i] && q < i);
+        rest[at] = top[i];
+    }
+    for (mp_i64 i = g + lane; i < M; i += MP_WARP) rest[i] = v;
+    __syncwarp();
+}
+
+// The least over j <= M of mc_copying(j, left - the sum of the j largest), on every lane
+// (top [M]: the M largest, sorted from the largest).
+__device__ double mc_least_copying(const McCost& k, int R, double reads, const mp_i64* top,
+                                   mp_i64 M, mp_i64 left) {
+    const int lane = threadIdx.x % MP_WARP;
+    double best = mc_copying(k, R, reads, 0, left);
+    mp_i64 carry = 0;
+    for (mp_i64 base = 0; base < M; base += MP_WARP) {  // warp-uniform: the scan needs all
+        const mp_i64 j = base + lane + 1;                 // this lane's j
+        const mp_i64 incl = mp_warp_incl_scan(j <= M ? top[j - 1] : 0, lane);
+        if (j <= M) best = mc_min(best, mc_copying(k, R, reads, j, left - (carry + incl)));
+        carry += __shfl_sync(MP_FULL_MASK, incl, MP_WARP - 1);
+    }
+    return mc_warp_min(best);
+}
+
+struct McLinks {  // the bound's link terms, block-uniform
+    double copies;     // the largest over ranks of mc_least_copying
+    mp_i64 free_link;  // the most rows a rank sends or receives in a plan that copies nothing
+};
+
+// bound.links_reference and the copying term, a warp per rank (R > 1); `stay`: this thread's
+// rank's records that other ranks send to its home experts without a resident replica (0
+// for a thread past R). Every thread of the block calls it.
+__device__ McLinks mc_first_links(const McStep& st, const McCost& k, double reads, mp_i64 stay,
+                                  mp_i64* rest_RE, mp_i64* top_RM, double* red, mp_i64* red64) {
+    const int warp = threadIdx.x / MP_WARP, nwarps = blockDim.x / MP_WARP;
+    McLinks l = {-MC_INF, stay};
+    for (int s = warp; s < st.R; s += nwarps) {
+        mp_i64* rest = rest_RE + (mp_i64)s * st.E;
+        mp_i64 left = 0, vmax = 0;
+        mc_rest_row(st.counts, st.prev, st.has_prev, s, st.R, st.E, st.B, rest, &left, &vmax);
+        const mp_i64 v = mc_mth_largest(rest, st.E, st.M, vmax);
+        mc_top_sorted(rest, top_RM + (mp_i64)s * st.M, st.E, st.M, v);
+        l.copies = mc_max(l.copies, mc_least_copying(k, st.R, reads, rest, st.M, left));
+        l.free_link = mc_max_i(l.free_link, left);
+    }
+    mc_block_max(&l.copies, 1, red);
+    l.free_link = mc_block_max_i(l.free_link, red64);
+    return l;
+}
+
+// ---- kernel 1: the first kernel itself -----------------------------------------------------
+
+// Static EP's sums of rank r (r < R) and its home experts without a resident replica:
+// their roofline (bound's home_lb), their count, and the records other ranks send them.
+__device__ McRank mc_first_rank(const McCost& k, const McFirstSums& f, int r, const mp_i64* load_R,
+                                const mp_i64* send_R, const mp_i64* sdom_R, double* home_lb,
+                                mp_i64* kept, mp_i64* stay) {
+    McRank s = {};  // static EP: nothing fetched
+    s.d_in = mc_max_i(sdom_R[r] - f.loc[r], f.rdom[r] - f.loc[r]);
+    s.d_out = mc_max_i(send_R[r] - sdom_R[r], load_R[r] - f.rdom[r]);
+    s.pad = f.pad[r];
+    s.busy = f.busy[r];
+    s.rows = load_R[r];
+    *home_lb = mc_roofline(k, f.kpad[r], f.kbusy[r], f.krows[r]);
+    *kept = f.kbusy[r];
+    *stay = f.krows[r] - f.kloc[r];
+    return s;
+}
+
+// Thread 0: the exit test (bound.exit_bound, then rent.exit_rent) and its outputs: scores
+// (static's charged exit_s on exit, else plan_s, also its free score), the exit flag, the
+// credit (the exit's, or the one the full call settles from: credit_io holds previous's on
+// entry), and in misc the bound's two parts' bits (the emulated test reads them).
+__device__ void mc_first_exit(const McCost& k, const McParts& p, int R, double experts_lb,
+                              const McLinks& l, double home_lb, bool resident, mp_i64 C,
+                              double* scores, double* free_C, unsigned char* exited,
+                              double* credit_io, mp_i64* misc) {
+    const double t_exit = mc_total(k, p, k.exit_s), full = mc_total(k, p, k.plan);
+    double buy = MC_INF;
+    const double bound =
+        mc_bound(k, R, experts_lb, l.copies, l.free_link, home_lb, resident, full, &buy);
+    const double gap = mc_sub(p.experts, experts_lb);  // the exit step's rent
+    const double checking = mc_max(mc_sub(k.plan, k.exit_s), 0.0);
+    const bool ex = mc_exit_rent(t_exit, gap, bound, buy, checking, credit_io);
+    scores[0] = ex ? t_exit : full;
+    free_C[0] = full;  // static EP fetches nothing
+    for (mp_i64 c = 1; c < C && ex; ++c) scores[c] = MC_INF;
+    exited[0] = ex ? 1 : 0;
+    misc[1] = __double_as_longlong(bound);
+    misc[2] = __double_as_longlong(buy);
+}
+
+// Dynamic shared memory: loc, rdom, pad, busy, kpad, kbusy, krows, kloc [R] and red64[33]
+// (int64), red[MC_RED_F64] (double), moved[E] (int32).
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    moonplan_choice_first(const mp_i64* counts, const mp_i64* prev, mp_i64 R_, mp_i64 E, mp_i64 B,
+                          mp_i64 has_prev, mp_i64 C, MC_COST_PARAMS, const double* credit_in,
+                          double* scores, double* free_C, unsigned char* exited, double* credit,
+                          mp_i64* total_E, mp_i64* load_R, mp_i64* send_R, mp_i64* sdom_R,
+                          mp_i64* misc, int* warm_d, mp_i64* rest_RE, mp_i64* top_RM) {
+    extern __shared__ __align__(16) unsigned char mp_smem[];
+    const McCost k = mc_cost(MC_COST_ARGS);
+    const int R = (int)R_, r = threadIdx.x;
+    McFirstSums f;
+    mp_i64** at[8] = {&f.loc, &f.rdom, &f.pad, &f.busy, &f.kpad, &f.kbusy, &f.krows, &f.kloc};
+    for (int i = 0; i < 8; ++i) *at[i] = (mp_i64*)mp_smem + (mp_i64)i * R;
+    mp_i64* red64 = (mp_i64*)mp_smem + 8 * (mp_i64)R;
+    double* red = (double*)(red64 + MP_WARP + 1);
+    int* moved = (int*)(red + MC_RED_F64);
+    const McTotals t =
+        mc_first_totals(counts, prev, R, E, B, has_prev != 0, k, total_E, moved, warm_d, red64);
+    mc_first_ranks(counts, total_E, moved, R, E, k, f, load_R, send_R, sdom_R);
+    __syncthreads();
+    McRank s = {};
+    double home_lb = -MC_INF;
+    mp_i64 kept = MP_I64_MIN, stay = 0;
+    if (r < R) s = mc_first_rank(k, f, r, load_R, send_R, sdom_R, &home_lb, &kept, &stay);
+    const McParts p = mc_parts(k, s, r < R, R, red);
+    mc_block_max(&home_lb, 1, red);
+    kept = mc_block_max_i(kept, red64);
+    const double experts_lb = mc_experts_lb(k, R, t.tiles, t.busy, t.N);
+    McLinks l = {MC_INF, 0};
+    if (R > 1) {  // block-uniform
+        McStep st = {};
+        st.counts = counts;
+        st.prev = prev;
+        st.E = E;
+        st.B = B;
+        st.M = (E + R - 1) / R;
+        st.R = R;
+        st.has_prev = has_prev != 0;
+        l = mc_first_links(st, k, mc_reads(k, experts_lb, kept), stay, rest_RE, top_RM, red, red64);
+    }
+    if (r == 0) {
+        credit[0] = credit_in[0];
+        mc_first_exit(k, p, R, experts_lb, l, home_lb, t.nres > 0, C, scores, free_C, exited,
+                      credit, misc);
+        misc[0] = t.N;
+    }
+}
+
+// ---- kernel 2: one block per candidate -----------------------------------------------------
+
+// level_caps(L, K)[k-1] and water_fill(L, cap) of targets.py; returns rank tid's target.
+// The lowest i sorted loads need f = sum_j max(0, l_i - L[j]) records to reach l_i: the
+// level's ranks are those at or below cap with f <= S (targets.water_fill_torch).
+__device__ mp_i64 mc_level_target(const McStep& st, const mp_i64* L, int k, mp_i64* red64,
+                                  int* red32) {
+    const int r = threadIdx.x, R = st.R;
+    const mp_i64 Lr = r < R ? L[r] : 0;
+    const mp_i64 m = (st.N + (R - 1)) / R;
+    const mp_i64 gap = mc_block_max_i(r < R ? Lr : MP_I64_MIN, red64) - m;  // >= 0
+    const mp_i64 cap = m + (gap / st.levels) * k + (gap % st.levels) * k / st.levels;
+    const mp_i64 S = mp_block_sum(r < R && Lr > cap ? Lr - cap : 0, red64);
+    if (S == 0) return Lr;  // block-uniform: nothing above the cap
+    mp_i64 f = 0;
+    for (int j = 0; j < R && r < R; ++j) f += mc_max_i(0, Lr - L[j]);
+    const bool qual = r < R && Lr <= cap && f <= S;
+    const mp_i64 n = mp_block_sum(qual ? 1 : 0, red64);  // >= 1: the lowest load qualifies
+    const mp_i64 l_at = mc_block_max_i(qual ? Lr : MP_I64_MIN, red64);
+    const mp_i64 f_at = mc_block_max_i(qual ? f : MP_I64_MIN, red64);
+    const mp_i64 level = l_at + (S - f_at) / n, extra = (S - f_at) % n;
+    const bool low = r < R && Lr <= cap && Lr <= level;
+    int total = 0;
+    const int before = mp_block_excl_scan(low ? 1 : 0, red32, &total);
+    if (r >= R) return 0;
+    if (Lr > cap) return cap;
+    return low ? level + (before < extra ? 1 : 0) : Lr;
+}
+
+// Receivers grouped by donor (moonplan_plan_main's phase 3): counts, block scan, scatter.
+__device__ void mc_dest_lists(int R, const int* in_donor, int* dest_list, int* dest_start,
+                              int* dest_cur, int* red32) {
+    const int tid = threadIdx.x, nthreads = blockDim.x;
+    for (int r = tid; r < R; r += nthreads) {
+        if (in_donor[r] >= 0) atomicAdd(&dest_cur[in_donor[r]], 1);
+    }
+    __syncthreads();
+    int n_flows = 0;
+    const int start = mp_block_excl_scan(tid < R ? dest_cur[tid] : 0, red32, &n_flows);
+    if (tid < R) dest_start[tid] = start;
+    if (tid == 0) dest_start[R] = n_flows;
+    __syncthreads();
+    if (tid < R) dest_cur[tid] = dest_start[tid];
+    __syncthreads();
+    for (int r = tid; r < R; r += nthreads) {
+        if (in_donor[r] >= 0) dest_list[atomicAdd(&dest_cur[in_donor[r]], 1)] = r;
+    }
+    __syncthreads();
+}
+
+// The construction's state in shared memory, as moonplan_plan_main's: rem[E], X, q_in,
+// avail [R], red64[33] (int64), then in_donor, dest_list [R], dest_start[R+1], dest_cur,
+// rep_n [R], red32[33] (int32).
+struct McShared {
+    mp_i64 *rem, *X, *q_in, *avail, *red64;
+    int *in_donor, *dest_list, *dest_start, *dest_cur, *rep_n, *red32;
+};
+
+__device__ McShared mc_shared(unsigned char* smem, int R, mp_i64 E) {
+    McShared m;
+    m.rem = (mp_i64*)smem;
+    m.X = m.rem + E;
+    m.q_in = m.X + R;
+    m.avail = m.q_in + R;
+    m.red64 = m.avail + R;
+    m.in_donor = (int*)(m.red64 + MP_WARP + 1);
+    m.dest_list = m.in_donor + R;
+    m.dest_start = m.dest_list + R;
+    m.dest_cur = m.dest_start + R + 1;
+    m.rep_n = m.dest_cur + R;
+    m.red32 = m.rep_n + R;
+    return m;
+}
+
+// Phases 0-1: alloc = 0, rem = T, per-rank state, the targets (exact, or level `level`'s)
+// and X = L - target.
+__device__ void mc_construct_init(const McStep& st, int level, const McShared& m, mp_i64* alloc) {
+    const int R = st.R, tid = threadIdx.x, nthreads = blockDim.x;
+    for (mp_i64 i = tid; i < st.E * R; i += nthreads) alloc[i] = 0;
+    for (mp_i64 e = tid; e < st.E; e += nthreads) m.rem[e] = st.T[e];
+    for (int r = tid; r < R; r += nthreads) {
+        m.q_in[r] = 0;
+        m.in_donor[r] = -1;
+        m.dest_cur[r] = 0;
+        m.rep_n[r] = 0;
+        m.avail[r] = st.L[r];
+    }
+    __syncthreads();
+    mp_i64 target = tid < R ? st.N / R + (tid < st.N % R ? 1 : 0) : 0;
+    if (level > 0) target = mc_level_target(st, m.avail, level, m.red64, m.red32);
+    if (tid < R) m.X[tid] = m.avail[tid] - target;
+    __syncthreads();
+}
+
+// The group-flow construction (moonplan_plan_main's phases 0-4) towards the exact targets
+// (level 0) or level `level`'s, with previous's flows and residents (`replay`) or without
+// (greedy), into alloc [E, R] and flow [R-1, 3].
+__device__ void mc_construct(const McStep& st, int level, bool replay, mp_i64* alloc,
+                             mp_i64* flow, mp_i64* rep_c, int* rep_e, unsigned char* smem) {
+    const int R = st.R, warp = threadIdx.x / MP_WARP, nwarps = blockDim.x / MP_WARP;
+    const McShared m = mc_shared(smem, R, st.E);
+    mc_construct_init(st, level, m, alloc);
+    const bool warm = replay && st.has_prev;
+    MpBalance bal;
+    bal.X = m.X;
+    bal.q_in = m.q_in;
+    bal.in_donor = m.in_donor;
+    bal.avail = m.avail;
+    bal.warm_d = st.warm_d;
+    bal.prev_flow = st.prev_flow;
+    bal.flow = flow;
+    bal.R = R;
+    bal.B = (int)st.B;
+    bal.n_prev_flow = replay ? st.n_prev_flow : 0;
+    bal.has_prev = warm;
+    bal.packed = st.N < MP_PACK_LIMIT;  // |X| <= N
+    if (warp == 0) mp_balance(bal);
+    __syncthreads();
+    mc_dest_lists(R, m.in_donor, m.dest_list, m.dest_start, m.dest_cur, m.red32);
+    MpSplit s;
+    s.rem = m.rem;
+    s.q_in = m.q_in;
+    s.dest_list = m.dest_list;
+    s.dest_start = m.dest_start;
+    s.rep_n = m.rep_n;
+    s.rep_e = rep_e;
+    s.rep_c = rep_c;
+    s.alloc = alloc;
+    s.prev = st.prev;
+    s.R = R;
+    s.E = st.E;
+    s.B = st.B;
+    s.M = st.M;
+    s.has_prev = warm;
+    for (int d = warp; d < R; d += nwarps) mp_split_group(s, d);
+    __syncthreads();
+}
+
+// ---- the resident candidate (moonplan/plan/choice/resident.py) -----------------------------
+
+#define MC_ROUNDS 4  // resident.ROUNDS
+
+// Pair p = r*B + j (previous slot j < M of rank r holding e) is live: its donor home(e)
+// still above target, its receiver r below, records of e left at home.
+__device__ bool mc_live(const McStep& st, const mp_i64* X, const mp_i64* left, mp_i64 p,
+                        mp_i64* e_out, int* d_out, int* r_out) {
+    const mp_i64 e = st.prev[p], j = p % st.B;
+    if (e < 0 || e >= st.E || j >= st.M) return false;
+    const int r = (int)(p / st.B), d = (int)mp_home_of(e, st.E, st.R);
+    *e_out = e;
+    *d_out = d;
+    *r_out = r;
+    return X[d] > 0 && X[r] < 0 && left[e] > 0;
+}
+
+// One round: count each donor's, receiver's and expert's live pairs, then every live pair
+// moves the least of the three even shares (all computed before any move is applied).
+__device__ void mc_resident_round(const McStep& st, mp_i64* X, mp_i64* left, int* n_d, int* n_r,
+                                  int* n_e, mp_i64* alloc, mp_i64* q_P) {
+    const int tid = threadIdx.x, nthreads = blockDim.x, R = st.R;
+    const mp_i64 P = (mp_i64)R * st.B;
+    for (int r = tid; r < R; r += nthreads) n_d[r] = n_r[r] = 0;
+    for (mp_i64 e = tid; e < st.E; e += nthreads) n_e[e] = 0;
+    __syncthreads();
+    mp_i64 e = 0;
+    int d = 0, r = 0;
+    for (mp_i64 p = tid; p < P; p += nthreads) {
+        if (!mc_live(st, X, left, p, &e, &d, &r)) continue;
+        atomicAdd(&n_d[d], 1);
+        atomicAdd(&n_r[r], 1);
+        atomicAdd(&n_e[e], 1);
+    }
+    __syncthreads();
+    for (mp_i64 p = tid; p < P; p += nthreads) {
+        mp_i64 q = 0;
+        if (mc_live(st, X, left, p, &e, &d, &r)) {
+            q = mc_min_i(mc_min_i(X[d] / n_d[d], -X[r] / n_r[r]), left[e] / n_e[e]);
+        }
+        q_P[p] = q;
+    }
+    __syncthreads();
+    for (mp_i64 p = tid; p < P; p += nthreads) {
+        const mp_i64 q = q_P[p];
+        if (q == 0) continue;
+        e = st.prev[p];
+        r = (int)(p / st.B);
+        d = (int)mp_home_of(e, st.E, R);
+        mc_atomic_add(&X[d], -q);
+        mc_atomic_add(&X[r], q);
+        mc_atomic_add(&left[e], -q);
+        mc_atomic_add(&alloc[e * R + d], -q);
+        mc_atomic_add(&alloc[e * R + r], q);
+    }
+    __syncthreads();
+}
+
+// Static EP, then MC_ROUNDS rounds of moves to replicas resident in previous's slots.
+// Dynamic shared memory: left[E], X[R] (int64), n_d[R], n_r[R], n_e[E] (int32).
+__device__ void mc_resident(const McStep& st, mp_i64* alloc, mp_i64* q_P, unsigned char* smem) {
+    const int R = st.R, tid = threadIdx.x, nthreads = blockDim.x;
+    const mp_i64 E = st.E;
+    mp_i64* left = (mp_i64*)smem;
+    mp_i64* X = left + E;
+    int* n_d = (int*)(X + R);
+    int* n_r = n_d + R;
+    int* n_e = n_r + R;
+    for (mp_i64 i = tid; i < E * R; i += nthreads) alloc[i] = 0;
+    for (mp_i64 e = tid; e < E; e += nthreads) left[e] = st.T[e];
+    for (int r = tid; r < R; r += nthreads) X[r] = st.L[r] - (st.N / R + (r < st.N % R ? 1 : 0));
+    __syncthreads();
+    for (mp_i64 e = tid; e < E; e += nthreads) alloc[e * R + mp_home_of(e, E, R)] = st.T[e];
+    __syncthreads();
+    if (!st.has_prev || st.B == 0) return;
+    for (int round = 0; round < MC_ROUNDS; ++round) {
+        mc_resident_round(st, X, left, n_d, n_r, n_e, alloc, q_P);
+    }
+}
+
+// Dynamic shared memory: the largest of mc_construct's, mc_resident's and mc_score's layouts
+// (choice_cuda.build_shared_bytes); each phase ends with __syncthreads before the next reuses it.
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    moonplan_choice_build(const mp_i64* counts, const mp_i64* prev, const mp_i64* prev_flow,
+                          mp_i64 R_, mp_i64 E, mp_i64 B, mp_i64 has_prev, mp_i64 n_prev_flow,
+                          mp_i64 levels, MC_COST_PARAMS, const unsigned char* exited,
+                          double* scores, const mp_i64* total_E, const mp_i64* load_R,
+                          const mp_i64* send_R, const mp_i64* sdom_R, const mp_i64* misc,
+                          const int* warm_d, mp_i64* alloc_C, mp_i64* flow_C, mp_i64* recv_C,
+                          mp_i64* rep_c, int* rep_e, mp_i64* q_P, double* free_C) {
+    extern __shared__ __align__(16) unsigned char mp_smem[];
+    if (exited[0]) return;  // the early exit: static EP, nothing built
+    const McCost k = mc_cost(MC_COST_ARGS);
+    const int R = (int)R_, C = (int)levels + 3, c = blockIdx.x + 1;
+    McStep st;
+    st.counts = counts;
+    st.prev = prev;
+    st.prev_flow = prev_flow;
+    st.T = total_E;
+    st.L = load_R;
+    st.send_R = send_R;
+    st.sdom_R = sdom_R;
+    st.warm_d = warm_d;
+    st.N = misc[0];
+    st.E = E;
+    st.B = B;
+    st.M = (E + R - 1) / R;
+    st.R = R;
+    st.levels = (int)levels;
+    st.n_prev_flow = (int)n_prev_flow;
+    st.has_prev = has_prev != 0;
+    mp_i64* alloc = alloc_C + (mp_i64)c * E * R;
+    if (c == 2) {
+        mc_resident(st, alloc, q_P, mp_smem);
+    } else {
+        const int level = (c >= 3 && c <= C - 2) ? (int)levels - 1 - (c - 3) : 0;
+        const mp_i64 RM = (mp_i64)R * st.M;
+        mc_construct(st, level, c != C - 1, alloc, flow_C + (mp_i64)c * 3 * (R - 1),
+                     rep_c + c * RM, rep_e + c * RM, mp_smem);
+    }
+    mc_score(st, k, alloc, c, scores, free_C, recv_C, mp_smem);
+}
+
+// ---- kernel 3: the winner's plan fields ------------------------------------------------------
+
+// The winner's allocation into the plan's alloc (static EP's from T for c = 0), its home
+// records into rem, its replicas (e, records) appended to each rank's list (any order: the
+// placement sorts them by a total order); home, target and flow.
+__device__ void mc_layout_alloc(int c, int R, mp_i64 E, mp_i64 M, const mp_i64* T,
+                                const mp_i64* L, const mp_i64* alloc_C, const mp_i64* flow_C,
+                                const mp_i64* recv_C, mp_i64* rem, int* rep_n, int* rep_e,
+                                mp_i64* rep_c, mp_i64* alloc, mp_i64* home, mp_i64* target,
+                                mp_i64* flow, int C) {
+    const int tid = threadIdx.x, nthreads = blockDim.x;
+    const mp_i64* a = alloc_C + (mp_i64)c * E * R;
+    for (mp_i64 e = tid; e < E; e += nthreads) {  // a thread per expert: no division per entry
+        const mp_i64 h = mp_home_of(e, E, R);
+        home[e] = h;
+        for (mp_i64 r = 0; r < R; ++r) {
+            const mp_i64 x = c == 0 ? (r == h ? T[e] : 0) : a[e * R + r];
+            alloc[e * R + r] = x;
+            if (r == h) {
+                rem[e] = x;
+            } else if (x > 0) {
+                const int j = atomicAdd(&rep_n[r], 1);
+                if (j < M) {  // at most M: every candidate's receiver takes one donor group
+                    rep_e[r * M + j] = (int)e;
+                    rep_c[r * M + j] = x;
+                }
+            }
+        }
+    }
+    for (int r = tid; r < R; r += nthreads) target[r] = c == 0 ? L[r] : recv_C[(mp_i64)c * R + r];
+    const bool constructed = c == 1 || (c >= 3 && c < C);  // exact, levels, greedy
+    const mp_i64 F3 = 3 * (mp_i64)(R - 1);
+    for (mp_i64 i = tid; i < F3; i += nthreads) {
+        flow[i] = constructed ? flow_C[c * F3 + i] : (i % 3 == 2 ? 0 : -1);
+    }
+}
+
+// Dynamic shared memory: rem[E] (int64), rep_n[R], win (int32).
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    moonplan_choice_layout(const mp_i64* prev, mp_i64 R_, mp_i64 E, mp_i64 B, mp_i64 align,
+                           mp_i64 has_prev, mp_i64 C, const unsigned char* exited,
+                           const double* scores, mp_i64* index, mp_i64* alloc, mp_i64* home,
+                           mp_i64* target, mp_i64* flow, mp_i64* slot_expert, mp_i64* slot_new,
+                           mp_i64* row_expert, mp_i64* row_count, mp_i64* row_offset,
+                           const mp_i64* total_E, const mp_i64* load_R, const mp_i64* alloc_C,
+                           const mp_i64* flow_C, const mp_i64* recv_C, mp_i64* rep_c, int* rep_e,
+                           int* srt_e, const double* free_C, double* credit) {
+    extern __shared__ __align__(16) unsigned char mp_smem[];
+    const int R = (int)R_, tid = threadIdx.x, nthreads = blockDim.x;
+    const int warp = tid / MP_WARP, nwarps = nthreads / MP_WARP;
+    const mp_i64 M = (E + R - 1) / R, W = M + (B > M ? B : M);
+    mp_i64* rem = (mp_i64*)mp_smem;
+    int* rep_n = (int*)(rem + E);
+    int* win = rep_n + R;
+    if (tid == 0) {  // the rent-or-buy winner (rent.settle); static EP on the early exit
+        const int best = exited[0] ? 0 : mc_settle(scores, free_C, (int)C, credit);
+        index[0] = best;
+        win[0] = best;
+    }
+    for (int r = tid; r < R; r += nthreads) rep_n[r] = 0;
+    __syncthreads();
+    const int c = win[0];
+    mc_layout_alloc(c, R, E, M, total_E, load_R, alloc_C, flow_C, recv_C, rem, rep_n, rep_e,
+                    rep_c, alloc, home, target, flow, (int)C);
+    __syncthreads();
+    for (int r = tid; r < R; r += nthreads) rep_n[r] = rep_n[r] < M ? rep_n[r] : (int)M;
+    __syncthreads();
+
+    MpPlace p;
+    p.rep_n = rep_n;
+    p.rep_e = rep_e;
+    p.rep_c = rep_c;
+    p.srt_e = srt_e;
+    p.prev = prev;
+    p.alloc = alloc;
+    p.rem = rem;
+    p.slot_expert = slot_expert;
+    p.slot_new = slot_new;
+    p.row_expert = row_expert;
+    p.row_count = row_count;
+    p.row_offset = row_offset;
+    p.R = R;
+    p.E = E;
+    p.B = B;
+    p.M = M;
+    p.W = W;
+    p.align = align;
+    p.has_prev = has_prev != 0;
+    for (int r = warp; r < R; r += nwarps) mp_place_rank(p, r);
+}

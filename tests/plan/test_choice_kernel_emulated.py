@@ -1,0 +1,379 @@
+"""The CUDA choice kernel itself, run on the CPU, equals ``choose(path="reference")``.
+
+Legend: R ranks, E experts, B slots, M = ceil(E/R), K levels, C = K + 3 candidates.
+
+``csrc/choice_kernel.cu`` (which includes ``csrc/plan_kernel.cu``) is compiled as host C++
+with ``-ffp-contract=off`` against the emulation of ``tests/plan/kernel_emu`` (every CUDA
+thread a fiber of one OS thread, yielding at barriers; the slow test below also builds it
+with one OS thread per CUDA thread), then its three kernels are launched in order through
+the real launcher's buffer and argument lists (``choice_cuda.allocate`` / ``kernel_args``).
+The buffer starts as garbage and shared memory as ``0xCD`` bytes, like on a device; a
+kernel writing past its shared layout fails the test. Every plan field, ``scores`` bit for
+bit (inf included), ``index``, ``exited``, the rent-or-buy ``credit`` (bit for bit; each
+step reads the previous plan's) and the early-exit bound's two parts (bit for bit: the first
+kernel leaves them in its scratch) are compared. A GPU run
+(``tests/plan/test_choice_cuda.py``, ``bench/gpu_check.py``) is still the final word.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moonplan.plan import choice_cuda as cc
+from moonplan.plan.choice import choose
+from moonplan.plan.choice import reference as ref
+from moonplan.plan.choice.bound import exit_bound, links_reference
+from moonplan.plan.choice.table import LEVELS
+from moonplan.plan.home import home_list
+from moonplan.plan.plan_type import PLAN_TENSORS, Plan
+from moonplan.plan.reference import previous_flows
+from moonplan.stepcost import StepCost
+from moonplan.testing import counts
+from tests.plan.choice.costs import COMPUTE_ONLY, FORCED_S, H200, MULTI, costs, full
+from tests.plan.draw import counts_like
+
+ROOT = Path(__file__).resolve().parents[2]
+EMU = Path(__file__).resolve().parent / "kernel_emu"
+KERNELS = ("emu_choice_first", "emu_choice_build", "emu_choice_layout")
+
+
+def _build(tmp: Path, fibers: bool) -> ctypes.CDLL:
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ is not installed: cannot build the kernel emulation")
+    lib = tmp / ("libchoice_fibers.so" if fibers else "libchoice_threads.so")
+    cmd = [gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-U_FORTIFY_SOURCE", "-shared",
+           "-fPIC", "-pthread", f"-I{ROOT / 'csrc'}", f"-I{EMU}"]  # fmt: skip
+    cmd += ["-DEMU_FIBERS"] if fibers else []
+    r = subprocess.run([*cmd, str(EMU / "choice_emu.cpp"), "-o", str(lib)], capture_output=True,
+                       text=True)  # fmt: skip
+    if r.returncode != 0:
+        pytest.skip(f"g++ could not build the C++20 emulation: {r.stderr[-400:]}")
+    dll = ctypes.CDLL(str(lib))
+    for name in KERNELS:
+        getattr(dll, name).restype = ctypes.c_longlong
+    return dll
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    return _build(tmp_path_factory.mktemp("choice_emu"), fibers=True)
+
+
+def _emu_choose(
+    lib: ctypes.CDLL,
+    c: torch.Tensor,
+    B: int,
+    align: int,
+    prev: Plan | None,
+    cost: StepCost,
+    levels: int = LEVELS,
+) -> tuple[dict[str, torch.Tensor], tuple[float, float]]:
+    """The three kernels, in launch order, on CPU tensors (``previous``'s credit in); the
+    outputs' views and the early-exit bound's two parts the first kernel left in its
+    scratch (``misc[1:3]``)."""
+    R, E = c.shape
+    C = levels + 3
+    buf, out = cc.allocate(R, E, B, C, torch.device("cpu"))
+    buf.random_(-1000, 1000)  # garbage, as a device allocation would hold
+    pair = (None, None) if prev is None else (prev.slot_expert, prev.flow)
+    credit = torch.zeros((), dtype=torch.float64)
+    if prev is not None and prev.choice is not None:
+        credit = prev.choice.credit.clone()
+    args = cc.kernel_args(c, pair, (B, align, levels), cost, buf, credit)
+    block, smem = cc.block_threads(R), cc.shared_bytes(R, E)
+    grids = (1, C - 1, 1)
+    L = ctypes.c_longlong
+    for name, grid, sm, a in zip(KERNELS, grids, smem, args, strict=True):
+        head = [L(block), L(sm)] if grid == 1 else [L(grid), L(block), L(sm)]
+        bad = getattr(lib, name)(*head, *(t(v) for v, t in a))
+        assert bad < 0, f"{name} wrote shared memory past its layout at byte {bad}"
+    misc = cc.layout(R, E, B, C).scratch["misc"]
+    bounds = buf[misc + 1 : misc + 3].view(torch.float64).tolist()
+    return out, (bounds[0], bounds[1])
+
+
+def _reference_bound(
+    c: torch.Tensor, B: int, align: int, prev: Plan | None, cost: StepCost
+) -> tuple[float, float]:
+    """``bound.exit_bound``'s two parts with the inputs ``choose_reference`` gives it."""
+    slots = None if prev is None else prev.slot_expert.tolist()
+    step = ref.Step(
+        c.tolist(), B, align, slots, previous_flows(None if prev is None else prev.flow)
+    )
+    counts = step.counts
+    R, E = len(counts), len(counts[0])
+    home = home_list(E, R)
+    static = ref._static_alloc(counts, home)
+    full = None if step.resident else ref._time(cost, step, static, cost.plan_s)
+    totals = (*ref._totals(cost, counts), ref._kept_busy(step, home))
+    links = links_reference(counts, step.resident, home)
+    return exit_bound(cost, R, totals, links, ref._home_lb(cost, step, home), full)
+
+
+def _check(
+    lib: ctypes.CDLL,
+    c: torch.Tensor,
+    B: int,
+    align: int,
+    prev: Plan | None,
+    cost: StepCost,
+    levels: int = LEVELS,
+) -> Plan:
+    """Assert the emulated kernel's choice and bound are the reference's; return the
+    reference plan."""
+    got, bounds = _emu_choose(lib, c, B, align, prev, cost, levels)
+    want = choose(c, B, align, prev, cost, "reference", levels)
+    case = (tuple(c.shape), B, align, cost, c.tolist() if c.numel() <= 64 else "")
+    want_bounds = _reference_bound(c, B, align, prev, cost)
+    assert [_bits(b) for b in bounds] == [_bits(b) for b in want_bounds], (bounds, want_bounds)
+    for k in PLAN_TENSORS:
+        if k != "counts":
+            assert torch.equal(got[k], getattr(want, k)), (k, *case)
+    ch = want.choice
+    assert ch is not None
+    bits = got["scores"].view(torch.int64), ch.scores.view(torch.int64)
+    assert torch.equal(*bits), (got["scores"].tolist(), ch.scores.tolist(), *case)
+    assert int(got["index"]) == int(ch.index), case
+    assert bool(got["exited"]) == bool(ch.exited), case
+    assert _bits(float(got["credit"])) == _bits(float(ch.credit)), (got["credit"], ch.credit)
+    return want
+
+
+def _bits(x: float) -> int:
+    return int(torch.tensor(x, dtype=torch.float64).view(torch.int64))
+
+
+def _chain(
+    lib: ctypes.CDLL,
+    steps: list[torch.Tensor],
+    B: int,
+    align: int,
+    cost: StepCost | list[StepCost],
+) -> list[Plan]:
+    """Each step's plan (and credit) is the next one's ``previous``; the reference plans,
+    in order (``cost``: one for every step, or one per step)."""
+    costs = cost if isinstance(cost, list) else [cost] * len(steps)
+    prev, plans = None, []
+    for c, step_cost in zip(steps, costs, strict=True):
+        prev = _check(lib, c, B, align, prev, step_cost)
+        plans.append(prev)
+    return plans
+
+
+def _hot(R: int, E: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    c = torch.randint(0, 20, (R, E), generator=g)
+    c[:, seed % E] += 400
+    return c
+
+
+# ---- quick cases (the default suite) ----------------------------------------------------------
+
+
+def test_quick_cases_equal_the_reference(emu: ctypes.CDLL) -> None:
+    """A chain of previous plans on a hot expert with every candidate built, the early exit
+    taken, E < R, E mod R != 0, empty and all-zero counts, one rank."""
+    plans = _chain(emu, [_hot(4, 10, s) for s in range(3)], 3, 8, full(H200))
+    assert not any(bool(p.choice.exited) for p in plans)
+    exit_cost = H200.scaled(plan_s=FORCED_S)  # every candidate's planning costs 1e9 s
+    assert bool(_check(emu, _hot(4, 10, 3), 3, 1, plans[-1], exit_cost).choice.exited)
+    _check(emu, _hot(5, 3, 1), 1, 3, None, full(MULTI.scaled(domain=2)))
+    c = _hot(3, 7, 2)
+    c[1] = 0
+    _check(emu, c, 4, 1, None, full(COMPUTE_ONLY.scaled(tile_rows=3, overlap=False)))
+    _check(emu, torch.zeros(3, 5, dtype=torch.int64), 2, 1, None, full(H200))
+    _check(emu, _hot(1, 4, 0), 0, 1, None, H200)
+
+
+def test_every_cost_regime(emu: ctypes.CDLL) -> None:
+    """Exit taken and not, ``plan_s < exit_s``, one and several fast-link domains, the
+    overlapped and the serial schedule: the same plan and scores as the reference."""
+    c0, c1 = _hot(6, 13, 0), _hot(6, 13, 5)
+    regimes = {
+        "exit": H200.scaled(plan_s=FORCED_S),
+        "full": full(H200),
+        "plan below exit": H200.scaled(plan_s=1e-6, exit_s=1e-5),
+        "domains of 2": full(MULTI.scaled(domain=2)),
+        "domains of 4, serial": full(MULTI.scaled(domain=4, overlap=False)),
+        "free copies, serial": full(COMPUTE_ONLY.scaled(overlap=False, tile_rows=16)),
+    }
+    exited = {}
+    for name, cost in regimes.items():
+        p = _chain(emu, [c0, c1], 2, 1, cost)
+        exited[name] = bool(p[-1].choice.exited)
+    assert exited["exit"] and not exited["full"] and not exited["domains of 2"]
+
+
+def _lognormal(R: int, E: int, S: int, seeds: range) -> list[torch.Tensor]:
+    from bench._gpu_planner import lognormal_counts
+
+    return [lognormal_counts(R, E, S, 8, seed) for seed in seeds]
+
+
+def _exited(p: Plan) -> bool:
+    return p.choice is not None and bool(p.choice.exited)
+
+
+def test_the_terms_of_the_copies_and_the_bound(emu: ctypes.CDLL) -> None:
+    """Cases that the cost model's copies beside the home section and the bound's terms
+    decide (each exit asserted here is taken only with the term named, on the reference)."""
+    # copies beside the home section (overlap), every candidate scored: a hot expert
+    _chain(emu, [_hot(8, 64, s) for s in range(2)], 2, 1, full(H200))
+    slow = H200.scaled(plan_s=2e-4, exit_s=0.0)  # a dear planner call
+    # the kept reads decide the exit, without residents and with them
+    assert _exited(_chain(emu, _lognormal(4, 256, 4, range(2)), 2, 1, slow)[1])
+    plans = _chain(emu, _lognormal(4, 256, 16, range(3)), 2, 1, [full(slow), slow, slow])
+    assert _exited(plans[2]) and bool(plans[1].slot_expert.ge(0).any())
+    # the link rows decide it, without residents (domains of 2) and with them
+    two = slow.scaled(domain=2)
+    assert _exited(_chain(emu, _lognormal(4, 256, 16, range(3)), 2, 1, [full(two), two, two])[2])
+    plans = _chain(emu, _lognormal(4, 16, 64, range(4)), 2, 1, [full(H200), H200, H200, H200])
+    assert _exited(plans[3]) and bool(plans[2].slot_expert.ge(0).any())
+    # 16 records over 64 experts a rank: ceil(Z/R) experts on a rank is the experts' bound
+    _chain(emu, _lognormal(8, 64, 2, range(2)), 2, 1, H200)
+    # compute-bound, one record on each of five experts: ceil(Z/R) tiles on some rank
+    c = torch.zeros(4, 16, dtype=torch.int64)
+    c[[0, 1, 2, 3, 0], [0, 3, 6, 9, 12]] = 1
+    _check(emu, c, 2, 1, None, COMPUTE_ONLY.scaled(tile_rows=16))
+    # residents, dear copies: the copy-free bound, whose busiest link receives home records
+    first = _check(emu, _hot(4, 16, 0), 2, 1, None, full(H200.scaled(copy_s_intra=0.0)))
+    _check(emu, _hot(4, 16, 1), 2, 1, first, H200.scaled(copy_s_intra=100 * H200.copy_s_intra))
+    # several domains (the links' harmonic rate), the serial schedule
+    _chain(emu, _lognormal(16, 64, 16, range(3)), 2, 1, MULTI.scaled(domain=4))
+    _chain(emu, _lognormal(16, 64, 64, range(3)), 3, 1, full(MULTI.scaled(domain=4, overlap=False)))
+
+
+def test_rent_or_buy(emu: ctypes.CDLL) -> None:
+    """The rent-or-buy rule (``choice/rent.py``): a step that buys the least free score's
+    plan (not the least score) and spends the credit; an exit that carries a credit in and
+    accrues more; a full call with nothing to buy, which clears it; credit carried over
+    full calls and exits."""
+    plans = _chain(emu, _lognormal(4, 16, 64, range(4)), 2, 1, [full(H200), H200, H200, H200])
+    ch = plans[2].choice
+    assert ch is not None and int(ch.index) != int(torch.argmin(ch.scores))  # a buy
+    assert float(ch.credit) == 0.0 and float(plans[1].choice.credit) > 0.0
+    plans = _chain(emu, _lognormal(4, 16, 2, range(2)), 2, 1, [full(H200), H200])
+    assert float(plans[0].choice.credit) > 0.0 and _exited(plans[1])
+    assert float(plans[1].choice.credit) > float(plans[0].choice.credit)
+    # a full call whose least score is its least free score too: nothing to buy, credit 0
+    plans = _chain(emu, _lognormal(4, 64, 16, range(3)), 2, 1, H200)
+    assert float(plans[1].choice.credit) > 0.0 and not _exited(plans[2])
+    assert float(plans[2].choice.credit) == 0.0
+    _chain(emu, _lognormal(16, 64, 16, range(4)), 2, 1, MULTI.scaled(domain=4))
+    # one persistently hot expert, dear copies: static while the rent accrues, then a buy
+    hot = torch.full((4, 8), 40, dtype=torch.int64)
+    hot[:, 0] = 4000
+    plans = _chain(emu, [hot] * 8, 2, 1, H200.scaled(copy_s_intra=4e-3))
+    assert plans[0].policy == "static" and any(p.new_copies() > 0 for p in plans)
+
+
+# ---- sweeps (slow) ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # hypothesis: 3-step chains through the emulated kernel (about 10 s)
+@given(st.data())
+@settings(deadline=None)
+def test_hypothesis_counts_chains_and_costs(emu: ctypes.CDLL, data: st.DataObject) -> None:
+    """Random and adversarial counts, chains of previous plans, B from 0 to 2M + 3."""
+    first = data.draw(counts(max_ranks=7, max_experts=14, max_records_per_rank=300))
+    R, E = first.shape
+    M = -(-E // R)
+    B = data.draw(st.integers(0, 2 * M + 3))
+    align = data.draw(st.sampled_from([1, 3, 8]))
+    cost = data.draw(costs())
+    cost = full(cost) if data.draw(st.booleans()) else cost
+    steps = [first] + [counts_like(data, first) for _ in range(2)]
+    _chain(emu, steps, B, align, cost)
+
+
+def _random_counts(rng: random.Random, R: int, E: int) -> torch.Tensor:
+    c = torch.zeros(R, E, dtype=torch.int64)
+    kind = rng.choice(["lognormal", "lognormal", "hot", "zero", "empty", "random"])
+    if kind == "hot":
+        c[:, rng.randrange(E)] = torch.tensor([rng.randrange(0, 300) for _ in range(R)])
+    elif kind == "random":
+        c = torch.tensor([[rng.randrange(100) for _ in range(E)] for _ in range(R)])
+    elif kind != "zero":
+        w = [rng.lognormvariate(0, 1.5) for _ in range(E)]
+        for s in range(R):
+            if kind == "empty" and rng.random() < 0.5:
+                continue
+            for e in rng.choices(range(E), weights=w, k=rng.randrange(0, 200)):
+                c[s, e] += 1
+    return c
+
+
+def _random_cost(rng: random.Random) -> StepCost:
+    base = rng.choice([H200, MULTI, COMPUTE_ONLY])
+    copy = rng.choice([0.0, 0.01, 1.0, 100.0])
+    cost = base.scaled(
+        copy_s_intra=base.copy_s_intra * copy,
+        copy_s_inter=base.copy_s_inter * copy,
+        plan_s=rng.choice([0.0, 2e-5, 1e-2]),
+        exit_s=rng.choice([0.0, 1e-6, 1e-2]),
+        tile_rows=rng.choice([1, 3, 16]),
+        overlap=rng.random() < 0.5,
+        domain=rng.choice([base.domain, 1, 2, 3]),
+    )
+    return full(cost) if rng.random() < 0.4 else cost
+
+
+@pytest.mark.slow  # 240 three-step chains through the emulated kernel (about 30 s)
+def test_sweep_of_chains(emu: ctypes.CDLL) -> None:
+    """Seeded sweep: R up to 9, E up to 20 (E < R, E mod R != 0), B from 0 to 2M + 3, align
+    1/3/8, every cost regime; every kind of candidate wins somewhere, a low and a high level."""
+    rng = random.Random(22)
+    won = set()
+    for _ in range(240):
+        R, E = rng.choice([1, 2, 3, 4, 5, 6, 8, 9]), rng.choice([1, 2, 3, 5, 7, 8, 13, 16, 20])
+        M = -(-E // R)
+        B, align = rng.randrange(0, 2 * M + 4), rng.choice([1, 3, 8])
+        plans = _chain(
+            emu, [_random_counts(rng, R, E) for _ in range(3)], B, align, _random_cost(rng)
+        )
+        won |= {p.policy for p in plans}
+    assert won >= {"static", "exact", "resident", "greedy", "level-1"}, won
+    assert any(int(p[6:]) > LEVELS // 2 for p in won if p.startswith("level-")), won
+
+
+@pytest.mark.slow  # the bench shapes through the emulated kernel, 1024 fibers a block (~10 s)
+@pytest.mark.parametrize("shape", [(8, 256, 512, 8), (13, 100, 64, 4), (40, 17, 64, 2),
+                                   (64, 896, 256, 8)])  # fmt: skip
+def test_bench_shapes_and_levels(emu: ctypes.CDLL, shape: tuple[int, int, int, int]) -> None:
+    from bench._gpu_planner import lognormal_counts
+
+    R, E, S, K = shape
+    B = min(2, -(-E // R))
+    for cost in (full(H200), full(MULTI), full(COMPUTE_ONLY.scaled(domain=3, tile_rows=16))):
+        steps = [lognormal_counts(R, E, S, K, seed) for seed in (1, 2)]
+        _chain(emu, steps, B, 128, cost)
+
+
+@pytest.mark.slow  # a few seconds
+def test_wide_keys_and_other_level_counts(emu: ctypes.CDLL) -> None:
+    """N >= 2^51 (the balance's wide keys), and K = 1, 2, 3 levels (C = K + 3 blocks)."""
+    g = torch.Generator().manual_seed(3)
+    c = torch.randint(0, 2**49, (4, 9), generator=g)
+    c[:, 2] += 2**50
+    _chain(emu, [c, c.roll(1, 1)], 2, 1, full(COMPUTE_ONLY))
+    for levels in (1, 2, 3):
+        c = _hot(5, 11, levels)
+        p = _check(emu, c, 3, 1, None, full(H200), levels)
+        _check(emu, c.roll(1, 1), 3, 1, p, full(COMPUTE_ONLY), levels)
+
+
+@pytest.mark.slow  # the OS-thread build (real concurrency, ~1 s per call): a few chains
+def test_os_thread_build_agrees(tmp_path: Path) -> None:
+    lib = _build(tmp_path, fibers=False)
+    _chain(lib, [_hot(4, 10, s) for s in range(2)], 3, 8, full(H200))
+    _chain(lib, [_hot(3, 7, s) for s in range(2)], 2, 1, full(MULTI.scaled(domain=2)))
