@@ -214,7 +214,7 @@ def back_arrows(graph: dict[str, set[str]], layers: dict[str, int]) -> set[tuple
 
 def test_the_layer_table_reads_from_the_design_page() -> None:
     table = layer_table(DESIGN.read_text())
-    assert table[0] == ("leaves", ["errors", "checks", "cost", "tables", "moved"])
+    assert table[0] == ("leaves", ["errors", "checks", "cost", "tables", "moved", "host_arrays"])
     assert table[-1][0] == "front ends" and "cli" in table[-1][1]
     graph = {"moonplan.cost": {"moonplan.cli.main"}, "moonplan.cli.main": {"moonplan.cost"}}
     assert back_arrows(graph, layer_of()) == {("moonplan.cost", "moonplan.cli.main")}

@@ -54,15 +54,9 @@ import numpy as np
 import torch
 
 from moonplan.cost import ModelPreset, get_preset
+from moonplan.host_arrays import host_bool, host_int64
 from moonplan.stepcost.hardware import Hardware, get_hardware
-from moonplan.stepcost.traffic import (
-    SCHEMES,
-    Traffic,
-    dispatch_traffic,
-    host_bool,
-    host_int64,
-    pair_traffic,
-)
+from moonplan.stepcost.traffic import SCHEMES, Traffic, dispatch_traffic, pair_traffic
 
 if TYPE_CHECKING:
     from moonplan.plan.plan_type import Plan

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from moonplan.host_arrays import host_int64
+
 SCHEMES = ("record", "rank", "host")
 """Dispatch schemes: a row per record, per (token, destination rank), per (token, host)."""
 
@@ -59,31 +61,6 @@ class Traffic:
     send_inter_R: np.ndarray
     recv_intra_R: np.ndarray
     recv_inter_R: np.ndarray
-
-
-def host_int64(a: Any) -> np.ndarray:
-    """``a`` (torch tensor on any device, numpy array or lists) as an int64 numpy array
-    (no copy where ``a`` already is one, or an int64 CPU tensor: a view of its memory)."""
-    if isinstance(a, np.ndarray) and a.dtype == np.int64:
-        return a
-    return np.asarray(_host(a), dtype=np.int64)
-
-
-def host_bool(a: Any) -> np.ndarray:
-    """``a != 0`` (torch tensor on any device, numpy array or lists) as a bool numpy array
-    (no copy where ``a`` already is a bool array or a bool CPU tensor)."""
-    a = np.asarray(_host(a))
-    return a if a.dtype == np.bool_ else a != 0
-
-
-def _host(a: Any) -> Any:
-    """A torch tensor (any device) as a numpy array on the host; anything else as it is."""
-    if hasattr(a, "detach"):
-        a = a.detach()
-        if a.device.type != "cpu":
-            a = a.cpu()
-        return a.numpy()
-    return a
 
 
 def dispatch_traffic(sent_RE: Any, rows_ER: Any, domain: int) -> Traffic:
