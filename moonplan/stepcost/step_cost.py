@@ -48,7 +48,7 @@ import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,10 +56,8 @@ import torch
 from moonplan.cost import ModelPreset, get_preset
 from moonplan.host_arrays import host_bool, host_int64
 from moonplan.stepcost.hardware import Hardware, get_hardware
+from moonplan.stepcost.plan_compat import PlanTensors, step_inputs, warn_moved
 from moonplan.stepcost.traffic import SCHEMES, Traffic, dispatch_traffic, pair_traffic
-
-if TYPE_CHECKING:
-    from moonplan.plan.plan_type import Plan
 
 _RATE_FIELDS = (
     "row_flop_s",
@@ -412,42 +410,14 @@ class StepCost:
             total = without + alone
         return StepTime(plan, alone, max(0.0, total - without), D, experts, Cb, total)
 
-    def plan_time(self, plan: Plan, *, planned: float = 1) -> StepTime:
-        """Predicted :class:`StepTime` of a moonplan :class:`~moonplan.plan.Plan`.
-
-        Rows are the plan's records (``alloc``; ``align`` padding is not modelled: it is
-        small next to the GEMM tile), sent rows its counts, fetched pairs its new slots and
-        its direct replicas, fetched from the experts' home ranks.
-        """
-        alloc_ER = host_int64(plan.alloc)  # one host copy, for the rows and the fetches
-        fetch_ER = _fetch_ER(plan, alloc_ER)
-        return self.step_time(
-            alloc_ER, host_int64(plan.counts), fetch_ER, host_int64(plan.home), planned=planned
-        )
+    def plan_time(self, plan: PlanTensors, *, planned: float = 1) -> StepTime:
+        """Deprecated (it warns; removed in the next release): use
+        ``moonplan.plan.plan_time.plan_time(cost, plan, planned=...)``, the same figures."""
+        warn_moved("StepCost.plan_time(plan)", "plan_time(cost, plan)")
+        return self.step_time(*step_inputs(plan), planned=planned)
 
 
 def copies_beside(moves: Traffic) -> np.ndarray:
     """int64 ``[R]``: weight copies each rank sends or receives (``moves``: their traffic;
     a copy to the rank itself is no copy)."""
     return moves.send_intra_R + moves.send_inter_R + moves.recv_intra_R + moves.recv_inter_R
-
-
-def plan_fetch_ER(plan: Plan, alloc_ER: np.ndarray | None = None) -> torch.Tensor:
-    """CPU bool ``[E, R]``: pairs whose weights a plan moves this step (new slots, direct
-    reads). ``alloc_ER``: the plan's allocation already on the host (int64 numpy), if any."""
-    return torch.from_numpy(
-        _fetch_ER(plan, host_int64(plan.alloc) if alloc_ER is None else alloc_ER)
-    )
-
-
-def _fetch_ER(plan: Plan, alloc_ER: np.ndarray) -> np.ndarray:
-    """:func:`plan_fetch_ER` as a numpy array (``alloc_ER``: the plan's, on the host)."""
-    fetch_ER = np.zeros(alloc_ER.shape, dtype=bool)
-    slot_RB, new_RB = host_int64(plan.slot_expert), host_bool(plan.slot_new)
-    r_N, j_N = new_RB.nonzero()
-    fetch_ER[slot_RB[r_N, j_N], r_N] = True
-    direct_RD = host_int64(plan.direct_expert())
-    r_N, j_N = (direct_RD >= 0).nonzero()
-    fetch_ER[direct_RD[r_N, j_N], r_N] = True
-    fetch_ER &= alloc_ER > 0
-    return fetch_ER
