@@ -96,7 +96,7 @@ class StepTime:
 
     def as_us(self) -> dict[str, float]:
         """The phases in microseconds, keyed ``plan_us``, ..., ``total_us``."""
-        return {f"{f.name[:-2]}_us": getattr(self, f.name) * 1e6 for f in dataclasses.fields(self)}
+        return {f"{name[:-2]}_us": s * 1e6 for name, s in dataclasses.asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -155,8 +155,7 @@ class StepCost:
     (``scheme_traffic``)."""
 
     def __post_init__(self) -> None:
-        for name in _RATE_FIELDS:
-            v = getattr(self, name)
+        for name, v in zip(_RATE_FIELDS, self.rates(), strict=True):
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"StepCost.{name} must be a finite number >= 0, got {v!r}")
         if isinstance(self.tile_rows, bool) or not isinstance(self.tile_rows, int):
@@ -231,9 +230,27 @@ class StepCost:
         """A copy with ``fields`` replaced (``dataclasses.replace``)."""
         return dataclasses.replace(self, **fields)
 
+    def rates(self) -> tuple[float, ...]:
+        """The 13 rate fields' values, in the order of their names in ``_RATE_FIELDS``."""
+        return (
+            self.row_flop_s,
+            self.weight_read_s,
+            self.row_mem_s,
+            self.copy_s_intra,
+            self.copy_s_inter,
+            self.dispatch_row_s_intra,
+            self.dispatch_row_s_inter,
+            self.combine_row_s_intra,
+            self.combine_row_s_inter,
+            self.base_latency_s,
+            self.per_peer_latency_s,
+            self.plan_s,
+            self.exit_s,
+        )
+
     def as_tensor(self) -> torch.Tensor:
         """float64 ``[13]`` of the rates (for agreeing across ranks, e.g. the element-wise max)."""
-        return torch.tensor([float(getattr(self, n)) for n in _RATE_FIELDS], dtype=torch.float64)
+        return torch.tensor([float(v) for v in self.rates()], dtype=torch.float64)
 
     @classmethod
     def from_tensor(

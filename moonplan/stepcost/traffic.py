@@ -142,14 +142,18 @@ def pair_traffic(pairs_C2: Any, num_ranks: int, domain: int) -> Traffic:
     )
 
 
-def add_traffic(*parts: Traffic) -> Traffic:
+def add_traffic(first: Traffic, *rest: Traffic) -> Traffic:
     """Field-wise sum of several :class:`Traffic` of the same ranks."""
-    return Traffic(
-        *(sum((getattr(t, f) for t in parts[1:]), getattr(parts[0], f)) for f in _FIELDS)
-    )
-
-
-_FIELDS = ("local_R", "send_intra_R", "send_inter_R", "recv_intra_R", "recv_inter_R")
+    out = first
+    for t in rest:
+        out = Traffic(
+            out.local_R + t.local_R,
+            out.send_intra_R + t.send_intra_R,
+            out.send_inter_R + t.send_inter_R,
+            out.recv_intra_R + t.recv_intra_R,
+            out.recv_inter_R + t.recv_inter_R,
+        )
+    return out
 
 
 def scheme_traffic(dest_RSK: Any, scheme: str, domain: int) -> Traffic:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -117,6 +119,22 @@ def test_tensor_round_trip_and_agreement_by_max() -> None:
     assert agreed.copy_s_intra == slower.copy_s_intra and agreed.row_flop_s == a.row_flop_s
     exiting = a.scaled(exit_s=3e-6)  # the early exit's time is a rate, agreed like the rest
     assert StepCost.from_tensor(exiting.as_tensor(), tile_rows=128).exit_s == 3e-6
+
+
+def test_rates_are_the_float_fields_in_tensor_order() -> None:
+    names = [f.name for f in dataclasses.fields(StepCost) if f.type in ("float", float)]
+    distinct = StepCost(**{n: float(i) for i, n in enumerate(names)})
+    assert distinct.rates() == tuple(float(i) for i in range(len(names)))
+    assert distinct.as_tensor().tolist() == list(distinct.rates())
+    with pytest.raises(ValueError, match=r"StepCost\.exit_s must be a finite number"):
+        distinct.scaled(exit_s=-1.0)
+
+
+def test_step_time_in_microseconds_names_every_phase() -> None:
+    t = UNIT.step_time(*two_rank_case())
+    us = t.as_us()
+    assert list(us) == [f"{f.name[:-2]}_us" for f in dataclasses.fields(t)]
+    assert us["total_us"] == t.total_s * 1e6 and us["plan_us"] == 7e6
 
 
 def test_horizon_is_deprecated_and_ignored() -> None:
