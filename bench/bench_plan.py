@@ -34,6 +34,7 @@ from _common import TextTable, median_ms, time_interleaved, timing_parser, write
 
 import moonplan
 from moonplan.baselines import copies_lower_bound, moonep_greedy_alloc, replica_count
+from moonplan.plan.plan_time import plan_time
 from moonplan.stepcost import StepCost
 from moonplan.traces import (
     DriftingTrace,
@@ -176,7 +177,7 @@ def auto_vs_exact(
             chosen.append(a)
         prev_a, prev_e = a, e
     last = chosen[-1]
-    exact_pred = cost.plan_time(moonplan.plan(last.counts, slots=2), planned=1).total_s
+    exact_pred = plan_time(cost, moonplan.plan(last.counts, slots=2), planned=1).total_s
     names = [p.policy for p in chosen]
     return {
         "R": R,

@@ -38,29 +38,22 @@ __device__ __forceinline__ bool mp_beats_min(mp_i64 v, int i, mp_i64 bv, int bi)
     return i >= 0 && (bi < 0 || v < bv || (v == bv && i < bi));
 }
 
-// Butterfly argmax: every lane ends with the warp's best (v, i).
-__device__ __forceinline__ void mp_warp_argmax(mp_i64& v, int& i) {
+// Butterfly arg-best: every lane ends with the warp's best (v, i), the largest value when
+// MAX, else the smallest (ties: the lowest valid id either way).
+template <bool MAX>
+__device__ __forceinline__ void mp_warp_best(mp_i64& v, int& i) {
     for (int off = MP_WARP / 2; off > 0; off >>= 1) {
         const mp_i64 ov = __shfl_xor_sync(MP_FULL_MASK, v, off);
         const int oi = __shfl_xor_sync(MP_FULL_MASK, i, off);
-        if (mp_beats_max(ov, oi, v, i)) {
+        if (MAX ? mp_beats_max(ov, oi, v, i) : mp_beats_min(ov, oi, v, i)) {
             v = ov;
             i = oi;
         }
     }
 }
 
-// Butterfly argmin: every lane ends with the warp's best (v, i).
-__device__ __forceinline__ void mp_warp_argmin(mp_i64& v, int& i) {
-    for (int off = MP_WARP / 2; off > 0; off >>= 1) {
-        const mp_i64 ov = __shfl_xor_sync(MP_FULL_MASK, v, off);
-        const int oi = __shfl_xor_sync(MP_FULL_MASK, i, off);
-        if (mp_beats_min(ov, oi, v, i)) {
-            v = ov;
-            i = oi;
-        }
-    }
-}
+__device__ __forceinline__ void mp_warp_argmax(mp_i64& v, int& i) { mp_warp_best<true>(v, i); }
+__device__ __forceinline__ void mp_warp_argmin(mp_i64& v, int& i) { mp_warp_best<false>(v, i); }
 
 // A warm pair (d, r) beats another: reference key min(X[r], -X[d], r, d).
 __device__ __forceinline__ bool mp_pair_beats(mp_i64 xr, mp_i64 xd, int r, int d, mp_i64 bxr,

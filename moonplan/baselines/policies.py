@@ -41,8 +41,9 @@ from moonplan.baselines.planner_time import auto_us, exact_us, exit_us
 from moonplan.baselines.policy_base import Policy, PolicyStep, make_step
 from moonplan.baselines.registry import PolicyInfo, register
 from moonplan.plan import api as planner
+from moonplan.plan.plan_time import plan_fetch_ER, plan_time
 from moonplan.plan.plan_type import Plan
-from moonplan.stepcost import StepCost, plan_fetch_ER
+from moonplan.stepcost import StepCost
 
 __all__ = [
     "MoonplanAutoPolicy",
@@ -230,11 +231,11 @@ class MoonplanRefreshPolicy(PlannerPolicy):
         refill_ER = plan_fetch_ER(refill)
         if not refill_ER.any():  # nothing to copy: no trial plan needed
             return []
-        now = self.cost.plan_time(p, planned=0)
+        now = plan_time(self.cost, p, planned=0)
         link_s = refill_link_s(self.cost, refill_ER, p.home.cpu())
         k = self.period if now.experts_s <= 0 else math.ceil(link_s / now.experts_s)
         k = max(1, min(self.period, k))
-        after = self.cost.plan_time(self.plan(counts_RE, refill), planned=0)
+        after = plan_time(self.cost, self.plan(counts_RE, refill), planned=0)
         exposed_s = k * max(0.0, link_s / k - now.experts_s)
         if (now.total_s - after.total_s) * self.period <= exposed_s:
             return []

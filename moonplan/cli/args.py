@@ -7,7 +7,10 @@
 * ``type=`` validators (:func:`int_range`, :func:`float_range`) that argparse turns into
   such errors;
 * :func:`fail`: the same line from a handler, for checks that involve several
-  arguments (e.g. ``--topk`` against ``--experts``).
+  arguments (e.g. ``--topk`` against ``--experts``);
+* the options several subcommands share (:func:`add_ranks`, :func:`add_seed`,
+  :func:`add_slots`, :func:`add_steps`, :func:`add_layer_args`): one flag, one type and
+  one range everywhere, each subcommand giving its default and help.
 """
 
 from __future__ import annotations
@@ -48,11 +51,52 @@ def add_subcommand(
     return parser
 
 
-def add_layer_args(parser: argparse.ArgumentParser, *, experts_help: str, topk_help: str) -> None:
-    """The options ``demo`` and ``profile`` share: the layer shape and router skew
+def add_ranks(
+    p: argparse.ArgumentParser, *, default: int | None, help: str, most: int | None = None
+) -> None:
+    """``--ep`` (alias ``--ranks``, read as ``args.ranks``): the EP size, an integer in
+    ``[1, most]`` (``most=None``: no upper bound)."""
+    p.add_argument(
+        "--ep", "--ranks", dest="ranks", type=int_range(1, most), default=default, help=help
+    )
+
+
+def add_seed(p: argparse.ArgumentParser, *, help: str) -> None:
+    """``--seed``: an integer in ``[0, 2**31 - 1]`` (what every generator here accepts),
+    default 0."""
+    p.add_argument("--seed", type=int_range(0, 2**31 - 1), default=0, help=help)
+
+
+def add_slots(p: argparse.ArgumentParser, *, help: str) -> None:
+    """``--slots``: prefetch slots ``B`` per rank, an integer >= 0, default ``None``
+    (the subcommand's own default, which ``help`` names)."""
+    p.add_argument("--slots", type=int_range(0), default=None, help=help)
+
+
+def add_steps(
+    p: argparse.ArgumentParser, *, default: int, help: str, warmup: tuple[int, str] | None = None
+) -> None:
+    """``--steps`` (an integer >= 1) and, given ``warmup = (default, help)``, ``--warmup``
+    (steps run first, an integer >= 0)."""
+    p.add_argument("--steps", type=int_range(1), default=default, help=help)
+    if warmup is not None:
+        p.add_argument("--warmup", type=int_range(0), default=warmup[0], help=warmup[1])
+
+
+def add_layer_args(
+    parser: argparse.ArgumentParser,
+    *,
+    ranks_help: str,
+    experts_help: str,
+    topk_help: str,
+    most_ranks: int | None = None,
+) -> None:
+    """The options ``demo`` and ``profile`` share: the EP size (:func:`add_ranks`, default
+    ``None``: the launcher's or the subcommand's own), the layer shape and router skew
     (``--experts``, ``--tokens``, ``--topk``, ``--hidden``, ``--ffn``, ``--sigma``,
     ``--seed``) and where the ranks run (``--device``, ``--timeout``)."""
     p = parser
+    add_ranks(p, default=None, help=ranks_help, most=most_ranks)
     p.add_argument("--experts", type=int_range(1), default=16, help=experts_help)
     p.add_argument("--tokens", type=int_range(0), default=256, help="tokens per rank (default 256)")
     p.add_argument("--topk", type=int_range(1), default=2, help=topk_help)
@@ -64,7 +108,7 @@ def add_layer_args(parser: argparse.ArgumentParser, *, experts_help: str, topk_h
         default=1.0,
         help="lognormal sigma of expert popularity (default 1)",
     )
-    p.add_argument("--seed", type=int_range(0, 2**31 - 1), default=0, help="seed (default 0)")
+    add_seed(p, help="seed (default 0)")
     p.add_argument(
         "--device",
         default="cpu",

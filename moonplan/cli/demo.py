@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 from moonplan.cli.args import (
     add_layer_args,
+    add_steps,
     add_subcommand,
     check_layer_args,
     fail,
-    int_range,
 )
 from moonplan.tables import render
 
@@ -55,18 +55,14 @@ DESCRIPTION = (
 def register(subparsers: Any) -> None:
     """Add the ``demo`` subcommand (handler in ``args.func``)."""
     p = add_subcommand(subparsers, "demo", handler, HELP, DESCRIPTION)
-    p.add_argument(
-        "--ep",
-        "--ranks",
-        dest="ranks",
-        type=int_range(1, MAX_RANKS),
-        default=None,
-        help="EP size: ranks to start (default 4; under torchrun: its WORLD_SIZE)",
-    )
     add_layer_args(
-        p, experts_help="experts (default 16)", topk_help="top-k, <= experts (default 2)"
+        p,
+        ranks_help="EP size: ranks to start (default 4; under torchrun: its WORLD_SIZE)",
+        most_ranks=MAX_RANKS,
+        experts_help="experts (default 16)",
+        topk_help="top-k, <= experts (default 2)",
     )
-    p.add_argument("--steps", type=int_range(1), default=5, help="steps (default 5)")
+    add_steps(p, default=5, help="steps (default 5)")
     p.add_argument(
         "--no-progress",
         action="store_true",

@@ -18,7 +18,15 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from moonplan.cli.args import add_subcommand, fail, float_range, int_range
+from moonplan.cli.args import (
+    add_ranks,
+    add_seed,
+    add_slots,
+    add_subcommand,
+    fail,
+    float_range,
+    int_range,
+)
 from moonplan.cli.choices import COUNT_FAMILIES, PLAN_BACKENDS, listed
 from moonplan.tables import render
 
@@ -62,10 +70,7 @@ def _counts_args(p: argparse.ArgumentParser) -> None:
         help=f"popularity family of generated counts: {listed(COUNT_FAMILIES)} (default lognormal)",
     )
     p.add_argument("--sigma", type=float_range(0), default=1.0, help="lognormal sigma (default 1)")
-    p.add_argument(
-        "--ep", "--ranks", dest="ranks", type=int_range(1), default=8,
-        help="EP size R of generated counts (default 8)",
-    )  # fmt: skip
+    add_ranks(p, default=8, help="EP size R of generated counts (default 8)")
     p.add_argument(
         "--experts", type=int_range(1), default=64, help="E of generated counts (default 64)"
     )
@@ -73,19 +78,12 @@ def _counts_args(p: argparse.ArgumentParser) -> None:
         "--tokens", type=int_range(0), default=4096, help="tokens per rank (default 4096)"
     )
     p.add_argument("--topk", type=int_range(1), default=8, help="top-k (default 8)")
-    p.add_argument(
-        "--seed", type=int_range(0), default=0, help="seed of generated counts (default 0)"
-    )
+    add_seed(p, help="seed of generated counts (default 0)")
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
     """How to plan them and what to print or write."""
-    p.add_argument(
-        "--slots",
-        type=int_range(0),
-        default=None,
-        help="prefetch slots B per rank (default ceil(E/R))",
-    )
+    add_slots(p, help="prefetch slots B per rank (default ceil(E/R))")
     p.add_argument(
         "--align", type=int_range(1), default=1, help="row padding, in records (default 1)"
     )

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from moonplan.cli.args import (
     add_layer_args,
+    add_steps,
     add_subcommand,
     check_layer_args,
     fail,
@@ -45,13 +46,11 @@ DESCRIPTION = (
 def register(subparsers: Any) -> None:
     """Add the ``profile`` subcommand (handler in ``args.func``)."""
     p = add_subcommand(subparsers, "profile", handler, HELP, DESCRIPTION)
-    p.add_argument(
-        "--ep", "--ranks", dest="ranks", type=int_range(1), default=None,
-        help="EP size: ranks (default 4, the trace's, or torchrun's WORLD_SIZE)",
-    )  # fmt: skip
-    p.add_argument("--steps", type=int_range(1), default=10, help="profiled steps (default 10)")
-    p.add_argument(
-        "--warmup", type=int_range(0), default=2, help="steps run before profiling (default 2)"
+    add_steps(
+        p,
+        default=10,
+        help="profiled steps (default 10)",
+        warmup=(2, "steps run before profiling (default 2)"),
     )
     p.add_argument(
         "--backward",
@@ -76,7 +75,10 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--layers", type=int_range(1), default=1, help="stacked MoE layers (default 1)")
     add_layer_args(
-        p, experts_help="experts (default 16; trace: its E)", topk_help="top-k (default 2)"
+        p,
+        ranks_help="EP size: ranks (default 4, the trace's, or torchrun's WORLD_SIZE)",
+        experts_help="experts (default 16; trace: its E)",
+        topk_help="top-k (default 2)",
     )
 
 

@@ -21,7 +21,14 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from moonplan.cli.args import add_subcommand, float_range, int_range
+from moonplan.cli.args import (
+    add_seed,
+    add_slots,
+    add_steps,
+    add_subcommand,
+    float_range,
+    int_range,
+)
 from moonplan.cli.choices import (
     DEPLOYED_PERIOD,
     DEPLOYED_WINDOW,
@@ -113,18 +120,15 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
 
 def _step_args(p: argparse.ArgumentParser) -> None:
     """The steps of each point: how many, their drift, seed and sampler, or a trace."""
-    p.add_argument(
-        "--steps",
-        type=int_range(1),
+    add_steps(
+        p,
         default=MEASURED_STEPS,
         help=f"measured steps per point (default {MEASURED_STEPS}; with --counts the last ones)",
-    )
-    p.add_argument(
-        "--warmup",
-        type=int_range(0),
-        default=WARMUP_STEPS,
-        help=f"steps run before measuring (default {WARMUP_STEPS}; --counts: the steps before "
-        "the measured ones)",
+        warmup=(
+            WARMUP_STEPS,
+            f"steps run before measuring (default {WARMUP_STEPS}; --counts: the steps before "
+            "the measured ones)",
+        ),
     )
     p.add_argument(
         "--rho",
@@ -139,15 +143,8 @@ def _step_args(p: argparse.ArgumentParser) -> None:
         help=f"persistent share of the log-popularity's variance (default {PERSISTENT_SHARE}, "
         "measured on real routing; 0: drift only, the earlier model)",
     )
-    p.add_argument(
-        "--slots",
-        type=int_range(0),
-        default=None,
-        help="redundant slots per rank for moonplan and EPLB (default: each one's own)",
-    )
-    p.add_argument(
-        "--seed", type=int_range(0), default=0, help="seed of the generated counts (default 0)"
-    )
+    add_slots(p, help="redundant slots per rank for moonplan and EPLB (default: each one's own)")
+    add_seed(p, help="seed of the generated counts (default 0)")
     p.add_argument(
         "--exact",
         action="store_true",

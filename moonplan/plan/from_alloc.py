@@ -99,7 +99,7 @@ def layout_torch(
     prev = prev_RB if prev_RB is not None else cand_RK.new_full((R, num_slots), -1)
     place = place_slots_host if host else place_slots_masked
     slot_RB, new_RB, direct_RD = place(cand_RK, prev, num_slots)
-    return _fields(alloc_ER, (home_E, ids_RM), (slot_RB, new_RB, direct_RD), align)
+    return layout_fields(alloc_ER, (home_E, ids_RM), (slot_RB, new_RB, direct_RD), align)
 
 
 def largest_first(rec_RE: torch.Tensor, K: int) -> torch.Tensor:
@@ -152,7 +152,7 @@ def layout_resident(
     slot_RB = prev_RB if prev_RB is not None else alloc_ER.new_full((R, num_slots), -1)
     direct_RD = alloc_ER.new_full((R, max(0, max_local(E, R) - num_slots)), -1)
     slots = (slot_RB, torch.zeros_like(slot_RB), direct_RD)
-    return _fields(alloc_ER, home_layout(E, R, alloc_ER.device), slots, align)
+    return layout_fields(alloc_ER, home_layout(E, R, alloc_ER.device), slots, align)
 
 
 def home_layout(
@@ -178,22 +178,29 @@ def home_layout(
     return home_of(e_E, E, R), ids_RM
 
 
-def _fields(
+def layout_fields(
     alloc_ER: torch.Tensor,
     homes: tuple[torch.Tensor, torch.Tensor],
     slots: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     align: int,
+    *,
+    target_R: torch.Tensor | None = None,
+    flow_F3: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """The plan fields of ``alloc_ER``: ``homes = (home_E, ids_RM)`` from :func:`home_layout`,
-    ``slots = (slot_RB, new_RB, direct_RD)`` the slots, ``slot_new`` and direct replicas."""
+    ``slots = (slot_RB, new_RB, direct_RD)`` the slots, ``slot_new`` and direct replicas,
+    the rows laid out on the allocation's device. ``target_R``: the planner's targets
+    (default ``alloc_ER.sum(0)``); ``flow_F3``: its flows (default: all padding, no
+    construction record)."""
     R, dev = alloc_ER.shape[1], alloc_ER.device
     (home_E, ids_RM), (slot_RB, new_RB, direct_RD) = homes, slots
     row_RW, count_RW, offset_RW1 = row_layout_torch(ids_RM, slot_RB, direct_RD, alloc_ER, align)
-    flow_F3 = torch.full((max(R - 1, 0), 3), -1, dtype=torch.int64, device=dev)
-    flow_F3[:, 2].fill_(0)  # padding rows (-1, -1, 0), built on the device (no host copy)
+    if flow_F3 is None:
+        flow_F3 = torch.full((max(R - 1, 0), 3), -1, dtype=torch.int64, device=dev)
+        flow_F3[:, 2].fill_(0)  # padding rows (-1, -1, 0), built on the device (no host copy)
     return {
         "alloc": alloc_ER,
-        "target": alloc_ER.sum(0),
+        "target": alloc_ER.sum(0) if target_R is None else target_R,
         "home": home_E,
         "flow": flow_F3,
         "slot_expert": slot_RB,

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from moonplan.host_arrays import host_int64
 from moonplan.plan.group_flows import HostMoves, host_moves, warm_maps
 from moonplan.plan.home import home_edges, max_local, targets_list
 from moonplan.plan.host_layout import candidates_from_moves, place_slots_host_np, row_layout_host
 from moonplan.plan.reference import previous_flows
-from moonplan.stepcost.traffic import host_int64
 
 
 @dataclass(frozen=True)

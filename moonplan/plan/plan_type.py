@@ -144,7 +144,7 @@ class Plan:
         backend: name of the backend that built it.
         requested: the ``policy=`` the plan was asked for (``"custom"`` from
             ``Plan.from_alloc``); read :attr:`policy` for how it was made.
-        planned: planner calls that built this plan (what ``StepCost.plan_time``
+        planned: planner calls that built this plan (what ``plan_time.plan_time``
             charges: 1 for ``exact``, a named candidate and ``auto``, 0 for static EP and
             ``from_alloc``; ``auto``'s early exit is charged ``StepCost.exit_s``).
         declared_bound: the bound on every rank's load this plan declares

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 import torch
 
 from moonplan.errors import PlanError
+from moonplan.host_arrays import host_int64
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.route_affinity import affinity_cells
 from moonplan.plan.route_host import OFFSET_BITS, counts_host, route_host, sort_keys
 from moonplan.plan.route_rows import count_rows, token_block_start, unique_rows
-from moonplan.stepcost.traffic import host_int64
 
 HOST_FORM = True
 """Plain routing of CPU tensors takes the host form (``route_host``). ``False`` runs the
@@ -294,9 +294,8 @@ def _row_cells(
 def _check_form(topk_ids: torch.Tensor) -> None:
     """PlanError unless ``topk_ids`` is a 2-D integer tensor."""
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2:
-        raise PlanError(
-            f"topk_ids must be a 2-D [S, K] tensor, got {getattr(topk_ids, 'shape', topk_ids)}"
-        )
+        got = tuple(topk_ids.shape) if isinstance(topk_ids, torch.Tensor) else topk_ids
+        raise PlanError(f"topk_ids must be a 2-D [S, K] tensor, got {got}")
     if topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
         raise PlanError(f"topk_ids must be integer expert ids, got dtype {topk_ids.dtype}")
 

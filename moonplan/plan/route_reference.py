@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from moonplan.plan.plan_type import Plan
 
 
@@ -32,7 +34,7 @@ def route_reference(plan: Plan, rank: int, topk_ids: Any, *, affinity: bool = Fa
     """
     ids = [
         [int(v) for v in row]
-        for row in (topk_ids.tolist() if hasattr(topk_ids, "tolist") else topk_ids)
+        for row in (topk_ids.tolist() if isinstance(topk_ids, torch.Tensor) else topk_ids)
     ]
     R, E = plan.num_ranks, plan.num_experts
     K = len(ids[0]) if ids else 0

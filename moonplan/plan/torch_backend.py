@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from moonplan.plan.from_alloc import home_layout
+from moonplan.plan.from_alloc import home_layout, layout_fields
 from moonplan.plan.host_backend import plan_host, steps12_host
-from moonplan.plan.torch_layout import place_slots_masked, replica_candidates, row_layout_torch
+from moonplan.plan.torch_layout import place_slots_masked, replica_candidates
 from moonplan.plan.torch_scan import balance_groups_torch, split_groups_torch
 
 
@@ -53,19 +53,9 @@ def plan_torch(
     )
     cand_RM, _ = replica_candidates(quota_RR, ids_RM, alloc_ER)
     prev = prev_RB if prev_RB is not None else cand_RM.new_full((R, num_slots), -1)
-    slot_RB, new_RB, direct_RD = place_slots_masked(cand_RM, prev, num_slots)
-    row_RW, count_RW, offset_RW1 = row_layout_torch(ids_RM, slot_RB, direct_RD, alloc_ER, align)
-    return {
-        "alloc": alloc_ER,
-        "target": target_R,
-        "home": home_E,
-        "flow": flow_F3,
-        "slot_expert": slot_RB,
-        "slot_new": new_RB,
-        "row_expert": row_RW,
-        "row_count": count_RW,
-        "row_offset": offset_RW1,
-    }
+    slots = place_slots_masked(cand_RM, prev, num_slots)
+    homes = (home_E, ids_RM)
+    return layout_fields(alloc_ER, homes, slots, align, target_R=target_R, flow_F3=flow_F3)
 
 
 def alloc_torch(

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from moonplan.host_arrays import host_int64
 from moonplan.plan.host_layout import place_slots_host_np
-from moonplan.stepcost.traffic import host_int64
 
 
 def replica_candidates(

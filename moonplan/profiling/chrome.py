@@ -1,15 +1,13 @@
 """Chrome trace of a profile: the ``traceEvents`` JSON of chrome://tracing and Perfetto.
 
 Legend: R ranks (``pid``), L layers (``tid``; user regions get ``tid = USER_TID``,
-background phases of layer ``l`` get ``tid = BACKGROUND_TID + l``, its ``choice``
-made ahead ``tid = CHOICE_TID + l``).
+background phases of layer ``l`` get ``tid = BACKGROUND_TID + l``).
 
 One complete event (``"ph": "X"``) per span, ``ts``/``dur`` in microseconds from
 the profiler's common origin, ``args`` with the step; metadata events
 (``"ph": "M"``) name the processes ``rank r`` and the threads ``layer l`` (and
 ``layer l background`` for the prefetch and reduce jobs, which overlap the layer's
-other phases and so get a row of their own, and ``layer l choice`` for the search of
-``balance="auto"`` choosing ahead, which runs in its own thread beside both).
+other phases and so get a row of their own).
 """
 
 from __future__ import annotations
@@ -25,15 +23,11 @@ USER_TID = 1_000_000
 """Thread id of user regions (``Profiler.phase``), shown below the layers."""
 BACKGROUND_TID = 500_000
 """Thread id offset of each layer's background phases."""
-CHOICE_TID = 750_000
-"""Thread id offset of each layer's ``choice`` (its own thread, beside the others)."""
 
 
 def _tid(layer: int, phase: str = "") -> int:
     if layer == USER_LAYER:
         return USER_TID
-    if phase == "choice":
-        return CHOICE_TID + layer
     return BACKGROUND_TID + layer if phase in BACKGROUND_PHASES else layer
 
 
@@ -49,8 +43,6 @@ def _metadata(report: ProfileReport) -> list[dict[str, Any]]:
             threads = [(_tid(layer), name)]
             if layer != USER_LAYER:
                 threads.append((_tid(layer, BACKGROUND_PHASES[0]), f"{name} background"))
-                if "choice" in report.present:
-                    threads.append((_tid(layer, "choice"), f"{name} choice"))
             for tid, label in threads:
                 events.append(
                     {

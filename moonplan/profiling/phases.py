@@ -5,8 +5,6 @@ between on a rank: the forward (``counts`` .. ``combine``) and the backward
 (``combine_backward`` .. ``grad_reduce_exposed``); a user region is a sequence of its
 own. *Background* phases run beside a sequence (a worker thread or side stream)
 and belong to it, but overlap its phases: they are not part of step sums.
-``balance="auto"`` choosing ahead adds :data:`CHOICE_PHASES` to the forward of the
-steps that built a named candidate.
 """
 
 from __future__ import annotations
@@ -32,19 +30,12 @@ BACKWARD_PHASES = (
 )
 """Backward phases (``grad_reduce``: the replica-gradient reduce's own time, background)."""
 
-CHOICE_PHASES = ("choice_exposed", "choice")
-"""``balance="auto"`` choosing ahead (``moonplan.runtime.balancer``), forward phases of
-the steps that built a candidate named by the previous step's search:
-``choice_exposed`` (waiting for that search, before the counts exchange) and
-``choice`` (the search's own time in its host thread, background: it ran beside the
-previous step, so its span starts before this step's forward)."""
-
-BACKGROUND_PHASES = ("prefetch", "grad_reduce", "choice")
+BACKGROUND_PHASES = ("prefetch", "grad_reduce")
 """Phases timed where they run, beside the others: left out of step sums, shares and
 wall times."""
 
 PHASES = FORWARD_PHASES + BACKWARD_PHASES
-"""Every phase of every MoonMoE step (:data:`CHOICE_PHASES` come on top, in some steps)."""
+"""Every phase of every MoonMoE step."""
 
 USER_LAYER = -1
 """Layer index of regions timed with ``Profiler.phase`` in user code."""
@@ -52,6 +43,6 @@ USER_LAYER = -1
 
 def sequence_of(name: str) -> str:
     """``"forward"``, ``"backward"``, or ``name`` itself for a user region."""
-    if name in FORWARD_PHASES or name in CHOICE_PHASES:
+    if name in FORWARD_PHASES:
         return "forward"
     return "backward" if name in BACKWARD_PHASES else name

@@ -20,7 +20,7 @@ The per-phase maximum over ranks (``phase_max_TP``, in the JSON) is not additive
 that finishes a phase early waits in the next collective, so the phases' maxima can add
 up to more than any rank's step, and more than the wall step.
 
-Background phases (``prefetch``, ``grad_reduce``, ``choice``: timed in the worker thread
+Background phases (``prefetch``, ``grad_reduce``: timed in the worker thread
 or on the side stream that ran them) overlap the others; they are left out of step sums
 and wall times, and their share (in parentheses) is against the step. Each has an
 ``*_exposed`` twin on the critical path: submitting the job and waiting for it. The
@@ -140,7 +140,7 @@ class ProfileReport:
     def wall_step_s(self) -> np.ndarray:
         """``[T]`` float64 seconds: per step, summed over layers and sequences, the time from
         the first rank's first span to the last rank's last span (common clock; background
-        spans left out: the choice made ahead ran beside the previous step)."""
+        spans left out: they ran beside the sequence, and may start before it)."""
         first: dict[tuple[int, int, str], float] = {}
         last: dict[tuple[int, int, str], float] = {}
         for s in self.spans:

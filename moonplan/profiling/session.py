@@ -20,10 +20,6 @@ Phases (:data:`PHASES`): ``counts`` (counts exchange), ``plan``, ``prefetch_expo
 and the :data:`BACKGROUND_PHASES` ``prefetch`` and ``grad_reduce``, measured where
 they run (a worker thread, a side stream), which overlap the others and are left
 out of step sums and shares (their ``*_exposed`` twins are the critical-path part).
-Steps of ``balance="auto"`` that built a candidate named ahead add the
-:data:`CHOICE_PHASES`: ``choice_exposed`` (the step's wait for the search, before its
-counts exchange) and ``choice`` (the search's own time in its host thread, beside the
-previous step: background).
 User code may time its own regions with :meth:`Profiler.phase`.
 
 Clocks. On CPU a span is the runtime's own ``time.perf_counter`` readings (the
@@ -54,7 +50,6 @@ from moonplan.profiling.gather import gather_spans
 from moonplan.profiling.phases import (
     BACKGROUND_PHASES,
     BACKWARD_PHASES,
-    CHOICE_PHASES,
     FORWARD_PHASES,
     PHASES,
     USER_LAYER,
@@ -66,7 +61,6 @@ from moonplan.runtime.step_hooks import NULL_PROFILER, NullProfiler
 __all__ = [
     "BACKGROUND_PHASES",
     "BACKWARD_PHASES",
-    "CHOICE_PHASES",
     "FORWARD_PHASES",
     "NULL_PROFILER",
     "PHASES",
@@ -93,7 +87,7 @@ class Profiler:
     def __init__(self, group: EPGroup, *, aligned: bool = False):
         self.group, self.aligned = group, aligned
         self.cuda = group.device.type == "cuda"
-        self.names: list[str] = [*PHASES, *CHOICE_PHASES]  # local phase ids index this list
+        self.names: list[str] = list(PHASES)  # local phase ids index this list
         self._ids = {n: i for i, n in enumerate(self.names)}
         self._rows: list[tuple[int, int, int, float, float]] = []  # layer, step, phase, s, s
         self._events: list[tuple[int, int, int, Any, Any]] = []  # same with CUDA events

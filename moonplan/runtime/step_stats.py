@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-BACKGROUND = ("prefetch", "grad_reduce", "choice")
+BACKGROUND = ("prefetch", "grad_reduce")
 """Phases timed where they run, beside the others (``moonplan.profiling.phases``)."""
 
 

@@ -43,7 +43,6 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -242,6 +241,5 @@ def mean_time(times: list[StepTime]) -> StepTime:
     if not times:
         raise ValueError("mean_time needs at least one StepTime")
     n = len(times)
-    keys = [f.name for f in dataclasses.fields(StepTime)]
-    vals: dict[str, Any] = {k: sum(getattr(t, k) for t in times) / n for k in keys}
-    return StepTime(**vals)
+    phases = zip(*(dataclasses.astuple(t) for t in times), strict=True)
+    return StepTime(*(sum(p) / n for p in phases))

@@ -7,7 +7,8 @@ it can be built from; ``traffic`` splits dispatch volumes by link. See
 """
 
 from moonplan.stepcost.hardware import HARDWARE, Hardware, get_hardware
-from moonplan.stepcost.step_cost import StepCost, StepTime, plan_fetch_ER
+from moonplan.stepcost.plan_compat import plan_fetch_ER
+from moonplan.stepcost.step_cost import StepCost, StepTime
 from moonplan.stepcost.traffic import (
     SCHEMES,
     Traffic,

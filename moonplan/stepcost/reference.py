@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from moonplan.host_arrays import host_int64
 from moonplan.stepcost.step_cost import StepCost, StepTime
-from moonplan.stepcost.traffic import Traffic, host_int64
+from moonplan.stepcost.traffic import Traffic
 
 
 def _overlap(a_lo: np.ndarray, a_hi: np.ndarray, b_lo: np.ndarray, b_hi: np.ndarray) -> np.ndarray:

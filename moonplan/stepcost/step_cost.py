@@ -48,24 +48,16 @@ import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from moonplan.cost import ModelPreset, get_preset
+from moonplan.host_arrays import host_bool, host_int64
 from moonplan.stepcost.hardware import Hardware, get_hardware
-from moonplan.stepcost.traffic import (
-    SCHEMES,
-    Traffic,
-    dispatch_traffic,
-    host_bool,
-    host_int64,
-    pair_traffic,
-)
-
-if TYPE_CHECKING:
-    from moonplan.plan.plan_type import Plan
+from moonplan.stepcost.plan_compat import PlanTensors, step_inputs, warn_moved
+from moonplan.stepcost.traffic import SCHEMES, Traffic, dispatch_traffic, pair_traffic
 
 _RATE_FIELDS = (
     "row_flop_s",
@@ -104,7 +96,7 @@ class StepTime:
 
     def as_us(self) -> dict[str, float]:
         """The phases in microseconds, keyed ``plan_us``, ..., ``total_us``."""
-        return {f"{f.name[:-2]}_us": getattr(self, f.name) * 1e6 for f in dataclasses.fields(self)}
+        return {f"{name[:-2]}_us": s * 1e6 for name, s in dataclasses.asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -163,8 +155,7 @@ class StepCost:
     (``scheme_traffic``)."""
 
     def __post_init__(self) -> None:
-        for name in _RATE_FIELDS:
-            v = getattr(self, name)
+        for name, v in zip(_RATE_FIELDS, self.rates(), strict=True):
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"StepCost.{name} must be a finite number >= 0, got {v!r}")
         if isinstance(self.tile_rows, bool) or not isinstance(self.tile_rows, int):
@@ -239,9 +230,27 @@ class StepCost:
         """A copy with ``fields`` replaced (``dataclasses.replace``)."""
         return dataclasses.replace(self, **fields)
 
+    def rates(self) -> tuple[float, ...]:
+        """The 13 rate fields' values, in the order of their names in ``_RATE_FIELDS``."""
+        return (
+            self.row_flop_s,
+            self.weight_read_s,
+            self.row_mem_s,
+            self.copy_s_intra,
+            self.copy_s_inter,
+            self.dispatch_row_s_intra,
+            self.dispatch_row_s_inter,
+            self.combine_row_s_intra,
+            self.combine_row_s_inter,
+            self.base_latency_s,
+            self.per_peer_latency_s,
+            self.plan_s,
+            self.exit_s,
+        )
+
     def as_tensor(self) -> torch.Tensor:
         """float64 ``[13]`` of the rates (for agreeing across ranks, e.g. the element-wise max)."""
-        return torch.tensor([float(getattr(self, n)) for n in _RATE_FIELDS], dtype=torch.float64)
+        return torch.tensor([float(v) for v in self.rates()], dtype=torch.float64)
 
     @classmethod
     def from_tensor(
@@ -418,42 +427,14 @@ class StepCost:
             total = without + alone
         return StepTime(plan, alone, max(0.0, total - without), D, experts, Cb, total)
 
-    def plan_time(self, plan: Plan, *, planned: float = 1) -> StepTime:
-        """Predicted :class:`StepTime` of a moonplan :class:`~moonplan.plan.Plan`.
-
-        Rows are the plan's records (``alloc``; ``align`` padding is not modelled: it is
-        small next to the GEMM tile), sent rows its counts, fetched pairs its new slots and
-        its direct replicas, fetched from the experts' home ranks.
-        """
-        alloc_ER = host_int64(plan.alloc)  # one host copy, for the rows and the fetches
-        fetch_ER = _fetch_ER(plan, alloc_ER)
-        return self.step_time(
-            alloc_ER, host_int64(plan.counts), fetch_ER, host_int64(plan.home), planned=planned
-        )
+    def plan_time(self, plan: PlanTensors, *, planned: float = 1) -> StepTime:
+        """Deprecated (it warns; removed in the next release): use
+        ``moonplan.plan.plan_time.plan_time(cost, plan, planned=...)``, the same figures."""
+        warn_moved("StepCost.plan_time(plan)", "plan_time(cost, plan)")
+        return self.step_time(*step_inputs(plan), planned=planned)
 
 
 def copies_beside(moves: Traffic) -> np.ndarray:
     """int64 ``[R]``: weight copies each rank sends or receives (``moves``: their traffic;
     a copy to the rank itself is no copy)."""
     return moves.send_intra_R + moves.send_inter_R + moves.recv_intra_R + moves.recv_inter_R
-
-
-def plan_fetch_ER(plan: Plan, alloc_ER: np.ndarray | None = None) -> torch.Tensor:
-    """CPU bool ``[E, R]``: pairs whose weights a plan moves this step (new slots, direct
-    reads). ``alloc_ER``: the plan's allocation already on the host (int64 numpy), if any."""
-    return torch.from_numpy(
-        _fetch_ER(plan, host_int64(plan.alloc) if alloc_ER is None else alloc_ER)
-    )
-
-
-def _fetch_ER(plan: Plan, alloc_ER: np.ndarray) -> np.ndarray:
-    """:func:`plan_fetch_ER` as a numpy array (``alloc_ER``: the plan's, on the host)."""
-    fetch_ER = np.zeros(alloc_ER.shape, dtype=bool)
-    slot_RB, new_RB = host_int64(plan.slot_expert), host_bool(plan.slot_new)
-    r_N, j_N = new_RB.nonzero()
-    fetch_ER[slot_RB[r_N, j_N], r_N] = True
-    direct_RD = host_int64(plan.direct_expert())
-    r_N, j_N = (direct_RD >= 0).nonzero()
-    fetch_ER[direct_RD[r_N, j_N], r_N] = True
-    fetch_ER &= alloc_ER > 0
-    return fetch_ER

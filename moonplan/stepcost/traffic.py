@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from moonplan.host_arrays import host_int64
+
 SCHEMES = ("record", "rank", "host")
 """Dispatch schemes: a row per record, per (token, destination rank), per (token, host)."""
 
@@ -59,31 +61,6 @@ class Traffic:
     send_inter_R: np.ndarray
     recv_intra_R: np.ndarray
     recv_inter_R: np.ndarray
-
-
-def host_int64(a: Any) -> np.ndarray:
-    """``a`` (torch tensor on any device, numpy array or lists) as an int64 numpy array
-    (no copy where ``a`` already is one, or an int64 CPU tensor: a view of its memory)."""
-    if isinstance(a, np.ndarray) and a.dtype == np.int64:
-        return a
-    return np.asarray(_host(a), dtype=np.int64)
-
-
-def host_bool(a: Any) -> np.ndarray:
-    """``a != 0`` (torch tensor on any device, numpy array or lists) as a bool numpy array
-    (no copy where ``a`` already is a bool array or a bool CPU tensor)."""
-    a = np.asarray(_host(a))
-    return a if a.dtype == np.bool_ else a != 0
-
-
-def _host(a: Any) -> Any:
-    """A torch tensor (any device) as a numpy array on the host; anything else as it is."""
-    if hasattr(a, "detach"):
-        a = a.detach()
-        if a.device.type != "cpu":
-            a = a.cpu()
-        return a.numpy()
-    return a
 
 
 def dispatch_traffic(sent_RE: Any, rows_ER: Any, domain: int) -> Traffic:
@@ -165,14 +142,18 @@ def pair_traffic(pairs_C2: Any, num_ranks: int, domain: int) -> Traffic:
     )
 
 
-def add_traffic(*parts: Traffic) -> Traffic:
+def add_traffic(first: Traffic, *rest: Traffic) -> Traffic:
     """Field-wise sum of several :class:`Traffic` of the same ranks."""
-    return Traffic(
-        *(sum((getattr(t, f) for t in parts[1:]), getattr(parts[0], f)) for f in _FIELDS)
-    )
-
-
-_FIELDS = ("local_R", "send_intra_R", "send_inter_R", "recv_intra_R", "recv_inter_R")
+    out = first
+    for t in rest:
+        out = Traffic(
+            out.local_R + t.local_R,
+            out.send_intra_R + t.send_intra_R,
+            out.send_inter_R + t.send_inter_R,
+            out.recv_intra_R + t.recv_intra_R,
+            out.recv_inter_R + t.recv_inter_R,
+        )
+    return out
 
 
 def scheme_traffic(dest_RSK: Any, scheme: str, domain: int) -> Traffic:

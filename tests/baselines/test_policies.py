@@ -33,7 +33,8 @@ from moonplan.baselines.prehistory import Prehistory
 from moonplan.baselines.static_ep import StaticPolicy, round_robin_alloc
 from moonplan.plan import plan
 from moonplan.plan.placement import round_robin_home
-from moonplan.stepcost import StepCost, plan_fetch_ER
+from moonplan.plan.plan_time import plan_fetch_ER
+from moonplan.stepcost import StepCost
 from moonplan.traces import generate_counts
 
 # the README's worked example: every record on rank 0, 8 experts on 4 ranks

@@ -8,7 +8,16 @@ import argparse
 import pytest
 import torch
 
-from moonplan.cli.args import OneLineParser, add_layer_args, add_subcommand, check_layer_args
+from moonplan.cli.args import (
+    OneLineParser,
+    add_layer_args,
+    add_ranks,
+    add_seed,
+    add_slots,
+    add_steps,
+    add_subcommand,
+    check_layer_args,
+)
 from moonplan.cli.launch import run_and_announce
 from moonplan.cli.main import build_parser, main
 
@@ -36,7 +45,7 @@ def test_every_subcommand_has_a_handler() -> None:
 
 def test_layer_args_defaults_and_bounds() -> None:
     p = OneLineParser(prog="p")
-    add_layer_args(p, experts_help="e", topk_help="k")
+    add_layer_args(p, ranks_help="r", experts_help="e", topk_help="k")
     a = p.parse_args([])
     assert (a.experts, a.tokens, a.topk, a.hidden, a.ffn) == (16, 256, 2, 64, 128)
     assert (a.sigma, a.seed, a.device, a.timeout) == (1.0, 0, "cpu", 300.0)
@@ -75,3 +84,25 @@ def test_run_and_announce_prints_the_banner_and_runs_every_rank(
     )
     assert got == [10, 11]
     assert capsys.readouterr().out == "moonplan x: 2 ranks (gloo), E=4 K=2\n"
+
+
+def test_shared_options_parse_the_same_everywhere() -> None:
+    p = OneLineParser(prog="p")
+    add_ranks(p, default=None, help="r", most=4)
+    add_seed(p, help="s")
+    add_slots(p, help="b")
+    add_steps(p, default=3, help="t", warmup=(1, "w"))
+    a = p.parse_args([])
+    assert (a.ranks, a.seed, a.slots, a.steps, a.warmup) == (None, 0, None, 3, 1)
+    a = p.parse_args(["--ranks", "4", "--seed", "7", "--slots", "0", "--steps", "1"])
+    assert (a.ranks, a.seed, a.slots, a.steps) == (4, 7, 0, 1)
+    assert p.parse_args(["--ep", "2"]).ranks == 2
+    for bad in (["--ep", "5"], ["--ep", "0"], ["--seed", "-1"], ["--seed", str(2**31)]):
+        with pytest.raises(SystemExit):
+            p.parse_args(bad)
+    for bad in (["--slots", "-1"], ["--steps", "0"], ["--warmup", "-1"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(bad)
+    no_warmup = OneLineParser(prog="q")
+    add_steps(no_warmup, default=2, help="t")
+    assert "warmup" not in vars(no_warmup.parse_args([]))

@@ -22,9 +22,9 @@ from moonplan.comm import (
 from moonplan.comm.heap import ALIGN
 from moonplan.testing.dist import run_ranks
 from tests.comm.fake_ipc import FileMapper
+from tests.comm.heap_writes import expected_rows, write_to_peers
 
 TIMEOUT = 30.0
-DTYPES = [torch.float32, torch.bfloat16, torch.int64]
 
 
 @pytest.fixture
@@ -97,16 +97,9 @@ def test_cuda_mapper_explains_itself_without_a_gpu():
 def _peer_writes(rank: int, world: int, directory: str) -> dict:
     mapper = _use(directory)
     heap = create_heap(EPGroup(), 1 << 14, backend="ipc")
-    syms = [heap.alloc((world, 3), dtype) for dtype in DTYPES]
-    for sym in syms:
-        for peer in range(world):  # row `rank` of every peer's copy: written by this rank
-            sym.peer(peer)[rank] = torch.tensor([rank, peer, 7]).to(sym.dtype)
-    heap.barrier()
-    got = [sym.local.to(torch.float64).tolist() for sym in syms]
-    heap.check_consistent()
-    ptrs = syms[0].peer_ptrs().tolist()
+    out = write_to_peers(heap, rank, world)
     heap.close()
-    return {"got": got, "ptrs": ptrs, "log": mapper.log}
+    return {**out, "log": mapper.log}
 
 
 def _check_close_order(logs: list[list[tuple[str, str, float]]]) -> None:
@@ -124,8 +117,7 @@ def _check_close_order(logs: list[list[tuple[str, str, float]]]) -> None:
 def test_peer_writes_are_seen_after_barrier(world, tmp_path):
     results = run_ranks(_peer_writes, world, str(tmp_path), timeout=TIMEOUT)
     for rank, res in enumerate(results):
-        want = [[float(src), float(rank), 7.0] for src in range(world)]
-        assert res["got"] == [want] * len(DTYPES)
+        assert res["got"] == expected_rows(rank, world)
         assert len(set(res["ptrs"])) == world
         ops = [op for op, _, _ in res["log"]]
         assert ops == ["allocate"] + ["open"] * (world - 1) + ["close"] * (world - 1) + ["free"]

@@ -15,10 +15,10 @@ from moonplan.comm import ContractError, EPGroup, HeapUnavailable, create_heap
 from moonplan.comm.heap import ALIGN
 from moonplan.comm.shm_heap import PREFIX, SHM_DIR
 from moonplan.testing.dist import run_ranks
+from tests.comm.heap_writes import expected_rows, write_to_peers
 from tests.comm.killable import join_group, killable_ranks
 
 TIMEOUT = 30.0
-DTYPES = [torch.float32, torch.bfloat16, torch.int64]
 
 
 def _job_files(token: str) -> list[str]:
@@ -62,21 +62,9 @@ def test_zero_byte_heap_and_bad_arguments():
 def _peer_writes(rank: int, world: int) -> dict:
     heap = create_heap(EPGroup(), 1 << 16, backend="shm")
     left_after_create = _job_files(heap.token)
-    syms = [heap.alloc((world, 3), dtype) for dtype in DTYPES]
-    for sym in syms:
-        for peer in range(world):  # row `rank` of every peer's copy: written by this rank
-            sym.peer(peer)[rank] = torch.tensor([rank, peer, 7]).to(sym.dtype)
-    heap.barrier()
-    got = [sym.local.to(torch.float64).tolist() for sym in syms]
-    heap.check_consistent()
-    ptrs = syms[0].peer_ptrs().tolist()
+    out = write_to_peers(heap, rank, world)
     heap.close()
-    return {
-        "got": got,
-        "offsets": [s.offset for s in syms],
-        "files": left_after_create + _job_files(heap.token),
-        "ptrs": ptrs,
-    }
+    return {**out, "files": left_after_create + _job_files(heap.token)}
 
 
 @pytest.mark.distributed
@@ -84,8 +72,7 @@ def _peer_writes(rank: int, world: int) -> dict:
 def test_peer_writes_are_seen_after_barrier(world):
     results = run_ranks(_peer_writes, world, timeout=TIMEOUT)
     for rank, res in enumerate(results):
-        want = [[float(src), float(rank), 7.0] for src in range(world)]
-        assert res["got"] == [want] * len(DTYPES)
+        assert res["got"] == expected_rows(rank, world)
         assert res["offsets"] == results[0]["offsets"]
         assert all(off % ALIGN == 0 for off in res["offsets"])
         assert res["files"] == []

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from moonplan.runtime.experts import GroupedMMError, grouped_swiglu, swiglu_reference
+from tests.runtime.groups import random_group_sizes
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -102,9 +103,7 @@ def test_adversarial_random_groups() -> None:
     """Many random group-size patterns (fp32, forward), incl. long runs of empty groups."""
     gen = torch.Generator().manual_seed(3)
     for seed in range(20):
-        G = int(torch.randint(1, 12, (1,), generator=gen))
-        sizes = torch.randint(0, 9, (G,), generator=gen)
-        sizes[torch.rand(G, generator=gen) < 0.4] = 0
+        sizes = random_group_sizes(gen, max_groups=11, max_rows=8, empty_share=0.4)
         pad = int(torch.randint(0, 4, (1,), generator=gen))
         args = _inputs(sizes.tolist(), H=8, F=4, dtype=torch.float32, pad=pad, seed=seed)
         assert _rel(grouped_swiglu(*args), swiglu_reference(*args)) <= 1e-5

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from moonplan.runtime import grouped_gemm as gg
+from tests.runtime.groups import random_group_sizes
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
@@ -74,9 +75,8 @@ def test_default_tiles_in_the_interpreter() -> None:
 def test_tile_schedule_covers_every_tile_once() -> None:
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
-        G = int(torch.randint(1, 9, (1,), generator=gen))
-        sizes = torch.randint(0, 40, (G,), generator=gen)
-        sizes[torch.rand(G, generator=gen) < 0.3] = 0
+        sizes = random_group_sizes(gen, max_groups=8, max_rows=39, empty_share=0.3)
+        G = len(sizes)
         T = int(sizes.sum()) + int(torch.randint(0, 5, (1,), generator=gen))
         block = int(torch.randint(1, 17, (1,), generator=gen))
         group_M, first_G, m_tiles = gg._tile_groups(sizes.cumsum(0), block, T)

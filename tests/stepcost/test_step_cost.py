@@ -1,13 +1,14 @@
-"""StepCost: hand-computed phases, the overlapped schedule, plans, construction and errors."""
+"""StepCost: hand-computed phases, the overlapped schedule, construction and errors."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
-import moonplan
 from moonplan.cost import get_preset
-from moonplan.stepcost import StepCost, get_hardware, plan_fetch_ER
+from moonplan.stepcost import StepCost, get_hardware
 
 # Round numbers so every expected time can be written by hand (seconds).
 UNIT = StepCost(
@@ -100,41 +101,6 @@ def test_across_hosts_uses_the_slow_link() -> None:
     assert (t.dispatch_s, t.prefetch_s) == (400.0, 1000.0)
 
 
-def test_plan_time_fetches_new_slots_and_direct_reads() -> None:
-    counts = torch.tensor([[90, 5, 5, 0], [0, 0, 0, 0]])  # R=2, E=4: rank 0 overloaded
-    full = moonplan.plan(counts)  # replicas of expert 0 in a slot on rank 1
-    fetch = plan_fetch_ER(full)
-    expected = torch.zeros(4, 2, dtype=torch.bool)
-    expected[0, 1] = True  # rank 0 gives 45 records of expert 0 to rank 1
-    assert torch.equal(fetch, expected)
-    none = moonplan.plan(counts, slots=0)  # no slots: the same replica is a direct read
-    assert torch.equal(plan_fetch_ER(none), fetch)
-    again = moonplan.plan(counts, previous=full)  # resident: nothing moves
-    assert not plan_fetch_ER(again).any()
-    c = StepCost.from_hardware("h200-node", "mixtral-8x7b")
-    assert c.plan_time(full).prefetch_s > 0 and c.plan_time(again).prefetch_s == 0.0
-
-
-def test_plan_time_is_the_step_time_of_the_plan_from_one_host_copy(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """``plan_time`` is ``step_time`` of the plan's tensors, bit for bit, and copies the
-    allocation to the host once (for the rows and the fetched pairs alike)."""
-    from moonplan.stepcost import step_cost
-    from moonplan.traces import DriftingTrace
-
-    trace = DriftingTrace(4, 16, 200, 4, sigma=1.5, seed=2)
-    prev = moonplan.plan(trace.step(), slots=1)
-    p = moonplan.plan(trace.step(), slots=1, previous=prev)
-    c = StepCost.from_hardware("h200-node", "mixtral-8x7b")
-    want = c.step_time(p.alloc, p.counts, plan_fetch_ER(p), p.home, planned=2)
-    copies: list[bool] = []
-    real = step_cost.host_int64
-    monkeypatch.setattr(step_cost, "host_int64", lambda a: copies.append(a is p.alloc) or real(a))
-    assert c.plan_time(p, planned=2) == want
-    assert sum(copies) == 1
-
-
 def test_from_hardware_names_and_objects_agree() -> None:
     a = StepCost.from_hardware("H200-node", "Mixtral-8x7B")
     b = StepCost.from_hardware(get_hardware("h200-node"), get_preset("mixtral-8x7b"))
@@ -153,6 +119,22 @@ def test_tensor_round_trip_and_agreement_by_max() -> None:
     assert agreed.copy_s_intra == slower.copy_s_intra and agreed.row_flop_s == a.row_flop_s
     exiting = a.scaled(exit_s=3e-6)  # the early exit's time is a rate, agreed like the rest
     assert StepCost.from_tensor(exiting.as_tensor(), tile_rows=128).exit_s == 3e-6
+
+
+def test_rates_are_the_float_fields_in_tensor_order() -> None:
+    names = [f.name for f in dataclasses.fields(StepCost) if f.type in ("float", float)]
+    distinct = StepCost(**{n: float(i) for i, n in enumerate(names)})
+    assert distinct.rates() == tuple(float(i) for i in range(len(names)))
+    assert distinct.as_tensor().tolist() == list(distinct.rates())
+    with pytest.raises(ValueError, match=r"StepCost\.exit_s must be a finite number"):
+        distinct.scaled(exit_s=-1.0)
+
+
+def test_step_time_in_microseconds_names_every_phase() -> None:
+    t = UNIT.step_time(*two_rank_case())
+    us = t.as_us()
+    assert list(us) == [f"{f.name[:-2]}_us" for f in dataclasses.fields(t)]
+    assert us["total_us"] == t.total_s * 1e6 and us["plan_us"] == 7e6
 
 
 def test_horizon_is_deprecated_and_ignored() -> None:

@@ -249,5 +249,5 @@ def cost_settings(cost: StepCost | None) -> dict[str, object]:
     the field that differs."""
     if cost is None:
         return {"cost": None}
-    values = {f"cost.{f.name}": getattr(cost, f.name) for f in dataclasses.fields(cost)}
+    values = {f"cost.{name}": v for name, v in dataclasses.asdict(cost).items()}
     return {"cost": type(cost).__name__, **values}

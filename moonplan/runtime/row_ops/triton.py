@@ -108,23 +108,18 @@ def scatter_rows(
     ``blocks``: the tile (module docstring).
     """
     _check_views(recv_views, x_SH.dtype, x_SH.shape[1:])
-    dev = _device(x_SH, recv_views)
-    rank_N, off_N = _indices(dest_rank_N, dest_offset_N, dev, x_SH.shape[0] * top_k)
-    if check:
-        _check_records(rank_N, off_N, x_SH.shape[0] * top_k, len(recv_views))
-        _check_rows(rank_N, off_N, recv_views)
+    S = x_SH.shape[0]
+    dev, rank_N, off_N = _records(x_SH, recv_views, (dest_rank_N, dest_offset_N), S * top_k, check)
     N, H = rank_N.numel(), x_SH.shape[1]
     if N == 0 or H == 0:
         return
     x_SH = _rows_contiguous(x_SH)
-    table_R, stride = _table(recv_views, dev)
-    rows, cols = blocks.tile(H)
-    grid = (_cdiv(N, rows) * _cdiv(H, cols),)
-    aligned = _aligned(recv_views, stride) and _aligned([x_SH], x_SH.stride(0))
+    go = _geometry(recv_views, x_SH, N, H, blocks)
     with _on(dev):
-        _kernels(_interpreting()).scatter[grid](
-            x_SH, x_SH.stride(0), rank_N, off_N, table_R, stride, N, H,
-            TOP_K=top_k, BLOCK_N=rows, BLOCK_H=cols, ALIGNED=aligned, num_warps=blocks.warps,
+        _kernels(_interpreting()).scatter[go.grid](
+            x_SH, x_SH.stride(0), rank_N, off_N, go.table_R, go.stride, N, H,
+            TOP_K=top_k, BLOCK_N=go.rows, BLOCK_H=go.cols, ALIGNED=go.aligned,
+            num_warps=blocks.warps,
         )  # fmt: skip
 
 
@@ -144,30 +139,65 @@ def gather_rows(
     ``blocks``: the tile (module docstring).
     """
     L = _check_views(src_views, dst.dtype, dst.shape[1:])
-    dev = _device(dst, src_views)
-    rank_N, row_N = _indices(src_rank_N, src_row_N, dev, dst.shape[0])
-    if check:
-        _check_records(rank_N, row_N, dst.shape[0], len(src_views))
-        _check_rows(rank_N, row_N, src_views)
+    dev, rank_N, row_N = _records(dst, src_views, (src_rank_N, src_row_N), dst.shape[0], check)
     n = rank_N.numel()
     if n == 0 or L == 0:
         return
     if not _rows_are_dense(dst):
         raise ValueError(f"dst rows must be contiguous, got strides {dst.stride()}")
-    table_R, stride = _table(src_views, dev)
-    rows, cols = blocks.tile(L)
-    grid = (_cdiv(n, rows) * _cdiv(L, cols),)
-    aligned = _aligned(src_views, stride) and _aligned([dst], dst.stride(0))
+    go = _geometry(src_views, dst, n, L, blocks)
     with _on(dev):
-        _kernels(_interpreting()).gather[grid](
-            rank_N, row_N, table_R, stride, dst, dst.stride(0), n, L,
-            BLOCK_N=rows, BLOCK_L=cols, ALIGNED=aligned, num_warps=blocks.warps,
+        _kernels(_interpreting()).gather[go.grid](
+            rank_N, row_N, go.table_R, go.stride, dst, dst.stride(0), n, L,
+            BLOCK_N=go.rows, BLOCK_L=go.cols, ALIGNED=go.aligned, num_warps=blocks.warps,
         )  # fmt: skip
 
 
 # ---- helpers --------------------------------------------------------------------------------
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _records(
+    local: Tensor,
+    views: list[Tensor],
+    index_N: tuple[Tensor, Tensor],
+    count: int,
+    check: bool,
+) -> tuple[torch.device, Tensor, Tensor]:
+    """``(device, rank_N, row_N)`` of a launch: the launch device (:func:`_device`, from
+    this rank's ``local`` tensor), the ``count`` records' ranks and rows in the views as
+    flat int64 on it, and with ``check`` every record and row checked against the views."""
+    dev = _device(local, views)
+    rank_N, row_N = _indices(*index_N, dev, count)
+    if check:
+        _check_records(rank_N, row_N, count, len(views))
+        _check_rows(rank_N, row_N, views)
+    return dev, rank_N, row_N
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """How a launch covers ``n`` rows of ``L`` elements: the views' base addresses
+    (int64 ``[R]``) and common row stride, the tile, the grid, and whether every access
+    is 16-byte aligned (module docstring, "Bandwidth")."""
+
+    table_R: Tensor
+    stride: int
+    rows: int
+    cols: int
+    grid: tuple[int]
+    aligned: bool
+
+
+def _geometry(views: list[Tensor], local: Tensor, n: int, L: int, blocks: Blocks) -> _Geometry:
+    """The :class:`_Geometry` of moving ``n`` rows of ``L`` elements between the peers'
+    ``views`` and this rank's ``local`` rows, in ``blocks`` tiles."""
+    table_R, stride = _table(views, local.device)
+    rows, cols = blocks.tile(L)
+    grid = (_cdiv(n, rows) * _cdiv(L, cols),)
+    aligned = _aligned(views, stride) and _aligned([local], local.stride(0))
+    return _Geometry(table_R, stride, rows, cols, grid, aligned)
 
 
 def _device(t: torch.Tensor, views: list[torch.Tensor]) -> torch.device:

@@ -18,6 +18,7 @@ from moonplan import PlanError, check_plan
 from moonplan.baselines.moonep_greedy import moonep_greedy_alloc
 from moonplan.plan.choice import PATHS, choose, reference
 from moonplan.plan.choice.table import LEVELS, names, table
+from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import PLAN_TENSORS, Plan
 from moonplan.plan.reference import previous_flows
 from moonplan.stepcost import StepCost
@@ -97,7 +98,7 @@ def test_chosen_is_predicted_no_slower_than_any_candidate_but_by_its_rent(
         checking = max(0.0, cost.plan_s - cost.exit_s)  # a full call the credit forced
         assert mine - min(scores) <= checking + (min(scores) - min(free))
     charge = cost.exit_s if p.choice.early_exit() else cost.plan_s
-    assert mine == cost.scaled(plan_s=charge).plan_time(p).total_s  # its own prediction
+    assert mine == plan_time(cost.scaled(plan_s=charge), p).total_s  # its own prediction
 
 
 @given(counts(max_ranks=6, max_experts=14, max_records_per_rank=300))
