@@ -61,12 +61,17 @@ def settle_torch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`settle` on float64 tensors: ``(index int64 0-d, credit float64 0-d)``."""
     b, c = torch.argmin(scores_C), torch.argmin(free_C)  # the first least on ties
-    s_b = scores_C[b]
-    rent = s_b - free_C[c]
-    buy = (c != b) & (credit + rent >= scores_C[c] - s_b)
+    s_b, s_c = _at(scores_C, b), _at(scores_C, c)  # gathers: indexing by a tensor reads it
+    rent = s_b - _at(free_C, c)
+    buy = (c != b) & (credit + rent >= s_c - s_b)
     zero = torch.zeros((), dtype=torch.float64, device=scores_C.device)
     kept = credit + torch.clamp(rent, min=0.0)
     return torch.where(buy, c, b), torch.where(buy | (c == b), zero, kept)
+
+
+def _at(values_C: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """``values_C[i]`` for an int64 0-d ``i`` on the device, without a host read."""
+    return values_C.gather(0, i.view(1)).view(())
 
 
 def exit_rent(
