@@ -29,6 +29,7 @@ from moonplan.plan.choice.targets import level_caps, water_fill
 from moonplan.plan.from_alloc import layout_resident, layout_torch
 from moonplan.plan.group_flows import host_alloc, warm_maps
 from moonplan.plan.home import home_edges, targets_list
+from moonplan.plan.plan_fields import PlanFields, padded_flows
 from moonplan.plan.reference import Flow, previous_flows
 from moonplan.stepcost.batch import batch_step_time
 from moonplan.stepcost.step_cost import StepCost, StepTime
@@ -91,8 +92,8 @@ def choose_host(
     cost: StepCost,
     levels: int = LEVELS,
     credit: float = 0.0,
-) -> tuple[dict[str, torch.Tensor], tuple[int, torch.Tensor, bool, float]]:
-    """The winner's plan fields and ``(index, scores [C], exited, credit)``; CPU tensors
+) -> tuple[PlanFields, tuple[int, torch.Tensor, bool, float]]:
+    """The winner's layout tensors and ``(index, scores [C], exited, credit)``; CPU tensors
     (``credit``: ``previous``'s rent-or-buy credit)."""
     hs = HostStep.of(counts_RE, num_slots, align, prev)
     R = len(hs.load)
@@ -213,12 +214,8 @@ def _home_lb(cost: StepCost, hs: HostStep, resident: np.ndarray) -> float:
     return float(np.maximum(padded * cost.row_flop_s, mem).max())
 
 
-def layout(hs: HostStep, alloc_ER: np.ndarray, flows: list[Flow]) -> dict[str, torch.Tensor]:
-    """The plan fields of ``alloc_ER`` with ``flows`` recorded."""
+def layout(hs: HostStep, alloc_ER: np.ndarray, flows: list[Flow]) -> PlanFields:
+    """The layout tensors of ``alloc_ER`` with ``flows`` recorded."""
     a = torch.from_numpy(np.ascontiguousarray(alloc_ER))
     fields = layout_torch(a, hs.num_slots, hs.align, hs.prev_RB)
-    R = a.shape[1]
-    F = max(R - 1, 0)
-    padded = flows + [(-1, -1, 0)] * (F - len(flows))
-    fields["flow"] = torch.tensor(padded, dtype=torch.int64).reshape(F, 3)
-    return fields
+    return fields._replace(flow=padded_flows(flows, a.shape[1]))

@@ -26,6 +26,7 @@ from moonplan.plan.choice.table import LEVELS, table
 from moonplan.plan.choice.targets import level_caps_torch, water_fill_torch
 from moonplan.plan.from_alloc import home_layout, layout_torch
 from moonplan.plan.placement import static_alloc
+from moonplan.plan.plan_fields import PlanFields, no_flows
 from moonplan.plan.torch_backend import Steps12Inputs, alloc_tensor, resident_map
 from moonplan.stepcost.batch import BatchTime, _padded, _roofline, batch_step_time
 from moonplan.stepcost.step_cost import StepCost
@@ -39,8 +40,8 @@ def choose_tensor(
     cost: StepCost,
     levels: int = LEVELS,
     credit: torch.Tensor | None = None,
-) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
-    """The winner's plan fields and ``(index 0-d, scores [C], exited 0-d, credit 0-d)``,
+) -> tuple[PlanFields, tuple[torch.Tensor, ...]]:
+    """The winner's layout tensors and ``(index 0-d, scores [C], exited 0-d, credit 0-d)``,
     all on the counts' device (``credit``: ``previous``'s rent-or-buy credit, float64
     0-d; ``None``: 0)."""
     R, E = counts_RE.shape
@@ -71,7 +72,7 @@ def choose_tensor(
     pick = index.view(1)
     alloc_ER = alloc_CER.index_select(0, pick)[0]
     fields = layout_torch(alloc_ER, num_slots, align, prev_RB, host=False)
-    fields["flow"] = flow_CF3.index_select(0, pick)[0]
+    fields = fields._replace(flow=flow_CF3.index_select(0, pick)[0])
     return fields, (index, scores, exited, torch.where(exited, credit, settled))
 
 
@@ -151,8 +152,7 @@ def _candidates(
         return alloc_ER, flow_F3
 
     static_ER = static_alloc(counts_RE)
-    none_F3 = torch.full((max(R - 1, 0), 3), -1, dtype=torch.int64, device=T_E.device)
-    none_F3[:, 2] = 0
+    none_F3 = no_flows(R, T_E.device)
     exact = build(exact_R, True)
     out = {"exact": exact, "greedy": build(exact_R, False), "static": (static_ER, none_F3)}
     out["resident"] = (resident_torch(counts_RE, prev[0], home_E), none_F3)
