@@ -17,6 +17,8 @@ the CPU's fast form).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from moonplan.plan.choice.bound import exit_bound_torch, experts_lb_torch, links_torch
@@ -54,16 +56,17 @@ def choose_tensor(
     load_R = torch.zeros(R, dtype=torch.int64, device=dev).index_add_(0, home_E, T_E)
     resident_ER = _resident(prev_RB, E, R, dev)
     static_ER = static_alloc(counts_RE)
-    at_exit = _batch(cost, counts_RE, static_ER[None], resident_ER, home_E, cost.exit_s)
+    times = functools.partial(_times, cost, counts_RE, home_E)
+    at_exit = times(static_ER[None], resident_ER, cost.exit_s)
     t_exit = at_exit.total_s[0]
-    static_full = _scores(cost, counts_RE, static_ER[None], resident_ER, home_E, cost.plan_s)[0]
+    static_full = times(static_ER[None], resident_ER, cost.plan_s).total_s[0]
     bounds, experts_lb = _bound(cost, counts_RE, home_E, resident_ER, static_full)
     gap = at_exit.experts_s[0] - experts_lb
     checking = max(0.0, cost.plan_s - cost.exit_s)
     exited, credit = exit_rent_torch(t_exit, gap, bounds, credit, checking)
     alloc_CER, flow_CF3 = _candidates(counts_RE, (load_R, T_E, home_E, ids_RM), prev, levels)
-    scores = _scores(cost, counts_RE, alloc_CER, resident_ER, home_E, cost.plan_s)
-    free = _scores(cost, counts_RE, alloc_CER, torch.ones_like(resident_ER), home_E, cost.plan_s)
+    scores = times(alloc_CER, resident_ER, cost.plan_s).total_s
+    free = times(alloc_CER, torch.ones_like(resident_ER), cost.plan_s).total_s
     index, settled = settle_torch(scores, free, credit)
     C = alloc_CER.shape[0]
     first = torch.arange(C, device=dev) == 0
@@ -83,27 +86,17 @@ def _resident(prev_RB: torch.Tensor | None, E: int, R: int, dev: torch.device) -
     return resident_map(prev_RB, E)
 
 
-def _scores(
+def _times(
     cost: StepCost,
     counts_RE: torch.Tensor,
+    home_E: torch.Tensor,
     alloc_CER: torch.Tensor,
     resident_ER: torch.Tensor,
-    home_E: torch.Tensor,
-    plan_s: float,
-) -> torch.Tensor:
-    """float64 ``[C]`` predicted step seconds, each charged ``plan_s``."""
-    return _batch(cost, counts_RE, alloc_CER, resident_ER, home_E, plan_s).total_s
-
-
-def _batch(
-    cost: StepCost,
-    counts_RE: torch.Tensor,
-    alloc_CER: torch.Tensor,
-    resident_ER: torch.Tensor,
-    home_E: torch.Tensor,
     plan_s: float,
 ) -> BatchTime:
-    """:func:`_scores`' phases."""
+    """The predicted step (``total_s``: float64 ``[C]`` seconds) and its phases of each
+    allocation in ``alloc_CER``, each charged ``plan_s``; ``resident_ER`` (bool) pairs
+    are not fetched."""
     R = alloc_CER.shape[2]
     away_ER = home_E[:, None] != torch.arange(R, device=home_E.device)[None, :]
     fetch_CER = (alloc_CER > 0) & (away_ER & ~resident_ER)
