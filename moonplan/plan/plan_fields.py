@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 
@@ -54,8 +55,9 @@ def padded_flows(
     """int64 ``[F, 3]`` on ``device`` (default: the CPU): host ``flows`` in decision order
     (at most ``F``), then ``(-1, -1, 0)`` padding rows."""
     F = max(num_ranks - 1, 0)
-    rows = flows + [(-1, -1, 0)] * (F - len(flows))
-    return torch.tensor(rows, dtype=torch.int64, device=device).reshape(F, 3)
+    rows = np.array(flows + [(-1, -1, 0)] * (F - len(flows)), dtype=np.int64).reshape(F, 3)
+    flow_F3 = torch.from_numpy(rows)  # via numpy: half the host cost of torch.tensor(list)
+    return flow_F3 if device is None else flow_F3.to(device)
 
 
 def no_flows(num_ranks: int, device: torch.device) -> torch.Tensor:
