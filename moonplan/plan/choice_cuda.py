@@ -40,6 +40,7 @@ from moonplan.plan.choice.bound import copy_min_s, link_rates
 from moonplan.plan.choice.cost_options import check_cost
 from moonplan.plan.choice.table import table
 from moonplan.plan.home import max_local
+from moonplan.plan.plan_fields import PlanFields
 from moonplan.stepcost.step_cost import StepCost
 
 SOURCE_FILE = "choice_kernel.cu"
@@ -181,23 +182,25 @@ def layout(R: int, E: int, B: int, C: int) -> Layout:
 
 def allocate(
     R: int, E: int, B: int, C: int, device: torch.device
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``(buffer, out)``: one uninitialised int64 buffer and the views of the outputs:
-    the plan's fields (int64), ``index`` (int64 0-d), ``scores`` (float64 ``[C]``),
-    ``credit`` (float64 0-d) and ``exited`` (bool 0-d, the first byte of its word). One
-    ``as_strided`` per view: the host cost of every call (about half that of a slice and a
-    ``view``)."""
+) -> tuple[torch.Tensor, PlanFields, tuple[torch.Tensor, ...]]:
+    """``(buffer, fields, choice)``: one uninitialised int64 buffer and the views of the
+    outputs: the plan's layout tensors (int64) and the choice's ``(index, scores, exited,
+    credit)``: ``index`` int64 0-d, ``scores`` float64 ``[C]``, ``exited`` bool 0-d (the
+    first byte of its word), ``credit`` float64 0-d. One ``as_strided`` per view: the
+    host cost of every call (about half that of a slice and a ``view``)."""
     lay = layout(R, E, B, C)
     buf = torch.empty(lay.words, dtype=torch.int64, device=device)
-    out = {}
-    for name, (at, shape, strides) in lay.out.items():
+
+    def view(name: str) -> torch.Tensor:
+        at, shape, strides = lay.out[name]
         if name in ("scores", "credit"):
-            out[name] = buf.view(torch.float64).as_strided(shape, strides, at)
-        elif name == "exited":
-            out[name] = buf.view(torch.bool).as_strided((), (), 8 * at)
-        else:
-            out[name] = buf.as_strided(shape, strides, at)
-    return buf, out
+            return buf.view(torch.float64).as_strided(shape, strides, at)
+        if name == "exited":
+            return buf.view(torch.bool).as_strided((), (), 8 * at)
+        return buf.as_strided(shape, strides, at)
+
+    choice = tuple(view(k) for k in ("index", "scores", "exited", "credit"))
+    return buf, PlanFields(*(view(k) for k in PlanFields._fields)), choice
 
 
 def cost_args(cost: StepCost, R: int) -> list[Arg]:
@@ -275,8 +278,8 @@ def choose_cuda(
     cost: StepCost,
     levels: int,
     credit: torch.Tensor | None = None,
-) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
-    """The ``auto`` plan's fields and ``(index 0-d int64, scores [C] float64, exited 0-d
+) -> tuple[PlanFields, tuple[torch.Tensor, ...]]:
+    """The ``auto`` plan's layout tensors and ``(index 0-d int64, scores [C] float64, exited 0-d
     bool, credit 0-d float64)``, all on the counts' CUDA device, written asynchronously
     on torch's stream.
 
@@ -313,7 +316,7 @@ def choose_cuda(
             f"the CUDA choice needs {max(smem)} bytes of shared memory for E={E}, R={R}; this "
             f"device allows {kernels.smem_max} (use backend='torch')"
         )
-    buf, out = allocate(R, E, num_slots, C, dev)
+    buf, fields, choice = allocate(R, E, num_slots, C, dev)
     credit = _check_credit(credit, dev)
     args = kernel_args(counts_RE, (prev_RB, prev_F3), (num_slots, align, levels), cost, buf, credit)
     stream = torch.cuda.current_stream(dev).cuda_stream
@@ -323,8 +326,7 @@ def choose_cuda(
         cb._launch(kernels.first, 1, threads, smem[0], stream, args[0])
         cb._launch(kernels.build, C - 1, threads, smem[1], stream, args[1])
         cb._launch(kernels.layout, 1, threads, smem[2], stream, args[2])
-    choice = (out.pop("index"), out.pop("scores"), out.pop("exited"), out.pop("credit"))
-    return out, choice
+    return fields, choice
 
 
 def _check_credit(credit: torch.Tensor | None, device: torch.device) -> torch.Tensor:

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import torch
 
 from moonplan.plan.home import max_local
+from moonplan.plan.plan_fields import PlanFields
 
 MAX_RANKS = 1024  # the main kernel keeps one thread per rank in a block scan
 MAX_SLOTS = 1 << 16
@@ -281,18 +282,16 @@ def shared_bytes(R: int, E: int) -> int:
 
 def allocate(
     R: int, E: int, B: int, device: torch.device, with_prev: bool
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Uninitialised int64 outputs (the Plan fields) and the kernel's scratch buffers.
+) -> tuple[PlanFields, dict[str, torch.Tensor]]:
+    """Uninitialised int64 outputs (the plan's layout tensors) and the kernel's scratch.
 
     All are views of one int64 allocation (one allocator call instead of fourteen, a
     host cost of every call), each starting on an 8-byte boundary.
 
     Returns:
-        ``(out, scratch)``: ``out`` holds ``flow [R-1, 3]``, ``alloc [E, R]``,
-        ``target [R]``, ``home [E]``, ``slot_expert [R, B]``, ``slot_new [R, B]``,
-        ``row_expert [R, W]``, ``row_count [R, W]``, ``row_offset [R, W+1]``; ``scratch``
-        holds ``total_E [E]`` and ``rep_c [R*M]`` (int64), ``rep_e``, ``srt_e [R*M]`` and
-        ``warm_d [R*B]`` (int32).
+        ``(out, scratch)``: ``out`` the :class:`PlanFields` (in the buffer in the order
+        below, ``flow`` first); ``scratch`` (by name) holds ``total_E [E]`` and
+        ``rep_c [R*M]`` (int64), ``rep_e``, ``srt_e [R*M]`` and ``warm_d [R*B]`` (int32).
     """
     M = max_local(E, R)
     W = M + max(B, M)
@@ -323,7 +322,7 @@ def allocate(
         views[name] = buf[at : at + (n + 1) // 2].view(torch.int32)[:n]
         at += (n + 1) // 2
     scratch_names = ("total_E", "rep_c", *sizes32)
-    out = {k: v for k, v in views.items() if k not in scratch_names}
+    out = PlanFields(**{k: views[k] for k in PlanFields._fields})
     return out, {k: views[k] for k in scratch_names}
 
 
@@ -333,7 +332,7 @@ def kernel_args(
     prev_F3: torch.Tensor | None,
     B: int,
     align: int,
-    out: dict[str, torch.Tensor],
+    out: PlanFields,
     scratch: dict[str, torch.Tensor],
 ) -> tuple[list[Arg], list[Arg], bool]:
     """``(prep_args, main_args, fused)``: the argument lists of the two kernels, in order.
@@ -354,13 +353,13 @@ def kernel_args(
     prev = prev_RB if prev_RB is not None else dummy
     flows = prev_F3 if prev_F3 is not None else dummy
     n_flows = 0 if prev_F3 is None else prev_F3.shape[0]
-    prep_args = [ptr(counts_RE), val(R), val(E), ptr(out["alloc"]), ptr(out["home"])]
+    prep_args = [ptr(counts_RE), val(R), val(E), ptr(out.alloc), ptr(out.home)]
     prep_args.append(ptr(scratch["total_E"]))
     main_args = [ptr(counts_RE), ptr(prev), ptr(flows), val(R), val(E), val(B), val(align)]
     main_args += [val(prev_RB is not None), val(n_flows), val(fused)]
-    main_args += [ptr(out[k]) for k in ("alloc", "home", "target", "flow")]
-    main_args += [ptr(out[k]) for k in ("slot_expert", "slot_new")]
-    main_args += [ptr(out[k]) for k in ("row_expert", "row_count", "row_offset")]
+    main_args += [ptr(t) for t in (out.alloc, out.home, out.target, out.flow)]
+    main_args += [ptr(out.slot_expert), ptr(out.slot_new)]
+    main_args += [ptr(t) for t in (out.row_expert, out.row_count, out.row_offset)]
     main_args += [ptr(scratch[k]) for k in ("total_E", "rep_c", "rep_e", "srt_e", "warm_d")]
     return prep_args, main_args, fused
 
@@ -374,8 +373,8 @@ def plan_cuda(
     align: int,
     prev_slot_RB: torch.Tensor | None,
     prev_flow_F3: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
-    """The plan's tensors from the fused kernel (same keys as ``reference.to_tensors``).
+) -> PlanFields:
+    """The plan's layout tensors from the fused kernel (``reference.to_tensors``').
 
     Args:
         counts_RE: integer ``[R, E]`` counts on a CUDA device, non-negative (not checked
@@ -389,10 +388,8 @@ def plan_cuda(
             are padding), or ``None``.
 
     Returns:
-        int64 tensors on ``counts_RE.device``: ``flow [R-1, 3]``, ``alloc [E, R]``,
-        ``target [R]``, ``home [E]``, ``slot_expert [R, B]``, ``slot_new [R, B]``,
-        ``row_expert [R, W]``, ``row_count [R, W]``, ``row_offset [R, W+1]``. They are
-        written asynchronously on torch's current stream.
+        :class:`PlanFields`, int64 tensors on ``counts_RE.device``, written
+        asynchronously on torch's current stream.
 
     Raises:
         RuntimeError: the backend is unavailable (the message names the missing piece) or

@@ -1,4 +1,4 @@
-"""The row layout of ``Plan.from_alloc``: a valid plan's fields from any ``alloc [E, R]``.
+"""The row layout of ``Plan.from_alloc``: a valid plan's ``PlanFields`` from any ``alloc [E, R]``.
 
 Legend:
     R ranks, E experts, B slots, M = ceil(E/R), K = max(B, M) remote experts a rank
@@ -28,6 +28,7 @@ import torch
 
 from moonplan.errors import PlanError
 from moonplan.plan.home import home_list, home_map, home_of, max_local
+from moonplan.plan.plan_fields import PlanFields, no_flows, padded_flows
 from moonplan.plan.reference import place_slots, row_layout
 from moonplan.plan.torch_layout import place_slots_host, place_slots_masked, row_layout_torch
 
@@ -82,7 +83,7 @@ def layout_torch(
     prev_RB: torch.Tensor | None,
     *,
     host: bool | None = None,
-) -> dict[str, torch.Tensor]:
+) -> PlanFields:
     """Every Plan field but ``counts`` for ``alloc_ER`` (vectorised).
 
     The caller guarantees at most ``K = max(B, M)`` remote experts per rank. ``host``:
@@ -142,7 +143,7 @@ def _largest_first_host(rec_RE: torch.Tensor, K: int) -> torch.Tensor:
 
 def layout_resident(
     alloc_ER: torch.Tensor, num_slots: int, align: int, prev_RB: torch.Tensor | None
-) -> dict[str, torch.Tensor]:
+) -> PlanFields:
     """:func:`layout_torch` for an allocation whose replicas all sit in ``prev_RB``'s slots.
 
     Then nothing moves: the slots are ``previous``'s, no slot is new and nothing is
@@ -186,7 +187,7 @@ def layout_fields(
     *,
     target_R: torch.Tensor | None = None,
     flow_F3: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
+) -> PlanFields:
     """The plan fields of ``alloc_ER``: ``homes = (home_E, ids_RM)`` from :func:`home_layout`,
     ``slots = (slot_RB, new_RB, direct_RD)`` the slots, ``slot_new`` and direct replicas,
     the rows laid out on the allocation's device. ``target_R``: the planner's targets
@@ -195,20 +196,17 @@ def layout_fields(
     R, dev = alloc_ER.shape[1], alloc_ER.device
     (home_E, ids_RM), (slot_RB, new_RB, direct_RD) = homes, slots
     row_RW, count_RW, offset_RW1 = row_layout_torch(ids_RM, slot_RB, direct_RD, alloc_ER, align)
-    if flow_F3 is None:
-        flow_F3 = torch.full((max(R - 1, 0), 3), -1, dtype=torch.int64, device=dev)
-        flow_F3[:, 2].fill_(0)  # padding rows (-1, -1, 0), built on the device (no host copy)
-    return {
-        "alloc": alloc_ER,
-        "target": alloc_ER.sum(0) if target_R is None else target_R,
-        "home": home_E,
-        "flow": flow_F3,
-        "slot_expert": slot_RB,
-        "slot_new": new_RB,
-        "row_expert": row_RW,
-        "row_count": count_RW,
-        "row_offset": offset_RW1,
-    }
+    return PlanFields(
+        alloc=alloc_ER,
+        target=alloc_ER.sum(0) if target_R is None else target_R,
+        home=home_E,
+        flow=no_flows(R, dev) if flow_F3 is None else flow_F3,
+        slot_expert=slot_RB,
+        slot_new=new_RB,
+        row_expert=row_RW,
+        row_count=count_RW,
+        row_offset=offset_RW1,
+    )
 
 
 def layout_reference(
@@ -217,7 +215,7 @@ def layout_reference(
     num_slots: int,
     align: int,
     prev_RB: torch.Tensor | None,
-) -> dict[str, torch.Tensor]:
+) -> PlanFields:
     """:func:`layout_torch` in plain Python (the readable definition)."""
     E, R = alloc_ER.shape
     alloc = alloc_ER.tolist()
@@ -236,15 +234,14 @@ def layout_reference(
         return torch.tensor(x, dtype=torch.int64, device=dev).reshape(shape)
 
     W = max_local(E, R) + max(num_slots, max_local(E, R))
-    F = max(R - 1, 0)
-    return {
-        "alloc": t(alloc, E, R),
-        "target": t([sum(alloc[e][r] for e in range(E)) for r in range(R)], R),
-        "home": t(home, E),
-        "flow": t([[-1, -1, 0]] * F, F, 3),
-        "slot_expert": t(rows["slot_expert"], R, num_slots),
-        "slot_new": t(rows["slot_new"], R, num_slots),
-        "row_expert": t(rows["rows"], R, W),
-        "row_count": t(rows["count"], R, W),
-        "row_offset": t(rows["off"], R, W + 1),
-    }
+    return PlanFields(
+        alloc=t(alloc, E, R),
+        target=t([sum(alloc[e][r] for e in range(E)) for r in range(R)], R),
+        home=t(home, E),
+        flow=padded_flows([], R, dev),
+        slot_expert=t(rows["slot_expert"], R, num_slots),
+        slot_new=t(rows["slot_new"], R, num_slots),
+        row_expert=t(rows["rows"], R, W),
+        row_count=t(rows["count"], R, W),
+        row_offset=t(rows["off"], R, W + 1),
+    )

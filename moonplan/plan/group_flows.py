@@ -169,7 +169,7 @@ class HostMoves:
 
     def alloc(self, edges: list[int]) -> np.ndarray:
         """int64 numpy ``[E, R]``: the moves, and what is left at home (``edges`` as
-        :func:`host_alloc`'s)."""
+        :func:`host_moves`')."""
         E, R = len(self.remaining), len(edges) - 1
         alloc_ER = np.zeros((E, R), dtype=np.int64)
         if self.moves:
@@ -189,7 +189,16 @@ def host_moves(
     previous: list[Flow],
 ) -> HostMoves:
     """Steps 1-2 on the host: the group flows (:func:`host_flows`) and the moves they
-    split into (:func:`split_group_host` per donor group). Arguments as :func:`host_alloc`."""
+    split into (:func:`split_group_host` per donor group); :meth:`HostMoves.alloc` is
+    their allocation.
+
+    Args:
+        load, target: static loads and targets per rank (ints ``[R]``).
+        total_E: records per expert (ints ``[E]``).
+        edges: ints ``[R + 1]``, rank ``r``'s home experts ``[edges[r], edges[r + 1])``.
+        warm: ``previous``'s residents, :func:`warm_maps` (``(None, {})``: none).
+        previous: last step's flows in order (``[]``: none).
+    """
     warm_by_receiver, warm_experts = warm
     flows = host_flows(load, target, warm_by_receiver, previous)
     dests: dict[int, list[tuple[int, int]]] = {}
@@ -201,26 +210,3 @@ def host_moves(
         group = range(edges[d], edges[d + 1])
         moves += split_group_host(group, remaining, out, warm_experts.get(d, {}))
     return HostMoves(flows, moves, remaining)
-
-
-def host_alloc(
-    load: list[int],
-    target: list[int],
-    total_E: list[int],
-    edges: list[int],
-    warm: tuple[dict[int, set[int]] | None, dict[int, dict[int, list[int]]]],
-    previous: list[Flow],
-) -> tuple[list[Flow], np.ndarray]:
-    """Steps 1-2 on the host: the group flows (:func:`host_flows`) and the allocation
-    int64 numpy ``[E, R]`` they split into (:func:`split_group_host` per donor group,
-    what is left at home).
-
-    Args:
-        load, target: static loads and targets per rank (ints ``[R]``).
-        total_E: records per expert (ints ``[E]``).
-        edges: ints ``[R + 1]``, rank ``r``'s home experts ``[edges[r], edges[r + 1])``.
-        warm: ``previous``'s residents, :func:`warm_maps` (``(None, {})``: none).
-        previous: last step's flows in order (``[]``: none).
-    """
-    steps = host_moves(load, target, total_E, edges, warm, previous)
-    return steps.flows, steps.alloc(edges)

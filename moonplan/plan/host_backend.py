@@ -22,6 +22,7 @@ from moonplan.host_arrays import host_int64
 from moonplan.plan.group_flows import HostMoves, host_moves, warm_maps
 from moonplan.plan.home import home_edges, max_local, targets_list
 from moonplan.plan.host_layout import candidates_from_moves, place_slots_host_np, row_layout_host
+from moonplan.plan.plan_fields import PlanFields, padded_flows
 from moonplan.plan.reference import previous_flows
 
 
@@ -110,33 +111,28 @@ def plan_host(
     prev_RB: torch.Tensor | None,
     prev_F3: torch.Tensor | None = None,
     target_R: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
-    """The plan's tensors (``torch_backend.plan_torch``'s keys and values) on the counts'
+) -> PlanFields:
+    """The plan's layout tensors (``torch_backend.plan_torch``'s, bit for bit) on the counts'
     device. Arguments as :func:`steps12_host`; ``num_slots`` is ``B``, ``align`` the row
     padding multiple."""
     R, E = counts_RE.shape
     steps = steps12_host(counts_RE, prev_RB, prev_F3, target_R)
     home = host_home(E, R)
-    flows = steps.split.flows
-    flow_F3 = np.array(flows + [(-1, -1, 0)] * (R - 1 - len(flows)), dtype=np.int64)
     cand_RM = candidates_from_moves(steps.split.moves, R, home.ids_RM.shape[1])
     prev = None if prev_RB is None else host_int64(prev_RB)
     slot_RB, new_RB, direct_RD = place_slots_host_np(cand_RM, prev, num_slots)
     rows = row_layout_host(home.rows_RM, slot_RB, direct_RD, steps.alloc_ER, align)
-    out = {
-        "alloc": steps.alloc_ER,
-        "target": steps.target,
-        "home": home.home_E.copy(),  # a field of the plan: not the kept array
-        "flow": flow_F3.reshape(max(R - 1, 0), 3),
-        "slot_expert": slot_RB,
-        "slot_new": new_RB,
-        "row_expert": rows[0],
-        "row_count": rows[1],
-        "row_offset": rows[2],
-    }
-    fields = {k: torch.from_numpy(v) for k, v in out.items()}
+    fields = PlanFields(
+        alloc=torch.from_numpy(steps.alloc_ER),
+        target=torch.from_numpy(steps.target),
+        home=torch.from_numpy(home.home_E.copy()),  # a field of the plan: not the kept array
+        flow=padded_flows(steps.split.flows, R),
+        slot_expert=torch.from_numpy(slot_RB),
+        slot_new=torch.from_numpy(new_RB),
+        row_expert=torch.from_numpy(rows[0]),
+        row_count=torch.from_numpy(rows[1]),
+        row_offset=torch.from_numpy(rows[2]),
+    )
     if counts_RE.device.type != "cpu":
-        fields = {k: v.to(counts_RE.device) for k, v in fields.items()}
-    if target_R is not None:
-        fields["target"] = target_R
-    return fields
+        fields = fields.to(counts_RE.device)
+    return fields if target_R is None else fields._replace(target=target_R)

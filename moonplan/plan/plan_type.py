@@ -33,21 +33,12 @@ from moonplan.errors import PlanError
 from moonplan.plan.from_alloc import as_alloc, check_remote, layout_reference, layout_torch
 from moonplan.plan.home import max_local
 from moonplan.plan.placement import static_load
+from moonplan.plan.plan_fields import PlanFields
 from moonplan.plan.validate import check_options, check_previous, checked_counts
 
-PLAN_TENSORS = (
-    "counts",
-    "alloc",
-    "target",
-    "home",
-    "flow",
-    "slot_expert",
-    "slot_new",
-    "row_expert",
-    "row_count",
-    "row_offset",
-)
-"""Names of a :class:`Plan`'s tensor fields (every backend produces all but ``counts``)."""
+PLAN_TENSORS = ("counts", *PlanFields._fields)
+"""Names of a :class:`Plan`'s tensor fields: ``counts`` and :class:`PlanFields`' (every
+backend produces all but ``counts``)."""
 
 
 class Predicted(Mapping[str, float]):
@@ -342,11 +333,9 @@ class Plan:
         )
 
 
-TENSOR_FIELDS = (
-    "counts", "alloc", "target", "home", "flow", "slot_expert", "slot_new",
-    "row_expert", "row_count", "row_offset",
-)  # fmt: skip
-"""The :class:`Plan` fields that are tensors (the rest are scalars and records)."""
+TENSOR_FIELDS = PLAN_TENSORS
+"""The :class:`Plan` fields that are tensors (the rest are scalars and records): the
+same names as :data:`PLAN_TENSORS`."""
 
 
 def plan_to(p: Plan, device: torch.device) -> Plan:
@@ -362,10 +351,10 @@ def plan_to(p: Plan, device: torch.device) -> Plan:
     return dataclasses.replace(p, **moved)
 
 
-def make_plan(fields: Mapping[str, torch.Tensor], **meta: Any) -> Plan:
-    """``Plan(**fields, **meta)``: a backend's tensor fields plus the scalar fields
-    (``policy=`` is the :attr:`Plan.requested` name)."""
-    args: dict[str, Any] = {**fields, **meta}
+def make_plan(fields: PlanFields, **meta: Any) -> Plan:
+    """``Plan(**fields, **meta)``: a backend's layout tensors plus the scalar fields
+    (``counts=`` and the rest; ``policy=`` is the :attr:`Plan.requested` name)."""
+    args: dict[str, Any] = {**fields._asdict(), **meta}
     if "policy" in args:
         args["requested"] = args.pop("policy")
     return Plan(**args)

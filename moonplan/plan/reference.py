@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from moonplan.plan.home import home_list, home_start, max_local, targets_list
+from moonplan.plan.plan_fields import PlanFields, padded_flows
 
 Flow = tuple[int, int, int]  # (donor rank, receiver rank, records)
 Move = tuple[int, int, int]  # (expert, rank, records)
@@ -250,8 +251,8 @@ def reference_plan(
     return out
 
 
-def to_tensors(res: RefResult, device: torch.device) -> dict[str, torch.Tensor]:
-    """The :class:`RefResult` lists as int64 tensors on ``device`` (Plan fields)."""
+def to_tensors(res: RefResult, device: torch.device) -> PlanFields:
+    """The :class:`RefResult` lists as int64 tensors on ``device``."""
     R = len(res.target)
 
     def t(x: list, shape: tuple[int, ...]) -> torch.Tensor:
@@ -259,18 +260,17 @@ def to_tensors(res: RefResult, device: torch.device) -> dict[str, torch.Tensor]:
 
     B = len(res.slot_expert[0]) if res.slot_expert else 0
     W = len(res.row_expert[0])
-    flow = res.flows + [(-1, -1, 0)] * (max(R - 1, 0) - len(res.flows))
-    return {
-        "flow": t(flow, (max(R - 1, 0), 3)),
-        "alloc": t(res.alloc, (len(res.home), R)),
-        "target": t(res.target, (R,)),
-        "home": t(res.home, (len(res.home),)),
-        "slot_expert": t(res.slot_expert, (R, B)),
-        "slot_new": t(res.slot_new, (R, B)),
-        "row_expert": t(res.row_expert, (R, W)),
-        "row_count": t(res.row_count, (R, W)),
-        "row_offset": t(res.row_offset, (R, W + 1)),
-    }
+    return PlanFields(
+        alloc=t(res.alloc, (len(res.home), R)),
+        target=t(res.target, (R,)),
+        home=t(res.home, (len(res.home),)),
+        flow=padded_flows(res.flows, R, device),
+        slot_expert=t(res.slot_expert, (R, B)),
+        slot_new=t(res.slot_new, (R, B)),
+        row_expert=t(res.row_expert, (R, W)),
+        row_count=t(res.row_count, (R, W)),
+        row_offset=t(res.row_offset, (R, W + 1)),
+    )
 
 
 def previous_flows(prev_F3: torch.Tensor | None) -> list[Flow]:
@@ -289,8 +289,8 @@ def reference_fields(
     *,
     target: list[int] | None = None,
     device: torch.device | None = None,
-) -> dict[str, torch.Tensor]:
-    """:func:`reference_plan` on tensors: the Plan fields (int64) of ``counts_RE``.
+) -> PlanFields:
+    """:func:`reference_plan` on tensors: the plan's layout tensors (int64) of ``counts_RE``.
 
     ``prev`` is the previous plan's ``(slot_expert [R, B], flow [R-1, 3])`` on any device
     (either may be ``None``; the padding flows ``(-1, -1, 0)`` are dropped), or ``None``;

@@ -16,6 +16,7 @@ import torch
 
 from moonplan.plan.from_alloc import home_layout, layout_fields
 from moonplan.plan.host_backend import plan_host, steps12_host
+from moonplan.plan.plan_fields import PlanFields
 from moonplan.plan.torch_layout import place_slots_masked, replica_candidates
 from moonplan.plan.torch_scan import balance_groups_torch, split_groups_torch
 
@@ -29,8 +30,8 @@ def plan_torch(
     *,
     scan: str = "auto",
     target_R: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
-    """The plan's tensors (same keys as ``reference.to_tensors``).
+) -> PlanFields:
+    """The plan's layout tensors (``reference.to_tensors``', bit for bit).
 
     Args:
         counts_RE: int64 ``[R, E]`` validated counts.

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import moonplan
+from moonplan.plan.plan_fields import PlanFields
 from moonplan.plan.plan_type import PLAN_TENSORS
 from moonplan.plan.reference import reference_plan, to_tensors
 from moonplan.plan.torch_backend import plan_torch
@@ -16,15 +17,15 @@ from tests.plan.draw import counts_like
 FIELDS = PLAN_TENSORS[1:]  # every field a backend computes (counts is its input)
 
 
-def _reference(c: torch.Tensor, B: int, align: int, prev: dict | None) -> dict:
-    slots = None if prev is None else prev["slot_expert"].tolist()
-    flows = None if prev is None else [tuple(f) for f in prev["flow"].tolist() if f[0] >= 0]
+def _reference(c: torch.Tensor, B: int, align: int, prev: PlanFields | None) -> PlanFields:
+    slots = None if prev is None else prev.slot_expert.tolist()
+    flows = None if prev is None else [tuple(f) for f in prev.flow.tolist() if f[0] >= 0]
     return to_tensors(reference_plan(c.tolist(), B, align, slots, flows), torch.device("cpu"))
 
 
-def _assert_same(a: dict, b: dict, what: str) -> None:
-    for k in FIELDS:
-        assert torch.equal(a[k], b[k]), f"{what}: field {k} differs\n{a[k]}\n{b[k]}"
+def _assert_same(a: PlanFields, b: PlanFields, what: str) -> None:
+    for k, x, y in zip(FIELDS, a, b, strict=True):
+        assert torch.equal(x, y), f"{what}: field {k} differs\n{x}\n{y}"
 
 
 @given(counts_and_options())
@@ -53,8 +54,8 @@ def test_both_scans_equal_reference_over_a_sequence_with_previous(
             c,
             B,
             align,
-            None if prev_got is None else prev_got["slot_expert"],
-            None if prev_got is None else prev_got["flow"],
+            None if prev_got is None else prev_got.slot_expert,
+            None if prev_got is None else prev_got.flow,
             scan=scan,
         )
         _assert_same(ref, got, f"step {step} scan {scan}")
@@ -85,7 +86,7 @@ def test_adversarial_shapes_all_backends() -> None:
             for scan in ("host", "tensor"):
                 got = plan_torch(c, B, 1, None, None, scan=scan)
                 for k in FIELDS:
-                    assert torch.equal(getattr(ref, k), got[k]), (c.tolist(), B, scan, k)
+                    assert torch.equal(getattr(ref, k), getattr(got, k)), (c.tolist(), B, scan, k)
 
 
 def test_auto_backend_on_cpu_is_torch() -> None:

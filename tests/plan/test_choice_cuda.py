@@ -24,6 +24,7 @@ from moonplan.errors import PlanError
 from moonplan.plan import api, choice_cuda
 from moonplan.plan.choice import choose
 from moonplan.plan.choice.table import LEVELS
+from moonplan.plan.plan_fields import PlanFields
 from moonplan.plan.plan_type import PLAN_TENSORS, Plan, plan_to
 from tests.plan.choice.costs import COMPUTE_ONLY, FORCED_S, H200, MULTI, full
 
@@ -99,7 +100,9 @@ def test_argument_lists_match_the_kernels() -> None:
     where the cost is, pointers into the one buffer at distinct, increasing offsets."""
     R, E, B = 3, 7, 2
     c = torch.zeros(R, E, dtype=torch.int64)
-    buf, out = choice_cuda.allocate(R, E, B, LEVELS + 3, torch.device("cpu"))
+    buf, out, (index, scores, exited, _) = choice_cuda.allocate(
+        R, E, B, LEVELS + 3, torch.device("cpu")
+    )
     credit = torch.zeros((), dtype=torch.float64)
     args = choice_cuda.kernel_args(c, (None, None), (B, 8, LEVELS), H200, buf, credit)
     for name, a in zip(choice_cuda.KERNELS, args, strict=True):
@@ -109,9 +112,9 @@ def test_argument_lists_match_the_kernels() -> None:
     lay = choice_cuda.layout(R, E, B, LEVELS + 3)
     offsets = [at for at, _, _ in lay.out.values()] + list(lay.scratch.values())
     assert offsets == sorted(set(offsets)) and offsets[-1] < lay.words
-    assert out["scores"].dtype == torch.float64 and out["scores"].shape == (LEVELS + 3,)
-    assert out["exited"].dtype == torch.bool and out["exited"].dim() == 0
-    assert out["index"].dim() == 0 and out["row_offset"].shape == (R, 2 * 3 + 1)
+    assert scores.dtype == torch.float64 and scores.shape == (LEVELS + 3,)
+    assert exited.dtype == torch.bool and exited.dim() == 0
+    assert index.dim() == 0 and out.row_offset.shape == (R, 2 * 3 + 1)
 
 
 # ---- GPU --------------------------------------------------------------------------------------
@@ -189,7 +192,7 @@ def test_captured_in_a_cuda_graph_and_replayed_on_new_counts(cost) -> None:
     prev_RB = torch.full((R, B), -1, dtype=torch.int64, device=dev)
     prev_F3 = torch.full((R - 1, 3), -1, dtype=torch.int64, device=dev)
 
-    def call() -> tuple[dict, tuple]:
+    def call() -> tuple[PlanFields, tuple]:
         return choice_cuda.choose_cuda(static_RE, B, 128, (prev_RB, prev_F3), cost, LEVELS)
 
     side = torch.cuda.Stream()
@@ -199,7 +202,7 @@ def test_captured_in_a_cuda_graph_and_replayed_on_new_counts(cost) -> None:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fields, (index, scores, exited) = call()
+        fields, (index, scores, exited, _) = call()
     prev = None
     for seed in range(1, 5):
         c = torch.randint(0, 40, (R, E), generator=g)
@@ -209,9 +212,9 @@ def test_captured_in_a_cuda_graph_and_replayed_on_new_counts(cost) -> None:
         torch.cuda.synchronize()
         want = choose(c, B, 128, prev, cost, "reference")
         for k in PLAN_TENSORS[1:]:
-            assert torch.equal(fields[k].cpu(), getattr(want, k)), (seed, k)
+            assert torch.equal(getattr(fields, k).cpu(), getattr(want, k)), (seed, k)
         assert torch.equal(scores.cpu().view(torch.int64), want.choice.scores.view(torch.int64))
         assert int(index) == int(want.choice.index) and bool(exited) == bool(want.choice.exited)
-        prev_RB.copy_(fields["slot_expert"])
-        prev_F3.copy_(fields["flow"])
+        prev_RB.copy_(fields.slot_expert)
+        prev_F3.copy_(fields.flow)
         prev = want

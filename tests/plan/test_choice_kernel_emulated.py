@@ -34,7 +34,8 @@ from moonplan.plan.choice import reference as ref
 from moonplan.plan.choice.bound import exit_bound, links_reference
 from moonplan.plan.choice.table import LEVELS
 from moonplan.plan.home import home_list
-from moonplan.plan.plan_type import PLAN_TENSORS, Plan
+from moonplan.plan.plan_fields import PlanFields
+from moonplan.plan.plan_type import Plan
 from moonplan.plan.reference import previous_flows
 from moonplan.stepcost import StepCost
 from moonplan.testing import counts
@@ -77,13 +78,14 @@ def _emu_choose(
     prev: Plan | None,
     cost: StepCost,
     levels: int = LEVELS,
-) -> tuple[dict[str, torch.Tensor], tuple[float, float]]:
+) -> tuple[PlanFields, tuple[torch.Tensor, ...], tuple[float, float]]:
     """The three kernels, in launch order, on CPU tensors (``previous``'s credit in); the
-    outputs' views and the early-exit bound's two parts the first kernel left in its
+    outputs' views (the layout tensors; ``index``, ``scores``, ``exited``, ``credit``) and
+    the early-exit bound's two parts the first kernel left in its
     scratch (``misc[1:3]``)."""
     R, E = c.shape
     C = levels + 3
-    buf, out = cc.allocate(R, E, B, C, torch.device("cpu"))
+    buf, out, choice = cc.allocate(R, E, B, C, torch.device("cpu"))
     buf.random_(-1000, 1000)  # garbage, as a device allocation would hold
     pair = (None, None) if prev is None else (prev.slot_expert, prev.flow)
     credit = torch.zeros((), dtype=torch.float64)
@@ -99,7 +101,7 @@ def _emu_choose(
         assert bad < 0, f"{name} wrote shared memory past its layout at byte {bad}"
     misc = cc.layout(R, E, B, C).scratch["misc"]
     bounds = buf[misc + 1 : misc + 3].view(torch.float64).tolist()
-    return out, (bounds[0], bounds[1])
+    return out, choice, (bounds[0], bounds[1])
 
 
 def _reference_bound(
@@ -131,21 +133,20 @@ def _check(
 ) -> Plan:
     """Assert the emulated kernel's choice and bound are the reference's; return the
     reference plan."""
-    got, bounds = _emu_choose(lib, c, B, align, prev, cost, levels)
+    got, (index, scores, exited, credit), bounds = _emu_choose(lib, c, B, align, prev, cost, levels)
     want = choose(c, B, align, prev, cost, "reference", levels)
     case = (tuple(c.shape), B, align, cost, c.tolist() if c.numel() <= 64 else "")
     want_bounds = _reference_bound(c, B, align, prev, cost)
     assert [_bits(b) for b in bounds] == [_bits(b) for b in want_bounds], (bounds, want_bounds)
-    for k in PLAN_TENSORS:
-        if k != "counts":
-            assert torch.equal(got[k], getattr(want, k)), (k, *case)
+    for k, v in got._asdict().items():
+        assert torch.equal(v, getattr(want, k)), (k, *case)
     ch = want.choice
     assert ch is not None
-    bits = got["scores"].view(torch.int64), ch.scores.view(torch.int64)
-    assert torch.equal(*bits), (got["scores"].tolist(), ch.scores.tolist(), *case)
-    assert int(got["index"]) == int(ch.index), case
-    assert bool(got["exited"]) == bool(ch.exited), case
-    assert _bits(float(got["credit"])) == _bits(float(ch.credit)), (got["credit"], ch.credit)
+    bits = scores.view(torch.int64), ch.scores.view(torch.int64)
+    assert torch.equal(*bits), (scores.tolist(), ch.scores.tolist(), *case)
+    assert int(index) == int(ch.index), case
+    assert bool(exited) == bool(ch.exited), case
+    assert _bits(float(credit)) == _bits(float(ch.credit)), (credit, ch.credit)
     return want
 
 

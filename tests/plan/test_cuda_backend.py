@@ -22,6 +22,7 @@ import torch
 import moonplan
 from moonplan import check_plan
 from moonplan.plan import cuda_backend
+from moonplan.plan.plan_fields import PlanFields
 from moonplan.plan.reference import reference_fields
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,9 +94,9 @@ def test_argument_lists_match_the_kernels(R: int, E: int, B: int, prev: bool) ->
     assert fused
     M = -(-E // R)
     W = M + max(B, M)
-    assert out["row_offset"].shape == (R, W + 1)
-    assert out["slot_expert"].shape == (R, B)
-    assert out["flow"].shape == (R - 1, 3)
+    assert out.row_offset.shape == (R, W + 1)
+    assert out.slot_expert.shape == (R, B)
+    assert out.flow.shape == (R - 1, 3)
 
 
 def test_sizes_and_launch_shapes() -> None:
@@ -127,10 +128,10 @@ def _assert_same(counts_RE: torch.Tensor, B: int, align: int, prev: Prev) -> Pre
         slots, flows = prev[0].to(dev), prev[1].to(dev)
     got = cuda_backend.plan_cuda(counts_RE.to(dev), B, align, slots, flows)
     want = reference_fields(counts_RE, B, align, prev)
-    assert set(got) == set(want)
-    for key, ref in want.items():
-        assert torch.equal(got[key].cpu(), ref), (key, counts_RE.tolist(), B, align, prev)
-    return want["slot_expert"], want["flow"]
+    assert isinstance(got, PlanFields)
+    for key, ref in want._asdict().items():
+        assert torch.equal(getattr(got, key).cpu(), ref), (key, counts_RE.tolist(), B, align, prev)
+    return want.slot_expert, want.flow
 
 
 def _random_counts(rng: random.Random, R: int, E: int) -> torch.Tensor:
@@ -246,10 +247,10 @@ def test_cuda_graph_capture_and_replay(cuda_ok: None) -> None:
         want = reference_fields(counts_RE, B, 8, (prev_RB, prev_F3))
         graph.replay()
         torch.cuda.synchronize()
-        for key, ref in want.items():
-            assert torch.equal(out[key].cpu(), ref), key
-        prev_RB.copy_(out["slot_expert"])
-        prev_F3.copy_(out["flow"])
+        for key, ref in want._asdict().items():
+            assert torch.equal(getattr(out, key).cpu(), ref), key
+        prev_RB.copy_(out.slot_expert)
+        prev_F3.copy_(out.flow)
 
 
 @pytest.mark.parametrize(
@@ -259,7 +260,7 @@ def test_allocate_carves_disjoint_aligned_buffers_from_one(
     R: int, E: int, B: int, prev: bool
 ) -> None:
     out, scratch = cuda_backend.allocate(R, E, B, torch.device("cpu"), prev)
-    bufs = list(out.values()) + list(scratch.values())
+    bufs = [*out, *scratch.values()]
     assert len({t.untyped_storage().data_ptr() for t in bufs}) == 1  # one allocation
     spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in bufs)
     assert all(a_end <= b for (_, a_end), (b, _) in itertools.pairwise(spans))

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from moonplan.plan import cuda_backend as cb
+from moonplan.plan.plan_fields import PlanFields
 from moonplan.plan.reference import reference_plan, to_tensors
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,10 +52,12 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return dll
 
 
-def _emu_plan(lib: ctypes.CDLL, counts: torch.Tensor, B: int, align: int, prev, flows) -> dict:
+def _emu_plan(
+    lib: ctypes.CDLL, counts: torch.Tensor, B: int, align: int, prev, flows
+) -> PlanFields:
     R, E = counts.shape
     out, scratch = cb.allocate(R, E, B, torch.device("cpu"), prev is not None)
-    for t in list(out.values()) + list(scratch.values()):
+    for t in [*out, *scratch.values()]:
         t.random_(-1000, 1000)  # garbage, as a device allocation would hold
     prep_args, main_args, fused = cb.kernel_args(counts, prev, flows, B, align, out, scratch)
 
@@ -73,7 +76,7 @@ def _emu_plan(lib: ctypes.CDLL, counts: torch.Tensor, B: int, align: int, prev, 
     return out
 
 
-def _reference(counts: torch.Tensor, B: int, align: int, prev, flows) -> dict:
+def _reference(counts: torch.Tensor, B: int, align: int, prev, flows) -> PlanFields:
     pf = None if flows is None else [tuple(f) for f in flows.tolist() if f[0] >= 0]
     ps = None if prev is None else prev.tolist()
     return to_tensors(reference_plan(counts.tolist(), B, align, ps, pf), torch.device("cpu"))
@@ -106,6 +109,6 @@ def test_kernel_equals_reference_over_plan_sequences(emu: ctypes.CDLL) -> None:
             c = _counts(rng, R, E)
             want = _reference(c, B, align, prev, flows)
             got = _emu_plan(emu, c, B, align, prev, flows)
-            for k, v in want.items():
-                assert torch.equal(got[k], v), (k, c.tolist(), B, align)
-            prev, flows = want["slot_expert"], want["flow"]
+            for k, v in want._asdict().items():
+                assert torch.equal(getattr(got, k), v), (k, c.tolist(), B, align)
+            prev, flows = want.slot_expert, want.flow

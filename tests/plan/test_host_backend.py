@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import moonplan
 from moonplan.plan.from_alloc import home_layout
 from moonplan.plan.host_backend import host_home, plan_host
+from moonplan.plan.plan_fields import PlanFields
 from moonplan.plan.torch_backend import plan_torch
 from moonplan.testing import counts
 
@@ -36,11 +37,10 @@ def test_host_plan_equals_the_tensor_plan(c: torch.Tensor, align: int) -> None:
     R, E = c.shape
     B = -(-E // R)
     got, want = plan_host(c, B, align, None), plan_torch(c, B, align, None, scan="tensor")
-    assert got.keys() == want.keys()
-    for k in want:
-        assert got[k].dtype == torch.int64 and torch.equal(got[k], want[k]), k
-    got["home"].add_(1)  # the plan's own copy, not the array kept per (E, R)
-    assert host_home(E, R).home_E.tolist() == want["home"].tolist()
+    for k, x, y in zip(PlanFields._fields, got, want, strict=True):
+        assert x.dtype == torch.int64 and torch.equal(x, y), k
+    got.home.add_(1)  # the plan's own copy, not the array kept per (E, R)
+    assert host_home(E, R).home_E.tolist() == want.home.tolist()
 
 
 @given(counts(max_ranks=7, max_experts=20), st.integers(0, 2), st.sampled_from([1, 4]))
@@ -53,5 +53,5 @@ def test_host_plan_with_previous_equals_the_tensor_plan(
     prev = moonplan.plan(torch.flip(c, [1]), slots=B, align=align)
     args = (c, B, align, prev.slot_expert, prev.flow)
     got, want = plan_host(*args), plan_torch(*args, scan="tensor")
-    for k in want:
-        assert torch.equal(got[k], want[k]), k
+    for k, x, y in zip(PlanFields._fields, got, want, strict=True):
+        assert torch.equal(x, y), k

@@ -180,8 +180,7 @@ def test_reference_fields_is_the_reference_backend_on_tensors(align: int) -> Non
     p1 = moonplan.plan(c1, slots=2, align=align, previous=p0, backend="reference")
     for p, counts, prev in ((p0, c0, None), (p1, c1, (p0.slot_expert, p0.flow))):
         fields = reference_fields(counts, 2, align, prev)
-        assert set(fields) <= set(dir(p))
-        for name, value in fields.items():
+        for name, value in fields._asdict().items():
             assert torch.equal(getattr(p, name), value), name
 
 
@@ -192,6 +191,7 @@ def test_reference_fields_serves_the_bounded_builder_and_slots_without_flows() -
 
     from moonplan.plan.choice.targets import bounded_cap, water_fill
     from moonplan.plan.placement import static_load
+    from moonplan.plan.plan_fields import PlanFields
     from moonplan.plan.reference import reference_fields, reference_plan, to_tensors
     from moonplan.traces import DriftingTrace
 
@@ -202,9 +202,9 @@ def test_reference_fields_serves_the_bounded_builder_and_slots_without_flows() -
     p = moonplan.plan(c, slots=2, policy="bounded-0.1", backend="reference")
     fields = reference_fields(c, 2, 1, target=target)
     want = to_tensors(reference_plan(c.tolist(), 2, 1, None, None, target), torch.device("cpu"))
-    for name, value in fields.items():
-        assert torch.equal(value, want[name]) and torch.equal(getattr(p, name), value), name
+    for name, value, ref in zip(PlanFields._fields, fields, want, strict=True):
+        assert torch.equal(value, ref) and torch.equal(getattr(p, name), value), name
     slots = moonplan.plan(c0, slots=2).slot_expert
     fields = reference_fields(c, 2, 1, (slots, None))
     want = to_tensors(reference_plan(c.tolist(), 2, 1, slots.tolist()), torch.device("cpu"))
-    assert all(torch.equal(fields[k], want[k]) for k in want)
+    assert all(torch.equal(x, y) for x, y in zip(fields, want, strict=True))

@@ -28,6 +28,7 @@ from moonplan.plan.choice import host, reference, tensor
 from moonplan.plan.choice.cost_options import check_cost
 from moonplan.plan.choice.table import LEVELS, Candidate, names, table
 from moonplan.plan.choice.targets import bounded_cap, parse_bounded, water_fill
+from moonplan.plan.plan_fields import PlanFields
 from moonplan.plan.plan_type import Choice, Plan, make_plan, plan_to
 from moonplan.plan.reference import previous_flows
 from moonplan.stepcost.step_cost import StepCost
@@ -175,7 +176,7 @@ def _choice(
 
 def _make(
     counts_RE: torch.Tensor,
-    fields: dict[str, torch.Tensor],
+    fields: PlanFields,
     sizes: tuple[int, int],
     backend: str,
     choice: Choice,

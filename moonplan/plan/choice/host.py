@@ -7,7 +7,7 @@ Legend:
     fetch_CER  bool  [C, E, R] replicas not resident in ``previous``'s slots
 
 The same choice as :mod:`moonplan.plan.choice.reference`, bit for bit, with the fast
-forms: the group-flow constructions as host heap scans (``group_flows.host_alloc``), the
+forms: the group-flow constructions as host heap scans (``group_flows.host_moves``), the
 scores of all candidates in one :func:`~moonplan.stepcost.batch.batch_step_time`, the
 layout of the winner only (``from_alloc.layout_torch``). Where reading is free (the CPU)
 the early exit skips every construction. :mod:`moonplan.plan.choice.tensor` is the form
@@ -27,8 +27,9 @@ from moonplan.plan.choice.resident import resident_torch
 from moonplan.plan.choice.table import LEVELS, Candidate, table
 from moonplan.plan.choice.targets import level_caps, water_fill
 from moonplan.plan.from_alloc import layout_resident, layout_torch
-from moonplan.plan.group_flows import host_alloc, warm_maps
+from moonplan.plan.group_flows import host_moves, warm_maps
 from moonplan.plan.home import home_edges, targets_list
+from moonplan.plan.plan_fields import PlanFields, padded_flows
 from moonplan.plan.reference import Flow, previous_flows
 from moonplan.stepcost.batch import batch_step_time
 from moonplan.stepcost.step_cost import StepCost, StepTime
@@ -91,8 +92,8 @@ def choose_host(
     cost: StepCost,
     levels: int = LEVELS,
     credit: float = 0.0,
-) -> tuple[dict[str, torch.Tensor], tuple[int, torch.Tensor, bool, float]]:
-    """The winner's plan fields and ``(index, scores [C], exited, credit)``; CPU tensors
+) -> tuple[PlanFields, tuple[int, torch.Tensor, bool, float]]:
+    """The winner's layout tensors and ``(index, scores [C], exited, credit)``; CPU tensors
     (``credit``: ``previous``'s rent-or-buy credit)."""
     hs = HostStep.of(counts_RE, num_slots, align, prev)
     R = len(hs.load)
@@ -181,7 +182,9 @@ def construct(hs: HostStep, target: list[int], replay: bool) -> tuple[list[Flow]
     residents when ``replay``): its flows and allocation ``[E, R]``."""
     prev_RB, prev_F3 = (hs.prev_RB, hs.prev_F3) if replay else (None, None)
     warm = warm_maps(prev_RB, hs.home.tolist())
-    return host_alloc(hs.load, target, hs.total.tolist(), hs.edges, warm, previous_flows(prev_F3))
+    flows = previous_flows(prev_F3)
+    steps = host_moves(hs.load, target, hs.total.tolist(), hs.edges, warm, flows)
+    return steps.flows, steps.alloc(hs.edges)
 
 
 def _totals(cost: StepCost, hs: HostStep, resident: np.ndarray) -> tuple[int, int, int, int]:
@@ -213,12 +216,8 @@ def _home_lb(cost: StepCost, hs: HostStep, resident: np.ndarray) -> float:
     return float(np.maximum(padded * cost.row_flop_s, mem).max())
 
 
-def layout(hs: HostStep, alloc_ER: np.ndarray, flows: list[Flow]) -> dict[str, torch.Tensor]:
-    """The plan fields of ``alloc_ER`` with ``flows`` recorded."""
+def layout(hs: HostStep, alloc_ER: np.ndarray, flows: list[Flow]) -> PlanFields:
+    """The layout tensors of ``alloc_ER`` with ``flows`` recorded."""
     a = torch.from_numpy(np.ascontiguousarray(alloc_ER))
     fields = layout_torch(a, hs.num_slots, hs.align, hs.prev_RB)
-    R = a.shape[1]
-    F = max(R - 1, 0)
-    padded = flows + [(-1, -1, 0)] * (F - len(flows))
-    fields["flow"] = torch.tensor(padded, dtype=torch.int64).reshape(F, 3)
-    return fields
+    return fields._replace(flow=padded_flows(flows, a.shape[1]))

@@ -45,6 +45,7 @@ from moonplan.plan.choice.table import LEVELS, Candidate, table
 from moonplan.plan.choice.targets import level_caps, water_fill
 from moonplan.plan.from_alloc import layout_reference
 from moonplan.plan.home import home_list
+from moonplan.plan.plan_fields import PlanFields, padded_flows
 from moonplan.plan.reference import Flow, reference_plan
 from moonplan.stepcost.step_cost import StepCost, StepTime
 
@@ -53,9 +54,9 @@ Alloc = list[list[int]]  # [E][R]
 
 @dataclass(frozen=True)
 class Chosen:
-    """The reference choice: the winner's plan fields and how it was chosen."""
+    """The reference choice: the winner's layout tensors and how it was chosen."""
 
-    fields: dict[str, torch.Tensor]
+    fields: PlanFields
     index: int
     scores: list[float]  # [C], inf where not scored
     exited: bool
@@ -197,14 +198,11 @@ def _roofline(cost: StepCost, padded: int, experts: int, rows: int) -> float:
     return max(padded * cost.row_flop_s, mem)
 
 
-def _layout(step: Step, alloc: Alloc, flows: list[Flow]) -> dict[str, torch.Tensor]:
-    """The plan fields of ``alloc`` (residents keep their slot) with ``flows`` recorded."""
+def _layout(step: Step, alloc: Alloc, flows: list[Flow]) -> PlanFields:
+    """The layout tensors of ``alloc`` (residents keep their slot) with ``flows`` recorded."""
     R, E = len(step.counts), len(step.counts[0])
     counts = torch.tensor(step.counts, dtype=torch.int64)
     prev = None if step.prev_slots is None else torch.tensor(step.prev_slots, dtype=torch.int64)
     a = torch.tensor(alloc, dtype=torch.int64).reshape(E, R)
     fields = layout_reference(counts, a, step.slots, step.align, prev)
-    F = max(R - 1, 0)
-    padded = flows + [(-1, -1, 0)] * (F - len(flows))
-    fields["flow"] = torch.tensor(padded, dtype=torch.int64).reshape(F, 3)
-    return fields
+    return fields._replace(flow=padded_flows(flows, R))

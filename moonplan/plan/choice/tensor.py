@@ -17,6 +17,8 @@ the CPU's fast form).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from moonplan.plan.choice.bound import exit_bound_torch, experts_lb_torch, links_torch
@@ -26,6 +28,7 @@ from moonplan.plan.choice.table import LEVELS, table
 from moonplan.plan.choice.targets import level_caps_torch, water_fill_torch
 from moonplan.plan.from_alloc import home_layout, layout_torch
 from moonplan.plan.placement import static_alloc
+from moonplan.plan.plan_fields import PlanFields, no_flows
 from moonplan.plan.torch_backend import Steps12Inputs, alloc_tensor, resident_map
 from moonplan.stepcost.batch import BatchTime, _padded, _roofline, batch_step_time
 from moonplan.stepcost.step_cost import StepCost
@@ -39,8 +42,8 @@ def choose_tensor(
     cost: StepCost,
     levels: int = LEVELS,
     credit: torch.Tensor | None = None,
-) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
-    """The winner's plan fields and ``(index 0-d, scores [C], exited 0-d, credit 0-d)``,
+) -> tuple[PlanFields, tuple[torch.Tensor, ...]]:
+    """The winner's layout tensors and ``(index 0-d, scores [C], exited 0-d, credit 0-d)``,
     all on the counts' device (``credit``: ``previous``'s rent-or-buy credit, float64
     0-d; ``None``: 0)."""
     R, E = counts_RE.shape
@@ -53,16 +56,17 @@ def choose_tensor(
     load_R = torch.zeros(R, dtype=torch.int64, device=dev).index_add_(0, home_E, T_E)
     resident_ER = _resident(prev_RB, E, R, dev)
     static_ER = static_alloc(counts_RE)
-    at_exit = _batch(cost, counts_RE, static_ER[None], resident_ER, home_E, cost.exit_s)
+    times = functools.partial(_times, cost, counts_RE, home_E)
+    at_exit = times(static_ER[None], resident_ER, cost.exit_s)
     t_exit = at_exit.total_s[0]
-    static_full = _scores(cost, counts_RE, static_ER[None], resident_ER, home_E, cost.plan_s)[0]
+    static_full = times(static_ER[None], resident_ER, cost.plan_s).total_s[0]
     bounds, experts_lb = _bound(cost, counts_RE, home_E, resident_ER, static_full)
     gap = at_exit.experts_s[0] - experts_lb
     checking = max(0.0, cost.plan_s - cost.exit_s)
     exited, credit = exit_rent_torch(t_exit, gap, bounds, credit, checking)
     alloc_CER, flow_CF3 = _candidates(counts_RE, (load_R, T_E, home_E, ids_RM), prev, levels)
-    scores = _scores(cost, counts_RE, alloc_CER, resident_ER, home_E, cost.plan_s)
-    free = _scores(cost, counts_RE, alloc_CER, torch.ones_like(resident_ER), home_E, cost.plan_s)
+    scores = times(alloc_CER, resident_ER, cost.plan_s).total_s
+    free = times(alloc_CER, torch.ones_like(resident_ER), cost.plan_s).total_s
     index, settled = settle_torch(scores, free, credit)
     C = alloc_CER.shape[0]
     first = torch.arange(C, device=dev) == 0
@@ -71,7 +75,7 @@ def choose_tensor(
     pick = index.view(1)
     alloc_ER = alloc_CER.index_select(0, pick)[0]
     fields = layout_torch(alloc_ER, num_slots, align, prev_RB, host=False)
-    fields["flow"] = flow_CF3.index_select(0, pick)[0]
+    fields = fields._replace(flow=flow_CF3.index_select(0, pick)[0])
     return fields, (index, scores, exited, torch.where(exited, credit, settled))
 
 
@@ -82,27 +86,17 @@ def _resident(prev_RB: torch.Tensor | None, E: int, R: int, dev: torch.device) -
     return resident_map(prev_RB, E)
 
 
-def _scores(
+def _times(
     cost: StepCost,
     counts_RE: torch.Tensor,
+    home_E: torch.Tensor,
     alloc_CER: torch.Tensor,
     resident_ER: torch.Tensor,
-    home_E: torch.Tensor,
-    plan_s: float,
-) -> torch.Tensor:
-    """float64 ``[C]`` predicted step seconds, each charged ``plan_s``."""
-    return _batch(cost, counts_RE, alloc_CER, resident_ER, home_E, plan_s).total_s
-
-
-def _batch(
-    cost: StepCost,
-    counts_RE: torch.Tensor,
-    alloc_CER: torch.Tensor,
-    resident_ER: torch.Tensor,
-    home_E: torch.Tensor,
     plan_s: float,
 ) -> BatchTime:
-    """:func:`_scores`' phases."""
+    """The predicted step (``total_s``: float64 ``[C]`` seconds) and its phases of each
+    allocation in ``alloc_CER``, each charged ``plan_s``; ``resident_ER`` (bool) pairs
+    are not fetched."""
     R = alloc_CER.shape[2]
     away_ER = home_E[:, None] != torch.arange(R, device=home_E.device)[None, :]
     fetch_CER = (alloc_CER > 0) & (away_ER & ~resident_ER)
@@ -151,8 +145,7 @@ def _candidates(
         return alloc_ER, flow_F3
 
     static_ER = static_alloc(counts_RE)
-    none_F3 = torch.full((max(R - 1, 0), 3), -1, dtype=torch.int64, device=T_E.device)
-    none_F3[:, 2] = 0
+    none_F3 = no_flows(R, T_E.device)
     exact = build(exact_R, True)
     out = {"exact": exact, "greedy": build(exact_R, False), "static": (static_ER, none_F3)}
     out["resident"] = (resident_torch(counts_RE, prev[0], home_E), none_F3)
