@@ -51,6 +51,27 @@ def time_interleaved(
     return first_s, second_s
 
 
+def median_us(fn: Callable[[], Any], reps: int, cuda: bool, *, drain_after: bool = True) -> float:
+    """Median microseconds of one call of ``fn`` over ``reps`` calls, after one warm-up call.
+
+    With ``cuda`` the device is drained before each call and, when ``drain_after``, after it
+    (the call's wall time, its kernels included); with ``drain_after=False`` the time is the
+    host's alone (the call returns before the device finishes)."""
+    import torch  # here: the other helpers of this module do not need it
+
+    fn()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        if cuda and drain_after:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
+
+
 def median_ms(seconds: dict[str, list[float]]) -> dict[str, float]:
     """``{name + "_ms": median milliseconds}`` of each list of seconds."""
     return {f"{name}_ms": statistics.median(s) * 1e3 for name, s in seconds.items()}

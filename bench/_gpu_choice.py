@@ -24,12 +24,11 @@ call <= 80 us of host time at EP 8. ``--cpu-smoke`` runs the ``auto`` rows on th
 from __future__ import annotations
 
 import random
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from _common import median_us
 from _gpu_planner import capture, lognormal_counts, random_case, time_eager, time_replay
 
 import moonplan
@@ -95,19 +94,6 @@ def choice_random_section() -> dict[str, Any]:
 # ---- auto: host, eager and graph times -----------------------------------------------------------
 
 
-def _median_host_us(fn: Callable[[], Any], reps: int, cuda: bool) -> float:
-    """Median host microseconds of one call (the device drained before each, not after)."""
-    fn()
-    times = []
-    for _ in range(reps):
-        if cuda:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e6
-
-
 def _auto_row(shape: tuple[int, int, int, int], path: str, dev: torch.device, reps: int) -> dict:
     R, E, S, K = shape
     B = min(2, -(-E // R))
@@ -125,7 +111,7 @@ def _auto_row(shape: tuple[int, int, int, int], path: str, dev: torch.device, re
     got = fn()
     row |= {"policy": got.policy, "exited": bool(got.choice.exited), "backend": got.backend}
     row["eager_differs"] = differences(got, want)
-    row["host_us"] = round(_median_host_us(fn, reps, dev.type == "cuda"), 1)
+    row["host_us"] = round(median_us(fn, reps, dev.type == "cuda", drain_after=False), 1)
     row["eager_us"] = round(time_eager(fn, reps), 1)
     if dev.type == "cuda":
         _graph(row, fn, static_RE, (B, prev, cost), want)

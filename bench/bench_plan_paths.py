@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _common import bench_parser  # noqa: E402  (bench/ is the script's folder)
+from _common import bench_parser, median_us  # noqa: E402  (bench/ is the script's folder)
 
 from moonplan.plan.api import plan  # noqa: E402
 from moonplan.simulate.model_time import SimConfig  # noqa: E402
@@ -51,21 +49,6 @@ CASES = [(8, 16), (8, 4096), (64, 64), (64, 4096)]
 NAMED = ("static", "exact", "resident", "level-4", "greedy")
 COUNTED = ("static", "exact")
 FORCED_S = 1e9  # a planning charge no step beats: forces one path of auto
-
-
-def _median_us(fn: Callable[[], Any], reps: int, cuda: bool) -> float:
-    """Median wall time of ``fn`` in microseconds (after one warm-up call)."""
-    fn()
-    times = []
-    for _ in range(reps):
-        if cuda:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2] * 1e6
 
 
 def _inputs(R: int, S: int, device: torch.device) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
@@ -98,14 +81,14 @@ def case_row(R: int, S: int, device: torch.device, reps: int) -> dict[str, Any]:
     cuda = device.type == "cuda"
     row: dict[str, Any] = {"ranks": R, "tokens": S, "device": str(device)}
     for name in NAMED:
-        row[f"named {name}"] = _median_us(
+        row[f"named {name}"] = median_us(
             lambda n=name: plan(counts, previous=prev, policy=n, cost=cost), reps, cuda
         )
     for path, forced in (
         ("full", cost.scaled(exit_s=FORCED_S)),
         ("exit", cost.scaled(plan_s=FORCED_S)),
     ):
-        row[f"auto {path}"] = _median_us(
+        row[f"auto {path}"] = median_us(
             lambda f=forced: plan(counts, previous=prev, policy="auto", cost=f), reps, cuda
         )
     return row

@@ -41,28 +41,11 @@ struct McCost {
         disp_inter, comb_intra, comb_inter, base, per_peer, plan_s, exit_s, copy_min, h_disp, \
         h_comb
 
+// McCost from the launcher's arguments (in its field order; overlap: non-zero is true).
 __device__ McCost mc_cost(MC_COST_PARAMS) {
-    McCost k;
-    k.row_flop = row_flop;
-    k.weight_read = weight_read;
-    k.row_mem = row_mem;
-    k.copy_intra = copy_intra;
-    k.copy_inter = copy_inter;
-    k.disp_intra = disp_intra;
-    k.disp_inter = disp_inter;
-    k.comb_intra = comb_intra;
-    k.comb_inter = comb_inter;
-    k.base = base;
-    k.per_peer = per_peer;
-    k.plan = plan_s;
-    k.exit_s = exit_s;
-    k.copy_min = copy_min;
-    k.h_disp = h_disp;
-    k.h_comb = h_comb;
-    k.tile = tile;
-    k.G = G;
-    k.overlap = overlap != 0;
-    return k;
+    return {row_flop,   weight_read, row_mem, copy_intra, copy_inter, disp_intra, disp_inter,
+            comb_intra, comb_inter,  base,    per_peer,   plan_s,     exit_s,     copy_min,
+            h_disp,     h_comb,      tile,    G,          overlap != 0};
 }
 
 __device__ __forceinline__ double mc_mul(double a, double b) { return __dmul_rn(a, b); }
@@ -125,33 +108,13 @@ __device__ void mc_block_max(double* v, int n, double* red) {
     __syncthreads();
 }
 
-// Warp maximum of an int64, and warp minimum of a double, on every lane.
-__device__ mp_i64 mc_warp_max_i(mp_i64 v) {
-    for (int off = MP_WARP / 2; off > 0; off >>= 1) {
-        v = mc_max_i(v, __shfl_xor_sync(MP_FULL_MASK, v, off));
-    }
-    return v;
-}
-
+// Warp minimum of a double, on every lane.
 __device__ double mc_warp_min(double v) {
     for (int off = MP_WARP / 2; off > 0; off >>= 1) {
         const mp_i64 o = __shfl_xor_sync(MP_FULL_MASK, __double_as_longlong(v), off);
         v = mc_min(v, __longlong_as_double(o));
     }
     return v;
-}
-
-// Block maximum of an int64 (MP_I64_MIN for none); red holds 33 shared values.
-__device__ mp_i64 mc_block_max_i(mp_i64 v, mp_i64* red) {
-    const int lane = threadIdx.x % MP_WARP, warp = threadIdx.x / MP_WARP;
-    const int nwarps = blockDim.x / MP_WARP;
-    v = mc_warp_max_i(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    mp_i64 m = red[0];
-    for (int w = 1; w < nwarps; ++w) m = mc_max_i(m, red[w]);
-    __syncthreads();
-    return m;
 }
 
 // ---- the step time of one allocation (moonplan/stepcost/batch.py) ------------------------

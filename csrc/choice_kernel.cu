@@ -156,7 +156,7 @@ __device__ void mc_rest_row(const mp_i64* counts, const mp_i64* prev, bool has_p
         mx = mc_max_i(mx, rest[e]);
     }
     *left = mp_warp_sum(sum);
-    *vmax = mc_warp_max_i(mx);
+    *vmax = mp_warp_max(mx);
 }
 
 // The M-th largest entry of rest [E] (M <= E), on every lane: the largest v with at least M
@@ -239,7 +239,7 @@ __device__ McLinks mc_first_links(const McStep& st, const McCost& k, double read
         l.free_link = mc_max_i(l.free_link, left);
     }
     mc_block_max(&l.copies, 1, red);
-    l.free_link = mc_block_max_i(l.free_link, red64);
+    l.free_link = mp_block_max(l.free_link, red64);
     return l;
 }
 
@@ -312,7 +312,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     if (r < R) s = mc_first_rank(k, f, r, load_R, send_R, sdom_R, &home_lb, &kept, &stay);
     const McParts p = mc_parts(k, s, r < R, R, red);
     mc_block_max(&home_lb, 1, red);
-    kept = mc_block_max_i(kept, red64);
+    kept = mp_block_max(kept, red64);
     const double experts_lb = mc_experts_lb(k, R, t.tiles, t.busy, t.N);
     McLinks l = {MC_INF, 0};
     if (R > 1) {  // block-uniform
@@ -344,7 +344,7 @@ __device__ mp_i64 mc_level_target(const McStep& st, const mp_i64* L, int k, mp_i
     const int r = threadIdx.x, R = st.R;
     const mp_i64 Lr = r < R ? L[r] : 0;
     const mp_i64 m = (st.N + (R - 1)) / R;
-    const mp_i64 gap = mc_block_max_i(r < R ? Lr : MP_I64_MIN, red64) - m;  // >= 0
+    const mp_i64 gap = mp_block_max(r < R ? Lr : MP_I64_MIN, red64) - m;  // >= 0
     const mp_i64 cap = m + (gap / st.levels) * k + (gap % st.levels) * k / st.levels;
     const mp_i64 S = mp_block_sum(r < R && Lr > cap ? Lr - cap : 0, red64);
     if (S == 0) return Lr;  // block-uniform: nothing above the cap
@@ -352,8 +352,8 @@ __device__ mp_i64 mc_level_target(const McStep& st, const mp_i64* L, int k, mp_i
     for (int j = 0; j < R && r < R; ++j) f += mc_max_i(0, Lr - L[j]);
     const bool qual = r < R && Lr <= cap && f <= S;
     const mp_i64 n = mp_block_sum(qual ? 1 : 0, red64);  // >= 1: the lowest load qualifies
-    const mp_i64 l_at = mc_block_max_i(qual ? Lr : MP_I64_MIN, red64);
-    const mp_i64 f_at = mc_block_max_i(qual ? f : MP_I64_MIN, red64);
+    const mp_i64 l_at = mp_block_max(qual ? Lr : MP_I64_MIN, red64);
+    const mp_i64 f_at = mp_block_max(qual ? f : MP_I64_MIN, red64);
     const mp_i64 level = l_at + (S - f_at) / n, extra = (S - f_at) % n;
     const bool low = r < R && Lr <= cap && Lr <= level;
     int total = 0;
@@ -363,66 +363,16 @@ __device__ mp_i64 mc_level_target(const McStep& st, const mp_i64* L, int k, mp_i
     return low ? level + (before < extra ? 1 : 0) : Lr;
 }
 
-// Receivers grouped by donor (moonplan_plan_main's phase 3): counts, block scan, scatter.
-__device__ void mc_dest_lists(int R, const int* in_donor, int* dest_list, int* dest_start,
-                              int* dest_cur, int* red32) {
-    const int tid = threadIdx.x, nthreads = blockDim.x;
-    for (int r = tid; r < R; r += nthreads) {
-        if (in_donor[r] >= 0) atomicAdd(&dest_cur[in_donor[r]], 1);
-    }
-    __syncthreads();
-    int n_flows = 0;
-    const int start = mp_block_excl_scan(tid < R ? dest_cur[tid] : 0, red32, &n_flows);
-    if (tid < R) dest_start[tid] = start;
-    if (tid == 0) dest_start[R] = n_flows;
-    __syncthreads();
-    if (tid < R) dest_cur[tid] = dest_start[tid];
-    __syncthreads();
-    for (int r = tid; r < R; r += nthreads) {
-        if (in_donor[r] >= 0) dest_list[atomicAdd(&dest_cur[in_donor[r]], 1)] = r;
-    }
-    __syncthreads();
-}
-
-// The construction's state in shared memory, as moonplan_plan_main's: rem[E], X, q_in,
-// avail [R], red64[33] (int64), then in_donor, dest_list [R], dest_start[R+1], dest_cur,
-// rep_n [R], red32[33] (int32).
-struct McShared {
-    mp_i64 *rem, *X, *q_in, *avail, *red64;
-    int *in_donor, *dest_list, *dest_start, *dest_cur, *rep_n, *red32;
-};
-
-__device__ McShared mc_shared(unsigned char* smem, int R, mp_i64 E) {
-    McShared m;
-    m.rem = (mp_i64*)smem;
-    m.X = m.rem + E;
-    m.q_in = m.X + R;
-    m.avail = m.q_in + R;
-    m.red64 = m.avail + R;
-    m.in_donor = (int*)(m.red64 + MP_WARP + 1);
-    m.dest_list = m.in_donor + R;
-    m.dest_start = m.dest_list + R;
-    m.dest_cur = m.dest_start + R + 1;
-    m.rep_n = m.dest_cur + R;
-    m.red32 = m.rep_n + R;
-    return m;
-}
-
-// Phases 0-1: alloc = 0, rem = T, per-rank state, the targets (exact, or level `level`'s)
-// and X = L - target.
-__device__ void mc_construct_init(const McStep& st, int level, const McShared& m, mp_i64* alloc) {
+// Phases 0-1 (on moonplan_plan_main's shared state, MpShared): alloc = 0, rem = T, per-rank
+// state, the targets (exact, or level `level`'s) and X = L - target.
+__device__ void mc_construct_init(const McStep& st, int level, const MpShared& m, mp_i64* alloc) {
     const int R = st.R, tid = threadIdx.x, nthreads = blockDim.x;
     for (mp_i64 i = tid; i < st.E * R; i += nthreads) alloc[i] = 0;
     for (mp_i64 e = tid; e < st.E; e += nthreads) m.rem[e] = st.T[e];
-    for (int r = tid; r < R; r += nthreads) {
-        m.q_in[r] = 0;
-        m.in_donor[r] = -1;
-        m.dest_cur[r] = 0;
-        m.rep_n[r] = 0;
-        m.avail[r] = st.L[r];
-    }
+    mp_reset_ranks(m, R);
+    for (int r = tid; r < R; r += nthreads) m.avail[r] = st.L[r];
     __syncthreads();
-    mp_i64 target = tid < R ? st.N / R + (tid < st.N % R ? 1 : 0) : 0;
+    mp_i64 target = tid < R ? mp_target(st.N, R, tid) : 0;
     if (level > 0) target = mc_level_target(st, m.avail, level, m.red64, m.red32);
     if (tid < R) m.X[tid] = m.avail[tid] - target;
     __syncthreads();
@@ -433,43 +383,12 @@ __device__ void mc_construct_init(const McStep& st, int level, const McShared& m
 // (greedy), into alloc [E, R] and flow [R-1, 3].
 __device__ void mc_construct(const McStep& st, int level, bool replay, mp_i64* alloc,
                              mp_i64* flow, mp_i64* rep_c, int* rep_e, unsigned char* smem) {
-    const int R = st.R, warp = threadIdx.x / MP_WARP, nwarps = blockDim.x / MP_WARP;
-    const McShared m = mc_shared(smem, R, st.E);
+    const int R = st.R;
+    const MpShared m = mp_shared(smem, R, st.E);
     mc_construct_init(st, level, m, alloc);
     const bool warm = replay && st.has_prev;
-    MpBalance bal;
-    bal.X = m.X;
-    bal.q_in = m.q_in;
-    bal.in_donor = m.in_donor;
-    bal.avail = m.avail;
-    bal.warm_d = st.warm_d;
-    bal.prev_flow = st.prev_flow;
-    bal.flow = flow;
-    bal.R = R;
-    bal.B = (int)st.B;
-    bal.n_prev_flow = replay ? st.n_prev_flow : 0;
-    bal.has_prev = warm;
-    bal.packed = st.N < MP_PACK_LIMIT;  // |X| <= N
-    if (warp == 0) mp_balance(bal);
-    __syncthreads();
-    mc_dest_lists(R, m.in_donor, m.dest_list, m.dest_start, m.dest_cur, m.red32);
-    MpSplit s;
-    s.rem = m.rem;
-    s.q_in = m.q_in;
-    s.dest_list = m.dest_list;
-    s.dest_start = m.dest_start;
-    s.rep_n = m.rep_n;
-    s.rep_e = rep_e;
-    s.rep_c = rep_c;
-    s.alloc = alloc;
-    s.prev = st.prev;
-    s.R = R;
-    s.E = st.E;
-    s.B = st.B;
-    s.M = st.M;
-    s.has_prev = warm;
-    for (int d = warp; d < R; d += nwarps) mp_split_group(s, d);
-    __syncthreads();
+    const MpPrevious pv = {st.prev, st.warm_d, st.prev_flow, replay ? st.n_prev_flow : 0, warm};
+    mp_construct(m, pv, R, st.E, st.B, st.N, flow, alloc, rep_c, rep_e);
 }
 
 // ---- the resident candidate (moonplan/plan/choice/resident.py) -----------------------------
@@ -542,7 +461,7 @@ __device__ void mc_resident(const McStep& st, mp_i64* alloc, mp_i64* q_P, unsign
     int* n_e = n_r + R;
     for (mp_i64 i = tid; i < E * R; i += nthreads) alloc[i] = 0;
     for (mp_i64 e = tid; e < E; e += nthreads) left[e] = st.T[e];
-    for (int r = tid; r < R; r += nthreads) X[r] = st.L[r] - (st.N / R + (r < st.N % R ? 1 : 0));
+    for (int r = tid; r < R; r += nthreads) X[r] = st.L[r] - mp_target(st.N, R, r);
     __syncthreads();
     for (mp_i64 e = tid; e < E; e += nthreads) alloc[e * R + mp_home_of(e, E, R)] = st.T[e];
     __syncthreads();
@@ -663,25 +582,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     for (int r = tid; r < R; r += nthreads) rep_n[r] = rep_n[r] < M ? rep_n[r] : (int)M;
     __syncthreads();
 
-    MpPlace p;
-    p.rep_n = rep_n;
-    p.rep_e = rep_e;
-    p.rep_c = rep_c;
-    p.srt_e = srt_e;
-    p.prev = prev;
-    p.alloc = alloc;
-    p.rem = rem;
-    p.slot_expert = slot_expert;
-    p.slot_new = slot_new;
-    p.row_expert = row_expert;
-    p.row_count = row_count;
-    p.row_offset = row_offset;
-    p.R = R;
-    p.E = E;
-    p.B = B;
-    p.M = M;
-    p.W = W;
-    p.align = align;
-    p.has_prev = has_prev != 0;
+    const MpPlace p = {rep_n, rep_e, rep_c, srt_e, prev, alloc, rem, slot_expert, slot_new,
+                       row_expert, row_count, row_offset, R, E, B, M, W, align, has_prev != 0};
     for (int r = warp; r < R; r += nwarps) mp_place_rank(p, r);
 }

@@ -369,10 +369,93 @@ __device__ void mp_place_rank(const MpPlace& p, int r) {
     mp_row_layout(p, r, rep + n_free, n_direct);
 }
 
+// ---- phases 2-4 on the block's shared state (also the choice kernel's constructions) -------
+
+// The main kernel's dynamic shared memory: rem[E], X, q_in, avail [R], red64[33] (int64),
+// then in_donor, dest_list [R], dest_start[R+1], dest_cur, rep_n [R], red32[33] (int32).
+struct MpShared {
+    mp_i64 *rem, *X, *q_in, *avail, *red64;
+    int *in_donor, *dest_list, *dest_start, *dest_cur, *rep_n, *red32;
+};
+
+__device__ MpShared mp_shared(unsigned char* smem, int R, mp_i64 E) {
+    MpShared m;
+    m.rem = (mp_i64*)smem;
+    m.X = m.rem + E;
+    m.q_in = m.X + R;
+    m.avail = m.q_in + R;
+    m.red64 = m.avail + R;
+    m.in_donor = (int*)(m.red64 + MP_WARP + 1);
+    m.dest_list = m.in_donor + R;
+    m.dest_start = m.dest_list + R;
+    m.dest_cur = m.dest_start + R + 1;
+    m.rep_n = m.dest_cur + R;
+    m.red32 = m.rep_n + R;
+    return m;
+}
+
+// Phase 0's per-rank state: no quota, no donor, no receiver listed, no replica.
+__device__ void mp_reset_ranks(const MpShared& m, int R) {
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+        m.q_in[r] = 0;
+        m.in_donor[r] = -1;
+        m.dest_cur[r] = 0;
+        m.rep_n[r] = 0;
+    }
+}
+
+// Phase 3: receivers grouped by donor (counts, block scan, scatter). The order inside a
+// group is irrelevant: every pick of split_group uses a total order on rank ids.
+__device__ void mp_dest_lists(const MpShared& m, int R) {
+    const int tid = threadIdx.x, nthreads = blockDim.x;
+    for (int r = tid; r < R; r += nthreads) {
+        if (m.in_donor[r] >= 0) atomicAdd(&m.dest_cur[m.in_donor[r]], 1);
+    }
+    __syncthreads();
+    int n_flows = 0;
+    const int start = mp_block_excl_scan(tid < R ? m.dest_cur[tid] : 0, m.red32, &n_flows);
+    if (tid < R) m.dest_start[tid] = start;
+    if (tid == 0) m.dest_start[R] = n_flows;
+    __syncthreads();
+    if (tid < R) m.dest_cur[tid] = m.dest_start[tid];
+    __syncthreads();
+    for (int r = tid; r < R; r += nthreads) {
+        if (m.in_donor[r] >= 0) m.dest_list[atomicAdd(&m.dest_cur[m.in_donor[r]], 1)] = r;
+    }
+    __syncthreads();
+}
+
+// The construction's inputs besides the shared state: previous's slots and flows.
+struct MpPrevious {
+    const mp_i64* slots;  // [R, B] previous slots (read when warm)
+    const int* warm_d;    // [R, B] home of each previous slot's expert, -1 if none (when warm)
+    const mp_i64* flow;   // [n_flow, 3] last step's flows (donor, receiver, records)
+    int n_flow;           // flows to replay (0: none)
+    bool warm;            // prefer warm pairs and experts resident in previous's slots
+};
+
+// Phases 2-4 (every thread of the block calls it): balance_groups (warp 0) from m.X, then
+// the dest lists, then split_group (a warp per donor group) into alloc [E, R] (zero on
+// entry), flow [R-1, 3] and the replica lists rep_e, rep_c [R, M]. On entry m.rem holds T,
+// m.X and m.avail each rank's X and load, and the rest of m is reset (mp_reset_ranks).
+__device__ void mp_construct(const MpShared& m, const MpPrevious& pv, int R, mp_i64 E, mp_i64 B,
+                             mp_i64 N, mp_i64* flow, mp_i64* alloc, mp_i64* rep_c, int* rep_e) {
+    const int warp = threadIdx.x / MP_WARP, nwarps = blockDim.x / MP_WARP;
+    const bool packed = N < MP_PACK_LIMIT;  // |X| <= N
+    const MpBalance bal = {m.X, m.q_in, m.in_donor, m.avail, pv.warm_d, pv.flow, flow, R,
+                           (int)B, pv.n_flow, pv.warm, packed};
+    if (warp == 0) mp_balance(bal);
+    __syncthreads();
+    mp_dest_lists(m, R);
+    const MpSplit s = {m.rem, m.q_in, m.dest_list, m.dest_start, m.rep_n, rep_e, rep_c, alloc,
+                       pv.slots, R, E, B, (E + R - 1) / R, pv.warm};
+    for (int d = warp; d < R; d += nwarps) mp_split_group(s, d);
+    __syncthreads();
+}
+
 // ---- the main kernel ---------------------------------------------------------------------
 
-// Dynamic shared memory: rem[E], X[R], q_in[R], avail[R], red64[33] (int64), then
-// in_donor[R], dest_list[R], dest_start[R+1], dest_cur[R], rep_n[R], red32[33] (int32).
+// Dynamic shared memory: MpShared's layout.
 extern "C" __global__ void __launch_bounds__(1024, 1)
     moonplan_plan_main(const mp_i64* counts, const mp_i64* prev, const mp_i64* prev_flow,
                        mp_i64 R_, mp_i64 E, mp_i64 B, mp_i64 align, mp_i64 has_prev_,
@@ -387,18 +470,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     const int lane = tid % MP_WARP, warp = tid / MP_WARP, nwarps = nthreads / MP_WARP;
     const mp_i64 M = (E + R - 1) / R;
     const mp_i64 W = M + (B > M ? B : M);
-
-    mp_i64* rem = (mp_i64*)mp_smem;
-    mp_i64* X = rem + E;
-    mp_i64* q_in = X + R;
-    mp_i64* avail = q_in + R;
-    mp_i64* red64 = avail + R;
-    int* in_donor = (int*)(red64 + MP_WARP + 1);
-    int* dest_list = in_donor + R;
-    int* dest_start = dest_list + R;
-    int* dest_cur = dest_start + R + 1;
-    int* rep_n = dest_cur + R;
-    int* red32 = rep_n + R;
+    const MpShared m = mp_shared(mp_smem, R, E);
 
     // Phase 0: totals, per-rank state, warm donors.
     if (fused_prep) {
@@ -407,112 +479,39 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     }
     mp_i64 part = 0;
     for (mp_i64 e = tid; e < E; e += nthreads) {
-        rem[e] = total_E[e];
-        part += rem[e];
+        m.rem[e] = total_E[e];
+        part += m.rem[e];
     }
-    for (int r = tid; r < R; r += nthreads) {
-        q_in[r] = 0;
-        in_donor[r] = -1;
-        dest_cur[r] = 0;
-        rep_n[r] = 0;
-    }
+    mp_reset_ranks(m, R);
     if (has_prev) {
         for (mp_i64 i = tid; i < (mp_i64)R * B; i += nthreads) {
             const mp_i64 e = prev[i];
             warm_d[i] = (e >= 0 && e < E) ? (int)mp_home_of(e, E, R) : -1;
         }
     }
-    const mp_i64 N = mp_block_sum(part, red64);  // ends with __syncthreads
+    const mp_i64 N = mp_block_sum(part, m.red64);  // ends with __syncthreads
 
     // Phase 1: static load, X and target per rank.
     for (int r = warp; r < R; r += nwarps) {
         const mp_i64 first = mp_home_start(r, E, R), last = mp_home_start(r + 1, E, R);
         mp_i64 load = 0;
-        for (mp_i64 e = first + lane; e < last; e += MP_WARP) load += rem[e];
+        for (mp_i64 e = first + lane; e < last; e += MP_WARP) load += m.rem[e];
         load = mp_warp_sum(load);
         if (lane == 0) {
-            const mp_i64 t = N / R + (r < N % R ? 1 : 0);
+            const mp_i64 t = mp_target(N, R, r);
             target[r] = t;
-            X[r] = load - t;
-            avail[r] = load;
+            m.X[r] = load - t;
+            m.avail[r] = load;
         }
     }
     __syncthreads();
 
-    // Phase 2: balance_groups, sequential over flows (each depends on the last).
-    MpBalance bal;
-    bal.X = X;
-    bal.q_in = q_in;
-    bal.in_donor = in_donor;
-    bal.avail = avail;
-    bal.warm_d = warm_d;
-    bal.prev_flow = prev_flow;
-    bal.flow = flow;
-    bal.R = R;
-    bal.B = (int)B;
-    bal.n_prev_flow = (int)n_prev_flow;
-    bal.has_prev = has_prev;
-    bal.packed = N < MP_PACK_LIMIT;  // |X| <= N
-    if (warp == 0) mp_balance(bal);
-    __syncthreads();
-
-    // Phase 3: receivers grouped by donor (order inside a group is irrelevant: every pick
-    // below uses a total order on rank ids).
-    for (int r = tid; r < R; r += nthreads) {
-        if (in_donor[r] >= 0) atomicAdd(&dest_cur[in_donor[r]], 1);
-    }
-    __syncthreads();
-    int n_flows = 0;
-    const int start = mp_block_excl_scan(tid < R ? dest_cur[tid] : 0, red32, &n_flows);
-    if (tid < R) dest_start[tid] = start;
-    if (tid == 0) dest_start[R] = n_flows;
-    __syncthreads();
-    if (tid < R) dest_cur[tid] = dest_start[tid];
-    __syncthreads();
-    for (int r = tid; r < R; r += nthreads) {
-        if (in_donor[r] >= 0) dest_list[atomicAdd(&dest_cur[in_donor[r]], 1)] = r;
-    }
-    __syncthreads();
-
-    // Phase 4: split_group, one warp per donor group.
-    MpSplit s;
-    s.rem = rem;
-    s.q_in = q_in;
-    s.dest_list = dest_list;
-    s.dest_start = dest_start;
-    s.rep_n = rep_n;
-    s.rep_e = rep_e;
-    s.rep_c = rep_c;
-    s.alloc = alloc;
-    s.prev = prev;
-    s.R = R;
-    s.E = E;
-    s.B = B;
-    s.M = M;
-    s.has_prev = has_prev;
-    for (int d = warp; d < R; d += nwarps) mp_split_group(s, d);
-    __syncthreads();
+    // Phases 2-4: balance_groups, dest lists, split_group.
+    const MpPrevious pv = {prev, warm_d, prev_flow, (int)n_prev_flow, has_prev};
+    mp_construct(m, pv, R, E, B, N, flow, alloc, rep_c, rep_e);
 
     // Phase 5: place_slots and row_layout, one warp per rank.
-    MpPlace p;
-    p.rep_n = rep_n;
-    p.rep_e = rep_e;
-    p.rep_c = rep_c;
-    p.srt_e = srt_e;
-    p.prev = prev;
-    p.alloc = alloc;
-    p.rem = rem;
-    p.slot_expert = slot_expert;
-    p.slot_new = slot_new;
-    p.row_expert = row_expert;
-    p.row_count = row_count;
-    p.row_offset = row_offset;
-    p.R = R;
-    p.E = E;
-    p.B = B;
-    p.M = M;
-    p.W = W;
-    p.align = align;
-    p.has_prev = has_prev;
+    const MpPlace p = {m.rep_n, rep_e, rep_c, srt_e, prev, alloc, m.rem, slot_expert, slot_new,
+                       row_expert, row_count, row_offset, R, E, B, M, W, align, has_prev};
     for (int r = warp; r < R; r += nwarps) mp_place_rank(p, r);
 }

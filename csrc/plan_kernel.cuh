@@ -1,4 +1,5 @@
-// moonplan fused GPU planner: selection primitives shared by the kernels of plan_kernel.cu.
+// moonplan fused GPU planner: selection primitives shared by the kernels of plan_kernel.cu
+// and choice_kernel.cu.
 //
 // Legend: R ranks, E experts, X[r] = load[r] - target[r] (> 0 donor, < 0 receiver).
 // Keys are (value, id) with a total order (lowest id on ties), so a warp reduction gives
@@ -11,6 +12,8 @@ typedef long long mp_i64;
 
 #define MP_FULL_MASK 0xffffffffu
 #define MP_WARP 32
+#define MP_I64_MAX 0x7fffffffffffffffLL
+#define MP_I64_MIN (-MP_I64_MAX - 1)
 
 // ---- home map (moonplan/plan/home.py) ---------------------------------------------------
 
@@ -24,6 +27,11 @@ __device__ __forceinline__ mp_i64 mp_home_start(mp_i64 r, mp_i64 E, mp_i64 R) {
 __device__ __forceinline__ mp_i64 mp_home_of(mp_i64 e, mp_i64 E, mp_i64 R) {
     const mp_i64 base = E / R, extra = E % R, cut = extra * (base + 1);
     return e < cut ? e / (base + 1) : extra + (e - cut) / base;
+}
+
+// Exact target of rank r (r < R) for N records: N/R, one more for the first N mod R ranks.
+__device__ __forceinline__ mp_i64 mp_target(mp_i64 N, mp_i64 R, mp_i64 r) {
+    return N / R + (r < N % R ? 1 : 0);
 }
 
 // ---- warp reductions over (value, id) keys; id < 0 means "no candidate" -----------------
@@ -81,10 +89,18 @@ __device__ __forceinline__ void mp_warp_pair_min(mp_i64& xr, mp_i64& xd, int& r,
     }
 }
 
-__device__ __forceinline__ mp_i64 mp_warp_sum(mp_i64 v) {
-    for (int off = MP_WARP / 2; off > 0; off >>= 1) v += __shfl_xor_sync(MP_FULL_MASK, v, off);
+// Warp sum (MAX false) or maximum (MAX true) of an int64, on every lane (exact in any order).
+template <bool MAX>
+__device__ __forceinline__ mp_i64 mp_warp_reduce(mp_i64 v) {
+    for (int off = MP_WARP / 2; off > 0; off >>= 1) {
+        const mp_i64 o = __shfl_xor_sync(MP_FULL_MASK, v, off);
+        v = MAX ? (o > v ? o : v) : v + o;
+    }
     return v;
 }
+
+__device__ __forceinline__ mp_i64 mp_warp_sum(mp_i64 v) { return mp_warp_reduce<false>(v); }
+__device__ __forceinline__ mp_i64 mp_warp_max(mp_i64 v) { return mp_warp_reduce<true>(v); }
 
 // Inclusive prefix sum over the lanes of a warp.
 __device__ __forceinline__ mp_i64 mp_warp_incl_scan(mp_i64 v, int lane) {
@@ -97,16 +113,17 @@ __device__ __forceinline__ mp_i64 mp_warp_incl_scan(mp_i64 v, int lane) {
 
 // ---- block-wide helpers (every thread of the block must call them) ------------------------
 
-// Sum of v over the block; red must hold 33 values of shared memory.
-__device__ mp_i64 mp_block_sum(mp_i64 v, mp_i64* red) {
+// Sum (MAX false) or maximum (MAX true, MP_I64_MIN for none) of v over the block; red must
+// hold 33 values of shared memory.
+template <bool MAX>
+__device__ mp_i64 mp_block_reduce(mp_i64 v, mp_i64* red) {
     const int lane = threadIdx.x % MP_WARP, warp = threadIdx.x / MP_WARP;
     const int nwarps = blockDim.x / MP_WARP;
-    v = mp_warp_sum(v);
+    v = mp_warp_reduce<MAX>(v);
     if (lane == 0) red[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        mp_i64 w = lane < nwarps ? red[lane] : 0;
-        w = mp_warp_sum(w);
+        const mp_i64 w = mp_warp_reduce<MAX>(lane < nwarps ? red[lane] : (MAX ? MP_I64_MIN : 0));
         if (lane == 0) red[MP_WARP] = w;
     }
     __syncthreads();
@@ -114,6 +131,9 @@ __device__ mp_i64 mp_block_sum(mp_i64 v, mp_i64* red) {
     __syncthreads();
     return total;
 }
+
+__device__ mp_i64 mp_block_sum(mp_i64 v, mp_i64* red) { return mp_block_reduce<false>(v, red); }
+__device__ mp_i64 mp_block_max(mp_i64 v, mp_i64* red) { return mp_block_reduce<true>(v, red); }
 
 // Exclusive prefix sum of v over the threads of the block (in thread order); red holds 33
 // ints of shared memory; *total receives the sum.
@@ -195,8 +215,6 @@ __device__ void mp_pick_wide(const mp_i64* X, int R, int* d, int* r) {
 
 #define MP_RANK_BITS 11  // ranks < 2048
 #define MP_RANK_MASK ((1LL << MP_RANK_BITS) - 1)
-#define MP_I64_MAX 0x7fffffffffffffffLL
-#define MP_I64_MIN (-MP_I64_MAX - 1)
 #ifndef MP_PACK_LIMIT
 #define MP_PACK_LIMIT (1LL << 51)  // (a test build may lower it to exercise mp_pick_wide)
 #endif

@@ -1,4 +1,4 @@
-"""``bench/_common.py``: the timing loop, medians and the fixed-width tables of the benchmarks."""
+"""``bench/_common.py``: the timing loops, medians and the fixed-width tables of the benchmarks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from _common import TextTable, median_ms, time_interleaved, timing_parser
+import _common
+from _common import TextTable, median_ms, median_us, time_interleaved, timing_parser
 
 
 def test_text_table_lines_up_as_the_hand_written_format() -> None:
@@ -41,3 +42,16 @@ def test_median_ms_and_timing_parser() -> None:
     }
     args = timing_parser("doc", reps=7, out="x.json").parse_args(["--quick"])
     assert (args.quick, args.reps, args.out) == (True, 7, "x.json")
+
+
+def test_median_us_warms_up_once_then_takes_the_median(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    seconds = iter([9.0, 3e-6, 1e-6, 2e-6])  # the warm-up call, then three timed calls
+
+    def fn() -> None:
+        clock[0] += next(seconds)
+
+    monkeypatch.setattr(_common.time, "perf_counter", lambda: clock[0])
+    assert median_us(fn, 3, cuda=False) == pytest.approx(2.0)
+    with pytest.raises(StopIteration):  # exactly 1 + reps calls were made
+        fn()

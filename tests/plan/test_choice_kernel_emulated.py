@@ -40,7 +40,7 @@ from moonplan.plan.reference import previous_flows
 from moonplan.stepcost import StepCost
 from moonplan.testing import counts
 from tests.plan.choice.costs import COMPUTE_ONLY, FORCED_S, H200, MULTI, costs, full
-from tests.plan.draw import counts_like
+from tests.plan.draw import counts_like, random_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 EMU = Path(__file__).resolve().parent / "kernel_emu"
@@ -297,23 +297,6 @@ def test_hypothesis_counts_chains_and_costs(emu: ctypes.CDLL, data: st.DataObjec
     _chain(emu, steps, B, align, cost)
 
 
-def _random_counts(rng: random.Random, R: int, E: int) -> torch.Tensor:
-    c = torch.zeros(R, E, dtype=torch.int64)
-    kind = rng.choice(["lognormal", "lognormal", "hot", "zero", "empty", "random"])
-    if kind == "hot":
-        c[:, rng.randrange(E)] = torch.tensor([rng.randrange(0, 300) for _ in range(R)])
-    elif kind == "random":
-        c = torch.tensor([[rng.randrange(100) for _ in range(E)] for _ in range(R)])
-    elif kind != "zero":
-        w = [rng.lognormvariate(0, 1.5) for _ in range(E)]
-        for s in range(R):
-            if kind == "empty" and rng.random() < 0.5:
-                continue
-            for e in rng.choices(range(E), weights=w, k=rng.randrange(0, 200)):
-                c[s, e] += 1
-    return c
-
-
 def _random_cost(rng: random.Random) -> StepCost:
     base = rng.choice([H200, MULTI, COMPUTE_ONLY])
     copy = rng.choice([0.0, 0.01, 1.0, 100.0])
@@ -339,9 +322,10 @@ def test_sweep_of_chains(emu: ctypes.CDLL) -> None:
         R, E = rng.choice([1, 2, 3, 4, 5, 6, 8, 9]), rng.choice([1, 2, 3, 5, 7, 8, 13, 16, 20])
         M = -(-E // R)
         B, align = rng.randrange(0, 2 * M + 4), rng.choice([1, 3, 8])
-        plans = _chain(
-            emu, [_random_counts(rng, R, E) for _ in range(3)], B, align, _random_cost(rng)
-        )
+        steps = [
+            random_counts(rng, R, E, hot_max=300, picks_max=200, uniform=True) for _ in range(3)
+        ]
+        plans = _chain(emu, steps, B, align, _random_cost(rng))
         won |= {p.policy for p in plans}
     assert won >= {"static", "exact", "resident", "greedy", "level-1"}, won
     assert any(int(p[6:]) > LEVELS // 2 for p in won if p.startswith("level-")), won

@@ -23,6 +23,7 @@ import torch
 from moonplan.plan import cuda_backend as cb
 from moonplan.plan.plan_fields import PlanFields
 from moonplan.plan.reference import reference_plan, to_tensors
+from tests.plan.draw import random_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 EMU = Path(__file__).resolve().parent / "kernel_emu"
@@ -82,21 +83,6 @@ def _reference(counts: torch.Tensor, B: int, align: int, prev, flows) -> PlanFie
     return to_tensors(reference_plan(counts.tolist(), B, align, ps, pf), torch.device("cpu"))
 
 
-def _counts(rng: random.Random, R: int, E: int) -> torch.Tensor:
-    c = torch.zeros(R, E, dtype=torch.int64)
-    kind = rng.choice(["lognormal", "lognormal", "hot", "zero", "empty"])
-    if kind == "hot":
-        c[:, rng.randrange(E)] = torch.tensor([rng.randrange(0, 50) for _ in range(R)])
-    elif kind != "zero":
-        w = [rng.lognormvariate(0, 1.5) for _ in range(E)]
-        for s in range(R):
-            if kind == "empty" and rng.random() < 0.5:
-                continue
-            for e in rng.choices(range(E), weights=w, k=rng.randrange(0, 60)):
-                c[s, e] += 1
-    return c
-
-
 @pytest.mark.slow  # a sweep of plan sequences through the emulated kernel (2.7-4.5 s)
 def test_kernel_equals_reference_over_plan_sequences(emu: ctypes.CDLL) -> None:
     rng = random.Random(5)
@@ -106,7 +92,7 @@ def test_kernel_equals_reference_over_plan_sequences(emu: ctypes.CDLL) -> None:
         B, align = rng.choice([0, M, M + 1, max(M - 1, 0)]), rng.choice([1, 8, 3])
         prev = flows = None
         for _step in range(3):  # chained: each plan is the next one's previous=
-            c = _counts(rng, R, E)
+            c = random_counts(rng, R, E, hot_max=50, picks_max=60)
             want = _reference(c, B, align, prev, flows)
             got = _emu_plan(emu, c, B, align, prev, flows)
             for k, v in want._asdict().items():
