@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from moonplan.plan import cuda_backend
+from moonplan.plan.plan_fields import PlanFields
 from moonplan.plan.reference import reference_fields
 
 SHAPES = [(8, 896, 8192, 8), (8, 256, 4096, 8), (64, 896, 8192, 8), (256, 896, 2048, 16)]
@@ -32,7 +33,7 @@ TARGET_US = 25.0
 RANDOM_CASES = 200
 REPLAYS = 200
 
-Fields = dict[str, torch.Tensor]
+Fields = PlanFields
 
 
 # ---- counts ----------------------------------------------------------------------------------
@@ -83,7 +84,7 @@ def plan_gpu(counts_RE: torch.Tensor, B: int, align: int, prev: Prev) -> Fields:
 
 
 def mismatches(got: Fields, want: Fields) -> list[str]:
-    return [k for k, v in want.items() if not torch.equal(got[k].cpu(), v)]
+    return [k for k, v in want._asdict().items() if not torch.equal(getattr(got, k).cpu(), v)]
 
 
 # ---- sections --------------------------------------------------------------------------------
@@ -114,7 +115,7 @@ def random_section() -> dict[str, Any]:
                 )
             elif keys:
                 bad.append({"fields": keys})
-            prev = (want["slot_expert"], want["flow"])
+            prev = (want.slot_expert, want.flow)
             counts_RE = counts_RE.roll(1, dims=1)  # drifted routing for the second step
     if bad:
         raise AssertionError(f"{len(bad)} of {n} cases differ; first: {bad[:5]}")
@@ -151,8 +152,8 @@ def graph_section() -> dict[str, Any]:
         keys = mismatches(out, want)
         if keys:
             raise AssertionError(f"replay {seed} differs from the reference in {keys}")
-        prev_RB.copy_(out["slot_expert"])
-        prev_F3.copy_(out["flow"])
+        prev_RB.copy_(out.slot_expert)
+        prev_F3.copy_(out.flow)
     return {"replays_checked": 5}
 
 

@@ -276,7 +276,7 @@ def prep_blocks(R: int, E: int) -> int:
 
 
 def shared_bytes(R: int, E: int) -> int:
-    """Dynamic shared memory of the main kernel (the layout at the end of plan_kernel.cu)."""
+    """Dynamic shared memory of the main kernel (the layout of `MpShared` in plan_kernel.cu)."""
     return 8 * (E + 3 * R + 33) + 4 * (5 * R + 1 + 33)
 
 
