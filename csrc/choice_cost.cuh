@@ -197,30 +197,45 @@ __device__ double mc_reads(const McCost& k, double experts_lb, mp_i64 kept) {
     return k.overlap ? mc_max(experts_lb, mc_mul((double)kept, k.weight_read)) : experts_lb;
 }
 
-// bound.exit_bound's copying(j, n): the least time of a plan in which a rank receives j
-// copies and sends n rows (R > 1).
-__device__ double mc_copying(const McCost& k, int R, double reads, mp_i64 j, mp_i64 n) {
-    const double lat = mc_lat(k, R);
-    const double D = mc_add(lat, mc_mul((double)n, k.h_disp));
-    const double Cb = mc_add(lat, mc_mul((double)n, k.h_comb));
-    const double wait = mc_add(k.base, mc_mul((double)mc_max_i(j, 1), k.copy_min));
+// bound._link_time: the least dispatch (comb = false) or combine seconds of a rank sending
+// n rows, x of them bound for the slow link (x counts only with several domains).
+__device__ double mc_link(const McCost& k, int R, mp_i64 n, mp_i64 x, bool comb) {
+    const double a = mc_mul((double)n, comb ? k.h_comb : k.h_disp);
+    if (R <= k.G) return a;
+    return mc_max(a, mc_mul((double)x, comb ? k.comb_inter : k.disp_inter));
+}
+
+// bound._total: a copying plan's least time from its least dispatch, experts phase, combine
+// and copy wait.
+__device__ double mc_copy_total(const McCost& k, double D, double reads, double Cb, double wait) {
     if (k.overlap) return mc_add(mc_add(k.plan, mc_max(mc_add(D, reads), wait)), Cb);
     return mc_add(mc_add(mc_add(mc_add(k.plan, D), reads), Cb), wait);
 }
 
+// bound.exit_bound's copying(j, n, x): the least time of a plan in which a rank receives j
+// copies and sends n rows, x of them bound for the slow link (R > 1).
+__device__ double mc_copying(const McCost& k, int R, double reads, mp_i64 j, mp_i64 n, mp_i64 x) {
+    const double lat = mc_lat(k, R);
+    const double D = mc_add(lat, mc_link(k, R, n, x, false));
+    const double Cb = mc_add(lat, mc_link(k, R, n, x, true));
+    const double wait = mc_add(k.base, mc_mul((double)mc_max_i(j, 1), k.copy_min));
+    return mc_copy_total(k, D, reads, Cb, wait);
+}
+
 // bound.exit_bound: the least time a candidate other than static EP can reach, and into *buy
 // its part for plans that copy (rent.exit_rent reads it). `copies`: the largest over ranks of
-// the least over j of mc_copying; `free_link`: the rows some rank sends or receives in a plan
-// that copies nothing; `static_full` is used when no replica is resident.
+// the least over j of mc_copying, or less for a copy over the slow link; `free_link`: the rows
+// some rank sends or receives in a plan that copies nothing, `far` the most of a rank's rows
+// bound for the slow link; `static_full` is used when no replica is resident.
 __device__ double mc_bound(const McCost& k, int R, double experts_lb, double copies,
-                           mp_i64 free_link, double home_lb, bool resident, double static_full,
-                           double* buy) {
+                           mp_i64 free_link, mp_i64 far, double home_lb, bool resident,
+                           double static_full, double* buy) {
     const double margin = 1.0 - 1.0 / 1099511627776.0;  // bound.MARGIN = 1 - 2**-40
     *buy = R <= 1 ? MC_INF : mc_mul(copies, margin);
     if (R <= 1) return MC_INF;
     const double lat = mc_lat(k, R);
-    const double D = mc_add(lat, mc_mul((double)free_link, k.h_disp));
-    const double Cb = mc_add(lat, mc_mul((double)free_link, k.h_comb));
+    const double D = mc_add(lat, mc_link(k, R, free_link, far, false));
+    const double Cb = mc_add(lat, mc_link(k, R, free_link, far, true));
     const double kept = mc_add(mc_add(k.plan, mc_add(D, mc_max(experts_lb, home_lb))), Cb);
     const double other = resident ? kept : static_full;
     return mc_mul(other < copies ? other : copies, margin);

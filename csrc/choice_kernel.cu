@@ -159,6 +159,26 @@ __device__ void mc_rest_row(const mp_i64* counts, const mp_i64* prev, bool has_p
     *vmax = mp_warp_max(mx);
 }
 
+// bound.links_reference's far[s]: row s's records of experts homed in another domain and
+// resident in no slot of s's domain (rest [E]: scratch), on every lane (R > G only).
+__device__ mp_i64 mc_far_row(const mp_i64* counts, const mp_i64* prev, bool has_prev, int s,
+                             int R, mp_i64 E, mp_i64 B, int G, mp_i64* rest) {
+    const int lane = threadIdx.x % MP_WARP, d = s / G;
+    for (mp_i64 e = lane; e < E; e += MP_WARP) {
+        rest[e] = mp_home_of(e, E, R) / G != d ? counts[(mp_i64)s * E + e] : 0;
+    }
+    __syncwarp();
+    const mp_i64 r0 = (mp_i64)d * G, n = ((mp_i64)mc_min_i(r0 + G, R) - r0) * B;
+    for (mp_i64 i = lane; has_prev && i < n; i += MP_WARP) {
+        const mp_i64 e = prev[r0 * B + i];
+        if (e >= 0 && e < E) rest[e] = 0;  // resident in s's domain (lanes may write alike)
+    }
+    __syncwarp();
+    mp_i64 sum = 0;
+    for (mp_i64 e = lane; e < E; e += MP_WARP) sum += rest[e];
+    return mp_warp_sum(sum);
+}
+
 // The M-th largest entry of rest [E] (M <= E), on every lane: the largest v with at least M
 // entries >= v, by bisection over [0, vmax] (one counting pass a bit of vmax).
 __device__ mp_i64 mc_mth_largest(const mp_i64* rest, mp_i64 E, mp_i64 M, mp_i64 vmax) {
@@ -204,22 +224,23 @@ __device__ void mc_top_sorted(mp_i64* rest, mp_i64* top, mp_i64 E, mp_i64 M, mp_
 // The least over j <= M of mc_copying(j, left - the sum of the j largest), on every lane
 // (top [M]: the M largest, sorted from the largest).
 __device__ double mc_least_copying(const McCost& k, int R, double reads, const mp_i64* top,
-                                   mp_i64 M, mp_i64 left) {
+                                   mp_i64 M, mp_i64 left, mp_i64 far) {
     const int lane = threadIdx.x % MP_WARP;
-    double best = mc_copying(k, R, reads, 0, left);
+    double best = mc_copying(k, R, reads, 0, left, far);
     mp_i64 carry = 0;
     for (mp_i64 base = 0; base < M; base += MP_WARP) {  // warp-uniform: the scan needs all
         const mp_i64 j = base + lane + 1;                 // this lane's j
         const mp_i64 incl = mp_warp_incl_scan(j <= M ? top[j - 1] : 0, lane);
-        if (j <= M) best = mc_min(best, mc_copying(k, R, reads, j, left - (carry + incl)));
+        if (j <= M) best = mc_min(best, mc_copying(k, R, reads, j, left - (carry + incl), far));
         carry += __shfl_sync(MP_FULL_MASK, incl, MP_WARP - 1);
     }
     return mc_warp_min(best);
 }
 
 struct McLinks {  // the bound's link terms, block-uniform
-    double copies;     // the largest over ranks of mc_least_copying
+    double copies;     // the largest over ranks of mc_least_copying (or a slow-link copy's)
     mp_i64 free_link;  // the most rows a rank sends or receives in a plan that copies nothing
+    mp_i64 far;        // the most rows a rank must send over the slow link without such a copy
 };
 
 // bound.links_reference and the copying term, a warp per rank (R > 1); `stay`: this thread's
@@ -228,18 +249,29 @@ struct McLinks {  // the bound's link terms, block-uniform
 __device__ McLinks mc_first_links(const McStep& st, const McCost& k, double reads, mp_i64 stay,
                                   mp_i64* rest_RE, mp_i64* top_RM, double* red, mp_i64* red64) {
     const int warp = threadIdx.x / MP_WARP, nwarps = blockDim.x / MP_WARP;
-    McLinks l = {-MC_INF, stay};
+    McLinks l = {-MC_INF, stay, 0};
     for (int s = warp; s < st.R; s += nwarps) {
         mp_i64* rest = rest_RE + (mp_i64)s * st.E;
         mp_i64 left = 0, vmax = 0;
+        const mp_i64 far = st.R > k.G
+                               ? mc_far_row(st.counts, st.prev, st.has_prev, s, st.R, st.E, st.B,
+                                            k.G, rest)
+                               : 0;
         mc_rest_row(st.counts, st.prev, st.has_prev, s, st.R, st.E, st.B, rest, &left, &vmax);
         const mp_i64 v = mc_mth_largest(rest, st.E, st.M, vmax);
         mc_top_sorted(rest, top_RM + (mp_i64)s * st.M, st.E, st.M, v);
-        l.copies = mc_max(l.copies, mc_least_copying(k, st.R, reads, rest, st.M, left));
+        l.copies = mc_max(l.copies, mc_least_copying(k, st.R, reads, rest, st.M, left, far));
         l.free_link = mc_max_i(l.free_link, left);
+        l.far = mc_max_i(l.far, far);
     }
     mc_block_max(&l.copies, 1, red);
     l.free_link = mp_block_max(l.free_link, red64);
+    l.far = mp_block_max(l.far, red64);
+    if (st.R > k.G) {  // bound.exit_bound: a plan that copies over the slow link waits for it
+        const double lat = mc_lat(k, st.R);
+        const double wait = mc_add(k.base, k.copy_inter);
+        l.copies = mc_min(l.copies, mc_copy_total(k, lat, reads, lat, wait));
+    }
     return l;
 }
 
@@ -273,7 +305,7 @@ __device__ void mc_first_exit(const McCost& k, const McParts& p, int R, double e
     const double t_exit = mc_total(k, p, k.exit_s), full = mc_total(k, p, k.plan);
     double buy = MC_INF;
     const double bound =
-        mc_bound(k, R, experts_lb, l.copies, l.free_link, home_lb, resident, full, &buy);
+        mc_bound(k, R, experts_lb, l.copies, l.free_link, l.far, home_lb, resident, full, &buy);
     const double gap = mc_sub(p.experts, experts_lb);  // the exit step's rent
     const double checking = mc_max(mc_sub(k.plan, k.exit_s), 0.0);
     const bool ex = mc_exit_rent(t_exit, gap, bound, buy, checking, credit_io);
@@ -314,7 +346,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     mc_block_max(&home_lb, 1, red);
     kept = mp_block_max(kept, red64);
     const double experts_lb = mc_experts_lb(k, R, t.tiles, t.busy, t.N);
-    McLinks l = {MC_INF, 0};
+    McLinks l = {MC_INF, 0, 0};
     if (R > 1) {  // block-uniform
         McStep st = {};
         st.counts = counts;

@@ -51,6 +51,15 @@ and ``sends[s][0]``, over ranks). Split over the link classes in any way, ``n`` 
 take at least ``n * h`` seconds, ``h`` the rate of the one class (one domain) or
 ``ri * ro / (ri + ro)`` (two).
 
+With several domains the links know more. Every copy comes from its expert's home rank, so
+an expert homed in another domain reaches a rank's domain only by a copy over the slow link
+(``copy_s_inter``). A plan that makes such a copy waits at least ``base_latency_s +
+copy_s_inter`` for it: ``plan_s + max(lat + reads, base + copy_s_inter) + lat`` (serially,
+the sum). A plan that makes none sends every record of an expert homed in another domain,
+and resident in none of the sender's domain's slots, over the slow link: ``far[s]`` rows
+for rank ``s``, at least ``far[s] * dispatch_row_s_inter`` (and the same for the combine)
+whatever else it does. Both terms are only added when the group has more than one domain.
+
 Every
 term is a non-negative product of a rate and an integer, a ``max``, a mean or a sum; in
 real arithmetic each is at most the candidate's own term, and adding them in another order
@@ -66,6 +75,7 @@ torch (any device, no host read, :func:`exit_bound_torch`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -87,7 +97,7 @@ def exit_bound(
     cost: StepCost,
     num_ranks: int,
     totals: tuple[int, int, int, int],
-    links: tuple[list[list[int]], int],
+    links: tuple[list[list[int]], int, list[int]],
     home_lb: float,
     static_full: float | None,
 ) -> tuple[float, float]:
@@ -99,7 +109,7 @@ def exit_bound(
         num_ranks: ``R``.
         totals: ``(sum_e tile(T[e]), experts with records, N, the most home experts
             with records and no resident replica elsewhere on one rank)``.
-        links: ``(sends [R][M + 1], free_link)`` (module docstring).
+        links: ``(sends [R][M + 1], free_link, far [R])`` (module docstring).
         home_lb: ``home_lb`` seconds.
         static_full: static EP's time charged ``plan_s`` when ``previous`` holds no
             resident replica (the only copy-free plan), else ``None``.
@@ -108,23 +118,42 @@ def exit_bound(
     if R <= 1:
         return math.inf, math.inf
     tiles, busy, N, kept = totals
-    sends, free_link = links
+    sends, free_link, far = links
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
-    h_d, h_c = link_rates(cost, R)
     experts_lb = experts_lb_s(cost, R, tiles, busy, N)
-    copy = copy_min_s(cost, R)
     reads = max(experts_lb, kept * cost.weight_read_s) if cost.overlap else experts_lb
+    rows = _link_time(cost, R)
 
-    def copying(j: int, n: int) -> float:  # a rank receiving j copies and sending n rows
-        D, Cb, wait = lat + n * h_d, lat + n * h_c, cost.base_latency_s + max(j, 1) * copy
-        if cost.overlap:
-            return cost.plan_s + max(D + reads, wait) + Cb
-        return cost.plan_s + D + reads + Cb + wait
+    def copying(j: int, n: int, x: int) -> float:  # rank receiving j copies, sending n rows
+        (d, c), wait = rows(n, x), cost.base_latency_s + max(j, 1) * copy_min_s(cost, R)
+        return _total(cost, lat + d, reads, lat + c, wait)
 
-    copies = max(min(copying(j, n) for j, n in enumerate(row)) for row in sends)
-    D, Cb = lat + free_link * h_d, lat + free_link * h_c
-    free = cost.plan_s + (D + max(experts_lb, home_lb)) + Cb
+    copies = max(
+        min(copying(j, n, far[s]) for j, n in enumerate(row)) for s, row in enumerate(sends)
+    )
+    if R > cost.domain_size(R):  # a plan that copies over the slow link waits for it
+        copies = min(copies, _total(cost, lat, reads, lat, cost.base_latency_s + cost.copy_s_inter))
+    d, c = rows(free_link, max(far))
+    free = cost.plan_s + (lat + d + max(experts_lb, home_lb)) + (lat + c)
     return min(copies, free if static_full is None else static_full) * MARGIN, copies * MARGIN
+
+
+def _total(cost: StepCost, D: float, reads: float, Cb: float, wait: float) -> float:
+    """A copying plan's least time from its least dispatch, experts phase, combine and copy
+    wait (the overlapped schedule hides the wait behind the dispatch and the experts)."""
+    if cost.overlap:
+        return cost.plan_s + max(D + reads, wait) + Cb
+    return cost.plan_s + D + reads + Cb + wait
+
+
+def _link_time(cost: StepCost, R: int) -> Callable[[int, int], tuple[float, float]]:
+    """``(n, x) -> (dispatch, combine)`` least link seconds of a rank sending ``n`` rows,
+    ``x`` of them bound for the slow link (used only with several domains)."""
+    h_d, h_c = link_rates(cost, R)
+    if R <= cost.domain_size(R):
+        return lambda n, x: (n * h_d, n * h_c)
+    s_d, s_c = cost.dispatch_row_s_inter, cost.combine_row_s_inter
+    return lambda n, x: (max(n * h_d, x * s_d), max(n * h_c, x * s_c))
 
 
 def experts_lb_s(cost: StepCost, num_ranks: int, tiles: int, busy: int, N: int) -> float:
@@ -155,7 +184,7 @@ def exit_bound_torch(
     cost: StepCost,
     num_ranks: int,
     totals: tuple[torch.Tensor, ...],
-    links: tuple[torch.Tensor, torch.Tensor],
+    links: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     home_lb: torch.Tensor,
     static_full: torch.Tensor,
     resident: torch.Tensor,
@@ -165,28 +194,50 @@ def exit_bound_torch(
     resident replica)."""
     R = num_ranks
     tiles, busy, N, kept = totals
-    sends_RJ, free_link = links
+    sends_RJ, free_link, far_R = links
     inf = torch.full((), math.inf, dtype=torch.float64, device=tiles.device)
     if R <= 1:
         return inf, inf
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
     experts_lb = experts_lb_torch(cost, R, tiles, busy, N)
-    h_d, h_c = link_rates(cost, R)
     n_RJ, link = sends_RJ.to(torch.float64), free_link.to(torch.float64)
-    copy = copy_min_s(cost, R)
+    x_R1 = far_R.to(torch.float64)[:, None]
     j_J = torch.arange(n_RJ.shape[1], device=n_RJ.device).clamp(min=1).to(torch.float64)
-    wait_J = cost.base_latency_s + j_J * copy
-    D, Cb = lat + n_RJ * h_d, lat + n_RJ * h_c
+    wait_J = cost.base_latency_s + j_J * copy_min_s(cost, R)
+    reads = experts_lb
     if cost.overlap:
         reads = torch.maximum(experts_lb, kept.to(torch.float64) * cost.weight_read_s)
-        copying = cost.plan_s + torch.maximum(D + reads, wait_J) + Cb
-    else:
-        copying = cost.plan_s + D + experts_lb + Cb + wait_J
-    copies = copying.amin(1).amax()
-    D, Cb = lat + link * h_d, lat + link * h_c
-    free = cost.plan_s + (D + torch.maximum(experts_lb, home_lb)) + Cb
+    d_RJ, c_RJ = _link_time_torch(cost, R, n_RJ, x_R1)
+    copies = _total_torch(cost, lat + d_RJ, reads, lat + c_RJ, wait_J).amin(1).amax()
+    if R > cost.domain_size(R):  # a plan that copies over the slow link waits for it
+        far = torch.full((), cost.base_latency_s + cost.copy_s_inter, dtype=torch.float64,
+                         device=tiles.device)  # fmt: skip
+        copies = torch.minimum(copies, _total_torch(cost, lat, reads, lat, far))
+    d, c = _link_time_torch(cost, R, link, x_R1.amax())
+    free = cost.plan_s + (lat + d + torch.maximum(experts_lb, home_lb)) + (lat + c)
     bound = torch.minimum(copies, torch.where(resident, free, static_full)) * MARGIN
     return bound, copies * MARGIN
+
+
+def _total_torch(
+    cost: StepCost, D: torch.Tensor | float, reads: torch.Tensor, Cb: torch.Tensor | float,
+    wait: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """:func:`_total` on float64 tensors (broadcast)."""
+    if cost.overlap:
+        return cost.plan_s + torch.maximum(D + reads, wait) + Cb
+    return cost.plan_s + D + reads + Cb + wait
+
+
+def _link_time_torch(
+    cost: StepCost, R: int, n: torch.Tensor, x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_link_time` on float64 tensors (broadcast)."""
+    h_d, h_c = link_rates(cost, R)
+    if R <= cost.domain_size(R):
+        return n * h_d, n * h_c
+    s_d, s_c = cost.dispatch_row_s_inter, cost.combine_row_s_inter
+    return torch.maximum(n * h_d, x * s_d), torch.maximum(n * h_c, x * s_c)
 
 
 def experts_lb_torch(
@@ -203,10 +254,10 @@ def experts_lb_torch(
 
 
 def links_reference(
-    counts: list[list[int]], resident: set[tuple[int, int]], home: list[int]
-) -> tuple[list[list[int]], int]:
-    """``(sends [R][M + 1], free_link)`` of the module docstring, plain Python
-    (``resident``: the ``(e, r)`` pairs in ``previous``'s slots)."""
+    counts: list[list[int]], resident: set[tuple[int, int]], home: list[int], G: int
+) -> tuple[list[list[int]], int, list[int]]:
+    """``(sends [R][M + 1], free_link, far [R])`` of the module docstring, plain Python
+    (``resident``: the ``(e, r)`` pairs in ``previous``'s slots; ``G``: ranks per domain)."""
     R, E = len(counts), len(counts[0])
     M = -(-E // R)
     T = [sum(row[e] for row in counts) for e in range(E)]
@@ -221,14 +272,17 @@ def links_reference(
     for r in range(R):
         stay = sum(T[e] - counts[r][e] for e in range(E) if home[e] == r and e not in moved)
         free_link = max(free_link, stay)
-    return sends, free_link
+    near = [{e for e, r in resident if r // G == d} for d in range(-(-R // G))]
+    far = [sum(row[e] for e in range(E) if home[e] // G != s // G and e not in near[s // G])
+           for s, row in enumerate(counts)]  # fmt: skip
+    return sends, free_link, far
 
 
 def links_torch(
-    counts_RE: torch.Tensor, resident_ER: torch.Tensor, home_E: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(sends [R, M + 1], free_link)`` int64: :func:`links_reference` in torch ops, no
-    host read (``resident_ER``: bool ``[E, R]``)."""
+    counts_RE: torch.Tensor, resident_ER: torch.Tensor, home_E: torch.Tensor, G: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(sends [R, M + 1], free_link, far [R])`` int64: :func:`links_reference` in torch
+    ops, no host read (``resident_ER``: bool ``[E, R]``)."""
     R, E = counts_RE.shape
     M = -(-E // R)
     r_R = torch.arange(R, device=counts_RE.device)
@@ -242,4 +296,9 @@ def links_torch(
     stay_R = torch.zeros(R, dtype=torch.int64, device=counts_RE.device)
     stay_R = stay_R.index_add(0, home_E, torch.where(kept_E, T_E, 0))
     stay_R = stay_R - torch.where(home_RE & kept_E[None, :], counts_RE, 0).sum(1)
-    return sends_RJ, torch.maximum(left_R.max(), stay_R.max())
+    dom_R = r_R // G
+    near_DE = torch.zeros(-(-R // G), E, dtype=torch.int64, device=counts_RE.device)
+    near_DE = near_DE.index_add(0, dom_R, resident_ER.t().long()) > 0  # resident in domain d
+    far_RE = (dom_R[home_E][None, :] != dom_R[:, None]) & ~near_DE[dom_R]
+    far_R = torch.where(far_RE, counts_RE, 0).sum(1)
+    return sends_RJ, torch.maximum(left_R.max(), stay_R.max()), far_R

@@ -102,7 +102,7 @@ def choose_host(
     at_exit = _static_time(cost, hs, static, cost.exit_s)
     t_exit = at_exit.total_s
     full = None if resident.any() else _static_time(cost, hs, static, cost.plan_s).total_s
-    totals, links = _totals(cost, hs, resident), _links(hs, resident)
+    totals, links = _totals(cost, hs, resident), _links(hs, resident, cost.domain_size(R))
     bounds = exit_bound(cost, R, totals, links, _home_lb(cost, hs, resident), full)
     gap = at_exit.experts_s - experts_lb_s(cost, R, *totals[:3])
     exited, credit = exit_rent(t_exit, gap, bounds, credit, max(0.0, cost.plan_s - cost.exit_s))
@@ -197,11 +197,11 @@ def _totals(cost: StepCost, hs: HostStep, resident: np.ndarray) -> tuple[int, in
     return int((-(-T // t) * t).sum()), int((T > 0).sum()), int(T.sum()), int(busy.max())
 
 
-def _links(hs: HostStep, resident: np.ndarray) -> tuple[list[list[int]], int]:
+def _links(hs: HostStep, resident: np.ndarray, G: int) -> tuple[list[list[int]], int, list[int]]:
     """``bound``'s link rows (``bound.links_torch`` on the host's tensors: integers)."""
     c, res, home = (torch.from_numpy(a) for a in (hs.counts, resident, hs.home))
-    sends_RJ, free_link = links_torch(c, res, home)
-    return sends_RJ.tolist(), int(free_link)
+    sends_RJ, free_link, far_R = links_torch(c, res, home, G)
+    return sends_RJ.tolist(), int(free_link), far_R.tolist()
 
 
 def _home_lb(cost: StepCost, hs: HostStep, resident: np.ndarray) -> float:

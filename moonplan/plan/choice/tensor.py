@@ -119,7 +119,7 @@ def _bound(
     parts = (_padded(cost, kept_E), (kept_E > 0).long(), kept_E)
     sums = [zero_R.index_add(0, home_E, x) for x in parts]
     totals = (_padded(cost, T_E).sum(), (T_E > 0).sum(), T_E.sum(), sums[1].max())
-    links = links_torch(counts_RE, resident_ER, home_E)
+    links = links_torch(counts_RE, resident_ER, home_E, cost.domain_size(R))
     home_lb = _roofline(cost, *(x[None] for x in sums))[0].amax()
     bounds = exit_bound_torch(cost, R, totals, links, home_lb, static_full, resident_ER.any())
     return bounds, experts_lb_torch(cost, R, *totals[:3])
