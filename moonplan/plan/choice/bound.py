@@ -65,8 +65,9 @@ term is a non-negative product of a rate and an integer, a ``max``, a mean or a 
 real arithmetic each is at most the candidate's own term, and adding them in another order
 than the step-cost formula changes a sum by a few units in its last place (``2**-52``
 relative), so the bound is scaled by ``1 - 2**-40`` (:data:`MARGIN`) and never exceeds a
-candidate's predicted time (``tests/plan/choice/test_bound.py`` checks it against every
-candidate).
+candidate's predicted time (``tests/plan/choice/test_choice.py`` checks the exit against
+every candidate; ``tests/plan/test_choice_kernel_emulated.py`` the kernel's bound against
+this one, bit for bit).
 
 Two forms with equal results: plain Python (the definition, :func:`exit_bound`) and
 torch (any device, no host read, :func:`exit_bound_torch`).
@@ -122,10 +123,10 @@ def exit_bound(
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
     experts_lb = experts_lb_s(cost, R, tiles, busy, N)
     reads = max(experts_lb, kept * cost.weight_read_s) if cost.overlap else experts_lb
-    rows = _link_time(cost, R)
+    rows, copy = _link_time(cost, R), copy_min_s(cost, R)
 
     def copying(j: int, n: int, x: int) -> float:  # rank receiving j copies, sending n rows
-        (d, c), wait = rows(n, x), cost.base_latency_s + max(j, 1) * copy_min_s(cost, R)
+        (d, c), wait = rows(n, x), cost.base_latency_s + max(j, 1) * copy
         return _total(cost, lat + d, reads, lat + c, wait)
 
     copies = max(
