@@ -111,6 +111,12 @@ def write_json(path: str, result: dict[str, Any]) -> Path:
     return out
 
 
+def markdown_table(header: list[str], lines: list[list[str]]) -> str:
+    """A Markdown table of ``header`` and ``lines`` (one list of cells a row)."""
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(out + ["| " + " | ".join(line) + " |" for line in lines])
+
+
 def write_report(path: str, result: dict[str, Any], md: list[str]) -> Path:
     """Write ``result`` as JSON to ``path`` and ``md`` (Markdown lines) beside it as ``.md``;
     print the Markdown and where both went (with ``result["seconds"]`` when present)."""

@@ -42,6 +42,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from _common import markdown_table as table
 from _common import write_report
 
 from moonplan.simulate.acceptance import (
@@ -86,11 +87,6 @@ WHY = (  # (label, hardware, EP, sigma, tokens per rank)
 )
 SHORT = {"static-linear": "static", "static-round-robin": "rr", "moonep-greedy": "greedy",
          "moonplan-resident": "resident", "moonplan-auto": "auto", REFRESH: "refresh"}  # fmt: skip
-
-
-def table(header: list[str], lines: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(out + ["| " + " | ".join(line) + " |" for line in lines])
 
 
 def point_lines(rows: list[dict[str, Any]]) -> list[list[str]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bench_parser, write_report
+from _common import bench_parser, markdown_table, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 BAR = 1.01
@@ -31,11 +31,6 @@ REAL_KEY = ("trace", "hardware")
 
 def _index(rows: list[dict[str, Any]], key: tuple[str, ...]) -> dict[tuple[Any, ...], Any]:
     return {tuple(r[k] for k in key): r for r in rows}
-
-
-def _table(head: list[str], lines: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return out + ["| " + " | ".join(line) + " |" for line in lines]
 
 
 def _gmean(xs: list[float]) -> float:
@@ -67,7 +62,7 @@ def by_tokens(pairs: list[tuple[dict[str, Any], dict[str, Any]]], names: list[st
         *(f"{n}: within 1.01x best peer / static" for n in names),
         "auto after / before",
     ]
-    return _table(head, lines)
+    return [markdown_table(head, lines)]
 
 
 def movers(pairs: list[tuple[dict[str, Any], dict[str, Any]]], most: int) -> list[str]:
@@ -88,7 +83,7 @@ def movers(pairs: list[tuple[dict[str, Any], dict[str, Any]]], most: int) -> lis
         "static µs",
         "after / best peer",
     ]
-    return _table(head, lines)
+    return [markdown_table(head, lines)]
 
 
 def pair(before: list[Any], after: list[Any], key: tuple[str, ...]) -> tuple[list[Any], int]:

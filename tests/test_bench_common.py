@@ -9,7 +9,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import _common
-from _common import TextTable, median_ms, median_us, time_interleaved, timing_parser
+from _common import (
+    TextTable,
+    markdown_table,
+    median_ms,
+    median_us,
+    time_interleaved,
+    timing_parser,
+)
 
 
 def test_text_table_lines_up_as_the_hand_written_format() -> None:
@@ -19,6 +26,12 @@ def test_text_table_lines_up_as_the_hand_written_format() -> None:
     assert t.header() == f"{'a':>4} {'the name':>6} {'x ms':>8} {'y':>6}"
     assert t.row(row) == f"{3:>4} {'ab':>6} {1.234:>8.2f} {0.00012:>6.1e}"
     assert t.row({"a": 1, "name": "n", "y": 1.0}, x=2.0).split()[2] == "2.00"
+
+
+def test_markdown_table_has_a_rule_and_one_row_a_line() -> None:
+    got = markdown_table(["S", "n"], [["16", "3"], ["64", "4"]])
+    assert got == "| S | n |\n|---|---|\n| 16 | 3 |\n| 64 | 4 |"
+    assert markdown_table(["a"], []) == "| a |\n|---|"
 
 
 def test_text_table_needs_one_title_per_column() -> None:
