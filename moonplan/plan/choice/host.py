@@ -23,7 +23,7 @@ import torch
 
 from moonplan.plan.choice.bound import exit_bound, experts_lb_s, links_torch
 from moonplan.plan.choice.rent import exit_rent, settle
-from moonplan.plan.choice.resident import resident_torch
+from moonplan.plan.choice.resident import resident_host
 from moonplan.plan.choice.table import LEVELS, Candidate, table
 from moonplan.plan.choice.targets import level_caps, water_fill
 from moonplan.plan.from_alloc import layout_resident, layout_torch
@@ -171,8 +171,8 @@ def build(c: Candidate, hs: HostStep, levels: int) -> tuple[np.ndarray, list[Flo
     if c.kind == "static":
         return hs.static(), []
     if c.kind == "resident":
-        counts = torch.from_numpy(hs.counts)
-        return resident_torch(counts, hs.prev_RB, torch.from_numpy(hs.home)).numpy(), []
+        prev = None if hs.prev_RB is None else hs.prev_RB.numpy()
+        return resident_host(hs.counts, prev, hs.home), []
     flows, alloc = construct(hs, _target(c, hs, level_caps(hs.load, levels)), c.kind != "greedy")
     return alloc, flows
 

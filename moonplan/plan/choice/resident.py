@@ -1,37 +1,54 @@
 """The ``resident`` candidate: balance through the replicas already in ``previous``'s slots.
 
 Legend:
-    R ranks    E experts    B slots    M = ceil(E/R)    P = R * B slot entries
-    X[r]       static load minus the exact target (> 0 donor, < 0 receiver)
-    left[e]    records of expert e still on its home rank
-    pair       ``(e, r)``: ``e`` in one of rank ``r``'s first ``M`` previous slots
+    R ranks    E experts    B slots    M = ceil(E/R)    S = 2**16 units per record
+    holder     ``(e, r)``: ``r`` is expert ``e``'s home, or ``e`` is in one of ``r``'s first
+               ``M`` previous slots (a rank holds an expert at most once)
+    a[e][r]    records of ``e`` on holder ``(e, r)``, in units of ``1/S`` record
+    L[r]       the units rank ``r`` holds (the sum of its holders')
+    pair       ``(e, r, g)``: two holders of one expert, ``r != g``
 
-No weight moves: records of a donor's experts go to ranks that already hold them. In
-:data:`ROUNDS` rounds, every live pair (its donor still above target, its receiver still
-below, records of its expert left at home) moves at once the least of three even shares:
-its donor's excess over the donor's live pairs, its receiver's deficit over the
-receiver's live pairs, its expert's records left over the expert's live pairs (each share
-rounded down). The shares of a donor, a receiver or an expert never add up to more than
-what it has, so no donor drops below its target and no receiver rises above its own, and
-the loads only move towards exact balance. Only a rank's first ``M`` slots take records,
-so it runs at most ``M`` remote experts (invariant 3).
+No weight moves: an expert's records go only to its holders. The rule is a diffusion
+over the holders, in integers so that every rank computes the same plan:
 
-Every pair moves in parallel: a fixed number of rounds of elementwise work and sums over
-``P`` entries, no sequential scan, so the CUDA kernel builds it as fast as a level. On
-drifting lognormal traces the rounds reach within 0.03% (summed largest loads) of the
-sequential rule that moves the largest donor's excess first (``docs/planner-policy.md``,
-"The resident candidate"); rounds beyond 4 moved nothing more there.
+1. **Start.** Each expert's records split evenly over its holders (in units; the first
+   ``T[e]*S mod n[e]`` holders, by rank, get one unit more).
+2. **Rounds** (:data:`ROUNDS`). A pair ``(e, r, g)`` is live when ``L[r] > L[g]`` and
+   ``a[e][r] > 0``. ``deg[x]`` counts the live pairs rank ``x`` is in (as either side),
+   ``n[e][r]`` those that leave holder ``(e, r)``. Every live pair moves at once
+   ``min((L[r] - L[g]) // max(deg[r], deg[g]), a[e][r] // n[e][r])`` units from ``r`` to
+   ``g``, all from the same snapshot. A rank sends at most the mean of its gaps to lower
+   ranks and receives at most the mean of its gaps from higher ones, so no rank rises
+   above the largest load or falls below the least: the largest load never grows, and
+   moves flow across several hops over the rounds (an expert held by ``r`` and ``x``,
+   another by ``x`` and ``g``, balance ``r`` with ``g``).
+3. **Whole records.** Each holder keeps ``a // S`` records; each expert's records left
+   over go, one each, to its holders with the largest remainders (ties: lower rank).
 
-Two forms with equal results: plain Python (:func:`resident_reference`) and torch (any
-device, no host read, :func:`resident_torch`).
+Only a rank's first ``M`` slots take records, so it runs at most ``M`` remote experts
+(invariant 3). Every round is elementwise work and sums over the pairs, no sequential
+scan. On the generated and real traces the rounds reach within 0.3% of the least largest
+load the holders allow (a max-flow bound) after 8 rounds (``docs/planner-policy.md``,
+"The resident candidate").
+
+Three forms with equal results: plain Python (:func:`resident_reference`, the definition),
+numpy over the list of pairs (:func:`resident_host`, the host path's) and torch dense over
+``[E, R, R]`` (any device, no host read, :func:`resident_torch`); the CUDA kernel is a
+fourth (``csrc/choice_kernel.cu``).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-ROUNDS = 4
-"""Rounds of moves (measured: more rounds moved nothing more on the traces above)."""
+ROUNDS = 8
+"""Rounds of diffusion (measured, docs/planner-policy.md: 8 reach within 0.3% of the
+least largest load on the traces there; 4 left up to 1.5%)."""
+
+SCALE_BITS = 16
+"""Units per record: ``S = 2**SCALE_BITS`` (fine enough that a gap of one record still
+moves over a rank's few hundred live pairs)."""
 
 
 def resident_reference(
@@ -40,70 +57,162 @@ def resident_reference(
     """The ``resident`` allocation ``[E][R]`` (plain Python, the definition)."""
     R, E = len(counts), len(counts[0])
     T = [sum(row[e] for row in counts) for e in range(E)]
-    alloc = [[0] * R for _ in range(E)]
-    load = [0] * R
+    hold = _holders_reference(E, R, prev_slots, home)
+    a = [[0] * R for _ in range(E)]
     for e in range(E):
-        alloc[e][home[e]] = T[e]
-        load[home[e]] += T[e]
-    N = sum(T)
-    X = [load[r] - (N // R + (1 if r < N % R else 0)) for r in range(R)]
-    M = -(-E // R)
-    pairs = [(e, r) for r in range(R) for j, e in enumerate((prev_slots or [[]] * R)[r])
-             if e >= 0 and j < M]  # fmt: skip
-    left = list(T)
+        n, units = len(hold[e]), T[e] << SCALE_BITS
+        for i, r in enumerate(hold[e]):
+            a[e][r] = units // n + (1 if i < units % n else 0)
     for _ in range(ROUNDS):
-        live = [(e, r) for e, r in pairs if X[home[e]] > 0 and X[r] < 0 and left[e] > 0]
-        n_d, n_r, n_e = [0] * R, [0] * R, [0] * E
-        for e, r in live:
-            n_d[home[e]], n_r[r], n_e[e] = n_d[home[e]] + 1, n_r[r] + 1, n_e[e] + 1
-        moves = [(e, r, min(X[home[e]] // n_d[home[e]], -X[r] // n_r[r], left[e] // n_e[e]))
-                 for e, r in live]  # fmt: skip
-        for e, r, q in moves:
-            d = home[e]
-            alloc[e][d], alloc[e][r] = alloc[e][d] - q, alloc[e][r] + q
-            X[d], X[r], left[e] = X[d] - q, X[r] + q, left[e] - q
+        _round_reference(a, hold, R)
+    return _whole_records_reference(a, hold, T)
+
+
+def _holders_reference(
+    E: int, R: int, prev_slots: list[list[int]] | None, home: list[int]
+) -> list[list[int]]:
+    """Each expert's holder ranks, ascending."""
+    M = -(-E // R)
+    hold = [{home[e]} for e in range(E)]
+    for r, row in enumerate(prev_slots or []):
+        for e in row[:M]:
+            if 0 <= e < E:
+                hold[e].add(r)
+    return [sorted(h) for h in hold]
+
+
+def _round_reference(a: list[list[int]], hold: list[list[int]], R: int) -> None:
+    """One round of moves, every pair's from the same snapshot (module docstring)."""
+    L = [sum(a[e][r] for e in range(len(a))) for r in range(R)]
+    live = [(e, r, g) for e, hs in enumerate(hold) for r in hs for g in hs
+            if L[r] > L[g] and a[e][r] > 0]  # fmt: skip
+    deg, out = [0] * R, {}
+    for e, r, g in live:
+        deg[r], deg[g] = deg[r] + 1, deg[g] + 1
+        out[e, r] = out.get((e, r), 0) + 1
+    moves = [(e, r, g, min((L[r] - L[g]) // max(deg[r], deg[g]), a[e][r] // out[e, r]))
+             for e, r, g in live]  # fmt: skip
+    for e, r, g, q in moves:
+        a[e][r], a[e][g] = a[e][r] - q, a[e][g] + q
+
+
+def _whole_records_reference(
+    a: list[list[int]], hold: list[list[int]], T: list[int]
+) -> list[list[int]]:
+    """Records ``[E][R]``: each holder's whole records, then each expert's left-over
+    records to its holders with the largest remainders (ties: lower rank)."""
+    R, S = len(a[0]), 1 << SCALE_BITS
+    alloc = [[0] * R for _ in a]
+    for e, hs in enumerate(hold):
+        for r in hs:
+            alloc[e][r] = a[e][r] // S
+        short = T[e] - sum(alloc[e])
+        for r in sorted(hs, key=lambda r: (-(a[e][r] % S), r))[:short]:
+            alloc[e][r] += 1
     return alloc
+
+
+def resident_host(
+    counts_RE: np.ndarray, prev_RB: np.ndarray | None, home_E: np.ndarray
+) -> np.ndarray:
+    """int64 ``[E, R]``: :func:`resident_reference` in numpy over the list of pairs (the
+    host path's form: its work grows with the pairs, not with ``E * R * R``)."""
+    R, E = counts_RE.shape
+    T_E = counts_RE.sum(0).astype(np.int64)
+    prev = None if prev_RB is None else torch.from_numpy(np.asarray(prev_RB))
+    hold_ER = holders_torch(E, R, prev, torch.from_numpy(np.asarray(home_E))).numpy()
+    e_H, r_H = np.nonzero(hold_ER)  # by expert, then rank
+    n_E = hold_ER.sum(1)
+    idx_H = np.cumsum(hold_ER, 1)[e_H, r_H] - 1
+    units_E = T_E << SCALE_BITS
+    a_H = units_E[e_H] // n_E[e_H] + (idx_H < (units_E % n_E)[e_H])
+    i_P, j_P = np.nonzero((e_H[:, None] == e_H[None, :]) & (r_H[:, None] != r_H[None, :]))
+    for _ in range(ROUNDS):
+        L_R = _sum_at(r_H, a_H, R)
+        gap_P = L_R[r_H[i_P]] - L_R[r_H[j_P]]
+        live_P = (gap_P > 0) & (a_H[i_P] > 0)
+        deg_R = _sum_at(r_H[i_P], live_P, R) + _sum_at(r_H[j_P], live_P, R)
+        out_H = _sum_at(i_P, live_P, len(a_H))
+        most_P = np.maximum(deg_R[r_H[i_P]], deg_R[r_H[j_P]]).clip(min=1)
+        q_P = np.minimum(gap_P // most_P, a_H[i_P] // out_H[i_P].clip(min=1))
+        q_P = np.where(live_P, q_P, 0)
+        a_H = a_H - _sum_at(i_P, q_P, len(a_H)) + _sum_at(j_P, q_P, len(a_H))
+    a_ER = np.zeros((E, R), dtype=np.int64)
+    a_ER[e_H, r_H] = a_H
+    return _whole_records_torch(
+        torch.from_numpy(a_ER), torch.from_numpy(hold_ER), torch.from_numpy(T_E)
+    ).numpy()
+
+
+def _sum_at(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    """int64 ``[size]``: ``values`` summed by ``index`` (exact integers)."""
+    out = np.zeros(size, dtype=np.int64)
+    np.add.at(out, index, values.astype(np.int64))
+    return out
 
 
 def resident_torch(
     counts_RE: torch.Tensor, prev_RB: torch.Tensor | None, home_E: torch.Tensor
 ) -> torch.Tensor:
-    """int64 ``[E, R]``: :func:`resident_reference` on the counts' device, no host read."""
+    """int64 ``[E, R]``: :func:`resident_reference` on the counts' device, no host read.
+
+    Dense over ``[E, R]`` holders; the pairs are ``[E, R, R]`` (one ``[R, R]`` gap
+    matrix shared by every expert)."""
     R, E = counts_RE.shape
-    dev = counts_RE.device
     T_E = counts_RE.sum(0)
-    alloc_ER = torch.zeros(E, R, dtype=torch.int64, device=dev)
-    alloc_ER[torch.arange(E, device=dev), home_E] = T_E
-    if prev_RB is None or prev_RB.shape[1] == 0:
-        return alloc_ER
-    N = T_E.sum()
-    r_R = torch.arange(R, device=dev)
-    X_R = torch.zeros(R, dtype=torch.int64, device=dev).index_add_(0, home_E, T_E)
-    X_R = X_R - (N // R + (r_R < N % R).to(torch.int64))
-    M = -(-E // R)
-    B = prev_RB.shape[1]
-    valid_P = ((prev_RB >= 0) & (torch.arange(B, device=dev) < M)[None, :]).reshape(-1)
-    e_P = prev_RB.reshape(-1).clamp(min=0)
-    r_P = r_R.repeat_interleave(B)
-    d_P = home_E[e_P]
-    left_E, moved_P = T_E.clone(), torch.zeros_like(e_P)
+    hold_ER = holders_torch(E, R, prev_RB, home_E.to(counts_RE.device))
+    n_E = hold_ER.sum(1)
+    idx_ER = hold_ER.cumsum(1) - 1  # a holder's place among its expert's, by rank
+    units_E = T_E << SCALE_BITS
+    a_ER = units_E[:, None] // n_E[:, None] + (idx_ER < (units_E % n_E)[:, None]).long()
+    a_ER = torch.where(hold_ER, a_ER, 0)
     for _ in range(ROUNDS):
-        live_P = valid_P & (X_R[d_P] > 0) & (X_R[r_P] < 0) & (left_E[e_P] > 0)
-        q_P = _shares(live_P, (X_R, d_P), (-X_R, r_P), (left_E, e_P))
-        X_R.index_add_(0, d_P, -q_P).index_add_(0, r_P, q_P)
-        left_E.index_add_(0, e_P, -q_P)
-        moved_P += q_P
-    alloc_ER.index_put_((e_P, d_P), -moved_P, accumulate=True)
-    return alloc_ER.index_put_((e_P, r_P), moved_P, accumulate=True)
+        a_ER = _round_torch(a_ER, hold_ER)
+    return _whole_records_torch(a_ER, hold_ER, T_E)
 
 
-def _shares(live_P: torch.Tensor, *limits: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """int64 ``[P]``: the least of each limit's even share over its live pairs (0 where
-    not live); a limit is ``(amount per owner, owner of each pair)``."""
-    q_P = None
-    for amount, owner_P in limits:
-        n = torch.zeros_like(amount).index_add_(0, owner_P, live_P.to(torch.int64))
-        share_P = amount[owner_P] // n[owner_P].clamp(min=1)
-        q_P = share_P if q_P is None else torch.minimum(q_P, share_P)
-    assert q_P is not None
-    return torch.where(live_P, q_P, 0)
+def holders_torch(
+    E: int, R: int, prev_RB: torch.Tensor | None, home_E: torch.Tensor
+) -> torch.Tensor:
+    """bool ``[E, R]``: ``(e, r)`` is a holder (home, or in one of ``r``'s first ``M``
+    previous slots)."""
+    dev = home_E.device
+    hold_ER = torch.zeros(E, R, dtype=torch.bool, device=dev)
+    hold_ER[torch.arange(E, device=dev), home_E] = True
+    if prev_RB is None or prev_RB.shape[1] == 0:
+        return hold_ER
+    M = -(-E // R)
+    slots_RB = prev_RB[:, :M]
+    ok_RB = (slots_RB >= 0) & (slots_RB < E)
+    r_RB = torch.arange(R, device=dev)[:, None].expand_as(slots_RB)
+    hold_ER[slots_RB[ok_RB], r_RB[ok_RB]] = True
+    return hold_ER
+
+
+def _round_torch(a_ER: torch.Tensor, hold_ER: torch.Tensor) -> torch.Tensor:
+    """One round: ``a_ER`` after every live pair's move (module docstring)."""
+    L_R = a_ER.sum(0)
+    gap_RG = L_R[:, None] - L_R[None, :]
+    live_ERG = (hold_ER & (a_ER > 0))[:, :, None] & hold_ER[:, None, :] & (gap_RG > 0)[None]
+    one = live_ERG.long()
+    deg_R = one.sum((0, 2)) + one.sum((0, 1))
+    out_ER = one.sum(2)
+    share_RG = gap_RG // torch.maximum(deg_R[:, None], deg_R[None, :]).clamp(min=1)
+    cap_ER = a_ER // out_ER.clamp(min=1)
+    q_ERG = torch.where(live_ERG, torch.minimum(share_RG[None], cap_ER[:, :, None]), 0)
+    return a_ER - q_ERG.sum(2) + q_ERG.sum(1)
+
+
+def _whole_records_torch(
+    a_ER: torch.Tensor, hold_ER: torch.Tensor, T_E: torch.Tensor
+) -> torch.Tensor:
+    """int64 ``[E, R]`` records (:func:`_whole_records_reference`)."""
+    S = 1 << SCALE_BITS
+    whole_ER, rem_ER = a_ER >> SCALE_BITS, a_ER & (S - 1)
+    short_E = T_E - whole_ER.sum(1)
+    R = a_ER.shape[1]
+    r_R = torch.arange(R, device=a_ER.device)
+    key_ER = torch.where(hold_ER, (S - 1 - rem_ER) * R + r_R[None, :], S * R)  # ascending
+    order_ER = key_ER.argsort(1)
+    place_ER = torch.empty_like(order_ER).scatter_(1, order_ER, r_R.expand_as(order_ER))
+    return whole_ER + (hold_ER & (place_ER < short_E[:, None])).long()
