@@ -86,7 +86,7 @@ def _round_reference(a: list[list[int]], hold: list[list[int]], R: int) -> None:
     L = [sum(a[e][r] for e in range(len(a))) for r in range(R)]
     live = [(e, r, g) for e, hs in enumerate(hold) for r in hs for g in hs
             if L[r] > L[g] and a[e][r] > 0]  # fmt: skip
-    deg, out = [0] * R, {}
+    deg, out = [0] * R, dict[tuple[int, int], int]()
     for e, r, g in live:
         deg[r], deg[g] = deg[r] + 1, deg[g] + 1
         out[e, r] = out.get((e, r), 0) + 1
