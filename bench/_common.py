@@ -145,3 +145,21 @@ def section(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
     results[name]["seconds"] = round(time.perf_counter() - t0, 2)
     print(f"[{name}] {'ok' if results[name]['ok'] else 'FAILED'} ({results[name]['seconds']} s)")
     sys.stdout.flush()
+
+
+def gated_sections(
+    results: dict[str, Any],
+    key: str,
+    available: tuple[bool, str],
+    what: str,
+    sections: dict[str, Callable[[], Any]],
+) -> None:
+    """Run ``sections`` (name -> function, in order) with :func:`section` where ``available``
+    (a backend's ``(ok, why)``) says ``what`` is there; else store ``results[key]`` as an ok
+    skip that says why (a missing backend is not a failed check)."""
+    ok, why = available
+    if not ok:
+        results[key] = {"ok": True, "skipped": f"{what} unavailable: {why}"}
+        return
+    for name, fn in sections.items():
+        section(results, name, fn)

@@ -175,12 +175,6 @@ def _verdict(row: dict[str, Any]) -> bool:
     return ok
 
 
-def choice_sections(results: dict[str, Any], section: Callable[..., None]) -> None:
-    """The choice kernel against the reference (``choice_random``), where it is available."""
-    from moonplan.plan import choice_cuda
-
-    ok, why = choice_cuda.available()
-    if not ok:
-        results["choice"] = {"ok": True, "skipped": f"cuda choice unavailable: {why}"}
-        return
-    section(results, "choice_random", choice_random_section)
+CHOICE_SECTIONS = {"choice_random": choice_random_section}
+"""The choice kernel against the reference (``gpu_check`` runs it where
+``choice_cuda.available()``)."""

@@ -220,15 +220,9 @@ def timing_section() -> dict[str, Any]:
     }
 
 
-def kernel_sections(results: dict[str, Any], section: Callable[..., None]) -> None:
-    """The fused kernel's sections (random, graph, timing) where it is available."""
-    ok, why = cuda_backend.available()
-    if not ok:
-        results["kernel"] = {"ok": True, "skipped": f"cuda planner unavailable: {why}"}
-        return
-    section(results, "random", random_section)
-    section(results, "graph", graph_section)
-    section(results, "timing", timing_section)
+KERNEL_SECTIONS = {"random": random_section, "graph": graph_section, "timing": timing_section}
+"""The fused kernel's sections, in order (``gpu_check`` runs them where
+``cuda_backend.available()``)."""
 
 
 # ---- the public plan() per policy -------------------------------------------------------------

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import bench_parser, section  # noqa: E402  (bench/ is the script's folder)
+from _common import bench_parser, gated_sections, section  # noqa: E402  (bench/ is the script's folder)
 
 BOXES = {"env": 30, "heaps": 75, "pytest": 170, "step": 120, "runtime": 100, "planner": 120}
 SMOKE_PYTEST = ["tests/comm/test_ipc_heap.py", "tests/runtime/test_layer_ipc.py"]
@@ -102,9 +102,15 @@ def run_child(name: str, out_path: str, smoke: bool) -> int:
         import _gpu_choice as gc
         import _gpu_planner as gp
 
+        from moonplan.plan import choice_cuda, cuda_backend
+
+        kernels = [  # the CUDA kernels' sections, each where its backend is available
+            ("kernel", cuda_backend.available, "cuda planner", gp.KERNEL_SECTIONS),
+            ("choice", choice_cuda.available, "cuda choice", gc.CHOICE_SECTIONS),
+        ]
         if not smoke:
-            gp.kernel_sections(results, section)
-            gc.choice_sections(results, section)
+            for key, available, what, sections in kernels:
+                gated_sections(results, key, available(), what, sections)
         section(results, "api", lambda: gp.api_section(smoke))
         section(results, "auto", lambda: gc.auto_section(smoke))
     Path(out_path).write_text(json.dumps(results, indent=1, default=str))

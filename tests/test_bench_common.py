@@ -1,4 +1,5 @@
-"""``bench/_common.py``: the timing loops, medians and the fixed-width tables of the benchmarks."""
+"""``bench/_common.py``: the timing loops, medians, the fixed-width tables of the benchmarks and
+the gated sections of the GPU checks."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import _common
 from _common import (
     TextTable,
+    gated_sections,
     markdown_table,
     median_ms,
     median_us,
@@ -68,3 +70,26 @@ def test_median_us_warms_up_once_then_takes_the_median(monkeypatch: pytest.Monke
     assert median_us(fn, 3, cuda=False) == pytest.approx(2.0)
     with pytest.raises(StopIteration):  # exactly 1 + reps calls were made
         fn()
+
+
+def test_gated_sections_run_in_order_or_say_why_they_were_skipped() -> None:
+    ran: list[str] = []
+
+    def first() -> dict:
+        ran.append("a")
+        return {"x": 1}
+
+    def failing() -> dict:
+        ran.append("b")
+        raise RuntimeError("boom")
+
+    sections = {"a": first, "b": failing}
+    results: dict = {}
+    gated_sections(results, "kernel", (False, "no nvcc"), "cuda planner", sections)
+    assert results == {"kernel": {"ok": True, "skipped": "cuda planner unavailable: no nvcc"}}
+    assert ran == []
+    results = {}
+    gated_sections(results, "kernel", (True, ""), "cuda planner", sections)
+    assert ran == ["a", "b"] and "kernel" not in results
+    assert results["a"]["ok"] and results["a"]["x"] == 1
+    assert not results["b"]["ok"] and results["b"]["error"] == "RuntimeError: boom"

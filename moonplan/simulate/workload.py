@@ -69,14 +69,12 @@ def drifting_counts(
       (L1; E = 8..896, K = 2..16, sigma <= 2); per-entry variance is ``S q (1 - q/K)``
       instead of ``S q (1 - q)``.
     """
-    if steps < 1 or tokens < 0 or not 0 <= sigma or not -1 <= rho <= 1:
-        raise ValueError("need steps >= 1, tokens >= 0, sigma >= 0 and rho in [-1, 1]")
-    gen = torch.Generator().manual_seed(int(seed))
+    if tokens < 0:
+        raise ValueError(f"need tokens >= 0, got {tokens}")
+    gen, walk = _seeded_walk(experts, sigma, steps, rho, seed, persistent)
     rng = np.random.default_rng(int(seed))
-    mu_E = persistent_log_popularity(experts, sigma, persistent, seed)
-    _, sigma_f = split_sigma(sigma, persistent)
     out = []
-    for pop_E in popularity_walk(experts, sigma_f, steps, rho, gen, mu_E):
+    for pop_E in walk:
         if exact:  # shares ``gen`` with the walk: it draws between two drifts
             out.append(counts_for_ranks(pop_E, [tokens] * ranks, topk, gen))
         else:
@@ -161,12 +159,22 @@ def drifting_popularity(
     """float64 ``[E]`` popularity of each step: the sequence :func:`drifting_counts` routes
     by with ``exact=False`` and the same ``seed`` and ``persistent`` (for token-level
     sampling, ``moonplan.simulate.token_routing``)."""
-    if steps < 1 or sigma < 0 or abs(rho) > 1:
+    yield from _seeded_walk(experts, sigma, steps, rho, seed, persistent)[1]
+
+
+def _seeded_walk(
+    experts: int, sigma: float, steps: int, rho: float, seed: int, persistent: float
+) -> tuple[torch.Generator, Iterator[torch.Tensor]]:
+    """The generator seeded ``seed`` and the :func:`popularity_walk` of ``steps`` steps drawn
+    from it, the persistent part ``mu`` of this ``seed`` and share included: the popularity
+    of :func:`drifting_counts` and :func:`drifting_popularity`. Checks the law's arguments
+    (``ValueError``)."""
+    if steps < 1 or not 0 <= sigma or not -1 <= rho <= 1:
         raise ValueError("need steps >= 1, sigma >= 0 and rho in [-1, 1]")
     mu_E = persistent_log_popularity(experts, sigma, persistent, seed)
     _, sigma_f = split_sigma(sigma, persistent)
     gen = torch.Generator().manual_seed(int(seed))
-    yield from popularity_walk(experts, sigma_f, steps, rho, gen, mu_E)
+    return gen, popularity_walk(experts, sigma_f, steps, rho, gen, mu_E)
 
 
 def popularity_walk(

@@ -22,6 +22,7 @@ import random
 import shutil
 import subprocess
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -70,19 +71,26 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return _build(tmp_path_factory.mktemp("choice_emu"), fibers=True)
 
 
+class Case(NamedTuple):
+    """One call of the choice: counts ``c`` (int64 ``[R, E]``), ``B`` slots per rank, the row
+    padding ``align``, the previous plan (``None``: none), the cost model, the levels."""
+
+    c: torch.Tensor
+    B: int
+    align: int
+    prev: Plan | None
+    cost: StepCost
+    levels: int = LEVELS
+
+
 def _emu_choose(
-    lib: ctypes.CDLL,
-    c: torch.Tensor,
-    B: int,
-    align: int,
-    prev: Plan | None,
-    cost: StepCost,
-    levels: int = LEVELS,
+    lib: ctypes.CDLL, case: Case
 ) -> tuple[PlanFields, tuple[torch.Tensor, ...], tuple[float, float]]:
     """The three kernels, in launch order, on CPU tensors (``previous``'s credit in); the
     outputs' views (the layout tensors; ``index``, ``scores``, ``exited``, ``credit``) and
     the early-exit bound's two parts the first kernel left in its
     scratch (``misc[1:3]``)."""
+    c, B, align, prev, cost, levels = case
     R, E = c.shape
     C = levels + 3
     buf, out, choice = cc.allocate(R, E, B, C, torch.device("cpu"))
@@ -104,10 +112,9 @@ def _emu_choose(
     return out, choice, (bounds[0], bounds[1])
 
 
-def _reference_bound(
-    c: torch.Tensor, B: int, align: int, prev: Plan | None, cost: StepCost
-) -> tuple[float, float]:
+def _reference_bound(case: Case) -> tuple[float, float]:
     """``bound.exit_bound``'s two parts with the inputs ``choose_reference`` gives it."""
+    c, B, align, prev, cost, _ = case
     slots = None if prev is None else prev.slot_expert.tolist()
     step = ref.Step(
         c.tolist(), B, align, slots, previous_flows(None if prev is None else prev.flow)
@@ -133,10 +140,11 @@ def _check(
 ) -> Plan:
     """Assert the emulated kernel's choice and bound are the reference's; return the
     reference plan."""
-    got, (index, scores, exited, credit), bounds = _emu_choose(lib, c, B, align, prev, cost, levels)
+    inputs = Case(c, B, align, prev, cost, levels)
+    got, (index, scores, exited, credit), bounds = _emu_choose(lib, inputs)
     want = choose(c, B, align, prev, cost, "reference", levels)
     case = (tuple(c.shape), B, align, cost, c.tolist() if c.numel() <= 64 else "")
-    want_bounds = _reference_bound(c, B, align, prev, cost)
+    want_bounds = _reference_bound(inputs)
     assert [_bits(b) for b in bounds] == [_bits(b) for b in want_bounds], (bounds, want_bounds)
     for k, v in got._asdict().items():
         assert torch.equal(v, getattr(want, k)), (k, *case)

@@ -117,8 +117,11 @@ def test_popularity_is_the_workload_sequence() -> None:
     counts = drifting_counts(64, 32, 500, 4, sigma=1.0, steps=3, seed=6).sum(1).double()
     want = torch.stack([inclusion_probability(p, 4) for p in pops]) * 64 * 500
     assert float((counts - want).abs().sum() / want.sum()) < 0.03
-    with pytest.raises(ValueError):
-        next(drifting_popularity(4, sigma=-1.0, steps=1))
+    for bad in (-1.0, float("nan")):  # the same checks as drifting_counts
+        with pytest.raises(ValueError, match="sigma >= 0"):
+            next(drifting_popularity(4, sigma=bad, steps=1))
+        with pytest.raises(ValueError, match="sigma >= 0"):
+            drifting_counts(2, 4, 8, 1, sigma=bad, steps=1)
 
 
 def test_token_trace_uses_the_model() -> None:
