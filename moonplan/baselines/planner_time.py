@@ -16,6 +16,11 @@ through the three points measured there (extrapolated below ``R = 8`` and above
   constructions run in parallel blocks, each as long as the exact kernel's, then a pass
   over ``E * R`` per block scores them and one block lays out the winner; charged
   :data:`AUTO_FACTOR` times :func:`exact_us`.
+* :func:`resident_us`, one build of the ``resident`` candidate (``ROUNDS`` rounds of
+  block-wide passes over the pairs, each charged what one rank's step of the exact
+  kernel's balance loop costs, the slope of :data:`MEASURED` in ``R``), after the pass
+  over the counts that :func:`exit_us` charges: what a window placement's evaluation
+  costs per table it scores (``moonplan.plan.residency``);
 * :func:`exit_us`, ``auto``'s early exit: the test reads the counts once more in the pass
   that every plan (static EP's too) makes over them, and reduces a few sums in one block:
   ``E * R * 8`` bytes at :data:`ONE_SM_BYTES_PER_S` plus :data:`REDUCE_US`. Static EP's
@@ -25,6 +30,8 @@ The MoonEP greedy is charged its published 51 us a step (``baselines.moonep_gree
 """
 
 from __future__ import annotations
+
+from moonplan.plan.choice.resident import ROUNDS
 
 MEASURED = {(8, 256): 13.5, (8, 896): 20.8, (64, 896): 62.2, (256, 896): 225.0}
 """Fused exact kernel, CUDA-graph replay, H200 (us), by ``(R, E)``."""
@@ -43,6 +50,7 @@ REDUCE_US = 0.5
 
 _R_POINTS = ((8, 20.8), (64, 62.2), (256, 225.0))  # E = 896
 _E_SLOPE = (20.8 - 13.5) / (896 - 256)  # us per expert at R = 8
+_R_SLOPE = (62.2 - 20.8) / (64 - 8)  # us per rank at E = 896: one step of the balance loop
 
 
 def exact_us(num_ranks: int, num_experts: int) -> float:
@@ -58,6 +66,18 @@ def exact_us(num_ranks: int, num_experts: int) -> float:
 def auto_us(num_ranks: int, num_experts: int) -> float:
     """Microseconds of ``policy="auto"`` building and scoring every candidate."""
     return AUTO_FACTOR * exact_us(num_ranks, num_experts)
+
+
+def resident_us(num_ranks: int, num_experts: int) -> float:
+    """Microseconds of one ``resident`` candidate build (module docstring)."""
+    return exit_us(num_ranks, num_experts) + ROUNDS * _R_SLOPE
+
+
+def exit_resident_us(num_ranks: int, num_experts: int) -> float:
+    """Microseconds of ``auto``'s early exit with replicas resident: the test, then one
+    build of the ``resident`` candidate scored beside static EP (charged whether or not
+    the step has residents: a slot placement almost always leaves some)."""
+    return resident_us(num_ranks, num_experts)
 
 
 def exit_us(num_ranks: int, num_experts: int) -> float:

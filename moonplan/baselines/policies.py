@@ -1,7 +1,7 @@
 """moonplan's own simulator policies: ``moonplan.plan`` every step, through one planner seam.
 
 Legend:
-    R ranks    E experts    B slots per rank    C slots filled this step    W window steps
+    R ranks    E experts    B slots per rank    C slots filled this step
     counts_RE  int64 ``[R, E]`` one step's all-gathered router counts
     moves_C2   int64 ``[C, 2]`` (home rank, rank) of each slot filled this step
     fetch_ER   bool ``[E, R]`` pairs whose weights are fetched before their rows run
@@ -18,12 +18,9 @@ it asks for and whether the last plan is passed on as ``previous=``:
 * ``moonplan-resident``: ``policy="exact"`` with ``previous=`` (resident slots reused);
 * ``moonplan-auto``: ``policy="auto"`` every step, with ``previous=`` and the
   simulator's :class:`~moonplan.stepcost.StepCost` as ``cost=`` (one planner call that
-  chooses, charged as the runtime's call costs: ``moonplan.baselines.planner_time``);
-* ``moonplan-refresh`` (a model of a runtime feature that does not exist yet, not
-  listed by default): ``policy="resident"`` every step over slots refilled in the
-  background every ``period`` steps from the exact plan of the last ``window`` steps'
-  summed counts, copied beside the next steps (at most ``period``) when the cost model
-  says it pays (:class:`MoonplanRefreshPolicy`).
+  chooses, charged as the runtime's call costs: ``moonplan.baselines.planner_time``),
+  over slots placed from a window of loads and refilled beside the steps
+  (:mod:`moonplan.plan.residency`).
 
 A new planner policy (``plan(policy="<name>")``) reaches the simulator as one more
 subclass and one registration (CONTRIBUTING.md, "Adding a planner policy").
@@ -32,26 +29,34 @@ subclass and one registration (CONTRIBUTING.md, "Adding a planner policy").
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import Any
 
 import torch
 
-from moonplan.baselines.planner_time import auto_us, exact_us, exit_us
+from moonplan.baselines.planner_time import auto_us, exact_us, exit_resident_us, resident_us
 from moonplan.baselines.policy_base import Policy, PolicyStep, make_step
+from moonplan.baselines.prehistory import Prehistory
 from moonplan.baselines.registry import PolicyInfo, register
 from moonplan.plan import api as planner
+from moonplan.plan.home import max_local
 from moonplan.plan.plan_time import plan_fetch_ER, plan_time
 from moonplan.plan.plan_type import Plan
+from moonplan.plan.residency.refill import (
+    STAGING,
+    Refill,
+    Residency,
+    refill_link_s,
+    swapped_slots,
+)
+from moonplan.plan.residency.serving import serving_plan
+from moonplan.plan.residency.window import WINDOW
 from moonplan.stepcost import StepCost
 
 __all__ = [
     "MoonplanAutoPolicy",
     "MoonplanPolicy",
-    "MoonplanRefreshPolicy",
     "PlannerPolicy",
     "plan_step",
-    "refill_link_s",
     "slot_moves",
     "split_pairs",
 ]
@@ -119,61 +124,32 @@ class MoonplanPolicy(PlannerPolicy):
 
 
 class MoonplanAutoPolicy(PlannerPolicy):
-    """``policy="auto"`` every step: the runtime's one planner call, the plan of each step
-    kept as ``previous=`` (its resident slots are reused by the next step's candidates).
+    """``policy="auto"`` every step over slots that follow a window of loads.
+
+    Each step is the runtime's one planner call, ``previous=`` the slots serving (the last
+    plan's, or the refilled ones): the candidates balance inside the resident replicas
+    first and copy more only where the cost model says it pays this step. Beside the
+    steps, a :class:`~moonplan.plan.residency.refill.Residency` keeps the last
+    ``placement_window`` steps' loads, picks the slot table the cost model prefers over
+    them and orders a refill when rent or buy says it pays; the ``staging`` rows per rank
+    that a refill copies into come out of the slot budget (``slots - staging`` serve;
+    with fewer than two slots nothing is refilled in the background). The copies run beside the next
+    steps (``refill_ER``, a share per step whose link time fits in its experts phase) and
+    serve from the step after the last one, swapped in on the critical path
+    (``local_copies``).
 
     ``cost`` is the :class:`~moonplan.stepcost.StepCost` the choice minimises; the
-    simulator passes the one it charges the step with (same model, hardware, schedule and
-    planner times), so a plan's predicted time is its simulated time. Each step is charged
-    one planner call (``cost.plan_s``), or the early exit's test alone (``cost.exit_s``)
-    when it returned static EP without building anything: ``PolicyStep.planned`` is
-    ``exit_s / plan_s`` then.
+    simulator passes the one it charges the step with, so a plan's predicted time is its
+    simulated time. Each step is charged one planner call (``cost.plan_s``), or the early
+    exit's test alone (``cost.exit_s``) when it returned static EP without building
+    anything; the placement's work beside it (``B + 3`` builds of the ``resident``
+    candidate, ``moonplan.baselines.planner_time.resident_us``) only where it does not fit
+    beside the step. The serving table at step 0 is the target of the ``window`` steps
+    before the trace (:meth:`prime`), as EPLB's placement is.
     """
 
     name = "moonplan-auto"
     planner_policy = "auto"
-
-    def __init__(
-        self, num_ranks: int, num_experts: int, *, cost: StepCost, slots: int | None = None
-    ) -> None:
-        if not isinstance(cost, StepCost):
-            raise ValueError(f"moonplan-auto needs cost=StepCost(...), got {cost!r}")
-        super().__init__(num_ranks, num_experts, slots=slots, cost=cost)
-
-    def step(self, counts: Any) -> PolicyStep:
-        counts_RE = self._counts(counts)
-        p = self.plan(counts_RE, self._previous)
-        self._previous = p
-        assert p.choice is not None  # an auto plan
-        planned = 1.0
-        if p.choice.early_exit():
-            planned = self.cost.exit_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
-        return plan_step(self.name, counts_RE, p, planned=planned, choice=p.policy)
-
-
-class MoonplanRefreshPolicy(PlannerPolicy):
-    """Resident slots refilled in the background from a window of recent counts.
-
-    A model of a schedule the runtime does not run (its slots are filled only on the
-    critical path of the step that uses them, ``docs/runtime.md``): it says what such a
-    refill would give. Every step builds ``policy="resident"`` over the current slots
-    (no planner run, no fetch: as balanced as the resident replicas allow). After every
-    ``period``-th step the exact plan of the counts summed over the last ``window`` steps
-    (``previous=`` the slots it will replace, so residents stay) is made off the
-    critical path (``background_plan``: its run, a trial plan and three scores). Its new slots are
-    copied from the experts' homes into a second set of slots (the memory is not
-    modelled) beside the next ``k`` steps, a ``1/k`` share beside each (``refill_ER``),
-    and serve once all have arrived: ``k`` is the fewest shares (at most ``period``)
-    whose link time (:func:`refill_link_s`) fits in the last step's experts phase as
-    ``cost`` predicts it (the links' idle part). The refill is made only if it pays by
-    ``cost``: the resident plan over the new slots, on the last step's counts, must
-    save more over ``period`` steps than the shares would expose. The simulator charges
-    each step's share: its link time beyond that step's experts phase is exposed
-    (``moonplan.simulate.model_time``).
-    """
-
-    name = "moonplan-refresh"
-    planner_policy = "resident"
 
     def __init__(
         self,
@@ -181,77 +157,77 @@ class MoonplanRefreshPolicy(PlannerPolicy):
         num_experts: int,
         *,
         cost: StepCost,
-        period: int = 4,
-        window: int | None = None,
         slots: int | None = None,
+        placement_window: int = WINDOW,
+        staging: int = STAGING,
     ) -> None:
         if not isinstance(cost, StepCost):
-            raise ValueError(f"moonplan-refresh needs cost=StepCost(...), got {cost!r}")
-        super().__init__(num_ranks, num_experts, slots=slots, cost=cost)
-        self.period, self.window = int(period), int(window or period)
-        if min(self.period, self.window) < 1:
-            raise ValueError(f"period and window must be >= 1, got {period}, {window}")
+            raise ValueError(f"moonplan-auto needs cost=StepCost(...), got {cost!r}")
+        total = max_local(num_experts, num_ranks) if slots is None else int(slots)
+        self.staging = staging if total > staging else 0
+        super().__init__(num_ranks, num_experts, slots=total - self.staging, cost=cost)
+        self.window = int(placement_window)
         self.reset()
 
     def reset(self) -> None:
-        self._previous = None  # the slots the steps execute over
-        self._pending: Plan | None = None  # the slots being copied
+        self._previous = None
+        self.residency = None
+        if self.staging:
+            assert self.slots is not None
+            self.residency = Residency(self.num_ranks, self.num_experts, self.slots, self.cost,
+                                       window=self.window, staging=self.staging)  # fmt: skip
+        self._order: Refill | None = None  # the refill being copied
         self._shares: list[torch.Tensor] = []  # refill_ER of each step still to copy
-        self._history: deque[torch.Tensor] = deque(maxlen=self.window)
-        self._t = 0  # steps seen
+
+    def steps_before(self) -> list[tuple[int, int]]:
+        """The window's steps before the trace (``UsesPrehistory``)."""
+        return [(-self.window, 0)] if self.residency is not None else []
+
+    def prime(self, before: Prehistory) -> None:
+        """Place the slots from the window before the trace (served from step 0)."""
+        if self.residency is None or self._previous is not None:
+            return
+        slot_RB = self.residency.prime(before.totals_NE)
+        zero_RE = torch.zeros(self.num_ranks, self.num_experts, dtype=torch.int64)
+        self._previous = serving_plan(zero_RE, slot_RB)
 
     def step(self, counts: Any) -> PolicyStep:
         counts_RE = self._counts(counts)
+        swapped = self._commit(counts_RE)
         p = self.plan(counts_RE, self._previous)
+        self._previous = p
         refill_ER = self._shares.pop(0) if self._shares else None
-        if self._pending is not None and not self._shares:  # all copied: serve from now on
-            self._previous, self._pending = self._pending, None
-        self._history.append(counts_RE)
-        self._t += 1
-        background = 0.0
-        if self._t % self.period == 0 and len(self._history) == self.window:
-            window_RE = torch.stack(list(self._history)).sum(0)
-            refill = planner.plan(
-                window_RE, slots=self.slots, previous=self._previous, backend="torch"
-            )
-            self._shares = self._shares_if_paid(counts_RE, p, refill)
-            self._pending = refill if self._shares else None
-            # the refill's own run, the trial plan over the refilled slots (one run) and
-            # three predictions (now, the refill's link time, after)
-            background = refill.planned + 1  # the refill's run and the trial plan
-        return plan_step(
-            self.name, counts_RE, p, planned=p.planned, background_plan=background,
-            refill_ER=refill_ER,
-        )  # fmt: skip
+        assert p.choice is not None  # an auto plan
+        planned = 1.0
+        if p.choice.early_exit():
+            planned = self.cost.exit_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
+        background = self._place(counts_RE, p)
+        return plan_step(self.name, counts_RE, p, planned=planned, choice=p.policy,
+                         refill_ER=refill_ER, background_plan=background,
+                         local_copies=swapped)  # fmt: skip
 
-    def _shares_if_paid(self, counts_RE: torch.Tensor, p: Plan, refill: Plan) -> list[torch.Tensor]:
-        """The refill's pairs in the fewest shares (at most ``period``) whose link time fits
-        in ``p``'s experts phase; none (no refill) unless the refilled slots, over this
-        step's counts, save more in ``period`` steps than the shares would expose."""
-        refill_ER = plan_fetch_ER(refill)
-        if not refill_ER.any():  # nothing to copy: no trial plan needed
-            return []
-        now = plan_time(self.cost, p, planned=0)
-        link_s = refill_link_s(self.cost, refill_ER, p.home.cpu())
-        k = self.period if now.experts_s <= 0 else math.ceil(link_s / now.experts_s)
-        k = max(1, min(self.period, k))
-        after = plan_time(self.cost, self.plan(counts_RE, refill), planned=0)
-        exposed_s = k * max(0.0, link_s / k - now.experts_s)
-        if (now.total_s - after.total_s) * self.period <= exposed_s:
-            return []
-        return split_pairs(refill_ER, k)
+    def _place(self, counts_RE: torch.Tensor, p: Plan) -> float:
+        """Observe the step; order a refill when it pays. Returns the placement's work
+        beside the step, in planner calls."""
+        if self.residency is None or self._order is not None:
+            return 0.0
+        order = self.residency.observe(counts_RE, p.slot_expert)
+        if order is not None:
+            now = plan_time(self.cost, p, planned=0)
+            link_s = refill_link_s(self.cost, order.fetch_ER, p.home.cpu())
+            k = 1 if now.experts_s <= 0 else max(1, math.ceil(link_s / now.experts_s))
+            self._order, self._shares = order, split_pairs(order.fetch_ER, k)
+        R, E = self.num_ranks, self.num_experts
+        assert self.slots is not None
+        return (self.slots + 3) * resident_us(R, E) * 1e-6 / self.cost.plan_s
 
-
-def refill_link_s(cost: StepCost, refill_ER: torch.Tensor, src_E: torch.Tensor) -> float:
-    """Seconds the copies of ``refill_ER`` (bool ``[E, R]``, each from ``src_E[e]``) take
-    alone on the links: ``cost``'s fetch of those pairs in a step with no rows (``cost``
-    with ``dispatch="record"``: no rows, no dispatch traffic needed)."""
-    if not bool(refill_ER.any()):
-        return 0.0
-    E, R = refill_ER.shape
-    none_ER = torch.zeros(E, R, dtype=torch.int64)
-    none_RE = torch.zeros(R, E, dtype=torch.int64)
-    return float(cost.step_time(none_ER, none_RE, refill_ER, src_E, planned=0).prefetch_s)
+    def _commit(self, counts_RE: torch.Tensor) -> int:
+        """Swap an arrived refill into the slots (the most swapped on one rank)."""
+        if self._order is None or self._shares or self._previous is None:
+            return 0
+        slot_RB, changed_RB = swapped_slots(self._previous.slot_expert.cpu(), self._order)
+        self._previous, self._order = serving_plan(counts_RE, slot_RB), None
+        return int(changed_RB.sum(1).max())
 
 
 def split_pairs(pairs_ER: torch.Tensor, parts: int) -> list[torch.Tensor]:
@@ -297,20 +273,12 @@ def _auto(name: str, num_ranks: int, num_experts: int, **options: Any) -> Policy
     return MoonplanAutoPolicy(num_ranks, num_experts, **options)
 
 
-def _refresh(name: str, num_ranks: int, num_experts: int, **options: Any) -> Policy:
-    if options.get("cost") is None:
-        raise ValueError(f"{name} needs cost=StepCost(...) (to time its refill)")
-    return MoonplanRefreshPolicy(num_ranks, num_experts, **options)
-
-
 # Both exact variants take `slots`; auto also needs `cost` (the StepCost it minimises).
 register(PolicyInfo("moonplan", _moonplan, style=("-", "o"), plan_us=exact_us,
                     options=("slots",), order=60))  # fmt: skip
 register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-", "D"),
                     plan_us=exact_us, options=("slots",), order=70))  # fmt: skip
-register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=auto_us, exit_us=exit_us,
-                    options=("cost", "slots"), order=80))  # fmt: skip
-# Background slot refresh: modelled, not in the runtime; not listed (docs/simulator.md).
-register(PolicyInfo("moonplan-refresh", _refresh, label="refresh", style=(":", "v"),
-                    plan_us=exact_us, options=("cost", "period", "window", "slots"),
-                    order=100, listed=False))  # fmt: skip
+AUTO_OPTIONS = ("cost", "slots", "placement_window", "staging")
+register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=auto_us,
+                    exit_us=exit_resident_us,
+                    options=AUTO_OPTIONS, order=80))  # fmt: skip

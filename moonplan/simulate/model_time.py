@@ -15,10 +15,13 @@ Legend:
   ``moonplan-auto``'s early exit is charged its own, smaller time as a share of one
   call), 0 for static placements, EPLB and capacity, which plan off the critical path or
   not at all. Planning a policy runs *off* the critical path
-  (``PolicyStep.background_plan``: ``moonplan-refresh``'s refill plan) is free only while
+  (``PolicyStep.background_plan``: ``moonplan-auto``'s slot placement) is free only while
   it fits beside its step; the excess is charged to the next step as planning
   (:func:`background_wait_s`);
-* **background copies** (``moonplan-refresh``'s slot refill, ``PolicyStep.refill_ER``;
+* **a refill's swap** (``PolicyStep.local_copies``): each staging row copied into its slot
+  on the critical path reads and writes one expert's weights on its rank:
+  ``2 * weight_read_s`` each, added to the fetch and exposed;
+* **background copies** (``moonplan-auto``'s slot refill, ``PolicyStep.refill_ER``;
   EPLB's rearrangement moves, ``PolicyStep.background_C2``, a share
   ``background_share`` of them beside this step): charged. The copies take their link time
   alone on the links (``StepCost``'s fetch without dispatch: :func:`moves_link_s`, the same
@@ -47,10 +50,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from moonplan.baselines.policies import refill_link_s
 from moonplan.baselines.policy_base import PolicyStep
 from moonplan.baselines.registry import PlanUs, infos, plan_us_at
 from moonplan.cost import ModelPreset
+from moonplan.plan.residency.refill import refill_link_s
 from moonplan.simulate.dispatch_rows import scheme_step_traffic
 from moonplan.stepcost import Hardware, StepCost, StepTime
 from moonplan.stepcost.traffic import pair_traffic
@@ -151,6 +154,8 @@ def step_time(
         link_s += step.background_share * moves_link_s(record, step.background_C2, R)
     if link_s > 0:
         t = with_refill(t, link_s)
+    if step.local_copies:
+        t = with_exposed(t, 2 * record.weight_read_s * step.local_copies)
     return with_wait(t, background_wait_s(step, t, cfg)) if background else t
 
 
@@ -176,6 +181,16 @@ def with_refill(t: StepTime, link_s: float) -> StepTime:
         prefetch_s=t.prefetch_s + link_s,
         prefetch_exposed_s=t.prefetch_exposed_s + exposed,
         total_s=t.total_s + exposed,
+    )
+
+
+def with_exposed(t: StepTime, copy_s: float) -> StepTime:
+    """``t`` with ``copy_s`` of weight copies on the critical path (fetch, all exposed)."""
+    return dataclasses.replace(
+        t,
+        prefetch_s=t.prefetch_s + copy_s,
+        prefetch_exposed_s=t.prefetch_exposed_s + copy_s,
+        total_s=t.total_s + copy_s,
     )
 
 

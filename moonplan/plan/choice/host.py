@@ -99,18 +99,24 @@ def choose_host(
     R = len(hs.load)
     resident = hs.resident
     static = hs.static()
-    at_exit = _static_time(cost, hs, static, cost.exit_s)
+    scores = torch.full((levels + 3,), float("inf"), dtype=torch.float64)
+    at_exit, index, exit_alloc = _no_fetch_time(cost, hs, static, cost.exit_s), 0, static
+    scores[0] = at_exit.total_s
+    if resident.any():  # the exit's other plan: balance inside the resident replicas
+        res, _ = build(table(levels)[2], hs, levels)
+        at_res = _no_fetch_time(cost, hs, res, cost.exit_s)
+        scores[2] = at_res.total_s
+        if at_res.total_s < at_exit.total_s:
+            at_exit, index, exit_alloc = at_res, 2, res
     t_exit = at_exit.total_s
-    full = None if resident.any() else _static_time(cost, hs, static, cost.plan_s).total_s
+    full = None if resident.any() else _no_fetch_time(cost, hs, static, cost.plan_s).total_s
     totals, links = _totals(cost, hs, resident), _links(hs, resident, cost.domain_size(R))
     bounds = exit_bound(cost, R, totals, links, _home_lb(cost, hs, resident), full)
     gap = at_exit.experts_s - experts_lb_s(cost, R, *totals[:3])
     exited, credit = exit_rent(t_exit, gap, bounds, credit, max(0.0, cost.plan_s - cost.exit_s))
     if exited:
-        scores = torch.full((levels + 3,), float("inf"), dtype=torch.float64)
-        scores[0] = t_exit
-        fields = layout_resident(torch.from_numpy(static), num_slots, align, hs.prev_RB)
-        return fields, (0, scores, True, credit)
+        fields = layout_resident(torch.from_numpy(exit_alloc), num_slots, align, hs.prev_RB)
+        return fields, (index, scores, True, credit)
     built = build_all(hs, levels)
     alloc_CER = np.stack([a for a, _ in built])
     scores = _scores(cost, hs, alloc_CER, resident, cost.plan_s)
@@ -119,11 +125,12 @@ def choose_host(
     return layout(hs, alloc_CER[best], built[best][1]), (best, scores, False, credit)
 
 
-def _static_time(cost: StepCost, hs: HostStep, static: np.ndarray, plan_s: float) -> StepTime:
-    """Static EP's predicted phases charged ``plan_s`` (``StepCost.step_time``'s numpy
-    form: the same floats as :func:`_scores`, fewer calls for one allocation)."""
-    none = np.zeros(static.shape, dtype=bool)
-    return cost.scaled(plan_s=plan_s).step_time(static, hs.counts, none, hs.home, planned=1)
+def _no_fetch_time(cost: StepCost, hs: HostStep, alloc: np.ndarray, plan_s: float) -> StepTime:
+    """The predicted phases of an allocation that fetches nothing (static EP, the
+    ``resident`` candidate) charged ``plan_s`` (``StepCost.step_time``'s numpy form: the
+    same floats as :func:`_scores`, fewer calls for one allocation)."""
+    none = np.zeros(alloc.shape, dtype=bool)
+    return cost.scaled(plan_s=plan_s).step_time(alloc, hs.counts, none, hs.home, planned=1)
 
 
 def _scores(

@@ -9,10 +9,13 @@ Plain Python and the planner's reference construction (``moonplan.plan.reference
 torch (``tensor.py``), host (``host.py``) and CUDA forms give the same plan and scores,
 bit for bit. The rule, for counts, ``previous`` and a cost model:
 
-1. **Early exit.** Score static EP charged only the test (``cost.exit_s``). If that is at
-   most :func:`~moonplan.plan.choice.bound.exit_bound` (a time no other candidate can beat)
-   and no buy can be due (:func:`~moonplan.plan.choice.rent.exit_rent`), return the static
-   plan: nothing else is built or scored.
+1. **Early exit.** Score static EP and, with replicas resident in ``previous``'s slots,
+   the ``resident`` candidate, both charged only the exit's planning (``cost.exit_s``: the
+   test and that one build). If the better of them (ties: static) is at most
+   :func:`~moonplan.plan.choice.bound.exit_bound` (a time no candidate that copies, and no
+   other plan that copies nothing, can beat) and no buy can be due
+   (:func:`~moonplan.plan.choice.rent.exit_rent`), return it: nothing else is built or
+   scored.
 2. **Candidates.** Otherwise build every entry of the table
    (:mod:`~moonplan.plan.choice.table`): static EP; each ``level-k``, ``exact`` and
    ``greedy`` by one run of the group-flow construction (``level-k`` towards
@@ -87,7 +90,14 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     R, E = len(counts), len(counts[0])
     home = home_list(E, R)
     static = _static_alloc(counts, home)
-    at_exit = _step_time(cost, step, static, cost.exit_s)
+    at_exit, scores = _step_time(cost, step, static, cost.exit_s), [math.inf] * (levels + 3)
+    scores[0], index, exit_alloc = at_exit.total_s, 0, static
+    if step.resident:  # the exit's other plan: balance inside the resident replicas
+        res = resident_reference(counts, step.prev_slots, home)
+        at_res = _step_time(cost, step, res, cost.exit_s)
+        scores[2] = at_res.total_s
+        if at_res.total_s < at_exit.total_s:
+            at_exit, index, exit_alloc = at_res, 2, res
     t_exit = at_exit.total_s
     static_full = None if step.resident else _time(cost, step, static, cost.plan_s)
     links = links_reference(counts, step.resident, home, cost.domain_size(R))
@@ -98,8 +108,7 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     checking = max(0.0, cost.plan_s - cost.exit_s)
     exited, credit = exit_rent(t_exit, gap, bounds, step.credit, checking)
     if exited:
-        scores = [t_exit] + [math.inf] * (levels + 2)
-        return Chosen(_layout(step, static, []), 0, scores, True, credit)
+        return Chosen(_layout(step, exit_alloc, []), index, scores, True, credit)
     built = [build(c, step, levels) for c in table(levels)]
     scores = [_time(cost, step, alloc, cost.plan_s) for alloc, _ in built]
     free = [_time(cost, step, alloc, cost.plan_s, free=True) for alloc, _ in built]

@@ -18,6 +18,8 @@ the CPU's fast form).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -57,26 +59,52 @@ def choose_tensor(
     resident_ER = _resident(prev_RB, E, R, dev)
     static_ER = static_alloc(counts_RE)
     times = functools.partial(_times, cost, counts_RE, home_E)
-    at_exit = times(static_ER[None], resident_ER, cost.exit_s)
-    t_exit = at_exit.total_s[0]
+    alloc_CER, flow_CF3 = _candidates(counts_RE, (load_R, T_E, home_E, ids_RM), prev, levels)
+    at_exit, exit_C, exit_index = _exit_times(times, alloc_CER, resident_ER, cost.exit_s)
     static_full = times(static_ER[None], resident_ER, cost.plan_s).total_s[0]
     bounds, experts_lb = _bound(cost, counts_RE, home_E, resident_ER, static_full)
-    gap = at_exit.experts_s[0] - experts_lb
+    gap = at_exit.experts_s - experts_lb
     checking = max(0.0, cost.plan_s - cost.exit_s)
-    exited, credit = exit_rent_torch(t_exit, gap, bounds, credit, checking)
-    alloc_CER, flow_CF3 = _candidates(counts_RE, (load_R, T_E, home_E, ids_RM), prev, levels)
+    exited, credit = exit_rent_torch(at_exit.total_s, gap, bounds, credit, checking)
     scores = times(alloc_CER, resident_ER, cost.plan_s).total_s
     free = times(alloc_CER, torch.ones_like(resident_ER), cost.plan_s).total_s
     index, settled = settle_torch(scores, free, credit)
-    C = alloc_CER.shape[0]
-    first = torch.arange(C, device=dev) == 0
-    scores = torch.where(exited, torch.where(first, t_exit, torch.inf), scores)
-    index = torch.where(exited, torch.zeros_like(index), index)
+    scores = torch.where(exited, exit_C, scores)
+    index = torch.where(exited, exit_index, index)
     pick = index.view(1)
     alloc_ER = alloc_CER.index_select(0, pick)[0]
     fields = layout_torch(alloc_ER, num_slots, align, prev_RB, host=False)
     fields = fields._replace(flow=flow_CF3.index_select(0, pick)[0])
     return fields, (index, scores, exited, torch.where(exited, credit, settled))
+
+
+class _AtExit(NamedTuple):
+    """The exit's plan: its predicted step and experts phase (float64 0-d)."""
+
+    total_s: torch.Tensor
+    experts_s: torch.Tensor
+
+
+def _exit_times(
+    times: Callable[[torch.Tensor, torch.Tensor, float], BatchTime],
+    alloc_CER: torch.Tensor,
+    resident_ER: torch.Tensor,
+    exit_s: float,
+) -> tuple[_AtExit, torch.Tensor, torch.Tensor]:
+    """The early exit's plan (static EP, or the ``resident`` candidate where replicas are
+    resident and it is predicted faster), ``(its times, the exit's scores [C], its index
+    int64 0-d)``: both charged ``cost.exit_s``, ``inf`` elsewhere (and for ``resident``
+    without residents)."""
+    t = times(alloc_CER[[0, 2]], resident_ER, exit_s)
+    has = resident_ER.any()
+    t_res = torch.where(has, t.total_s[1], torch.inf)
+    use = has & (t_res < t.total_s[0])
+    pick = torch.where(use, 1, 0).view(1)
+    total, experts = t.total_s.gather(0, pick)[0], t.experts_s.gather(0, pick)[0]
+    C = alloc_CER.shape[0]
+    c_C = torch.arange(C, device=alloc_CER.device)
+    exit_C = torch.where(c_C == 0, t.total_s[0], torch.where(c_C == 2, t_res, torch.inf))
+    return _AtExit(total, experts), exit_C, torch.where(use, 2, 0)
 
 
 def _resident(prev_RB: torch.Tensor | None, E: int, R: int, dev: torch.device) -> torch.Tensor:

@@ -1,0 +1,170 @@
+"""When a refill pays, and the :class:`Residency` the runtime and the simulator both run.
+
+Legend:
+    R ranks    E experts    B slots per rank    S staging rows per rank
+    slot_RB    int64 ``[R, B]`` the expert in each slot (``-1``: empty)
+    fetch_ER   bool ``[E, R]`` the pairs a refill copies
+
+Each step :meth:`Residency.observe` adds the step's loads to the window, asks
+:func:`~moonplan.plan.residency.target.target_slots` which table the slots should hold,
+keeps at most ``S`` changes per rank (a rank copies into ``S`` staging rows beside the
+steps and swaps them in at once; :func:`limit_changes`), and decides by rent or buy:
+
+* ``rent``: what this step loses by serving the current slots instead of the target's,
+  both through the ``resident`` plan each step makes (``max(0, now - target)``, predicted);
+* ``price``: the refill's copies, their link time alone (:func:`refill_link_s`);
+* the rent accrues in ``credit``; once ``credit >= price`` the refill is ordered and the
+  credit returns to 0.
+
+So a refill is made only once going without it has cost as much as its copies: on a
+steady popularity the target stays the serving table and nothing is copied; after the hot
+set moves, the window follows within ``W`` steps and the rent pays the copies soon after.
+The rule's bound is the ski-rental one (``moonplan.plan.choice.rent``): at most twice the
+better of never copying and copying at once, with no horizon or constant.
+
+Every input is all-gathered (the same on every rank), so every rank orders the same
+refill at the same step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from moonplan.plan.home import home_map
+from moonplan.plan.residency.target import step_time_over, target_slots
+from moonplan.plan.residency.window import WINDOW, LoadWindow
+from moonplan.stepcost import StepCost
+
+STAGING = 1
+"""Default ``S``: staging rows per rank (one expert's weights: a refill changes at most one
+slot per rank)."""
+
+
+@dataclass(frozen=True)
+class Refill:
+    """A refill order, the same on every rank.
+
+    Attributes:
+        slot_RB: int64 ``[R, B]``, the slots once every copy has arrived.
+        changed_RB: bool ``[R, B]``, the slots the refill writes.
+        fetch_ER: bool ``[E, R]``, the pairs copied (each from its expert's home).
+    """
+
+    slot_RB: torch.Tensor
+    changed_RB: torch.Tensor
+    fetch_ER: torch.Tensor
+
+
+def swapped_slots(last_RB: torch.Tensor, order: Refill) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(slot_RB, changed_RB)`` once ``order``'s copies are swapped in: the last plan's
+    slots (``last_RB``: the steps since the order may have filled others) with the
+    changed ones the order's; another slot of the same rank that holds an expert the order
+    brings is emptied (a rank holds an expert once)."""
+    slot_RB, changed_RB = last_RB.clone(), order.changed_RB
+    slot_RB[changed_RB] = order.slot_RB[changed_RB]
+    for r, j in changed_RB.nonzero().tolist():
+        twin = (slot_RB[r] == slot_RB[r, j]) & (torch.arange(slot_RB.shape[1]) != j)
+        slot_RB[r, twin] = -1
+    return slot_RB, changed_RB
+
+
+def changed_pairs(
+    target_RB: torch.Tensor, current_RB: torch.Tensor, num_experts: int
+) -> torch.Tensor:
+    """bool ``[E, R]``: the experts ``target_RB`` puts in a slot where ``current_RB`` holds
+    another."""
+    new_RB = (target_RB != current_RB) & (target_RB >= 0)
+    r_C, j_C = new_RB.nonzero(as_tuple=True)
+    fetch_ER = torch.zeros(num_experts, target_RB.shape[0], dtype=torch.bool)
+    fetch_ER[target_RB[r_C, j_C], r_C] = True
+    return fetch_ER
+
+
+def limit_changes(
+    target_RB: torch.Tensor, current_RB: torch.Tensor, staging: int, totals_E: torch.Tensor
+) -> torch.Tensor:
+    """``target_RB`` with at most ``staging`` changed slots per rank: those whose new
+    expert has the most records in the window (ties: lower slot); the others keep
+    ``current_RB``'s expert."""
+    out = current_RB.clone()
+    for r in range(target_RB.shape[0]):
+        changed = [j for j in range(target_RB.shape[1]) if target_RB[r, j] != current_RB[r, j]]
+        worth = [(-int(totals_E[int(target_RB[r, j])]) if target_RB[r, j] >= 0 else 1, j)
+                 for j in changed]  # fmt: skip
+        for _, j in sorted(worth)[:staging]:
+            out[r, j] = target_RB[r, j]
+    return out
+
+
+def refill_link_s(cost: StepCost, fetch_ER: torch.Tensor, src_E: torch.Tensor) -> float:
+    """Seconds the copies of ``fetch_ER`` (bool ``[E, R]``, each from ``src_E[e]``) take
+    alone on the links: ``cost``'s fetch of those pairs in a step with no rows."""
+    if not bool(fetch_ER.any()):
+        return 0.0
+    E, R = fetch_ER.shape
+    none_ER = torch.zeros(E, R, dtype=torch.int64)
+    none_RE = torch.zeros(R, E, dtype=torch.int64)
+    return float(cost.step_time(none_ER, none_RE, fetch_ER, src_E, planned=0).prefetch_s)
+
+
+class Residency:
+    """One layer's window, target and rent-or-buy credit (module docstring).
+
+    Args:
+        num_ranks, num_experts: ``R``, ``E``; num_slots: ``B``, the serving slots.
+        cost: the cost model the target and the rule predict with.
+        window: ``W`` steps of loads; staging: ``S`` changes per refill and rank.
+    """
+
+    def __init__(
+        self,
+        num_ranks: int,
+        num_experts: int,
+        num_slots: int,
+        cost: StepCost,
+        *,
+        window: int = WINDOW,
+        staging: int = STAGING,
+    ):
+        if isinstance(staging, bool) or not isinstance(staging, int) or staging < 1:
+            raise ValueError(f"staging must be an integer >= 1, got {staging!r}")
+        self.R, self.E, self.B = num_ranks, num_experts, num_slots
+        self.cost, self.staging = cost, staging
+        self.window = LoadWindow(num_experts, window)
+        self.credit = 0.0
+        self.home_E = home_map(num_experts, num_ranks)
+
+    def prime(self, totals_NE: torch.Tensor) -> torch.Tensor:
+        """Fill the window with the totals of steps before the first (int64 ``[N, E]``)
+        and return the table serving at step 0: the target from empty slots, placed
+        before the trace (no staging limit)."""
+        self.window.prime(totals_NE)
+        empty_RB = torch.full((self.R, self.B), -1, dtype=torch.int64)
+        if self.window.filled == 0 or self.B == 0:
+            return empty_RB
+        return target_slots(self.window.totals_E(), self.window.filled, empty_RB, self.cost)
+
+    def observe(self, counts_RE: torch.Tensor, serving_RB: torch.Tensor) -> Refill | None:
+        """Add a step (int64 ``[R, E]`` counts) with the slots it served (``[R, B]``);
+        the refill to order now, or ``None`` (module docstring)."""
+        counts_RE, serving_RB = counts_RE.cpu(), serving_RB.cpu()
+        self.window.observe(counts_RE)
+        if self.B == 0:
+            return None
+        totals_E = self.window.totals_E()
+        target_RB = target_slots(totals_E, self.window.filled, serving_RB, self.cost)
+        target_RB = limit_changes(target_RB, serving_RB, self.staging, totals_E)
+        if torch.equal(target_RB, serving_RB):
+            return None
+        c_RE = counts_RE.numpy().astype(np.int64)
+        now = step_time_over(self.cost, c_RE, serving_RB.numpy())
+        after = step_time_over(self.cost, c_RE, target_RB.numpy())
+        fetch_ER = changed_pairs(target_RB, serving_RB, self.E)
+        self.credit += max(0.0, now - after)
+        if self.credit < refill_link_s(self.cost, fetch_ER, self.home_E):
+            return None
+        self.credit = 0.0
+        return Refill(target_RB, target_RB != serving_RB, fetch_ER)

@@ -1,0 +1,114 @@
+"""Which experts the slots should hold: the replica set the cost model prefers over a window.
+
+Legend:
+    R ranks    E experts    B slots per rank    k replicas per rank (``0 .. B``)
+    totals_E   int64 ``[E]`` records per expert over the window's steps
+    slot_RB    int64 ``[R, B]`` the expert in each slot (``-1``: empty)
+    mean_RE    int64 ``[R, E]`` the window's mean step, each expert's records spread
+               evenly over the source ranks
+
+For each ``k`` from 0 to ``B`` a candidate table holds ``k * R`` replicas:
+
+1. **How many of each expert** (:func:`replica_counts`): one replica at a time to the
+   expert with the most records per holder (its home counts as one), none beyond ``R``
+   holders or to an expert without records.
+2. **Where** (:func:`pack`): the current slots keep the replicas the new counts still
+   want, in place (a resident is not moved); the others go, largest share first, to the
+   rank with a free slot, not holding the expert, and the least expected records (each
+   expert's records split evenly over its holders).
+
+The table chosen is the one whose ``resident`` plan (``moonplan.plan.choice.resident``,
+the plan each step makes inside the slots) has the least predicted step time on the
+window's mean step (ties: fewer replicas). No threshold enters: a replica is kept when
+the cost model says the balance it buys outweighs what it costs (a weight read on its
+rank, records sent to it).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import torch
+
+from moonplan.plan.choice.resident import resident_host
+from moonplan.plan.home import home_list
+from moonplan.stepcost import StepCost
+
+
+def replica_counts(totals_E: list[int], num_ranks: int, budget: int) -> list[int]:
+    """Holders per expert (home included) after giving out ``budget`` replicas (step 1)."""
+    n = [1] * len(totals_E)
+    heap = [(-float(t), e) for e, t in enumerate(totals_E) if t > 0]
+    heapq.heapify(heap)
+    given = 0
+    while given < budget and heap:
+        _, e = heapq.heappop(heap)
+        if n[e] >= num_ranks:
+            continue
+        n[e] += 1
+        given += 1
+        heapq.heappush(heap, (-totals_E[e] / n[e], e))
+    return n
+
+
+def pack(
+    n_E: list[int], totals_E: list[int], num_slots: int, current: list[list[int]]
+) -> list[list[int]]:
+    """The slot table ``[R][B]`` holding ``n_E[e] - 1`` replicas of each expert (step 2);
+    ``current``: the serving table ``[R][B]`` (``-1`` for an empty slot)."""
+    E, R = len(n_E), len(current)
+    home = home_list(E, R)
+    share = [totals_E[e] / n_E[e] for e in range(E)]
+    load = [0.0] * R
+    for e in range(E):
+        load[home[e]] += share[e]
+    slots = [[-1] * num_slots for _ in range(R)]
+    need = [n - 1 for n in n_E]
+    for r, row in enumerate(current):
+        for j, e in enumerate(row[:num_slots]):
+            if 0 <= e < E and need[e] > 0 and home[e] != r and e not in slots[r]:
+                slots[r][j], need[e], load[r] = e, need[e] - 1, load[r] + share[e]
+    for e in sorted((e for e in range(E) for _ in range(need[e])), key=lambda e: (-share[e], e)):
+        ok = [r for r in range(R) if -1 in slots[r] and home[e] != r and e not in slots[r]]
+        if ok:
+            r = min(ok, key=lambda r: (load[r], r))
+            slots[r][slots[r].index(-1)], load[r] = e, load[r] + share[e]
+    return slots
+
+
+def mean_step(totals_E: torch.Tensor, steps: int, num_ranks: int) -> np.ndarray:
+    """int64 ``[R, E]``: the window's mean step, each expert's records spread evenly over
+    the source ranks (the first ranks take one more where they do not divide)."""
+    mean_E = totals_E.cpu().numpy().astype(np.int64) // max(1, steps)
+    r_R = np.arange(num_ranks)[:, None]
+    return mean_E[None, :] // num_ranks + (r_R < (mean_E % num_ranks)[None, :])
+
+
+def step_time_over(cost: StepCost, counts_RE: np.ndarray, slot_RB: np.ndarray) -> float:
+    """Predicted seconds of the ``resident`` plan of ``counts_RE`` over ``slot_RB`` (no copy,
+    no planning charged)."""
+    R, E = counts_RE.shape
+    home_E = np.asarray(home_list(E, R), dtype=np.int64)
+    alloc_ER = resident_host(counts_RE, slot_RB, home_E)
+    none_ER = np.zeros((E, R), dtype=bool)
+    return float(cost.step_time(alloc_ER, counts_RE, none_ER, home_E, planned=0).total_s)
+
+
+def target_slots(
+    totals_E: torch.Tensor, steps: int, current_RB: torch.Tensor, cost: StepCost
+) -> torch.Tensor:
+    """int64 ``[R, B]``: the table of least predicted step time on the window's mean step
+    (module docstring); ``current_RB`` is the serving slot table (its shape gives R, B)."""
+    R, B = current_RB.shape
+    totals = [int(t) for t in totals_E.tolist()]
+    current = current_RB.cpu().tolist()
+    counts_RE = mean_step(totals_E, steps, R)
+    best: tuple[float, list[list[int]]] | None = None
+    for k in range(B + 1):
+        table = pack(replica_counts(totals, R, k * R), totals, B, current)
+        t = step_time_over(cost, counts_RE, np.array(table, dtype=np.int64).reshape(R, B))
+        if best is None or t < best[0]:
+            best = (t, table)
+    assert best is not None
+    return torch.tensor(best[1], dtype=torch.int64).reshape(R, B)
