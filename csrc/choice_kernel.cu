@@ -12,6 +12,10 @@
 //   rest_RE [R, E]      each rank's records less those of its home experts and resident
 //                       replicas, then its M largest, sorted (scratch of the bound)
 //   top_RM  [R, M]      the entries above the M-th largest of a rank's rest (scratch)
+//   res_a   [2, Hmax]   the resident rounds' units per holder, two snapshots (scratch; Hmax =
+//                       E + R * min(B, M) holders at most)
+//   res_i   [E+1+3Hmax] the resident holders' lists: first holder of each expert, each
+//                       holder's expert, rank and live pairs out (scratch, int32)
 //   free_C  [C]         each candidate's free score: nothing fetched (rent.py; scratch, double)
 //   misc    [3]         N, and the bits of the bound's two parts (the emulated test reads them)
 //   credit  0-d double  the rent-or-buy credit: previous's in (credit_in), this step's out
@@ -424,83 +428,182 @@ __device__ void mc_construct(const McStep& st, int level, bool replay, mp_i64* a
 }
 
 // ---- the resident candidate (moonplan/plan/choice/resident.py) -----------------------------
+//
+// A holder h is (e, r): r is expert e's home, or e is in one of r's first M previous slots.
+// The holders lie in expert order, then rank order, in global scratch (McHolders); at most
+// Hmax = E + R * min(B, M) of them (choice_cuda.resident_holders). a[h] counts the units
+// (1/2^MC_SCALE_BITS record) on holder h, L[r] (in this section) the units rank r holds.
+// Units are int64: exact while N * 2^MC_SCALE_BITS < 2^63 (resident.py's integers are
+// unbounded). Every round is computed from one snapshot (a) into the next (b): each holder
+// gathers the moves over its own pairs, so no two threads write the same entry; the ranks'
+// sums are integer atomics, exact in any order.
 
-#define MC_ROUNDS 4  // resident.ROUNDS
+#define MC_ROUNDS 8       // resident.ROUNDS
+#define MC_SCALE_BITS 16  // resident.SCALE_BITS
 
-// Pair p = r*B + j (previous slot j < M of rank r holding e) is live: its donor home(e)
-// still above target, its receiver r below, records of e left at home.
-__device__ bool mc_live(const McStep& st, const mp_i64* X, const mp_i64* left, mp_i64 p,
-                        mp_i64* e_out, int* d_out, int* r_out) {
-    const mp_i64 e = st.prev[p], j = p % st.B;
-    if (e < 0 || e >= st.E || j >= st.M) return false;
-    const int r = (int)(p / st.B), d = (int)mp_home_of(e, st.E, st.R);
-    *e_out = e;
-    *d_out = d;
-    *r_out = r;
-    return X[d] > 0 && X[r] < 0 && left[e] > 0;
-}
+struct McHolders {  // global scratch: res_a [2, Hmax] (int64), res_i [E + 1 + 3 Hmax] (int32)
+    mp_i64 *a, *b;  // [Hmax] units on each holder: this round's snapshot and the next round's
+    int* start;     // [E + 1] expert e's holders are start[e] .. start[e+1]-1
+    int *e, *r;     // [Hmax] each holder's expert and rank
+    int* out;       // [Hmax] the round's live pairs leaving each holder
+    mp_i64 H;       // holders (block-uniform)
+};
 
-// One round: count each donor's, receiver's and expert's live pairs, then every live pair
-// moves the least of the three even shares (all computed before any move is applied).
-__device__ void mc_resident_round(const McStep& st, mp_i64* X, mp_i64* left, int* n_d, int* n_r,
-                                  int* n_e, mp_i64* alloc, mp_i64* q_P) {
+// Mark every holder (e, r) with alloc[e*R + r] = 1 (alloc zeroed first; several threads may
+// mark one holder alike). Ends with __syncthreads.
+__device__ void mc_holders_mark(const McStep& st, mp_i64* alloc) {
     const int tid = threadIdx.x, nthreads = blockDim.x, R = st.R;
-    const mp_i64 P = (mp_i64)R * st.B;
-    for (int r = tid; r < R; r += nthreads) n_d[r] = n_r[r] = 0;
-    for (mp_i64 e = tid; e < st.E; e += nthreads) n_e[e] = 0;
+    const mp_i64 E = st.E, J = st.has_prev ? mc_min_i(st.B, st.M) : 0;
+    for (mp_i64 i = tid; i < E * R; i += nthreads) alloc[i] = 0;
     __syncthreads();
-    mp_i64 e = 0;
-    int d = 0, r = 0;
-    for (mp_i64 p = tid; p < P; p += nthreads) {
-        if (!mc_live(st, X, left, p, &e, &d, &r)) continue;
-        atomicAdd(&n_d[d], 1);
-        atomicAdd(&n_r[r], 1);
-        atomicAdd(&n_e[e], 1);
-    }
-    __syncthreads();
-    for (mp_i64 p = tid; p < P; p += nthreads) {
-        mp_i64 q = 0;
-        if (mc_live(st, X, left, p, &e, &d, &r)) {
-            q = mc_min_i(mc_min_i(X[d] / n_d[d], -X[r] / n_r[r]), left[e] / n_e[e]);
-        }
-        q_P[p] = q;
-    }
-    __syncthreads();
-    for (mp_i64 p = tid; p < P; p += nthreads) {
-        const mp_i64 q = q_P[p];
-        if (q == 0) continue;
-        e = st.prev[p];
-        r = (int)(p / st.B);
-        d = (int)mp_home_of(e, st.E, R);
-        mc_atomic_add(&X[d], -q);
-        mc_atomic_add(&X[r], q);
-        mc_atomic_add(&left[e], -q);
-        mc_atomic_add(&alloc[e * R + d], -q);
-        mc_atomic_add(&alloc[e * R + r], q);
+    for (mp_i64 e = tid; e < E; e += nthreads) alloc[e * R + mp_home_of(e, E, R)] = 1;
+    for (mp_i64 i = tid; i < R * J; i += nthreads) {  // slot j < min(B, M) of rank r
+        const mp_i64 r = i / J, e = st.prev[r * st.B + i % J];
+        if (e >= 0 && e < E) alloc[e * R + r] = 1;
     }
     __syncthreads();
 }
 
-// Static EP, then MC_ROUNDS rounds of moves to replicas resident in previous's slots.
-// Dynamic shared memory: left[E], X[R] (int64), n_d[R], n_r[R], n_e[E] (int32).
-__device__ void mc_resident(const McStep& st, mp_i64* alloc, mp_i64* q_P, unsigned char* smem) {
-    const int R = st.R, tid = threadIdx.x, nthreads = blockDim.x;
+// hd.start: each expert's first holder (an exclusive scan of its holder count over the
+// experts, blockDim at a time; red32: 33 ints of shared memory); returns the holders. Ends
+// with __syncthreads.
+__device__ mp_i64 mc_holders_start(const McStep& st, const mp_i64* alloc, int* start, int* red32) {
+    const int tid = threadIdx.x, nthreads = blockDim.x, R = st.R;
     const mp_i64 E = st.E;
-    mp_i64* left = (mp_i64*)smem;
-    mp_i64* X = left + E;
-    int* n_d = (int*)(X + R);
-    int* n_r = n_d + R;
-    int* n_e = n_r + R;
-    for (mp_i64 i = tid; i < E * R; i += nthreads) alloc[i] = 0;
-    for (mp_i64 e = tid; e < E; e += nthreads) left[e] = st.T[e];
-    for (int r = tid; r < R; r += nthreads) X[r] = st.L[r] - mp_target(st.N, R, r);
-    __syncthreads();
-    for (mp_i64 e = tid; e < E; e += nthreads) alloc[e * R + mp_home_of(e, E, R)] = st.T[e];
-    __syncthreads();
-    if (!st.has_prev || st.B == 0) return;
-    for (int round = 0; round < MC_ROUNDS; ++round) {
-        mc_resident_round(st, X, left, n_d, n_r, n_e, alloc, q_P);
+    int carry = 0;
+    for (mp_i64 base = 0; base < E; base += nthreads) {  // block-uniform: the scan needs all
+        const mp_i64 e = base + tid;
+        int n = 0;
+        for (mp_i64 r = 0; e < E && r < R; ++r) n += (int)alloc[e * R + r];
+        int total = 0;
+        const int before = mp_block_excl_scan(n, red32, &total);  // ends with __syncthreads
+        if (e < E) start[e] = carry + before;
+        carry += total;
     }
+    if (tid == 0) start[E] = carry;
+    __syncthreads();
+    return carry;
+}
+
+// The holder lists and the even start: a thread per expert lists its holders by rank, and
+// the first T[e]*S mod n of them get one unit more than T[e]*S / n. Then alloc = 0 (its
+// marks read). Ends with __syncthreads.
+__device__ void mc_holders_list(const McStep& st, mp_i64* alloc, const McHolders& hd) {
+    const int tid = threadIdx.x, nthreads = blockDim.x, R = st.R;
+    const mp_i64 E = st.E;
+    for (mp_i64 e = tid; e < E; e += nthreads) {
+        const int h0 = hd.start[e], n = hd.start[e + 1] - h0;
+        const mp_i64 units = st.T[e] << MC_SCALE_BITS;
+        int k = 0;
+        for (int r = 0; r < R; ++r) {
+            if (alloc[e * R + r] == 0) continue;
+            hd.e[h0 + k] = (int)e;
+            hd.r[h0 + k] = r;
+            hd.a[h0 + k] = units / n + (k < units % n ? 1 : 0);
+            ++k;
+        }
+    }
+    __syncthreads();
+    for (mp_i64 i = tid; i < E * R; i += nthreads) alloc[i] = 0;
+    __syncthreads();
+}
+
+// Holder h's live pairs (e, r, g) as the sender r (out: L[r] > L[g], records on h) and as
+// the receiver g (in: L[r] > L[g], records on the other holder), from the snapshot hd.a.
+__device__ void mc_live(const McHolders& hd, const mp_i64* L, mp_i64 h, int* out, int* in) {
+    const mp_i64 Lh = L[hd.r[h]];
+    const int h1 = hd.start[hd.e[h] + 1];
+    *out = *in = 0;
+    for (int j = hd.start[hd.e[h]]; j < h1; ++j) {
+        const mp_i64 Lj = L[hd.r[j]];
+        *out += Lh > Lj && hd.a[h] > 0;
+        *in += Lj > Lh && hd.a[j] > 0;
+    }
+}
+
+// The units holder h holds after the round: less its moves out, plus its moves in; a live
+// pair (e, r, g) moves min((L[r] - L[g]) / max(deg[r], deg[g]), a[e][r] / out[e][r]).
+__device__ mp_i64 mc_after_round(const McHolders& hd, const mp_i64* L, const int* deg, mp_i64 h) {
+    const int rh = hd.r[h], h1 = hd.start[hd.e[h] + 1];
+    const mp_i64 ah = hd.a[h];
+    mp_i64 next = ah;
+    for (int j = hd.start[hd.e[h]]; j < h1; ++j) {
+        const int rj = hd.r[j];
+        const mp_i64 most = mc_max_i(deg[rh], deg[rj]);  // >= 1 for a live pair
+        if (L[rh] > L[rj] && ah > 0) next -= mc_min_i((L[rh] - L[rj]) / most, ah / hd.out[h]);
+        if (L[rj] > L[rh] && hd.a[j] > 0) {
+            next += mc_min_i((L[rj] - L[rh]) / most, hd.a[j] / hd.out[j]);
+        }
+    }
+    return next;
+}
+
+// One round (resident.py, step 2): the ranks' loads L [R], each holder's live pairs out and
+// each rank's deg [R] (shared memory), then every holder's units after the round into hd.b.
+__device__ void mc_resident_round(const McHolders& hd, int R, mp_i64* L, int* deg) {
+    const int tid = threadIdx.x, nthreads = blockDim.x;
+    for (int r = tid; r < R; r += nthreads) {
+        L[r] = 0;
+        deg[r] = 0;
+    }
+    __syncthreads();
+    for (mp_i64 h = tid; h < hd.H; h += nthreads) mc_atomic_add(&L[hd.r[h]], hd.a[h]);
+    __syncthreads();
+    for (mp_i64 h = tid; h < hd.H; h += nthreads) {
+        int out = 0, in = 0;
+        mc_live(hd, L, h, &out, &in);
+        hd.out[h] = out;
+        if (out + in > 0) atomicAdd(&deg[hd.r[h]], out + in);  // a pair counts on both sides
+    }
+    __syncthreads();
+    for (mp_i64 h = tid; h < hd.H; h += nthreads) hd.b[h] = mc_after_round(hd, L, deg, h);
+    __syncthreads();
+}
+
+// Whole records (resident.py, step 3) into alloc (zero): holder h keeps a / S records, and
+// one more when it ranks below the records its expert has left over, by (remainder
+// descending, rank ascending).
+__device__ void mc_whole_records(const McStep& st, const McHolders& hd, mp_i64* alloc) {
+    const int tid = threadIdx.x, nthreads = blockDim.x;
+    const mp_i64 mask = ((mp_i64)1 << MC_SCALE_BITS) - 1;
+    for (mp_i64 h = tid; h < hd.H; h += nthreads) {
+        const int e = hd.e[h], h1 = hd.start[e + 1];
+        const mp_i64 rem = hd.a[h] & mask;
+        mp_i64 whole = 0, place = 0;
+        for (int j = hd.start[e]; j < h1; ++j) {
+            const mp_i64 rj = hd.a[j] & mask;
+            whole += hd.a[j] >> MC_SCALE_BITS;
+            place += rj > rem || (rj == rem && hd.r[j] < hd.r[h]);
+        }
+        const mp_i64 extra = place < st.T[e] - whole ? 1 : 0;
+        alloc[(mp_i64)e * st.R + hd.r[h]] = (hd.a[h] >> MC_SCALE_BITS) + extra;
+    }
+    __syncthreads();
+}
+
+// resident_reference into alloc [E, R]: the holders, the even start, MC_ROUNDS rounds, whole
+// records. res_a, res_i: global scratch (McHolders), sized by Hmax. Dynamic shared memory:
+// L [R] (int64), deg [R] and red32 [33] (int32): 12R + 132 bytes, less than the
+// construction's. Ends with __syncthreads.
+__device__ void mc_resident(const McStep& st, mp_i64* alloc, mp_i64* res_a, int* res_i,
+                            unsigned char* smem) {
+    const int R = st.R;
+    const mp_i64 Hmax = st.E + (mp_i64)R * mc_min_i(st.B, st.M);
+    mp_i64* L = (mp_i64*)smem;
+    int* deg = (int*)(L + R);
+    int* red32 = deg + R;
+    McHolders hd = {res_a, res_a + Hmax, res_i, res_i + st.E + 1, res_i + st.E + 1 + Hmax,
+                    res_i + st.E + 1 + 2 * Hmax, 0};
+    mc_holders_mark(st, alloc);
+    hd.H = mc_holders_start(st, alloc, hd.start, red32);
+    mc_holders_list(st, alloc, hd);
+    for (int round = 0; round < MC_ROUNDS; ++round) {
+        mc_resident_round(hd, R, L, deg);
+        mp_i64* t = hd.a;  // the next round's snapshot (every thread swaps alike)
+        hd.a = hd.b;
+        hd.b = t;
+    }
+    mc_whole_records(st, hd, alloc);
 }
 
 // Dynamic shared memory: the largest of mc_construct's, mc_resident's and mc_score's layouts
@@ -512,7 +615,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
                           double* scores, const mp_i64* total_E, const mp_i64* load_R,
                           const mp_i64* send_R, const mp_i64* sdom_R, const mp_i64* misc,
                           const int* warm_d, mp_i64* alloc_C, mp_i64* flow_C, mp_i64* recv_C,
-                          mp_i64* rep_c, int* rep_e, mp_i64* q_P, double* free_C) {
+                          mp_i64* rep_c, int* rep_e, mp_i64* res_a, int* res_i, double* free_C) {
     extern __shared__ __align__(16) unsigned char mp_smem[];
     if (exited[0]) return;  // the early exit: static EP, nothing built
     const McCost k = mc_cost(MC_COST_ARGS);
@@ -536,7 +639,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     st.has_prev = has_prev != 0;
     mp_i64* alloc = alloc_C + (mp_i64)c * E * R;
     if (c == 2) {
-        mc_resident(st, alloc, q_P, mp_smem);
+        mc_resident(st, alloc, res_a, res_i, mp_smem);
     } else {
         const int level = (c >= 3 && c <= C - 2) ? (int)levels - 1 - (c - 3) : 0;
         const mp_i64 RM = (mp_i64)R * st.M;

@@ -137,7 +137,7 @@ def shared_bytes(R: int, E: int) -> tuple[int, int, int]:
     """Dynamic shared memory of the three kernels (the layouts in ``choice_kernel.cu``)."""
     first = 8 * (8 * R + 33) + 8 * RED_F64 + 4 * E
     construct = 8 * (E + 3 * R + 33) + 4 * (5 * R + 1 + 33)
-    resident = 8 * (E + R) + 4 * (2 * R + E)
+    resident = 8 * R + 4 * (R + 33)  # its holders' arrays are global scratch (res_a, res_i)
     score = 8 * (ACC * R) + 8 * RED_F64
     return first, max(construct, resident, score), 8 * E + 4 * (R + 1)
 
@@ -150,6 +150,12 @@ class Layout(NamedTuple):
     scratch: dict[str, int]  # name -> offset
 
 
+def resident_holders(R: int, E: int, B: int) -> int:
+    """The most holders the resident candidate has: each expert's home and the experts in
+    each rank's first ``min(B, M)`` slots (``res_a``, ``res_i`` of :func:`layout`)."""
+    return E + R * min(B, max_local(E, R))
+
+
 @functools.lru_cache(maxsize=64)
 def layout(R: int, E: int, B: int, C: int) -> Layout:
     """The buffer of :func:`allocate`: the plan's fields, ``index``, ``scores`` and
@@ -157,6 +163,7 @@ def layout(R: int, E: int, B: int, C: int) -> Layout:
     M = max_local(E, R)
     W = M + max(B, M)
     F = max(R - 1, 0)
+    H = resident_holders(R, E, B)
     out_shapes: dict[str, tuple[int, ...]] = {
         "flow": (F, 3), "alloc": (E, R), "target": (R,), "home": (E,),
         "slot_expert": (R, B), "slot_new": (R, B), "row_expert": (R, W), "row_count": (R, W),
@@ -164,8 +171,9 @@ def layout(R: int, E: int, B: int, C: int) -> Layout:
     }  # fmt: skip
     words64 = {"total_E": E, "load_R": R, "send_R": R, "sdom_R": R, "misc": 3,
                "alloc_C": C * E * R, "flow_C": C * 3 * F, "recv_C": C * R, "rep_c": C * R * M,
-               "q_P": max(1, R * B), "rest_RE": R * E, "top_RM": R * M, "free_C": C}  # fmt: skip
-    words32 = {"rep_e": C * R * M, "srt_e": R * M, "warm_d": max(1, R * B)}
+               "res_a": 2 * H, "rest_RE": R * E, "top_RM": R * M, "free_C": C}  # fmt: skip
+    words32 = {"rep_e": C * R * M, "srt_e": R * M, "warm_d": max(1, R * B),
+               "res_i": E + 1 + 3 * H}  # fmt: skip
     at, out, scratch = 0, {}, {}
     for name, shape in out_shapes.items():
         strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
@@ -257,7 +265,8 @@ def kernel_args(
     first += [at("rest_RE"), at("top_RM")]
     build = [c, p, f, val(R), val(E), val(B), has, val(n_flows), val(levels), *cost_]
     build += [at("exited"), at("scores"), *stats, at("warm_d")]
-    build += [at(k) for k in ("alloc_C", "flow_C", "recv_C", "rep_c", "rep_e", "q_P", "free_C")]
+    build += [at(k) for k in ("alloc_C", "flow_C", "recv_C", "rep_c", "rep_e")]
+    build += [at("res_a"), at("res_i"), at("free_C")]
     fields = ("alloc", "home", "target", "flow", "slot_expert", "slot_new", "row_expert",
               "row_count", "row_offset")  # fmt: skip
     last = [p, val(R), val(E), val(B), val(align), has, val(C), at("exited"), at("scores")]
