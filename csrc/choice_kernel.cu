@@ -432,14 +432,20 @@ __device__ void mc_construct(const McStep& st, int level, bool replay, mp_i64* a
 // A holder h is (e, r): r is expert e's home, or e is in one of r's first M previous slots.
 // The holders lie in expert order, then rank order, in global scratch (McHolders); at most
 // Hmax = E + R * min(B, M) of them (choice_cuda.resident_holders). a[h] counts the units
-// (1/2^MC_SCALE_BITS record) on holder h, L[r] (in this section) the units rank r holds.
-// Units are int64: exact while N * 2^MC_SCALE_BITS < 2^63 (resident.py's integers are
-// unbounded). Every round is computed from one snapshot (a) into the next (b): each holder
+// (1/2^bits record, bits = mc_scale_bits) on holder h, L[r] (in this section) the units rank
+// r holds. Units are int64: with N < 2^46 records a unit is 2^-16 record (N * 2^16 < 2^62),
+// with more it is one record (resident.scale_bits), so no sum of units overflows. Every round is computed from one snapshot (a) into the next (b): each holder
 // gathers the moves over its own pairs, so no two threads write the same entry; the ranks'
 // sums are integer atomics, exact in any order.
 
 #define MC_ROUNDS 8       // resident.ROUNDS
 #define MC_SCALE_BITS 16  // resident.SCALE_BITS
+#define MC_FINE_LIMIT_BITS 46  // resident.FINE_LIMIT_BITS
+
+// Bits of a unit below one record: MC_SCALE_BITS while N < 2^MC_FINE_LIMIT_BITS, else 0.
+__device__ int mc_scale_bits(const McStep& st) {
+    return st.N < ((mp_i64)1 << MC_FINE_LIMIT_BITS) ? MC_SCALE_BITS : 0;
+}
 
 struct McHolders {  // global scratch: res_a [2, Hmax] (int64), res_i [E + 1 + 3 Hmax] (int32)
     mp_i64 *a, *b;  // [Hmax] units on each holder: this round's snapshot and the next round's
@@ -493,7 +499,7 @@ __device__ void mc_holders_list(const McStep& st, mp_i64* alloc, const McHolders
     const mp_i64 E = st.E;
     for (mp_i64 e = tid; e < E; e += nthreads) {
         const int h0 = hd.start[e], n = hd.start[e + 1] - h0;
-        const mp_i64 units = st.T[e] << MC_SCALE_BITS;
+        const mp_i64 units = st.T[e] << mc_scale_bits(st);
         int k = 0;
         for (int r = 0; r < R; ++r) {
             if (alloc[e * R + r] == 0) continue;
@@ -565,18 +571,19 @@ __device__ void mc_resident_round(const McHolders& hd, int R, mp_i64* L, int* de
 // descending, rank ascending).
 __device__ void mc_whole_records(const McStep& st, const McHolders& hd, mp_i64* alloc) {
     const int tid = threadIdx.x, nthreads = blockDim.x;
-    const mp_i64 mask = ((mp_i64)1 << MC_SCALE_BITS) - 1;
+    const int bits = mc_scale_bits(st);
+    const mp_i64 mask = ((mp_i64)1 << bits) - 1;
     for (mp_i64 h = tid; h < hd.H; h += nthreads) {
         const int e = hd.e[h], h1 = hd.start[e + 1];
         const mp_i64 rem = hd.a[h] & mask;
         mp_i64 whole = 0, place = 0;
         for (int j = hd.start[e]; j < h1; ++j) {
             const mp_i64 rj = hd.a[j] & mask;
-            whole += hd.a[j] >> MC_SCALE_BITS;
+            whole += hd.a[j] >> bits;
             place += rj > rem || (rj == rem && hd.r[j] < hd.r[h]);
         }
         const mp_i64 extra = place < st.T[e] - whole ? 1 : 0;
-        alloc[(mp_i64)e * st.R + hd.r[h]] = (hd.a[h] >> MC_SCALE_BITS) + extra;
+        alloc[(mp_i64)e * st.R + hd.r[h]] = (hd.a[h] >> bits) + extra;
     }
     __syncthreads();
 }

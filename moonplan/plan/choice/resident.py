@@ -50,6 +50,16 @@ SCALE_BITS = 16
 """Units per record: ``S = 2**SCALE_BITS`` (fine enough that a gap of one record still
 moves over a rank's few hundred live pairs)."""
 
+FINE_LIMIT_BITS = 46
+"""With ``N >= 2**FINE_LIMIT_BITS`` records a unit is one record (:func:`scale_bits`): the
+units stay below ``2**62`` and no sum of them overflows int64."""
+
+
+def scale_bits(num_records: int) -> int:
+    """Bits of a unit below one record for ``N`` records: :data:`SCALE_BITS`, or 0 from
+    ``2**FINE_LIMIT_BITS`` records on."""
+    return SCALE_BITS if num_records < 1 << FINE_LIMIT_BITS else 0
+
 
 def resident_reference(
     counts: list[list[int]], prev_slots: list[list[int]] | None, home: list[int]
@@ -58,14 +68,15 @@ def resident_reference(
     R, E = len(counts), len(counts[0])
     T = [sum(row[e] for row in counts) for e in range(E)]
     hold = _holders_reference(E, R, prev_slots, home)
+    bits = scale_bits(sum(T))
     a = [[0] * R for _ in range(E)]
     for e in range(E):
-        n, units = len(hold[e]), T[e] << SCALE_BITS
+        n, units = len(hold[e]), T[e] << bits
         for i, r in enumerate(hold[e]):
             a[e][r] = units // n + (1 if i < units % n else 0)
     for _ in range(ROUNDS):
         _round_reference(a, hold, R)
-    return _whole_records_reference(a, hold, T)
+    return _whole_records_reference(a, hold, T, bits)
 
 
 def _holders_reference(
@@ -97,11 +108,11 @@ def _round_reference(a: list[list[int]], hold: list[list[int]], R: int) -> None:
 
 
 def _whole_records_reference(
-    a: list[list[int]], hold: list[list[int]], T: list[int]
+    a: list[list[int]], hold: list[list[int]], T: list[int], bits: int
 ) -> list[list[int]]:
     """Records ``[E][R]``: each holder's whole records, then each expert's left-over
     records to its holders with the largest remainders (ties: lower rank)."""
-    R, S = len(a[0]), 1 << SCALE_BITS
+    R, S = len(a[0]), 1 << bits
     alloc = [[0] * R for _ in a]
     for e, hs in enumerate(hold):
         for r in hs:
@@ -124,7 +135,8 @@ def resident_host(
     e_H, r_H = np.nonzero(hold_ER)  # by expert, then rank
     n_E = hold_ER.sum(1)
     idx_H = np.cumsum(hold_ER, 1)[e_H, r_H] - 1
-    units_E = T_E << SCALE_BITS
+    bits = scale_bits(int(T_E.sum()))
+    units_E = T_E << bits
     a_H = units_E[e_H] // n_E[e_H] + (idx_H < (units_E % n_E)[e_H])
     i_P, j_P = np.nonzero((e_H[:, None] == e_H[None, :]) & (r_H[:, None] != r_H[None, :]))
     for _ in range(ROUNDS):
@@ -140,7 +152,7 @@ def resident_host(
     a_ER = np.zeros((E, R), dtype=np.int64)
     a_ER[e_H, r_H] = a_H
     return _whole_records_torch(
-        torch.from_numpy(a_ER), torch.from_numpy(hold_ER), torch.from_numpy(T_E)
+        torch.from_numpy(a_ER), torch.from_numpy(hold_ER), torch.from_numpy(T_E), bits
     ).numpy()
 
 
@@ -163,12 +175,13 @@ def resident_torch(
     hold_ER = holders_torch(E, R, prev_RB, home_E.to(counts_RE.device))
     n_E = hold_ER.sum(1)
     idx_ER = hold_ER.cumsum(1) - 1  # a holder's place among its expert's, by rank
-    units_E = T_E << SCALE_BITS
+    bits = torch.where(T_E.sum() < 1 << FINE_LIMIT_BITS, SCALE_BITS, 0)  # 0-d, no host read
+    units_E = T_E << bits
     a_ER = units_E[:, None] // n_E[:, None] + (idx_ER < (units_E % n_E)[:, None]).long()
     a_ER = torch.where(hold_ER, a_ER, 0)
     for _ in range(ROUNDS):
         a_ER = _round_torch(a_ER, hold_ER)
-    return _whole_records_torch(a_ER, hold_ER, T_E)
+    return _whole_records_torch(a_ER, hold_ER, T_E, bits)
 
 
 def holders_torch(
@@ -204,11 +217,12 @@ def _round_torch(a_ER: torch.Tensor, hold_ER: torch.Tensor) -> torch.Tensor:
 
 
 def _whole_records_torch(
-    a_ER: torch.Tensor, hold_ER: torch.Tensor, T_E: torch.Tensor
+    a_ER: torch.Tensor, hold_ER: torch.Tensor, T_E: torch.Tensor, bits: int | torch.Tensor
 ) -> torch.Tensor:
-    """int64 ``[E, R]`` records (:func:`_whole_records_reference`)."""
-    S = 1 << SCALE_BITS
-    whole_ER, rem_ER = a_ER >> SCALE_BITS, a_ER & (S - 1)
+    """int64 ``[E, R]`` records (:func:`_whole_records_reference`); ``bits``: of a unit
+    below one record (an int, or an int64 0-d tensor on the device)."""
+    S = torch.ones((), dtype=torch.int64, device=a_ER.device) << bits
+    whole_ER, rem_ER = a_ER >> bits, a_ER & (S - 1)
     short_E = T_E - whole_ER.sum(1)
     R = a_ER.shape[1]
     r_R = torch.arange(R, device=a_ER.device)
