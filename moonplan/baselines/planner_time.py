@@ -69,15 +69,15 @@ def auto_us(num_ranks: int, num_experts: int) -> float:
 
 
 def resident_us(num_ranks: int, num_experts: int) -> float:
-    """Microseconds of one ``resident`` candidate build (module docstring)."""
-    return exit_us(num_ranks, num_experts) + ROUNDS * _R_SLOPE
+    """Microseconds of one ``resident`` candidate build and its pass over the counts
+    (module docstring); the build alone is :func:`resident_build_us`."""
+    return exit_us(num_ranks, num_experts) + resident_build_us()
 
 
-def exit_resident_us(num_ranks: int, num_experts: int) -> float:
-    """Microseconds of ``auto``'s early exit with replicas resident: the test, then one
-    build of the ``resident`` candidate scored beside static EP (charged whether or not
-    the step has residents: a slot placement almost always leaves some)."""
-    return resident_us(num_ranks, num_experts)
+def resident_build_us() -> float:
+    """Microseconds of the ``resident`` candidate's rounds: what ``auto``'s early exit adds
+    to its test where replicas are resident (it builds and scores that candidate too)."""
+    return ROUNDS * _R_SLOPE
 
 
 def exit_us(num_ranks: int, num_experts: int) -> float:

@@ -33,7 +33,13 @@ from typing import Any
 
 import torch
 
-from moonplan.baselines.planner_time import auto_us, exact_us, exit_resident_us, resident_us
+from moonplan.baselines.planner_time import (
+    auto_us,
+    exact_us,
+    exit_us,
+    resident_build_us,
+    resident_us,
+)
 from moonplan.baselines.policy_base import Policy, PolicyStep, make_step
 from moonplan.baselines.prehistory import Prehistory
 from moonplan.baselines.registry import PolicyInfo, register
@@ -140,12 +146,13 @@ class MoonplanAutoPolicy(PlannerPolicy):
 
     ``cost`` is the :class:`~moonplan.stepcost.StepCost` the choice minimises; the
     simulator passes the one it charges the step with, so a plan's predicted time is its
-    simulated time. Each step is charged one planner call (``cost.plan_s``), or the early
-    exit's test alone (``cost.exit_s``) when it returned static EP without building
-    anything; the placement's work beside it (``B + 3`` builds of the ``resident``
-    candidate, ``moonplan.baselines.planner_time.resident_us``) only where it does not fit
-    beside the step. The serving table at step 0 is the target of the ``window`` steps
-    before the trace (:meth:`prime`), as EPLB's placement is.
+    simulated time. Each step is charged one planner call (``cost.plan_s``), or, when it
+    exited, the early exit's test (``cost.exit_s``) and, with replicas resident, its build
+    of the ``resident`` candidate (``planner_time.resident_build_us``). The placement
+    decides once its work (``B + 3`` builds of the ``resident`` candidate,
+    ``planner_time.resident_us``) fits beside the steps since the last decision, a share
+    beside each. The serving table at step 0 is the target of the ``placement_window``
+    steps before the trace (:meth:`prime`), as EPLB's placement is.
     """
 
     name = "moonplan-auto"
@@ -178,6 +185,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
                                        window=self.window, staging=self.staging)  # fmt: skip
         self._order: Refill | None = None  # the refill being copied
         self._shares: list[torch.Tensor] = []  # refill_ER of each step still to copy
+        self._since = 0  # steps observed since the last placement decision
 
     def steps_before(self) -> list[tuple[int, int]]:
         """The window's steps before the trace (``UsesPrehistory``)."""
@@ -194,32 +202,44 @@ class MoonplanAutoPolicy(PlannerPolicy):
     def step(self, counts: Any) -> PolicyStep:
         counts_RE = self._counts(counts)
         swapped = self._commit(counts_RE)
+        held = self._previous is not None and bool((self._previous.slot_expert >= 0).any())
         p = self.plan(counts_RE, self._previous)
         self._previous = p
         refill_ER = self._shares.pop(0) if self._shares else None
         assert p.choice is not None  # an auto plan
         planned = 1.0
-        if p.choice.early_exit():
-            planned = self.cost.exit_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
+        if p.choice.early_exit():  # the test, and the resident candidate's build with residents
+            exit_s = self.cost.exit_s + (resident_build_us() * 1e-6 if held else 0.0)
+            planned = exit_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
         background = self._place(counts_RE, p)
         return plan_step(self.name, counts_RE, p, planned=planned, choice=p.policy,
                          refill_ER=refill_ER, background_plan=background,
                          local_copies=swapped)  # fmt: skip
 
     def _place(self, counts_RE: torch.Tensor, p: Plan) -> float:
-        """Observe the step; order a refill when it pays. Returns the placement's work
-        beside the step, in planner calls."""
-        if self.residency is None or self._order is not None:
+        """Observe the step; decide once the placement's work fits beside the steps since
+        the last decision (the fewest steps it fits beside: no constant), and order a
+        refill when it pays. Returns the placement's work beside this step, in planner
+        calls."""
+        if self.residency is None:
             return 0.0
-        order = self.residency.observe(counts_RE, p.slot_expert)
+        self.residency.observe(counts_RE)
+        self._since += 1
+        if self._order is not None:
+            return 0.0
+        work_s = self.residency.work() * resident_us(self.num_ranks, self.num_experts) * 1e-6
+        now = plan_time(self.cost, p, planned=0)
+        k = max(1, math.ceil(work_s / now.total_s)) if now.total_s > 0 else 1
+        share = work_s / k / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
+        if self._since < k:
+            return share
+        order = self.residency.decide(counts_RE, p.slot_expert, self._since)
+        self._since = 0
         if order is not None:
-            now = plan_time(self.cost, p, planned=0)
             link_s = refill_link_s(self.cost, order.fetch_ER, p.home.cpu())
-            k = 1 if now.experts_s <= 0 else max(1, math.ceil(link_s / now.experts_s))
-            self._order, self._shares = order, split_pairs(order.fetch_ER, k)
-        R, E = self.num_ranks, self.num_experts
-        assert self.slots is not None
-        return (self.slots + 3) * resident_us(R, E) * 1e-6 / self.cost.plan_s
+            n = 1 if now.experts_s <= 0 else max(1, math.ceil(link_s / now.experts_s))
+            self._order, self._shares = order, split_pairs(order.fetch_ER, n)
+        return share
 
     def _commit(self, counts_RE: torch.Tensor) -> int:
         """Swap an arrived refill into the slots (the most swapped on one rank)."""
@@ -279,6 +299,5 @@ register(PolicyInfo("moonplan", _moonplan, style=("-", "o"), plan_us=exact_us,
 register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-", "D"),
                     plan_us=exact_us, options=("slots",), order=70))  # fmt: skip
 AUTO_OPTIONS = ("cost", "slots", "placement_window", "staging")
-register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=auto_us,
-                    exit_us=exit_resident_us,
+register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=auto_us, exit_us=exit_us,
                     options=AUTO_OPTIONS, order=80))  # fmt: skip

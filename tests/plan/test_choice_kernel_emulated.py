@@ -126,7 +126,7 @@ def _reference_bound(case: Case) -> tuple[float, float]:
     full = None if step.resident else ref._time(cost, step, static, cost.plan_s)
     totals = (*ref._totals(cost, counts), ref._kept_busy(step, home))
     links = links_reference(counts, step.resident, home, cost.domain_size(R))
-    return exit_bound(cost, R, totals, links, ref._home_lb(cost, step, home), full)
+    return exit_bound(cost, R, totals, links, full)
 
 
 def _check(

@@ -5,12 +5,13 @@ Legend:
     T[e]       records of expert e        tile(x)  x rounded up to ``tile_rows``
     lat        ``base_latency_s + per_peer_latency_s * (R - 1)`` (0 with one rank)
 
-When static EP's predicted time, charged only the test (``StepCost.exit_s``), is at most
-this bound, no candidate can beat it even before its own planning (``StepCost.plan_s``)
-is added: ``auto`` returns the static plan and builds nothing. The bound takes the least
-of two, one per way a candidate can differ from static EP:
+When the exit's plan (static EP, or the ``resident`` candidate where replicas are
+resident: ``moonplan.plan.choice.reference``), charged only the exit's planning
+(``StepCost.exit_s``), is predicted at most this bound, no candidate can beat it even
+before its own planning (``StepCost.plan_s``) is added: ``auto`` returns it and builds
+nothing else. The bound is the least time of a plan that:
 
-* **it copies weights** (a replica not resident): the step waits at least for one copy
+* **copies weights** (a replica not resident): the step waits at least for one copy
   (``base_latency_s`` plus the cheapest copy over a link class the group has), and for
   the dispatch, a balanced experts phase and the combine:
   ``plan_s + max(lat + experts_lb, base + copy_min) + lat`` (overlapped schedule;
@@ -19,11 +20,12 @@ of two, one per way a candidate can differ from static EP:
   records and no resident replica elsewhere costs its home rank one weight read whether
   its rows stay or are copied away, so the experts phase is also at least
   ``weight_read_s`` times the most such experts on one rank;
-* **it copies nothing** (static EP built in the full call among them): it only moves
-  records to replicas resident in ``previous``'s slots, so an expert with no resident
-  replica keeps all its records at home, and every rank runs at least those:
-  ``plan_s + lat + max(experts_lb, home_lb) + lat``. With no resident replica at all the
-  only such plan is static EP itself, and the bound is its time charged ``plan_s``.
+* **copies nothing**, where no replica is resident: the only such plan is static EP
+  itself, and the bound is its time charged ``plan_s``. Where replicas are resident, the
+  ``resident`` candidate stands for the plans that copy nothing: it balances inside the
+  resident replicas to within 0.3% of the least largest load they allow
+  (``moonplan.plan.choice.resident``), so the full call is made only where a copy could
+  beat the exit.
 
 ``experts_lb`` bounds the slowest rank's experts phase in any plan, from two facts. The
 ranks' padded rows add up to at least ``sum_e tile(T[e])`` (padding a split expert never
@@ -33,8 +35,6 @@ every expert with records runs on some rank, so some rank runs at least ``k = ce
 of them, each at least one tile and one row: ``k * tile_rows`` padded rows and
 ``k * (weight_read_s + row_mem_s)`` of weight reads and rows. At decode sizes, where
 every rank reads about ``E / R`` experts' weights, the second fact is the tight one.
-``home_lb`` is the
-largest roofline, over ranks, of their home experts that have no resident replica.
 
 The dispatch and the combine are bounded by the rows some rank must send or receive. A
 rank keeps local only the records of experts it runs: its home experts, the replicas
@@ -44,10 +44,8 @@ sends at least its records less those of its home experts, of its resident repli
 of its ``j`` largest others (``sends[s][j]``), and its copies arrive no sooner than
 ``base_latency_s + max(j, 1) * copy_min``. A plan that copies gives each rank some
 ``j``: its time is at least, for every rank, the least over ``j`` of that rank's
-bound, hence at least the largest of those over the ranks. A plan that copies nothing
-keeps ``j = 0`` everywhere, and a rank receives at least the other ranks' records of
-its home experts that no resident replica can take (``free_link``: the larger of that
-and ``sends[s][0]``, over ranks). Split over the link classes in any way, ``n`` rows
+bound, hence at least the largest of those over the ranks. Split over the link classes in
+any way, ``n`` rows
 take at least ``n * h`` seconds, ``h`` the rate of the one class (one domain) or
 ``ri * ro / (ri + ro)`` (two).
 
@@ -98,8 +96,7 @@ def exit_bound(
     cost: StepCost,
     num_ranks: int,
     totals: tuple[int, int, int, int],
-    links: tuple[list[list[int]], int, list[int]],
-    home_lb: float,
+    links: tuple[list[list[int]], list[int]],
     static_full: float | None,
 ) -> tuple[float, float]:
     """The bound of the module docstring, and its part for plans that copy (``inf`` with
@@ -110,8 +107,7 @@ def exit_bound(
         num_ranks: ``R``.
         totals: ``(sum_e tile(T[e]), experts with records, N, the most home experts
             with records and no resident replica elsewhere on one rank)``.
-        links: ``(sends [R][M + 1], free_link, far [R])`` (module docstring).
-        home_lb: ``home_lb`` seconds.
+        links: ``(sends [R][M + 1], far [R])`` (module docstring).
         static_full: static EP's time charged ``plan_s`` when ``previous`` holds no
             resident replica (the only copy-free plan), else ``None``.
     """
@@ -119,7 +115,7 @@ def exit_bound(
     if R <= 1:
         return math.inf, math.inf
     tiles, busy, N, kept = totals
-    sends, free_link, far = links
+    sends, far = links
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
     experts_lb = experts_lb_s(cost, R, tiles, busy, N)
     reads = max(experts_lb, kept * cost.weight_read_s) if cost.overlap else experts_lb
@@ -134,9 +130,8 @@ def exit_bound(
     )
     if R > cost.domain_size(R):  # a plan that copies over the slow link waits for it
         copies = min(copies, _total(cost, lat, reads, lat, cost.base_latency_s + cost.copy_s_inter))
-    d, c = rows(free_link, max(far))
-    free = cost.plan_s + (lat + d + max(experts_lb, home_lb)) + (lat + c)
-    return min(copies, free if static_full is None else static_full) * MARGIN, copies * MARGIN
+    first = copies if static_full is None else min(copies, static_full)
+    return first * MARGIN, copies * MARGIN
 
 
 def _total(cost: StepCost, D: float, reads: float, Cb: float, wait: float) -> float:
@@ -185,23 +180,22 @@ def exit_bound_torch(
     cost: StepCost,
     num_ranks: int,
     totals: tuple[torch.Tensor, ...],
-    links: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    home_lb: torch.Tensor,
+    links: tuple[torch.Tensor, torch.Tensor],
     static_full: torch.Tensor,
     resident: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 0-d pair: :func:`exit_bound` with tensor inputs (int64 0-d ``totals``, float64
-    0-d ``home_lb`` and ``static_full``, bool 0-d ``resident``: ``previous`` holds a
+    0-d ``static_full``, bool 0-d ``resident``: ``previous`` holds a
     resident replica)."""
     R = num_ranks
     tiles, busy, N, kept = totals
-    sends_RJ, free_link, far_R = links
+    sends_RJ, far_R = links
     inf = torch.full((), math.inf, dtype=torch.float64, device=tiles.device)
     if R <= 1:
         return inf, inf
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
     experts_lb = experts_lb_torch(cost, R, tiles, busy, N)
-    n_RJ, link = sends_RJ.to(torch.float64), free_link.to(torch.float64)
+    n_RJ = sends_RJ.to(torch.float64)
     x_R1 = far_R.to(torch.float64)[:, None]
     j_J = torch.arange(n_RJ.shape[1], device=n_RJ.device).clamp(min=1).to(torch.float64)
     wait_J = cost.base_latency_s + j_J * copy_min_s(cost, R)
@@ -214,9 +208,7 @@ def exit_bound_torch(
         far = torch.full((), cost.base_latency_s + cost.copy_s_inter, dtype=torch.float64,
                          device=tiles.device)  # fmt: skip
         copies = torch.minimum(copies, _total_torch(cost, lat, reads, lat, far))
-    d, c = _link_time_torch(cost, R, link, x_R1.amax())
-    free = cost.plan_s + (lat + d + torch.maximum(experts_lb, home_lb)) + (lat + c)
-    bound = torch.minimum(copies, torch.where(resident, free, static_full)) * MARGIN
+    bound = torch.where(resident, copies, torch.minimum(copies, static_full)) * MARGIN
     return bound, copies * MARGIN
 
 
@@ -256,33 +248,27 @@ def experts_lb_torch(
 
 def links_reference(
     counts: list[list[int]], resident: set[tuple[int, int]], home: list[int], G: int
-) -> tuple[list[list[int]], int, list[int]]:
-    """``(sends [R][M + 1], free_link, far [R])`` of the module docstring, plain Python
+) -> tuple[list[list[int]], list[int]]:
+    """``(sends [R][M + 1], far [R])`` of the module docstring, plain Python
     (``resident``: the ``(e, r)`` pairs in ``previous``'s slots; ``G``: ranks per domain)."""
     R, E = len(counts), len(counts[0])
     M = -(-E // R)
-    T = [sum(row[e] for row in counts) for e in range(E)]
-    moved = {e for e, _ in resident}
-    sends, free_link = [], 0
+    sends = []
     for s, row in enumerate(counts):
         held = [e for e in range(E) if (e, s) in resident and home[e] != s]
         left = sum(row) - sum(row[e] for e in range(E) if home[e] == s or e in held)
         others = sorted((row[e] for e in range(E) if home[e] != s and e not in held), reverse=True)
         sends.append([left - sum(others[:j]) for j in range(M + 1)])
-        free_link = max(free_link, left)
-    for r in range(R):
-        stay = sum(T[e] - counts[r][e] for e in range(E) if home[e] == r and e not in moved)
-        free_link = max(free_link, stay)
     near = [{e for e, r in resident if r // G == d} for d in range(-(-R // G))]
     far = [sum(row[e] for e in range(E) if home[e] // G != s // G and e not in near[s // G])
            for s, row in enumerate(counts)]  # fmt: skip
-    return sends, free_link, far
+    return sends, far
 
 
 def links_torch(
     counts_RE: torch.Tensor, resident_ER: torch.Tensor, home_E: torch.Tensor, G: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(sends [R, M + 1], free_link, far [R])`` int64: :func:`links_reference` in torch
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sends [R, M + 1], far [R])`` int64: :func:`links_reference` in torch
     ops, no host read (``resident_ER``: bool ``[E, R]``)."""
     R, E = counts_RE.shape
     M = -(-E // R)
@@ -292,14 +278,9 @@ def links_torch(
     left_R = torch.where(local_RE, 0, counts_RE).sum(1)
     others_RM = torch.where(local_RE, 0, counts_RE).topk(M, dim=1).values
     sends_RJ = left_R[:, None] - torch.cat([others_RM.new_zeros(R, 1), others_RM.cumsum(1)], 1)
-    kept_E = ~resident_ER.any(1)
-    T_E = counts_RE.sum(0)
-    stay_R = torch.zeros(R, dtype=torch.int64, device=counts_RE.device)
-    stay_R = stay_R.index_add(0, home_E, torch.where(kept_E, T_E, 0))
-    stay_R = stay_R - torch.where(home_RE & kept_E[None, :], counts_RE, 0).sum(1)
     dom_R = r_R // G
     near_DE = torch.zeros(-(-R // G), E, dtype=torch.int64, device=counts_RE.device)
     near_DE = near_DE.index_add(0, dom_R, resident_ER.t().long()) > 0  # resident in domain d
     far_RE = (dom_R[home_E][None, :] != dom_R[:, None]) & ~near_DE[dom_R]
     far_R = torch.where(far_RE, counts_RE, 0).sum(1)
-    return sends_RJ, torch.maximum(left_R.max(), stay_R.max()), far_R
+    return sends_RJ, far_R

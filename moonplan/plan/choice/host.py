@@ -111,7 +111,7 @@ def choose_host(
     t_exit = at_exit.total_s
     full = None if resident.any() else _no_fetch_time(cost, hs, static, cost.plan_s).total_s
     totals, links = _totals(cost, hs, resident), _links(hs, resident, cost.domain_size(R))
-    bounds = exit_bound(cost, R, totals, links, _home_lb(cost, hs, resident), full)
+    bounds = exit_bound(cost, R, totals, links, full)
     gap = at_exit.experts_s - experts_lb_s(cost, R, *totals[:3])
     exited, credit = exit_rent(t_exit, gap, bounds, credit, max(0.0, cost.plan_s - cost.exit_s))
     if exited:
@@ -204,23 +204,11 @@ def _totals(cost: StepCost, hs: HostStep, resident: np.ndarray) -> tuple[int, in
     return int((-(-T // t) * t).sum()), int((T > 0).sum()), int(T.sum()), int(busy.max())
 
 
-def _links(hs: HostStep, resident: np.ndarray, G: int) -> tuple[list[list[int]], int, list[int]]:
+def _links(hs: HostStep, resident: np.ndarray, G: int) -> tuple[list[list[int]], list[int]]:
     """``bound``'s link rows (``bound.links_torch`` on the host's tensors: integers)."""
     c, res, home = (torch.from_numpy(a) for a in (hs.counts, resident, hs.home))
-    sends_RJ, free_link, far_R = links_torch(c, res, home, G)
-    return sends_RJ.tolist(), int(free_link), far_R.tolist()
-
-
-def _home_lb(cost: StepCost, hs: HostStep, resident: np.ndarray) -> float:
-    """``bound``'s ``home_lb``: the home experts without a resident replica, per rank."""
-    R = len(hs.load)
-    t = cost.tile_rows
-    kept = np.where(resident.any(1), 0, hs.total)  # experts with no resident replica
-    padded = np.bincount(hs.home, -(-kept // t) * t, minlength=R).astype(np.int64)
-    busy = np.bincount(hs.home, kept > 0, minlength=R).astype(np.int64)
-    rows = np.bincount(hs.home, kept, minlength=R).astype(np.int64)
-    mem = busy * cost.weight_read_s + rows * cost.row_mem_s
-    return float(np.maximum(padded * cost.row_flop_s, mem).max())
+    sends_RJ, far_R = links_torch(c, res, home, G)
+    return sends_RJ.tolist(), far_R.tolist()
 
 
 def layout(hs: HostStep, alloc_ER: np.ndarray, flows: list[Flow]) -> PlanFields:

@@ -103,7 +103,7 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     links = links_reference(counts, step.resident, home, cost.domain_size(R))
     totals = _totals(cost, counts)
     kept = (*totals, _kept_busy(step, home))
-    bounds = exit_bound(cost, R, kept, links, _home_lb(cost, step, home), static_full)
+    bounds = exit_bound(cost, R, kept, links, static_full)
     gap = at_exit.experts_s - experts_lb_s(cost, R, *totals)
     checking = max(0.0, cost.plan_s - cost.exit_s)
     exited, credit = exit_rent(t_exit, gap, bounds, step.credit, checking)
@@ -184,21 +184,6 @@ def _kept_busy(step: Step, home: list[int]) -> int:
         if sum(col) > 0 and e not in moved:
             busy[home[e]] += 1
     return max(busy)
-
-
-def _home_lb(cost: StepCost, step: Step, home: list[int]) -> float:
-    """The largest roofline over ranks of their home experts without a resident replica."""
-    resident = step.resident
-    R = len(step.counts)
-    T = [sum(col) for col in zip(*step.counts, strict=True)]
-    moved = {e for e, _ in resident}
-    sums = [[0, 0, 0] for _ in range(R)]  # padded rows, experts with records, rows
-    t = cost.tile_rows
-    for e, x in enumerate(T):
-        if e not in moved:
-            s = sums[home[e]]
-            s[0], s[1], s[2] = s[0] + -(-x // t) * t, s[1] + (x > 0), s[2] + x
-    return max(_roofline(cost, *s) for s in sums)
 
 
 def _roofline(cost: StepCost, padded: int, experts: int, rows: int) -> float:

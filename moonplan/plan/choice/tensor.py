@@ -32,7 +32,7 @@ from moonplan.plan.from_alloc import home_layout, layout_torch
 from moonplan.plan.placement import static_alloc
 from moonplan.plan.plan_fields import PlanFields, no_flows
 from moonplan.plan.torch_backend import Steps12Inputs, alloc_tensor, resident_map
-from moonplan.stepcost.batch import BatchTime, _padded, _roofline, batch_step_time
+from moonplan.stepcost.batch import BatchTime, _padded, batch_step_time
 from moonplan.stepcost.step_cost import StepCost
 
 
@@ -144,12 +144,10 @@ def _bound(
     R = resident_ER.shape[1]
     kept_E = torch.where(resident_ER.any(1), 0, T_E)  # experts with no resident replica
     zero_R = torch.zeros(R, dtype=torch.int64, device=T_E.device)
-    parts = (_padded(cost, kept_E), (kept_E > 0).long(), kept_E)
-    sums = [zero_R.index_add(0, home_E, x) for x in parts]
-    totals = (_padded(cost, T_E).sum(), (T_E > 0).sum(), T_E.sum(), sums[1].max())
+    busy_R = zero_R.index_add(0, home_E, (kept_E > 0).long())
+    totals = (_padded(cost, T_E).sum(), (T_E > 0).sum(), T_E.sum(), busy_R.max())
     links = links_torch(counts_RE, resident_ER, home_E, cost.domain_size(R))
-    home_lb = _roofline(cost, *(x[None] for x in sums))[0].amax()
-    bounds = exit_bound_torch(cost, R, totals, links, home_lb, static_full, resident_ER.any())
+    bounds = exit_bound_torch(cost, R, totals, links, static_full, resident_ER.any())
     return bounds, experts_lb_torch(cost, R, *totals[:3])
 
 

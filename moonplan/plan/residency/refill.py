@@ -5,13 +5,15 @@ Legend:
     slot_RB    int64 ``[R, B]`` the expert in each slot (``-1``: empty)
     fetch_ER   bool ``[E, R]`` the pairs a refill copies
 
-Each step :meth:`Residency.observe` adds the step's loads to the window, asks
+Each step :meth:`Residency.observe` adds the step's loads to the window; a decision
+(:meth:`Residency.decide`, as often as its work fits beside the steps) asks
 :func:`~moonplan.plan.residency.target.target_slots` which table the slots should hold,
 keeps at most ``S`` changes per rank (a rank copies into ``S`` staging rows beside the
 steps and swaps them in at once; :func:`limit_changes`), and decides by rent or buy:
 
-* ``rent``: what this step loses by serving the current slots instead of the target's,
-  both through the ``resident`` plan each step makes (``max(0, now - target)``, predicted);
+* ``rent``: what the steps since the last decision lost by serving the current slots
+  instead of the target's, both through the ``resident`` plan each step makes
+  (``max(0, now - target)`` on the last step, predicted, once per step);
 * ``price``: the refill's copies, their link time alone (:func:`refill_link_s`);
 * the rent accrues in ``credit``; once ``credit >= price`` the refill is ordered and the
   credit returns to 0.
@@ -147,24 +149,35 @@ class Residency:
             return empty_RB
         return target_slots(self.window.totals_E(), self.window.filled, empty_RB, self.cost)
 
-    def observe(self, counts_RE: torch.Tensor, serving_RB: torch.Tensor) -> Refill | None:
-        """Add a step (int64 ``[R, E]`` counts) with the slots it served (``[R, B]``);
-        the refill to order now, or ``None`` (module docstring)."""
-        counts_RE, serving_RB = counts_RE.cpu(), serving_RB.cpu()
-        self.window.observe(counts_RE)
+    def observe(self, counts_RE: torch.Tensor) -> None:
+        """Add a step's counts (int64 ``[R, E]``) to the window."""
+        self.window.observe(counts_RE.cpu())
+
+    def decide(
+        self, counts_RE: torch.Tensor, serving_RB: torch.Tensor, steps: int = 1
+    ) -> Refill | None:
+        """The refill to order now, or ``None`` (module docstring): ``counts_RE`` the last
+        step's counts, ``serving_RB`` the slots it served (``[R, B]``), ``steps`` the steps
+        since the last decision (each accrues this step's rent)."""
         if self.B == 0:
             return None
+        serving_RB = serving_RB.cpu()
         totals_E = self.window.totals_E()
         target_RB = target_slots(totals_E, self.window.filled, serving_RB, self.cost)
         target_RB = limit_changes(target_RB, serving_RB, self.staging, totals_E)
         if torch.equal(target_RB, serving_RB):
             return None
-        c_RE = counts_RE.numpy().astype(np.int64)
+        c_RE = counts_RE.cpu().numpy().astype(np.int64)
         now = step_time_over(self.cost, c_RE, serving_RB.numpy())
         after = step_time_over(self.cost, c_RE, target_RB.numpy())
         fetch_ER = changed_pairs(target_RB, serving_RB, self.E)
-        self.credit += max(0.0, now - after)
+        self.credit += steps * max(0.0, now - after)
         if self.credit < refill_link_s(self.cost, fetch_ER, self.home_E):
             return None
         self.credit = 0.0
         return Refill(target_RB, target_RB != serving_RB, fetch_ER)
+
+    def work(self) -> int:
+        """Builds of the ``resident`` candidate one decision makes: one per table the
+        target scores (``B + 1``) and two for the rent."""
+        return self.B + 3

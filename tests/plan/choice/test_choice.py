@@ -18,6 +18,7 @@ from moonplan import PlanError, check_plan
 from moonplan.baselines.moonep_greedy import moonep_greedy_alloc
 from moonplan.plan.choice import PATHS, choose, reference
 from moonplan.plan.choice.table import LEVELS, names, table
+from moonplan.plan.home import home_list
 from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import PLAN_TENSORS, Plan
 from moonplan.plan.reference import previous_flows
@@ -70,13 +71,29 @@ def _free_scores(c: torch.Tensor, slots: int, prev: Plan, cost: StepCost) -> lis
     return [reference._time(cost, step, a, cost.plan_s, free=True) for a, _ in built]
 
 
+def _copies(c: torch.Tensor, slots: int, prev: Plan) -> list[bool]:
+    """Whether each candidate fetches a replica that ``prev``'s slots do not hold."""
+    step = reference.Step(
+        c.tolist(), slots, 1, prev.slot_expert.tolist(), previous_flows(prev.flow)
+    )
+    R, E = c.shape
+    home = home_list(E, R)
+    away = [(e, r) for e in range(E) for r in range(R) if r != home[e]]
+    out = []
+    for k in table():
+        a, _ = reference.build(k, step, LEVELS)
+        out.append(any(a[e][r] > 0 and (e, r) not in step.resident for e, r in away))
+    return out
+
+
 @given(st.data())
 @settings(deadline=None)
 def test_chosen_is_predicted_no_slower_than_any_candidate_but_by_its_rent(
     data: st.DataObject,
 ) -> None:
-    """Static EP included; with the early exit, static charged the test alone is below
-    every candidate charged its planning: the bound holds. A step above its least score
+    """Static EP included; with the early exit, its plan charged the exit alone is below
+    every candidate charged its planning (with residents: every candidate that copies):
+    the bound holds. A step above its least score
     bought copies, by at most the rent (its least score less the least free score, and
     the call's planning beyond the test when only the credit forced it)."""
     first = data.draw(counts(max_ranks=6, max_experts=14, max_records_per_rank=300))
@@ -93,7 +110,14 @@ def test_chosen_is_predicted_no_slower_than_any_candidate_but_by_its_rent(
     assert all(math.isfinite(s) for s in scores) and len(scores) == LEVELS + 3
     mine = float(p.choice.scores[int(p.choice.index)])
     free = _free_scores(first, slots, prev, cost)
-    if mine > min(scores):  # a buy: the least free score's plan, the credit spent
+    if p.choice.early_exit() and bool((prev.slot_expert >= 0).any()):
+        # with residents the exit's contract: no candidate that copies beats it, and the
+        # resident candidate stands for the plans that copy nothing
+        fetches = _copies(first, slots, prev)
+        assert all(mine <= s for s, f in zip(scores, fetches, strict=True) if f)
+        static_at_exit = scores[0] - cost.plan_s + cost.exit_s  # in another order: rounding
+        assert mine <= static_at_exit * (1 + 1e-12)
+    elif mine > min(scores):  # a buy: the least free score's plan, the credit spent
         assert float(p.choice.credit) == 0.0 and mine == scores[free.index(min(free))]
         checking = max(0.0, cost.plan_s - cost.exit_s)  # a full call the credit forced
         assert mine - min(scores) <= checking + (min(scores) - min(free))
