@@ -78,6 +78,7 @@ class PlannerPolicy(Policy):
 
     planner_policy = "exact"
     keep_previous = True
+    rent = True  # policy="auto": buy copies that pay over later steps (rent or buy)
 
     def __init__(
         self, num_ranks: int, num_experts: int, *, slots: int | None = None, cost: Any = None
@@ -108,6 +109,7 @@ class PlannerPolicy(Policy):
             backend="torch",
             policy=policy or self.planner_policy,
             cost=self.cost if cost is None else cost,
+            rent=self.rent,
         )
 
     def step(self, counts: Any) -> PolicyStep:
@@ -172,6 +174,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
             raise ValueError(f"moonplan-auto needs cost=StepCost(...), got {cost!r}")
         total = max_local(num_experts, num_ranks) if slots is None else int(slots)
         self.staging = staging if total > staging else 0
+        self.rent = not self.staging  # the background refill buys for later steps
         super().__init__(num_ranks, num_experts, slots=total - self.staging, cost=cost)
         self.window = int(placement_window)
         self.reset()
@@ -182,7 +185,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
         if self.staging:
             assert self.slots is not None
             self.residency = Residency(self.num_ranks, self.num_experts, self.slots, self.cost,
-                                       window=self.window, staging=self.staging)  # fmt: skip
+                                       window=self.window, staging=self.staging,
+                                       serve_s=resident_build_us() * 1e-6)  # fmt: skip
         self._order: Refill | None = None  # the refill being copied
         self._shares: list[torch.Tensor] = []  # refill_ER of each step still to copy
         self._since = 0  # steps observed since the last placement decision

@@ -35,6 +35,7 @@ def plan(
     check_input: bool = True,
     policy: str = "exact",
     cost: StepCost | None = None,
+    rent: bool = True,
 ) -> Plan:
     """Plan which rank executes how many records of each expert (exactly balanced by default).
 
@@ -58,11 +59,15 @@ def plan(
             least step time predicted by ``cost``, chosen in the same call: one fused
             kernel call on the ``cuda`` backend; ``docs/planner-policy.md``) or one
             candidate by name: ``"resident"``
-            (exact balance restricted to replicas resident in ``previous``'s slots),
+            (balance through the replicas resident in ``previous``'s slots, no copy),
             ``"greedy"`` (MoonEP's greedy allocation), ``"level-<k>"`` (``1 <= k < 8``)
             or ``"bounded-<eps>"`` (every load at most ``ceil(N/R * (1 + eps))``).
             Named candidates are built on a host copy of the counts.
         cost: the :class:`~moonplan.stepcost.StepCost` ``policy="auto"`` needs.
+        rent: ``policy="auto"`` buys copies that pay over later steps (rent or buy, the
+            credit carried in ``previous``). ``False``: each step buys only what pays in
+            that step, and carries no credit (for a caller that places the slots for later
+            steps itself, as ``balance="auto"``'s background refill does).
 
     Returns:
         An immutable :class:`Plan` meeting the invariants of ``docs/design.md`` §3
@@ -84,7 +89,8 @@ def plan(
     name = _resolve(backend, counts_RE.device)
     if policy == "auto":
         assert isinstance(cost, StepCost)  # _check_policy
-        return choose(counts_RE, B, align, previous, cost, _path(name, counts_RE.device))
+        path = _path(name, counts_RE.device)
+        return choose(counts_RE, B, align, previous, cost, path, rent=rent)
     if policy == "static":  # the reference backend
         fields = layout_reference(counts_RE, static_alloc(counts_RE), B, align, prev_RB)
         return make_plan(fields, counts=counts_RE, num_slots=B, align=align,

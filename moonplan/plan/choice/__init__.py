@@ -20,6 +20,8 @@ so every rank chooses alike. Four forms give the same plan and scores bit for bi
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -46,8 +48,14 @@ def choose(
     cost: StepCost,
     path: str,
     levels: int = LEVELS,
+    *,
+    rent: bool = True,
 ) -> Plan:
     """The ``auto`` plan of validated inputs (int64 ``counts_RE [R, E]`` on its device).
+
+    ``rent=False``: the rent-or-buy rule buys nothing for later steps (the forms run with
+    a credit of ``-inf``: no buy is ever due, the exit rests on its bound alone) and the
+    plan carries a credit of 0.
 
     ``path``: one of :data:`PATHS` (``host`` needs CPU tensors; ``reference`` plans on
     the host and copies the plan to the counts' device; ``tensor`` reads nothing on the
@@ -61,7 +69,7 @@ def choose(
     sizes = (num_slots, align)
     if path in ("tensor", "cuda"):
         prev = _prev(previous, counts_RE.device)
-        owed = _credit(previous, counts_RE.device)
+        owed = _credit(previous, counts_RE.device, rent)
         if path == "cuda":
             from moonplan.plan.choice_cuda import choose_cuda
 
@@ -71,18 +79,21 @@ def choose(
                 counts_RE, num_slots, align, prev, cost, levels, owed
             )
         backend = "cuda" if path == "cuda" else "torch"
+        if not rent:
+            made = (*made[:3], torch.zeros_like(made[3]))
         return _make(counts_RE, fields, sizes, backend, Choice(names(levels), *made))
     c = counts_RE.cpu()
     prev = _prev(previous, torch.device("cpu"))
-    credit = float(_credit(previous, torch.device("cpu")))
+    credit = float(_credit(previous, torch.device("cpu"), rent))
     if path == "reference":
         got = reference.choose_reference(_step(c, num_slots, align, prev, credit), cost, levels)
-        choice = _choice(got.index, got.scores, got.exited, got.credit, levels)
+        choice = _choice(got.index, got.scores, got.exited, got.credit if rent else 0.0, levels)
         p = _make(c, got.fields, sizes, "reference", choice)
     elif path == "host":
         fields, (index, scores, exited, after) = host.choose_host(
             c, num_slots, align, prev, cost, levels, credit
         )
+        after = after if rent else 0.0
         p = _make(c, fields, sizes, "torch", _choice(index, scores, exited, after, levels))
     else:
         raise PlanError(f"unknown path {path!r}; choose one of {PATHS}")
@@ -142,8 +153,11 @@ def _prev(
     return previous.slot_expert.to(device), previous.flow.to(device)
 
 
-def _credit(previous: Plan | None, device: torch.device) -> torch.Tensor:
-    """float64 0-d: ``previous``'s rent-or-buy credit (0 without an ``auto`` plan)."""
+def _credit(previous: Plan | None, device: torch.device, rent: bool = True) -> torch.Tensor:
+    """float64 0-d: ``previous``'s rent-or-buy credit (0 without an ``auto`` plan; ``-inf``
+    without ``rent``: no buy for later steps is ever due)."""
+    if not rent:
+        return torch.full((), -math.inf, dtype=torch.float64, device=device)
     if previous is None or previous.choice is None:
         return torch.zeros((), dtype=torch.float64, device=device)
     return previous.choice.credit.to(device)

@@ -119,6 +119,8 @@ class Residency:
         num_ranks, num_experts: ``R``, ``E``; num_slots: ``B``, the serving slots.
         cost: the cost model the target and the rule predict with.
         window: ``W`` steps of loads; staging: ``S`` changes per refill and rank.
+        serve_s: the planning each step spends because replicas are resident (the early
+            exit's build of the ``resident`` candidate), charged to tables with replicas.
     """
 
     def __init__(
@@ -130,11 +132,12 @@ class Residency:
         *,
         window: int = WINDOW,
         staging: int = STAGING,
+        serve_s: float = 0.0,
     ):
         if isinstance(staging, bool) or not isinstance(staging, int) or staging < 1:
             raise ValueError(f"staging must be an integer >= 1, got {staging!r}")
         self.R, self.E, self.B = num_ranks, num_experts, num_slots
-        self.cost, self.staging = cost, staging
+        self.cost, self.staging, self.serve_s = cost, staging, serve_s
         self.window = LoadWindow(num_experts, window)
         self.credit = 0.0
         self.home_E = home_map(num_experts, num_ranks)
@@ -147,7 +150,8 @@ class Residency:
         empty_RB = torch.full((self.R, self.B), -1, dtype=torch.int64)
         if self.window.filled == 0 or self.B == 0:
             return empty_RB
-        return target_slots(self.window.totals_E(), self.window.filled, empty_RB, self.cost)
+        totals_E = self.window.totals_E()
+        return target_slots(totals_E, self.window.filled, empty_RB, self.cost, self.serve_s)
 
     def observe(self, counts_RE: torch.Tensor) -> None:
         """Add a step's counts (int64 ``[R, E]``) to the window."""
@@ -163,19 +167,24 @@ class Residency:
             return None
         serving_RB = serving_RB.cpu()
         totals_E = self.window.totals_E()
-        target_RB = target_slots(totals_E, self.window.filled, serving_RB, self.cost)
+        target_RB = target_slots(totals_E, self.window.filled, serving_RB, self.cost, self.serve_s)
         target_RB = limit_changes(target_RB, serving_RB, self.staging, totals_E)
         if torch.equal(target_RB, serving_RB):
             return None
         c_RE = counts_RE.cpu().numpy().astype(np.int64)
-        now = step_time_over(self.cost, c_RE, serving_RB.numpy())
-        after = step_time_over(self.cost, c_RE, target_RB.numpy())
+        now = self._time(c_RE, serving_RB)
+        after = self._time(c_RE, target_RB)
         fetch_ER = changed_pairs(target_RB, serving_RB, self.E)
         self.credit += steps * max(0.0, now - after)
         if self.credit < refill_link_s(self.cost, fetch_ER, self.home_E):
             return None
         self.credit = 0.0
         return Refill(target_RB, target_RB != serving_RB, fetch_ER)
+
+    def _time(self, counts_RE: np.ndarray, slot_RB: torch.Tensor) -> float:
+        """Predicted seconds of a step served by ``slot_RB`` (``serve_s`` with replicas)."""
+        t = step_time_over(self.cost, counts_RE, slot_RB.numpy())
+        return t + (self.serve_s if bool((slot_RB >= 0).any()) else 0.0)
 
     def work(self) -> int:
         """Builds of the ``resident`` candidate one decision makes: one per table the

@@ -19,7 +19,9 @@ For each ``k`` from 0 to ``B`` a candidate table holds ``k * R`` replicas:
 
 The table chosen is the one whose ``resident`` plan (``moonplan.plan.choice.resident``,
 the plan each step makes inside the slots) has the least predicted step time on the
-window's mean step (ties: fewer replicas). No threshold enters: a replica is kept when
+window's mean step (ties: fewer replicas), a table with replicas charged ``serve_s`` more:
+the planning each step spends on them (``auto``'s early exit builds the ``resident``
+candidate only where replicas are resident). No threshold enters: a replica is kept when
 the cost model says the balance it buys outweighs what it costs (a weight read on its
 rank, records sent to it).
 """
@@ -96,10 +98,15 @@ def step_time_over(cost: StepCost, counts_RE: np.ndarray, slot_RB: np.ndarray) -
 
 
 def target_slots(
-    totals_E: torch.Tensor, steps: int, current_RB: torch.Tensor, cost: StepCost
+    totals_E: torch.Tensor,
+    steps: int,
+    current_RB: torch.Tensor,
+    cost: StepCost,
+    serve_s: float = 0.0,
 ) -> torch.Tensor:
     """int64 ``[R, B]``: the table of least predicted step time on the window's mean step
-    (module docstring); ``current_RB`` is the serving slot table (its shape gives R, B)."""
+    (module docstring); ``current_RB`` is the serving slot table (its shape gives R, B);
+    ``serve_s``: the planning a step spends on serving replicas."""
     R, B = current_RB.shape
     totals = [int(t) for t in totals_E.tolist()]
     current = current_RB.cpu().tolist()
@@ -108,6 +115,7 @@ def target_slots(
     for k in range(B + 1):
         table = pack(replica_counts(totals, R, k * R), totals, B, current)
         t = step_time_over(cost, counts_RE, np.array(table, dtype=np.int64).reshape(R, B))
+        t += serve_s if k > 0 else 0.0
         if best is None or t < best[0]:
             best = (t, table)
     assert best is not None
