@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -348,9 +349,9 @@ class LayerRuntime:
 
     def _exchange_counts(
         self, ids_SK: Tensor | None, params: Params, ok: bool, msg: str
-    ) -> tuple[Tensor, tuple[int, ...], Tensor]:
+    ) -> tuple[Tensor, tuple[int, ...], np.ndarray]:
         """Collective: every rank's counts ``[R, E]``, this rank's weight versions and
-        every rank's refill status (int64 ``[R, W]``, host).
+        every rank's refill status (int64 numpy ``[R, W]``).
 
         One exchange carries the counts, the validity flag (a rank that is not ``ok``
         makes every rank raise), "my home weights changed" (then every slot is stale),
@@ -375,9 +376,9 @@ class LayerRuntime:
             self.resident = None
             self.refill.drop()  # its copies are stale (or the ranks are out of step)
             flags_RX[:, 2] = 0  # nothing left to agree on (every rank alike)
-        return counts_RE, version, flags_RX[:, 2:]
+        return counts_RE, version, flags_RX[:, 2:].numpy()  # already on the host
 
-    def _settle_refill(self, counts_RE: Tensor, status_RW: Tensor) -> None:
+    def _settle_refill(self, counts_RE: Tensor, status_RW: np.ndarray) -> None:
         """Commit or drop the refill in flight from every rank's status (``[R, W]``), the
         same decision on every rank (:func:`~moonplan.runtime.refill.agree`). Commit: the
         staging rows go into the slots now, between steps (the previous step's backward

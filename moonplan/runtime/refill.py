@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -192,18 +193,19 @@ class Refill:
             self.drops += 1
 
 
-def agree(status_RW: Tensor) -> tuple[str, str]:
-    """Every rank's decision from the all-gathered statuses (int64 ``[R, W]``, host):
-    ``("none", "")`` no refill, ``("wait", "")`` some copy still runs, ``("commit", "")``
-    every rank is done, ``("drop", why)`` some rank failed (or has none: never from one
-    request), ``why`` naming each such rank and its error."""
-    codes = status_RW[:, 0].tolist()
+def agree(status_RW: np.ndarray | Tensor) -> tuple[str, str]:
+    """Every rank's decision from the all-gathered statuses (int64 ``[R, W]``, already on
+    the host: no read of its own): ``("none", "")`` no refill, ``("wait", "")`` some copy
+    still runs, ``("commit", "")`` every rank is done, ``("drop", why)`` some rank failed
+    (or has none: never from one request), ``why`` naming each such rank and its error."""
+    status = np.asarray(status_RW, dtype=np.int64)
+    codes = status[:, 0].tolist()
     if all(c == NONE for c in codes):
         return "none", ""
     bad = [r for r, c in enumerate(codes) if c in (NONE, FAILED)]
     if bad:
         why = "; ".join(
-            f"rank {r}: {_decode(status_RW[r, 1:]) if codes[r] == FAILED else 'no refill'}"
+            f"rank {r}: {_decode(status[r, 1:]) if codes[r] == FAILED else 'no refill'}"
             for r in bad
         )
         return "drop", why
@@ -226,7 +228,7 @@ def _encode(text: str) -> list[int]:
     return torch.frombuffer(bytearray(data), dtype=torch.int64).tolist()
 
 
-def _decode(words_W: Tensor) -> str:
+def _decode(words_W: np.ndarray) -> str:
     """The text of :func:`_encode`'s words (int64 ``[W - 1]``, host)."""
-    data = words_W.to(torch.int64).contiguous().view(torch.uint8).numpy().tobytes()
+    data = np.ascontiguousarray(words_W, dtype="<i8").tobytes()
     return data.rstrip(b"\0").decode(errors="ignore") or "(no message)"
