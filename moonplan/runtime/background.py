@@ -82,6 +82,15 @@ class Pending:
         """Whether :meth:`wait` has returned (or the job ran inline)."""
         return self._done
 
+    def finished(self) -> bool:
+        """Whether the job has ended (then :meth:`wait` returns at once); never blocks: the
+        worker's future (``"thread"``), the side stream's end event (``"stream"``)."""
+        if self._done:
+            return True
+        if self._future is not None:
+            return self._future.done()
+        return self._ready is None or bool(self._ready.query())
+
     def wait(self) -> Any:
         """The job's result; blocks (CPU) or orders the current stream (CUDA) until done.
 
@@ -120,21 +129,29 @@ class BackgroundLane:
         self._stream: Any = None
         self._last: Pending | None = None
 
-    def submit(self, fn: Callable[[], Any]) -> Pending:
-        """Start ``fn()`` in the background; at most one job is outstanding (the previous
-        one is waited for first, so jobs run in submission order)."""
-        self.drain()
+    def submit(self, fn: Callable[[], Any], *, step: bool = True) -> Pending:
+        """Start ``fn()`` in the background. A step's job (``step=True``): at most one is
+        outstanding (the previous one is waited for first) and :meth:`drain` waits for it.
+        ``step=False``: a job that may outlive the steps (a refill,
+        :mod:`moonplan.runtime.refill`); :meth:`drain` does not wait for it, its owner
+        does (:meth:`close` too, on a worker thread). Jobs run in submission order either
+        way (one worker, one side stream), so a step's job started after it waits for it.
+        """
+        if step:
+            self.drain()
         if self.kind == "inline":
             t0 = time.perf_counter()
             result = fn()
-            self._last = Pending(result=result, span=(t0, time.perf_counter()))
+            pending = Pending(result=result, span=(t0, time.perf_counter()))
         elif self.kind == "thread":
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
-            self._last = Pending(self._pool.submit(_timed, fn))
+            pending = Pending(self._pool.submit(_timed, fn))
         else:
-            self._last = self._submit_stream(fn)
-        return self._last
+            pending = self._submit_stream(fn)
+        if step:
+            self._last = pending
+        return pending
 
     def _submit_stream(self, fn: Callable[[], Any]) -> Pending:
         current = torch.cuda.current_stream(self.device)

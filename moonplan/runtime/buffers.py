@@ -1,6 +1,7 @@
 """A layer's collective buffers (heap, transport, expert store), built all or nothing.
 
-Legend: R ranks, E experts, M = ceil(E/R), B slots, H hidden, F ffn, C receive capacity.
+Legend: R ranks, E experts, M = ceil(E/R), B slots, S refill staging rows, H hidden,
+F ffn, C receive capacity.
 
 :func:`build_buffers` is what :meth:`LayerRuntime._build` swaps in when a step needs
 more receive rows. It is transactional: the new heap is created while the old one
@@ -11,7 +12,8 @@ created is released, and the caller keeps its old buffers and capacity.
 
 Bounded: before anything is allocated, every rank checks that one set of buffers
 (:meth:`BufferSpec.heap_bytes`, the heap's size, and what the all-to-all transports
-allocate as local tensors alike) fits in its device's memory (:func:`memory_bytes`:
+allocate as local tensors alike, plus the local refill staging rows,
+:meth:`BufferSpec.staging_bytes`) fits in its device's memory (:func:`memory_bytes`:
 physical RAM for the CPU, the GPU's total memory for CUDA); where it does not on some
 rank, every rank raises the same ``ContractError`` naming the bytes, the limit and what
 asked for them (``max_tokens``, ``align`` and ``slots`` at construction, a step's
@@ -58,6 +60,7 @@ class BufferSpec:
     F: int
     dtype: torch.dtype
     options: tuple[tuple[str, object], ...] = ()  # the transport's (registry.read_options)
+    S: int = 0  # refill staging rows (local tensors, outside the heap)
 
     def heap_bytes(self, capacity: int) -> int:
         """Bytes per rank: receive and output rows ``[C, H]``, 12 bytes per row for a
@@ -68,6 +71,10 @@ class BufferSpec:
             self.H, self.F, self.dtype
         )
         return capacity * (2 * self.H * elem + 12) + weight_rows + (1 << 16)
+
+    def staging_bytes(self) -> int:
+        """Bytes per rank of the refill staging rows (local, beside the heap)."""
+        return self.S * expert_bytes(self.H, self.F, self.dtype)
 
 
 def memory_bytes(device: torch.device) -> int | None:
@@ -98,7 +105,7 @@ def build_buffers(
         HeapUnavailable: on every rank, for ``kind="heap"`` where no heap spans the group.
     """
     what = f"layer buffers for {capacity} receive rows"
-    nbytes, limit = spec.heap_bytes(capacity), memory_bytes(group.device)
+    nbytes, limit = spec.heap_bytes(capacity) + spec.staging_bytes(), memory_bytes(group.device)
     over = limit is not None and nbytes > limit
     why = (
         f"they need {nbytes} bytes per rank ({sized}), above the limit of {limit} bytes "
@@ -151,6 +158,7 @@ def _local_parts(
         hidden=spec.H,
         ffn=spec.F,
         dtype=spec.dtype,
+        num_staging=spec.S,
     )
     reducer = GradReducer(store, spec.B + max(0, spec.M - spec.B))
     return LayerBuffers(capacity, heap, transport, store, reducer)

@@ -1,6 +1,7 @@
 """``LayerRuntime``: one MoE layer's state across steps, built from a ``MoEConfig``.
 
-Legend: R ranks, E experts, M = ceil(E/R), B slots, H hidden, F ffn, S tokens, K top-k.
+Legend: R ranks, E experts, M = ceil(E/R), B slots, H hidden, F ffn, S tokens, K top-k,
+W refill status words per rank (``moonplan.runtime.refill.STATUS_WORDS``).
 
 Heap, transport, expert store, the resident plan and the step figures
 (:class:`~moonplan.runtime.step_stats.StepStats`). Every front end (``MoonMoE``,
@@ -15,6 +16,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -22,6 +24,7 @@ from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan
+from moonplan.plan.residency.serving import serving_plan
 from moonplan.plan.route import Route
 from moonplan.plan.route import route as route_tokens
 from moonplan.runtime.background import (
@@ -35,8 +38,9 @@ from moonplan.runtime.buffers import BufferSpec, build_buffers
 from moonplan.runtime.calibrate import time_local_copy
 from moonplan.runtime.config import MoEConfig, Resolved, cost_settings
 from moonplan.runtime.contract import check_params, check_routing
-from moonplan.runtime.fetch_list import FetchList, fetch_list, plan_rows
+from moonplan.runtime.fetch_list import FetchList, HomeRows, fetch_list, plan_rows
 from moonplan.runtime.moe_function import MoEStep, moe_apply
+from moonplan.runtime.refill import Refill, agree, check_target
 from moonplan.runtime.step_context import StepContext
 from moonplan.runtime.step_hooks import NULL_PROFILER, LayerHooks, StepClock
 from moonplan.runtime.step_stats import StepStats
@@ -97,6 +101,8 @@ class LayerRuntime:
         self._lane = BackgroundLane("inline", group.device)
         self._background: EPGroup | None = None  # the worker's collectives (all-to-all)
         self._options = tuple(resolved.transport_options.items())
+        self.S = resolved.refill_rows  # refill staging rows per rank (moonplan.runtime.refill)
+        self.refill = Refill(group.rank, HomeRows.of(E, group.size))
         tokens = cfg.buffers.max_tokens
         sized = f"max_tokens={tokens} x top_k={K}, align={self.align}, slots={B}"
         self._build(self._capacity_for(tokens * K), sized)
@@ -162,8 +168,9 @@ class LayerRuntime:
         ``ContractError`` and keeps its old buffers and ``capacity``.
         """
         spec = BufferSpec(
-            self.kind, self.E, self.B, self.M, self.H, self.F, self.dtype, self._options
+            self.kind, self.E, self.B, self.M, self.H, self.F, self.dtype, self._options, self.S
         )
+        self.refill.drop()  # its staging rows and the home rows it reads are about to go
         new = build_buffers(self.group, spec, capacity, sized=sized)
         old, self.heap, self.capacity = self.heap, new.heap, new.capacity
         self.transport: Transport = new.transport
@@ -192,6 +199,7 @@ class LayerRuntime:
         """Join the background workers, release the heap and the background process group
         (collective: every rank). Without ``close()`` the worker thread ends with the
         process and the background group lives until ``dist.destroy_process_group()``."""
+        self.refill.drop()
         self._lane.close()
         if self._background is not None:
             self.group.release_background()
@@ -242,6 +250,50 @@ class LayerRuntime:
         self.config = self.config.replace(cost=cost)
         self.balancer = _balancer(self.config, self.B)
 
+    def request_refill(self, target_RB: Tensor) -> None:
+        """Collective: refill the resident slots with ``target_RB`` (int64 ``[R, B]``, ``-1``:
+        keep) beside the next steps; call it on every rank alike, between steps.
+
+        The changed slots (``target[r][j] >= 0`` and not what the last plan holds there,
+        at most ``S = refill_rows`` per rank) are copied from their experts' home rows into
+        staging rows by a job on the background lane; the steps keep serving the old
+        slots until every rank's copy is done, and the first step that sees that in its
+        counts exchange puts them into the slots before it plans
+        (:mod:`moonplan.runtime.refill`; docs/runtime.md, "Refilling slots in the
+        background"). A failed copy on any rank, changed weights or a resync drop it on
+        every rank. Nothing to change starts nothing. Two small all-gathers check the
+        request (valid everywhere, the same target everywhere).
+
+        Raises:
+            ValueError: on every rank: ``target`` is not an integer ``[R, B]`` tensor of a
+                valid slot table (a ``PlanError``), or changes more than ``S`` slots on a
+                rank (each named).
+            RuntimeError: on every rank: a refill is already in flight
+                (:attr:`Refill.in_flight`; wait for its commit or drop), or the home
+                weights are not published (no step since the layer was built or since
+                :meth:`weights_changed`).
+            ContractError: the ranks disagree (one rank's request is bad, or the targets
+                differ), naming them.
+        """
+        R = self.group.size
+        current = self.resident.slot_expert if self.resident is not None else None
+        if current is None:
+            current = torch.full((R, self.B), -1, dtype=torch.int64)
+        try:
+            changed = check_target(target_RB, current, num_experts=self.E, staging_rows=self.S)
+            if self.refill.in_flight:
+                raise RuntimeError("a refill is already in flight: wait for its commit or drop")
+            if not self.published:
+                raise RuntimeError("no published home weights to refill from: run a step first")
+            err: Exception | None = None
+        except (ValueError, RuntimeError) as exc:
+            err = exc
+        self.group.outcome("request_refill", err)
+        target = target_RB.to("cpu", torch.int64)
+        self.group.check_same("refill target", tuple(target.flatten().tolist()))
+        collective = not self.store.transport.one_sided
+        self.refill.start(target, changed, self.store.stage, self.lane(), collective=collective)
+
     def weights_changed(self) -> None:
         """Home weights changed: republish them before the next step; every slot is stale.
 
@@ -282,7 +334,8 @@ class LayerRuntime:
         self._lane.drain()  # a failed step's background job, before buffers change
         clock = StepClock(self.profiler.begin_step())  # records nothing unless profiling
         t = time.perf_counter()
-        counts_RE, version = self._exchange_counts(ids_SK, params, ok, msg)
+        counts_RE, version, refill_RW = self._exchange_counts(ids_SK, params, ok, msg)
+        self._settle_refill(counts_RE, refill_RW)
         t = clock.tick("counts", t)
         if self.balancer.due():  # "auto" after its measured warm-up steps (every rank
             self.calibrate()  # alike: decided after the schedules are compared)
@@ -296,13 +349,16 @@ class LayerRuntime:
 
     def _exchange_counts(
         self, ids_SK: Tensor | None, params: Params, ok: bool, msg: str
-    ) -> tuple[Tensor, tuple[int, ...]]:
-        """Collective: every rank's counts ``[R, E]`` and this rank's weight versions.
+    ) -> tuple[Tensor, tuple[int, ...], np.ndarray]:
+        """Collective: every rank's counts ``[R, E]``, this rank's weight versions and
+        every rank's refill status (int64 numpy ``[R, W]``).
 
         One exchange carries the counts, the validity flag (a rank that is not ``ok``
-        makes every rank raise), "my home weights changed" (then every slot is stale) and
+        makes every rank raise), "my home weights changed" (then every slot is stale),
         where this rank is in the step schedule (:meth:`Balancer.schedule`; where ranks
-        differ the resident slots are dropped). One host read, of the flags.
+        differ the resident slots are dropped) and its refill status
+        (:meth:`Refill.status_words`; either event above drops the refill in flight). One
+        host read, of the flags.
         """
         counts_E = torch.zeros(self.E, dtype=torch.int64, device=self.group.device)
         if ok and ids_SK is not None and ids_SK.numel():
@@ -310,13 +366,40 @@ class LayerRuntime:
         version = tuple(int(p._version) for p in params.values())
         changed = int(version != self.published_version)
         mine = counts_E.new_tensor([changed, self.balancer.schedule()])
-        got_RX = self.group.gather_with_status(torch.cat([counts_E, mine]), ok, msg)
+        refill_W = self.refill.status_words(counts_E.device)
+        got_RX = self.group.gather_with_status(torch.cat([counts_E, mine, refill_W]), ok, msg)
         counts_RE, flags_RX = got_RX[:, : self.E], got_RX[:, self.E :].cpu()  # one host read
-        if bool(flags_RX[:, 0].any()):  # any rank's weights changed: every slot is stale
+        stale = bool(flags_RX[:, 0].any())  # any rank's weights changed: every slot is stale
+        if stale:
             self.published, self.resident = False, None
-        if self.balancer.resync(flags_RX[:, 1]):  # a step failed on some ranks only
+        if self.balancer.resync(flags_RX[:, 1]) or stale:  # resync: a step failed somewhere
             self.resident = None
-        return counts_RE, version
+            self.refill.drop()  # its copies are stale (or the ranks are out of step)
+            flags_RX[:, 2] = 0  # nothing left to agree on (every rank alike)
+        return counts_RE, version, flags_RX[:, 2:].numpy()  # already on the host
+
+    def _settle_refill(self, counts_RE: Tensor, status_RW: np.ndarray) -> None:
+        """Commit or drop the refill in flight from every rank's status (``[R, W]``), the
+        same decision on every rank (:func:`~moonplan.runtime.refill.agree`). Commit: the
+        staging rows go into the slots now, between steps (the previous step's backward
+        is done with its slots, and its background jobs are drained), and the step plans
+        with ``previous`` = the serving plan of the refilled slots
+        (:func:`~moonplan.plan.residency.serving.serving_plan`)."""
+        decision, why = agree(status_RW)
+        if decision == "commit":
+            R = self.group.size
+            current = self.resident.slot_expert if self.resident is not None else None
+            if current is None:
+                current = torch.full((R, self.B), -1, dtype=torch.int64)
+            slots_RB = self.refill.commit(self.store.commit, current)
+            self.resident = serving_plan(counts_RE, slots_RB, align=self.align)
+        elif decision == "drop":
+            self.refill.drop()
+            warnings.warn(
+                f"refill dropped on every rank, the old slots keep serving: {why}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def _plan_step(self, counts_RE: Tensor) -> tuple[Plan, FetchList]:
         """The step's plan (one planner call) and this rank's weight copies under it.

@@ -17,6 +17,12 @@ the planner refuses more), so no ``slots=`` value reserves more than ``E`` exper
 per rank. Replicas
 beyond ``B`` still run: their weights are read from the home rank when the experts
 run ("direct reads", reported per step in ``last_stats.direct_reads``).
+
+``refill_rows=S`` adds staging rows for background refills
+(:mod:`moonplan.runtime.refill`): :func:`resolve_rows` gives ``(B, S)``. A count (or
+``None``) keeps its ``B`` slots and adds ``min(S, B)`` staging rows; a byte budget or a
+fraction holds ``U`` rows in all, of which ``min(S, U // 2)`` are staging rows and the
+rest slots (a refill changes at most ``B`` slots, so staging rows never outnumber them).
 """
 
 from __future__ import annotations
@@ -89,7 +95,7 @@ def default_slots(num_experts: int, ranks: int) -> int:
 
 
 def resolve_slots(
-    slots: int | float | str | Bytes | None,
+    slots: SlotsOption,
     *,
     num_experts: int,
     ranks: int,
@@ -97,32 +103,70 @@ def resolve_slots(
     ffn: int,
     dtype: torch.dtype,
 ) -> int:
-    """The slot count ``B`` for a ``slots=`` value (see the module docstring).
+    """The slot count ``B`` for a ``slots=`` value (see the module docstring), without
+    staging rows (:func:`resolve_rows` carves them out).
 
     Raises:
         ValueError: a negative count or fraction, an unreadable or infinite size, another
             type (each names ``slots``).
     """
-    E, M = num_experts, max_local(num_experts, ranks)
     if slots is None:
-        return default_slots(E, ranks)
+        return default_slots(num_experts, ranks)
+    return _rows(
+        slots, num_experts, max_local(num_experts, ranks), expert_bytes(hidden, ffn, dtype)
+    )
+
+
+def _rows(slots: int | float | str | Bytes, cap: int, M: int, row_bytes: int) -> int:
+    """The weight rows ``slots=`` holds (a count, a fraction of ``M``, or a byte budget of
+    ``row_bytes`` rows), capped at ``cap``."""
     if isinstance(slots, bool):
         raise ValueError(f"slots must be a count, a byte budget or a fraction, got {slots!r}")
     if isinstance(slots, int):
         if slots < 0:
             raise ValueError(f"slots must be >= 0, got {slots}")
-        return min(E, slots)
+        return min(cap, slots)
     if isinstance(slots, float):
         if not math.isfinite(slots) or slots < 0:
             raise ValueError(f"slots as a fraction must be finite and >= 0, got {slots}")
-        return math.floor(min(slots * M, E) + 1e-9)  # slots * M may overflow to inf
+        return math.floor(min(slots * M, cap) + 1e-9)  # slots * M may overflow to inf
     if isinstance(slots, str):
         try:
             slots = Bytes(parse_bytes(slots))
         except ValueError as exc:
             raise ValueError(f"slots: {exc}") from None
     if isinstance(slots, Bytes):
-        return min(E, slots.nbytes // expert_bytes(hidden, ffn, dtype))
+        return min(cap, slots.nbytes // row_bytes)
     raise ValueError(
         f"slots must be an int, a float fraction, a byte string or Bytes, got {slots!r}"
     )
+
+
+def resolve_rows(
+    slots: SlotsOption,
+    refill_rows: int,
+    *,
+    num_experts: int,
+    ranks: int,
+    hidden: int,
+    ffn: int,
+    dtype: torch.dtype,
+) -> tuple[int, int]:
+    """``(B, S)``: slots and refill staging rows per rank for ``slots=`` and
+    ``refill_rows=`` (the module docstring: staging rows come out of a byte budget or a
+    fraction, and on top of a count).
+
+    Raises:
+        ValueError: as :func:`resolve_slots`, or ``refill_rows`` is not an int ``>= 0``.
+    """
+    if isinstance(refill_rows, bool) or not isinstance(refill_rows, int) or refill_rows < 0:
+        raise ValueError(f"refill_rows must be an int >= 0, got {refill_rows!r}")
+    E = num_experts
+    B = resolve_slots(slots, num_experts=E, ranks=ranks, hidden=hidden, ffn=ffn, dtype=dtype)
+    if slots is None or (isinstance(slots, int) and not isinstance(slots, bool)):
+        return B, min(refill_rows, B)
+    # a budget: U rows in all (capped at 2E: E slots and at most as many staging rows)
+    U = _rows(slots, 2 * E, max_local(E, ranks), expert_bytes(hidden, ffn, dtype))
+    S = min(refill_rows, U // 2)
+    B = min(E, U - S)
+    return B, min(S, B)

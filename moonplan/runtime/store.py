@@ -2,7 +2,8 @@
 
 Legend:
     R ranks, E experts, M = ceil(E/R) home rows, B slots, D direct replicas,
-    N new slots, C = N + D rows one rank copies in a step,
+    N new slots, C = N + D rows one rank copies in a step, S refill staging rows,
+    J slots one refill changes on this rank (``J <= S``),
     F expert FFN size, H hidden; projections ``gate_up [rows, 2F, H]`` and
     ``down [rows, H, F]`` (transformers layout, gate rows first)
 
@@ -15,6 +16,11 @@ residents stay. Peer loads on a heap, all-to-alls elsewhere: the transport decid
 Weight rows are fetched through ``ExpertStore.fetcher``: the transport, or its view
 on the layer's background process group (:meth:`ExpertStore.fetch_on`) where a
 worker thread runs the all-to-all prefetch and reduce beside the data path.
+
+Beside them, ``S`` local staging rows per projection (not shared: no peer reads them)
+take a background refill's copies (:meth:`ExpertStore.stage`) until every rank has its
+own and they are copied into the slots between two steps (:meth:`ExpertStore.commit`;
+:mod:`moonplan.runtime.refill`).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class ExpertStore:
         hidden: int,
         ffn: int,
         dtype: torch.dtype,
+        num_staging: int = 0,
     ):
         self.transport, self.group = transport, transport.group
         self.fetcher: Transport = transport  # what fetch_rows goes through
@@ -53,6 +60,10 @@ class ExpertStore:
         rows_ = self.M + num_slots
         self.shared = {n: transport.alloc_shared((rows_, *sh), dtype) for n, sh in shapes.items()}
         self.local = {name: buf.local for name, buf in self.shared.items()}
+        self.staging = {  # [S, ...] per projection: a refill's rows until its commit
+            n: torch.empty((num_staging, *sh), dtype=dtype, device=self.local[n].device)
+            for n, sh in shapes.items()
+        }
         self.home = HomeRows.of(num_experts, self.group.size)  # where each expert's rows are
         self.valid = False  # home rows published and slots consistent with `resident`
 
@@ -103,6 +114,36 @@ class ExpertStore:
             self.local[name][self.M + slot_N] = got[:N]
             direct[name] = got[N:]
         return N, direct
+
+    def stage(self, fetch: FetchList) -> int:
+        """Copy a refill's rows into the staging rows, from the home ranks: ``fetch.slot_N``
+        (``J`` slots, ``J <= S``) in order, through the same ``fetch_rows`` as
+        :meth:`prefetch` (collective unless ``one_sided``); no slot row is written.
+
+        Returns:
+            ``J``, the rows staged.
+        """
+        slot_J, rank_J, row_J = fetch.index(self.local[PROJECTIONS[0]].device)
+        J, S = slot_J.numel(), self.staging[PROJECTIONS[0]].shape[0]
+        if J > S:
+            raise ValueError(f"{J} refill rows do not fit the {S} staging rows")
+        got = {n: self.fetcher.fetch_rows(self.shared[n], rank_J, row_J) for n in PROJECTIONS}
+        for name in PROJECTIONS:  # after every collective: a failure here strands no peer
+            self._put_staged(name, got[name])
+        return J
+
+    def _put_staged(self, name: str, rows: torch.Tensor) -> None:
+        """Write ``rows [J, ...]`` of projection ``name`` into its first staging rows."""
+        self.staging[name][: rows.shape[0]].copy_(rows)
+
+    def commit(self, slot_J: tuple[int, ...]) -> None:
+        """Copy the staged rows into slots ``slot_J`` (local; between two steps only, when
+        no step reads the slots: :mod:`moonplan.runtime.refill`)."""
+        if not slot_J:
+            return
+        index = torch.tensor(slot_J, dtype=torch.int64, device=self.local["down"].device)
+        for name in PROJECTIONS:
+            self.local[name][self.M + index] = self.staging[name][: len(slot_J)]
 
     def no_fetch(self) -> tuple[int, dict[str, torch.Tensor]]:
         """What :meth:`prefetch` returns when nothing is copied: no slot, no direct row."""

@@ -4,7 +4,7 @@ Legend: R ranks, E experts, M = ceil(E/R) home rows per rank, B slots, H hidden,
 F expert FFN size, K top-k.
 
 One frozen tree of four typed sections (:mod:`moonplan.runtime.config.sections`):
-``sizes`` (H, F, E, K, dtype), ``buffers`` (slots, align, max_tokens), ``transfer``
+``sizes`` (H, F, E, K, dtype), ``buffers`` (slots, align, max_tokens, refill_rows), ``transfer``
 (transport, overlap) and ``balancing`` (balance, cost). It serves every front end
 (:class:`~moonplan.MoonMoE`, :class:`~moonplan.adapters.MoonExperts`, torchtitan's
 :class:`~moonplan.adapters.torchtitan.MoonGroupedExperts`, ``wrap``, ``wrap_model``,
@@ -33,7 +33,7 @@ from moonplan.runtime.config.sections import (
     Sizes,
     Transfer,
 )
-from moonplan.runtime.slot_budget import SlotsOption, resolve_slots
+from moonplan.runtime.slot_budget import SlotsOption, resolve_rows
 from moonplan.runtime.transports import registry as transports
 from moonplan.stepcost import StepCost
 
@@ -77,11 +77,12 @@ class MoEConfig:
         cost: StepCost | None = None,
         choose: str | None = None,
         search_us: float | None = None,
+        refill_rows: int = 1,
     ) -> None:
         """The options as keywords (their meaning: the sections; the order of old)."""
         put = object.__setattr__
         put(self, "sizes", Sizes(hidden_size, ffn_size, num_experts, top_k, dtype))
-        put(self, "buffers", Buffers(slots, align, max_tokens))
+        put(self, "buffers", Buffers(slots, align, max_tokens, refill_rows))
         put(self, "transfer", Transfer(transport, overlap))
         put(self, "balancing", Balancing(balance, cost, choose, search_us))  # type: ignore[arg-type]
 
@@ -172,7 +173,7 @@ class MoEConfig:
                 unusable ``LOCAL_WORLD_SIZE`` for ``transport="a2a-hosts"``).
         """
         H, F, E, K = self.require_sizes()
-        B = self.slot_count(ranks)
+        B, S = self.slot_rows(ranks)
         options = transports.read_options(self.transfer.transport, ranks)
         agreed: dict[str, object] = {
             "hidden_size": H,
@@ -180,6 +181,7 @@ class MoEConfig:
             "num_experts": E,
             "top_k": K,
             "slots": B,
+            "refill_rows": S,
             "align": self.buffers.align,
             "max_tokens": self.buffers.max_tokens,
             "transport": self.transfer.transport,
@@ -189,13 +191,19 @@ class MoEConfig:
             **{_LABELS.get(name, name): value for name, value in options.items()},
             **cost_settings(self.balancing.cost),
         }
-        return Resolved(B, options, agreed)
+        return Resolved(B, options, agreed, S)
 
     def slot_count(self, ranks: int) -> int:
         """``B`` for this config on ``ranks`` ranks (sizes required)."""
+        return self.slot_rows(ranks)[0]
+
+    def slot_rows(self, ranks: int) -> tuple[int, int]:
+        """``(B, S)``: slots and refill staging rows per rank for this config on ``ranks``
+        ranks (sizes required; :func:`~moonplan.runtime.slot_budget.resolve_rows`)."""
         H, F, E, _ = self.require_sizes()
-        return resolve_slots(
+        return resolve_rows(
             self.buffers.slots,
+            self.buffers.refill_rows,
             num_experts=E,
             ranks=ranks,
             hidden=H,
@@ -233,14 +241,17 @@ class Resolved:
             (``moonplan.runtime.transports.registry.read_options``), used for every
             transport the layer builds.
         agreed: every setting that shapes a step, by name, as compared across ranks:
-            sizes, the resolved ``slots``, ``align``, ``max_tokens``, ``transport`` and its
+            sizes, the resolved ``slots`` and ``refill_rows``, ``align``, ``max_tokens``,
+            ``transport`` and its
             options, ``balance``, the resolved ``dtype``, ``overlap`` and the cost model's
             values (:func:`cost_settings`). Not ``choose``/``search_us`` (no-ops).
+        refill_rows: ``S``, the resolved refill staging rows per rank (``<= B``).
     """
 
     slots: int
     transport_options: dict[str, object]
     agreed: dict[str, object]
+    refill_rows: int = 0
 
 
 def cost_settings(cost: StepCost | None) -> dict[str, object]:

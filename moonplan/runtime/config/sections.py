@@ -125,6 +125,7 @@ class Buffers:
     slots: SlotsOption = None
     align: int = 1
     max_tokens: int = 1024
+    refill_rows: int = 1
 
     MEANING: ClassVar[dict[str, str]] = {
         "slots": "weight slots per rank for replicas: an ``int`` count, a byte budget "
@@ -133,12 +134,16 @@ class Buffers:
         "align": "receive-row padding multiple (``>= 1``)",
         "max_tokens": "expected tokens per rank: sizes the receive buffers, which grow "
         "collectively when a step needs more (``>= 0``; checked against the device's memory)",
+        "refill_rows": "staging rows per rank for a background refill of the slots (at most "
+        "that many slots change per rank per refill; ``0``: no refills): taken from a byte or "
+        "fraction ``slots=`` budget, added to a count; at most ``B``",
     }
 
     def __post_init__(self) -> None:
         resolve_slots(self.slots, num_experts=1, ranks=1, hidden=1, ffn=1, dtype=torch.float32)
         object.__setattr__(self, "align", check_int("align", self.align, 1))
         object.__setattr__(self, "max_tokens", check_int("max_tokens", self.max_tokens, 0))
+        object.__setattr__(self, "refill_rows", check_int("refill_rows", self.refill_rows, 0))
 
 
 @dataclass(frozen=True)
