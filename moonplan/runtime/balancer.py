@@ -73,11 +73,12 @@ class Balancer:
             return "exact"
         return "auto"
 
-    def plan(self, counts_RE: torch.Tensor, previous: Plan | None) -> Plan:
+    def plan(self, counts_RE: torch.Tensor, previous: Plan | None, rent: bool = True) -> Plan:
         """The step's plan: one planner call (the same plan on every rank for the same
         counts and ``previous``). The counts are every rank's ``bincount`` of valid ids
         and ``align`` was checked when the layer was built, so the call reads nothing on
-        the host to check them again (``check_input=False``)."""
+        the host to check them again (``check_input=False``). ``rent=False``: ``auto``
+        buys only what pays this step (the background refill places later steps' slots)."""
         self._last = (counts_RE, previous)
         policy = self.policy()
         return planner.plan(
@@ -88,6 +89,7 @@ class Balancer:
             policy=policy,
             cost=self.cost if policy == "auto" else None,
             check_input=False,
+            rent=rent,
         )
 
     def schedule(self) -> int:

@@ -40,6 +40,7 @@ from moonplan.runtime.config import MoEConfig, Resolved, cost_settings
 from moonplan.runtime.contract import check_params, check_routing
 from moonplan.runtime.fetch_list import FetchList, HomeRows, fetch_list, plan_rows
 from moonplan.runtime.moe_function import MoEStep, moe_apply
+from moonplan.runtime.placer import Placer
 from moonplan.runtime.refill import Refill, agree, check_target
 from moonplan.runtime.step_context import StepContext
 from moonplan.runtime.step_hooks import NULL_PROFILER, LayerHooks, StepClock
@@ -103,6 +104,7 @@ class LayerRuntime:
         self._options = tuple(resolved.transport_options.items())
         self.S = resolved.refill_rows  # refill staging rows per rank (moonplan.runtime.refill)
         self.refill = Refill(group.rank, HomeRows.of(E, group.size))
+        self.placer = Placer(self.B, self.S)  # orders refills (balance="auto")
         tokens = cfg.buffers.max_tokens
         sized = f"max_tokens={tokens} x top_k={K}, align={self.align}, slots={B}"
         self._build(self._capacity_for(tokens * K), sized)
@@ -345,7 +347,23 @@ class LayerRuntime:
         self._publish_home(params, version)
         y_SH, fetched = self._execute(step, copies, t, x_SH, weight_SK, params)
         self._record(step, copies, fetched)
+        self._place(counts_RE, plan)
         return y_SH
+
+    def _auto_cost(self) -> StepCost | None:
+        """The cost model ``auto`` plans with (``None`` before calibration or in another
+        mode)."""
+        return self.balancer.cost if self.balancer.policy() == "auto" else None
+
+    def _place(self, counts_RE: Tensor, plan: Plan) -> None:
+        """Hand the step to the placer; request the refill it orders (every rank alike:
+        :mod:`moonplan.runtime.placer`). Not while the slots are stale (weights changed)."""
+        if self.resident is None:
+            return
+        busy = self.refill.in_flight
+        target = self.placer.after_step(counts_RE, plan, self._auto_cost(), busy)
+        if target is not None:
+            self.request_refill(target)
 
     def _exchange_counts(
         self, ids_SK: Tensor | None, params: Params, ok: bool, msg: str
@@ -408,13 +426,14 @@ class LayerRuntime:
         too); where a rank needs more rows than the buffers hold, every rank sees the
         same plan and all grow together, then plan again without residents.
         """
-        plan = self.balancer.plan(counts_RE, self.resident)
+        rent = not self.placer.active(self._auto_cost())
+        plan = self.balancer.plan(counts_RE, self.resident, rent)
         self.plans_made += 1
         rows = plan_rows(plan)
         need = int(rows[:, -1].max())
         while need > self.capacity:
             self._build(self._capacity_for(need), f"this step's plan needs {need} rows")
-            plan = self.balancer.plan(counts_RE, None)  # the buffers are new: no residents
+            plan = self.balancer.plan(counts_RE, None, rent)  # new buffers: no residents
             rows = plan_rows(plan)
             need = int(rows[:, -1].max())
         return plan, fetch_list(plan, self.group.rank, self.store.home, rows)

@@ -251,7 +251,7 @@ def _growing_replan(rank: int, world: int) -> list[int]:
     layer = MoonMoE(8, 8, 6, 1, router=hot, balance="exact", max_tokens=1)
     rt = layer.runtime
 
-    def plan(counts_RE: torch.Tensor, previous):  # like "auto" losing its residents:
+    def plan(counts_RE: torch.Tensor, previous, rent=True):  # like "auto" losing its residents:
         if previous is None:  # without them another candidate (static) wins
             return static_plan(counts_RE, slots=rt.B)
         return moonplan.plan(counts_RE, slots=rt.B, previous=previous)

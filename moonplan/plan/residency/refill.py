@@ -88,15 +88,16 @@ def changed_pairs(
 def limit_changes(
     target_RB: torch.Tensor, current_RB: torch.Tensor, staging: int, totals_E: torch.Tensor
 ) -> torch.Tensor:
-    """``target_RB`` with at most ``staging`` changed slots per rank: those whose new
-    expert has the most records in the window (ties: lower slot); the others keep
-    ``current_RB``'s expert."""
+    """The table a refill toward ``target_RB`` makes: ``current_RB`` with at most
+    ``staging`` slots per rank changed to the target's expert, those whose new expert has
+    the most records in the window (ties: lower slot). A slot the target leaves empty
+    keeps its expert (a refill only copies in; an unused resident costs nothing to keep)."""
     out = current_RB.clone()
     for r in range(target_RB.shape[0]):
-        changed = [j for j in range(target_RB.shape[1]) if target_RB[r, j] != current_RB[r, j]]
-        worth = [(-int(totals_E[int(target_RB[r, j])]) if target_RB[r, j] >= 0 else 1, j)
-                 for j in changed]  # fmt: skip
-        for _, j in sorted(worth)[:staging]:
+        changed = [j for j in range(target_RB.shape[1])
+                   if 0 <= target_RB[r, j] != current_RB[r, j]]  # fmt: skip
+        worth = sorted((-int(totals_E[int(target_RB[r, j])]), j) for j in changed)
+        for _, j in worth[:staging]:
             out[r, j] = target_RB[r, j]
     return out
 
