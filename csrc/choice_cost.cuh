@@ -364,8 +364,9 @@ __device__ void mc_score_expert(const McStep& st, const McCost& k, const mp_i64*
 
 // Candidate c's predicted seconds charged plan_s into scores[c], the same with nothing
 // fetched (its copies resident: rent.py's free score) into free_C[c], its per-rank records
-// into recv_C[c]. Dynamic shared memory: MC_ACC int64 arrays of R, red[MC_RED_F64] (double).
-__device__ void mc_score(const McStep& st, const McCost& k, const mp_i64* a, int c,
+// into recv_C[c]; returns its phases (block-uniform). Dynamic shared memory: MC_ACC int64
+// arrays of R, red[MC_RED_F64] (double).
+__device__ McParts mc_score(const McStep& st, const McCost& k, const mp_i64* a, int c,
                          double* scores, double* free_C, mp_i64* recv_C, unsigned char* smem) {
     const int R = st.R, tid = threadIdx.x, nthreads = blockDim.x;
     mp_i64* base = (mp_i64*)smem;
@@ -404,4 +405,5 @@ __device__ void mc_score(const McStep& st, const McCost& k, const mp_i64* a, int
         scores[c] = mc_total(k, p, k.plan);
         free_C[c] = mc_total(k, f, k.plan);
     }
+    return p;
 }

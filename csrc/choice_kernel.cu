@@ -17,21 +17,26 @@
 //   res_i   [E+1+3Hmax] the resident holders' lists: first holder of each expert, each
 //                       holder's expert, rank and live pairs out (scratch, int32)
 //   free_C  [C]         each candidate's free score: nothing fetched (rent.py; scratch, double)
-//   misc    [3]         N, and the bits of the bound's two parts (the emulated test reads them)
+//   misc    [4]         N, the bits of the bound's two parts (the emulated test reads them),
+//                       previous's slots that hold an expert (> 0: kernel 1 built resident)
 //   credit  0-d double  the rent-or-buy credit: previous's in (credit_in), this step's out
 //
 // Three kernels, launched by moonplan/plan/choice_cuda.py on torch's stream, no host sync:
-//   moonplan_choice_first   ONE block: T, L, static EP's scores charged exit_s and plan_s,
-//                           the early-exit bound (choice/bound.py: a warp per rank for its
-//                           link rows, bound.links_reference), the rent-or-buy exit test
-//                           (choice/rent.py: exit_rent), the exit flag and the credit
+//   moonplan_choice_first   ONE block: T, L, static EP's scores charged exit_s and plan_s;
+//                           where previous has resident replicas, the resident candidate
+//                           built into alloc_C[2] and scored (charged exit_s and plan_s, and
+//                           free); the early-exit bound (choice/bound.py: a warp per rank for
+//                           its link rows, bound.links_reference), the exit's plan (the
+//                           faster of static and resident, ties static), the rent-or-buy exit
+//                           test (choice/rent.py: exit_rent), the exit flag, the exit's index
+//                           and the credit
 //   moonplan_choice_build   C-1 blocks, one per candidate 1..C-1: returns at once when the
-//                           exit flag is set; else builds its allocation into alloc_C[c]
-//                           (group-flow construction or resident rounds) and scores it, with
-//                           its copies charged and free (rent.py)
-//   moonplan_choice_layout  ONE block: the rent-or-buy winner (rent.settle; static on exit)
-//                           and the credit, the winner's plan fields (slots with residents
-//                           kept, rows, padded offsets)
+//                           exit flag is set, and candidate 2's when kernel 1 built it; else
+//                           builds its allocation into alloc_C[c] (group-flow construction or
+//                           resident rounds) and scores it, with its copies charged and free
+//   moonplan_choice_layout  ONE block: the rent-or-buy winner (rent.settle; on exit kernel
+//                           1's index) and the credit, the winner's plan fields (slots with
+//                           residents kept, rows, padded offsets)
 //
 // Floats: the step-cost formula (moonplan/stepcost/batch.py) with every product and sum in
 // the Python order, through __dmul_rn / __dadd_rn (never contracted into an FMA; the
@@ -279,164 +284,19 @@ __device__ McLinks mc_first_links(const McStep& st, const McCost& k, double read
     return l;
 }
 
-// ---- kernel 1: the first kernel itself -----------------------------------------------------
-
-// Static EP's sums of rank r (r < R) and its home experts without a resident replica:
-// their roofline (bound's home_lb), their count, and the records other ranks send them.
-__device__ McRank mc_first_rank(const McCost& k, const McFirstSums& f, int r, const mp_i64* load_R,
-                                const mp_i64* send_R, const mp_i64* sdom_R, double* home_lb,
-                                mp_i64* kept, mp_i64* stay) {
-    McRank s = {};  // static EP: nothing fetched
-    s.d_in = mc_max_i(sdom_R[r] - f.loc[r], f.rdom[r] - f.loc[r]);
-    s.d_out = mc_max_i(send_R[r] - sdom_R[r], load_R[r] - f.rdom[r]);
-    s.pad = f.pad[r];
-    s.busy = f.busy[r];
-    s.rows = load_R[r];
-    *home_lb = mc_roofline(k, f.kpad[r], f.kbusy[r], f.krows[r]);
-    *kept = f.kbusy[r];
-    *stay = f.krows[r] - f.kloc[r];
-    return s;
-}
-
-// Thread 0: the exit test (bound.exit_bound, then rent.exit_rent) and its outputs: scores
-// (static's charged exit_s on exit, else plan_s, also its free score), the exit flag, the
-// credit (the exit's, or the one the full call settles from: credit_io holds previous's on
-// entry), and in misc the bound's two parts' bits (the emulated test reads them).
-__device__ void mc_first_exit(const McCost& k, const McParts& p, int R, double experts_lb,
-                              const McLinks& l, double home_lb, bool resident, mp_i64 C,
-                              double* scores, double* free_C, unsigned char* exited,
-                              double* credit_io, mp_i64* misc) {
-    const double t_exit = mc_total(k, p, k.exit_s), full = mc_total(k, p, k.plan);
-    double buy = MC_INF;
-    const double bound =
-        mc_bound(k, R, experts_lb, l.copies, l.free_link, l.far, home_lb, resident, full, &buy);
-    const double gap = mc_sub(p.experts, experts_lb);  // the exit step's rent
-    const double checking = mc_max(mc_sub(k.plan, k.exit_s), 0.0);
-    const bool ex = mc_exit_rent(t_exit, gap, bound, buy, checking, credit_io);
-    scores[0] = ex ? t_exit : full;
-    free_C[0] = full;  // static EP fetches nothing
-    for (mp_i64 c = 1; c < C && ex; ++c) scores[c] = MC_INF;
-    exited[0] = ex ? 1 : 0;
-    misc[1] = __double_as_longlong(bound);
-    misc[2] = __double_as_longlong(buy);
-}
-
-// Dynamic shared memory: loc, rdom, pad, busy, kpad, kbusy, krows, kloc [R] and red64[33]
-// (int64), red[MC_RED_F64] (double), moved[E] (int32).
-extern "C" __global__ void __launch_bounds__(1024, 1)
-    moonplan_choice_first(const mp_i64* counts, const mp_i64* prev, mp_i64 R_, mp_i64 E, mp_i64 B,
-                          mp_i64 has_prev, mp_i64 C, MC_COST_PARAMS, const double* credit_in,
-                          double* scores, double* free_C, unsigned char* exited, double* credit,
-                          mp_i64* total_E, mp_i64* load_R, mp_i64* send_R, mp_i64* sdom_R,
-                          mp_i64* misc, int* warm_d, mp_i64* rest_RE, mp_i64* top_RM) {
-    extern __shared__ __align__(16) unsigned char mp_smem[];
-    const McCost k = mc_cost(MC_COST_ARGS);
-    const int R = (int)R_, r = threadIdx.x;
-    McFirstSums f;
-    mp_i64** at[8] = {&f.loc, &f.rdom, &f.pad, &f.busy, &f.kpad, &f.kbusy, &f.krows, &f.kloc};
-    for (int i = 0; i < 8; ++i) *at[i] = (mp_i64*)mp_smem + (mp_i64)i * R;
-    mp_i64* red64 = (mp_i64*)mp_smem + 8 * (mp_i64)R;
-    double* red = (double*)(red64 + MP_WARP + 1);
-    int* moved = (int*)(red + MC_RED_F64);
-    const McTotals t =
-        mc_first_totals(counts, prev, R, E, B, has_prev != 0, k, total_E, moved, warm_d, red64);
-    mc_first_ranks(counts, total_E, moved, R, E, k, f, load_R, send_R, sdom_R);
-    __syncthreads();
-    McRank s = {};
-    double home_lb = -MC_INF;
-    mp_i64 kept = MP_I64_MIN, stay = 0;
-    if (r < R) s = mc_first_rank(k, f, r, load_R, send_R, sdom_R, &home_lb, &kept, &stay);
-    const McParts p = mc_parts(k, s, r < R, R, red);
-    mc_block_max(&home_lb, 1, red);
-    kept = mp_block_max(kept, red64);
-    const double experts_lb = mc_experts_lb(k, R, t.tiles, t.busy, t.N);
-    McLinks l = {MC_INF, 0, 0};
-    if (R > 1) {  // block-uniform
-        McStep st = {};
-        st.counts = counts;
-        st.prev = prev;
-        st.E = E;
-        st.B = B;
-        st.M = (E + R - 1) / R;
-        st.R = R;
-        st.has_prev = has_prev != 0;
-        l = mc_first_links(st, k, mc_reads(k, experts_lb, kept), stay, rest_RE, top_RM, red, red64);
-    }
-    if (r == 0) {
-        credit[0] = credit_in[0];
-        mc_first_exit(k, p, R, experts_lb, l, home_lb, t.nres > 0, C, scores, free_C, exited,
-                      credit, misc);
-        misc[0] = t.N;
-    }
-}
-
-// ---- kernel 2: one block per candidate -----------------------------------------------------
-
-// level_caps(L, K)[k-1] and water_fill(L, cap) of targets.py; returns rank tid's target.
-// The lowest i sorted loads need f = sum_j max(0, l_i - L[j]) records to reach l_i: the
-// level's ranks are those at or below cap with f <= S (targets.water_fill_torch).
-__device__ mp_i64 mc_level_target(const McStep& st, const mp_i64* L, int k, mp_i64* red64,
-                                  int* red32) {
-    const int r = threadIdx.x, R = st.R;
-    const mp_i64 Lr = r < R ? L[r] : 0;
-    const mp_i64 m = (st.N + (R - 1)) / R;
-    const mp_i64 gap = mp_block_max(r < R ? Lr : MP_I64_MIN, red64) - m;  // >= 0
-    const mp_i64 cap = m + (gap / st.levels) * k + (gap % st.levels) * k / st.levels;
-    const mp_i64 S = mp_block_sum(r < R && Lr > cap ? Lr - cap : 0, red64);
-    if (S == 0) return Lr;  // block-uniform: nothing above the cap
-    mp_i64 f = 0;
-    for (int j = 0; j < R && r < R; ++j) f += mc_max_i(0, Lr - L[j]);
-    const bool qual = r < R && Lr <= cap && f <= S;
-    const mp_i64 n = mp_block_sum(qual ? 1 : 0, red64);  // >= 1: the lowest load qualifies
-    const mp_i64 l_at = mp_block_max(qual ? Lr : MP_I64_MIN, red64);
-    const mp_i64 f_at = mp_block_max(qual ? f : MP_I64_MIN, red64);
-    const mp_i64 level = l_at + (S - f_at) / n, extra = (S - f_at) % n;
-    const bool low = r < R && Lr <= cap && Lr <= level;
-    int total = 0;
-    const int before = mp_block_excl_scan(low ? 1 : 0, red32, &total);
-    if (r >= R) return 0;
-    if (Lr > cap) return cap;
-    return low ? level + (before < extra ? 1 : 0) : Lr;
-}
-
-// Phases 0-1 (on moonplan_plan_main's shared state, MpShared): alloc = 0, rem = T, per-rank
-// state, the targets (exact, or level `level`'s) and X = L - target.
-__device__ void mc_construct_init(const McStep& st, int level, const MpShared& m, mp_i64* alloc) {
-    const int R = st.R, tid = threadIdx.x, nthreads = blockDim.x;
-    for (mp_i64 i = tid; i < st.E * R; i += nthreads) alloc[i] = 0;
-    for (mp_i64 e = tid; e < st.E; e += nthreads) m.rem[e] = st.T[e];
-    mp_reset_ranks(m, R);
-    for (int r = tid; r < R; r += nthreads) m.avail[r] = st.L[r];
-    __syncthreads();
-    mp_i64 target = tid < R ? mp_target(st.N, R, tid) : 0;
-    if (level > 0) target = mc_level_target(st, m.avail, level, m.red64, m.red32);
-    if (tid < R) m.X[tid] = m.avail[tid] - target;
-    __syncthreads();
-}
-
-// The group-flow construction (moonplan_plan_main's phases 0-4) towards the exact targets
-// (level 0) or level `level`'s, with previous's flows and residents (`replay`) or without
-// (greedy), into alloc [E, R] and flow [R-1, 3].
-__device__ void mc_construct(const McStep& st, int level, bool replay, mp_i64* alloc,
-                             mp_i64* flow, mp_i64* rep_c, int* rep_e, unsigned char* smem) {
-    const int R = st.R;
-    const MpShared m = mp_shared(smem, R, st.E);
-    mc_construct_init(st, level, m, alloc);
-    const bool warm = replay && st.has_prev;
-    const MpPrevious pv = {st.prev, st.warm_d, st.prev_flow, replay ? st.n_prev_flow : 0, warm};
-    mp_construct(m, pv, R, st.E, st.B, st.N, flow, alloc, rep_c, rep_e);
-}
-
-// ---- the resident candidate (moonplan/plan/choice/resident.py) -----------------------------
+// ---- the resident candidate (moonplan/plan/choice/resident.py): kernel 1 or 2 ------------
 //
+// Built by the first kernel when previous has a resident replica (it is the early exit's
+// other plan), else by candidate 2's block of the build kernel.
 // A holder h is (e, r): r is expert e's home, or e is in one of r's first M previous slots.
 // The holders lie in expert order, then rank order, in global scratch (McHolders); at most
 // Hmax = E + R * min(B, M) of them (choice_cuda.resident_holders). a[h] counts the units
 // (1/2^bits record, bits = mc_scale_bits) on holder h, L[r] (in this section) the units rank
 // r holds. Units are int64: with N < 2^46 records a unit is 2^-16 record (N * 2^16 < 2^62),
-// with more it is one record (resident.scale_bits), so no sum of units overflows. Every round is computed from one snapshot (a) into the next (b): each holder
-// gathers the moves over its own pairs, so no two threads write the same entry; the ranks'
-// sums are integer atomics, exact in any order.
+// with more it is one record (resident.scale_bits), so no sum of units overflows. Every
+// round is computed from one snapshot (a) into the next (b): each holder gathers the moves
+// over its own pairs, so no two threads write the same entry; the ranks' sums are integer
+// atomics, exact in any order.
 
 #define MC_ROUNDS 8       // resident.ROUNDS
 #define MC_SCALE_BITS 16  // resident.SCALE_BITS
@@ -613,8 +473,212 @@ __device__ void mc_resident(const McStep& st, mp_i64* alloc, mp_i64* res_a, int*
     mc_whole_records(st, hd, alloc);
 }
 
+// ---- kernel 1: the first kernel itself -----------------------------------------------------
+
+// Static EP's sums of rank r (r < R) and its home experts without a resident replica:
+// their roofline (bound's home_lb), their count, and the records other ranks send them.
+__device__ McRank mc_first_rank(const McCost& k, const McFirstSums& f, int r, const mp_i64* load_R,
+                                const mp_i64* send_R, const mp_i64* sdom_R, double* home_lb,
+                                mp_i64* kept, mp_i64* stay) {
+    McRank s = {};  // static EP: nothing fetched
+    s.d_in = mc_max_i(sdom_R[r] - f.loc[r], f.rdom[r] - f.loc[r]);
+    s.d_out = mc_max_i(send_R[r] - sdom_R[r], load_R[r] - f.rdom[r]);
+    s.pad = f.pad[r];
+    s.busy = f.busy[r];
+    s.rows = load_R[r];
+    *home_lb = mc_roofline(k, f.kpad[r], f.kbusy[r], f.krows[r]);
+    *kept = f.kbusy[r];
+    *stay = f.krows[r] - f.kloc[r];
+    return s;
+}
+
+// The step's inputs and the first kernel's sums (global memory) as an McStep; N, previous's
+// flows and the levels are the caller's to set.
+__device__ McStep mc_step(const mp_i64* counts, const mp_i64* prev, int R, mp_i64 E, mp_i64 B,
+                          bool has_prev, const mp_i64* total_E, const mp_i64* load_R,
+                          const mp_i64* send_R, const mp_i64* sdom_R, const int* warm_d) {
+    McStep st = {};
+    st.counts = counts;
+    st.prev = prev;
+    st.T = total_E;
+    st.L = load_R;
+    st.send_R = send_R;
+    st.sdom_R = sdom_R;
+    st.warm_d = warm_d;
+    st.E = E;
+    st.B = B;
+    st.M = (E + R - 1) / R;
+    st.R = R;
+    st.has_prev = has_prev;
+    return st;
+}
+
+struct McExitIn {  // what the exit test reads (block-uniform)
+    McParts stat;  // static EP's phases
+    McParts res;   // the resident candidate's (when has_res)
+    bool has_res;  // previous has a resident replica: the resident candidate was built
+    double experts_lb, home_lb;
+    McLinks l;
+    mp_i64 nres;  // previous's slots that hold an expert
+};
+
+struct McFirstOut {  // the first kernel's outputs (global memory)
+    double *scores, *free_C, *credit;  // credit holds previous's on entry
+    unsigned char* exited;
+    mp_i64 *index, *misc;
+};
+
+// T, L, static EP's sums and phases, the bound's terms; st.N set. Dynamic shared memory:
+// loc, rdom, pad, busy, kpad, kbusy, krows, kloc [R] and red64[33] (int64), red[MC_RED_F64]
+// (double), moved[E] (int32). Ends with __syncthreads: the caller may reuse it.
+__device__ McExitIn mc_first_static(McStep& st, const McCost& k, int* warm_d, mp_i64* total_E,
+                                    mp_i64* load_R, mp_i64* send_R, mp_i64* sdom_R,
+                                    mp_i64* rest_RE, mp_i64* top_RM, unsigned char* smem) {
+    const int R = st.R, r = threadIdx.x;
+    McFirstSums f;
+    mp_i64** at[8] = {&f.loc, &f.rdom, &f.pad, &f.busy, &f.kpad, &f.kbusy, &f.krows, &f.kloc};
+    for (int i = 0; i < 8; ++i) *at[i] = (mp_i64*)smem + (mp_i64)i * R;
+    mp_i64* red64 = (mp_i64*)smem + 8 * (mp_i64)R;
+    double* red = (double*)(red64 + MP_WARP + 1);
+    int* moved = (int*)(red + MC_RED_F64);
+    const McTotals t = mc_first_totals(st.counts, st.prev, R, st.E, st.B, st.has_prev, k,
+                                       total_E, moved, warm_d, red64);
+    mc_first_ranks(st.counts, total_E, moved, R, st.E, k, f, load_R, send_R, sdom_R);
+    __syncthreads();
+    McRank s = {};
+    McExitIn x = {};
+    mp_i64 kept = MP_I64_MIN, stay = 0;
+    x.home_lb = -MC_INF;
+    if (r < R) s = mc_first_rank(k, f, r, load_R, send_R, sdom_R, &x.home_lb, &kept, &stay);
+    x.stat = mc_parts(k, s, r < R, R, red);
+    mc_block_max(&x.home_lb, 1, red);
+    kept = mp_block_max(kept, red64);  // ends with __syncthreads, as every reduction below
+    x.experts_lb = mc_experts_lb(k, R, t.tiles, t.busy, t.N);
+    x.l = {MC_INF, 0, 0};
+    if (R > 1) x.l = mc_first_links(st, k, mc_reads(k, x.experts_lb, kept), stay, rest_RE,
+                                    top_RM, red, red64);  // block-uniform
+    x.nres = t.nres;
+    x.has_res = t.nres > 0;
+    st.N = t.N;
+    return x;
+}
+
+// Thread 0: the exit's plan (static EP, or the resident candidate where it is built and
+// predicted faster: ties static), the exit test (bound.exit_bound, then rent.exit_rent) and
+// the outputs: scores (on exit static's and the resident's charged exit_s, inf elsewhere;
+// else static's charged plan_s, also its free score, and the resident's as mc_score left
+// it), the exit flag and index, the credit (the exit's, or the one the full call settles
+// from), and in misc the bound's two parts' bits (the emulated test reads them).
+__device__ void mc_first_exit(const McCost& k, const McExitIn& x, int R, mp_i64 C,
+                              const McFirstOut& o) {
+    const double full = mc_total(k, x.stat, k.plan), t_stat = mc_total(k, x.stat, k.exit_s);
+    const double t_res = x.has_res ? mc_total(k, x.res, k.exit_s) : MC_INF;
+    const bool use = t_res < t_stat;
+    const double t_exit = use ? t_res : t_stat;
+    double buy = MC_INF;
+    const double bound = mc_bound(k, R, x.experts_lb, x.l.copies, x.l.free_link, x.l.far,
+                                  x.home_lb, x.has_res, full, &buy);
+    const double gap = mc_sub((use ? x.res : x.stat).experts, x.experts_lb);  // the exit's rent
+    const double checking = mc_max(mc_sub(k.plan, k.exit_s), 0.0);
+    const bool ex = mc_exit_rent(t_exit, gap, bound, buy, checking, o.credit);
+    o.scores[0] = ex ? t_stat : full;
+    o.free_C[0] = full;  // static EP fetches nothing
+    for (mp_i64 c = 1; c < C && ex; ++c) o.scores[c] = c == 2 ? t_res : MC_INF;
+    o.exited[0] = ex ? 1 : 0;
+    if (ex) o.index[0] = use ? 2 : 0;  // else the layout kernel settles it
+    o.misc[1] = __double_as_longlong(bound);
+    o.misc[2] = __double_as_longlong(buy);
+}
+
+// Dynamic shared memory: the largest of mc_first_static's, mc_resident's and mc_score's
+// layouts (choice_cuda.shared_bytes); each phase ends with __syncthreads before the next.
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    moonplan_choice_first(const mp_i64* counts, const mp_i64* prev, mp_i64 R_, mp_i64 E, mp_i64 B,
+                          mp_i64 has_prev, mp_i64 C, MC_COST_PARAMS, const double* credit_in,
+                          double* scores, double* free_C, unsigned char* exited, mp_i64* index,
+                          double* credit, mp_i64* total_E, mp_i64* load_R, mp_i64* send_R,
+                          mp_i64* sdom_R, mp_i64* misc, int* warm_d, mp_i64* rest_RE,
+                          mp_i64* top_RM, mp_i64* alloc_C, mp_i64* recv_C, mp_i64* res_a,
+                          int* res_i) {
+    extern __shared__ __align__(16) unsigned char mp_smem[];
+    const McCost k = mc_cost(MC_COST_ARGS);
+    const int R = (int)R_;
+    McStep st = mc_step(counts, prev, R, E, B, has_prev != 0, total_E, load_R, send_R, sdom_R,
+                        warm_d);
+    McExitIn x = mc_first_static(st, k, warm_d, total_E, load_R, send_R, sdom_R, rest_RE,
+                                 top_RM, mp_smem);
+    if (x.has_res) {  // block-uniform: the exit's other plan, built here once (not in kernel 2)
+        mp_i64* alloc = alloc_C + 2 * E * R;
+        mc_resident(st, alloc, res_a, res_i, mp_smem);
+        x.res = mc_score(st, k, alloc, 2, scores, free_C, recv_C, mp_smem);
+    }
+    if (threadIdx.x == 0) {
+        credit[0] = credit_in[0];
+        mc_first_exit(k, x, R, C, {scores, free_C, credit, exited, index, misc});
+        misc[0] = st.N;
+        misc[3] = x.nres;
+    }
+}
+
+// ---- kernel 2: one block per candidate -----------------------------------------------------
+
+// level_caps(L, K)[k-1] and water_fill(L, cap) of targets.py; returns rank tid's target.
+// The lowest i sorted loads need f = sum_j max(0, l_i - L[j]) records to reach l_i: the
+// level's ranks are those at or below cap with f <= S (targets.water_fill_torch).
+__device__ mp_i64 mc_level_target(const McStep& st, const mp_i64* L, int k, mp_i64* red64,
+                                  int* red32) {
+    const int r = threadIdx.x, R = st.R;
+    const mp_i64 Lr = r < R ? L[r] : 0;
+    const mp_i64 m = (st.N + (R - 1)) / R;
+    const mp_i64 gap = mp_block_max(r < R ? Lr : MP_I64_MIN, red64) - m;  // >= 0
+    const mp_i64 cap = m + (gap / st.levels) * k + (gap % st.levels) * k / st.levels;
+    const mp_i64 S = mp_block_sum(r < R && Lr > cap ? Lr - cap : 0, red64);
+    if (S == 0) return Lr;  // block-uniform: nothing above the cap
+    mp_i64 f = 0;
+    for (int j = 0; j < R && r < R; ++j) f += mc_max_i(0, Lr - L[j]);
+    const bool qual = r < R && Lr <= cap && f <= S;
+    const mp_i64 n = mp_block_sum(qual ? 1 : 0, red64);  // >= 1: the lowest load qualifies
+    const mp_i64 l_at = mp_block_max(qual ? Lr : MP_I64_MIN, red64);
+    const mp_i64 f_at = mp_block_max(qual ? f : MP_I64_MIN, red64);
+    const mp_i64 level = l_at + (S - f_at) / n, extra = (S - f_at) % n;
+    const bool low = r < R && Lr <= cap && Lr <= level;
+    int total = 0;
+    const int before = mp_block_excl_scan(low ? 1 : 0, red32, &total);
+    if (r >= R) return 0;
+    if (Lr > cap) return cap;
+    return low ? level + (before < extra ? 1 : 0) : Lr;
+}
+
+// Phases 0-1 (on moonplan_plan_main's shared state, MpShared): alloc = 0, rem = T, per-rank
+// state, the targets (exact, or level `level`'s) and X = L - target.
+__device__ void mc_construct_init(const McStep& st, int level, const MpShared& m, mp_i64* alloc) {
+    const int R = st.R, tid = threadIdx.x, nthreads = blockDim.x;
+    for (mp_i64 i = tid; i < st.E * R; i += nthreads) alloc[i] = 0;
+    for (mp_i64 e = tid; e < st.E; e += nthreads) m.rem[e] = st.T[e];
+    mp_reset_ranks(m, R);
+    for (int r = tid; r < R; r += nthreads) m.avail[r] = st.L[r];
+    __syncthreads();
+    mp_i64 target = tid < R ? mp_target(st.N, R, tid) : 0;
+    if (level > 0) target = mc_level_target(st, m.avail, level, m.red64, m.red32);
+    if (tid < R) m.X[tid] = m.avail[tid] - target;
+    __syncthreads();
+}
+
+// The group-flow construction (moonplan_plan_main's phases 0-4) towards the exact targets
+// (level 0) or level `level`'s, with previous's flows and residents (`replay`) or without
+// (greedy), into alloc [E, R] and flow [R-1, 3].
+__device__ void mc_construct(const McStep& st, int level, bool replay, mp_i64* alloc,
+                             mp_i64* flow, mp_i64* rep_c, int* rep_e, unsigned char* smem) {
+    const int R = st.R;
+    const MpShared m = mp_shared(smem, R, st.E);
+    mc_construct_init(st, level, m, alloc);
+    const bool warm = replay && st.has_prev;
+    const MpPrevious pv = {st.prev, st.warm_d, st.prev_flow, replay ? st.n_prev_flow : 0, warm};
+    mp_construct(m, pv, R, st.E, st.B, st.N, flow, alloc, rep_c, rep_e);
+}
+
 // Dynamic shared memory: the largest of mc_construct's, mc_resident's and mc_score's layouts
-// (choice_cuda.build_shared_bytes); each phase ends with __syncthreads before the next reuses it.
+// (choice_cuda.shared_bytes); each phase ends with __syncthreads before the next reuses it.
 extern "C" __global__ void __launch_bounds__(1024, 1)
     moonplan_choice_build(const mp_i64* counts, const mp_i64* prev, const mp_i64* prev_flow,
                           mp_i64 R_, mp_i64 E, mp_i64 B, mp_i64 has_prev, mp_i64 n_prev_flow,
@@ -624,28 +688,18 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
                           const int* warm_d, mp_i64* alloc_C, mp_i64* flow_C, mp_i64* recv_C,
                           mp_i64* rep_c, int* rep_e, mp_i64* res_a, int* res_i, double* free_C) {
     extern __shared__ __align__(16) unsigned char mp_smem[];
-    if (exited[0]) return;  // the early exit: static EP, nothing built
-    const McCost k = mc_cost(MC_COST_ARGS);
     const int R = (int)R_, C = (int)levels + 3, c = blockIdx.x + 1;
-    McStep st;
-    st.counts = counts;
-    st.prev = prev;
+    if (exited[0]) return;  // the early exit: its plan is built, nothing else is
+    if (c == 2 && misc[3] > 0) return;  // residents: the first kernel built and scored it
+    const McCost k = mc_cost(MC_COST_ARGS);
+    McStep st = mc_step(counts, prev, R, E, B, has_prev != 0, total_E, load_R, send_R, sdom_R,
+                        warm_d);
     st.prev_flow = prev_flow;
-    st.T = total_E;
-    st.L = load_R;
-    st.send_R = send_R;
-    st.sdom_R = sdom_R;
-    st.warm_d = warm_d;
-    st.N = misc[0];
-    st.E = E;
-    st.B = B;
-    st.M = (E + R - 1) / R;
-    st.R = R;
-    st.levels = (int)levels;
     st.n_prev_flow = (int)n_prev_flow;
-    st.has_prev = has_prev != 0;
+    st.levels = (int)levels;
+    st.N = misc[0];
     mp_i64* alloc = alloc_C + (mp_i64)c * E * R;
-    if (c == 2) {
+    if (c == 2) {  // no resident replica: the holders are the homes
         mc_resident(st, alloc, res_a, res_i, mp_smem);
     } else {
         const int level = (c >= 3 && c <= C - 2) ? (int)levels - 1 - (c - 3) : 0;
@@ -710,8 +764,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     mp_i64* rem = (mp_i64*)mp_smem;
     int* rep_n = (int*)(rem + E);
     int* win = rep_n + R;
-    if (tid == 0) {  // the rent-or-buy winner (rent.settle); static EP on the early exit
-        const int best = exited[0] ? 0 : mc_settle(scores, free_C, (int)C, credit);
+    if (tid == 0) {  // the rent-or-buy winner (rent.settle); the first kernel's on exit
+        const int best = exited[0] ? (int)index[0] : mc_settle(scores, free_C, (int)C, credit);
         index[0] = best;
         win[0] = best;
     }

@@ -10,13 +10,15 @@ torch's current stream with no host synchronisation, and every shape depends onl
 ``(R, E, B, K)``, so the call can be captured in a CUDA graph:
 
 1. ``moonplan_choice_first`` (one block): the counts' column sums, static loads, static EP's
-   scores charged ``exit_s`` and ``plan_s``, the early-exit bound, the rent-or-buy exit test
-   (``choice.rent.exit_rent``), the exit flag and the credit;
+   scores charged ``exit_s`` and ``plan_s``; where ``previous`` has resident replicas, the
+   ``resident`` candidate built and scored (the exit's other plan); the early-exit bound,
+   the rent-or-buy exit test (``choice.rent.exit_rent``) on the faster of the two, the exit
+   flag, the exit's index and the credit;
 2. ``moonplan_choice_build`` (``C - 1`` blocks, one per candidate but static): each returns
-   at once when the flag is set, else builds its allocation and scores it, its copies
-   charged and free;
-3. ``moonplan_choice_layout`` (one block): the rent-or-buy winner (``choice.rent.settle``)
-   and the credit, the winner's plan fields.
+   at once when the flag is set (and ``resident``'s when the first kernel built it), else
+   builds its allocation and scores it, its copies charged and free;
+3. ``moonplan_choice_layout`` (one block): the rent-or-buy winner (``choice.rent.settle``;
+   the first kernel's on exit) and the credit, the winner's plan fields.
 
 The cost model's rates are kernel arguments (doubles, fixed in a captured graph); outputs
 and scratch are views of one ``torch.empty``. The kernels include the exact planner's
@@ -134,12 +136,13 @@ def block_threads(R: int) -> int:
 
 
 def shared_bytes(R: int, E: int) -> tuple[int, int, int]:
-    """Dynamic shared memory of the three kernels (the layouts in ``choice_kernel.cu``)."""
+    """Dynamic shared memory of the three kernels (the layouts in ``choice_kernel.cu``); the
+    first and the build kernel also build and score the ``resident`` candidate."""
     first = 8 * (8 * R + 33) + 8 * RED_F64 + 4 * E
     construct = 8 * (E + 3 * R + 33) + 4 * (5 * R + 1 + 33)
     resident = 8 * R + 4 * (R + 33)  # its holders' arrays are global scratch (res_a, res_i)
     score = 8 * (ACC * R) + 8 * RED_F64
-    return first, max(construct, resident, score), 8 * E + 4 * (R + 1)
+    return max(first, resident, score), max(construct, resident, score), 8 * E + 4 * (R + 1)
 
 
 class Layout(NamedTuple):
@@ -169,7 +172,7 @@ def layout(R: int, E: int, B: int, C: int) -> Layout:
         "slot_expert": (R, B), "slot_new": (R, B), "row_expert": (R, W), "row_count": (R, W),
         "row_offset": (R, W + 1), "index": (), "scores": (C,), "exited": (), "credit": (),
     }  # fmt: skip
-    words64 = {"total_E": E, "load_R": R, "send_R": R, "sdom_R": R, "misc": 3,
+    words64 = {"total_E": E, "load_R": R, "send_R": R, "sdom_R": R, "misc": 4,
                "alloc_C": C * E * R, "flow_C": C * 3 * F, "recv_C": C * R, "rep_c": C * R * M,
                "res_a": 2 * H, "rest_RE": R * E, "top_RM": R * M, "free_C": C}  # fmt: skip
     words32 = {"rep_e": C * R * M, "srt_e": R * M, "warm_d": max(1, R * B),
@@ -261,8 +264,9 @@ def kernel_args(
     stats = [at(k) for k in ("total_E", "load_R", "send_R", "sdom_R", "misc")]
     cred = (credit.data_ptr(), ctypes.c_void_p)
     first = [c, p, val(R), val(E), val(B), has, val(C), *cost_, cred]
-    first += [at("scores"), at("free_C"), at("exited"), at("credit"), *stats, at("warm_d")]
-    first += [at("rest_RE"), at("top_RM")]
+    first += [at("scores"), at("free_C"), at("exited"), at("index"), at("credit"), *stats]
+    first += [at(k) for k in ("warm_d", "rest_RE", "top_RM", "alloc_C", "recv_C", "res_a")]
+    first += [at("res_i")]
     build = [c, p, f, val(R), val(E), val(B), has, val(n_flows), val(levels), *cost_]
     build += [at("exited"), at("scores"), *stats, at("warm_d")]
     build += [at(k) for k in ("alloc_C", "flow_C", "recv_C", "rep_c", "rep_e")]

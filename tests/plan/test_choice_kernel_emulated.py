@@ -18,6 +18,7 @@ kernel leaves them in its scratch) are compared. A GPU run
 from __future__ import annotations
 
 import ctypes
+import math
 import random
 import shutil
 import subprocess
@@ -195,7 +196,9 @@ def test_quick_cases_equal_the_reference(emu: ctypes.CDLL) -> None:
     plans = _chain(emu, [_hot(4, 10, s) for s in range(3)], 3, 8, full(H200))
     assert not any(bool(p.choice.exited) for p in plans)
     exit_cost = H200.scaled(plan_s=FORCED_S)  # every candidate's planning costs 1e9 s
-    assert bool(_check(emu, _hot(4, 10, 3), 3, 1, plans[-1], exit_cost).choice.exited)
+    ch = _check(emu, _hot(4, 10, 3), 3, 1, plans[-1], exit_cost).choice
+    assert ch is not None and bool(ch.exited) and int(ch.index) == 0
+    assert math.isfinite(float(ch.scores[2]))  # residents: the exit scored resident, static won
     _check(emu, _hot(5, 3, 1), 1, 3, None, full(MULTI.scaled(domain=2)))
     c = _hot(3, 7, 2)
     c[1] = 0
@@ -284,6 +287,7 @@ def test_rent_or_buy(emu: ctypes.CDLL) -> None:
     hot[:, 0] = 4000
     plans = _chain(emu, [hot] * 8, 2, 1, H200.scaled(copy_s_intra=4e-3))
     assert plans[0].policy == "static" and any(p.new_copies() > 0 for p in plans)
+    assert _exited(plans[-1]) and plans[-1].policy == "resident"  # the exit keeps the replicas
 
 
 # ---- sweeps (slow) ------------------------------------------------------------------------------
