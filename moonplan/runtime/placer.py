@@ -40,6 +40,7 @@ class Placer:
         self.B, self.S = num_slots, staging
         self.residency: Residency | None = None
         self.since = 0  # steps observed since the last decision
+        self.due = 1  # steps between decisions, set at each decision
         self.orders = 0  # refills ordered
 
     def active(self, cost: StepCost | None) -> bool:
@@ -57,14 +58,16 @@ class Placer:
         assert cost is not None
         R, E = counts_RE.shape
         if self.residency is None:
-            self.residency = Residency(R, E, self.B, cost, staging=self.S)
+            self.residency = Residency(R, E, self.B, cost, staging=self.S, device=counts_RE.device)
         self.residency.cost = cost  # a calibration may have replaced it
-        self.residency.observe(counts_RE)
+        self.residency.observe(counts_RE)  # on the device: no host read
         self.since += 1
-        step_s = plan_time(cost, plan, planned=0).total_s
+        if busy or self.since < self.due:
+            return None
+        step_s = plan_time(cost, plan, planned=0).total_s  # host reads: decisions only
         work_s = self.residency.work() * cost.exit_s
-        due = max(1, math.ceil(work_s / step_s)) if step_s > 0 else 1
-        if busy or self.since < due:
+        self.due = max(1, math.ceil(work_s / step_s)) if step_s > 0 else 1
+        if self.since < self.due:
             return None
         order = self.residency.decide(counts_RE, plan.slot_expert, self.since)
         self.since = 0

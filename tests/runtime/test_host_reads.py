@@ -77,8 +77,12 @@ def test_planning_and_routing_read_nothing_on_the_host(balance: str) -> None:
     got = run_ranks(_step_reads, 2, balance, timeout=120)
     for g in got:
         assert g["plan"] == 0 and g["route"] == 0, g
-        assert max(g["total"]) <= READS_PER_STEP, g  # what remains (docs/runtime.md)
+        allowed = READS_PER_STEP + (DECISION_READS if balance == "auto" else 0)
+        assert max(g["total"]) <= allowed, g  # what remains (docs/runtime.md)
 
 
 READS_PER_STEP = 40
 """The step's other host reads, bounded: see docs/runtime.md, "Host reads per step"."""
+
+DECISION_READS = 7
+"""A refill decision's reads (``balance="auto"``: the plan, its slots, the load window)."""

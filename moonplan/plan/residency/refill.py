@@ -122,6 +122,8 @@ class Residency:
         window: ``W`` steps of loads; staging: ``S`` changes per refill and rank.
         serve_s: the planning each step spends because replicas are resident (the early
             exit's build of the ``resident`` candidate), charged to tables with replicas.
+        device: where the window lives (the counts'): observing a step reads nothing on
+            the host; a decision reads the window once.
     """
 
     def __init__(
@@ -134,12 +136,13 @@ class Residency:
         window: int = WINDOW,
         staging: int = STAGING,
         serve_s: float = 0.0,
+        device: torch.device | None = None,
     ):
         if isinstance(staging, bool) or not isinstance(staging, int) or staging < 1:
             raise ValueError(f"staging must be an integer >= 1, got {staging!r}")
         self.R, self.E, self.B = num_ranks, num_experts, num_slots
         self.cost, self.staging, self.serve_s = cost, staging, serve_s
-        self.window = LoadWindow(num_experts, window)
+        self.window = LoadWindow(num_experts, window, device)
         self.credit = 0.0
         self.home_E = home_map(num_experts, num_ranks)
 
@@ -151,12 +154,12 @@ class Residency:
         empty_RB = torch.full((self.R, self.B), -1, dtype=torch.int64)
         if self.window.filled == 0 or self.B == 0:
             return empty_RB
-        totals_E = self.window.totals_E()
+        totals_E = self.window.totals_E().cpu()
         return target_slots(totals_E, self.window.filled, empty_RB, self.cost, self.serve_s)
 
     def observe(self, counts_RE: torch.Tensor) -> None:
-        """Add a step's counts (int64 ``[R, E]``) to the window."""
-        self.window.observe(counts_RE.cpu())
+        """Add a step's counts (int64 ``[R, E]``, on the window's device) to the window."""
+        self.window.observe(counts_RE.to(self.window.loads_WE.device))
 
     def decide(
         self, counts_RE: torch.Tensor, serving_RB: torch.Tensor, steps: int = 1
@@ -167,7 +170,7 @@ class Residency:
         if self.B == 0:
             return None
         serving_RB = serving_RB.cpu()
-        totals_E = self.window.totals_E()
+        totals_E = self.window.totals_E().cpu()
         target_RB = target_slots(totals_E, self.window.filled, serving_RB, self.cost, self.serve_s)
         target_RB = limit_changes(target_RB, serving_RB, self.staging, totals_E)
         if torch.equal(target_RB, serving_RB):
