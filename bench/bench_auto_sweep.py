@@ -13,9 +13,7 @@ Runs, in one process (``moonplan.simulate.acceptance``):
    everywhere; <= 1.06x the ideal at DeepSeek-V3, h200-node, EP 8, sigma 1, S 4096)
    and auto's choices; ``moonplan-auto`` makes one planner call a step, charged its device
    time by shape (``moonplan.baselines.planner_time``); it is also judged against static
-   EP alone (auto <= 1.01x static everywhere); ``moonplan-refresh`` (resident slots
-   refilled in the background, modelled only: not in the runtime) runs beside it on the
-   same traces, not counted;
+   EP alone (auto <= 1.01x static everywhere);
 2. per policy of the peers and auto: the points it wins (the best of them; ties count for
    each) and its worst and geometric-mean ratio to the best (``acceptance.standings``);
 3. the same on the shipped real traces (``moonplan.traces.real``: 12 traces of a trained
@@ -53,7 +51,6 @@ from moonplan.simulate.acceptance import (
     IDEAL_POINT,
     PEER_BAR,
     PEERS,
-    REFRESH,
     AcceptanceGrid,
     classify,
     failures,
@@ -86,7 +83,7 @@ WHY = (  # (label, hardware, EP, sigma, tokens per rank)
     ("EP64 multinode S=4096 sigma 1", "h200-multinode", 64, 1.0, 4096),
 )
 SHORT = {"static-linear": "static", "static-round-robin": "rr", "moonep-greedy": "greedy",
-         "moonplan-resident": "resident", "moonplan-auto": "auto", REFRESH: "refresh"}  # fmt: skip
+         "moonplan-resident": "resident", "moonplan-auto": "auto"}  # fmt: skip
 
 
 def point_lines(rows: list[dict[str, Any]]) -> list[list[str]]:
@@ -95,20 +92,14 @@ def point_lines(rows: list[dict[str, Any]]) -> list[list[str]]:
          f"{r['vs_peers']:.3f}", SHORT.get(r["best_peer"], r["best_peer"]),
          f"{r['vs_ideal']:.3f}", choices(r["choices"]), f"{r['phases']['plan_us']:.0f}",
          f"{r['phases']['prefetch_exposed_us']:.0f}", f"{r['us'][AUTO]:.0f}",
-         f"{r['vs_static']:.3f}", f"{r['vs_peers_unplanned']:.3f}",
-         _ratio(r, "vs_peers_refresh")]
+         f"{r['vs_static']:.3f}", f"{r['vs_peers_unplanned']:.3f}"]
         for r in rows
     ]  # fmt: skip
 
 
-def _ratio(r: dict[str, Any], key: str) -> str:
-    return f"{r[key]:.3f}" if key in r else "-"
-
-
 POINT_HEADER = ["model", "hardware", "EP", "sigma", "S", "auto / best peer", "best peer",
                 "auto / ideal", "auto chose", "plan us", "exposed prefetch us",
-                "auto us", "auto / static", "auto / best peer, planning not charged",
-                "refresh / best peer"]  # fmt: skip
+                "auto us", "auto / static", "auto / best peer, planning not charged"]  # fmt: skip
 
 
 def choices(c: dict[str, int]) -> str:
@@ -155,7 +146,6 @@ def by_tokens(rows: list[dict[str, Any]]) -> list[str]:
         line("within 1.01x the best peer", within("vs_peers")),
         line("within 1.01x static EP", within("vs_static")),
         line("within 1.01x, planning not charged", within("vs_peers_unplanned")),
-        line("refresh within 1.01x (not counted)", within("vs_peers_refresh")),
         line("worst auto / best peer", lambda rs: f"{max(r['vs_peers'] for r in rs):.2f}"),
         line("worst auto / static", lambda rs: f"{max(r['vs_static'] for r in rs):.3f}"),
         line("auto's planning charge per step, us", mean(lambda r: r["phases"]["plan_us"])),
@@ -272,7 +262,7 @@ def main() -> None:
     if args.steps:
         grid = dataclasses.replace(grid, steps=args.steps)
     t0 = time.time()
-    rows = run_acceptance(grid, cfg, ProgressBar(), (*PEERS, AUTO, REFRESH))
+    rows = run_acceptance(grid, cfg, ProgressBar(), (*PEERS, AUTO))
     grid_s = time.time() - t0
     real, real_md = ([], []) if args.no_real else real_part(cfg, kinds)
     bad = failures(rows)

@@ -14,8 +14,8 @@ measured) on which ``moonplan-auto`` and its peers run. Its verdicts:
   :data:`IDEAL_BAR` applies at :data:`IDEAL_POINT` only).
 
 ``moonplan-auto`` makes one planner call a step, charged the planner's device time by shape
-(``moonplan.baselines.planner_time``); :data:`ALSO` (the background slot refresh) may run
-beside it, reported, never counted in the bars.
+(``moonplan.baselines.planner_time``), over slots placed from a window of loads and refilled
+beside the steps (``moonplan.plan.residency``).
 
 :func:`standings` reports, per policy, the points it wins and its worst ratio to the
 best; :func:`run_recorded` runs the same comparison on recorded traces.
@@ -51,10 +51,6 @@ Progress = Callable[[int, int, str], None]
 """``progress(done, total, label)`` callback."""
 
 AUTO = "moonplan-auto"
-REFRESH = "moonplan-refresh"
-"""Resident slots refilled in the background (modelled, not in the runtime), for comparison."""
-ALSO = {REFRESH: "vs_peers_refresh"}
-"""Policies reported beside auto (not counted in the bars) -> their row key."""
 PEERS = (
     "static-linear",
     "static-round-robin",
@@ -133,9 +129,7 @@ def acceptance_point(
         ``phases`` (auto's mean phases, us), ``moved_mb`` (policy -> expert weights moved
         per step, MB: on the critical path or, for EPLB, in the background), ``vs_static``
         (auto over static EP with linear placement), a diagnosis of the planning:
-        ``unplanned_us`` (auto's time without its planning) and ``vs_peers_unplanned``;
-        for each policy of :data:`ALSO` among ``policies``, its ratio to the best peer
-        (``vs_peers_refresh``).
+        ``unplanned_us`` (auto's time without its planning) and ``vs_peers_unplanned``.
     """
     cfg = cfg or SimConfig()
     model, hw, R, sigma, S = point
@@ -180,9 +174,7 @@ def verdicts(
         "vs_peers_unplanned": unplanned / rows[best]["total_us"],
         "choices": auto.get("choices", {}),
         "phases": {k: auto[k] for k in (*phases, "combine_us", "total_us")},
-        **{key: rows[p]["total_us"] / rows[best]["total_us"] for p, key in ALSO.items()
-           if p in rows},
-    }  # fmt: skip
+    }
 
 
 def run_acceptance(

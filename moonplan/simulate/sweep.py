@@ -138,7 +138,7 @@ def policy_options(
 ) -> dict[str, Any]:
     """Options for :func:`make_policy`: nodes and expert groups (EPLB), ``slots`` (every
     policy that takes them), the deployed EPLB's schedule (``eplb``:
-    :meth:`SweepSpec.eplb_options`) and ``moonplan-refresh``'s period and window
+    :meth:`SweepSpec.eplb_options`) and ``eplb-fast``'s period and window
     (``period``: ``eplb-fast``'s)."""
     nodes = max(1, ranks // hw.domain(ranks))
     opts = {"period": period, "window": period, "nodes": nodes, "groups": groups, "slots": slots}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -28,12 +26,11 @@ from moonplan.baselines.metrics import (
     step_metrics,
     summarize,
 )
-from moonplan.baselines.policies import refill_link_s, split_pairs
+from moonplan.baselines.planner_time import resident_build_us
+from moonplan.baselines.policies import split_pairs
 from moonplan.baselines.prehistory import Prehistory
 from moonplan.baselines.static_ep import StaticPolicy, round_robin_alloc
-from moonplan.plan import plan
 from moonplan.plan.placement import round_robin_home
-from moonplan.plan.plan_time import plan_fetch_ER
 from moonplan.stepcost import StepCost
 from moonplan.traces import generate_counts
 
@@ -374,11 +371,13 @@ def test_fetched_pairs_are_the_critical_path_moves(name: str) -> None:
 def test_simulator_plans_what_the_runtime_balancer_plans(mode: str, name: str) -> None:
     """``moonplan-resident`` and ``moonplan-auto`` and the runtime's ``Balancer`` make the
     same ``moonplan.plan(counts, previous=, policy=, cost=)`` call: the same plans step by
-    step, and the simulator charges one planner call (or the early exit's test)."""
+    step, and the simulator charges one planner call (or the early exit's: its test, and the
+    resident candidate's build with residents). Without staging rows auto refills nothing
+    in the background (the runtime's ``Placer`` runs beside the ``Balancer``)."""
     from moonplan.runtime.balancer import Balancer
 
     cost = rows_only(copy_s_intra=1e-3, copy_s_inter=1e-3, plan_s=1e-3, exit_s=1e-5)
-    sim = make_policy(name, 8, 64, cost=cost, slots=4)
+    sim = make_policy(name, 8, 64, cost=cost, slots=4, staging=0)  # no background refill
     runtime = Balancer(mode, slots=4, align=1, cost=cost if mode == "auto" else None)
     previous = None
     choices = set()
@@ -386,11 +385,13 @@ def test_simulator_plans_what_the_runtime_balancer_plans(mode: str, name: str) -
         c = generate_counts("lognormal", ranks=8, experts=64, tokens=256, topk=4, sigma=1.5,
                             seed=seed)  # fmt: skip
         step = sim.step(c)
+        held = previous is not None and bool((previous.slot_expert >= 0).any())
         previous = runtime.plan(c, previous)
         assert torch.equal(step.alloc_ER, previous.alloc)
         assert step.new_copies == previous.new_copies()
         exited = previous.choice is not None and previous.choice.early_exit()
-        assert step.planned == pytest.approx(1e-2 if exited else 1.0)
+        exit_s = 1e-5 + (resident_build_us() * 1e-6 if held else 0.0)
+        assert step.planned == pytest.approx(exit_s / 1e-3 if exited else 1.0)
         choices.add(previous.policy)
     # auto's choice changes along the trace (a mixed trace, not one candidate throughout)
     assert choices == {"exact"} if mode == "exact" else len(choices) >= 2
@@ -400,13 +401,13 @@ def test_auto_reruns_and_resets_give_the_same_steps() -> None:
     cost = rows_only(copy_s_intra=1e-3, copy_s_inter=1e-3, plan_s=1e-3)
     trace = [generate_counts("lognormal", ranks=8, experts=64, tokens=256, topk=4, sigma=1.5,
                              seed=1 + i) for i in range(6)]  # fmt: skip
-    for name in ("moonplan-auto", "moonplan-refresh"):
-        policy = make_policy(name, 8, 64, cost=cost, slots=4, period=2)
+    for name in ("moonplan-auto",):
+        policy = make_policy(name, 8, 64, cost=cost, slots=4, placement_window=3)
         runs = []
         for _ in range(2):
             policy.reset()
             runs.append([policy.step(c) for c in trace])
-        fresh = make_policy(name, 8, 64, cost=cost, slots=4, period=2)
+        fresh = make_policy(name, 8, 64, cost=cost, slots=4, placement_window=3)
         again = [fresh.step(c) for c in trace]
         for a, b, c in zip(*runs, again, strict=True):
             assert torch.equal(a.alloc_ER, b.alloc_ER) and torch.equal(a.alloc_ER, c.alloc_ER)
@@ -419,7 +420,7 @@ def drifting(steps: int, seed: int = 0) -> list[torch.Tensor]:
                             seed=seed + i) for i in range(steps)]  # fmt: skip
 
 
-# ---- moonplan-refresh: slots refilled in the background --------------------------------------
+# ---- moonplan-auto's slot placement: refilled beside the steps --------------------------------
 
 
 def test_split_pairs_round_robin() -> None:
@@ -431,53 +432,55 @@ def test_split_pairs_round_robin() -> None:
     assert [int(p.sum()) for p in split_pairs(pairs, 7)] == [1] * 5 + [0, 0]
 
 
-def test_refresh_refills_from_the_window_and_serves_once_copied() -> None:
-    """After each ``period``-th step the exact plan of the window's summed counts; its new
-    slots are copied beside the next steps (a share each), then served (resident: no
-    fetch on the critical path, no planner run)."""
-    cost = rows_only(copy_s_intra=1e-9, copy_s_inter=1e-9)  # fits any experts phase: one share
-    trace = drifting(9, seed=2)
-    policy = make_policy("moonplan-refresh", 8, 64, cost=cost, period=3)
-    steps = [policy.step(c) for c in trace]
-    window = plan(torch.stack(trace[:3]).sum(0), backend="torch")
-    # the window's plan and the trial plan over its slots (a run each), beside it
-    search = 1 + 1
-    assert [s.background_plan for s in steps] == [0, 0, search] * 3
-    assert [s.refill_ER is not None for s in steps] == [False] * 3 + [True, False, False] * 2
-    assert torch.equal(steps[3].refill_ER, plan_fetch_ER(window))
-    assert steps[3].new_copies == int(plan_fetch_ER(window).sum()) > 0
-    for s, c in zip(steps, trace, strict=True):
-        assert s.planned == 0 and s.moves_C2.shape[0] == 0 and not bool(s.fetch_ER.any())
-        assert torch.equal(s.alloc_ER.sum(1), c.sum(0))
-    static = [StaticPolicy(8, 64).step(c) for c in trace]
-    assert all(
-        torch.equal(a.alloc_ER, b.alloc_ER) for a, b in zip(steps[:4], static[:4], strict=True)
-    )
-    served = plan(trace[4], previous=window, policy="resident").alloc  # after the copy
-    assert torch.equal(steps[4].alloc_ER, served)
-    assert sum(s.load_R.max() for s in steps[4:]) < sum(s.load_R.max() for s in static[4:])
+def persistent(steps: int, hot: tuple[int, ...] = (0, 9, 18), seed: int = 0) -> list[torch.Tensor]:
+    """``steps`` count matrices ``[8, 64]`` whose hot experts stay (a persistent skew)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        c = torch.randint(20, 40, (8, 64), generator=gen)
+        c[:, list(hot)] += 400
+        out.append(c)
+    return out
 
 
-def test_refresh_spreads_a_refill_that_does_not_fit_and_skips_one_that_does_not_pay() -> None:
-    trace = drifting(8, seed=2)
-    window = plan(torch.stack(trace[:4]).sum(0), backend="torch")
-    total = int(plan_fetch_ER(window).sum())
-    seen = set()
-    for copy_s in (1e-9, 3e-5, 1e-4, 3e-4, 1e-3, 1.0):
-        cost = rows_only(copy_s_intra=copy_s, copy_s_inter=copy_s)
-        policy = make_policy("moonplan-refresh", 8, 64, cost=cost, period=4)
-        steps = [policy.step(c) for c in trace]
-        shares = [int(s.refill_ER.sum()) for s in steps[4:] if s.refill_ER is not None]
-        before = StaticPolicy(8, 64).step(trace[3])
-        link = refill_link_s(cost, plan_fetch_ER(window), window.home.cpu())
-        experts = cost.step_time(before.alloc_ER, trace[3], torch.zeros(64, 8, dtype=torch.bool),
-                                 window.home.cpu(), planned=0).experts_s  # fmt: skip
-        if shares:  # refilled: in ceil(link / experts) shares (at most the period), all copied
-            assert len(shares) == max(1, min(4, math.ceil(link / experts)))
-            assert sum(shares) == total and max(shares) - min(shares) <= 1
-        seen.add(len(shares))
-    assert seen >= {0, 1} and max(seen) > 1  # kept whole, spread, and skipped (too dear)
-    with pytest.raises(ValueError, match="needs cost"):
-        make_policy("moonplan-refresh", 8, 64)
-    with pytest.raises(ValueError, match="period"):
-        make_policy("moonplan-refresh", 8, 64, cost=cost, period=0)
+def test_auto_refills_beside_the_steps_and_serves_once_copied() -> None:
+    """A persistent hot set: the placement orders a refill (its copies beside the next
+    steps, ``refill_ER``), swaps it in (``local_copies``) and then serves the hot experts'
+    replicas without fetching them on the critical path; the step's planner call buys only
+    what pays in that step (``rent=False``)."""
+    cost = rows_only(copy_s_intra=1e-6, copy_s_inter=1e-6, plan_s=1e-6)
+    policy = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4, placement_window=4)
+    assert policy.slots == 3 and policy.staging == 1 and not policy.rent
+    steps = [policy.step(c) for c in persistent(12)]
+    ordered = [i for i, s in enumerate(steps) if s.refill_ER is not None]
+    swapped = [i for i, s in enumerate(steps) if s.local_copies]
+    assert ordered and swapped and swapped[0] > ordered[0]
+    assert all(s.local_copies <= 1 for s in steps)  # one staging row per rank
+    held = policy._previous.slot_expert
+    assert {0, 9, 18} & set(held[held >= 0].tolist())  # a hot expert is resident
+    assert all(torch.equal(s.alloc_ER.sum(1), c.sum(0))
+               for s, c in zip(steps, persistent(12), strict=True))  # fmt: skip
+
+
+def test_auto_without_staging_room_keeps_rent_or_buy() -> None:
+    """With one slot there is no room to stage: nothing is refilled in the background and
+    the step's call keeps buying for later steps."""
+    policy = make_policy("moonplan-auto", 8, 64, cost=rows_only(), slots=1)
+    assert policy.residency is None and policy.rent and policy.slots == 1
+    assert policy.steps_before() == []
+    steps = [policy.step(c) for c in persistent(4)]
+    assert all(s.refill_ER is None and s.local_copies == 0 for s in steps)
+
+
+def test_auto_primes_its_slots_from_the_steps_before() -> None:
+    """Like EPLB's placement, the table serving at step 0 is the window's before the trace."""
+    from moonplan.baselines.prehistory import Prehistory
+
+    policy = make_policy("moonplan-auto", 8, 64, cost=rows_only(), slots=4, placement_window=4)
+    assert policy.steps_before() == [(-4, 0)]
+    totals = torch.stack([c.sum(0) for c in persistent(4)])
+    policy.prime(Prehistory(torch.arange(-4, 0), totals))
+    held = policy._previous.slot_expert
+    assert {0, 9, 18} <= set(held[held >= 0].tolist())
+    step = policy.step(persistent(1, seed=5)[0])
+    assert step.moves_C2.shape[0] == 0  # served from the primed slots: nothing fetched

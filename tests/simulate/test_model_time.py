@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from moonplan.baselines.planner_time import exact_us
-from moonplan.baselines.policies import refill_link_s
+from moonplan.plan.residency.refill import refill_link_s
 from moonplan.baselines.policy_base import make_step
 from moonplan.baselines.registry import make_policy
 from moonplan.cost import GQAAttention, ModelPreset
@@ -211,9 +211,9 @@ def test_refill_is_hidden_behind_the_experts_phase_and_the_rest_exposed() -> Non
         alloc = torch.diag(counts.sum(0))
         refill = torch.zeros(16, 16, dtype=torch.bool)
         refill[0, 9] = True  # one copy across nodes
-        base = step_time(make_step("moonplan-refresh", counts, alloc, src_E=src_E), model,
+        base = step_time(make_step("moonplan-auto", counts, alloc, src_E=src_E), model,
                          multi, cfg)  # fmt: skip
-        step = make_step("moonplan-refresh", counts, alloc, src_E=src_E, refill_ER=refill)
+        step = make_step("moonplan-auto", counts, alloc, src_E=src_E, refill_ER=refill)
         t = step_time(step, model, multi, cfg)
         link = refill_link_s(cost, refill, src_E)
         one_expert = 3 * 1024 * 1024 * 2
@@ -286,16 +286,16 @@ def test_background_planning_is_charged_beyond_its_step_to_the_next() -> None:
     (``named_waits``), and no step past the trace pays it."""
     counts = torch.full((4, 8), 64, dtype=torch.int64)
     model = toy(8, top_k=2)
-    cfg = SimConfig(plan_us={"moonplan-refresh": 10.0})
+    cfg = SimConfig(plan_us={"moonplan-auto": 10.0})
     alloc = make_policy("static-linear", 4, 8).step(counts).alloc_ER
-    quiet = make_step("moonplan-refresh", counts, alloc, planned=1)
+    quiet = make_step("moonplan-auto", counts, alloc, planned=1)
     own = step_time(quiet, model, HW, cfg)
     beside = own.total_s - own.plan_s
-    fits = make_step("moonplan-refresh", counts, alloc, planned=1,
+    fits = make_step("moonplan-auto", counts, alloc, planned=1,
                      background_plan=beside / 10e-6 * 0.99)  # fmt: skip
     assert background_wait_s(fits, own, cfg) == 0.0
     n = 3 * beside / 10e-6
-    long = make_step("moonplan-refresh", counts, alloc, planned=1, background_plan=n)
+    long = make_step("moonplan-auto", counts, alloc, planned=1, background_plan=n)
     assert background_wait_s(long, own, cfg) == pytest.approx(n * 10e-6 - beside, rel=1e-12)
     waits = named_waits([long, quiet, long], [own] * 3, cfg)
     assert waits == [0.0, pytest.approx(n * 10e-6 - beside, rel=1e-12), 0.0]
