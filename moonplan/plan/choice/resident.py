@@ -27,9 +27,10 @@ over the holders, in integers so that every rank computes the same plan:
 
 Only a rank's first ``M`` slots take records, so it runs at most ``M`` remote experts
 (invariant 3). Every round is elementwise work and sums over the pairs, no sequential
-scan. On the generated and real traces the rounds reach within 0.3% of the least largest
-load the holders allow (a max-flow bound) after 8 rounds (``docs/planner-policy.md``,
-"The resident candidate").
+scan. How close 8 rounds come to the least largest load the holders allow (a max-flow
+bound) depends on how well the holders connect the ranks: within 0.3% on the simulator's
+traces with a window placement (EP 8 and 64), up to 6.5% over sparse holders (two slots
+per rank, ``tests/plan/choice/test_resident.py``), where 32 rounds reach 0.7%.
 
 Three forms with equal results: plain Python (:func:`resident_reference`, the definition),
 numpy over the list of pairs (:func:`resident_host`, the host path's) and torch dense over
@@ -43,8 +44,9 @@ import numpy as np
 import torch
 
 ROUNDS = 8
-"""Rounds of diffusion (measured, docs/planner-policy.md: 8 reach within 0.3% of the
-least largest load on the traces there; 4 left up to 1.5%)."""
+"""Rounds of diffusion: each costs the device a few block-wide passes (the planning charge
+grows with it); 8 reach within 0.3% of the least largest load on the simulator's traces
+(module docstring)."""
 
 SCALE_BITS = 16
 """Units per record: ``S = 2**SCALE_BITS`` (fine enough that a gap of one record still

@@ -1,0 +1,93 @@
+"""When a refill pays: the staging limit, the swap, rent or buy, and a steady or moving hot set."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moonplan.plan.residency.refill import (
+    Refill,
+    Residency,
+    changed_pairs,
+    limit_changes,
+    refill_link_s,
+    swapped_slots,
+)
+from tests.plan.residency.test_target import rows_only
+
+
+def test_limit_changes_keeps_at_most_the_staging_rows_and_never_empties() -> None:
+    current = torch.tensor([[1, 2, -1], [0, -1, -1]])
+    target = torch.tensor([[3, -1, 4], [5, 6, 7]])
+    totals = torch.tensor([0, 0, 0, 10, 50, 1, 30, 20])
+    got = limit_changes(target, current, 1, totals)
+    assert got.tolist() == [[1, 2, 4], [0, 6, -1]]  # the most records first; -1 keeps
+    assert limit_changes(target, current, 3, totals).tolist() == [[3, 2, 4], [5, 6, 7]]
+    assert changed_pairs(got, current, 8).nonzero().tolist() == [[4, 0], [6, 1]]
+
+
+def test_the_swap_empties_a_twin_a_step_put_elsewhere() -> None:
+    last = torch.tensor([[7, 3, -1]])  # a step's plan copied expert 3 into slot 1 meanwhile
+    order = Refill(torch.tensor([[7, 5, 3]]), torch.tensor([[False, False, True]]),
+                   torch.zeros(8, 1, dtype=torch.bool))  # fmt: skip
+    slots, changed = swapped_slots(last, order)
+    assert slots.tolist() == [[7, -1, 3]] and changed.tolist() == [[False, False, True]]
+
+
+def test_link_time_of_no_copy_is_zero() -> None:
+    assert refill_link_s(rows_only(), torch.zeros(4, 2, dtype=torch.bool), torch.zeros(4)) == 0
+
+
+def hot_steps(steps: int, hot: tuple[int, ...], seed: int = 0) -> list[torch.Tensor]:
+    """Counts ``[4, 16]``: a persistent hot set over noise."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        c = torch.randint(5, 15, (4, 16), generator=gen)
+        c[:, list(hot)] += 120
+        out.append(c)
+    return out
+
+
+def run(
+    res: Residency, trace: list[torch.Tensor], slots: torch.Tensor
+) -> tuple[list[int], torch.Tensor]:
+    """Steps ``trace`` through ``res`` with a refill served as soon as it is ordered;
+    the copies each step made and the slots serving at the end."""
+    copies = []
+    for c in trace:
+        res.observe(c)
+        order = res.decide(c, slots)
+        copies.append(0 if order is None else int(order.fetch_ER.sum()))
+        if order is not None:
+            slots = order.slot_RB
+    return copies, slots
+
+
+def test_a_steady_hot_set_is_placed_once_then_left_alone() -> None:
+    """Rent or buy with the copies' link time as price: the hot experts are placed within a
+    few steps, then (the popularity steady) at most 0.05 copies per rank and step."""
+    cost = rows_only(copy_s_intra=1e-4, copy_s_inter=1e-4)
+    res = Residency(4, 16, 2, cost, window=8)
+    empty = torch.full((4, 2), -1, dtype=torch.int64)
+    copies, held = run(res, hot_steps(200, (0, 5)), empty)
+    assert {0, 5} <= set(held[held >= 0].tolist())
+    assert sum(copies[:20]) > 0
+    assert sum(copies[20:]) / (180 * 4) <= 0.05
+
+
+def test_a_moved_hot_set_is_followed_within_a_window() -> None:
+    cost = rows_only(copy_s_intra=1e-4, copy_s_inter=1e-4)
+    W = 8
+    res = Residency(4, 16, 2, cost, window=W)
+    empty = torch.full((4, 2), -1, dtype=torch.int64)
+    _, before = run(res, hot_steps(40, (0, 5)), empty)
+    copies, held = run(res, hot_steps(3 * W, (10, 14), seed=1), before)
+    assert {10, 14} & set(held[held >= 0].tolist())
+    first = next(i for i, n in enumerate(copies) if n)
+    assert first <= W  # the window follows within W steps, the rent pays soon after
+
+
+def test_staging_must_be_a_positive_integer() -> None:
+    with pytest.raises(ValueError, match="staging"):
+        Residency(4, 16, 2, rows_only(), staging=0)

@@ -1,0 +1,56 @@
+"""Which experts the slots should hold: replica counts, packing and the cost model's table."""
+
+from __future__ import annotations
+
+import torch
+
+from moonplan.plan.home import home_list
+from moonplan.plan.residency.target import mean_step, pack, replica_counts, target_slots
+from moonplan.stepcost import StepCost
+
+
+def rows_only(**fields: float) -> StepCost:
+    """A cost model where only rows (and ``fields``) take time."""
+    zero = dict.fromkeys(
+        ("weight_read_s", "row_mem_s", "copy_s_intra", "copy_s_inter", "dispatch_row_s_intra",
+         "dispatch_row_s_inter", "combine_row_s_intra", "combine_row_s_inter"), 0.0
+    )  # fmt: skip
+    return StepCost(**{**zero, "row_flop_s": 1e-6, **fields})
+
+
+def test_replicas_go_to_the_most_records_per_holder() -> None:
+    assert replica_counts([100, 10, 0, 40], 4, 3) == [3, 1, 1, 2]  # 100 -> 50 -> 40 -> 33
+    assert replica_counts([100, 0], 2, 5) == [2, 1]  # at most R holders, none for no records
+    assert replica_counts([5, 5], 4, 0) == [1, 1]
+
+
+def test_pack_keeps_residents_in_place_and_never_doubles_or_homes() -> None:
+    E, R, B = 8, 4, 2
+    home = home_list(E, R)
+    n = [3, 1, 2, 1, 1, 1, 1, 2]
+    totals = [90, 5, 40, 5, 5, 5, 5, 30]
+    current = [[-1, -1], [-1, 0], [-1, -1], [-1, -1]]  # expert 0 already on rank 1, slot 1
+    slots = pack(n, totals, B, current)
+    assert slots[1][1] == 0  # the resident stays where it is
+    for r, row in enumerate(slots):
+        held = [e for e in row if e >= 0]
+        assert len(held) == len(set(held)) and all(home[e] != r for e in held)
+    flat = [e for row in slots for e in row if e >= 0]
+    assert sorted(flat) == [0, 0, 2, 7]  # n - 1 of each
+
+
+def test_mean_step_spreads_each_experts_mean_over_the_sources() -> None:
+    got = mean_step(torch.tensor([20, 7, 0]), 2, 3)  # means 10, 3, 0
+    assert got.sum(0).tolist() == [10, 3, 0] and got[:, 0].tolist() == [4, 3, 3]
+
+
+def test_the_table_replicates_a_persistent_hot_expert_only_where_it_pays() -> None:
+    R = 4
+    totals = torch.tensor([4000, 100, 100, 100, 100, 100, 100, 100])
+    empty = torch.full((R, 2), -1, dtype=torch.int64)
+    t = target_slots(totals, 10, empty, rows_only())
+    assert int((t == 0).sum()) >= 2  # the hot expert, on several ranks
+    dear = rows_only(weight_read_s=1.0)  # a replica's weight read outweighs any balance
+    assert bool((target_slots(totals, 10, empty, dear) == -1).all())
+    costly = target_slots(totals, 10, empty, rows_only(), serve_s=1.0)  # serving is dear
+    assert bool((costly == -1).all())
