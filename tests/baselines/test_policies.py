@@ -33,6 +33,8 @@ from moonplan.baselines.static_ep import StaticPolicy, round_robin_alloc
 from moonplan.plan.placement import round_robin_home
 from moonplan.stepcost import StepCost
 from moonplan.traces import generate_counts
+from tests.plan.choice.costs import rows_only
+from tests.plan.draw import hot_steps
 
 # the README's worked example: every record on rank 0, 8 experts on 4 ranks
 WORKED_COUNTS = torch.tensor([[9, 1, 2, 0, 3, 5, 4, 8], [0] * 8, [0] * 8, [0] * 8])
@@ -310,15 +312,6 @@ def test_compare_policies_over_layers_by_hand() -> None:
 # ---- moonplan-auto ---------------------------------------------------------------------------
 
 
-def rows_only(**fields: float) -> StepCost:
-    """A cost model where only rows (and ``fields``) take time."""
-    zero = dict.fromkeys(
-        ("weight_read_s", "row_mem_s", "copy_s_intra", "copy_s_inter", "dispatch_row_s_intra",
-         "dispatch_row_s_inter", "combine_row_s_intra", "combine_row_s_inter"), 0.0
-    )  # fmt: skip
-    return StepCost(**{**zero, "row_flop_s": 1e-6, **fields})
-
-
 def test_moonplan_auto_balances_when_copies_are_free_and_keeps_its_plan() -> None:
     auto = make_policy("moonplan-auto", 4, 8, cost=rows_only(plan_s=1e-6))
     first = auto.step(WORKED_COUNTS)
@@ -432,15 +425,9 @@ def test_split_pairs_round_robin() -> None:
     assert [int(p.sum()) for p in split_pairs(pairs, 7)] == [1] * 5 + [0, 0]
 
 
-def persistent(steps: int, hot: tuple[int, ...] = (0, 9, 18), seed: int = 0) -> list[torch.Tensor]:
-    """``steps`` count matrices ``[8, 64]`` whose hot experts stay (a persistent skew)."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(steps):
-        c = torch.randint(20, 40, (8, 64), generator=gen)
-        c[:, list(hot)] += 400
-        out.append(c)
-    return out
+def persistent(steps: int, seed: int = 0) -> list[torch.Tensor]:
+    """``steps`` count matrices ``[8, 64]`` whose hot experts 0, 9 and 18 stay."""
+    return hot_steps(steps, 8, 64, (0, 9, 18), low=20, high=40, extra=400, seed=seed)
 
 
 def test_auto_refills_beside_the_steps_and_serves_once_copied() -> None:

@@ -42,3 +42,25 @@ def random_counts(
             for e in rng.choices(range(E), weights=w, k=rng.randrange(0, picks_max)):
                 c[s, e] += 1
     return c
+
+
+def hot_steps(
+    steps: int,
+    ranks: int,
+    experts: int,
+    hot: tuple[int, ...],
+    *,
+    low: int,
+    high: int,
+    extra: int,
+    seed: int = 0,
+) -> list[torch.Tensor]:
+    """``steps`` counts ``[ranks, experts]``: uniform in ``[low, high)``, each hot expert
+    ``extra`` more from every rank (a persistent hot set over noise)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        c = torch.randint(low, high, (ranks, experts), generator=gen)
+        c[:, list(hot)] += extra
+        out.append(c)
+    return out

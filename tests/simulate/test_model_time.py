@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from moonplan.baselines.planner_time import exact_us
-from moonplan.plan.residency.refill import refill_link_s
 from moonplan.baselines.policy_base import make_step
 from moonplan.baselines.registry import make_policy
 from moonplan.cost import GQAAttention, ModelPreset
+from moonplan.plan.residency.refill import refill_link_s
 from moonplan.simulate.model_time import (
     SimConfig,
     StepTime,

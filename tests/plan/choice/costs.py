@@ -22,6 +22,17 @@ COMPUTE_ONLY = StepCost(  # only the busiest rank's rows cost: copies, traffic, 
     combine_row_s_intra=0.0,
     combine_row_s_inter=0.0,
 )
+
+
+def rows_only(**fields: float) -> StepCost:
+    """A cost model where only rows (and ``fields``) take time."""
+    zero = dict.fromkeys(
+        ("weight_read_s", "row_mem_s", "copy_s_intra", "copy_s_inter", "dispatch_row_s_intra",
+         "dispatch_row_s_inter", "combine_row_s_intra", "combine_row_s_inter"), 0.0
+    )  # fmt: skip
+    return StepCost(**{**zero, "row_flop_s": 1e-6, **fields})
+
+
 FORCED_S = 1e9
 """A planning charge no step can beat: ``exit_s`` at it forces every candidate to be built."""
 

@@ -13,7 +13,8 @@ from moonplan.plan.residency.refill import (
     refill_link_s,
     swapped_slots,
 )
-from tests.plan.residency.test_target import rows_only
+from tests.plan.choice.costs import rows_only
+from tests.plan.draw import hot_steps as draw_hot
 
 
 def test_limit_changes_keeps_at_most_the_staging_rows_and_never_empties() -> None:
@@ -40,13 +41,7 @@ def test_link_time_of_no_copy_is_zero() -> None:
 
 def hot_steps(steps: int, hot: tuple[int, ...], seed: int = 0) -> list[torch.Tensor]:
     """Counts ``[4, 16]``: a persistent hot set over noise."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(steps):
-        c = torch.randint(5, 15, (4, 16), generator=gen)
-        c[:, list(hot)] += 120
-        out.append(c)
-    return out
+    return draw_hot(steps, 4, 16, hot, low=5, high=15, extra=120, seed=seed)
 
 
 def run(

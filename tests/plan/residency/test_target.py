@@ -6,16 +6,7 @@ import torch
 
 from moonplan.plan.home import home_list
 from moonplan.plan.residency.target import mean_step, pack, replica_counts, target_slots
-from moonplan.stepcost import StepCost
-
-
-def rows_only(**fields: float) -> StepCost:
-    """A cost model where only rows (and ``fields``) take time."""
-    zero = dict.fromkeys(
-        ("weight_read_s", "row_mem_s", "copy_s_intra", "copy_s_inter", "dispatch_row_s_intra",
-         "dispatch_row_s_inter", "combine_row_s_intra", "combine_row_s_inter"), 0.0
-    )  # fmt: skip
-    return StepCost(**{**zero, "row_flop_s": 1e-6, **fields})
+from tests.plan.choice.costs import rows_only
 
 
 def test_replicas_go_to_the_most_records_per_holder() -> None:
