@@ -222,23 +222,18 @@ __device__ double mc_copying(const McCost& k, int R, double reads, mp_i64 j, mp_
     return mc_copy_total(k, D, reads, Cb, wait);
 }
 
-// bound.exit_bound: the least time a candidate other than static EP can reach, and into *buy
-// its part for plans that copy (rent.exit_rent reads it). `copies`: the largest over ranks of
-// the least over j of mc_copying, or less for a copy over the slow link; `free_link`: the rows
-// some rank sends or receives in a plan that copies nothing, `far` the most of a rank's rows
-// bound for the slow link; `static_full` is used when no replica is resident.
-__device__ double mc_bound(const McCost& k, int R, double experts_lb, double copies,
-                           mp_i64 free_link, mp_i64 far, double home_lb, bool resident,
-                           double static_full, double* buy) {
+// bound.exit_bound: the least time of a plan that copies, or, where no replica is resident,
+// of static EP charged plan_s (`static_full`: the only plan that copies nothing); where
+// replicas are resident the resident candidate stands for the plans that copy nothing, so
+// the bound is `copies` alone. Into *buy its part for plans that copy (rent.exit_rent reads
+// it). `copies`: the largest over ranks of the least over j of mc_copying, or less for a
+// copy over the slow link (mc_first_links).
+__device__ double mc_bound(int R, double copies, bool resident, double static_full,
+                           double* buy) {
     const double margin = 1.0 - 1.0 / 1099511627776.0;  // bound.MARGIN = 1 - 2**-40
     *buy = R <= 1 ? MC_INF : mc_mul(copies, margin);
     if (R <= 1) return MC_INF;
-    const double lat = mc_lat(k, R);
-    const double D = mc_add(lat, mc_link(k, R, free_link, far, false));
-    const double Cb = mc_add(lat, mc_link(k, R, free_link, far, true));
-    const double kept = mc_add(mc_add(k.plan, mc_add(D, mc_max(experts_lb, home_lb))), Cb);
-    const double other = resident ? kept : static_full;
-    return mc_mul(other < copies ? other : copies, margin);
+    return mc_mul(!resident && static_full < copies ? static_full : copies, margin);
 }
 
 // ---- the rent-or-buy rule (moonplan/plan/choice/rent.py) ------------------------------------

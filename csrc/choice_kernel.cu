@@ -53,12 +53,11 @@
 // ---- kernel 1: counts, static EP, the bound, the exit flag --------------------------------
 
 struct McFirstSums {  // one rank's static sums, in shared memory
-    mp_i64 *loc, *rdom, *pad, *busy, *kpad, *kbusy, *krows, *kloc;
+    mp_i64 *loc, *rdom, *pad, *busy, *kbusy;
 };
 
 // Warp per rank: static EP's traffic sums (row r of counts), its home experts' sums, and
-// those of the home experts without a resident replica (for bound's home_lb, kept busy
-// and free_link; kloc: the rank's own records of them).
+// kbusy, its home experts with records and no resident replica (the bound's kept reads).
 __device__ void mc_first_ranks(const mp_i64* counts, const mp_i64* T, const int* moved, int R,
                                mp_i64 E, const McCost& k, const McFirstSums& f, mp_i64* load_R,
                                mp_i64* send_R, mp_i64* sdom_R) {
@@ -69,7 +68,7 @@ __device__ void mc_first_ranks(const mp_i64* counts, const mp_i64* T, const int*
         const mp_i64 h0 = mp_home_start(r, E, R), h1 = mp_home_start(r + 1, E, R);
         const mp_i64 g0 = r / k.G * k.G, g1 = mc_min_i(g0 + k.G, R);
         const mp_i64 e0 = mp_home_start(g0, E, R), e1 = mp_home_start(g1, E, R);
-        mp_i64 v[11] = {};  // send, sdom, loc, L, rdom, pad, busy, kpad, kbusy, krows, kloc
+        mp_i64 v[8] = {};  // send, sdom, loc, L, rdom, pad, busy, kbusy
         for (mp_i64 e = lane; e < E; e += MP_WARP) {
             const mp_i64 c = row[e];
             v[0] += c;
@@ -82,14 +81,9 @@ __device__ void mc_first_ranks(const mp_i64* counts, const mp_i64* T, const int*
             for (mp_i64 s = g0; s < g1 && g1 - g0 < R; ++s) v[4] += counts[s * E + e];
             v[5] += mc_padded(k, t);
             v[6] += t > 0;
-            if (!moved[e]) {
-                v[7] += mc_padded(k, t);
-                v[8] += t > 0;
-                v[9] += t;
-                v[10] += row[e];
-            }
+            v[7] += t > 0 && !moved[e];
         }
-        for (int i = 0; i < 11; ++i) v[i] = mp_warp_sum(v[i]);
+        for (int i = 0; i < 8; ++i) v[i] = mp_warp_sum(v[i]);
         if (lane == 0) {
             send_R[r] = v[0];
             sdom_R[r] = v[1];
@@ -98,10 +92,7 @@ __device__ void mc_first_ranks(const mp_i64* counts, const mp_i64* T, const int*
             f.rdom[r] = g1 - g0 < R ? v[4] : v[3];  // one domain: every home record stays in it
             f.pad[r] = v[5];
             f.busy[r] = v[6];
-            f.kpad[r] = v[7];
-            f.kbusy[r] = v[8];
-            f.krows[r] = v[9];
-            f.kloc[r] = v[10];
+            f.kbusy[r] = v[7];
         }
     }
 }
@@ -246,19 +237,13 @@ __device__ double mc_least_copying(const McCost& k, int R, double reads, const m
     return mc_warp_min(best);
 }
 
-struct McLinks {  // the bound's link terms, block-uniform
-    double copies;     // the largest over ranks of mc_least_copying (or a slow-link copy's)
-    mp_i64 free_link;  // the most rows a rank sends or receives in a plan that copies nothing
-    mp_i64 far;        // the most rows a rank must send over the slow link without such a copy
-};
-
-// bound.links_reference and the copying term, a warp per rank (R > 1); `stay`: this thread's
-// rank's records that other ranks send to its home experts without a resident replica (0
-// for a thread past R). Every thread of the block calls it.
-__device__ McLinks mc_first_links(const McStep& st, const McCost& k, double reads, mp_i64 stay,
-                                  mp_i64* rest_RE, mp_i64* top_RM, double* red, mp_i64* red64) {
+// bound.exit_bound's `copies` (block-uniform): bound.links_reference's rows, a warp per
+// rank (R > 1), the largest over ranks of mc_least_copying, or less for a copy over the
+// slow link. Every thread of the block calls it.
+__device__ double mc_first_links(const McStep& st, const McCost& k, double reads,
+                                 mp_i64* rest_RE, mp_i64* top_RM, double* red) {
     const int warp = threadIdx.x / MP_WARP, nwarps = blockDim.x / MP_WARP;
-    McLinks l = {-MC_INF, stay, 0};
+    double copies = -MC_INF;
     for (int s = warp; s < st.R; s += nwarps) {
         mp_i64* rest = rest_RE + (mp_i64)s * st.E;
         mp_i64 left = 0, vmax = 0;
@@ -269,19 +254,15 @@ __device__ McLinks mc_first_links(const McStep& st, const McCost& k, double read
         mc_rest_row(st.counts, st.prev, st.has_prev, s, st.R, st.E, st.B, rest, &left, &vmax);
         const mp_i64 v = mc_mth_largest(rest, st.E, st.M, vmax);
         mc_top_sorted(rest, top_RM + (mp_i64)s * st.M, st.E, st.M, v);
-        l.copies = mc_max(l.copies, mc_least_copying(k, st.R, reads, rest, st.M, left, far));
-        l.free_link = mc_max_i(l.free_link, left);
-        l.far = mc_max_i(l.far, far);
+        copies = mc_max(copies, mc_least_copying(k, st.R, reads, rest, st.M, left, far));
     }
-    mc_block_max(&l.copies, 1, red);
-    l.free_link = mp_block_max(l.free_link, red64);
-    l.far = mp_block_max(l.far, red64);
+    mc_block_max(&copies, 1, red);
     if (st.R > k.G) {  // bound.exit_bound: a plan that copies over the slow link waits for it
         const double lat = mc_lat(k, st.R);
         const double wait = mc_add(k.base, k.copy_inter);
-        l.copies = mc_min(l.copies, mc_copy_total(k, lat, reads, lat, wait));
+        copies = mc_min(copies, mc_copy_total(k, lat, reads, lat, wait));
     }
-    return l;
+    return copies;
 }
 
 // ---- the resident candidate (moonplan/plan/choice/resident.py): kernel 1 or 2 ------------
@@ -475,20 +456,15 @@ __device__ void mc_resident(const McStep& st, mp_i64* alloc, mp_i64* res_a, int*
 
 // ---- kernel 1: the first kernel itself -----------------------------------------------------
 
-// Static EP's sums of rank r (r < R) and its home experts without a resident replica:
-// their roofline (bound's home_lb), their count, and the records other ranks send them.
-__device__ McRank mc_first_rank(const McCost& k, const McFirstSums& f, int r, const mp_i64* load_R,
-                                const mp_i64* send_R, const mp_i64* sdom_R, double* home_lb,
-                                mp_i64* kept, mp_i64* stay) {
+// Static EP's sums of rank r (r < R).
+__device__ McRank mc_first_rank(const McFirstSums& f, int r, const mp_i64* load_R,
+                                const mp_i64* send_R, const mp_i64* sdom_R) {
     McRank s = {};  // static EP: nothing fetched
     s.d_in = mc_max_i(sdom_R[r] - f.loc[r], f.rdom[r] - f.loc[r]);
     s.d_out = mc_max_i(send_R[r] - sdom_R[r], load_R[r] - f.rdom[r]);
     s.pad = f.pad[r];
     s.busy = f.busy[r];
     s.rows = load_R[r];
-    *home_lb = mc_roofline(k, f.kpad[r], f.kbusy[r], f.krows[r]);
-    *kept = f.kbusy[r];
-    *stay = f.krows[r] - f.kloc[r];
     return s;
 }
 
@@ -517,9 +493,9 @@ struct McExitIn {  // what the exit test reads (block-uniform)
     McParts stat;  // static EP's phases
     McParts res;   // the resident candidate's (when has_res)
     bool has_res;  // previous has a resident replica: the resident candidate was built
-    double experts_lb, home_lb;
-    McLinks l;
-    mp_i64 nres;  // previous's slots that hold an expert
+    double experts_lb;
+    double copies;  // the bound's part for plans that copy (mc_first_links; inf with one rank)
+    mp_i64 nres;    // previous's slots that hold an expert
 };
 
 struct McFirstOut {  // the first kernel's outputs (global memory)
@@ -529,16 +505,16 @@ struct McFirstOut {  // the first kernel's outputs (global memory)
 };
 
 // T, L, static EP's sums and phases, the bound's terms; st.N set. Dynamic shared memory:
-// loc, rdom, pad, busy, kpad, kbusy, krows, kloc [R] and red64[33] (int64), red[MC_RED_F64]
-// (double), moved[E] (int32). Ends with __syncthreads: the caller may reuse it.
+// loc, rdom, pad, busy, kbusy [R] and red64[33] (int64), red[MC_RED_F64] (double), moved[E]
+// (int32). Ends with __syncthreads: the caller may reuse it.
 __device__ McExitIn mc_first_static(McStep& st, const McCost& k, int* warm_d, mp_i64* total_E,
                                     mp_i64* load_R, mp_i64* send_R, mp_i64* sdom_R,
                                     mp_i64* rest_RE, mp_i64* top_RM, unsigned char* smem) {
     const int R = st.R, r = threadIdx.x;
     McFirstSums f;
-    mp_i64** at[8] = {&f.loc, &f.rdom, &f.pad, &f.busy, &f.kpad, &f.kbusy, &f.krows, &f.kloc};
-    for (int i = 0; i < 8; ++i) *at[i] = (mp_i64*)smem + (mp_i64)i * R;
-    mp_i64* red64 = (mp_i64*)smem + 8 * (mp_i64)R;
+    mp_i64** at[5] = {&f.loc, &f.rdom, &f.pad, &f.busy, &f.kbusy};
+    for (int i = 0; i < 5; ++i) *at[i] = (mp_i64*)smem + (mp_i64)i * R;
+    mp_i64* red64 = (mp_i64*)smem + 5 * (mp_i64)R;
     double* red = (double*)(red64 + MP_WARP + 1);
     int* moved = (int*)(red + MC_RED_F64);
     const McTotals t = mc_first_totals(st.counts, st.prev, R, st.E, st.B, st.has_prev, k,
@@ -547,16 +523,15 @@ __device__ McExitIn mc_first_static(McStep& st, const McCost& k, int* warm_d, mp
     __syncthreads();
     McRank s = {};
     McExitIn x = {};
-    mp_i64 kept = MP_I64_MIN, stay = 0;
-    x.home_lb = -MC_INF;
-    if (r < R) s = mc_first_rank(k, f, r, load_R, send_R, sdom_R, &x.home_lb, &kept, &stay);
+    if (r < R) s = mc_first_rank(f, r, load_R, send_R, sdom_R);
     x.stat = mc_parts(k, s, r < R, R, red);
-    mc_block_max(&x.home_lb, 1, red);
-    kept = mp_block_max(kept, red64);  // ends with __syncthreads, as every reduction below
+    // ends with __syncthreads, as every reduction below
+    const mp_i64 kept = mp_block_max(r < R ? f.kbusy[r] : MP_I64_MIN, red64);
     x.experts_lb = mc_experts_lb(k, R, t.tiles, t.busy, t.N);
-    x.l = {MC_INF, 0, 0};
-    if (R > 1) x.l = mc_first_links(st, k, mc_reads(k, x.experts_lb, kept), stay, rest_RE,
-                                    top_RM, red, red64);  // block-uniform
+    x.copies = MC_INF;
+    if (R > 1) {  // block-uniform
+        x.copies = mc_first_links(st, k, mc_reads(k, x.experts_lb, kept), rest_RE, top_RM, red);
+    }
     x.nres = t.nres;
     x.has_res = t.nres > 0;
     st.N = t.N;
@@ -576,8 +551,7 @@ __device__ void mc_first_exit(const McCost& k, const McExitIn& x, int R, mp_i64 
     const bool use = t_res < t_stat;
     const double t_exit = use ? t_res : t_stat;
     double buy = MC_INF;
-    const double bound = mc_bound(k, R, x.experts_lb, x.l.copies, x.l.free_link, x.l.far,
-                                  x.home_lb, x.has_res, full, &buy);
+    const double bound = mc_bound(R, x.copies, x.has_res, full, &buy);
     const double gap = mc_sub((use ? x.res : x.stat).experts, x.experts_lb);  // the exit's rent
     const double checking = mc_max(mc_sub(k.plan, k.exit_s), 0.0);
     const bool ex = mc_exit_rent(t_exit, gap, bound, buy, checking, o.credit);

@@ -257,7 +257,7 @@ def test_the_terms_of_the_copies_and_the_bound(emu: ctypes.CDLL) -> None:
     c = torch.zeros(4, 16, dtype=torch.int64)
     c[[0, 1, 2, 3, 0], [0, 3, 6, 9, 12]] = 1
     _check(emu, c, 2, 1, None, COMPUTE_ONLY.scaled(tile_rows=16))
-    # residents, dear copies: the copy-free bound, whose busiest link receives home records
+    # residents, dear copies: the bound is its copying part alone (resident stands for the rest)
     first = _check(emu, _hot(4, 16, 0), 2, 1, None, full(H200.scaled(copy_s_intra=0.0)))
     _check(emu, _hot(4, 16, 1), 2, 1, first, H200.scaled(copy_s_intra=100 * H200.copy_s_intra))
     # several domains (the links' harmonic rate), the serial schedule
