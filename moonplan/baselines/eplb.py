@@ -174,6 +174,26 @@ def replica_alloc(total_E: torch.Tensor, place_RP: torch.Tensor) -> torch.Tensor
     return alloc_ER.index_put_((e_X, r_X), share_X, accumulate=True)
 
 
+def replica_sync(place_RP: torch.Tensor, num_experts: int) -> dict[str, torch.Tensor]:
+    """A training step's replica refresh (``make_step`` fields): the home weights change at
+    every optimizer step, so each expert's other replicas are copied again from its first
+    holder (lowest rank) before their rows run, as moonplan's slots are refetched
+    (``moves_C2``, ``fetch_ER`` and ``src_E``)."""
+    R = place_RP.shape[0]
+    src_E = torch.full((num_experts,), -1, dtype=torch.int64)
+    fetch_ER = torch.zeros(num_experts, R, dtype=torch.bool)
+    moves = []
+    for r, row in enumerate(place_RP.tolist()):
+        for e in sorted(set(row)):
+            if src_E[e] < 0:
+                src_E[e] = r
+            elif not fetch_ER[e, r]:
+                fetch_ER[e, r] = True
+                moves.append((int(src_E[e]), r))
+    moves_C2 = torch.tensor(moves, dtype=torch.int64).reshape(-1, 2) if moves else no_moves()
+    return {"moves_C2": moves_C2, "fetch_ER": fetch_ER, "src_E": src_E.clamp(min=0)}
+
+
 def placement_moves(
     old_RP: torch.Tensor, new_RP: torch.Tensor, ranks_per_node: int = 1
 ) -> torch.Tensor:
@@ -282,8 +302,11 @@ class EPLBPolicy(Policy):
 
     name = "eplb"
 
-    def __init__(self, num_ranks: int, num_experts: int, **settings: Any) -> None:
+    def __init__(
+        self, num_ranks: int, num_experts: int, *, stale_slots: bool = False, **settings: Any
+    ) -> None:
         super().__init__(num_ranks, num_experts)
+        self.stale_slots = bool(stale_slots)  # training: replicas synced every step
         R, E, s = num_ranks, num_experts, EPLBSettings(**settings)
         self.redundant = s.redundant_for(E, R)
         if self.redundant < 0 or (E + self.redundant) % R or E + self.redundant < R:
@@ -345,9 +368,10 @@ class EPLBPolicy(Policy):
         moves = self._moves_now()
         self.history.append((self.t, total_E))
         self.t += 1
+        sync = replica_sync(self.place_RP, self.num_experts) if self.stale_slots else {}
         return make_step(
             self.name, counts_RE, alloc_ER, copies=self.redundant, background_C2=moves,
-            background_share=1.0 / self.spread,
+            background_share=1.0 / self.spread, **sync,
         )  # fmt: skip
 
     def steps_before(self) -> list[tuple[int, int]]:
@@ -383,8 +407,8 @@ class EPLBPolicy(Policy):
 SCHEDULE_OPTIONS = {"eplb_window": "window", "eplb_period": "period", "eplb_first": "first",
                     "eplb_spread": "spread"}  # fmt: skip
 """Options of ``make_policy("eplb", ...)`` for its schedule -> :class:`EPLBSettings` fields
-(prefixed: ``period`` and ``window`` are ``moonplan-refresh``'s, and one option set
-serves every policy)."""
+(prefixed: ``period`` and ``window`` are ``eplb-fast``'s, and one option set serves
+every policy)."""
 
 
 def _build(name: str, num_ranks: int, num_experts: int, **options: Any) -> EPLBPolicy:
@@ -393,4 +417,5 @@ def _build(name: str, num_ranks: int, num_experts: int, **options: Any) -> EPLBP
 
 
 _OTHER = tuple(f.name for f in fields(EPLBSettings) if f.name not in SCHEDULE_OPTIONS.values())
-register(PolicyInfo("eplb", _build, order=40, options=(*_OTHER, *SCHEDULE_OPTIONS)))
+register(PolicyInfo("eplb", _build, order=40,
+                    options=(*_OTHER, *SCHEDULE_OPTIONS, "stale_slots")))  # fmt: skip

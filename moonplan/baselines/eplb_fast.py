@@ -41,4 +41,4 @@ def _build(name: str, num_ranks: int, num_experts: int, **settings: Any) -> EPLB
 
 
 register(PolicyInfo("eplb-fast", _build, style=("--", "x"), order=45,
-                    options=("redundant", "slots", "nodes", "groups")))  # fmt: skip
+                    options=("redundant", "slots", "nodes", "groups", "stale_slots")))  # fmt: skip

@@ -79,6 +79,7 @@ class PlannerPolicy(Policy):
     planner_policy = "exact"
     keep_previous = True
     rent = True  # policy="auto": buy copies that pay over later steps (rent or buy)
+    stale_slots = False  # training: every step changes the home weights, no slot outlives it
 
     def __init__(
         self, num_ranks: int, num_experts: int, *, slots: int | None = None, cost: Any = None
@@ -101,11 +102,12 @@ class PlannerPolicy(Policy):
         """The step's :class:`Plan` from ``counts``, ``previous`` and ``self.cost``: the
         same ``moonplan.plan`` call as ``Balancer.plan(counts_RE, previous)``
         (``policy``: instead of ``self.planner_policy``; ``cost``: instead of
-        ``self.cost``)."""
+        ``self.cost``). With ``stale_slots`` (training traces) ``previous`` is dropped: the
+        runtime's slots go stale at every optimizer step."""
         return planner.plan(
             counts_RE,
             slots=self.slots,
-            previous=previous,
+            previous=None if self.stale_slots else previous,
             backend="torch",
             policy=policy or self.planner_policy,
             cost=self.cost if cost is None else cost,
@@ -124,10 +126,16 @@ class MoonplanPolicy(PlannerPolicy):
     ``previous=`` so resident replicas are reused and only new slots move weights."""
 
     def __init__(
-        self, num_ranks: int, num_experts: int, *, resident: bool = False, slots: int | None = None
+        self,
+        num_ranks: int,
+        num_experts: int,
+        *,
+        resident: bool = False,
+        slots: int | None = None,
+        stale_slots: bool = False,
     ) -> None:
         super().__init__(num_ranks, num_experts, slots=slots)
-        self.keep_previous = resident
+        self.keep_previous, self.stale_slots = resident, bool(stale_slots)
         self.name = "moonplan-resident" if resident else "moonplan"
 
 
@@ -169,9 +177,11 @@ class MoonplanAutoPolicy(PlannerPolicy):
         slots: int | None = None,
         placement_window: int = WINDOW,
         staging: int = STAGING,
+        stale_slots: bool = False,
     ) -> None:
         if not isinstance(cost, StepCost):
             raise ValueError(f"moonplan-auto needs cost=StepCost(...), got {cost!r}")
+        self.stale_slots = bool(stale_slots)
         total = max_local(num_experts, num_ranks) if slots is None else int(slots)
         self.staging = staging if total > staging else 0
         self.rent = not self.staging  # the background refill buys for later steps
@@ -182,7 +192,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
     def reset(self) -> None:
         self._previous = None
         self.residency = None
-        if self.staging:
+        if self.staging and not self.stale_slots:  # stale slots: the runtime drops refills
             assert self.slots is not None
             self.residency = Residency(self.num_ranks, self.num_experts, self.slots, self.cost,
                                        window=self.window, staging=self.staging,
@@ -299,9 +309,9 @@ def _auto(name: str, num_ranks: int, num_experts: int, **options: Any) -> Policy
 
 # Both exact variants take `slots`; auto also needs `cost` (the StepCost it minimises).
 register(PolicyInfo("moonplan", _moonplan, style=("-", "o"), plan_us=exact_us,
-                    options=("slots",), order=60))  # fmt: skip
+                    options=("slots", "stale_slots"), order=60))  # fmt: skip
 register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-", "D"),
-                    plan_us=exact_us, options=("slots",), order=70))  # fmt: skip
-AUTO_OPTIONS = ("cost", "slots", "placement_window", "staging")
+                    plan_us=exact_us, options=("slots", "stale_slots"), order=70))  # fmt: skip
+AUTO_OPTIONS = ("cost", "slots", "placement_window", "staging", "stale_slots")
 register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=auto_us, exit_us=exit_us,
                     options=AUTO_OPTIONS, order=80))  # fmt: skip

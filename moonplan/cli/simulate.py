@@ -154,6 +154,12 @@ def _step_args(p: argparse.ArgumentParser) -> None:
         "--counts",
         help="recorded counts (.npy/.json, [T,R,E]) instead of generated (default: none)",
     )
+    p.add_argument(
+        "--training",
+        action="store_true",
+        help="with --counts: the steps are training steps, so moonplan's slots go stale "
+        "at every step as in the runtime (default: they stay, as in inference)",
+    )
 
 
 def _policy_args(p: argparse.ArgumentParser) -> None:
@@ -359,6 +365,7 @@ def _recorded(args: argparse.Namespace, spec: SweepSpec, cfg: SimConfig) -> list
         eplb = {"eplb_window": w, "eplb_period": args.eplb_period or DEPLOYED_PERIOD,
                 "eplb_first": w}  # fmt: skip
     opts = policy_options(hw, R, groups=spec.eplb_groups, slots=spec.slots, eplb=eplb)
+    opts["stale_slots"] = args.training
     rows = simulate_trace(counts, model, hw, cfg, spec.policies, warmup=warmup, options=opts)
     return [{**r, "sigma": None, "maxvio_target": None} for r in rows]
 

@@ -279,8 +279,9 @@ def run_recorded(
 ) -> list[dict[str, Any]]:
     """:func:`verdicts` of ``policies`` on every recorded trace (name -> int64 ``[T, R, E]``)
     on every hardware preset: the last ``steps`` steps measured, the others warm-up
-    (:func:`recorded_options` for the deployed EPLB). Rows carry ``trace`` and ``sigma``
-    ``None``."""
+    (:func:`recorded_options` for the deployed EPLB). On a training trace (``train-*``)
+    moonplan's slots go stale at every step, as in the runtime (``stale_slots``). Rows
+    carry ``trace`` and ``sigma`` ``None``."""
     cfg = cfg or SimConfig()
     m = get_model(model)
     jobs = [(name, hw) for name in traces for hw in hardware]
@@ -293,7 +294,8 @@ def run_recorded(
         if T <= steps:
             raise ValueError(f"trace {name} has {T} steps, needs more than {steps}")
         h = get_hardware(hw)
-        opts = policy_options(h, R, eplb=recorded_options(T, steps))
+        opts = {**policy_options(h, R, eplb=recorded_options(T, steps)),
+                "stale_slots": name.startswith("train")}  # fmt: skip
         got = simulate_trace(counts, m, h, cfg, policies, warmup=T - steps, options=opts)
         rows = {r["policy"]: r for r in got}
         tokens = float(counts[T - steps :].sum()) / (steps * R * m.top_k)

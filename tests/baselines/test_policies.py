@@ -471,3 +471,23 @@ def test_auto_primes_its_slots_from_the_steps_before() -> None:
     assert {0, 9, 18} <= set(held[held >= 0].tolist())
     step = policy.step(persistent(1, seed=5)[0])
     assert step.moves_C2.shape[0] == 0  # served from the primed slots: nothing fetched
+
+
+def test_training_steps_leave_no_slot_resident_for_anyone() -> None:
+    """``stale_slots`` (a training trace): the home weights change at every optimizer step.
+    moonplan's policies plan without ``previous`` (every replica fetched again, no refill)
+    and EPLB copies each redundant replica again from its first holder, both before the
+    replicas' rows run."""
+    trace = persistent(3)
+    for name in ("moonplan-resident", "moonplan-auto"):
+        opts = {"cost": rows_only(copy_s_intra=1e-9, copy_s_inter=1e-9)} if "auto" in name else {}
+        policy = make_policy(name, 8, 64, slots=4, stale_slots=True, **opts)
+        steps = [policy.step(c) for c in trace]
+        assert all(s.new_copies == s.copies for s in steps[1:])  # nothing stays
+        assert all(s.refill_ER is None for s in steps)
+    eplb = make_policy("eplb", 8, 64, stale_slots=True)
+    step = eplb.step(trace[0])
+    assert 0 < step.moves_C2.shape[0] <= eplb.redundant  # a copy per replica beyond the first
+    assert int(step.fetch_ER.sum()) == step.moves_C2.shape[0]
+    kept = make_policy("eplb", 8, 64).step(trace[0])
+    assert kept.moves_C2.shape[0] == 0  # inference: its replicas stay between re-placements
