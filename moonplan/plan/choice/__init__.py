@@ -8,8 +8,9 @@ static EP (:mod:`~moonplan.plan.choice.targets`), exact balance, and MoonEP's gr
 allocation. Each is scored by the step-cost formula (``moonplan.stepcost``) and the least
 predicted time wins, ties to the earlier entry; static EP is one of them, so the chosen
 plan is never predicted slower than static EP. An early exit
-(:mod:`~moonplan.plan.choice.bound`) returns static EP without building anything when the
-counts alone show that nothing can beat it.
+(:mod:`~moonplan.plan.choice.bound`) returns static EP, or the ``resident`` candidate where
+replicas are resident, without building anything else when no plan that copies can beat
+it.
 
 The rule is a pure function of the all-gathered counts, ``previous`` and the cost model,
 so every rank chooses alike. Four forms give the same plan and scores bit for bit:

@@ -12,15 +12,15 @@ bit for bit. The rule, for counts, ``previous`` and a cost model:
 1. **Early exit.** Score static EP and, with replicas resident in ``previous``'s slots,
    the ``resident`` candidate, both charged only the exit's planning (``cost.exit_s``: the
    test and that one build). If the better of them (ties: static) is at most
-   :func:`~moonplan.plan.choice.bound.exit_bound` (a time no candidate that copies, and no
-   other plan that copies nothing, can beat) and no buy can be due
+   :func:`~moonplan.plan.choice.bound.exit_bound` (a time no candidate that copies can beat;
+   without residents, static EP charged a full call too) and no buy can be due
    (:func:`~moonplan.plan.choice.rent.exit_rent`), return it: nothing else is built or
    scored.
 2. **Candidates.** Otherwise build every entry of the table
    (:mod:`~moonplan.plan.choice.table`): static EP; each ``level-k``, ``exact`` and
    ``greedy`` by one run of the group-flow construction (``level-k`` towards
    ``water_fill(L, cap_k)``, ``exact`` towards the exact targets, both replaying
-   ``previous``; ``greedy`` without ``previous``); ``resident``, records moved only to
+   ``previous``; ``greedy`` without ``previous``); ``resident``, a diffusion over the
    replicas resident in ``previous``'s slots.
 3. **Scores.** Each candidate's predicted step time (``cost.step_time``), charged one
    planner call (``cost.plan_s``), with the weights it fetches: its replicas that are not

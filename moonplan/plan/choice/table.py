@@ -12,8 +12,8 @@ fixed by ``K`` alone (not by the counts), so the device planner's shapes depend 
 * ``static``: every record on its expert's home rank (static EP);
 * ``exact``: the group-flow construction towards the exact targets, ``previous``'s flows
   replayed and resident pairs preferred;
-* ``resident``: records moved only to replicas resident in ``previous``'s slots
-  (:mod:`~moonplan.plan.choice.resident`: a few parallel rounds, no weight moves);
+* ``resident``: balance through the replicas resident in ``previous``'s slots
+  (:mod:`~moonplan.plan.choice.resident`: a diffusion of parallel rounds, no weight moves);
 * ``level-k`` (``k = K-1 .. 1``): the construction towards ``water_fill(L, cap_k)``,
   ``cap_k`` the k-th of :func:`~moonplan.plan.choice.targets.level_caps`;
 * ``greedy``: the construction towards the exact targets without ``previous`` (MoonEP's
