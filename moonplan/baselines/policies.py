@@ -49,6 +49,7 @@ from moonplan.plan.plan_time import plan_fetch_ER, plan_time
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.refill import (
     STAGING,
+    Decisions,
     Refill,
     Residency,
     refill_link_s,
@@ -192,14 +193,16 @@ class MoonplanAutoPolicy(PlannerPolicy):
     def reset(self) -> None:
         self._previous = None
         self.residency = None
+        self.decisions: Decisions | None = None
         if self.staging and not self.stale_slots:  # stale slots: the runtime drops refills
             assert self.slots is not None
             self.residency = Residency(self.num_ranks, self.num_experts, self.slots, self.cost,
                                        window=self.window, staging=self.staging,
                                        serve_s=resident_build_us() * 1e-6)  # fmt: skip
+            build_s = resident_us(self.num_ranks, self.num_experts) * 1e-6
+            self.decisions = Decisions(self.residency, build_s)  # inline, the same lag
         self._order: Refill | None = None  # the refill being copied
         self._shares: list[torch.Tensor] = []  # refill_ER of each step still to copy
-        self._since = 0  # steps observed since the last placement decision
 
     def steps_before(self) -> list[tuple[int, int]]:
         """The window's steps before the trace (``UsesPrehistory``)."""
@@ -231,29 +234,21 @@ class MoonplanAutoPolicy(PlannerPolicy):
                          local_copies=swapped)  # fmt: skip
 
     def _place(self, counts_RE: torch.Tensor, p: Plan) -> float:
-        """Observe the step; decide once the placement's work fits beside the steps since
-        the last decision (the fewest steps it fits beside: no constant), and order a
-        refill when it pays. Returns the placement's work beside this step, in planner
-        calls."""
-        if self.residency is None:
+        """Hand the step to the placement's decisions (the runtime's rule:
+        :class:`~moonplan.plan.residency.refill.Decisions`); start copying the refill it
+        orders. Returns the placement's work beside this step, in planner calls (a
+        decision's work spread over the steps it runs beside)."""
+        if self.decisions is None:
             return 0.0
-        self.residency.observe(counts_RE)
-        self._since += 1
-        if self._order is not None:
-            return 0.0
-        work_s = self.residency.work() * resident_us(self.num_ranks, self.num_experts) * 1e-6
-        now = plan_time(self.cost, p, planned=0)
-        k = max(1, math.ceil(work_s / now.total_s)) if now.total_s > 0 else 1
-        share = work_s / k / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
-        if self._since < k:
-            return share
-        order = self.residency.decide(counts_RE, p.slot_expert, self._since)
-        self._since = 0
+        busy = self._order is not None
+        order = self.decisions.step(counts_RE, p, busy)
         if order is not None:
+            now = plan_time(self.cost, p, planned=0)
             link_s = refill_link_s(self.cost, order.fetch_ER, p.home.cpu())
             n = 1 if now.experts_s <= 0 else max(1, math.ceil(link_s / now.experts_s))
             self._order, self._shares = order, split_pairs(order.fetch_ER, n)
-        return share
+        work_s = self.decisions.work_s() / self.decisions.due
+        return work_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
 
     def _commit(self, counts_RE: torch.Tensor) -> int:
         """Swap an arrived refill into the slots (the most swapped on one rank)."""

@@ -202,6 +202,7 @@ class LayerRuntime:
         (collective: every rank). Without ``close()`` the worker thread ends with the
         process and the background group lives until ``dist.destroy_process_group()``."""
         self.refill.drop()
+        self.placer.close()
         self._lane.close()
         if self._background is not None:
             self.group.release_background()

@@ -84,5 +84,6 @@ def test_planning_and_routing_read_nothing_on_the_host(balance: str) -> None:
 READS_PER_STEP = 40
 """The step's other host reads, bounded: see docs/runtime.md, "Host reads per step"."""
 
-DECISION_READS = 7
-"""A refill decision's reads (``balance="auto"``: the plan, its slots, the load window)."""
+DECISION_READS = 2
+"""A refill's request (``balance="auto"``: the target checked and agreed). The decision
+itself reads on the placer's worker thread, beside the steps."""

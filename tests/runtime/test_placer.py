@@ -31,6 +31,9 @@ def _hot(R: int, E: int, seed: int) -> torch.Tensor:
 
 
 def test_the_placer_waits_for_a_cost_model_and_for_a_refill_in_flight() -> None:
+    """No cost model, slots or staging: nothing. While a refill is in flight the steps are
+    observed and no decision starts; a decision starts from one step and its answer is
+    used ``due`` steps later (here 1), on a worker thread in between."""
     p0 = moonplan.plan(_hot(4, 8, 0), slots=2, policy="static")
     assert Placer(2, 1).after_step(_hot(4, 8, 0), p0, None, busy=False) is None
     assert not Placer(0, 1).active(_cost()) and not Placer(2, 0).active(_cost())
@@ -38,9 +41,11 @@ def test_the_placer_waits_for_a_cost_model_and_for_a_refill_in_flight() -> None:
     got = [placer.after_step(_hot(4, 8, s), p0, _cost(), busy=True) for s in range(5)]
     assert got == [None] * 5 and placer.residency is not None
     assert placer.residency.window.filled == 5  # busy steps are still observed
-    target = placer.after_step(_hot(4, 8, 9), p0, _cost(), busy=False)
+    assert placer.after_step(_hot(4, 8, 9), p0, _cost(), busy=False) is None  # it starts
+    target = placer.after_step(_hot(4, 8, 10), p0, _cost(), busy=False)  # its answer
     assert target is not None and int((target == 1).sum()) >= 1  # the hot expert
     assert placer.orders == 1
+    placer.close()
 
 
 def _serve(rank: int, world: int, E: int, transport: str) -> dict:

@@ -30,12 +30,19 @@ refill at the same step.
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from moonplan.plan.home import home_map
+from moonplan.plan.plan_time import plan_time
+from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.target import step_time_over, target_slots
 from moonplan.plan.residency.window import WINDOW, LoadWindow
 from moonplan.stepcost import StepCost
@@ -113,6 +120,24 @@ def refill_link_s(cost: StepCost, fetch_ER: torch.Tensor, src_E: torch.Tensor) -
     return float(cost.step_time(none_ER, none_RE, fetch_ER, src_E, planned=0).prefetch_s)
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """A decision's inputs (:meth:`Residency.snapshot`).
+
+    Attributes:
+        counts_RE: int64 ``[R, E]``, the last step's counts.
+        serving_RB: int64 ``[R, B]``, the slots that step served.
+        totals_E: int64 ``[E]``, the window's loads; filled: the steps it holds.
+        steps: the steps since the last decision.
+    """
+
+    counts_RE: torch.Tensor
+    serving_RB: torch.Tensor
+    totals_E: torch.Tensor
+    filled: int
+    steps: int
+
+
 class Residency:
     """One layer's window, target and rent-or-buy credit (module docstring).
 
@@ -167,19 +192,30 @@ class Residency:
         """The refill to order now, or ``None`` (module docstring): ``counts_RE`` the last
         step's counts, ``serving_RB`` the slots it served (``[R, B]``), ``steps`` the steps
         since the last decision (each accrues this step's rent)."""
+        return self.decide_on(self.snapshot(counts_RE, serving_RB, steps))
+
+    def snapshot(
+        self, counts_RE: torch.Tensor, serving_RB: torch.Tensor, steps: int = 1
+    ) -> Snapshot:
+        """What a decision reads, copied now (on the device: no host read), so that it can
+        run beside the next steps while the window moves on."""
+        return Snapshot(counts_RE.clone(), serving_RB.clone(), self.window.totals_E().clone(),
+                        self.window.filled, steps)  # fmt: skip
+
+    def decide_on(self, snap: Snapshot) -> Refill | None:
+        """:meth:`decide` on a :class:`Snapshot` (reads it on the host; one at a time)."""
         if self.B == 0:
             return None
-        serving_RB = serving_RB.cpu()
-        totals_E = self.window.totals_E().cpu()
-        target_RB = target_slots(totals_E, self.window.filled, serving_RB, self.cost, self.serve_s)
+        serving_RB, totals_E = snap.serving_RB.cpu(), snap.totals_E.cpu()
+        target_RB = target_slots(totals_E, snap.filled, serving_RB, self.cost, self.serve_s)
         target_RB = limit_changes(target_RB, serving_RB, self.staging, totals_E)
         if torch.equal(target_RB, serving_RB):
             return None
-        c_RE = counts_RE.cpu().numpy().astype(np.int64)
+        c_RE = snap.counts_RE.cpu().numpy().astype(np.int64)
         now = self._time(c_RE, serving_RB)
         after = self._time(c_RE, target_RB)
         fetch_ER = changed_pairs(target_RB, serving_RB, self.E)
-        self.credit += steps * max(0.0, now - after)
+        self.credit += snap.steps * max(0.0, now - after)
         if self.credit < refill_link_s(self.cost, fetch_ER, self.home_E):
             return None
         self.credit = 0.0
@@ -194,3 +230,62 @@ class Residency:
         """Builds of the ``resident`` candidate one decision makes: one per table the
         target scores (``B + 1``) and two for the rent."""
         return self.B + 3
+
+
+class Decisions:
+    """When a residency decides, and when its answer is used: one rule for the runtime's
+    placer and the simulator's ``moonplan-auto``.
+
+    A decision starts once ``due`` steps have passed since the last one (and no refill is
+    in flight), from a :class:`Snapshot` of that step. It runs beside the next steps
+    (``run``: inline, or a worker's ``submit``), and its answer is used ``due`` steps later,
+    waiting for it if it is not done. Then ``due`` becomes the fewest steps whose predicted
+    time covers the next decision's work (``Residency.work`` builds of the ``resident``
+    candidate at ``build_s`` each). Every quantity read is agreed, so every rank starts and
+    uses each decision at the same step.
+
+    Args:
+        residency: the layer's :class:`Residency`.
+        build_s: seconds of one build of the ``resident`` candidate.
+        submit: runs a job beside the steps and returns its future (``None``: inline).
+    """
+
+    def __init__(
+        self,
+        residency: Residency,
+        build_s: float,
+        submit: Callable[[Callable[[], Any]], Future[Any]] | None = None,
+    ):
+        self.residency, self.build_s, self.submit = residency, build_s, submit
+        self.since, self.due = 0, 1
+        self._pending: tuple[Future[Any] | Any, int] | None = None  # (answer, its lag)
+
+    def step(self, counts_RE: torch.Tensor, plan: Plan, busy: bool) -> Refill | None:
+        """Observe a finished step (its counts and plan, whose slots serve); the refill
+        to order now, or ``None``."""
+        self.residency.observe(counts_RE)
+        self.since += 1
+        if self._pending is not None:
+            answer, lag = self._pending
+            if self.since < lag:
+                return None
+            self._pending = None
+            order, self.due = answer.result() if isinstance(answer, Future) else answer
+            return None if busy else order
+        if busy or self.since < self.due:
+            return None
+        snap = self.residency.snapshot(counts_RE, plan.slot_expert, self.since)
+        job = functools.partial(self._decide, snap, plan)
+        self._pending = (job() if self.submit is None else self.submit(job), self.due)
+        self.since = 0
+        return None
+
+    def work_s(self) -> float:
+        """Seconds of one decision's work."""
+        return self.residency.work() * self.build_s
+
+    def _decide(self, snap: Snapshot, plan: Plan) -> tuple[Refill | None, int]:
+        """The refill, and the steps before the next decision (host reads: here only)."""
+        step_s = plan_time(self.residency.cost, plan, planned=0).total_s
+        due = max(1, math.ceil(self.work_s() / step_s)) if step_s > 0 else 1
+        return self.residency.decide_on(snap), due
