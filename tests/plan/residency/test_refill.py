@@ -86,3 +86,29 @@ def test_a_moved_hot_set_is_followed_within_a_window() -> None:
 def test_staging_must_be_a_positive_integer() -> None:
     with pytest.raises(ValueError, match="staging"):
         Residency(4, 16, 2, rows_only(), staging=0)
+
+
+def test_decisions_are_used_a_lag_later_and_alike_inline_or_on_a_worker() -> None:
+    """A decision starts from one step's snapshot and its answer is used ``due`` steps
+    later; on a worker thread (the runtime) or inline (the simulator) the orders come at
+    the same steps with the same tables."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import moonplan
+    from moonplan.plan.residency.refill import Decisions
+
+    cost = rows_only(copy_s_intra=1e-4, copy_s_inter=1e-4)
+    trace = hot_steps(30, (0, 5))
+    runs = []
+    with ThreadPoolExecutor(1) as worker:
+        for submit in (None, worker.submit):
+            d = Decisions(Residency(4, 16, 2, cost, window=8), 1e-6, submit)
+            got = []
+            for t, c in enumerate(trace):
+                p = moonplan.plan(c, slots=2, policy="static")
+                order = d.step(c, p, busy=False)
+                if order is not None:
+                    got.append((t, order.slot_RB.tolist()))
+            runs.append(got)
+    assert runs[0] == runs[1] and runs[0]
+    assert runs[0][0][0] >= 1  # never at the step whose snapshot it read
