@@ -159,10 +159,11 @@ class MoonplanAutoPolicy(PlannerPolicy):
     simulator passes the one it charges the step with, so a plan's predicted time is its
     simulated time. Each step is charged one planner call (``cost.plan_s``), or, when it
     exited, the early exit's test (``cost.exit_s``) and, with replicas resident, its build
-    of the ``resident`` candidate (``planner_time.resident_build_us``). The placement
-    decides once its work (``B + 3`` builds of the ``resident`` candidate,
-    ``planner_time.resident_us``) fits beside the steps since the last decision, a share
-    beside each. The serving table at step 0 is the target of the ``placement_window``
+    of the ``resident`` candidate (``planner_time.resident_build_us``). The placement's
+    decisions follow the runtime's rule (:class:`~moonplan.plan.residency.refill.Decisions`:
+    each runs beside the ``k`` steps its work covers, ``B + 3`` builds of the ``resident``
+    candidate at ``planner_time.resident_us``, a share charged beside each, and is used
+    after them). The serving table at step 0 is the target of the ``placement_window``
     steps before the trace (:meth:`prime`), as EPLB's placement is.
     """
 
