@@ -102,6 +102,7 @@ def choose_host(
     scores = torch.full((levels + 3,), float("inf"), dtype=torch.float64)
     at_exit, index, exit_alloc = _no_fetch_time(cost, hs, static, cost.exit_s), 0, static
     scores[0] = at_exit.total_s
+    res = None
     if resident.any():  # the exit's other plan: balance inside the resident replicas
         res, _ = build(table(levels)[2], hs, levels)
         at_res = _no_fetch_time(cost, hs, res, cost.exit_s)
@@ -117,7 +118,7 @@ def choose_host(
     if exited:
         fields = layout_resident(torch.from_numpy(exit_alloc), num_slots, align, hs.prev_RB)
         return fields, (index, scores, True, credit)
-    built = build_all(hs, levels)
+    built = build_all(hs, levels, res)
     alloc_CER = np.stack([a for a, _ in built])
     scores = _scores(cost, hs, alloc_CER, resident, cost.plan_s)
     free = _scores(cost, hs, alloc_CER, np.ones_like(resident), cost.plan_s)
@@ -147,14 +148,20 @@ def _scores(
     return batch_step_time(cost, counts, alloc, fetch, torch.from_numpy(hs.home), plan_C).total_s
 
 
-def build_all(hs: HostStep, levels: int) -> list[tuple[np.ndarray, list[Flow]]]:
+def build_all(
+    hs: HostStep, levels: int, resident: np.ndarray | None = None
+) -> list[tuple[np.ndarray, list[Flow]]]:
     """Every candidate's :func:`build`, in table order; a construction towards targets
     (and a replay choice) already built is not built again (the same plan: levels whose
-    caps round to the same targets, or equal the exact targets)."""
+    caps round to the same targets, or equal the exact targets), nor the ``resident``
+    candidate when the early exit built it (``resident``: its allocation)."""
     done: dict[tuple[tuple[int, ...], bool], tuple[np.ndarray, list[Flow]]] = {}
     caps = level_caps(hs.load, levels)
-    out = []
+    out: list[tuple[np.ndarray, list[Flow]]] = []
     for c in table(levels):
+        if c.kind == "resident" and resident is not None:
+            out.append((resident, []))
+            continue
         if not c.constructs:
             out.append(build(c, hs, levels))
             continue
