@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from moonplan.plan.residency.refill import swap_in
 from moonplan.plan.residency.serving import check_slots
 from moonplan.runtime.background import BackgroundLane, Pending
 from moonplan.runtime.fetch_list import FetchList, HomeRows
@@ -55,17 +56,10 @@ def refilled_slots(current_RB: Tensor, target_RB: Tensor, changed: list[tuple[in
     changed slot holding its target expert, and any other slot of the same rank that held
     one of those experts (a step's plan put it there meanwhile) emptied, so that no rank
     holds an expert twice."""
-    out = current_RB.detach().to("cpu", torch.int64).clone()
-    target = target_RB.cpu().tolist()
+    changed_RB = torch.zeros(current_RB.shape, dtype=torch.bool)
     for r, slots in enumerate(changed):
-        new = {target[r][j] for j in slots}
-        row = out[r].tolist()
-        for j, e in enumerate(row):
-            if j not in slots and e in new:
-                out[r, j] = -1
-        for j in slots:
-            out[r, j] = target[r][j]
-    return out
+        changed_RB[r, list(slots)] = True
+    return swap_in(current_RB, target_RB, changed_RB)
 
 
 def check_target(

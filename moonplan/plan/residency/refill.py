@@ -67,17 +67,26 @@ class Refill:
     fetch_ER: torch.Tensor
 
 
-def swapped_slots(last_RB: torch.Tensor, order: Refill) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(slot_RB, changed_RB)`` once ``order``'s copies are swapped in: the last plan's
-    slots (``last_RB``: the steps since the order may have filled others) with the
-    changed ones the order's; another slot of the same rank that holds an expert the order
-    brings is emptied (a rank holds an expert once)."""
-    slot_RB, changed_RB = last_RB.clone(), order.changed_RB
-    slot_RB[changed_RB] = order.slot_RB[changed_RB]
+def swap_in(
+    last_RB: torch.Tensor, target_RB: torch.Tensor, changed_RB: torch.Tensor
+) -> torch.Tensor:
+    """int64 ``[R, B]`` on the host: the slots once a refill's copies are swapped in. The
+    last plan's slots (``last_RB``: the steps since the order may have filled others), each
+    ``changed_RB`` slot holding ``target_RB``'s expert; another slot of the same rank that
+    holds an expert the refill brings is emptied (a rank holds an expert once). The
+    runtime's commit and the simulator's both call it."""
+    slot_RB = last_RB.detach().to("cpu", torch.int64).clone()
+    changed_RB = changed_RB.cpu()
+    slot_RB[changed_RB] = target_RB.cpu()[changed_RB]
     for r, j in changed_RB.nonzero().tolist():
         twin = (slot_RB[r] == slot_RB[r, j]) & (torch.arange(slot_RB.shape[1]) != j)
         slot_RB[r, twin] = -1
-    return slot_RB, changed_RB
+    return slot_RB
+
+
+def swapped_slots(last_RB: torch.Tensor, order: Refill) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(slot_RB, changed_RB)`` once ``order``'s copies are swapped in (:func:`swap_in`)."""
+    return swap_in(last_RB, order.slot_RB, order.changed_RB), order.changed_RB
 
 
 def changed_pairs(
