@@ -193,17 +193,21 @@ class MoonplanAutoPolicy(PlannerPolicy):
 
     def reset(self) -> None:
         self._previous = None
-        self.residency = None
         self.decisions: Decisions | None = None
         if self.staging and not self.stale_slots:  # stale slots: the runtime drops refills
             assert self.slots is not None
-            self.residency = Residency(self.num_ranks, self.num_experts, self.slots, self.cost,
-                                       window=self.window, staging=self.staging,
-                                       serve_s=resident_build_us() * 1e-6)  # fmt: skip
+            res = Residency(self.num_ranks, self.num_experts, self.slots, self.cost,
+                            window=self.window, staging=self.staging,
+                            serve_s=resident_build_us() * 1e-6)  # fmt: skip
             build_s = resident_us(self.num_ranks, self.num_experts) * 1e-6
-            self.decisions = Decisions(self.residency, build_s)  # inline, the same lag
+            self.decisions = Decisions(res, build_s)  # inline, the same lag
         self._order: Refill | None = None  # the refill being copied
         self._shares: list[torch.Tensor] = []  # refill_ER of each step still to copy
+
+    @property
+    def residency(self) -> Residency | None:
+        """The placement's residency (``None`` without background refills)."""
+        return None if self.decisions is None else self.decisions.residency
 
     def steps_before(self) -> list[tuple[int, int]]:
         """The window's steps before the trace (``UsesPrehistory``)."""
@@ -211,9 +215,10 @@ class MoonplanAutoPolicy(PlannerPolicy):
 
     def prime(self, before: Prehistory) -> None:
         """Place the slots from the window before the trace (served from step 0)."""
-        if self.residency is None or self._previous is not None:
+        res = self.residency
+        if res is None or self._previous is not None:
             return
-        slot_RB = self.residency.prime(before.totals_NE)
+        slot_RB = res.prime(before.totals_NE)
         zero_RE = torch.zeros(self.num_ranks, self.num_experts, dtype=torch.int64)
         self._previous = serving_plan(zero_RE, slot_RB)
 
