@@ -182,8 +182,8 @@ __device__ double mc_total(const McCost& k, const McParts& p, double plan) {
 // ranks' mean of tiles and of reads and rows, and the kz = ceil(Z / R) experts (a tile, a
 // weight read and a row each) that some rank runs (busy = Z, experts with records; R >= 1).
 __device__ double mc_experts_lb(const McCost& k, int R, mp_i64 tiles, mp_i64 busy, mp_i64 N) {
-    const mp_i64 kz = (busy + (R - 1)) / R;
-    const mp_i64 rows = mc_max_i((tiles + (R - 1)) / R, kz * k.tile);
+    const mp_i64 kz = (busy + (R - 1)) / R, tiles_R = (mp_i64)R * k.tile;
+    const mp_i64 rows = mc_max_i((tiles + (tiles_R - 1)) / tiles_R * k.tile, kz * k.tile);
     const double flop_lb = mc_mul((double)rows, k.row_flop);
     const double mem = mc_add(mc_mul((double)busy, k.weight_read), mc_mul((double)N, k.row_mem));
     const double per_k = mc_add(mc_mul((double)kz, k.weight_read), mc_mul((double)kz, k.row_mem));
@@ -220,6 +220,35 @@ __device__ double mc_copying(const McCost& k, int R, double reads, mp_i64 j, mp_
     const double Cb = mc_add(lat, mc_link(k, R, n, x, true));
     const double wait = mc_add(k.base, mc_mul((double)mc_max_i(j, 1), k.copy_min));
     return mc_copy_total(k, D, reads, Cb, wait);
+}
+
+// bound.fetched_min_s: the least fetched section a copy with records brings its receiver.
+__device__ double mc_fetched_min(const McCost& k) {
+    return mc_max(mc_mul((double)k.tile, k.row_flop), mc_add(k.weight_read, k.row_mem));
+}
+
+// bound._received: a copying plan's least time from a rank that receives copies, its least
+// dispatch D and combine Cb, every rank's reads, its home section's and its copy wait and
+// fetched section.
+__device__ double mc_received(const McCost& k, double D, double Cb, double every, double home,
+                              double wait, double section) {
+    if (k.overlap) {
+        const double run = mc_add(D, mc_max(every, mc_add(home, section)));
+        return mc_add(mc_add(k.plan, mc_max(run, mc_add(wait, section))), Cb);
+    }
+    return mc_add(mc_add(mc_add(mc_add(k.plan, D), mc_max(every, section)), Cb), wait);
+}
+
+// bound.exit_bound's receiving(j, n, x, kept): the least time of a plan in which a rank with
+// `kept` kept reads receives j >= 1 copies and sends n rows, x of them bound for the slow link.
+__device__ double mc_receiving(const McCost& k, int R, double reads, mp_i64 j, mp_i64 n,
+                               mp_i64 x, mp_i64 kept) {
+    const double lat = mc_lat(k, R);
+    const double D = mc_add(lat, mc_link(k, R, n, x, false));
+    const double Cb = mc_add(lat, mc_link(k, R, n, x, true));
+    const double wait = mc_add(k.base, mc_mul((double)j, k.copy_min));
+    const double home = mc_mul((double)(kept + j), k.weight_read);
+    return mc_received(k, D, Cb, reads, home, wait, mc_mul((double)j, mc_fetched_min(k)));
 }
 
 // bound.exit_bound: the least time of a plan that copies, or, where no replica is resident,

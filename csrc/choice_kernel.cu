@@ -221,29 +221,37 @@ __device__ void mc_top_sorted(mp_i64* rest, mp_i64* top, mp_i64 E, mp_i64 M, mp_
     __syncwarp();
 }
 
-// The least over j <= M of mc_copying(j, left - the sum of the j largest), on every lane
-// (top [M]: the M largest, sorted from the largest).
-__device__ double mc_least_copying(const McCost& k, int R, double reads, const mp_i64* top,
-                                   mp_i64 M, mp_i64 left, mp_i64 far) {
+// The least over j <= M of mc_copying(j, left - the sum of the j largest), and the least
+// over 1 <= j <= M of mc_receiving with the same rows (kept: the rank's kept reads), on every
+// lane (top [M]: the M largest, sorted from the largest).
+__device__ void mc_least_copying(const McCost& k, int R, double reads, const mp_i64* top,
+                                 mp_i64 M, mp_i64 left, mp_i64 far, mp_i64 kept, double* out) {
     const int lane = threadIdx.x % MP_WARP;
-    double best = mc_copying(k, R, reads, 0, left, far);
+    double best = mc_copying(k, R, reads, 0, left, far), recv = MC_INF;
     mp_i64 carry = 0;
     for (mp_i64 base = 0; base < M; base += MP_WARP) {  // warp-uniform: the scan needs all
         const mp_i64 j = base + lane + 1;                 // this lane's j
         const mp_i64 incl = mp_warp_incl_scan(j <= M ? top[j - 1] : 0, lane);
-        if (j <= M) best = mc_min(best, mc_copying(k, R, reads, j, left - (carry + incl), far));
+        if (j <= M) {
+            const mp_i64 n = left - (carry + incl);
+            best = mc_min(best, mc_copying(k, R, reads, j, n, far));
+            recv = mc_min(recv, mc_receiving(k, R, reads, j, n, far, kept));
+        }
         carry += __shfl_sync(MP_FULL_MASK, incl, MP_WARP - 1);
     }
-    return mc_warp_min(best);
+    out[0] = mc_warp_min(best);
+    out[1] = mc_warp_min(recv);
 }
 
 // bound.exit_bound's `copies` (block-uniform): bound.links_reference's rows, a warp per
-// rank (R > 1), the largest over ranks of mc_least_copying, or less for a copy over the
-// slow link. Every thread of the block calls it.
+// rank (R > 1), the largest over ranks of the least copying time, at least the least over
+// ranks of the least receiving time (kept_R: each rank's kept reads, kmin their least), or
+// less for a copy over the slow link. Every thread of the block calls it.
 __device__ double mc_first_links(const McStep& st, const McCost& k, double reads,
-                                 mp_i64* rest_RE, mp_i64* top_RM, double* red) {
+                                 const mp_i64* kept_R, mp_i64 kmin, mp_i64* rest_RE,
+                                 mp_i64* top_RM, double* red) {
     const int warp = threadIdx.x / MP_WARP, nwarps = blockDim.x / MP_WARP;
-    double copies = -MC_INF;
+    double v2[2] = {-MC_INF, -MC_INF};  // the largest copying, less the least receiving
     for (int s = warp; s < st.R; s += nwarps) {
         mp_i64* rest = rest_RE + (mp_i64)s * st.E;
         mp_i64 left = 0, vmax = 0;
@@ -254,13 +262,18 @@ __device__ double mc_first_links(const McStep& st, const McCost& k, double reads
         mc_rest_row(st.counts, st.prev, st.has_prev, s, st.R, st.E, st.B, rest, &left, &vmax);
         const mp_i64 v = mc_mth_largest(rest, st.E, st.M, vmax);
         mc_top_sorted(rest, top_RM + (mp_i64)s * st.M, st.E, st.M, v);
-        copies = mc_max(copies, mc_least_copying(k, st.R, reads, rest, st.M, left, far));
+        double least[2];
+        mc_least_copying(k, st.R, reads, rest, st.M, left, far, kept_R[s], least);
+        v2[0] = mc_max(v2[0], least[0]);
+        v2[1] = mc_max(v2[1], -least[1]);
     }
-    mc_block_max(&copies, 1, red);
+    mc_block_max(v2, 2, red);
+    double copies = mc_max(v2[0], -v2[1]);
     if (st.R > k.G) {  // bound.exit_bound: a plan that copies over the slow link waits for it
         const double lat = mc_lat(k, st.R);
         const double wait = mc_add(k.base, k.copy_inter);
-        copies = mc_min(copies, mc_copy_total(k, lat, reads, lat, wait));
+        const double one = mc_mul((double)(kmin + 1), k.weight_read);
+        copies = mc_min(copies, mc_received(k, lat, lat, reads, one, wait, mc_fetched_min(k)));
     }
     return copies;
 }
@@ -527,10 +540,12 @@ __device__ McExitIn mc_first_static(McStep& st, const McCost& k, int* warm_d, mp
     x.stat = mc_parts(k, s, r < R, R, red);
     // ends with __syncthreads, as every reduction below
     const mp_i64 kept = mp_block_max(r < R ? f.kbusy[r] : MP_I64_MIN, red64);
+    const mp_i64 kmin = -mp_block_max(r < R ? -f.kbusy[r] : MP_I64_MIN, red64);
     x.experts_lb = mc_experts_lb(k, R, t.tiles, t.busy, t.N);
     x.copies = MC_INF;
     if (R > 1) {  // block-uniform
-        x.copies = mc_first_links(st, k, mc_reads(k, x.experts_lb, kept), rest_RE, top_RM, red);
+        const double reads = mc_reads(k, x.experts_lb, kept);
+        x.copies = mc_first_links(st, k, reads, f.kbusy, kmin, rest_RE, top_RM, red);
     }
     x.nres = t.nres;
     x.has_res = t.nres > 0;

@@ -41,7 +41,16 @@ from moonplan.plan.plan_type import Plan
 from moonplan.plan.reference import previous_flows
 from moonplan.stepcost import StepCost
 from moonplan.testing import counts
-from tests.plan.choice.costs import COMPUTE_ONLY, FORCED_S, H200, MULTI, costs, full
+from tests.plan.choice.costs import (
+    COMPUTE_ONLY,
+    DECODE,
+    FORCED_S,
+    H200,
+    MULTI,
+    costs,
+    full,
+    rows_only,
+)
 from tests.plan.draw import counts_like, random_counts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,7 +134,7 @@ def _reference_bound(case: Case) -> tuple[float, float]:
     home = home_list(E, R)
     static = ref._static_alloc(counts, home)
     full = None if step.resident else ref._time(cost, step, static, cost.plan_s)
-    totals = (*ref._totals(cost, counts), ref._kept_busy(step, home))
+    totals = ref._totals(cost, counts)
     links = links_reference(counts, step.resident, home, cost.domain_size(R))
     return exit_bound(cost, R, totals, links, full)
 
@@ -260,6 +269,13 @@ def test_the_terms_of_the_copies_and_the_bound(emu: ctypes.CDLL) -> None:
     # residents, dear copies: the bound is its copying part alone (resident stands for the rest)
     first = _check(emu, _hot(4, 16, 0), 2, 1, None, full(H200.scaled(copy_s_intra=0.0)))
     _check(emu, _hot(4, 16, 1), 2, 1, first, H200.scaled(copy_s_intra=100 * H200.copy_s_intra))
+    # a rank receiving a copy reads its kept experts and the copy twice (test_bound.py)
+    _check(emu, torch.full((4, 8), 10, dtype=torch.int64), 2, 1, None, DECODE)
+    _check(emu, torch.full((4, 8), 10, dtype=torch.int64), 2, 1, None, DECODE.scaled(overlap=False))
+    # a rank's padded rows are a whole number of tiles (test_bound.py)
+    c = torch.zeros(4, 4, dtype=torch.int64)
+    c[0] = torch.tensor([20, 20, 20, 1])
+    _check(emu, c, 0, 1, None, full(rows_only(tile_rows=16)))
     # several domains (the links' harmonic rate), the serial schedule
     _chain(emu, _lognormal(16, 64, 16, range(3)), 2, 1, MULTI.scaled(domain=4))
     _chain(emu, _lognormal(16, 64, 64, range(3)), 3, 1, full(MULTI.scaled(domain=4, overlap=False)))

@@ -30,7 +30,8 @@ nothing else. The bound is the least time of a plan that:
 ``experts_lb`` bounds the slowest rank's experts phase in any plan, from two facts. The
 ranks' padded rows add up to at least ``sum_e tile(T[e])`` (padding a split expert never
 pads less), and their weight reads and rows to at least ``weight_read_s * Z + row_mem_s *
-N``, ``Z`` the experts with records: the slowest rank is at least the mean of each. And
+N``, ``Z`` the experts with records: the slowest rank is at least the mean of each, and
+its padded rows, a whole number of tiles, at least that mean rounded up to one. And
 every expert with records runs on some rank, so some rank runs at least ``k = ceil(Z / R)``
 of them, each at least one tile and one row: ``k * tile_rows`` padded rows and
 ``k * (weight_read_s + row_mem_s)`` of weight reads and rows. At decode sizes, where
@@ -49,14 +50,29 @@ any way, ``n`` rows
 take at least ``n * h`` seconds, ``h`` the rate of the one class (one domain) or
 ``ri * ro / (ri + ro)`` (two).
 
+Some rank receives each copy, and it pays for it three times over: with the overlapped
+schedule the copy is read beside its home section, which also holds one read for each of its
+``kept[r]`` home experts with records and no resident replica elsewhere (``copies weights``
+above); and after the copy arrives, its fetched section runs the copy: at least one tile,
+one weight read and one row (``fetched``, :func:`fetched_min_s`). So a plan in which rank
+``r`` receives ``j >= 1`` copies and sends at least ``sends[r][j]`` rows takes at least
+``plan_s + max(D + max(reads, (kept[r] + j) * weight_read_s + j * fetched), base + j *
+copy_min + j * fetched) + Cb`` (serially ``plan_s + D + max(reads, j * fetched) + Cb`` plus
+the wait), and some rank receives: the least of that over ranks and ``j`` is a bound too,
+and the larger of the two holds. At decode sizes, where every rank already reads each of its
+home experts, this is the term that shows a copy cannot pay.
+
 With several domains the links know more. Every copy comes from its expert's home rank, so
 an expert homed in another domain reaches a rank's domain only by a copy over the slow link
 (``copy_s_inter``). A plan that makes such a copy waits at least ``base_latency_s +
-copy_s_inter`` for it: ``plan_s + max(lat + reads, base + copy_s_inter) + lat`` (serially,
-the sum). A plan that makes none sends every record of an expert homed in another domain,
-and resident in none of the sender's domain's slots, over the slow link: ``far[s]`` rows
-for rank ``s``, at least ``far[s] * dispatch_row_s_inter`` (and the same for the combine)
-whatever else it does. Both terms are only added when the group has more than one domain.
+copy_s_inter`` for it, then runs it on a receiver that reads at least ``min(kept) + 1``
+experts beside: ``plan_s + max(lat + max(reads, (min(kept) + 1) * weight_read_s + fetched),
+base + copy_s_inter + fetched) + lat`` (serially ``plan_s + lat + max(reads, fetched) +
+lat`` plus the wait). A plan that makes none sends every record of an expert homed in
+another domain, and resident in none of the sender's domain's slots, over the slow link:
+``far[s]`` rows for rank ``s``, at least ``far[s] * dispatch_row_s_inter`` (and the same for
+the combine) whatever else it does. Both terms are only added when the group has more than
+one domain.
 
 Every
 term is a non-negative product of a rate and an integer, a ``max``, a mean or a sum; in
@@ -95,8 +111,8 @@ def copy_min_s(cost: StepCost, num_ranks: int) -> float:
 def exit_bound(
     cost: StepCost,
     num_ranks: int,
-    totals: tuple[int, int, int, int],
-    links: tuple[list[list[int]], list[int]],
+    totals: tuple[int, int, int],
+    links: tuple[list[list[int]], list[int], list[int]],
     static_full: float | None,
 ) -> tuple[float, float]:
     """The bound of the module docstring, and its part for plans that copy (``inf`` with
@@ -105,31 +121,40 @@ def exit_bound(
     Args:
         cost: the model.
         num_ranks: ``R``.
-        totals: ``(sum_e tile(T[e]), experts with records, N, the most home experts
-            with records and no resident replica elsewhere on one rank)``.
-        links: ``(sends [R][M + 1], far [R])`` (module docstring).
+        totals: ``(sum_e tile(T[e]), experts with records, N)``.
+        links: ``(sends [R][M + 1], far [R], kept [R])`` (module docstring).
         static_full: static EP's time charged ``plan_s`` when ``previous`` holds no
             resident replica (the only copy-free plan), else ``None``.
     """
     R = num_ranks
     if R <= 1:
         return math.inf, math.inf
-    tiles, busy, N, kept = totals
-    sends, far = links
+    sends, far, kept = links
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
-    experts_lb = experts_lb_s(cost, R, tiles, busy, N)
-    reads = max(experts_lb, kept * cost.weight_read_s) if cost.overlap else experts_lb
-    rows, copy = _link_time(cost, R), copy_min_s(cost, R)
+    experts_lb = experts_lb_s(cost, R, *totals)
+    reads = max(experts_lb, max(kept) * cost.weight_read_s) if cost.overlap else experts_lb
+    rows, copy, run = _link_time(cost, R), copy_min_s(cost, R), fetched_min_s(cost)
 
     def copying(j: int, n: int, x: int) -> float:  # rank receiving j copies, sending n rows
         (d, c), wait = rows(n, x), cost.base_latency_s + max(j, 1) * copy
         return _total(cost, lat + d, reads, lat + c, wait)
 
+    def receiving(j: int, n: int, x: int, k: int) -> float:  # j >= 1 copies, k kept reads
+        (d, c), wait = rows(n, x), cost.base_latency_s + j * copy
+        return _received(cost, (lat + d, lat + c), (reads, (k + j) * cost.weight_read_s),
+                         (wait, j * run))  # fmt: skip
+
     copies = max(
         min(copying(j, n, far[s]) for j, n in enumerate(row)) for s, row in enumerate(sends)
     )
+    copies = max(copies, min(
+        min(receiving(j, n, far[s], kept[s]) for j, n in enumerate(row) if j >= 1)
+        for s, row in enumerate(sends)
+    ))  # fmt: skip
     if R > cost.domain_size(R):  # a plan that copies over the slow link waits for it
-        copies = min(copies, _total(cost, lat, reads, lat, cost.base_latency_s + cost.copy_s_inter))
+        wait = cost.base_latency_s + cost.copy_s_inter
+        slow = (reads, (min(kept) + 1) * cost.weight_read_s)
+        copies = min(copies, _received(cost, (lat, lat), slow, (wait, run)))
     first = copies if static_full is None else min(copies, static_full)
     return first * MARGIN, copies * MARGIN
 
@@ -140,6 +165,30 @@ def _total(cost: StepCost, D: float, reads: float, Cb: float, wait: float) -> fl
     if cost.overlap:
         return cost.plan_s + max(D + reads, wait) + Cb
     return cost.plan_s + D + reads + Cb + wait
+
+
+def _received(
+    cost: StepCost,
+    links: tuple[float, float],
+    reads: tuple[float, float],
+    fetched: tuple[float, float],
+) -> float:
+    """The least time of a copying plan from the rank that receives copies: its least
+    ``(dispatch, combine)``, the ``(experts phase, its home section)`` (at least every
+    rank's ``reads``; the section at least its kept and received reads) and its fetched
+    ``(copy wait, section)``. Overlapped, the fetched section runs after both the dispatch
+    with the home section and the wait; serially the wait is added, and the home section
+    holds no copy."""
+    (D, Cb), (every, home), (wait, section) = links, reads, fetched
+    if cost.overlap:
+        return cost.plan_s + max(D + max(every, home + section), wait + section) + Cb
+    return cost.plan_s + D + max(every, section) + Cb + wait
+
+
+def fetched_min_s(cost: StepCost) -> float:
+    """Seconds of the least fetched section a copy with records brings its receiver: one
+    tile and one weight read and row (``StepCost``'s roofline of one fetched expert)."""
+    return max(cost.tile_rows * cost.row_flop_s, cost.weight_read_s + cost.row_mem_s)
 
 
 def _link_time(cost: StepCost, R: int) -> Callable[[int, int], tuple[float, float]]:
@@ -154,9 +203,9 @@ def _link_time(cost: StepCost, R: int) -> Callable[[int, int], tuple[float, floa
 
 def experts_lb_s(cost: StepCost, num_ranks: int, tiles: int, busy: int, N: int) -> float:
     """``experts_lb`` of the module docstring: the slowest rank's experts phase in any plan."""
-    R = num_ranks
+    R, t = num_ranks, cost.tile_rows
     k = -(-busy // R)
-    flop_lb = max(-(-tiles // R), k * cost.tile_rows) * cost.row_flop_s
+    flop_lb = max(-(-tiles // (R * t)) * t, k * t) * cost.row_flop_s
     mem_lb = (busy * cost.weight_read_s + N * cost.row_mem_s) / R
     return max(flop_lb, mem_lb, k * cost.weight_read_s + k * cost.row_mem_s)
 
@@ -180,16 +229,16 @@ def exit_bound_torch(
     cost: StepCost,
     num_ranks: int,
     totals: tuple[torch.Tensor, ...],
-    links: tuple[torch.Tensor, torch.Tensor],
+    links: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     static_full: torch.Tensor,
     resident: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 0-d pair: :func:`exit_bound` with tensor inputs (int64 0-d ``totals``, float64
-    0-d ``static_full``, bool 0-d ``resident``: ``previous`` holds a
+    """float64 0-d pair: :func:`exit_bound` with tensor inputs (int64 0-d ``totals``, int64
+    ``links``, float64 0-d ``static_full``, bool 0-d ``resident``: ``previous`` holds a
     resident replica)."""
     R = num_ranks
-    tiles, busy, N, kept = totals
-    sends_RJ, far_R = links
+    tiles, busy, N = totals
+    sends_RJ, far_R, kept_R = links
     inf = torch.full((), math.inf, dtype=torch.float64, device=tiles.device)
     if R <= 1:
         return inf, inf
@@ -197,19 +246,43 @@ def exit_bound_torch(
     experts_lb = experts_lb_torch(cost, R, tiles, busy, N)
     n_RJ = sends_RJ.to(torch.float64)
     x_R1 = far_R.to(torch.float64)[:, None]
-    j_J = torch.arange(n_RJ.shape[1], device=n_RJ.device).clamp(min=1).to(torch.float64)
-    wait_J = cost.base_latency_s + j_J * copy_min_s(cost, R)
+    j_J = torch.arange(n_RJ.shape[1], device=n_RJ.device).to(torch.float64)
+    copy, w = copy_min_s(cost, R), cost.weight_read_s
+    wait_J = cost.base_latency_s + j_J.clamp(min=1) * copy
     reads = experts_lb
     if cost.overlap:
-        reads = torch.maximum(experts_lb, kept.to(torch.float64) * cost.weight_read_s)
+        reads = torch.maximum(experts_lb, kept_R.max().to(torch.float64) * w)
     d_RJ, c_RJ = _link_time_torch(cost, R, n_RJ, x_R1)
     copies = _total_torch(cost, lat + d_RJ, reads, lat + c_RJ, wait_J).amin(1).amax()
+    k_R1 = kept_R[:, None] + torch.arange(1, n_RJ.shape[1], device=n_RJ.device)
+    fetched = (cost.base_latency_s + j_J[1:] * copy, j_J[1:] * fetched_min_s(cost))
+    home_RJ = k_R1.to(torch.float64) * w
+    links_RJ = (lat + d_RJ[:, 1:], lat + c_RJ[:, 1:])
+    copies = torch.maximum(
+        copies, _received_torch(cost, links_RJ, (reads, home_RJ), fetched).amin()
+    )
     if R > cost.domain_size(R):  # a plan that copies over the slow link waits for it
-        far = torch.full((), cost.base_latency_s + cost.copy_s_inter, dtype=torch.float64,
-                         device=tiles.device)  # fmt: skip
-        copies = torch.minimum(copies, _total_torch(cost, lat, reads, lat, far))
+        one = (kept_R.min() + 1).to(torch.float64) * w
+        far_s = (cost.base_latency_s + cost.copy_s_inter, fetched_min_s(cost))
+        wait, run = (torch.full((), v, dtype=torch.float64, device=tiles.device) for v in far_s)
+        slow = _received_torch(cost, (lat, lat), (reads, one), (wait, run))
+        copies = torch.minimum(copies, slow)
     bound = torch.where(resident, copies, torch.minimum(copies, static_full)) * MARGIN
     return bound, copies * MARGIN
+
+
+def _received_torch(
+    cost: StepCost,
+    links: tuple[torch.Tensor | float, torch.Tensor | float],
+    reads: tuple[torch.Tensor, torch.Tensor],
+    fetched: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """:func:`_received` on float64 tensors (broadcast)."""
+    (D, Cb), (every, home), (wait, section) = links, reads, fetched
+    if cost.overlap:
+        inner = torch.maximum(D + torch.maximum(every, home + section), wait + section)
+        return cost.plan_s + inner + Cb
+    return cost.plan_s + D + torch.maximum(every, section) + Cb + wait
 
 
 def _total_torch(
@@ -237,8 +310,8 @@ def experts_lb_torch(
     cost: StepCost, R: int, tiles: torch.Tensor, busy: torch.Tensor, N: torch.Tensor
 ) -> torch.Tensor:
     """float64 0-d: :func:`experts_lb_s` of int64 0-d sums."""
-    k = (busy + (R - 1)) // R
-    flop_lb = torch.maximum((tiles + (R - 1)) // R, k * cost.tile_rows)
+    k, t = (busy + (R - 1)) // R, cost.tile_rows
+    flop_lb = torch.maximum((tiles + (R * t - 1)) // (R * t) * t, k * t)
     flop_lb = flop_lb.to(torch.float64) * cost.row_flop_s
     mem_lb = busy.to(torch.float64) * cost.weight_read_s + N.to(torch.float64) * cost.row_mem_s
     k_f = k.to(torch.float64)
@@ -248,8 +321,8 @@ def experts_lb_torch(
 
 def links_reference(
     counts: list[list[int]], resident: set[tuple[int, int]], home: list[int], G: int
-) -> tuple[list[list[int]], list[int]]:
-    """``(sends [R][M + 1], far [R])`` of the module docstring, plain Python
+) -> tuple[list[list[int]], list[int], list[int]]:
+    """``(sends [R][M + 1], far [R], kept [R])`` of the module docstring, plain Python
     (``resident``: the ``(e, r)`` pairs in ``previous``'s slots; ``G``: ranks per domain)."""
     R, E = len(counts), len(counts[0])
     M = -(-E // R)
@@ -262,13 +335,17 @@ def links_reference(
     near = [{e for e, r in resident if r // G == d} for d in range(-(-R // G))]
     far = [sum(row[e] for e in range(E) if home[e] // G != s // G and e not in near[s // G])
            for s, row in enumerate(counts)]  # fmt: skip
-    return sends, far
+    moved = {e for e, _ in resident}
+    kept = [0] * R
+    for e, col in enumerate(zip(*counts, strict=True)):
+        kept[home[e]] += sum(col) > 0 and e not in moved
+    return sends, far, kept
 
 
 def links_torch(
     counts_RE: torch.Tensor, resident_ER: torch.Tensor, home_E: torch.Tensor, G: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(sends [R, M + 1], far [R])`` int64: :func:`links_reference` in torch
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(sends [R, M + 1], far [R], kept [R])`` int64: :func:`links_reference` in torch
     ops, no host read (``resident_ER``: bool ``[E, R]``)."""
     R, E = counts_RE.shape
     M = -(-E // R)
@@ -283,4 +360,6 @@ def links_torch(
     near_DE = near_DE.index_add(0, dom_R, resident_ER.t().long()) > 0  # resident in domain d
     far_RE = (dom_R[home_E][None, :] != dom_R[:, None]) & ~near_DE[dom_R]
     far_R = torch.where(far_RE, counts_RE, 0).sum(1)
-    return sends_RJ, far_R
+    kept_E = (counts_RE.sum(0) > 0) & ~resident_ER.any(1)
+    kept_R = torch.zeros_like(left_R).index_add(0, home_E, kept_E.long())
+    return sends_RJ, far_R, kept_R

@@ -111,9 +111,9 @@ def choose_host(
             at_exit, index, exit_alloc = at_res, 2, res
     t_exit = at_exit.total_s
     full = None if resident.any() else _no_fetch_time(cost, hs, static, cost.plan_s).total_s
-    totals, links = _totals(cost, hs, resident), _links(hs, resident, cost.domain_size(R))
+    totals, links = _totals(cost, hs), _links(hs, resident, cost.domain_size(R))
     bounds = exit_bound(cost, R, totals, links, full)
-    gap = at_exit.experts_s - experts_lb_s(cost, R, *totals[:3])
+    gap = at_exit.experts_s - experts_lb_s(cost, R, *totals)
     exited, credit = exit_rent(t_exit, gap, bounds, credit, max(0.0, cost.plan_s - cost.exit_s))
     if exited:
         fields = layout_resident(torch.from_numpy(exit_alloc), num_slots, align, hs.prev_RB)
@@ -201,21 +201,21 @@ def construct(hs: HostStep, target: list[int], replay: bool) -> tuple[list[Flow]
     return steps.flows, steps.alloc(hs.edges)
 
 
-def _totals(cost: StepCost, hs: HostStep, resident: np.ndarray) -> tuple[int, int, int, int]:
-    """``bound``'s totals: tiles, experts with records, records, and the most home experts
-    with records and no resident replica elsewhere on one rank."""
+def _totals(cost: StepCost, hs: HostStep) -> tuple[int, int, int]:
+    """``bound``'s totals: tiles, experts with records, records."""
     t = cost.tile_rows
     T = hs.total
-    kept = (T > 0) & ~resident.any(1)
-    busy = np.bincount(hs.home, kept, minlength=len(hs.load))
-    return int((-(-T // t) * t).sum()), int((T > 0).sum()), int(T.sum()), int(busy.max())
+    return int((-(-T // t) * t).sum()), int((T > 0).sum()), int(T.sum())
 
 
-def _links(hs: HostStep, resident: np.ndarray, G: int) -> tuple[list[list[int]], list[int]]:
-    """``bound``'s link rows (``bound.links_torch`` on the host's tensors: integers)."""
+def _links(
+    hs: HostStep, resident: np.ndarray, G: int
+) -> tuple[list[list[int]], list[int], list[int]]:
+    """``bound``'s link rows and kept reads (``bound.links_torch`` on the host's tensors:
+    integers)."""
     c, res, home = (torch.from_numpy(a) for a in (hs.counts, resident, hs.home))
-    sends_RJ, far_R = links_torch(c, res, home, G)
-    return sends_RJ.tolist(), far_R.tolist()
+    sends_RJ, far_R, kept_R = links_torch(c, res, home, G)
+    return sends_RJ.tolist(), far_R.tolist(), kept_R.tolist()
 
 
 def layout(hs: HostStep, alloc_ER: np.ndarray, flows: list[Flow]) -> PlanFields:

@@ -102,8 +102,7 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     static_full = None if step.resident else _time(cost, step, static, cost.plan_s)
     links = links_reference(counts, step.resident, home, cost.domain_size(R))
     totals = _totals(cost, counts)
-    kept = (*totals, _kept_busy(step, home))
-    bounds = exit_bound(cost, R, kept, links, static_full)
+    bounds = exit_bound(cost, R, totals, links, static_full)
     gap = at_exit.experts_s - experts_lb_s(cost, R, *totals)
     checking = max(0.0, cost.plan_s - cost.exit_s)
     exited, credit = exit_rent(t_exit, gap, bounds, step.credit, checking)
@@ -173,17 +172,6 @@ def _totals(cost: StepCost, counts: list[list[int]]) -> tuple[int, int, int]:
     T = [sum(col) for col in zip(*counts, strict=True)]
     t = cost.tile_rows
     return sum(-(-x // t) * t for x in T), sum(1 for x in T if x > 0), sum(T)
-
-
-def _kept_busy(step: Step, home: list[int]) -> int:
-    """The most home experts with records and no resident replica elsewhere on one rank."""
-    R = len(step.counts)
-    moved = {e for e, _ in step.resident}
-    busy = [0] * R
-    for e, col in enumerate(zip(*step.counts, strict=True)):
-        if sum(col) > 0 and e not in moved:
-            busy[home[e]] += 1
-    return max(busy)
 
 
 def _roofline(cost: StepCost, padded: int, experts: int, rows: int) -> float:

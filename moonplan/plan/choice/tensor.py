@@ -142,13 +142,10 @@ def _bound(
     """float64 0-d: ``bound.exit_bound_torch``'s pair and ``experts_lb`` of this step."""
     T_E = counts_RE.sum(0)
     R = resident_ER.shape[1]
-    kept_E = torch.where(resident_ER.any(1), 0, T_E)  # experts with no resident replica
-    zero_R = torch.zeros(R, dtype=torch.int64, device=T_E.device)
-    busy_R = zero_R.index_add(0, home_E, (kept_E > 0).long())
-    totals = (_padded(cost, T_E).sum(), (T_E > 0).sum(), T_E.sum(), busy_R.max())
+    totals = (_padded(cost, T_E).sum(), (T_E > 0).sum(), T_E.sum())
     links = links_torch(counts_RE, resident_ER, home_E, cost.domain_size(R))
     bounds = exit_bound_torch(cost, R, totals, links, static_full, resident_ER.any())
-    return bounds, experts_lb_torch(cost, R, *totals[:3])
+    return bounds, experts_lb_torch(cost, R, *totals)
 
 
 def _candidates(

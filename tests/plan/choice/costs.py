@@ -23,6 +23,12 @@ COMPUTE_ONLY = StepCost(  # only the busiest rank's rows cost: copies, traffic, 
     combine_row_s_inter=0.0,
 )
 
+DECODE = StepCost(  # mem-bound decode in round numbers (s): a weight read 100, a row 1 a link
+    row_flop_s=0.0, weight_read_s=100.0, row_mem_s=0.0, copy_s_intra=1.0, copy_s_inter=1.0,
+    dispatch_row_s_intra=1.0, dispatch_row_s_inter=1.0, combine_row_s_intra=1.0,
+    combine_row_s_inter=1.0, plan_s=1.0,
+)  # fmt: skip
+
 
 def rows_only(**fields: float) -> StepCost:
     """A cost model where only rows (and ``fields``) take time."""

@@ -1,0 +1,52 @@
+"""``auto``'s early-exit bound (``moonplan/plan/choice/bound.py``): its terms on hand cases.
+
+Legend: R ranks, E experts, M = ceil(E/R), w seconds of one weight read (100 in ``DECODE``).
+
+That the bound never exceeds a candidate that copies is checked on random counts and costs
+in ``test_choice.py``; here each term is computed by hand where it decides.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moonplan.plan.choice import choose, reference
+from moonplan.plan.choice.bound import MARGIN, exit_bound, experts_lb_s, links_reference
+from moonplan.plan.home import home_list
+from tests.plan.choice.costs import DECODE, full, rows_only
+
+
+def test_a_rank_that_receives_a_copy_reads_its_kept_experts_and_the_copy() -> None:
+    """Every expert has records, so every rank reads its 2 home experts whatever the plan. A
+    copy saves its receiver 10 rows a direction, but the receiver also reads the copy beside
+    its home section and again to run it: 4 reads, not 2. Without that term the bound was
+    the least rows a rank must send (j = 2: 40 + 2w + 40 = 280 s) and static EP (320 s) paid
+    a full call; with it, every plan that copies takes at least 50 + 4w + 50 = 500 s (and a
+    planner call of 1 s)."""
+    c = torch.full((4, 8), 10, dtype=torch.int64)
+    cost = DECODE
+    R, E = c.shape
+    home = home_list(E, R)
+    links = links_reference(c.tolist(), set(), home, cost.domain_size(R))
+    assert links[2] == [2, 2, 2, 2]  # kept reads: every home expert has records
+    totals = reference._totals(cost, c.tolist())
+    _, copies = exit_bound(cost, R, totals, links, None)
+    assert copies == 501.0 * MARGIN
+    p = choose(c, 2, 1, None, cost, "reference")
+    assert p.choice is not None and p.choice.early_exit() and p.policy == "static"
+    every = choose(c, 2, 1, None, full(cost), "reference").choice
+    assert every is not None  # each candidate is static EP's plan (321 s) or copies
+    assert all(float(s) == 321.0 or float(s) >= 501.0 for s in every.scores)
+
+
+def test_the_slowest_rank_runs_a_whole_number_of_tiles() -> None:
+    """Tiles of 16 rows: 112 padded rows over 4 ranks is 28 a rank on average, but a rank's
+    padded rows are a multiple of 16, so the slowest runs at least 32 (static EP's)."""
+    cost = rows_only(tile_rows=16)
+    c = torch.tensor([[20, 20, 20, 1], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]])
+    tiles, busy, N = reference._totals(cost, c.tolist())
+    assert (tiles, busy, N) == (112, 4, 61)
+    assert experts_lb_s(cost, 4, tiles, busy, N) == 32 * cost.row_flop_s
+    static = choose(c, 0, 1, None, full(cost), "reference").choice
+    assert static is not None
+    assert float(static.scores[0]) >= 32 * cost.row_flop_s
