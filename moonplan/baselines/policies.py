@@ -43,6 +43,7 @@ from moonplan.baselines.planner_time import (
 from moonplan.baselines.policy_base import Policy, PolicyStep, make_step
 from moonplan.baselines.prehistory import Prehistory
 from moonplan.baselines.registry import PolicyInfo, register
+from moonplan.checks import check_int
 from moonplan.plan import api as planner
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_time import plan_fetch_ER, plan_time
@@ -148,12 +149,16 @@ class MoonplanAutoPolicy(PlannerPolicy):
     first and copy more only where the cost model says it pays this step. Beside the
     steps, a :class:`~moonplan.plan.residency.refill.Residency` keeps the last
     ``placement_window`` steps' loads, picks the slot table the cost model prefers over
-    them and orders a refill when rent or buy says it pays; the ``staging`` rows per rank
-    that a refill copies into come out of the slot budget (``slots - staging`` serve;
-    with fewer than two slots nothing is refilled in the background). The copies run beside the next
-    steps (``refill_ER``, a share per step whose link time fits in its experts phase) and
-    serve from the step after the last one, swapped in on the critical path
-    (``local_copies``).
+    them and orders a refill when rent or buy says it pays. Every slot serves: the
+    ``staging`` rows per rank that a refill copies into are shared by the model's
+    ``layers`` MoE layers, one refill at a time (:mod:`moonplan.runtime.staging`), so a
+    refill waits for its turn first. The simulator runs one layer and charges the worst
+    turn: every other layer refills at the same moments, for as long, and goes first
+    (``(layers - 1) * n`` steps of waiting, ``n`` the steps of its own copies; the other
+    layers' copies are not on the links of this layer's steps, as no other layer's traffic
+    is). The copies then run beside the next steps (``refill_ER``, a share per step whose
+    link time fits in its experts phase) and serve from the step after the last one,
+    swapped in on the critical path (``local_copies``).
 
     ``cost`` is the :class:`~moonplan.stepcost.StepCost` the choice minimises; the
     simulator passes the one it charges the step with, so a plan's predicted time is its
@@ -179,16 +184,18 @@ class MoonplanAutoPolicy(PlannerPolicy):
         slots: int | None = None,
         placement_window: int = WINDOW,
         staging: int = STAGING,
+        layers: int = 1,
         stale_slots: bool = False,
     ) -> None:
         if not isinstance(cost, StepCost):
             raise ValueError(f"moonplan-auto needs cost=StepCost(...), got {cost!r}")
         self.stale_slots = bool(stale_slots)
         total = max_local(num_experts, num_ranks) if slots is None else int(slots)
-        self.staging = staging if total > staging else 0
+        self.staging = min(int(staging), total)
         self.rent = not self.staging  # the background refill buys for later steps
-        super().__init__(num_ranks, num_experts, slots=total - self.staging, cost=cost)
+        super().__init__(num_ranks, num_experts, slots=total, cost=cost)
         self.window = int(placement_window)
+        self.layers = check_int("layers", layers, 1)
         self.reset()
 
     def reset(self) -> None:
@@ -252,7 +259,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
             now = plan_time(self.cost, p, planned=0)
             link_s = refill_link_s(self.cost, order.fetch_ER, p.home.cpu())
             n = 1 if now.experts_s <= 0 else max(1, math.ceil(link_s / now.experts_s))
-            self._order, self._shares = order, split_pairs(order.fetch_ER, n)
+            turn = [torch.zeros_like(order.fetch_ER)] * (n * (self.layers - 1))
+            self._order, self._shares = order, turn + split_pairs(order.fetch_ER, n)
         work_s = self.decisions.work_s() / self.decisions.due
         return work_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
 
@@ -313,6 +321,6 @@ register(PolicyInfo("moonplan", _moonplan, style=("-", "o"), plan_us=exact_us,
                     options=("slots", "stale_slots"), order=60))  # fmt: skip
 register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-", "D"),
                     plan_us=exact_us, options=("slots", "stale_slots"), order=70))  # fmt: skip
-AUTO_OPTIONS = ("cost", "slots", "placement_window", "staging", "stale_slots")
+AUTO_OPTIONS = ("cost", "slots", "placement_window", "staging", "layers", "stale_slots")
 register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=auto_us, exit_us=exit_us,
                     options=AUTO_OPTIONS, order=80))  # fmt: skip

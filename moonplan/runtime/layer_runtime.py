@@ -272,7 +272,9 @@ class LayerRuntime:
                 valid slot table (a ``PlanError``), or changes more than ``S`` slots on a
                 rank (each named).
             RuntimeError: on every rank: a refill is already in flight
-                (:attr:`Refill.in_flight`; wait for its commit or drop), or the home
+                (:attr:`Refill.in_flight`; wait for its commit or drop), another layer's
+                refill holds the shared staging rows (:mod:`moonplan.runtime.staging`), or
+                the home
                 weights are not published (no step since the layer was built or since
                 :meth:`weights_changed`).
             ContractError: the ranks disagree (one rank's request is bad, or the targets
@@ -286,6 +288,11 @@ class LayerRuntime:
             changed = check_target(target_RB, current, num_experts=self.E, staging_rows=self.S)
             if self.refill.in_flight:
                 raise RuntimeError("a refill is already in flight: wait for its commit or drop")
+            if self.store.pool.held_by_other(self.refill):
+                raise RuntimeError(
+                    "another layer's refill holds the shared staging rows "
+                    "(moonplan.runtime.staging): wait for its commit or drop"
+                )
             if not self.published:
                 raise RuntimeError("no published home weights to refill from: run a step first")
             err: Exception | None = None
@@ -295,7 +302,10 @@ class LayerRuntime:
         target = target_RB.to("cpu", torch.int64)
         self.group.check_same("refill target", tuple(target.flatten().tolist()))
         collective = not self.store.transport.one_sided
-        self.refill.start(target, changed, self.store.stage, self.lane(), collective=collective)
+        self.refill.start(
+            target, changed, self.store.stage, self.lane(), pool=self.store.pool,
+            collective=collective,
+        )  # fmt: skip
 
     def weights_changed(self) -> None:
         """Home weights changed: republish them before the next step; every slot is stale.
@@ -361,7 +371,7 @@ class LayerRuntime:
         :mod:`moonplan.runtime.placer`). Not while the slots are stale (weights changed)."""
         if self.resident is None:
             return
-        busy = self.refill.in_flight
+        busy = self.refill.in_flight or self.store.pool.held_by_other(self.refill)
         target = self.placer.after_step(counts_RE, plan, self._auto_cost(), busy)
         if target is not None:
             self.request_refill(target)

@@ -7,13 +7,15 @@ Legend:
     slot_RB    int64 ``[R, B]`` the expert in each slot (``-1``: empty)
     target_RB  int64 ``[R, B]`` the slots a refill asks for (``-1``: keep what is there)
 
-A refill (:meth:`LayerRuntime.request_refill`, on every rank alike between steps) is
-one job on the layer's background lane that copies this rank's changed slots' experts
-from their home rows into the store's staging rows (:meth:`ExpertStore.stage`), never
-into the slot rows the steps read. Each step's counts exchange carries every rank's
-status (:meth:`Refill.status_words`, a poll that never blocks): where every rank is done
-the step copies the staging rows into the slots before it plans (:meth:`Refill.commit`)
-and plans with those slots resident; where any rank failed every rank drops it and warns
+A refill (:meth:`LayerRuntime.request_refill`, on every rank alike between steps) is one job
+on the layer's background lane that copies this rank's changed slots' experts from their
+home rows into the store's staging rows (:meth:`ExpertStore.stage`), never into the slot
+rows the steps read. The staging rows are shared by every layer of the same shapes on the
+device (:mod:`moonplan.runtime.staging`): a refill holds them until its commit or drop, and
+another layer's refill waits until then. Each step's counts exchange carries every rank's
+status (:meth:`Refill.status_words`, a poll that never blocks): where every rank is done the
+step copies the staging rows into the slots before it plans (:meth:`Refill.commit`) and
+plans with those slots resident; where any rank failed every rank drops it and warns
 (:func:`agree`); otherwise the old slots keep serving. Everything is decided from
 all-gathered data, so every rank commits or drops at the same step.
 """
@@ -31,6 +33,7 @@ from moonplan.plan.residency.refill import swap_in
 from moonplan.plan.residency.serving import check_slots
 from moonplan.runtime.background import BackgroundLane, Pending
 from moonplan.runtime.fetch_list import FetchList, HomeRows
+from moonplan.runtime.staging import StagingPool
 
 NONE, IN_FLIGHT, DONE, FAILED = 0, 1, 2, 3
 """A rank's refill status: none requested, copying, copied, copy failed."""
@@ -102,6 +105,7 @@ class _Job:
     target_RB: Tensor
     changed: list[tuple[int, ...]]
     pending: Pending
+    pool: StagingPool
 
 
 class Refill:
@@ -131,15 +135,22 @@ class Refill:
         stage: Callable[[FetchList], int],
         lane: BackgroundLane,
         *,
+        pool: StagingPool,
         collective: bool,
     ) -> None:
         """Start copying this rank's changed slots into staging rows (``stage``, on
-        ``lane`` as a job that outlives the steps). Every rank starts it where any rank
-        changes a slot and the copy is ``collective`` (all-to-all); on a one-sided
-        transport a rank with nothing to copy starts no job and is done at once."""
+        ``lane`` as a job that outlives the steps), holding the shared ``pool`` until the
+        commit or drop. Every rank starts it where any rank changes a slot and the copy is
+        ``collective`` (all-to-all); on a one-sided transport a rank with nothing to copy
+        starts no job and is done at once.
+
+        Raises:
+            RuntimeError: another layer's refill holds ``pool``.
+        """
         mine = changed[self.rank]
         if not any(changed):
             return
+        pool.acquire(self)
         e_J = [int(target_RB[self.rank, j]) for j in mine]
         fetch = FetchList(
             mine,
@@ -153,7 +164,7 @@ class Refill:
             pending = lane.submit(lambda: _attempt(stage, fetch), step=False)
         else:
             pending = Pending(result="")
-        self._job = _Job(target_RB.to("cpu", torch.int64), changed, pending)
+        self._job = _Job(target_RB.to("cpu", torch.int64), changed, pending, pool)
 
     def status_words(self, device: torch.device) -> Tensor:
         """int64 ``[W]``: this rank's status (``NONE``, ``IN_FLIGHT``, ``DONE``,
@@ -175,6 +186,7 @@ class Refill:
         job.pending.wait()
         commit(job.changed[self.rank])
         self._job = None
+        job.pool.release(self)
         self.commits += 1
         return refilled_slots(current_RB, job.target_RB, job.changed)
 
@@ -184,6 +196,7 @@ class Refill:
         job, self._job = self._job, None
         if job is not None:
             job.pending.wait()
+            job.pool.release(self)
             self.drops += 1
 
 

@@ -19,10 +19,10 @@ beyond ``B`` still run: their weights are read from the home rank when the exper
 run ("direct reads", reported per step in ``last_stats.direct_reads``).
 
 ``refill_rows=S`` adds staging rows for background refills
-(:mod:`moonplan.runtime.refill`): :func:`resolve_rows` gives ``(B, S)``. A count (or
-``None``) keeps its ``B`` slots and adds ``min(S, B)`` staging rows; a byte budget or a
-fraction holds ``U`` rows in all, of which ``min(S, U // 2)`` are staging rows and the
-rest slots (a refill changes at most ``B`` slots, so staging rows never outnumber them).
+(:mod:`moonplan.runtime.refill`): :func:`resolve_rows` gives ``(B, S)``, ``S = min(S, B)``
+(a refill changes at most ``B`` slots). Every form of ``slots`` buys slots only: the
+staging rows come on top, once per device for every layer of the same shapes, which share
+them (:mod:`moonplan.runtime.staging`).
 """
 
 from __future__ import annotations
@@ -153,8 +153,8 @@ def resolve_rows(
     dtype: torch.dtype,
 ) -> tuple[int, int]:
     """``(B, S)``: slots and refill staging rows per rank for ``slots=`` and
-    ``refill_rows=`` (the module docstring: staging rows come out of a byte budget or a
-    fraction, and on top of a count).
+    ``refill_rows=`` (the module docstring: the staging rows come on top, shared by the
+    layers).
 
     Raises:
         ValueError: as :func:`resolve_slots`, or ``refill_rows`` is not an int ``>= 0``.
@@ -163,10 +163,4 @@ def resolve_rows(
         raise ValueError(f"refill_rows must be an int >= 0, got {refill_rows!r}")
     E = num_experts
     B = resolve_slots(slots, num_experts=E, ranks=ranks, hidden=hidden, ffn=ffn, dtype=dtype)
-    if slots is None or (isinstance(slots, int) and not isinstance(slots, bool)):
-        return B, min(refill_rows, B)
-    # a budget: U rows in all (capped at 2E: E slots and at most as many staging rows)
-    U = _rows(slots, 2 * E, max_local(E, ranks), expert_bytes(hidden, ffn, dtype))
-    S = min(refill_rows, U // 2)
-    B = min(E, U - S)
-    return B, min(S, B)
+    return B, min(refill_rows, B)

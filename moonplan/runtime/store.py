@@ -17,9 +17,10 @@ Weight rows are fetched through ``ExpertStore.fetcher``: the transport, or its v
 on the layer's background process group (:meth:`ExpertStore.fetch_on`) where a
 worker thread runs the all-to-all prefetch and reduce beside the data path.
 
-Beside them, ``S`` local staging rows per projection (not shared: no peer reads them)
-take a background refill's copies (:meth:`ExpertStore.stage`) until every rank has its
-own and they are copied into the slots between two steps (:meth:`ExpertStore.commit`;
+Beside them, ``S`` local staging rows per projection (no peer reads them; every layer of
+these shapes on the device shares them: :mod:`moonplan.runtime.staging`) take a
+background refill's copies (:meth:`ExpertStore.stage`) until every rank has its own and
+they are copied into the slots between two steps (:meth:`ExpertStore.commit`;
 :mod:`moonplan.runtime.refill`).
 """
 
@@ -33,6 +34,7 @@ from moonplan.comm.group import EPGroup
 from moonplan.plan.home import home_start, max_local
 from moonplan.plan.plan_type import Plan
 from moonplan.runtime.fetch_list import FetchList, HomeRows
+from moonplan.runtime.staging import shared_pool
 from moonplan.runtime.transports.base import SharedRows, Transport
 
 PROJECTIONS = ("gate_up", "down")
@@ -60,10 +62,10 @@ class ExpertStore:
         rows_ = self.M + num_slots
         self.shared = {n: transport.alloc_shared((rows_, *sh), dtype) for n, sh in shapes.items()}
         self.local = {name: buf.local for name, buf in self.shared.items()}
-        self.staging = {  # [S, ...] per projection: a refill's rows until its commit
-            n: torch.empty((num_staging, *sh), dtype=dtype, device=self.local[n].device)
-            for n, sh in shapes.items()
-        }
+        device = self.local[PROJECTIONS[0]].device
+        # [S, ...] per projection: a refill's rows until its commit, shared by every layer
+        # of these shapes on the device (moonplan.runtime.staging)
+        self.pool = shared_pool(device, dtype, hidden, ffn, num_staging)
         self.home = HomeRows.of(num_experts, self.group.size)  # where each expert's rows are
         self.valid = False  # home rows published and slots consistent with `resident`
 
@@ -124,7 +126,7 @@ class ExpertStore:
             ``J``, the rows staged.
         """
         slot_J, rank_J, row_J = fetch.index(self.local[PROJECTIONS[0]].device)
-        J, S = slot_J.numel(), self.staging[PROJECTIONS[0]].shape[0]
+        J, S = slot_J.numel(), self.pool.size
         if J > S:
             raise ValueError(f"{J} refill rows do not fit the {S} staging rows")
         got = {n: self.fetcher.fetch_rows(self.shared[n], rank_J, row_J) for n in PROJECTIONS}
@@ -134,7 +136,7 @@ class ExpertStore:
 
     def _put_staged(self, name: str, rows: torch.Tensor) -> None:
         """Write ``rows [J, ...]`` of projection ``name`` into its first staging rows."""
-        self.staging[name][: rows.shape[0]].copy_(rows)
+        self.pool.rows[name][: rows.shape[0]].copy_(rows)
 
     def commit(self, slot_J: tuple[int, ...]) -> None:
         """Copy the staged rows into slots ``slot_J`` (local; between two steps only, when
@@ -143,7 +145,7 @@ class ExpertStore:
             return
         index = torch.tensor(slot_J, dtype=torch.int64, device=self.local["down"].device)
         for name in PROJECTIONS:
-            self.local[name][self.M + index] = self.staging[name][: len(slot_J)]
+            self.local[name][self.M + index] = self.pool.rows[name][: len(slot_J)]
 
     def no_fetch(self) -> tuple[int, dict[str, torch.Tensor]]:
         """What :meth:`prefetch` returns when nothing is copied: no slot, no direct row."""

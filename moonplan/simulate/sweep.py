@@ -174,7 +174,8 @@ def simulate_trace(
         raise ValueError(f"warmup = {warmup} leaves no measured step of {T}")
     if topk_ids is not None:
         _check_ids(counts_TRE, topk_ids)
-    opts = {"cost": None, **(policy_options(hw, R) if options is None else options)}
+    opts = {"cost": None, "layers": model.num_moe_layers,
+            **(policy_options(hw, R) if options is None else options)}  # fmt: skip
     built = _built(policies, R, E, model, hw, cfg, opts, before)
     records = [int(c.sum()) for c in counts_TRE[warmup:]]
     ideal = mean_time([ideal_time(n, R, model, hw, cfg) for n in records])

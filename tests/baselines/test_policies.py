@@ -437,7 +437,7 @@ def test_auto_refills_beside_the_steps_and_serves_once_copied() -> None:
     what pays in that step (``rent=False``)."""
     cost = rows_only(copy_s_intra=1e-6, copy_s_inter=1e-6, plan_s=1e-6)
     policy = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4, placement_window=4)
-    assert policy.slots == 3 and policy.staging == 1 and not policy.rent
+    assert policy.slots == 4 and policy.staging == 1 and not policy.rent  # every slot serves
     steps = [policy.step(c) for c in persistent(12)]
     ordered = [i for i, s in enumerate(steps) if s.refill_ER is not None]
     swapped = [i for i, s in enumerate(steps) if s.local_copies]
@@ -449,14 +449,34 @@ def test_auto_refills_beside_the_steps_and_serves_once_copied() -> None:
                for s, c in zip(steps, persistent(12), strict=True))  # fmt: skip
 
 
-def test_auto_without_staging_room_keeps_rent_or_buy() -> None:
-    """With one slot there is no room to stage: nothing is refilled in the background and
-    the step's call keeps buying for later steps."""
-    policy = make_policy("moonplan-auto", 8, 64, cost=rows_only(), slots=1)
+def test_auto_without_staging_rows_keeps_rent_or_buy() -> None:
+    """Without staging rows nothing is refilled in the background and the step's call keeps
+    buying for later steps."""
+    policy = make_policy("moonplan-auto", 8, 64, cost=rows_only(), slots=1, staging=0)
     assert policy.residency is None and policy.rent and policy.slots == 1
     assert policy.steps_before() == []
     steps = [policy.step(c) for c in persistent(4)]
     assert all(s.refill_ER is None and s.local_copies == 0 for s in steps)
+
+
+def test_a_refill_waits_its_turn_with_the_other_layers() -> None:
+    """The staging rows are shared by the model's layers: with 3 layers the refill waits
+    for the other two first (each as long as its own copies), so it is copied and swapped
+    in 2 n steps later than with one layer, and its copies are the same."""
+    cost = rows_only(copy_s_intra=1e-6, copy_s_inter=1e-6, plan_s=1e-6)
+
+    def run(layers: int) -> list:
+        policy = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4, placement_window=4,
+                             layers=layers)  # fmt: skip
+        return [policy.step(c) for c in persistent(16)]
+
+    one, three = run(1), run(3)
+    copies = [[i for i, s in enumerate(r) if s.refill_ER is not None and s.refill_ER.any()]
+              for r in (one, three)]  # fmt: skip
+    swapped = [next(i for i, s in enumerate(r) if s.local_copies) for r in (one, three)]
+    n = sum(1 for i in copies[0] if i < swapped[0])  # the steps of its own copies
+    assert n >= 1
+    assert copies[1][0] - copies[0][0] == 2 * n and swapped[1] - swapped[0] == 2 * n
 
 
 def test_auto_primes_its_slots_from_the_steps_before() -> None:

@@ -175,7 +175,7 @@ def test_one_config_gives_one_runtime_through_every_front_end() -> None:
         "MoonGroupedExperts": MoonGroupedExperts(w1, w2, w3, config=cfg),
     }
     want = _fingerprint(layer.runtime)
-    assert want[1][1] == 2  # the byte budget became two slots and one refill staging row
+    assert want[1][1] == 3  # the byte budget became three slots; one staging row on top
     assert layer.runtime.S == 1
     for name, module in built.items():
         assert _fingerprint(module.runtime) == want, name

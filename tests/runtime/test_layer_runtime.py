@@ -82,8 +82,8 @@ MISMATCHES_2: list[tuple[Case, list[str]]] = [
         ["cost.copy_s_intra (rank 0: 0.001; rank 1: 0.002)", "cost.copy_s_inter"],
     ),
     (({"cost": [_cost(), None]}, {}), ["cost (rank 0: 'StepCost'; rank 1: None)"]),
-    # 4 KiB // (3HF*4) = 3 rows: 2 slots and 1 refill staging row
-    (({"slots": [1, "4KiB"]}, {}), ["slots (rank 0: 1; rank 1: 2)"]),
+    # 4 KiB // (3HF*4) = 3 slots (the refill staging row comes on top)
+    (({"slots": [1, "4KiB"]}, {}), ["slots (rank 0: 1; rank 1: 3)"]),
     (({"refill_rows": [1, 0]}, {}), ["refill_rows (rank 0: 1; rank 1: 0)"]),
     (
         ({"overlap": [True, False], "align": [1, 4]}, {}),

@@ -541,3 +541,47 @@ def _alone(rank: int, world: int) -> tuple:
 def test_one_rank_has_nothing_to_refill() -> None:
     ((started, error),) = run_ranks(_alone, 1, timeout=TIMEOUT)
     assert not started and "own home experts" in error
+
+
+def _two_layers(rank: int, world: int) -> dict:
+    """Two layers of the same shapes share one set of staging rows: while the first
+    layer's refill holds them, the second's request is refused alike on every rank and its
+    placer sees them busy; after the first commits, the second refills too."""
+    E, sizes = 6, [9, 7]
+    w = dense_weights(E, H, F, seed=3)
+    routes = {"A": _routing(sum(sizes), E, 1, hot=0), "B": _routing(sum(sizes), E, 2, hot=E - 1)}
+    holder = {"routing": routes["A"]}
+    cfg = {"E": E, "sizes": sizes, "transport": "a2a"}
+    first, second = (_layer(cfg, rank, holder, w) for _ in range(2))
+    a, b = first.runtime, second.runtime
+    out: dict = {"shared": a.store.pool is b.store.pool}
+    for layer in (first, second):
+        _step(layer, rank, cfg)
+    want = _counts(routes["B"][0], sizes, E)
+    a.request_refill(_target(first, want, a.S))
+    out["busy"] = (b.store.pool.held_by_other(b.refill), a.store.pool.held_by_other(a.refill))
+    try:
+        b.request_refill(_target(second, want, b.S))
+        out["refused"] = ""
+    except RuntimeError as exc:
+        out["refused"] = str(exc)
+    _copied(a)
+    _step(first, rank, cfg)  # the first layer commits and gives the rows back
+    out["after"] = (a.refill.commits, b.store.pool.held_by_other(b.refill))
+    b.request_refill(_target(second, want, b.S))
+    _copied(b)
+    _step(second, rank, cfg)
+    out["commits"] = (a.refill.commits, b.refill.commits)
+    a.close()
+    b.close()
+    return out
+
+
+@pytest.mark.distributed
+def test_layers_take_turns_with_the_shared_staging_rows() -> None:
+    got = run_ranks(_two_layers, 2, timeout=TIMEOUT)
+    assert got[0] == got[1]
+    res = got[0]
+    assert res["shared"] and res["busy"] == (True, False)
+    assert "another layer's refill holds the shared staging rows" in res["refused"]
+    assert res["after"] == (1, False) and res["commits"] == (1, 1)

@@ -79,29 +79,30 @@ def test_layer_takes_a_budget() -> None:
     from moonplan import MoonMoE
 
     one = expert_bytes(8, 12, torch.float32)
-    # a budget of 3 rows: 2 slots and 1 refill staging row (refill_rows=1, the default)
+    # a budget of 3 rows: 3 slots, and 1 staging row on top, shared by every layer of these
+    # shapes on the device (refill_rows=1, the default)
     layer = MoonMoE(8, 12, 6, 2, slots=f"{3 * one}B", balance="exact")
-    assert (layer.slots, layer.runtime.S) == (2, 1)
+    assert (layer.slots, layer.runtime.S) == (3, 1)
     layer = MoonMoE(8, 12, 6, 2, slots=f"{3 * one}B", balance="exact", refill_rows=0)
     assert (layer.slots, layer.runtime.S) == (3, 0)
-    assert MoonMoE(8, 12, 6, 2, slots=0.5, balance="exact").slots == 2  # one rank: M = 6
+    assert MoonMoE(8, 12, 6, 2, slots=0.5, balance="exact").slots == 3  # one rank: M = 6
     layer = MoonMoE(8, 12, 6, 2, balance="exact")
     assert (layer.slots, layer.runtime.S) == (min(DEFAULT_SLOTS, 6), 1)  # a count: on top
 
 
-def test_refill_rows_come_out_of_a_budget_and_on_top_of_a_count() -> None:
-    one = expert_bytes(8, 12, torch.float32)
+def test_refill_rows_come_on_top_of_the_slots() -> None:
     kw = {"num_experts": 6, "ranks": 2, "hidden": 8, "ffn": 12, "dtype": torch.float32}
+    one = expert_bytes(8, 12, torch.float32)
     assert resolve_rows(2, 1, **kw) == (2, 1)  # a count keeps its slots
     assert resolve_rows(2, 5, **kw) == (2, 2)  # staging rows never outnumber the slots
     assert resolve_rows(0, 1, **kw) == (0, 0)  # no slots: nothing to refill
     assert resolve_rows(None, 1, **kw) == (2, 1)
-    assert resolve_rows(Bytes(5 * one), 1, **kw) == (4, 1)  # 5 rows: 4 slots, 1 staging
-    assert resolve_rows(Bytes(5 * one), 3, **kw) == (3, 2)  # at most half the rows
-    assert resolve_rows(Bytes(one), 1, **kw) == (1, 0)  # one row: a slot, no refill
+    assert resolve_rows(Bytes(5 * one), 1, **kw) == (5, 1)  # a budget buys slots only
+    assert resolve_rows(Bytes(5 * one), 3, **kw) == (5, 3)
+    assert resolve_rows(Bytes(one), 1, **kw) == (1, 1)
     assert resolve_rows(f"{one // 2}B", 1, **kw) == (0, 0)
-    assert resolve_rows(1.0, 1, **kw) == (2, 1)  # M = 3 rows
-    assert resolve_rows(1e308, 1, **kw) == (6, 1)  # capped at E slots, staging kept
+    assert resolve_rows(1.0, 1, **kw) == (3, 1)  # M = 3 rows
+    assert resolve_rows(1e308, 1, **kw) == (6, 1)  # capped at E slots
     assert resolve_rows(Bytes(100 * one), 2, **kw) == (6, 2)
     for bad in (-1, 1.5, True, None):
         with pytest.raises(ValueError, match="refill_rows must be an int >= 0"):

@@ -135,8 +135,9 @@ class Buffers:
         "max_tokens": "expected tokens per rank: sizes the receive buffers, which grow "
         "collectively when a step needs more (``>= 0``; checked against the device's memory)",
         "refill_rows": "staging rows per rank for a background refill of the slots (at most "
-        "that many slots change per rank per refill; ``0``: no refills): taken from a byte or "
-        "fraction ``slots=`` budget, added to a count; at most ``B``",
+        "that many slots change per rank per refill; ``0``: no refills): on top of the slots, "
+        "once per device, shared by every layer of the same shapes (one refill at a time); "
+        "at most ``B``",
     }
 
     def __post_init__(self) -> None:
