@@ -35,6 +35,14 @@ def test_mean_step_spreads_each_experts_mean_over_the_sources() -> None:
     assert got.sum(0).tolist() == [10, 3, 0] and got[:, 0].tolist() == [4, 3, 3]
 
 
+def test_mean_step_spreads_the_remainders_over_every_source() -> None:
+    """Decode sizes: 896 experts of 18 records on 64 ranks. Each expert's 18 records go
+    to 18 ranks, from its own index on, so every rank sends 896 * 18 / 64 = 252 (the first
+    ranks used to send one record of every expert: 896 on ranks 0-17, none elsewhere)."""
+    got = mean_step(torch.full((896,), 18), 1, 64)
+    assert got.sum(0).tolist() == [18] * 896 and got.sum(1).tolist() == [252] * 64
+
+
 def test_the_table_replicates_a_persistent_hot_expert_only_where_it_pays() -> None:
     R = 4
     totals = torch.tensor([4000, 100, 100, 100, 100, 100, 100, 100])
