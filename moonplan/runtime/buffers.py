@@ -73,7 +73,8 @@ class BufferSpec:
         return capacity * (2 * self.H * elem + 12) + weight_rows + (1 << 16)
 
     def staging_bytes(self) -> int:
-        """Bytes per rank of the refill staging rows (local, beside the heap)."""
+        """Bytes per rank of the refill staging rows (local, beside the heap; shared by
+        every layer of these shapes, counted here for each: the check stays an upper bound)."""
         return self.S * expert_bytes(self.H, self.F, self.dtype)
 
 
