@@ -43,7 +43,7 @@ import torch
 from moonplan.plan.home import home_map
 from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import Plan
-from moonplan.plan.residency.target import step_time_over, target_slots
+from moonplan.plan.residency.target import served_s, target_slots
 from moonplan.plan.residency.window import WINDOW, LoadWindow
 from moonplan.stepcost import StepCost
 
@@ -231,9 +231,9 @@ class Residency:
         return Refill(target_RB, target_RB != serving_RB, fetch_ER)
 
     def _time(self, counts_RE: np.ndarray, slot_RB: torch.Tensor) -> float:
-        """Predicted seconds of a step served by ``slot_RB`` (``serve_s`` with replicas)."""
-        t = step_time_over(self.cost, counts_RE, slot_RB.numpy())
-        return t + (self.serve_s if bool((slot_RB >= 0).any()) else 0.0)
+        """Predicted seconds of a step served by ``slot_RB``, planning included
+        (:func:`~moonplan.plan.residency.target.served_s`)."""
+        return served_s(self.cost, counts_RE, slot_RB.numpy(), self.serve_s)
 
     def work(self) -> int:
         """Builds of the ``resident`` candidate one decision makes: one per table the

@@ -17,11 +17,14 @@ For each ``k`` from 0 to ``B`` a candidate table holds ``k * R`` replicas:
    rank with a free slot, not holding the expert, and the least expected records (each
    expert's records split evenly over its holders).
 
-The table chosen is the one whose ``resident`` plan (``moonplan.plan.choice.resident``,
-the plan each step makes inside the slots) has the least predicted step time on the
-window's mean step (ties: fewer replicas), a table with replicas charged ``serve_s`` more:
-the planning each step spends on them (``auto``'s early exit builds the ``resident``
-candidate only where replicas are resident). No threshold enters: a replica is kept when
+The table chosen is the one with the least predicted step time on the window's mean step
+(ties: fewer replicas), as ``auto`` would plan it (:func:`served_s`): the better of static
+EP and the ``resident`` plan (``moonplan.plan.choice.resident``, the plan each step makes
+inside the slots), charged the planning it costs: the early exit's test, and ``serve_s``
+more with replicas (the exit builds the ``resident`` candidate only where replicas are
+resident), where that plan passes the exit's bound; a full call where it does not. Without
+that charge, replicas whose ``resident`` plan fails the bound looked free and cost a full
+call every step. No threshold enters: a replica is kept when
 the cost model says the balance it buys outweighs what it costs (a weight read on its
 rank, records sent to it).
 """
@@ -33,6 +36,7 @@ import heapq
 import numpy as np
 import torch
 
+from moonplan.plan.choice.bound import exit_bound, links_torch
 from moonplan.plan.choice.resident import resident_host
 from moonplan.plan.home import home_list
 from moonplan.stepcost import StepCost
@@ -102,6 +106,35 @@ def step_time_over(cost: StepCost, counts_RE: np.ndarray, slot_RB: np.ndarray) -
     return float(cost.step_time(alloc_ER, counts_RE, none_ER, home_E, planned=0).total_s)
 
 
+def served_s(
+    cost: StepCost, counts_RE: np.ndarray, slot_RB: np.ndarray, serve_s: float = 0.0
+) -> float:
+    """Predicted seconds of a step of ``counts_RE`` served by ``slot_RB``, its planning
+    included, as ``auto`` plans it: the exit's plan (the better of static EP and, with
+    replicas resident, the ``resident`` plan) charged the exit's test (``cost.exit_s``, and
+    ``serve_s`` with replicas) where it passes the exit's bound
+    (:func:`~moonplan.plan.choice.bound.exit_bound`), else a full call (``cost.plan_s``)."""
+    R, E = counts_RE.shape
+    empty_RB = np.full_like(slot_RB, -1)
+    static = step_time_over(cost, counts_RE, empty_RB)
+    held = bool((slot_RB >= 0).any())
+    best = min(static, step_time_over(cost, counts_RE, slot_RB)) if held else static
+    home_E = torch.tensor(home_list(E, R), dtype=torch.int64)
+    resident_ER = torch.zeros(E + 1, R, dtype=torch.bool)
+    resident_ER[torch.from_numpy(np.where(slot_RB >= 0, slot_RB, E)), torch.arange(R)[:, None]] = (
+        True
+    )
+    sends, far, kept = links_torch(torch.from_numpy(counts_RE), resident_ER[:E], home_E,
+                                   cost.domain_size(R))  # fmt: skip
+    T_E, t = counts_RE.sum(0), cost.tile_rows
+    totals = (int((-(-T_E // t) * t).sum()), int((T_E > 0).sum()), int(T_E.sum()))
+    links = (sends.tolist(), far.tolist(), kept.tolist())
+    bound, _ = exit_bound(cost, R, totals, links, None if held else static + cost.plan_s)
+    if best + cost.exit_s <= bound:
+        return best + cost.exit_s + (serve_s if held else 0.0)
+    return best + cost.plan_s
+
+
 def target_slots(
     totals_E: torch.Tensor,
     steps: int,
@@ -109,9 +142,10 @@ def target_slots(
     cost: StepCost,
     serve_s: float = 0.0,
 ) -> torch.Tensor:
-    """int64 ``[R, B]``: the table of least predicted step time on the window's mean step
-    (module docstring); ``current_RB`` is the serving slot table (its shape gives R, B);
-    ``serve_s``: the planning a step spends on serving replicas."""
+    """int64 ``[R, B]``: the table of least predicted step time on the window's mean step,
+    planning included (:func:`served_s`; module docstring); ``current_RB`` is the serving
+    slot table (its shape gives R, B); ``serve_s``: the planning an exit spends on serving
+    replicas (the ``resident`` build)."""
     R, B = current_RB.shape
     totals = [int(t) for t in totals_E.tolist()]
     current = current_RB.cpu().tolist()
@@ -119,8 +153,7 @@ def target_slots(
     best: tuple[float, list[list[int]]] | None = None
     for k in range(B + 1):
         table = pack(replica_counts(totals, R, k * R), totals, B, current)
-        t = step_time_over(cost, counts_RE, np.array(table, dtype=np.int64).reshape(R, B))
-        t += serve_s if k > 0 else 0.0
+        t = served_s(cost, counts_RE, np.array(table, dtype=np.int64).reshape(R, B), serve_s)
         if best is None or t < best[0]:
             best = (t, table)
     assert best is not None

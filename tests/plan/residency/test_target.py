@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from moonplan.plan.home import home_list
-from moonplan.plan.residency.target import mean_step, pack, replica_counts, target_slots
+from moonplan.plan.residency.target import (
+    mean_step,
+    pack,
+    replica_counts,
+    served_s,
+    step_time_over,
+    target_slots,
+)
 from tests.plan.choice.costs import rows_only
 
 
@@ -51,5 +59,26 @@ def test_the_table_replicates_a_persistent_hot_expert_only_where_it_pays() -> No
     assert int((t == 0).sum()) >= 2  # the hot expert, on several ranks
     dear = rows_only(weight_read_s=1.0)  # a replica's weight read outweighs any balance
     assert bool((target_slots(totals, 10, empty, dear) == -1).all())
-    costly = target_slots(totals, 10, empty, rows_only(), serve_s=1.0)  # serving is dear
+    # serving replicas is dear: each exit builds the resident plan (copies dear too, so the
+    # exit is taken and that charge applies; a full call would cost plan_s instead)
+    dear_copies = rows_only(copy_s_intra=1.0, copy_s_inter=1.0)
+    costly = target_slots(totals, 10, empty, dear_copies, serve_s=1.0)
     assert bool((costly == -1).all())
+
+
+def test_a_table_is_charged_the_planning_auto_would_spend_on_it() -> None:
+    """The exit's test (and the resident build with replicas) where the plan passes the
+    exit's bound, a full call where it does not."""
+    R, E = 4, 8
+    counts = np.full((R, E), 10, dtype=np.int64)
+    counts[:, 0] = 400  # a hot expert: static EP is slow, copies are free
+    empty = np.full((R, 2), -1, dtype=np.int64)
+    cost = rows_only(plan_s=1e-4, exit_s=1e-5)  # rows 1e-6 s: static EP takes 1.64e-3 s
+    static = step_time_over(cost, counts, empty)
+    assert served_s(cost, counts, empty, serve_s=2e-5) == static + 1e-4  # a copy could pay
+    dear = rows_only(plan_s=1e-4, exit_s=1e-5, copy_s_intra=1.0, copy_s_inter=1.0)
+    assert served_s(dear, counts, empty, serve_s=2e-5) == static + 1e-5  # none can pay
+    held = empty.copy()
+    held[1:, 0] = 0  # the hot expert resident on every other rank
+    res = step_time_over(dear, counts, held)
+    assert res < static and served_s(dear, counts, held, serve_s=2e-5) == res + 1e-5 + 2e-5
