@@ -84,7 +84,8 @@ every candidate; ``tests/plan/test_choice_kernel_emulated.py`` the kernel's boun
 this one, bit for bit).
 
 Two forms with equal results: plain Python (the definition, :func:`exit_bound`) and
-torch (any device, no host read, :func:`exit_bound_torch`).
+torch (any device, no host read, :func:`exit_bound_torch`); the link rows in three
+(:func:`links_reference`, :func:`links_host` on numpy arrays, :func:`links_torch`).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from moonplan.stepcost.step_cost import StepCost
@@ -340,6 +342,28 @@ def links_reference(
     for e, col in enumerate(zip(*counts, strict=True)):
         kept[home[e]] += sum(col) > 0 and e not in moved
     return sends, far, kept
+
+
+def links_host(
+    counts_RE: np.ndarray, resident_ER: np.ndarray, home_E: np.ndarray, G: int
+) -> tuple[list[list[int]], list[int], list[int]]:
+    """:func:`links_reference` on host arrays (int64 ``counts_RE``, bool ``resident_ER``,
+    int64 ``home_E``): numpy, Python integers out."""
+    R, E = counts_RE.shape
+    M = -(-E // R)
+    r_R = np.arange(R)
+    rest_RE = np.where((home_E[None, :] == r_R[:, None]) | resident_ER.T, 0, counts_RE)
+    top_RM = -np.sort(-rest_RE, axis=1)[:, :M]
+    cum_RJ = np.concatenate([np.zeros((R, 1), dtype=np.int64), np.cumsum(top_RM, 1)], 1)
+    sends_RJ = rest_RE.sum(1)[:, None] - cum_RJ
+    dom_R = r_R // G
+    near_DE = np.zeros((-(-R // G), E), dtype=bool)
+    np.logical_or.at(near_DE, dom_R, resident_ER.T)  # resident in domain d
+    far_RE = (dom_R[home_E][None, :] != dom_R[:, None]) & ~near_DE[dom_R]
+    far_R = np.where(far_RE, counts_RE, 0).sum(1)
+    kept_E = (counts_RE.sum(0) > 0) & ~resident_ER.any(1)
+    kept_R = np.bincount(home_E, kept_E, minlength=R).astype(np.int64)
+    return sends_RJ.tolist(), far_R.tolist(), kept_R.tolist()
 
 
 def links_torch(

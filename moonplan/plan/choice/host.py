@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from moonplan.plan.choice.bound import exit_bound, experts_lb_s, links_torch
+from moonplan.plan.choice.bound import exit_bound, experts_lb_s, links_host
 from moonplan.plan.choice.rent import exit_rent, settle
 from moonplan.plan.choice.resident import resident_host
 from moonplan.plan.choice.table import LEVELS, Candidate, table
@@ -211,11 +211,8 @@ def _totals(cost: StepCost, hs: HostStep) -> tuple[int, int, int]:
 def _links(
     hs: HostStep, resident: np.ndarray, G: int
 ) -> tuple[list[list[int]], list[int], list[int]]:
-    """``bound``'s link rows and kept reads (``bound.links_torch`` on the host's tensors:
-    integers)."""
-    c, res, home = (torch.from_numpy(a) for a in (hs.counts, resident, hs.home))
-    sends_RJ, far_R, kept_R = links_torch(c, res, home, G)
-    return sends_RJ.tolist(), far_R.tolist(), kept_R.tolist()
+    """``bound``'s link rows and kept reads (``bound.links_host``: integers)."""
+    return links_host(hs.counts, resident, hs.home, G)
 
 
 def layout(hs: HostStep, alloc_ER: np.ndarray, flows: list[Flow]) -> PlanFields:

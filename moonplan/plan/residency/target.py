@@ -36,7 +36,7 @@ import heapq
 import numpy as np
 import torch
 
-from moonplan.plan.choice.bound import exit_bound, links_torch
+from moonplan.plan.choice.bound import exit_bound, links_host
 from moonplan.plan.choice.resident import resident_host
 from moonplan.plan.home import home_list
 from moonplan.stepcost import StepCost
@@ -119,16 +119,12 @@ def served_s(
     static = step_time_over(cost, counts_RE, empty_RB)
     held = bool((slot_RB >= 0).any())
     best = min(static, step_time_over(cost, counts_RE, slot_RB)) if held else static
-    home_E = torch.tensor(home_list(E, R), dtype=torch.int64)
-    resident_ER = torch.zeros(E + 1, R, dtype=torch.bool)
-    resident_ER[torch.from_numpy(np.where(slot_RB >= 0, slot_RB, E)), torch.arange(R)[:, None]] = (
-        True
-    )
-    sends, far, kept = links_torch(torch.from_numpy(counts_RE), resident_ER[:E], home_E,
-                                   cost.domain_size(R))  # fmt: skip
+    home_E = np.asarray(home_list(E, R), dtype=np.int64)
+    resident_ER = np.zeros((E + 1, R), dtype=bool)
+    resident_ER[np.where(slot_RB >= 0, slot_RB, E), np.arange(R)[:, None]] = True
+    links = links_host(counts_RE, resident_ER[:E], home_E, cost.domain_size(R))
     T_E, t = counts_RE.sum(0), cost.tile_rows
     totals = (int((-(-T_E // t) * t).sum()), int((T_E > 0).sum()), int(T_E.sum()))
-    links = (sends.tolist(), far.tolist(), kept.tolist())
     bound, _ = exit_bound(cost, R, totals, links, None if held else static + cost.plan_s)
     if best + cost.exit_s <= bound:
         return best + cost.exit_s + (serve_s if held else 0.0)

@@ -9,10 +9,20 @@ in ``test_choice.py``; here each term is computed by hand where it decides.
 from __future__ import annotations
 
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from moonplan.plan.choice import choose, reference
-from moonplan.plan.choice.bound import MARGIN, exit_bound, experts_lb_s, links_reference
+from moonplan.plan.choice.bound import (
+    MARGIN,
+    exit_bound,
+    experts_lb_s,
+    links_host,
+    links_reference,
+    links_torch,
+)
 from moonplan.plan.home import home_list
+from moonplan.testing import counts
 from tests.plan.choice.costs import DECODE, full, rows_only
 
 
@@ -50,3 +60,19 @@ def test_the_slowest_rank_runs_a_whole_number_of_tiles() -> None:
     static = choose(c, 0, 1, None, full(cost), "reference").choice
     assert static is not None
     assert float(static.scores[0]) >= 32 * cost.row_flop_s
+
+
+@given(counts(max_ranks=8, max_experts=20, max_records_per_rank=200), st.data())
+def test_the_link_rows_are_the_same_in_every_form(c: torch.Tensor, data: st.DataObject) -> None:
+    """``links_reference``, ``links_host`` and ``links_torch`` on random counts, resident
+    pairs and domain sizes."""
+    R, E = c.shape
+    flags = data.draw(st.lists(st.booleans(), min_size=E * R, max_size=E * R))
+    resident = torch.tensor(flags, dtype=torch.bool).reshape(E, R)
+    G = data.draw(st.integers(1, R))
+    home = home_list(E, R)
+    pairs = {(e, r) for e in range(E) for r in range(R) if resident[e, r]}
+    want = links_reference(c.tolist(), pairs, home, G)
+    home_E = torch.tensor(home, dtype=torch.int64)
+    assert links_host(c.numpy(), resident.numpy(), home_E.numpy(), G) == want
+    assert tuple(x.tolist() for x in links_torch(c, resident, home_E, G)) == want
