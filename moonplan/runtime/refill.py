@@ -150,7 +150,6 @@ class Refill:
         mine = changed[self.rank]
         if not any(changed):
             return
-        pool.acquire(self)
         e_J = [int(target_RB[self.rank, j]) for j in mine]
         fetch = FetchList(
             mine,
@@ -160,10 +159,15 @@ class Refill:
             (),
             True,
         )
-        if mine or collective:
-            pending = lane.submit(lambda: _attempt(stage, fetch), step=False)
-        else:
-            pending = Pending(result="")
+        pool.acquire(self)
+        try:
+            if mine or collective:
+                pending = lane.submit(lambda: _attempt(stage, fetch), step=False)
+            else:
+                pending = Pending(result="")
+        except BaseException:
+            pool.release(self)  # no job holds the rows: another layer may take them
+            raise
         self._job = _Job(target_RB.to("cpu", torch.int64), changed, pending, pool)
 
     def status_words(self, device: torch.device) -> Tensor:

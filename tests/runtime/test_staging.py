@@ -1,0 +1,56 @@
+"""The refill staging rows shared by the layers (``moonplan/runtime/staging.py``).
+
+Legend: S staging rows, H hidden, F ffn, R ranks, E experts, B slots.
+
+Two real layers taking turns are in ``test_refill.py``; here the pool's own rules.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moonplan.runtime import refill as rf
+from moonplan.runtime.fetch_list import HomeRows
+from moonplan.runtime.staging import shared_pool
+
+
+def test_layers_of_one_shape_share_one_pool() -> None:
+    a = shared_pool(torch.device("cpu"), torch.float32, 8, 12, 1)
+    b = shared_pool(torch.device("cpu"), torch.float32, 8, 12, 1)
+    other = shared_pool(torch.device("cpu"), torch.float32, 8, 16, 1)
+    assert a is b and a is not other
+    assert a.size == 1 and tuple(a.rows["gate_up"].shape) == (1, 24, 8)
+    assert tuple(a.rows["down"].shape) == (1, 8, 12)
+
+
+def test_one_holder_at_a_time() -> None:
+    pool = shared_pool(torch.device("cpu"), torch.float32, 4, 4, 2)
+    first, second = object(), object()
+    pool.acquire(first)
+    pool.acquire(first)  # holding again is no error
+    assert pool.held_by_other(second) and not pool.held_by_other(first)
+    with pytest.raises(RuntimeError, match="another layer's refill"):
+        pool.acquire(second)
+    pool.release(second)  # not the holder: nothing happens
+    assert pool.held_by_other(second)
+    pool.release(first)
+    pool.acquire(second)
+    pool.release(second)
+
+
+class _BrokenLane:
+    def submit(self, fn: object, *, step: bool) -> object:
+        raise RuntimeError("the lane is closed")
+
+
+def test_a_refill_that_cannot_start_gives_the_rows_back() -> None:
+    """A refill holds the rows only while a job does: a lane that refuses the job leaves
+    them free for another layer."""
+    pool = shared_pool(torch.device("cpu"), torch.float32, 4, 6, 1)
+    refill = rf.Refill(0, HomeRows.of(4, 2))
+    target = torch.tensor([[2, -1], [-1, -1]])
+    with pytest.raises(RuntimeError, match="lane is closed"):
+        refill.start(target, [(0,), ()], lambda f: 0, _BrokenLane(), pool=pool,
+                     collective=True)  # fmt: skip
+    assert not refill.in_flight and not pool.held_by_other(object())
