@@ -31,7 +31,8 @@ class StagingPool:
 
     def __init__(self, rows: dict[str, torch.Tensor]):
         self.rows = rows
-        self._owner: object | None = None
+        # the holder, weakly: a layer dropped without close() frees the rows with it
+        self._owner: weakref.ref[object] | None = None
 
     @property
     def size(self) -> int:
@@ -40,7 +41,8 @@ class StagingPool:
 
     def held_by_other(self, owner: object) -> bool:
         """Whether a refill other than ``owner`` holds the rows."""
-        return self._owner is not None and self._owner is not owner
+        holder = None if self._owner is None else self._owner()
+        return holder is not None and holder is not owner
 
     def acquire(self, owner: object) -> None:
         """Hold the rows for ``owner``'s refill.
@@ -53,11 +55,11 @@ class StagingPool:
                 "the shared refill staging rows hold another layer's refill: wait for its "
                 "commit or drop (moonplan.runtime.staging)"
             )
-        self._owner = owner
+        self._owner = weakref.ref(owner)
 
     def release(self, owner: object) -> None:
         """Give the rows back, if ``owner`` holds them."""
-        if self._owner is owner:
+        if self._owner is not None and self._owner() is owner:
             self._owner = None
 
 

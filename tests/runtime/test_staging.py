@@ -26,7 +26,11 @@ def test_layers_of_one_shape_share_one_pool() -> None:
 
 def test_one_holder_at_a_time() -> None:
     pool = shared_pool(torch.device("cpu"), torch.float32, 4, 4, 2)
-    first, second = object(), object()
+
+    class Holder:
+        pass
+
+    first, second = Holder(), Holder()
     pool.acquire(first)
     pool.acquire(first)  # holding again is no error
     assert pool.held_by_other(second) and not pool.held_by_other(first)
@@ -37,6 +41,21 @@ def test_one_holder_at_a_time() -> None:
     pool.release(first)
     pool.acquire(second)
     pool.release(second)
+
+
+def test_a_holder_that_is_gone_frees_the_rows() -> None:
+    """A layer dropped without ``close()`` in the middle of a refill does not hold the rows
+    for ever."""
+
+    class Holder:
+        pass
+
+    pool = shared_pool(torch.device("cpu"), torch.float32, 4, 4, 3)
+    holder = Holder()
+    pool.acquire(holder)
+    assert pool.held_by_other(object())
+    del holder
+    assert not pool.held_by_other(object())
 
 
 class _BrokenLane:
