@@ -344,6 +344,13 @@ def links_reference(
     return sends, far, kept
 
 
+def totals_host(cost: StepCost, total_E: np.ndarray) -> tuple[int, int, int]:
+    """``(sum_e tile(T[e]), experts with records, N)`` of the module docstring from the
+    records per expert (int64 ``[E]``, host)."""
+    t = cost.tile_rows
+    return int((-(-total_E // t) * t).sum()), int((total_E > 0).sum()), int(total_E.sum())
+
+
 def links_host(
     counts_RE: np.ndarray, resident_ER: np.ndarray, home_E: np.ndarray, G: int
 ) -> tuple[list[list[int]], list[int], list[int]]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from moonplan.plan.choice.bound import exit_bound, experts_lb_s, links_host
+from moonplan.plan.choice.bound import exit_bound, experts_lb_s, links_host, totals_host
 from moonplan.plan.choice.rent import exit_rent, settle
 from moonplan.plan.choice.resident import resident_host
 from moonplan.plan.choice.table import LEVELS, Candidate, table
@@ -111,7 +111,8 @@ def choose_host(
             at_exit, index, exit_alloc = at_res, 2, res
     t_exit = at_exit.total_s
     full = None if resident.any() else _no_fetch_time(cost, hs, static, cost.plan_s).total_s
-    totals, links = _totals(cost, hs), _links(hs, resident, cost.domain_size(R))
+    totals = totals_host(cost, hs.total)
+    links = links_host(hs.counts, resident, hs.home, cost.domain_size(R))
     bounds = exit_bound(cost, R, totals, links, full)
     gap = at_exit.experts_s - experts_lb_s(cost, R, *totals)
     exited, credit = exit_rent(t_exit, gap, bounds, credit, max(0.0, cost.plan_s - cost.exit_s))
@@ -199,20 +200,6 @@ def construct(hs: HostStep, target: list[int], replay: bool) -> tuple[list[Flow]
     flows = previous_flows(prev_F3)
     steps = host_moves(hs.load, target, hs.total.tolist(), hs.edges, warm, flows)
     return steps.flows, steps.alloc(hs.edges)
-
-
-def _totals(cost: StepCost, hs: HostStep) -> tuple[int, int, int]:
-    """``bound``'s totals: tiles, experts with records, records."""
-    t = cost.tile_rows
-    T = hs.total
-    return int((-(-T // t) * t).sum()), int((T > 0).sum()), int(T.sum())
-
-
-def _links(
-    hs: HostStep, resident: np.ndarray, G: int
-) -> tuple[list[list[int]], list[int], list[int]]:
-    """``bound``'s link rows and kept reads (``bound.links_host``: integers)."""
-    return links_host(hs.counts, resident, hs.home, G)
 
 
 def layout(hs: HostStep, alloc_ER: np.ndarray, flows: list[Flow]) -> PlanFields:

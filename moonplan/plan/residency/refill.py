@@ -43,7 +43,7 @@ import torch
 from moonplan.plan.home import home_map
 from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import Plan
-from moonplan.plan.residency.target import served_s, target_slots
+from moonplan.plan.residency.target import served_s, step_time_over, target_slots
 from moonplan.plan.residency.window import WINDOW, LoadWindow
 from moonplan.stepcost import StepCost
 
@@ -221,8 +221,9 @@ class Residency:
         if torch.equal(target_RB, serving_RB):
             return None
         c_RE = snap.counts_RE.cpu().numpy().astype(np.int64)
-        now = self._time(c_RE, serving_RB)
-        after = self._time(c_RE, target_RB)
+        static = step_time_over(self.cost, c_RE, np.full((self.R, self.B), -1, dtype=np.int64))
+        now = self._time(c_RE, serving_RB, static)
+        after = self._time(c_RE, target_RB, static)
         fetch_ER = changed_pairs(target_RB, serving_RB, self.E)
         self.credit += snap.steps * max(0.0, now - after)
         if self.credit < refill_link_s(self.cost, fetch_ER, self.home_E):
@@ -230,10 +231,10 @@ class Residency:
         self.credit = 0.0
         return Refill(target_RB, target_RB != serving_RB, fetch_ER)
 
-    def _time(self, counts_RE: np.ndarray, slot_RB: torch.Tensor) -> float:
+    def _time(self, counts_RE: np.ndarray, slot_RB: torch.Tensor, static_s: float) -> float:
         """Predicted seconds of a step served by ``slot_RB``, planning included
-        (:func:`~moonplan.plan.residency.target.served_s`)."""
-        return served_s(self.cost, counts_RE, slot_RB.numpy(), self.serve_s)
+        (:func:`~moonplan.plan.residency.target.served_s`; ``static_s``: static EP's)."""
+        return served_s(self.cost, counts_RE, slot_RB.numpy(), self.serve_s, static_s)
 
     def work(self) -> int:
         """Builds of the ``resident`` candidate one decision makes: one per table the

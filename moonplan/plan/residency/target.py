@@ -36,9 +36,10 @@ import heapq
 import numpy as np
 import torch
 
-from moonplan.plan.choice.bound import exit_bound, links_host
+from moonplan.plan.choice.bound import exit_bound, links_host, totals_host
 from moonplan.plan.choice.resident import resident_host
 from moonplan.plan.home import home_list
+from moonplan.plan.torch_backend import resident_map
 from moonplan.stepcost import StepCost
 
 
@@ -107,24 +108,29 @@ def step_time_over(cost: StepCost, counts_RE: np.ndarray, slot_RB: np.ndarray) -
 
 
 def served_s(
-    cost: StepCost, counts_RE: np.ndarray, slot_RB: np.ndarray, serve_s: float = 0.0
+    cost: StepCost,
+    counts_RE: np.ndarray,
+    slot_RB: np.ndarray,
+    serve_s: float = 0.0,
+    static_s: float | None = None,
 ) -> float:
     """Predicted seconds of a step of ``counts_RE`` served by ``slot_RB``, its planning
     included, as ``auto`` plans it: the exit's plan (the better of static EP and, with
     replicas resident, the ``resident`` plan) charged the exit's test (``cost.exit_s``, and
     ``serve_s`` with replicas) where it passes the exit's bound
-    (:func:`~moonplan.plan.choice.bound.exit_bound`), else a full call (``cost.plan_s``)."""
+    (:func:`~moonplan.plan.choice.bound.exit_bound`), else a full call (``cost.plan_s``).
+    ``static_s``: static EP's :func:`step_time_over` of these counts, where the caller
+    has it (it does not depend on the slots)."""
     R, E = counts_RE.shape
-    empty_RB = np.full_like(slot_RB, -1)
-    static = step_time_over(cost, counts_RE, empty_RB)
+    static = static_s
+    if static is None:
+        static = step_time_over(cost, counts_RE, np.full_like(slot_RB, -1))
     held = bool((slot_RB >= 0).any())
     best = min(static, step_time_over(cost, counts_RE, slot_RB)) if held else static
     home_E = np.asarray(home_list(E, R), dtype=np.int64)
-    resident_ER = np.zeros((E + 1, R), dtype=bool)
-    resident_ER[np.where(slot_RB >= 0, slot_RB, E), np.arange(R)[:, None]] = True
-    links = links_host(counts_RE, resident_ER[:E], home_E, cost.domain_size(R))
-    T_E, t = counts_RE.sum(0), cost.tile_rows
-    totals = (int((-(-T_E // t) * t).sum()), int((T_E > 0).sum()), int(T_E.sum()))
+    resident_ER = resident_map(torch.from_numpy(slot_RB), E).numpy()
+    links = links_host(counts_RE, resident_ER, home_E, cost.domain_size(R))
+    totals = totals_host(cost, counts_RE.sum(0))
     bound, _ = exit_bound(cost, R, totals, links, None if held else static + cost.plan_s)
     if best + cost.exit_s <= bound:
         return best + cost.exit_s + (serve_s if held else 0.0)
@@ -146,10 +152,12 @@ def target_slots(
     totals = [int(t) for t in totals_E.tolist()]
     current = current_RB.cpu().tolist()
     counts_RE = mean_step(totals_E, steps, R)
+    static = step_time_over(cost, counts_RE, np.full((R, B), -1, dtype=np.int64))
     best: tuple[float, list[list[int]]] | None = None
     for k in range(B + 1):
         table = pack(replica_counts(totals, R, k * R), totals, B, current)
-        t = served_s(cost, counts_RE, np.array(table, dtype=np.int64).reshape(R, B), serve_s)
+        slot_RB = np.array(table, dtype=np.int64).reshape(R, B)
+        t = served_s(cost, counts_RE, slot_RB, serve_s, static)
         if best is None or t < best[0]:
             best = (t, table)
     assert best is not None
