@@ -166,7 +166,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
     exited, the early exit's test (``cost.exit_s``) and, with replicas resident, its build
     of the ``resident`` candidate (``planner_time.resident_build_us``). The placement's
     decisions follow the runtime's rule (:class:`~moonplan.plan.residency.refill.Decisions`:
-    each runs beside the ``k`` steps its work covers, ``B + 3`` builds of the ``resident``
+    each runs beside the ``k`` steps its work covers, ``B + 4`` builds of the ``resident``
     candidate at ``planner_time.resident_us``, a share charged beside each, and is used
     after them). The serving table at step 0 is the target of the ``placement_window``
     steps before the trace (:meth:`prime`), as EPLB's placement is.

@@ -12,8 +12,9 @@ keeps at most ``S`` changes per rank (a rank copies into ``S`` staging rows besi
 steps and swaps them in at once; :func:`limit_changes`), and decides by rent or buy:
 
 * ``rent``: what the steps since the last decision lost by serving the current slots
-  instead of the target's, both through the ``resident`` plan each step makes
-  (``max(0, now - target)`` on the last step, predicted, once per step);
+  instead of the target's, both planned as ``auto`` would
+  (:func:`~moonplan.plan.residency.target.served_s`; ``max(0, now - target)`` on the last
+  step, predicted, once per step);
 * ``price``: the refill's copies, their link time alone (:func:`refill_link_s`);
 * the rent accrues in ``credit``; once ``credit >= price`` the refill is ordered and the
   credit returns to 0.
@@ -237,9 +238,10 @@ class Residency:
         return served_s(self.cost, counts_RE, slot_RB.numpy(), self.serve_s, static_s)
 
     def work(self) -> int:
-        """Builds of the ``resident`` candidate one decision makes: one per table the
-        target scores (``B + 1``) and two for the rent."""
-        return self.B + 3
+        """Builds of the ``resident`` candidate one decision makes (static EP's plan counts
+        as one): static EP and one per table with replicas the target scores (``B + 1``),
+        and for the rent static EP and the serving and target tables (three)."""
+        return self.B + 4
 
 
 class Decisions:
