@@ -103,40 +103,33 @@ def resolve_slots(
     ffn: int,
     dtype: torch.dtype,
 ) -> int:
-    """The slot count ``B`` for a ``slots=`` value (see the module docstring), without
-    staging rows (:func:`resolve_rows` carves them out).
+    """The slot count ``B`` for a ``slots=`` value (see the module docstring; the refill
+    staging rows come on top: :func:`resolve_rows`).
 
     Raises:
         ValueError: a negative count or fraction, an unreadable or infinite size, another
             type (each names ``slots``).
     """
+    E, M = num_experts, max_local(num_experts, ranks)
     if slots is None:
-        return default_slots(num_experts, ranks)
-    return _rows(
-        slots, num_experts, max_local(num_experts, ranks), expert_bytes(hidden, ffn, dtype)
-    )
-
-
-def _rows(slots: int | float | str | Bytes, cap: int, M: int, row_bytes: int) -> int:
-    """The weight rows ``slots=`` holds (a count, a fraction of ``M``, or a byte budget of
-    ``row_bytes`` rows), capped at ``cap``."""
+        return default_slots(E, ranks)
     if isinstance(slots, bool):
         raise ValueError(f"slots must be a count, a byte budget or a fraction, got {slots!r}")
     if isinstance(slots, int):
         if slots < 0:
             raise ValueError(f"slots must be >= 0, got {slots}")
-        return min(cap, slots)
+        return min(E, slots)
     if isinstance(slots, float):
         if not math.isfinite(slots) or slots < 0:
             raise ValueError(f"slots as a fraction must be finite and >= 0, got {slots}")
-        return math.floor(min(slots * M, cap) + 1e-9)  # slots * M may overflow to inf
+        return math.floor(min(slots * M, E) + 1e-9)  # slots * M may overflow to inf
     if isinstance(slots, str):
         try:
             slots = Bytes(parse_bytes(slots))
         except ValueError as exc:
             raise ValueError(f"slots: {exc}") from None
     if isinstance(slots, Bytes):
-        return min(cap, slots.nbytes // row_bytes)
+        return min(E, slots.nbytes // expert_bytes(hidden, ffn, dtype))
     raise ValueError(
         f"slots must be an int, a float fraction, a byte string or Bytes, got {slots!r}"
     )
@@ -161,6 +154,7 @@ def resolve_rows(
     """
     if isinstance(refill_rows, bool) or not isinstance(refill_rows, int) or refill_rows < 0:
         raise ValueError(f"refill_rows must be an int >= 0, got {refill_rows!r}")
-    E = num_experts
-    B = resolve_slots(slots, num_experts=E, ranks=ranks, hidden=hidden, ffn=ffn, dtype=dtype)
+    B = resolve_slots(
+        slots, num_experts=num_experts, ranks=ranks, hidden=hidden, ffn=ffn, dtype=dtype
+    )
     return B, min(refill_rows, B)
