@@ -209,7 +209,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
             build_s = resident_us(self.num_ranks, self.num_experts) * 1e-6
             self.decisions = Decisions(res, build_s)  # inline, the same lag
         self._order: Refill | None = None  # the refill being copied
-        self._shares: list[torch.Tensor] = []  # refill_ER of each step still to copy
+        # refill_ER of each step still to copy (None: another layer's turn)
+        self._shares: list[torch.Tensor | None] = []
 
     @property
     def residency(self) -> Residency | None:
@@ -259,8 +260,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
             now = plan_time(self.cost, p, planned=0)
             link_s = refill_link_s(self.cost, order.fetch_ER, p.home.cpu())
             n = 1 if now.experts_s <= 0 else max(1, math.ceil(link_s / now.experts_s))
-            turn = [torch.zeros_like(order.fetch_ER)] * (n * (self.layers - 1))
-            self._order, self._shares = order, turn + split_pairs(order.fetch_ER, n)
+            turn: list[torch.Tensor | None] = [None] * (n * (self.layers - 1))  # others copy
+            self._order, self._shares = order, turn + list(split_pairs(order.fetch_ER, n))
         work_s = self.decisions.work_s() / self.decisions.due
         return work_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
 
