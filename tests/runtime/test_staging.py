@@ -15,6 +15,10 @@ from moonplan.runtime.fetch_list import HomeRows
 from moonplan.runtime.staging import shared_pool
 
 
+class _Holder:
+    """A refill stand-in (the pool holds its holder weakly: plain objects cannot be)."""
+
+
 def test_layers_of_one_shape_share_one_pool() -> None:
     a = shared_pool(torch.device("cpu"), torch.float32, 8, 12, 1)
     b = shared_pool(torch.device("cpu"), torch.float32, 8, 12, 1)
@@ -26,11 +30,7 @@ def test_layers_of_one_shape_share_one_pool() -> None:
 
 def test_one_holder_at_a_time() -> None:
     pool = shared_pool(torch.device("cpu"), torch.float32, 4, 4, 2)
-
-    class Holder:
-        pass
-
-    first, second = Holder(), Holder()
+    first, second = _Holder(), _Holder()
     pool.acquire(first)
     pool.acquire(first)  # holding again is no error
     assert pool.held_by_other(second) and not pool.held_by_other(first)
@@ -46,12 +46,8 @@ def test_one_holder_at_a_time() -> None:
 def test_a_holder_that_is_gone_frees_the_rows() -> None:
     """A layer dropped without ``close()`` in the middle of a refill does not hold the rows
     for ever."""
-
-    class Holder:
-        pass
-
     pool = shared_pool(torch.device("cpu"), torch.float32, 4, 4, 3)
-    holder = Holder()
+    holder = _Holder()
     pool.acquire(holder)
     assert pool.held_by_other(object())
     del holder
