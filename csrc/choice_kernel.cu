@@ -540,7 +540,8 @@ __device__ McExitIn mc_first_static(McStep& st, const McCost& k, int* warm_d, mp
     x.stat = mc_parts(k, s, r < R, R, red);
     // ends with __syncthreads, as every reduction below
     const mp_i64 kept = mp_block_max(r < R ? f.kbusy[r] : MP_I64_MIN, red64);
-    const mp_i64 kmin = -mp_block_max(r < R ? -f.kbusy[r] : MP_I64_MIN, red64);
+    // the least kept reads serve only the slow-link term (several domains): block-uniform
+    const mp_i64 kmin = R > k.G ? -mp_block_max(r < R ? -f.kbusy[r] : MP_I64_MIN, red64) : 0;
     x.experts_lb = mc_experts_lb(k, R, t.tiles, t.busy, t.N);
     x.copies = MC_INF;
     if (R > 1) {  // block-uniform
