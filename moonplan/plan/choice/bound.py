@@ -383,8 +383,9 @@ def links_torch(
     r_R = torch.arange(R, device=counts_RE.device)
     home_RE = home_E[None, :] == r_R[:, None]
     local_RE = home_RE | resident_ER.t()
-    left_R = torch.where(local_RE, 0, counts_RE).sum(1)
-    others_RM = torch.where(local_RE, 0, counts_RE).topk(M, dim=1).values
+    rest_RE = torch.where(local_RE, 0, counts_RE)
+    left_R = rest_RE.sum(1)
+    others_RM = rest_RE.topk(M, dim=1).values
     sends_RJ = left_R[:, None] - torch.cat([others_RM.new_zeros(R, 1), others_RM.cumsum(1)], 1)
     dom_R = r_R // G
     near_DE = torch.zeros(-(-R // G), E, dtype=torch.int64, device=counts_RE.device)
