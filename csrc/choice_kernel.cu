@@ -284,10 +284,12 @@ __device__ double mc_first_links(const McStep& st, const McCost& k, double reads
 // other plan), else by candidate 2's block of the build kernel.
 // A holder h is (e, r): r is expert e's home, or e is in one of r's first M previous slots.
 // The holders lie in expert order, then rank order, in global scratch (McHolders); at most
-// Hmax = E + R * min(B, M) of them (choice_cuda.resident_holders). a[h] counts the units
-// (1/2^bits record, bits = mc_scale_bits) on holder h, L[r] (in this section) the units rank
-// r holds. Units are int64: with N < 2^46 records a unit is 2^-16 record (N * 2^16 < 2^62),
-// with more it is one record (resident.scale_bits), so no sum of units overflows. Every
+// Hmax = E + R * min(B, M) of them (choice_cuda.resident_holders). The rule balances whole
+// GEMM tiles: expert e has K[e] = ceil(T[e] / tile) of them (mc_tiles). a[h] counts the units
+// (1/2^bits tile, bits = mc_scale_bits) on holder h, L[r] (in this section) the units rank
+// r holds. Units are int64: with N < 2^46 records a unit is 2^-16 tile (N * 2^16 < 2^62,
+// and there are no more tiles than records), with more it is one tile
+// (resident.scale_bits), so no sum of units overflows. Every
 // round is computed from one snapshot (a) into the next (b): each holder gathers the moves
 // over its own pairs, so no two threads write the same entry; the ranks' sums are integer
 // atomics, exact in any order.
@@ -296,9 +298,14 @@ __device__ double mc_first_links(const McStep& st, const McCost& k, double reads
 #define MC_SCALE_BITS 16  // resident.SCALE_BITS
 #define MC_FINE_LIMIT_BITS 46  // resident.FINE_LIMIT_BITS
 
-// Bits of a unit below one record: MC_SCALE_BITS while N < 2^MC_FINE_LIMIT_BITS, else 0.
+// Bits of a unit below one tile: MC_SCALE_BITS while N < 2^MC_FINE_LIMIT_BITS, else 0.
 __device__ int mc_scale_bits(const McStep& st) {
     return st.N < ((mp_i64)1 << MC_FINE_LIMIT_BITS) ? MC_SCALE_BITS : 0;
+}
+
+// K[e]: expert e's records in whole GEMM tiles (tile >= 1 rows).
+__device__ mp_i64 mc_tiles(const McStep& st, mp_i64 tile, mp_i64 e) {
+    return (st.T[e] + (tile - 1)) / tile;
 }
 
 struct McHolders {  // global scratch: res_a [2, Hmax] (int64), res_i [E + 1 + 3 Hmax] (int32)
@@ -346,14 +353,15 @@ __device__ mp_i64 mc_holders_start(const McStep& st, const mp_i64* alloc, int* s
 }
 
 // The holder lists and the even start: a thread per expert lists its holders by rank, and
-// the first T[e]*S mod n of them get one unit more than T[e]*S / n. Then alloc = 0 (its
+// the first K[e]*S mod n of them get one unit more than K[e]*S / n. Then alloc = 0 (its
 // marks read). Ends with __syncthreads.
-__device__ void mc_holders_list(const McStep& st, mp_i64* alloc, const McHolders& hd) {
+__device__ void mc_holders_list(const McStep& st, mp_i64 tile, mp_i64* alloc,
+                                const McHolders& hd) {
     const int tid = threadIdx.x, nthreads = blockDim.x, R = st.R;
     const mp_i64 E = st.E;
     for (mp_i64 e = tid; e < E; e += nthreads) {
         const int h0 = hd.start[e], n = hd.start[e + 1] - h0;
-        const mp_i64 units = st.T[e] << mc_scale_bits(st);
+        const mp_i64 units = mc_tiles(st, tile, e) << mc_scale_bits(st);
         int k = 0;
         for (int r = 0; r < R; ++r) {
             if (alloc[e * R + r] == 0) continue;
@@ -420,10 +428,10 @@ __device__ void mc_resident_round(const McHolders& hd, int R, mp_i64* L, int* de
     __syncthreads();
 }
 
-// Whole records (resident.py, step 3) into alloc (zero): holder h keeps a / S records, and
-// one more when it ranks below the records its expert has left over, by (remainder
-// descending, rank ascending).
-__device__ void mc_whole_records(const McStep& st, const McHolders& hd, mp_i64* alloc) {
+// Whole tiles (resident.py, step 3) into hd.b (the last round's scratch): holder h keeps
+// a / S tiles, and one more when it ranks below the tiles its expert has left over, by
+// (remainder descending, rank ascending). Ends with __syncthreads.
+__device__ void mc_whole_tiles(const McStep& st, mp_i64 tile, const McHolders& hd) {
     const int tid = threadIdx.x, nthreads = blockDim.x;
     const int bits = mc_scale_bits(st);
     const mp_i64 mask = ((mp_i64)1 << bits) - 1;
@@ -436,18 +444,34 @@ __device__ void mc_whole_records(const McStep& st, const McHolders& hd, mp_i64* 
             whole += hd.a[j] >> bits;
             place += rj > rem || (rj == rem && hd.r[j] < hd.r[h]);
         }
-        const mp_i64 extra = place < st.T[e] - whole ? 1 : 0;
-        alloc[(mp_i64)e * st.R + hd.r[h]] = (hd.a[h] >> bits) + extra;
+        const mp_i64 extra = place < mc_tiles(st, tile, e) - whole ? 1 : 0;
+        hd.b[h] = (hd.a[h] >> bits) + extra;
     }
     __syncthreads();
 }
 
-// resident_reference into alloc [E, R]: the holders, the even start, MC_ROUNDS rounds, whole
-// records. res_a, res_i: global scratch (McHolders), sized by Hmax. Dynamic shared memory:
-// L [R] (int64), deg [R] and red32 [33] (int32): 12R + 132 bytes, less than the
-// construction's. Ends with __syncthreads.
-__device__ void mc_resident(const McStep& st, mp_i64* alloc, mp_i64* res_a, int* res_i,
-                            unsigned char* smem) {
+// Rows (resident.py, step 4) into alloc (zero): holder h takes tile rows for each of its
+// tiles hd.b[h] from what its expert has left after its lower-ranked holders' tiles, at
+// least 0. Ends with __syncthreads.
+__device__ void mc_rows_of_tiles(const McStep& st, mp_i64 tile, const McHolders& hd,
+                                 mp_i64* alloc) {
+    const int tid = threadIdx.x, nthreads = blockDim.x;
+    for (mp_i64 h = tid; h < hd.H; h += nthreads) {
+        const int e = hd.e[h];
+        mp_i64 before = 0;
+        for (int j = hd.start[e]; j < h; ++j) before += hd.b[j];  // holders lie by rank
+        const mp_i64 left = mc_max_i(st.T[e] - tile * before, 0);
+        alloc[(mp_i64)e * st.R + hd.r[h]] = mc_min_i(left, tile * hd.b[h]);
+    }
+    __syncthreads();
+}
+
+// resident_reference into alloc [E, R]: the holders, the even start (in tiles of tile
+// rows; 1: records), MC_ROUNDS rounds, whole tiles, rows. res_a, res_i: global scratch
+// (McHolders), sized by Hmax. Dynamic shared memory: L [R] (int64), deg [R] and red32 [33]
+// (int32): 12R + 132 bytes, less than the construction's. Ends with __syncthreads.
+__device__ void mc_resident(const McStep& st, mp_i64 tile, mp_i64* alloc, mp_i64* res_a,
+                            int* res_i, unsigned char* smem) {
     const int R = st.R;
     const mp_i64 Hmax = st.E + (mp_i64)R * mc_min_i(st.B, st.M);
     mp_i64* L = (mp_i64*)smem;
@@ -457,14 +481,41 @@ __device__ void mc_resident(const McStep& st, mp_i64* alloc, mp_i64* res_a, int*
                     res_i + st.E + 1 + 2 * Hmax, 0};
     mc_holders_mark(st, alloc);
     hd.H = mc_holders_start(st, alloc, hd.start, red32);
-    mc_holders_list(st, alloc, hd);
+    mc_holders_list(st, tile, alloc, hd);
     for (int round = 0; round < MC_ROUNDS; ++round) {
         mc_resident_round(hd, R, L, deg);
         mp_i64* t = hd.a;  // the next round's snapshot (every thread swaps alike)
         hd.a = hd.b;
         hd.b = t;
     }
-    mc_whole_records(st, hd, alloc);
+    mc_whole_tiles(st, tile, hd);
+    mc_rows_of_tiles(st, tile, hd, alloc);
+}
+
+// The resident candidate rounded to whole tiles, built and scored in candidate 3's entries
+// (C >= 4; kernel 2 builds that candidate over them, and an exit reads only entries 0 and
+// 2), and moved into entry 2 where it is predicted faster than the rounding to whole
+// records (parts rec; both charged exit_s, ties records: reference._resident). Returns the
+// parts of the one kept. Block-uniform; ends with __syncthreads.
+__device__ McParts mc_resident_tiles(const McStep& st, const McCost& k, mp_i64* alloc_C,
+                                     mp_i64* recv_C, const McParts& rec, mp_i64* res_a,
+                                     int* res_i, double* scores, double* free_C,
+                                     unsigned char* smem) {
+    const mp_i64 ER = st.E * st.R;
+    mp_i64* spare = alloc_C + 3 * ER;
+    mc_resident(st, k.tile, spare, res_a, res_i, smem);
+    const McParts til = mc_score(st, k, spare, 3, scores, free_C, recv_C, smem);
+    if (!(mc_total(k, til, k.exit_s) < mc_total(k, rec, k.exit_s))) return rec;
+    for (mp_i64 i = threadIdx.x; i < ER; i += blockDim.x) alloc_C[2 * ER + i] = spare[i];
+    for (int r = threadIdx.x; r < st.R; r += blockDim.x) {
+        recv_C[2 * (mp_i64)st.R + r] = recv_C[3 * (mp_i64)st.R + r];
+    }
+    if (threadIdx.x == 0) {
+        scores[2] = scores[3];
+        free_C[2] = free_C[3];
+    }
+    __syncthreads();
+    return til;
 }
 
 // ---- kernel 1: the first kernel itself -----------------------------------------------------
@@ -599,8 +650,12 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
                                  top_RM, mp_smem);
     if (x.has_res) {  // block-uniform: the exit's other plan, built here once (not in kernel 2)
         mp_i64* alloc = alloc_C + 2 * E * R;
-        mc_resident(st, alloc, res_a, res_i, mp_smem);
+        mc_resident(st, 1, alloc, res_a, res_i, mp_smem);
         x.res = mc_score(st, k, alloc, 2, scores, free_C, recv_C, mp_smem);
+        if (k.tile > 1) {
+            x.res = mc_resident_tiles(st, k, alloc_C, recv_C, x.res, res_a, res_i, scores,
+                                      free_C, mp_smem);
+        }
     }
     if (threadIdx.x == 0) {
         credit[0] = credit_in[0];
@@ -690,7 +745,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     st.N = misc[0];
     mp_i64* alloc = alloc_C + (mp_i64)c * E * R;
     if (c == 2) {  // no resident replica: the holders are the homes
-        mc_resident(st, alloc, res_a, res_i, mp_smem);
+        mc_resident(st, 1, alloc, res_a, res_i, mp_smem);  // homes only: the roundings agree
     } else {
         const int level = (c >= 3 && c <= C - 2) ? (int)levels - 1 - (c - 3) : 0;
         const mp_i64 RM = (mp_i64)R * st.M;

@@ -18,7 +18,8 @@ through the three points measured there (extrapolated below ``R = 8`` and above
   :data:`AUTO_FACTOR` times :func:`exact_us`.
 * :func:`resident_us`, one build of the ``resident`` candidate (``ROUNDS`` rounds of
   block-wide passes over the pairs, each charged what one rank's step of the exact
-  kernel's balance loop costs, the slope of :data:`MEASURED` in ``R``), after the pass
+  kernel's balance loop costs, the slope of :data:`MEASURED` in ``R``, once for each of
+  its :data:`ROUNDINGS`), after the pass
   over the counts that :func:`exit_us` charges: what a window placement's evaluation
   costs per table it scores (``moonplan.plan.residency``);
 * :func:`exit_us`, ``auto``'s early exit: the test reads the counts once more in the pass
@@ -74,10 +75,17 @@ def resident_us(num_ranks: int, num_experts: int) -> float:
     return exit_us(num_ranks, num_experts) + resident_build_us()
 
 
+ROUNDINGS = 2
+"""Builds of the ``resident`` candidate a step: its diffusion rounded to whole records and
+to whole GEMM tiles, each run and scored on its own (the kernel does not share their
+rounds), so both are charged."""
+
+
 def resident_build_us() -> float:
     """Microseconds of the ``resident`` candidate's rounds: what ``auto``'s early exit adds
-    to its test where replicas are resident (it builds and scores that candidate too)."""
-    return ROUNDS * _R_SLOPE
+    to its test where replicas are resident (it builds and scores that candidate too, in
+    both roundings)."""
+    return ROUNDINGS * ROUNDS * _R_SLOPE
 
 
 def exit_us(num_ranks: int, num_experts: int) -> float:

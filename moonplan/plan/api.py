@@ -63,7 +63,9 @@ def plan(
             ``"greedy"`` (MoonEP's greedy allocation), ``"level-<k>"`` (``1 <= k < 8``)
             or ``"bounded-<eps>"`` (every load at most ``ceil(N/R * (1 + eps))``).
             Named candidates are built on a host copy of the counts.
-        cost: the :class:`~moonplan.stepcost.StepCost` ``policy="auto"`` needs.
+        cost: the :class:`~moonplan.stepcost.StepCost` ``policy="auto"`` needs. With
+            ``policy="resident"`` it is optional: it picks the faster rounding, whole
+            records or whole GEMM tiles of its ``tile_rows`` (records without it).
         rent: ``policy="auto"`` buys copies that pay over later steps (rent or buy, the
             credit carried in ``previous``). ``False``: each step buys only what pays in
             that step, and carries no credit (for a caller that places the slots for later
@@ -96,7 +98,7 @@ def plan(
         return make_plan(fields, counts=counts_RE, num_slots=B, align=align,
                          backend=name, policy="static", planned=0)  # fmt: skip
     if policy != "exact":
-        return build_named(policy, counts_RE, B, align, previous, name == "reference")
+        return build_named(policy, counts_RE, B, align, previous, name == "reference", cost)
     prev_F3 = None if previous is None else previous.flow.to(counts_RE.device)
     if name == "reference":
         fields = reference_fields(counts_RE, B, align, (prev_RB, prev_F3), device=counts_RE.device)
@@ -115,7 +117,7 @@ POLICIES = ("exact", "static", "auto", "resident", "greedy", "level-<k>", "bound
 
 def _check_policy(policy: object, cost: object) -> None:
     """PlanError unless ``policy`` is one of :data:`POLICIES` (exactly: no spaces, no case
-    folding) and ``"auto"`` has a ``StepCost``."""
+    folding), ``"auto"`` has a ``StepCost`` and any other ``cost`` is one or ``None``."""
     if not isinstance(policy, str):
         raise PlanError(f"policy must be a string, got {policy!r}")
     if policy not in ("exact", "static", "auto") and not is_named(policy):
@@ -126,6 +128,8 @@ def _check_policy(policy: object, cost: object) -> None:
             f"policy='auto' needs cost=StepCost(...) to predict step times, got {got} (e.g. "
             "moonplan.stepcost.StepCost.from_hardware('h200-node', 'deepseek-v3'))"
         )
+    if cost is not None and not isinstance(cost, StepCost):
+        raise PlanError(f"cost must be a StepCost or None, got {type(cost).__name__}")
 
 
 def _path(backend: str, device: torch.device) -> str:

@@ -30,6 +30,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import moonplan
 from moonplan.plan import choice_cuda as cc
 from moonplan.plan.choice import choose
 from moonplan.plan.choice import reference as ref
@@ -50,6 +51,7 @@ from tests.plan.choice.costs import (
     costs,
     full,
     rows_only,
+    tiles_costs,
 )
 from tests.plan.draw import counts_like, random_counts
 
@@ -276,6 +278,15 @@ def test_the_terms_of_the_copies_and_the_bound(emu: ctypes.CDLL) -> None:
     c = torch.zeros(4, 4, dtype=torch.int64)
     c[0] = torch.tensor([20, 20, 20, 1])
     _check(emu, c, 0, 1, None, full(rows_only(tile_rows=16)))
+    # the resident candidate rounded to whole tiles (kept where faster, with and without the
+    # exit) and to records (test_choice.py)
+    prev = moonplan.plan(torch.tensor([[30, 30, 0], [30, 30, 0]]), slots=2)
+    c = torch.tensor([[5, 2, 0], [3, 5, 0]])
+    compute, links = tiles_costs()
+    dear = compute.scaled(copy_s_intra=1.0, copy_s_inter=1.0)
+    for cost, index, exited in ((compute, 2, False), (dear, 2, True), (links, 1, False)):
+        ch = _check(emu, c, 2, 1, prev, cost).choice
+        assert ch is not None and (int(ch.index), bool(ch.exited)) == (index, exited)
     # several domains (the links' harmonic rate), the serial schedule
     _chain(emu, _lognormal(16, 64, 16, range(3)), 2, 1, MULTI.scaled(domain=4))
     _chain(emu, _lognormal(16, 64, 64, range(3)), 3, 1, full(MULTI.scaled(domain=4, overlap=False)))

@@ -113,10 +113,12 @@ def build_named(
     align: int,
     previous: Plan | None,
     reference_backend: bool,
+    cost: StepCost | None = None,
 ) -> Plan:
     """The plan of one named candidate (``"resident"``, ``"greedy"``, ``"level-<k>"``,
     ``"bounded-<eps>"``; ``"static"`` and ``"exact"`` have their own paths), built on a
-    host copy (reference or host integers) and returned on the counts' device."""
+    host copy (reference or host integers) and returned on the counts' device (``cost``:
+    what picks ``"resident"``'s rounding, records without one)."""
     c = counts_RE.cpu()
     prev = _prev(previous, torch.device("cpu"))
     hs = host.HostStep.of(c, num_slots, align, prev)
@@ -127,10 +129,10 @@ def build_named(
         flows, alloc = host.construct(hs, water_fill(hs.load, bound), replay=True)
     elif reference_backend:
         step = _step(c, num_slots, align, prev)
-        got, flows = reference.build(_candidate(name), step, LEVELS)
+        got, flows = reference.build(_candidate(name), step, LEVELS, cost)
         alloc = np.array(got, dtype=np.int64).reshape(c.shape[1], c.shape[0])
     else:
-        alloc, flows = host.build(_candidate(name), hs, LEVELS)
+        alloc, flows = host.build(_candidate(name), hs, LEVELS, cost)
     backend = "reference" if reference_backend else "torch"
     p = make_plan(host.layout(hs, alloc, flows), counts=c, num_slots=num_slots, align=align,
                   backend=backend, policy=name, planned=int(name != "resident"),

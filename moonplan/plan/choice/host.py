@@ -104,7 +104,7 @@ def choose_host(
     scores[0] = at_exit.total_s
     res = None
     if resident.any():  # the exit's other plan: balance inside the resident replicas
-        res, _ = build(table(levels)[2], hs, levels)
+        res, _ = build(table(levels)[2], hs, levels, cost)
         at_res = _no_fetch_time(cost, hs, res, cost.exit_s)
         scores[2] = at_res.total_s
         if at_res.total_s < at_exit.total_s:
@@ -119,7 +119,7 @@ def choose_host(
     if exited:
         fields = layout_resident(torch.from_numpy(exit_alloc), num_slots, align, hs.prev_RB)
         return fields, (index, scores, True, credit)
-    built = build_all(hs, levels, res)
+    built = build_all(hs, levels, res, cost)
     alloc_CER = np.stack([a for a, _ in built])
     scores = _scores(cost, hs, alloc_CER, resident, cost.plan_s)
     free = _scores(cost, hs, alloc_CER, np.ones_like(resident), cost.plan_s)
@@ -133,6 +133,25 @@ def _no_fetch_time(cost: StepCost, hs: HostStep, alloc: np.ndarray, plan_s: floa
     same floats as :func:`_scores`, fewer calls for one allocation)."""
     none = np.zeros(alloc.shape, dtype=bool)
     return cost.scaled(plan_s=plan_s).step_time(alloc, hs.counts, none, hs.home, planned=1)
+
+
+def resident_pick(
+    cost: StepCost | None, counts_RE: np.ndarray, prev_RB: np.ndarray | None, home_E: np.ndarray
+) -> np.ndarray:
+    """int64 ``[E, R]``: the ``resident`` candidate (``reference._resident``): the
+    diffusion rounded to whole records, or to whole tiles of ``cost.tile_rows`` where the
+    step is predicted faster so (charged ``cost.exit_s``; ties: records)."""
+    by_records = resident_host(counts_RE, prev_RB, home_E)
+    if cost is None or cost.tile_rows == 1 or prev_RB is None or not (prev_RB >= 0).any():
+        return by_records
+    by_tiles = resident_host(counts_RE, prev_RB, home_E, cost.tile_rows)
+    timed = cost.scaled(plan_s=cost.exit_s)
+    none = np.zeros(by_records.shape, dtype=bool)
+    t_tiles, t_records = (
+        timed.step_time(a, counts_RE, none, home_E, planned=1).total_s
+        for a in (by_tiles, by_records)
+    )
+    return by_tiles if t_tiles < t_records else by_records
 
 
 def _scores(
@@ -150,12 +169,13 @@ def _scores(
 
 
 def build_all(
-    hs: HostStep, levels: int, resident: np.ndarray | None = None
+    hs: HostStep, levels: int, resident: np.ndarray | None = None, cost: StepCost | None = None
 ) -> list[tuple[np.ndarray, list[Flow]]]:
     """Every candidate's :func:`build`, in table order; a construction towards targets
     (and a replay choice) already built is not built again (the same plan: levels whose
     caps round to the same targets, or equal the exact targets), nor the ``resident``
-    candidate when the early exit built it (``resident``: its allocation)."""
+    candidate when the early exit built it (``resident``: its allocation; ``cost``: what
+    picks its rounding)."""
     done: dict[tuple[tuple[int, ...], bool], tuple[np.ndarray, list[Flow]]] = {}
     caps = level_caps(hs.load, levels)
     out: list[tuple[np.ndarray, list[Flow]]] = []
@@ -164,7 +184,7 @@ def build_all(
             out.append((resident, []))
             continue
         if not c.constructs:
-            out.append(build(c, hs, levels))
+            out.append(build(c, hs, levels, cost))
             continue
         target = _target(c, hs, caps)
         key = (tuple(target), c.kind != "greedy")
@@ -181,13 +201,16 @@ def _target(c: Candidate, hs: HostStep, caps: list[int]) -> list[int]:
     return targets_list(sum(hs.load), len(hs.load))
 
 
-def build(c: Candidate, hs: HostStep, levels: int) -> tuple[np.ndarray, list[Flow]]:
-    """A candidate's allocation ``[E, R]`` and its construction's flows (reference's)."""
+def build(
+    c: Candidate, hs: HostStep, levels: int, cost: StepCost | None = None
+) -> tuple[np.ndarray, list[Flow]]:
+    """A candidate's allocation ``[E, R]`` and its construction's flows (reference's);
+    ``cost``: what picks the ``resident`` candidate's rounding (:func:`resident_pick`)."""
     if c.kind == "static":
         return hs.static(), []
     if c.kind == "resident":
         prev = None if hs.prev_RB is None else hs.prev_RB.numpy()
-        return resident_host(hs.counts, prev, hs.home), []
+        return resident_pick(cost, hs.counts, prev, hs.home), []
     flows, alloc = construct(hs, _target(c, hs, level_caps(hs.load, levels)), c.kind != "greedy")
     return alloc, flows
 

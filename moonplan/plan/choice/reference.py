@@ -21,7 +21,8 @@ bit for bit. The rule, for counts, ``previous`` and a cost model:
    ``greedy`` by one run of the group-flow construction (``level-k`` towards
    ``water_fill(L, cap_k)``, ``exact`` towards the exact targets, both replaying
    ``previous``; ``greedy`` without ``previous``); ``resident``, a diffusion over the
-   replicas resident in ``previous``'s slots.
+   replicas resident in ``previous``'s slots, rounded to whole records or to whole GEMM
+   tiles, whichever the cost model predicts faster.
 3. **Scores.** Each candidate's predicted step time (``cost.step_time``), charged one
    planner call (``cost.plan_s``), with the weights it fetches: its replicas that are not
    resident in ``previous``'s slots; and its *free* score, the same with nothing fetched.
@@ -93,7 +94,7 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     at_exit, scores = _step_time(cost, step, static, cost.exit_s), [math.inf] * (levels + 3)
     scores[0], index, exit_alloc = at_exit.total_s, 0, static
     if step.resident:  # the exit's other plan: balance inside the resident replicas
-        res = resident_reference(counts, step.prev_slots, home)
+        res = _resident(step, cost)
         at_res = _step_time(cost, step, res, cost.exit_s)
         scores[2] = at_res.total_s
         if at_res.total_s < at_exit.total_s:
@@ -108,7 +109,7 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     exited, credit = exit_rent(t_exit, gap, bounds, step.credit, checking)
     if exited:
         return Chosen(_layout(step, exit_alloc, []), index, scores, True, credit)
-    built = [build(c, step, levels) for c in table(levels)]
+    built = [build(c, step, levels, cost) for c in table(levels)]
     scores = [_time(cost, step, alloc, cost.plan_s) for alloc, _ in built]
     free = [_time(cost, step, alloc, cost.plan_s, free=True) for alloc, _ in built]
     best, credit = settle(scores, free, credit)
@@ -124,14 +125,17 @@ def _static_alloc(counts: list[list[int]], home: list[int]) -> Alloc:
     return alloc
 
 
-def build(c: Candidate, step: Step, levels: int) -> tuple[Alloc, list[Flow]]:
-    """A candidate's allocation and the flows its construction recorded (none without one)."""
+def build(
+    c: Candidate, step: Step, levels: int, cost: StepCost | None = None
+) -> tuple[Alloc, list[Flow]]:
+    """A candidate's allocation and the flows its construction recorded (none without one;
+    ``cost``: what picks the ``resident`` candidate's rounding, :func:`_resident`)."""
     R, E = len(step.counts), len(step.counts[0])
     static = _static_alloc(step.counts, home_list(E, R))
     if c.kind == "static":
         return static, []
     if c.kind == "resident":
-        return resident_reference(step.counts, step.prev_slots, home_list(E, R)), []
+        return _resident(step, cost), []
     prev = (step.prev_slots, step.prev_flows)
     if c.kind == "greedy":
         prev = (None, [])
@@ -141,6 +145,20 @@ def build(c: Candidate, step: Step, levels: int) -> tuple[Alloc, list[Flow]]:
         target = water_fill(load, level_caps(load, levels)[c.level - 1])
     res = reference_plan(step.counts, step.slots, 1, prev[0], prev[1], target)
     return res.alloc, res.flows
+
+
+def _resident(step: Step, cost: StepCost | None) -> Alloc:
+    """The ``resident`` candidate: the diffusion rounded to whole records, or to whole
+    tiles of ``cost.tile_rows`` where the step is predicted faster so (charged the exit's
+    planning; ties: records). Without a cost, or with a tile of one row, records."""
+    R, E = len(step.counts), len(step.counts[0])
+    home = home_list(E, R)
+    by_records = resident_reference(step.counts, step.prev_slots, home)
+    if cost is None or cost.tile_rows == 1 or not step.resident:
+        return by_records
+    by_tiles = resident_reference(step.counts, step.prev_slots, home, cost.tile_rows)
+    faster = _time(cost, step, by_tiles, cost.exit_s) < _time(cost, step, by_records, cost.exit_s)
+    return by_tiles if faster else by_records
 
 
 def _time(cost: StepCost, step: Step, alloc: Alloc, plan_s: float, free: bool = False) -> float:

@@ -1,18 +1,25 @@
 """The ``resident`` candidate: balance through the replicas already in ``previous``'s slots.
 
 Legend:
-    R ranks    E experts    B slots    M = ceil(E/R)    S = 2**16 units per record
+    R ranks    E experts    B slots    M = ceil(E/R)    S = 2**16 units per tile
+    t          the GEMM tile in rows (``StepCost.tile_rows``; 1 balances records)
+    T[e]       records of expert ``e``      K[e] = ceil(T[e] / t), its tiles
     holder     ``(e, r)``: ``r`` is expert ``e``'s home, or ``e`` is in one of ``r``'s first
                ``M`` previous slots (a rank holds an expert at most once)
-    a[e][r]    records of ``e`` on holder ``(e, r)``, in units of ``1/S`` record
+    a[e][r]    tiles of ``e`` on holder ``(e, r)``, in units of ``1/S`` tile
     L[r]       the units rank ``r`` holds (the sum of its holders')
     pair       ``(e, r, g)``: two holders of one expert, ``r != g``
 
-No weight moves: an expert's records go only to its holders. The rule is a diffusion
-over the holders, in integers so that every rank computes the same plan:
+No weight moves: an expert's records go only to its holders. The rule balances whole
+GEMM tiles, not records: a rank's experts phase runs each expert's rows padded up to a
+tile, so a few records sent to a replica cost it a whole tile. Balancing records split a
+cold expert of 30 records over its two holders and padded both halves; at decode sizes on a
+compute-bound device that took every rank from 4 tiles to 6 (``docs/planner-policy.md``,
+"Whole tiles"). The rule is a diffusion over the holders, in integers so that every rank
+computes the same plan:
 
-1. **Start.** Each expert's records split evenly over its holders (in units; the first
-   ``T[e]*S mod n[e]`` holders, by rank, get one unit more).
+1. **Start.** Each expert's ``K[e]`` tiles split evenly over its holders (in units; the
+   first ``K[e]*S mod n[e]`` holders, by rank, get one unit more).
 2. **Rounds** (:data:`ROUNDS`). A pair ``(e, r, g)`` is live when ``L[r] > L[g]`` and
    ``a[e][r] > 0``. ``deg[x]`` counts the live pairs rank ``x`` is in (as either side),
    ``n[e][r]`` those that leave holder ``(e, r)``. Every live pair moves at once
@@ -22,15 +29,21 @@ over the holders, in integers so that every rank computes the same plan:
    above the largest load or falls below the least: the largest load never grows, and
    moves flow across several hops over the rounds (an expert held by ``r`` and ``x``,
    another by ``x`` and ``g``, balance ``r`` with ``g``).
-3. **Whole records.** Each holder keeps ``a // S`` records; each expert's records left
-   over go, one each, to its holders with the largest remainders (ties: lower rank).
+3. **Whole tiles.** Each holder keeps ``a // S`` tiles; each expert's tiles left over go,
+   one each, to its holders with the largest remainders (ties: lower rank).
+4. **Rows.** The holders of ``e``, by rank, fill their tiles in turn with ``T[e]``'s
+   records: each gets ``t`` rows a tile but the last holder with tiles, which gets the rest
+   (at least one row). A holder's padded rows are then exactly ``t`` times its tiles, and
+   the expert's add up to ``t * K[e]``, the least its records allow.
 
 Only a rank's first ``M`` slots take records, so it runs at most ``M`` remote experts
 (invariant 3). Every round is elementwise work and sums over the pairs, no sequential
 scan. How close 8 rounds come to the least largest load the holders allow (a max-flow
 bound) depends on how well the holders connect the ranks: within 0.3% on the simulator's
 traces with a window placement (EP 8 and 64), up to 6.5% over sparse holders (two slots
-per rank, ``tests/plan/choice/test_resident.py``), where 32 rounds reach 0.7%.
+per rank, ``tests/plan/choice/test_resident.py``), where 32 rounds reach 0.7%. The
+bound is in tiles; rounding to whole tiles adds at most one tile a rank for each expert
+whose tiles it shares with another holder.
 
 Three forms with equal results: plain Python (:func:`resident_reference`, the definition),
 numpy over the list of pairs (:func:`resident_host`, the host path's) and torch dense over
@@ -49,36 +62,40 @@ grows with it); 8 reach within 0.3% of the least largest load on the simulator's
 (module docstring)."""
 
 SCALE_BITS = 16
-"""Units per record: ``S = 2**SCALE_BITS`` (fine enough that a gap of one record still
-moves over a rank's few hundred live pairs)."""
+"""Units per tile: ``S = 2**SCALE_BITS`` (fine enough that a gap of one tile still moves
+over a rank's few hundred live pairs)."""
 
 FINE_LIMIT_BITS = 46
-"""With ``N >= 2**FINE_LIMIT_BITS`` records a unit is one record (:func:`scale_bits`): the
-units stay below ``2**62`` and no sum of them overflows int64."""
+"""With ``N >= 2**FINE_LIMIT_BITS`` records a unit is one tile (:func:`scale_bits`): the
+units stay below ``2**62`` and no sum of them overflows int64 (there are no more tiles
+than records)."""
 
 
 def scale_bits(num_records: int) -> int:
-    """Bits of a unit below one record for ``N`` records: :data:`SCALE_BITS`, or 0 from
+    """Bits of a unit below one tile for ``N`` records: :data:`SCALE_BITS`, or 0 from
     ``2**FINE_LIMIT_BITS`` records on."""
     return SCALE_BITS if num_records < 1 << FINE_LIMIT_BITS else 0
 
 
 def resident_reference(
-    counts: list[list[int]], prev_slots: list[list[int]] | None, home: list[int]
+    counts: list[list[int]], prev_slots: list[list[int]] | None, home: list[int], tile: int = 1
 ) -> list[list[int]]:
-    """The ``resident`` allocation ``[E][R]`` (plain Python, the definition)."""
+    """The ``resident`` allocation ``[E][R]`` in records (plain Python, the definition);
+    ``tile``: the GEMM tile ``t`` in rows."""
     R, E = len(counts), len(counts[0])
     T = [sum(row[e] for row in counts) for e in range(E)]
+    K = [-(-x // tile) for x in T]
     hold = _holders_reference(E, R, prev_slots, home)
     bits = scale_bits(sum(T))
     a = [[0] * R for _ in range(E)]
     for e in range(E):
-        n, units = len(hold[e]), T[e] << bits
+        n, units = len(hold[e]), K[e] << bits
         for i, r in enumerate(hold[e]):
             a[e][r] = units // n + (1 if i < units % n else 0)
     for _ in range(ROUNDS):
         _round_reference(a, hold, R)
-    return _whole_records_reference(a, hold, T, bits)
+    tiles = _whole_tiles_reference(a, hold, K, bits)
+    return _rows_reference(tiles, hold, T, tile)
 
 
 def _holders_reference(
@@ -109,11 +126,12 @@ def _round_reference(a: list[list[int]], hold: list[list[int]], R: int) -> None:
         a[e][r], a[e][g] = a[e][r] - q, a[e][g] + q
 
 
-def _whole_records_reference(
+def _whole_tiles_reference(
     a: list[list[int]], hold: list[list[int]], T: list[int], bits: int
 ) -> list[list[int]]:
-    """Records ``[E][R]``: each holder's whole records, then each expert's left-over
-    records to its holders with the largest remainders (ties: lower rank)."""
+    """Whole tiles ``[E][R]`` (``T``: each expert's tiles): each holder's whole tiles,
+    then each expert's left-over tiles to its holders with the largest remainders (ties:
+    lower rank)."""
     R, S = len(a[0]), 1 << bits
     alloc = [[0] * R for _ in a]
     for e, hs in enumerate(hold):
@@ -125,20 +143,35 @@ def _whole_records_reference(
     return alloc
 
 
+def _rows_reference(
+    tiles: list[list[int]], hold: list[list[int]], T: list[int], tile: int
+) -> list[list[int]]:
+    """Records ``[E][R]`` from whole tiles: by rank, each holder takes ``tile`` rows a tile
+    of what its expert has left (module docstring, step 4)."""
+    rows = [[0] * len(tiles[0]) for _ in tiles]
+    for e, hs in enumerate(hold):
+        left = T[e]
+        for r in hs:
+            rows[e][r] = min(tile * tiles[e][r], left)
+            left -= rows[e][r]
+    return rows
+
+
 def resident_host(
-    counts_RE: np.ndarray, prev_RB: np.ndarray | None, home_E: np.ndarray
+    counts_RE: np.ndarray, prev_RB: np.ndarray | None, home_E: np.ndarray, tile: int = 1
 ) -> np.ndarray:
     """int64 ``[E, R]``: :func:`resident_reference` in numpy over the list of pairs (the
     host path's form: its work grows with the pairs, not with ``E * R * R``)."""
     R, E = counts_RE.shape
     T_E = counts_RE.sum(0).astype(np.int64)
+    K_E = -(-T_E // tile)
     prev = None if prev_RB is None else torch.from_numpy(np.asarray(prev_RB))
     hold_ER = holders_torch(E, R, prev, torch.from_numpy(np.asarray(home_E))).numpy()
     e_H, r_H = np.nonzero(hold_ER)  # by expert, then rank
     n_E = hold_ER.sum(1)
     idx_H = np.cumsum(hold_ER, 1)[e_H, r_H] - 1
     bits = scale_bits(int(T_E.sum()))
-    units_E = T_E << bits
+    units_E = K_E << bits
     a_H = units_E[e_H] // n_E[e_H] + (idx_H < (units_E % n_E)[e_H])
     i_P, j_P = np.nonzero((e_H[:, None] == e_H[None, :]) & (r_H[:, None] != r_H[None, :]))
     for _ in range(ROUNDS):
@@ -153,9 +186,10 @@ def resident_host(
         a_H = a_H - _sum_at(i_P, q_P, len(a_H)) + _sum_at(j_P, q_P, len(a_H))
     a_ER = np.zeros((E, R), dtype=np.int64)
     a_ER[e_H, r_H] = a_H
-    return _whole_records_torch(
-        torch.from_numpy(a_ER), torch.from_numpy(hold_ER), torch.from_numpy(T_E), bits
-    ).numpy()
+    tiles_ER = _whole_tiles_torch(
+        torch.from_numpy(a_ER), torch.from_numpy(hold_ER), torch.from_numpy(K_E), bits
+    )
+    return rows_of_tiles(tiles_ER, torch.from_numpy(T_E), tile).numpy()
 
 
 def _sum_at(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
@@ -166,7 +200,7 @@ def _sum_at(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
 
 
 def resident_torch(
-    counts_RE: torch.Tensor, prev_RB: torch.Tensor | None, home_E: torch.Tensor
+    counts_RE: torch.Tensor, prev_RB: torch.Tensor | None, home_E: torch.Tensor, tile: int = 1
 ) -> torch.Tensor:
     """int64 ``[E, R]``: :func:`resident_reference` on the counts' device, no host read.
 
@@ -174,16 +208,26 @@ def resident_torch(
     matrix shared by every expert)."""
     R, E = counts_RE.shape
     T_E = counts_RE.sum(0)
+    K_E = (T_E + (tile - 1)) // tile
     hold_ER = holders_torch(E, R, prev_RB, home_E.to(counts_RE.device))
     n_E = hold_ER.sum(1)
     idx_ER = hold_ER.cumsum(1) - 1  # a holder's place among its expert's, by rank
     bits = torch.where(T_E.sum() < 1 << FINE_LIMIT_BITS, SCALE_BITS, 0)  # 0-d, no host read
-    units_E = T_E << bits
+    units_E = K_E << bits
     a_ER = units_E[:, None] // n_E[:, None] + (idx_ER < (units_E % n_E)[:, None]).long()
     a_ER = torch.where(hold_ER, a_ER, 0)
     for _ in range(ROUNDS):
         a_ER = _round_torch(a_ER, hold_ER)
-    return _whole_records_torch(a_ER, hold_ER, T_E, bits)
+    return rows_of_tiles(_whole_tiles_torch(a_ER, hold_ER, K_E, bits), T_E, tile)
+
+
+def rows_of_tiles(tiles_ER: torch.Tensor, T_E: torch.Tensor, tile: int) -> torch.Tensor:
+    """int64 ``[E, R]`` records from whole tiles ``tiles_ER`` (:func:`_rows_reference`):
+    a holder's rows are ``T[e]`` less ``tile`` rows for each tile of a lower-ranked holder,
+    between 0 and ``tile`` times its own tiles."""
+    before_ER = tiles_ER.cumsum(1) - tiles_ER
+    left_ER = (T_E[:, None] - tile * before_ER).clamp(min=0)
+    return torch.minimum(left_ER, tile * tiles_ER)
 
 
 def holders_torch(
@@ -218,11 +262,12 @@ def _round_torch(a_ER: torch.Tensor, hold_ER: torch.Tensor) -> torch.Tensor:
     return a_ER - q_ERG.sum(2) + q_ERG.sum(1)
 
 
-def _whole_records_torch(
+def _whole_tiles_torch(
     a_ER: torch.Tensor, hold_ER: torch.Tensor, T_E: torch.Tensor, bits: int | torch.Tensor
 ) -> torch.Tensor:
-    """int64 ``[E, R]`` records (:func:`_whole_records_reference`); ``bits``: of a unit
-    below one record (an int, or an int64 0-d tensor on the device)."""
+    """int64 ``[E, R]`` whole tiles (:func:`_whole_tiles_reference`; ``T_E``: each
+    expert's tiles); ``bits``: of a unit below one tile (an int, or an int64 0-d tensor
+    on the device)."""
     S = torch.ones((), dtype=torch.int64, device=a_ER.device) << bits
     whole_ER, rem_ER = a_ER >> bits, a_ER & (S - 1)
     short_E = T_E - whole_ER.sum(1)

@@ -60,6 +60,9 @@ def choose_tensor(
     static_ER = static_alloc(counts_RE)
     times = functools.partial(_times, cost, counts_RE, home_E)
     alloc_CER, flow_CF3 = _candidates(counts_RE, (load_R, T_E, home_E, ids_RM), prev, levels)
+    if cost.tile_rows > 1:  # with one-row tiles both roundings are one
+        by_tiles_ER = resident_torch(counts_RE, prev_RB, home_E, cost.tile_rows)
+        alloc_CER = _pick_rounding(times, alloc_CER, by_tiles_ER, resident_ER, cost.exit_s)
     at_exit, exit_C, exit_index = _exit_times(times, alloc_CER, resident_ER, cost.exit_s)
     static_full = times(static_ER[None], resident_ER, cost.plan_s).total_s[0]
     bounds, experts_lb = _bound(cost, counts_RE, home_E, resident_ER, static_full)
@@ -105,6 +108,21 @@ def _exit_times(
     c_C = torch.arange(C, device=alloc_CER.device)
     exit_C = torch.where(c_C == 0, t.total_s[0], torch.where(c_C == 2, t_res, torch.inf))
     return _AtExit(total, experts), exit_C, torch.where(use, 2, 0)
+
+
+def _pick_rounding(
+    times: Callable[[torch.Tensor, torch.Tensor, float], BatchTime],
+    alloc_CER: torch.Tensor,
+    by_tiles_ER: torch.Tensor,
+    resident_ER: torch.Tensor,
+    exit_s: float,
+) -> torch.Tensor:
+    """``alloc_CER`` whose ``resident`` entry (built rounded to whole records) is the one
+    rounded to whole tiles (``by_tiles_ER``) where that is predicted faster, both charged
+    ``exit_s`` (ties: records; ``reference._resident``)."""
+    t = times(torch.stack([by_tiles_ER, alloc_CER[2]]), resident_ER, exit_s).total_s
+    alloc_CER[2] = torch.where(t[0] < t[1], by_tiles_ER, alloc_CER[2])
+    return alloc_CER
 
 
 def _resident(prev_RB: torch.Tensor | None, E: int, R: int, dev: torch.device) -> torch.Tensor:
@@ -154,7 +172,8 @@ def _candidates(
     prev: tuple[torch.Tensor | None, torch.Tensor | None],
     levels: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(alloc_CER, flow_CF3)`` of every candidate, in table order."""
+    """``(alloc_CER, flow_CF3)`` of every candidate, in table order (``resident`` rounded
+    to whole records: :func:`_pick_rounding` may take its whole tiles)."""
     load_R, T_E, home_E, ids_RM = homes
     R = counts_RE.shape[0]
     N = T_E.sum()

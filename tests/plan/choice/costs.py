@@ -63,3 +63,16 @@ def costs(draw: st.DrawFn) -> StepCost:
 def full(cost: StepCost) -> StepCost:
     """``cost`` with the early exit made impossible: every candidate is built and scored."""
     return cost.scaled(exit_s=FORCED_S)
+
+
+def tiles_costs() -> tuple[StepCost, StepCost]:
+    """``(compute, links)``: 16-row GEMM tiles that only compute pays (the ``resident``
+    candidate's whole tiles win) and only dispatch rows (its records win): the hand cases
+    of ``test_choice.py`` and the emulated kernel's."""
+    zero = dict.fromkeys(
+        ("weight_read_s", "row_mem_s", "copy_s_intra", "copy_s_inter", "dispatch_row_s_intra",
+         "dispatch_row_s_inter", "combine_row_s_intra", "combine_row_s_inter", "row_flop_s"), 0.0
+    )  # fmt: skip
+    compute = StepCost(**{**zero, "row_flop_s": 1e-6}, tile_rows=16)
+    links = StepCost(**{**zero, "dispatch_row_s_intra": 1e-6}, tile_rows=16)
+    return compute, links

@@ -25,7 +25,7 @@ from moonplan.plan.reference import previous_flows
 from moonplan.stepcost import StepCost
 from moonplan.testing import counts
 from moonplan.traces import DriftingTrace
-from tests.plan.choice.costs import COMPUTE_ONLY, H200, MULTI, costs, full
+from tests.plan.choice.costs import COMPUTE_ONLY, H200, MULTI, costs, full, tiles_costs
 from tests.plan.draw import counts_like
 
 CPU_PATHS = tuple(p for p in PATHS if p != "cuda")  # the kernel: test_choice_kernel_*.py
@@ -67,11 +67,11 @@ def _free_scores(c: torch.Tensor, slots: int, prev: Plan, cost: StepCost) -> lis
     step = reference.Step(
         c.tolist(), slots, 1, prev.slot_expert.tolist(), previous_flows(prev.flow)
     )
-    built = [reference.build(k, step, LEVELS) for k in table()]
+    built = [reference.build(k, step, LEVELS, cost) for k in table()]
     return [reference._time(cost, step, a, cost.plan_s, free=True) for a, _ in built]
 
 
-def _copies(c: torch.Tensor, slots: int, prev: Plan) -> list[bool]:
+def _copies(c: torch.Tensor, slots: int, prev: Plan, cost: StepCost) -> list[bool]:
     """Whether each candidate fetches a replica that ``prev``'s slots do not hold."""
     step = reference.Step(
         c.tolist(), slots, 1, prev.slot_expert.tolist(), previous_flows(prev.flow)
@@ -81,7 +81,7 @@ def _copies(c: torch.Tensor, slots: int, prev: Plan) -> list[bool]:
     away = [(e, r) for e in range(E) for r in range(R) if r != home[e]]
     out = []
     for k in table():
-        a, _ = reference.build(k, step, LEVELS)
+        a, _ = reference.build(k, step, LEVELS, cost)
         out.append(any(a[e][r] > 0 and (e, r) not in step.resident for e, r in away))
     return out
 
@@ -113,7 +113,7 @@ def test_chosen_is_predicted_no_slower_than_any_candidate_but_by_its_rent(
     if p.choice.early_exit() and bool((prev.slot_expert >= 0).any()):
         # with residents the exit's contract: no candidate that copies beats it, and the
         # resident candidate stands for the plans that copy nothing
-        fetches = _copies(first, slots, prev)
+        fetches = _copies(first, slots, prev, cost)
         assert all(mine <= s for s, f in zip(scores, fetches, strict=True) if f)
         static_at_exit = scores[0] - cost.plan_s + cost.exit_s  # in another order: rounding
         assert mine <= static_at_exit * (1 + 1e-12)
@@ -256,3 +256,30 @@ def test_summary_and_predicted_report_the_choice() -> None:
     assert s["predicted"] == dict(p.predicted) and math.isfinite(s["predicted"]["static"])
     exact = moonplan.plan(c)
     assert (exact.policy, dict(exact.predicted), exact.planned) == ("exact", {}, 1)
+
+
+# Expert 0 (home rank 0) is resident on rank 1 and has a record from each rank; expert 1
+# (home rank 1) one from rank 1. Rounded to records, expert 0 splits 1 / 1 and nothing is
+# sent, but rank 1 runs two experts: two tiles. In whole tiles expert 0 stays home.
+TILES_CASE = torch.tensor([[1, 0], [1, 1]])
+TILES_PREV = torch.tensor([[0, 0], [40, 0]])  # its exact plan puts expert 0 on rank 1 too
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_resident_rounds_to_whole_tiles_where_the_cost_model_says_faster(backend: str) -> None:
+    prev = moonplan.plan(TILES_PREV, slots=1)
+    assert prev.slot_expert.tolist() == [[-1], [0]]
+    compute, links = tiles_costs()
+    want = {None: [[1, 1], [0, 1]], compute: [[2, 0], [0, 1]], links: [[1, 1], [0, 1]]}
+    for cost, alloc in want.items():
+        p = moonplan.plan(TILES_CASE, slots=1, previous=prev, policy="resident", cost=cost,
+                          backend=backend)  # fmt: skip
+        assert p.alloc.tolist() == alloc, cost
+    for path in CPU_PATHS:  # auto's resident candidate, every form: one tile a rank, not 2
+        scores = choose(TILES_CASE, 1, 1, prev, full(compute), path).choice.scores
+        assert float(scores[2]) == float(scores[0]) == 16e-6, path
+
+
+def test_a_cost_that_is_not_a_step_cost_is_refused() -> None:
+    with pytest.raises(PlanError, match="cost must be a StepCost"):
+        moonplan.plan(TILES_CASE, policy="resident", cost="h200")  # type: ignore[arg-type]

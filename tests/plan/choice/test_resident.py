@@ -30,31 +30,63 @@ def _slots(data: st.DataObject, R: int, E: int) -> list[list[int]]:
     return rows
 
 
-def _forms(c: torch.Tensor, slots: list[list[int]]) -> list[torch.Tensor]:
+def _forms(c: torch.Tensor, slots: list[list[int]], tile: int = 1) -> list[torch.Tensor]:
     R, E = c.shape
     prev = torch.tensor(slots, dtype=torch.int64).reshape(R, -1)
-    ref = torch.tensor(res.resident_reference(c.tolist(), slots, home_list(E, R)))
-    host = torch.from_numpy(res.resident_host(c.numpy(), prev.numpy(), home_map(E, R).numpy()))
-    tensor = res.resident_torch(c, prev, home_map(E, R))
+    ref = torch.tensor(res.resident_reference(c.tolist(), slots, home_list(E, R), tile))
+    home = home_map(E, R)
+    host = torch.from_numpy(res.resident_host(c.numpy(), prev.numpy(), home.numpy(), tile))
+    tensor = res.resident_torch(c, prev, home, tile)
     return [ref.reshape(E, R), host, tensor]
 
 
-@given(counts(max_ranks=6, max_experts=12, max_records_per_rank=400), st.data())
+def _tiles(rows: torch.Tensor, tile: int) -> torch.Tensor:
+    """int64: ``rows`` each rounded up to whole tiles, in tiles."""
+    return (rows + (tile - 1)) // tile
+
+
+@given(
+    counts(max_ranks=6, max_experts=12, max_records_per_rank=400),
+    st.data(),
+    st.sampled_from([1, 3, 16, 128]),
+)
 @settings(deadline=None)
 def test_three_forms_agree_and_move_records_only_to_holders(
-    c: torch.Tensor, data: st.DataObject
+    c: torch.Tensor, data: st.DataObject, tile: int
 ) -> None:
     R, E = c.shape
     slots = _slots(data, R, E)
-    ref, host, tensor = _forms(c, slots)
+    ref, host, tensor = _forms(c, slots, tile)
     assert torch.equal(ref, host) and torch.equal(ref, tensor)
     assert bool((ref >= 0).all()) and torch.equal(ref.sum(1), c.sum(0))  # every record, once
+    # whole tiles: no expert pads more tiles than its records need
+    assert torch.equal(_tiles(ref, tile).sum(1), _tiles(c.sum(0), tile))
     M = -(-E // R)
     home = home_list(E, R)
     holders = {(e, home[e]) for e in range(E)}
     holders |= {(e, r) for r, row in enumerate(slots) for e in row[:M] if e >= 0}
     used = {(e, r) for e, r in zip(*ref.nonzero(as_tuple=True), strict=True)}
     assert {(int(e), int(r)) for e, r in used} <= holders
+
+
+def test_a_cold_expert_stays_whole_on_one_holder() -> None:
+    """30 records of a replicated expert are one tile on one holder, not two half tiles
+    (balancing records split them, and each half padded to a tile of its own)."""
+    c = torch.tensor([[30, 0], [0, 0]])  # expert 0 homed on rank 0, resident on rank 1
+    slots = [[-1], [0]]
+    by_records = _forms(c, slots, tile=1)[0]
+    assert by_records[0].tolist() == [15, 15]
+    for got in _forms(c, slots, tile=128):
+        assert got[0].tolist() == [30, 0]
+
+
+def test_a_hot_expert_splits_in_whole_tiles() -> None:
+    """An expert of 3 tiles less 10 rows, held by two ranks beside a home expert of one
+    tile: the ranks end with two tiles each, and only the last holder's tile is partial."""
+    c = torch.tensor([[0, 0], [374, 100]])  # expert 0 homed on rank 0, resident on rank 1
+    for got in _forms(c, [[-1], [0]], tile=128):
+        assert got.tolist() == [[256, 118], [0, 100]]
+        assert _tiles(got, 128).sum(0).tolist() == [2, 2]
 
 
 def test_no_residents_is_static_ep() -> None:
