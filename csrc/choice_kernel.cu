@@ -505,7 +505,10 @@ __device__ McParts mc_resident_tiles(const McStep& st, const McCost& k, mp_i64* 
     mp_i64* spare = alloc_C + 3 * ER;
     mc_resident(st, k.tile, spare, res_a, res_i, smem);
     const McParts til = mc_score(st, k, spare, 3, scores, free_C, recv_C, smem);
-    if (!(mc_total(k, til, k.exit_s) < mc_total(k, rec, k.exit_s))) return rec;
+    if (!(mc_total(k, til, k.exit_s) < mc_total(k, rec, k.exit_s))) {
+        __syncthreads();  // block-uniform: mc_score's thread-0 writes before any later read
+        return rec;
+    }
     for (mp_i64 i = threadIdx.x; i < ER; i += blockDim.x) alloc_C[2 * ER + i] = spare[i];
     for (int r = threadIdx.x; r < st.R; r += blockDim.x) {
         recv_C[2 * (mp_i64)st.R + r] = recv_C[3 * (mp_i64)st.R + r];

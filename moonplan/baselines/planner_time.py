@@ -69,23 +69,24 @@ def auto_us(num_ranks: int, num_experts: int) -> float:
     return AUTO_FACTOR * exact_us(num_ranks, num_experts)
 
 
-def resident_us(num_ranks: int, num_experts: int) -> float:
+def resident_us(num_ranks: int, num_experts: int, tile_rows: int = 2) -> float:
     """Microseconds of one ``resident`` candidate build and its pass over the counts
     (module docstring); the build alone is :func:`resident_build_us`."""
-    return exit_us(num_ranks, num_experts) + resident_build_us()
+    return exit_us(num_ranks, num_experts) + resident_build_us(tile_rows)
 
 
 ROUNDINGS = 2
-"""Builds of the ``resident`` candidate a step: its diffusion rounded to whole records and
-to whole GEMM tiles, each run and scored on its own (the kernel does not share their
-rounds), so both are charged."""
+"""Builds of the ``resident`` candidate a step where the GEMM tile is over one row: its
+diffusion rounded to whole records and to whole tiles, each run and scored on its own (the
+kernel does not share their rounds), so both are charged. With one-row tiles the two are
+one, and the kernel builds it once."""
 
 
-def resident_build_us() -> float:
+def resident_build_us(tile_rows: int = 2) -> float:
     """Microseconds of the ``resident`` candidate's rounds: what ``auto``'s early exit adds
     to its test where replicas are resident (it builds and scores that candidate too, in
-    both roundings)."""
-    return ROUNDINGS * ROUNDS * _R_SLOPE
+    both roundings where ``tile_rows > 1``)."""
+    return (ROUNDINGS if tile_rows > 1 else 1) * ROUNDS * _R_SLOPE
 
 
 def exit_us(num_ranks: int, num_experts: int) -> float:

@@ -205,8 +205,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
             assert self.slots is not None
             res = Residency(self.num_ranks, self.num_experts, self.slots, self.cost,
                             window=self.window, staging=self.staging,
-                            serve_s=resident_build_us() * 1e-6)  # fmt: skip
-            build_s = resident_us(self.num_ranks, self.num_experts) * 1e-6
+                            serve_s=resident_build_us(self.cost.tile_rows) * 1e-6)  # fmt: skip
+            build_s = resident_us(self.num_ranks, self.num_experts, self.cost.tile_rows) * 1e-6
             self.decisions = Decisions(res, build_s)  # inline, the same lag
         self._order: Refill | None = None  # the refill being copied
         # refill_ER of each step still to copy (None: another layer's turn)
@@ -239,8 +239,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
         refill_ER = self._shares.pop(0) if self._shares else None
         assert p.choice is not None  # an auto plan
         planned = 1.0
-        if p.choice.early_exit():  # the test, and the resident candidate's build with residents
-            exit_s = self.cost.exit_s + (resident_build_us() * 1e-6 if held else 0.0)
+        if p.choice.early_exit():  # the test, and the resident candidate's builds with residents
+            serve_s = resident_build_us(self.cost.tile_rows) * 1e-6 if held else 0.0
+            exit_s = self.cost.exit_s + serve_s
             planned = exit_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
         background = self._place(counts_RE, p)
         return plan_step(self.name, counts_RE, p, planned=planned, choice=p.policy,

@@ -77,6 +77,11 @@ _RATE_FIELDS = (
 """The float fields of :class:`StepCost`, in :meth:`StepCost.as_tensor` order."""
 
 
+MAX_TILE_ROWS = 1 << 31
+"""The largest GEMM tile a ``StepCost`` takes: a row count rounded up to it stays far below
+``2**63`` in every form (the planner kernel's int64 included)."""
+
+
 @dataclass(frozen=True)
 class StepTime:
     """Seconds per phase of one MoE layer step, and their critical-path total.
@@ -160,8 +165,11 @@ class StepCost:
                 raise ValueError(f"StepCost.{name} must be a finite number >= 0, got {v!r}")
         if isinstance(self.tile_rows, bool) or not isinstance(self.tile_rows, int):
             raise ValueError(f"StepCost.tile_rows must be an integer >= 1, got {self.tile_rows!r}")
-        if self.tile_rows < 1:
-            raise ValueError(f"StepCost.tile_rows must be an integer >= 1, got {self.tile_rows!r}")
+        if not 1 <= self.tile_rows <= MAX_TILE_ROWS:
+            raise ValueError(
+                f"StepCost.tile_rows must be an integer from 1 to {MAX_TILE_ROWS}, got "
+                f"{self.tile_rows!r}"
+            )
         if isinstance(self.domain, bool) or not isinstance(self.domain, int) or self.domain < 0:
             raise ValueError(f"StepCost.domain must be an integer >= 0, got {self.domain!r}")
         if self.horizon is not None:

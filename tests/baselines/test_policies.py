@@ -383,7 +383,7 @@ def test_simulator_plans_what_the_runtime_balancer_plans(mode: str, name: str) -
         assert torch.equal(step.alloc_ER, previous.alloc)
         assert step.new_copies == previous.new_copies()
         exited = previous.choice is not None and previous.choice.early_exit()
-        exit_s = 1e-5 + (resident_build_us() * 1e-6 if held else 0.0)
+        exit_s = 1e-5 + (resident_build_us(cost.tile_rows) * 1e-6 if held else 0.0)
         assert step.planned == pytest.approx(exit_s / 1e-3 if exited else 1.0)
         choices.add(previous.policy)
     # auto's choice changes along the trace (a mixed trace, not one candidate throughout)

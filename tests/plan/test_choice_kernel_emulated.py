@@ -284,7 +284,9 @@ def test_the_terms_of_the_copies_and_the_bound(emu: ctypes.CDLL) -> None:
     c = torch.tensor([[5, 2, 0], [3, 5, 0]])
     compute, links = tiles_costs()
     dear = compute.scaled(copy_s_intra=1.0, copy_s_inter=1.0)
-    for cost, index, exited in ((compute, 2, False), (dear, 2, True), (links, 1, False)):
+    dear_links = links.scaled(copy_s_intra=1.0, copy_s_inter=1.0)  # records kept, exit taken
+    cases = ((compute, 2, False), (dear, 2, True), (links, 1, False), (dear_links, 2, True))
+    for cost, index, exited in cases:
         ch = _check(emu, c, 2, 1, prev, cost).choice
         assert ch is not None and (int(ch.index), bool(ch.exited)) == (index, exited)
     # several domains (the links' harmonic rate), the serial schedule

@@ -62,7 +62,7 @@ def test_auto_step_time_is_its_plans_predicted_time(serial: bool) -> None:
         t = step_time(step, model, hw, cfg, background=False)
         charge = cost.plan_s
         if p.choice.early_exit():
-            charge = cost.exit_s + (resident_build_us() * 1e-6 if held else 0.0)
+            charge = cost.exit_s + (resident_build_us(cost.tile_rows) * 1e-6 if held else 0.0)
         assert t.plan_s == pytest.approx(charge, rel=1e-12)
         if not step.local_copies and step.refill_ER is None:
             own = cost.exit_s if p.choice.early_exit() else cost.plan_s  # the plan's own charge

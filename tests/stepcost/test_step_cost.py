@@ -155,6 +155,7 @@ def test_horizon_is_deprecated_and_ignored() -> None:
         ("row_flop_s", -1.0),
         ("copy_s_inter", float("nan")),
         ("tile_rows", 0),
+        ("tile_rows", (1 << 31) + 1),  # a padded row count would near int64's range
         ("domain", -1),
         ("exit_s", -1e-6),
     ],

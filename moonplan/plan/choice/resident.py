@@ -11,12 +11,14 @@ Legend:
     pair       ``(e, r, g)``: two holders of one expert, ``r != g``
 
 No weight moves: an expert's records go only to its holders. The rule balances whole
-GEMM tiles, not records: a rank's experts phase runs each expert's rows padded up to a
-tile, so a few records sent to a replica cost it a whole tile. Balancing records split a
-cold expert of 30 records over its two holders and padded both halves; at decode sizes on a
-compute-bound device that took every rank from 4 tiles to 6 (``docs/planner-policy.md``,
-"Whole tiles"). The rule is a diffusion over the holders, in integers so that every rank
-computes the same plan:
+tiles of ``t`` rows (``t = 1``: records). A rank's experts phase runs each expert's rows
+padded up to a GEMM tile, so a few records sent to a replica cost it a whole tile:
+balancing records split a cold expert of 30 records over its two holders and padded both
+halves (DeepSeek-V3 on ``h20-node`` at decode sizes: 6 tiles a rank where 5 were
+possible). Balancing tiles gathers rows on fewer ranks, which dispatch and combine pay for,
+so the candidate is the faster of the two by the cost model (``reference._resident``;
+``docs/planner-policy.md``, "Whole tiles"). The rule is a diffusion over the holders, in
+integers so that every rank computes the same plan:
 
 1. **Start.** Each expert's ``K[e]`` tiles split evenly over its holders (in units; the
    first ``K[e]*S mod n[e]`` holders, by rank, get one unit more).

@@ -278,6 +278,8 @@ def test_resident_rounds_to_whole_tiles_where_the_cost_model_says_faster(backend
     for path in CPU_PATHS:  # auto's resident candidate, every form: one tile a rank, not 2
         scores = choose(TILES_CASE, 1, 1, prev, full(compute), path).choice.scores
         assert float(scores[2]) == float(scores[0]) == 16e-6, path
+        scores = choose(TILES_CASE, 1, 1, prev, full(links), path).choice.scores  # none sent
+        assert float(scores[2]) == 0.0 < float(scores[0]), path
 
 
 def test_a_cost_that_is_not_a_step_cost_is_refused() -> None:

@@ -14,7 +14,7 @@ from moonplan.plan.residency.target import (
     step_time_over,
     target_slots,
 )
-from tests.plan.choice.costs import rows_only
+from tests.plan.choice.costs import rows_only, tiles_costs
 
 
 def test_replicas_go_to_the_most_records_per_holder() -> None:
@@ -82,3 +82,14 @@ def test_a_table_is_charged_the_planning_auto_would_spend_on_it() -> None:
     held[1:, 0] = 0  # the hot expert resident on every other rank
     res = step_time_over(dear, counts, held)
     assert res < static and served_s(dear, counts, held, serve_s=2e-5) == res + 1e-5 + 2e-5
+
+
+def test_a_table_is_scored_on_the_faster_rounding_of_the_resident_plan() -> None:
+    """``step_time_over`` times the ``resident`` candidate as ``auto`` builds it: in whole
+    tiles where compute alone costs (one tile a rank), in records where only the links do
+    (nothing sent); ``test_choice.py`` has the same hand case."""
+    counts = np.array([[1, 0], [1, 1]])  # test_choice.TILES_CASE
+    held = np.array([[-1], [0]])  # expert 0 (home rank 0) resident on rank 1
+    compute, links = tiles_costs()
+    assert step_time_over(compute, counts, held) == 16e-6  # records: rank 1 runs two tiles
+    assert step_time_over(links, counts, held) == 0.0  # whole tiles: rank 1 sends one row
