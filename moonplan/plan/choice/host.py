@@ -104,8 +104,9 @@ def choose_host(
     scores[0] = at_exit.total_s
     res = None
     if resident.any():  # the exit's other plan: balance inside the resident replicas
-        res, _ = build(table(levels)[2], hs, levels, cost)
-        at_res = _no_fetch_time(cost, hs, res, cost.exit_s)
+        res, at_res = resident_pick(cost, hs.counts, hs.prev_RB, hs.home)
+        if at_res is None:  # records alone were built: time them here
+            at_res = _no_fetch_time(cost, hs, res, cost.exit_s)
         scores[2] = at_res.total_s
         if at_res.total_s < at_exit.total_s:
             at_exit, index, exit_alloc = at_res, 2, res
@@ -131,27 +132,38 @@ def _no_fetch_time(cost: StepCost, hs: HostStep, alloc: np.ndarray, plan_s: floa
     """The predicted phases of an allocation that fetches nothing (static EP, the
     ``resident`` candidate) charged ``plan_s`` (``StepCost.step_time``'s numpy form: the
     same floats as :func:`_scores`, fewer calls for one allocation)."""
+    return _fetching_none(cost, hs.counts, hs.home, alloc, plan_s)
+
+
+def _fetching_none(
+    cost: StepCost, counts_RE: np.ndarray, home_E: np.ndarray, alloc: np.ndarray, plan_s: float
+) -> StepTime:
+    """:func:`_no_fetch_time` of host arrays."""
     none = np.zeros(alloc.shape, dtype=bool)
-    return cost.scaled(plan_s=plan_s).step_time(alloc, hs.counts, none, hs.home, planned=1)
+    return cost.scaled(plan_s=plan_s).step_time(alloc, counts_RE, none, home_E, planned=1)
 
 
 def resident_pick(
-    cost: StepCost | None, counts_RE: np.ndarray, prev_RB: np.ndarray | None, home_E: np.ndarray
-) -> np.ndarray:
+    cost: StepCost | None,
+    counts_RE: np.ndarray,
+    prev_RB: np.ndarray | torch.Tensor | None,
+    home_E: np.ndarray,
+) -> tuple[np.ndarray, StepTime | None]:
     """int64 ``[E, R]``: the ``resident`` candidate (``reference._resident``): the
     diffusion rounded to whole records, or to whole tiles of ``cost.tile_rows`` where the
-    step is predicted faster so (charged ``cost.exit_s``; ties: records)."""
-    by_records = resident_host(counts_RE, prev_RB, home_E)
-    if cost is None or cost.tile_rows == 1 or prev_RB is None or not (prev_RB >= 0).any():
-        return by_records
-    by_tiles = resident_host(counts_RE, prev_RB, home_E, cost.tile_rows)
-    timed = cost.scaled(plan_s=cost.exit_s)
-    none = np.zeros(by_records.shape, dtype=bool)
-    t_tiles, t_records = (
-        timed.step_time(a, counts_RE, none, home_E, planned=1).total_s
-        for a in (by_tiles, by_records)
-    )
-    return by_tiles if t_tiles < t_records else by_records
+    step is predicted faster so (charged ``cost.exit_s``; ties: records); and its predicted
+    step so charged where both were scored (``None`` where only records were built: no
+    cost, one-row tiles or no resident replica)."""
+    prev = None if prev_RB is None else np.asarray(prev_RB)
+    by_records = resident_host(counts_RE, prev, home_E)
+    if cost is None or cost.tile_rows == 1 or prev is None or not (prev >= 0).any():
+        return by_records, None
+    at_records = _fetching_none(cost, counts_RE, home_E, by_records, cost.exit_s)
+    by_tiles = resident_host(counts_RE, prev, home_E, cost.tile_rows)
+    at_tiles = _fetching_none(cost, counts_RE, home_E, by_tiles, cost.exit_s)
+    if at_tiles.total_s < at_records.total_s:
+        return by_tiles, at_tiles
+    return by_records, at_records
 
 
 def _scores(
@@ -209,8 +221,7 @@ def build(
     if c.kind == "static":
         return hs.static(), []
     if c.kind == "resident":
-        prev = None if hs.prev_RB is None else hs.prev_RB.numpy()
-        return resident_pick(cost, hs.counts, prev, hs.home), []
+        return resident_pick(cost, hs.counts, hs.prev_RB, hs.home)[0], []
     flows, alloc = construct(hs, _target(c, hs, level_caps(hs.load, levels)), c.kind != "greedy")
     return alloc, flows
 

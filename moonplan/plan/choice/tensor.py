@@ -60,10 +60,10 @@ def choose_tensor(
     static_ER = static_alloc(counts_RE)
     times = functools.partial(_times, cost, counts_RE, home_E)
     alloc_CER, flow_CF3 = _candidates(counts_RE, (load_R, T_E, home_E, ids_RM), prev, levels)
-    if cost.tile_rows > 1:  # with one-row tiles both roundings are one
-        by_tiles_ER = resident_torch(counts_RE, prev_RB, home_E, cost.tile_rows)
-        alloc_CER = _pick_rounding(times, alloc_CER, by_tiles_ER, resident_ER, cost.exit_s)
-    at_exit, exit_C, exit_index = _exit_times(times, alloc_CER, resident_ER, cost.exit_s)
+    tiles_ER = None  # with one-row tiles both roundings are one
+    if cost.tile_rows > 1:
+        tiles_ER = resident_torch(counts_RE, prev_RB, home_E, cost.tile_rows)
+    at_exit, exit_C, exit_index = _exit_times(times, alloc_CER, resident_ER, cost.exit_s, tiles_ER)
     static_full = times(static_ER[None], resident_ER, cost.plan_s).total_s[0]
     bounds, experts_lb = _bound(cost, counts_RE, home_E, resident_ER, static_full)
     gap = at_exit.experts_s - experts_lb
@@ -93,36 +93,35 @@ def _exit_times(
     alloc_CER: torch.Tensor,
     resident_ER: torch.Tensor,
     exit_s: float,
+    tiles_ER: torch.Tensor | None = None,
 ) -> tuple[_AtExit, torch.Tensor, torch.Tensor]:
     """The early exit's plan (static EP, or the ``resident`` candidate where replicas are
     resident and it is predicted faster), ``(its times, the exit's scores [C], its index
     int64 0-d)``: both charged ``cost.exit_s``, ``inf`` elsewhere (and for ``resident``
-    without residents)."""
-    t = times(alloc_CER[[0, 2]], resident_ER, exit_s)
+    without residents).
+
+    ``tiles_ER``: the ``resident`` candidate rounded to whole tiles, timed in the same call;
+    ``alloc_CER``'s ``resident`` entry (rounded to records) becomes it where it is predicted
+    faster (ties: records; ``reference._resident``)."""
+    allocs = alloc_CER[[0, 2]]
+    t = times(
+        allocs if tiles_ER is None else torch.cat([allocs, tiles_ER[None]]), resident_ER, exit_s
+    )
+    at_P = torch.arange(2, device=alloc_CER.device)  # static, then resident's rounding
+    if tiles_ER is not None:
+        tiles = t.total_s[2] < t.total_s[1]
+        alloc_CER[2] = torch.where(tiles, tiles_ER, alloc_CER[2])
+        at_P = torch.stack([at_P[0], torch.where(tiles, 2, 1)])
+    total_P, experts_P = t.total_s.index_select(0, at_P), t.experts_s.index_select(0, at_P)
     has = resident_ER.any()
-    t_res = torch.where(has, t.total_s[1], torch.inf)
-    use = has & (t_res < t.total_s[0])
+    t_res = torch.where(has, total_P[1], torch.inf)
+    use = has & (t_res < total_P[0])
     pick = torch.where(use, 1, 0).view(1)
-    total, experts = t.total_s.gather(0, pick)[0], t.experts_s.gather(0, pick)[0]
+    total, experts = total_P.gather(0, pick)[0], experts_P.gather(0, pick)[0]
     C = alloc_CER.shape[0]
     c_C = torch.arange(C, device=alloc_CER.device)
-    exit_C = torch.where(c_C == 0, t.total_s[0], torch.where(c_C == 2, t_res, torch.inf))
+    exit_C = torch.where(c_C == 0, total_P[0], torch.where(c_C == 2, t_res, torch.inf))
     return _AtExit(total, experts), exit_C, torch.where(use, 2, 0)
-
-
-def _pick_rounding(
-    times: Callable[[torch.Tensor, torch.Tensor, float], BatchTime],
-    alloc_CER: torch.Tensor,
-    by_tiles_ER: torch.Tensor,
-    resident_ER: torch.Tensor,
-    exit_s: float,
-) -> torch.Tensor:
-    """``alloc_CER`` whose ``resident`` entry (built rounded to whole records) is the one
-    rounded to whole tiles (``by_tiles_ER``) where that is predicted faster, both charged
-    ``exit_s`` (ties: records; ``reference._resident``)."""
-    t = times(torch.stack([by_tiles_ER, alloc_CER[2]]), resident_ER, exit_s).total_s
-    alloc_CER[2] = torch.where(t[0] < t[1], by_tiles_ER, alloc_CER[2])
-    return alloc_CER
 
 
 def _resident(prev_RB: torch.Tensor | None, E: int, R: int, dev: torch.device) -> torch.Tensor:

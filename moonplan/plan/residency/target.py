@@ -102,7 +102,7 @@ def step_time_over(cost: StepCost, counts_RE: np.ndarray, slot_RB: np.ndarray) -
     no planning charged)."""
     R, E = counts_RE.shape
     home_E = np.asarray(home_list(E, R), dtype=np.int64)
-    alloc_ER = resident_pick(cost, counts_RE, slot_RB, home_E)
+    alloc_ER = resident_pick(cost, counts_RE, slot_RB, home_E)[0]
     none_ER = np.zeros((E, R), dtype=bool)
     return float(cost.step_time(alloc_ER, counts_RE, none_ER, home_E, planned=0).total_s)
 
