@@ -26,14 +26,13 @@ import torch
 
 from moonplan.baselines.prehistory import Prehistory
 from moonplan.traces.drift import (
+    DriftLaw,
     drift_log_popularity,
     jump_log_popularity,
-    persistent_log_popularity,
-    split_sigma,
     start_log_popularity,
 )
 from moonplan.traces.files import load_counts
-from moonplan.traces.generators import counts_for_ranks
+from moonplan.traces.generators import counts_for_ranks, make_generator
 from moonplan.traces.persistence import PERSISTENT_SHARE
 
 
@@ -71,7 +70,8 @@ def drifting_counts(
     """
     if tokens < 0:
         raise ValueError(f"need tokens >= 0, got {tokens}")
-    gen, walk = _seeded_walk(experts, sigma, steps, rho, seed, persistent)
+    law = DriftLaw(sigma=sigma, rho=rho, seed=seed, persistent=persistent)
+    gen, walk = _seeded_walk(experts, steps, law)
     rng = np.random.default_rng(int(seed))
     out = []
     for pop_E in walk:
@@ -108,10 +108,9 @@ def popularity_maxvio(
     """MaxVio (``E * max p - 1``) of the first popularity ``softmax(mu + x_0)`` that
     :func:`drifting_counts` draws with this ``seed`` and ``persistent`` share (before top-k
     sampling)."""
-    _, sigma_f = split_sigma(sigma, persistent)
-    x_E = start_log_popularity(experts, sigma_f, torch.Generator().manual_seed(int(seed)))
-    mu_E = persistent_log_popularity(experts, sigma, persistent, seed)
-    return float(torch.softmax(mu_E + x_E, 0).max()) * experts - 1.0
+    law = DriftLaw(sigma=sigma, seed=seed, persistent=persistent)
+    first_E = law.persistent_part(experts) + law.start(experts)
+    return float(torch.softmax(first_E, 0).max()) * experts - 1.0
 
 
 def sigma_for_maxvio(
@@ -159,22 +158,22 @@ def drifting_popularity(
     """float64 ``[E]`` popularity of each step: the sequence :func:`drifting_counts` routes
     by with ``exact=False`` and the same ``seed`` and ``persistent`` (for token-level
     sampling, ``moonplan.simulate.token_routing``)."""
-    yield from _seeded_walk(experts, sigma, steps, rho, seed, persistent)[1]
+    law = DriftLaw(sigma=sigma, rho=rho, seed=seed, persistent=persistent)
+    yield from _seeded_walk(experts, steps, law)[1]
 
 
 def _seeded_walk(
-    experts: int, sigma: float, steps: int, rho: float, seed: int, persistent: float
+    experts: int, steps: int, law: DriftLaw
 ) -> tuple[torch.Generator, Iterator[torch.Tensor]]:
-    """The generator seeded ``seed`` and the :func:`popularity_walk` of ``steps`` steps drawn
-    from it, the persistent part ``mu`` of this ``seed`` and share included: the popularity
-    of :func:`drifting_counts` and :func:`drifting_popularity`. Checks the law's arguments
-    (``ValueError``)."""
-    if steps < 1 or not 0 <= sigma or not -1 <= rho <= 1:
-        raise ValueError("need steps >= 1, sigma >= 0 and rho in [-1, 1]")
-    mu_E = persistent_log_popularity(experts, sigma, persistent, seed)
-    _, sigma_f = split_sigma(sigma, persistent)
-    gen = torch.Generator().manual_seed(int(seed))
-    return gen, popularity_walk(experts, sigma_f, steps, rho, gen, mu_E)
+    """The generator seeded ``law.seed`` and the :func:`popularity_walk` of ``steps`` steps
+    drawn from it, the law's persistent part ``mu`` included: the popularity of
+    :func:`drifting_counts` and :func:`drifting_popularity` (``ValueError`` if
+    ``steps < 1``)."""
+    if steps < 1:
+        raise ValueError(f"need steps >= 1, got {steps}")
+    gen = make_generator(law.seed)
+    mu_E = law.persistent_part(experts)
+    return gen, popularity_walk(experts, law.sigma_f, steps, law.rho, gen, mu_E)
 
 
 def popularity_walk(
@@ -227,13 +226,12 @@ def prehistory(
     steps = sorted(int(t) for t in steps_N.tolist())
     if any(t >= 0 for t in steps) or len(set(steps)) != len(steps):
         raise ValueError("prehistory steps must be distinct and negative")
-    mu_E = persistent_log_popularity(experts, sigma, persistent, seed)
-    _, sigma_f = split_sigma(sigma, persistent)
-    x_E = start_log_popularity(experts, sigma_f, torch.Generator().manual_seed(int(seed)))
-    gen = torch.Generator().manual_seed(int(seed) + PREHISTORY_SEED_OFFSET)
+    law = DriftLaw(sigma=sigma, rho=rho, seed=seed, persistent=persistent)
+    mu_E, x_E = law.persistent_part(experts), law.start(experts)
+    gen = make_generator(int(seed) + PREHISTORY_SEED_OFFSET)
     now, logp = 0, {}
     for t in reversed(steps):
-        x_E = jump_log_popularity(x_E, sigma_f, rho, now - t, gen)
+        x_E = jump_log_popularity(x_E, law.sigma_f, law.rho, now - t, gen)
         now, logp[t] = t, mu_E + x_E
     if not steps:
         return Prehistory(

@@ -10,6 +10,7 @@ Legend: R ranks, E experts, T steps; counts are int64 ``[R, E]`` or ``[T, R, E]`
 
 from moonplan.traces.drift import (
     DriftingTrace,
+    DriftLaw,
     RotatingHotspot,
     StepTrace,
     drift_log_popularity,
@@ -31,6 +32,7 @@ __all__ = [
     "COUNT_FAMILIES",
     "FAMILIES",
     "SAMPLE_METHODS",
+    "DriftLaw",
     "DriftingTrace",
     "RotatingHotspot",
     "StepTrace",

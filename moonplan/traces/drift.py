@@ -11,8 +11,10 @@ The law is written once, here. The log-popularity of expert ``e`` at step ``t`` 
 * the router's sampling noise comes on top (the samplers of ``generators``).
 
 ``sigma_p**2 + sigma_f**2 = sigma**2`` (:func:`split_sigma`), so ``sigma`` keeps its meaning,
-the total spread. ``persistent=0`` is the earlier model (no persistent part): the walk then
-draws exactly the numbers it drew before, since ``mu_E`` comes from a generator of its own.
+the total spread; :class:`DriftLaw` holds one trace's ``sigma``, ``rho``, ``seed`` and
+``persistent`` share, checked once. ``persistent=0`` is the earlier model (no persistent
+part): the walk then draws exactly the numbers it drew before, since ``mu_E`` comes from a
+generator of its own.
 :class:`DriftingTrace`, the simulator's ``simulate.workload`` and the CLI demo's router
 bias all call these functions, so the same seed gives the same popularities everywhere.
 How much of the variance is persistent in real routing is measured by
@@ -115,6 +117,45 @@ def jump_log_popularity(
     return decay * x_E + math.sqrt(max(0.0, 1.0 - decay * decay)) * sigma * eps_E
 
 
+@dataclass(frozen=True, kw_only=True)
+class DriftLaw:
+    """The law of one trace's log-popularity ``mu_E + x_E`` (module docstring), checked when
+    made (``ValueError`` naming the field).
+
+    Attributes:
+        sigma: total std of the log-popularity, ``>= 0``.
+        rho: correlation of ``x_E`` from one step to the next, in ``[-1, 1]``.
+        seed: seeds ``x_E``'s generator (``mu_E``'s is ``seed + MU_SEED_OFFSET``).
+        persistent: share of ``sigma**2`` in ``mu_E``, in ``[0, 1]`` (no default: a
+            :class:`DriftingTrace` defaults to 0, the simulator to the measured share).
+    """
+
+    sigma: float
+    persistent: float
+    rho: float = 0.99
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sigma", check_range("sigma", self.sigma, 0.0, math.inf))
+        object.__setattr__(self, "rho", check_range("rho", self.rho, -1.0, 1.0))
+        check_range("persistent", self.persistent, 0.0, 1.0)
+
+    @property
+    def sigma_f(self) -> float:
+        """Stationary std of the drifting part ``x_E`` (:func:`split_sigma`)."""
+        return split_sigma(self.sigma, self.persistent)[1]
+
+    def persistent_part(self, experts: int) -> torch.Tensor:
+        """mu_E: float64 ``[experts]`` (:func:`persistent_log_popularity`)."""
+        return persistent_log_popularity(experts, self.sigma, self.persistent, self.seed)
+
+    def start(self, experts: int, gen: torch.Generator | None = None) -> torch.Tensor:
+        """x_E of step 0: float64 ``[experts]`` drawn from ``gen`` (default: the first draw of
+        a new generator seeded ``seed``, as a trace of this law starts)."""
+        gen = make_generator(self.seed) if gen is None else gen
+        return start_log_popularity(experts, self.sigma_f, gen)
+
+
 # ---- traces over steps --------------------------------------------------------------------------
 
 
@@ -182,13 +223,10 @@ class DriftingTrace(StepTrace):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.sigma = check_range("sigma", self.sigma, 0.0, math.inf)
-        self.rho = check_range("rho", self.rho, -1.0, 1.0)
-        _, self.sigma_f = split_sigma(self.sigma, self.persistent)
-        self.mu_E = persistent_log_popularity(
-            self.num_experts, self.sigma, self.persistent, self.seed
-        )
-        self.log_pop_E = start_log_popularity(self.num_experts, self.sigma_f, self._gen)
+        law = DriftLaw(sigma=self.sigma, rho=self.rho, seed=self.seed, persistent=self.persistent)
+        self.law, self.sigma, self.rho, self.sigma_f = law, law.sigma, law.rho, law.sigma_f
+        self.mu_E = law.persistent_part(self.num_experts)
+        self.log_pop_E = law.start(self.num_experts, self._gen)
 
     @property
     def popularity(self) -> torch.Tensor:

@@ -14,6 +14,7 @@ from moonplan.cli.demo_ranks import DEMO_RHO, popularity_bias
 from moonplan.simulate.workload import drifting_counts, popularity_maxvio
 from moonplan.traces import (
     DriftingTrace,
+    DriftLaw,
     RotatingHotspot,
     drift_log_popularity,
     start_log_popularity,
@@ -142,3 +143,15 @@ def test_step_trace_errors() -> None:
         RotatingHotspot(2, 4, 8, 2, period=0)
     with pytest.raises(ValueError, match="hot_share = 1"):
         RotatingHotspot(2, 4, 8, 2, hot_share=1.0)
+
+
+def test_drift_law_checks_its_fields_and_serves_the_trace() -> None:
+    for bad in ({"sigma": -1.0}, {"sigma": math.nan}, {"rho": 1.5}, {"persistent": 1.5}):
+        name = next(iter(bad))
+        with pytest.raises(ValueError, match=name):
+            DriftLaw(**{"sigma": 1.0, "persistent": 0.5, **bad})
+    trace = DriftingTrace(2, 8, 16, 2, sigma=2, rho=0.5, seed=3, persistent=0.25)
+    assert trace.law == DriftLaw(sigma=2.0, rho=0.5, seed=3, persistent=0.25)
+    assert trace.law.sigma_f == pytest.approx(math.sqrt(3.0))
+    assert torch.equal(trace.mu_E, trace.law.persistent_part(8))
+    assert torch.equal(trace.log_pop_E, trace.law.start(8))  # the trace's first draw
