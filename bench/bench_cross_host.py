@@ -1,0 +1,168 @@
+"""Across hosts, what sets the dispatch of auto's ``resident`` plans: routing or balance.
+
+Legend: R ranks (EP size), G ranks per host (fast-link domain), E experts, S tokens per
+rank; rows are (token, k) records sent as one ``H``-vector each (``dispatch="record"``).
+
+At the worst cross-host points of ``bench_auto_sweep.py`` auto serves every step with the
+``resident`` candidate (a diffusion that balances each rank's records over the resident
+replicas, ``moonplan.plan.choice.resident``). Its dispatch and combine are the larger part
+of the step. This script runs ``moonplan-auto`` over the same trace as the sweep and, for
+each measured step it served with ``resident``, compares two routings of the same
+allocation ``x[e, r]``:
+
+* ``interval``: what the plan does (``moonplan.stepcost.traffic.dispatch_traffic``): each
+  expert's sources and executors laid out in rank order, a record going from the source
+  whose interval holds it to the executor whose interval holds it;
+* ``domain-first``: an experiment, not in the code: each host first matches its own
+  sources of an expert to its own executors of it (the same interval rule inside the
+  host, as many records as both sides have), and only the rest crosses hosts (the
+  interval rule over the leftovers, in rank order).
+
+Columns: rows crossing hosts in all (summed over ranks), the busiest rank's slow-link rows
+(the most sent or received by one rank) and the dispatch time the step-cost formula gives
+each (``StepCost``'s all-to-all: latency plus the busiest link). Means over the steps.
+
+    OMP_NUM_THREADS=1 python bench/bench_cross_host.py           # 3 points (about 2 min)
+    python bench/bench_cross_host.py --steps 4 --out /tmp/x.json  # shorter
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+from _common import bench_parser, markdown_table, write_report
+
+from moonplan.baselines.prehistory import step_ranges
+from moonplan.baselines.registry import make_policy
+from moonplan.simulate.model_time import SimConfig
+from moonplan.simulate.models import get_model
+from moonplan.simulate.sweep import policy_options
+from moonplan.simulate.workload import drifting_counts, prehistory
+from moonplan.stepcost import StepCost, dispatch_traffic
+from moonplan.stepcost.hardware import get_hardware
+from moonplan.traces.persistence import PERSISTENT_SHARE
+
+POINTS = (  # (model, hardware, EP, sigma, tokens per rank): the sweep's worst across hosts
+    ("deepseek-v3", "h200-multinode", 64, 2.0, 64),
+    ("deepseek-v3", "h200-multinode", 64, 1.0, 64),
+    ("kimi-k3-like", "h200-multinode", 64, 2.0, 64),
+)
+WARMUP, RHO, SEED, SLOTS = 8, 0.99, 0, 2  # the sweep's (``AcceptanceGrid``'s defaults)
+
+
+def interval_pairs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
+    """``(i, j, n)``: ``n`` records from source ``i`` to executor ``j`` when both sides'
+    counts are laid out in order and matched position by position."""
+    out, i, j = [], 0, 0
+    src, dst = list(src), list(dst)
+    while i < len(src) and j < len(dst):
+        n = min(src[i], dst[j])
+        if n > 0:
+            out.append((i, j, n))
+        src[i], dst[j] = src[i] - n, dst[j] - n
+        i, j = i + (src[i] == 0), j + (dst[j] == 0)
+    return out
+
+
+def _take(left_G: np.ndarray, m: int) -> np.ndarray:
+    """The first ``m`` records of ``left_G`` (int64 ``[G]``), rank by rank."""
+    return np.diff(np.minimum(np.cumsum(left_G), m), prepend=0)
+
+
+def domain_first(sent_RE: np.ndarray, alloc_ER: np.ndarray, G: int) -> np.ndarray:
+    """int64 ``[2, 2, R]``: rows (send, receive) x (inside a host, across hosts) per rank
+    under the ``domain-first`` routing (module docstring); rows kept on their rank are
+    not counted."""
+    R, E = sent_RE.shape
+    out = np.zeros((2, 2, R), dtype=np.int64)
+    for e in range(E):
+        src, dst = sent_RE[:, e].copy(), alloc_ER[e].copy()
+        for d0 in range(0, R, G):
+            h = slice(d0, d0 + G)
+            m = min(int(src[h].sum()), int(dst[h].sum()))
+            s_G, d_G = _take(src[h], m), _take(dst[h], m)
+            for i, j, n in interval_pairs(s_G.tolist(), d_G.tolist()):
+                if i != j:
+                    out[0, 0, d0 + i] += n
+                    out[1, 0, d0 + j] += n
+            src[h], dst[h] = src[h] - s_G, dst[h] - d_G
+        for i, j, n in interval_pairs(src.tolist(), dst.tolist()):  # all across hosts
+            out[0, 1, i] += n
+            out[1, 1, j] += n
+    return out
+
+
+def dispatch_s(cost: StepCost, R: int, send_recv: np.ndarray) -> float:
+    """Dispatch seconds of rows ``[2 (send, recv), 2 (intra, inter), R]``."""
+    busy = np.maximum(send_recv[0], send_recv[1]).astype(np.float64)
+    return cost._dispatch_combine(R, (busy[0], busy[1]))[0]
+
+
+def step_row(cost: StepCost, sent_RE: np.ndarray, alloc_ER: np.ndarray, G: int) -> list[float]:
+    """``[inter rows, busiest inter, dispatch us]`` for interval, then for domain-first."""
+    R = sent_RE.shape[0]
+    t = dispatch_traffic(sent_RE, alloc_ER, G)
+    now = np.array([[t.send_intra_R, t.send_inter_R], [t.recv_intra_R, t.recv_inter_R]])
+    alt = domain_first(sent_RE, alloc_ER, G)
+    out = []
+    for rows in (now, alt):
+        busiest = int(np.maximum(rows[0, 1], rows[1, 1]).max())
+        out += [float(rows[0, 1].sum()), float(busiest), dispatch_s(cost, R, rows) * 1e6]
+    return out
+
+
+def run_point(point: tuple[str, str, int, float, int], steps: int) -> dict[str, Any]:
+    """Auto over the point's trace; the means of :func:`step_row` over its ``resident`` steps."""
+    name, hw_name, R, sigma, S = point
+    model, hw = get_model(name), get_hardware(hw_name)
+    E, K = model.num_experts, model.top_k
+    law = {"sigma": sigma, "rho": RHO, "seed": SEED, "persistent": PERSISTENT_SHARE}
+    counts = drifting_counts(R, E, S, K, steps=WARMUP + steps, **law)
+    cost = SimConfig().step_cost(model, hw, "moonplan-auto", R)
+    opts = policy_options(hw, R, slots=SLOTS)
+    auto = make_policy("moonplan-auto", R, E, **opts, cost=cost, layers=model.num_moe_layers)
+    auto.prime(prehistory(step_ranges(auto.steps_before()), ranks=R, experts=E, tokens=S,
+                          topk=K, **law))  # fmt: skip
+    G, rows = cost.domain_size(R), []
+    for t in range(WARMUP + steps):
+        got = auto.step(counts[t])
+        if t >= WARMUP and got.choice == "resident":
+            rows.append(step_row(cost, got.sent_RE.numpy(), got.alloc_ER.numpy(), G))
+    mean = [statistics.fmean(c) for c in zip(*rows, strict=True)] if rows else [float("nan")] * 6
+    keys = ("inter_rows", "busiest_inter", "dispatch_us")
+    return {"model": name, "hardware": hw_name, "ranks": R, "sigma": sigma, "tokens": S,
+            "resident_steps": len(rows), "interval": dict(zip(keys, mean[:3], strict=True)),
+            "domain_first": dict(zip(keys, mean[3:], strict=True))}  # fmt: skip
+
+
+def report(results: list[dict[str, Any]]) -> list[str]:
+    """The markdown table of :func:`run_point`'s results."""
+    head = ["model", "EP", "sigma", "S", "steps", "x-host rows", "busiest x-host rank",
+            "dispatch us"]  # fmt: skip
+    lines = []
+    for r in results:
+        a, b = r["interval"], r["domain_first"]
+        lines.append([r["model"], str(r["ranks"]), f"{r['sigma']:g}", str(r["tokens"]),
+                      str(r["resident_steps"]),
+                      f"{a['inter_rows']:.0f} -> {b['inter_rows']:.0f}",
+                      f"{a['busiest_inter']:.0f} -> {b['busiest_inter']:.0f}",
+                      f"{a['dispatch_us']:.1f} -> {b['dispatch_us']:.1f}"])  # fmt: skip
+    return [markdown_table(head, lines), "", "(interval -> domain-first; means over the steps)"]
+
+
+def main() -> None:
+    p = bench_parser(__doc__)
+    p.add_argument("--steps", type=int, default=32, help="measured steps per point (32)")
+    p.add_argument("--out", default="bench/results/cross_host.json", help="JSON path")
+    args = p.parse_args()
+    start = time.perf_counter()
+    results = [run_point(point, args.steps) for point in POINTS]
+    seconds = time.perf_counter() - start
+    write_report(args.out, {"points": results, "seconds": seconds}, report(results))
+
+
+if __name__ == "__main__":
+    main()
