@@ -69,7 +69,7 @@ def auto_us(num_ranks: int, num_experts: int) -> float:
     return AUTO_FACTOR * exact_us(num_ranks, num_experts)
 
 
-def resident_us(num_ranks: int, num_experts: int, tile_rows: int = 2) -> float:
+def resident_us(num_ranks: int, num_experts: int, tile_rows: int) -> float:
     """Microseconds of one ``resident`` candidate build and its pass over the counts
     (module docstring); the build alone is :func:`resident_build_us`."""
     return exit_us(num_ranks, num_experts) + resident_build_us(tile_rows)
@@ -82,7 +82,7 @@ kernel does not share their rounds), so both are charged. With one-row tiles the
 one, and the kernel builds it once."""
 
 
-def resident_build_us(tile_rows: int = 2) -> float:
+def resident_build_us(tile_rows: int) -> float:
     """Microseconds of the ``resident`` candidate's rounds: what ``auto``'s early exit adds
     to its test where replicas are resident (it builds and scores that candidate too, in
     both roundings where ``tile_rows > 1``)."""

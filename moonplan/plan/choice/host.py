@@ -16,6 +16,7 @@ that reads nothing on the host, for other devices.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,18 +101,19 @@ def choose_host(
     resident = hs.resident
     static = hs.static()
     scores = torch.full((levels + 3,), float("inf"), dtype=torch.float64)
-    at_exit, index, exit_alloc = _no_fetch_time(cost, hs, static, cost.exit_s), 0, static
+    timed = functools.partial(_no_fetch_time, cost, hs.counts, hs.home)
+    at_exit, index, exit_alloc = timed(static, cost.exit_s), 0, static
     scores[0] = at_exit.total_s
     res = None
     if resident.any():  # the exit's other plan: balance inside the resident replicas
         res, at_res = resident_pick(cost, hs.counts, hs.prev_RB, hs.home)
         if at_res is None:  # records alone were built: time them here
-            at_res = _no_fetch_time(cost, hs, res, cost.exit_s)
+            at_res = timed(res, cost.exit_s)
         scores[2] = at_res.total_s
         if at_res.total_s < at_exit.total_s:
             at_exit, index, exit_alloc = at_res, 2, res
     t_exit = at_exit.total_s
-    full = None if resident.any() else _no_fetch_time(cost, hs, static, cost.plan_s).total_s
+    full = None if resident.any() else timed(static, cost.plan_s).total_s
     totals = totals_host(cost, hs.total)
     links = links_host(hs.counts, resident, hs.home, cost.domain_size(R))
     bounds = exit_bound(cost, R, totals, links, full)
@@ -128,17 +130,12 @@ def choose_host(
     return layout(hs, alloc_CER[best], built[best][1]), (best, scores, False, credit)
 
 
-def _no_fetch_time(cost: StepCost, hs: HostStep, alloc: np.ndarray, plan_s: float) -> StepTime:
+def _no_fetch_time(
+    cost: StepCost, counts_RE: np.ndarray, home_E: np.ndarray, alloc: np.ndarray, plan_s: float
+) -> StepTime:
     """The predicted phases of an allocation that fetches nothing (static EP, the
     ``resident`` candidate) charged ``plan_s`` (``StepCost.step_time``'s numpy form: the
     same floats as :func:`_scores`, fewer calls for one allocation)."""
-    return _fetching_none(cost, hs.counts, hs.home, alloc, plan_s)
-
-
-def _fetching_none(
-    cost: StepCost, counts_RE: np.ndarray, home_E: np.ndarray, alloc: np.ndarray, plan_s: float
-) -> StepTime:
-    """:func:`_no_fetch_time` of host arrays."""
     none = np.zeros(alloc.shape, dtype=bool)
     return cost.scaled(plan_s=plan_s).step_time(alloc, counts_RE, none, home_E, planned=1)
 
@@ -158,9 +155,9 @@ def resident_pick(
     by_records = resident_host(counts_RE, prev, home_E)
     if cost is None or cost.tile_rows == 1 or prev is None or not (prev >= 0).any():
         return by_records, None
-    at_records = _fetching_none(cost, counts_RE, home_E, by_records, cost.exit_s)
+    at_records = _no_fetch_time(cost, counts_RE, home_E, by_records, cost.exit_s)
     by_tiles = resident_host(counts_RE, prev, home_E, cost.tile_rows)
-    at_tiles = _fetching_none(cost, counts_RE, home_E, by_tiles, cost.exit_s)
+    at_tiles = _no_fetch_time(cost, counts_RE, home_E, by_tiles, cost.exit_s)
     if at_tiles.total_s < at_records.total_s:
         return by_tiles, at_tiles
     return by_records, at_records
