@@ -38,11 +38,12 @@ from _common import bench_parser, markdown_table, write_report
 
 from moonplan.baselines.prehistory import step_ranges
 from moonplan.baselines.registry import make_policy
+from moonplan.plan.home import home_list
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import get_model
 from moonplan.simulate.sweep import policy_options
 from moonplan.simulate.workload import drifting_counts, prehistory
-from moonplan.stepcost import StepCost, dispatch_traffic
+from moonplan.stepcost import StepCost, Traffic, dispatch_traffic
 from moonplan.stepcost.hardware import get_hardware
 from moonplan.traces.persistence import PERSISTENT_SHARE
 
@@ -74,45 +75,43 @@ def _take(left_G: np.ndarray, m: int) -> np.ndarray:
     return np.diff(np.minimum(np.cumsum(left_G), m), prepend=0)
 
 
-def domain_first(sent_RE: np.ndarray, alloc_ER: np.ndarray, G: int) -> np.ndarray:
-    """int64 ``[2, 2, R]``: rows (send, receive) x (inside a host, across hosts) per rank
-    under the ``domain-first`` routing (module docstring); rows kept on their rank are
-    not counted."""
+def domain_first(sent_RE: np.ndarray, alloc_ER: np.ndarray, G: int) -> Traffic:
+    """The rows per rank, by link, under the ``domain-first`` routing (module docstring):
+    ``dispatch_traffic``'s :class:`Traffic` for this rule."""
     R, E = sent_RE.shape
-    out = np.zeros((2, 2, R), dtype=np.int64)
+    local_R, send_2R, recv_2R = (np.zeros(shape, dtype=np.int64) for shape in (R, (2, R), (2, R)))
+
+    def route(pairs: list[tuple[int, int, int]], offset: int, link: int) -> None:
+        for i, j, n in pairs:  # link 0: inside a host, 1: across hosts
+            i, j = i + offset, j + offset
+            if i == j:
+                local_R[i] += n
+            else:
+                send_2R[link, i] += n
+                recv_2R[link, j] += n
+
     for e in range(E):
         src, dst = sent_RE[:, e].copy(), alloc_ER[e].copy()
         for d0 in range(0, R, G):
             h = slice(d0, d0 + G)
             m = min(int(src[h].sum()), int(dst[h].sum()))
             s_G, d_G = _take(src[h], m), _take(dst[h], m)
-            for i, j, n in interval_pairs(s_G.tolist(), d_G.tolist()):
-                if i != j:
-                    out[0, 0, d0 + i] += n
-                    out[1, 0, d0 + j] += n
+            route(interval_pairs(s_G.tolist(), d_G.tolist()), d0, 0)
             src[h], dst[h] = src[h] - s_G, dst[h] - d_G
-        for i, j, n in interval_pairs(src.tolist(), dst.tolist()):  # all across hosts
-            out[0, 1, i] += n
-            out[1, 1, j] += n
-    return out
-
-
-def dispatch_s(cost: StepCost, R: int, send_recv: np.ndarray) -> float:
-    """Dispatch seconds of rows ``[2 (send, recv), 2 (intra, inter), R]``."""
-    busy = np.maximum(send_recv[0], send_recv[1]).astype(np.float64)
-    return cost._dispatch_combine(R, (busy[0], busy[1]))[0]
+        route(interval_pairs(src.tolist(), dst.tolist()), 0, 1)  # the rest: across hosts
+    return Traffic(local_R, send_2R[0], send_2R[1], recv_2R[0], recv_2R[1])
 
 
 def step_row(cost: StepCost, sent_RE: np.ndarray, alloc_ER: np.ndarray, G: int) -> list[float]:
-    """``[inter rows, busiest inter, dispatch us]`` for interval, then for domain-first."""
-    R = sent_RE.shape[0]
-    t = dispatch_traffic(sent_RE, alloc_ER, G)
-    now = np.array([[t.send_intra_R, t.send_inter_R], [t.recv_intra_R, t.recv_inter_R]])
-    alt = domain_first(sent_RE, alloc_ER, G)
+    """``[inter rows, busiest inter, dispatch us]`` for interval, then for domain-first; the
+    dispatch by the step-cost formula (``StepCost.step_time`` given each routing's rows)."""
+    E, R = alloc_ER.shape
+    home_E, none_ER = np.asarray(home_list(E, R)), np.zeros((E, R), dtype=bool)
     out = []
-    for rows in (now, alt):
-        busiest = int(np.maximum(rows[0, 1], rows[1, 1]).max())
-        out += [float(rows[0, 1].sum()), float(busiest), dispatch_s(cost, R, rows) * 1e6]
+    for t in (dispatch_traffic(sent_RE, alloc_ER, G), domain_first(sent_RE, alloc_ER, G)):
+        busiest = int(np.maximum(t.send_inter_R, t.recv_inter_R).max())
+        at = cost.step_time(alloc_ER, sent_RE, none_ER, home_E, planned=0, traffic=t)
+        out += [float(t.send_inter_R.sum()), float(busiest), at.dispatch_s * 1e6]
     return out
 
 
