@@ -18,16 +18,31 @@ allocation ``x[e, r]``:
   host, as many records as both sides have), and only the rest crosses hosts (the
   interval rule over the leftovers, in rank order).
 
+Three more measure what a change could buy (experiments too, none in the code):
+
+* ``aligned cuts``: the allocation changed, the routing not. Where an expert's holders sit
+  on different hosts, each cut between two of them is moved (as little as it can) into the
+  range where both keep every record of their own host's sources (the interval rule gives
+  a holder a slice of the source order, and a host's sources are one interval of it);
+* ``proportional``: host-first, each host's kept records taken from every one of its
+  sources and executors in proportion (rank-order ``domain-first`` takes the first ranks'
+  first), the rest across hosts also in proportion: a closed form, rounded up per rank;
+* ``least (LP)``: the least busiest slow-link rows of any routing and allocation with the
+  same holders (the experts each rank runs in the plan) and no rank above the plan's
+  largest rows: a linear program (HiGHS through ``scipy``, an optional dependency of this
+  script alone; the column reads ``-`` without it). A lower bound, not a rule.
+
 Columns: rows crossing hosts in all (summed over ranks), the busiest rank's slow-link rows
 (the most sent or received by one rank) and the dispatch time the step-cost formula gives
 each (``StepCost``'s all-to-all: latency plus the busiest link). Means over the steps.
 
-    OMP_NUM_THREADS=1 python bench/bench_cross_host.py           # 3 points (about 2 min)
+    OMP_NUM_THREADS=1 python bench/bench_cross_host.py           # 3 points (about 3 min)
     python bench/bench_cross_host.py --steps 4 --out /tmp/x.json  # shorter
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from pathlib import Path
@@ -102,17 +117,108 @@ def domain_first(sent_RE: np.ndarray, alloc_ER: np.ndarray, G: int) -> Traffic:
     return Traffic(local_R, send_2R[0], send_2R[1], recv_2R[0], recv_2R[1])
 
 
+def aligned_cuts(sent_RE: np.ndarray, alloc_ER: np.ndarray, G: int) -> np.ndarray:
+    """``alloc_ER`` with each cut between two holders on different hosts moved, as little as
+    it can, into the range where both keep their own host's sources' records under the
+    interval rule (module docstring); the cuts stay in order and each expert's total."""
+    E = sent_RE.shape[1]
+    out = alloc_ER.copy()
+    for e in range(E):
+        hs = np.nonzero(alloc_ER[e])[0]  # the holders with rows, by rank
+        if len(set((hs // G).tolist())) < 2:
+            continue
+        before = np.concatenate([[0], np.cumsum(sent_RE[:, e])])  # records of sources < s
+        cut = np.cumsum(alloc_ER[e, hs])
+        for i in range(len(hs) - 1):
+            lo, hi = before[(hs[i] // G + 1) * G], before[hs[i + 1] // G * G]
+            if hs[i] // G != hs[i + 1] // G and lo <= hi:
+                cut[i] = min(max(cut[i], lo), hi)
+        out[e, hs] = np.diff(np.maximum.accumulate(cut), prepend=0)
+    return out
+
+
+def proportional(sent_RE: np.ndarray, alloc_ER: np.ndarray, G: int) -> Traffic:
+    """Rows per rank by link when each host keeps ``m = min(sources, executors)`` of each
+    expert's records, taken from all its sources and executors in proportion, and the rest
+    crosses hosts in proportion too (module docstring); each rank's rows rounded up."""
+    R, E = sent_RE.shape
+    src_EH = sent_RE.T.reshape(E, R // G, G).sum(2).astype(np.float64)
+    dst_EH = alloc_ER.reshape(E, R // G, G).sum(2).astype(np.float64)
+    kept_EH = np.minimum(src_EH, dst_EH)
+    src_keep = np.divide(kept_EH, src_EH, out=np.ones_like(kept_EH), where=src_EH > 0)
+    dst_keep = np.divide(kept_EH, dst_EH, out=np.ones_like(kept_EH), where=dst_EH > 0)
+    host_R = np.arange(R) // G
+    # a kept record of source s lands on s itself in the share s runs of its host's rows
+    run_share_RE = np.divide(alloc_ER.T, dst_EH[:, host_R].T, out=np.zeros((R, E)),
+                             where=dst_EH[:, host_R].T > 0)  # fmt: skip
+    kept_RE = sent_RE * src_keep[:, host_R].T
+    local_R = (kept_RE * run_share_RE).sum(1)
+    kept_in_R = (alloc_ER.T * dst_keep[:, host_R].T).sum(1)
+
+    def up(x: np.ndarray) -> np.ndarray:
+        return np.ceil(x - 1e-9).astype(np.int64)
+
+    return Traffic(up(local_R), up(kept_RE.sum(1) - local_R), up(sent_RE.sum(1) - kept_RE.sum(1)),
+                   up(kept_in_R - local_R), up(alloc_ER.sum(0) - kept_in_R))  # fmt: skip
+
+
+def least_busiest(sent_RE: np.ndarray, alloc_ER: np.ndarray, G: int) -> float | None:
+    """The least busiest slow-link rows (sent or received by one rank) of any routing and
+    allocation with ``alloc_ER``'s holders and no rank above its largest rows: a linear
+    program (module docstring); ``None`` without ``scipy``."""
+    try:
+        from scipy.optimize import linprog
+        from scipy.sparse import coo_matrix
+    except ImportError:
+        return None
+    R = sent_RE.shape[0]
+    e_V, s_V, r_V = (a.ravel() for a in np.nonzero((sent_RE.T[:, :, None] > 0)
+                                                   & (alloc_ER[:, None, :] > 0)))  # fmt: skip
+    V, across_V = len(e_V), (s_V // G) != (r_V // G)
+    # rows 0..R-1: rows run by r; R..2R-1: received across by r; 2R..3R-1: sent across by s
+    row = np.concatenate([r_V, R + r_V[across_V], 2 * R + s_V[across_V], np.arange(R, 3 * R)])
+    col = np.concatenate([np.arange(V), np.flatnonzero(across_V), np.flatnonzero(across_V),
+                          np.full(2 * R, V)])  # fmt: skip
+    val = np.concatenate([np.ones(V + 2 * across_V.sum()), -np.ones(2 * R)])
+    ub = np.concatenate([np.full(R, alloc_ER.sum(0).max()), np.zeros(2 * R)])
+    pair_V = e_V * R + s_V  # one equality per (expert, source): all its records routed
+    keys, eq_V = np.unique(pair_V, return_inverse=True)
+    a_eq = coo_matrix((np.ones(V), (eq_V, np.arange(V))), shape=(len(keys), V + 1))
+    b_eq = sent_RE.T.ravel()[keys].astype(np.float64)
+    a_ub = coo_matrix((val, (row, col)), shape=(3 * R, V + 1))
+    c = np.zeros(V + 1)
+    c[V] = 1.0  # minimise the busiest slow-link rows
+    got = linprog(c, A_ub=a_ub, b_ub=ub, A_eq=a_eq, b_eq=b_eq, bounds=(0, None), method="highs")
+    if not got.success:
+        raise RuntimeError(f"the LP failed: {got.message}")
+    return float(got.fun)
+
+
+VARIANTS = ("interval", "domain_first", "aligned_cuts", "proportional", "least_lp")
+"""The rows of each point: the plan as it is, then the experiments (module docstring)."""
+
+
 def step_row(cost: StepCost, sent_RE: np.ndarray, alloc_ER: np.ndarray, G: int) -> list[float]:
-    """``[inter rows, busiest inter, dispatch us]`` for interval, then for domain-first; the
-    dispatch by the step-cost formula (``StepCost.step_time`` given each routing's rows)."""
+    """``[inter rows, busiest inter, dispatch us]`` for each of :data:`VARIANTS`, the dispatch
+    by the step-cost formula (``StepCost.step_time`` given each one's rows). The LP gives only
+    its busiest rows (NaN without ``scipy``): its total is NaN and its dispatch the least any
+    rank's slow-link rows allow, latency plus the busiest rows at the slow link's rate."""
     E, R = alloc_ER.shape
     home_E, none_ER = np.asarray(home_list(E, R)), np.zeros((E, R), dtype=bool)
+    aligned = aligned_cuts(sent_RE, alloc_ER, G)
     out = []
-    for t in (dispatch_traffic(sent_RE, alloc_ER, G), domain_first(sent_RE, alloc_ER, G)):
+    for alloc, t in ((alloc_ER, dispatch_traffic(sent_RE, alloc_ER, G)),
+                     (alloc_ER, domain_first(sent_RE, alloc_ER, G)),
+                     (aligned, dispatch_traffic(sent_RE, aligned, G)),
+                     (alloc_ER, proportional(sent_RE, alloc_ER, G))):  # fmt: skip
         busiest = int(np.maximum(t.send_inter_R, t.recv_inter_R).max())
-        at = cost.step_time(alloc_ER, sent_RE, none_ER, home_E, planned=0, traffic=t)
+        at = cost.step_time(alloc, sent_RE, none_ER, home_E, planned=0, traffic=t)
         out += [float(t.send_inter_R.sum()), float(busiest), at.dispatch_s * 1e6]
-    return out
+    least = least_busiest(sent_RE, alloc_ER, G)
+    lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
+    if least is None:
+        return out + [float("nan")] * 3
+    return [*out, float("nan"), least, (lat + least * cost.dispatch_row_s_inter) * 1e6]
 
 
 def run_point(point: tuple[str, str, int, float, int], steps: int) -> dict[str, Any]:
@@ -132,26 +238,33 @@ def run_point(point: tuple[str, str, int, float, int], steps: int) -> dict[str, 
         got = auto.step(counts[t])
         if t >= WARMUP and got.choice == "resident":
             rows.append(step_row(cost, got.sent_RE.numpy(), got.alloc_ER.numpy(), G))
-    mean = [statistics.fmean(c) for c in zip(*rows, strict=True)] if rows else [float("nan")] * 6
+    n = 3 * len(VARIANTS)
+    mean = [statistics.fmean(c) for c in zip(*rows, strict=True)] if rows else [math.nan] * n
     keys = ("inter_rows", "busiest_inter", "dispatch_us")
-    return {"model": name, "hardware": hw_name, "ranks": R, "sigma": sigma, "tokens": S,
-            "resident_steps": len(rows), "interval": dict(zip(keys, mean[:3], strict=True)),
-            "domain_first": dict(zip(keys, mean[3:], strict=True))}  # fmt: skip
+    out: dict[str, Any] = {"model": name, "hardware": hw_name, "ranks": R, "sigma": sigma,
+                           "tokens": S, "resident_steps": len(rows)}  # fmt: skip
+    for i, v in enumerate(VARIANTS):
+        out[v] = dict(zip(keys, mean[3 * i : 3 * i + 3], strict=True))
+    return out
 
 
 def report(results: list[dict[str, Any]]) -> list[str]:
-    """The markdown table of :func:`run_point`'s results."""
-    head = ["model", "EP", "sigma", "S", "steps", "x-host rows", "busiest x-host rank",
-            "dispatch us"]  # fmt: skip
+    """The markdown table of :func:`run_point`'s results: a row per point and variant."""
+    head = ["model", "EP", "sigma", "S", "steps", "variant", "x-host rows",
+            "busiest x-host rank", "dispatch us"]  # fmt: skip
     lines = []
     for r in results:
-        a, b = r["interval"], r["domain_first"]
-        lines.append([r["model"], str(r["ranks"]), f"{r['sigma']:g}", str(r["tokens"]),
-                      str(r["resident_steps"]),
-                      f"{a['inter_rows']:.0f} -> {b['inter_rows']:.0f}",
-                      f"{a['busiest_inter']:.0f} -> {b['busiest_inter']:.0f}",
-                      f"{a['dispatch_us']:.1f} -> {b['dispatch_us']:.1f}"])  # fmt: skip
-    return [markdown_table(head, lines), "", "(interval -> domain-first; means over the steps)"]
+        for v in VARIANTS:
+            a = r[v]
+            lines.append([r["model"], str(r["ranks"]), f"{r['sigma']:g}", str(r["tokens"]),
+                          str(r["resident_steps"]), v.replace("_", " "),
+                          _fmt(a["inter_rows"], 0), _fmt(a["busiest_inter"], 0),
+                          _fmt(a["dispatch_us"], 1)])  # fmt: skip
+    return [markdown_table(head, lines), "", "(means over the steps; `-`: not measured)"]
+
+
+def _fmt(x: float, digits: int) -> str:
+    return "-" if math.isnan(x) else f"{x:.{digits}f}"
 
 
 def main() -> None:
