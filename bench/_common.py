@@ -14,6 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+RESULTS = Path(__file__).resolve().parent / "results"
+"""Where every benchmark writes by default (``bench/results``, ignored by git), wherever it
+is run from."""
+
+
+def result_path(name: str) -> str:
+    """The default output path of a benchmark's JSON report: ``name`` under :data:`RESULTS`."""
+    return str(RESULTS / name)
+
 
 def bench_parser(doc: str | None) -> argparse.ArgumentParser:
     """An argument parser whose ``--help`` shows the script's docstring ``doc`` as written."""

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from _common import TextTable, time_interleaved, timing_parser, write_json
+from _common import TextTable, result_path, time_interleaved, timing_parser, write_json
 
 from moonplan.adapters.manifest import file_crc32
 from moonplan.testing.dist import run_ranks
@@ -111,7 +111,7 @@ def _crc_gbps() -> float:
 
 
 def main() -> None:
-    ap = timing_parser(__doc__, reps=5, out="bench/results/checkpoint.json")
+    ap = timing_parser(__doc__, reps=5, out=result_path("checkpoint.json"))
     ap.add_argument("--mib", type=int, default=512, help="MiB of expert weights in all")
     args = ap.parse_args()
     mib = 32 if args.quick else args.mib

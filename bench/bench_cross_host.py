@@ -45,11 +45,10 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import bench_parser, markdown_table, write_report
+from _common import bench_parser, markdown_table, result_path, write_report
 
 from moonplan.baselines.prehistory import step_ranges
 from moonplan.baselines.registry import make_policy
@@ -67,7 +66,6 @@ POINTS = (  # (model, hardware, EP, sigma, tokens per rank): the sweep's worst a
     ("deepseek-v3", "h200-multinode", 64, 1.0, 64),
     ("kimi-k3-like", "h200-multinode", 64, 2.0, 64),
 )
-RESULTS = Path(__file__).resolve().parent / "results"
 WARMUP, RHO, SEED, SLOTS = 8, 0.99, 0, 2  # the sweep's (``AcceptanceGrid``'s defaults)
 
 
@@ -270,7 +268,7 @@ def _fmt(x: float, digits: int) -> str:
 def main() -> None:
     p = bench_parser(__doc__)
     p.add_argument("--steps", type=int, default=32, help="measured steps per point (32)")
-    p.add_argument("--out", default=str(RESULTS / "cross_host.json"), help="JSON path")
+    p.add_argument("--out", default=result_path("cross_host.json"), help="JSON path")
     args = p.parse_args()
     start = time.perf_counter()
     results = [run_point(point, args.steps) for point in POINTS]

@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from _common import bench_parser, write_json
+from _common import bench_parser, result_path, write_json
 
 from moonplan.baselines import make_policy
 from moonplan.simulate.dispatch_rows import AFFINITY_POLICIES, step_dest, step_traffic
@@ -167,7 +167,7 @@ def summary(points: list[dict[str, Any]], focus: str = "moonplan-resident") -> s
 def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="EP 8 only, 512 tokens per rank")
-    parser.add_argument("--out", default="bench/results/dispatch_schemes.json")
+    parser.add_argument("--out", default=result_path("dispatch_schemes.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     ranks, tokens = ((8,), 512) if args.quick else ((8, 64), 4096)

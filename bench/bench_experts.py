@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _common import TextTable, median_ms, time_interleaved, timing_parser, write_json
+from _common import TextTable, median_ms, result_path, time_interleaved, timing_parser, write_json
 
 from moonplan.runtime.experts import grouped_swiglu, swiglu_reference
 
@@ -100,7 +100,7 @@ TABLE = TextTable(
 
 
 def main() -> None:
-    ap = timing_parser(__doc__, reps=5, out="bench/results/bench_experts.json")
+    ap = timing_parser(__doc__, reps=5, out=result_path("bench_experts.json"))
     ap.add_argument("--backward", action="store_true", help="time forward + backward")
     args = ap.parse_args()
     machine = {

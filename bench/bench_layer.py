@@ -67,7 +67,7 @@ from collections import Counter
 from typing import Any
 
 import torch
-from _common import bench_parser, write_json
+from _common import bench_parser, result_path, write_json
 
 from moonplan.runtime.routers import softmax_topk
 from moonplan.runtime.transports.registry import builtin_name
@@ -330,7 +330,7 @@ def main() -> None:
     if args.out is None:
         plain = args.transport == "auto" and not args.serial
         tail = "" if plain else f"_{args.transport}" + ("_serial" if args.serial else "")
-        args.out = f"bench/results/bench_layer{tail}.json"
+        args.out = result_path(f"bench_layer{tail}.json")
     if args.rows:
         rows_main(args)
         return
@@ -421,7 +421,7 @@ def cuda_main(args: Any) -> None:
     print("\n".join(_layer_cuda.table(rows)))
     accept = _layer_cuda.acceptance(rows)
     print(f"auto vs static, R={accept.get('R')}: {accept}")
-    out = args.out or "bench/results/bench_layer_cuda.json"
+    out = args.out or result_path("bench_layer_cuda.json")
     write_json(out, {"torch": torch.__version__, "config": cfg, "rows": rows, "acceptance": accept})
 
 

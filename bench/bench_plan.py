@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 import torch
-from _common import TextTable, median_ms, time_interleaved, timing_parser, write_json
+from _common import TextTable, median_ms, result_path, time_interleaved, timing_parser, write_json
 
 import moonplan
 from moonplan.baselines import copies_lower_bound, moonep_greedy_alloc, replica_count
@@ -239,7 +239,7 @@ def format_row(r: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    ap = timing_parser(__doc__, reps=101, out="bench/results/bench_plan.json")
+    ap = timing_parser(__doc__, reps=101, out=result_path("bench_plan.json"))
     ap.add_argument("--steps", type=int, default=12, help="drifting-trace steps (default 12)")
     ap.add_argument("--auto-only", action="store_true", help="only the auto-vs-exact table")
     ap.add_argument(

@@ -35,7 +35,7 @@ import zlib
 from typing import Any
 
 import torch
-from _common import TextTable, bench_parser, write_json
+from _common import TextTable, bench_parser, result_path, write_json
 
 import moonplan
 from moonplan.traces import popularity, sample_topk
@@ -133,7 +133,7 @@ def main() -> None:
     ap = bench_parser(__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=41)
-    ap.add_argument("--out", default="bench/results/route.json")
+    ap.add_argument("--out", default=result_path("route.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     rows = []

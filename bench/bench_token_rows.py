@@ -35,7 +35,7 @@ import zlib
 from typing import Any
 
 import torch
-from _common import bench_parser, write_json
+from _common import bench_parser, result_path, write_json
 from bench_route import draw_ids, paired_ms
 
 import moonplan
@@ -144,7 +144,7 @@ def main() -> None:
     ap = bench_parser(__doc__)
     ap.add_argument("--quick", action="store_true", help="one small configuration (CI smoke)")
     ap.add_argument("--reps", type=int, default=5, help="timed steps per version (default 5)")
-    ap.add_argument("--out", default="bench/results/token_rows.json", help="JSON output path")
+    ap.add_argument("--out", default=result_path("token_rows.json"), help="JSON output path")
     args = ap.parse_args()
     torch.set_num_threads(1)
     print("".join(f"{head:{fmt.split('.')[0]}}" for head, _, fmt in COLUMNS))

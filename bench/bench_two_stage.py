@@ -36,7 +36,7 @@ import zlib
 from typing import Any
 
 import torch
-from _common import timing_parser, write_json
+from _common import result_path, timing_parser, write_json
 from bench_route import draw_ids
 
 from moonplan.testing.dist import run_ranks
@@ -151,7 +151,7 @@ def _table_keys(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = timing_parser(__doc__, reps=3, out="bench/results/two_stage.json")
+    ap = timing_parser(__doc__, reps=3, out=result_path("two_stage.json"))
     ap.add_argument("--tokens", type=int, default=512, help="tokens per rank (default 512)")
     ap.add_argument("--hidden", type=int, default=1024, help="hidden size (default 1024)")
     args = ap.parse_args()

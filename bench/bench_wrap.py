@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from _common import bench_parser, write_json
+from _common import bench_parser, result_path, write_json
 from torch import nn
 
 from moonplan.testing.dist import run_ranks
@@ -115,7 +115,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--sigma", type=float, default=1.5, help="lognormal skew (default 1.5)")
-    ap.add_argument("--out", default="bench/results/bench_wrap.json")
+    ap.add_argument("--out", default=result_path("bench_wrap.json"))
     args = ap.parse_args()
     cfg = {"E": 8, "K": 2, "H": 256, "F": 512, "S": 1024, "reps": args.reps, "sigma": args.sigma}
     if args.quick:

@@ -93,3 +93,21 @@ def test_gated_sections_run_in_order_or_say_why_they_were_skipped() -> None:
     assert ran == ["a", "b"] and "kernel" not in results
     assert results["a"]["ok"] and results["a"]["x"] == 1
     assert not results["b"]["ok"] and results["b"]["error"] == "RuntimeError: boom"
+
+
+def test_result_paths_do_not_depend_on_where_a_benchmark_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Run from inside ``bench/`` or anywhere, a report goes to the repository's
+    ``bench/results`` (a relative default once wrote ``bench/bench/results``)."""
+    monkeypatch.chdir(tmp_path)
+    path = Path(_common.result_path("x.json"))
+    assert path == Path(__file__).resolve().parents[1] / "bench" / "results" / "x.json"
+
+
+def test_every_benchmark_default_output_is_a_result_path() -> None:
+    """No benchmark names its default output relative to the working directory."""
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    for script in sorted(bench.glob("*.py")):
+        text = script.read_text()
+        assert '"bench/results/' not in text.replace('ROOT / "bench/results/', ""), script.name
