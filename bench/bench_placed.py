@@ -22,6 +22,12 @@ plan. This script measures that lever for moonplan, as an experiment (not in the
   deployed EPLB keeps a placement on the same trace (``recorded_options``' period). The
   refill would copy beside the steps instead, so this charge is the larger of the two.
 
+``skip build`` counts the measured steps where ``placed`` is within one ``resident`` build
+(``planner_time.resident_build_us``) of the least time of any plan that copies nothing over
+the same holders (:func:`nocopy_bound`). There an early exit could serve ``placed`` without
+building the ``resident`` candidate, which is what keeps auto from holding replicas at
+decode sizes today.
+
 The other columns come from the simulator in the same run (``run_recorded``: the
 deployed EPLB with its moves charged, ``moonplan-auto`` as the sweep runs it). Training
 traces are left out: a training step changes every weight, so no slot stays resident.
@@ -34,13 +40,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from _common import bench_parser, markdown_table, write_report
+from _common import bench_parser, markdown_table, result_path, write_report
 
+from moonplan.baselines.planner_time import resident_build_us
+from moonplan.plan.choice.bound import experts_lb_s, link_time, links_host, totals_host
 from moonplan.plan.home import home_list
 from moonplan.plan.residency.target import mean_step
 from moonplan.plan.residency.window import WINDOW
@@ -56,7 +63,6 @@ MODEL = "olmoe-1b-7b"
 TRACES = tuple(f"{kind}-l{i}" for kind in ("decode", "prefill") for i in range(4))
 HARDWARE = ("h200-node", "h20-node")
 PEERS = ("static-linear", "static-round-robin", "eplb", "moonplan-auto")
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def static_over(cost: StepCost, counts_RE: np.ndarray, server_E: np.ndarray) -> float:
@@ -90,6 +96,25 @@ def place(cost: StepCost, mean_RE: np.ndarray, slots: int) -> np.ndarray:
         free_R[g] -= 1
 
 
+def nocopy_bound(cost: StepCost, counts_RE: np.ndarray, server_E: np.ndarray) -> float:
+    """Seconds no plan that copies nothing can beat, its planning not charged: every rank
+    sends at least its records of the experts it does not hold (home or ``server``), some
+    of them over the slow link (``bound.links_host``'s ``sends[s][0]`` and ``far``), and
+    the experts phase is at least ``bound.experts_lb_s``."""
+    R, E = counts_RE.shape
+    home_E = np.asarray(home_list(E, R), dtype=np.int64)
+    moved_E = server_E != home_E
+    resident_ER = np.zeros((E, R), dtype=bool)
+    resident_ER[np.flatnonzero(moved_E), server_E[moved_E]] = True
+    totals = totals_host(cost, counts_RE.sum(0))
+    sends, far, _ = links_host(counts_RE, resident_ER, home_E, cost.domain_size(R))
+    rows = link_time(cost, R)
+    d = max(rows(row[0], far[s])[0] for s, row in enumerate(sends))
+    c = max(rows(row[0], far[s])[1] for s, row in enumerate(sends))
+    lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
+    return lat + d + experts_lb_s(cost, R, *totals) + lat + c
+
+
 def placed_point(name: str, hw_name: str) -> dict[str, Any]:
     """``placed`` and ``+ copies`` (µs, means over the measured steps) on one trace."""
     counts_TRE = real_trace(name).numpy()
@@ -100,11 +125,14 @@ def placed_point(name: str, hw_name: str) -> dict[str, Any]:
     server_E = place(cost, mean_step(window_E, WINDOW, R), default_slots(E, R))
     steps = [static_over(cost, counts_TRE[t], server_E) for t in range(first, T)]
     placed = (statistics.fmean(steps) + cost.exit_s) * 1e6
+    build = resident_build_us(cost.tile_rows) * 1e-6
+    skip = sum(s <= nocopy_bound(cost, counts_TRE[t], server_E) + build
+               for s, t in zip(steps, range(first, T), strict=True))  # fmt: skip
     moved = int((server_E != np.asarray(home_list(E, R))).sum())
     copies = cost.base_latency_s + moved * cost.copy_s_intra if moved else 0.0
     period = recorded_options(T, RECORDED_STEPS)["eplb_period"]
     return {"placed_us": placed, "with_copies_us": placed + copies / period * 1e6,
-            "moved": moved, "period": period}  # fmt: skip
+            "moved": moved, "period": period, "skip_build": skip}  # fmt: skip
 
 
 def run(traces: tuple[str, ...], hardware: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -125,10 +153,11 @@ def run(traces: tuple[str, ...], hardware: tuple[str, ...]) -> list[dict[str, An
 def report(results: list[dict[str, Any]]) -> list[str]:
     """The markdown table of :func:`run`'s rows."""
     head = ["trace", "hardware", "static", "round-robin", "EPLB", "auto", "placed",
-            "+ copies", "moved", "auto / best", "placed / best"]  # fmt: skip
+            "+ copies", "moved", "skip build", "auto / best", "placed / best"]  # fmt: skip
     lines = [[r["trace"], r["hardware"], *(f"{r['us'][p]:.1f}" for p in PEERS),
               f"{r['placed_us']:.1f}", f"{r['with_copies_us']:.1f}", str(r["moved"]),
-              f"{r['auto_vs_best']:.3f}", f"{r['placed_vs_best']:.3f}"]
+              f"{r['skip_build']}/{RECORDED_STEPS}", f"{r['auto_vs_best']:.3f}",
+              f"{r['placed_vs_best']:.3f}"]
              for r in results]  # fmt: skip
     return [markdown_table(head, lines), "", "(µs a step, means over the measured steps)"]
 
@@ -137,7 +166,7 @@ def main() -> None:
     p = bench_parser(__doc__)
     p.add_argument("--traces", nargs="+", default=list(TRACES), help="recorded traces")
     p.add_argument("--hardware", nargs="+", default=list(HARDWARE), help="hardware presets")
-    p.add_argument("--out", default=str(RESULTS / "placed.json"), help="JSON path")
+    p.add_argument("--out", default=result_path("placed.json"), help="JSON path")
     args = p.parse_args()
     start = time.perf_counter()
     results = run(tuple(args.traces), tuple(args.hardware))

@@ -135,7 +135,7 @@ def exit_bound(
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
     experts_lb = experts_lb_s(cost, R, *totals)
     reads = max(experts_lb, max(kept) * cost.weight_read_s) if cost.overlap else experts_lb
-    rows, copy, run = _link_time(cost, R), copy_min_s(cost, R), fetched_min_s(cost)
+    rows, copy, run = link_time(cost, R), copy_min_s(cost, R), fetched_min_s(cost)
 
     def copying(j: int, n: int, x: int) -> float:  # rank receiving j copies, sending n rows
         (d, c), wait = rows(n, x), cost.base_latency_s + max(j, 1) * copy
@@ -193,7 +193,7 @@ def fetched_min_s(cost: StepCost) -> float:
     return max(cost.tile_rows * cost.row_flop_s, cost.weight_read_s + cost.row_mem_s)
 
 
-def _link_time(cost: StepCost, R: int) -> Callable[[int, int], tuple[float, float]]:
+def link_time(cost: StepCost, R: int) -> Callable[[int, int], tuple[float, float]]:
     """``(n, x) -> (dispatch, combine)`` least link seconds of a rank sending ``n`` rows,
     ``x`` of them bound for the slow link (used only with several domains)."""
     h_d, h_c = link_rates(cost, R)
@@ -300,7 +300,7 @@ def _total_torch(
 def _link_time_torch(
     cost: StepCost, R: int, n: torch.Tensor, x: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_link_time` on float64 tensors (broadcast)."""
+    """:func:`link_time` on float64 tensors (broadcast)."""
     h_d, h_c = link_rates(cost, R)
     if R <= cost.domain_size(R):
         return n * h_d, n * h_c
