@@ -77,14 +77,14 @@ def static_over(cost: StepCost, counts_RE: np.ndarray, server_E: np.ndarray) -> 
 def place(cost: StepCost, mean_RE: np.ndarray, slots: int) -> np.ndarray:
     """int64 ``[E]`` ``server``: greedy whole-expert moves into free slots (module docstring)."""
     R, E = mean_RE.shape
-    server_E = np.asarray(home_list(E, R), dtype=np.int64)
-    free_R = np.full(R, slots)
+    home_E = np.asarray(home_list(E, R), dtype=np.int64)
+    server_E, free_R = home_E.copy(), np.full(R, slots)
     now = static_over(cost, mean_RE, server_E)
     while True:
         best = (now, -1, -1)
         for e in np.flatnonzero(mean_RE.sum(0)):
             for g in np.flatnonzero(free_R):
-                if g == server_E[e] or g == home_list(E, R)[e]:
+                if g in (server_E[e], home_E[e]):
                     continue
                 trial = server_E.copy()
                 trial[e] = g

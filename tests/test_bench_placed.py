@@ -72,6 +72,20 @@ def test_an_even_load_moves_nothing() -> None:
     assert (bench.place(cost, counts_RE, 2) == np.asarray(home_list(E, R))).all()
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_nocopy_bound_is_below_static_and_placed(seed: int) -> None:
+    """Static EP and ``placed`` copy nothing over the placement's holders: neither is
+    predicted faster than the bound."""
+    cost = _cost()
+    rng = np.random.default_rng(seed)
+    counts_RE = rng.integers(0, 300, size=(R, E)) * (rng.random((R, E)) < 0.7)
+    server_E = bench.place(cost, counts_RE, 2)
+    low = bench.nocopy_bound(cost, counts_RE, server_E)
+    home_E = np.asarray(home_list(E, R))
+    assert low <= bench.static_over(cost, counts_RE, server_E) * (1 + 1e-12)
+    assert low <= bench.static_over(cost, counts_RE, home_E) * (1 + 1e-12)
+
+
 @pytest.mark.slow
 def test_a_short_run_reports_the_peers_and_the_placement() -> None:
     (row,) = bench.run(("decode-l1",), ("h200-node",))
