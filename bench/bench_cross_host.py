@@ -18,7 +18,7 @@ allocation ``x[e, r]``:
   host, as many records as both sides have), and only the rest crosses hosts (the
   interval rule over the leftovers, in rank order).
 
-Three more measure what a change could buy (experiments too, none in the code):
+Four more measure what a change could buy (experiments too, none in the code):
 
 * ``aligned cuts``: the allocation changed, the routing not. Where an expert's holders sit
   on different hosts, each cut between two of them is moved (as little as it can) into the
@@ -27,6 +27,10 @@ Three more measure what a change could buy (experiments too, none in the code):
 * ``proportional``: host-first, each host's kept records taken from every one of its
   sources and executors in proportion (rank-order ``domain-first`` takes the first ranks'
   first), the rest across hosts also in proportion: a closed form, rounded up per rank;
+* ``proxy``: the plan's routing, but a record bound for another host goes over the slow
+  link to that host's rank with its source's local index, which forwards it over the fast
+  links (the two stages of ``transport="a2a-hosts"``, a row per record here: that
+  transport also sends a token once per host, so it sends at most these rows);
 * ``least (LP)``: the least busiest slow-link rows of any routing and allocation with the
   same holders (the experts each rank runs in the plan) and no rank above the plan's
   largest rows: a linear program (HiGHS through ``scipy``, an optional dependency of this
@@ -160,6 +164,23 @@ def proportional(sent_RE: np.ndarray, alloc_ER: np.ndarray, G: int) -> Traffic:
                    up(kept_in_R - local_R), up(alloc_ER.sum(0) - kept_in_R))  # fmt: skip
 
 
+def proxy(sent_RE: np.ndarray, alloc_ER: np.ndarray, G: int) -> Traffic:
+    """Rows per rank by link when the interval rule's records for another host go first to
+    that host's rank with the source's local index (module docstring, ``proxy``)."""
+    R, E = sent_RE.shape
+    local_R, send_2R, recv_2R = (np.zeros(shape, dtype=np.int64) for shape in (R, (2, R), (2, R)))
+    for e in range(E):
+        for s, r, n in interval_pairs(sent_RE[:, e].tolist(), alloc_ER[e].tolist()):
+            hop = r if s // G == r // G else r // G * G + s % G  # the proxy across hosts
+            for a, b, link in ((s, hop, int(hop // G != s // G)), (hop, r, 0)):
+                if a == b:
+                    continue
+                send_2R[link, a] += n
+                recv_2R[link, b] += n
+            local_R[r] += n if s == r else 0
+    return Traffic(local_R, send_2R[0], send_2R[1], recv_2R[0], recv_2R[1])
+
+
 def least_busiest(sent_RE: np.ndarray, alloc_ER: np.ndarray, G: int) -> float | None:
     """The least busiest slow-link rows (sent or received by one rank) of any routing and
     allocation with ``alloc_ER``'s holders and no rank above its largest rows: a linear
@@ -192,7 +213,7 @@ def least_busiest(sent_RE: np.ndarray, alloc_ER: np.ndarray, G: int) -> float | 
     return float(got.fun)
 
 
-VARIANTS = ("interval", "domain_first", "aligned_cuts", "proportional", "least_lp")
+VARIANTS = ("interval", "domain_first", "aligned_cuts", "proportional", "proxy", "least_lp")
 """The rows of each point: the plan as it is, then the experiments (module docstring)."""
 
 
@@ -208,7 +229,8 @@ def step_row(cost: StepCost, sent_RE: np.ndarray, alloc_ER: np.ndarray, G: int) 
     for alloc, t in ((alloc_ER, dispatch_traffic(sent_RE, alloc_ER, G)),
                      (alloc_ER, domain_first(sent_RE, alloc_ER, G)),
                      (aligned, dispatch_traffic(sent_RE, aligned, G)),
-                     (alloc_ER, proportional(sent_RE, alloc_ER, G))):  # fmt: skip
+                     (alloc_ER, proportional(sent_RE, alloc_ER, G)),
+                     (alloc_ER, proxy(sent_RE, alloc_ER, G))):  # fmt: skip
         busiest = int(np.maximum(t.send_inter_R, t.recv_inter_R).max())
         at = cost.step_time(alloc, sent_RE, none_ER, home_E, planned=0, traffic=t)
         out += [float(t.send_inter_R.sum()), float(busiest), at.dispatch_s * 1e6]

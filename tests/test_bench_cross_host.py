@@ -108,6 +108,33 @@ def test_proportional_takes_the_kept_rows_from_every_source() -> None:
     assert got.send_inter_R.tolist() == [2, 2, 0, 0] and got.recv_inter_R.tolist() == [0, 0, 4, 0]
 
 
+def test_proxy_spreads_a_hosts_arrivals_over_its_ranks() -> None:
+    """Two hosts of two ranks, sources 0 and 1 each send 4 records to rank 2: rank 0's go
+    straight (rank 2 is its proxy), rank 1's to rank 3, which forwards them over the fast
+    link; the interval rule has rank 2 receive all 8 over the slow link."""
+    sent_RE, alloc_ER = np.array([[4], [4], [0], [0]]), np.array([[0, 0, 8, 0]])
+    got = bench.proxy(sent_RE, alloc_ER, 2)
+    assert got.send_inter_R.tolist() == [4, 4, 0, 0] and got.recv_inter_R.tolist() == [0, 0, 4, 4]
+    assert got.send_intra_R.tolist() == [0, 0, 0, 4] and got.recv_intra_R.tolist() == [0, 0, 4, 0]
+    assert dispatch_traffic(sent_RE, alloc_ER, 2).recv_inter_R.tolist() == [0, 0, 8, 0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_proxy_moves_every_record_and_crosses_as_often_as_the_plan(seed: int) -> None:
+    """The same records cross hosts as under the plan's routing (only the receiving rank
+    changes); with one host it is the plan's routing."""
+    sent_RE, alloc_ER = _random_case(seed, 8, 6)
+    got, t = bench.proxy(sent_RE, alloc_ER, 4), dispatch_traffic(sent_RE, alloc_ER, 4)
+    assert (got.send_inter_R == t.send_inter_R).all()
+    assert got.recv_inter_R.sum() == t.recv_inter_R.sum()
+    hops_sent = got.send_intra_R.sum() + got.send_inter_R.sum()
+    assert hops_sent == got.recv_intra_R.sum() + got.recv_inter_R.sum()
+    assert got.local_R.sum() == t.local_R.sum()
+    one = bench.proxy(sent_RE, alloc_ER, 8)
+    t8 = dispatch_traffic(sent_RE, alloc_ER, 8)
+    assert (one.send_intra_R == t8.send_intra_R).all() and (one.local_R == t8.local_R).all()
+
+
 def test_aligned_cuts_keep_each_expert_and_move_a_cut_to_the_host_boundary() -> None:
     """One expert, two hosts of two ranks, 2 records on each source; holders rank 1 (5
     rows) and rank 2 (3): the cut at 5 is past host 0's sources (4), so it moves to 4 and
