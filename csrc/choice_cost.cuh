@@ -267,18 +267,24 @@ __device__ double mc_bound(int R, double copies, bool resident, double static_fu
 
 // ---- the rent-or-buy rule (moonplan/plan/choice/rent.py) ------------------------------------
 
-// rent.exit_rent: whether the early exit is taken (static EP within the bound, and the credit
-// plus static's experts phase over experts_lb short of a buy's least extra time); *credit
-// becomes the exit's credit, or the one the full call settles from.
+// rent.exit_rent: whether the early exit is taken (the credit plus the exit plan's experts
+// phase over experts_lb short of a buy's least extra time, and the plan within the bound or
+// the most a full call could have saved since the last one short of the call's price);
+// *credit becomes the exit's credit, or the one the full call settles from; *pending the
+// most a call could have saved since the last one (0 after a call).
 __device__ bool mc_exit_rent(double t_exit, double gap, double bound, double buy,
-                             double checking, double* credit) {
+                             double checking, double* credit, double* pending) {
     const bool within = t_exit <= bound;
     const double after = mc_add(*credit, gap > 0.0 ? gap : 0.0);
-    if (within && after < mc_sub(buy, t_exit)) {
+    const double over = mc_sub(t_exit, bound);
+    const double owed = mc_add(*pending, over > 0.0 ? over : 0.0);
+    if (after < mc_sub(buy, t_exit) && (within || owed < checking)) {
         *credit = after;
+        *pending = owed;
         return true;
     }
     *credit = mc_add(*credit, within ? checking : 0.0);
+    *pending = 0.0;
     return false;
 }
 

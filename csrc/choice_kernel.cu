@@ -19,7 +19,9 @@
 //   free_C  [C]         each candidate's free score: nothing fetched (rent.py; scratch, double)
 //   misc    [4]         N, the bits of the bound's two parts (the emulated test reads them),
 //                       previous's slots that hold an expert (> 0: kernel 1 built resident)
-//   credit  0-d double  the rent-or-buy credit: previous's in (credit_in), this step's out
+//   credit  0-d double  the rent-or-buy credit: previous's in (carry_in[0]), this step's out
+//   pending 0-d double  what a full call could have saved since the last: previous's in
+//                       (carry_in[1]), this step's out (rent.exit_rent)
 //
 // Three kernels, launched by moonplan/plan/choice_cuda.py on torch's stream, no host sync:
 //   moonplan_choice_first   ONE block: T, L, static EP's scores charged exit_s and plan_s;
@@ -566,7 +568,7 @@ struct McExitIn {  // what the exit test reads (block-uniform)
 };
 
 struct McFirstOut {  // the first kernel's outputs (global memory)
-    double *scores, *free_C, *credit;  // credit holds previous's on entry
+    double *scores, *free_C, *credit, *pending;  // credit, pending: previous's on entry
     unsigned char* exited;
     mp_i64 *index, *misc;
 };
@@ -624,7 +626,7 @@ __device__ void mc_first_exit(const McCost& k, const McExitIn& x, int R, mp_i64 
     const double bound = mc_bound(R, x.copies, x.has_res, full, &buy);
     const double gap = mc_sub((use ? x.res : x.stat).experts, x.experts_lb);  // the exit's rent
     const double checking = mc_max(mc_sub(k.plan, k.exit_s), 0.0);
-    const bool ex = mc_exit_rent(t_exit, gap, bound, buy, checking, o.credit);
+    const bool ex = mc_exit_rent(t_exit, gap, bound, buy, checking, o.credit, o.pending);
     o.scores[0] = ex ? t_stat : full;
     o.free_C[0] = full;  // static EP fetches nothing
     for (mp_i64 c = 1; c < C && ex; ++c) o.scores[c] = c == 2 ? t_res : MC_INF;
@@ -638,9 +640,9 @@ __device__ void mc_first_exit(const McCost& k, const McExitIn& x, int R, mp_i64 
 // layouts (choice_cuda.shared_bytes); each phase ends with __syncthreads before the next.
 extern "C" __global__ void __launch_bounds__(1024, 1)
     moonplan_choice_first(const mp_i64* counts, const mp_i64* prev, mp_i64 R_, mp_i64 E, mp_i64 B,
-                          mp_i64 has_prev, mp_i64 C, MC_COST_PARAMS, const double* credit_in,
+                          mp_i64 has_prev, mp_i64 C, MC_COST_PARAMS, const double* carry_in,
                           double* scores, double* free_C, unsigned char* exited, mp_i64* index,
-                          double* credit, mp_i64* total_E, mp_i64* load_R, mp_i64* send_R,
+                          double* credit, double* pending, mp_i64* total_E, mp_i64* load_R, mp_i64* send_R,
                           mp_i64* sdom_R, mp_i64* misc, int* warm_d, mp_i64* rest_RE,
                           mp_i64* top_RM, mp_i64* alloc_C, mp_i64* recv_C, mp_i64* res_a,
                           int* res_i) {
@@ -661,8 +663,9 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
         }
     }
     if (threadIdx.x == 0) {
-        credit[0] = credit_in[0];
-        mc_first_exit(k, x, R, C, {scores, free_C, credit, exited, index, misc});
+        credit[0] = carry_in[0];
+        pending[0] = carry_in[1];
+        mc_first_exit(k, x, R, C, {scores, free_C, credit, pending, exited, index, misc});
         misc[0] = st.N;
         misc[3] = x.nres;
     }

@@ -13,7 +13,7 @@ torch's current stream with no host synchronisation, and every shape depends onl
    scores charged ``exit_s`` and ``plan_s``; where ``previous`` has resident replicas, the
    ``resident`` candidate built and scored (the exit's other plan); the early-exit bound,
    the rent-or-buy exit test (``choice.rent.exit_rent``) on the faster of the two, the exit
-   flag, the exit's index and the credit;
+   flag, the exit's index, the credit and ``pending``;
 2. ``moonplan_choice_build`` (``C - 1`` blocks, one per candidate but static): each returns
    at once when the flag is set (and ``resident``'s when the first kernel built it), else
    builds its allocation and scores it, its copies charged and free;
@@ -161,8 +161,8 @@ def resident_holders(R: int, E: int, B: int) -> int:
 
 @functools.lru_cache(maxsize=64)
 def layout(R: int, E: int, B: int, C: int) -> Layout:
-    """The buffer of :func:`allocate`: the plan's fields, ``index``, ``scores`` and
-    ``credit`` (float64), ``exited`` (its first byte, bool), then the kernels' scratch."""
+    """The buffer of :func:`allocate`: the plan's fields, ``index``, ``scores``, ``credit``
+    and ``pending`` (float64), ``exited`` (its first byte, bool), then the kernels' scratch."""
     M = max_local(E, R)
     W = M + max(B, M)
     F = max(R - 1, 0)
@@ -171,6 +171,7 @@ def layout(R: int, E: int, B: int, C: int) -> Layout:
         "flow": (F, 3), "alloc": (E, R), "target": (R,), "home": (E,),
         "slot_expert": (R, B), "slot_new": (R, B), "row_expert": (R, W), "row_count": (R, W),
         "row_offset": (R, W + 1), "index": (), "scores": (C,), "exited": (), "credit": (),
+        "pending": (),
     }  # fmt: skip
     words64 = {"total_E": E, "load_R": R, "send_R": R, "sdom_R": R, "misc": 4,
                "alloc_C": C * E * R, "flow_C": C * 3 * F, "recv_C": C * R, "rep_c": C * R * M,
@@ -196,21 +197,21 @@ def allocate(
 ) -> tuple[torch.Tensor, PlanFields, tuple[torch.Tensor, ...]]:
     """``(buffer, fields, choice)``: one uninitialised int64 buffer and the views of the
     outputs: the plan's layout tensors (int64) and the choice's ``(index, scores, exited,
-    credit)``: ``index`` int64 0-d, ``scores`` float64 ``[C]``, ``exited`` bool 0-d (the
-    first byte of its word), ``credit`` float64 0-d. One ``as_strided`` per view: the
-    host cost of every call (about half that of a slice and a ``view``)."""
+    credit, pending)``: ``index`` int64 0-d, ``scores`` float64 ``[C]``, ``exited`` bool 0-d
+    (the first byte of its word), ``credit`` and ``pending`` float64 0-d. One ``as_strided``
+    per view: the host cost of every call (about half that of a slice and a ``view``)."""
     lay = layout(R, E, B, C)
     buf = torch.empty(lay.words, dtype=torch.int64, device=device)
 
     def view(name: str) -> torch.Tensor:
         at, shape, strides = lay.out[name]
-        if name in ("scores", "credit"):
+        if name in ("scores", "credit", "pending"):
             return buf.view(torch.float64).as_strided(shape, strides, at)
         if name == "exited":
             return buf.view(torch.bool).as_strided((), (), 8 * at)
         return buf.as_strided(shape, strides, at)
 
-    choice = tuple(view(k) for k in ("index", "scores", "exited", "credit"))
+    choice = tuple(view(k) for k in ("index", "scores", "exited", "credit", "pending"))
     return buf, PlanFields(*(view(k) for k in PlanFields._fields)), choice
 
 
@@ -235,11 +236,12 @@ def kernel_args(
     sizes: tuple[int, int, int],
     cost: StepCost,
     buf: torch.Tensor,
-    credit: torch.Tensor,
+    carry: torch.Tensor,
 ) -> tuple[list[Arg], list[Arg], list[Arg]]:
     """The argument lists of the three kernels, in order (``sizes = (B, align, levels)``;
     ``prev`` the previous plan's ``(slot_expert [R, B], flow [F, 3])`` or ``None``s;
-    ``credit`` its rent-or-buy credit, float64 0-d, read by the first kernel)."""
+    ``carry`` its ``(credit, pending)``, float64 ``[2]`` (:func:`carry_of`), read by the
+    first kernel)."""
     R, E = counts_RE.shape
     B, align, levels = sizes
     C = levels + 3
@@ -262,9 +264,10 @@ def kernel_args(
     has = val(prev_RB is not None)
     cost_ = cost_args(cost, R)
     stats = [at(k) for k in ("total_E", "load_R", "send_R", "sdom_R", "misc")]
-    cred = (credit.data_ptr(), ctypes.c_void_p)
-    first = [c, p, val(R), val(E), val(B), has, val(C), *cost_, cred]
-    first += [at("scores"), at("free_C"), at("exited"), at("index"), at("credit"), *stats]
+    carried = (carry.data_ptr(), ctypes.c_void_p)
+    first = [c, p, val(R), val(E), val(B), has, val(C), *cost_, carried]
+    first += [at("scores"), at("free_C"), at("exited"), at("index"), at("credit")]
+    first += [at("pending"), *stats]
     first += [at(k) for k in ("warm_d", "rest_RE", "top_RM", "alloc_C", "recv_C", "res_a")]
     first += [at("res_i")]
     build = [c, p, f, val(R), val(E), val(B), has, val(n_flows), val(levels), *cost_]
@@ -290,11 +293,11 @@ def choose_cuda(
     prev: tuple[torch.Tensor | None, torch.Tensor | None],
     cost: StepCost,
     levels: int,
-    credit: torch.Tensor | None = None,
+    carried: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[PlanFields, tuple[torch.Tensor, ...]]:
     """The ``auto`` plan's layout tensors and ``(index 0-d int64, scores [C] float64, exited 0-d
-    bool, credit 0-d float64)``, all on the counts' CUDA device, written asynchronously
-    on torch's stream.
+    bool, credit 0-d float64, pending 0-d float64)``, all on the counts' CUDA device, written
+    asynchronously on torch's stream.
 
     Args:
         counts_RE: validated integer counts ``[R, E]`` on a CUDA device (not read here).
@@ -303,8 +306,8 @@ def choose_cuda(
             device, or ``(None, None)``.
         cost: the step-cost model (``dispatch="record"``).
         levels: ``K`` (``moonplan.plan.choice.table.LEVELS``).
-        credit: the previous plan's rent-or-buy credit (``Choice.credit``, 0-d), or
-            ``None`` for 0.
+        carried: the previous plan's ``(Choice.credit, Choice.pending)`` (0-d each), or
+            ``None`` for 0 each.
 
     Raises:
         RuntimeError: the backend is unavailable (the message names the missing piece) or
@@ -330,8 +333,8 @@ def choose_cuda(
             f"device allows {kernels.smem_max} (use backend='torch')"
         )
     buf, fields, choice = allocate(R, E, num_slots, C, dev)
-    credit = _check_credit(credit, dev)
-    args = kernel_args(counts_RE, (prev_RB, prev_F3), (num_slots, align, levels), cost, buf, credit)
+    carry = carry_of(carried, dev)
+    args = kernel_args(counts_RE, (prev_RB, prev_F3), (num_slots, align, levels), cost, buf, carry)
     stream = torch.cuda.current_stream(dev).cuda_stream
     ctx = cb._current(kernels.context) if stream <= 2 else contextlib.nullcontext()
     threads = block_threads(R)
@@ -342,10 +345,15 @@ def choose_cuda(
     return fields, choice
 
 
-def _check_credit(credit: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-    """``credit`` as a float64 0-d tensor on ``device`` (0 for ``None``; no host read)."""
-    if credit is None:
-        return torch.zeros((), dtype=torch.float64, device=device)
-    if credit.numel() != 1:
-        raise ValueError(f"credit must hold one value, got shape {tuple(credit.shape)}")
-    return credit.reshape(()).to(device=device, dtype=torch.float64).contiguous()
+def carry_of(
+    carried: tuple[torch.Tensor, torch.Tensor] | None, device: torch.device
+) -> torch.Tensor:
+    """float64 ``[2]`` on ``device``: ``(credit, pending)`` for the first kernel (0 each for
+    ``None``; no host read)."""
+    if carried is None:
+        return torch.zeros(2, dtype=torch.float64, device=device)
+    for name, x in zip(("credit", "pending"), carried, strict=True):
+        if x.numel() != 1:
+            raise ValueError(f"{name} must hold one value, got shape {tuple(x.shape)}")
+    parts = [x.reshape(()).to(device=device, dtype=torch.float64) for x in carried]
+    return torch.stack(parts).contiguous()

@@ -83,6 +83,9 @@ class Choice:
         exited: bool 0-d, the early exit was taken (only static EP was scored).
         credit: float64 0-d, seconds of rent accrued since the last buy, read by the next
             step's choice (``moonplan.plan.choice.rent``).
+        pending: float64 0-d, the most seconds the steps since the last full call could
+            have saved with it, read by the next step's early exit (``rent.exit_rent``);
+            0 when nothing reads it (a choice made without ``previous``'s).
     """
 
     names: tuple[str, ...]
@@ -90,6 +93,7 @@ class Choice:
     scores: torch.Tensor
     exited: torch.Tensor
     credit: torch.Tensor
+    pending: torch.Tensor
 
     def name(self) -> str:
         """The chosen candidate's name (host read)."""
@@ -106,8 +110,8 @@ class Choice:
 
     def to(self, device: torch.device) -> Choice:
         """The same choice with its tensors on ``device``."""
-        moved = (t.to(device) for t in (self.index, self.scores, self.exited, self.credit))
-        return Choice(self.names, *moved)
+        held = (self.index, self.scores, self.exited, self.credit, self.pending)
+        return Choice(self.names, *(t.to(device) for t in held))
 
 
 @dataclass(frozen=True, eq=False)

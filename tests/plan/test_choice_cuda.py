@@ -100,11 +100,11 @@ def test_argument_lists_match_the_kernels() -> None:
     where the cost is, pointers into the one buffer at distinct, increasing offsets."""
     R, E, B = 3, 7, 2
     c = torch.zeros(R, E, dtype=torch.int64)
-    buf, out, (index, scores, exited, _) = choice_cuda.allocate(
+    buf, out, (index, scores, exited, credit, pending) = choice_cuda.allocate(
         R, E, B, LEVELS + 3, torch.device("cpu")
     )
-    credit = torch.zeros((), dtype=torch.float64)
-    args = choice_cuda.kernel_args(c, (None, None), (B, 8, LEVELS), H200, buf, credit)
+    carry = choice_cuda.carry_of(None, torch.device("cpu"))
+    args = choice_cuda.kernel_args(c, (None, None), (B, 8, LEVELS), H200, buf, carry)
     for name, a in zip(choice_cuda.KERNELS, args, strict=True):
         params = _signature(name)
         want = len(params) - 1 + COST_PARAMS if "MC_COST_PARAMS" in params else len(params)
@@ -114,6 +114,8 @@ def test_argument_lists_match_the_kernels() -> None:
     assert offsets == sorted(set(offsets)) and offsets[-1] < lay.words
     assert scores.dtype == torch.float64 and scores.shape == (LEVELS + 3,)
     assert exited.dtype == torch.bool and exited.dim() == 0
+    assert credit.dtype == pending.dtype == torch.float64 and credit.dim() == pending.dim() == 0
+    assert carry.tolist() == [0.0, 0.0]
     assert index.dim() == 0 and out.row_offset.shape == (R, 2 * 3 + 1)
 
 
@@ -130,8 +132,7 @@ def _differences(got: Plan, want: Plan) -> list[str]:
     g, w = got.choice, want.choice
     if not torch.equal(g.scores.cpu().view(torch.int64), w.scores.view(torch.int64)):
         bad.append("scores")
-    if float(g.credit) != float(w.credit):
-        bad.append("credit")
+    bad += [n for n in ("credit", "pending") if float(getattr(g, n)) != float(getattr(w, n))]
     return bad + [n for n in ("index", "exited") if int(getattr(g, n)) != int(getattr(w, n))]
 
 

@@ -10,7 +10,7 @@ predicted time wins, ties to the earlier entry; static EP is one of them, so the
 plan is never predicted slower than static EP. An early exit
 (:mod:`~moonplan.plan.choice.bound`) returns static EP, or the ``resident`` candidate where
 replicas are resident, without building anything else when no plan that copies can beat
-it.
+it, or while a full call could not yet have paid for itself (``rent.exit_rent``).
 
 The rule is a pure function of the all-gathered counts, ``previous`` and the cost model,
 so every rank chooses alike. Four forms give the same plan and scores bit for bit:
@@ -70,32 +70,34 @@ def choose(
     sizes = (num_slots, align)
     if path in ("tensor", "cuda"):
         prev = _prev(previous, counts_RE.device)
-        owed = _credit(previous, counts_RE.device, rent)
+        carried = _carried(previous, counts_RE.device, rent)
         if path == "cuda":
             from moonplan.plan.choice_cuda import choose_cuda
 
-            fields, made = choose_cuda(counts_RE, num_slots, align, prev, cost, levels, owed)
+            fields, made = choose_cuda(counts_RE, num_slots, align, prev, cost, levels, carried)
         else:
             fields, made = tensor.choose_tensor(
-                counts_RE, num_slots, align, prev, cost, levels, owed
+                counts_RE, num_slots, align, prev, cost, levels, carried
             )
         backend = "cuda" if path == "cuda" else "torch"
         if not rent:
-            made = (*made[:3], torch.zeros_like(made[3]))
+            made = (*made[:3], torch.zeros_like(made[3]), made[4])
         return _make(counts_RE, fields, sizes, backend, Choice(names(levels), *made))
     c = counts_RE.cpu()
     prev = _prev(previous, torch.device("cpu"))
-    credit = float(_credit(previous, torch.device("cpu"), rent))
+    credit, pending = (float(x) for x in _carried(previous, torch.device("cpu"), rent))
     if path == "reference":
-        got = reference.choose_reference(_step(c, num_slots, align, prev, credit), cost, levels)
-        choice = _choice(got.index, got.scores, got.exited, got.credit if rent else 0.0, levels)
+        step = _step(c, num_slots, align, prev, credit, pending)
+        got = reference.choose_reference(step, cost, levels)
+        kept = (got.credit if rent else 0.0, got.pending)
+        choice = _choice(got.index, got.scores, got.exited, kept, levels)
         p = _make(c, got.fields, sizes, "reference", choice)
     elif path == "host":
-        fields, (index, scores, exited, after) = host.choose_host(
-            c, num_slots, align, prev, cost, levels, credit
+        fields, (index, scores, exited, after, owed) = host.choose_host(
+            c, num_slots, align, prev, cost, levels, (credit, pending)
         )
-        after = after if rent else 0.0
-        p = _make(c, fields, sizes, "torch", _choice(index, scores, exited, after, levels))
+        carry = (after if rent else 0.0, owed)
+        p = _make(c, fields, sizes, "torch", _choice(index, scores, exited, carry, levels))
     else:
         raise PlanError(f"unknown path {path!r}; choose one of {PATHS}")
     return plan_to(p, counts_RE.device)
@@ -156,14 +158,20 @@ def _prev(
     return previous.slot_expert.to(device), previous.flow.to(device)
 
 
-def _credit(previous: Plan | None, device: torch.device, rent: bool = True) -> torch.Tensor:
-    """float64 0-d: ``previous``'s rent-or-buy credit (0 without an ``auto`` plan; ``-inf``
-    without ``rent``: no buy for later steps is ever due)."""
-    if not rent:
-        return torch.full((), -math.inf, dtype=torch.float64, device=device)
+def _carried(
+    previous: Plan | None, device: torch.device, rent: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 0-d ``(credit, pending)`` of ``previous`` (``rent.exit_rent``): its
+    rent-or-buy credit (``-inf`` without ``rent``: no buy for later steps is ever due) and
+    what a full call could have saved since the last one; 0 without an ``auto`` plan."""
+    zero = torch.zeros((), dtype=torch.float64, device=device)
     if previous is None or previous.choice is None:
-        return torch.zeros((), dtype=torch.float64, device=device)
-    return previous.choice.credit.to(device)
+        credit, pending = zero, zero
+    else:
+        credit, pending = (x.to(device) for x in (previous.choice.credit, previous.choice.pending))
+    if not rent:
+        credit = torch.full((), -math.inf, dtype=torch.float64, device=device)
+    return credit, pending
 
 
 def _step(
@@ -172,22 +180,28 @@ def _step(
     align: int,
     prev: tuple[torch.Tensor | None, torch.Tensor | None],
     credit: float = 0.0,
+    pending: float = 0.0,
 ) -> reference.Step:
     slots = None if prev[0] is None else prev[0].tolist()
     flows = previous_flows(prev[1])
-    return reference.Step(counts.tolist(), num_slots, align, slots, flows, credit)
+    return reference.Step(counts.tolist(), num_slots, align, slots, flows, credit, pending)
 
 
 def _choice(
-    index: int, scores: list[float] | torch.Tensor, exited: bool, credit: float, levels: int
+    index: int,
+    scores: list[float] | torch.Tensor,
+    exited: bool,
+    carry: tuple[float, float],
+    levels: int,
 ) -> Choice:
-    """A :class:`Choice` of host values (CPU tensors)."""
+    """A :class:`Choice` of host values (CPU tensors); ``carry``: ``(credit, pending)``."""
     return Choice(
         names(levels),
         torch.tensor(index, dtype=torch.int64),
         torch.as_tensor(scores, dtype=torch.float64),
         torch.tensor(exited),
-        torch.tensor(credit, dtype=torch.float64),
+        torch.tensor(carry[0], dtype=torch.float64),
+        torch.tensor(carry[1], dtype=torch.float64),
     )
 
 

@@ -92,10 +92,11 @@ def choose_host(
     prev: tuple[torch.Tensor | None, torch.Tensor | None],
     cost: StepCost,
     levels: int = LEVELS,
-    credit: float = 0.0,
-) -> tuple[PlanFields, tuple[int, torch.Tensor, bool, float]]:
-    """The winner's layout tensors and ``(index, scores [C], exited, credit)``; CPU tensors
-    (``credit``: ``previous``'s rent-or-buy credit)."""
+    carried: tuple[float, float] = (0.0, 0.0),
+) -> tuple[PlanFields, tuple[int, torch.Tensor, bool, float, float]]:
+    """The winner's layout tensors and ``(index, scores [C], exited, credit, pending)``; CPU
+    tensors (``carried``: ``previous``'s rent-or-buy credit and pending call,
+    ``rent.exit_rent``)."""
     hs = HostStep.of(counts_RE, num_slots, align, prev)
     R = len(hs.load)
     resident = hs.resident
@@ -118,16 +119,17 @@ def choose_host(
     links = links_host(hs.counts, resident, hs.home, cost.domain_size(R))
     bounds = exit_bound(cost, R, totals, links, full)
     gap = at_exit.experts_s - experts_lb_s(cost, R, *totals)
-    exited, credit = exit_rent(t_exit, gap, bounds, credit, max(0.0, cost.plan_s - cost.exit_s))
+    checking = max(0.0, cost.plan_s - cost.exit_s)
+    exited, credit, pending = exit_rent(t_exit, gap, bounds, carried, checking)
     if exited:
         fields = layout_resident(torch.from_numpy(exit_alloc), num_slots, align, hs.prev_RB)
-        return fields, (index, scores, True, credit)
+        return fields, (index, scores, True, credit, pending)
     built = build_all(hs, levels, res, cost)
     alloc_CER = np.stack([a for a, _ in built])
     scores = _scores(cost, hs, alloc_CER, resident, cost.plan_s)
     free = _scores(cost, hs, alloc_CER, np.ones_like(resident), cost.plan_s)
     best, credit = settle(scores.tolist(), free.tolist(), credit)
-    return layout(hs, alloc_CER[best], built[best][1]), (best, scores, False, credit)
+    return layout(hs, alloc_CER[best], built[best][1]), (best, scores, False, credit, pending)
 
 
 def _no_fetch_time(

@@ -13,9 +13,10 @@ bit for bit. The rule, for counts, ``previous`` and a cost model:
    the ``resident`` candidate, both charged only the exit's planning (``cost.exit_s``: the
    test and that one build). If the better of them (ties: static) is at most
    :func:`~moonplan.plan.choice.bound.exit_bound` (a time no candidate that copies can beat;
-   without residents, static EP charged a full call too) and no buy can be due
-   (:func:`~moonplan.plan.choice.rent.exit_rent`), return it: nothing else is built or
-   scored.
+   without residents, static EP charged a full call too), or above it by less, summed
+   since the last full call, than a full call's planning beyond the test, and no buy can
+   be due (:func:`~moonplan.plan.choice.rent.exit_rent`), return it: nothing else is
+   built or scored.
 2. **Candidates.** Otherwise build every entry of the table
    (:mod:`~moonplan.plan.choice.table`): static EP; each ``level-k``, ``exact`` and
    ``greedy`` by one run of the group-flow construction (``level-k`` towards
@@ -65,6 +66,7 @@ class Chosen:
     scores: list[float]  # [C], inf where not scored
     exited: bool
     credit: float  # the rent-or-buy credit carried to the next step
+    pending: float  # what a full call could have saved since the last one (rent.exit_rent)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class Step:
     prev_slots: list[list[int]] | None  # [R][B]
     prev_flows: list[Flow]
     credit: float = 0.0  # ``previous``'s rent-or-buy credit (0 without one)
+    pending: float = 0.0  # ``previous``'s ``Choice.pending`` (0 without one)
 
     @property
     def resident(self) -> set[tuple[int, int]]:
@@ -106,15 +109,16 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     bounds = exit_bound(cost, R, totals, links, static_full)
     gap = at_exit.experts_s - experts_lb_s(cost, R, *totals)
     checking = max(0.0, cost.plan_s - cost.exit_s)
-    exited, credit = exit_rent(t_exit, gap, bounds, step.credit, checking)
+    carried = (step.credit, step.pending)
+    exited, credit, pending = exit_rent(t_exit, gap, bounds, carried, checking)
     if exited:
-        return Chosen(_layout(step, exit_alloc, []), index, scores, True, credit)
+        return Chosen(_layout(step, exit_alloc, []), index, scores, True, credit, pending)
     built = [build(c, step, levels, cost) for c in table(levels)]
     scores = [_time(cost, step, alloc, cost.plan_s) for alloc, _ in built]
     free = [_time(cost, step, alloc, cost.plan_s, free=True) for alloc, _ in built]
     best, credit = settle(scores, free, credit)
     alloc, flows = built[best]
-    return Chosen(_layout(step, alloc, flows), best, scores, False, credit)
+    return Chosen(_layout(step, alloc, flows), best, scores, False, credit, pending)
 
 
 def _static_alloc(counts: list[list[int]], home: list[int]) -> Alloc:

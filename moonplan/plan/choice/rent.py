@@ -35,6 +35,16 @@ enters it. ``docs/planner-policy.md``, "Rent or buy", has what it measures.
 The early exit takes part through :func:`exit_rent`: a step it settles runs static EP,
 and its rent is estimated without building anything.
 
+The full call is bought the same way. Where the exit's plan is above the bound, a plan
+that copies might beat it, by at most ``t_exit - bound`` this step (the bound holds every
+such plan's planning too). Finding out costs a full call, ``checking = plan_s - exit_s``
+beyond the exit's test, and where no such plan exists (across hosts, where every copy
+crosses the slow link) each call pays that and ends in the exit's plan. So the exit
+keeps its plan while the most that the steps since the last full call could have saved,
+``pending``, stays below the price of one call, and makes the call once it does not:
+between two calls the steps lose at most one call's price, and each call is made only
+once that much could have been saved. ``pending`` returns to 0 with every full call.
+
 Two forms with equal results: plain floats (:func:`settle`, :func:`exit_rent`) and
 torch 0-d tensors (:func:`settle_torch`, :func:`exit_rent_torch`), no host read.
 """
@@ -75,39 +85,51 @@ def _at(values_C: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
 
 
 def exit_rent(
-    t_exit: float, gap: float, bounds: tuple[float, float], credit: float, checking: float
-) -> tuple[bool, float]:
-    """Whether the early exit is taken, and the credit after it (taken) or the credit the
-    full call settles with (not taken).
+    t_exit: float,
+    gap: float,
+    bounds: tuple[float, float],
+    carried: tuple[float, float],
+    checking: float,
+) -> tuple[bool, float, float]:
+    """Whether the early exit is taken, the credit after it (taken) or the credit the full
+    call settles with (not taken), and ``pending`` after the step.
 
-    ``t_exit``: static EP charged the test; ``gap``: static EP's experts phase less
+    ``t_exit``: the exit's plan charged the test; ``gap``: its experts phase less
     ``experts_lb`` (``bound.experts_lb_s``, a phase no plan beats), the rent counted on
     an exit step (the imbalance copies could take off; what they would save on the links
     is left out, so that balanced counts accrue none); ``bounds``: the exit bound and
-    its part for plans that copy (``bound.exit_bound``); ``checking``: the planning a
-    full call costs beyond the test (``plan_s - exit_s``, at least 0).
+    its part for plans that copy (``bound.exit_bound``); ``carried``: ``previous``'s
+    ``(credit, pending)``; ``checking``: the planning a full call costs beyond the test
+    (``plan_s - exit_s``, at least 0).
 
     A buy costs at least ``bounds[1] - t_exit`` more than the exit's plan: the exit is
-    taken while static EP is within the bound and the credit plus the rent stays below
-    that. A full call that the bound alone would have skipped is made only to check
-    whether to buy: its planning beyond the test is rent too, added to the credit."""
+    taken while the credit plus the rent stays below that, and while the exit's plan is
+    within the bound or ``pending`` plus this step's ``t_exit - bounds[0]`` stays below
+    ``checking`` (module docstring). A full call that the bound alone would have skipped
+    is made only to check whether to buy: its planning beyond the test is rent too, added
+    to the credit. Every full call sets ``pending`` to 0."""
+    credit, pending = carried
     within = t_exit <= bounds[0]
     after = credit + max(0.0, gap)
-    if within and after < bounds[1] - t_exit:
-        return True, after
-    return False, credit + (checking if within else 0.0)
+    owed = pending + max(0.0, t_exit - bounds[0])
+    if after < bounds[1] - t_exit and (within or owed < checking):
+        return True, after, owed
+    return False, credit + (checking if within else 0.0), 0.0
 
 
 def exit_rent_torch(
     t_exit: torch.Tensor,
     gap: torch.Tensor,
     bounds: tuple[torch.Tensor, torch.Tensor],
-    credit: torch.Tensor,
+    carried: tuple[torch.Tensor, torch.Tensor],
     checking: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`exit_rent` on float64 0-d tensors: ``(exited bool, credit)``."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`exit_rent` on float64 0-d tensors: ``(exited bool, credit, pending)``."""
+    credit, pending = carried
     within = t_exit <= bounds[0]
     after = credit + torch.clamp(gap, min=0.0)
-    exited = within & (after < bounds[1] - t_exit)
+    owed = pending + torch.clamp(t_exit - bounds[0], min=0.0)
+    exited = (after < bounds[1] - t_exit) & (within | (owed < checking))
     zero = torch.zeros((), dtype=torch.float64, device=t_exit.device)
-    return exited, torch.where(exited, after, credit + torch.where(within, checking, zero))
+    called = credit + torch.where(within, checking, zero)
+    return exited, torch.where(exited, after, called), torch.where(exited, owed, zero)

@@ -43,16 +43,17 @@ def choose_tensor(
     prev: tuple[torch.Tensor | None, torch.Tensor | None],
     cost: StepCost,
     levels: int = LEVELS,
-    credit: torch.Tensor | None = None,
+    carried: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[PlanFields, tuple[torch.Tensor, ...]]:
-    """The winner's layout tensors and ``(index 0-d, scores [C], exited 0-d, credit 0-d)``,
-    all on the counts' device (``credit``: ``previous``'s rent-or-buy credit, float64
-    0-d; ``None``: 0)."""
+    """The winner's layout tensors and ``(index 0-d, scores [C], exited 0-d, credit 0-d,
+    pending 0-d)``, all on the counts' device (``carried``: ``previous``'s rent-or-buy
+    credit and pending call, float64 0-d, ``rent.exit_rent``; ``None``: 0 each)."""
     R, E = counts_RE.shape
     dev = counts_RE.device
     prev_RB = prev[0]
-    if credit is None:
-        credit = torch.zeros((), dtype=torch.float64, device=dev)
+    if carried is None:
+        zero = torch.zeros((), dtype=torch.float64, device=dev)
+        carried = (zero, zero)
     home_E, ids_RM = home_layout(E, R, dev)
     T_E = counts_RE.sum(0)
     load_R = torch.zeros(R, dtype=torch.int64, device=dev).index_add_(0, home_E, T_E)
@@ -68,7 +69,7 @@ def choose_tensor(
     bounds, experts_lb = _bound(cost, counts_RE, home_E, resident_ER, static_full)
     gap = at_exit.experts_s - experts_lb
     checking = max(0.0, cost.plan_s - cost.exit_s)
-    exited, credit = exit_rent_torch(at_exit.total_s, gap, bounds, credit, checking)
+    exited, credit, pending = exit_rent_torch(at_exit.total_s, gap, bounds, carried, checking)
     scores = times(alloc_CER, resident_ER, cost.plan_s).total_s
     free = times(alloc_CER, torch.ones_like(resident_ER), cost.plan_s).total_s
     index, settled = settle_torch(scores, free, credit)
@@ -78,7 +79,7 @@ def choose_tensor(
     alloc_ER = alloc_CER.index_select(0, pick)[0]
     fields = layout_torch(alloc_ER, num_slots, align, prev_RB, host=False)
     fields = fields._replace(flow=flow_CF3.index_select(0, pick)[0])
-    return fields, (index, scores, exited, torch.where(exited, credit, settled))
+    return fields, (index, scores, exited, torch.where(exited, credit, settled), pending)
 
 
 class _AtExit(NamedTuple):

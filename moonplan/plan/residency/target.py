@@ -22,9 +22,10 @@ The table chosen is the one with the least predicted step time on the window's m
 EP and the ``resident`` plan (``moonplan.plan.choice.resident``, the plan each step makes
 inside the slots), charged the planning it costs: the early exit's test, and ``serve_s``
 more with replicas (the exit builds the ``resident`` candidate only where replicas are
-resident), where that plan passes the exit's bound; a full call where it does not. Without
-that charge, replicas whose ``resident`` plan fails the bound looked free and cost a full
-call every step. No threshold enters: a replica is kept when
+resident), where that plan passes the exit's bound; where it does not, the full calls the
+exit makes on a run of such steps (one each time what a call could have saved adds up to
+its price, ``rent.exit_rent``). Without that charge, replicas whose ``resident`` plan
+fails the bound looked free. No threshold enters: a replica is kept when
 the cost model says the balance it buys outweighs what it costs (a weight read on its
 rank, records sent to it).
 """
@@ -32,6 +33,7 @@ rank, records sent to it).
 from __future__ import annotations
 
 import heapq
+import math
 
 import numpy as np
 import torch
@@ -118,7 +120,8 @@ def served_s(
     included, as ``auto`` plans it: the exit's plan (the better of static EP and, with
     replicas resident, the ``resident`` plan) charged the exit's test (``cost.exit_s``, and
     ``serve_s`` with replicas) where it passes the exit's bound
-    (:func:`~moonplan.plan.choice.bound.exit_bound`), else a full call (``cost.plan_s``).
+    (:func:`~moonplan.plan.choice.bound.exit_bound`); above it, a full call as often as
+    ``rent.exit_rent`` makes one on a run of such steps (:func:`calls_share`).
     ``static_s``: static EP's :func:`step_time_over` of these counts, where the caller
     has it (it does not depend on the slots)."""
     R, E = counts_RE.shape
@@ -132,9 +135,20 @@ def served_s(
     links = links_host(counts_RE, resident_ER, home_E, cost.domain_size(R))
     totals = totals_host(cost, counts_RE.sum(0))
     bound, _ = exit_bound(cost, R, totals, links, None if held else static + cost.plan_s)
-    if best + cost.exit_s <= bound:
-        return best + cost.exit_s + (serve_s if held else 0.0)
-    return best + cost.plan_s
+    exit_s = cost.exit_s + (serve_s if held else 0.0)
+    over = best + cost.exit_s - bound
+    if over <= 0:
+        return best + exit_s
+    return best + calls_share(over, cost.plan_s - cost.exit_s, exit_s, cost.plan_s)
+
+
+def calls_share(over: float, checking: float, exit_s: float, plan_s: float) -> float:
+    """Seconds of planning per step, on average, of steps whose exit plan is ``over`` seconds
+    above the exit's bound (``> 0``): the exit keeps its plan (``exit_s``) until what a full
+    call could have saved adds up to the call's price ``checking`` (``rent.exit_rent``),
+    then calls (``plan_s``): one call every ``n = ceil(checking / over)`` steps (at least 1)."""
+    n = max(1, math.ceil(checking / over))
+    return ((n - 1) * exit_s + plan_s) / n
 
 
 def target_slots(

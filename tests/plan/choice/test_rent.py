@@ -54,19 +54,39 @@ def test_settle_forms_agree(pairs: list[tuple[float, float]], credit: float, odd
         assert after in (0.0, credit + max(0.0, best - free[c]))
 
 
-@given(SECONDS, st.sampled_from([-1e-6, 0.0, 2e-6, 0.5]), SECONDS, SECONDS, SECONDS, SECONDS)
+@given(
+    SECONDS, st.sampled_from([-1e-6, 0.0, 2e-6, 0.5]), SECONDS, SECONDS, SECONDS, SECONDS, SECONDS
+)
 def test_exit_rent_forms_agree(
-    t: float, gap: float, b0: float, b1: float, credit: float, checking: float
+    t: float, gap: float, b0: float, b1: float, credit: float, pending: float, checking: float
 ) -> None:
-    exited, after = exit_rent(t, gap, (b0, b1), credit, checking)
-    x = (_f64(t), _f64(gap), (_f64(b0), _f64(b1)), _f64(credit), checking)
+    exited, after, owed = exit_rent(t, gap, (b0, b1), (credit, pending), checking)
+    x = (_f64(t), _f64(gap), (_f64(b0), _f64(b1)), (_f64(credit), _f64(pending)), checking)
     got = exit_rent_torch(*x)
-    assert (bool(got[0]), float(got[1])) == (exited, after)
+    assert (bool(got[0]), float(got[1]), float(got[2])) == (exited, after, owed)
     if exited:
-        assert after == credit + max(0.0, gap)
-        assert t <= b0 and after < b1 - t  # no buy is due on an exit step
-    else:  # a full call the bound alone would have skipped is rent
-        assert after == credit + (checking if t <= b0 else 0.0)
+        assert after == credit + max(0.0, gap) and after < b1 - t  # no buy is due
+        assert owed == pending + max(0.0, t - b0)
+        assert t <= b0 or owed < checking  # above the bound only until a call is paid for
+    else:  # a full call the bound alone would have skipped is rent; every call clears pending
+        assert after == credit + (checking if t <= b0 else 0.0) and owed == 0.0
+
+
+def test_a_call_above_the_bound_waits_until_it_could_have_paid() -> None:
+    """The exit's plan is 3 us above the bound each step and a full call costs 10 us more
+    than the test: the exit keeps its plan three steps (3, 6, 9 us owed) and calls on the
+    fourth (12 us), which clears what is owed."""
+    credit, pending, seen = -math.inf, 0.0, []
+    for _ in range(5):
+        exited, credit, pending = exit_rent(13e-6, 0.0, (10e-6, 1.0), (credit, pending), 10e-6)
+        seen.append((exited, round(pending * 1e6, 6)))
+        credit = -math.inf  # rent=False: no buy is ever due
+    assert seen == [(True, 3.0), (True, 6.0), (True, 9.0), (False, 0.0), (True, 3.0)]
+
+
+def test_within_the_bound_nothing_is_owed() -> None:
+    """An exit plan within the bound carries ``pending`` as it is: nothing a call could save."""
+    assert exit_rent(1e-6, 0.0, (2e-6, 1.0), (0.0, 4e-6), 10e-6) == (True, 0.0, 4e-6)
 
 
 @given(st.data())

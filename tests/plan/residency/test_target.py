@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import pytest
 import torch
 
+from moonplan.plan.choice.rent import exit_rent
 from moonplan.plan.home import home_list
 from moonplan.plan.residency.target import (
+    calls_share,
     mean_step,
     pack,
     replica_counts,
@@ -82,6 +87,23 @@ def test_a_table_is_charged_the_planning_auto_would_spend_on_it() -> None:
     held[1:, 0] = 0  # the hot expert resident on every other rank
     res = step_time_over(dear, counts, held)
     assert res < static and served_s(dear, counts, held, serve_s=2e-5) == res + 1e-5 + 2e-5
+
+
+@pytest.mark.parametrize("over", [1.1e-6, 3e-6, 3.3e-6, 1.1e-5, 4e-5])
+def test_the_calls_share_is_what_the_exit_spends_on_a_steady_run(over: float) -> None:
+    """Steps ``over`` above the exit's bound, a call ``checking`` dearer than the test: the
+    planning ``rent.exit_rent`` spends over a long run, step by step, averages
+    :func:`calls_share` (one call per ``ceil(checking / over)`` steps; no ratio drawn here is
+    a whole number, where float sums could land on either side)."""
+    exit_s, plan_s = 2e-6, 1.2e-5
+    checking, pending, spent, steps = plan_s - exit_s, 0.0, 0.0, 0
+    t, bound = 1e-4 + over, 1e-4
+    while steps < 60 or pending:  # whole cycles: end just after a call
+        exited, _, pending = exit_rent(t, 0.0, (bound, math.inf), (-math.inf, pending), checking)
+        spent, steps = spent + (exit_s if exited else plan_s), steps + 1
+    share = calls_share(t - bound, checking, exit_s, plan_s)
+    assert spent / steps == pytest.approx(share)
+    assert exit_s < share <= plan_s
 
 
 def test_a_table_is_scored_on_the_faster_rounding_of_the_resident_plan() -> None:
