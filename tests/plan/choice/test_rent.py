@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -160,3 +161,28 @@ def test_uniform_counts_accrue_no_rent() -> None:
     for _ in range(4):
         prev = moonplan.plan(c, slots=2, previous=prev, policy="auto", cost=H200)
         assert prev.policy == "static" and float(prev.choice.credit) == 0.0
+
+
+def test_a_full_call_above_the_bound_waits_until_it_could_have_paid() -> None:
+    """Skewed counts, copies that would pay, and a full call far dearer than the exit's test:
+    the exit keeps static EP while what a call could have saved (its distance above the
+    bound, summed) stays below the call's price, then calls once, and ``pending`` returns
+    to 0. Every form takes the same steps."""
+    c = _skewed(4, 8)
+    cost = H200.scaled(plan_s=2e-3, exit_s=1e-6)  # static EP: 0.33 ms above the bound
+    checking = cost.plan_s - cost.exit_s
+    chains: dict[str, list[tuple[bool, float]]] = {}
+    for path in CPU_PATHS:
+        prev, steps = None, []
+        for _ in range(8):
+            p = choose(c, 2, 1, prev, cost, path, rent=False)
+            steps.append((p.choice.early_exit(), float(p.choice.pending)))
+            prev = p
+        chains[path] = steps
+    assert chains["host"] == chains["reference"] == chains["tensor"]
+    steps = chains["host"]
+    call = next(i for i, (exited, _) in enumerate(steps) if not exited)
+    over = steps[0][1]  # the first exit's distance above the bound
+    assert call >= 2 and 0.0 < over < checking
+    assert [p for _, p in steps[:call]] == pytest.approx([over * (i + 1) for i in range(call)])
+    assert steps[call][1] == 0.0 and over * (call + 1) >= checking * (1 - 1e-12)
