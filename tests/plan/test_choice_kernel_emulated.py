@@ -109,13 +109,14 @@ class Case(NamedTuple):
 
 
 def _emu_choose(
-    lib: ctypes.CDLL, case: Case
+    lib: ctypes.CDLL, case: Case, carry: torch.Tensor | None = None
 ) -> tuple[PlanFields, tuple[torch.Tensor, ...], tuple[float, float]]:
     """The three kernels, in launch order, on CPU tensors (``previous``'s credit in); the
     outputs' views (the layout tensors; ``index``, ``scores``, ``exited``, ``credit``,
     ``pending``) and
     the early-exit bound's two parts the first kernel left in its
-    scratch (``misc[1:3]``)."""
+    scratch (``misc[1:3]``). ``carry``: the first kernel's ``(credit, pending)`` in place of
+    ``previous``'s (``rent=False`` passes a credit of ``-inf``)."""
     c, B, align, prev, cost, levels = case
     R, E = c.shape
     C = levels + 3
@@ -125,7 +126,8 @@ def _emu_choose(
     carried = None
     if prev is not None and prev.choice is not None:
         carried = (prev.choice.credit, prev.choice.pending)
-    carry = cc.carry_of(carried, torch.device("cpu"))
+    if carry is None:
+        carry = cc.carry_of(carried, torch.device("cpu"))
     args = cc.kernel_args(c, pair, (B, align, levels), cost, buf, carry)
     block, smem = cc.block_threads(R), cc.shared_bytes(R, E)
     grids = (1, C - 1, 1)
@@ -308,6 +310,35 @@ def test_the_terms_of_the_copies_and_the_bound(emu: ctypes.CDLL) -> None:
     # several domains (the links' harmonic rate), the serial schedule
     _chain(emu, _lognormal(16, 64, 16, range(3)), 2, 1, MULTI.scaled(domain=4))
     _chain(emu, _lognormal(16, 64, 64, range(3)), 3, 1, full(MULTI.scaled(domain=4, overlap=False)))
+
+
+def test_the_call_waits_until_it_could_have_paid(emu: ctypes.CDLL) -> None:
+    """``rent=False`` (a credit of ``-inf``), one hot expert and a full call dearer than the
+    test: the first kernel keeps static EP while ``pending`` stays below the call's price,
+    then calls, bit for bit as the reference."""
+    c = torch.full((4, 8), 40, dtype=torch.int64)
+    c[:, 0] = 4000
+    cost = H200.scaled(plan_s=2e-3, exit_s=1e-6)
+    prev: Plan | None = None
+    seen = []
+    for _ in range(8):
+        pending = 0.0 if prev is None or prev.choice is None else float(prev.choice.pending)
+        carry = torch.tensor([-math.inf, pending], dtype=torch.float64)
+        got, (index, scores, exited, _, owed), _ = _emu_choose(
+            emu, Case(c, 2, 1, prev, cost), carry
+        )
+        want = choose(c, 2, 1, prev, cost, "reference", rent=False)
+        ch = want.choice
+        assert ch is not None
+        for k, v in got._asdict().items():
+            assert torch.equal(v, getattr(want, k)), k
+        assert torch.equal(scores.view(torch.int64), ch.scores.view(torch.int64))
+        assert (int(index), bool(exited)) == (int(ch.index), bool(ch.exited))
+        assert _bits(float(owed)) == _bits(float(ch.pending))
+        seen.append((bool(exited), float(owed)))
+        prev = want
+    call = next(i for i, (exited, _) in enumerate(seen) if not exited)
+    assert call >= 2 and all(p > 0.0 for _, p in seen[:call]) and seen[call][1] == 0.0
 
 
 def test_rent_or_buy(emu: ctypes.CDLL) -> None:
