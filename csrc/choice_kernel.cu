@@ -642,10 +642,10 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     moonplan_choice_first(const mp_i64* counts, const mp_i64* prev, mp_i64 R_, mp_i64 E, mp_i64 B,
                           mp_i64 has_prev, mp_i64 C, MC_COST_PARAMS, const double* carry_in,
                           double* scores, double* free_C, unsigned char* exited, mp_i64* index,
-                          double* credit, double* pending, mp_i64* total_E, mp_i64* load_R, mp_i64* send_R,
-                          mp_i64* sdom_R, mp_i64* misc, int* warm_d, mp_i64* rest_RE,
-                          mp_i64* top_RM, mp_i64* alloc_C, mp_i64* recv_C, mp_i64* res_a,
-                          int* res_i) {
+                          double* credit, double* pending, mp_i64* total_E, mp_i64* load_R,
+                          mp_i64* send_R, mp_i64* sdom_R, mp_i64* misc, int* warm_d,
+                          mp_i64* rest_RE, mp_i64* top_RM, mp_i64* alloc_C, mp_i64* recv_C,
+                          mp_i64* res_a, int* res_i) {
     extern __shared__ __align__(16) unsigned char mp_smem[];
     const McCost k = mc_cost(MC_COST_ARGS);
     const int R = (int)R_;

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from moonplan.plan.choice.bound import exit_bound, experts_lb_s, links_host, totals_host
-from moonplan.plan.choice.rent import exit_rent, settle
+from moonplan.plan.choice.rent import call_price, exit_rent, settle
 from moonplan.plan.choice.resident import resident_host
 from moonplan.plan.choice.table import LEVELS, Candidate, table
 from moonplan.plan.choice.targets import level_caps, water_fill
@@ -119,7 +119,7 @@ def choose_host(
     links = links_host(hs.counts, resident, hs.home, cost.domain_size(R))
     bounds = exit_bound(cost, R, totals, links, full)
     gap = at_exit.experts_s - experts_lb_s(cost, R, *totals)
-    checking = max(0.0, cost.plan_s - cost.exit_s)
+    checking = call_price(cost)
     exited, credit, pending = exit_rent(t_exit, gap, bounds, carried, checking)
     if exited:
         fields = layout_resident(torch.from_numpy(exit_alloc), num_slots, align, hs.prev_RB)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from moonplan.plan.choice.bound import exit_bound, experts_lb_s, links_reference
-from moonplan.plan.choice.rent import exit_rent, settle
+from moonplan.plan.choice.rent import call_price, exit_rent, settle
 from moonplan.plan.choice.resident import resident_reference
 from moonplan.plan.choice.table import LEVELS, Candidate, table
 from moonplan.plan.choice.targets import level_caps, water_fill
@@ -108,7 +108,7 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     totals = _totals(cost, counts)
     bounds = exit_bound(cost, R, totals, links, static_full)
     gap = at_exit.experts_s - experts_lb_s(cost, R, *totals)
-    checking = max(0.0, cost.plan_s - cost.exit_s)
+    checking = call_price(cost)
     carried = (step.credit, step.pending)
     exited, credit, pending = exit_rent(t_exit, gap, bounds, carried, checking)
     if exited:

@@ -53,6 +53,8 @@ from __future__ import annotations
 
 import torch
 
+from moonplan.stepcost.step_cost import StepCost
+
 
 def settle(scores: list[float], free: list[float], credit: float) -> tuple[int, float]:
     """The winner's index and the credit carried to the next step (module docstring)."""
@@ -82,6 +84,12 @@ def settle_torch(
 def _at(values_C: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
     """``values_C[i]`` for an int64 0-d ``i`` on the device, without a host read."""
     return values_C.gather(0, i.view(1)).view(())
+
+
+def call_price(cost: StepCost) -> float:
+    """``checking``: the planning a full call costs beyond the exit's test
+    (``plan_s - exit_s``, at least 0), the price :func:`exit_rent` weighs a call at."""
+    return max(0.0, cost.plan_s - cost.exit_s)
 
 
 def exit_rent(

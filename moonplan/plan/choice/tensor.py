@@ -24,7 +24,7 @@ from typing import NamedTuple
 import torch
 
 from moonplan.plan.choice.bound import exit_bound_torch, experts_lb_torch, links_torch
-from moonplan.plan.choice.rent import exit_rent_torch, settle_torch
+from moonplan.plan.choice.rent import call_price, exit_rent_torch, settle_torch
 from moonplan.plan.choice.resident import resident_torch
 from moonplan.plan.choice.table import LEVELS, table
 from moonplan.plan.choice.targets import level_caps_torch, water_fill_torch
@@ -68,7 +68,7 @@ def choose_tensor(
     static_full = times(static_ER[None], resident_ER, cost.plan_s).total_s[0]
     bounds, experts_lb = _bound(cost, counts_RE, home_E, resident_ER, static_full)
     gap = at_exit.experts_s - experts_lb
-    checking = max(0.0, cost.plan_s - cost.exit_s)
+    checking = call_price(cost)
     exited, credit, pending = exit_rent_torch(at_exit.total_s, gap, bounds, carried, checking)
     scores = times(alloc_CER, resident_ER, cost.plan_s).total_s
     free = times(alloc_CER, torch.ones_like(resident_ER), cost.plan_s).total_s

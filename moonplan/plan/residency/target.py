@@ -40,6 +40,7 @@ import torch
 
 from moonplan.plan.choice.bound import exit_bound, links_host, totals_host
 from moonplan.plan.choice.host import resident_pick
+from moonplan.plan.choice.rent import call_price
 from moonplan.plan.home import home_list
 from moonplan.plan.torch_backend import resident_map
 from moonplan.stepcost import StepCost
@@ -139,7 +140,7 @@ def served_s(
     over = best + cost.exit_s - bound
     if over <= 0:
         return best + exit_s
-    return best + calls_share(over, cost.plan_s - cost.exit_s, exit_s, cost.plan_s)
+    return best + calls_share(over, call_price(cost), exit_s, cost.plan_s)
 
 
 def calls_share(over: float, checking: float, exit_s: float, plan_s: float) -> float:
