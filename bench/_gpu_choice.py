@@ -1,7 +1,7 @@
 """GPU sections of ``policy="auto"`` for ``bench/gpu_check.py``: the fused choice kernel.
 
 Legend: R ranks, E experts, S tokens per rank, K top-k, B slots per rank (min(2, ceil(E/R))),
-C = LEVELS + 3 candidates; counts lognormal (sigma 1), a multinomial of ``S*K`` records
+C = LEVELS + 4 candidates; counts lognormal (sigma 1), a multinomial of ``S*K`` records
 per rank (``_gpu_planner.lognormal_counts``), ``previous`` the exact plan of other counts.
 
 Sections (``moonplan.plan.choice_cuda``, ``docs/gpu_planner.md``, "The choice kernel"):

@@ -19,14 +19,22 @@
 #define MC_INF __longlong_as_double(0x7ff0000000000000LL)
 #define MC_RED_F64 (8 * MP_WARP)  // doubles of shared memory for mc_block_max
 #define MC_ACC 13                 // per-rank integer sums of the score (McAcc)
+#define MC_MARGIN (1.0 - 1.0 / 1099511627776.0)  // bound.MARGIN = 1 - 2**-40
 
 // ---- the cost model ----------------------------------------------------------------------
 
-// StepCost's rates (seconds) and options; copy_min = bound.copy_min_s (inf: no copy
-// possible), (h_disp, h_comb) = bound.link_rates (a row's least link seconds).
+__device__ __forceinline__ double mc_mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ double mc_add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ double mc_sub(double a, double b) { return __dadd_rn(a, -b); }
+
+// StepCost's rates (seconds) and options; serve = rent.serve_s (exit_s + serve_s: the charge
+// of bound.nocopy_s, the exit's test of whether to build the resident candidate); copy_min =
+// bound.copy_min_s (inf: no copy possible), (h_disp, h_comb) = bound.link_rates (a row's
+// least link seconds).
 struct McCost {
     double row_flop, weight_read, row_mem, copy_intra, copy_inter, disp_intra, disp_inter;
-    double comb_intra, comb_inter, base, per_peer, plan, exit_s, copy_min, h_disp, h_comb;
+    double comb_intra, comb_inter, base, per_peer, plan, exit_s, serve, copy_min, h_disp;
+    double h_comb;
     mp_i64 tile, G;
     bool overlap;
 };
@@ -35,22 +43,20 @@ struct McCost {
     mp_i64 tile, mp_i64 G, mp_i64 overlap, double row_flop, double weight_read, double row_mem, \
         double copy_intra, double copy_inter, double disp_intra, double disp_inter,            \
         double comb_intra, double comb_inter, double base, double per_peer, double plan_s,     \
-        double exit_s, double copy_min, double h_disp, double h_comb
+        double exit_s, double serve_s, double copy_min, double h_disp, double h_comb
 #define MC_COST_ARGS                                                                       \
     tile, G, overlap, row_flop, weight_read, row_mem, copy_intra, copy_inter, disp_intra, \
-        disp_inter, comb_intra, comb_inter, base, per_peer, plan_s, exit_s, copy_min, h_disp, \
-        h_comb
+        disp_inter, comb_intra, comb_inter, base, per_peer, plan_s, exit_s, serve_s, copy_min, \
+        h_disp, h_comb
 
 // McCost from the launcher's arguments (in its field order; overlap: non-zero is true).
 __device__ McCost mc_cost(MC_COST_PARAMS) {
+    const double serve = mc_add(exit_s, serve_s);  // rent.serve_s, the same float sum
     return {row_flop,   weight_read, row_mem, copy_intra, copy_inter, disp_intra, disp_inter,
-            comb_intra, comb_inter,  base,    per_peer,   plan_s,     exit_s,     copy_min,
-            h_disp,     h_comb,      tile,    G,          overlap != 0};
+            comb_intra, comb_inter,  base,    per_peer,   plan_s,     exit_s,     serve,
+            copy_min,   h_disp,      h_comb,  tile,       G,          overlap != 0};
 }
 
-__device__ __forceinline__ double mc_mul(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ double mc_add(double a, double b) { return __dadd_rn(a, b); }
-__device__ __forceinline__ double mc_sub(double a, double b) { return __dadd_rn(a, -b); }
 __device__ __forceinline__ double mc_max(double a, double b) { return a > b ? a : b; }
 __device__ __forceinline__ double mc_min(double a, double b) { return a < b ? a : b; }
 __device__ __forceinline__ mp_i64 mc_max_i(mp_i64 a, mp_i64 b) { return a > b ? a : b; }
@@ -259,10 +265,21 @@ __device__ double mc_receiving(const McCost& k, int R, double reads, mp_i64 j, m
 // copy over the slow link (mc_first_links).
 __device__ double mc_bound(int R, double copies, bool resident, double static_full,
                            double* buy) {
-    const double margin = 1.0 - 1.0 / 1099511627776.0;  // bound.MARGIN = 1 - 2**-40
-    *buy = R <= 1 ? MC_INF : mc_mul(copies, margin);
+    *buy = R <= 1 ? MC_INF : mc_mul(copies, MC_MARGIN);
     if (R <= 1) return MC_INF;
-    return mc_mul(!resident && static_full < copies ? static_full : copies, margin);
+    return mc_mul(!resident && static_full < copies ? static_full : copies, MC_MARGIN);
+}
+
+// bound.nocopy_s: the least time of a plan that copies nothing, charged `plan`: every rank
+// sends at least its rows of sends[s][0] (rows: the most dispatch and combine link seconds
+// of any rank's, mc_link), the experts phase at least experts_lb and the `kept` reads of the
+// rank with the most; scaled by MARGIN. Python's order: ((plan + D) + experts) + Cb.
+__device__ double mc_nocopy(const McCost& k, int R, double experts_lb, mp_i64 kept,
+                            const double* rows, double plan) {
+    const double lat = mc_lat(k, R);
+    const double D = mc_add(lat, rows[0]), Cb = mc_add(lat, rows[1]);
+    const double experts = mc_max(experts_lb, mc_mul((double)kept, k.weight_read));
+    return mc_mul(mc_add(mc_add(mc_add(plan, D), experts), Cb), MC_MARGIN);
 }
 
 // ---- the rent-or-buy rule (moonplan/plan/choice/rent.py) ------------------------------------
@@ -392,12 +409,17 @@ __device__ void mc_score_expert(const McStep& st, const McCost& k, const mp_i64*
     if (sf) mc_atomic_add(&acc.cf_s[h], sf);
 }
 
-// Candidate c's predicted seconds charged plan_s into scores[c], the same with nothing
-// fetched (its copies resident: rent.py's free score) into free_C[c], its per-rank records
-// into recv_C[c]; returns its phases (block-uniform). Dynamic shared memory: MC_ACC int64
+struct McOut {  // where mc_score leaves one allocation's results (global memory)
+    double *score, *free;  // its seconds charged plan_s, and with nothing fetched
+    mp_i64* recv;          // [R] its records per rank
+};
+
+// An allocation's predicted seconds charged plan_s into *o.score, the same with nothing
+// fetched (its copies resident: rent.py's free score) into *o.free, its per-rank records
+// into o.recv; returns its phases (block-uniform). Dynamic shared memory: MC_ACC int64
 // arrays of R, red[MC_RED_F64] (double).
-__device__ McParts mc_score(const McStep& st, const McCost& k, const mp_i64* a, int c,
-                         double* scores, double* free_C, mp_i64* recv_C, unsigned char* smem) {
+__device__ McParts mc_score(const McStep& st, const McCost& k, const mp_i64* a, const McOut& o,
+                            unsigned char* smem) {
     const int R = st.R, tid = threadIdx.x, nthreads = blockDim.x;
     mp_i64* base = (mp_i64*)smem;
     McAcc acc;
@@ -425,15 +447,15 @@ __device__ McParts mc_score(const McStep& st, const McCost& k, const mp_i64* a, 
         s.wbusy = acc.wbusy[r];
         s.wrows = acc.wrows[r];
         s.beside = acc.cn_s[r] + acc.cf_s[r] + acc.cn_r[r] + acc.cf_r[r];
-        recv_C[(mp_i64)c * R + r] = acc.recv[r];
+        o.recv[r] = acc.recv[r];
     }
     const McParts p = mc_parts(k, s, r < R, R, red);
     McRank none = s;  // nothing fetched: no wait section, no copy
     none.w_in = none.w_out = none.wpad = none.wbusy = none.wrows = none.beside = 0;
     const McParts f = mc_parts(k, none, r < R, R, red);
     if (tid == 0) {
-        scores[c] = mc_total(k, p, k.plan);
-        free_C[c] = mc_total(k, f, k.plan);
+        *o.score = mc_total(k, p, k.plan);
+        *o.free = mc_total(k, f, k.plan);
     }
     return p;
 }

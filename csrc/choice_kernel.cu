@@ -1,13 +1,14 @@
 // moonplan fused GPU planner: policy="auto" (moonplan/plan/choice/reference.py) in CUDA.
 //
 // Legend:
-//   R ranks, E experts, B slots per rank, M = ceil(E/R), K levels, C = K + 3 candidates
+//   R ranks, E experts, B slots per rank, M = ceil(E/R), K levels, C = K + 4 candidates
 //   G ranks per fast-link domain (ranks [g*G, (g+1)*G) share one; G = R: one domain)
 //   T[e]  records of expert e          L[r]  static load of rank r (its home experts' T)
 //   N     records in all               X[r]  L[r] - target[r] (> 0 donor, < 0 receiver)
 //   candidates in table order (moonplan/plan/choice/table.py), index c:
-//     0 static, 1 exact, 2 resident, 3 .. K+1 level-(K-1) .. level-1, K+2 greedy
-//   alloc_C [C, E, R]  each candidate's allocation (scratch; static's slice is not used)
+//     0 static, 1 exact, 2 resident, 3 .. K+1 level-(K-1) .. level-1, K+2 greedy, K+3 placed
+//   alloc_C [C, E, R]  each candidate's allocation (scratch; static's slice, which static
+//                      does not use, holds the resident's rounding to tiles: mc_spare)
 //   flow_C  [C, R-1, 3] the flows each construction recorded (scratch)
 //   rest_RE [R, E]      each rank's records less those of its home experts and resident
 //                       replicas, then its M largest, sorted (scratch of the bound)
@@ -16,26 +17,32 @@
 //                       E + R * min(B, M) holders at most)
 //   res_i   [E+1+3Hmax] the resident holders' lists: first holder of each expert, each
 //                       holder's expert, rank and live pairs out (scratch, int32)
-//   free_C  [C]         each candidate's free score: nothing fetched (rent.py; scratch, double)
-//   misc    [4]         N, the bits of the bound's two parts (the emulated test reads them),
-//                       previous's slots that hold an expert (> 0: kernel 1 built resident)
+//   free_C  [C + 2]     each candidate's free score: nothing fetched (rent.py), then the
+//                       spare's score and free score (scratch, double)
+//   misc    [5]         N, the bits of the bound's two parts (the emulated test reads them),
+//                       previous's slots that hold an expert (> 0: kernel 1 built placed),
+//                       1 where kernel 1 built resident (else 0)
 //   credit  0-d double  the rent-or-buy credit: previous's in (carry_in[0]), this step's out
 //   pending 0-d double  what a full call could have saved since the last: previous's in
 //                       (carry_in[1]), this step's out (rent.exit_rent)
 //
 // Three kernels, launched by moonplan/plan/choice_cuda.py on torch's stream, no host sync:
 //   moonplan_choice_first   ONE block: T, L, static EP's scores charged exit_s and plan_s;
-//                           where previous has resident replicas, the resident candidate
-//                           built into alloc_C[2] and scored (charged exit_s and plan_s, and
-//                           free); the early-exit bound (choice/bound.py: a warp per rank for
-//                           its link rows, bound.links_reference), the exit's plan (the
-//                           faster of static and resident, ties static), the rent-or-buy exit
-//                           test (choice/rent.py: exit_rent), the exit flag, the exit's index
-//                           and the credit
+//                           the early-exit bound (choice/bound.py: a warp per rank for its
+//                           link rows, bound.links_reference) and bound.nocopy_s; where
+//                           previous has resident replicas, the placed candidate built into
+//                           alloc_C[K+3] and scored (charged plan_s, and free), and the
+//                           resident one into alloc_C[2] only where static and placed, charged
+//                           exit_s, both exceed nocopy_s charged exit_s + serve_s (else it
+//                           cannot beat them by its build); the exit's plans charged exit_s,
+//                           the least (ties to the earlier index), the rent-or-buy exit test
+//                           (choice/rent.py: exit_rent), the exit flag, the exit's index and
+//                           the credit
 //   moonplan_choice_build   C-1 blocks, one per candidate 1..C-1: returns at once when the
-//                           exit flag is set, and candidate 2's when kernel 1 built it; else
-//                           builds its allocation into alloc_C[c] (group-flow construction or
-//                           resident rounds) and scores it, with its copies charged and free
+//                           exit flag is set, and candidate 2's or K+3's when kernel 1 built
+//                           it; else builds its allocation into alloc_C[c] (group-flow
+//                           construction, resident rounds or placed) and scores it, with its
+//                           copies charged and free
 //   moonplan_choice_layout  ONE block: the rent-or-buy winner (rent.settle; on exit kernel
 //                           1's index) and the credit, the winner's plan fields (slots with
 //                           residents kept, rows, padded offsets)
@@ -248,12 +255,14 @@ __device__ void mc_least_copying(const McCost& k, int R, double reads, const mp_
 // bound.exit_bound's `copies` (block-uniform): bound.links_reference's rows, a warp per
 // rank (R > 1), the largest over ranks of the least copying time, at least the least over
 // ranks of the least receiving time (kept_R: each rank's kept reads, kmin their least), or
-// less for a copy over the slow link. Every thread of the block calls it.
+// less for a copy over the slow link. Into rows [2] the most dispatch and combine link
+// seconds of any rank's sends[s][0] (bound.nocopy_s). Every thread of the block calls it.
 __device__ double mc_first_links(const McStep& st, const McCost& k, double reads,
                                  const mp_i64* kept_R, mp_i64 kmin, mp_i64* rest_RE,
-                                 mp_i64* top_RM, double* red) {
+                                 mp_i64* top_RM, double* red, double* rows) {
     const int warp = threadIdx.x / MP_WARP, nwarps = blockDim.x / MP_WARP;
-    double v2[2] = {-MC_INF, -MC_INF};  // the largest copying, less the least receiving
+    // the largest copying, less the least receiving, the largest sends[s][0] link seconds
+    double v4[4] = {-MC_INF, -MC_INF, -MC_INF, -MC_INF};
     for (int s = warp; s < st.R; s += nwarps) {
         mp_i64* rest = rest_RE + (mp_i64)s * st.E;
         mp_i64 left = 0, vmax = 0;
@@ -266,11 +275,15 @@ __device__ double mc_first_links(const McStep& st, const McCost& k, double reads
         mc_top_sorted(rest, top_RM + (mp_i64)s * st.M, st.E, st.M, v);
         double least[2];
         mc_least_copying(k, st.R, reads, rest, st.M, left, far, kept_R[s], least);
-        v2[0] = mc_max(v2[0], least[0]);
-        v2[1] = mc_max(v2[1], -least[1]);
+        v4[0] = mc_max(v4[0], least[0]);
+        v4[1] = mc_max(v4[1], -least[1]);
+        v4[2] = mc_max(v4[2], mc_link(k, st.R, left, far, false));
+        v4[3] = mc_max(v4[3], mc_link(k, st.R, left, far, true));
     }
-    mc_block_max(v2, 2, red);
-    double copies = mc_max(v2[0], -v2[1]);
+    mc_block_max(v4, 4, red);
+    rows[0] = v4[2];
+    rows[1] = v4[3];
+    double copies = mc_max(v4[0], -v4[1]);
     if (st.R > k.G) {  // bound.exit_bound: a plan that copies over the slow link waits for it
         const double lat = mc_lat(k, st.R);
         const double wait = mc_add(k.base, k.copy_inter);
@@ -282,8 +295,9 @@ __device__ double mc_first_links(const McStep& st, const McCost& k, double reads
 
 // ---- the resident candidate (moonplan/plan/choice/resident.py): kernel 1 or 2 ------------
 //
-// Built by the first kernel when previous has a resident replica (it is the early exit's
-// other plan), else by candidate 2's block of the build kernel.
+// Built by the first kernel where the early exit may take it (previous has a resident
+// replica and static and placed exceed bound.nocopy_s), else by candidate 2's block of the
+// build kernel.
 // A holder h is (e, r): r is expert e's home, or e is in one of r's first M previous slots.
 // The holders lie in expert order, then rank order, in global scratch (McHolders); at most
 // Hmax = E + R * min(B, M) of them (choice_cuda.resident_holders). The rule balances whole
@@ -494,33 +508,95 @@ __device__ void mc_resident(const McStep& st, mp_i64 tile, mp_i64* alloc, mp_i64
     mc_rows_of_tiles(st, tile, hd, alloc);
 }
 
-// The resident candidate rounded to whole tiles, built and scored in candidate 3's entries
-// (C >= 4; kernel 2 builds that candidate over them, and an exit reads only entries 0 and
-// 2), and moved into entry 2 where it is predicted faster than the rounding to whole
-// records (parts rec; both charged exit_s, ties records: reference._resident). Returns the
-// parts of the one kept. Block-uniform; ends with __syncthreads.
-__device__ McParts mc_resident_tiles(const McStep& st, const McCost& k, mp_i64* alloc_C,
-                                     mp_i64* recv_C, const McParts& rec, mp_i64* res_a,
-                                     int* res_i, double* scores, double* free_C,
-                                     unsigned char* smem) {
+struct McCands {  // every candidate's entries and the resident rounds' scratch (global memory)
+    mp_i64 *alloc_C, *recv_C;  // [C, E, R], [C, R]
+    double *scores, *free_C;   // [C], [C + 2]
+    mp_i64* res_a;
+    int* res_i;
+    int C;
+};
+
+// Candidate c's outputs for mc_score.
+__device__ McOut mc_entry(const McCands& m, const McStep& st, int c) {
+    return {m.scores + c, m.free_C + c, m.recv_C + (mp_i64)c * st.R};
+}
+
+// The spare for the resident's rounding to whole tiles: static's slices of alloc_C and recv_C
+// (unused: the layout builds static EP from T and L) and free_C[C], free_C[C + 1]. No other
+// block of either kernel writes them, so kernel 1 and candidate 2's block may both use it.
+__device__ McOut mc_spare(const McCands& m) {
+    return {m.free_C + m.C, m.free_C + m.C + 1, m.recv_C};
+}
+
+// The resident candidate rounded to whole tiles, built and scored in the spare, and moved into
+// entry 2 where it is predicted faster than the rounding to whole records (parts rec; both
+// charged exit_s, ties records: reference._resident). Returns the parts of the one kept.
+// Block-uniform; ends with __syncthreads.
+__device__ McParts mc_resident_tiles(const McStep& st, const McCost& k, const McCands& m,
+                                     const McParts& rec, unsigned char* smem) {
     const mp_i64 ER = st.E * st.R;
-    mp_i64* spare = alloc_C + 3 * ER;
-    mc_resident(st, k.tile, spare, res_a, res_i, smem);
-    const McParts til = mc_score(st, k, spare, 3, scores, free_C, recv_C, smem);
+    mp_i64* spare = m.alloc_C;
+    mc_resident(st, k.tile, spare, m.res_a, m.res_i, smem);
+    const McOut o = mc_spare(m);
+    const McParts til = mc_score(st, k, spare, o, smem);
     if (!(mc_total(k, til, k.exit_s) < mc_total(k, rec, k.exit_s))) {
         __syncthreads();  // block-uniform: mc_score's thread-0 writes before any later read
         return rec;
     }
-    for (mp_i64 i = threadIdx.x; i < ER; i += blockDim.x) alloc_C[2 * ER + i] = spare[i];
+    for (mp_i64 i = threadIdx.x; i < ER; i += blockDim.x) m.alloc_C[2 * ER + i] = spare[i];
     for (int r = threadIdx.x; r < st.R; r += blockDim.x) {
-        recv_C[2 * (mp_i64)st.R + r] = recv_C[3 * (mp_i64)st.R + r];
+        m.recv_C[2 * (mp_i64)st.R + r] = o.recv[r];
     }
     if (threadIdx.x == 0) {
-        scores[2] = scores[3];
-        free_C[2] = free_C[3];
+        m.scores[2] = *o.score;
+        m.free_C[2] = *o.free;
     }
     __syncthreads();
     return til;
+}
+
+// The resident candidate (reference._resident) built and scored in entry 2: whole records,
+// and where previous has resident replicas (`res`) and tiles are wider than a row, whole tiles
+// where faster. Kernel 1 builds it where the exit may take it, else candidate 2's block.
+// Returns its parts (block-uniform); ends with __syncthreads.
+__device__ McParts mc_resident_pick(const McStep& st, const McCost& k, const McCands& m,
+                                    bool res, unsigned char* smem) {
+    mp_i64* alloc = m.alloc_C + 2 * st.E * st.R;
+    mc_resident(st, 1, alloc, m.res_a, m.res_i, smem);  // without residents: homes only
+    const McParts rec = mc_score(st, k, alloc, mc_entry(m, st, 2), smem);
+    if (!res || k.tile == 1) {  // block-uniform: the roundings agree, or records are the rule
+        __syncthreads();  // mc_score's thread-0 writes before any later read
+        return rec;
+    }
+    return mc_resident_tiles(st, k, m, rec, smem);
+}
+
+// ---- the placed candidate (reference._placed): kernel 1, or candidate K+3's block --------
+
+// Each expert's T[e] records on the lowest rank holding it in previous's slots away from its
+// home, else on its home, into alloc [E, R]: the away holders marked in alloc first (several
+// threads may mark one alike), then a thread per expert reads and rewrites its own row. O(E R
+// + R B), no scratch. Ends with __syncthreads.
+__device__ void mc_placed(const McStep& st, mp_i64* alloc) {
+    const int tid = threadIdx.x, nthreads = blockDim.x, R = st.R;
+    const mp_i64 E = st.E, B = st.B;
+    for (mp_i64 i = tid; i < E * R; i += nthreads) alloc[i] = 0;
+    __syncthreads();
+    for (mp_i64 i = tid; st.has_prev && i < R * B; i += nthreads) {
+        const mp_i64 e = st.prev[i], r = i / B;
+        if (e >= 0 && e < E && r != mp_home_of(e, E, R)) alloc[e * R + r] = 1;
+    }
+    __syncthreads();
+    for (mp_i64 e = tid; e < E; e += nthreads) {
+        mp_i64* row = alloc + e * R;
+        mp_i64 at = mp_home_of(e, E, R);
+        for (mp_i64 r = R - 1; r >= 0; --r) {  // the lowest holder is found last
+            if (row[r] != 0) at = r;
+            row[r] = 0;
+        }
+        row[at] = st.T[e];
+    }
+    __syncthreads();
 }
 
 // ---- kernel 1: the first kernel itself -----------------------------------------------------
@@ -559,11 +635,14 @@ __device__ McStep mc_step(const mp_i64* counts, const mp_i64* prev, int R, mp_i6
 }
 
 struct McExitIn {  // what the exit test reads (block-uniform)
-    McParts stat;  // static EP's phases
-    McParts res;   // the resident candidate's (when has_res)
-    bool has_res;  // previous has a resident replica: the resident candidate was built
+    McParts stat;   // static EP's phases
+    McParts plc;    // the placed candidate's (when has_res)
+    McParts res;    // the resident candidate's (when built)
+    bool has_res;   // previous has a resident replica: the placed candidate was built
+    bool built;     // the resident candidate was built (has_res, and it may win the exit)
     double experts_lb;
     double copies;  // the bound's part for plans that copy (mc_first_links; inf with one rank)
+    double nocopy;  // bound.nocopy_s charged rent.serve_s
     mp_i64 nres;    // previous's slots that hold an expert
 };
 
@@ -600,40 +679,88 @@ __device__ McExitIn mc_first_static(McStep& st, const McCost& k, int* warm_d, mp
     const mp_i64 kmin = R > k.G ? -mp_block_max(r < R ? -f.kbusy[r] : MP_I64_MIN, red64) : 0;
     x.experts_lb = mc_experts_lb(k, R, t.tiles, t.busy, t.N);
     x.copies = MC_INF;
+    // one rank sends nothing: sends[0][0] = 0 rows (the links' pass runs only with several)
+    double rows[2] = {mc_link(k, R, 0, 0, false), mc_link(k, R, 0, 0, true)};
     if (R > 1) {  // block-uniform
         const double reads = mc_reads(k, x.experts_lb, kept);
-        x.copies = mc_first_links(st, k, reads, f.kbusy, kmin, rest_RE, top_RM, red);
+        x.copies = mc_first_links(st, k, reads, f.kbusy, kmin, rest_RE, top_RM, red, rows);
     }
+    x.nocopy = mc_nocopy(k, R, x.experts_lb, kept, rows, k.serve);
     x.nres = t.nres;
     x.has_res = t.nres > 0;
     st.N = t.N;
     return x;
 }
 
-// Thread 0: the exit's plan (static EP, or the resident candidate where it is built and
-// predicted faster: ties static), the exit test (bound.exit_bound, then rent.exit_rent) and
-// the outputs: scores (on exit static's and the resident's charged exit_s, inf elsewhere;
-// else static's charged plan_s, also its free score, and the resident's as mc_score left
-// it), the exit flag and index, the credit (the exit's, or the one the full call settles
-// from), and in misc the bound's two parts' bits (the emulated test reads them).
+struct McExitPlan {  // the exit's plans' seconds charged exit_s, and its pick
+    double stat, res, plc;  // static, resident and placed; inf: not scored
+    int index;              // the least, ties to the earlier table index (0, 2, C - 1)
+    McParts parts;          // the pick's phases
+};
+
+// The exit's plans scored (static; with residents placed, and resident where built), each
+// charged exit_s (resident's build, where made, is spent whichever plan runs: the caller
+// charges it, Choice.built_resident), and the least (reference: min by (score, index)).
+__device__ McExitPlan mc_exit_plan(const McCost& k, const McExitIn& x, int C) {
+    McExitPlan p;
+    p.stat = mc_total(k, x.stat, k.exit_s);
+    p.res = x.built ? mc_total(k, x.res, k.exit_s) : MC_INF;
+    p.plc = x.has_res ? mc_total(k, x.plc, k.exit_s) : MC_INF;
+    p.index = 0;
+    p.parts = x.stat;
+    double t = p.stat;
+    if (p.res < t) {  // strict: in table order, an equal score keeps the earlier entry
+        p.index = 2;
+        p.parts = x.res;
+        t = p.res;
+    }
+    if (p.plc < t) {
+        p.index = C - 1;
+        p.parts = x.plc;
+    }
+    return p;
+}
+
+// Thread 0: the exit's plan (mc_exit_plan), the exit test (bound.exit_bound, then
+// rent.exit_rent) and the outputs: scores (on exit the exit's plans' as charged there, inf
+// elsewhere; else static's charged plan_s, also its free score, and placed's and resident's
+// as mc_score left them where built here), the exit flag and index, the credit (the exit's,
+// or the one the full call settles from), and in misc the bound's two parts' bits (the
+// emulated test reads them).
 __device__ void mc_first_exit(const McCost& k, const McExitIn& x, int R, mp_i64 C,
                               const McFirstOut& o) {
-    const double full = mc_total(k, x.stat, k.plan), t_stat = mc_total(k, x.stat, k.exit_s);
-    const double t_res = x.has_res ? mc_total(k, x.res, k.exit_s) : MC_INF;
-    const bool use = t_res < t_stat;
-    const double t_exit = use ? t_res : t_stat;
+    const double full = mc_total(k, x.stat, k.plan);
+    const McExitPlan p = mc_exit_plan(k, x, (int)C);
+    const double t_exit = p.index == 0 ? p.stat : p.index == 2 ? p.res : p.plc;
     double buy = MC_INF;
     const double bound = mc_bound(R, x.copies, x.has_res, full, &buy);
-    const double gap = mc_sub((use ? x.res : x.stat).experts, x.experts_lb);  // the exit's rent
+    const double gap = mc_sub(p.parts.experts, x.experts_lb);  // the exit's rent
     const double checking = mc_max(mc_sub(k.plan, k.exit_s), 0.0);
     const bool ex = mc_exit_rent(t_exit, gap, bound, buy, checking, o.credit, o.pending);
-    o.scores[0] = ex ? t_stat : full;
+    o.scores[0] = ex ? p.stat : full;
     o.free_C[0] = full;  // static EP fetches nothing
-    for (mp_i64 c = 1; c < C && ex; ++c) o.scores[c] = c == 2 ? t_res : MC_INF;
+    for (mp_i64 c = 1; c < C && ex; ++c) {
+        o.scores[c] = c == 2 ? p.res : c == C - 1 ? p.plc : MC_INF;
+    }
     o.exited[0] = ex ? 1 : 0;
-    if (ex) o.index[0] = use ? 2 : 0;  // else the layout kernel settles it
+    if (ex) o.index[0] = p.index;  // else the layout kernel settles it
     o.misc[1] = __double_as_longlong(bound);
     o.misc[2] = __double_as_longlong(buy);
+}
+
+// The exit's plans beside static EP, where previous has resident replicas (block-uniform):
+// placed built into entry C - 1 and scored, then resident into entry 2 only where static and
+// placed, charged exit_s, both exceed nocopy_s (charged serve): else resident, which copies
+// nothing, cannot beat them by its build (reference.choose_reference). Built here once, not
+// in kernel 2.
+__device__ void mc_first_residents(const McStep& st, const McCost& k, const McCands& m,
+                                   McExitIn& x, unsigned char* smem) {
+    mp_i64* placed = m.alloc_C + (mp_i64)(m.C - 1) * st.E * st.R;
+    mc_placed(st, placed);
+    x.plc = mc_score(st, k, placed, mc_entry(m, st, m.C - 1), smem);
+    const double cheap = mc_min(mc_total(k, x.stat, k.exit_s), mc_total(k, x.plc, k.exit_s));
+    x.built = cheap > x.nocopy;
+    if (x.built) x.res = mc_resident_pick(st, k, m, true, smem);
 }
 
 // Dynamic shared memory: the largest of mc_first_static's, mc_resident's and mc_score's
@@ -653,14 +780,9 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
                         warm_d);
     McExitIn x = mc_first_static(st, k, warm_d, total_E, load_R, send_R, sdom_R, rest_RE,
                                  top_RM, mp_smem);
-    if (x.has_res) {  // block-uniform: the exit's other plan, built here once (not in kernel 2)
-        mp_i64* alloc = alloc_C + 2 * E * R;
-        mc_resident(st, 1, alloc, res_a, res_i, mp_smem);
-        x.res = mc_score(st, k, alloc, 2, scores, free_C, recv_C, mp_smem);
-        if (k.tile > 1) {
-            x.res = mc_resident_tiles(st, k, alloc_C, recv_C, x.res, res_a, res_i, scores,
-                                      free_C, mp_smem);
-        }
+    if (x.has_res) {  // block-uniform
+        const McCands m = {alloc_C, recv_C, scores, free_C, res_a, res_i, (int)C};
+        mc_first_residents(st, k, m, x, mp_smem);
     }
     if (threadIdx.x == 0) {
         credit[0] = carry_in[0];
@@ -668,6 +790,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
         mc_first_exit(k, x, R, C, {scores, free_C, credit, pending, exited, index, misc});
         misc[0] = st.N;
         misc[3] = x.nres;
+        misc[4] = x.built ? 1 : 0;
     }
 }
 
@@ -728,6 +851,14 @@ __device__ void mc_construct(const McStep& st, int level, bool replay, mp_i64* a
     mp_construct(m, pv, R, st.E, st.B, st.N, flow, alloc, rep_c, rep_e);
 }
 
+// Whether candidate c's block has nothing to do: the exit was taken (its plan is built,
+// nothing else is), or kernel 1 built and scored c (placed with residents, resident where
+// the exit could take it).
+__device__ bool mc_build_skips(int c, int C, const unsigned char* exited, const mp_i64* misc) {
+    if (exited[0]) return true;
+    return (c == 2 && misc[4] != 0) || (c == C - 1 && misc[3] > 0);
+}
+
 // Dynamic shared memory: the largest of mc_construct's, mc_resident's and mc_score's layouts
 // (choice_cuda.shared_bytes); each phase ends with __syncthreads before the next reuses it.
 extern "C" __global__ void __launch_bounds__(1024, 1)
@@ -739,9 +870,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
                           const int* warm_d, mp_i64* alloc_C, mp_i64* flow_C, mp_i64* recv_C,
                           mp_i64* rep_c, int* rep_e, mp_i64* res_a, int* res_i, double* free_C) {
     extern __shared__ __align__(16) unsigned char mp_smem[];
-    const int R = (int)R_, C = (int)levels + 3, c = blockIdx.x + 1;
-    if (exited[0]) return;  // the early exit: its plan is built, nothing else is
-    if (c == 2 && misc[3] > 0) return;  // residents: the first kernel built and scored it
+    const int R = (int)R_, C = (int)levels + 4, c = blockIdx.x + 1;
+    if (mc_build_skips(c, C, exited, misc)) return;
     const McCost k = mc_cost(MC_COST_ARGS);
     McStep st = mc_step(counts, prev, R, E, B, has_prev != 0, total_E, load_R, send_R, sdom_R,
                         warm_d);
@@ -749,16 +879,21 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     st.n_prev_flow = (int)n_prev_flow;
     st.levels = (int)levels;
     st.N = misc[0];
+    const McCands m = {alloc_C, recv_C, scores, free_C, res_a, res_i, C};
+    if (c == 2) {  // residents the exit skipped: the same rounding rule as kernel 1's
+        mc_resident_pick(st, k, m, misc[3] > 0, mp_smem);
+        return;
+    }
     mp_i64* alloc = alloc_C + (mp_i64)c * E * R;
-    if (c == 2) {  // no resident replica: the holders are the homes
-        mc_resident(st, 1, alloc, res_a, res_i, mp_smem);  // homes only: the roundings agree
+    if (c == C - 1) {  // no resident replica: placed is static EP
+        mc_placed(st, alloc);
     } else {
-        const int level = (c >= 3 && c <= C - 2) ? (int)levels - 1 - (c - 3) : 0;
+        const int level = (c >= 3 && c <= C - 3) ? (int)levels - 1 - (c - 3) : 0;
         const mp_i64 RM = (mp_i64)R * st.M;
-        mc_construct(st, level, c != C - 1, alloc, flow_C + (mp_i64)c * 3 * (R - 1),
+        mc_construct(st, level, c != C - 2, alloc, flow_C + (mp_i64)c * 3 * (R - 1),
                      rep_c + c * RM, rep_e + c * RM, mp_smem);
     }
-    mc_score(st, k, alloc, c, scores, free_C, recv_C, mp_smem);
+    mc_score(st, k, alloc, mc_entry(m, st, c), mp_smem);
 }
 
 // ---- kernel 3: the winner's plan fields ------------------------------------------------------
@@ -783,7 +918,10 @@ __device__ void mc_layout_alloc(int c, int R, mp_i64 E, mp_i64 M, const mp_i64* 
                 rem[e] = x;
             } else if (x > 0) {
                 const int j = atomicAdd(&rep_n[r], 1);
-                if (j < M) {  // at most M: every candidate's receiver takes one donor group
+                // at most M: a construction's receiver takes one donor group, a resident
+                // holder sits in one of the first M slots; placed may have up to B, all in
+                // previous's slots, which keep them whichever M are listed (nothing moves)
+                if (j < M) {
                     rep_e[r * M + j] = (int)e;
                     rep_c[r * M + j] = x;
                 }
@@ -791,7 +929,7 @@ __device__ void mc_layout_alloc(int c, int R, mp_i64 E, mp_i64 M, const mp_i64* 
         }
     }
     for (int r = tid; r < R; r += nthreads) target[r] = c == 0 ? L[r] : recv_C[(mp_i64)c * R + r];
-    const bool constructed = c == 1 || (c >= 3 && c < C);  // exact, levels, greedy
+    const bool constructed = c == 1 || (c >= 3 && c <= C - 2);  // exact, levels, greedy
     const mp_i64 F3 = 3 * (mp_i64)(R - 1);
     for (mp_i64 i = tid; i < F3; i += nthreads) {
         flow[i] = constructed ? flow_C[c * F3 + i] : (i % 3 == 2 ? 0 : -1);

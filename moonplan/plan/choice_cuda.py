@@ -2,7 +2,7 @@
 
 Legend:
     R ranks, E experts, B slots per rank, M = ceil(E/R), W = M + max(B, M) rows per rank,
-    K levels, C = K + 3 candidates (``moonplan.plan.choice.table``), G ranks per domain.
+    K levels, C = K + 4 candidates (``moonplan.plan.choice.table``), G ranks per domain.
 
 :func:`choose_cuda` makes the same choice as ``moonplan.plan.choice.reference``, bit for bit:
 the same plan, ``index``, ``scores``, ``exited`` and ``credit``. Its three kernels run on
@@ -11,12 +11,13 @@ torch's current stream with no host synchronisation, and every shape depends onl
 
 1. ``moonplan_choice_first`` (one block): the counts' column sums, static loads, static EP's
    scores charged ``exit_s`` and ``plan_s``; where ``previous`` has resident replicas, the
-   ``resident`` candidate built and scored (the exit's other plan); the early-exit bound,
-   the rent-or-buy exit test (``choice.rent.exit_rent``) on the faster of the two, the exit
-   flag, the exit's index, the credit and ``pending``;
+   ``placed`` candidate built and scored, and the ``resident`` one where both static and
+   placed exceed ``bound.nocopy_s`` (charged ``exit_s + serve_s``); the early-exit bound,
+   the rent-or-buy exit test (``choice.rent.exit_rent``) on the least of the exit's plans,
+   the exit flag, the exit's index, the credit and ``pending``;
 2. ``moonplan_choice_build`` (``C - 1`` blocks, one per candidate but static): each returns
-   at once when the flag is set (and ``resident``'s when the first kernel built it), else
-   builds its allocation and scores it, its copies charged and free;
+   at once when the flag is set (and ``resident``'s or ``placed``'s when the first kernel
+   built it), else builds its allocation and scores it, its copies charged and free;
 3. ``moonplan_choice_layout`` (one block): the rent-or-buy winner (``choice.rent.settle``;
    the first kernel's on exit) and the credit, the winner's plan fields.
 
@@ -137,7 +138,8 @@ def block_threads(R: int) -> int:
 
 def shared_bytes(R: int, E: int) -> tuple[int, int, int]:
     """Dynamic shared memory of the three kernels (the layouts in ``choice_kernel.cu``); the
-    first and the build kernel also build and score the ``resident`` candidate."""
+    first and the build kernel also build and score the ``resident`` candidate (``placed``
+    needs none)."""
     first = 8 * (5 * R + 33) + 8 * RED_F64 + 4 * E
     construct = 8 * (E + 3 * R + 33) + 4 * (5 * R + 1 + 33)
     resident = 8 * R + 4 * (R + 33)  # its holders' arrays are global scratch (res_a, res_i)
@@ -173,9 +175,9 @@ def layout(R: int, E: int, B: int, C: int) -> Layout:
         "row_offset": (R, W + 1), "index": (), "scores": (C,), "exited": (), "credit": (),
         "pending": (),
     }  # fmt: skip
-    words64 = {"total_E": E, "load_R": R, "send_R": R, "sdom_R": R, "misc": 4,
+    words64 = {"total_E": E, "load_R": R, "send_R": R, "sdom_R": R, "misc": 5,
                "alloc_C": C * E * R, "flow_C": C * 3 * F, "recv_C": C * R, "rep_c": C * R * M,
-               "res_a": 2 * H, "rest_RE": R * E, "top_RM": R * M, "free_C": C}  # fmt: skip
+               "res_a": 2 * H, "rest_RE": R * E, "top_RM": R * M, "free_C": C + 2}  # fmt: skip
     words32 = {"rep_e": C * R * M, "srt_e": R * M, "warm_d": max(1, R * B),
                "res_i": E + 1 + 3 * H}  # fmt: skip
     at, out, scratch = 0, {}, {}
@@ -217,15 +219,16 @@ def allocate(
 
 def cost_args(cost: StepCost, R: int) -> list[Arg]:
     """``MC_COST_PARAMS`` of the kernels: ``tile``, ``G``, ``overlap``, then the rates
-    (seconds, doubles) and the bound's ``copy_min_s`` (``inf``: no copy possible) and
-    ``link_rates`` (dispatch, combine), computed here as the reference computes them."""
+    (seconds, doubles; ``serve_s`` the field, the kernel adds ``exit_s`` as ``rent.serve_s``)
+    and the bound's ``copy_min_s`` (``inf``: no copy possible) and ``link_rates`` (dispatch,
+    combine), computed here as the reference computes them."""
     check_cost(cost)  # PlanError: an option no form of the choice models
     ints = [cost.tile_rows, cost.domain_size(R), int(cost.overlap)]
     rates = [cost.row_flop_s, cost.weight_read_s, cost.row_mem_s, cost.copy_s_intra,
              cost.copy_s_inter, cost.dispatch_row_s_intra, cost.dispatch_row_s_inter,
              cost.combine_row_s_intra, cost.combine_row_s_inter, cost.base_latency_s,
-             cost.per_peer_latency_s, cost.plan_s, cost.exit_s, copy_min_s(cost, R),
-             *link_rates(cost, R)]  # fmt: skip
+             cost.per_peer_latency_s, cost.plan_s, cost.exit_s, cost.serve_s,
+             copy_min_s(cost, R), *link_rates(cost, R)]  # fmt: skip
     args: list[Arg] = [(int(v), ctypes.c_longlong) for v in ints]
     return args + [(float(v), ctypes.c_double) for v in rates]
 
@@ -244,7 +247,7 @@ def kernel_args(
     first kernel)."""
     R, E = counts_RE.shape
     B, align, levels = sizes
-    C = levels + 3
+    C = levels + 4
     lay = layout(R, E, B, C)
     base = buf.data_ptr()
 
@@ -318,7 +321,7 @@ def choose_cuda(
     ok, why = available()
     if not ok:
         raise RuntimeError(why)
-    C = len(table(levels))  # levels + 3; raises ValueError unless levels >= 1
+    C = len(table(levels))  # levels + 4; raises ValueError unless levels >= 1
     counts_RE = cb._check_counts(counts_RE, num_slots, align)
     R, E = counts_RE.shape
     dev = counts_RE.device

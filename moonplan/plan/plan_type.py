@@ -108,6 +108,15 @@ class Choice:
         """Whether the early exit was taken (host read)."""
         return bool(self.exited)
 
+    def built_resident(self) -> bool:
+        """Whether the exit built the ``resident`` candidate, which ``StepCost.serve_s``
+        charges (it is scored there; a full call scores every candidate; host read)."""
+        return (
+            bool(self.exited)
+            and "resident" in self.names
+            and math.isfinite(float(self.scores[self.names.index("resident")]))
+        )
+
     def to(self, device: torch.device) -> Choice:
         """The same choice with its tensors on ``device``."""
         held = (self.index, self.scores, self.exited, self.credit, self.pending)

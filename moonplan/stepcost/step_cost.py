@@ -73,6 +73,7 @@ _RATE_FIELDS = (
     "per_peer_latency_s",
     "plan_s",
     "exit_s",
+    "serve_s",
 )
 """The float fields of :class:`StepCost`, in :meth:`StepCost.as_tensor` order."""
 
@@ -143,6 +144,11 @@ class StepCost:
     exit_s: float = 0.0
     """Seconds of ``policy="auto"``'s early exit: the test on the counts alone, when it
     shows that static EP wins (``moonplan.plan.choice.bound``)."""
+    serve_s: float = 0.0
+    """Seconds the early exit adds where it builds the ``resident`` candidate (replicas
+    resident and the cheap plans above the bound on plans that copy nothing:
+    ``moonplan.plan.choice.reference``); the exit's ``resident`` plan is charged
+    ``exit_s + serve_s``."""
     tile_rows: int = 1
     """An expert's rows are padded to a multiple of this (GEMM tile)."""
     domain: int = 0
@@ -195,6 +201,7 @@ class StepCost:
         plan_us: float = 51.0,
         overlap: bool = True,
         exit_us: float = 0.0,
+        serve_us: float = 0.0,
     ) -> StepCost:
         """The roofline rates of ``model``'s MoE layer on a hardware preset.
 
@@ -208,6 +215,8 @@ class StepCost:
                 moonplan's own by shape).
             overlap: the overlapped schedule (module docstring).
             exit_us: microseconds of ``policy="auto"``'s early exit (:attr:`exit_s`).
+            serve_us: microseconds the exit adds to build the ``resident`` candidate
+                (:attr:`serve_s`).
         """
         if isinstance(hw, str):
             hw = get_hardware(hw)
@@ -232,6 +241,7 @@ class StepCost:
             domain=max(0, hw.nvlink_domain),
             overlap=overlap,
             exit_s=exit_us * 1e-6,
+            serve_s=serve_us * 1e-6,
         )
 
     def scaled(self, **fields: Any) -> StepCost:
@@ -239,7 +249,7 @@ class StepCost:
         return dataclasses.replace(self, **fields)
 
     def rates(self) -> tuple[float, ...]:
-        """The 13 rate fields' values, in the order of their names in ``_RATE_FIELDS``."""
+        """The 14 rate fields' values, in the order of their names in ``_RATE_FIELDS``."""
         return (
             self.row_flop_s,
             self.weight_read_s,
@@ -254,10 +264,11 @@ class StepCost:
             self.per_peer_latency_s,
             self.plan_s,
             self.exit_s,
+            self.serve_s,
         )
 
     def as_tensor(self) -> torch.Tensor:
-        """float64 ``[13]`` of the rates (for agreeing across ranks, e.g. the element-wise max)."""
+        """float64 ``[14]`` of the rates (for agreeing across ranks, e.g. the element-wise max)."""
         return torch.tensor([float(v) for v in self.rates()], dtype=torch.float64)
 
     @classmethod
@@ -269,7 +280,7 @@ class StepCost:
         domain: int = 0,
         overlap: bool = True,
     ) -> StepCost:
-        """The inverse of :meth:`as_tensor` (``rates`` float ``[13]``); the non-rate fields
+        """The inverse of :meth:`as_tensor` (``rates`` float ``[14]``); the non-rate fields
         are passed."""
         values = [float(v) for v in rates.reshape(-1).tolist()]
         if len(values) != len(_RATE_FIELDS):

@@ -1,7 +1,7 @@
 """The fused CUDA choice (``moonplan.plan.choice_cuda``): it compiles here, and on a GPU it
 is the reference's choice, captured in a CUDA graph, with no host synchronisation.
 
-Legend: R ranks, E experts, B slots per rank, M = ceil(E/R), K levels, C = K + 3.
+Legend: R ranks, E experts, B slots per rank, M = ceil(E/R), K levels, C = K + 4.
 
 CPU-runnable: the nvcc and NVRTC compiles (slow, skipped without the tools), the reason
 given without CUDA, the argument lists against the kernels' signatures, the buffer layout.
@@ -30,7 +30,7 @@ from tests.plan.choice.costs import COMPUTE_ONLY, FORCED_S, H200, MULTI, full
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL = ROOT / "csrc" / "choice_kernel.cu"
-COST_PARAMS = 19  # MC_COST_PARAMS: tile, G, overlap and 16 doubles
+COST_PARAMS = 20  # MC_COST_PARAMS: tile, G, overlap and 17 doubles
 
 
 # ---- CPU: compiles, capability, host-side arguments ------------------------------------------
@@ -96,12 +96,12 @@ def _signature(name: str) -> list[str]:
 
 
 def test_argument_lists_match_the_kernels() -> None:
-    """As many arguments as each kernel declares (MC_COST_PARAMS expands to 19), doubles
+    """As many arguments as each kernel declares (MC_COST_PARAMS expands to 20), doubles
     where the cost is, pointers into the one buffer at distinct, increasing offsets."""
     R, E, B = 3, 7, 2
     c = torch.zeros(R, E, dtype=torch.int64)
     buf, out, (index, scores, exited, credit, pending) = choice_cuda.allocate(
-        R, E, B, LEVELS + 3, torch.device("cpu")
+        R, E, B, LEVELS + 4, torch.device("cpu")
     )
     carry = choice_cuda.carry_of(None, torch.device("cpu"))
     args = choice_cuda.kernel_args(c, (None, None), (B, 8, LEVELS), H200, buf, carry)
@@ -109,10 +109,10 @@ def test_argument_lists_match_the_kernels() -> None:
         params = _signature(name)
         want = len(params) - 1 + COST_PARAMS if "MC_COST_PARAMS" in params else len(params)
         assert len(a) == want, name
-    lay = choice_cuda.layout(R, E, B, LEVELS + 3)
+    lay = choice_cuda.layout(R, E, B, LEVELS + 4)
     offsets = [at for at, _, _ in lay.out.values()] + list(lay.scratch.values())
     assert offsets == sorted(set(offsets)) and offsets[-1] < lay.words
-    assert scores.dtype == torch.float64 and scores.shape == (LEVELS + 3,)
+    assert scores.dtype == torch.float64 and scores.shape == (LEVELS + 4,)
     assert exited.dtype == torch.bool and exited.dim() == 0
     assert credit.dtype == pending.dtype == torch.float64 and credit.dim() == pending.dim() == 0
     assert carry.tolist() == [0.0, 0.0]

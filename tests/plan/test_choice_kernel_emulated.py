@@ -1,6 +1,6 @@
 """The CUDA choice kernel itself, run on the CPU, equals ``choose(path="reference")``.
 
-Legend: R ranks, E experts, B slots, M = ceil(E/R), K levels, C = K + 3 candidates.
+Legend: R ranks, E experts, B slots, M = ceil(E/R), K levels, C = K + 4 candidates.
 
 ``csrc/choice_kernel.cu`` (which includes ``csrc/plan_kernel.cu``) is compiled as host C++
 with ``-ffp-contract=off`` against the emulation of ``tests/plan/kernel_emu`` (every CUDA
@@ -10,8 +10,9 @@ the real launcher's buffer and argument lists (``choice_cuda.allocate`` / ``kern
 The buffer starts as garbage and shared memory as ``0xCD`` bytes, like on a device; a
 kernel writing past its shared layout fails the test. Every plan field, ``scores`` bit for
 bit (inf included), ``index``, ``exited``, the rent-or-buy ``credit`` (bit for bit; each
-step reads the previous plan's) and the early-exit bound's two parts (bit for bit: the first
-kernel leaves them in its scratch) are compared. A GPU run
+step reads the previous plan's), the early-exit bound's two parts (bit for bit: the first
+kernel leaves them in its scratch) and whether the first kernel built ``resident`` are
+compared. A GPU run
 (``tests/plan/test_choice_cuda.py``, ``bench/gpu_check.py``) is still the final word.
 """
 
@@ -34,12 +35,14 @@ import moonplan
 from moonplan.plan import choice_cuda as cc
 from moonplan.plan.choice import choose
 from moonplan.plan.choice import reference as ref
-from moonplan.plan.choice.bound import exit_bound, links_reference
-from moonplan.plan.choice.table import LEVELS
+from moonplan.plan.choice.bound import exit_bound, links_reference, nocopy_s
+from moonplan.plan.choice.rent import serve_s
+from moonplan.plan.choice.table import LEVELS, RESIDENT, placed_index, table
 from moonplan.plan.home import home_list
 from moonplan.plan.plan_fields import PlanFields
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.reference import previous_flows
+from moonplan.plan.residency.serving import serving_plan
 from moonplan.stepcost import StepCost
 from moonplan.testing import counts
 from tests.plan.choice.costs import (
@@ -108,18 +111,25 @@ class Case(NamedTuple):
     levels: int = LEVELS
 
 
+class Scratch(NamedTuple):
+    """What the first kernel leaves in ``misc``: the early-exit bound's two parts
+    (``misc[1:3]``) and whether it built the ``resident`` candidate (``misc[4]``)."""
+
+    bounds: tuple[float, float]
+    built: bool
+
+
 def _emu_choose(
     lib: ctypes.CDLL, case: Case, carry: torch.Tensor | None = None
-) -> tuple[PlanFields, tuple[torch.Tensor, ...], tuple[float, float]]:
+) -> tuple[PlanFields, tuple[torch.Tensor, ...], Scratch]:
     """The three kernels, in launch order, on CPU tensors (``previous``'s credit in); the
     outputs' views (the layout tensors; ``index``, ``scores``, ``exited``, ``credit``,
-    ``pending``) and
-    the early-exit bound's two parts the first kernel left in its
-    scratch (``misc[1:3]``). ``carry``: the first kernel's ``(credit, pending)`` in place of
-    ``previous``'s (``rent=False`` passes a credit of ``-inf``)."""
+    ``pending``) and what the first kernel left in its scratch (:class:`Scratch`).
+    ``carry``: the first kernel's ``(credit, pending)`` in place of ``previous``'s
+    (``rent=False`` passes a credit of ``-inf``)."""
     c, B, align, prev, cost, levels = case
     R, E = c.shape
-    C = levels + 3
+    C = len(table(levels))
     buf, out, choice = cc.allocate(R, E, B, C, torch.device("cpu"))
     buf.random_(-1000, 1000)  # garbage, as a device allocation would hold
     pair = (None, None) if prev is None else (prev.slot_expert, prev.flow)
@@ -138,16 +148,20 @@ def _emu_choose(
         assert bad < 0, f"{name} wrote shared memory past its layout at byte {bad}"
     misc = cc.layout(R, E, B, C).scratch["misc"]
     bounds = buf[misc + 1 : misc + 3].view(torch.float64).tolist()
-    return out, choice, (bounds[0], bounds[1])
+    return out, choice, Scratch((bounds[0], bounds[1]), int(buf[misc + 4]) != 0)
+
+
+def _reference_step(case: Case) -> ref.Step:
+    c, B, align, prev, _, _ = case
+    slots = None if prev is None else prev.slot_expert.tolist()
+    return ref.Step(
+        c.tolist(), B, align, slots, previous_flows(None if prev is None else prev.flow)
+    )
 
 
 def _reference_bound(case: Case) -> tuple[float, float]:
     """``bound.exit_bound``'s two parts with the inputs ``choose_reference`` gives it."""
-    c, B, align, prev, cost, _ = case
-    slots = None if prev is None else prev.slot_expert.tolist()
-    step = ref.Step(
-        c.tolist(), B, align, slots, previous_flows(None if prev is None else prev.flow)
-    )
+    cost, step = case.cost, _reference_step(case)
     counts = step.counts
     R, E = len(counts), len(counts[0])
     home = home_list(E, R)
@@ -156,6 +170,23 @@ def _reference_bound(case: Case) -> tuple[float, float]:
     totals = ref._totals(cost, counts)
     links = links_reference(counts, step.resident, home, cost.domain_size(R))
     return exit_bound(cost, R, totals, links, full)
+
+
+def _reference_built(case: Case) -> bool:
+    """Whether ``choose_reference``'s exit builds the ``resident`` candidate: residents, and
+    static and placed charged ``exit_s`` both above ``bound.nocopy_s`` (exit taken or not)."""
+    cost, step = case.cost, _reference_step(case)
+    if not step.resident:
+        return False
+    counts = step.counts
+    R, E = len(counts), len(counts[0])
+    home = home_list(E, R)
+    cheap = min(
+        ref._time(cost, step, a, cost.exit_s)
+        for a in (ref._static_alloc(counts, home), ref._placed(step))
+    )
+    links = links_reference(counts, step.resident, home, cost.domain_size(R))
+    return cheap > nocopy_s(cost, R, ref._totals(cost, counts), links, serve_s(cost))
 
 
 def _check(
@@ -170,11 +201,12 @@ def _check(
     """Assert the emulated kernel's choice and bound are the reference's; return the
     reference plan."""
     inputs = Case(c, B, align, prev, cost, levels)
-    got, (index, scores, exited, credit, pending), bounds = _emu_choose(lib, inputs)
+    got, (index, scores, exited, credit, pending), scratch = _emu_choose(lib, inputs)
     want = choose(c, B, align, prev, cost, "reference", levels)
     case = (tuple(c.shape), B, align, cost, c.tolist() if c.numel() <= 64 else "")
-    want_bounds = _reference_bound(inputs)
+    bounds, want_bounds = scratch.bounds, _reference_bound(inputs)
     assert [_bits(b) for b in bounds] == [_bits(b) for b in want_bounds], (bounds, want_bounds)
+    assert scratch.built == _reference_built(inputs), case  # kernel 1 built resident
     for k, v in got._asdict().items():
         assert torch.equal(v, getattr(want, k)), (k, *case)
     ch = want.choice
@@ -366,6 +398,64 @@ def test_rent_or_buy(emu: ctypes.CDLL) -> None:
     assert _exited(plans[-1]) and plans[-1].policy == "resident"  # the exit keeps the replicas
 
 
+def test_placed_wins_the_exit(emu: ctypes.CDLL) -> None:
+    """Hand-made slot tables (``test_choice.py``): ``placed`` wins the exit and ``resident``
+    is not built (its score ``inf``); ``placed`` with more replicas on a rank than ``M``
+    (``B = 3 > M = 2``), all in its slots, which the layout keeps."""
+    c = torch.tensor([[50, 50, 0, 0], [50, 50, 0, 0]])
+    prev = serving_plan(torch.zeros_like(c), torch.tensor([[-1], [1]]))  # 1 in rank 1's slot
+    cost = DECODE.scaled(exit_s=1.0, serve_s=50.0, plan_s=1000.0)
+    ch = _check(emu, c, 1, 1, prev, cost).choice
+    assert ch is not None and bool(ch.exited) and int(ch.index) == placed_index()
+    assert math.isinf(float(ch.scores[RESIDENT])) and float(ch.scores[-1]) == 201.0
+    c = torch.tensor([[0, 0, 10, 34, 10, 10]] * 3)
+    prev = serving_plan(torch.zeros_like(c), torch.tensor([[2, 4, 5], [-1, -1, -1], [-1, -1, -1]]))
+    rows = cost.scaled(weight_read_s=1.0)
+    p = _check(emu, c, 3, 1, prev, rows)
+    assert p.policy == "placed" and p.alloc[:, 0].tolist() == [0, 0, 30, 0, 30, 30]
+    _check(emu, c, 3, 1, prev, full(rows))
+
+
+def test_resident_at_the_exit_and_in_the_full_call(emu: ctypes.CDLL) -> None:
+    """The exit builds ``resident`` only above ``bound.nocopy_s`` (charged ``exit_s +
+    serve_s``): built, it ties ``placed`` and wins as the earlier entry, or wins outright
+    with ``serve_s > 0``; where the exit skips it, the full call builds it in its block of
+    the build kernel (whole tiles, kept where faster)."""
+    c = torch.tensor([[90, 10, 0, 0], [90, 10, 0, 0]])
+    prev = serving_plan(torch.zeros_like(c), torch.tensor([[-1], [1]]))
+    rows = DECODE.scaled(exit_s=1.0, plan_s=1000.0, weight_read_s=1.0)
+    ch = _check(emu, c, 1, 1, prev, rows).choice
+    assert ch is not None and bool(ch.exited) and int(ch.index) == RESIDENT
+    assert float(ch.scores[RESIDENT]) == float(ch.scores[-1]) == 182.0
+    ch = _check(emu, c, 1, 1, prev, rows.scaled(serve_s=0.5)).choice
+    assert ch is not None and int(ch.index) == placed_index()  # the build cannot pay
+    # skipped at the exit (serve_s), built in the full call: whole tiles win (tiles_costs)
+    prev = moonplan.plan(torch.tensor([[30, 30, 0], [30, 30, 0]]), slots=2)
+    c = torch.tensor([[5, 2, 0], [3, 5, 0]])
+    compute, links = tiles_costs()
+    for cost, index in ((compute, RESIDENT), (links, 1), (full(compute), RESIDENT)):
+        case = Case(c, 2, 1, prev, cost.scaled(serve_s=1e-5 if cost.exit_s == 0 else FORCED_S))
+        assert not _reference_built(case)
+        ch = _check(emu, *case).choice
+        assert ch is not None and not bool(ch.exited) and int(ch.index) == index
+        assert math.isfinite(float(ch.scores[RESIDENT]))
+    # built at the exit with serve_s > 0: resident wins (records, whole tiles); static wins
+    # with the exit forced, and a full call
+    c = _hot(4, 8, 1)
+    prev = serving_plan(torch.zeros_like(c), torch.tensor([[7, 6], [0, 5], [7, 1], [3, 0]]))
+    for base in (H200, COMPUTE_ONLY.scaled(tile_rows=16)):
+        cost = base.scaled(copy_s_intra=1.0, copy_s_inter=1.0, exit_s=1e-6, serve_s=1e-6)
+        assert _reference_built(Case(c, 2, 1, prev, cost))
+        ch = _check(emu, c, 2, 1, prev, cost).choice
+        assert ch is not None and bool(ch.exited) and int(ch.index) == RESIDENT
+    plans = _chain(emu, [_hot(4, 10, s) for s in range(3)], 3, 8, full(H200))
+    for cost in (H200.scaled(plan_s=FORCED_S, serve_s=2e-6), H200.scaled(serve_s=2e-6)):
+        case = Case(_hot(4, 10, 3), 3, 1, plans[-1], cost)
+        assert _reference_built(case)
+        _check(emu, *case)
+    _chain(emu, [_hot(6, 13, s) for s in range(4)], 2, 1, MULTI.scaled(domain=2, serve_s=1e-5))
+
+
 # ---- sweeps (slow) ------------------------------------------------------------------------------
 
 
@@ -393,6 +483,7 @@ def _random_cost(rng: random.Random) -> StepCost:
         copy_s_inter=base.copy_s_inter * copy,
         plan_s=rng.choice([0.0, 2e-5, 1e-2]),
         exit_s=rng.choice([0.0, 1e-6, 1e-2]),
+        serve_s=rng.choice([0.0, 1e-5, 1e-2]),
         tile_rows=rng.choice([1, 3, 16]),
         overlap=rng.random() < 0.5,
         domain=rng.choice([base.domain, 1, 2, 3]),
@@ -415,7 +506,7 @@ def test_sweep_of_chains(emu: ctypes.CDLL) -> None:
         ]
         plans = _chain(emu, steps, B, align, _random_cost(rng))
         won |= {p.policy for p in plans}
-    assert won >= {"static", "exact", "resident", "greedy", "level-1"}, won
+    assert won >= {"static", "exact", "resident", "greedy", "level-1", "placed"}, won
     assert any(int(p[6:]) > LEVELS // 2 for p in won if p.startswith("level-")), won
 
 
@@ -434,7 +525,7 @@ def test_bench_shapes_and_levels(emu: ctypes.CDLL, shape: tuple[int, int, int, i
 
 @pytest.mark.slow  # a few seconds
 def test_wide_keys_and_other_level_counts(emu: ctypes.CDLL) -> None:
-    """N >= 2^51 (the balance's wide keys), and K = 1, 2, 3 levels (C = K + 3 blocks)."""
+    """N >= 2^51 (the balance's wide keys), and K = 1, 2, 3 levels (C = K + 4 candidates)."""
     g = torch.Generator().manual_seed(3)
     c = torch.randint(0, 2**49, (4, 9), generator=g)
     c[:, 2] += 2**50

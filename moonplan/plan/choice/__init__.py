@@ -1,16 +1,18 @@
 """``policy="auto"``: one planner call scores every candidate and keeps the fastest.
 
-Legend: R ranks, E experts, B slots, K levels, C = K + 3 candidates.
+Legend: R ranks, E experts, B slots, K levels, C = K + 4 candidates.
 
 The candidates (:mod:`~moonplan.plan.choice.table`): static EP, the exact plan restricted
 to resident replicas, ``K - 1`` levels of capped water-filling between exact balance and
-static EP (:mod:`~moonplan.plan.choice.targets`), exact balance, and MoonEP's greedy
-allocation. Each is scored by the step-cost formula (``moonplan.stepcost``) and the least
-predicted time wins, ties to the earlier entry; static EP is one of them, so the chosen
-plan is never predicted slower than static EP. An early exit
-(:mod:`~moonplan.plan.choice.bound`) returns static EP, or the ``resident`` candidate where
-replicas are resident, without building anything else when no plan that copies can beat
-it, or while a full call could not yet have paid for itself (``rent.exit_rent``).
+static EP (:mod:`~moonplan.plan.choice.targets`), exact balance, MoonEP's greedy
+allocation, and static EP over the slots (``placed``: whole experts moved into them). Each
+is scored by the step-cost formula (``moonplan.stepcost``) and the least predicted time
+wins, ties to the earlier entry; static EP is one of them, so the chosen plan is never
+predicted slower than static EP. An early exit (:mod:`~moonplan.plan.choice.bound`)
+returns static EP, or where replicas are resident ``placed`` or the ``resident``
+candidate (built only where it could beat the other two by its build), without building
+anything else when no plan that copies can beat it, or while a full call could not yet
+have paid for itself (``rent.exit_rent``).
 
 The rule is a pure function of the all-gathered counts, ``previous`` and the cost model,
 so every rank chooses alike. Four forms give the same plan and scores bit for bit:
@@ -117,10 +119,10 @@ def build_named(
     reference_backend: bool,
     cost: StepCost | None = None,
 ) -> Plan:
-    """The plan of one named candidate (``"resident"``, ``"greedy"``, ``"level-<k>"``,
-    ``"bounded-<eps>"``; ``"static"`` and ``"exact"`` have their own paths), built on a
-    host copy (reference or host integers) and returned on the counts' device (``cost``:
-    what picks ``"resident"``'s rounding, records without one)."""
+    """The plan of one named candidate (``"resident"``, ``"greedy"``, ``"placed"``,
+    ``"level-<k>"``, ``"bounded-<eps>"``; ``"static"`` and ``"exact"`` have their own
+    paths), built on a host copy (reference or host integers) and returned on the counts'
+    device (``cost``: what picks ``"resident"``'s rounding, records without one)."""
     c = counts_RE.cpu()
     prev = _prev(previous, torch.device("cpu"))
     hs = host.HostStep.of(c, num_slots, align, prev)

@@ -50,6 +50,14 @@ any way, ``n`` rows
 take at least ``n * h`` seconds, ``h`` the rate of the one class (one domain) or
 ``ri * ro / (ri + ro)`` (two).
 
+**Plans that copy nothing** (:func:`nocopy_s`). Such a plan runs each expert on its home
+or a rank holding it resident, so every rank sends at least ``sends[s][0]`` rows (``far[s]``
+of them over the slow link), the experts phase is at least ``experts_lb``, and the rank
+with the most ``kept`` experts reads each of them: at least ``plan_s + lat + d + max(
+experts_lb, max(kept) * weight_read_s) + lat + c`` with ``(d, c)`` the most link seconds
+of any rank's rows. The exit builds the ``resident`` candidate (charged ``exit_s +
+serve_s``) only where its cheap plans are above that (``moonplan.plan.choice.reference``).
+
 Some rank receives each copy, and it pays for it three times over: with the overlapped
 schedule the copy is read beside its home section, which also holds one read for each of its
 ``kept[r]`` home experts with records and no resident replica elsewhere (``copies weights``
@@ -159,6 +167,26 @@ def exit_bound(
         copies = min(copies, _received(cost, (lat, lat), slow, (wait, run)))
     first = copies if static_full is None else min(copies, static_full)
     return first * MARGIN, copies * MARGIN
+
+
+def nocopy_s(
+    cost: StepCost,
+    num_ranks: int,
+    totals: tuple[int, int, int],
+    links: tuple[list[list[int]], list[int], list[int]],
+    plan_s: float,
+) -> float:
+    """Seconds no plan that copies nothing beats, charged ``plan_s`` (module docstring,
+    "Plans that copy nothing"), scaled by :data:`MARGIN`. Called where replicas are
+    resident, so ``R >= 2`` (no slot holds its rank's own home expert)."""
+    R = num_ranks
+    sends, far, kept = links
+    lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
+    rows = link_time(cost, R)
+    dc = [rows(row[0], far[s]) for s, row in enumerate(sends)]
+    D, Cb = lat + max(d for d, _ in dc), lat + max(c for _, c in dc)
+    experts = max(experts_lb_s(cost, R, *totals), max(kept) * cost.weight_read_s)
+    return (plan_s + D + experts + Cb) * MARGIN
 
 
 def _total(cost: StepCost, D: float, reads: float, Cb: float, wait: float) -> float:
@@ -271,6 +299,26 @@ def exit_bound_torch(
         copies = torch.minimum(copies, slow)
     bound = torch.where(resident, copies, torch.minimum(copies, static_full)) * MARGIN
     return bound, copies * MARGIN
+
+
+def nocopy_torch(
+    cost: StepCost,
+    num_ranks: int,
+    totals: tuple[torch.Tensor, ...],
+    links: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    plan_s: float,
+) -> torch.Tensor:
+    """float64 0-d: :func:`nocopy_s` of tensor inputs (int64 0-d ``totals``, int64
+    ``links``), no host read."""
+    R = num_ranks
+    sends_RJ, far_R, kept_R = links
+    lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
+    n_R, x_R = sends_RJ[:, 0].to(torch.float64), far_R.to(torch.float64)
+    d_R, c_R = _link_time_torch(cost, R, n_R, x_R)
+    D, Cb = lat + d_R.max(), lat + c_R.max()
+    lb = experts_lb_torch(cost, R, *totals)
+    experts = torch.maximum(lb, kept_R.max().to(torch.float64) * cost.weight_read_s)
+    return (plan_s + D + experts + Cb) * MARGIN
 
 
 def _received_torch(

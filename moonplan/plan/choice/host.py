@@ -1,7 +1,7 @@
 """``policy="auto"`` for CPU tensors: the reference's rule on host integers, then torch.
 
 Legend:
-    R ranks    E experts    B slots    K levels    C = K + 3 candidates
+    R ranks    E experts    B slots    K levels    C = K + 4 candidates
     counts_RE  int64 [R, E] validated counts (CPU)
     alloc_CER  int64 [C, E, R] every candidate's allocation
     fetch_CER  bool  [C, E, R] replicas not resident in ``previous``'s slots
@@ -22,10 +22,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from moonplan.plan.choice.bound import exit_bound, experts_lb_s, links_host, totals_host
-from moonplan.plan.choice.rent import call_price, exit_rent, settle
+from moonplan.plan.choice.bound import (
+    exit_bound,
+    experts_lb_s,
+    links_host,
+    nocopy_s,
+    totals_host,
+)
+from moonplan.plan.choice.rent import call_price, exit_rent, serve_s, settle
 from moonplan.plan.choice.resident import resident_host
-from moonplan.plan.choice.table import LEVELS, Candidate, table
+from moonplan.plan.choice.table import LEVELS, RESIDENT, Candidate, placed_index, table
 from moonplan.plan.choice.targets import level_caps, water_fill
 from moonplan.plan.from_alloc import layout_resident, layout_torch
 from moonplan.plan.group_flows import host_moves, warm_maps
@@ -101,22 +107,25 @@ def choose_host(
     R = len(hs.load)
     resident = hs.resident
     static = hs.static()
-    scores = torch.full((levels + 3,), float("inf"), dtype=torch.float64)
+    scores = torch.full((levels + 4,), float("inf"), dtype=torch.float64)
     timed = functools.partial(_no_fetch_time, cost, hs.counts, hs.home)
-    at_exit, index, exit_alloc = timed(static, cost.exit_s), 0, static
-    scores[0] = at_exit.total_s
-    res = None
-    if resident.any():  # the exit's other plan: balance inside the resident replicas
-        res, at_res = resident_pick(cost, hs.counts, hs.prev_RB, hs.home)
-        if at_res is None:  # records alone were built: time them here
-            at_res = timed(res, cost.exit_s)
-        scores[2] = at_res.total_s
-        if at_res.total_s < at_exit.total_s:
-            at_exit, index, exit_alloc = at_res, 2, res
-    t_exit = at_exit.total_s
-    full = None if resident.any() else timed(static, cost.plan_s).total_s
     totals = totals_host(cost, hs.total)
     links = links_host(hs.counts, resident, hs.home, cost.domain_size(R))
+    exits = [(static, timed(static, cost.exit_s), 0)]
+    res = None
+    if resident.any():  # the exit's other plans: the slots, whole experts or balanced
+        placed = placed_host(hs.total, resident, hs.home)
+        exits.append((placed, timed(placed, cost.exit_s), placed_index(levels)))
+        if min(t.total_s for _, t, _ in exits) > nocopy_s(cost, R, totals, links, serve_s(cost)):
+            res, at_res = resident_pick(cost, hs.counts, hs.prev_RB, hs.home)
+            if at_res is None:  # records alone were built: time them here
+                at_res = timed(res, cost.exit_s)
+            exits.append((res, at_res, RESIDENT))
+    for _, t, i in exits:
+        scores[i] = t.total_s
+    exit_alloc, at_exit, index = min(exits, key=lambda x: (x[1].total_s, x[2]))
+    t_exit = at_exit.total_s
+    full = None if resident.any() else timed(static, cost.plan_s).total_s
     bounds = exit_bound(cost, R, totals, links, full)
     gap = at_exit.experts_s - experts_lb_s(cost, R, *totals)
     checking = call_price(cost)
@@ -163,6 +172,18 @@ def resident_pick(
     if at_tiles.total_s < at_records.total_s:
         return by_tiles, at_tiles
     return by_records, at_records
+
+
+def placed_host(total_E: np.ndarray, resident_ER: np.ndarray, home_E: np.ndarray) -> np.ndarray:
+    """int64 ``[E, R]``: the ``placed`` candidate (``reference._placed``): each expert's
+    records (``total_E``) on its lowest rank holding it resident away from home (bool
+    ``resident_ER``), else on its home."""
+    E, R = resident_ER.shape
+    away_ER = resident_ER & (home_E[:, None] != np.arange(R)[None, :])
+    server_E = np.where(away_ER.any(1), away_ER.argmax(1), home_E)
+    alloc = np.zeros((E, R), dtype=np.int64)
+    alloc[np.arange(E), server_E] = total_E
+    return alloc
 
 
 def _scores(
@@ -221,6 +242,8 @@ def build(
         return hs.static(), []
     if c.kind == "resident":
         return resident_pick(cost, hs.counts, hs.prev_RB, hs.home)[0], []
+    if c.kind == "placed":
+        return placed_host(hs.total, hs.resident, hs.home), []
     flows, alloc = construct(hs, _target(c, hs, level_caps(hs.load, levels)), c.kind != "greedy")
     return alloc, flows
 

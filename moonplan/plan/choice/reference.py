@@ -1,7 +1,7 @@
 """The readable definition of ``policy="auto"``: every candidate built, scored, the least kept.
 
 Legend:
-    R ranks    E experts    B slots    K levels    C = K + 3 candidates
+    R ranks    E experts    B slots    K levels    C = K + 4 candidates
     T[e]       records of expert e     L[r]  static load of rank r    N  records in all
     resident   pairs ``(e, r)`` with ``e`` in ``previous``'s slots of rank ``r``
 
@@ -10,8 +10,13 @@ torch (``tensor.py``), host (``host.py``) and CUDA forms give the same plan and 
 bit for bit. The rule, for counts, ``previous`` and a cost model:
 
 1. **Early exit.** Score static EP and, with replicas resident in ``previous``'s slots,
-   the ``resident`` candidate, both charged only the exit's planning (``cost.exit_s``: the
-   test and that one build). If the better of them (ties: static) is at most
+   the ``placed`` candidate. Build the ``resident`` candidate too only where the better of
+   those two is above the least time of any plan that copies nothing charged the test and
+   that build (``cost.exit_s + cost.serve_s``, :func:`~moonplan.plan.choice.bound.nocopy_s`):
+   elsewhere it cannot beat them by its build. Every exit plan is charged the exit's test
+   (``cost.exit_s``); the build, where made, is spent by then whichever plan runs, so it
+   does not enter the comparison (whoever runs the step charges it: ``Choice.built_resident``).
+   If the best of them (ties: the earlier entry) is at most
    :func:`~moonplan.plan.choice.bound.exit_bound` (a time no candidate that copies can beat;
    without residents, static EP charged a full call too), or above it by less, summed
    since the last full call, than a full call's planning beyond the test, and no buy can
@@ -43,10 +48,10 @@ from dataclasses import dataclass
 
 import torch
 
-from moonplan.plan.choice.bound import exit_bound, experts_lb_s, links_reference
-from moonplan.plan.choice.rent import call_price, exit_rent, settle
+from moonplan.plan.choice.bound import exit_bound, experts_lb_s, links_reference, nocopy_s
+from moonplan.plan.choice.rent import call_price, exit_rent, serve_s, settle
 from moonplan.plan.choice.resident import resident_reference
-from moonplan.plan.choice.table import LEVELS, Candidate, table
+from moonplan.plan.choice.table import LEVELS, RESIDENT, Candidate, placed_index, table
 from moonplan.plan.choice.targets import level_caps, water_fill
 from moonplan.plan.from_alloc import layout_reference
 from moonplan.plan.home import home_list
@@ -94,18 +99,21 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     R, E = len(counts), len(counts[0])
     home = home_list(E, R)
     static = _static_alloc(counts, home)
-    at_exit, scores = _step_time(cost, step, static, cost.exit_s), [math.inf] * (levels + 3)
-    scores[0], index, exit_alloc = at_exit.total_s, 0, static
-    if step.resident:  # the exit's other plan: balance inside the resident replicas
-        res = _resident(step, cost)
-        at_res = _step_time(cost, step, res, cost.exit_s)
-        scores[2] = at_res.total_s
-        if at_res.total_s < at_exit.total_s:
-            at_exit, index, exit_alloc = at_res, 2, res
-    t_exit = at_exit.total_s
-    static_full = None if step.resident else _time(cost, step, static, cost.plan_s)
     links = links_reference(counts, step.resident, home, cost.domain_size(R))
     totals = _totals(cost, counts)
+    scores = [math.inf] * (levels + 4)
+    exits = [(static, 0)]
+    if step.resident:  # the exit's other plans: the slots, whole experts or balanced
+        exits.append((_placed(step), placed_index(levels)))
+        cheap = min(_time(cost, step, a, cost.exit_s) for a, _ in exits)
+        if cheap > nocopy_s(cost, R, totals, links, serve_s(cost)):
+            exits.append((_resident(step, cost), RESIDENT))
+    timed = [(a, _step_time(cost, step, a, cost.exit_s), i) for a, i in exits]
+    for _, t, i in timed:
+        scores[i] = t.total_s
+    exit_alloc, at_exit, index = min(timed, key=lambda x: (x[1].total_s, x[2]))
+    t_exit = at_exit.total_s
+    static_full = None if step.resident else _time(cost, step, static, cost.plan_s)
     bounds = exit_bound(cost, R, totals, links, static_full)
     gap = at_exit.experts_s - experts_lb_s(cost, R, *totals)
     checking = call_price(cost)
@@ -140,6 +148,8 @@ def build(
         return static, []
     if c.kind == "resident":
         return _resident(step, cost), []
+    if c.kind == "placed":
+        return _placed(step), []
     prev = (step.prev_slots, step.prev_flows)
     if c.kind == "greedy":
         prev = (None, [])
@@ -151,17 +161,33 @@ def build(
     return res.alloc, res.flows
 
 
+def _placed(step: Step) -> Alloc:
+    """The ``placed`` candidate: each expert's records all on the lowest rank holding it in
+    ``previous``'s slots, else on its home."""
+    R, E = len(step.counts), len(step.counts[0])
+    home = home_list(E, R)
+    server = list(home)
+    for e, r in sorted(step.resident, reverse=True):  # the lowest holder of e written last
+        if r != home[e]:
+            server[e] = r
+    alloc = [[0] * R for _ in range(E)]
+    for e in range(E):
+        alloc[e][server[e]] = sum(row[e] for row in step.counts)
+    return alloc
+
+
 def _resident(step: Step, cost: StepCost | None) -> Alloc:
     """The ``resident`` candidate: the diffusion rounded to whole records, or to whole
     tiles of ``cost.tile_rows`` where the step is predicted faster so (charged the exit's
-    planning; ties: records). Without a cost, or with a tile of one row, records."""
+    test; ties: records). Without a cost, or with a tile of one row, records."""
     R, E = len(step.counts), len(step.counts[0])
     home = home_list(E, R)
     by_records = resident_reference(step.counts, step.prev_slots, home)
     if cost is None or cost.tile_rows == 1 or not step.resident:
         return by_records
     by_tiles = resident_reference(step.counts, step.prev_slots, home, cost.tile_rows)
-    faster = _time(cost, step, by_tiles, cost.exit_s) < _time(cost, step, by_records, cost.exit_s)
+    at = cost.exit_s
+    faster = _time(cost, step, by_tiles, at) < _time(cost, step, by_records, at)
     return by_tiles if faster else by_records
 
 

@@ -1,6 +1,6 @@
 """The candidates ``policy="auto"`` chooses among, in tie-break order.
 
-Legend: R ranks, E experts, K levels (:data:`LEVELS`), C = K + 3 candidates.
+Legend: R ranks, E experts, K levels (:data:`LEVELS`), C = K + 4 candidates.
 
 Every step ``auto`` scores all of them with the step-cost formula and takes the least
 predicted step time; ties go to the earlier entry: static EP first (never a plan predicted
@@ -17,10 +17,13 @@ fixed by ``K`` alone (not by the counts), so the device planner's shapes depend 
 * ``level-k`` (``k = K-1 .. 1``): the construction towards ``water_fill(L, cap_k)``,
   ``cap_k`` the k-th of :func:`~moonplan.plan.choice.targets.level_caps`;
 * ``greedy``: the construction towards the exact targets without ``previous`` (MoonEP's
-  greedy allocation), its replicas reusing the residents.
+  greedy allocation), its replicas reusing the residents;
+* ``placed``: static EP over the slots: each expert's records all on one rank, the first
+  (lowest) rank holding it in ``previous``'s slots, else its home. Whole experts moved
+  into the slots, as EPLB moves them, served with a table lookup (no weight moves).
 
-Without ``previous=`` the ``resident`` plan is ``static`` and ``greedy`` is ``exact``: each
-ties the earlier one and never wins.
+Without ``previous=`` the ``resident`` and ``placed`` plans are ``static`` and ``greedy`` is
+``exact``: each ties the earlier one and never wins.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ sweep's presets (216 steps): the least predicted step time is on average 0.19% a
 (at most 2.6%) with 16 levels, 0.47% (12.6%) with 8, 0.09% (2.2%) with 32
 (``docs/planner-policy.md``, "Levels")."""
 
-KINDS = ("static", "resident", "level", "exact", "greedy")
+KINDS = ("static", "resident", "level", "exact", "greedy", "placed")
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class Candidate:
 
 
 def table(levels: int = LEVELS) -> tuple[Candidate, ...]:
-    """The ``levels + 3`` candidates in tie-break order (module docstring)."""
+    """The ``levels + 4`` candidates in tie-break order (module docstring)."""
     if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:
         raise ValueError(f"levels must be an integer >= 1, got {levels!r}")
     steps = tuple(Candidate(f"level-{k}", "level", k) for k in range(levels - 1, 0, -1))
@@ -62,7 +65,17 @@ def table(levels: int = LEVELS) -> tuple[Candidate, ...]:
         Candidate("resident", "resident"),
         *steps,
         Candidate("greedy", "greedy"),
+        Candidate("placed", "placed"),
     )
+
+
+RESIDENT = 2
+"""The ``resident`` candidate's index in the table."""
+
+
+def placed_index(levels: int = LEVELS) -> int:
+    """The ``placed`` candidate's index in the table (the last)."""
+    return levels + 3
 
 
 def names(levels: int = LEVELS) -> tuple[str, ...]:

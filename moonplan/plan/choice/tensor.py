@@ -1,7 +1,7 @@
 """``policy="auto"`` in torch ops on any device, with no host read (CUDA-graph capturable).
 
 Legend:
-    R ranks    E experts    B slots    M = ceil(E/R)    K levels    C = K + 3 candidates
+    R ranks    E experts    B slots    M = ceil(E/R)    K levels    C = K + 4 candidates
     alloc_CER  int64 [C, E, R] every candidate's allocation, in table order
     flow_CF3   int64 [C, R-1, 3] the flows each candidate's construction recorded
 
@@ -23,10 +23,15 @@ from typing import NamedTuple
 
 import torch
 
-from moonplan.plan.choice.bound import exit_bound_torch, experts_lb_torch, links_torch
-from moonplan.plan.choice.rent import call_price, exit_rent_torch, settle_torch
+from moonplan.plan.choice.bound import (
+    exit_bound_torch,
+    experts_lb_torch,
+    links_torch,
+    nocopy_torch,
+)
+from moonplan.plan.choice.rent import call_price, exit_rent_torch, serve_s, settle_torch
 from moonplan.plan.choice.resident import resident_torch
-from moonplan.plan.choice.table import LEVELS, table
+from moonplan.plan.choice.table import LEVELS, RESIDENT, table
 from moonplan.plan.choice.targets import level_caps_torch, water_fill_torch
 from moonplan.plan.from_alloc import home_layout, layout_torch
 from moonplan.plan.placement import static_alloc
@@ -64,10 +69,12 @@ def choose_tensor(
     tiles_ER = None  # with one-row tiles both roundings are one
     if cost.tile_rows > 1:
         tiles_ER = resident_torch(counts_RE, prev_RB, home_E, cost.tile_rows)
-    at_exit, exit_C, exit_index = _exit_times(times, alloc_CER, resident_ER, cost.exit_s, tiles_ER)
+    totals, links = _sums(cost, counts_RE, home_E, resident_ER)
+    nocopy = nocopy_torch(cost, R, totals, links, serve_s(cost))
+    at_exit, exit_C, exit_index = _exit_times(times, alloc_CER, resident_ER, cost, tiles_ER, nocopy)
     static_full = times(static_ER[None], resident_ER, cost.plan_s).total_s[0]
-    bounds, experts_lb = _bound(cost, counts_RE, home_E, resident_ER, static_full)
-    gap = at_exit.experts_s - experts_lb
+    bounds = exit_bound_torch(cost, R, totals, links, static_full, resident_ER.any())
+    gap = at_exit.experts_s - experts_lb_torch(cost, R, *totals)
     checking = call_price(cost)
     exited, credit, pending = exit_rent_torch(at_exit.total_s, gap, bounds, carried, checking)
     scores = times(alloc_CER, resident_ER, cost.plan_s).total_s
@@ -93,36 +100,41 @@ def _exit_times(
     times: Callable[[torch.Tensor, torch.Tensor, float], BatchTime],
     alloc_CER: torch.Tensor,
     resident_ER: torch.Tensor,
-    exit_s: float,
-    tiles_ER: torch.Tensor | None = None,
+    cost: StepCost,
+    tiles_ER: torch.Tensor | None,
+    nocopy: torch.Tensor,
 ) -> tuple[_AtExit, torch.Tensor, torch.Tensor]:
-    """The early exit's plan (static EP, or the ``resident`` candidate where replicas are
-    resident and it is predicted faster), ``(its times, the exit's scores [C], its index
-    int64 0-d)``: both charged ``cost.exit_s``, ``inf`` elsewhere (and for ``resident``
-    without residents).
+    """The early exit's plan, ``(its times, the exit's scores [C], its index int64 0-d)``:
+    the least (ties: the earlier entry) of static EP and, where replicas are resident,
+    ``placed`` and ``resident`` where the better of the two is above ``nocopy``
+    (``bound.nocopy_torch``), each charged ``cost.exit_s``; ``inf`` elsewhere.
 
     ``tiles_ER``: the ``resident`` candidate rounded to whole tiles, timed in the same call;
     ``alloc_CER``'s ``resident`` entry (rounded to records) becomes it where it is predicted
     faster (ties: records; ``reference._resident``)."""
-    allocs = alloc_CER[[0, 2]]
-    t = times(
-        allocs if tiles_ER is None else torch.cat([allocs, tiles_ER[None]]), resident_ER, exit_s
-    )
-    at_P = torch.arange(2, device=alloc_CER.device)  # static, then resident's rounding
+    C, dev = alloc_CER.shape[0], alloc_CER.device
+    cheap = times(alloc_CER[[0, C - 1]], resident_ER, cost.exit_s)
+    res = alloc_CER[[RESIDENT]] if tiles_ER is None else torch.stack([alloc_CER[2], tiles_ER])
+    t = times(res, resident_ER, cost.exit_s)
+    at = torch.zeros((), dtype=torch.int64, device=dev)  # records, or tiles where faster
     if tiles_ER is not None:
-        tiles = t.total_s[2] < t.total_s[1]
-        alloc_CER[2] = torch.where(tiles, tiles_ER, alloc_CER[2])
-        at_P = torch.stack([at_P[0], torch.where(tiles, 2, 1)])
-    total_P, experts_P = t.total_s.index_select(0, at_P), t.experts_s.index_select(0, at_P)
+        tiles = t.total_s[1] < t.total_s[0]
+        alloc_CER[RESIDENT] = torch.where(tiles, tiles_ER, alloc_CER[RESIDENT])
+        at = torch.where(tiles, 1, 0)
     has = resident_ER.any()
-    t_res = torch.where(has, total_P[1], torch.inf)
-    use = has & (t_res < total_P[0])
-    pick = torch.where(use, 1, 0).view(1)
-    total, experts = total_P.gather(0, pick)[0], experts_P.gather(0, pick)[0]
-    C = alloc_CER.shape[0]
-    c_C = torch.arange(C, device=alloc_CER.device)
-    exit_C = torch.where(c_C == 0, total_P[0], torch.where(c_C == 2, t_res, torch.inf))
-    return _AtExit(total, experts), exit_C, torch.where(use, 2, 0)
+    t_placed = torch.where(has, cheap.total_s[1], torch.inf)
+    built = has & (torch.minimum(cheap.total_s[0], t_placed) > nocopy)
+    t_res = torch.where(built, t.total_s.gather(0, at.view(1))[0], torch.inf)
+    total_3 = torch.stack([cheap.total_s[0], t_res, t_placed])  # table order
+    experts_3 = torch.stack([cheap.experts_s[0], t.experts_s.gather(0, at.view(1))[0],
+                             cheap.experts_s[1]])  # fmt: skip
+    pick = torch.argmin(total_3)  # the first least
+    index = torch.tensor([0, RESIDENT, C - 1], device=dev).gather(0, pick.view(1))[0]
+    c_C = torch.arange(C, device=dev)
+    exit_C = torch.where(c_C == 0, total_3[0], torch.inf)
+    exit_C = torch.where(c_C == RESIDENT, t_res, torch.where(c_C == C - 1, t_placed, exit_C))
+    at_exit = _AtExit(total_3.gather(0, pick.view(1))[0], experts_3.gather(0, pick.view(1))[0])
+    return at_exit, exit_C, index
 
 
 def _resident(prev_RB: torch.Tensor | None, E: int, R: int, dev: torch.device) -> torch.Tensor:
@@ -150,20 +162,16 @@ def _times(
     return batch_step_time(cost, counts_RE, alloc_CER, fetch_CER, home_E, plan_C)
 
 
-def _bound(
-    cost: StepCost,
-    counts_RE: torch.Tensor,
-    home_E: torch.Tensor,
-    resident_ER: torch.Tensor,
-    static_full: torch.Tensor,
-) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """float64 0-d: ``bound.exit_bound_torch``'s pair and ``experts_lb`` of this step."""
+def _sums(
+    cost: StepCost, counts_RE: torch.Tensor, home_E: torch.Tensor, resident_ER: torch.Tensor
+) -> tuple[
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+]:
+    """The bound's int64 ``totals`` (0-d each) and ``links`` (``bound.links_torch``)."""
     T_E = counts_RE.sum(0)
     R = resident_ER.shape[1]
     totals = (_padded(cost, T_E).sum(), (T_E > 0).sum(), T_E.sum())
-    links = links_torch(counts_RE, resident_ER, home_E, cost.domain_size(R))
-    bounds = exit_bound_torch(cost, R, totals, links, static_full, resident_ER.any())
-    return bounds, experts_lb_torch(cost, R, *totals)
+    return totals, links_torch(counts_RE, resident_ER, home_E, cost.domain_size(R))
 
 
 def _candidates(
@@ -191,7 +199,22 @@ def _candidates(
     exact = build(exact_R, True)
     out = {"exact": exact, "greedy": build(exact_R, False), "static": (static_ER, none_F3)}
     out["resident"] = (resident_torch(counts_RE, prev[0], home_E), none_F3)
+    resident_ER = _resident(prev[0], T_E.shape[0], R, T_E.device)
+    out["placed"] = (placed_torch(T_E, resident_ER, home_E), none_F3)
     for k in range(1, levels):
         out[f"level-{k}"] = build(level_KR[k - 1], True)
     allocs, flows = zip(*(out[c.name] for c in table(levels)), strict=True)
     return torch.stack(allocs), torch.stack(flows)
+
+
+def placed_torch(
+    T_E: torch.Tensor, resident_ER: torch.Tensor, home_E: torch.Tensor
+) -> torch.Tensor:
+    """int64 ``[E, R]``: the ``placed`` candidate (``reference._placed``) of the records per
+    expert ``T_E``, the resident pairs (bool ``resident_ER``) and the homes, no host read."""
+    E, R = resident_ER.shape
+    away_ER = resident_ER & (home_E[:, None] != torch.arange(R, device=T_E.device)[None, :])
+    first_E = away_ER.to(torch.int8).argmax(1)  # the first True where any
+    server_E = torch.where(away_ER.any(1), first_E, home_E)
+    alloc_ER = torch.zeros(E, R, dtype=torch.int64, device=T_E.device)
+    return alloc_ER.scatter_(1, server_E[:, None], T_E[:, None])

@@ -45,8 +45,8 @@ FORCED_S = 1e9
 
 @st.composite
 def costs(draw: st.DrawFn) -> StepCost:
-    """The presets, scaled: cheap to prohibitive copies and planning, either schedule,
-    one or several fast-link domains."""
+    """The presets, scaled: cheap to prohibitive copies and planning (the exit's
+    ``resident`` build included), either schedule, one or several fast-link domains."""
     base = draw(st.sampled_from([H200, MULTI, COMPUTE_ONLY]))
     copy = draw(st.sampled_from([0.0, 0.01, 1.0, 100.0]))
     return base.scaled(
@@ -54,6 +54,7 @@ def costs(draw: st.DrawFn) -> StepCost:
         copy_s_inter=base.copy_s_inter * copy,
         plan_s=draw(st.sampled_from([0.0, 2e-5, 1e-2])),
         exit_s=draw(st.sampled_from([0.0, 1e-6, 1e-2])),
+        serve_s=draw(st.sampled_from([0.0, 1e-5, 1e-2])),
         tile_rows=draw(st.sampled_from([1, 3, 16])),
         overlap=draw(st.booleans()),
         domain=draw(st.sampled_from([base.domain, 1, 2, 3])),

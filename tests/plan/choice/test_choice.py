@@ -17,15 +17,16 @@ import moonplan
 from moonplan import PlanError, check_plan
 from moonplan.baselines.moonep_greedy import moonep_greedy_alloc
 from moonplan.plan.choice import PATHS, choose, reference
-from moonplan.plan.choice.table import LEVELS, names, table
+from moonplan.plan.choice.table import LEVELS, RESIDENT, names, placed_index, table
 from moonplan.plan.home import home_list
 from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import PLAN_TENSORS, Plan
 from moonplan.plan.reference import previous_flows
+from moonplan.plan.residency.serving import serving_plan
 from moonplan.stepcost import StepCost
 from moonplan.testing import counts
 from moonplan.traces import DriftingTrace
-from tests.plan.choice.costs import COMPUTE_ONLY, H200, MULTI, costs, full, tiles_costs
+from tests.plan.choice.costs import COMPUTE_ONLY, DECODE, H200, MULTI, costs, full, tiles_costs
 from tests.plan.draw import counts_like
 
 CPU_PATHS = tuple(p for p in PATHS if p != "cuda")  # the kernel: test_choice_kernel_*.py
@@ -109,7 +110,7 @@ def test_chosen_is_predicted_no_slower_than_any_candidate_but_by_its_rent(
         return
     every = _auto(first, slots, prev, full(cost), "host")  # every candidate scored
     scores = every.choice.scores.tolist()
-    assert all(math.isfinite(s) for s in scores) and len(scores) == LEVELS + 3
+    assert all(math.isfinite(s) for s in scores) and len(scores) == LEVELS + 4
     mine = float(p.choice.scores[int(p.choice.index)])
     free = _free_scores(first, slots, prev, cost)
     if p.choice.early_exit() and bool((prev.slot_expert >= 0).any()):
@@ -174,6 +175,49 @@ def test_resident_reuses_what_the_previous_step_copied() -> None:
     assert better >= 3  # balanced through the replicas already there
 
 
+def test_placed_serves_whole_experts_moved_into_the_slots() -> None:
+    """Decode-like costs (a weight read is worth 100 rows): rank 0's two home experts are
+    hot and expert 1 sits in rank 1's slot. Static EP reads both on rank 0; ``placed`` runs
+    expert 1 wholly on rank 1 (one read each, half the rows sent) with a lookup. The exit
+    takes it and skips the ``resident`` build, which could not beat it by that build."""
+    c = torch.tensor([[50, 50, 0, 0], [50, 50, 0, 0]])
+    prev = serving_plan(torch.zeros_like(c), torch.tensor([[-1], [1]]))
+    cost = DECODE.scaled(exit_s=1.0, serve_s=50.0, plan_s=1000.0)
+    for path in CPU_PATHS:
+        p = _auto(c, 1, prev, cost, path)
+        assert p.policy == "placed" and p.choice.early_exit(), path
+        assert p.alloc.tolist() == [[100, 0], [0, 100], [0, 0], [0, 0]]
+        assert p.new_copies() == 0 and not math.isfinite(p.choice.scores[RESIDENT])
+        assert float(p.choice.scores[placed_index()]) == 1.0 + 50 + 100 + 50
+        assert not p.choice.built_resident()
+    cheap = cost.scaled(serve_s=0.0, weight_read_s=1.0)  # rows dominate: balance is worth it
+    p = _auto(torch.tensor([[90, 10, 0, 0], [90, 10, 0, 0]]), 1, prev, cheap, "reference")
+    assert p.choice.built_resident() and p.policy == "resident"
+
+
+@given(st.data())
+@settings(deadline=None)
+def test_the_exit_builds_resident_only_where_it_could_pay_for_the_build(
+    data: st.DataObject,
+) -> None:
+    """Where the exit skipped the ``resident`` build, that candidate charged the build
+    would not have beaten the exit's plan (``bound.nocopy_s``)."""
+    first = data.draw(counts(max_ranks=6, max_experts=14, max_records_per_rank=300))
+    slots = data.draw(st.integers(1, first.shape[1]))
+    cost = data.draw(costs())
+    prev = moonplan.plan(counts_like(data, first), slots=slots)
+    p = _auto(first, slots, prev, cost, "reference")
+    held = bool((prev.slot_expert >= 0).any())
+    if not (held and p.choice.early_exit()) or math.isfinite(p.choice.scores[RESIDENT]):
+        return
+    step = reference.Step(
+        first.tolist(), slots, 1, prev.slot_expert.tolist(), previous_flows(prev.flow)
+    )
+    res, _ = reference.build(table()[RESIDENT], step, LEVELS, cost)
+    mine = float(p.choice.scores[int(p.choice.index)])
+    assert reference._time(cost, step, res, cost.exit_s + cost.serve_s) >= mine
+
+
 def test_chosen_plans_chain_as_previous_and_pickle() -> None:
     trace = DriftingTrace(8, 32, 2048, 4, seed=1, sigma=1.5, rho=0.9)
     prev, picked = None, set()
@@ -209,7 +253,7 @@ def test_named_candidates_meet_their_bounds(data: st.DataObject) -> None:
     slots = data.draw(st.none() | st.integers(0, min(-(-E // R) + 1, E)))
     prev = moonplan.plan(first, slots=slots)
     c = counts_like(data, first)
-    for name in ("resident", "greedy", "level-1", "level-7", "bounded-0", "bounded-1.5"):
+    for name in ("resident", "greedy", "placed", "level-1", "level-7", "bounded-0", "bounded-1.5"):
         ref = moonplan.plan(c, slots=slots, previous=prev, policy=name, backend="reference")
         got = moonplan.plan(c, slots=slots, previous=prev, policy=name)
         for k in PLAN_TENSORS:
@@ -230,6 +274,24 @@ def test_resident_moves_only_to_residents(c: torch.Tensor, data: st.DataObject) 
     assert used <= resident
     static_R = moonplan.plan(c, policy="static").alloc.sum(0)
     assert int(p.alloc.sum(0).max()) <= int(static_R.max()) or not used
+
+
+@given(counts(max_ranks=7, max_experts=16), st.data())
+def test_placed_runs_each_expert_whole_on_its_lowest_slot_holder(
+    c: torch.Tensor, data: st.DataObject
+) -> None:
+    R, E = c.shape
+    slots = data.draw(st.integers(0, min(-(-E // R) + 2, E)))
+    prev = moonplan.plan(counts_like(data, c), slots=slots)
+    p = moonplan.plan(c, slots=slots, previous=prev, policy="placed")
+    assert p.new_copies() == 0 and p.policy == "placed"
+    home = home_list(E, R)
+    rows = prev.slot_expert.tolist()
+    holders = [[r for r, row in enumerate(rows) if e in row and r != home[e]] for e in range(E)]
+    server = [min(holders[e]) if holders[e] else home[e] for e in range(E)]
+    assert p.alloc.tolist() == [[int(c[:, e].sum()) if r == server[e] else 0 for r in range(R)]
+                                for e in range(E)]  # fmt: skip
+    check_plan(p, c, previous=prev)
 
 
 @given(st.data())

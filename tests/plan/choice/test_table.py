@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from moonplan.plan.choice.table import LEVELS, names, parse_level, table
+from moonplan.plan.choice.table import LEVELS, RESIDENT, names, parse_level, placed_index, table
 
 
 def test_order_puts_static_then_exact_first() -> None:
     got = names(4)
-    assert got == ("static", "exact", "resident", "level-3", "level-2", "level-1", "greedy")
-    assert len(table()) == LEVELS + 3
-    assert [c.constructs for c in table(2)] == [False, True, False, True, True]
+    assert got == (
+        "static", "exact", "resident", "level-3", "level-2", "level-1", "greedy", "placed"
+    )  # fmt: skip
+    assert len(table()) == LEVELS + 4
+    assert [c.constructs for c in table(2)] == [False, True, False, True, True, False]
+    assert names()[RESIDENT] == "resident" and names()[placed_index()] == "placed"
 
 
 def test_levels_parse_exactly() -> None:
