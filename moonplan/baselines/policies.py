@@ -163,8 +163,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
     ``cost`` is the :class:`~moonplan.stepcost.StepCost` the choice minimises; the
     simulator passes the one it charges the step with, so a plan's predicted time is its
     simulated time. Each step is charged one planner call (``cost.plan_s``), or, when it
-    exited, the early exit's test (``cost.exit_s``) and, with replicas resident, its build
-    of the ``resident`` candidate (``planner_time.resident_build_us``). The placement's
+    exited, the early exit's test (``cost.exit_s``) and, where it built the ``resident``
+    candidate, that build (``cost.serve_s``: ``planner_time.resident_build_us``, which
+    ``SimConfig.step_cost`` sets for this policy). The placement's
     decisions follow the runtime's rule (:class:`~moonplan.plan.residency.refill.Decisions`:
     each runs beside the ``k`` steps its work covers, ``B + 4`` builds of the ``resident``
     candidate at ``planner_time.resident_us``, a share charged beside each, and is used
@@ -204,8 +205,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
         if self.staging and not self.stale_slots:  # stale slots: the runtime drops refills
             assert self.slots is not None
             res = Residency(self.num_ranks, self.num_experts, self.slots, self.cost,
-                            window=self.window, staging=self.staging,
-                            serve_s=resident_build_us(self.cost.tile_rows) * 1e-6)  # fmt: skip
+                            window=self.window, staging=self.staging)  # fmt: skip
             build_s = resident_us(self.num_ranks, self.num_experts, self.cost.tile_rows) * 1e-6
             self.decisions = Decisions(res, build_s)  # inline, the same lag
         self._order: Refill | None = None  # the refill being copied
@@ -233,15 +233,13 @@ class MoonplanAutoPolicy(PlannerPolicy):
     def step(self, counts: Any) -> PolicyStep:
         counts_RE = self._counts(counts)
         swapped = self._commit(counts_RE)
-        held = self._previous is not None and bool((self._previous.slot_expert >= 0).any())
         p = self.plan(counts_RE, self._previous)
         self._previous = p
         refill_ER = self._shares.pop(0) if self._shares else None
         assert p.choice is not None  # an auto plan
         planned = 1.0
-        if p.choice.early_exit():  # the test, and the resident candidate's builds with residents
-            serve_s = resident_build_us(self.cost.tile_rows) * 1e-6 if held else 0.0
-            exit_s = self.cost.exit_s + serve_s
+        if p.choice.early_exit():  # the test, and the resident candidate's build if made
+            exit_s = self.cost.exit_s + (self.cost.serve_s if p.choice.built_resident() else 0.0)
             planned = exit_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
         background = self._place(counts_RE, p)
         return plan_step(self.name, counts_RE, p, planned=planned, choice=p.policy,
@@ -325,4 +323,4 @@ register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-"
                     plan_us=exact_us, options=("slots", "stale_slots"), order=70))  # fmt: skip
 AUTO_OPTIONS = ("cost", "slots", "placement_window", "staging", "layers", "stale_slots")
 register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=auto_us, exit_us=exit_us,
-                    options=AUTO_OPTIONS, order=80))  # fmt: skip
+                    serve_us=resident_build_us, options=AUTO_OPTIONS, order=80))  # fmt: skip

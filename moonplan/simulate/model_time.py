@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from moonplan.baselines.policy_base import PolicyStep
-from moonplan.baselines.registry import PlanUs, infos, plan_us_at
+from moonplan.baselines.registry import PlanUs, ServeUs, infos, plan_us_at
 from moonplan.cost import ModelPreset
 from moonplan.plan.residency.refill import refill_link_s
 from moonplan.simulate.dispatch_rows import scheme_step_traffic
@@ -65,6 +65,12 @@ def default_plan_us() -> dict[str, PlanUs]:
     MoonEP greedy 51 us, its published figure; moonplan's policies their kernel's time by
     shape, ``moonplan.baselines.planner_time``). Policies not listed plan nothing."""
     return {n: p.plan_us for n, p in infos().items() if callable(p.plan_us) or p.plan_us > 0}
+
+
+def default_serve_us() -> dict[str, ServeUs]:
+    """What ``policy="auto"``'s exit adds where it builds the ``resident`` candidate
+    (``PolicyInfo.serve_us``) of the policies that have it."""
+    return {n: p.serve_us for n, p in infos().items() if callable(p.serve_us) or p.serve_us > 0}
 
 
 def default_exit_us() -> dict[str, PlanUs]:
@@ -86,6 +92,9 @@ class SimConfig:
         overlap_prefetch: the overlapped schedule (fetch during dispatch and the home
             section, as moonplan's runtime runs it; default); ``False``: fetch, then
             dispatch, one after the other.
+        exit_us: ``policy="auto"``'s early exit per policy name (``StepCost.exit_s``);
+            serve_us: what it adds where it builds the ``resident`` candidate
+            (``StepCost.serve_s``); both read from the registry by default.
         dispatch: the transport's dispatch scheme for every policy alike
             (``moonplan.stepcost.traffic.SCHEMES``; ``"rank"``/``"host"`` need the step's
             token routing, ``moonplan.simulate.dispatch_rows``).
@@ -98,6 +107,7 @@ class SimConfig:
     overlap_prefetch: bool = True
     dispatch: str = "record"
     exit_us: Mapping[str, PlanUs] = field(default_factory=default_exit_us)
+    serve_us: Mapping[str, ServeUs] = field(default_factory=default_serve_us)
 
     def plan_seconds(self, policy: str, num_ranks: int = 8, num_experts: int = 256) -> float:
         """Planning seconds of ``policy`` at ``(R, E)`` (0 when not listed)."""
@@ -118,7 +128,13 @@ class SimConfig:
             plan_us=plan_us_at(self.plan_us.get(policy, 0.0), num_ranks, E),
             overlap=self.overlap_prefetch,
             exit_us=plan_us_at(self.exit_us.get(policy, 0.0), num_ranks, E),
+            serve_us=_at_tile(self.serve_us.get(policy, 0.0), hw.gemm_tile_rows),
         )
+
+
+def _at_tile(value: ServeUs, tile_rows: int) -> float:
+    """``value`` (:data:`~moonplan.baselines.registry.ServeUs`) at a GEMM tile's rows."""
+    return float(value(tile_rows) if callable(value) else value)
 
 
 def step_time(

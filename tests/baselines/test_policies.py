@@ -26,7 +26,6 @@ from moonplan.baselines.metrics import (
     step_metrics,
     summarize,
 )
-from moonplan.baselines.planner_time import resident_build_us
 from moonplan.baselines.policies import split_pairs
 from moonplan.baselines.prehistory import Prehistory
 from moonplan.baselines.static_ep import StaticPolicy, round_robin_alloc
@@ -365,11 +364,12 @@ def test_simulator_plans_what_the_runtime_balancer_plans(mode: str, name: str) -
     """``moonplan-resident`` and ``moonplan-auto`` and the runtime's ``Balancer`` make the
     same ``moonplan.plan(counts, previous=, policy=, cost=)`` call: the same plans step by
     step, and the simulator charges one planner call (or the early exit's: its test, and the
-    resident candidate's build with residents). Without staging rows auto refills nothing
+    resident candidate's build where the exit made it). Without staging rows auto refills nothing
     in the background (the runtime's ``Placer`` runs beside the ``Balancer``)."""
     from moonplan.runtime.balancer import Balancer
 
-    cost = rows_only(copy_s_intra=1e-3, copy_s_inter=1e-3, plan_s=1e-3, exit_s=1e-5)
+    cost = rows_only(copy_s_intra=1e-3, copy_s_inter=1e-3, plan_s=1e-3, exit_s=1e-5,
+                     serve_s=2e-5)  # fmt: skip
     sim = make_policy(name, 8, 64, cost=cost, slots=4, staging=0)  # no background refill
     runtime = Balancer(mode, slots=4, align=1, cost=cost if mode == "auto" else None)
     previous = None
@@ -378,12 +378,12 @@ def test_simulator_plans_what_the_runtime_balancer_plans(mode: str, name: str) -
         c = generate_counts("lognormal", ranks=8, experts=64, tokens=256, topk=4, sigma=1.5,
                             seed=seed)  # fmt: skip
         step = sim.step(c)
-        held = previous is not None and bool((previous.slot_expert >= 0).any())
         previous = runtime.plan(c, previous)
         assert torch.equal(step.alloc_ER, previous.alloc)
         assert step.new_copies == previous.new_copies()
-        exited = previous.choice is not None and previous.choice.early_exit()
-        exit_s = 1e-5 + (resident_build_us(cost.tile_rows) * 1e-6 if held else 0.0)
+        choice = previous.choice
+        exited = choice is not None and choice.early_exit()
+        exit_s = 1e-5 + (cost.serve_s if exited and choice.built_resident() else 0.0)
         assert step.planned == pytest.approx(exit_s / 1e-3 if exited else 1.0)
         choices.add(previous.policy)
     # auto's choice changes along the trace (a mixed trace, not one candidate throughout)

@@ -155,8 +155,6 @@ class Residency:
         num_ranks, num_experts: ``R``, ``E``; num_slots: ``B``, the serving slots.
         cost: the cost model the target and the rule predict with.
         window: ``W`` steps of loads; staging: ``S`` changes per refill and rank.
-        serve_s: the planning each step spends because replicas are resident (the early
-            exit's build of the ``resident`` candidate), charged to tables with replicas.
         device: where the window lives (the counts'): observing a step reads nothing on
             the host; a decision reads the window once.
     """
@@ -170,13 +168,12 @@ class Residency:
         *,
         window: int = WINDOW,
         staging: int = STAGING,
-        serve_s: float = 0.0,
         device: torch.device | None = None,
     ):
         if isinstance(staging, bool) or not isinstance(staging, int) or staging < 1:
             raise ValueError(f"staging must be an integer >= 1, got {staging!r}")
         self.R, self.E, self.B = num_ranks, num_experts, num_slots
-        self.cost, self.staging, self.serve_s = cost, staging, serve_s
+        self.cost, self.staging = cost, staging
         self.window = LoadWindow(num_experts, window, device)
         self.credit = 0.0
         self.home_E = home_map(num_experts, num_ranks)
@@ -190,7 +187,7 @@ class Residency:
         if self.window.filled == 0 or self.B == 0:
             return empty_RB
         totals_E = self.window.totals_E().cpu()
-        return target_slots(totals_E, self.window.filled, empty_RB, self.cost, self.serve_s)
+        return target_slots(totals_E, self.window.filled, empty_RB, self.cost)
 
     def observe(self, counts_RE: torch.Tensor) -> None:
         """Add a step's counts (int64 ``[R, E]``, on the window's device) to the window."""
@@ -217,7 +214,7 @@ class Residency:
         if self.B == 0:
             return None
         serving_RB, totals_E = snap.serving_RB.cpu(), snap.totals_E.cpu()
-        target_RB = target_slots(totals_E, snap.filled, serving_RB, self.cost, self.serve_s)
+        target_RB = target_slots(totals_E, snap.filled, serving_RB, self.cost)
         target_RB = limit_changes(target_RB, serving_RB, self.staging, totals_E)
         if torch.equal(target_RB, serving_RB):
             return None
@@ -235,13 +232,14 @@ class Residency:
     def _time(self, counts_RE: np.ndarray, slot_RB: torch.Tensor, static_s: float) -> float:
         """Predicted seconds of a step served by ``slot_RB``, planning included
         (:func:`~moonplan.plan.residency.target.served_s`; ``static_s``: static EP's)."""
-        return served_s(self.cost, counts_RE, slot_RB.numpy(), self.serve_s, static_s)
+        return served_s(self.cost, counts_RE, slot_RB.numpy(), static_s)
 
     def work(self) -> int:
         """Builds of the ``resident`` candidate one decision makes (static EP's plan counts
-        as one): static EP and one per table with replicas the target scores (``B + 1``),
-        and for the rent static EP and the serving and target tables (three)."""
-        return self.B + 4
+        as one): static EP and one per table with replicas the target scores (``B + 1``,
+        the whole moves included), and for the rent static EP and the serving and target
+        tables (three)."""
+        return self.B + 5
 
 
 class Decisions:

@@ -17,15 +17,21 @@ For each ``k`` from 0 to ``B`` a candidate table holds ``k * R`` replicas:
    rank with a free slot, not holding the expert, and the least expected records (each
    expert's records split evenly over its holders).
 
+3. **Whole moves** (:func:`whole_moves`), one more table: experts moved, as EPLB moves
+   them, for the ``placed`` plan to serve with a lookup. The rank whose experts phase is
+   predicted longest gives one home expert at a time to the free slot of the rank
+   predicted shortest (the longest-first rule of makespan scheduling), while that shortens
+   the longer of the two.
+
 The table chosen is the one with the least predicted step time on the window's mean step
-(ties: fewer replicas), as ``auto`` would plan it (:func:`served_s`): the better of static
-EP and the ``resident`` plan (``moonplan.plan.choice.resident``, the plan each step makes
-inside the slots), charged the planning it costs: the early exit's test, and ``serve_s``
-more with replicas (the exit builds the ``resident`` candidate only where replicas are
-resident), where that plan passes the exit's bound; where it does not, the full calls the
-exit makes on a run of such steps (one each time what a call could have saved adds up to
-its price, ``rent.exit_rent``). Without that charge, replicas whose ``resident`` plan
-fails the bound looked free. No threshold enters: a replica is kept when
+(ties: the earlier, fewer replicas first), as ``auto`` would plan it (:func:`served_s`): the
+best of static EP, ``placed`` and, where it could beat those by its build, the ``resident``
+plan (``moonplan.plan.choice.resident``, the plan each step makes inside the slots),
+charged the planning it costs: the early exit's test, and ``StepCost.serve_s`` more where
+the exit builds ``resident``, where that plan passes the exit's bound; where it does not,
+the full calls the exit makes on a run of such steps (one each time what a call could have
+saved adds up to its price, ``rent.exit_rent``). Without that charge, replicas whose
+``resident`` plan fails the bound looked free. No threshold enters: a replica is kept when
 the cost model says the balance it buys outweighs what it costs (a weight read on its
 rank, records sent to it).
 """
@@ -38,9 +44,9 @@ import math
 import numpy as np
 import torch
 
-from moonplan.plan.choice.bound import exit_bound, links_host, totals_host
-from moonplan.plan.choice.host import resident_pick
-from moonplan.plan.choice.rent import call_price
+from moonplan.plan.choice.bound import exit_bound, links_host, nocopy_s, totals_host
+from moonplan.plan.choice.host import placed_host, resident_pick
+from moonplan.plan.choice.rent import call_price, serve_s
 from moonplan.plan.home import home_list
 from moonplan.plan.torch_backend import resident_map
 from moonplan.stepcost import StepCost
@@ -114,13 +120,13 @@ def served_s(
     cost: StepCost,
     counts_RE: np.ndarray,
     slot_RB: np.ndarray,
-    serve_s: float = 0.0,
     static_s: float | None = None,
 ) -> float:
     """Predicted seconds of a step of ``counts_RE`` served by ``slot_RB``, its planning
-    included, as ``auto`` plans it: the exit's plan (the better of static EP and, with
-    replicas resident, the ``resident`` plan) charged the exit's test (``cost.exit_s``, and
-    ``serve_s`` with replicas) where it passes the exit's bound
+    included, as ``auto`` plans it (``moonplan.plan.choice.reference``): the exit's plan,
+    the best of static EP and, with replicas resident, ``placed`` and (where it could beat
+    those by its build) the ``resident`` plan, charged the exit's test (``cost.exit_s``, and
+    ``cost.serve_s`` where it built ``resident``) where it passes the exit's bound
     (:func:`~moonplan.plan.choice.bound.exit_bound`); above it, a full call as often as
     ``rent.exit_rent`` makes one on a run of such steps (:func:`calls_share`).
     ``static_s``: static EP's :func:`step_time_over` of these counts, where the caller
@@ -130,17 +136,30 @@ def served_s(
     if static is None:
         static = step_time_over(cost, counts_RE, np.full_like(slot_RB, -1))
     held = bool((slot_RB >= 0).any())
-    best = min(static, step_time_over(cost, counts_RE, slot_RB)) if held else static
     home_E = np.asarray(home_list(E, R), dtype=np.int64)
     resident_ER = resident_map(torch.from_numpy(slot_RB), E).numpy()
     links = links_host(counts_RE, resident_ER, home_E, cost.domain_size(R))
     totals = totals_host(cost, counts_RE.sum(0))
+    best, exit_s = static, cost.exit_s
+    if held:
+        best = min(best, placed_over(cost, counts_RE, resident_ER))
+        if best + cost.exit_s > nocopy_s(cost, R, totals, links, serve_s(cost)):
+            best, exit_s = min(best, step_time_over(cost, counts_RE, slot_RB)), serve_s(cost)
     bound, _ = exit_bound(cost, R, totals, links, None if held else static + cost.plan_s)
-    exit_s = cost.exit_s + (serve_s if held else 0.0)
-    over = best + cost.exit_s - bound
+    over = best + exit_s - bound
     if over <= 0:
         return best + exit_s
     return best + calls_share(over, call_price(cost), exit_s, cost.plan_s)
+
+
+def placed_over(cost: StepCost, counts_RE: np.ndarray, resident_ER: np.ndarray) -> float:
+    """Predicted seconds of the ``placed`` plan of ``counts_RE`` over the resident pairs
+    (bool ``resident_ER``; no copy, no planning charged)."""
+    R, E = counts_RE.shape
+    home_E = np.asarray(home_list(E, R), dtype=np.int64)
+    alloc_ER = placed_host(counts_RE.sum(0), resident_ER, home_E)
+    none_ER = np.zeros((E, R), dtype=bool)
+    return float(cost.step_time(alloc_ER, counts_RE, none_ER, home_E, planned=0).total_s)
 
 
 def calls_share(over: float, checking: float, exit_s: float, plan_s: float) -> float:
@@ -152,27 +171,103 @@ def calls_share(over: float, checking: float, exit_s: float, plan_s: float) -> f
     return ((n - 1) * exit_s + plan_s) / n
 
 
+def whole_moves(
+    cost: StepCost, counts_RE: np.ndarray, num_slots: int, current: list[list[int]]
+) -> list[list[int]]:
+    """The slot table ``[R][B]`` of whole experts moved (step 3 of the module docstring):
+    from the homes, one expert at a time leaves the rank whose experts phase is predicted
+    longest (``StepCost``'s roofline of the mean step's rows) for a free slot of the rank
+    predicted shortest: the home expert that makes the longer of the two least, while that
+    is below the longest. ``current``: the serving table (a moved expert it holds on the
+    same rank keeps its slot)."""
+    R, E = counts_RE.shape
+    T = [int(t) for t in counts_RE.sum(0)]
+    home = home_list(E, R)
+    sums = [[0, 0, 0] for _ in range(R)]  # padded rows, experts with rows, rows
+    for e in range(E):
+        _add(cost, sums[home[e]], T[e], 1)
+    free, moved = [num_slots] * R, {}
+    while True:
+        t_R = [_section_s(cost, x) for x in sums]
+        b = max(range(R), key=lambda r: (t_R[r], -r))
+        open_R = [r for r in range(R) if free[r] > 0 and r != b]
+        if not open_R:
+            break
+        g = min(open_R, key=lambda r: (t_R[r], r))
+        best: tuple[float, int] | None = None
+        for e in range(E):
+            if home[e] == b and e not in moved and T[e] > 0:
+                m = max(_moved_s(cost, sums[b], T[e], -1), _moved_s(cost, sums[g], T[e], 1))
+                if m < t_R[b] and (best is None or m < best[0]):
+                    best = (m, e)
+        if best is None:
+            break
+        e = best[1]
+        _add(cost, sums[b], T[e], -1)
+        _add(cost, sums[g], T[e], 1)
+        moved[e], free[g] = g, free[g] - 1
+    return _seat(moved, num_slots, current)
+
+
+def _add(cost: StepCost, sums: list[int], rows: int, sign: int) -> None:
+    """Add (``sign = 1``) or remove (``-1``) an expert of ``rows`` rows to a rank's sums."""
+    if rows > 0:
+        t = cost.tile_rows
+        sums[0] += sign * (-(-rows // t) * t)
+        sums[1] += sign
+        sums[2] += sign * rows
+
+
+def _moved_s(cost: StepCost, sums: list[int], rows: int, sign: int) -> float:
+    """A rank's experts phase with an expert of ``rows`` rows added or removed."""
+    trial = list(sums)
+    _add(cost, trial, rows, sign)
+    return _section_s(cost, trial)
+
+
+def _section_s(cost: StepCost, sums: list[int]) -> float:
+    """``StepCost``'s roofline of a rank's ``[padded rows, experts, rows]``."""
+    padded, experts, rows = sums
+    return max(cost.row_flop_s * padded, cost.weight_read_s * experts + cost.row_mem_s * rows)
+
+
+def _seat(moved: dict[int, int], num_slots: int, current: list[list[int]]) -> list[list[int]]:
+    """The table ``[R][B]`` holding each moved expert ``e`` on rank ``moved[e]``; one the
+    serving table already holds there keeps its slot."""
+    slots = [[-1] * num_slots for _ in current]
+    later = []
+    for e, r in sorted(moved.items()):
+        row = current[r][:num_slots]
+        if e in row and slots[r][row.index(e)] == -1:
+            slots[r][row.index(e)] = e
+        else:
+            later.append((e, r))
+    for e, r in later:
+        slots[r][slots[r].index(-1)] = e
+    return slots
+
+
 def target_slots(
     totals_E: torch.Tensor,
     steps: int,
     current_RB: torch.Tensor,
     cost: StepCost,
-    serve_s: float = 0.0,
 ) -> torch.Tensor:
     """int64 ``[R, B]``: the table of least predicted step time on the window's mean step,
-    planning included (:func:`served_s`; module docstring); ``current_RB`` is the serving
-    slot table (its shape gives R, B); ``serve_s``: the planning an exit spends on serving
-    replicas (the ``resident`` build)."""
+    planning included (:func:`served_s`; module docstring): the ``B + 1`` replica tables
+    and the whole moves (:func:`whole_moves`), ties to the earlier; ``current_RB`` is the
+    serving slot table (its shape gives R, B)."""
     R, B = current_RB.shape
     totals = [int(t) for t in totals_E.tolist()]
     current = current_RB.cpu().tolist()
     counts_RE = mean_step(totals_E, steps, R)
     static = step_time_over(cost, counts_RE, np.full((R, B), -1, dtype=np.int64))
+    tables = [pack(replica_counts(totals, R, k * R), totals, B, current) for k in range(B + 1)]
+    tables.append(whole_moves(cost, counts_RE, B, current))
     best: tuple[float, list[list[int]]] | None = None
-    for k in range(B + 1):
-        table = pack(replica_counts(totals, R, k * R), totals, B, current)
+    for table in tables:
         slot_RB = np.array(table, dtype=np.int64).reshape(R, B)
-        t = served_s(cost, counts_RE, slot_RB, serve_s, static)
+        t = served_s(cost, counts_RE, slot_RB, static)
         if best is None or t < best[0]:
             best = (t, table)
     assert best is not None

@@ -18,6 +18,7 @@ from moonplan.plan.residency.target import (
     served_s,
     step_time_over,
     target_slots,
+    whole_moves,
 )
 from tests.plan.choice.costs import rows_only, tiles_costs
 
@@ -66,9 +67,23 @@ def test_the_table_replicates_a_persistent_hot_expert_only_where_it_pays() -> No
     assert bool((target_slots(totals, 10, empty, dear) == -1).all())
     # serving replicas is dear: each exit builds the resident plan (copies dear too, so the
     # exit is taken and that charge applies; a full call would cost plan_s instead)
-    dear_copies = rows_only(copy_s_intra=1.0, copy_s_inter=1.0)
-    costly = target_slots(totals, 10, empty, dear_copies, serve_s=1.0)
-    assert bool((costly == -1).all())
+    dear_copies = rows_only(copy_s_intra=1.0, copy_s_inter=1.0, serve_s=1.0)
+    costly = target_slots(totals, 10, empty, dear_copies)
+    assert not bool((costly == 0).any())  # no replica to balance expert 0 through
+    assert costly.flatten().tolist().count(1) == 1  # its home neighbour moved out whole
+
+
+def test_whole_moves_take_experts_off_the_longest_rank() -> None:
+    """Decode-like costs (a weight read is worth 100 rows): rank 0 reads three busy home
+    experts, rank 1 one. Moving one of rank 0's to rank 1 makes it two against two reads;
+    a second move would only swap the longest rank, and it stops. A moved expert the
+    serving table holds on the same rank keeps its slot."""
+    cost = rows_only(row_flop_s=0.0, row_mem_s=1e-8, weight_read_s=1e-6)
+    counts = np.array([[5, 6, 7, 0, 0, 0, 8, 0]] * 2)  # E = 8, R = 2: homes 0-3 and 4-7
+    got = whole_moves(cost, counts, 2, [[-1, -1], [-1, -1]])
+    assert got == [[-1, -1], [0, -1]]  # the fewest rows: the longer of the two least
+    assert whole_moves(cost, counts, 2, [[-1, -1], [-1, 0]]) == [[-1, -1], [-1, 0]]
+    assert whole_moves(cost, counts, 0, [[], []]) == [[], []]  # no slot, no move
 
 
 def test_a_table_is_charged_the_planning_auto_would_spend_on_it() -> None:
@@ -80,13 +95,13 @@ def test_a_table_is_charged_the_planning_auto_would_spend_on_it() -> None:
     empty = np.full((R, 2), -1, dtype=np.int64)
     cost = rows_only(plan_s=1e-4, exit_s=1e-5)  # rows 1e-6 s: static EP takes 1.64e-3 s
     static = step_time_over(cost, counts, empty)
-    assert served_s(cost, counts, empty, serve_s=2e-5) == static + 1e-4  # a copy could pay
-    dear = rows_only(plan_s=1e-4, exit_s=1e-5, copy_s_intra=1.0, copy_s_inter=1.0)
-    assert served_s(dear, counts, empty, serve_s=2e-5) == static + 1e-5  # none can pay
+    assert served_s(cost, counts, empty) == static + 1e-4  # a copy could pay
+    dear = rows_only(plan_s=1e-4, exit_s=1e-5, serve_s=2e-5, copy_s_intra=1.0, copy_s_inter=1.0)
+    assert served_s(dear, counts, empty) == static + 1e-5  # none can pay
     held = empty.copy()
     held[1:, 0] = 0  # the hot expert resident on every other rank
     res = step_time_over(dear, counts, held)
-    assert res < static and served_s(dear, counts, held, serve_s=2e-5) == res + 1e-5 + 2e-5
+    assert res < static and served_s(dear, counts, held) == res + 1e-5 + 2e-5  # built
 
 
 @pytest.mark.parametrize("over", [1.1e-6, 3e-6, 3.3e-6, 1.1e-5, 4e-5])
