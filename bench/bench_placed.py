@@ -5,11 +5,12 @@ Legend: R ranks (8), E experts (64), B slots per rank (``default_slots``: 2), W 
 (the 32 steps before the measured ones); ``server[e]``: the one rank that runs expert
 ``e``'s records (its home, or a rank holding it in a slot).
 
-At decode and prefill sizes on one host, auto loses to EPLB and to round-robin static EP by
-3-9% on the recorded traces (``docs/benchmarks.md``). There its plan is either static EP
-over the linear homes (no replica pays its per-step ``resident`` build at decode) or a full
-call (prefill). EPLB instead moves whole experts, rarely, and its steps cost nothing to
-plan. This script measures that lever for moonplan, as an experiment (not in the code):
+At decode and prefill sizes on one host, auto lost to EPLB and to round-robin static EP by
+3-9% on the recorded traces before it had the ``placed`` candidate (static EP over whole
+experts moved into the slots, ``moonplan.plan.choice.table``) and the whole-move table of
+the slot placement (``residency.target.whole_moves``). This script measured that lever
+before it was built, and now compares auto's own (the ``auto`` column) with a slower
+placement that scores every move with the full step cost:
 
 * ``placed``: each step, static EP over ``server``: all of an expert's records to one rank.
   ``server`` is chosen once from the window's mean step (``residency.target.mean_step``):
