@@ -139,6 +139,7 @@ class Snapshot:
         serving_RB: int64 ``[R, B]``, the slots that step served.
         totals_E: int64 ``[E]``, the window's loads; filled: the steps it holds.
         steps: the steps since the last decision.
+        loads_SE: int64 ``[filled, E]``, each step's loads the window holds.
     """
 
     counts_RE: torch.Tensor
@@ -146,6 +147,7 @@ class Snapshot:
     totals_E: torch.Tensor
     filled: int
     steps: int
+    loads_SE: torch.Tensor
 
 
 class Residency:
@@ -186,8 +188,8 @@ class Residency:
         empty_RB = torch.full((self.R, self.B), -1, dtype=torch.int64)
         if self.window.filled == 0 or self.B == 0:
             return empty_RB
-        totals_E = self.window.totals_E().cpu()
-        return target_slots(totals_E, self.window.filled, empty_RB, self.cost)
+        totals_E, loads_SE = self.window.totals_E().cpu(), self.window.loads()
+        return target_slots(totals_E, self.window.filled, empty_RB, self.cost, loads_SE)
 
     def observe(self, counts_RE: torch.Tensor) -> None:
         """Add a step's counts (int64 ``[R, E]``, on the window's device) to the window."""
@@ -207,14 +209,14 @@ class Residency:
         """What a decision reads, copied now (on the device: no host read), so that it can
         run beside the next steps while the window moves on."""
         return Snapshot(counts_RE.clone(), serving_RB.clone(), self.window.totals_E().clone(),
-                        self.window.filled, steps)  # fmt: skip
+                        self.window.filled, steps, self.window.loads().clone())  # fmt: skip
 
     def decide_on(self, snap: Snapshot) -> Refill | None:
         """:meth:`decide` on a :class:`Snapshot` (reads it on the host; one at a time)."""
         if self.B == 0:
             return None
         serving_RB, totals_E = snap.serving_RB.cpu(), snap.totals_E.cpu()
-        target_RB = target_slots(totals_E, snap.filled, serving_RB, self.cost)
+        target_RB = target_slots(totals_E, snap.filled, serving_RB, self.cost, snap.loads_SE)
         target_RB = limit_changes(target_RB, serving_RB, self.staging, totals_E)
         if torch.equal(target_RB, serving_RB):
             return None
@@ -235,11 +237,12 @@ class Residency:
         return served_s(self.cost, counts_RE, slot_RB.numpy(), static_s)
 
     def work(self) -> int:
-        """Builds of the ``resident`` candidate one decision makes (static EP's plan counts
-        as one): static EP and one per table with replicas the target scores (``B + 1``,
-        the whole moves included), and for the rent static EP and the serving and target
-        tables (three)."""
-        return self.B + 5
+        """Builds of the ``resident`` candidate one decision makes at most (static EP's plan
+        counts as one): static EP and one per table with replicas the target scores
+        (``B + 1``, the whole moves included), three for each of the window's steps where
+        the whole moves are checked against the replicas (:func:`holds_up`), and for the rent
+        static EP and the serving and target tables (three)."""
+        return self.B + 5 + 3 * self.window.W
 
 
 class Decisions:

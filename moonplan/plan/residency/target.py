@@ -252,23 +252,50 @@ def target_slots(
     steps: int,
     current_RB: torch.Tensor,
     cost: StepCost,
+    loads_SE: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """int64 ``[R, B]``: the table of least predicted step time on the window's mean step,
     planning included (:func:`served_s`; module docstring): the ``B + 1`` replica tables
-    and the whole moves (:func:`whole_moves`), ties to the earlier; ``current_RB`` is the
+    (ties to the earlier), then the whole moves (:func:`whole_moves`) where they are faster
+    still and hold up over the window's own steps (:func:`holds_up`; ``loads_SE``: int64
+    ``[S, E]``, each step's loads; ``None``: on the mean step alone). ``current_RB`` is the
     serving slot table (its shape gives R, B)."""
     R, B = current_RB.shape
     totals = [int(t) for t in totals_E.tolist()]
     current = current_RB.cpu().tolist()
     counts_RE = mean_step(totals_E, steps, R)
     static = step_time_over(cost, counts_RE, np.full((R, B), -1, dtype=np.int64))
-    tables = [pack(replica_counts(totals, R, k * R), totals, B, current) for k in range(B + 1)]
-    tables.append(whole_moves(cost, counts_RE, B, current))
     best: tuple[float, list[list[int]]] | None = None
-    for table in tables:
-        slot_RB = np.array(table, dtype=np.int64).reshape(R, B)
-        t = served_s(cost, counts_RE, slot_RB, static)
+    for k in range(B + 1):
+        table = pack(replica_counts(totals, R, k * R), totals, B, current)
+        t = served_s(cost, counts_RE, _table(table, R, B), static)
         if best is None or t < best[0]:
             best = (t, table)
     assert best is not None
+    moves = _table(whole_moves(cost, counts_RE, B, current), R, B)
+    faster = served_s(cost, counts_RE, moves, static) < best[0]
+    if faster and (loads_SE is None or holds_up(cost, loads_SE, moves, _table(best[1], R, B))):
+        return torch.from_numpy(moves)
     return torch.tensor(best[1], dtype=torch.int64).reshape(R, B)
+
+
+def _table(table: list[list[int]], R: int, B: int) -> np.ndarray:
+    return np.array(table, dtype=np.int64).reshape(R, B)
+
+
+def holds_up(
+    cost: StepCost, loads_SE: torch.Tensor, moves_RB: np.ndarray, replicas_RB: np.ndarray
+) -> bool:
+    """Whether the whole moves are predicted faster than the replica table on the mean of
+    :func:`served_s` over the window's steps, each spread over the sources as the mean step
+    is. The mean step hides each expert's step-to-step fluctuation: replicas absorb it,
+    whole moves do not (on the sweep, whole moves chosen on the mean step alone were up to
+    12% slower than the replicas they replaced: ``docs/benchmarks.md``)."""
+    R = moves_RB.shape[0]
+    moved = replicas = 0.0
+    for loads_E in loads_SE.cpu():
+        c_RE = mean_step(loads_E, 1, R)
+        static = step_time_over(cost, c_RE, np.full_like(moves_RB, -1))
+        moved += served_s(cost, c_RE, moves_RB, static)
+        replicas += served_s(cost, c_RE, replicas_RB, static)
+    return moved < replicas

@@ -47,6 +47,11 @@ class LoadWindow:
         """Steps the window holds (at most ``W``)."""
         return min(self.steps, self.W)
 
+    def loads(self) -> torch.Tensor:
+        """int64 ``[filled, E]``: the per-expert loads of each step the window holds (in
+        ring order, not time order)."""
+        return self.loads_WE[: self.filled]
+
     def totals_E(self) -> torch.Tensor:
         """int64 ``[E]``: records per expert summed over the steps the window holds."""
         return self.loads_WE.sum(0)

@@ -12,6 +12,7 @@ from moonplan.plan.choice.rent import exit_rent
 from moonplan.plan.home import home_list
 from moonplan.plan.residency.target import (
     calls_share,
+    holds_up,
     mean_step,
     pack,
     replica_counts,
@@ -84,6 +85,23 @@ def test_whole_moves_take_experts_off_the_longest_rank() -> None:
     assert got == [[-1, -1], [0, -1]]  # the fewest rows: the longer of the two least
     assert whole_moves(cost, counts, 2, [[-1, -1], [-1, 0]]) == [[-1, -1], [-1, 0]]
     assert whole_moves(cost, counts, 0, [[], []]) == [[], []]  # no slot, no move
+
+
+def test_whole_moves_must_hold_up_over_the_windows_steps() -> None:
+    """Two hot experts of rank 0 (homes 0, 1; rank 1 homes 2, 3), only rows cost. Steady,
+    moving expert 1 to rank 1 halves the busiest rank against static EP. Taking turns (the
+    same mean step), the moved expert helps on one step of two and replicas of both on
+    every step: the mean step cannot tell them apart, the window's steps can."""
+    cost = rows_only()
+    moves = np.array([[-1, -1], [1, -1]])
+    replicas = np.array([[-1, -1], [0, 1]])
+    none = np.full((2, 2), -1)
+    steady = torch.tensor([[50, 50, 0, 0], [50, 50, 0, 0]])
+    turns = torch.tensor([[100, 0, 0, 0], [0, 100, 0, 0]])
+    mean = mean_step(turns.sum(0), 2, 2)
+    assert served_s(cost, mean, moves) == served_s(cost, mean, replicas)
+    assert holds_up(cost, steady, moves, none) and holds_up(cost, turns, moves, none)
+    assert not holds_up(cost, turns, moves, replicas)
 
 
 def test_a_table_is_charged_the_planning_auto_would_spend_on_it() -> None:

@@ -19,8 +19,10 @@ def test_the_window_keeps_the_last_w_steps() -> None:
 
 def test_prime_adds_the_steps_before_and_keeps_only_the_last_w() -> None:
     w = LoadWindow(2, window=2)
+    assert w.loads().shape == (0, 2)  # nothing observed yet
     w.prime(torch.tensor([[9, 9], [1, 0], [0, 2]]))
     assert w.totals_E().tolist() == [1, 2] and w.filled == 2
+    assert sorted(w.loads().tolist()) == [[0, 2], [1, 0]]  # each step held, ring order
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
