@@ -21,7 +21,9 @@ For each ``k`` from 0 to ``B`` a candidate table holds ``k * R`` replicas:
    them, for the ``placed`` plan to serve with a lookup. The rank whose experts phase is
    predicted longest gives one home expert at a time to the free slot of the rank
    predicted shortest (the longest-first rule of makespan scheduling), while that shortens
-   the longer of the two.
+   the longer of the two. It replaces the best replica table only where it is also faster
+   over the window's own steps (:func:`holds_up`): the mean step hides the fluctuation that
+   replicas absorb and whole moves do not.
 
 The table chosen is the one with the least predicted step time on the window's mean step
 (ties: the earlier, fewer replicas first), as ``auto`` would plan it (:func:`served_s`): the
