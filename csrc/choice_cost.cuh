@@ -27,7 +27,7 @@ __device__ __forceinline__ double mc_mul(double a, double b) { return __dmul_rn(
 __device__ __forceinline__ double mc_add(double a, double b) { return __dadd_rn(a, b); }
 __device__ __forceinline__ double mc_sub(double a, double b) { return __dadd_rn(a, -b); }
 
-// StepCost's rates (seconds) and options; serve = rent.serve_s (exit_s + serve_s: the charge
+// StepCost's rates (seconds) and options; serve = rent.exit_build_s (exit_s + serve_s: the charge
 // of bound.nocopy_s, the exit's test of whether to build the resident candidate); copy_min =
 // bound.copy_min_s (inf: no copy possible), (h_disp, h_comb) = bound.link_rates (a row's
 // least link seconds).
@@ -51,7 +51,7 @@ struct McCost {
 
 // McCost from the launcher's arguments (in its field order; overlap: non-zero is true).
 __device__ McCost mc_cost(MC_COST_PARAMS) {
-    const double serve = mc_add(exit_s, serve_s);  // rent.serve_s, the same float sum
+    const double serve = mc_add(exit_s, serve_s);  // rent.exit_build_s, the same float sum
     return {row_flop,   weight_read, row_mem, copy_intra, copy_inter, disp_intra, disp_inter,
             comb_intra, comb_inter,  base,    per_peer,   plan_s,     exit_s,     serve,
             copy_min,   h_disp,      h_comb,  tile,       G,          overlap != 0};

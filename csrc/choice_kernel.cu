@@ -642,7 +642,7 @@ struct McExitIn {  // what the exit test reads (block-uniform)
     bool built;     // the resident candidate was built (has_res, and it may win the exit)
     double experts_lb;
     double copies;  // the bound's part for plans that copy (mc_first_links; inf with one rank)
-    double nocopy;  // bound.nocopy_s charged rent.serve_s
+    double nocopy;  // bound.nocopy_s charged rent.exit_build_s
     mp_i64 nres;    // previous's slots that hold an expert
 };
 

@@ -167,9 +167,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
     candidate, that build (``cost.serve_s``: ``planner_time.resident_build_us``, which
     ``SimConfig.step_cost`` sets for this policy). The placement's
     decisions follow the runtime's rule (:class:`~moonplan.plan.residency.refill.Decisions`:
-    each runs beside the ``k`` steps its work covers, ``B + 4`` builds of the ``resident``
-    candidate at ``planner_time.resident_us``, a share charged beside each, and is used
-    after them). The serving table at step 0 is the target of the ``placement_window``
+    each runs beside the ``k`` steps its work covers, ``Residency.work()`` builds of the
+    ``resident`` candidate at ``planner_time.resident_us``, a share charged beside each, and
+    is used after them). The serving table at step 0 is the target of the ``placement_window``
     steps before the trace (:meth:`prime`), as EPLB's placement is.
     """
 

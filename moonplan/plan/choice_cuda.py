@@ -219,7 +219,7 @@ def allocate(
 
 def cost_args(cost: StepCost, R: int) -> list[Arg]:
     """``MC_COST_PARAMS`` of the kernels: ``tile``, ``G``, ``overlap``, then the rates
-    (seconds, doubles; ``serve_s`` the field, the kernel adds ``exit_s`` as ``rent.serve_s``)
+    (seconds, doubles; ``serve_s`` the field, the kernel adds ``exit_s`` as ``rent.exit_build_s``)
     and the bound's ``copy_min_s`` (``inf``: no copy possible) and ``link_rates`` (dispatch,
     combine), computed here as the reference computes them."""
     check_cost(cost)  # PlanError: an option no form of the choice models

@@ -8,7 +8,7 @@ the same one, under the same :class:`~moonplan.plan.residency.refill.Decisions` 
 decision (which slot table the window's loads want, and whether rent or buy says a refill
 pays) starts from a snapshot of one step, runs on a worker thread beside the next ``k``
 steps and is used ``k`` steps later (the step waits for it only if it is not done); ``k``
-is the fewest steps whose predicted time covers its work (``B + 4`` builds of the
+is the fewest steps whose predicted time covers its work (``Residency.work()`` builds of the
 ``resident`` candidate, each charged the cost model's early exit, ``exit_s``, which the
 calibration times with that build in it). Every input is agreed (the counts, the cost
 model, the plans), so every rank decides alike at the same step and hands the same target

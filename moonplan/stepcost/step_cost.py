@@ -147,8 +147,9 @@ class StepCost:
     serve_s: float = 0.0
     """Seconds the early exit adds where it builds the ``resident`` candidate (replicas
     resident and the cheap plans above the bound on plans that copy nothing:
-    ``moonplan.plan.choice.reference``); the exit's ``resident`` plan is charged
-    ``exit_s + serve_s``."""
+    ``moonplan.plan.choice.reference``). The exit builds it only where it could beat them
+    by this; the exit's plans are scored with ``exit_s`` alone, and whoever charges the
+    step adds this where the exit built it (``Choice.built_resident``)."""
     tile_rows: int = 1
     """An expert's rows are padded to a multiple of this (GEMM tile)."""
     domain: int = 0

@@ -29,7 +29,7 @@ from moonplan.plan.choice.bound import (
     nocopy_s,
     totals_host,
 )
-from moonplan.plan.choice.rent import call_price, exit_rent, serve_s, settle
+from moonplan.plan.choice.rent import call_price, exit_build_s, exit_rent, settle
 from moonplan.plan.choice.resident import resident_host
 from moonplan.plan.choice.table import LEVELS, RESIDENT, Candidate, placed_index, table
 from moonplan.plan.choice.targets import level_caps, water_fill
@@ -116,7 +116,8 @@ def choose_host(
     if resident.any():  # the exit's other plans: the slots, whole experts or balanced
         placed = placed_host(hs.total, resident, hs.home)
         exits.append((placed, timed(placed, cost.exit_s), placed_index(levels)))
-        if min(t.total_s for _, t, _ in exits) > nocopy_s(cost, R, totals, links, serve_s(cost)):
+        cheap = min(t.total_s for _, t, _ in exits)
+        if cheap > nocopy_s(cost, R, totals, links, exit_build_s(cost)):
             res, at_res = resident_pick(cost, hs.counts, hs.prev_RB, hs.home)
             if at_res is None:  # records alone were built: time them here
                 at_res = timed(res, cost.exit_s)

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from moonplan.plan.choice.bound import exit_bound, experts_lb_s, links_reference, nocopy_s
-from moonplan.plan.choice.rent import call_price, exit_rent, serve_s, settle
+from moonplan.plan.choice.rent import call_price, exit_build_s, exit_rent, settle
 from moonplan.plan.choice.resident import resident_reference
 from moonplan.plan.choice.table import LEVELS, RESIDENT, Candidate, placed_index, table
 from moonplan.plan.choice.targets import level_caps, water_fill
@@ -102,16 +102,19 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     links = links_reference(counts, step.resident, home, cost.domain_size(R))
     totals = _totals(cost, counts)
     scores = [math.inf] * (levels + 4)
-    exits = [(static, 0)]
+
+    def timed(alloc: Alloc, i: int) -> tuple[Alloc, StepTime, int]:
+        return alloc, _step_time(cost, step, alloc, cost.exit_s), i
+
+    exits = [timed(static, 0)]
     if step.resident:  # the exit's other plans: the slots, whole experts or balanced
-        exits.append((_placed(step), placed_index(levels)))
-        cheap = min(_time(cost, step, a, cost.exit_s) for a, _ in exits)
-        if cheap > nocopy_s(cost, R, totals, links, serve_s(cost)):
-            exits.append((_resident(step, cost), RESIDENT))
-    timed = [(a, _step_time(cost, step, a, cost.exit_s), i) for a, i in exits]
-    for _, t, i in timed:
+        exits.append(timed(_placed(step), placed_index(levels)))
+        cheap = min(t.total_s for _, t, _ in exits)
+        if cheap > nocopy_s(cost, R, totals, links, exit_build_s(cost)):
+            exits.append(timed(_resident(step, cost), RESIDENT))
+    for _, t, i in exits:
         scores[i] = t.total_s
-    exit_alloc, at_exit, index = min(timed, key=lambda x: (x[1].total_s, x[2]))
+    exit_alloc, at_exit, index = min(exits, key=lambda x: (x[1].total_s, x[2]))
     t_exit = at_exit.total_s
     static_full = None if step.resident else _time(cost, step, static, cost.plan_s)
     bounds = exit_bound(cost, R, totals, links, static_full)
@@ -170,10 +173,7 @@ def _placed(step: Step) -> Alloc:
     for e, r in sorted(step.resident, reverse=True):  # the lowest holder of e written last
         if r != home[e]:
             server[e] = r
-    alloc = [[0] * R for _ in range(E)]
-    for e in range(E):
-        alloc[e][server[e]] = sum(row[e] for row in step.counts)
-    return alloc
+    return _static_alloc(step.counts, server)  # static EP over the servers
 
 
 def _resident(step: Step, cost: StepCost | None) -> Alloc:
@@ -186,8 +186,7 @@ def _resident(step: Step, cost: StepCost | None) -> Alloc:
     if cost is None or cost.tile_rows == 1 or not step.resident:
         return by_records
     by_tiles = resident_reference(step.counts, step.prev_slots, home, cost.tile_rows)
-    at = cost.exit_s
-    faster = _time(cost, step, by_tiles, at) < _time(cost, step, by_records, at)
+    faster = _time(cost, step, by_tiles, cost.exit_s) < _time(cost, step, by_records, cost.exit_s)
     return by_tiles if faster else by_records
 
 

@@ -92,7 +92,7 @@ def call_price(cost: StepCost) -> float:
     return max(0.0, cost.plan_s - cost.exit_s)
 
 
-def serve_s(cost: StepCost) -> float:
+def exit_build_s(cost: StepCost) -> float:
     """The exit's planning where it builds the ``resident`` candidate: its test and that
     build (``cost.exit_s + cost.serve_s``)."""
     return cost.exit_s + cost.serve_s

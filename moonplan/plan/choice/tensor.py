@@ -29,7 +29,7 @@ from moonplan.plan.choice.bound import (
     links_torch,
     nocopy_torch,
 )
-from moonplan.plan.choice.rent import call_price, exit_rent_torch, serve_s, settle_torch
+from moonplan.plan.choice.rent import call_price, exit_build_s, exit_rent_torch, settle_torch
 from moonplan.plan.choice.resident import resident_torch
 from moonplan.plan.choice.table import LEVELS, RESIDENT, table
 from moonplan.plan.choice.targets import level_caps_torch, water_fill_torch
@@ -65,12 +65,13 @@ def choose_tensor(
     resident_ER = _resident(prev_RB, E, R, dev)
     static_ER = static_alloc(counts_RE)
     times = functools.partial(_times, cost, counts_RE, home_E)
-    alloc_CER, flow_CF3 = _candidates(counts_RE, (load_R, T_E, home_E, ids_RM), prev, levels)
+    homes = (load_R, T_E, home_E, ids_RM)
+    alloc_CER, flow_CF3 = _candidates(counts_RE, homes, prev, resident_ER, levels)
     tiles_ER = None  # with one-row tiles both roundings are one
     if cost.tile_rows > 1:
         tiles_ER = resident_torch(counts_RE, prev_RB, home_E, cost.tile_rows)
     totals, links = _sums(cost, counts_RE, home_E, resident_ER)
-    nocopy = nocopy_torch(cost, R, totals, links, serve_s(cost))
+    nocopy = nocopy_torch(cost, R, totals, links, exit_build_s(cost))
     at_exit, exit_C, exit_index = _exit_times(times, alloc_CER, resident_ER, cost, tiles_ER, nocopy)
     static_full = times(static_ER[None], resident_ER, cost.plan_s).total_s[0]
     bounds = exit_bound_torch(cost, R, totals, links, static_full, resident_ER.any())
@@ -178,10 +179,12 @@ def _candidates(
     counts_RE: torch.Tensor,
     homes: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     prev: tuple[torch.Tensor | None, torch.Tensor | None],
+    resident_ER: torch.Tensor,
     levels: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(alloc_CER, flow_CF3)`` of every candidate, in table order (``resident`` rounded
-    to whole records: :func:`_pick_rounding` may take its whole tiles)."""
+    to whole records: :func:`_exit_times` may take its whole tiles; ``resident_ER``: bool
+    ``[E, R]``, the pairs resident in ``previous``'s slots)."""
     load_R, T_E, home_E, ids_RM = homes
     R = counts_RE.shape[0]
     N = T_E.sum()
@@ -199,7 +202,6 @@ def _candidates(
     exact = build(exact_R, True)
     out = {"exact": exact, "greedy": build(exact_R, False), "static": (static_ER, none_F3)}
     out["resident"] = (resident_torch(counts_RE, prev[0], home_E), none_F3)
-    resident_ER = _resident(prev[0], T_E.shape[0], R, T_E.device)
     out["placed"] = (placed_torch(T_E, resident_ER, home_E), none_F3)
     for k in range(1, levels):
         out[f"level-{k}"] = build(level_KR[k - 1], True)

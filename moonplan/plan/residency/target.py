@@ -48,7 +48,7 @@ import torch
 
 from moonplan.plan.choice.bound import exit_bound, links_host, nocopy_s, totals_host
 from moonplan.plan.choice.host import placed_host, resident_pick
-from moonplan.plan.choice.rent import call_price, serve_s
+from moonplan.plan.choice.rent import call_price, exit_build_s
 from moonplan.plan.home import home_list
 from moonplan.plan.torch_backend import resident_map
 from moonplan.stepcost import StepCost
@@ -145,8 +145,8 @@ def served_s(
     best, exit_s = static, cost.exit_s
     if held:
         best = min(best, placed_over(cost, counts_RE, resident_ER))
-        if best + cost.exit_s > nocopy_s(cost, R, totals, links, serve_s(cost)):
-            best, exit_s = min(best, step_time_over(cost, counts_RE, slot_RB)), serve_s(cost)
+        if best + cost.exit_s > nocopy_s(cost, R, totals, links, exit_build_s(cost)):
+            best, exit_s = min(best, step_time_over(cost, counts_RE, slot_RB)), exit_build_s(cost)
     bound, _ = exit_bound(cost, R, totals, links, None if held else static + cost.plan_s)
     over = best + exit_s - bound
     if over <= 0:
