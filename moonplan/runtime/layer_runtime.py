@@ -347,7 +347,7 @@ class LayerRuntime:
         self._lane.drain()  # a failed step's background job, before buffers change
         clock = StepClock(self.profiler.begin_step())  # records nothing unless profiling
         t = time.perf_counter()
-        counts_RE, version, refill_RW, decided = self._exchange_counts(ids_SK, params, ok, msg)
+        counts_RE, version, refill_RW = self._exchange_counts(ids_SK, params, ok, msg)
         self._settle_refill(counts_RE, refill_RW)
         t = clock.tick("counts", t)
         if self.balancer.due():  # "auto" after its measured warm-up steps (every rank
@@ -358,7 +358,7 @@ class LayerRuntime:
         self._publish_home(params, version)
         y_SH, fetched = self._execute(step, copies, t, x_SH, weight_SK, params)
         self._record(step, copies, fetched)
-        self._place(counts_RE, plan, decided)
+        self._place(counts_RE, plan)
         return y_SH
 
     def _auto_cost(self) -> StepCost | None:
@@ -366,38 +366,35 @@ class LayerRuntime:
         mode)."""
         return self.balancer.cost if self.balancer.policy() == "auto" else None
 
-    def _place(self, counts_RE: Tensor, plan: Plan, decided: bool) -> None:
+    def _place(self, counts_RE: Tensor, plan: Plan) -> None:
         """Hand the step to the placer; request the refill it orders (every rank alike:
-        :mod:`moonplan.runtime.placer`; ``decided``: every rank's decision in flight had
-        finished at this step's counts exchange). Not while the slots are stale (weights
-        changed)."""
+        :mod:`moonplan.runtime.placer`). Not while the slots are stale (weights changed)."""
         if self.resident is None:
             return
         busy = self.refill.in_flight or self.store.pool.held_by_other(self.refill)
-        target = self.placer.after_step(counts_RE, plan, self._auto_cost(), busy, decided)
+        target = self.placer.after_step(counts_RE, plan, self._auto_cost(), busy)
         if target is not None:
             self.request_refill(target)
 
     def _exchange_counts(
         self, ids_SK: Tensor | None, params: Params, ok: bool, msg: str
-    ) -> tuple[Tensor, tuple[int, ...], np.ndarray, bool]:
-        """Collective: every rank's counts ``[R, E]``, this rank's weight versions, every
-        rank's refill status (int64 numpy ``[R, W]``) and whether every rank's placement
-        decision in flight has finished (:meth:`Placer.finished`).
+    ) -> tuple[Tensor, tuple[int, ...], np.ndarray]:
+        """Collective: every rank's counts ``[R, E]``, this rank's weight versions and
+        every rank's refill status (int64 numpy ``[R, W]``).
 
         One exchange carries the counts, the validity flag (a rank that is not ``ok``
         makes every rank raise), "my home weights changed" (then every slot is stale),
         where this rank is in the step schedule (:meth:`Balancer.schedule`; where ranks
-        differ the resident slots are dropped), whether its placer's decision has finished
-        and its refill status (:meth:`Refill.status_words`; either event above drops the
-        refill in flight). One host read, of the flags.
+        differ the resident slots are dropped) and its refill status
+        (:meth:`Refill.status_words`; either event above drops the refill in flight). One
+        host read, of the flags.
         """
         counts_E = torch.zeros(self.E, dtype=torch.int64, device=self.group.device)
         if ok and ids_SK is not None and ids_SK.numel():
             counts_E = torch.bincount(ids_SK.reshape(-1), minlength=self.E)
         version = tuple(int(p._version) for p in params.values())
         changed = int(version != self.published_version)
-        mine = counts_E.new_tensor([changed, self.balancer.schedule(), self.placer.finished()])
+        mine = counts_E.new_tensor([changed, self.balancer.schedule()])
         refill_W = self.refill.status_words(counts_E.device)
         got_RX = self.group.gather_with_status(torch.cat([counts_E, mine, refill_W]), ok, msg)
         counts_RE, flags_RX = got_RX[:, : self.E], got_RX[:, self.E :].cpu()  # one host read
@@ -407,9 +404,8 @@ class LayerRuntime:
         if self.balancer.resync(flags_RX[:, 1]) or stale:  # resync: a step failed somewhere
             self.resident = None
             self.refill.drop()  # its copies are stale (or the ranks are out of step)
-            flags_RX[:, 3] = 0  # nothing left to agree on (every rank alike)
-        decided = bool(flags_RX[:, 2].all())
-        return counts_RE, version, flags_RX[:, 3:].numpy(), decided  # already on the host
+            flags_RX[:, 2] = 0  # nothing left to agree on (every rank alike)
+        return counts_RE, version, flags_RX[:, 2:].numpy()  # already on the host
 
     def _settle_refill(self, counts_RE: Tensor, status_RW: np.ndarray) -> None:
         """Commit or drop the refill in flight from every rank's status (``[R, W]``), the

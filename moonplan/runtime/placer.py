@@ -6,9 +6,8 @@ With ``balance="auto"`` and a cost model, every step's counts go to a
 :class:`~moonplan.plan.residency.refill.Residency` (the simulator's ``moonplan-auto`` runs
 the same one, under the same :class:`~moonplan.plan.residency.refill.Decisions` rule). A
 decision (which slot table the window's loads want, and whether rent or buy says a refill
-pays) starts from a snapshot of one step, runs on a worker thread beside the next steps
-and is used at the first step ``k`` or more steps later whose counts exchange says every
-rank's worker has finished it (:meth:`Placer.finished`: no step waits for it); ``k``
+pays) starts from a snapshot of one step, runs on a worker thread beside the next ``k``
+steps and is used ``k`` steps later (the step waits for it only if it is not done); ``k``
 is the fewest steps whose predicted time covers its work (``Residency.work()`` builds of the
 ``resident`` candidate, each charged the cost model's early exit, ``exit_s``, which the
 calibration times with that build in it). Every input is agreed (the counts, the cost
@@ -53,24 +52,12 @@ class Placer:
         """Whether refills are placed (``auto`` with a cost model, slots and staging)."""
         return cost is not None and self.B >= 1 and self.S >= 1
 
-    def finished(self) -> bool:
-        """Whether this rank's decision in flight, if any, has finished (the flag each
-        rank sends in the counts exchange; a poll, it never blocks)."""
-        return self.decisions is None or self.decisions.finished()
-
     def after_step(
-        self,
-        counts_RE: torch.Tensor,
-        plan: Plan,
-        cost: StepCost | None,
-        busy: bool,
-        ready: bool = True,
+        self, counts_RE: torch.Tensor, plan: Plan, cost: StepCost | None, busy: bool
     ) -> torch.Tensor | None:
         """Observe a finished step (its counts and plan, whose slots now serve); the
         refill target ``[R, B]`` to request now (``-1``: keep), or ``None`` (``busy``: a
-        refill is in flight, no decision starts). ``ready``: every rank's
-        :meth:`finished` flag of this step's counts exchange (a decision is used only
-        then: no step waits for the worker)."""
+        refill is in flight, no decision starts)."""
         if not self.active(cost):
             return None
         assert cost is not None
@@ -81,7 +68,7 @@ class Placer:
             self.decisions = Decisions(res, cost.exit_s, self._worker.submit)
         self.decisions.residency.cost = cost  # a calibration may have replaced it
         self.decisions.build_s = cost.exit_s
-        order = self.decisions.step(counts_RE, plan, busy, ready)
+        order = self.decisions.step(counts_RE, plan, busy)
         if order is None:
             return None
         self.orders += 1

@@ -273,18 +273,14 @@ class Decisions:
         self.since, self.due = 0, 1
         self._pending: tuple[Future[Any] | Any, int] | None = None  # (answer, its lag)
 
-    def step(
-        self, counts_RE: torch.Tensor, plan: Plan, busy: bool, ready: bool = True
-    ) -> Refill | None:
+    def step(self, counts_RE: torch.Tensor, plan: Plan, busy: bool) -> Refill | None:
         """Observe a finished step (its counts and plan, whose slots serve); the refill
-        to order now, or ``None``. ``ready``: every rank's decision in flight has finished
-        (the runtime's agreed :meth:`finished` flags: its answer is used at the first step
-        both due and ready, and no step waits for it; default: wait for it when due)."""
+        to order now, or ``None``."""
         self.residency.observe(counts_RE)
         self.since += 1
         if self._pending is not None:
             answer, lag = self._pending
-            if self.since < lag or not ready:
+            if self.since < lag:
                 return None
             self._pending = None
             order, self.due = answer.result() if isinstance(answer, Future) else answer
@@ -296,13 +292,6 @@ class Decisions:
         self._pending = (job() if self.submit is None else self.submit(job), self.due)
         self.since = 0
         return None
-
-    def finished(self) -> bool:
-        """Whether no decision is in flight or it has finished (a poll, it never blocks)."""
-        if self._pending is None:
-            return True
-        answer = self._pending[0]
-        return not isinstance(answer, Future) or answer.done()
 
     def work_s(self) -> float:
         """Seconds of one decision's work."""

@@ -112,34 +112,3 @@ def test_decisions_are_used_a_lag_later_and_alike_inline_or_on_a_worker() -> Non
             runs.append(got)
     assert runs[0] == runs[1] and runs[0]
     assert runs[0][0][0] >= 1  # never at the step whose snapshot it read
-
-
-def test_a_decision_not_finished_everywhere_is_used_later_and_no_step_waits() -> None:
-    """The runtime passes ``ready``: every rank's worker has finished the decision (agreed
-    in the counts exchange). A due answer whose worker is still busy is not waited for:
-    the steps go on, and it is used at the first step both due and ready."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    import moonplan
-    from moonplan.plan.residency.refill import Decisions
-
-    cost = rows_only(copy_s_intra=1e-4, copy_s_inter=1e-4)
-    trace = hot_steps(12, (0, 5))
-    gate = threading.Event()
-    with ThreadPoolExecutor(1) as worker:
-
-        def submit(job):  # the decision runs once the gate opens
-            return worker.submit(lambda: (gate.wait(30), job())[1])
-
-        d = Decisions(Residency(4, 16, 2, cost, window=8), 1e-6, submit)
-        plans = [moonplan.plan(c, slots=2, policy="static") for c in trace]
-        assert d.finished() and d.step(trace[0], plans[0], busy=False) is None  # it starts
-        for t in range(1, 6):  # due, not finished: every step returns at once
-            assert not d.finished()
-            assert d.step(trace[t], plans[t], busy=False, ready=d.finished()) is None
-        gate.set()
-        while not d.finished():
-            threading.Event().wait(0.01)
-        order = d.step(trace[6], plans[6], busy=False, ready=d.finished())
-    assert order is not None and int((order.slot_RB == 0).sum()) >= 1  # the hot expert
