@@ -25,17 +25,18 @@ For each ``k`` from 0 to ``B`` a candidate table holds ``k * R`` replicas:
 
 The table chosen is the one with the least predicted time over the window's own steps
 (:func:`window_s`; ties: the earlier, fewer replicas first, whole moves last), each step
-spread over the sources as the mean step is. The steps, not their mean: the mean step
-hides the fluctuation that replicas absorb and whole moves do not. Each step is planned as
-``auto`` would plan it (:func:`served_s`): the best of static EP, ``placed`` and, where it
-could beat those by its build, the ``resident`` plan (``moonplan.plan.choice.resident``,
-the plan each step makes inside the slots), charged the planning it costs: the early
-exit's test, and ``StepCost.serve_s`` more where the exit builds ``resident``, where that
-plan passes the exit's bound; where it does not, the full calls the exit makes on a run of
-such steps (one each time what a call could have saved adds up to its price,
-``rent.exit_rent``). Without that charge, replicas whose ``resident`` plan fails the bound
-looked free. No threshold enters: a replica is kept when the cost model says the balance
-it buys outweighs what it costs (a weight read on its rank, records sent to it).
+spread over the sources as the mean step is and served as ``auto`` would plan it
+(:func:`served_s`). The steps, not their mean: the mean step hides the fluctuation that
+replicas absorb and whole moves do not. Each step is served by the
+best of static EP, ``placed`` and, where it could beat those by its build, the ``resident``
+plan (``moonplan.plan.choice.resident``, the plan each step makes inside the slots),
+charged the planning it costs: the early exit's test, and ``StepCost.serve_s`` more where
+the exit builds ``resident``, where that plan passes the exit's bound; where it does not,
+the full calls the exit makes on a run of such steps (one each time what a call could have
+saved adds up to its price, ``rent.exit_rent``). Without that charge, replicas whose
+``resident`` plan fails the bound looked free. No threshold enters: a replica is kept when
+the cost model says the balance it buys outweighs what it costs (a weight read on its
+rank, records sent to it).
 """
 
 from __future__ import annotations
