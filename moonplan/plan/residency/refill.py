@@ -238,11 +238,11 @@ class Residency:
 
     def work(self) -> int:
         """Builds of the ``resident`` candidate one decision makes at most (static EP's plan
-        counts as one): for each of the window's ``W`` steps, static EP and one per table
-        the target scores (``B + 2``: the replica tables and the whole moves; equal tables
-        are scored once, so fewer where they coincide), and for the rent static EP and the
-        serving and target tables (three)."""
-        return self.window.W * (self.B + 3) + 3
+        counts as one): static EP and one per table with replicas the target scores
+        (``B + 1``, the whole moves included), three for each of the window's steps where
+        the whole moves are checked against the replicas (:func:`holds_up`), and for the rent
+        static EP and the serving and target tables (three)."""
+        return self.B + 5 + 3 * self.window.W
 
 
 class Decisions:
