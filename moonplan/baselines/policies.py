@@ -167,8 +167,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
     candidate, that build (``cost.serve_s``: ``planner_time.resident_build_us``, which
     ``SimConfig.step_cost`` sets for this policy). The placement's
     decisions follow the runtime's rule (:class:`~moonplan.plan.residency.refill.Decisions`:
-    each runs beside the ``k`` steps its work covers, ``Residency.work()`` builds of the
-    ``resident`` candidate at ``planner_time.resident_us``, a share charged beside each, and
+    each runs beside the ``k`` steps its work covers, the builds of the ``resident``
+    candidate it makes at ``planner_time.resident_us``, a share charged beside each, and
     is used after them). The serving table at step 0 is the target of the ``placement_window``
     steps before the trace (:meth:`prime`), as EPLB's placement is.
     """
@@ -261,8 +261,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
             n = 1 if now.experts_s <= 0 else max(1, math.ceil(link_s / now.experts_s))
             turn: list[torch.Tensor | None] = [None] * (n * (self.layers - 1))  # others copy
             self._order, self._shares = order, turn + list(split_pairs(order.fetch_ER, n))
-        work_s = self.decisions.work_s() / self.decisions.due
-        return work_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
+        share_s = self.decisions.share_s
+        return share_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
 
     def _commit(self, counts_RE: torch.Tensor) -> int:
         """Swap an arrived refill into the slots (the most swapped on one rank)."""

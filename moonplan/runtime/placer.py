@@ -8,12 +8,12 @@ the same one, under the same :class:`~moonplan.plan.residency.refill.Decisions` 
 decision (which slot table the window's loads want, and whether rent or buy says a refill
 pays) starts from a snapshot of one step, runs on a worker thread beside the next ``k``
 steps and is used ``k`` steps later (the step waits for it only if it is not done); ``k``
-is the fewest steps whose predicted time covers its work (``Residency.work()`` builds of the
-``resident`` candidate, each charged the cost model's early exit, ``exit_s``, which the
-calibration times with that build in it). Every input is agreed (the counts, the cost
-model, the plans), so every rank decides alike at the same step and hands the same target
-to :meth:`~moonplan.runtime.layer_runtime.LayerRuntime.request_refill`. The snapshot is
-taken on the device; the worker reads it on the host.
+is the fewest steps whose predicted time covers its work (the builds of the ``resident``
+candidate it makes, counted as it runs, each charged the cost model's early exit,
+``exit_s``, which the calibration times with that build in it). Every input is agreed (the
+counts, the cost model, the plans), so every rank decides alike at the same step and hands
+the same target to :meth:`~moonplan.runtime.layer_runtime.LayerRuntime.request_refill`.
+The snapshot is taken on the device; the worker reads it on the host.
 
 While refills run in the background, each step's planner call buys only what pays in that
 step (``moonplan.plan(..., rent=False)``): the slots for later steps are the refill's.

@@ -36,7 +36,6 @@ import math
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -44,7 +43,7 @@ import torch
 from moonplan.plan.home import home_map
 from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import Plan
-from moonplan.plan.residency.target import served_s, step_time_over, target_slots
+from moonplan.plan.residency.target import Builds, served_s, step_time_over, target_slots
 from moonplan.plan.residency.window import WINDOW, LoadWindow
 from moonplan.stepcost import StepCost
 
@@ -211,19 +210,23 @@ class Residency:
         return Snapshot(counts_RE.clone(), serving_RB.clone(), self.window.totals_E().clone(),
                         self.window.filled, steps, self.window.loads().clone())  # fmt: skip
 
-    def decide_on(self, snap: Snapshot) -> Refill | None:
-        """:meth:`decide` on a :class:`Snapshot` (reads it on the host; one at a time)."""
+    def decide_on(self, snap: Snapshot, builds: Builds | None = None) -> Refill | None:
+        """:meth:`decide` on a :class:`Snapshot` (reads it on the host; one at a time);
+        ``builds`` counts the builds of the ``resident`` candidate it makes."""
         if self.B == 0:
             return None
         serving_RB, totals_E = snap.serving_RB.cpu(), snap.totals_E.cpu()
-        target_RB = target_slots(totals_E, snap.filled, serving_RB, self.cost, snap.loads_SE)
+        target_RB = target_slots(
+            totals_E, snap.filled, serving_RB, self.cost, snap.loads_SE, builds
+        )
         target_RB = limit_changes(target_RB, serving_RB, self.staging, totals_E)
         if torch.equal(target_RB, serving_RB):
             return None
         c_RE = snap.counts_RE.cpu().numpy().astype(np.int64)
-        static = step_time_over(self.cost, c_RE, np.full((self.R, self.B), -1, dtype=np.int64))
-        now = self._time(c_RE, serving_RB, static)
-        after = self._time(c_RE, target_RB, static)
+        empty_RB = np.full((self.R, self.B), -1, dtype=np.int64)
+        static = step_time_over(self.cost, c_RE, empty_RB, builds)
+        now = served_s(self.cost, c_RE, serving_RB.numpy(), static, builds)
+        after = served_s(self.cost, c_RE, target_RB.numpy(), static, builds)
         fetch_ER = changed_pairs(target_RB, serving_RB, self.E)
         self.credit += snap.steps * max(0.0, now - after)
         if self.credit < refill_link_s(self.cost, fetch_ER, self.home_E):
@@ -231,18 +234,20 @@ class Residency:
         self.credit = 0.0
         return Refill(target_RB, target_RB != serving_RB, fetch_ER)
 
-    def _time(self, counts_RE: np.ndarray, slot_RB: torch.Tensor, static_s: float) -> float:
-        """Predicted seconds of a step served by ``slot_RB``, planning included
-        (:func:`~moonplan.plan.residency.target.served_s`; ``static_s``: static EP's)."""
-        return served_s(self.cost, counts_RE, slot_RB.numpy(), static_s)
 
-    def work(self) -> int:
-        """Builds of the ``resident`` candidate one decision makes at most (static EP's plan
-        counts as one): static EP and one per table with replicas the target scores
-        (``B + 1``, the whole moves included), three for each of the window's steps where
-        the whole moves are checked against the replicas (:func:`holds_up`), and for the rent
-        static EP and the serving and target tables (three)."""
-        return self.B + 5 + 3 * self.window.W
+@dataclass(frozen=True)
+class Answer:
+    """A decision's answer (:meth:`Decisions.step`).
+
+    Attributes:
+        order: the refill to order, or ``None``.
+        work_s: seconds of its work: the builds it made (:class:`Builds`) at ``build_s``.
+        steps: the fewest steps whose predicted time covers ``work_s`` (at least 1).
+    """
+
+    order: Refill | None
+    work_s: float
+    steps: int
 
 
 class Decisions:
@@ -250,12 +255,15 @@ class Decisions:
     placer and the simulator's ``moonplan-auto``.
 
     A decision starts once ``due`` steps have passed since the last one (and no refill is
-    in flight), from a :class:`Snapshot` of that step. It runs beside the next steps
-    (``run``: inline, or a worker's ``submit``), and its answer is used ``due`` steps later,
-    waiting for it if it is not done. Then ``due`` becomes the fewest steps whose predicted
-    time covers the next decision's work (``Residency.work`` builds of the ``resident``
-    candidate at ``build_s`` each). Every quantity read is agreed, so every rank starts and
-    uses each decision at the same step.
+    in flight), from a :class:`Snapshot` of that step, and runs beside the next steps
+    (inline, or a worker's ``submit``). It counts its own work as it runs: the builds of
+    the ``resident`` candidate it makes (:class:`Builds`, at ``build_s`` each; the target's
+    exit gate skips most), and the fewest steps whose predicted time covers them. Its
+    answer is read ``due`` steps after it started (waiting for it if it is not done) and
+    used once those steps have passed too, so no answer is used before its counted work
+    could have run. ``due`` then becomes that count of steps, the next decision's guess.
+    Every quantity read is agreed (the counts, the plans, the builds a decision makes), so
+    every rank starts and uses each decision at the same step.
 
     Args:
         residency: the layer's :class:`Residency`.
@@ -267,11 +275,12 @@ class Decisions:
         self,
         residency: Residency,
         build_s: float,
-        submit: Callable[[Callable[[], Any]], Future[Any]] | None = None,
+        submit: Callable[[Callable[[], Answer]], Future[Answer]] | None = None,
     ):
         self.residency, self.build_s, self.submit = residency, build_s, submit
         self.since, self.due = 0, 1
-        self._pending: tuple[Future[Any] | Any, int] | None = None  # (answer, its lag)
+        self.share_s = 0.0  # the running decision's work per step it runs beside
+        self._pending: tuple[Future[Answer] | Answer, int] | None = None  # (answer, lag)
 
     def step(self, counts_RE: torch.Tensor, plan: Plan, busy: bool) -> Refill | None:
         """Observe a finished step (its counts and plan, whose slots serve); the refill
@@ -279,26 +288,36 @@ class Decisions:
         self.residency.observe(counts_RE)
         self.since += 1
         if self._pending is not None:
-            answer, lag = self._pending
-            if self.since < lag:
-                return None
-            self._pending = None
-            order, self.due = answer.result() if isinstance(answer, Future) else answer
-            return None if busy else order
+            return self._use(busy)
         if busy or self.since < self.due:
             return None
         snap = self.residency.snapshot(counts_RE, plan.slot_expert, self.since)
         job = functools.partial(self._decide, snap, plan)
-        self._pending = (job() if self.submit is None else self.submit(job), self.due)
-        self.since = 0
+        answer = job() if self.submit is None else self.submit(job)
+        self._pending, self.since = (answer, self.due), 0
+        if isinstance(answer, Answer):  # inline: its work is known now
+            self.share_s = answer.work_s / max(self.due, answer.steps)
         return None
 
-    def work_s(self) -> float:
-        """Seconds of one decision's work."""
-        return self.residency.work() * self.build_s
+    def _use(self, busy: bool) -> Refill | None:
+        """The pending decision's order once its lag and its counted work have passed."""
+        assert self._pending is not None
+        pending, lag = self._pending
+        if self.since < lag:
+            return None
+        answer = pending.result() if isinstance(pending, Future) else pending
+        if self.since < answer.steps:  # its work covers more steps than the lag guessed
+            self._pending = (answer, answer.steps)
+            return None
+        self._pending, self.due = None, answer.steps
+        self.share_s = answer.work_s / max(lag, answer.steps)
+        return None if busy else answer.order
 
-    def _decide(self, snap: Snapshot, plan: Plan) -> tuple[Refill | None, int]:
-        """The refill, and the steps before the next decision (host reads: here only)."""
+    def _decide(self, snap: Snapshot, plan: Plan) -> Answer:
+        """The decision and its counted work (host reads: here only)."""
+        builds = Builds()
+        order = self.residency.decide_on(snap, builds)
+        work_s = builds.made * self.build_s
         step_s = plan_time(self.residency.cost, plan, planned=0).total_s
-        due = max(1, math.ceil(self.work_s() / step_s)) if step_s > 0 else 1
-        return self.residency.decide_on(snap), due
+        steps = max(1, math.ceil(work_s / step_s)) if step_s > 0 else 1
+        return Answer(order, work_s, steps)

@@ -21,27 +21,28 @@ For each ``k`` from 0 to ``B`` a candidate table holds ``k * R`` replicas:
    them, for the ``placed`` plan to serve with a lookup. The rank whose experts phase is
    predicted longest gives one home expert at a time to the free slot of the rank
    predicted shortest (the longest-first rule of makespan scheduling), while that shortens
-   the longer of the two. It replaces the best replica table only where it is also faster
-   over the window's own steps (:func:`holds_up`): the mean step hides the fluctuation that
-   replicas absorb and whole moves do not.
+   the longer of the two.
 
-The table chosen is the one with the least predicted step time on the window's mean step
-(ties: the earlier, fewer replicas first), as ``auto`` would plan it (:func:`served_s`): the
-best of static EP, ``placed`` and, where it could beat those by its build, the ``resident``
-plan (``moonplan.plan.choice.resident``, the plan each step makes inside the slots),
-charged the planning it costs: the early exit's test, and ``StepCost.serve_s`` more where
-the exit builds ``resident``, where that plan passes the exit's bound; where it does not,
-the full calls the exit makes on a run of such steps (one each time what a call could have
-saved adds up to its price, ``rent.exit_rent``). Without that charge, replicas whose
-``resident`` plan fails the bound looked free. No threshold enters: a replica is kept when
-the cost model says the balance it buys outweighs what it costs (a weight read on its
-rank, records sent to it).
+The table chosen is the one with the least predicted time over the window's own steps
+(:func:`window_s`; ties: the earlier, fewer replicas first, whole moves last), each step
+spread over the sources as the mean step is. The steps, not their mean: the mean step
+hides the fluctuation that replicas absorb and whole moves do not. Each step is planned as
+``auto`` would plan it (:func:`served_s`): the best of static EP, ``placed`` and, where it
+could beat those by its build, the ``resident`` plan (``moonplan.plan.choice.resident``,
+the plan each step makes inside the slots), charged the planning it costs: the early
+exit's test, and ``StepCost.serve_s`` more where the exit builds ``resident``, where that
+plan passes the exit's bound; where it does not, the full calls the exit makes on a run of
+such steps (one each time what a call could have saved adds up to its price,
+``rent.exit_rent``). Without that charge, replicas whose ``resident`` plan fails the bound
+looked free. No threshold enters: a replica is kept when the cost model says the balance
+it buys outweighs what it costs (a weight read on its rank, records sent to it).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -108,9 +109,22 @@ def mean_step(totals_E: torch.Tensor, steps: int, num_ranks: int) -> np.ndarray:
     return mean_E[None, :] // R + (turn_RE < (mean_E % R)[None, :])
 
 
-def step_time_over(cost: StepCost, counts_RE: np.ndarray, slot_RB: np.ndarray) -> float:
+@dataclass
+class Builds:
+    """A decision's work, counted as it runs: the builds of the ``resident`` candidate it
+    made (:func:`step_time_over`; static EP's plan, over empty slots, counts as one).
+    ``placed`` is a lookup and the exit's bound a sum: neither counts."""
+
+    made: int = 0
+
+
+def step_time_over(
+    cost: StepCost, counts_RE: np.ndarray, slot_RB: np.ndarray, builds: Builds | None = None
+) -> float:
     """Predicted seconds of the ``resident`` plan of ``counts_RE`` over ``slot_RB`` (no copy,
-    no planning charged)."""
+    no planning charged); one build more in ``builds``."""
+    if builds is not None:
+        builds.made += 1
     R, E = counts_RE.shape
     home_E = np.asarray(home_list(E, R), dtype=np.int64)
     alloc_ER = resident_pick(cost, counts_RE, slot_RB, home_E)[0]
@@ -123,6 +137,7 @@ def served_s(
     counts_RE: np.ndarray,
     slot_RB: np.ndarray,
     static_s: float | None = None,
+    builds: Builds | None = None,
 ) -> float:
     """Predicted seconds of a step of ``counts_RE`` served by ``slot_RB``, its planning
     included, as ``auto`` plans it (``moonplan.plan.choice.reference``): the exit's plan,
@@ -132,11 +147,11 @@ def served_s(
     (:func:`~moonplan.plan.choice.bound.exit_bound`); above it, a full call as often as
     ``rent.exit_rent`` makes one on a run of such steps (:func:`calls_share`).
     ``static_s``: static EP's :func:`step_time_over` of these counts, where the caller
-    has it (it does not depend on the slots)."""
+    has it (it does not depend on the slots). ``builds``: counts the builds made."""
     R, E = counts_RE.shape
     static = static_s
     if static is None:
-        static = step_time_over(cost, counts_RE, np.full_like(slot_RB, -1))
+        static = step_time_over(cost, counts_RE, np.full_like(slot_RB, -1), builds)
     held = bool((slot_RB >= 0).any())
     home_E = np.asarray(home_list(E, R), dtype=np.int64)
     resident_ER = resident_map(torch.from_numpy(slot_RB), E).numpy()
@@ -146,7 +161,8 @@ def served_s(
     if held:
         best = min(best, placed_over(cost, counts_RE, resident_ER))
         if best + cost.exit_s > nocopy_s(cost, R, totals, links, exit_build_s(cost)):
-            best, exit_s = min(best, step_time_over(cost, counts_RE, slot_RB)), exit_build_s(cost)
+            built = step_time_over(cost, counts_RE, slot_RB, builds)
+            best, exit_s = min(best, built), exit_build_s(cost)
     bound, _ = exit_bound(cost, R, totals, links, None if held else static + cost.plan_s)
     over = best + exit_s - bound
     if over <= 0:
@@ -255,29 +271,33 @@ def target_slots(
     current_RB: torch.Tensor,
     cost: StepCost,
     loads_SE: torch.Tensor | None = None,
+    builds: Builds | None = None,
 ) -> torch.Tensor:
-    """int64 ``[R, B]``: the table of least predicted step time on the window's mean step,
-    planning included (:func:`served_s`; module docstring): the ``B + 1`` replica tables
-    (ties to the earlier), then the whole moves (:func:`whole_moves`) where they are faster
-    still and hold up over the window's own steps (:func:`holds_up`; ``loads_SE``: int64
-    ``[S, E]``, each step's loads; ``None``: on the mean step alone). ``current_RB`` is the
-    serving slot table (its shape gives R, B)."""
+    """int64 ``[R, B]``: the table of least predicted time over the window's steps,
+    planning included (:func:`served_s`; module docstring), among the ``B + 1`` replica
+    tables and the whole moves (:func:`whole_moves`; ties to the earlier). ``loads_SE``:
+    int64 ``[S, E]``, each step's loads, each spread over the sources as the mean step is
+    (``None``: the mean step of ``totals_E`` over ``steps`` alone). ``current_RB`` is the
+    serving slot table (its shape gives R, B); ``builds`` counts the builds made."""
     R, B = current_RB.shape
     totals = [int(t) for t in totals_E.tolist()]
     current = current_RB.cpu().tolist()
-    counts_RE = mean_step(totals_E, steps, R)
-    static = step_time_over(cost, counts_RE, np.full((R, B), -1, dtype=np.int64))
+    mean_RE = mean_step(totals_E, steps, R)
+    tables = [pack(replica_counts(totals, R, k * R), totals, B, current) for k in range(B + 1)]
+    tables.append(whole_moves(cost, mean_RE, B, current))
+    rows = [mean_RE] if loads_SE is None else [mean_step(l_E, 1, R) for l_E in loads_SE.cpu()]
+    empty = np.full((R, B), -1, dtype=np.int64)
+    statics = [step_time_over(cost, c_RE, empty, builds) for c_RE in rows]
     best: tuple[float, list[list[int]]] | None = None
-    for k in range(B + 1):
-        table = pack(replica_counts(totals, R, k * R), totals, B, current)
-        t = served_s(cost, counts_RE, _table(table, R, B), static)
+    scored: set[str] = set()
+    for table in tables:
+        if repr(table) in scored:  # equal tables score alike: the earlier stands
+            continue
+        scored.add(repr(table))
+        t = window_s(cost, rows, statics, _table(table, R, B), builds)
         if best is None or t < best[0]:
             best = (t, table)
     assert best is not None
-    moves = _table(whole_moves(cost, counts_RE, B, current), R, B)
-    faster = served_s(cost, counts_RE, moves, static) < best[0]
-    if faster and (loads_SE is None or holds_up(cost, loads_SE, moves, _table(best[1], R, B))):
-        return torch.from_numpy(moves)
     return torch.tensor(best[1], dtype=torch.int64).reshape(R, B)
 
 
@@ -285,19 +305,19 @@ def _table(table: list[list[int]], R: int, B: int) -> np.ndarray:
     return np.array(table, dtype=np.int64).reshape(R, B)
 
 
-def holds_up(
-    cost: StepCost, loads_SE: torch.Tensor, moves_RB: np.ndarray, replicas_RB: np.ndarray
-) -> bool:
-    """Whether the whole moves are predicted faster than the replica table on the mean of
-    :func:`served_s` over the window's steps, each spread over the sources as the mean step
-    is. The mean step hides each expert's step-to-step fluctuation: replicas absorb it,
-    whole moves do not (on the sweep, whole moves chosen on the mean step alone were up to
-    12% slower than the replicas they replaced: ``docs/benchmarks.md``)."""
-    R = moves_RB.shape[0]
-    moved = replicas = 0.0
-    for loads_E in loads_SE.cpu():
-        c_RE = mean_step(loads_E, 1, R)
-        static = step_time_over(cost, c_RE, np.full_like(moves_RB, -1))
-        moved += served_s(cost, c_RE, moves_RB, static)
-        replicas += served_s(cost, c_RE, replicas_RB, static)
-    return moved < replicas
+def window_s(
+    cost: StepCost,
+    rows: list[np.ndarray],
+    statics: list[float],
+    slot_RB: np.ndarray,
+    builds: Builds | None = None,
+) -> float:
+    """Predicted seconds of the steps ``rows`` (each int64 ``[R, E]``; ``statics``: static
+    EP's :func:`step_time_over` of each) served by ``slot_RB``, planning included
+    (:func:`served_s`). Scored step by step, not on their
+    mean: the mean step hides each expert's step-to-step fluctuation, which replicas
+    absorb and whole moves do not (chosen on the mean step alone, whole moves were up to
+    12% slower than the replicas they replaced, and the replica count missed in both
+    directions: ``docs/benchmarks.md``)."""
+    pairs = zip(rows, statics, strict=True)
+    return sum(served_s(cost, c_RE, slot_RB, s, builds) for c_RE, s in pairs)

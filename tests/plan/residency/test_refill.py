@@ -112,3 +112,71 @@ def test_decisions_are_used_a_lag_later_and_alike_inline_or_on_a_worker() -> Non
             runs.append(got)
     assert runs[0] == runs[1] and runs[0]
     assert runs[0][0][0] >= 1  # never at the step whose snapshot it read
+
+
+def test_a_decision_counts_the_builds_it_makes() -> None:
+    """Static EP on each of the window's steps, one build per (step, table) where the exit
+    builds ``resident``, and the rent's: never more than the bound ``W * (B + 3) + 3``,
+    and exactly the calls to ``step_time_over`` (each is one build)."""
+    from unittest import mock
+
+    from moonplan.plan.residency import refill, target
+    from moonplan.plan.residency.target import Builds
+
+    cost = rows_only(copy_s_intra=1e-4, copy_s_inter=1e-4)
+    W, B = 8, 2
+    res = Residency(4, 16, B, cost, window=W)
+    trace = hot_steps(W, (0, 5))
+    for c in trace:
+        res.observe(c)
+    empty = torch.full((4, B), -1, dtype=torch.int64)
+    builds = Builds()
+    wrap = mock.patch.object
+    with (
+        wrap(target, "step_time_over", wraps=target.step_time_over) as a,
+        wrap(refill, "step_time_over", wraps=refill.step_time_over) as b,
+    ):
+        res.decide_on(res.snapshot(trace[-1], empty), builds)
+    assert builds.made == a.call_count + b.call_count
+    assert W < builds.made <= W * (B + 3) + 3  # at least static EP on every step
+
+
+def test_an_answer_waits_for_the_steps_its_counted_work_covers() -> None:
+    """A decision is used no earlier than the steps whose predicted time covers its builds,
+    even where the previous decision's lag guessed fewer; then that count is the next
+    guess. Inline and on a worker alike."""
+    import math
+    from concurrent.futures import ThreadPoolExecutor
+
+    import moonplan
+    from moonplan.plan.plan_time import plan_time
+    from moonplan.plan.residency.refill import Decisions
+    from moonplan.plan.residency.target import Builds
+
+    cost = rows_only(copy_s_intra=1e-4, copy_s_inter=1e-4)
+    trace = hot_steps(60, (0, 5))
+    p = moonplan.plan(trace[0], slots=2, policy="static")
+    step_s = plan_time(cost, p, planned=0).total_s
+    seen = []
+    with ThreadPoolExecutor(1) as worker:
+        for submit in (None, worker.submit):
+            res = Residency(4, 16, 2, cost, window=4)
+            build_s = 2.5 * step_s  # a build: 2.5 steps
+            d = Decisions(res, build_s, submit)
+            made = []
+            decide_on = res.decide_on
+
+            def counted(snap, builds=None, decide_on=decide_on, made=made):  # type: ignore[no-untyped-def]
+                out = decide_on(snap, builds)
+                made.append(builds.made if isinstance(builds, Builds) else 0)
+                return out
+
+            res.decide_on = counted  # type: ignore[method-assign]
+            for c in trace:
+                d.step(c, p, busy=False)
+                if made and d._pending is None:
+                    break
+            assert d.due == math.ceil(made[0] * build_s / step_s)
+            assert d.since == d.due and d.due > 1  # used at the step its work covers
+            seen.append(d.due)
+    assert seen[0] == seen[1]

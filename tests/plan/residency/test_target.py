@@ -12,7 +12,6 @@ from moonplan.plan.choice.rent import exit_rent
 from moonplan.plan.home import home_list
 from moonplan.plan.residency.target import (
     calls_share,
-    holds_up,
     mean_step,
     pack,
     replica_counts,
@@ -20,6 +19,7 @@ from moonplan.plan.residency.target import (
     step_time_over,
     target_slots,
     whole_moves,
+    window_s,
 )
 from tests.plan.choice.costs import rows_only, tiles_costs
 
@@ -87,11 +87,12 @@ def test_whole_moves_take_experts_off_the_longest_rank() -> None:
     assert whole_moves(cost, counts, 0, [[], []]) == [[], []]  # no slot, no move
 
 
-def test_whole_moves_must_hold_up_over_the_windows_steps() -> None:
+def test_tables_are_scored_on_the_windows_steps_not_their_mean() -> None:
     """Two hot experts of rank 0 (homes 0, 1; rank 1 homes 2, 3), only rows cost. Steady,
     moving expert 1 to rank 1 halves the busiest rank against static EP. Taking turns (the
     same mean step), the moved expert helps on one step of two and replicas of both on
-    every step: the mean step cannot tell them apart, the window's steps can."""
+    every step: the mean step cannot tell them apart, the window's steps can, and the
+    target keeps the replicas."""
     cost = rows_only()
     moves = np.array([[-1, -1], [1, -1]])
     replicas = np.array([[-1, -1], [0, 1]])
@@ -100,8 +101,17 @@ def test_whole_moves_must_hold_up_over_the_windows_steps() -> None:
     turns = torch.tensor([[100, 0, 0, 0], [0, 100, 0, 0]])
     mean = mean_step(turns.sum(0), 2, 2)
     assert served_s(cost, mean, moves) == served_s(cost, mean, replicas)
-    assert holds_up(cost, steady, moves, none) and holds_up(cost, turns, moves, none)
-    assert not holds_up(cost, turns, moves, replicas)
+
+    def over(loads_SE: torch.Tensor, table: np.ndarray) -> float:
+        rows = [mean_step(l_E, 1, 2) for l_E in loads_SE]
+        statics = [step_time_over(cost, c_RE, none) for c_RE in rows]
+        return window_s(cost, rows, statics, table)
+
+    assert over(steady, moves) < over(steady, none) and over(turns, moves) < over(turns, none)
+    assert over(turns, replicas) < over(turns, moves)
+    got = target_slots(turns.sum(0), 2, torch.from_numpy(none), cost, turns)
+    assert sorted(got.flatten().tolist()) == [-1, -1, 0, 1]  # both replicated on rank 1
+    assert got[0].tolist() == [-1, -1]
 
 
 def test_a_table_is_charged_the_planning_auto_would_spend_on_it() -> None:
