@@ -1,21 +1,23 @@
-"""A slot-placement decision's host time against the work the lag is sized from.
+"""A slot-placement decision's host time: measured, as the simulator charges it, and as a
+device build would take.
 
 Legend: R ranks, E experts, K experts per token, B slots per rank (2), W the window (32
 steps), S tokens per rank per step.
 
 ``moonplan-auto`` and the runtime's placer use a decision (``Residency.decide_on``) once
 the steps whose predicted time covers its counted work have passed: the builds of the
-``resident`` candidate it makes (``residency.target.Builds``), each at
-``planner_time.resident_us`` (the device's modelled time, so that reruns are
-bit-identical). The runtime runs the decision in numpy on a host thread, and a step that
-reaches the lag before it is done waits for the rest (``docs/runtime.md``, the known
-stall). This script measures both, side by side, on one window per case:
+``resident`` candidate it makes (``residency.target.Builds``), each at the host's rate
+``StepCost.decide_s`` (the runtime's calibration times it; the simulator charges
+``moonplan.baselines.decision_time.decision_build_us``, fitted to this script's figures).
+The decision runs in numpy on a host thread. This script measures, on one window per case:
 
 * ``builds``: the builds the decision counted, and ``bound`` the most it could make,
   ``W * (B + 3) + 3``;
-* ``modelled ms``: ``builds * resident_us``, what the lag covers;
-* ``host ms``: the median wall time of the same decision here (numpy, one thread);
-* ``host / modelled``: how much longer the host takes than the lag assumes.
+* ``host ms``: the median wall time of the decision here (numpy, one thread);
+* ``charged ms``: ``builds * decision_build_us``, what the simulator charges (and
+  ``host / charged``, how well the fit holds);
+* ``device ms``: ``builds * planner_time.resident_us``, what the builds would take as
+  device kernels (no device form of the decision exists yet), and ``host / device``.
 
 The window is synthetic: a fixed lognormal popularity (``sigma``) with every step's
 records drawn from it, the persistent routing the placement is built for. The serving
@@ -34,6 +36,7 @@ from typing import Any
 import torch
 from _common import markdown_table, result_path, timing_parser, write_report
 
+from moonplan.baselines.decision_time import decision_build_us
 from moonplan.baselines.planner_time import resident_us
 from moonplan.plan.residency.refill import Residency
 from moonplan.plan.residency.target import Builds
@@ -84,13 +87,12 @@ def measure(case: tuple[str, str, int, int, float], reps: int) -> dict[str, Any]
         res.decide_on(snap, builds)
         times.append(time.perf_counter() - t0)
         made = builds.made
-    build_us = resident_us(R, E, cost.tile_rows)
     host_ms = statistics.median(times) * 1e3
-    modelled_ms = made * build_us * 1e-3
+    charged_ms = made * decision_build_us(R, E) * 1e-3
+    device_ms = made * resident_us(R, E, cost.tile_rows) * 1e-3
     return {"model": model, "hardware": hw, "ranks": R, "experts": E, "tokens": S,
             "sigma": sigma, "builds": made, "bound": WINDOW * (SLOTS + 3) + 3,
-            "build_us": build_us, "modelled_ms": modelled_ms, "host_ms": host_ms,
-            "host_over_modelled": host_ms / modelled_ms if modelled_ms else None}  # fmt: skip
+            "host_ms": host_ms, "charged_ms": charged_ms, "device_ms": device_ms}  # fmt: skip
 
 
 def main() -> None:
@@ -98,14 +100,14 @@ def main() -> None:
     args = ap.parse_args()
     cases = CASES[:2] if args.quick else CASES
     rows = [measure(c, args.reps) for c in cases]
-    header = ["model", "hw", "R", "S", "sigma", "builds", "bound", "modelled ms", "host ms",
-              "host / modelled"]  # fmt: skip
+    header = ["model", "hw", "R", "S", "sigma", "builds", "bound", "host ms", "charged ms",
+              "host / charged", "device ms", "host / device"]  # fmt: skip
     lines = [[r["model"], r["hardware"], str(r["ranks"]), str(r["tokens"]), str(r["sigma"]),
-              str(r["builds"]), str(r["bound"]), f"{r['modelled_ms']:.2f}",
-              f"{r['host_ms']:.0f}", f"{r['host_over_modelled'] or 0:.0f}x"]
+              str(r["builds"]), str(r["bound"]), f"{r['host_ms']:.0f}",
+              f"{r['charged_ms']:.0f}", f"{r['host_ms'] / r['charged_ms']:.2f}",
+              f"{r['device_ms']:.2f}", f"{r['host_ms'] / r['device_ms']:.0f}x"]
              for r in rows]  # fmt: skip
-    md = ["# A decision's host time against its modelled work", "",
-          markdown_table(header, lines)]  # fmt: skip
+    md = ["# A slot-placement decision's host time", "", markdown_table(header, lines)]
     write_report(args.out, {"rows": rows, "reps": args.reps}, md)
 
 

@@ -33,12 +33,12 @@ from typing import Any
 
 import torch
 
+from moonplan.baselines.decision_time import decision_build_us
 from moonplan.baselines.planner_time import (
     auto_us,
     exact_us,
     exit_us,
     resident_build_us,
-    resident_us,
 )
 from moonplan.baselines.policy_base import Policy, PolicyStep, make_step
 from moonplan.baselines.prehistory import Prehistory
@@ -167,10 +167,11 @@ class MoonplanAutoPolicy(PlannerPolicy):
     candidate, that build (``cost.serve_s``: ``planner_time.resident_build_us``, which
     ``SimConfig.step_cost`` sets for this policy). The placement's
     decisions follow the runtime's rule (:class:`~moonplan.plan.residency.refill.Decisions`:
-    each runs beside the ``k`` steps its work covers, the builds of the ``resident``
-    candidate it makes at ``planner_time.resident_us``, a share charged beside each, and
-    is used after them). The serving table at step 0 is the target of the ``placement_window``
-    steps before the trace (:meth:`prime`), as EPLB's placement is.
+    each runs on the host beside the ``k`` steps its work covers, the builds of the
+    ``resident`` candidate it makes at ``cost.decide_s``, which ``SimConfig.step_cost`` sets
+    from ``decision_time.decision_build_us``, and is used after them; no device time).
+    The serving table at step 0 is the target of the ``placement_window`` steps before the
+    trace (:meth:`prime`), as EPLB's placement is.
     """
 
     name = "moonplan-auto"
@@ -206,8 +207,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
             assert self.slots is not None
             res = Residency(self.num_ranks, self.num_experts, self.slots, self.cost,
                             window=self.window, staging=self.staging)  # fmt: skip
-            build_s = resident_us(self.num_ranks, self.num_experts, self.cost.tile_rows) * 1e-6
-            self.decisions = Decisions(res, build_s)  # inline, the same lag
+            self.decisions = Decisions(res)  # inline, the same lag
         self._order: Refill | None = None  # the refill being copied
         # refill_ER of each step still to copy (None: another layer's turn)
         self._shares: list[torch.Tensor | None] = []
@@ -241,18 +241,16 @@ class MoonplanAutoPolicy(PlannerPolicy):
         if p.choice.early_exit():  # the test, and the resident candidate's build if made
             exit_s = self.cost.exit_s + (self.cost.serve_s if p.choice.built_resident() else 0.0)
             planned = exit_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
-        background = self._place(counts_RE, p)
+        self._place(counts_RE, p)
         return plan_step(self.name, counts_RE, p, planned=planned, choice=p.policy,
-                         refill_ER=refill_ER, background_plan=background,
-                         local_copies=swapped)  # fmt: skip
+                         refill_ER=refill_ER, local_copies=swapped)  # fmt: skip
 
-    def _place(self, counts_RE: torch.Tensor, p: Plan) -> float:
+    def _place(self, counts_RE: torch.Tensor, p: Plan) -> None:
         """Hand the step to the placement's decisions (the runtime's rule:
-        :class:`~moonplan.plan.residency.refill.Decisions`); start copying the refill it
-        orders. Returns the placement's work beside this step, in planner calls (a
-        decision's work spread over the steps it runs beside)."""
+        :class:`~moonplan.plan.residency.refill.Decisions`, on a host thread: no device
+        time); start copying the refill it orders."""
         if self.decisions is None:
-            return 0.0
+            return
         busy = self._order is not None
         order = self.decisions.step(counts_RE, p, busy)
         if order is not None:
@@ -261,8 +259,6 @@ class MoonplanAutoPolicy(PlannerPolicy):
             n = 1 if now.experts_s <= 0 else max(1, math.ceil(link_s / now.experts_s))
             turn: list[torch.Tensor | None] = [None] * (n * (self.layers - 1))  # others copy
             self._order, self._shares = order, turn + list(split_pairs(order.fetch_ER, n))
-        share_s = self.decisions.share_s
-        return share_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
 
     def _commit(self, counts_RE: torch.Tensor) -> int:
         """Swap an arrived refill into the slots (the most swapped on one rank)."""
@@ -323,4 +319,5 @@ register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-"
                     plan_us=exact_us, options=("slots", "stale_slots"), order=70))  # fmt: skip
 AUTO_OPTIONS = ("cost", "slots", "placement_window", "staging", "layers", "stale_slots")
 register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=auto_us, exit_us=exit_us,
-                    serve_us=resident_build_us, options=AUTO_OPTIONS, order=80))  # fmt: skip
+                    serve_us=resident_build_us, decide_us=decision_build_us,
+                    options=AUTO_OPTIONS, order=80))  # fmt: skip

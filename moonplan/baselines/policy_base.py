@@ -58,9 +58,6 @@ class PolicyStep:
             ``moonplan-auto`` adds its choice's own work, ``Plan.chose``).
         choice: the candidate a choosing policy took this step (``moonplan-auto``:
             ``plan.policy``, e.g. ``"static"``); ``""`` for the others.
-        background_plan: planner calls started off the critical path beside this step
-            (``moonplan-auto``'s slot placement); the simulator charges only the part that
-            does not fit beside it, to the next step (``moonplan.simulate.model_time``).
         refill_ER: bool ``[E, R]`` pairs copied into staging rows beside this step
             (``moonplan-auto``'s slot refill; each from ``src_E``); ``None``: none.
         local_copies: expert weights copied within one rank on the critical path this
@@ -80,7 +77,6 @@ class PolicyStep:
     src_E: torch.Tensor | None = None
     planned: float = 1
     choice: str = ""
-    background_plan: float = 0.0
     refill_ER: torch.Tensor | None = None
     local_copies: int = 0
 

@@ -62,6 +62,8 @@ class PolicyInfo:
         exit_us: the same for ``policy="auto"``'s early exit (``StepCost.exit_s``).
         serve_us: what that exit adds where it builds the ``resident`` candidate
             (``StepCost.serve_s``), or a function of the GEMM tile's rows giving it.
+        decide_us: host microseconds per build a slot-placement decision counts
+            (``StepCost.decide_s``), or a function of ``(R, E)`` giving it.
         options: keyword options of :func:`make_policy` the builder takes (others are
             dropped, so one option set serves every policy).
         order: position in :func:`names` (report order; ties keep registration order).
@@ -76,6 +78,7 @@ class PolicyInfo:
     plan_us: PlanUs = 0.0
     exit_us: PlanUs = 0.0
     serve_us: ServeUs = 0.0
+    decide_us: PlanUs = 0.0
     options: tuple[str, ...] = ()
     order: int = 1000
     listed: bool = True

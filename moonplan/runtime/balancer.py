@@ -34,6 +34,7 @@ import torch
 from moonplan.comm.group import EPGroup
 from moonplan.plan import api as planner
 from moonplan.plan.plan_type import Plan
+from moonplan.plan.residency.refill import time_build_s
 from moonplan.runtime.calibrate import StepSample, agree, fit_rates, sample_step
 from moonplan.runtime.config.sections import (
     KEEP_SAMPLES,
@@ -126,8 +127,9 @@ class Balancer:
         return self.mode == "auto" and self.cost is None and len(self.samples) >= WARMUP_STEPS
 
     def calibrate(self, group: EPGroup, *, copy_fallback_s: float, overlap: bool) -> StepCost:
-        """Collective: fit this rank's rates, time the planner's two ``auto`` paths on the
-        last step's counts, agree on the element-wise max, use it from now on."""
+        """Collective: fit this rank's rates, time the planner's two ``auto`` paths and a
+        slot-placement decision's host time per build (``StepCost.decide_s``) on the last
+        step's counts, agree on the element-wise max, use it from now on."""
         ok = bool(self.samples) and self._last is not None
         group.agree(ok, "no measured steps yet: run a few forward steps first", what="calibrate")
         mine = fit_rates(
@@ -135,6 +137,7 @@ class Balancer:
         )
         mine = mine.scaled(plan_s=self._time_path(mine, full=True))
         mine = mine.scaled(exit_s=self._time_path(mine, full=False))
+        mine = mine.scaled(decide_s=self._time_decision(mine))
         self.cost = agree(group, mine)
         self.user_cost = False
         return self.cost
@@ -154,6 +157,14 @@ class Balancer:
             _sync(counts_RE.device)
             times.append(time.perf_counter() - t0)
         return sorted(times)[len(times) // 2]
+
+    def _time_decision(self, cost: StepCost) -> float:
+        """Host seconds per build a slot-placement decision counts, timed on the last
+        counts (``refill.time_build_s``; 0 without slots: no placement runs)."""
+        assert self._last is not None
+        if self.B < 1:
+            return 0.0
+        return time_build_s(cost, self._last[0], self.B, TIMING_REPEATS)
 
 
 def _sync(device: torch.device) -> None:

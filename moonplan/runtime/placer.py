@@ -9,8 +9,8 @@ decision (which slot table the window's loads want, and whether rent or buy says
 pays) starts from a snapshot of one step, runs on a worker thread beside the next ``k``
 steps and is used ``k`` steps later (the step waits for it only if it is not done); ``k``
 is the fewest steps whose predicted time covers its work (the builds of the ``resident``
-candidate it makes, counted as it runs, each charged the cost model's early exit,
-``exit_s``, which the calibration times with that build in it). Every input is agreed (the
+candidate it makes, counted as it runs, each at the host's rate ``cost.decide_s``, which
+the calibration times: ``refill.build_rate``). Every input is agreed (the
 counts, the cost model, the plans), so every rank decides alike at the same step and hands
 the same target to :meth:`~moonplan.runtime.layer_runtime.LayerRuntime.request_refill`.
 The snapshot is taken on the device; the worker reads it on the host.
@@ -65,9 +65,8 @@ class Placer:
             R, E = counts_RE.shape
             res = Residency(R, E, self.B, cost, staging=self.S, device=counts_RE.device)
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="moonplan-placer")
-            self.decisions = Decisions(res, cost.exit_s, self._worker.submit)
+            self.decisions = Decisions(res, self._worker.submit)
         self.decisions.residency.cost = cost  # a calibration may have replaced it
-        self.decisions.build_s = cost.exit_s
         order = self.decisions.step(counts_RE, plan, busy)
         if order is None:
             return None

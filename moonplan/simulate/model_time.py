@@ -14,10 +14,9 @@ Legend:
   published 51 us, moonplan's kernel time by shape (``moonplan.baselines.planner_time``;
   ``moonplan-auto``'s early exit is charged its own, smaller time as a share of one
   call), 0 for static placements, EPLB and capacity, which plan off the critical path or
-  not at all. Planning a policy runs *off* the critical path
-  (``PolicyStep.background_plan``: ``moonplan-auto``'s slot placement) is free only while
-  it fits beside its step; the excess is charged to the next step as planning
-  (:func:`background_wait_s`);
+  not at all. ``moonplan-auto``'s slot placement decides on a host thread, off the device
+  (``moonplan.plan.residency.refill.Decisions``): it costs the steps no device time, only
+  the lag before its answer is used;
 * **a refill's swap** (``PolicyStep.local_copies``): each staging row copied into its slot
   on the critical path reads and writes one expert's weights on its rank:
   ``2 * weight_read_s`` each, added to the fetch and exposed;
@@ -44,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,6 +72,12 @@ def default_serve_us() -> dict[str, ServeUs]:
     return {n: p.serve_us for n, p in infos().items() if callable(p.serve_us) or p.serve_us > 0}
 
 
+def default_decide_us() -> dict[str, PlanUs]:
+    """Host time per build of a slot-placement decision (``PolicyInfo.decide_us``) of the
+    policies that place slots (``moonplan.baselines.decision_time``)."""
+    return {n: p.decide_us for n, p in infos().items() if callable(p.decide_us) or p.decide_us > 0}
+
+
 def default_exit_us() -> dict[str, PlanUs]:
     """``policy="auto"``'s early-exit time (``PolicyInfo.exit_us``) of the policies that
     have one."""
@@ -94,7 +99,8 @@ class SimConfig:
             dispatch, one after the other.
         exit_us: ``policy="auto"``'s early exit per policy name (``StepCost.exit_s``);
             serve_us: what it adds where it builds the ``resident`` candidate
-            (``StepCost.serve_s``); both read from the registry by default.
+            (``StepCost.serve_s``); decide_us: a slot-placement decision's host time per
+            build it counts (``StepCost.decide_s``); all read from the registry by default.
         dispatch: the transport's dispatch scheme for every policy alike
             (``moonplan.stepcost.traffic.SCHEMES``; ``"rank"``/``"host"`` need the step's
             token routing, ``moonplan.simulate.dispatch_rows``).
@@ -108,6 +114,7 @@ class SimConfig:
     dispatch: str = "record"
     exit_us: Mapping[str, PlanUs] = field(default_factory=default_exit_us)
     serve_us: Mapping[str, ServeUs] = field(default_factory=default_serve_us)
+    decide_us: Mapping[str, PlanUs] = field(default_factory=default_decide_us)
 
     def plan_seconds(self, policy: str, num_ranks: int = 8, num_experts: int = 256) -> float:
         """Planning seconds of ``policy`` at ``(R, E)`` (0 when not listed)."""
@@ -129,6 +136,7 @@ class SimConfig:
             overlap=self.overlap_prefetch,
             exit_us=plan_us_at(self.exit_us.get(policy, 0.0), num_ranks, E),
             serve_us=_at_tile(self.serve_us.get(policy, 0.0), hw.gemm_tile_rows),
+            decide_us=plan_us_at(self.decide_us.get(policy, 0.0), num_ranks, E),
         )
 
 
@@ -144,16 +152,12 @@ def step_time(
     cfg: SimConfig,
     topk_ids: torch.Tensor | None = None,
     *,
-    background: bool = True,
     counts_RE: torch.Tensor | None = None,
 ) -> StepTime:
     """Estimated :class:`StepTime` of one policy step (see the module docstring);
     ``topk_ids`` (``[R, S, K]`` experts of the step's records) is needed for
     ``cfg.dispatch`` other than ``"record"``, with ``counts_RE`` (int64 ``[R, E]``) its
-    ``token_counts`` when the caller already has them (else they are counted here).
-    ``background=True`` adds, to this step, the wait for the planning started beside it
-    (:func:`background_wait_s`); a trace is charged by :func:`named_waits` instead (the
-    sweep passes ``background=False`` and puts each wait on the next step)."""
+    ``token_counts`` when the caller already has them (else they are counted here)."""
     E, R = step.rows_ER.shape
     fetch_ER = step.fetch_ER if step.fetch_ER is not None else torch.zeros(E, R, dtype=torch.bool)
     src_E = step.src_E if step.src_E is not None else torch.zeros(E, dtype=torch.int64)
@@ -172,7 +176,7 @@ def step_time(
         t = with_refill(t, link_s)
     if step.local_copies:
         t = with_exposed(t, 2 * record.weight_read_s * step.local_copies)
-    return with_wait(t, background_wait_s(step, t, cfg)) if background else t
+    return t
 
 
 def moves_link_s(cost: StepCost, moves_C2: torch.Tensor, num_ranks: int) -> float:
@@ -208,36 +212,6 @@ def with_exposed(t: StepTime, copy_s: float) -> StepTime:
         prefetch_exposed_s=t.prefetch_exposed_s + copy_s,
         total_s=t.total_s + copy_s,
     )
-
-
-def background_wait_s(step: PolicyStep, t: StepTime, cfg: SimConfig) -> float:
-    """Seconds the next step waits for the planning started beside ``step``, off its
-    critical path (``step.background_plan`` planner calls at the policy's ``plan_us``):
-    what does not fit beside the rest of ``step``, ``t.total_s - t.plan_s`` (``t``:
-    without this wait). :func:`named_waits` puts it on the next step."""
-    R, E = step.rows_ER.shape[1], step.rows_ER.shape[0]
-    background_s = step.background_plan * cfg.plan_seconds(step.name, R, E)
-    return max(0.0, background_s - (t.total_s - t.plan_s))
-
-
-def named_waits(
-    steps: Sequence[PolicyStep], own: Sequence[StepTime], cfg: SimConfig
-) -> list[float]:
-    """Seconds each step of a trace waits for background planning started beside the one
-    before it (:func:`background_wait_s`). ``own``: the steps' times without waits. Run it
-    over the whole trace, warm-up included, and keep the measured steps' waits."""
-    waits = [0.0] * len(steps)
-    for i, (s, t) in enumerate(zip(steps, own, strict=True)):
-        if s.background_plan and i + 1 < len(steps):
-            waits[i + 1] += background_wait_s(s, t, cfg)
-    return waits
-
-
-def with_wait(t: StepTime, wait_s: float) -> StepTime:
-    """``t`` with ``wait_s`` more planning on the critical path."""
-    if wait_s <= 0:
-        return t
-    return dataclasses.replace(t, plan_s=t.plan_s + wait_s, total_s=t.total_s + wait_s)
 
 
 def ideal_time(

@@ -13,10 +13,7 @@ before the trace it reads, drawn from the same routing law
 period (``eplb_first``). A result row holds the mean step time per
 phase (us), the mean force-balanced ideal (us), their ratio ``rel_ideal``, and
 the balance metrics of ``moonplan.baselines.metrics``; for ``moonplan-auto`` also
-``choices`` (candidate -> measured steps that took it) and, for a policy that plans
-in the background, ``background_plan`` (its mean planner calls a step, off the critical
-path) and ``background_wait_us`` (the mean part of it that did not fit beside its step,
-charged as planning: ``model_time.background_wait_s``).
+``choices`` (candidate -> measured steps that took it).
 
 Every policy gets the simulator's :class:`~moonplan.stepcost.StepCost` for the point
 (``SimConfig.step_cost``); only ``moonplan-auto`` uses it, to choose its plan with the
@@ -39,7 +36,6 @@ from moonplan.baselines.policy_base import Policy
 from moonplan.baselines.prehistory import Prehistory, UsesPrehistory, step_ranges
 from moonplan.baselines.registry import make_policy, names
 from moonplan.cost import ModelPreset
-from moonplan.simulate import model_time
 from moonplan.simulate.model_time import SimConfig, StepTime, ideal_time, mean_time, step_time
 from moonplan.simulate.models import expert_bytes, get_model
 from moonplan.simulate.token_routing import token_trace
@@ -248,21 +244,15 @@ def _policy_row(
     every = [policy.step(c) for c in counts_TRE]
     steps = every[warmup:]
     ids = list(topk_ids) if topk_ids is not None else [None] * len(every)
-    # planning beside the last warm-up step is waited for by the first measured one
-    first = max(0, warmup - 1) if any(s.background_plan for s in every) else warmup
-    own = [
-        step_time(s, model, hw, cfg, i, background=False, counts_RE=c)
-        for s, i, c in zip(every[first:], ids[first:], counts_TRE[first:], strict=True)
-    ]
-    waits = model_time.named_waits(every[first:], own, cfg)[warmup - first :]
-    own = own[warmup - first :]
-    t = mean_time([model_time.with_wait(t, w) for t, w in zip(own, waits, strict=True)])
+    t = mean_time(
+        [
+            step_time(s, model, hw, cfg, i, counts_RE=c)
+            for s, i, c in zip(steps, ids[warmup:], counts_TRE[warmup:], strict=True)
+        ]
+    )
     row = {**base, "policy": name, **t.as_us()}
     if any(s.choice for s in steps):
         row["choices"] = dict(Counter(s.choice for s in steps))
-    if any(s.background_plan for s in steps):
-        row["background_plan"] = sum(s.background_plan for s in steps) / len(steps)
-        row["background_wait_us"] = sum(waits) / len(waits) * 1e6
     row["rel_ideal"] = t.total_s / ideal.total_s if ideal.total_s > 0 else 1.0
     metrics = summarize(steps, expert_bytes(model, cfg.weight_bytes))
     row.update(metrics)

@@ -74,6 +74,7 @@ _RATE_FIELDS = (
     "plan_s",
     "exit_s",
     "serve_s",
+    "decide_s",
 )
 """The float fields of :class:`StepCost`, in :meth:`StepCost.as_tensor` order."""
 
@@ -150,6 +151,12 @@ class StepCost:
     ``moonplan.plan.choice.reference``). The exit builds it only where it could beat them
     by this; the exit's plans are scored with ``exit_s`` alone, and whoever charges the
     step adds this where the exit built it (``Choice.built_resident``)."""
+    decide_s: float = 0.0
+    """Host seconds per ``resident`` build that a slot-placement decision counts
+    (``moonplan.plan.residency.refill.Decisions``): the decision runs on a host thread,
+    and its answer is used once the steps covering its builds at this rate have passed.
+    The runtime's calibration times it; 0 (not measured): ``exit_s``, the device's rate,
+    and a step may wait for the host (``docs/runtime.md``)."""
     tile_rows: int = 1
     """An expert's rows are padded to a multiple of this (GEMM tile)."""
     domain: int = 0
@@ -203,6 +210,7 @@ class StepCost:
         overlap: bool = True,
         exit_us: float = 0.0,
         serve_us: float = 0.0,
+        decide_us: float = 0.0,
     ) -> StepCost:
         """The roofline rates of ``model``'s MoE layer on a hardware preset.
 
@@ -218,6 +226,8 @@ class StepCost:
             exit_us: microseconds of ``policy="auto"``'s early exit (:attr:`exit_s`).
             serve_us: microseconds the exit adds to build the ``resident`` candidate
                 (:attr:`serve_s`).
+            decide_us: host microseconds per build a placement decision counts
+                (:attr:`decide_s`).
         """
         if isinstance(hw, str):
             hw = get_hardware(hw)
@@ -243,6 +253,7 @@ class StepCost:
             overlap=overlap,
             exit_s=exit_us * 1e-6,
             serve_s=serve_us * 1e-6,
+            decide_s=decide_us * 1e-6,
         )
 
     def scaled(self, **fields: Any) -> StepCost:
@@ -250,7 +261,7 @@ class StepCost:
         return dataclasses.replace(self, **fields)
 
     def rates(self) -> tuple[float, ...]:
-        """The 14 rate fields' values, in the order of their names in ``_RATE_FIELDS``."""
+        """The 15 rate fields' values, in the order of their names in ``_RATE_FIELDS``."""
         return (
             self.row_flop_s,
             self.weight_read_s,
@@ -266,10 +277,11 @@ class StepCost:
             self.plan_s,
             self.exit_s,
             self.serve_s,
+            self.decide_s,
         )
 
     def as_tensor(self) -> torch.Tensor:
-        """float64 ``[14]`` of the rates (for agreeing across ranks, e.g. the element-wise max)."""
+        """float64 ``[15]`` of the rates (for agreeing across ranks, e.g. the element-wise max)."""
         return torch.tensor([float(v) for v in self.rates()], dtype=torch.float64)
 
     @classmethod
@@ -281,7 +293,7 @@ class StepCost:
         domain: int = 0,
         overlap: bool = True,
     ) -> StepCost:
-        """The inverse of :meth:`as_tensor` (``rates`` float ``[14]``); the non-rate fields
+        """The inverse of :meth:`as_tensor` (``rates`` float ``[15]``); the non-rate fields
         are passed."""
         values = [float(v) for v in rates.reshape(-1).tolist()]
         if len(values) != len(_RATE_FIELDS):

@@ -152,6 +152,7 @@ def _cost_changes(rank: int, world: int) -> dict[str, Any]:
     for _ in range(6):  # warm-up steps, then the automatic calibration
         auto(torch.randn(6, H))
     out["calibrated"] = auto.cost.as_tensor().tolist() if auto.cost is not None else None
+    out["decide_s"] = auto.cost.decide_s if auto.cost is not None else None
     return out
 
 
@@ -165,6 +166,7 @@ def test_a_new_cost_and_a_calibration_are_agreed() -> None:
     assert "rank 0: TypeError: cost must be a moonplan.stepcost.StepCost" in got[0]["bad"][1]
     assert got[0]["set"] == got[1]["set"] == (True, True)
     assert got[0]["calibrated"] is not None and got[0]["calibrated"] == got[1]["calibrated"]
+    assert got[0]["decide_s"] > 0  # the placement's host rate, timed with the rest
 
 
 def _bounded(rank: int, world: int) -> dict[str, Any]:

@@ -58,7 +58,7 @@ def test_auto_step_time_is_its_plans_predicted_time(serial: bool) -> None:
                           backend="torch", rent=policy.rent)  # fmt: skip
         step = policy.step(c)
         assert step.choice == p.policy and torch.equal(step.alloc_ER, p.alloc.cpu())
-        t = step_time(step, model, hw, cfg, background=False)
+        t = step_time(step, model, hw, cfg)
         charge = cost.plan_s
         if p.choice.early_exit():  # the test, and the resident build where the exit made it
             charge = cost.exit_s + (cost.serve_s if p.choice.built_resident() else 0.0)

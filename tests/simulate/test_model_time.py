@@ -15,11 +15,9 @@ from moonplan.plan.residency.refill import refill_link_s
 from moonplan.simulate.model_time import (
     SimConfig,
     StepTime,
-    background_wait_s,
     ideal_time,
     mean_time,
     moves_link_s,
-    named_waits,
     step_time,
 )
 from moonplan.stepcost.hardware import get_hardware
@@ -74,6 +72,18 @@ def test_planning_time_is_added_on_the_critical_path() -> None:
     kernel_s = exact_us(4, 8) * 1e-6
     assert ours.plan_s == pytest.approx(kernel_s)
     assert ours.total_s == pytest.approx(static.total_s + kernel_s, rel=1e-12)
+
+
+def test_only_the_slot_placement_is_charged_a_decisions_host_rate() -> None:
+    """``moonplan-auto``'s cost carries the host's rate per counted build at its (R, E)
+    (``decision_time``); a policy that places no slots has none."""
+    from moonplan.baselines.decision_time import decision_build_us
+
+    model, cfg = toy(8, top_k=2), SimConfig()
+    auto = cfg.step_cost(model, HW, "moonplan-auto", 4)
+    assert auto.decide_s == pytest.approx(decision_build_us(4, 8) * 1e-6, rel=1e-12)
+    assert cfg.step_cost(model, HW, "moonplan", 4).decide_s == 0.0
+    assert decision_build_us(64, 256) == pytest.approx(4 * decision_build_us(8, 8))
 
 
 def test_one_hot_expert_costs_static_ep_R_times_the_ideal_expert_time() -> None:
@@ -181,24 +191,6 @@ def test_mean_time_and_units() -> None:
 # ---- work beside the step: the background search's excess, the refill's exposed copies -------
 
 
-def test_background_search_is_free_while_it_fits_and_its_excess_is_charged() -> None:
-    counts = torch.full((4, 8), 64, dtype=torch.int64)
-    model = toy(8, top_k=2)
-    cfg = SimConfig(plan_us={"moonplan-auto": 10.0})
-    alloc = make_policy("static-linear", 4, 8).step(counts).alloc_ER
-    own = step_time(make_step("moonplan-auto", counts, alloc, planned=1), model, HW, cfg)
-    window = own.total_s - own.plan_s  # submitted once the step's plan is made
-    fits = window / 10e-6 * 0.99  # construction equivalents just inside the window
-    for background, wait in ((0.0, 0.0), (fits, 0.0), (fits * 3, fits * 3 * 10e-6 - window)):
-        step = make_step("moonplan-auto", counts, alloc, planned=1, background_plan=background)
-        t = step_time(step, model, HW, cfg)
-        assert background_wait_s(step, own, cfg) == pytest.approx(wait, abs=1e-15)
-        assert t.total_s == pytest.approx(own.total_s + wait, rel=1e-12)
-        assert t.plan_s == pytest.approx(10e-6 + wait, rel=1e-12)
-        assert step_time(step, model, HW, cfg, background=False) == own
-    assert wait > 0  # the last case does not fit: its excess waits on the critical path
-
-
 def test_refill_is_hidden_behind_the_experts_phase_and_the_rest_exposed() -> None:
     multi = get_hardware("h200-multinode")
     model = toy(16, hidden=1024, ffn=1024)
@@ -278,24 +270,3 @@ def test_a_trace_whose_placement_changes_costs_more_than_one_whose_does_not() ->
     assert rows[False]["prefetch_us"] == 0.0 and rows[False]["moved_mb"] == 0.0
     assert rows[True]["moved_mb"] > 0 and rows[True]["prefetch_exposed_us"] > 0
     assert rows[True]["total_us"] > rows[False]["total_us"] + rows[True]["prefetch_exposed_us"] / 2
-
-
-def test_background_planning_is_charged_beyond_its_step_to_the_next() -> None:
-    """Planning beside a step (``background_plan`` calls at the policy's ``plan_us``) is
-    free while it fits beside the rest of that step; the excess is the next step's wait
-    (``named_waits``), and no step past the trace pays it."""
-    counts = torch.full((4, 8), 64, dtype=torch.int64)
-    model = toy(8, top_k=2)
-    cfg = SimConfig(plan_us={"moonplan-auto": 10.0})
-    alloc = make_policy("static-linear", 4, 8).step(counts).alloc_ER
-    quiet = make_step("moonplan-auto", counts, alloc, planned=1)
-    own = step_time(quiet, model, HW, cfg)
-    beside = own.total_s - own.plan_s
-    fits = make_step("moonplan-auto", counts, alloc, planned=1,
-                     background_plan=beside / 10e-6 * 0.99)  # fmt: skip
-    assert background_wait_s(fits, own, cfg) == 0.0
-    n = 3 * beside / 10e-6
-    long = make_step("moonplan-auto", counts, alloc, planned=1, background_plan=n)
-    assert background_wait_s(long, own, cfg) == pytest.approx(n * 10e-6 - beside, rel=1e-12)
-    waits = named_waits([long, quiet, long], [own] * 3, cfg)
-    assert waits == [0.0, pytest.approx(n * 10e-6 - beside, rel=1e-12), 0.0]

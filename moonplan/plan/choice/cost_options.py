@@ -33,8 +33,9 @@ RATES = (
 )  # fmt: skip
 """The rates the choice reads (any finite value ``>= 0``, as ``StepCost`` accepts)."""
 
-OPTIONS = ("tile_rows", "domain", "overlap", "horizon", "dispatch")
-"""The other fields it reads or ignores by design (``horizon``: deprecated, ignored)."""
+OPTIONS = ("tile_rows", "domain", "overlap", "horizon", "dispatch", "decide_s")
+"""The other fields it reads or ignores by design (``horizon``: deprecated, ignored;
+``decide_s``: the slot placement's host rate, not a step's planning)."""
 
 DISPATCH = ("record",)
 """The dispatch schemes it scores."""

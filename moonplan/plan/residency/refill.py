@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -241,7 +242,7 @@ class Answer:
 
     Attributes:
         order: the refill to order, or ``None``.
-        work_s: seconds of its work: the builds it made (:class:`Builds`) at ``build_s``.
+        work_s: seconds of its work: the builds it made (:class:`Builds`) at :func:`build_rate`.
         steps: the fewest steps whose predicted time covers ``work_s`` (at least 1).
     """
 
@@ -255,31 +256,29 @@ class Decisions:
     placer and the simulator's ``moonplan-auto``.
 
     A decision starts once ``due`` steps have passed since the last one (and no refill is
-    in flight), from a :class:`Snapshot` of that step, and runs beside the next steps
-    (inline, or a worker's ``submit``). It counts its own work as it runs: the builds of
-    the ``resident`` candidate it makes (:class:`Builds`, at ``build_s`` each; the target's
-    exit gate skips most), and the fewest steps whose predicted time covers them. Its
-    answer is read ``due`` steps after it started (waiting for it if it is not done) and
-    used once those steps have passed too, so no answer is used before its counted work
-    could have run. ``due`` then becomes that count of steps, the next decision's guess.
-    Every quantity read is agreed (the counts, the plans, the builds a decision makes), so
-    every rank starts and uses each decision at the same step.
+    in flight), from a :class:`Snapshot` of that step, and runs on the host beside the next
+    steps (inline, or a worker's ``submit``). It counts its own work as it runs: the builds
+    of the ``resident`` candidate it makes (:class:`Builds`; the target's exit gate skips
+    most), each at the cost model's host rate (:func:`build_rate`), and the fewest steps
+    whose predicted time covers them. Its answer is read ``due`` steps after it started
+    (waiting for it if it is not done) and used once those steps have passed too, so no
+    answer is used before its counted work could have run. ``due`` then becomes that count
+    of steps, the next decision's guess. Every quantity read is agreed (the counts, the
+    plans, the cost model, the builds a decision makes), so every rank starts and uses
+    each decision at the same step.
 
     Args:
-        residency: the layer's :class:`Residency`.
-        build_s: seconds of one build of the ``resident`` candidate.
+        residency: the layer's :class:`Residency` (its ``cost`` gives the rate).
         submit: runs a job beside the steps and returns its future (``None``: inline).
     """
 
     def __init__(
         self,
         residency: Residency,
-        build_s: float,
         submit: Callable[[Callable[[], Answer]], Future[Answer]] | None = None,
     ):
-        self.residency, self.build_s, self.submit = residency, build_s, submit
+        self.residency, self.submit = residency, submit
         self.since, self.due = 0, 1
-        self.share_s = 0.0  # the running decision's work per step it runs beside
         self._pending: tuple[Future[Answer] | Answer, int] | None = None  # (answer, lag)
 
     def step(self, counts_RE: torch.Tensor, plan: Plan, busy: bool) -> Refill | None:
@@ -295,8 +294,6 @@ class Decisions:
         job = functools.partial(self._decide, snap, plan)
         answer = job() if self.submit is None else self.submit(job)
         self._pending, self.since = (answer, self.due), 0
-        if isinstance(answer, Answer):  # inline: its work is known now
-            self.share_s = answer.work_s / max(self.due, answer.steps)
         return None
 
     def _use(self, busy: bool) -> Refill | None:
@@ -310,14 +307,40 @@ class Decisions:
             self._pending = (answer, answer.steps)
             return None
         self._pending, self.due = None, answer.steps
-        self.share_s = answer.work_s / max(lag, answer.steps)
         return None if busy else answer.order
 
     def _decide(self, snap: Snapshot, plan: Plan) -> Answer:
         """The decision and its counted work (host reads: here only)."""
         builds = Builds()
+        cost = self.residency.cost
         order = self.residency.decide_on(snap, builds)
-        work_s = builds.made * self.build_s
-        step_s = plan_time(self.residency.cost, plan, planned=0).total_s
+        work_s = builds.made * build_rate(cost)
+        step_s = plan_time(cost, plan, planned=0).total_s
         steps = max(1, math.ceil(work_s / step_s)) if step_s > 0 else 1
         return Answer(order, work_s, steps)
+
+
+def build_rate(cost: StepCost) -> float:
+    """Seconds per build a decision counts: ``cost.decide_s``, the host's rate (the
+    runtime's calibration times it; the simulator charges
+    ``moonplan.baselines.decision_time``), or where it is not set, ``cost.exit_s``, the
+    device's (a step may then wait for the host: ``docs/runtime.md``)."""
+    return cost.decide_s if cost.decide_s > 0 else cost.exit_s
+
+
+def time_build_s(cost: StepCost, counts_RE: torch.Tensor, num_slots: int, repeats: int) -> float:
+    """Median host seconds per build counted, over ``repeats`` decisions on a window of one
+    step, ``counts_RE`` (int64 ``[R, E]``), from empty slots: the runtime's calibration of
+    ``StepCost.decide_s``. Each build is the same work as in a decision on a full window."""
+    R, E = counts_RE.shape
+    c_RE = counts_RE.detach().to("cpu", torch.int64)
+    empty_RB = torch.full((R, num_slots), -1, dtype=torch.int64)
+    times = []
+    for _ in range(repeats):
+        res = Residency(R, E, num_slots, cost, window=1)
+        res.observe(c_RE)
+        builds = Builds()
+        t0 = time.perf_counter()
+        res.decide_on(res.snapshot(c_RE, empty_RB), builds)
+        times.append((time.perf_counter() - t0) / max(1, builds.made))
+    return sorted(times)[len(times) // 2]

@@ -102,7 +102,7 @@ def test_decisions_are_used_a_lag_later_and_alike_inline_or_on_a_worker() -> Non
     runs = []
     with ThreadPoolExecutor(1) as worker:
         for submit in (None, worker.submit):
-            d = Decisions(Residency(4, 16, 2, cost, window=8), 1e-6, submit)
+            d = Decisions(Residency(4, 16, 2, cost.scaled(decide_s=1e-6), window=8), submit)
             got = []
             for t, c in enumerate(trace):
                 p = moonplan.plan(c, slots=2, policy="static")
@@ -160,9 +160,9 @@ def test_an_answer_waits_for_the_steps_its_counted_work_covers() -> None:
     seen = []
     with ThreadPoolExecutor(1) as worker:
         for submit in (None, worker.submit):
-            res = Residency(4, 16, 2, cost, window=4)
             build_s = 2.5 * step_s  # a build: 2.5 steps
-            d = Decisions(res, build_s, submit)
+            res = Residency(4, 16, 2, cost.scaled(decide_s=build_s), window=4)
+            d = Decisions(res, submit)
             made = []
             decide_on = res.decide_on
 
@@ -180,3 +180,14 @@ def test_an_answer_waits_for_the_steps_its_counted_work_covers() -> None:
             assert d.since == d.due and d.due > 1  # used at the step its work covers
             seen.append(d.due)
     assert seen[0] == seen[1]
+
+
+def test_a_decision_is_charged_the_hosts_rate_and_the_devices_without_it() -> None:
+    from moonplan.plan.residency.refill import build_rate, time_build_s
+
+    cost = rows_only(exit_s=2e-6)
+    assert build_rate(cost) == 2e-6  # not measured: the device's exit rate
+    assert build_rate(cost.scaled(decide_s=3e-3)) == 3e-3
+    counts = hot_steps(1, (0, 5))[0]
+    got = time_build_s(cost, counts, 2, repeats=3)
+    assert 0 < got < 1.0  # host seconds per build of one decision, timed here

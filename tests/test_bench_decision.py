@@ -1,0 +1,29 @@
+"""``bench/bench_decision.py``: one decision's counted builds, host time and charges."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import bench_decision as bench
+
+from moonplan.baselines.decision_time import decision_build_us
+from moonplan.plan.residency.window import WINDOW
+
+
+def test_the_window_draws_every_ranks_records_from_one_popularity() -> None:
+    steps = bench.window(8, 4, 16, 2, 1.0)
+    assert len(steps) == WINDOW
+    for c_RE in steps:
+        assert c_RE.shape == (4, 8) and c_RE.dtype == torch.int64
+        assert (c_RE.sum(1) == 16 * 2).all() and (c_RE == c_RE[0]).all()
+
+
+def test_one_case_counts_builds_within_the_bound_and_charges_the_fit() -> None:
+    row = bench.measure(("mixtral-8x7b", "h200-node", 4, 16, 1.0), reps=1)
+    assert WINDOW < row["builds"] <= row["bound"] == WINDOW * 5 + 3
+    assert row["charged_ms"] == decision_build_us(4, 8) * row["builds"] * 1e-3
+    assert row["host_ms"] > 0 and 0 < row["device_ms"] < row["charged_ms"]
