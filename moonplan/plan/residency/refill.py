@@ -242,12 +242,11 @@ class Answer:
 
     Attributes:
         order: the refill to order, or ``None``.
-        work_s: seconds of its work: the builds it made (:class:`Builds`) at :func:`build_rate`.
-        steps: the fewest steps whose predicted time covers ``work_s`` (at least 1).
+        steps: the fewest steps whose predicted time covers its work, the builds it made
+            (:class:`Builds`) at :func:`build_rate` (at least 1).
     """
 
     order: Refill | None
-    work_s: float
     steps: int
 
 
@@ -317,7 +316,7 @@ class Decisions:
         work_s = builds.made * build_rate(cost)
         step_s = plan_time(cost, plan, planned=0).total_s
         steps = max(1, math.ceil(work_s / step_s)) if step_s > 0 else 1
-        return Answer(order, work_s, steps)
+        return Answer(order, steps)
 
 
 def build_rate(cost: StepCost) -> float:
