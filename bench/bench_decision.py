@@ -17,7 +17,12 @@ The decision runs in numpy on a host thread. This script measures, on one window
 * ``charged ms``: ``builds * decision_build_us``, what the simulator charges (and
   ``host / charged``, how well the fit holds);
 * ``device ms``: ``builds * planner_time.resident_us``, what the builds would take as
-  device kernels (no device form of the decision exists yet), and ``host / device``.
+  device kernels (an estimate), and ``host / device``;
+* ``table host ms`` and ``table torch ms``: one table's score over the window (the most
+  replicated table), step by step in numpy (``target.window_s``, what a decision runs
+  now) and every step at once in torch ops (``residency.window_torch``, the form that
+  also runs on the device; here on this host's CPU), side by side; ``bench/gpu_check.py``
+  times the torch form on a GPU.
 
 The window is synthetic: a fixed lognormal popularity (``sigma``) with every step's
 records drawn from it, the persistent routing the placement is built for. The serving
@@ -33,16 +38,19 @@ import statistics
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from _common import markdown_table, result_path, timing_parser, write_report
 
 from moonplan.baselines.decision_time import decision_build_us
 from moonplan.baselines.planner_time import resident_us
 from moonplan.plan.residency.refill import Residency
-from moonplan.plan.residency.target import Builds
+from moonplan.plan.residency.target import Builds, pack, replica_counts, step_time_over, window_s
 from moonplan.plan.residency.window import WINDOW
+from moonplan.plan.residency.window_torch import window_torch
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import get_model
+from moonplan.stepcost import StepCost
 from moonplan.stepcost.hardware import get_hardware
 
 CASES = (  # model, hardware, R, S, sigma
@@ -88,11 +96,36 @@ def measure(case: tuple[str, str, int, int, float], reps: int) -> dict[str, Any]
         times.append(time.perf_counter() - t0)
         made = builds.made
     host_ms = statistics.median(times) * 1e3
+    table_host_ms, table_torch_ms = time_table(cost, steps, reps)
     charged_ms = made * decision_build_us(R, E) * 1e-3
     device_ms = made * resident_us(R, E, cost.tile_rows) * 1e-3
     return {"model": model, "hardware": hw, "ranks": R, "experts": E, "tokens": S,
             "sigma": sigma, "builds": made, "bound": WINDOW * (SLOTS + 3) + 3,
-            "host_ms": host_ms, "charged_ms": charged_ms, "device_ms": device_ms}  # fmt: skip
+            "host_ms": host_ms, "charged_ms": charged_ms, "device_ms": device_ms,
+            "table_host_ms": table_host_ms, "table_torch_ms": table_torch_ms}  # fmt: skip
+
+
+def time_table(cost: StepCost, steps: list[torch.Tensor], reps: int) -> tuple[float, float]:
+    """Median milliseconds of one table's window score, numpy step by step and torch all
+    at once (module docstring), alternated; the two must agree float for float."""
+    R = steps[0].shape[0]
+    totals = [int(t) for t in torch.stack(steps)[:, 0].sum(0)]
+    empty = [[-1] * SLOTS for _ in range(R)]
+    slot_RB = np.array(pack(replica_counts(totals, R, SLOTS * R), totals, SLOTS, empty))
+    rows = [c.numpy() for c in steps]
+    statics = [step_time_over(cost, c, np.full_like(slot_RB, -1)) for c in rows]
+    args = (torch.stack(steps), torch.tensor(statics, dtype=torch.float64),
+            torch.from_numpy(slot_RB))  # fmt: skip
+    host, dense = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        want = window_s(cost, rows, statics, slot_RB)
+        t1 = time.perf_counter()
+        got = sum(window_torch(cost, *args).tolist())
+        host.append(t1 - t0)
+        dense.append(time.perf_counter() - t1)
+        assert got == want, (got, want)
+    return statistics.median(host) * 1e3, statistics.median(dense) * 1e3
 
 
 def main() -> None:
@@ -101,11 +134,14 @@ def main() -> None:
     cases = CASES[:2] if args.quick else CASES
     rows = [measure(c, args.reps) for c in cases]
     header = ["model", "hw", "R", "S", "sigma", "builds", "bound", "host ms", "charged ms",
-              "host / charged", "device ms", "host / device"]  # fmt: skip
+              "host / charged", "device ms", "host / device", "table host ms",
+              "table torch ms", "host / torch"]  # fmt: skip
     lines = [[r["model"], r["hardware"], str(r["ranks"]), str(r["tokens"]), str(r["sigma"]),
               str(r["builds"]), str(r["bound"]), f"{r['host_ms']:.0f}",
               f"{r['charged_ms']:.0f}", f"{r['host_ms'] / r['charged_ms']:.2f}",
-              f"{r['device_ms']:.2f}", f"{r['host_ms'] / r['device_ms']:.0f}x"]
+              f"{r['device_ms']:.2f}", f"{r['host_ms'] / r['device_ms']:.0f}x",
+              f"{r['table_host_ms']:.1f}", f"{r['table_torch_ms']:.1f}",
+              f"{r['table_host_ms'] / r['table_torch_ms']:.2f}"]
              for r in rows]  # fmt: skip
     md = ["# A slot-placement decision's host time", "", markdown_table(header, lines)]
     write_report(args.out, {"rows": rows, "reps": args.reps}, md)

@@ -100,6 +100,7 @@ def run_child(name: str, out_path: str, smoke: bool) -> int:
             section(results, sub, fn)
     elif name == "planner":
         import _gpu_choice as gc
+        import _gpu_decision as gd
         import _gpu_planner as gp
 
         from moonplan.plan import choice_cuda, cuda_backend
@@ -113,6 +114,7 @@ def run_child(name: str, out_path: str, smoke: bool) -> int:
                 gated_sections(results, key, available(), what, sections)
         section(results, "api", lambda: gp.api_section(smoke))
         section(results, "auto", lambda: gc.auto_section(smoke))
+        section(results, "decision", lambda: gd.decision_section(smoke))
     Path(out_path).write_text(json.dumps(results, indent=1, default=str))
     return 0
 
@@ -267,7 +269,9 @@ def _figures_line(name: str, r: dict[str, Any]) -> str:
             f"kernel graph {timing[0].get('cuda_us', '-')} us at (8, 896, 8192, 8) "
             f"(target 25); plan(exact) eager {exact.get('eager_us', '-')} us; auto full/exit "
             f"graph {us(8, 'graph_us')} us at EP 8 (25), {us(64, 'graph_us')} at EP 64 (60), "
-            f"host {us(8, 'host_us')} us at EP 8 (80)"
+            f"host {us(8, 'host_us')} us at EP 8 (80); decision table "
+            + "/".join(f"{x.get('table_ms', 0):.1f}" for x in r.get("decision", {}).get("rows", []))
+            + " ms (olmoe EP 8, V3 EP 8, V3 EP 64)"
         )
     return ""
 

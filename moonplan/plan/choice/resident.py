@@ -223,6 +223,44 @@ def resident_torch(
     return rows_of_tiles(_whole_tiles_torch(a_ER, hold_ER, K_E, bits), T_E, tile)
 
 
+def resident_pairs_torch(
+    counts_RE: torch.Tensor, hold_ER: torch.Tensor, tile: int = 1
+) -> torch.Tensor:
+    """int64 ``[E, R]``: :func:`resident_host` in torch ops over the list of pairs, for the
+    holders ``hold_ER`` (bool ``[E, R]``, :func:`holders_torch`). Its work grows with the
+    pairs, not with ``E * R * R``; the pairs are read once from ``hold_ER`` (a host read
+    where it lives on a device), so under ``torch.vmap`` over the counts, with one holder
+    table, it is the many-steps form (``moonplan.plan.residency.window_torch``)."""
+    E, R = hold_ER.shape
+    dev = counts_RE.device
+    T_E = counts_RE.sum(0)
+    K_E = (T_E + (tile - 1)) // tile
+    e_H, r_H = hold_ER.nonzero(as_tuple=True)  # by expert, then rank
+    n_E = hold_ER.sum(1)
+    idx_H = (hold_ER.cumsum(1) - 1)[e_H, r_H]
+    bits = torch.where(T_E.sum() < 1 << FINE_LIMIT_BITS, SCALE_BITS, 0)
+    units_E = K_E << bits
+    a_H = units_E[e_H] // n_E[e_H] + (idx_H < (units_E % n_E)[e_H]).long()
+    i_P, j_P = ((e_H[:, None] == e_H[None, :]) & (r_H[:, None] != r_H[None, :])).nonzero(
+        as_tuple=True
+    )
+    ri_P, rj_P, H = r_H[i_P], r_H[j_P], len(e_H)
+    zeros_R = torch.zeros(R, dtype=torch.int64, device=dev)
+    zeros_H = torch.zeros(H, dtype=torch.int64, device=dev)
+    for _ in range(ROUNDS):
+        L_R = zeros_R.index_add(0, r_H, a_H)
+        gap_P = L_R[ri_P] - L_R[rj_P]
+        live_P = ((gap_P > 0) & (a_H[i_P] > 0)).long()
+        deg_R = zeros_R.index_add(0, ri_P, live_P) + zeros_R.index_add(0, rj_P, live_P)
+        out_H = zeros_H.index_add(0, i_P, live_P)
+        most_P = torch.maximum(deg_R[ri_P], deg_R[rj_P]).clamp(min=1)
+        q_P = torch.minimum(gap_P // most_P, a_H[i_P] // out_H[i_P].clamp(min=1))
+        q_P = torch.where(live_P > 0, q_P, 0)
+        a_H = a_H - zeros_H.index_add(0, i_P, q_P) + zeros_H.index_add(0, j_P, q_P)
+    a_ER = torch.zeros(E, R, dtype=torch.int64, device=dev).index_put((e_H, r_H), a_H)
+    return rows_of_tiles(_whole_tiles_torch(a_ER, hold_ER, K_E, bits), T_E, tile)
+
+
 def rows_of_tiles(tiles_ER: torch.Tensor, T_E: torch.Tensor, tile: int) -> torch.Tensor:
     """int64 ``[E, R]`` records from whole tiles ``tiles_ER`` (:func:`_rows_reference`):
     a holder's rows are ``T[e]`` less ``tile`` rows for each tile of a lower-ranked holder,
@@ -277,5 +315,5 @@ def _whole_tiles_torch(
     r_R = torch.arange(R, device=a_ER.device)
     key_ER = torch.where(hold_ER, (S - 1 - rem_ER) * R + r_R[None, :], S * R)  # ascending
     order_ER = key_ER.argsort(1)
-    place_ER = torch.empty_like(order_ER).scatter_(1, order_ER, r_R.expand_as(order_ER))
+    place_ER = order_ER.argsort(1)  # each holder's place in the order (the inverse)
     return whole_ER + (hold_ER & (place_ER < short_E[:, None])).long()

@@ -219,4 +219,4 @@ def placed_torch(
     first_E = away_ER.to(torch.int8).argmax(1)  # the first True where any
     server_E = torch.where(away_ER.any(1), first_E, home_E)
     alloc_ER = torch.zeros(E, R, dtype=torch.int64, device=T_E.device)
-    return alloc_ER.scatter_(1, server_E[:, None], T_E[:, None])
+    return alloc_ER.scatter(1, server_E[:, None], T_E[:, None])

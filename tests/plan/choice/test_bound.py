@@ -8,6 +8,8 @@ in ``test_choice.py``; here each term is computed by hand where it decides.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,14 +18,16 @@ from moonplan.plan.choice import choose, reference
 from moonplan.plan.choice.bound import (
     MARGIN,
     exit_bound,
+    exit_bound_torch,
     experts_lb_s,
     links_host,
     links_reference,
     links_torch,
 )
 from moonplan.plan.home import home_list
+from moonplan.stepcost import StepCost
 from moonplan.testing import counts
-from tests.plan.choice.costs import DECODE, full, rows_only
+from tests.plan.choice.costs import DECODE, costs, full, rows_only
 
 
 def test_a_rank_that_receives_a_copy_reads_its_kept_experts_and_the_copy() -> None:
@@ -76,3 +80,26 @@ def test_the_link_rows_are_the_same_in_every_form(c: torch.Tensor, data: st.Data
     home_E = torch.tensor(home, dtype=torch.int64)
     assert links_host(c.numpy(), resident.numpy(), home_E.numpy(), G) == want
     assert tuple(x.tolist() for x in links_torch(c, resident, home_E, G)) == want
+
+
+@given(counts(max_ranks=8, max_experts=20, max_records_per_rank=200), costs(), st.data())
+def test_the_exit_bound_is_the_same_in_every_form(
+    c: torch.Tensor, cost: StepCost, data: st.DataObject
+) -> None:
+    """``exit_bound`` and ``exit_bound_torch`` give equal floats on random counts, resident
+    pairs and costs (either schedule, one or several domains), with and without static
+    EP's full time (``residency.window_torch`` relies on it)."""
+    R, E = c.shape
+    flags = data.draw(st.lists(st.booleans(), min_size=E * R, max_size=E * R))
+    resident = torch.tensor(flags, dtype=torch.bool).reshape(E, R)
+    home = home_list(E, R)
+    home_E = torch.tensor(home, dtype=torch.int64)
+    links = links_host(c.numpy(), resident.numpy(), home_E.numpy(), cost.domain_size(R))
+    totals = reference._totals(cost, c.tolist())
+    full_s = data.draw(st.sampled_from([None, 0.0, 1e-4, 1.0]))
+    want = exit_bound(cost, R, totals, links, full_s)
+    t = tuple(torch.tensor(x, dtype=torch.int64) for x in totals)
+    tl = tuple(torch.tensor(x, dtype=torch.int64) for x in links)
+    static_t = torch.tensor(math.inf if full_s is None else full_s, dtype=torch.float64)
+    got = exit_bound_torch(cost, R, t, tl, static_t, torch.tensor(full_s is None))
+    assert (float(got[0]), float(got[1])) == want

@@ -37,7 +37,8 @@ def _forms(c: torch.Tensor, slots: list[list[int]], tile: int = 1) -> list[torch
     home = home_map(E, R)
     host = torch.from_numpy(res.resident_host(c.numpy(), prev.numpy(), home.numpy(), tile))
     tensor = res.resident_torch(c, prev, home, tile)
-    return [ref.reshape(E, R), host, tensor]
+    pairs = res.resident_pairs_torch(c, res.holders_torch(E, R, prev, home), tile)
+    return [ref.reshape(E, R), host, tensor, pairs]
 
 
 def _tiles(rows: torch.Tensor, tile: int) -> torch.Tensor:
@@ -51,13 +52,14 @@ def _tiles(rows: torch.Tensor, tile: int) -> torch.Tensor:
     st.sampled_from([1, 3, 16, 128]),
 )
 @settings(deadline=None)
-def test_three_forms_agree_and_move_records_only_to_holders(
+def test_four_forms_agree_and_move_records_only_to_holders(
     c: torch.Tensor, data: st.DataObject, tile: int
 ) -> None:
+    """The reference, the host's pairs, the dense torch form and the torch pairs form."""
     R, E = c.shape
     slots = _slots(data, R, E)
-    ref, host, tensor = _forms(c, slots, tile)
-    assert torch.equal(ref, host) and torch.equal(ref, tensor)
+    ref, host, tensor, pairs = _forms(c, slots, tile)
+    assert torch.equal(ref, host) and torch.equal(ref, tensor) and torch.equal(ref, pairs)
     assert bool((ref >= 0).all()) and torch.equal(ref.sum(1), c.sum(0))  # every record, once
     # whole tiles: no expert pads more tiles than its records need
     assert torch.equal(_tiles(ref, tile).sum(1), _tiles(c.sum(0), tile))
@@ -154,7 +156,7 @@ def test_a_unit_is_one_record_beyond_2_to_the_46() -> None:
     c = torch.randint(0, 2**49, (4, 9), generator=torch.Generator().manual_seed(3))
     c[:, 2] += 2**50
     slots = [[2, 5], [2, 7], [0, 2], [1, 3]]
-    ref, host, tensor = _forms(c, slots)
-    assert torch.equal(ref, host) and torch.equal(ref, tensor)
+    ref, *others = _forms(c, slots)
+    assert all(torch.equal(ref, got) for got in others)
     assert bool((ref >= 0).all()) and torch.equal(ref.sum(1), c.sum(0))
     assert res.scale_bits(2**46 - 1) == res.SCALE_BITS and res.scale_bits(2**46) == 0
