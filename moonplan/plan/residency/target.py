@@ -24,7 +24,9 @@ For each ``k`` from 0 to ``B`` a candidate table holds ``k * R`` replicas:
    the longer of the two.
 
 The table chosen is the one with the least predicted time over the window's own steps
-(:func:`window_s`; ties: the earlier, fewer replicas first, whole moves last), each step
+(:func:`window_s`, computed for every step at once by
+:func:`~moonplan.plan.residency.window_torch.window_torch`, equal float for float; ties:
+the earlier, fewer replicas first, whole moves last), each step
 spread over the sources as the mean step is. The steps, not their mean: the mean step
 hides the fluctuation that replicas absorb and whole moves do not. Each step is planned as
 ``auto`` would plan it (:func:`served_s`): the best of static EP, ``placed`` and, where it
@@ -51,6 +53,7 @@ from moonplan.plan.choice.bound import exit_bound, links_host, nocopy_s, totals_
 from moonplan.plan.choice.host import placed_host, resident_pick
 from moonplan.plan.choice.rent import call_price, exit_build_s
 from moonplan.plan.home import home_list
+from moonplan.plan.residency.window_torch import window_torch
 from moonplan.plan.torch_backend import resident_map
 from moonplan.stepcost import StepCost
 
@@ -112,8 +115,10 @@ def mean_step(totals_E: torch.Tensor, steps: int, num_ranks: int) -> np.ndarray:
 @dataclass
 class Builds:
     """A decision's work, counted as it runs: the builds of the ``resident`` candidate it
-    made (:func:`step_time_over`; static EP's plan, over empty slots, counts as one).
-    ``placed`` is a lookup and the exit's bound a sum: neither counts."""
+    made (:func:`step_time_over`; static EP's plan, over empty slots, counts as one). A
+    table with replicas, scored over the window, counts one a step: its torch form builds
+    every step's plan, and the exit's gate only selects. ``placed`` is a lookup and the
+    exit's bound a sum: neither counts."""
 
     made: int = 0
 
@@ -288,13 +293,19 @@ def target_slots(
     rows = [mean_RE] if loads_SE is None else [mean_step(l_E, 1, R) for l_E in loads_SE.cpu()]
     empty = np.full((R, B), -1, dtype=np.int64)
     statics = [step_time_over(cost, c_RE, empty, builds) for c_RE in rows]
+    rows_SRE = torch.from_numpy(np.stack(rows))
+    static_S = torch.tensor(statics, dtype=torch.float64)
     best: tuple[float, list[list[int]]] | None = None
-    scored: set[str] = set()
+    scored: set[tuple[int, ...]] = set()
     for table in tables:
-        if repr(table) in scored:  # equal tables score alike: the earlier stands
+        key = tuple(e for row in table for e in row)
+        if key in scored:  # equal tables score alike: the earlier stands
             continue
-        scored.add(repr(table))
-        t = window_s(cost, rows, statics, _table(table, R, B), builds)
+        scored.add(key)
+        slot_RB = _table(table, R, B)
+        t = sum(window_torch(cost, rows_SRE, static_S, torch.from_numpy(slot_RB)).tolist())
+        if builds is not None and (slot_RB >= 0).any():
+            builds.made += len(rows)  # every step's ``resident`` plan, the gate only selects
         if best is None or t < best[0]:
             best = (t, table)
     assert best is not None

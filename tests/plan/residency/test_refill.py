@@ -115,9 +115,10 @@ def test_decisions_are_used_a_lag_later_and_alike_inline_or_on_a_worker() -> Non
 
 
 def test_a_decision_counts_the_builds_it_makes() -> None:
-    """Static EP on each of the window's steps, one build per (step, table) where the exit
-    builds ``resident``, and the rent's: never more than the bound ``W * (B + 3) + 3``,
-    and exactly the calls to ``step_time_over`` (each is one build)."""
+    """Static EP on each of the window's steps, one build per step for each table with
+    replicas (its torch score builds every step's ``resident`` plan), and the rent's:
+    never more than the bound ``W * (B + 3) + 3``, and exactly the calls to
+    ``step_time_over`` (each is one build) plus ``W`` per such table."""
     from unittest import mock
 
     from moonplan.plan.residency import refill, target
@@ -135,9 +136,12 @@ def test_a_decision_counts_the_builds_it_makes() -> None:
     with (
         wrap(target, "step_time_over", wraps=target.step_time_over) as a,
         wrap(refill, "step_time_over", wraps=refill.step_time_over) as b,
+        wrap(target, "window_torch", wraps=target.window_torch) as w,
     ):
         res.decide_on(res.snapshot(trace[-1], empty), builds)
-    assert builds.made == a.call_count + b.call_count
+    held = sum(bool((call.args[3] >= 0).any()) for call in w.call_args_list)
+    assert held >= 1
+    assert builds.made == a.call_count + b.call_count + W * held
     assert W < builds.made <= W * (B + 3) + 3  # at least static EP on every step
 
 
