@@ -328,16 +328,19 @@ def build_rate(cost: StepCost) -> float:
 
 
 def time_build_s(cost: StepCost, counts_RE: torch.Tensor, num_slots: int, repeats: int) -> float:
-    """Median host seconds per build counted, over ``repeats`` decisions on a window of one
-    step, ``counts_RE`` (int64 ``[R, E]``), from empty slots: the runtime's calibration of
-    ``StepCost.decide_s``. Each build is the same work as in a decision on a full window."""
+    """Median host seconds per build counted, over ``repeats`` decisions on a full window
+    (:data:`~moonplan.plan.residency.window.WINDOW` steps) of ``counts_RE`` (int64
+    ``[R, E]``), from empty slots: the runtime's calibration of ``StepCost.decide_s``. A
+    full window, as the decisions it prices: a table's torch score has a cost per call as
+    well as per step (``residency.window_torch``), which one step would count in full."""
     R, E = counts_RE.shape
     c_RE = counts_RE.detach().to("cpu", torch.int64)
     empty_RB = torch.full((R, num_slots), -1, dtype=torch.int64)
     times = []
     for _ in range(repeats):
-        res = Residency(R, E, num_slots, cost, window=1)
-        res.observe(c_RE)
+        res = Residency(R, E, num_slots, cost)
+        for _ in range(WINDOW):
+            res.observe(c_RE)
         builds = Builds()
         t0 = time.perf_counter()
         res.decide_on(res.snapshot(c_RE, empty_RB), builds)
