@@ -9,20 +9,21 @@ the steps whose predicted time covers its counted work have passed: the builds o
 ``resident`` candidate it makes (``residency.target.Builds``), each at the host's rate
 ``StepCost.decide_s`` (the runtime's calibration times it; the simulator charges
 ``moonplan.baselines.decision_time.decision_build_us``, fitted to this script's figures).
-The decision runs in numpy on a host thread. This script measures, on one window per case:
+The decision runs on a host thread: numpy for the tables, torch ops on the CPU for their
+scores over the window. This script measures, on one window per case:
 
 * ``builds``: the builds the decision counted, and ``bound`` the most it could make,
   ``W * (B + 3) + 3``;
-* ``host ms``: the median wall time of the decision here (numpy, one thread);
+* ``host ms``: the median wall time of the decision here (one thread);
 * ``charged ms``: ``builds * decision_build_us``, what the simulator charges (and
   ``host / charged``, how well the fit holds);
 * ``device ms``: ``builds * planner_time.resident_us``, what the builds would take as
   device kernels (an estimate), and ``host / device``;
 * ``table host ms`` and ``table torch ms``: one table's score over the window (the most
-  replicated table), step by step in numpy (``target.window_s``, what a decision runs
-  now) and every step at once in torch ops (``residency.window_torch``, the form that
-  also runs on the device; here on this host's CPU), side by side; ``bench/gpu_check.py``
-  times the torch form on a GPU.
+  replicated table), step by step in numpy (``target.window_s``, the reference) and
+  every step at once in torch ops (``residency.window_torch``, what a decision runs, and
+  the form that also runs on the device; here on this host's CPU), side by side;
+  ``bench/gpu_check.py`` times the torch form on a GPU.
 
 The window is synthetic: a fixed lognormal popularity (``sigma``) with every step's
 records drawn from it, the persistent routing the placement is built for. The serving
