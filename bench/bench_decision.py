@@ -45,8 +45,8 @@ from _common import markdown_table, result_path, timing_parser, write_report
 
 from moonplan.baselines.decision_time import decision_build_us
 from moonplan.baselines.planner_time import resident_us
-from moonplan.plan.residency.refill import Residency
-from moonplan.plan.residency.target import Builds, pack, replica_counts, step_time_over, window_s
+from moonplan.plan.residency.refill import time_decision
+from moonplan.plan.residency.target import pack, replica_counts, step_time_over, window_s
 from moonplan.plan.residency.window import WINDOW
 from moonplan.plan.residency.window_torch import window_torch
 from moonplan.simulate.model_time import SimConfig
@@ -85,18 +85,8 @@ def measure(case: tuple[str, str, int, int, float], reps: int) -> dict[str, Any]
     cost = SimConfig().step_cost(m, h, "moonplan-auto", R)
     E = m.num_experts
     steps = window(E, R, S, m.top_k, sigma)
-    empty_RB = torch.full((R, SLOTS), -1, dtype=torch.int64)
-    times, made = [], 0
-    for _ in range(reps):
-        res = Residency(R, E, SLOTS, cost)
-        for c_RE in steps:
-            res.observe(c_RE)
-        snap, builds = res.snapshot(steps[-1], empty_RB), Builds()
-        t0 = time.perf_counter()
-        res.decide_on(snap, builds)
-        times.append(time.perf_counter() - t0)
-        made = builds.made
-    host_ms = statistics.median(times) * 1e3
+    host_s, made = time_decision(cost, steps, SLOTS, reps)
+    host_ms = host_s * 1e3
     table_host_ms, table_torch_ms = time_table(cost, steps, reps)
     charged_ms = made * decision_build_us(R, E) * 1e-3
     device_ms = made * resident_us(R, E, cost.tile_rows) * 1e-3

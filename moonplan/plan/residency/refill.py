@@ -333,16 +333,27 @@ def time_build_s(cost: StepCost, counts_RE: torch.Tensor, num_slots: int, repeat
     ``[R, E]``), from empty slots: the runtime's calibration of ``StepCost.decide_s``. A
     full window, as the decisions it prices: a table's torch score has a cost per call as
     well as per step (``residency.window_torch``), which one step would count in full."""
-    R, E = counts_RE.shape
     c_RE = counts_RE.detach().to("cpu", torch.int64)
+    seconds, builds = time_decision(cost, [c_RE] * WINDOW, num_slots, repeats)
+    return seconds / max(1, builds)
+
+
+def time_decision(
+    cost: StepCost, steps_RE: list[torch.Tensor], num_slots: int, repeats: int
+) -> tuple[float, int]:
+    """Median host seconds of a decision on the window ``steps_RE`` (each int64 ``[R, E]``,
+    observed in order) from empty slots, over ``repeats`` decisions, and the builds it
+    counts (:class:`Builds`; the same each time)."""
+    R, E = steps_RE[-1].shape
     empty_RB = torch.full((R, num_slots), -1, dtype=torch.int64)
-    times = []
+    times, made = [], 0
     for _ in range(repeats):
-        res = Residency(R, E, num_slots, cost)
-        for _ in range(WINDOW):
+        res = Residency(R, E, num_slots, cost, window=max(WINDOW, len(steps_RE)))
+        for c_RE in steps_RE:
             res.observe(c_RE)
         builds = Builds()
         t0 = time.perf_counter()
-        res.decide_on(res.snapshot(c_RE, empty_RB), builds)
-        times.append((time.perf_counter() - t0) / max(1, builds.made))
-    return sorted(times)[len(times) // 2]
+        res.decide_on(res.snapshot(steps_RE[-1], empty_RB), builds)
+        times.append(time.perf_counter() - t0)
+        made = builds.made
+    return sorted(times)[len(times) // 2], made
