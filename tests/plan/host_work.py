@@ -9,12 +9,15 @@ whose output size depends on values (``nonzero``, ``masked_select``, ``unique``,
 ``torch.equal``, a copy to the CPU, or ``Tensor.tolist`` (which on the CPU reads without
 dispatching, so it is counted by wrapping the method). An *op* is any aten op dispatched
 while the call runs (on an accelerator, roughly a kernel launch each; views included).
-On the CPU nothing waits, but the counts are those the same call makes on a GPU.
+On the CPU nothing waits, but the counts are those the same call makes on a GPU. Only the
+calling thread's work counts: a worker thread running beside the call (the placer's
+decision, which reads its snapshot on the host by design) is not the call's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -62,8 +65,11 @@ class _Counting(TorchDispatchMode):
     def __init__(self, work: HostWork) -> None:
         super().__init__()
         self.work = work
+        self.thread = threading.get_ident()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if threading.get_ident() != self.thread:  # another thread's work, not the call's
+            return func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         self.work.ops[name] += 1
         if (name in SYNC_OPS and not _sized(name, func, args, kwargs)) or (
@@ -94,9 +100,11 @@ def _to_host(args: Any, kwargs: Any) -> bool:
 @contextlib.contextmanager
 def _count_tolist(work: HostWork) -> Iterator[None]:
     original = torch.Tensor.tolist
+    thread = threading.get_ident()
 
     def tolist(self: torch.Tensor) -> Any:
-        work.reads["tolist"] += 1
+        if threading.get_ident() == thread:
+            work.reads["tolist"] += 1
         return original(self)
 
     torch.Tensor.tolist = tolist  # type: ignore[method-assign]

@@ -119,3 +119,27 @@ def test_check_input_costs_one_host_read_on_every_path(policy: str) -> None:
         lambda: moonplan.plan(c, previous=prev, policy=policy, backend="torch", check_input=False)
     )
     assert on.host_reads - off.host_reads == 1, (on.reads, off.reads)
+
+
+def test_another_threads_reads_are_not_the_calls() -> None:
+    """A worker thread reading beside the call (the placer's decision does, by design) is
+    not counted; the call's own reads are."""
+    import threading
+
+    started, stop = threading.Event(), threading.Event()
+
+    def beside() -> None:
+        started.set()
+        while not stop.is_set():
+            torch.arange(4).tolist()
+            torch.ones(2).sum().item()
+
+    worker = threading.Thread(target=beside)
+    worker.start()
+    started.wait()
+    try:
+        w = host_work(lambda: [torch.ones(3).tolist() for _ in range(50)])
+    finally:
+        stop.set()
+        worker.join()
+    assert dict(w.reads) == {"tolist": 50}
