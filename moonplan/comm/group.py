@@ -155,6 +155,10 @@ class EPGroup:
                 stacklevel=3,
             )
         pg = dist.new_group(ranks=self.ranks(), timeout=timeout, backend=self.backend)
+        # Every rank has finished connecting before any uses or destroys the group: gloo's
+        # new_group can return on one rank while a peer still connects, and a rank whose
+        # transport declines the group releases it at once, closing the peer's connections.
+        dist.barrier(group=pg)
         other = EPGroup(pg, self.device)
         other._owned = True
         return other
