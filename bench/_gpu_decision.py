@@ -3,12 +3,12 @@
 Legend: R ranks, E experts, W window steps (32), B slots per rank (2), S tokens per rank.
 
 A decision scores ``B + 2`` slot tables over the window's ``W`` steps
-(``moonplan.plan.residency.target.target_slots``); on the host, step by step in numpy, that
-is 0.3-1.6 s (``docs/benchmarks.md``). ``moonplan.plan.residency.window_torch`` scores one
-table over every step at once in torch ops. This section times that form on the device
-(synchronised, median of ``reps``) for the most replicated table of ``bench_decision``'s
-windows, and checks each step's float against the host form (``target.window_s``'s
-terms). ``--cpu-smoke`` runs it on the CPU on one small case.
+(``moonplan.plan.residency.target.target_slots``) with
+``moonplan.plan.residency.window_torch``: one table over every step at once in torch ops.
+On this project's CPU a decision takes 0.06-1.7 s (``docs/benchmarks.md``). This
+section times that form on the device (synchronised, median of ``reps``) for the most
+replicated table of ``bench_decision``'s windows, and checks each step's float against
+the host form (``target.window_s``'s terms). ``--cpu-smoke`` runs it on the CPU on one small case.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 import torch
-from bench_decision import SLOTS, window
+from bench_decision import most_replicated, window
 
-from moonplan.plan.residency.target import pack, replica_counts, served_s, step_time_over
+from moonplan.plan.residency.target import served_s
 from moonplan.plan.residency.window_torch import window_torch
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import get_model
@@ -50,12 +49,9 @@ def _row(case: tuple[str, str, int, int, float], dev: torch.device, reps: int) -
     m = get_model(model)
     cost = SimConfig().step_cost(m, get_hardware(hw), "moonplan-auto", R)
     E = m.num_experts
-    rows_SRE = torch.stack(window(E, R, S, m.top_k, sigma))
-    totals = [int(t) for t in rows_SRE[:, 0].sum(0)]
-    empty = [[-1] * SLOTS for _ in range(R)]
-    slot_RB = np.array(pack(replica_counts(totals, R, SLOTS * R), totals, SLOTS, empty))
-    rows_np = list(rows_SRE.numpy())
-    statics = [step_time_over(cost, c, np.full_like(slot_RB, -1)) for c in rows_np]
+    steps = window(E, R, S, m.top_k, sigma)
+    rows_np, statics, slot_RB = most_replicated(cost, steps)
+    rows_SRE = torch.stack(steps)
     want = [served_s(cost, c, slot_RB, s) for c, s in zip(rows_np, statics, strict=True)]
     args = (rows_SRE.to(dev), torch.tensor(statics, dtype=torch.float64, device=dev),
             torch.from_numpy(slot_RB).to(dev))  # fmt: skip

@@ -96,15 +96,25 @@ def measure(case: tuple[str, str, int, int, float], reps: int) -> dict[str, Any]
             "table_host_ms": table_host_ms, "table_torch_ms": table_torch_ms}  # fmt: skip
 
 
-def time_table(cost: StepCost, steps: list[torch.Tensor], reps: int) -> tuple[float, float]:
-    """Median milliseconds of one table's window score, numpy step by step and torch all
-    at once (module docstring), alternated; the two must agree float for float."""
+def most_replicated(
+    cost: StepCost, steps: list[torch.Tensor]
+) -> tuple[list[np.ndarray], list[float], np.ndarray]:
+    """The window's steps (int64 ``[R, E]`` each, numpy), static EP's seconds of each, and
+    the table of ``SLOTS`` replicas a rank (int64 ``[R, SLOTS]``) the placement packs for
+    the window's loads: the one whose score ``time_table`` and ``_gpu_decision`` time."""
     R = steps[0].shape[0]
     totals = [int(t) for t in torch.stack(steps)[:, 0].sum(0)]
     empty = [[-1] * SLOTS for _ in range(R)]
     slot_RB = np.array(pack(replica_counts(totals, R, SLOTS * R), totals, SLOTS, empty))
     rows = [c.numpy() for c in steps]
     statics = [step_time_over(cost, c, np.full_like(slot_RB, -1)) for c in rows]
+    return rows, statics, slot_RB
+
+
+def time_table(cost: StepCost, steps: list[torch.Tensor], reps: int) -> tuple[float, float]:
+    """Median milliseconds of one table's window score, numpy step by step and torch all
+    at once (module docstring), alternated; the two must agree float for float."""
+    rows, statics, slot_RB = most_replicated(cost, steps)
     args = (torch.stack(steps), torch.tensor(statics, dtype=torch.float64),
             torch.from_numpy(slot_RB))  # fmt: skip
     host, dense = [], []
