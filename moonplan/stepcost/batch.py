@@ -30,7 +30,9 @@ from moonplan.stepcost.step_cost import StepCost
 @dataclass(frozen=True)
 class BatchTime:
     """Seconds per phase of each candidate's step (float64 ``[C]`` each, on the inputs'
-    device): :class:`~moonplan.stepcost.StepTime` field by field."""
+    device): :class:`~moonplan.stepcost.StepTime` field by field. Where the planning
+    charged is ``[..., C]`` (several charges per candidate), so are ``plan_s``,
+    ``prefetch_exposed_s`` and ``total_s``."""
 
     plan_s: torch.Tensor
     prefetch_s: torch.Tensor
@@ -45,7 +47,7 @@ def batch_step_time(
     cost: StepCost,
     counts_RE: torch.Tensor,
     alloc_CER: torch.Tensor,
-    fetch_CER: torch.Tensor,
+    fetch_CER: torch.Tensor | None,
     home_E: torch.Tensor,
     plan_C: torch.Tensor,
 ) -> BatchTime:
@@ -55,18 +57,23 @@ def batch_step_time(
         cost: the model (its rates are read as Python floats).
         counts_RE: int64 ``[R, E]``.
         alloc_CER: int64 ``[C, E, R]`` with ``alloc[c].sum(1) == counts.sum(0)``.
-        fetch_CER: bool ``[C, E, R]``.
+        fetch_CER: bool ``[C, E, R]``, or ``None``: nothing fetched (the same floats as
+            all false, without the copies' and fetched sections' work).
         home_E: int64 ``[E]``.
-        plan_C: float64 ``[C]`` planning seconds charged to each candidate.
+        plan_C: float64 ``[C]`` planning seconds charged to each candidate, or ``[P, C]``:
+            ``P`` charges each, scored from one set of phases.
 
     Returns:
         :class:`BatchTime`, equal bit for bit to ``cost.step_time(alloc[c], counts,
-        fetch[c], home_E)`` with ``plan_s * planned == plan_C[c]``.
+        fetch[c], home_E)`` with ``plan_s * planned == plan_C[c]`` (``plan_C[p, c]``:
+        the totals are ``[P, C]``).
     """
     _C, _E, R = alloc_CER.shape
     G = cost.domain_size(R)
     d_intra, d_inter = _busiest(*_dispatch_traffic(counts_RE, alloc_CER, G))
     D, Cb = _all_to_all(cost, R, d_intra, d_inter)
+    if fetch_CER is None:
+        return _schedule(cost, plan_C, (D, Cb), *_unfetched(cost, alloc_CER))
     moves = _copy_traffic(fetch_CER, home_E, G)
     beside_CR = moves[0] + moves[1] + moves[2] + moves[3] if cost.overlap else None
     home_R, wait_R = _sections(cost, alloc_CER, fetch_CER, beside_CR)
@@ -182,6 +189,18 @@ def _sections(
     wait_3 = (_padded(cost, wait_CER).sum(1), (wait_CER > 0).sum(1), wait_CER.sum(1))
     padded, busy, rows = (a - w for a, w in zip(all_3, wait_3, strict=True))
     return _roofline(cost, padded, busy, rows, beside_CR), _roofline(cost, *wait_3)
+
+
+def _unfetched(
+    cost: StepCost, alloc_CER: torch.Tensor
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """``(sections, fetch)`` of :func:`_schedule` where nothing is fetched: every row in its
+    home section, an empty fetched section (0.0 seconds, as :func:`_roofline` of zeros
+    gives), no copy (0 and 0, as :func:`_fetch` gives)."""
+    all_3 = (_padded(cost, alloc_CER).sum(1), (alloc_CER > 0).sum(1), alloc_CER.sum(1))
+    home_CR = _roofline(cost, *all_3)
+    zero_C = home_CR.new_zeros(home_CR.shape[0])
+    return (home_CR, torch.zeros_like(home_CR)), (zero_C, zero_C)
 
 
 def _fetch(

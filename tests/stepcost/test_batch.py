@@ -61,3 +61,37 @@ def test_equals_step_time_bit_for_bit(c: torch.Tensor, data: st.DataObject) -> N
         want = cost.scaled(plan_s=float(plan_C[i])).step_time(alloc, c, fetch, home, planned=1)
         for f in FIELDS:
             assert float(getattr(got, f)[i]) == getattr(want, f), (i, f)
+
+
+@given(counts(max_ranks=9, max_experts=12), st.data())
+@settings(deadline=None, max_examples=50)
+def test_several_charges_score_like_one_each(c: torch.Tensor, data: st.DataObject) -> None:
+    """``plan_C`` of shape ``[P, C]``: row ``p`` of each charged field is the batch scored
+    with ``plan_C[p]`` alone; the other fields do not depend on the charge."""
+    cost = data.draw(costs())
+    drawn = [data.draw(allocations(c)) for _ in range(3)]
+    alloc = torch.stack([a for a, _ in drawn])
+    fetch = torch.stack([f for _, f in drawn])
+    plan_PC = torch.tensor([[0.0, 1e-5, 3.7e-6], [2e-6, 0.0, 5e-7]], dtype=torch.float64)
+    home = home_map(c.shape[1], c.shape[0])
+    got = batch_step_time(cost, c, alloc, fetch, home, plan_PC)
+    for p in range(2):
+        want = batch_step_time(cost, c, alloc, fetch, home, plan_PC[p])
+        for f in FIELDS:
+            g = getattr(got, f)
+            assert torch.equal(g[p] if g.dim() == 2 else g, getattr(want, f)), (p, f)
+
+
+@given(counts(max_ranks=9, max_experts=12), st.data())
+@settings(deadline=None, max_examples=50)
+def test_nothing_fetched_scores_as_all_false(c: torch.Tensor, data: st.DataObject) -> None:
+    """``fetch_CER=None`` (the fast path without copies) gives every field's floats of an
+    all-false fetch mask."""
+    cost = data.draw(costs())
+    alloc = torch.stack([data.draw(allocations(c))[0] for _ in range(3)])
+    plan_C = torch.tensor([0.0, 1e-5, 3.7e-6], dtype=torch.float64)
+    home = home_map(c.shape[1], c.shape[0])
+    got = batch_step_time(cost, c, alloc, None, home, plan_C)
+    want = batch_step_time(cost, c, alloc, torch.zeros_like(alloc, dtype=torch.bool), home, plan_C)
+    for f in FIELDS:
+        assert torch.equal(getattr(got, f), getattr(want, f)), f

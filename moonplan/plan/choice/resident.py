@@ -227,38 +227,52 @@ def resident_pairs_torch(
     counts_RE: torch.Tensor, hold_ER: torch.Tensor, tile: int = 1
 ) -> torch.Tensor:
     """int64 ``[E, R]``: :func:`resident_host` in torch ops over the list of pairs, for the
-    holders ``hold_ER`` (bool ``[E, R]``, :func:`holders_torch`). Its work grows with the
-    pairs, not with ``E * R * R``; the pairs are read once from ``hold_ER`` (a host read
-    where it lives on a device), so under ``torch.vmap`` over the counts, with one holder
-    table, it is the many-steps form (``moonplan.plan.residency.window_torch``)."""
-    E, R = hold_ER.shape
+    holders ``hold_ER`` (bool ``[E, R]``, :func:`holders_torch`): the one-table case of
+    :func:`resident_tables_torch`."""
+    return resident_tables_torch(counts_RE, hold_ER[None], tile)[0]
+
+
+def resident_tables_torch(
+    counts_RE: torch.Tensor, hold_TER: torch.Tensor, tile: int = 1
+) -> torch.Tensor:
+    """int64 ``[T, E, R]``: :func:`resident_host` of one step's counts for each of ``T``
+    holder tables (bool ``[T, E, R]``), in torch ops over the list of pairs, all tables'
+    rounds at once (table ``t``'s rank ``r`` is load ``t * R + r``: no pair joins two
+    tables). Its work grows with the pairs, not with ``E * R * R``; the pairs are read once
+    from ``hold_TER`` (a host read where it lives on a device), so under ``torch.vmap``
+    over the counts, with fixed tables, it is the many-steps form
+    (``moonplan.plan.residency.window_torch``)."""
+    T, E, R = hold_TER.shape
     dev = counts_RE.device
     T_E = counts_RE.sum(0)
     K_E = (T_E + (tile - 1)) // tile
-    e_H, r_H = hold_ER.nonzero(as_tuple=True)  # by expert, then rank
-    n_E = hold_ER.sum(1)
-    idx_H = (hold_ER.cumsum(1) - 1)[e_H, r_H]
+    t_H, e_H, r_H = hold_TER.nonzero(as_tuple=True)  # by table, expert, then rank
+    n_H = hold_TER.sum(2)[t_H, e_H]
+    idx_H = (hold_TER.cumsum(2) - 1)[t_H, e_H, r_H]
     bits = torch.where(T_E.sum() < 1 << FINE_LIMIT_BITS, SCALE_BITS, 0)
-    units_E = K_E << bits
-    a_H = units_E[e_H] // n_E[e_H] + (idx_H < (units_E % n_E)[e_H]).long()
-    i_P, j_P = ((e_H[:, None] == e_H[None, :]) & (r_H[:, None] != r_H[None, :])).nonzero(
+    units_H = K_E[e_H] << bits
+    a_H = units_H // n_H + (idx_H < units_H % n_H).long()
+    x_H, g_H = t_H * R + r_H, t_H * E + e_H  # load and expert across the tables
+    i_P, j_P = ((g_H[:, None] == g_H[None, :]) & (x_H[:, None] != x_H[None, :])).nonzero(
         as_tuple=True
     )
-    ri_P, rj_P, H = r_H[i_P], r_H[j_P], len(e_H)
-    zeros_R = torch.zeros(R, dtype=torch.int64, device=dev)
+    xi_P, xj_P, H = x_H[i_P], x_H[j_P], len(e_H)
+    zeros_X = torch.zeros(T * R, dtype=torch.int64, device=dev)
     zeros_H = torch.zeros(H, dtype=torch.int64, device=dev)
     for _ in range(ROUNDS):
-        L_R = zeros_R.index_add(0, r_H, a_H)
-        gap_P = L_R[ri_P] - L_R[rj_P]
+        L_X = zeros_X.index_add(0, x_H, a_H)
+        gap_P = L_X[xi_P] - L_X[xj_P]
         live_P = ((gap_P > 0) & (a_H[i_P] > 0)).long()
-        deg_R = zeros_R.index_add(0, ri_P, live_P) + zeros_R.index_add(0, rj_P, live_P)
+        deg_X = zeros_X.index_add(0, xi_P, live_P) + zeros_X.index_add(0, xj_P, live_P)
         out_H = zeros_H.index_add(0, i_P, live_P)
-        most_P = torch.maximum(deg_R[ri_P], deg_R[rj_P]).clamp(min=1)
+        most_P = torch.maximum(deg_X[xi_P], deg_X[xj_P]).clamp(min=1)
         q_P = torch.minimum(gap_P // most_P, a_H[i_P] // out_H[i_P].clamp(min=1))
         q_P = torch.where(live_P > 0, q_P, 0)
         a_H = a_H - zeros_H.index_add(0, i_P, q_P) + zeros_H.index_add(0, j_P, q_P)
-    a_ER = torch.zeros(E, R, dtype=torch.int64, device=dev).index_put((e_H, r_H), a_H)
-    return rows_of_tiles(_whole_tiles_torch(a_ER, hold_ER, K_E, bits), T_E, tile)
+    a_TER = torch.zeros(T, E, R, dtype=torch.int64, device=dev).index_put((t_H, e_H, r_H), a_H)
+    K_X = K_E.repeat(T)
+    tiles_XR = _whole_tiles_torch(a_TER.reshape(T * E, R), hold_TER.reshape(T * E, R), K_X, bits)
+    return rows_of_tiles(tiles_XR, T_E.repeat(T), tile).reshape(T, E, R)
 
 
 def rows_of_tiles(tiles_ER: torch.Tensor, T_E: torch.Tensor, tile: int) -> torch.Tensor:

@@ -53,7 +53,7 @@ from moonplan.plan.choice.bound import exit_bound, links_host, nocopy_s, totals_
 from moonplan.plan.choice.host import placed_host, resident_pick
 from moonplan.plan.choice.rent import call_price, exit_build_s
 from moonplan.plan.home import home_list
-from moonplan.plan.residency.window_torch import window_torch
+from moonplan.plan.residency.window_torch import static_torch, windows_torch
 from moonplan.plan.torch_backend import resident_map
 from moonplan.stepcost import StepCost
 
@@ -291,21 +291,20 @@ def target_slots(
     tables = [pack(replica_counts(totals, R, k * R), totals, B, current) for k in range(B + 1)]
     tables.append(whole_moves(cost, mean_RE, B, current))
     rows = [mean_RE] if loads_SE is None else [mean_step(l_E, 1, R) for l_E in loads_SE.cpu()]
-    empty = np.full((R, B), -1, dtype=np.int64)
-    statics = [step_time_over(cost, c_RE, empty, builds) for c_RE in rows]
     rows_SRE = torch.from_numpy(np.stack(rows))
-    static_S = torch.tensor(statics, dtype=torch.float64)
+    static_S = static_torch(cost, rows_SRE)
+    if builds is not None:
+        builds.made += len(rows)  # static EP's plan of each step
+    unique: dict[tuple[int, ...], list[list[int]]] = {}
+    for table in tables:  # equal tables score alike: the earlier stands
+        unique.setdefault(tuple(e for row in table for e in row), table)
+    slot_TRB = torch.from_numpy(np.stack([_table(t, R, B) for t in unique.values()]))
+    scores = windows_torch(cost, rows_SRE, static_S, slot_TRB).tolist()
+    if builds is not None:  # every step's ``resident`` plan of each table with replicas
+        builds.made += len(rows) * int((slot_TRB >= 0).flatten(1).any(1).sum())
     best: tuple[float, list[list[int]]] | None = None
-    scored: set[tuple[int, ...]] = set()
-    for table in tables:
-        key = tuple(e for row in table for e in row)
-        if key in scored:  # equal tables score alike: the earlier stands
-            continue
-        scored.add(key)
-        slot_RB = _table(table, R, B)
-        t = sum(window_torch(cost, rows_SRE, static_S, torch.from_numpy(slot_RB)).tolist())
-        if builds is not None and (slot_RB >= 0).any():
-            builds.made += len(rows)  # every step's ``resident`` plan, the gate only selects
+    for table, score_S in zip(unique.values(), scores, strict=True):
+        t = sum(score_S)  # in step order, as ``window_s``
         if best is None or t < best[0]:
             best = (t, table)
     assert best is not None

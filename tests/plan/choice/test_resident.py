@@ -41,6 +41,28 @@ def _forms(c: torch.Tensor, slots: list[list[int]], tile: int = 1) -> list[torch
     return [ref.reshape(E, R), host, tensor, pairs]
 
 
+@given(
+    counts(max_ranks=6, max_experts=12, max_records_per_rank=400),
+    st.data(),
+    st.sampled_from([1, 3, 16, 128]),
+)
+@settings(deadline=None, max_examples=60)
+def test_several_tables_at_once_are_each_table_alone(
+    c: torch.Tensor, data: st.DataObject, tile: int
+) -> None:
+    """``resident_tables_torch`` over 1-4 slot tables (empty ones among them): each table's
+    plan is the host's for that table alone (no pair joins two tables)."""
+    R, E = c.shape
+    home = home_map(E, R)
+    tables = [_slots(data, R, E) for _ in range(data.draw(st.integers(1, 4)))]
+    prevs = [torch.tensor(t, dtype=torch.int64).reshape(R, -1) for t in tables]
+    hold_TER = torch.stack([res.holders_torch(E, R, p, home) for p in prevs])
+    got = res.resident_tables_torch(c, hold_TER, tile)
+    for t, prev in enumerate(prevs):
+        want = res.resident_host(c.numpy(), prev.numpy(), home.numpy(), tile)
+        assert torch.equal(got[t], torch.from_numpy(want)), t
+
+
 def _tiles(rows: torch.Tensor, tile: int) -> torch.Tensor:
     """int64: ``rows`` each rounded up to whole tiles, in tiles."""
     return (rows + (tile - 1)) // tile

@@ -118,7 +118,8 @@ def test_a_decision_counts_the_builds_it_makes() -> None:
     """Static EP on each of the window's steps, one build per step for each table with
     replicas (its torch score builds every step's ``resident`` plan), and the rent's:
     never more than the bound ``W * (B + 3) + 3``, and exactly the calls to
-    ``step_time_over`` (each is one build) plus ``W`` per such table."""
+    ``step_time_over`` (each is one build) plus ``W`` per such table and ``W`` for static
+    EP's scores of the window (``static_torch``)."""
     from unittest import mock
 
     from moonplan.plan.residency import refill, target
@@ -136,12 +137,14 @@ def test_a_decision_counts_the_builds_it_makes() -> None:
     with (
         wrap(target, "step_time_over", wraps=target.step_time_over) as a,
         wrap(refill, "step_time_over", wraps=refill.step_time_over) as b,
-        wrap(target, "window_torch", wraps=target.window_torch) as w,
+        wrap(target, "windows_torch", wraps=target.windows_torch) as w,
+        wrap(target, "static_torch", wraps=target.static_torch) as s,
     ):
         res.decide_on(res.snapshot(trace[-1], empty), builds)
-    held = sum(bool((call.args[3] >= 0).any()) for call in w.call_args_list)
+    held = sum(int((call.args[3] >= 0).flatten(1).any(1).sum()) for call in w.call_args_list)
     assert held >= 1
-    assert builds.made == a.call_count + b.call_count + W * held
+    assert s.call_count == 1 and w.call_count == 1  # every table scored in one call
+    assert builds.made == a.call_count + b.call_count + W * held + W
     assert W < builds.made <= W * (B + 3) + 3  # at least static EP on every step
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from moonplan.plan.home import home_list
 from moonplan.plan.residency.target import served_s, step_time_over, window_s
-from moonplan.plan.residency.window_torch import window_torch
+from moonplan.plan.residency.window_torch import static_torch, window_torch, windows_torch
 from moonplan.stepcost import StepCost
 from tests.plan.choice.costs import costs
 
@@ -53,6 +53,44 @@ def test_every_step_is_scored_as_the_host_scores_it(
     assert got.dtype == torch.float64 and got.shape == (S,)
     assert got.tolist() == want
     assert sum(got.tolist()) == window_s(cost, list(rows_SRE), statics, slot_RB)
+
+
+@given(windows(), st.data(), costs())
+@settings(deadline=None, max_examples=40)
+def test_several_tables_at_once_score_as_each_alone(
+    window: tuple[np.ndarray, np.ndarray], data: st.DataObject, cost: StepCost
+) -> None:
+    """1-4 tables scored in one call (empty ones among them, in any order): each table's
+    row is the host's ``served_s`` of every step, as if scored alone."""
+    rows_SRE, first_RB = window
+    R, B = first_RB.shape
+    tables = [first_RB, np.full_like(first_RB, -1)]
+    for _ in range(data.draw(st.integers(0, 2))):
+        tables.append(data.draw(st.permutations(list(first_RB.flatten()))))
+    slot_TRB = np.stack([np.asarray(t, dtype=np.int64).reshape(R, B) for t in tables])
+    slot_TRB = slot_TRB[data.draw(st.permutations(range(len(tables))))]
+    empty_RB = np.full_like(first_RB, -1)
+    statics = [step_time_over(cost, c_RE, empty_RB) for c_RE in rows_SRE]
+    static_S = torch.tensor(statics, dtype=torch.float64)
+    got = windows_torch(cost, torch.from_numpy(rows_SRE), static_S, torch.from_numpy(slot_TRB))
+    assert got.shape == (len(tables), rows_SRE.shape[0])
+    for t, slot_RB in enumerate(slot_TRB):
+        want = [served_s(cost, c, slot_RB, s) for c, s in zip(rows_SRE, statics, strict=True)]
+        assert got[t].tolist() == want, t
+
+
+@given(windows(), costs())
+@settings(deadline=None, max_examples=60)
+def test_static_ep_is_scored_as_the_host_scores_it(
+    window: tuple[np.ndarray, np.ndarray], cost: StepCost
+) -> None:
+    """Static EP's seconds of every step at once equal ``step_time_over`` over empty
+    slots, step by step."""
+    rows_SRE, slot_RB = window
+    empty_RB = np.full_like(slot_RB, -1)
+    want = [step_time_over(cost, c_RE, empty_RB) for c_RE in rows_SRE]
+    got = static_torch(cost, torch.from_numpy(rows_SRE))
+    assert got.dtype == torch.float64 and got.tolist() == want
 
 
 def test_a_held_table_builds_the_resident_plan_where_the_exit_would() -> None:
