@@ -83,7 +83,7 @@ def test_only_the_slot_placement_is_charged_a_decisions_host_rate() -> None:
     auto = cfg.step_cost(model, HW, "moonplan-auto", 4)
     assert auto.decide_s == pytest.approx(decision_build_us(4, 8) * 1e-6, rel=1e-12)
     assert cfg.step_cost(model, HW, "moonplan", 4).decide_s == 0.0
-    assert 9_500 <= decision_build_us(64, 256) <= 10_500  # measured at DeepSeek-V3 EP 64
+    assert 9_000 <= decision_build_us(64, 256) <= 10_500  # measured 10.0-10.1 ms at DS-V3 EP 64
 
 
 def test_one_hot_expert_costs_static_ep_R_times_the_ideal_expert_time() -> None:
