@@ -272,13 +272,14 @@ __device__ double mc_bound(int R, double copies, bool resident, double static_fu
 
 // bound.nocopy_s: the least time of a plan that copies nothing, charged `plan`: every rank
 // sends at least its rows of sends[s][0] (rows: the most dispatch and combine link seconds
-// of any rank's, mc_link), the experts phase at least experts_lb and the `kept` reads of the
-// rank with the most; scaled by MARGIN. Python's order: ((plan + D) + experts) + Cb.
-__device__ double mc_nocopy(const McCost& k, int R, double experts_lb, mp_i64 kept,
+// of any rank's, mc_link), the experts phase at least experts_lb and the slowest rank's kept
+// section (kept_s, bound.kept_section_s); scaled by MARGIN. Python's order:
+// ((plan + D) + experts) + Cb.
+__device__ double mc_nocopy(const McCost& k, int R, double experts_lb, double kept_s,
                             const double* rows, double plan) {
     const double lat = mc_lat(k, R);
     const double D = mc_add(lat, rows[0]), Cb = mc_add(lat, rows[1]);
-    const double experts = mc_max(experts_lb, mc_mul((double)kept, k.weight_read));
+    const double experts = mc_max(experts_lb, kept_s);
     return mc_mul(mc_add(mc_add(mc_add(plan, D), experts), Cb), MC_MARGIN);
 }
 

@@ -62,11 +62,12 @@
 // ---- kernel 1: counts, static EP, the bound, the exit flag --------------------------------
 
 struct McFirstSums {  // one rank's static sums, in shared memory
-    mp_i64 *loc, *rdom, *pad, *busy, *kbusy;
+    mp_i64 *loc, *rdom, *pad, *busy, *kbusy, *kpad, *krows;
 };
 
 // Warp per rank: static EP's traffic sums (row r of counts), its home experts' sums, and
-// kbusy, its home experts with records and no resident replica (the bound's kept reads).
+// kbusy, its home experts with records and no resident replica (the bound's kept reads),
+// with kpad and krows their padded rows and rows (the kept section, bound.kept_section_s).
 __device__ void mc_first_ranks(const mp_i64* counts, const mp_i64* T, const int* moved, int R,
                                mp_i64 E, const McCost& k, const McFirstSums& f, mp_i64* load_R,
                                mp_i64* send_R, mp_i64* sdom_R) {
@@ -77,7 +78,7 @@ __device__ void mc_first_ranks(const mp_i64* counts, const mp_i64* T, const int*
         const mp_i64 h0 = mp_home_start(r, E, R), h1 = mp_home_start(r + 1, E, R);
         const mp_i64 g0 = r / k.G * k.G, g1 = mc_min_i(g0 + k.G, R);
         const mp_i64 e0 = mp_home_start(g0, E, R), e1 = mp_home_start(g1, E, R);
-        mp_i64 v[8] = {};  // send, sdom, loc, L, rdom, pad, busy, kbusy
+        mp_i64 v[10] = {};  // send, sdom, loc, L, rdom, pad, busy, kbusy, kpad, krows
         for (mp_i64 e = lane; e < E; e += MP_WARP) {
             const mp_i64 c = row[e];
             v[0] += c;
@@ -90,9 +91,12 @@ __device__ void mc_first_ranks(const mp_i64* counts, const mp_i64* T, const int*
             for (mp_i64 s = g0; s < g1 && g1 - g0 < R; ++s) v[4] += counts[s * E + e];
             v[5] += mc_padded(k, t);
             v[6] += t > 0;
-            v[7] += t > 0 && !moved[e];
+            const bool kept = t > 0 && !moved[e];
+            v[7] += kept;
+            v[8] += kept ? mc_padded(k, t) : 0;
+            v[9] += kept ? t : 0;
         }
-        for (int i = 0; i < 8; ++i) v[i] = mp_warp_sum(v[i]);
+        for (int i = 0; i < 10; ++i) v[i] = mp_warp_sum(v[i]);
         if (lane == 0) {
             send_R[r] = v[0];
             sdom_R[r] = v[1];
@@ -102,6 +106,8 @@ __device__ void mc_first_ranks(const mp_i64* counts, const mp_i64* T, const int*
             f.pad[r] = v[5];
             f.busy[r] = v[6];
             f.kbusy[r] = v[7];
+            f.kpad[r] = v[8];
+            f.krows[r] = v[9];
         }
     }
 }
@@ -653,16 +659,17 @@ struct McFirstOut {  // the first kernel's outputs (global memory)
 };
 
 // T, L, static EP's sums and phases, the bound's terms; st.N set. Dynamic shared memory:
-// loc, rdom, pad, busy, kbusy [R] and red64[33] (int64), red[MC_RED_F64] (double), moved[E]
+// loc, rdom, pad, busy, kbusy, kpad, krows [R] and red64[33] (int64), red[MC_RED_F64]
+// (double), moved[E]
 // (int32). Ends with __syncthreads: the caller may reuse it.
 __device__ McExitIn mc_first_static(McStep& st, const McCost& k, int* warm_d, mp_i64* total_E,
                                     mp_i64* load_R, mp_i64* send_R, mp_i64* sdom_R,
                                     mp_i64* rest_RE, mp_i64* top_RM, unsigned char* smem) {
     const int R = st.R, r = threadIdx.x;
     McFirstSums f;
-    mp_i64** at[5] = {&f.loc, &f.rdom, &f.pad, &f.busy, &f.kbusy};
-    for (int i = 0; i < 5; ++i) *at[i] = (mp_i64*)smem + (mp_i64)i * R;
-    mp_i64* red64 = (mp_i64*)smem + 5 * (mp_i64)R;
+    mp_i64** at[7] = {&f.loc, &f.rdom, &f.pad, &f.busy, &f.kbusy, &f.kpad, &f.krows};
+    for (int i = 0; i < 7; ++i) *at[i] = (mp_i64*)smem + (mp_i64)i * R;
+    mp_i64* red64 = (mp_i64*)smem + 7 * (mp_i64)R;
     double* red = (double*)(red64 + MP_WARP + 1);
     int* moved = (int*)(red + MC_RED_F64);
     const McTotals t = mc_first_totals(st.counts, st.prev, R, st.E, st.B, st.has_prev, k,
@@ -685,7 +692,10 @@ __device__ McExitIn mc_first_static(McStep& st, const McCost& k, int* warm_d, mp
         const double reads = mc_reads(k, x.experts_lb, kept);
         x.copies = mc_first_links(st, k, reads, f.kbusy, kmin, rest_RE, top_RM, red, rows);
     }
-    x.nocopy = mc_nocopy(k, R, x.experts_lb, kept, rows, k.serve);
+    // the slowest rank's kept section (every section >= 0: an idle thread offers 0)
+    double kept_s = r < R ? mc_roofline(k, f.kpad[r], f.kbusy[r], f.krows[r]) : 0.0;
+    mc_block_max(&kept_s, 1, red);
+    x.nocopy = mc_nocopy(k, R, x.experts_lb, kept_s, rows, k.serve);
     x.nres = t.nres;
     x.has_res = t.nres > 0;
     st.N = t.N;

@@ -140,7 +140,7 @@ def shared_bytes(R: int, E: int) -> tuple[int, int, int]:
     """Dynamic shared memory of the three kernels (the layouts in ``choice_kernel.cu``); the
     first and the build kernel also build and score the ``resident`` candidate (``placed``
     needs none)."""
-    first = 8 * (5 * R + 33) + 8 * RED_F64 + 4 * E
+    first = 8 * (7 * R + 33) + 8 * RED_F64 + 4 * E
     construct = 8 * (E + 3 * R + 33) + 4 * (5 * R + 1 + 33)
     resident = 8 * R + 4 * (R + 33)  # its holders' arrays are global scratch (res_a, res_i)
     score = 8 * (ACC * R) + 8 * RED_F64

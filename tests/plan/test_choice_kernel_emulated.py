@@ -35,7 +35,7 @@ import moonplan
 from moonplan.plan import choice_cuda as cc
 from moonplan.plan.choice import choose
 from moonplan.plan.choice import reference as ref
-from moonplan.plan.choice.bound import exit_bound, links_reference, nocopy_s
+from moonplan.plan.choice.bound import exit_bound, kept_section_s, links_reference, nocopy_s
 from moonplan.plan.choice.rent import exit_build_s
 from moonplan.plan.choice.table import LEVELS, RESIDENT, placed_index, table
 from moonplan.plan.home import home_list
@@ -186,7 +186,8 @@ def _reference_built(case: Case) -> bool:
         for a in (ref._static_alloc(counts, home), ref._placed(step))
     )
     links = links_reference(counts, step.resident, home, cost.domain_size(R))
-    return cheap > nocopy_s(cost, R, ref._totals(cost, counts), links, exit_build_s(cost))
+    kept = kept_section_s(cost, counts, step.resident, home)
+    return cheap > nocopy_s(cost, R, ref._totals(cost, counts), links, exit_build_s(cost), kept)
 
 
 def _check(

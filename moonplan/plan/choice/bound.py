@@ -52,11 +52,17 @@ take at least ``n * h`` seconds, ``h`` the rate of the one class (one domain) or
 
 **Plans that copy nothing** (:func:`nocopy_s`). Such a plan runs each expert on its home
 or a rank holding it resident, so every rank sends at least ``sends[s][0]`` rows (``far[s]``
-of them over the slow link), the experts phase is at least ``experts_lb``, and the rank
-with the most ``kept`` experts reads each of them: at least ``plan_s + lat + d + max(
-experts_lb, max(kept) * weight_read_s) + lat + c`` with ``(d, c)`` the most link seconds
-of any rank's rows. The exit builds the ``resident`` candidate (charged ``exit_s +
-serve_s``) only where its cheap plans are above that (``moonplan.plan.choice.reference``).
+of them over the slow link), the experts phase is at least ``experts_lb``, and each rank
+runs all the rows of its kept experts (home experts with records and no resident replica:
+they have nowhere else to go), so its experts phase is at least ``StepCost``'s roofline of
+their padded rows, weight reads and rows, its kept section (:func:`kept_section_s`; the
+roofline grows with each of the three): at least ``plan_s + lat + d + max(experts_lb,
+kept) + lat + c`` with ``(d, c)`` the most link seconds of any rank's rows and ``kept``
+the slowest rank's kept section. (The kept term was once the weight reads alone,
+``max(kept) * weight_read_s``; with replicas resident at decode sizes the exit then built
+a ``resident`` plan that could not beat static EP on most steps: ``docs/benchmarks.md``.)
+The exit builds the ``resident`` candidate (charged ``exit_s + serve_s``) only where its
+cheap plans are above that (``moonplan.plan.choice.reference``).
 
 Some rank receives each copy, and it pays for it three times over: with the overlapped
 schedule the copy is read beside its home section, which also holds one read for each of its
@@ -175,18 +181,80 @@ def nocopy_s(
     totals: tuple[int, int, int],
     links: tuple[list[list[int]], list[int], list[int]],
     plan_s: float,
+    kept_s: float,
 ) -> float:
     """Seconds no plan that copies nothing beats, charged ``plan_s`` (module docstring,
-    "Plans that copy nothing"), scaled by :data:`MARGIN`. Called where replicas are
-    resident, so ``R >= 2`` (no slot holds its rank's own home expert)."""
+    "Plans that copy nothing"), scaled by :data:`MARGIN`; ``kept_s``: the slowest rank's
+    kept section (:func:`kept_section_s`). Called where replicas are resident, so
+    ``R >= 2`` (no slot holds its rank's own home expert)."""
     R = num_ranks
-    sends, far, kept = links
+    sends, far, _ = links
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
     rows = link_time(cost, R)
     dc = [rows(row[0], far[s]) for s, row in enumerate(sends)]
     D, Cb = lat + max(d for d, _ in dc), lat + max(c for _, c in dc)
-    experts = max(experts_lb_s(cost, R, *totals), max(kept) * cost.weight_read_s)
+    experts = max(experts_lb_s(cost, R, *totals), kept_s)
     return (plan_s + D + experts + Cb) * MARGIN
+
+
+def kept_section_s(
+    cost: StepCost, counts: list[list[int]], resident: set[tuple[int, int]], home: list[int]
+) -> float:
+    """The slowest rank's kept section, plain Python (the definition): ``StepCost``'s
+    roofline of the padded rows, weight reads and rows of its home experts with records
+    and no resident replica, which every plan that copies nothing runs there
+    (``resident``: the ``(e, r)`` pairs in ``previous``'s slots)."""
+    R, E = len(counts), len(counts[0])
+    moved = {e for e, _ in resident}
+    sums = [[0, 0, 0] for _ in range(R)]  # padded rows, experts, rows
+    t = cost.tile_rows
+    for e in range(E):
+        T = sum(row[e] for row in counts)
+        if T > 0 and e not in moved:
+            sums[home[e]][0] += -(-T // t) * t
+            sums[home[e]][1] += 1
+            sums[home[e]][2] += T
+    return max(_kept_roofline(cost, *x) for x in sums)
+
+
+def _kept_roofline(cost: StepCost, padded: int, experts: int, rows: int) -> float:
+    """``StepCost``'s roofline of a rank's ``(padded rows, experts, rows)`` (its order)."""
+    flop = padded * cost.row_flop_s
+    return max(flop, experts * cost.weight_read_s + rows * cost.row_mem_s)
+
+
+def kept_section_host(
+    cost: StepCost, counts_RE: np.ndarray, resident_ER: np.ndarray, home_E: np.ndarray
+) -> float:
+    """:func:`kept_section_s` on host arrays (int64 ``counts_RE``, bool ``resident_ER``,
+    int64 ``home_E``)."""
+    R = counts_RE.shape[0]
+    T_E = counts_RE.sum(0)
+    kept_E = (T_E > 0) & ~resident_ER.any(1)
+    t = cost.tile_rows
+    pad_R = np.bincount(home_E, np.where(kept_E, -(-T_E // t) * t, 0), minlength=R)
+    n_R = np.bincount(home_E, kept_E, minlength=R)
+    rows_R = np.bincount(home_E, np.where(kept_E, T_E, 0), minlength=R)
+    parts = zip(pad_R.astype(np.int64).tolist(), n_R.astype(np.int64).tolist(),
+                rows_R.astype(np.int64).tolist(), strict=True)  # fmt: skip
+    return max(_kept_roofline(cost, *x) for x in parts)
+
+
+def kept_section_torch(
+    cost: StepCost, counts_RE: torch.Tensor, resident_ER: torch.Tensor, home_E: torch.Tensor
+) -> torch.Tensor:
+    """float64 0-d: :func:`kept_section_s` in torch ops, no host read."""
+    R = counts_RE.shape[0]
+    T_E = counts_RE.sum(0)
+    kept_E = (T_E > 0) & ~resident_ER.any(1)
+    t = cost.tile_rows
+    zeros_R = torch.zeros(R, dtype=torch.int64, device=counts_RE.device)
+    pad_R = zeros_R.index_add(0, home_E, torch.where(kept_E, (T_E + (t - 1)) // t * t, 0))
+    n_R = zeros_R.index_add(0, home_E, kept_E.long())
+    rows_R = zeros_R.index_add(0, home_E, torch.where(kept_E, T_E, 0))
+    flop = pad_R.to(torch.float64) * cost.row_flop_s
+    mem = n_R.to(torch.float64) * cost.weight_read_s + rows_R.to(torch.float64) * cost.row_mem_s
+    return torch.maximum(flop, mem).amax()
 
 
 def _total(cost: StepCost, D: float, reads: float, Cb: float, wait: float) -> float:
@@ -307,17 +375,17 @@ def nocopy_torch(
     totals: tuple[torch.Tensor, ...],
     links: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     plan_s: float,
+    kept_s: torch.Tensor,
 ) -> torch.Tensor:
     """float64 0-d: :func:`nocopy_s` of tensor inputs (int64 0-d ``totals``, int64
-    ``links``), no host read."""
+    ``links``, float64 0-d ``kept_s``: :func:`kept_section_torch`), no host read."""
     R = num_ranks
-    sends_RJ, far_R, kept_R = links
+    sends_RJ, far_R, _ = links
     lat = cost.base_latency_s + cost.per_peer_latency_s * (R - 1)
     n_R, x_R = sends_RJ[:, 0].to(torch.float64), far_R.to(torch.float64)
     d_R, c_R = _link_time_torch(cost, R, n_R, x_R)
     D, Cb = lat + d_R.max(), lat + c_R.max()
-    lb = experts_lb_torch(cost, R, *totals)
-    experts = torch.maximum(lb, kept_R.max().to(torch.float64) * cost.weight_read_s)
+    experts = torch.maximum(experts_lb_torch(cost, R, *totals), kept_s)
     return (plan_s + D + experts + Cb) * MARGIN
 
 

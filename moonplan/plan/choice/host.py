@@ -25,6 +25,7 @@ import torch
 from moonplan.plan.choice.bound import (
     exit_bound,
     experts_lb_s,
+    kept_section_host,
     links_host,
     nocopy_s,
     totals_host,
@@ -117,7 +118,8 @@ def choose_host(
         placed = placed_host(hs.total, resident, hs.home)
         exits.append((placed, timed(placed, cost.exit_s), placed_index(levels)))
         cheap = min(t.total_s for _, t, _ in exits)
-        if cheap > nocopy_s(cost, R, totals, links, exit_build_s(cost)):
+        kept = kept_section_host(cost, hs.counts, resident, hs.home)
+        if cheap > nocopy_s(cost, R, totals, links, exit_build_s(cost), kept):
             res, at_res = resident_pick(cost, hs.counts, hs.prev_RB, hs.home)
             if at_res is None:  # records alone were built: time them here
                 at_res = timed(res, cost.exit_s)

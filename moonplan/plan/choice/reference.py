@@ -48,7 +48,13 @@ from dataclasses import dataclass
 
 import torch
 
-from moonplan.plan.choice.bound import exit_bound, experts_lb_s, links_reference, nocopy_s
+from moonplan.plan.choice.bound import (
+    exit_bound,
+    experts_lb_s,
+    kept_section_s,
+    links_reference,
+    nocopy_s,
+)
 from moonplan.plan.choice.rent import call_price, exit_build_s, exit_rent, settle
 from moonplan.plan.choice.resident import resident_reference
 from moonplan.plan.choice.table import LEVELS, RESIDENT, Candidate, placed_index, table
@@ -110,7 +116,8 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     if step.resident:  # the exit's other plans: the slots, whole experts or balanced
         exits.append(timed(_placed(step), placed_index(levels)))
         cheap = min(t.total_s for _, t, _ in exits)
-        if cheap > nocopy_s(cost, R, totals, links, exit_build_s(cost)):
+        kept = kept_section_s(cost, counts, step.resident, home)
+        if cheap > nocopy_s(cost, R, totals, links, exit_build_s(cost), kept):
             exits.append(timed(_resident(step, cost), RESIDENT))
     for _, t, i in exits:
         scores[i] = t.total_s

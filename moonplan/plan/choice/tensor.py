@@ -26,6 +26,7 @@ import torch
 from moonplan.plan.choice.bound import (
     exit_bound_torch,
     experts_lb_torch,
+    kept_section_torch,
     links_torch,
     nocopy_torch,
 )
@@ -71,7 +72,8 @@ def choose_tensor(
     if cost.tile_rows > 1:
         tiles_ER = resident_torch(counts_RE, prev_RB, home_E, cost.tile_rows)
     totals, links = _sums(cost, counts_RE, home_E, resident_ER)
-    nocopy = nocopy_torch(cost, R, totals, links, exit_build_s(cost))
+    kept = kept_section_torch(cost, counts_RE, resident_ER, home_E)
+    nocopy = nocopy_torch(cost, R, totals, links, exit_build_s(cost), kept)
     at_exit, exit_C, exit_index = _exit_times(times, alloc_CER, resident_ER, cost, tiles_ER, nocopy)
     static_full = times(static_ER[None], resident_ER, cost.plan_s).total_s[0]
     bounds = exit_bound_torch(cost, R, totals, links, static_full, resident_ER.any())

@@ -49,7 +49,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from moonplan.plan.choice.bound import exit_bound, links_host, nocopy_s, totals_host
+from moonplan.plan.choice.bound import (
+    exit_bound,
+    kept_section_host,
+    links_host,
+    nocopy_s,
+    totals_host,
+)
 from moonplan.plan.choice.host import placed_host, resident_pick
 from moonplan.plan.choice.rent import call_price, exit_build_s
 from moonplan.plan.home import home_list
@@ -165,7 +171,8 @@ def served_s(
     best, exit_s = static, cost.exit_s
     if held:
         best = min(best, placed_over(cost, counts_RE, resident_ER))
-        if best + cost.exit_s > nocopy_s(cost, R, totals, links, exit_build_s(cost)):
+        kept = kept_section_host(cost, counts_RE, resident_ER, home_E)
+        if best + cost.exit_s > nocopy_s(cost, R, totals, links, exit_build_s(cost), kept):
             built = step_time_over(cost, counts_RE, slot_RB, builds)
             best, exit_s = min(best, built), exit_build_s(cost)
     bound, _ = exit_bound(cost, R, totals, links, None if held else static + cost.plan_s)

@@ -30,7 +30,12 @@ import functools
 
 import torch
 
-from moonplan.plan.choice.bound import exit_bound_torch, links_torch, nocopy_torch
+from moonplan.plan.choice.bound import (
+    exit_bound_torch,
+    kept_section_torch,
+    links_torch,
+    nocopy_torch,
+)
 from moonplan.plan.choice.rent import call_price, exit_build_s
 from moonplan.plan.choice.resident import holders_torch, resident_tables_torch
 from moonplan.plan.choice.tensor import placed_torch
@@ -128,8 +133,11 @@ def served_tables(
     links = links_of(counts_RE, resident_TER, home_E, G)
     placed_T, built_T = _candidates(cost, counts_RE, tables, home_E)
     best = torch.minimum(static_s, placed_T)
-    nocopy = torch.vmap(functools.partial(nocopy_torch, cost, R, totals, plan_s=exit_build_s(cost)))
-    gate = best + cost.exit_s > nocopy(links)
+    kept_of = torch.vmap(kept_section_torch, in_dims=(None, None, 0, None))
+    kept_T = kept_of(cost, counts_RE, resident_TER, home_E)
+    nocopy_of = torch.vmap(lambda lk, kept_s: nocopy_torch(cost, R, totals, lk, build_s, kept_s))
+    build_s = exit_build_s(cost)
+    gate = best + cost.exit_s > nocopy_of(links, kept_T)
     best = torch.where(gate, torch.minimum(best, built_T), best)
     exit_s = torch.where(gate, exit_build_s(cost), torch.full_like(best, cost.exit_s))
     held = torch.ones((), dtype=torch.bool, device=counts_RE.device)

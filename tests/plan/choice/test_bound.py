@@ -20,6 +20,9 @@ from moonplan.plan.choice.bound import (
     exit_bound,
     exit_bound_torch,
     experts_lb_s,
+    kept_section_host,
+    kept_section_s,
+    kept_section_torch,
     links_host,
     links_reference,
     links_torch,
@@ -103,3 +106,33 @@ def test_the_exit_bound_is_the_same_in_every_form(
     static_t = torch.tensor(math.inf if full_s is None else full_s, dtype=torch.float64)
     got = exit_bound_torch(cost, R, t, tl, static_t, torch.tensor(full_s is None))
     assert (float(got[0]), float(got[1])) == want
+
+
+@given(counts(max_ranks=8, max_experts=20, max_records_per_rank=200), costs(), st.data())
+def test_the_kept_section_is_the_same_in_every_form(
+    c: torch.Tensor, cost: StepCost, data: st.DataObject
+) -> None:
+    """``kept_section_s``, ``kept_section_host`` and ``kept_section_torch`` give equal
+    floats on random counts, resident pairs and costs."""
+    R, E = c.shape
+    flags = data.draw(st.lists(st.booleans(), min_size=E * R, max_size=E * R))
+    resident = torch.tensor(flags, dtype=torch.bool).reshape(E, R)
+    home = home_list(E, R)
+    home_E = torch.tensor(home, dtype=torch.int64)
+    pairs = {(e, r) for e in range(E) for r in range(R) if resident[e, r]}
+    want = kept_section_s(cost, c.tolist(), pairs, home)
+    assert kept_section_host(cost, c.numpy(), resident.numpy(), home_E.numpy()) == want
+    assert float(kept_section_torch(cost, c, resident, home_E)) == want
+
+
+def test_a_rank_runs_all_rows_of_its_experts_without_a_replica() -> None:
+    """Expert 0 (rank 0's) is replicated on rank 1; rank 1's expert 1 is not, and its 300
+    records have nowhere else to go: every plan that copies nothing runs them there, 3
+    tiles of 128 rows. The kept section is that roofline, where the weight reads alone
+    (the older term) were one read."""
+    cost = rows_only(tile_rows=128, weight_read_s=1e-5)
+    c = torch.tensor([[100, 150], [100, 150]])
+    pairs = {(0, 1)}
+    want = max(384 * cost.row_flop_s, cost.weight_read_s + 300 * cost.row_mem_s)
+    assert kept_section_s(cost, c.tolist(), pairs, [0, 1]) == want
+    assert want > cost.weight_read_s
