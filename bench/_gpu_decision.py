@@ -2,25 +2,28 @@
 
 Legend: R ranks, E experts, W window steps (32), B slots per rank (2), S tokens per rank.
 
-A decision scores ``B + 2`` slot tables over the window's ``W`` steps
+A decision scores up to ``B + 2`` slot tables over the window's ``W`` steps
 (``moonplan.plan.residency.target.target_slots``) with
-``moonplan.plan.residency.window_torch``: one table over every step at once in torch ops.
-On this project's CPU a decision takes 0.06-1.7 s (``docs/benchmarks.md``). This
-section times that form on the device (synchronised, median of ``reps``) for the most
-replicated table of ``bench_decision``'s windows, and checks each step's float against
-the host form (``target.window_s``'s terms). ``--cpu-smoke`` runs it on the CPU on one small case.
+``moonplan.plan.residency.window_torch``: every table over every step at once in torch
+ops. On this project's CPU a decision takes 0.03-1.3 s (``docs/benchmarks.md``). This
+section times that form on the device (synchronised, median of ``reps``) on
+``bench_decision``'s windows: the most replicated table alone (``table_ms``) and the
+decision's tables from empty slots in one call (``tables_ms``, ``tables`` of them), and
+checks each step's float against the host form (``target.served_s``).
+``--cpu-smoke`` runs it on the CPU on one small case.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from bench_decision import most_replicated, window
 
-from moonplan.plan.residency.target import served_s
-from moonplan.plan.residency.window_torch import window_torch
+from moonplan.plan.residency.target import candidate_tables, served_s
+from moonplan.plan.residency.window_torch import window_torch, windows_torch
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import get_model
 from moonplan.stepcost.hardware import get_hardware
@@ -44,7 +47,7 @@ def decision_section(smoke: bool = False) -> dict[str, Any]:
 
 
 def _row(case: tuple[str, str, int, int, float], dev: torch.device, reps: int) -> dict[str, Any]:
-    """One case's timing and check (module docstring)."""
+    """One case's timings and checks (module docstring)."""
     model, hw, R, S, sigma = case
     m = get_model(model)
     cost = SimConfig().step_cost(m, get_hardware(hw), "moonplan-auto", R)
@@ -52,19 +55,33 @@ def _row(case: tuple[str, str, int, int, float], dev: torch.device, reps: int) -
     steps = window(E, R, S, m.top_k, sigma)
     rows_np, statics, slot_RB = most_replicated(cost, steps)
     rows_SRE = torch.stack(steps)
-    want = [served_s(cost, c, slot_RB, s) for c, s in zip(rows_np, statics, strict=True)]
-    args = (rows_SRE.to(dev), torch.tensor(statics, dtype=torch.float64, device=dev),
-            torch.from_numpy(slot_RB).to(dev))  # fmt: skip
-    got = window_torch(cost, *args).tolist()  # also the warm-up
+    static_S = torch.tensor(statics, dtype=torch.float64)
+    empty_RB = torch.full((R, slot_RB.shape[1]), -1, dtype=torch.int64)
+    loads_SE = rows_SRE.sum(1)
+    slot_TRB, _ = candidate_tables(loads_SE.sum(0), len(steps), empty_RB, cost, loads_SE)
+    want = [[served_s(cost, c, t_RB, s) for c, s in zip(rows_np, statics, strict=True)]
+            for t_RB in [slot_RB, *slot_TRB.numpy()]]  # fmt: skip
+    on = (rows_SRE.to(dev), static_S.to(dev))
+    one = (*on, torch.from_numpy(slot_RB).to(dev))
+    table_ms, got = _timed(lambda: window_torch(cost, *one), dev, reps)
+    tables_ms, got_T = _timed(lambda: windows_torch(cost, *on, slot_TRB.to(dev)), dev, reps)
+    match = [got.tolist(), *got_T.tolist()] == want
+    return {"model": model, "hardware": hw, "ranks": R, "tokens": S, "steps": len(steps),
+            "table_ms": table_ms, "tables": len(slot_TRB), "tables_ms": tables_ms,
+            "matches_host": match}  # fmt: skip
+
+
+def _timed(call: Callable[[], torch.Tensor], dev: torch.device, reps: int) -> tuple[float, Any]:
+    """Median milliseconds of ``call`` (synchronised on CUDA) over ``reps`` runs after a
+    warm-up, and the warm-up's result."""
+    out = call()
     times = []
     for _ in range(reps):
         if dev.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        window_torch(cost, *args)
+        call()
         if dev.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    table_ms = sorted(times)[len(times) // 2] * 1e3
-    return {"model": model, "hardware": hw, "ranks": R, "tokens": S, "steps": len(want),
-            "table_ms": table_ms, "matches_host": got == want}  # fmt: skip
+    return sorted(times)[len(times) // 2] * 1e3, out

@@ -291,6 +291,31 @@ def target_slots(
     int64 ``[S, E]``, each step's loads, each spread over the sources as the mean step is
     (``None``: the mean step of ``totals_E`` over ``steps`` alone). ``current_RB`` is the
     serving slot table (its shape gives R, B); ``builds`` counts the builds made."""
+    slot_TRB, rows_SRE = candidate_tables(totals_E, steps, current_RB, cost, loads_SE)
+    static_S = static_torch(cost, rows_SRE)
+    scores = windows_torch(cost, rows_SRE, static_S, slot_TRB).tolist()
+    if builds is not None:  # static EP's plan of each step, and each table's every step
+        held = int((slot_TRB >= 0).flatten(1).any(1).sum())
+        builds.made += len(rows_SRE) * (1 + held)
+    best: tuple[float, torch.Tensor] | None = None
+    for slot_RB, score_S in zip(slot_TRB, scores, strict=True):
+        t = sum(score_S)  # in step order, as ``window_s``
+        if best is None or t < best[0]:
+            best = (t, slot_RB)
+    assert best is not None
+    return best[1].clone()
+
+
+def candidate_tables(
+    totals_E: torch.Tensor,
+    steps: int,
+    current_RB: torch.Tensor,
+    cost: StepCost,
+    loads_SE: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tables :func:`target_slots` scores, int64 ``[T, R, B]`` in its order, each once
+    (an equal later table scores alike: the earlier stands), and the steps it scores them
+    on, int64 ``[S, R, E]`` (arguments as there)."""
     R, B = current_RB.shape
     totals = [int(t) for t in totals_E.tolist()]
     current = current_RB.cpu().tolist()
@@ -298,24 +323,11 @@ def target_slots(
     tables = [pack(replica_counts(totals, R, k * R), totals, B, current) for k in range(B + 1)]
     tables.append(whole_moves(cost, mean_RE, B, current))
     rows = [mean_RE] if loads_SE is None else [mean_step(l_E, 1, R) for l_E in loads_SE.cpu()]
-    rows_SRE = torch.from_numpy(np.stack(rows))
-    static_S = static_torch(cost, rows_SRE)
-    if builds is not None:
-        builds.made += len(rows)  # static EP's plan of each step
     unique: dict[tuple[int, ...], list[list[int]]] = {}
-    for table in tables:  # equal tables score alike: the earlier stands
+    for table in tables:
         unique.setdefault(tuple(e for row in table for e in row), table)
     slot_TRB = torch.from_numpy(np.stack([_table(t, R, B) for t in unique.values()]))
-    scores = windows_torch(cost, rows_SRE, static_S, slot_TRB).tolist()
-    if builds is not None:  # every step's ``resident`` plan of each table with replicas
-        builds.made += len(rows) * int((slot_TRB >= 0).flatten(1).any(1).sum())
-    best: tuple[float, list[list[int]]] | None = None
-    for table, score_S in zip(unique.values(), scores, strict=True):
-        t = sum(score_S)  # in step order, as ``window_s``
-        if best is None or t < best[0]:
-            best = (t, table)
-    assert best is not None
-    return torch.tensor(best[1], dtype=torch.int64).reshape(R, B)
+    return slot_TRB, torch.from_numpy(np.stack(rows))
 
 
 def _table(table: list[list[int]], R: int, B: int) -> np.ndarray:
