@@ -89,11 +89,12 @@ __device__ void mc_first_ranks(const mp_i64* counts, const mp_i64* T, const int*
             const mp_i64 t = T[e];
             v[3] += t;
             for (mp_i64 s = g0; s < g1 && g1 - g0 < R; ++s) v[4] += counts[s * E + e];
-            v[5] += mc_padded(k, t);
+            const mp_i64 padded = mc_padded(k, t);
+            v[5] += padded;
             v[6] += t > 0;
             const bool kept = t > 0 && !moved[e];
             v[7] += kept;
-            v[8] += kept ? mc_padded(k, t) : 0;
+            v[8] += kept ? padded : 0;
             v[9] += kept ? t : 0;
         }
         for (int i = 0; i < 10; ++i) v[i] = mp_warp_sum(v[i]);

@@ -78,8 +78,8 @@ def static_alloc(counts_RE: torch.Tensor, home_E: torch.Tensor | None = None) ->
     R, E = counts_RE.shape
     dev = counts_RE.device
     alloc_ER = torch.zeros(E, R, dtype=torch.int64, device=dev)
-    alloc_ER[torch.arange(E, device=dev), _home(counts_RE, home_E)] = counts_RE.sum(0)
-    return alloc_ER
+    at = (torch.arange(E, device=dev), _home(counts_RE, home_E))
+    return alloc_ER.index_put(at, counts_RE.sum(0))  # out of place: torch.vmap batches it
 
 
 def static_load(counts_RE: torch.Tensor, home_E: torch.Tensor | None = None) -> torch.Tensor:

@@ -467,6 +467,14 @@ def totals_host(cost: StepCost, total_E: np.ndarray) -> tuple[int, int, int]:
     return int((-(-total_E // t) * t).sum()), int((total_E > 0).sum()), int(total_E.sum())
 
 
+def totals_torch(
+    cost: StepCost, total_E: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`totals_host` in torch ops (int64 0-d each), no host read."""
+    t = cost.tile_rows
+    return ((total_E + (t - 1)) // t * t).sum(), (total_E > 0).sum(), total_E.sum()
+
+
 def links_host(
     counts_RE: np.ndarray, resident_ER: np.ndarray, home_E: np.ndarray, G: int
 ) -> tuple[list[list[int]], list[int], list[int]]:

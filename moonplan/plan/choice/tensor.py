@@ -29,6 +29,7 @@ from moonplan.plan.choice.bound import (
     kept_section_torch,
     links_torch,
     nocopy_torch,
+    totals_torch,
 )
 from moonplan.plan.choice.rent import call_price, exit_build_s, exit_rent_torch, settle_torch
 from moonplan.plan.choice.resident import resident_torch
@@ -38,7 +39,7 @@ from moonplan.plan.from_alloc import home_layout, layout_torch
 from moonplan.plan.placement import static_alloc
 from moonplan.plan.plan_fields import PlanFields, no_flows
 from moonplan.plan.torch_backend import Steps12Inputs, alloc_tensor, resident_map
-from moonplan.stepcost.batch import BatchTime, _padded, batch_step_time
+from moonplan.stepcost.batch import BatchTime, batch_step_time
 from moonplan.stepcost.step_cost import StepCost
 
 
@@ -171,9 +172,8 @@ def _sums(
     tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 ]:
     """The bound's int64 ``totals`` (0-d each) and ``links`` (``bound.links_torch``)."""
-    T_E = counts_RE.sum(0)
     R = resident_ER.shape[1]
-    totals = (_padded(cost, T_E).sum(), (T_E > 0).sum(), T_E.sum())
+    totals = totals_torch(cost, counts_RE.sum(0))
     return totals, links_torch(counts_RE, resident_ER, home_E, cost.domain_size(R))
 
 

@@ -35,11 +35,13 @@ from moonplan.plan.choice.bound import (
     kept_section_torch,
     links_torch,
     nocopy_torch,
+    totals_torch,
 )
 from moonplan.plan.choice.rent import call_price, exit_build_s
 from moonplan.plan.choice.resident import holders_torch, resident_tables_torch
 from moonplan.plan.choice.tensor import placed_torch
 from moonplan.plan.home import home_map
+from moonplan.plan.placement import static_alloc
 from moonplan.plan.torch_backend import resident_map
 from moonplan.stepcost import StepCost
 from moonplan.stepcost.batch import batch_step_time
@@ -90,16 +92,9 @@ def _static_s(cost: StepCost, counts_RE: torch.Tensor) -> torch.Tensor:
     expert on its home."""
     R, E = counts_RE.shape
     home_E = home_map(E, R, counts_RE.device)
-    at_home_ER = home_E[:, None] == torch.arange(R, device=counts_RE.device)[None, :]
-    alloc_1ER = torch.where(at_home_ER, counts_RE.sum(0)[:, None], 0)[None]
+    alloc_1ER = static_alloc(counts_RE)[None]
     plan_1 = torch.zeros(1, dtype=torch.float64, device=counts_RE.device)
     return batch_step_time(cost, counts_RE, alloc_1ER, None, home_E, plan_1).total_s[0]
-
-
-def _sums(cost: StepCost, counts_RE: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """int64 0-d ``(padded rows, experts with records, records)`` of a step (``totals_host``)."""
-    T_E, t = counts_RE.sum(0), cost.tile_rows
-    return (((T_E + (t - 1)) // t * t).sum(), (T_E > 0).sum(), T_E.sum())
 
 
 def _served_empty(cost: StepCost, counts_RE: torch.Tensor, static_s: torch.Tensor) -> torch.Tensor:
@@ -112,7 +107,7 @@ def _served_empty(cost: StepCost, counts_RE: torch.Tensor, static_s: torch.Tenso
     exit_s = torch.full_like(static_s, cost.exit_s)
     held = torch.zeros((), dtype=torch.bool, device=counts_RE.device)
     full = static_s + cost.plan_s
-    bound, _ = exit_bound_torch(cost, R, _sums(cost, counts_RE), links, full, held)
+    bound, _ = exit_bound_torch(cost, R, totals_torch(cost, counts_RE.sum(0)), links, full, held)
     return _planned(cost, static_s, exit_s, static_s + exit_s - bound)
 
 
@@ -128,7 +123,7 @@ def served_tables(
     R, E = counts_RE.shape
     resident_TER, _ = tables
     home_E = home_map(E, R, counts_RE.device)
-    G, totals = cost.domain_size(R), _sums(cost, counts_RE)
+    G, totals = cost.domain_size(R), totals_torch(cost, counts_RE.sum(0))
     links_of = torch.vmap(links_torch, in_dims=(None, 0, None, None))
     links = links_of(counts_RE, resident_TER, home_E, G)
     placed_T, built_T = _candidates(cost, counts_RE, tables, home_E)

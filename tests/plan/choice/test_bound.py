@@ -26,6 +26,7 @@ from moonplan.plan.choice.bound import (
     links_host,
     links_reference,
     links_torch,
+    totals_torch,
 )
 from moonplan.plan.home import home_list
 from moonplan.stepcost import StepCost
@@ -89,7 +90,8 @@ def test_the_link_rows_are_the_same_in_every_form(c: torch.Tensor, data: st.Data
 def test_the_exit_bound_is_the_same_in_every_form(
     c: torch.Tensor, cost: StepCost, data: st.DataObject
 ) -> None:
-    """``exit_bound`` and ``exit_bound_torch`` give equal floats on random counts, resident
+    """``exit_bound`` and ``exit_bound_torch`` give equal floats (and ``totals_torch`` the
+    reference's sums) on random counts, resident
     pairs and costs (either schedule, one or several domains), with and without static
     EP's full time (``residency.window_torch`` relies on it)."""
     R, E = c.shape
@@ -99,6 +101,7 @@ def test_the_exit_bound_is_the_same_in_every_form(
     home_E = torch.tensor(home, dtype=torch.int64)
     links = links_host(c.numpy(), resident.numpy(), home_E.numpy(), cost.domain_size(R))
     totals = reference._totals(cost, c.tolist())
+    assert tuple(int(x) for x in totals_torch(cost, c.sum(0))) == totals
     full_s = data.draw(st.sampled_from([None, 0.0, 1e-4, 1.0]))
     want = exit_bound(cost, R, totals, links, full_s)
     t = tuple(torch.tensor(x, dtype=torch.int64) for x in totals)
