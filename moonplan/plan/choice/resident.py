@@ -235,27 +235,27 @@ def resident_pairs_torch(
 def resident_tables_torch(
     counts_RE: torch.Tensor, hold_TER: torch.Tensor, tile: int = 1
 ) -> torch.Tensor:
-    """int64 ``[T, E, R]``: :func:`resident_host` of one step's counts for each of ``T``
-    holder tables (bool ``[T, E, R]``), in torch ops over the list of pairs, all tables'
-    rounds at once (table ``t``'s rank ``r`` is load ``t * R + r``: no pair joins two
-    tables). Its work grows with the pairs, not with ``E * R * R``; the pairs are read once
-    from ``hold_TER`` (a host read where it lives on a device), so under ``torch.vmap``
-    over the counts, with fixed tables, it is the many-steps form
+    """int64 ``[T, E, R]``: :func:`resident_host` for each of ``T`` holder tables (bool
+    ``[T, E, R]``), of one step's counts (int64 ``[R, E]``) or of each table's own
+    (``[T, R, E]``), in torch ops over the list of pairs, all tables' rounds at once
+    (table ``t``'s rank ``r`` is load ``t * R + r``: no pair joins two tables). Its work
+    grows with the pairs, not with ``E * R * R``; the pairs are read once from
+    ``hold_TER`` (a host read where it lives on a device), so under ``torch.vmap`` over
+    the counts, with fixed tables, it is the many-steps form, and with a table per step
+    it builds any set of (step, table) entries in one call
     (``moonplan.plan.residency.window_torch``)."""
     T, E, R = hold_TER.shape
-    dev = counts_RE.device
-    T_E = counts_RE.sum(0)
-    K_E = (T_E + (tile - 1)) // tile
+    dev = hold_TER.device
+    T_TE = counts_RE.sum(-2).expand(T, E)
+    K_TE = (T_TE + (tile - 1)) // tile
     t_H, e_H, r_H = hold_TER.nonzero(as_tuple=True)  # by table, expert, then rank
     n_H = hold_TER.sum(2)[t_H, e_H]
     idx_H = (hold_TER.cumsum(2) - 1)[t_H, e_H, r_H]
-    bits = torch.where(T_E.sum() < 1 << FINE_LIMIT_BITS, SCALE_BITS, 0)
-    units_H = K_E[e_H] << bits
+    bits_T = torch.where(T_TE.sum(1) < 1 << FINE_LIMIT_BITS, SCALE_BITS, 0)
+    units_H = K_TE[t_H, e_H] << bits_T[t_H]
     a_H = units_H // n_H + (idx_H < units_H % n_H).long()
-    x_H, g_H = t_H * R + r_H, t_H * E + e_H  # load and expert across the tables
-    i_P, j_P = ((g_H[:, None] == g_H[None, :]) & (x_H[:, None] != x_H[None, :])).nonzero(
-        as_tuple=True
-    )
+    x_H = t_H * R + r_H  # load across the tables
+    i_P, j_P = _pairs(n_H, idx_H, R)
     xi_P, xj_P, H = x_H[i_P], x_H[j_P], len(e_H)
     zeros_X = torch.zeros(T * R, dtype=torch.int64, device=dev)
     zeros_H = torch.zeros(H, dtype=torch.int64, device=dev)
@@ -270,9 +270,23 @@ def resident_tables_torch(
         q_P = torch.where(live_P > 0, q_P, 0)
         a_H = a_H - zeros_H.index_add(0, i_P, q_P) + zeros_H.index_add(0, j_P, q_P)
     a_TER = torch.zeros(T, E, R, dtype=torch.int64, device=dev).index_put((t_H, e_H, r_H), a_H)
-    K_X = K_E.repeat(T)
-    tiles_XR = _whole_tiles_torch(a_TER.reshape(T * E, R), hold_TER.reshape(T * E, R), K_X, bits)
-    return rows_of_tiles(tiles_XR, T_E.repeat(T), tile).reshape(T, E, R)
+    bits_X1 = bits_T.repeat_interleave(E)[:, None]
+    X = T * E
+    tiles_XR = _whole_tiles_torch(
+        a_TER.reshape(X, R), hold_TER.reshape(X, R), K_TE.reshape(X), bits_X1
+    )
+    return rows_of_tiles(tiles_XR, T_TE.reshape(X), tile).reshape(T, E, R)
+
+
+def _pairs(n_H: torch.Tensor, idx_H: torch.Tensor, R: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 ``[P]`` pair: every ordered pair ``(i, j)`` of two holders of one expert of one
+    table, ``i != j``, by ``i`` then ``j`` (holders listed by table, expert, then rank:
+    ``n_H`` holders in each one's group, ``idx_H`` its place there)."""
+    first_H = torch.arange(len(n_H), device=n_H.device) - idx_H
+    k_K = torch.arange(R, device=n_H.device)
+    ok_HK = (k_K[None, :] < n_H[:, None]) & (k_K[None, :] != idx_H[:, None])
+    i_P, k_P = ok_HK.nonzero(as_tuple=True)
+    return i_P, first_H[i_P] + k_P
 
 
 def rows_of_tiles(tiles_ER: torch.Tensor, T_E: torch.Tensor, tile: int) -> torch.Tensor:
@@ -320,8 +334,8 @@ def _whole_tiles_torch(
     a_ER: torch.Tensor, hold_ER: torch.Tensor, T_E: torch.Tensor, bits: int | torch.Tensor
 ) -> torch.Tensor:
     """int64 ``[E, R]`` whole tiles (:func:`_whole_tiles_reference`; ``T_E``: each
-    expert's tiles); ``bits``: of a unit below one tile (an int, or an int64 0-d tensor
-    on the device)."""
+    expert's tiles); ``bits``: of a unit below one tile (an int, or an int64 tensor on the
+    device, 0-d or ``[E, 1]``: each expert's)."""
     S = torch.ones((), dtype=torch.int64, device=a_ER.device) << bits
     whole_ER, rem_ER = a_ER >> bits, a_ER & (S - 1)
     short_E = T_E - whole_ER.sum(1)

@@ -63,6 +63,33 @@ def test_several_tables_at_once_are_each_table_alone(
         assert torch.equal(got[t], torch.from_numpy(want)), t
 
 
+@given(
+    counts(max_ranks=6, max_experts=12, max_records_per_rank=400),
+    st.data(),
+    st.sampled_from([1, 3, 16, 128]),
+)
+@settings(deadline=None, max_examples=60)
+def test_each_table_may_bring_its_own_counts(
+    c: torch.Tensor, data: st.DataObject, tile: int
+) -> None:
+    """``resident_tables_torch`` with counts ``[T, R, E]`` (one step per table, the window
+    scores' gated entries): each table's plan is the host's for its own counts, and a
+    table repeated with other counts does not mix with its twin."""
+    R, E = c.shape
+    home = home_map(E, R)
+    n = data.draw(st.integers(1, 4))
+    tables = [_slots(data, R, E) for _ in range(n)]
+    tables += tables[:1]  # a twin with other counts
+    prevs = [torch.tensor(t, dtype=torch.int64).reshape(R, -1) for t in tables]
+    hold_TER = torch.stack([res.holders_torch(E, R, p, home) for p in prevs])
+    scale = torch.tensor(data.draw(st.lists(st.integers(0, 3), min_size=n + 1, max_size=n + 1)))
+    counts_TRE = c[None] * scale[:, None, None] + torch.arange(n + 1)[:, None, None] % 2
+    got = res.resident_tables_torch(counts_TRE, hold_TER, tile)
+    for t, prev in enumerate(prevs):
+        want = res.resident_host(counts_TRE[t].numpy(), prev.numpy(), home.numpy(), tile)
+        assert torch.equal(got[t], torch.from_numpy(want)), t
+
+
 def _tiles(rows: torch.Tensor, tile: int) -> torch.Tensor:
     """int64: ``rows`` each rounded up to whole tiles, in tiles."""
     return (rows + (tile - 1)) // tile
