@@ -1,24 +1,27 @@
 """A slot-placement decision's host time: measured, as the simulator charges it, and as a
 device build would take.
 
-Legend: R ranks, E experts, K experts per token, B slots per rank (2), W the window (32
+Legend: R ranks, E experts, K experts per token, B slots per rank, W the window (32
 steps), S tokens per rank per step.
 
 ``moonplan-auto`` and the runtime's placer use a decision (``Residency.decide_on``) once
-the steps whose predicted time covers its counted work have passed: the builds of the
-``resident`` candidate it makes (``residency.target.Builds``), each at the host's rate
-``StepCost.decide_s`` (the runtime's calibration times it; the simulator charges
-``moonplan.baselines.decision_time.decision_build_us``, fitted to this script's figures).
-The decision runs on a host thread: numpy for the tables, torch ops on the CPU for their
-scores over the window. This script measures, on one window per case:
+the steps whose predicted time covers its counted work have passed
+(``moonplan.plan.residency.work``): the builds of the ``resident`` candidate it makes
+(``made``, at ``StepCost.decide_s`` each) and the (step, table) pairs it scores without
+one (``scored``, at ``StepCost.score_s``). The runtime's calibration times both rates
+(``refill.time_rates``); the simulator charges ``moonplan.baselines.decision_time``'s,
+fitted to this script's figures. The decision runs on a host thread: numpy for the
+tables, torch ops on the CPU for their scores over the window. Per case, on one window:
 
-* ``builds``: the builds the decision counted, and ``bound`` the most it could make,
-  ``W * (B + 3) + 3``;
+* ``made`` and ``scored``: the work the decision counted;
 * ``host ms``: the median wall time of the decision here (one thread);
-* ``charged ms``: ``builds * decision_build_us``, what the simulator charges (and
+* ``build us`` and ``score us``: the two rates ``time_rates`` measures on the window's
+  last step (what the runtime's calibration would set);
+* ``charged ms``: the work at ``decision_time``'s rates, what the simulator charges (and
   ``host / charged``, how well the fit holds);
-* ``device ms``: ``builds * planner_time.resident_us``, what the builds would take as
-  device kernels (an estimate), and ``host / device``;
+* ``device ms``: builds at ``planner_time.resident_us`` and scores at
+  ``planner_time.exit_us``, what the work would take as device kernels (an estimate), and
+  ``host / device``;
 * ``table host ms`` and ``table torch ms``: one table's score over the window (the most
   replicated table), step by step in numpy (``target.window_s``, the reference) and
   every step at once in torch ops (``residency.window_torch``, what a decision runs, and
@@ -29,7 +32,7 @@ The window is synthetic: a fixed lognormal popularity (``sigma``) with every ste
 records drawn from it, the persistent routing the placement is built for. The serving
 slots are empty, so the decision scores every table.
 
-    OMP_NUM_THREADS=1 python bench/bench_decision.py            # 7 cases (about 1 min)
+    OMP_NUM_THREADS=1 python bench/bench_decision.py            # 8 cases (about 1 min)
     python bench/bench_decision.py --quick --out /tmp/x.json
 """
 
@@ -43,9 +46,9 @@ import numpy as np
 import torch
 from _common import markdown_table, result_path, timing_parser, write_report
 
-from moonplan.baselines.decision_time import decision_build_us
-from moonplan.baselines.planner_time import resident_us
-from moonplan.plan.residency.refill import time_decision
+from moonplan.baselines.decision_time import decision_build_us, decision_score_us
+from moonplan.baselines.planner_time import exit_us, resident_us
+from moonplan.plan.residency.refill import time_decision, time_rates
 from moonplan.plan.residency.target import pack, replica_counts, step_time_over, window_s
 from moonplan.plan.residency.window import WINDOW
 from moonplan.plan.residency.window_torch import window_torch
@@ -54,16 +57,18 @@ from moonplan.simulate.models import get_model
 from moonplan.stepcost import StepCost
 from moonplan.stepcost.hardware import get_hardware
 
-CASES = (  # model, hardware, R, S, sigma
-    ("mixtral-8x7b", "h200-node", 8, 256, 1.0),
-    ("olmoe-1b-7b", "h200-node", 8, 256, 1.0),  # the real traces' model
-    ("deepseek-v3", "h200-node", 8, 16, 1.0),
-    ("deepseek-v3", "h200-node", 8, 4096, 1.0),
-    ("deepseek-v3", "h20-node", 8, 256, 2.0),
-    ("deepseek-v3", "h200-multinode", 64, 256, 1.0),
-    ("deepseek-v3", "h200-multinode", 64, 4096, 1.0),
+CASES = (  # model, hardware, R, S, sigma, B
+    ("mixtral-8x7b", "h200-node", 8, 256, 1.0, 2),
+    ("olmoe-1b-7b", "h200-node", 8, 256, 1.0, 2),
+    ("olmoe-1b-7b", "h200-node", 8, 16, 1.0, 8),  # the real decode traces' shape
+    ("deepseek-v3", "h200-node", 8, 16, 1.0, 2),
+    ("deepseek-v3", "h200-node", 8, 4096, 1.0, 2),
+    ("deepseek-v3", "h20-node", 8, 256, 2.0, 2),
+    ("deepseek-v3", "h200-multinode", 64, 256, 1.0, 2),
+    ("deepseek-v3", "h200-multinode", 64, 4096, 1.0, 2),
 )
 SLOTS = 2
+"""``B`` of ``most_replicated``'s table by default (``_gpu_decision``'s cases)."""
 
 
 def window(E: int, R: int, S: int, K: int, sigma: float, seed: int = 0) -> list[torch.Tensor]:
@@ -78,43 +83,46 @@ def window(E: int, R: int, S: int, K: int, sigma: float, seed: int = 0) -> list[
     return out
 
 
-def measure(case: tuple[str, str, int, int, float], reps: int) -> dict[str, Any]:
-    """One decision's counted builds, modelled work and host time at ``case``."""
-    model, hw, R, S, sigma = case
+def measure(case: tuple[str, str, int, int, float, int], reps: int) -> dict[str, Any]:
+    """One decision's counted work, charge and host time at ``case``."""
+    model, hw, R, S, sigma, B = case
     m, h = get_model(model), get_hardware(hw)
     cost = SimConfig().step_cost(m, h, "moonplan-auto", R)
     E = m.num_experts
     steps = window(E, R, S, m.top_k, sigma)
-    host_s, made = time_decision(cost, steps, SLOTS, reps)
-    host_ms = host_s * 1e3
-    table_host_ms, table_torch_ms = time_table(cost, steps, reps)
-    charged_ms = made * decision_build_us(R, E) * 1e-3
-    device_ms = made * resident_us(R, E, cost.tile_rows) * 1e-3
+    host_s, work = time_decision(cost, steps, B, reps)
+    build_s, score_s = time_rates(cost, steps[-1], B, reps)
+    table_host_ms, table_torch_ms = time_table(cost, steps, reps, B)
+    charged_us = work.made * decision_build_us(R, E) + work.scored * decision_score_us(R, E)
+    device_us = work.made * resident_us(R, E, cost.tile_rows) + work.scored * exit_us(R, E)
     return {"model": model, "hardware": hw, "ranks": R, "experts": E, "tokens": S,
-            "sigma": sigma, "builds": made, "bound": WINDOW * (SLOTS + 3) + 3,
-            "host_ms": host_ms, "charged_ms": charged_ms, "device_ms": device_ms,
+            "sigma": sigma, "slots": B, "made": work.made, "scored": work.scored,
+            "host_ms": host_s * 1e3, "build_us": build_s * 1e6, "score_us": score_s * 1e6,
+            "charged_ms": charged_us * 1e-3, "device_ms": device_us * 1e-3,
             "table_host_ms": table_host_ms, "table_torch_ms": table_torch_ms}  # fmt: skip
 
 
 def most_replicated(
-    cost: StepCost, steps: list[torch.Tensor]
+    cost: StepCost, steps: list[torch.Tensor], slots: int = SLOTS
 ) -> tuple[list[np.ndarray], list[float], np.ndarray]:
     """The window's steps (int64 ``[R, E]`` each, numpy), static EP's seconds of each, and
-    the table of ``SLOTS`` replicas a rank (int64 ``[R, SLOTS]``) the placement packs for
+    the table of ``slots`` replicas a rank (int64 ``[R, slots]``) the placement packs for
     the window's loads: the one whose score ``time_table`` and ``_gpu_decision`` time."""
     R = steps[0].shape[0]
     totals = [int(t) for t in torch.stack(steps)[:, 0].sum(0)]
-    empty = [[-1] * SLOTS for _ in range(R)]
-    slot_RB = np.array(pack(replica_counts(totals, R, SLOTS * R), totals, SLOTS, empty))
+    empty = [[-1] * slots for _ in range(R)]
+    slot_RB = np.array(pack(replica_counts(totals, R, slots * R), totals, slots, empty))
     rows = [c.numpy() for c in steps]
     statics = [step_time_over(cost, c, np.full_like(slot_RB, -1)) for c in rows]
     return rows, statics, slot_RB
 
 
-def time_table(cost: StepCost, steps: list[torch.Tensor], reps: int) -> tuple[float, float]:
+def time_table(
+    cost: StepCost, steps: list[torch.Tensor], reps: int, slots: int = SLOTS
+) -> tuple[float, float]:
     """Median milliseconds of one table's window score, numpy step by step and torch all
     at once (module docstring), alternated; the two must agree float for float."""
-    rows, statics, slot_RB = most_replicated(cost, steps)
+    rows, statics, slot_RB = most_replicated(cost, steps, slots)
     args = (torch.stack(steps), torch.tensor(statics, dtype=torch.float64),
             torch.from_numpy(slot_RB))  # fmt: skip
     host, dense = [], []
@@ -134,15 +142,15 @@ def main() -> None:
     args = ap.parse_args()
     cases = CASES[:2] if args.quick else CASES
     rows = [measure(c, args.reps) for c in cases]
-    header = ["model", "hw", "R", "S", "sigma", "builds", "bound", "host ms", "charged ms",
-              "host / charged", "device ms", "host / device", "table host ms",
-              "table torch ms", "host / torch"]  # fmt: skip
+    header = ["model", "hw", "R", "S", "sigma", "B", "made", "scored", "host ms",
+              "build us", "score us", "charged ms", "host / charged", "device ms",
+              "host / device", "table host ms", "table torch ms", "host / torch"]  # fmt: skip
     lines = [[r["model"], r["hardware"], str(r["ranks"]), str(r["tokens"]), str(r["sigma"]),
-              str(r["builds"]), str(r["bound"]), f"{r['host_ms']:.0f}",
-              f"{r['charged_ms']:.0f}", f"{r['host_ms'] / r['charged_ms']:.2f}",
-              f"{r['device_ms']:.2f}", f"{r['host_ms'] / r['device_ms']:.0f}x",
-              f"{r['table_host_ms']:.1f}", f"{r['table_torch_ms']:.1f}",
-              f"{r['table_host_ms'] / r['table_torch_ms']:.2f}"]
+              str(r["slots"]), str(r["made"]), str(r["scored"]), f"{r['host_ms']:.1f}",
+              f"{r['build_us']:.0f}", f"{r['score_us']:.0f}", f"{r['charged_ms']:.1f}",
+              f"{r['host_ms'] / r['charged_ms']:.2f}", f"{r['device_ms']:.2f}",
+              f"{r['host_ms'] / r['device_ms']:.0f}x", f"{r['table_host_ms']:.1f}",
+              f"{r['table_torch_ms']:.1f}", f"{r['table_host_ms'] / r['table_torch_ms']:.2f}"]
              for r in rows]  # fmt: skip
     md = ["# A slot-placement decision's host time", "", markdown_table(header, lines)]
     write_report(args.out, {"rows": rows, "reps": args.reps}, md)

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from moonplan.baselines.decision_time import decision_build_us
+from moonplan.baselines.decision_time import decision_build_us, decision_score_us
 from moonplan.baselines.planner_time import (
     auto_us,
     exact_us,
@@ -168,8 +168,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
     ``SimConfig.step_cost`` sets for this policy). The placement's
     decisions follow the runtime's rule (:class:`~moonplan.plan.residency.refill.Decisions`:
     each runs on the host beside the ``k`` steps its work covers, the builds of the
-    ``resident`` candidate it makes at ``cost.decide_s``, which ``SimConfig.step_cost`` sets
-    from ``decision_time.decision_build_us``, and is used after them; no device time).
+    ``resident`` candidate it makes at ``cost.decide_s`` and the (step, table) pairs it
+    scores without one at ``cost.score_s``, which ``SimConfig.step_cost`` sets from
+    ``moonplan.baselines.decision_time``, and is used after them; no device time).
     The serving table at step 0 is the target of the ``placement_window`` steps before the
     trace (:meth:`prime`), as EPLB's placement is.
     """
@@ -320,4 +321,4 @@ register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-"
 AUTO_OPTIONS = ("cost", "slots", "placement_window", "staging", "layers", "stale_slots")
 register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=auto_us, exit_us=exit_us,
                     serve_us=resident_build_us, decide_us=decision_build_us,
-                    options=AUTO_OPTIONS, order=80))  # fmt: skip
+                    score_us=decision_score_us, options=AUTO_OPTIONS, order=80))  # fmt: skip

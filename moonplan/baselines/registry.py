@@ -64,6 +64,8 @@ class PolicyInfo:
             (``StepCost.serve_s``), or a function of the GEMM tile's rows giving it.
         decide_us: host microseconds per build a slot-placement decision counts
             (``StepCost.decide_s``), or a function of ``(R, E)`` giving it.
+        score_us: host microseconds per (step, table) such a decision scores without a
+            build (``StepCost.score_s``), or a function of ``(R, E)`` giving it.
         options: keyword options of :func:`make_policy` the builder takes (others are
             dropped, so one option set serves every policy).
         order: position in :func:`names` (report order; ties keep registration order).
@@ -79,6 +81,7 @@ class PolicyInfo:
     exit_us: PlanUs = 0.0
     serve_us: ServeUs = 0.0
     decide_us: PlanUs = 0.0
+    score_us: PlanUs = 0.0
     options: tuple[str, ...] = ()
     order: int = 1000
     listed: bool = True

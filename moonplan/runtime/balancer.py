@@ -34,7 +34,7 @@ import torch
 from moonplan.comm.group import EPGroup
 from moonplan.plan import api as planner
 from moonplan.plan.plan_type import Plan
-from moonplan.plan.residency.refill import time_build_s
+from moonplan.plan.residency.refill import time_rates
 from moonplan.runtime.calibrate import StepSample, agree, fit_rates, sample_step
 from moonplan.runtime.config.sections import (
     KEEP_SAMPLES,
@@ -128,7 +128,7 @@ class Balancer:
 
     def calibrate(self, group: EPGroup, *, copy_fallback_s: float, overlap: bool) -> StepCost:
         """Collective: fit this rank's rates, time the planner's two ``auto`` paths and a
-        slot-placement decision's host time per build (``StepCost.decide_s``) on the last
+        slot-placement decision's host rates (``StepCost.decide_s``, ``score_s``) on the last
         step's counts, agree on the element-wise max, use it from now on."""
         ok = bool(self.samples) and self._last is not None
         group.agree(ok, "no measured steps yet: run a few forward steps first", what="calibrate")
@@ -137,7 +137,8 @@ class Balancer:
         )
         mine = mine.scaled(plan_s=self._time_path(mine, full=True))
         mine = mine.scaled(exit_s=self._time_path(mine, full=False))
-        mine = mine.scaled(decide_s=self._time_decision(mine))
+        decide_s, score_s = self._time_decision(mine)
+        mine = mine.scaled(decide_s=decide_s, score_s=score_s)
         self.cost = agree(group, mine)
         self.user_cost = False
         return self.cost
@@ -158,13 +159,14 @@ class Balancer:
             times.append(time.perf_counter() - t0)
         return sorted(times)[len(times) // 2]
 
-    def _time_decision(self, cost: StepCost) -> float:
-        """Host seconds per build a slot-placement decision counts, timed on the last
-        counts (``refill.time_build_s``; 0 without slots: no placement runs)."""
+    def _time_decision(self, cost: StepCost) -> tuple[float, float]:
+        """Host seconds per build and per (step, table) scored that a slot-placement
+        decision counts, timed on the last counts (``refill.time_rates``; 0 without slots:
+        no placement runs)."""
         assert self._last is not None
         if self.B < 1:
-            return 0.0
-        return time_build_s(cost, self._last[0], self.B, TIMING_REPEATS)
+            return 0.0, 0.0
+        return time_rates(cost, self._last[0], self.B, TIMING_REPEATS)
 
 
 def _sync(device: torch.device) -> None:

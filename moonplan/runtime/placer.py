@@ -9,8 +9,9 @@ decision (which slot table the window's loads want, and whether rent or buy says
 pays) starts from a snapshot of one step, runs on a worker thread beside the next ``k``
 steps and is used ``k`` steps later (the step waits for it only if it is not done); ``k``
 is the fewest steps whose predicted time covers its work (the builds of the ``resident``
-candidate it makes, counted as it runs, each at the host's rate ``cost.decide_s``, which
-the calibration times: ``refill.build_rate``). Every input is agreed (the
+candidate it makes and the (step, table) pairs it scores, counted as it runs, at the
+host's rates ``cost.decide_s`` and ``cost.score_s``, which the calibration times:
+``moonplan.plan.residency.work``). Every input is agreed (the
 counts, the cost model, the plans), so every rank decides alike at the same step and hands
 the same target to :meth:`~moonplan.runtime.layer_runtime.LayerRuntime.request_refill`.
 The snapshot is taken on the device; the worker reads it on the host.

@@ -78,6 +78,12 @@ def default_decide_us() -> dict[str, PlanUs]:
     return {n: p.decide_us for n, p in infos().items() if callable(p.decide_us) or p.decide_us > 0}
 
 
+def default_score_us() -> dict[str, PlanUs]:
+    """Host time per (step, table) a slot-placement decision scores without a build
+    (``PolicyInfo.score_us``) of the policies that place slots."""
+    return {n: p.score_us for n, p in infos().items() if callable(p.score_us) or p.score_us > 0}
+
+
 def default_exit_us() -> dict[str, PlanUs]:
     """``policy="auto"``'s early-exit time (``PolicyInfo.exit_us``) of the policies that
     have one."""
@@ -100,7 +106,8 @@ class SimConfig:
         exit_us: ``policy="auto"``'s early exit per policy name (``StepCost.exit_s``);
             serve_us: what it adds where it builds the ``resident`` candidate
             (``StepCost.serve_s``); decide_us: a slot-placement decision's host time per
-            build it counts (``StepCost.decide_s``); all read from the registry by default.
+            build it counts (``StepCost.decide_s``); score_us: per (step, table) it scores
+            without a build (``StepCost.score_s``); all read from the registry by default.
         dispatch: the transport's dispatch scheme for every policy alike
             (``moonplan.stepcost.traffic.SCHEMES``; ``"rank"``/``"host"`` need the step's
             token routing, ``moonplan.simulate.dispatch_rows``).
@@ -115,6 +122,7 @@ class SimConfig:
     exit_us: Mapping[str, PlanUs] = field(default_factory=default_exit_us)
     serve_us: Mapping[str, ServeUs] = field(default_factory=default_serve_us)
     decide_us: Mapping[str, PlanUs] = field(default_factory=default_decide_us)
+    score_us: Mapping[str, PlanUs] = field(default_factory=default_score_us)
 
     def plan_seconds(self, policy: str, num_ranks: int = 8, num_experts: int = 256) -> float:
         """Planning seconds of ``policy`` at ``(R, E)`` (0 when not listed)."""
@@ -137,6 +145,7 @@ class SimConfig:
             exit_us=plan_us_at(self.exit_us.get(policy, 0.0), num_ranks, E),
             serve_us=_at_tile(self.serve_us.get(policy, 0.0), hw.gemm_tile_rows),
             decide_us=plan_us_at(self.decide_us.get(policy, 0.0), num_ranks, E),
+            score_us=plan_us_at(self.score_us.get(policy, 0.0), num_ranks, E),
         )
 
 

@@ -75,6 +75,7 @@ _RATE_FIELDS = (
     "exit_s",
     "serve_s",
     "decide_s",
+    "score_s",
 )
 """The float fields of :class:`StepCost`, in :meth:`StepCost.as_tensor` order."""
 
@@ -157,6 +158,10 @@ class StepCost:
     and its answer is used once the steps covering its builds at this rate have passed.
     The runtime's calibration times it; 0 (not measured): ``exit_s``, the device's rate,
     and a step may wait for the host (``docs/runtime.md``)."""
+    score_s: float = 0.0
+    """Host seconds per (step, slot table) a slot-placement decision scores without that
+    build (its links, ``placed`` plan and the exit's gate and bound), counted with the
+    builds (:attr:`decide_s`). The runtime's calibration times it; 0: ``exit_s``."""
     tile_rows: int = 1
     """An expert's rows are padded to a multiple of this (GEMM tile)."""
     domain: int = 0
@@ -211,6 +216,7 @@ class StepCost:
         exit_us: float = 0.0,
         serve_us: float = 0.0,
         decide_us: float = 0.0,
+        score_us: float = 0.0,
     ) -> StepCost:
         """The roofline rates of ``model``'s MoE layer on a hardware preset.
 
@@ -228,6 +234,8 @@ class StepCost:
                 (:attr:`serve_s`).
             decide_us: host microseconds per build a placement decision counts
                 (:attr:`decide_s`).
+            score_us: host microseconds per (step, table) a placement decision scores
+                without a build (:attr:`score_s`).
         """
         if isinstance(hw, str):
             hw = get_hardware(hw)
@@ -254,6 +262,7 @@ class StepCost:
             exit_s=exit_us * 1e-6,
             serve_s=serve_us * 1e-6,
             decide_s=decide_us * 1e-6,
+            score_s=score_us * 1e-6,
         )
 
     def scaled(self, **fields: Any) -> StepCost:
@@ -261,7 +270,7 @@ class StepCost:
         return dataclasses.replace(self, **fields)
 
     def rates(self) -> tuple[float, ...]:
-        """The 15 rate fields' values, in the order of their names in ``_RATE_FIELDS``."""
+        """The 16 rate fields' values, in the order of their names in ``_RATE_FIELDS``."""
         return (
             self.row_flop_s,
             self.weight_read_s,
@@ -278,10 +287,11 @@ class StepCost:
             self.exit_s,
             self.serve_s,
             self.decide_s,
+            self.score_s,
         )
 
     def as_tensor(self) -> torch.Tensor:
-        """float64 ``[15]`` of the rates (for agreeing across ranks, e.g. the element-wise max)."""
+        """float64 ``[16]`` of the rates (for agreeing across ranks, e.g. the element-wise max)."""
         return torch.tensor([float(v) for v in self.rates()], dtype=torch.float64)
 
     @classmethod
@@ -293,7 +303,7 @@ class StepCost:
         domain: int = 0,
         overlap: bool = True,
     ) -> StepCost:
-        """The inverse of :meth:`as_tensor` (``rates`` float ``[15]``); the non-rate fields
+        """The inverse of :meth:`as_tensor` (``rates`` float ``[16]``); the non-rate fields
         are passed."""
         values = [float(v) for v in rates.reshape(-1).tolist()]
         if len(values) != len(_RATE_FIELDS):

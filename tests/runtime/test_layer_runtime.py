@@ -153,6 +153,7 @@ def _cost_changes(rank: int, world: int) -> dict[str, Any]:
         auto(torch.randn(6, H))
     out["calibrated"] = auto.cost.as_tensor().tolist() if auto.cost is not None else None
     out["decide_s"] = auto.cost.decide_s if auto.cost is not None else None
+    out["score_s"] = auto.cost.score_s if auto.cost is not None else None
     return out
 
 
@@ -166,7 +167,7 @@ def test_a_new_cost_and_a_calibration_are_agreed() -> None:
     assert "rank 0: TypeError: cost must be a moonplan.stepcost.StepCost" in got[0]["bad"][1]
     assert got[0]["set"] == got[1]["set"] == (True, True)
     assert got[0]["calibrated"] is not None and got[0]["calibrated"] == got[1]["calibrated"]
-    assert got[0]["decide_s"] > 0  # the placement's host rate, timed with the rest
+    assert got[0]["decide_s"] > 0 and got[0]["score_s"] > 0  # the placement's host rates
 
 
 def _bounded(rank: int, world: int) -> dict[str, Any]:

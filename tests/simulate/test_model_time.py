@@ -74,16 +74,20 @@ def test_planning_time_is_added_on_the_critical_path() -> None:
     assert ours.total_s == pytest.approx(static.total_s + kernel_s, rel=1e-12)
 
 
-def test_only_the_slot_placement_is_charged_a_decisions_host_rate() -> None:
-    """``moonplan-auto``'s cost carries the host's rate per counted build at its (R, E)
-    (``decision_time``); a policy that places no slots has none."""
-    from moonplan.baselines.decision_time import decision_build_us
+def test_only_the_slot_placement_is_charged_a_decisions_host_rates() -> None:
+    """``moonplan-auto``'s cost carries the host's rates per counted build and per scored
+    (step, table) at its (R, E) (``decision_time``); a policy that places no slots has
+    none."""
+    from moonplan.baselines.decision_time import decision_build_us, decision_score_us
 
     model, cfg = toy(8, top_k=2), SimConfig()
     auto = cfg.step_cost(model, HW, "moonplan-auto", 4)
     assert auto.decide_s == pytest.approx(decision_build_us(4, 8) * 1e-6, rel=1e-12)
-    assert cfg.step_cost(model, HW, "moonplan", 4).decide_s == 0.0
-    assert 9_000 <= decision_build_us(64, 256) <= 10_500  # measured 10.0-10.1 ms at DS-V3 EP 64
+    assert auto.score_s == pytest.approx(decision_score_us(4, 8) * 1e-6, rel=1e-12)
+    exact = cfg.step_cost(model, HW, "moonplan", 4)
+    assert exact.decide_s == exact.score_s == 0.0
+    assert 6_500 <= decision_build_us(64, 256) <= 8_500  # measured 7.5-8.4 ms at DS-V3 EP 64
+    assert 1_500 <= decision_score_us(64, 256) <= 2_100  # measured 1.7-2.1 ms
 
 
 def test_one_hot_expert_costs_static_ep_R_times_the_ideal_expert_time() -> None:

@@ -44,8 +44,15 @@ import torch
 from moonplan.plan.home import home_map
 from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import Plan
-from moonplan.plan.residency.target import Builds, served_s, step_time_over, target_slots
+from moonplan.plan.residency.target import (
+    candidate_tables,
+    served_s,
+    step_time_over,
+    target_slots,
+)
 from moonplan.plan.residency.window import WINDOW, LoadWindow
+from moonplan.plan.residency.window_torch import built_s, static_torch, tables_of, unbuilt_tables
+from moonplan.plan.residency.work import Builds, work_s
 from moonplan.stepcost import StepCost
 
 STAGING = 1
@@ -242,8 +249,8 @@ class Answer:
 
     Attributes:
         order: the refill to order, or ``None``.
-        steps: the fewest steps whose predicted time covers its work, the builds it made
-            (:class:`Builds`) at :func:`build_rate` (at least 1).
+        steps: the fewest steps whose predicted time covers its counted work
+            (:class:`Builds`, at the host's rates: ``work.work_s``; at least 1).
     """
 
     order: Refill | None
@@ -256,14 +263,15 @@ class Decisions:
 
     A decision starts once ``due`` steps have passed since the last one (and no refill is
     in flight), from a :class:`Snapshot` of that step, and runs on the host beside the next
-    steps (inline, or a worker's ``submit``). It counts its own work as it runs: the builds
-    of the ``resident`` candidate it makes (:class:`Builds`; the target's exit gate skips
-    most), each at the cost model's host rate (:func:`build_rate`), and the fewest steps
-    whose predicted time covers them. Its answer is read ``due`` steps after it started
+    steps (inline, or a worker's ``submit``). It counts its own work as it runs
+    (:class:`Builds`: the builds of the ``resident`` candidate it makes, only where the
+    exit's gate lets one through, and the (step, table) pairs it scores), at the cost
+    model's host rates (``moonplan.plan.residency.work``), and the fewest steps whose
+    predicted time covers it. Its answer is read ``due`` steps after it started
     (waiting for it if it is not done) and used once those steps have passed too, so no
     answer is used before its counted work could have run. ``due`` then becomes that count
     of steps, the next decision's guess. Every quantity read is agreed (the counts, the
-    plans, the cost model, the builds a decision makes), so every rank starts and uses
+    plans, the cost model, the work a decision counts), so every rank starts and uses
     each decision at the same step.
 
     Args:
@@ -313,40 +321,68 @@ class Decisions:
         builds = Builds()
         cost = self.residency.cost
         order = self.residency.decide_on(snap, builds)
-        work_s = builds.made * build_rate(cost)
         step_s = plan_time(cost, plan, planned=0).total_s
-        steps = max(1, math.ceil(work_s / step_s)) if step_s > 0 else 1
+        steps = max(1, math.ceil(work_s(cost, builds) / step_s)) if step_s > 0 else 1
         return Answer(order, steps)
 
 
-def build_rate(cost: StepCost) -> float:
-    """Seconds per build a decision counts: ``cost.decide_s``, the host's rate (the
-    runtime's calibration times it; the simulator charges
-    ``moonplan.baselines.decision_time``), or where it is not set, ``cost.exit_s``, the
-    device's (a step may then wait for the host: ``docs/runtime.md``)."""
-    return cost.decide_s if cost.decide_s > 0 else cost.exit_s
-
-
-def time_build_s(cost: StepCost, counts_RE: torch.Tensor, num_slots: int, repeats: int) -> float:
-    """Median host seconds per build counted, over ``repeats`` decisions on a full window
+def time_rates(
+    cost: StepCost, counts_RE: torch.Tensor, num_slots: int, repeats: int
+) -> tuple[float, float]:
+    """Host seconds per build and per (step, table) scored without one (``StepCost``'s
+    ``decide_s`` and ``score_s``, the runtime's calibration), on a full window
     (:data:`~moonplan.plan.residency.window.WINDOW` steps) of ``counts_RE`` (int64
-    ``[R, E]``), from empty slots: the runtime's calibration of ``StepCost.decide_s``. A
-    full window, as the decisions it prices: a table's torch score has a cost per call as
-    well as per step (``residency.window_torch``), which one step would count in full."""
+    ``[R, E]``) from empty slots: the two phases' medians over ``repeats`` (the window's
+    scores without builds, and every (step, table) built), scaled together so that the
+    decision's counted work at those rates is its median host time, overheads included
+    (the tables, the host's checks). A full window, as the decisions it prices: a torch
+    call costs per call as well as per step, which one step would count in full."""
     c_RE = counts_RE.detach().to("cpu", torch.int64)
     seconds, builds = time_decision(cost, [c_RE] * WINDOW, num_slots, repeats)
-    return seconds / max(1, builds)
+    per_build, per_score = time_phases(cost, c_RE, num_slots, repeats)
+    counted = builds.made * per_build + builds.scored * per_score
+    scale = seconds / counted if counted > 0 else 1.0
+    return per_build * scale, per_score * scale
+
+
+def time_phases(
+    cost: StepCost, counts_RE: torch.Tensor, num_slots: int, repeats: int
+) -> tuple[float, float]:
+    """Median host seconds per build and per (step, table) scored without one, each phase
+    timed alone on a full window of ``counts_RE`` and the tables a decision from empty
+    slots scores (:func:`time_rates`). Where no table holds a replica (one rank), no
+    decision builds: the build rate is then the score rate."""
+    R, E = counts_RE.shape
+    loads_SE = counts_RE.sum(0).expand(WINDOW, E)
+    empty_RB = torch.full((R, num_slots), -1, dtype=torch.int64)
+    slot_TRB, rows_SRE = candidate_tables(loads_SE.sum(0), WINDOW, empty_RB, cost, loads_SE)
+    held_TRB = slot_TRB[(slot_TRB >= 0).flatten(1).any(1)]
+    T = len(held_TRB)
+    s_N, t_N = torch.arange(WINDOW).repeat_interleave(T), torch.arange(T).repeat(WINDOW)
+    score, build = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        static_S = static_torch(cost, rows_SRE)
+        if T:
+            tables = tables_of(held_TRB, E)
+            unbuilt_tables(cost, rows_SRE, static_S, tables)
+        t1 = time.perf_counter()
+        if T:
+            built_s(cost, rows_SRE[s_N], tables[1][t_N])
+        score.append((t1 - t0) / (WINDOW * (1 + T)))
+        build.append((time.perf_counter() - t1) / (WINDOW * T) if T else score[-1])
+    return sorted(build)[repeats // 2], sorted(score)[repeats // 2]
 
 
 def time_decision(
     cost: StepCost, steps_RE: list[torch.Tensor], num_slots: int, repeats: int
-) -> tuple[float, int]:
+) -> tuple[float, Builds]:
     """Median host seconds of a decision on the window ``steps_RE`` (each int64 ``[R, E]``,
     observed in order) from empty slots, over ``repeats`` decisions, and the builds it
-    counts (:class:`Builds`; the same each time)."""
+    work it counts (:class:`Builds`; the same each time)."""
     R, E = steps_RE[-1].shape
     empty_RB = torch.full((R, num_slots), -1, dtype=torch.int64)
-    times, made = [], 0
+    times, made = [], Builds()
     for _ in range(repeats):
         res = Residency(R, E, num_slots, cost, window=max(WINDOW, len(steps_RE)))
         for c_RE in steps_RE:
@@ -355,5 +391,5 @@ def time_decision(
         t0 = time.perf_counter()
         res.decide_on(res.snapshot(steps_RE[-1], empty_RB), builds)
         times.append(time.perf_counter() - t0)
-        made = builds.made
+        made = builds
     return sorted(times)[len(times) // 2], made

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -60,6 +59,7 @@ from moonplan.plan.choice.host import placed_host, resident_pick
 from moonplan.plan.choice.rent import call_price, exit_build_s
 from moonplan.plan.home import home_list
 from moonplan.plan.residency.window_torch import static_torch, windows_torch
+from moonplan.plan.residency.work import Builds
 from moonplan.plan.torch_backend import resident_map
 from moonplan.stepcost import StepCost
 
@@ -118,17 +118,6 @@ def mean_step(totals_E: torch.Tensor, steps: int, num_ranks: int) -> np.ndarray:
     return mean_E[None, :] // R + (turn_RE < (mean_E % R)[None, :])
 
 
-@dataclass
-class Builds:
-    """A decision's work, counted as it runs: the builds of the ``resident`` candidate it
-    made (:func:`step_time_over`; static EP's plan, over empty slots, counts as one). A
-    table with replicas, scored over the window, counts one a step: its torch form builds
-    every step's plan, and the exit's gate only selects. ``placed`` is a lookup and the
-    exit's bound a sum: neither counts."""
-
-    made: int = 0
-
-
 def step_time_over(
     cost: StepCost, counts_RE: np.ndarray, slot_RB: np.ndarray, builds: Builds | None = None
 ) -> float:
@@ -158,12 +147,15 @@ def served_s(
     (:func:`~moonplan.plan.choice.bound.exit_bound`); above it, a full call as often as
     ``rent.exit_rent`` makes one on a run of such steps (:func:`calls_share`).
     ``static_s``: static EP's :func:`step_time_over` of these counts, where the caller
-    has it (it does not depend on the slots). ``builds``: counts the builds made."""
+    has it (it does not depend on the slots). ``builds``: counts the step scored, and
+    the builds made."""
     R, E = counts_RE.shape
     static = static_s
     if static is None:
         static = step_time_over(cost, counts_RE, np.full_like(slot_RB, -1), builds)
     held = bool((slot_RB >= 0).any())
+    if builds is not None:
+        builds.scored += 1
     home_E = np.asarray(home_list(E, R), dtype=np.int64)
     resident_ER = resident_map(torch.from_numpy(slot_RB), E).numpy()
     links = links_host(counts_RE, resident_ER, home_E, cost.domain_size(R))
@@ -293,10 +285,9 @@ def target_slots(
     serving slot table (its shape gives R, B); ``builds`` counts the builds made."""
     slot_TRB, rows_SRE = candidate_tables(totals_E, steps, current_RB, cost, loads_SE)
     static_S = static_torch(cost, rows_SRE)
-    scores = windows_torch(cost, rows_SRE, static_S, slot_TRB).tolist()
-    if builds is not None:  # static EP's plan of each step, and each table's every step
-        held = int((slot_TRB >= 0).flatten(1).any(1).sum())
-        builds.made += len(rows_SRE) * (1 + held)
+    scores = windows_torch(cost, rows_SRE, static_S, slot_TRB, builds).tolist()
+    if builds is not None:  # static EP's step over the window
+        builds.scored += len(rows_SRE)
     best: tuple[float, torch.Tensor] | None = None
     for slot_RB, score_S in zip(slot_TRB, scores, strict=True):
         t = sum(score_S)  # in step order, as ``window_s``

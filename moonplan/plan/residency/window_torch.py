@@ -8,20 +8,25 @@ Legend:
 
 :func:`~moonplan.plan.residency.target.window_s` scores a table step by step on the host,
 each step a few dozen small numpy calls. This form makes the same prediction for every
-table with one set of tensor operations over all ``S`` steps (``torch.vmap`` of
-:func:`served_tables`), built from the planner's own torch forms (``links_torch``,
-``nocopy_torch``, ``exit_bound_torch``, ``resident_tables_torch``, ``placed_torch``,
-``batch_step_time``), so the same code runs on the host's CPU or on the device. The tables
-with replicas share one call: their ``resident`` rounds run together (no pair joins two
-tables) and their candidates are scored in one ``batch_step_time``; the table-wise parts
-are an inner ``torch.vmap`` over the tables. A table without replicas is static EP and its
-planning, the same for every such table, scored once. Of its inputs only the slot tables
-are read on the host (whether each holds a replica, and its pairs of holders): no count
-is. The ``resident`` candidate is built for every step and the exit's gate only selects
-it: the result is the host form's, float for float
-(``tests/plan/residency/test_window_torch.py``), and the work is every step's build, not
-only those the gate lets through. Measured on this project's CPU in
-``docs/benchmarks.md`` (``bench/bench_decision.py``).
+table with a few sets of tensor operations over all ``S`` steps, built from the
+planner's own torch forms (``links_torch``, ``nocopy_torch``, ``exit_bound_torch``,
+``resident_tables_torch``, ``placed_torch``, ``batch_step_time``), so the same code runs
+on the host's CPU or on the device:
+
+1. **Without the build** (:func:`unbuilt_tables`, a ``torch.vmap`` over the steps, an
+   inner one over the tables): each (step, table)'s links, ``placed`` plan, the exit's
+   bound and its gate (whether the ``resident`` build could beat the better of static EP
+   and ``placed``: ``bound.nocopy_s``).
+2. **The builds** (:func:`built_s`): the ``resident`` candidate of only the (step, table)
+   entries the gate lets through, all in one call (each entry a table of its own with its
+   step's counts: no pair joins two entries). The gate is read on the host to gather
+   them. Elsewhere the host form does not build either, so the result is the host form's,
+   float for float (``tests/plan/residency/test_window_torch.py``), and the work is the
+   builds the gate lets through (``moonplan.plan.residency.work`` counts both parts).
+
+A table without replicas is static EP and its planning, the same for every such table,
+scored once. Measured on this project's CPU in ``docs/benchmarks.md``
+(``bench/bench_decision.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from moonplan.plan.choice.resident import holders_torch, resident_tables_torch
 from moonplan.plan.choice.tensor import placed_torch
 from moonplan.plan.home import home_map
 from moonplan.plan.placement import static_alloc
+from moonplan.plan.residency.work import Builds
 from moonplan.plan.torch_backend import resident_map
 from moonplan.stepcost import StepCost
 from moonplan.stepcost.batch import batch_step_time
@@ -57,22 +63,30 @@ def window_torch(
 
 
 def windows_torch(
-    cost: StepCost, rows_SRE: torch.Tensor, static_S: torch.Tensor, slot_TRB: torch.Tensor
+    cost: StepCost,
+    rows_SRE: torch.Tensor,
+    static_S: torch.Tensor,
+    slot_TRB: torch.Tensor,
+    builds: Builds | None = None,
 ) -> torch.Tensor:
-    """float64 ``[T, S]``: :func:`window_torch` of each table of ``slot_TRB``."""
+    """float64 ``[T, S]``: :func:`window_torch` of each table of ``slot_TRB``; ``builds``
+    counts the work (``moonplan.plan.residency.work``): each step of the tables with
+    replicas and of the empty one (scored once), and the builds the gate lets through."""
     T, S = slot_TRB.shape[0], rows_SRE.shape[0]
     held = [int(t) for t in (slot_TRB >= 0).flatten(1).any(1).nonzero().flatten().tolist()]
     out_TS = torch.empty(T, S, dtype=torch.float64, device=rows_SRE.device)
+    builds = builds if builds is not None else Builds()
     if len(held) < T:
         out_TS[:] = torch.vmap(functools.partial(_served_empty, cost))(rows_SRE, static_S)
+        builds.scored += S
     if held:
         E = rows_SRE.shape[2]
-        serve = functools.partial(served_tables, cost, tables=_tables(slot_TRB[held], E))
-        out_TS[held] = torch.vmap(serve)(rows_SRE, static_S).t()
+        tables = tables_of(slot_TRB[held], E)
+        out_TS[held] = servedtables_of(cost, rows_SRE, static_S, tables, builds).t()
     return out_TS
 
 
-def _tables(slot_TRB: torch.Tensor, E: int) -> tuple[torch.Tensor, torch.Tensor]:
+def tables_of(slot_TRB: torch.Tensor, E: int) -> tuple[torch.Tensor, torch.Tensor]:
     """bool ``[T, E, R]`` each: the resident pairs and the holders of each table."""
     R = slot_TRB.shape[1]
     home_E = home_map(E, R, slot_TRB.device)
@@ -111,62 +125,106 @@ def _served_empty(cost: StepCost, counts_RE: torch.Tensor, static_s: torch.Tenso
     return _planned(cost, static_s, exit_s, static_s + exit_s - bound)
 
 
-def served_tables(
+def servedtables_of(
+    cost: StepCost,
+    rows_SRE: torch.Tensor,
+    static_S: torch.Tensor,
+    tables: tuple[torch.Tensor, torch.Tensor],
+    builds: Builds | None = None,
+) -> torch.Tensor:
+    """float64 ``[S, T]``: ``target.served_s`` of each step of ``rows_SRE`` (``static_S``:
+    static EP's seconds of each) served by each of ``T`` tables with replicas (``tables``:
+    their resident pairs and holders, :func:`tables_of`), in torch ops. The ``resident``
+    candidate is built only for the (step, table) entries the exit's gate lets through,
+    all in one call (the gate is read on the host); ``builds`` counts them, and the
+    ``S * T`` entries scored."""
+    _, hold_TER = tables
+    best_ST, gate_ST, bound_ST = unbuilt_tables(cost, rows_SRE, static_S, tables)
+    s_N, t_N = gate_ST.nonzero(as_tuple=True)
+    if builds is not None:
+        builds.scored += gate_ST.numel()
+        builds.made += len(s_N)
+    if len(s_N):
+        built_N = built_s(cost, rows_SRE[s_N], hold_TER[t_N])
+        best_ST = best_ST.index_put((s_N, t_N), torch.minimum(best_ST[s_N, t_N], built_N))
+    exit_ST = torch.where(gate_ST, exit_build_s(cost), torch.full_like(best_ST, cost.exit_s))
+    return _planned(cost, best_ST, exit_ST, best_ST + exit_ST - bound_ST)
+
+
+def unbuilt_tables(
+    cost: StepCost,
+    rows_SRE: torch.Tensor,
+    static_S: torch.Tensor,
+    tables: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_unbuilt` of every step (``[S, T]`` each): the scores without the build."""
+    home_E = home_map(rows_SRE.shape[2], rows_SRE.shape[1], rows_SRE.device)
+    unbuilt = functools.partial(_unbuilt, cost, tables=tables, home_E=home_E)
+    return torch.vmap(unbuilt)(rows_SRE, static_S)
+
+
+def _unbuilt(
     cost: StepCost,
     counts_RE: torch.Tensor,
     static_s: torch.Tensor,
     tables: tuple[torch.Tensor, torch.Tensor],
-) -> torch.Tensor:
-    """float64 ``[T]``: ``target.served_s`` of one step (int64 ``[R, E]``; ``static_s``:
-    static EP's seconds of it, float64 0-d) served by each of ``T`` tables with replicas
-    (``tables``: their resident pairs and holders, :func:`_tables`), in torch ops."""
-    R, E = counts_RE.shape
+    home_E: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What each of ``T`` tables gives one step (int64 ``[R, E]``) without the ``resident``
+    build: float64 ``[T]`` the better of static EP and ``placed``, bool ``[T]`` the exit's
+    gate (the build could beat it), float64 ``[T]`` the exit's bound."""
+    R = counts_RE.shape[0]
     resident_TER, _ = tables
-    home_E = home_map(E, R, counts_RE.device)
     G, totals = cost.domain_size(R), totals_torch(cost, counts_RE.sum(0))
     links_of = torch.vmap(links_torch, in_dims=(None, 0, None, None))
     links = links_of(counts_RE, resident_TER, home_E, G)
-    placed_T, built_T = _candidates(cost, counts_RE, tables, home_E)
+    placed_TER = torch.vmap(placed_torch, in_dims=(None, 0, None))(
+        counts_RE.sum(0), resident_TER, home_E
+    )
+    plan_1T = torch.zeros(1, len(placed_TER), dtype=torch.float64, device=counts_RE.device)
+    placed_T = batch_step_time(cost, counts_RE, placed_TER, None, home_E, plan_1T).total_s[0]
     best = torch.minimum(static_s, placed_T)
     kept_of = torch.vmap(kept_section_torch, in_dims=(None, None, 0, None))
     kept_T = kept_of(cost, counts_RE, resident_TER, home_E)
-    nocopy_of = torch.vmap(lambda lk, kept_s: nocopy_torch(cost, R, totals, lk, build_s, kept_s))
     build_s = exit_build_s(cost)
+    nocopy_of = torch.vmap(lambda lk, kept_s: nocopy_torch(cost, R, totals, lk, build_s, kept_s))
     gate = best + cost.exit_s > nocopy_of(links, kept_T)
-    best = torch.where(gate, torch.minimum(best, built_T), best)
-    exit_s = torch.where(gate, exit_build_s(cost), torch.full_like(best, cost.exit_s))
     held = torch.ones((), dtype=torch.bool, device=counts_RE.device)
     full = static_s + cost.plan_s
     bound_of = torch.vmap(lambda lk: exit_bound_torch(cost, R, totals, lk, full, held)[0])
-    return _planned(cost, best, exit_s, best + exit_s - bound_of(links))
+    return best, gate, bound_of(links)
 
 
-def _candidates(
+def built_s(cost: StepCost, rows_NRE: torch.Tensor, hold_NER: torch.Tensor) -> torch.Tensor:
+    """float64 ``[N]``: the ``resident`` plan's seconds of each entry (its step's counts,
+    int64 ``[N, R, E]``, and its table's holders, bool ``[N, E, R]``), no planning
+    charged (``choice.host.resident_pick``: whole tiles where the step is predicted
+    faster so, charged ``cost.exit_s``; ties: records)."""
+    home_E = home_map(rows_NRE.shape[2], rows_NRE.shape[1], rows_NRE.device)
+    allocs = [resident_tables_torch(rows_NRE, hold_NER)]
+    if cost.tile_rows > 1:
+        allocs.append(resident_tables_torch(rows_NRE, hold_NER, cost.tile_rows))
+    C = len(allocs)
+    alloc_NCER = torch.stack(allocs, 1)
+    plan_PC = torch.zeros(2, C, dtype=torch.float64, device=rows_NRE.device)
+    plan_PC[1] = cost.exit_s  # the two roundings compared charged the exit's test
+    step = functools.partial(_step_totals, cost, home_E=home_E, plan_PC=plan_PC)
+    total_NPC = torch.vmap(step)(rows_NRE, alloc_NCER)
+    if C == 1:
+        return total_NPC[:, 0, 0]
+    tiles_N = total_NPC[:, 1, 1] < total_NPC[:, 1, 0]
+    return torch.where(tiles_N, total_NPC[:, 0, 1], total_NPC[:, 0, 0])
+
+
+def _step_totals(
     cost: StepCost,
     counts_RE: torch.Tensor,
-    tables: tuple[torch.Tensor, torch.Tensor],
+    alloc_CER: torch.Tensor,
     home_E: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 ``[T]`` pair, no planning charged: each table's ``placed`` plan's seconds
-    and its ``resident`` plan's (``choice.host.resident_pick``: whole tiles where the step
-    is predicted faster so, charged ``cost.exit_s``; ties: records)."""
-    resident_TER, hold_TER = tables
-    T, E, R = resident_TER.shape
-    T_E = counts_RE.sum(0)
-    placed_TER = torch.vmap(placed_torch, in_dims=(None, 0, None))(T_E, resident_TER, home_E)
-    allocs = [placed_TER, resident_tables_torch(counts_RE, hold_TER)]
-    if cost.tile_rows > 1:
-        allocs.append(resident_tables_torch(counts_RE, hold_TER, cost.tile_rows))
-    C = len(allocs)
-    alloc_XER = torch.stack(allocs, 1).reshape(T * C, E, R)  # table by table
-    plan_PX = torch.zeros(2, T * C, dtype=torch.float64, device=counts_RE.device)
-    plan_PX[1] = cost.exit_s  # the two roundings compared charged the exit's test
-    total = batch_step_time(cost, counts_RE, alloc_XER, None, home_E, plan_PX).total_s
-    total_PTC = total.reshape(2, T, C)
-    if C == 2:
-        return total_PTC[0, :, 0], total_PTC[0, :, 1]
-    tiles_T = total_PTC[1, :, 2] < total_PTC[1, :, 1]
-    return total_PTC[0, :, 0], torch.where(tiles_T, total_PTC[0, :, 2], total_PTC[0, :, 1])
+    plan_PC: torch.Tensor,
+) -> torch.Tensor:
+    """float64 ``[P, C]``: ``batch_step_time``'s totals of one step's ``C`` allocations."""
+    return batch_step_time(cost, counts_RE, alloc_CER, None, home_E, plan_PC).total_s
 
 
 def _planned(

@@ -13,6 +13,7 @@ from moonplan.plan.residency.refill import (
     refill_link_s,
     swapped_slots,
 )
+from moonplan.plan.residency.work import Builds
 from tests.plan.choice.costs import rows_only
 from tests.plan.draw import hot_steps as draw_hot
 
@@ -114,16 +115,15 @@ def test_decisions_are_used_a_lag_later_and_alike_inline_or_on_a_worker() -> Non
     assert runs[0][0][0] >= 1  # never at the step whose snapshot it read
 
 
-def test_a_decision_counts_the_builds_it_makes() -> None:
-    """Static EP on each of the window's steps, one build per step for each table with
-    replicas (its torch score builds every step's ``resident`` plan), and the rent's:
-    never more than the bound ``W * (B + 3) + 3``, and exactly the calls to
-    ``step_time_over`` (each is one build) plus ``W`` per such table and ``W`` for static
-    EP's scores of the window (``static_torch``)."""
+def test_a_decision_counts_the_work_it_does() -> None:
+    """A decision counts a build for each ``resident`` plan it makes (the host's
+    ``step_time_over`` calls, and the window's entries the exit's gate let through, built
+    in one ``built_s`` call), and a scored pair for each (step, table) it scores: static
+    EP's and every table's over the window (the empty table once), and the rent's two
+    host scores (``served_s``)."""
     from unittest import mock
 
-    from moonplan.plan.residency import refill, target
-    from moonplan.plan.residency.target import Builds
+    from moonplan.plan.residency import refill, target, window_torch
 
     cost = rows_only(copy_s_intra=1e-4, copy_s_inter=1e-4)
     W, B = 8, 2
@@ -139,13 +139,17 @@ def test_a_decision_counts_the_builds_it_makes() -> None:
         wrap(refill, "step_time_over", wraps=refill.step_time_over) as b,
         wrap(target, "windows_torch", wraps=target.windows_torch) as w,
         wrap(target, "static_torch", wraps=target.static_torch) as s,
+        wrap(window_torch, "built_s", wraps=window_torch.built_s) as built,
+        wrap(refill, "served_s", wraps=refill.served_s) as served,
     ):
         res.decide_on(res.snapshot(trace[-1], empty), builds)
-    held = sum(int((call.args[3] >= 0).flatten(1).any(1).sum()) for call in w.call_args_list)
-    assert held >= 1
     assert s.call_count == 1 and w.call_count == 1  # every table scored in one call
-    assert builds.made == a.call_count + b.call_count + W * held + W
-    assert W < builds.made <= W * (B + 3) + 3  # at least static EP on every step
+    tables = len(w.call_args.args[3])
+    entries = sum(len(call.args[1]) for call in built.call_args_list)
+    assert built.call_count <= 1 and entries >= 1  # the gate let some through, at once
+    assert builds.made == a.call_count + b.call_count + entries
+    assert builds.scored == W * tables + W + served.call_count
+    assert entries <= W * tables
 
 
 def test_an_answer_waits_for_the_steps_its_counted_work_covers() -> None:
@@ -158,7 +162,6 @@ def test_an_answer_waits_for_the_steps_its_counted_work_covers() -> None:
     import moonplan
     from moonplan.plan.plan_time import plan_time
     from moonplan.plan.residency.refill import Decisions
-    from moonplan.plan.residency.target import Builds
 
     cost = rows_only(copy_s_intra=1e-4, copy_s_inter=1e-4)
     trace = hot_steps(60, (0, 5))
@@ -189,12 +192,18 @@ def test_an_answer_waits_for_the_steps_its_counted_work_covers() -> None:
     assert seen[0] == seen[1]
 
 
-def test_a_decision_is_charged_the_hosts_rate_and_the_devices_without_it() -> None:
-    from moonplan.plan.residency.refill import build_rate, time_build_s
+def test_a_decision_is_charged_the_hosts_rates_and_the_devices_without_them() -> None:
+    from moonplan.plan.residency.refill import time_decision, time_rates
+    from moonplan.plan.residency.work import build_rate, score_rate, work_s
 
     cost = rows_only(exit_s=2e-6)
-    assert build_rate(cost) == 2e-6  # not measured: the device's exit rate
-    assert build_rate(cost.scaled(decide_s=3e-3)) == 3e-3
+    assert build_rate(cost) == score_rate(cost) == 2e-6  # not measured: the device's rate
+    timed = cost.scaled(decide_s=3e-3, score_s=5e-4)
+    assert (build_rate(timed), score_rate(timed)) == (3e-3, 5e-4)
+    assert work_s(timed, Builds(made=2, scored=10)) == 2 * 3e-3 + 10 * 5e-4
     counts = hot_steps(1, (0, 5))[0]
-    got = time_build_s(cost, counts, 2, repeats=3)
-    assert 0 < got < 1.0  # host seconds per build of one decision, timed here
+    build_s, score_s = time_rates(cost, counts, 2, repeats=3)
+    assert 0 < score_s < 1.0 and 0 < build_s < 1.0  # host seconds, timed here
+    seconds, work = time_decision(cost, [counts] * 32, 2, repeats=3)
+    charged = work.made * build_s + work.scored * score_s
+    assert 0.3 < charged / seconds < 3.0  # scaled to a decision's time (timing noise)
