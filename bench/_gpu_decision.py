@@ -9,7 +9,12 @@ ops. On this project's CPU a decision takes 0.03-1.3 s (``docs/benchmarks.md``).
 section times that form on the device (synchronised, median of ``reps``) on
 ``bench_decision``'s windows: the most replicated table alone (``table_ms``) and the
 decision's tables from empty slots in one call (``tables_ms``, ``tables`` of them), and
-checks each step's float against the host form (``target.served_s``).
+checks each step's float against the host form (``target.served_s``). It also times a
+whole decision with the window on the device (``refill.time_decision``: the tables on
+the host, their scores on the device; ``decision_ms``) beside the same decision on the
+host (``decision_host_ms``), and the two rates the runtime's calibration would set there
+(``refill.time_rates``: ``build_us``, ``score_us``), at ``B = 2`` and, for the real
+decode traces' shape (OLMoE, EP 8, 16 tokens), ``B = 8``.
 ``--cpu-smoke`` runs it on the CPU on one small case.
 """
 
@@ -22,6 +27,7 @@ from typing import Any
 import torch
 from bench_decision import most_replicated, window
 
+from moonplan.plan.residency.refill import time_decision, time_rates
 from moonplan.plan.residency.target import candidate_tables, served_s
 from moonplan.plan.residency.window_torch import window_torch, windows_torch
 from moonplan.simulate.model_time import SimConfig
@@ -30,6 +36,7 @@ from moonplan.stepcost.hardware import get_hardware
 
 CASES = (  # model, hardware, R, S, sigma: bench_decision's, one per model and scale
     ("olmoe-1b-7b", "h200-node", 8, 256, 1.0),
+    ("olmoe-1b-7b", "h200-node", 8, 16, 1.0),
     ("deepseek-v3", "h200-node", 8, 16, 1.0),
     ("deepseek-v3", "h200-multinode", 64, 256, 1.0),
 )
@@ -66,9 +73,16 @@ def _row(case: tuple[str, str, int, int, float], dev: torch.device, reps: int) -
     table_ms, got = _timed(lambda: window_torch(cost, *one), dev, reps)
     tables_ms, got_T = _timed(lambda: windows_torch(cost, *on, slot_TRB.to(dev)), dev, reps)
     match = [got.tolist(), *got_T.tolist()] == want
+    B = 8 if (model, S) == ("olmoe-1b-7b", 16) else slot_RB.shape[1]
+    on_dev = [c.to(dev) for c in steps]
+    decision_s, work = time_decision(cost, on_dev, B, reps)
+    host_s, _ = time_decision(cost, steps, B, min(reps, 3))
+    build_s, score_s = time_rates(cost, on_dev[-1], B, min(reps, 3))
     return {"model": model, "hardware": hw, "ranks": R, "tokens": S, "steps": len(steps),
             "table_ms": table_ms, "tables": len(slot_TRB), "tables_ms": tables_ms,
-            "matches_host": match}  # fmt: skip
+            "matches_host": match, "slots": B, "made": work.made, "scored": work.scored,
+            "decision_ms": decision_s * 1e3, "decision_host_ms": host_s * 1e3,
+            "build_us": build_s * 1e6, "score_us": score_s * 1e6}  # fmt: skip
 
 
 def _timed(call: Callable[[], torch.Tensor], dev: torch.device, reps: int) -> tuple[float, Any]:

@@ -269,16 +269,19 @@ def _figures_line(name: str, r: dict[str, Any]) -> str:
             f"kernel graph {timing[0].get('cuda_us', '-')} us at (8, 896, 8192, 8) "
             f"(target 25); plan(exact) eager {exact.get('eager_us', '-')} us; auto full/exit "
             f"graph {us(8, 'graph_us')} us at EP 8 (25), {us(64, 'graph_us')} at EP 64 (60), "
-            f"host {us(8, 'host_us')} us at EP 8 (80); decision table/all tables "
+            f"host {us(8, 'host_us')} us at EP 8 (80); decision table/all tables/whole "
+            "(host) "
             + ", ".join(_decision_ms(x) for x in r.get("decision", {}).get("rows", []))
-            + " ms (olmoe EP 8, V3 EP 8, V3 EP 64)"
+            + " ms (olmoe EP 8 at 256 and 16 tokens, V3 EP 8, V3 EP 64)"
         )
     return ""
 
 
 def _decision_ms(row: dict[str, Any]) -> str:
-    """One decision row's one-table and all-tables milliseconds."""
-    return f"{row.get('table_ms', 0):.1f}/{row.get('tables_ms', 0):.1f}"
+    """One decision row's one-table, all-tables and whole-decision milliseconds (and the
+    same decision on the host)."""
+    return (f"{row.get('table_ms', 0):.1f}/{row.get('tables_ms', 0):.1f}/"
+            f"{row.get('decision_ms', 0):.1f} ({row.get('decision_host_ms', 0):.0f})")  # fmt: skip
 
 
 def print_table(results: dict[str, Any]) -> None:

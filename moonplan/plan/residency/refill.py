@@ -263,7 +263,9 @@ class Decisions:
 
     A decision starts once ``due`` steps have passed since the last one (and no refill is
     in flight), from a :class:`Snapshot` of that step, and runs on the host beside the next
-    steps (inline, or a worker's ``submit``). It counts its own work as it runs
+    steps (inline, or a worker's ``submit``); its window scores run on the window's device
+    (with a worker and CUDA counts, on a side stream, after the snapshot's copies). It
+    counts its own work as it runs
     (:class:`Builds`: the builds of the ``resident`` candidate it makes, only where the
     exit's gate lets one through, and the (step, table) pairs it scores), at the cost
     model's host rates (``moonplan.plan.residency.work``), and the fewest steps whose
@@ -286,6 +288,7 @@ class Decisions:
     ):
         self.residency, self.submit = residency, submit
         self.since, self.due = 0, 1
+        self._side: torch.cuda.Stream | None = None  # a worker's decisions on CUDA counts
         self._pending: tuple[Future[Answer] | Answer, int] | None = None  # (answer, lag)
 
     def step(self, counts_RE: torch.Tensor, plan: Plan, busy: bool) -> Refill | None:
@@ -298,10 +301,29 @@ class Decisions:
         if busy or self.since < self.due:
             return None
         snap = self.residency.snapshot(counts_RE, plan.slot_expert, self.since)
-        job = functools.partial(self._decide, snap, plan)
+        job: Callable[[], Answer] = functools.partial(self._decide, snap, plan)
+        if self.submit is not None and snap.loads_SE.is_cuda:
+            job = self._on_side_stream(job, snap.loads_SE.device)
         answer = job() if self.submit is None else self.submit(job)
         self._pending, self.since = (answer, self.due), 0
         return None
+
+    def _on_side_stream(
+        self, job: Callable[[], Answer], device: torch.device
+    ) -> Callable[[], Answer]:
+        """``job`` on a side stream of ``device`` (the steps' stream keeps running), after
+        the work queued so far on the current stream (the snapshot's copies)."""
+        if self._side is None:
+            self._side = torch.cuda.Stream(device)
+        side, ready = self._side, torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(device))
+
+        def run() -> Answer:
+            side.wait_event(ready)
+            with torch.cuda.stream(side):
+                return job()
+
+        return run
 
     def _use(self, busy: bool) -> Refill | None:
         """The pending decision's order once its lag and its counted work have passed."""
@@ -337,7 +359,7 @@ def time_rates(
     decision's counted work at those rates is its median host time, overheads included
     (the tables, the host's checks). A full window, as the decisions it prices: a torch
     call costs per call as well as per step, which one step would count in full."""
-    c_RE = counts_RE.detach().to("cpu", torch.int64)
+    c_RE = counts_RE.detach().to(torch.int64)  # on its device: the decisions' own
     seconds, builds = time_decision(cost, [c_RE] * WINDOW, num_slots, repeats)
     per_build, per_score = time_phases(cost, c_RE, num_slots, repeats)
     counted = builds.made * per_build + builds.scored * per_score
@@ -353,22 +375,27 @@ def time_phases(
     slots scores (:func:`time_rates`). Where no table holds a replica (one rank), no
     decision builds: the build rate is then the score rate."""
     R, E = counts_RE.shape
+    dev = counts_RE.device
     loads_SE = counts_RE.sum(0).expand(WINDOW, E)
     empty_RB = torch.full((R, num_slots), -1, dtype=torch.int64)
     slot_TRB, rows_SRE = candidate_tables(loads_SE.sum(0), WINDOW, empty_RB, cost, loads_SE)
-    held_TRB = slot_TRB[(slot_TRB >= 0).flatten(1).any(1)]
+    held_TRB, rows_SRE = slot_TRB[(slot_TRB >= 0).flatten(1).any(1)].to(dev), rows_SRE.to(dev)
     T = len(held_TRB)
-    s_N, t_N = torch.arange(WINDOW).repeat_interleave(T), torch.arange(T).repeat(WINDOW)
+    s_N = torch.arange(WINDOW, device=dev).repeat_interleave(T)
+    t_N = torch.arange(T, device=dev).repeat(WINDOW)
     score, build = [], []
     for _ in range(repeats):
+        _sync(dev)
         t0 = time.perf_counter()
         static_S = static_torch(cost, rows_SRE)
         if T:
             tables = tables_of(held_TRB, E)
             unbuilt_tables(cost, rows_SRE, static_S, tables)
+        _sync(dev)
         t1 = time.perf_counter()
         if T:
             built_s(cost, rows_SRE[s_N], tables[1][t_N])
+        _sync(dev)
         score.append((t1 - t0) / (WINDOW * (1 + T)))
         build.append((time.perf_counter() - t1) / (WINDOW * T) if T else score[-1])
     return sorted(build)[repeats // 2], sorted(score)[repeats // 2]
@@ -377,19 +404,28 @@ def time_phases(
 def time_decision(
     cost: StepCost, steps_RE: list[torch.Tensor], num_slots: int, repeats: int
 ) -> tuple[float, Builds]:
-    """Median host seconds of a decision on the window ``steps_RE`` (each int64 ``[R, E]``,
-    observed in order) from empty slots, over ``repeats`` decisions, and the builds it
+    """Median seconds of a decision on the window ``steps_RE`` (each int64 ``[R, E]``,
+    observed in order, on the window's device) from empty slots, over ``repeats``
+    decisions, and the builds it
     work it counts (:class:`Builds`; the same each time)."""
     R, E = steps_RE[-1].shape
     empty_RB = torch.full((R, num_slots), -1, dtype=torch.int64)
     times, made = [], Builds()
     for _ in range(repeats):
-        res = Residency(R, E, num_slots, cost, window=max(WINDOW, len(steps_RE)))
+        res = Residency(R, E, num_slots, cost, window=max(WINDOW, len(steps_RE)),
+                        device=steps_RE[-1].device)  # fmt: skip
         for c_RE in steps_RE:
             res.observe(c_RE)
         builds = Builds()
+        _sync(steps_RE[-1].device)
         t0 = time.perf_counter()
-        res.decide_on(res.snapshot(steps_RE[-1], empty_RB), builds)
+        res.decide_on(res.snapshot(steps_RE[-1], empty_RB.to(steps_RE[-1].device)), builds)
         times.append(time.perf_counter() - t0)
         made = builds
     return sorted(times)[len(times) // 2], made
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for the device's queued work (timing; nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -282,10 +282,14 @@ def target_slots(
     tables and the whole moves (:func:`whole_moves`; ties to the earlier). ``loads_SE``:
     int64 ``[S, E]``, each step's loads, each spread over the sources as the mean step is
     (``None``: the mean step of ``totals_E`` over ``steps`` alone). ``current_RB`` is the
-    serving slot table (its shape gives R, B); ``builds`` counts the builds made."""
+    serving slot table (its shape gives R, B); ``builds`` counts the work. The tables are
+    made on the host; their scores run on ``loads_SE``'s device (the window's: on CUDA,
+    the stream current where this runs), and the table returned is on the host."""
     slot_TRB, rows_SRE = candidate_tables(totals_E, steps, current_RB, cost, loads_SE)
+    dev = loads_SE.device if loads_SE is not None else torch.device("cpu")
+    rows_SRE = rows_SRE.to(dev)
     static_S = static_torch(cost, rows_SRE)
-    scores = windows_torch(cost, rows_SRE, static_S, slot_TRB, builds).tolist()
+    scores = windows_torch(cost, rows_SRE, static_S, slot_TRB.to(dev), builds).tolist()
     if builds is not None:  # static EP's step over the window
         builds.scored += len(rows_SRE)
     best: tuple[float, torch.Tensor] | None = None

@@ -82,7 +82,7 @@ def windows_torch(
     if held:
         E = rows_SRE.shape[2]
         tables = tables_of(slot_TRB[held], E)
-        out_TS[held] = servedtables_of(cost, rows_SRE, static_S, tables, builds).t()
+        out_TS[held] = served_tables(cost, rows_SRE, static_S, tables, builds).t()
     return out_TS
 
 
@@ -125,7 +125,7 @@ def _served_empty(cost: StepCost, counts_RE: torch.Tensor, static_s: torch.Tenso
     return _planned(cost, static_s, exit_s, static_s + exit_s - bound)
 
 
-def servedtables_of(
+def served_tables(
     cost: StepCost,
     rows_SRE: torch.Tensor,
     static_S: torch.Tensor,

@@ -115,6 +115,35 @@ def test_decisions_are_used_a_lag_later_and_alike_inline_or_on_a_worker() -> Non
     assert runs[0][0][0] >= 1  # never at the step whose snapshot it read
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_decisions_on_cuda_counts_order_as_on_the_host() -> None:
+    """With the window on a GPU, a decision scores on the device (on a worker: a side
+    stream) and orders the same tables at the same steps as on the host, counting the
+    same work."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import moonplan
+    from moonplan.plan.residency.refill import Decisions
+
+    cost = rows_only(copy_s_intra=1e-4, copy_s_inter=1e-4)
+    trace = hot_steps(30, (0, 5))
+    runs = []
+    with ThreadPoolExecutor(1) as worker:
+        for dev, submit in (("cpu", None), ("cuda", None), ("cuda", worker.submit)):
+            res = Residency(4, 16, 2, cost.scaled(decide_s=1e-6), window=8,
+                            device=torch.device(dev))  # fmt: skip
+            d = Decisions(res, submit)
+            got = []
+            for t, c in enumerate(trace):
+                c = c.to(dev)
+                order = d.step(c, moonplan.plan(c, slots=2, policy="static"), busy=False)
+                if order is not None:
+                    got.append((t, order.slot_RB.tolist()))
+            runs.append(got)
+    assert runs[0] == runs[1] == runs[2] and runs[0]
+
+
 def test_a_decision_counts_the_work_it_does() -> None:
     """A decision counts a build for each ``resident`` plan it makes (the host's
     ``step_time_over`` calls, and the window's entries the exit's gate let through, built
