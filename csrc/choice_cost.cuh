@@ -77,6 +77,15 @@ __device__ double mc_roofline(const McCost& k, mp_i64 padded, mp_i64 experts, mp
     return mc_max(flop, mem);
 }
 
+// bound._pair_roofline: the least slower section of two ranks that run (padded rows, experts,
+// rows) between them: at least half the tiles, rounded up, and half the reads and rows.
+__device__ double mc_pair_roofline(const McCost& k, mp_i64 padded, mp_i64 experts, mp_i64 rows) {
+    const mp_i64 half = (padded + (2 * k.tile - 1)) / (2 * k.tile) * k.tile;
+    const double flop = mc_mul((double)half, k.row_flop);
+    const double mem = mc_add(mc_mul((double)experts, k.weight_read), mc_mul((double)rows, k.row_mem));
+    return mc_max(flop, mc_mul(mem, 0.5));
+}
+
 // The latency of one all-to-all of R > 1 ranks.
 __device__ __forceinline__ double mc_lat(const McCost& k, int R) {
     return mc_add(k.base, mc_mul(k.per_peer, (double)(R - 1)));

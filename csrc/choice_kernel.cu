@@ -117,7 +117,36 @@ struct McTotals {  // the bound's sums: tile-padded rows, experts with records, 
     mp_i64 tiles, busy, N, nres;  // and previous's slots that hold an expert
 };
 
-// T[e] (column sums of counts), the experts resident in a previous slot (moved[e] > 0) and
+// Whether slot i = r * B + j is the first of rank r's slots to hold prev[i] (a rank holding
+// an expert twice is one resident pair).
+__device__ bool mc_first_on_rank(const mp_i64* prev, mp_i64 B, mp_i64 i) {
+    const mp_i64 r0 = i / B * B;
+    for (mp_i64 x = r0; x < i; ++x) {
+        if (prev[x] == prev[i]) return false;
+    }
+    return true;
+}
+
+// The slowest pair's kept section this thread sees (bound.kept_section_s): over the slots it
+// visits, an expert with records resident on that slot's rank alone (moved[e] == 1), not its
+// home, runs there or on its home, beside both ranks' kept experts. 0 where none.
+__device__ double mc_pair_kept(const McCost& k, const McStep& st, const mp_i64* T,
+                               const int* moved, const McFirstSums& f) {
+    double out = 0.0;
+    const mp_i64 R = st.R, B = st.B;
+    for (mp_i64 i = threadIdx.x; st.has_prev && i < R * B; i += blockDim.x) {
+        const mp_i64 e = st.prev[i], g = i / B;
+        if (e < 0 || e >= st.E || moved[e] != 1 || T[e] <= 0) continue;
+        const mp_i64 h = mp_home_of(e, st.E, st.R);
+        if (h == g || !mc_first_on_rank(st.prev, B, i)) continue;
+        const mp_i64 padded = f.kpad[h] + f.kpad[g] + mc_padded(k, T[e]);
+        out = mc_max(out, mc_pair_roofline(k, padded, f.kbusy[h] + f.kbusy[g] + 1,
+                                           f.krows[h] + f.krows[g] + T[e]));
+    }
+    return out;
+}
+
+// T[e] (column sums of counts), the ranks holding each expert in a previous slot (moved[e]) and
 // the warm donor home(prev[r, j]) of every slot; block sums of the bound's totals.
 __device__ McTotals mc_first_totals(const mp_i64* counts, const mp_i64* prev, int R, mp_i64 E,
                                     mp_i64 B, bool has_prev, const McCost& k, mp_i64* total_E,
@@ -137,7 +166,7 @@ __device__ McTotals mc_first_totals(const mp_i64* counts, const mp_i64* prev, in
     for (mp_i64 i = tid; has_prev && i < (mp_i64)R * B; i += nthreads) {
         const mp_i64 e = prev[i];
         const bool valid = e >= 0 && e < E;
-        if (valid) atomicAdd(&moved[e], 1);  // several slots may hold e
+        if (valid && mc_first_on_rank(prev, B, i)) atomicAdd(&moved[e], 1);  // ranks holding e
         warm_d[i] = valid ? (int)mp_home_of(e, E, R) : -1;
         t.nres += valid;
     }
@@ -693,8 +722,9 @@ __device__ McExitIn mc_first_static(McStep& st, const McCost& k, int* warm_d, mp
         const double reads = mc_reads(k, x.experts_lb, kept);
         x.copies = mc_first_links(st, k, reads, f.kbusy, kmin, rest_RE, top_RM, red, rows);
     }
-    // the slowest rank's kept section (every section >= 0: an idle thread offers 0)
+    // the slowest rank's or pair's kept section (every section >= 0: an idle thread offers 0)
     double kept_s = r < R ? mc_roofline(k, f.kpad[r], f.kbusy[r], f.krows[r]) : 0.0;
+    kept_s = mc_max(kept_s, mc_pair_kept(k, st, total_E, moved, f));
     mc_block_max(&kept_s, 1, red);
     x.nocopy = mc_nocopy(k, R, x.experts_lb, kept_s, rows, k.serve);
     x.nres = t.nres;

@@ -56,11 +56,18 @@ of them over the slow link), the experts phase is at least ``experts_lb``, and e
 runs all the rows of its kept experts (home experts with records and no resident replica:
 they have nowhere else to go), so its experts phase is at least ``StepCost``'s roofline of
 their padded rows, weight reads and rows, its kept section (:func:`kept_section_s`; the
-roofline grows with each of the three): at least ``plan_s + lat + d + max(experts_lb,
-kept) + lat + c`` with ``(d, c)`` the most link seconds of any rank's rows and ``kept``
-the slowest rank's kept section. (The kept term was once the weight reads alone,
-``max(kept) * weight_read_s``; with replicas resident at decode sizes the exit then built
-a ``resident`` plan that could not beat static EP on most steps: ``docs/benchmarks.md``.)
+roofline grows with each of the three). An expert with records resident on exactly one
+rank ``g`` besides its home ``h`` runs on ``h`` or ``g``, beside the kept experts of both:
+the two ranks' padded rows, whole tiles, add up to at least all of theirs, so one runs at
+least half of those tiles, rounded up, and one reads at least half their weight reads and
+rows (the pair's kept section; a subset of ranks that must run a set of experts, as in
+Hall's condition, taken for the pairs a single replica joins). So a plan that copies
+nothing takes at least ``plan_s + lat + d + max(experts_lb, kept) + lat + c`` with
+``(d, c)`` the most link seconds of any rank's rows and ``kept`` the slowest rank's or
+pair's kept section. (The kept term was once the weight reads alone,
+``max(kept) * weight_read_s``, then each rank's kept section alone; with replicas resident
+at decode sizes the exit then built ``resident`` plans that could not beat static EP:
+``docs/benchmarks.md``.)
 The exit builds the ``resident`` candidate (charged ``exit_s + serve_s``) only where its
 cheap plans are above that (``moonplan.plan.choice.reference``).
 
@@ -200,27 +207,47 @@ def nocopy_s(
 def kept_section_s(
     cost: StepCost, counts: list[list[int]], resident: set[tuple[int, int]], home: list[int]
 ) -> float:
-    """The slowest rank's kept section, plain Python (the definition): ``StepCost``'s
+    """The slowest kept section, plain Python (the definition): of a rank, ``StepCost``'s
     roofline of the padded rows, weight reads and rows of its home experts with records
     and no resident replica, which every plan that copies nothing runs there
-    (``resident``: the ``(e, r)`` pairs in ``previous``'s slots)."""
+    (``resident``: the ``(e, r)`` pairs in ``previous``'s slots); or of a pair of ranks
+    (:func:`_pair_roofline`): an expert with records resident on exactly one rank ``g``
+    besides its home ``h`` runs with the kept experts of both on ``h`` or ``g``."""
     R, E = len(counts), len(counts[0])
-    moved = {e for e, _ in resident}
+    holders: dict[int, list[int]] = {}
+    for e, r in resident:
+        holders.setdefault(e, []).append(r)
     sums = [[0, 0, 0] for _ in range(R)]  # padded rows, experts, rows
     t = cost.tile_rows
+    T = [sum(row[e] for row in counts) for e in range(E)]
     for e in range(E):
-        T = sum(row[e] for row in counts)
-        if T > 0 and e not in moved:
-            sums[home[e]][0] += -(-T // t) * t
+        if T[e] > 0 and e not in holders:
+            sums[home[e]][0] += -(-T[e] // t) * t
             sums[home[e]][1] += 1
-            sums[home[e]][2] += T
-    return max(_kept_roofline(cost, *x) for x in sums)
+            sums[home[e]][2] += T[e]
+    out = max(_kept_roofline(cost, *x) for x in sums)
+    for e, rs in holders.items():
+        if T[e] > 0 and len(rs) == 1 and rs[0] != home[e]:
+            a, b = sums[home[e]], sums[rs[0]]
+            both = (a[0] + b[0] + -(-T[e] // t) * t, a[1] + b[1] + 1, a[2] + b[2] + T[e])
+            out = max(out, _pair_roofline(cost, *both))
+    return out
 
 
 def _kept_roofline(cost: StepCost, padded: int, experts: int, rows: int) -> float:
     """``StepCost``'s roofline of a rank's ``(padded rows, experts, rows)`` (its order)."""
     flop = padded * cost.row_flop_s
     return max(flop, experts * cost.weight_read_s + rows * cost.row_mem_s)
+
+
+def _pair_roofline(cost: StepCost, padded: int, experts: int, rows: int) -> float:
+    """The least slower section of two ranks that run ``(padded rows, experts, rows)``
+    between them: each rank's padded rows are whole tiles, so one runs at least half the
+    tiles, rounded up; and their weight reads and rows add up to at least these, so one
+    reads at least half (every expert is read where it runs)."""
+    t = cost.tile_rows
+    flop = -(-padded // (2 * t)) * t * cost.row_flop_s
+    return max(flop, (experts * cost.weight_read_s + rows * cost.row_mem_s) * 0.5)
 
 
 def kept_section_host(
@@ -230,14 +257,23 @@ def kept_section_host(
     int64 ``home_E``)."""
     R = counts_RE.shape[0]
     T_E = counts_RE.sum(0)
-    kept_E = (T_E > 0) & ~resident_ER.any(1)
+    n_E = resident_ER.sum(1)
+    kept_E = (T_E > 0) & (n_E == 0)
     t = cost.tile_rows
-    pad_R = np.bincount(home_E, np.where(kept_E, -(-T_E // t) * t, 0), minlength=R)
-    n_R = np.bincount(home_E, kept_E, minlength=R)
-    rows_R = np.bincount(home_E, np.where(kept_E, T_E, 0), minlength=R)
-    parts = zip(pad_R.astype(np.int64).tolist(), n_R.astype(np.int64).tolist(),
-                rows_R.astype(np.int64).tolist(), strict=True)  # fmt: skip
-    return max(_kept_roofline(cost, *x) for x in parts)
+    pad_E = -(-T_E // t) * t
+    pad_R = np.bincount(home_E, np.where(kept_E, pad_E, 0), minlength=R).astype(np.int64)
+    n_R = np.bincount(home_E, kept_E, minlength=R).astype(np.int64)
+    rows_R = np.bincount(home_E, np.where(kept_E, T_E, 0), minlength=R).astype(np.int64)
+    parts = zip(pad_R.tolist(), n_R.tolist(), rows_R.tolist(), strict=True)
+    out = max(_kept_roofline(cost, *x) for x in parts)
+    g_E = resident_ER.argmax(1)
+    (pair_e,) = np.nonzero((T_E > 0) & (n_E == 1) & (g_E != home_E))
+    for e in pair_e.tolist():
+        h, g = int(home_E[e]), int(g_E[e])
+        both = (int(pad_R[h] + pad_R[g] + pad_E[e]), int(n_R[h] + n_R[g] + 1),
+                int(rows_R[h] + rows_R[g] + T_E[e]))  # fmt: skip
+        out = max(out, _pair_roofline(cost, *both))
+    return out
 
 
 def kept_section_torch(
@@ -246,15 +282,25 @@ def kept_section_torch(
     """float64 0-d: :func:`kept_section_s` in torch ops, no host read."""
     R = counts_RE.shape[0]
     T_E = counts_RE.sum(0)
-    kept_E = (T_E > 0) & ~resident_ER.any(1)
+    n_E = resident_ER.sum(1)
+    kept_E = (T_E > 0) & (n_E == 0)
     t = cost.tile_rows
+    pad_E = (T_E + (t - 1)) // t * t
     zeros_R = torch.zeros(R, dtype=torch.int64, device=counts_RE.device)
-    pad_R = zeros_R.index_add(0, home_E, torch.where(kept_E, (T_E + (t - 1)) // t * t, 0))
+    pad_R = zeros_R.index_add(0, home_E, torch.where(kept_E, pad_E, 0))
     n_R = zeros_R.index_add(0, home_E, kept_E.long())
     rows_R = zeros_R.index_add(0, home_E, torch.where(kept_E, T_E, 0))
     flop = pad_R.to(torch.float64) * cost.row_flop_s
     mem = n_R.to(torch.float64) * cost.weight_read_s + rows_R.to(torch.float64) * cost.row_mem_s
-    return torch.maximum(flop, mem).amax()
+    g_E = resident_ER.long().argmax(1)
+    pair_E = (T_E > 0) & (n_E == 1) & (g_E != home_E)
+    padded = pad_R[home_E] + pad_R[g_E] + pad_E
+    half = (padded + (2 * t - 1)) // (2 * t) * t
+    n2 = (n_R[home_E] + n_R[g_E] + 1).to(torch.float64) * cost.weight_read_s
+    rows2 = (rows_R[home_E] + rows_R[g_E] + T_E).to(torch.float64) * cost.row_mem_s
+    pair = torch.maximum(half.to(torch.float64) * cost.row_flop_s, (n2 + rows2) * 0.5)
+    pair = torch.where(pair_E, pair, 0.0)
+    return torch.maximum(torch.maximum(flop, mem).amax(), pair.amax())
 
 
 def _total(cost: StepCost, D: float, reads: float, Cb: float, wait: float) -> float:

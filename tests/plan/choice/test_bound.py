@@ -139,3 +139,22 @@ def test_a_rank_runs_all_rows_of_its_experts_without_a_replica() -> None:
     want = max(384 * cost.row_flop_s, cost.weight_read_s + 300 * cost.row_mem_s)
     assert kept_section_s(cost, c.tolist(), pairs, [0, 1]) == want
     assert want > cost.weight_read_s
+
+
+def test_two_ranks_run_an_expert_replicated_only_between_them_with_their_kept_ones() -> None:
+    """Expert 0 (rank 0's, 60 records) is resident on rank 1 alone. Every plan that copies
+    nothing runs it on rank 0 or 1, beside rank 0's kept expert 1 (2 tiles of 128 rows) and
+    rank 1's kept experts 2 and 3 (a tile each): 5 tiles on two ranks, so one runs 3. Each
+    rank alone keeps 2 tiles; the pair bound is the tighter, in every form."""
+    cost = rows_only(tile_rows=128, weight_read_s=1e-9)
+    c = torch.tensor([[60, 100, 60, 60], [0, 100, 0, 0]])
+    home = [0, 0, 1, 1]
+    resident = torch.zeros(4, 2, dtype=torch.bool)
+    resident[0, 1] = True
+    want = 3 * 128 * cost.row_flop_s
+    assert kept_section_s(cost, c.tolist(), {(0, 1)}, home) == want
+    home_E = torch.tensor(home)
+    assert kept_section_host(cost, c.numpy(), resident.numpy(), home_E.numpy()) == want
+    assert float(kept_section_torch(cost, c, resident, home_E)) == want
+    resident[0, 0] = True  # two resident pairs (one on its home): no pair term
+    assert float(kept_section_torch(cost, c, resident, home_E)) == 2 * 128 * cost.row_flop_s
