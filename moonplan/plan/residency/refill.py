@@ -406,8 +406,7 @@ def time_decision(
 ) -> tuple[float, Builds]:
     """Median seconds of a decision on the window ``steps_RE`` (each int64 ``[R, E]``,
     observed in order, on the window's device) from empty slots, over ``repeats``
-    decisions, and the builds it
-    work it counts (:class:`Builds`; the same each time)."""
+    decisions, and the work it counts (:class:`Builds`; the same each time)."""
     R, E = steps_RE[-1].shape
     empty_RB = torch.full((R, num_slots), -1, dtype=torch.int64)
     times, made = [], Builds()

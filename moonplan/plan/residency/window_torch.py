@@ -75,10 +75,10 @@ def windows_torch(
     T, S = slot_TRB.shape[0], rows_SRE.shape[0]
     held = [int(t) for t in (slot_TRB >= 0).flatten(1).any(1).nonzero().flatten().tolist()]
     out_TS = torch.empty(T, S, dtype=torch.float64, device=rows_SRE.device)
-    builds = builds if builds is not None else Builds()
     if len(held) < T:
         out_TS[:] = torch.vmap(functools.partial(_served_empty, cost))(rows_SRE, static_S)
-        builds.scored += S
+        if builds is not None:
+            builds.scored += S
     if held:
         E = rows_SRE.shape[2]
         tables = tables_of(slot_TRB[held], E)
