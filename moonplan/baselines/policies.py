@@ -151,9 +151,10 @@ class MoonplanAutoPolicy(PlannerPolicy):
     ``placement_window`` steps' loads, picks the slot table the cost model prefers over
     them and orders a refill when rent or buy says it pays. Every slot serves: the
     ``staging`` rows per rank that a refill copies into are shared by the model's
-    ``layers`` MoE layers, one refill at a time (:mod:`moonplan.runtime.staging`), so a
-    refill waits for its turn first. The simulator runs one layer and charges the worst
-    turn: every other layer refills at the same moments, for as long, and goes first
+    ``layers`` MoE layers, one refill at a time, first come first served
+    (:mod:`moonplan.runtime.staging`), so a refill waits for its turn first. The simulator
+    runs one layer and charges the worst turn: every other layer refills at the same
+    moments, for as long, and goes first
     (``(layers - 1) * n`` steps of waiting, ``n`` the steps of its own copies; the other
     layers' copies are not on the links of this layer's steps, as no other layer's traffic
     is). The copies then run beside the next steps (``refill_ER``, a share per step whose
@@ -167,7 +168,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
     candidate, that build (``cost.serve_s``: ``planner_time.resident_build_us``, which
     ``SimConfig.step_cost`` sets for this policy). The placement's
     decisions follow the runtime's rule (:class:`~moonplan.plan.residency.refill.Decisions`:
-    each runs on the host beside the ``k`` steps its work covers, the builds of the
+    each runs on the host beside the ``k`` steps its work covers (on the decision thread
+    every layer shares: with layers alike, the ``k`` steps of one layer bound that queue,
+    :mod:`moonplan.runtime.placer`), the builds of the
     ``resident`` candidate it makes at ``cost.decide_s`` and the (step, table) pairs it
     scores without one at ``cost.score_s``, which ``SimConfig.step_cost`` sets from
     ``moonplan.baselines.decision_time``, and is used after them; no device time).

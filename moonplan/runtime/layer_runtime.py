@@ -202,6 +202,7 @@ class LayerRuntime:
         (collective: every rank). Without ``close()`` the worker thread ends with the
         process and the background group lives until ``dist.destroy_process_group()``."""
         self.refill.drop()
+        self.placer.forget(self.store.pool, self.refill)
         self.placer.close()
         self._lane.close()
         if self._background is not None:
@@ -367,12 +368,16 @@ class LayerRuntime:
         return self.balancer.cost if self.balancer.policy() == "auto" else None
 
     def _place(self, counts_RE: Tensor, plan: Plan) -> None:
-        """Hand the step to the placer; request the refill it orders (every rank alike:
-        :mod:`moonplan.runtime.placer`). Not while the slots are stale (weights changed)."""
+        """Hand the step to the placer; request the refill it orders once the shared
+        staging rows are its turn (every rank alike: :mod:`moonplan.runtime.placer`). Not
+        while the slots are stale (weights changed): a refill waiting then is dropped."""
+        pool = self.store.pool
         if self.resident is None:
+            self.placer.forget(pool, self.refill)  # its slots are stale: no refill for them
             return
-        busy = self.refill.in_flight or self.store.pool.held_by_other(self.refill)
-        target = self.placer.after_step(counts_RE, plan, self._auto_cost(), busy)
+        target = self.placer.after_step(
+            counts_RE, plan, self._auto_cost(), self.refill.in_flight, pool, self.refill
+        )
         if target is not None:
             self.request_refill(target)
 

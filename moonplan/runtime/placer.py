@@ -6,15 +6,27 @@ With ``balance="auto"`` and a cost model, every step's counts go to a
 :class:`~moonplan.plan.residency.refill.Residency` (the simulator's ``moonplan-auto`` runs
 the same one, under the same :class:`~moonplan.plan.residency.refill.Decisions` rule). A
 decision (which slot table the window's loads want, and whether rent or buy says a refill
-pays) starts from a snapshot of one step, runs on a worker thread beside the next ``k``
-steps and is used ``k`` steps later (the step waits for it only if it is not done); ``k``
-is the fewest steps whose predicted time covers its work (the builds of the ``resident``
-candidate it makes and the (step, table) pairs it scores, counted as it runs, at the
-host's rates ``cost.decide_s`` and ``cost.score_s``, which the calibration times:
-``moonplan.plan.residency.work``). Every input is agreed (the
-counts, the cost model, the plans), so every rank decides alike at the same step and hands
-the same target to :meth:`~moonplan.runtime.layer_runtime.LayerRuntime.request_refill`.
-The snapshot is taken on the device; the worker reads it on the host.
+pays) starts from a snapshot of one step, runs on the process's one decision worker
+(:func:`decision_worker`, shared by every layer) beside the next ``k`` steps and is used
+``k`` steps later (the step waits for it only if it is not done); ``k`` is the fewest steps
+whose predicted time covers its work (the builds of the ``resident`` candidate it makes and
+the (step, table) pairs it scores, counted as it runs, at the host's rates
+``cost.decide_s`` and ``cost.score_s``, which the calibration times:
+``moonplan.plan.residency.work``). Every input is agreed (the counts, the cost model, the
+plans), so every rank decides alike at the same step.
+
+An ordered refill waits in the shared staging rows' line
+(:class:`~moonplan.runtime.staging.StagingPool`) until its turn, and is then handed to
+:meth:`~moonplan.runtime.layer_runtime.LayerRuntime.request_refill`; while it waits or
+copies, no decision starts. The snapshot is taken on the device; the worker reads it on
+the host.
+
+One worker for every layer: the layers' decisions run one after another, never beside each
+other. A layer's steps come once per model step, with the other layers' in between, so
+where the layers are alike a decision whose work covers ``k`` of its layer's steps is done
+within those ``k`` model steps even behind one decision of every other layer: the
+simulator's charge (``k`` of one layer's steps, as if the layer had the host alone) bounds
+the queue (docs/simulator.md, assumptions).
 
 While refills run in the background, each step's planner call buys only what pays in that
 step (``moonplan.plan(..., rent=False)``): the slots for later steps are the refill's.
@@ -22,27 +34,44 @@ step (``moonplan.plan(..., rent=False)``): the slots for later steps are the ref
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.refill import Decisions, Residency
+from moonplan.runtime.staging import StagingPool
 from moonplan.stepcost import StepCost
+
+_WORKER: tuple[int, ThreadPoolExecutor] | None = None  # (the process id, its worker)
+
+
+def decision_worker() -> ThreadPoolExecutor:
+    """The process's one slot-placement decision thread, shared by every layer (made on
+    first use; a forked child makes its own: the parent's thread is not in it)."""
+    global _WORKER
+    if _WORKER is None or _WORKER[0] != os.getpid():
+        _WORKER = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="moonplan-placer"))
+    return _WORKER[1]
 
 
 class Placer:
-    """One layer's residency and its decisions (module docstring).
+    """One layer's residency, its decisions and the refill it ordered (module docstring).
 
     Args:
         num_slots: ``B``; staging: ``S`` (no refill without both).
+
+    Attributes:
+        orders: refills ordered so far; waiting: the target ``[R, B]`` of the ordered
+            refill waiting for its turn (``None``: none).
     """
 
     def __init__(self, num_slots: int, staging: int):
         self.B, self.S = num_slots, staging
         self.decisions: Decisions | None = None
-        self.orders = 0  # refills ordered
-        self._worker: ThreadPoolExecutor | None = None
+        self.orders = 0
+        self.waiting: torch.Tensor | None = None
 
     @property
     def residency(self) -> Residency | None:
@@ -54,28 +83,45 @@ class Placer:
         return cost is not None and self.B >= 1 and self.S >= 1
 
     def after_step(
-        self, counts_RE: torch.Tensor, plan: Plan, cost: StepCost | None, busy: bool
+        self,
+        counts_RE: torch.Tensor,
+        plan: Plan,
+        cost: StepCost | None,
+        in_flight: bool,
+        pool: StagingPool,
+        ticket: object,
     ) -> torch.Tensor | None:
         """Observe a finished step (its counts and plan, whose slots now serve); the
-        refill target ``[R, B]`` to request now (``-1``: keep), or ``None`` (``busy``: a
-        refill is in flight, no decision starts)."""
+        refill target ``[R, B]`` to request now (``-1``: keep), or ``None``. A refill it
+        orders joins ``pool``'s line as ``ticket`` (the layer's refill, which takes the
+        rows) and is returned at its turn; while it waits or is ``in_flight`` no decision
+        starts."""
         if not self.active(cost):
+            self.forget(pool, ticket)
             return None
         assert cost is not None
         if self.decisions is None:
             R, E = counts_RE.shape
             res = Residency(R, E, self.B, cost, staging=self.S, device=counts_RE.device)
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix="moonplan-placer")
-            self.decisions = Decisions(res, self._worker.submit)
+            self.decisions = Decisions(res, decision_worker().submit)
         self.decisions.residency.cost = cost  # a calibration may have replaced it
-        order = self.decisions.step(counts_RE, plan, busy)
-        if order is None:
+        order = self.decisions.step(counts_RE, plan, in_flight or self.waiting is not None)
+        if order is not None:
+            self.orders += 1
+            self.waiting = torch.where(order.changed_RB, order.slot_RB, -1)
+            pool.join(ticket)
+        if self.waiting is None or not pool.turn(ticket):
             return None
-        self.orders += 1
-        return torch.where(order.changed_RB, order.slot_RB, -1)
+        target, self.waiting = self.waiting, None
+        pool.leave(ticket)  # the refill takes the rows, if it changes any
+        return target
+
+    def forget(self, pool: StagingPool, ticket: object) -> None:
+        """Drop the refill waiting for its turn, if any (the slots it was for are gone)."""
+        self.waiting = None
+        pool.leave(ticket)
 
     def close(self) -> None:
-        """Wait for a decision in flight and stop the worker."""
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
-            self._worker = None
+        """Wait for this layer's decision on the worker, if one runs."""
+        if self.decisions is not None:
+            self.decisions.settle()

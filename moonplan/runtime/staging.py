@@ -7,10 +7,14 @@ and, once every rank has them, into the slots. The rows are idle between refills
 refills are rare where popularity persists, so the layers of a model share them, as the
 deployed EPLB shares its one rearrangement buffer: one :class:`StagingPool` per device,
 dtype and expert shape, with ``S`` rows per projection. A layer's refill holds the pool
-from its start to its commit or drop; another layer's refill waits until then (its placer
-sees the pool busy and orders nothing). Every start, commit and drop happens at the same
-step on every rank, and the layers run in the same order on every rank, so every rank sees
-the pool held by the same layer.
+from its start to its commit or drop. A refill a layer's placer orders meanwhile waits in
+line (:meth:`StagingPool.join`), first come first served: it starts at the first step
+where the pool is free and no refill ordered before it still waits
+(:meth:`StagingPool.turn`), so at most one refill of every other layer goes first. Every
+order, start, commit and drop happens at the same step on every rank, and the layers run
+in the same order on every rank, so every rank sees the same holder and the same line.
+A request by hand (:meth:`~moonplan.runtime.layer_runtime.LayerRuntime.request_refill`)
+does not wait in line: it starts where the rows are free, and is refused otherwise.
 
 Memory: ``S`` expert rows per device for all layers, instead of ``S`` per layer.
 """
@@ -31,8 +35,9 @@ class StagingPool:
 
     def __init__(self, rows: dict[str, torch.Tensor]):
         self.rows = rows
-        # the holder, weakly: a layer dropped without close() frees the rows with it
+        # the holder and the line, weakly: a layer dropped without close() leaves both
         self._owner: weakref.ref[object] | None = None
+        self._line: list[weakref.ref[object]] = []
 
     @property
     def size(self) -> int:
@@ -44,8 +49,28 @@ class StagingPool:
         holder = None if self._owner is None else self._owner()
         return holder is not None and holder is not owner
 
+    def join(self, owner: object) -> None:
+        """Put ``owner``'s ordered refill at the end of the line (once)."""
+        if all(other is not owner for other in self.waiting()):
+            self._line.append(weakref.ref(owner))
+
+    def leave(self, owner: object) -> None:
+        """Take ``owner`` out of the line, if it is in it."""
+        self._line = [ref for ref in self._line if ref() is not None and ref() is not owner]
+
+    def waiting(self) -> list[object]:
+        """The owners in line, first first (those still alive)."""
+        alive = [ref() for ref in self._line]
+        return [owner for owner in alive if owner is not None]
+
+    def turn(self, owner: object) -> bool:
+        """Whether ``owner``'s refill may start now: no other refill holds the rows and
+        ``owner`` is first in line (or the line is empty)."""
+        line = self.waiting()
+        return not self.held_by_other(owner) and (not line or line[0] is owner)
+
     def acquire(self, owner: object) -> None:
-        """Hold the rows for ``owner``'s refill.
+        """Hold the rows for ``owner``'s refill (and take it out of the line).
 
         Raises:
             RuntimeError: another refill holds them.
@@ -55,6 +80,7 @@ class StagingPool:
                 "the shared refill staging rows hold another layer's refill: wait for its "
                 "commit or drop (moonplan.runtime.staging)"
             )
+        self.leave(owner)
         self._owner = weakref.ref(owner)
 
     def release(self, owner: object) -> None:

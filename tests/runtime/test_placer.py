@@ -5,13 +5,17 @@ Legend: R ranks, E experts, B slots, T tokens (all ranks), H hidden, F ffn, K to
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 import moonplan
-from moonplan.runtime.placer import Placer
+from moonplan.runtime.placer import Placer, decision_worker
+from moonplan.runtime.staging import StagingPool
 from moonplan.stepcost import StepCost
 from moonplan.testing.dist import run_ranks
 from tests.runtime.oracle import dense_moe, dense_weights, split, tokens
+from tests.runtime.test_refill import _hold
 
 H, F, K, TIMEOUT = 8, 12, 2, 120.0
 
@@ -30,22 +34,86 @@ def _hot(R: int, E: int, seed: int) -> torch.Tensor:
     return c
 
 
+def _pool() -> StagingPool:
+    return StagingPool({"gate_up": torch.zeros(1, 2, 2), "down": torch.zeros(1, 2, 1)})
+
+
+class _Ticket:
+    """A layer's refill stand-in (the pool holds its line weakly)."""
+
+
 def test_the_placer_waits_for_a_cost_model_and_for_a_refill_in_flight() -> None:
     """No cost model, slots or staging: nothing. While a refill is in flight the steps are
     observed and no decision starts; a decision starts from one step and its answer is
-    used ``due`` steps later (here 1), on a worker thread in between."""
+    used ``due`` steps later (here 1), on the decision worker in between."""
+    pool, me = _pool(), _Ticket()
     p0 = moonplan.plan(_hot(4, 8, 0), slots=2, policy="static")
-    assert Placer(2, 1).after_step(_hot(4, 8, 0), p0, None, busy=False) is None
+    assert Placer(2, 1).after_step(_hot(4, 8, 0), p0, None, False, pool, me) is None
     assert not Placer(0, 1).active(_cost()) and not Placer(2, 0).active(_cost())
     placer = Placer(2, 1)
-    got = [placer.after_step(_hot(4, 8, s), p0, _cost(), busy=True) for s in range(5)]
+    got = [placer.after_step(_hot(4, 8, s), p0, _cost(), True, pool, me) for s in range(5)]
     assert got == [None] * 5 and placer.residency is not None
     assert placer.residency.window.filled == 5  # busy steps are still observed
-    assert placer.after_step(_hot(4, 8, 9), p0, _cost(), busy=False) is None  # it starts
-    target = placer.after_step(_hot(4, 8, 10), p0, _cost(), busy=False)  # its answer
+    assert placer.after_step(_hot(4, 8, 9), p0, _cost(), False, pool, me) is None  # starts
+    target = placer.after_step(_hot(4, 8, 10), p0, _cost(), False, pool, me)  # its answer
     assert target is not None and int((target == 1).sum()) >= 1  # the hot expert
-    assert placer.orders == 1
+    assert placer.orders == 1 and placer.waiting is None and pool.waiting() == []
     placer.close()
+
+
+def test_an_order_waits_its_turn_for_the_shared_staging_rows() -> None:
+    """While another layer's refill holds the rows, the ordered refill waits in line (no
+    decision starts meanwhile) and is handed over at the first step after the rows are
+    given back; a layer whose slots go stale (no cost model) leaves the line."""
+    pool, me, other = _pool(), _Ticket(), _Ticket()
+    p0 = moonplan.plan(_hot(4, 8, 0), slots=2, policy="static")
+    placer = Placer(2, 1)
+    placer.after_step(_hot(4, 8, 0), p0, _cost(), False, pool, me)  # a decision starts
+    pool.acquire(other)
+    assert placer.after_step(_hot(4, 8, 1), p0, _cost(), False, pool, me) is None
+    assert placer.orders == 1 and placer.waiting is not None and pool.waiting() == [me]
+    for s in range(2, 6):  # waiting: observed, nothing decided, nothing handed over
+        assert placer.after_step(_hot(4, 8, s), p0, _cost(), False, pool, me) is None
+    assert placer.orders == 1 and placer.residency is not None
+    assert placer.residency.window.filled == 6
+    want = placer.waiting
+    pool.release(other)
+    target = placer.after_step(_hot(4, 8, 6), p0, _cost(), False, pool, me)
+    assert target is not None and torch.equal(target, want)
+    assert placer.waiting is None and pool.waiting() == []
+    placer.after_step(_hot(4, 8, 7), p0, _cost(), False, pool, me)  # the next decision
+    pool.acquire(other)
+    placer.after_step(_hot(4, 8, 8), p0, _cost(), False, pool, me)
+    assert placer.orders == 2 and pool.waiting() == [me]
+    assert placer.after_step(_hot(4, 8, 9), p0, None, False, pool, me) is None  # stale
+    assert placer.waiting is None and pool.waiting() == []
+    placer.close()
+
+
+def test_every_layer_decides_on_one_worker_thread() -> None:
+    """The layers' decisions run one after another on the process's one worker (the
+    simulator's charge bounds that queue: docs/simulator.md)."""
+    threads = set()
+
+    def where() -> int:
+        return threading.get_ident()
+
+    for _ in range(3):
+        threads.add(decision_worker().submit(where).result())
+    assert len(threads) == 1 and threading.get_ident() not in threads
+    assert decision_worker() is decision_worker()
+
+
+def _worker_in_child(rank: int, world: int) -> str:
+    return decision_worker().submit(threading.current_thread).result(timeout=30).name
+
+
+def test_a_forked_rank_gets_its_own_decision_worker() -> None:
+    """The ranks are forked from this process, which made its worker above: a child must
+    not submit to the parent's thread (it is not in the child, and would never run)."""
+    decision_worker().submit(int).result()
+    names = run_ranks(_worker_in_child, 2, timeout=TIMEOUT)
+    assert all(name.startswith("moonplan-placer") for name in names)
 
 
 def _serve(rank: int, world: int, E: int, transport: str) -> dict:
@@ -95,3 +163,63 @@ def test_auto_refills_a_persistent_hot_expert_and_still_equals_the_oracle() -> N
         assert got[0]["slots"] == got[1]["slots"]  # the same table on every rank
         assert 1 in {e for row in got[0]["slots"] for e in row}  # the hot expert stays
         assert max(max(g["errs"]) for g in got) < 1e-4, got
+
+
+def _two_auto_layers(rank: int, world: int, transport: str) -> dict:
+    """Two ``auto`` layers of one shape (one set of staging rows), each with its own
+    persistent hot expert: both order a refill. The first's is reported in flight for six
+    more steps once copied (``_hold``), so the second's order comes while the first holds
+    the rows: it waits its turn and commits after the first; both equal their oracles."""
+    from moonplan import MoonMoE
+
+    E, sizes = 6, [40 + 4 * r for r in range(world)]
+    T, offset = sum(sizes), sum(sizes[:rank])
+    w = dense_weights(E, H, F, seed=3)
+    g = torch.Generator().manual_seed(11)
+    x, wants, layers, trace = split(tokens(T, H, 5), sizes)[rank], [], [], []
+    for hot in (1, 4):
+        ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+        ids[:, 1] = torch.where(ids[:, 0] == hot, ids[:, 1], ids[:, 0])
+        ids[:, 0] = hot  # every token's first choice
+        ids[:, 1] = torch.where(ids[:, 1] == hot, (hot + 1) % E, ids[:, 1])
+        wk = torch.softmax(torch.randn(T, K, generator=g), -1)
+
+        def route(x_SH: torch.Tensor, ids=ids, wk=wk) -> tuple[torch.Tensor, torch.Tensor]:
+            n = x_SH.shape[0]
+            return ids[offset : offset + n], wk[offset : offset + n] * (1 + 0 * x_SH.sum())
+
+        layer = MoonMoE(H, F, E, K, slots=2, router=route, balance="auto", cost=_cost(),
+                        transport=transport, max_tokens=64)  # fmt: skip
+        layer.load_dense(w["router_weight"], w["gate_up"], w["down"])
+        layers.append(layer)
+        ws = {n: w[n].double() for n in ("gate_up", "down")}
+        wants.append(split(dense_moe(tokens(T, H, 5).double(), ids, wk, ws), sizes)[rank])
+    errs = []
+    _hold(layers[0].runtime, 6)
+    with torch.no_grad():
+        for _ in range(20):
+            for layer, want in zip(layers, wants, strict=True):
+                errs.append(float((layer(x).double() - want).abs().max()))
+            a, b = (layer.runtime for layer in layers)
+            trace.append((a.refill.commits, b.refill.commits, b.placer.waiting is not None,
+                          a.refill.in_flight))  # fmt: skip
+    out = {"errs": max(errs), "trace": trace,
+           "slots": [layer.last_plan.slot_expert.tolist() for layer in layers]}  # fmt: skip
+    for layer in layers:
+        layer.runtime.close()
+    return out
+
+
+def test_two_auto_layers_take_turns_and_both_refill() -> None:
+    for transport in ("heap", "a2a"):
+        got = run_ranks(_two_auto_layers, 2, transport, timeout=TIMEOUT)
+        assert got[0]["trace"] == got[1]["trace"] and got[0]["slots"] == got[1]["slots"]
+        trace = got[0]["trace"]
+        waited = [s for s, (_, _, waiting, _) in enumerate(trace) if waiting]
+        assert waited and all(trace[s][3] for s in waited), trace  # only while the first holds
+        assert trace[-1][0] >= 1 and trace[-1][1] >= 1, trace  # both committed
+        first_b = next(s for s, t in enumerate(trace) if t[1] >= 1)
+        assert trace[first_b][0] >= 1  # the second commits after the first
+        for hot, slots in zip((1, 4), got[0]["slots"], strict=True):
+            assert hot in {e for row in slots for e in row}
+        assert max(g["errs"] for g in got) < 1e-4, got

@@ -69,3 +69,26 @@ def test_a_refill_that_cannot_start_gives_the_rows_back() -> None:
         refill.start(target, [(0,), ()], lambda f: 0, _BrokenLane(), pool=pool,
                      collective=True)  # fmt: skip
     assert not refill.in_flight and not pool.held_by_other(object())
+
+
+def test_ordered_refills_wait_in_line_first_come_first_served() -> None:
+    """The rows go to the first refill in line once nobody holds them; joining twice keeps
+    one place; taking the rows leaves the line; a layer that is gone leaves it too."""
+    pool = shared_pool(torch.device("cpu"), torch.float32, 4, 4, 4)
+    a, b, c = _Holder(), _Holder(), _Holder()
+    assert pool.turn(a) and pool.waiting() == []  # nobody holds, nobody waits
+    pool.acquire(a)
+    for owner in (b, c, b):
+        pool.join(owner)
+    assert pool.waiting() == [b, c]
+    assert not pool.turn(b) and not pool.turn(c)  # a holds the rows
+    pool.release(a)
+    assert pool.turn(b) and not pool.turn(c) and not pool.turn(a)  # b first
+    pool.acquire(b)
+    assert pool.waiting() == [c] and not pool.turn(c)
+    pool.release(b)
+    pool.join(a)
+    del c  # gone before its turn: a is next
+    assert pool.waiting() == [a] and pool.turn(a)
+    pool.leave(a)
+    assert pool.waiting() == [] and pool.turn(b)

@@ -325,6 +325,12 @@ class Decisions:
 
         return run
 
+    def settle(self) -> None:
+        """Wait for a decision still running on the worker (its answer and errors are
+        dropped: call it before the worker's owner goes)."""
+        if self._pending is not None and isinstance(self._pending[0], Future):
+            self._pending[0].exception()  # waits; the error, if any, is not raised
+
     def _use(self, busy: bool) -> Refill | None:
         """The pending decision's order once its lag and its counted work have passed."""
         assert self._pending is not None
