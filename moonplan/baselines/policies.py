@@ -94,6 +94,11 @@ class PlannerPolicy(Policy):
     def reset(self) -> None:
         self._previous = None
 
+    @property
+    def serving(self) -> Plan | None:
+        """The plan whose slots serve the next step (``None``: none yet)."""
+        return self._previous
+
     def plan(
         self,
         counts_RE: torch.Tensor,

@@ -41,9 +41,14 @@ integers so that every rank computes the same plan:
 Only a rank's first ``M`` slots take records, so it runs at most ``M`` remote experts
 (invariant 3). Every round is elementwise work and sums over the pairs, no sequential
 scan. How close 8 rounds come to the least largest load the holders allow (a max-flow
-bound) depends on how well the holders connect the ranks: within 0.3% on the simulator's
-traces with a window placement (EP 8 and 64), up to 6.5% over sparse holders (two slots
-per rank, ``tests/plan/choice/test_resident.py``), where 32 rounds reach 0.7%. The
+bound, ``moonplan.testing.bounds``) depends on how well the holders connect the ranks and
+how far the start is from balance: on the tables ``moonplan-auto`` serves in the
+simulator (``bench/bench_resident_gap.py``), within 0.3-3% at sigma 0.5-1, but 7.5-8.3%
+at sigma 2 (Mixtral EP 8, one slot a rank taking records; DeepSeek-V3 EP 64), where 32
+rounds reach 0.6-1.1%; up to 6.5% over sparse holders (two slots per rank,
+``tests/plan/choice/test_resident.py``), where 32 rounds reach 0.7%. More rounds cost
+the device more (the planning charge grows with them), so a fixed count is too many at
+small steps and too few at large skewed ones. The
 bound is in tiles; rounding to whole tiles adds at most one tile a rank for each expert
 whose tiles it shares with another holder.
 
@@ -60,8 +65,8 @@ import torch
 
 ROUNDS = 8
 """Rounds of diffusion: each costs the device a few block-wide passes (the planning charge
-grows with it); 8 reach within 0.3% of the least largest load on the simulator's traces
-(module docstring)."""
+grows with it); how close 8 come to the least largest load the holders allow is in the
+module docstring."""
 
 SCALE_BITS = 16
 """Units per tile: ``S = 2**SCALE_BITS`` (fine enough that a gap of one tile still moves
@@ -202,9 +207,15 @@ def _sum_at(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
 
 
 def resident_torch(
-    counts_RE: torch.Tensor, prev_RB: torch.Tensor | None, home_E: torch.Tensor, tile: int = 1
+    counts_RE: torch.Tensor,
+    prev_RB: torch.Tensor | None,
+    home_E: torch.Tensor,
+    tile: int = 1,
+    *,
+    rounds: int | None = None,
 ) -> torch.Tensor:
-    """int64 ``[E, R]``: :func:`resident_reference` on the counts' device, no host read.
+    """int64 ``[E, R]``: :func:`resident_reference` on the counts' device, no host read
+    (``rounds``: that many rounds instead of :data:`ROUNDS`, for measuring them).
 
     Dense over ``[E, R]`` holders; the pairs are ``[E, R, R]`` (one ``[R, R]`` gap
     matrix shared by every expert)."""
@@ -218,7 +229,7 @@ def resident_torch(
     units_E = K_E << bits
     a_ER = units_E[:, None] // n_E[:, None] + (idx_ER < (units_E % n_E)[:, None]).long()
     a_ER = torch.where(hold_ER, a_ER, 0)
-    for _ in range(ROUNDS):
+    for _ in range(ROUNDS if rounds is None else rounds):
         a_ER = _round_torch(a_ER, hold_ER)
     return rows_of_tiles(_whole_tiles_torch(a_ER, hold_ER, K_E, bits), T_E, tile)
 

@@ -6,7 +6,6 @@ Legend: R ranks, E experts, B slots, M = ceil(E/R); counts int64 ``[R, E]``; slo
 
 from __future__ import annotations
 
-import networkx as nx
 import numpy as np
 import pytest
 import torch
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 from moonplan.plan.choice import resident as res
 from moonplan.plan.home import home_list, home_map
 from moonplan.testing import counts
+from moonplan.testing.bounds import least_largest_load
 
 
 def _slots(data: st.DataObject, R: int, E: int) -> list[list[int]]:
@@ -149,25 +149,6 @@ def test_no_residents_is_static_ep() -> None:
     assert res.resident_reference(c.tolist(), None, home_list(3, 2)) == static.tolist()
 
 
-def _least_largest_load(T: list[int], holders: list[list[int]], R: int) -> float:
-    """The least largest load the holders allow (max-flow, divisible records)."""
-    lo, hi = sum(T) / R, float(sum(T))
-    for _ in range(40):
-        L = (lo + hi) / 2
-        g = nx.DiGraph()
-        for e, t in enumerate(T):
-            g.add_edge("s", ("e", e), capacity=t)
-            for r in holders[e]:
-                g.add_edge(("e", e), ("r", r))
-        for r in range(R):
-            g.add_edge(("r", r), "t", capacity=L)
-        if nx.maximum_flow_value(g, "s", "t") >= sum(T) - 1e-9:
-            hi = L
-        else:
-            lo = L
-    return hi
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_reaches_near_the_least_largest_load_the_holders_allow(seed: int) -> None:
     """A skewed step over sparse holders (two slots per rank, the hottest experts twice):
@@ -189,14 +170,12 @@ def test_reaches_near_the_least_largest_load_the_holders_allow(seed: int) -> Non
     alloc = _forms(c, slots)[2]
     M = -(-E // R)
     holders = [[home[e]] + [r for r in range(R) if e in slots[r][:M]] for e in range(E)]
-    best = _least_largest_load(c.sum(0).tolist(), holders, R)
+    best = least_largest_load(c.sum(0).tolist(), holders, R)
     assert int(alloc.sum(0).max()) <= best * 1.07 + M + B
     largest = []
     for rounds in (0, 2, 4, 8, 16):
-        monkey = pytest.MonkeyPatch()
-        monkey.setattr(res, "ROUNDS", rounds)
-        largest.append(int(res.resident_torch(c, torch.tensor(slots), home_map(E, R)).sum(0).max()))
-        monkey.undo()
+        got = res.resident_torch(c, torch.tensor(slots), home_map(E, R), rounds=rounds)
+        largest.append(int(got.sum(0).max()))
     assert largest == sorted(largest, reverse=True)
 
 

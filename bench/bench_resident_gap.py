@@ -1,0 +1,121 @@
+"""How far the ``resident`` candidate's rounds end from the least largest load its holders
+allow, on the slot tables ``moonplan-auto`` serves in the simulator.
+
+Legend: R ranks, E experts, M = ceil(E/R) slots per rank that take records, S tokens per
+rank, sigma the skew of the lognormal popularity.
+
+For each point (the acceptance grid's trace law: ``moonplan.simulate.acceptance``),
+``moonplan-auto`` runs the point's whole trace; on its last step's counts and the slot
+table serving it, the ``resident`` candidate (``moonplan.plan.choice.resident``, records:
+one-row tiles) is built with 8 (its ``ROUNDS``), 16, 32 and 64 rounds of diffusion. Each
+column is its largest rank load over the least largest load those holders allow
+(``moonplan.testing.bounds``, a max-flow bound in whole records): 1.000 is the best
+balance the resident replicas can give without a copy.
+
+    OMP_NUM_THREADS=1 python bench/bench_resident_gap.py           # 6 points (about 5 min)
+    OMP_NUM_THREADS=1 python bench/bench_resident_gap.py --quick   # 1 point, a short trace
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import torch
+from _common import bench_parser, markdown_table, result_path, write_report
+
+from moonplan.baselines.policies import MoonplanAutoPolicy
+from moonplan.baselines.prehistory import step_ranges
+from moonplan.baselines.registry import make_policy
+from moonplan.plan.choice.resident import ROUNDS, holders_torch, resident_torch
+from moonplan.plan.home import home_map
+from moonplan.simulate.acceptance import AUTO, AcceptanceGrid
+from moonplan.simulate.model_time import SimConfig
+from moonplan.simulate.models import get_model
+from moonplan.simulate.workload import drifting_counts, prehistory
+from moonplan.stepcost.hardware import get_hardware
+from moonplan.testing.bounds import least_largest_load
+
+POINTS = (  # model, hardware, R, sigma, S
+    ("mixtral-8x7b", "h200-node", 8, 2.0, 1024),
+    ("mixtral-8x7b", "h200-node", 8, 1.0, 1024),
+    ("deepseek-v3", "h200-node", 8, 1.0, 256),
+    ("deepseek-v3", "h200-node", 64, 2.0, 1024),
+    ("deepseek-v3", "h200-node", 64, 1.0, 64),
+    ("deepseek-v3", "h200-node", 64, 0.5, 256),
+)
+"""Points where ``auto`` serves the ``resident`` plan (the acceptance sweep's choices)."""
+
+ROUND_COUNTS = (ROUNDS, 16, 32, 64)
+
+
+def served_last_step(
+    point: tuple[str, str, int, float, int], grid: AcceptanceGrid
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
+    """The trace's last counts (int64 ``[R, E]``), the slot table serving them (int64
+    ``[R, B]``) and ``auto``'s choices over the measured steps, as the sweep runs it."""
+    model, hw, R, sigma, S = point
+    m, h = get_model(model), get_hardware(hw)
+    E, K = m.num_experts, m.top_k
+    law: dict[str, Any] = {"sigma": sigma, "rho": grid.rho, "seed": grid.seed,
+                           "persistent": grid.persistent}  # fmt: skip
+    counts = drifting_counts(R, E, S, K, steps=grid.warmup + grid.steps, **law)
+    cost = SimConfig().step_cost(m, h, AUTO, R)
+    policy = make_policy(AUTO, R, E, cost=cost, slots=grid.slots, layers=m.num_moe_layers)
+    assert isinstance(policy, MoonplanAutoPolicy)
+    ranges = step_ranges(policy.steps_before())
+    policy.prime(prehistory(ranges, ranks=R, experts=E, tokens=S, topk=K, **law))
+    choices: dict[str, int] = {}
+    for t, c_RE in enumerate(counts):
+        step = policy.step(c_RE)
+        if t >= grid.warmup:
+            choices[step.choice] = choices.get(step.choice, 0) + 1
+    serving = policy.serving
+    assert serving is not None
+    return counts[-1], serving.slot_expert.cpu(), choices
+
+
+def measure(point: tuple[str, str, int, float, int], grid: AcceptanceGrid) -> dict[str, Any]:
+    """One point's row: the bound and each round count's largest load over it."""
+    t0 = time.perf_counter()
+    c_RE, slot_RB, choices = served_last_step(point, grid)
+    R, E = c_RE.shape
+    home_E = home_map(E, R)
+    hold_ER = holders_torch(E, R, slot_RB, home_E)
+    holders = [hold_ER[e].nonzero().flatten().tolist() for e in range(E)]
+    bound = least_largest_load(c_RE.sum(0).tolist(), holders, R)
+    largest = {n: int(resident_torch(c_RE, slot_RB, home_E, rounds=n).sum(0).max())
+               for n in ROUND_COUNTS}  # fmt: skip
+    model, hw, _, sigma, S = point
+    return {"model": model, "hardware": hw, "ranks": R, "sigma": sigma, "tokens": S,
+            "choices": choices, "mean": int(c_RE.sum()) / R, "bound": bound,
+            "largest": largest, "over_bound": {n: v / bound for n, v in largest.items()},
+            "seconds": time.perf_counter() - t0}  # fmt: skip
+
+
+def main() -> None:
+    ap = bench_parser(__doc__)
+    ap.add_argument("--quick", action="store_true", help="one point, a short trace")
+    ap.add_argument("--out", default=result_path("bench_resident_gap.json"))
+    args = ap.parse_args()
+    grid, points = AcceptanceGrid(), POINTS
+    if args.quick:
+        grid, points = dataclasses.replace(grid, steps=2, warmup=6), POINTS[:1]
+    t0 = time.perf_counter()
+    rows = [measure(p, grid) for p in points]
+    header = ["model", "hw", "R", "sigma", "S", "auto's choices", "bound / mean",
+              *[f"{n} rounds / bound" for n in ROUND_COUNTS]]  # fmt: skip
+    lines = [[r["model"], r["hardware"], str(r["ranks"]), str(r["sigma"]), str(r["tokens"]),
+              ", ".join(f"{k} {v}" for k, v in sorted(r["choices"].items())),
+              f"{r['bound'] / r['mean']:.3f}",
+              *[f"{r['over_bound'][n]:.3f}" for n in ROUND_COUNTS]] for r in rows]  # fmt: skip
+    md = ["# The resident candidate's rounds against the holders' bound", "",
+          markdown_table(header, lines)]  # fmt: skip
+    result = {"rows": rows, "steps": grid.steps, "warmup": grid.warmup,
+              "seconds": time.perf_counter() - t0}  # fmt: skip
+    write_report(args.out, result, md)
+
+
+if __name__ == "__main__":
+    main()
