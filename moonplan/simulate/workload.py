@@ -216,31 +216,33 @@ def prehistory(
     """The per-expert totals of the steps ``steps_N`` (int64 ``[N]``, negative) before the
     trace :func:`drifting_counts` draws with the same arguments.
 
-    The walk ``x`` is drawn *backwards* from the trace's first ``x_0`` (the AR(1) process is
-    reversible: ``x`` one step earlier has the law of one step later,
-    :func:`~moonplan.traces.drift.jump_log_popularity` jumps the gaps); ``mu`` is the
-    trace's. Each step's ``R * S * K`` records are one multinomial draw with the fast
-    sampler's probabilities (:func:`inclusion_probability`): the law of the fast trace's
-    totals over ranks. Deterministic; the trace's own draws are not touched.
+    The walk ``x`` is drawn *backwards*, one step at a time, from the trace's first ``x_0``
+    to the earliest step asked for (the AR(1) process is reversible: ``x`` one step earlier
+    has the law of one step later); ``mu`` is the trace's. Each step's ``R * S * K`` records
+    are one multinomial draw with the fast sampler's probabilities
+    (:func:`inclusion_probability`), the law of the fast trace's totals over ranks, drawn
+    in the walk's order (step -1 first). So a step's totals depend on the law and the step
+    alone, not on the other steps asked for: a policy primed with them sees the same past
+    whichever policies share the run. Deterministic; the trace's own draws are not touched.
     """
     steps = sorted(int(t) for t in steps_N.tolist())
     if any(t >= 0 for t in steps) or len(set(steps)) != len(steps):
         raise ValueError("prehistory steps must be distinct and negative")
-    law = DriftLaw(sigma=sigma, rho=rho, seed=seed, persistent=persistent)
-    mu_E, x_E = law.persistent_part(experts), law.start(experts)
-    gen = make_generator(int(seed) + PREHISTORY_SEED_OFFSET)
-    now, logp = 0, {}
-    for t in reversed(steps):
-        x_E = jump_log_popularity(x_E, law.sigma_f, law.rho, now - t, gen)
-        now, logp[t] = t, mu_E + x_E
     if not steps:
         return Prehistory(
             torch.zeros(0, dtype=torch.int64), torch.zeros(0, experts, dtype=torch.int64)
         )
-    pop_NE = torch.softmax(torch.stack([logp[t] for t in steps]), dim=1)
-    q_NE = inclusion_probability_rows(pop_NE, topk)
+    law = DriftLaw(sigma=sigma, rho=rho, seed=seed, persistent=persistent)
+    mu_E, x_E = law.persistent_part(experts), law.start(experts)
+    gen = make_generator(int(seed) + PREHISTORY_SEED_OFFSET)
+    logp = []  # row k: step -(k + 1)
+    for _ in range(-steps[0]):
+        x_E = jump_log_popularity(x_E, law.sigma_f, law.rho, 1, gen)
+        logp.append(mu_E + x_E)
+    q_WE = inclusion_probability_rows(torch.softmax(torch.stack(logp), dim=1), topk)
     rng = np.random.default_rng(int(seed) + PREHISTORY_SEED_OFFSET)
-    totals = rng.multinomial(ranks * tokens * topk, (q_NE / q_NE.sum(1, keepdim=True)).numpy())
+    walk_WE = rng.multinomial(ranks * tokens * topk, (q_WE / q_WE.sum(1, keepdim=True)).numpy())
+    totals = walk_WE[[-t - 1 for t in steps]]
     return Prehistory(
         torch.tensor(steps, dtype=torch.int64), torch.from_numpy(totals).to(torch.int64)
     )

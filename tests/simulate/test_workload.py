@@ -146,3 +146,17 @@ def test_inclusion_probability_rows_agrees_with_the_bisection() -> None:
     assert exact.tolist() == [[1.0, 1.0, 0.0]]
     with pytest.raises(ValueError, match="topk"):
         inclusion_probability_rows(torch.tensor([[1.0, 0.0]], dtype=torch.float64), 2)
+
+
+def test_a_prehistory_step_does_not_depend_on_the_other_steps_asked_for() -> None:
+    """Policies primed together ask for the union of their steps: each step's totals are
+    the same whether it is asked alone, in a longer window or beside a far one."""
+    args = {"ranks": 4, "experts": 16, "tokens": 64, "topk": 2, "sigma": 1.0, "rho": 0.99,
+            "seed": 5, "persistent": 0.5}  # fmt: skip
+    alone = prehistory(torch.arange(-32, 0), **args).totals_NE
+    longer = prehistory(torch.arange(-1000, 0), **args).totals_NE
+    apart = torch.cat([torch.arange(-2000, -1500), torch.arange(-32, 0)])
+    both = prehistory(apart, **args)
+    assert torch.equal(longer[-32:], alone) and torch.equal(both.totals_NE[-32:], alone)
+    far = prehistory(torch.arange(-2000, -1500), **args).totals_NE
+    assert torch.equal(both.totals_NE[:500], far)
