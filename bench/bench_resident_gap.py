@@ -12,7 +12,7 @@ column is its largest rank load over the least largest load those holders allow
 (``moonplan.testing.bounds``, a max-flow bound in whole records): 1.000 is the best
 balance the resident replicas can give without a copy.
 
-    OMP_NUM_THREADS=1 python bench/bench_resident_gap.py           # 6 points (about 5 min)
+    OMP_NUM_THREADS=1 python bench/bench_resident_gap.py           # 6 points (about 20 s)
     OMP_NUM_THREADS=1 python bench/bench_resident_gap.py --quick   # 1 point, a short trace
 """
 

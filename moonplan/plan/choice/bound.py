@@ -23,8 +23,8 @@ nothing else. The bound is the least time of a plan that:
 * **copies nothing**, where no replica is resident: the only such plan is static EP
   itself, and the bound is its time charged ``plan_s``. Where replicas are resident, the
   ``resident`` candidate stands for the plans that copy nothing: it balances inside the
-  resident replicas close to the least largest load they allow (within 0.3-3% at sigma
-  0.5-1, 7.5-8.3% at sigma 2: ``moonplan.plan.choice.resident``), so the full call is
+  resident replicas close to the least largest load they allow (within 0-2% at sigma
+  0.5-1, 7.9-8.3% at sigma 2: ``moonplan.plan.choice.resident``), so the full call is
   made only where a copy could beat the exit (the full call has no better plan that
   copies nothing either).
 

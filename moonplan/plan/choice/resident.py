@@ -43,9 +43,9 @@ Only a rank's first ``M`` slots take records, so it runs at most ``M`` remote ex
 scan. How close 8 rounds come to the least largest load the holders allow (a max-flow
 bound, ``moonplan.testing.bounds``) depends on how well the holders connect the ranks and
 how far the start is from balance: on the tables ``moonplan-auto`` serves in the
-simulator (``bench/bench_resident_gap.py``), within 0.3-3% at sigma 0.5-1, but 7.5-8.3%
+simulator (``bench/bench_resident_gap.py``), within 0-2% at sigma 0.5-1, but 7.9-8.3%
 at sigma 2 (Mixtral EP 8, one slot a rank taking records; DeepSeek-V3 EP 64), where 32
-rounds reach 0.6-1.1%; up to 6.5% over sparse holders (two slots per rank,
+rounds reach 0.4-1.1%; up to 6.5% over sparse holders (two slots per rank,
 ``tests/plan/choice/test_resident.py``), where 32 rounds reach 0.7%. More rounds cost
 the device more (the planning charge grows with them), so a fixed count is too many at
 small steps and too few at large skewed ones. The
