@@ -6,11 +6,12 @@ rank, sigma the skew of the lognormal popularity.
 
 For each point (the acceptance grid's trace law: ``moonplan.simulate.acceptance``),
 ``moonplan-auto`` runs the point's whole trace; on its last step's counts and the slot
-table serving it, the ``resident`` candidate (``moonplan.plan.choice.resident``, records:
-one-row tiles) is built with 8 (its ``ROUNDS``), 16, 32 and 64 rounds of diffusion. Each
-column is its largest rank load over the least largest load those holders allow
-(``moonplan.testing.bounds``, a max-flow bound in whole records): 1.000 is the best
-balance the resident replicas can give without a copy.
+table that step leaves (what serves the next), the ``resident`` candidate
+(``moonplan.plan.choice.resident``, records: one-row tiles) is built with 8 (its
+``ROUNDS``), 16, 32 and 64 rounds of diffusion. Each column is its largest rank load
+over the least largest load those holders allow (``moonplan.testing.bounds``, a max-flow
+bound in whole records): 1.000 is the best balance the resident replicas can give
+without a copy.
 
     OMP_NUM_THREADS=1 python bench/bench_resident_gap.py           # 6 points (about 20 s)
     OMP_NUM_THREADS=1 python bench/bench_resident_gap.py --quick   # 1 point, a short trace
@@ -53,8 +54,9 @@ ROUND_COUNTS = (ROUNDS, 16, 32, 64)
 def served_last_step(
     point: tuple[str, str, int, float, int], grid: AcceptanceGrid
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
-    """The trace's last counts (int64 ``[R, E]``), the slot table serving them (int64
-    ``[R, B]``) and ``auto``'s choices over the measured steps, as the sweep runs it."""
+    """The trace's last counts (int64 ``[R, E]``), the slot table that step leaves (int64
+    ``[R, B]``, what serves the next) and ``auto``'s choices over the measured steps, as
+    the sweep runs it."""
     model, hw, R, sigma, S = point
     m, h = get_model(model), get_hardware(hw)
     E, K = m.num_experts, m.top_k

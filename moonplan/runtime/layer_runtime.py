@@ -198,9 +198,12 @@ class LayerRuntime:
         return self._lane
 
     def close(self) -> None:
-        """Join the background workers, release the heap and the background process group
-        (collective: every rank). Without ``close()`` the worker thread ends with the
-        process and the background group lives until ``dist.destroy_process_group()``."""
+        """Join the background lane's worker, wait for this layer's decision on the
+        process's decision worker (which every layer shares and which ends with the
+        process), leave the staging rows' line, release the heap and the background process
+        group (collective: every rank). Without ``close()`` the lane's worker ends with the
+        process, the background group lives until ``dist.destroy_process_group()``, and the
+        layer leaves the line only when it is collected (moonplan.runtime.staging)."""
         self.refill.drop()
         self.placer.forget(self.store.pool, self.refill)
         self.placer.close()

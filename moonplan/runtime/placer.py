@@ -16,7 +16,8 @@ the (step, table) pairs it scores, counted as it runs, at the host's rates
 plans), so every rank decides alike at the same step.
 
 An ordered refill waits in the shared staging rows' line
-(:class:`~moonplan.runtime.staging.StagingPool`) until its turn, and is then handed to
+(:class:`~moonplan.runtime.staging.StagingPool`, asking every step) until its turn, and no
+refill of this layer is in flight (one requested by hand), and is then handed to
 :meth:`~moonplan.runtime.layer_runtime.LayerRuntime.request_refill`; while it waits or
 copies, no decision starts. The snapshot is taken on the device; the worker reads it on
 the host.
@@ -35,12 +36,13 @@ step (``moonplan.plan(..., rent=False)``): the slots for later steps are the ref
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
 from moonplan.plan.plan_type import Plan
-from moonplan.plan.residency.refill import Decisions, Residency
+from moonplan.plan.residency.refill import Answer, Decisions, Residency
 from moonplan.runtime.staging import StagingPool
 from moonplan.stepcost import StepCost
 
@@ -54,6 +56,12 @@ def decision_worker() -> ThreadPoolExecutor:
     if _WORKER is None or _WORKER[0] != os.getpid():
         _WORKER = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="moonplan-placer"))
     return _WORKER[1]
+
+
+def _submit(job: Callable[[], Answer]) -> Future[Answer]:
+    """``job`` on this process's decision worker (looked up at each call: a placer made
+    before a fork submits to the child's own worker)."""
+    return decision_worker().submit(job)
 
 
 class Placer:
@@ -103,15 +111,15 @@ class Placer:
         if self.decisions is None:
             R, E = counts_RE.shape
             res = Residency(R, E, self.B, cost, staging=self.S, device=counts_RE.device)
-            self.decisions = Decisions(res, decision_worker().submit)
+            self.decisions = Decisions(res, _submit)
         self.decisions.residency.cost = cost  # a calibration may have replaced it
         order = self.decisions.step(counts_RE, plan, in_flight or self.waiting is not None)
         if order is not None:
             self.orders += 1
             self.waiting = torch.where(order.changed_RB, order.slot_RB, -1)
             pool.join(ticket)
-        if self.waiting is None or not pool.turn(ticket):
-            return None
+        if self.waiting is None or in_flight or not pool.turn(ticket):
+            return None  # (a refill requested by hand may be in flight: it goes first)
         target, self.waiting = self.waiting, None
         pool.leave(ticket)  # the refill takes the rows, if it changes any
         return target

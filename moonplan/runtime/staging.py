@@ -8,13 +8,18 @@ refills are rare where popularity persists, so the layers of a model share them,
 deployed EPLB shares its one rearrangement buffer: one :class:`StagingPool` per device,
 dtype and expert shape, with ``S`` rows per projection. A layer's refill holds the pool
 from its start to its commit or drop. A refill a layer's placer orders meanwhile waits in
-line (:meth:`StagingPool.join`), first come first served: it starts at the first step
-where the pool is free and no refill ordered before it still waits
-(:meth:`StagingPool.turn`), so at most one refill of every other layer goes first. Every
-order, start, commit and drop happens at the same step on every rank, and the layers run
-in the same order on every rank, so every rank sees the same holder and the same line.
-A request by hand (:meth:`~moonplan.runtime.layer_runtime.LayerRuntime.request_refill`)
-does not wait in line: it starts where the rows are free, and is refused otherwise.
+line (:meth:`StagingPool.join`), first come first served: a waiting layer asks every step
+(:meth:`StagingPool.turn`), and its refill starts at the first step where the pool is free
+and no layer ahead of it still asks. A layer ahead that has not asked since the asker's
+last ask has stopped stepping (a model that runs some layers only now and then), and is
+passed, so it cannot hold up the others. So at most one refill of every other stepping
+layer goes first. Every order, start, commit and drop happens at the same step on every
+rank, and the layers run in the same order on every rank, so every rank sees the same
+holder and the same line. A request by hand
+(:meth:`~moonplan.runtime.layer_runtime.LayerRuntime.request_refill`) does not wait in
+line: it starts where the rows are free, and is refused otherwise. The pool holds its
+holder and the line weakly: a layer dropped without ``close()`` leaves them when it is
+collected, which need not be at the same step on every rank, so close every layer.
 
 Memory: ``S`` expert rows per device for all layers, instead of ``S`` per layer.
 """
@@ -38,6 +43,9 @@ class StagingPool:
         # the holder and the line, weakly: a layer dropped without close() leaves both
         self._owner: weakref.ref[object] | None = None
         self._line: list[weakref.ref[object]] = []
+        self._tick = 0  # counts joins and asks
+        self._seen: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
+        self._asked: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
 
     @property
     def size(self) -> int:
@@ -53,6 +61,9 @@ class StagingPool:
         """Put ``owner``'s ordered refill at the end of the line (once)."""
         if all(other is not owner for other in self.waiting()):
             self._line.append(weakref.ref(owner))
+            self._tick += 1
+            self._seen[owner] = self._tick
+            self._asked.pop(owner, None)  # a new order: its first ask passes nobody
 
     def leave(self, owner: object) -> None:
         """Take ``owner`` out of the line, if it is in it."""
@@ -64,10 +75,21 @@ class StagingPool:
         return [owner for owner in alive if owner is not None]
 
     def turn(self, owner: object) -> bool:
-        """Whether ``owner``'s refill may start now: no other refill holds the rows and
-        ``owner`` is first in line (or the line is empty)."""
-        line = self.waiting()
-        return not self.held_by_other(owner) and (not line or line[0] is owner)
+        """``owner`` asks (every step it waits): whether its refill may start now. No other
+        refill holds the rows, and every layer ahead of it in line has stopped asking: it
+        has neither asked nor joined since ``owner``'s last ask (on ``owner``'s first ask
+        nobody is known to have stopped; module docstring)."""
+        last = self._asked.get(owner)
+        self._tick += 1
+        self._seen[owner] = self._asked[owner] = self._tick
+        if self.held_by_other(owner):
+            return False
+        for other in self.waiting():
+            if other is owner:
+                return True
+            if last is None or self._seen.get(other, 0) > last:  # it still asks: it goes first
+                return False
+        return True
 
     def acquire(self, owner: object) -> None:
         """Hold the rows for ``owner``'s refill (and take it out of the line).

@@ -116,6 +116,43 @@ def test_a_forked_rank_gets_its_own_decision_worker() -> None:
     assert all(name.startswith("moonplan-placer") for name in names)
 
 
+def test_a_waiting_order_is_not_handed_over_while_a_refill_is_in_flight() -> None:
+    """A refill requested by hand while an order waits goes first: the order is handed over
+    only once nothing of this layer is in flight."""
+    pool, me, other = _pool(), _Ticket(), _Ticket()
+    p0 = moonplan.plan(_hot(4, 8, 0), slots=2, policy="static")
+    placer = Placer(2, 1)
+    placer.after_step(_hot(4, 8, 0), p0, _cost(), False, pool, me)
+    pool.acquire(other)
+    assert placer.after_step(_hot(4, 8, 1), p0, _cost(), False, pool, me) is None
+    pool.release(other)
+    assert placer.waiting is not None
+    assert placer.after_step(_hot(4, 8, 2), p0, _cost(), True, pool, me) is None
+    assert placer.after_step(_hot(4, 8, 3), p0, _cost(), False, pool, me) is not None
+    placer.close()
+
+
+_BEFORE_FORK: dict[str, Placer] = {}
+
+
+def _decide_in_child(rank: int, world: int) -> int:
+    decisions = _BEFORE_FORK["placer"].decisions
+    assert decisions is not None and decisions.submit is not None
+    return decisions.submit(lambda: 7).result(timeout=30)  # type: ignore[arg-type, return-value]
+
+
+def test_a_placer_made_before_a_fork_decides_in_the_child() -> None:
+    """A placer that decided in the parent submits, in a forked rank, to the child's own
+    worker (the parent's thread is not in the child: a job sent to it would never run)."""
+    pool, me = _pool(), _Ticket()
+    p0 = moonplan.plan(_hot(4, 8, 0), slots=2, policy="static")
+    placer = Placer(2, 1)
+    placer.after_step(_hot(4, 8, 0), p0, _cost(), False, pool, me)  # decides here
+    placer.close()
+    _BEFORE_FORK["placer"] = placer
+    assert run_ranks(_decide_in_child, 2, timeout=TIMEOUT) == [7, 7]
+
+
 def _serve(rank: int, world: int, E: int, transport: str) -> dict:
     from moonplan import MoonMoE
 

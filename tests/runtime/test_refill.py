@@ -546,8 +546,9 @@ def test_one_rank_has_nothing_to_refill() -> None:
 
 def _two_layers(rank: int, world: int) -> dict:
     """Two layers of the same shapes share one set of staging rows: while the first
-    layer's refill holds them, the second's request is refused alike on every rank and its
-    placer sees them busy; after the first commits, the second refills too."""
+    layer's refill holds them, the second's request by hand is refused alike on every rank
+    (an order of its placer would wait in line: test_placer.py); after the first commits,
+    the second refills too."""
     E, sizes = 6, [9, 7]
     w = dense_weights(E, H, F, seed=3)
     routes = {"A": _routing(sum(sizes), E, 1, hot=0), "B": _routing(sum(sizes), E, 2, hot=E - 1)}

@@ -92,3 +92,27 @@ def test_ordered_refills_wait_in_line_first_come_first_served() -> None:
     assert pool.waiting() == [a] and pool.turn(a)
     pool.leave(a)
     assert pool.waiting() == [] and pool.turn(b)
+
+
+def test_a_layer_that_stops_asking_is_passed() -> None:
+    """Each waiting layer asks once a step, in the layers' order. A layer ahead that still
+    asks goes first, even where it asks after the one behind it in a step; a layer ahead
+    that stopped stepping is passed once it has not asked since the other's last ask (a
+    step later at most)."""
+    h = _Holder()
+    for stops in (False, True):
+        pool = shared_pool(torch.device("cpu"), torch.float32, 4, 4, 5 + stops)
+        first, second = _Holder(), _Holder()
+        pool.acquire(h)
+        pool.join(first)
+        assert not pool.turn(first)  # step 1: first orders (it runs after second)
+        pool.join(second)
+        assert not pool.turn(second)  # step 2: second orders, then first asks
+        assert not pool.turn(first)
+        pool.release(h)  # step 3: the rows are free
+        if stops:  # first asks no more: passed at second's next ask
+            assert not pool.turn(second)  # step 3: first asked after second in step 2
+            assert pool.turn(second)  # step 4: not since
+        else:  # first asked since second's last ask: it goes first
+            assert not pool.turn(second) and pool.turn(first)
+        assert pool.waiting() == [first, second]
