@@ -34,7 +34,7 @@ from moonplan.plan.home import home_map
 from moonplan.simulate.acceptance import AUTO, AcceptanceGrid
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import get_model
-from moonplan.simulate.workload import drifting_counts, prehistory
+from moonplan.simulate.sweep import point_trace
 from moonplan.stepcost.hardware import get_hardware
 from moonplan.testing.bounds import least_largest_load
 
@@ -59,15 +59,12 @@ def served_last_step(
     the sweep runs it."""
     model, hw, R, sigma, S = point
     m, h = get_model(model), get_hardware(hw)
-    E, K = m.num_experts, m.top_k
-    law: dict[str, Any] = {"sigma": sigma, "rho": grid.rho, "seed": grid.seed,
-                           "persistent": grid.persistent}  # fmt: skip
-    counts = drifting_counts(R, E, S, K, steps=grid.warmup + grid.steps, **law)
+    counts, _, before = point_trace(grid.spec(model, hw), m, R, S, sigma)
     cost = SimConfig().step_cost(m, h, AUTO, R)
-    policy = make_policy(AUTO, R, E, cost=cost, slots=grid.slots, layers=m.num_moe_layers)
+    policy = make_policy(AUTO, R, m.num_experts, cost=cost, slots=grid.slots,
+                         layers=m.num_moe_layers)  # fmt: skip
     assert isinstance(policy, MoonplanAutoPolicy)
-    ranges = step_ranges(policy.steps_before())
-    policy.prime(prehistory(ranges, ranks=R, experts=E, tokens=S, topk=K, **law))
+    policy.prime(before(step_ranges(policy.steps_before())))
     choices: dict[str, int] = {}
     for t, c_RE in enumerate(counts):
         step = policy.step(c_RE)

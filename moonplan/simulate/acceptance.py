@@ -100,6 +100,13 @@ class AcceptanceGrid:
     persistent: float = PERSISTENT_SHARE
     slots: int | None = 2
 
+    def spec(self, model: str, hardware: str) -> SweepSpec:
+        """The :class:`SweepSpec` of this grid's traces for one model and hardware."""
+        return SweepSpec(
+            model=model, hardware=hardware, steps=self.steps, warmup=self.warmup,
+            rho=self.rho, seed=self.seed, persistent=self.persistent, slots=self.slots,
+        )  # fmt: skip
+
     def points(self) -> list[Point]:
         """Every ``(model, hardware, R, sigma, S)`` of the grid with ``E >= R``."""
         out = []
@@ -133,10 +140,7 @@ def acceptance_point(
     """
     cfg = cfg or SimConfig()
     model, hw, R, sigma, S = point
-    spec = SweepSpec(
-        model=model, hardware=hw, steps=grid.steps, warmup=grid.warmup, rho=grid.rho,
-        seed=grid.seed, persistent=grid.persistent, slots=grid.slots,
-    )  # fmt: skip
+    spec = grid.spec(model, hw)
     m, h = get_model(model), get_hardware(hw)
     rows = {r["policy"]: r for r in spec_point(spec, m, h, cfg, R, S, sigma, policies)}
     where = {"model": model, "hardware": hw, "ranks": R, "sigma": sigma, "tokens": S}

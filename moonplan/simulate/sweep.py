@@ -296,11 +296,32 @@ def spec_point(
     ``cfg.dispatch`` other than ``"record"`` every token's top-k set is sampled
     (``token_routing.drifting_tokens``, the model's group limit included) and the counts
     are theirs."""
+    counts, ids, before = point_trace(spec, model, ranks, tokens, sigma, cfg.dispatch)
+    opts = policy_options(
+        hw, ranks, groups=spec.eplb_groups, slots=spec.slots, eplb=spec.eplb_options()
+    )
+    return simulate_trace(
+        counts, model, hw, cfg, policies, warmup=spec.warmup, options=opts, before=before,
+        topk_ids=ids,
+    )  # fmt: skip
+
+
+def point_trace(
+    spec: SweepSpec,
+    model: ModelPreset,
+    ranks: int,
+    tokens: int,
+    sigma: float,
+    dispatch: str = "record",
+) -> tuple[torch.Tensor, list[torch.Tensor] | None, Before]:
+    """The trace of :func:`spec_point` (int64 ``[T, R, E]`` counts), each step's token
+    routing (``None`` where ``dispatch`` is ``"record"``) and the steps before it
+    (``workload.prehistory`` of the same law)."""
     ids = None
     E, K, T = model.num_experts, model.top_k, spec.warmup + spec.steps
     law: dict[str, Any] = {"sigma": sigma, "rho": spec.rho, "seed": spec.seed,
                            "persistent": spec.persistent}  # fmt: skip
-    if cfg.dispatch != "record":
+    if dispatch != "record":
         pops = drifting_popularity(E, steps=T, **law)
         counts, ids = token_trace(model, ranks, tokens, pops, seed=spec.seed + 1)
     else:
@@ -309,13 +330,7 @@ def spec_point(
     def before(steps_N: torch.Tensor) -> Prehistory:
         return prehistory(steps_N, ranks=ranks, experts=E, tokens=tokens, topk=K, **law)
 
-    opts = policy_options(
-        hw, ranks, groups=spec.eplb_groups, slots=spec.slots, eplb=spec.eplb_options()
-    )
-    return simulate_trace(
-        counts, model, hw, cfg, policies, warmup=spec.warmup, options=opts, before=before,
-        topk_ids=ids,
-    )  # fmt: skip
+    return counts, ids, before
 
 
 TOKEN_GRID = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
