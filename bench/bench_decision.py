@@ -19,7 +19,8 @@ tables, torch ops on the CPU for their scores over the window. Per case, on one 
   last step (what the runtime's calibration would set);
 * ``charged ms``: the work at ``decision_time``'s rates, what the simulator charges (and
   ``host / charged``, how well the fit holds);
-* ``device ms``: builds at ``planner_time.resident_us`` and scores at
+* ``device ms``: builds at ``planner_time.resident_us`` (their most rounds: an upper
+  bound) and scores at
   ``planner_time.exit_us``, what the work would take as device kernels (an estimate), and
   ``host / device``;
 * ``table host ms`` and ``table torch ms``: one table's score over the window (the most
@@ -48,6 +49,8 @@ from _common import markdown_table, result_path, timing_parser, write_report
 
 from moonplan.baselines.decision_time import decision_build_us, decision_score_us
 from moonplan.baselines.planner_time import exit_us, resident_us
+from moonplan.plan.choice.rent import roundings
+from moonplan.plan.choice.resident import ROUND_LIMIT
 from moonplan.plan.residency.refill import time_decision, time_rates
 from moonplan.plan.residency.target import pack, replica_counts, step_time_over, window_s
 from moonplan.plan.residency.window import WINDOW
@@ -94,7 +97,8 @@ def measure(case: tuple[str, str, int, int, float, int], reps: int) -> dict[str,
     build_s, score_s = time_rates(cost, steps[-1], B, reps)
     table_host_ms, table_torch_ms = time_table(cost, steps, reps, B)
     charged_us = work.made * decision_build_us(R, E) + work.scored * decision_score_us(R, E)
-    device_us = work.made * resident_us(R, E, cost.tile_rows) + work.scored * exit_us(R, E)
+    most = roundings(cost) * ROUND_LIMIT  # rounds of a build, at most
+    device_us = work.made * resident_us(R, E, most) + work.scored * exit_us(R, E)
     return {"model": model, "hardware": hw, "ranks": R, "experts": E, "tokens": S,
             "sigma": sigma, "slots": B, "made": work.made, "scored": work.scored,
             "host_ms": host_s * 1e3, "build_us": build_s * 1e6, "score_us": score_s * 1e6,

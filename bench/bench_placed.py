@@ -23,8 +23,9 @@ placement that scores every move with the full step cost:
   deployed EPLB keeps a placement on the same trace (``recorded_options``' period). The
   refill would copy beside the steps instead, so this charge is the larger of the two.
 
-``skip build`` counts the measured steps where ``placed`` is within one ``resident`` build
-(``planner_time.resident_build_us``) of the least time of any plan that copies nothing over
+``skip build`` counts the measured steps where ``placed`` is within the exit's least
+``resident`` build (one round a rounding, ``rent.exit_build_s`` less the test) of the
+least time of any plan that copies nothing over
 the same holders (:func:`nocopy_bound`). There an early exit could serve ``placed`` without
 building the ``resident`` candidate, which is what keeps auto from holding replicas at
 decode sizes today.
@@ -47,8 +48,8 @@ import numpy as np
 import torch
 from _common import bench_parser, markdown_table, result_path, write_report
 
-from moonplan.baselines.planner_time import resident_build_us
 from moonplan.plan.choice.bound import experts_lb_s, link_time, links_host, totals_host
+from moonplan.plan.choice.rent import exit_build_s
 from moonplan.plan.home import home_list
 from moonplan.plan.residency.target import mean_step
 from moonplan.plan.residency.window import WINDOW
@@ -126,7 +127,7 @@ def placed_point(name: str, hw_name: str) -> dict[str, Any]:
     server_E = place(cost, mean_step(window_E, WINDOW, R), default_slots(E, R))
     steps = [static_over(cost, counts_TRE[t], server_E) for t in range(first, T)]
     placed = (statistics.fmean(steps) + cost.exit_s) * 1e6
-    build = resident_build_us(cost.tile_rows) * 1e-6
+    build = exit_build_s(cost) - cost.exit_s
     skip = sum(s <= nocopy_bound(cost, counts_TRE[t], server_E) + build
                for s, t in zip(steps, range(first, T), strict=True))  # fmt: skip
     moved = int((server_E != np.asarray(home_list(E, R))).sum())

@@ -27,14 +27,15 @@ __device__ __forceinline__ double mc_mul(double a, double b) { return __dmul_rn(
 __device__ __forceinline__ double mc_add(double a, double b) { return __dadd_rn(a, b); }
 __device__ __forceinline__ double mc_sub(double a, double b) { return __dadd_rn(a, -b); }
 
-// StepCost's rates (seconds) and options; serve = rent.exit_build_s (exit_s + serve_s: the charge
-// of bound.nocopy_s, the exit's test of whether to build the resident candidate); copy_min =
-// bound.copy_min_s (inf: no copy possible), (h_disp, h_comb) = bound.link_rates (a row's
-// least link seconds).
+// StepCost's rates (seconds) and options; round_s = StepCost.round_s (one round of one
+// rounding of the resident candidate: mc_least_units), exit_build = rent.exit_build_s
+// (exit_s + roundings * round_s: the charge of bound.nocopy_s, the exit's test of whether to
+// build the resident candidate); copy_min = bound.copy_min_s (inf: no copy possible),
+// (h_disp, h_comb) = bound.link_rates (a row's least link seconds).
 struct McCost {
     double row_flop, weight_read, row_mem, copy_intra, copy_inter, disp_intra, disp_inter;
-    double comb_intra, comb_inter, base, per_peer, plan, exit_s, serve, copy_min, h_disp;
-    double h_comb;
+    double comb_intra, comb_inter, base, per_peer, plan, exit_s, round_s, exit_build, copy_min;
+    double h_disp, h_comb;
     mp_i64 tile, G;
     bool overlap;
 };
@@ -43,18 +44,21 @@ struct McCost {
     mp_i64 tile, mp_i64 G, mp_i64 overlap, double row_flop, double weight_read, double row_mem, \
         double copy_intra, double copy_inter, double disp_intra, double disp_inter,            \
         double comb_intra, double comb_inter, double base, double per_peer, double plan_s,     \
-        double exit_s, double serve_s, double copy_min, double h_disp, double h_comb
+        double exit_s, double round_s, double copy_min, double h_disp, double h_comb
 #define MC_COST_ARGS                                                                       \
     tile, G, overlap, row_flop, weight_read, row_mem, copy_intra, copy_inter, disp_intra, \
-        disp_inter, comb_intra, comb_inter, base, per_peer, plan_s, exit_s, serve_s, copy_min, \
+        disp_inter, comb_intra, comb_inter, base, per_peer, plan_s, exit_s, round_s, copy_min, \
         h_disp, h_comb
 
 // McCost from the launcher's arguments (in its field order; overlap: non-zero is true).
 __device__ McCost mc_cost(MC_COST_PARAMS) {
-    const double serve = mc_add(exit_s, serve_s);  // rent.exit_build_s, the same float sum
-    return {row_flop,   weight_read, row_mem, copy_intra, copy_inter, disp_intra, disp_inter,
-            comb_intra, comb_inter,  base,    per_peer,   plan_s,     exit_s,     serve,
-            copy_min,   h_disp,      h_comb,  tile,       G,          overlap != 0};
+    // rent.exit_build_s: exit_s + roundings * round_s, roundings = rent.roundings (2 where the
+    // tile is over one row: whole records and whole tiles), the same float product and sum
+    const double roundings = tile > 1 ? 2.0 : 1.0;
+    const double build = mc_add(exit_s, mc_mul(roundings, round_s));
+    return {row_flop,   weight_read, row_mem,  copy_intra, copy_inter, disp_intra, disp_inter,
+            comb_intra, comb_inter,  base,     per_peer,   plan_s,     exit_s,     round_s,
+            build,      copy_min,    h_disp,   h_comb,     tile,       G,          overlap != 0};
 }
 
 __device__ __forceinline__ double mc_max(double a, double b) { return a > b ? a : b; }

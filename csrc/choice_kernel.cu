@@ -25,6 +25,8 @@
 //   credit  0-d double  the rent-or-buy credit: previous's in (carry_in[0]), this step's out
 //   pending 0-d double  what a full call could have saved since the last: previous's in
 //                       (carry_in[1]), this step's out (rent.exit_rent)
+//   rounds  0-d int64   the rounds kernel 1's resident build ran, its roundings together
+//                       (0 where it built none: Choice.rounds, reference._resident)
 //
 // Three kernels, launched by moonplan/plan/choice_cuda.py on torch's stream, no host sync:
 //   moonplan_choice_first   ONE block: T, L, static EP's scores charged exit_s and plan_s;
@@ -33,11 +35,12 @@
 //                           previous has resident replicas, the placed candidate built into
 //                           alloc_C[K+3] and scored (charged plan_s, and free), and the
 //                           resident one into alloc_C[2] only where static and placed, charged
-//                           exit_s, both exceed nocopy_s charged exit_s + serve_s (else it
-//                           cannot beat them by its build); the exit's plans charged exit_s,
-//                           the least (ties to the earlier index), the rent-or-buy exit test
-//                           (choice/rent.py: exit_rent), the exit flag, the exit's index and
-//                           the credit
+//                           exit_s, both exceed nocopy_s charged rent.exit_build_s (exit_s and
+//                           one round_s a rounding; else it cannot beat them by its least
+//                           build); the exit's plans charged exit_s, the least (ties to the
+//                           earlier index), the rent-or-buy exit test (choice/rent.py:
+//                           exit_rent), the exit flag, the exit's index, the credit and the
+//                           rounds of its resident build
 //   moonplan_choice_build   C-1 blocks, one per candidate 1..C-1: returns at once when the
 //                           exit flag is set, and candidate 2's or K+3's when kernel 1 built
 //                           it; else builds its allocation into alloc_C[c] (group-flow
@@ -333,7 +336,9 @@ __device__ double mc_first_links(const McStep& st, const McCost& k, double reads
 //
 // Built by the first kernel where the early exit may take it (previous has a resident
 // replica and static and placed exceed bound.nocopy_s), else by candidate 2's block of the
-// build kernel.
+// build kernel. Each rounding (records; whole tiles where tile > 1) runs its own rounds: while
+// the last round lowered the largest load by at least mc_least_units, at most MC_ROUND_LIMIT
+// (resident.py, "How many rounds"); the first kernel reports them (rounds).
 // A holder h is (e, r): r is expert e's home, or e is in one of r's first M previous slots.
 // The holders lie in expert order, then rank order, in global scratch (McHolders); at most
 // Hmax = E + R * min(B, M) of them (choice_cuda.resident_holders). The rule balances whole
@@ -346,13 +351,30 @@ __device__ double mc_first_links(const McStep& st, const McCost& k, double reads
 // over its own pairs, so no two threads write the same entry; the ranks' sums are integer
 // atomics, exact in any order.
 
-#define MC_ROUNDS 8       // resident.ROUNDS
-#define MC_SCALE_BITS 16  // resident.SCALE_BITS
-#define MC_FINE_LIMIT_BITS 46  // resident.FINE_LIMIT_BITS
+#define MC_ROUND_LIMIT 32             // resident.ROUND_LIMIT: the most rounds one build runs
+#define MC_NEVER ((mp_i64)1 << 62)    // resident.NEVER: mc_least_units where no round can pay
+#define MC_SCALE_BITS 16              // resident.SCALE_BITS
+#define MC_FINE_LIMIT_BITS 46         // resident.FINE_LIMIT_BITS
 
 // Bits of a unit below one tile: MC_SCALE_BITS while N < 2^MC_FINE_LIMIT_BITS, else 0.
 __device__ int mc_scale_bits(const McStep& st) {
     return st.N < ((mp_i64)1 << MC_FINE_LIMIT_BITS) ? MC_SCALE_BITS : 0;
+}
+
+// resident.least_units: the least drop of the largest load, in units (2^-bits tile of tile
+// rows), for which one more round pays: ceil(round_s * 2^bits / (tile * row_s)), at least 1,
+// with row_s = max(row_flop, row_mem); 1 without a round price (the rounds run while the
+// largest load falls); MC_NEVER where rows cost nothing (one round only). Float64 in the
+// Python order; the ceiling in integers (0 <= q < 2^62: the cast is the floor, exact, and q
+// is an integer already from 2^53 on), so it equals Python's bit for bit.
+__device__ mp_i64 mc_least_units(const McCost& k, mp_i64 tile, int bits) {
+    if (k.round_s <= 0.0) return 1;
+    const double row_s = k.row_mem > k.row_flop ? k.row_mem : k.row_flop;  // Python's max(a, b)
+    if (row_s <= 0.0) return MC_NEVER;
+    const double q = mc_mul(k.round_s, (double)((mp_i64)1 << bits)) / mc_mul((double)tile, row_s);
+    if (q >= (double)MC_NEVER) return MC_NEVER;
+    const mp_i64 n = (mp_i64)q;
+    return mc_max_i((double)n < q ? n + 1 : n, 1);
 }
 
 // K[e]: expert e's records in whole GEMM tiles (tile >= 1 rows).
@@ -442,14 +464,15 @@ __device__ void mc_live(const McHolders& hd, const mp_i64* L, mp_i64 h, int* out
 }
 
 // The units holder h holds after the round: less its moves out, plus its moves in; a live
-// pair (e, r, g) moves min((L[r] - L[g]) / max(deg[r], deg[g]), a[e][r] / out[e][r]).
+// pair (e, r, g) moves min((L[r] - L[g]) / (max(deg[r], deg[g]) + 1), a[e][r] / out[e][r])
+// (the + 1: two ranks sharing one expert meet halfway, resident.py step 2).
 __device__ mp_i64 mc_after_round(const McHolders& hd, const mp_i64* L, const int* deg, mp_i64 h) {
     const int rh = hd.r[h], h1 = hd.start[hd.e[h] + 1];
     const mp_i64 ah = hd.a[h];
     mp_i64 next = ah;
     for (int j = hd.start[hd.e[h]]; j < h1; ++j) {
         const int rj = hd.r[j];
-        const mp_i64 most = mc_max_i(deg[rh], deg[rj]);  // >= 1 for a live pair
+        const mp_i64 most = mc_max_i(deg[rh], deg[rj]) + 1;  // >= 2 for a live pair
         if (L[rh] > L[rj] && ah > 0) next -= mc_min_i((L[rh] - L[rj]) / most, ah / hd.out[h]);
         if (L[rj] > L[rh] && hd.a[j] > 0) {
             next += mc_min_i((L[rj] - L[rh]) / most, hd.a[j] / hd.out[j]);
@@ -458,9 +481,10 @@ __device__ mp_i64 mc_after_round(const McHolders& hd, const mp_i64* L, const int
     return next;
 }
 
-// One round (resident.py, step 2): the ranks' loads L [R], each holder's live pairs out and
-// each rank's deg [R] (shared memory), then every holder's units after the round into hd.b.
-__device__ void mc_resident_round(const McHolders& hd, int R, mp_i64* L, int* deg) {
+// The ranks' loads L [R] of the snapshot hd.a and deg [R] = 0 (shared memory); returns the
+// largest load, on every thread (red64: 33 int64 of shared memory). Ends with __syncthreads.
+__device__ mp_i64 mc_resident_loads(const McHolders& hd, int R, mp_i64* L, int* deg,
+                                    mp_i64* red64) {
     const int tid = threadIdx.x, nthreads = blockDim.x;
     for (int r = tid; r < R; r += nthreads) {
         L[r] = 0;
@@ -469,6 +493,17 @@ __device__ void mc_resident_round(const McHolders& hd, int R, mp_i64* L, int* de
     __syncthreads();
     for (mp_i64 h = tid; h < hd.H; h += nthreads) mc_atomic_add(&L[hd.r[h]], hd.a[h]);
     __syncthreads();
+    mp_i64 top = MP_I64_MIN;
+    for (int r = tid; r < R; r += nthreads) top = mc_max_i(top, L[r]);
+    return mp_block_max(top, red64);  // ends with __syncthreads
+}
+
+// One round (resident.py, step 2) from the snapshot hd.a and its loads L [R]
+// (mc_resident_loads; deg [R] zero): each holder's live pairs out and each rank's deg [R]
+// (shared memory), then every holder's units after the round into hd.b. Ends with
+// __syncthreads.
+__device__ void mc_resident_round(const McHolders& hd, mp_i64* L, int* deg) {
+    const int tid = threadIdx.x, nthreads = blockDim.x;
     for (mp_i64 h = tid; h < hd.H; h += nthreads) {
         int out = 0, in = 0;
         mc_live(hd, L, h, &out, &in);
@@ -518,30 +553,42 @@ __device__ void mc_rows_of_tiles(const McStep& st, mp_i64 tile, const McHolders&
     __syncthreads();
 }
 
-// resident_reference into alloc [E, R]: the holders, the even start (in tiles of tile
-// rows; 1: records), MC_ROUNDS rounds, whole tiles, rows. res_a, res_i: global scratch
-// (McHolders), sized by Hmax. Dynamic shared memory: L [R] (int64), deg [R] and red32 [33]
-// (int32): 12R + 132 bytes, less than the construction's. Ends with __syncthreads.
-__device__ void mc_resident(const McStep& st, mp_i64 tile, mp_i64* alloc, mp_i64* res_a,
-                            int* res_i, unsigned char* smem) {
+// resident_reference into alloc [E, R]; returns the rounds it ran (block-uniform): the
+// holders, the even start (in tiles of tile rows; 1: records), the rounds (top: the largest
+// load; a round runs, then the next only where it lowered top by at least mc_least_units,
+// MC_ROUND_LIMIT at most; the last round's result is kept), whole tiles, rows. res_a, res_i:
+// global scratch (McHolders), sized by Hmax. Dynamic shared memory: L [R] and red64 [33]
+// (int64), deg [R] and red32 [33] (int32): 12(R + 33) bytes, less than the construction's.
+// Ends with __syncthreads.
+__device__ int mc_resident(const McStep& st, const McCost& k, mp_i64 tile, mp_i64* alloc,
+                           mp_i64* res_a, int* res_i, unsigned char* smem) {
     const int R = st.R;
     const mp_i64 Hmax = st.E + (mp_i64)R * mc_min_i(st.B, st.M);
     mp_i64* L = (mp_i64*)smem;
-    int* deg = (int*)(L + R);
+    mp_i64* red64 = L + R;
+    int* deg = (int*)(red64 + MP_WARP + 1);
     int* red32 = deg + R;
     McHolders hd = {res_a, res_a + Hmax, res_i, res_i + st.E + 1, res_i + st.E + 1 + Hmax,
                     res_i + st.E + 1 + 2 * Hmax, 0};
     mc_holders_mark(st, alloc);
     hd.H = mc_holders_start(st, alloc, hd.start, red32);
     mc_holders_list(st, tile, alloc, hd);
-    for (int round = 0; round < MC_ROUNDS; ++round) {
-        mc_resident_round(hd, R, L, deg);
+    const mp_i64 least = mc_least_units(k, tile, mc_scale_bits(st));
+    mp_i64 top = mc_resident_loads(hd, R, L, deg, red64);
+    int rounds = 0;
+    while (rounds < MC_ROUND_LIMIT) {  // block-uniform: top and least are every thread's
+        mc_resident_round(hd, L, deg);
         mp_i64* t = hd.a;  // the next round's snapshot (every thread swaps alike)
         hd.a = hd.b;
         hd.b = t;
+        ++rounds;
+        const mp_i64 last = top;
+        top = mc_resident_loads(hd, R, L, deg, red64);
+        if (last - top < least) break;  // this round did not pay: the next would not either
     }
     mc_whole_tiles(st, tile, hd);
     mc_rows_of_tiles(st, tile, hd, alloc);
+    return rounds;
 }
 
 struct McCands {  // every candidate's entries and the resident rounds' scratch (global memory)
@@ -566,13 +613,14 @@ __device__ McOut mc_spare(const McCands& m) {
 
 // The resident candidate rounded to whole tiles, built and scored in the spare, and moved into
 // entry 2 where it is predicted faster than the rounding to whole records (parts rec; both
-// charged exit_s, ties records: reference._resident). Returns the parts of the one kept.
-// Block-uniform; ends with __syncthreads.
+// charged exit_s, ties records: reference._resident). Returns the parts of the one kept and
+// adds the rounds of its build to *rounds (this thread's). Block-uniform; ends with
+// __syncthreads.
 __device__ McParts mc_resident_tiles(const McStep& st, const McCost& k, const McCands& m,
-                                     const McParts& rec, unsigned char* smem) {
+                                     const McParts& rec, int* rounds, unsigned char* smem) {
     const mp_i64 ER = st.E * st.R;
     mp_i64* spare = m.alloc_C;
-    mc_resident(st, k.tile, spare, m.res_a, m.res_i, smem);
+    *rounds += mc_resident(st, k, k.tile, spare, m.res_a, m.res_i, smem);
     const McOut o = mc_spare(m);
     const McParts til = mc_score(st, k, spare, o, smem);
     if (!(mc_total(k, til, k.exit_s) < mc_total(k, rec, k.exit_s))) {
@@ -594,17 +642,18 @@ __device__ McParts mc_resident_tiles(const McStep& st, const McCost& k, const Mc
 // The resident candidate (reference._resident) built and scored in entry 2: whole records,
 // and where previous has resident replicas (`res`) and tiles are wider than a row, whole tiles
 // where faster. Kernel 1 builds it where the exit may take it, else candidate 2's block.
-// Returns its parts (block-uniform); ends with __syncthreads.
+// Returns its parts, and in *rounds (this thread's) the rounds both roundings ran together
+// (block-uniform); ends with __syncthreads.
 __device__ McParts mc_resident_pick(const McStep& st, const McCost& k, const McCands& m,
-                                    bool res, unsigned char* smem) {
+                                    bool res, int* rounds, unsigned char* smem) {
     mp_i64* alloc = m.alloc_C + 2 * st.E * st.R;
-    mc_resident(st, 1, alloc, m.res_a, m.res_i, smem);  // without residents: homes only
+    *rounds = mc_resident(st, k, 1, alloc, m.res_a, m.res_i, smem);  // no residents: homes only
     const McParts rec = mc_score(st, k, alloc, mc_entry(m, st, 2), smem);
     if (!res || k.tile == 1) {  // block-uniform: the roundings agree, or records are the rule
         __syncthreads();  // mc_score's thread-0 writes before any later read
         return rec;
     }
-    return mc_resident_tiles(st, k, m, rec, smem);
+    return mc_resident_tiles(st, k, m, rec, rounds, smem);
 }
 
 // ---- the placed candidate (reference._placed): kernel 1, or candidate K+3's block --------
@@ -676,9 +725,10 @@ struct McExitIn {  // what the exit test reads (block-uniform)
     McParts res;    // the resident candidate's (when built)
     bool has_res;   // previous has a resident replica: the placed candidate was built
     bool built;     // the resident candidate was built (has_res, and it may win the exit)
+    int rounds;     // the rounds its build ran, both roundings together (0: not built)
     double experts_lb;
     double copies;  // the bound's part for plans that copy (mc_first_links; inf with one rank)
-    double nocopy;  // bound.nocopy_s charged rent.exit_build_s
+    double nocopy;  // bound.nocopy_s charged rent.exit_build_s (McCost.exit_build)
     mp_i64 nres;    // previous's slots that hold an expert
 };
 
@@ -726,7 +776,7 @@ __device__ McExitIn mc_first_static(McStep& st, const McCost& k, int* warm_d, mp
     double kept_s = r < R ? mc_roofline(k, f.kpad[r], f.kbusy[r], f.krows[r]) : 0.0;
     kept_s = mc_max(kept_s, mc_pair_kept(k, st, total_E, moved, f));
     mc_block_max(&kept_s, 1, red);
-    x.nocopy = mc_nocopy(k, R, x.experts_lb, kept_s, rows, k.serve);
+    x.nocopy = mc_nocopy(k, R, x.experts_lb, kept_s, rows, k.exit_build);
     x.nres = t.nres;
     x.has_res = t.nres > 0;
     st.N = t.N;
@@ -741,7 +791,7 @@ struct McExitPlan {  // the exit's plans' seconds charged exit_s, and its pick
 
 // The exit's plans scored (static; with residents placed, and resident where built), each
 // charged exit_s (resident's build, where made, is spent whichever plan runs: the caller
-// charges it, Choice.built_resident), and the least (reference: min by (score, index)).
+// charges its rounds, Choice.rounds), and the least (reference: min by (score, index)).
 __device__ McExitPlan mc_exit_plan(const McCost& k, const McExitIn& x, int C) {
     McExitPlan p;
     p.stat = mc_total(k, x.stat, k.exit_s);
@@ -790,10 +840,10 @@ __device__ void mc_first_exit(const McCost& k, const McExitIn& x, int R, mp_i64 
 }
 
 // The exit's plans beside static EP, where previous has resident replicas (block-uniform):
-// placed built into entry C - 1 and scored, then resident into entry 2 only where static and
-// placed, charged exit_s, both exceed nocopy_s (charged serve): else resident, which copies
-// nothing, cannot beat them by its build (reference.choose_reference). Built here once, not
-// in kernel 2.
+// placed built into entry C - 1 and scored, then resident into entry 2 (its rounds into
+// x.rounds) only where static and placed, charged exit_s, both exceed nocopy_s (charged
+// exit_build): else resident, which copies nothing, cannot beat them by its least build
+// (reference.choose_reference). Built here once, not in kernel 2.
 __device__ void mc_first_residents(const McStep& st, const McCost& k, const McCands& m,
                                    McExitIn& x, unsigned char* smem) {
     mp_i64* placed = m.alloc_C + (mp_i64)(m.C - 1) * st.E * st.R;
@@ -801,7 +851,7 @@ __device__ void mc_first_residents(const McStep& st, const McCost& k, const McCa
     x.plc = mc_score(st, k, placed, mc_entry(m, st, m.C - 1), smem);
     const double cheap = mc_min(mc_total(k, x.stat, k.exit_s), mc_total(k, x.plc, k.exit_s));
     x.built = cheap > x.nocopy;
-    if (x.built) x.res = mc_resident_pick(st, k, m, true, smem);
+    if (x.built) x.res = mc_resident_pick(st, k, m, true, &x.rounds, smem);
 }
 
 // Dynamic shared memory: the largest of mc_first_static's, mc_resident's and mc_score's
@@ -810,10 +860,10 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     moonplan_choice_first(const mp_i64* counts, const mp_i64* prev, mp_i64 R_, mp_i64 E, mp_i64 B,
                           mp_i64 has_prev, mp_i64 C, MC_COST_PARAMS, const double* carry_in,
                           double* scores, double* free_C, unsigned char* exited, mp_i64* index,
-                          double* credit, double* pending, mp_i64* total_E, mp_i64* load_R,
-                          mp_i64* send_R, mp_i64* sdom_R, mp_i64* misc, int* warm_d,
-                          mp_i64* rest_RE, mp_i64* top_RM, mp_i64* alloc_C, mp_i64* recv_C,
-                          mp_i64* res_a, int* res_i) {
+                          double* credit, double* pending, mp_i64* rounds, mp_i64* total_E,
+                          mp_i64* load_R, mp_i64* send_R, mp_i64* sdom_R, mp_i64* misc,
+                          int* warm_d, mp_i64* rest_RE, mp_i64* top_RM, mp_i64* alloc_C,
+                          mp_i64* recv_C, mp_i64* res_a, int* res_i) {
     extern __shared__ __align__(16) unsigned char mp_smem[];
     const McCost k = mc_cost(MC_COST_ARGS);
     const int R = (int)R_;
@@ -832,6 +882,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
         misc[0] = st.N;
         misc[3] = x.nres;
         misc[4] = x.built ? 1 : 0;
+        rounds[0] = x.rounds;  // 0 where the exit built no resident (x.built false)
     }
 }
 
@@ -921,8 +972,9 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     st.levels = (int)levels;
     st.N = misc[0];
     const McCands m = {alloc_C, recv_C, scores, free_C, res_a, res_i, C};
-    if (c == 2) {  // residents the exit skipped: the same rounding rule as kernel 1's
-        mc_resident_pick(st, k, m, misc[3] > 0, mp_smem);
+    if (c == 2) {  // residents the exit skipped: the same rounding and rounds rule as kernel 1's
+        int rounds = 0;  // not reported: Choice.rounds counts the exit's build only
+        mc_resident_pick(st, k, m, misc[3] > 0, &rounds, mp_smem);
         return;
     }
     mp_i64* alloc = alloc_C + (mp_i64)c * E * R;

@@ -16,12 +16,12 @@ through the three points measured there (extrapolated below ``R = 8`` and above
   constructions run in parallel blocks, each as long as the exact kernel's, then a pass
   over ``E * R`` per block scores them and one block lays out the winner; charged
   :data:`AUTO_FACTOR` times :func:`exact_us`.
-* :func:`resident_us`, one build of the ``resident`` candidate (``ROUNDS`` rounds of
-  block-wide passes over the pairs, each charged what one rank's step of the exact
-  kernel's balance loop costs, the slope of :data:`MEASURED` in ``R``, once for each of
-  its :data:`ROUNDINGS`), after the pass
-  over the counts that :func:`exit_us` charges: what a window placement's evaluation
-  costs per table it scores (``moonplan.plan.residency``);
+* :data:`ROUND_US`, one round of the ``resident`` candidate's diffusion (a few block-wide
+  passes over the pairs), charged what one rank's step of the exact kernel's balance
+  loop costs, the slope of :data:`MEASURED` in ``R``; a build runs as many rounds as pay
+  for themselves (``moonplan.plan.choice.resident``), in each rounding it builds, and the
+  plan reports them (``Choice.rounds``). :func:`resident_us` is a build of ``rounds``
+  rounds after the pass over the counts that :func:`exit_us` charges;
 * :func:`exit_us`, ``auto``'s early exit: the test reads the counts once more in the pass
   that every plan (static EP's too) makes over them, and reduces a few sums in one block:
   ``E * R * 8`` bytes at :data:`ONE_SM_BYTES_PER_S` plus :data:`REDUCE_US`. Static EP's
@@ -31,8 +31,6 @@ The MoonEP greedy is charged its published 51 us a step (``baselines.moonep_gree
 """
 
 from __future__ import annotations
-
-from moonplan.plan.choice.resident import ROUNDS
 
 MEASURED = {(8, 256): 13.5, (8, 896): 20.8, (64, 896): 62.2, (256, 896): 225.0}
 """Fused exact kernel, CUDA-graph replay, H200 (us), by ``(R, E)``."""
@@ -69,24 +67,16 @@ def auto_us(num_ranks: int, num_experts: int) -> float:
     return AUTO_FACTOR * exact_us(num_ranks, num_experts)
 
 
-def resident_us(num_ranks: int, num_experts: int, tile_rows: int) -> float:
-    """Microseconds of one ``resident`` candidate build and its pass over the counts
-    (module docstring); the build alone is :func:`resident_build_us`."""
-    return exit_us(num_ranks, num_experts) + resident_build_us(tile_rows)
+ROUND_US = _R_SLOPE
+"""Microseconds of one round of the ``resident`` candidate's diffusion in one rounding
+(module docstring); the records and tiles roundings run their rounds one after the other
+(the kernel does not share them), so each round of either is charged."""
 
 
-ROUNDINGS = 2
-"""Builds of the ``resident`` candidate a step where the GEMM tile is over one row: its
-diffusion rounded to whole records and to whole tiles, each run and scored on its own (the
-kernel does not share their rounds), so both are charged. With one-row tiles the two are
-one, and the kernel builds it once."""
-
-
-def resident_build_us(tile_rows: int) -> float:
-    """Microseconds of the ``resident`` candidate's rounds: what ``auto``'s early exit adds
-    to its test where replicas are resident (it builds and scores that candidate too, in
-    both roundings where ``tile_rows > 1``)."""
-    return (ROUNDINGS if tile_rows > 1 else 1) * ROUNDS * _R_SLOPE
+def resident_us(num_ranks: int, num_experts: int, rounds: int) -> float:
+    """Microseconds of a ``resident`` candidate build of ``rounds`` rounds in all and its
+    pass over the counts (module docstring)."""
+    return exit_us(num_ranks, num_experts) + rounds * ROUND_US
 
 
 def exit_us(num_ranks: int, num_experts: int) -> float:

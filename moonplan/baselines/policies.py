@@ -35,16 +35,17 @@ import torch
 
 from moonplan.baselines.decision_time import decision_build_us, decision_score_us
 from moonplan.baselines.planner_time import (
+    ROUND_US,
     auto_us,
     exact_us,
     exit_us,
-    resident_build_us,
 )
 from moonplan.baselines.policy_base import Policy, PolicyStep, make_step
 from moonplan.baselines.prehistory import Prehistory
 from moonplan.baselines.registry import PolicyInfo, register
 from moonplan.checks import check_int
 from moonplan.plan import api as planner
+from moonplan.plan.choice.rent import exit_rounds_s
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_time import plan_fetch_ER, plan_time
 from moonplan.plan.plan_type import Plan
@@ -170,8 +171,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
     simulator passes the one it charges the step with, so a plan's predicted time is its
     simulated time. Each step is charged one planner call (``cost.plan_s``), or, when it
     exited, the early exit's test (``cost.exit_s``) and, where it built the ``resident``
-    candidate, that build (``cost.serve_s``: ``planner_time.resident_build_us``, which
-    ``SimConfig.step_cost`` sets for this policy). The placement's
+    candidate, the rounds it ran (``cost.round_s`` each, ``Choice.rounds``:
+    ``planner_time.ROUND_US``, which ``SimConfig.step_cost`` sets for this policy). The placement's
     decisions follow the runtime's rule (:class:`~moonplan.plan.residency.refill.Decisions`:
     each runs on the host beside the ``k`` steps its work covers (on the decision thread
     every layer shares: with layers alike, the ``k`` steps of one layer bound that queue,
@@ -248,7 +249,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
         assert p.choice is not None  # an auto plan
         planned = 1.0
         if p.choice.early_exit():  # the test, and the resident candidate's build if made
-            exit_s = self.cost.exit_s + (self.cost.serve_s if p.choice.built_resident() else 0.0)
+            exit_s = exit_rounds_s(self.cost, int(p.choice.rounds))
             planned = exit_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
         self._place(counts_RE, p)
         return plan_step(self.name, counts_RE, p, planned=planned, choice=p.policy,
@@ -328,5 +329,5 @@ register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-"
                     plan_us=exact_us, options=("slots", "stale_slots"), order=70))  # fmt: skip
 AUTO_OPTIONS = ("cost", "slots", "placement_window", "staging", "layers", "stale_slots")
 register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=auto_us, exit_us=exit_us,
-                    serve_us=resident_build_us, decide_us=decision_build_us,
+                    round_us=ROUND_US, decide_us=decision_build_us,
                     score_us=decision_score_us, options=AUTO_OPTIONS, order=80))  # fmt: skip

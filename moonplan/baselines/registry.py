@@ -36,11 +36,6 @@ PlanUs = float | Callable[[int, int], float]
 """Microseconds of a planner call: fixed, or a function of ``(R, E)``."""
 
 
-ServeUs = float | Callable[[int], float]
-"""Microseconds of the exit's ``resident`` build: fixed, or a function of the GEMM tile's
-rows."""
-
-
 def plan_us_at(value: PlanUs, num_ranks: int, num_experts: int) -> float:
     """``value`` (:data:`PlanUs`) at ``(R, E)``."""
     return float(value(num_ranks, num_experts) if callable(value) else value)
@@ -60,8 +55,8 @@ class PolicyInfo:
             (what ``SimConfig`` charges per ``PolicyStep.planned``; 0: plans nothing), or
             a function of ``(R, E)`` giving it (a device planner's time by shape).
         exit_us: the same for ``policy="auto"``'s early exit (``StepCost.exit_s``).
-        serve_us: what that exit adds where it builds the ``resident`` candidate
-            (``StepCost.serve_s``), or a function of the GEMM tile's rows giving it.
+        round_us: device microseconds of one round of the ``resident`` candidate that
+            exit builds (``StepCost.round_s``).
         decide_us: host microseconds per build a slot-placement decision counts
             (``StepCost.decide_s``), or a function of ``(R, E)`` giving it.
         score_us: host microseconds per (step, table) such a decision scores without a
@@ -79,7 +74,7 @@ class PolicyInfo:
     style: tuple[str, str] = ("-", ".")
     plan_us: PlanUs = 0.0
     exit_us: PlanUs = 0.0
-    serve_us: ServeUs = 0.0
+    round_us: float = 0.0
     decide_us: PlanUs = 0.0
     score_us: PlanUs = 0.0
     options: tuple[str, ...] = ()

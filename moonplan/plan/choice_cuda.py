@@ -5,16 +5,17 @@ Legend:
     K levels, C = K + 4 candidates (``moonplan.plan.choice.table``), G ranks per domain.
 
 :func:`choose_cuda` makes the same choice as ``moonplan.plan.choice.reference``, bit for bit:
-the same plan, ``index``, ``scores``, ``exited`` and ``credit``. Its three kernels run on
-torch's current stream with no host synchronisation, and every shape depends only on
-``(R, E, B, K)``, so the call can be captured in a CUDA graph:
+the same plan, ``index``, ``scores``, ``exited``, ``credit``, ``pending`` and ``rounds``. Its
+three kernels run on torch's current stream with no host synchronisation, and every shape
+depends only on ``(R, E, B, K)``, so the call can be captured in a CUDA graph:
 
 1. ``moonplan_choice_first`` (one block): the counts' column sums, static loads, static EP's
    scores charged ``exit_s`` and ``plan_s``; where ``previous`` has resident replicas, the
    ``placed`` candidate built and scored, and the ``resident`` one where both static and
-   placed exceed ``bound.nocopy_s`` (charged ``exit_s + serve_s``); the early-exit bound,
-   the rent-or-buy exit test (``choice.rent.exit_rent``) on the least of the exit's plans,
-   the exit flag, the exit's index, the credit and ``pending``;
+   placed exceed ``bound.nocopy_s`` (charged ``rent.exit_build_s``: ``exit_s`` and one
+   ``round_s`` a rounding); the early-exit bound, the rent-or-buy exit test
+   (``choice.rent.exit_rent``) on the least of the exit's plans, the exit flag, the exit's
+   index, the credit, ``pending`` and ``rounds`` (of its ``resident`` build, 0 without one);
 2. ``moonplan_choice_build`` (``C - 1`` blocks, one per candidate but static): each returns
    at once when the flag is set (and ``resident``'s or ``placed``'s when the first kernel
    built it), else builds its allocation and scores it, its copies charged and free;
@@ -52,6 +53,8 @@ KERNELS = ("moonplan_choice_first", "moonplan_choice_build", "moonplan_choice_la
 NVRTC_OPTIONS = ("--fmad=false",)  # no FMA contraction: the scores' floats as Python's
 RED_F64 = 8 * 32  # doubles of mc_block_max's shared memory
 ACC = 13  # per-rank int64 sums of mc_score
+CHOICE_OUTPUTS = ("index", "scores", "exited", "credit", "pending", "rounds")
+"""The choice's outputs in ``Choice``'s field order (after ``names``)."""
 
 Arg = cb.Arg
 Sources = tuple[str, tuple[tuple[str, str], ...]]
@@ -142,7 +145,7 @@ def shared_bytes(R: int, E: int) -> tuple[int, int, int]:
     needs none)."""
     first = 8 * (7 * R + 33) + 8 * RED_F64 + 4 * E
     construct = 8 * (E + 3 * R + 33) + 4 * (5 * R + 1 + 33)
-    resident = 8 * R + 4 * (R + 33)  # its holders' arrays are global scratch (res_a, res_i)
+    resident = 8 * (R + 33) + 4 * (R + 33)  # its holders' arrays: global scratch (res_a, res_i)
     score = 8 * (ACC * R) + 8 * RED_F64
     return max(first, resident, score), max(construct, resident, score), 8 * E + 4 * (R + 1)
 
@@ -164,7 +167,8 @@ def resident_holders(R: int, E: int, B: int) -> int:
 @functools.lru_cache(maxsize=64)
 def layout(R: int, E: int, B: int, C: int) -> Layout:
     """The buffer of :func:`allocate`: the plan's fields, ``index``, ``scores``, ``credit``
-    and ``pending`` (float64), ``exited`` (its first byte, bool), then the kernels' scratch."""
+    and ``pending`` (float64), ``exited`` (its first byte, bool), ``rounds`` (int64), then
+    the kernels' scratch."""
     M = max_local(E, R)
     W = M + max(B, M)
     F = max(R - 1, 0)
@@ -173,7 +177,7 @@ def layout(R: int, E: int, B: int, C: int) -> Layout:
         "flow": (F, 3), "alloc": (E, R), "target": (R,), "home": (E,),
         "slot_expert": (R, B), "slot_new": (R, B), "row_expert": (R, W), "row_count": (R, W),
         "row_offset": (R, W + 1), "index": (), "scores": (C,), "exited": (), "credit": (),
-        "pending": (),
+        "pending": (), "rounds": (),
     }  # fmt: skip
     words64 = {"total_E": E, "load_R": R, "send_R": R, "sdom_R": R, "misc": 5,
                "alloc_C": C * E * R, "flow_C": C * 3 * F, "recv_C": C * R, "rep_c": C * R * M,
@@ -199,9 +203,10 @@ def allocate(
 ) -> tuple[torch.Tensor, PlanFields, tuple[torch.Tensor, ...]]:
     """``(buffer, fields, choice)``: one uninitialised int64 buffer and the views of the
     outputs: the plan's layout tensors (int64) and the choice's ``(index, scores, exited,
-    credit, pending)``: ``index`` int64 0-d, ``scores`` float64 ``[C]``, ``exited`` bool 0-d
-    (the first byte of its word), ``credit`` and ``pending`` float64 0-d. One ``as_strided``
-    per view: the host cost of every call (about half that of a slice and a ``view``)."""
+    credit, pending, rounds)``: ``index`` int64 0-d, ``scores`` float64 ``[C]``, ``exited``
+    bool 0-d (the first byte of its word), ``credit`` and ``pending`` float64 0-d, ``rounds``
+    int64 0-d (the first kernel writes it every call). One ``as_strided`` per view: the host
+    cost of every call (about half that of a slice and a ``view``)."""
     lay = layout(R, E, B, C)
     buf = torch.empty(lay.words, dtype=torch.int64, device=device)
 
@@ -213,21 +218,22 @@ def allocate(
             return buf.view(torch.bool).as_strided((), (), 8 * at)
         return buf.as_strided(shape, strides, at)
 
-    choice = tuple(view(k) for k in ("index", "scores", "exited", "credit", "pending"))
+    choice = tuple(view(k) for k in CHOICE_OUTPUTS)
     return buf, PlanFields(*(view(k) for k in PlanFields._fields)), choice
 
 
 def cost_args(cost: StepCost, R: int) -> list[Arg]:
     """``MC_COST_PARAMS`` of the kernels: ``tile``, ``G``, ``overlap``, then the rates
-    (seconds, doubles; ``serve_s`` the field, the kernel adds ``exit_s`` as ``rent.exit_build_s``)
-    and the bound's ``copy_min_s`` (``inf``: no copy possible) and ``link_rates`` (dispatch,
-    combine), computed here as the reference computes them."""
+    (seconds, doubles; ``round_s`` the field: the kernel derives ``rent.exit_build_s`` and
+    ``resident.least_units`` from it) and the bound's ``copy_min_s`` (``inf``: no copy
+    possible) and ``link_rates`` (dispatch, combine), computed here as the reference computes
+    them."""
     check_cost(cost)  # PlanError: an option no form of the choice models
     ints = [cost.tile_rows, cost.domain_size(R), int(cost.overlap)]
     rates = [cost.row_flop_s, cost.weight_read_s, cost.row_mem_s, cost.copy_s_intra,
              cost.copy_s_inter, cost.dispatch_row_s_intra, cost.dispatch_row_s_inter,
              cost.combine_row_s_intra, cost.combine_row_s_inter, cost.base_latency_s,
-             cost.per_peer_latency_s, cost.plan_s, cost.exit_s, cost.serve_s,
+             cost.per_peer_latency_s, cost.plan_s, cost.exit_s, cost.round_s,
              copy_min_s(cost, R), *link_rates(cost, R)]  # fmt: skip
     args: list[Arg] = [(int(v), ctypes.c_longlong) for v in ints]
     return args + [(float(v), ctypes.c_double) for v in rates]
@@ -270,7 +276,7 @@ def kernel_args(
     carried = (carry.data_ptr(), ctypes.c_void_p)
     first = [c, p, val(R), val(E), val(B), has, val(C), *cost_, carried]
     first += [at("scores"), at("free_C"), at("exited"), at("index"), at("credit")]
-    first += [at("pending"), *stats]
+    first += [at("pending"), at("rounds"), *stats]
     first += [at(k) for k in ("warm_d", "rest_RE", "top_RM", "alloc_C", "recv_C", "res_a")]
     first += [at("res_i")]
     build = [c, p, f, val(R), val(E), val(B), has, val(n_flows), val(levels), *cost_]
@@ -299,8 +305,9 @@ def choose_cuda(
     carried: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[PlanFields, tuple[torch.Tensor, ...]]:
     """The ``auto`` plan's layout tensors and ``(index 0-d int64, scores [C] float64, exited 0-d
-    bool, credit 0-d float64, pending 0-d float64)``, all on the counts' CUDA device, written
-    asynchronously on torch's stream.
+    bool, credit 0-d float64, pending 0-d float64, rounds 0-d int64)``, all on the counts'
+    CUDA device, written asynchronously on torch's stream (``rounds``: of the early exit's
+    ``resident`` build, its roundings together, 0 where it made none: ``Choice.rounds``).
 
     Args:
         counts_RE: validated integer counts ``[R, E]`` on a CUDA device (not read here).

@@ -86,6 +86,9 @@ class Choice:
         pending: float64 0-d, the most seconds the steps since the last full call could
             have saved with it, read by the next step's early exit (``rent.exit_rent``);
             0 when nothing reads it (a choice made without ``previous``'s).
+        rounds: int64 0-d, the rounds the early exit's ``resident`` build ran in its
+            roundings together (0: the exit did not build it), which ``StepCost.round_s``
+            charges each (``rent.exit_rounds_s``).
     """
 
     names: tuple[str, ...]
@@ -94,6 +97,7 @@ class Choice:
     exited: torch.Tensor
     credit: torch.Tensor
     pending: torch.Tensor
+    rounds: torch.Tensor
 
     def name(self) -> str:
         """The chosen candidate's name (host read)."""
@@ -109,8 +113,8 @@ class Choice:
         return bool(self.exited)
 
     def built_resident(self) -> bool:
-        """Whether the exit built the ``resident`` candidate, which ``StepCost.serve_s``
-        charges (it is scored there; a full call scores every candidate; host read)."""
+        """Whether the exit was taken with the ``resident`` candidate built (it is scored
+        there; a full call scores every candidate; host read)."""
         return (
             bool(self.exited)
             and "resident" in self.names
@@ -119,7 +123,7 @@ class Choice:
 
     def to(self, device: torch.device) -> Choice:
         """The same choice with its tensors on ``device``."""
-        held = (self.index, self.scores, self.exited, self.credit, self.pending)
+        held = (self.index, self.scores, self.exited, self.credit, self.pending, self.rounds)
         return Choice(self.names, *(t.to(device) for t in held))
 
 

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from moonplan.baselines.policy_base import PolicyStep
-from moonplan.baselines.registry import PlanUs, ServeUs, infos, plan_us_at
+from moonplan.baselines.registry import PlanUs, infos, plan_us_at
 from moonplan.cost import ModelPreset
 from moonplan.plan.residency.refill import refill_link_s
 from moonplan.simulate.dispatch_rows import scheme_step_traffic
@@ -66,10 +66,10 @@ def default_plan_us() -> dict[str, PlanUs]:
     return {n: p.plan_us for n, p in infos().items() if callable(p.plan_us) or p.plan_us > 0}
 
 
-def default_serve_us() -> dict[str, ServeUs]:
-    """What ``policy="auto"``'s exit adds where it builds the ``resident`` candidate
-    (``PolicyInfo.serve_us``) of the policies that have it."""
-    return {n: p.serve_us for n, p in infos().items() if callable(p.serve_us) or p.serve_us > 0}
+def default_round_us() -> dict[str, float]:
+    """Device microseconds of one round of the ``resident`` candidate that
+    ``policy="auto"``'s exit builds (``PolicyInfo.round_us``) of the policies that have it."""
+    return {n: p.round_us for n, p in infos().items() if p.round_us > 0}
 
 
 def default_decide_us() -> dict[str, PlanUs]:
@@ -104,8 +104,8 @@ class SimConfig:
             section, as moonplan's runtime runs it; default); ``False``: fetch, then
             dispatch, one after the other.
         exit_us: ``policy="auto"``'s early exit per policy name (``StepCost.exit_s``);
-            serve_us: what it adds where it builds the ``resident`` candidate
-            (``StepCost.serve_s``); decide_us: a slot-placement decision's host time per
+            round_us: one round of the ``resident`` candidate it builds
+            (``StepCost.round_s``); decide_us: a slot-placement decision's host time per
             build it counts (``StepCost.decide_s``); score_us: per (step, table) it scores
             without a build (``StepCost.score_s``); all read from the registry by default.
         dispatch: the transport's dispatch scheme for every policy alike
@@ -120,7 +120,7 @@ class SimConfig:
     overlap_prefetch: bool = True
     dispatch: str = "record"
     exit_us: Mapping[str, PlanUs] = field(default_factory=default_exit_us)
-    serve_us: Mapping[str, ServeUs] = field(default_factory=default_serve_us)
+    round_us: Mapping[str, float] = field(default_factory=default_round_us)
     decide_us: Mapping[str, PlanUs] = field(default_factory=default_decide_us)
     score_us: Mapping[str, PlanUs] = field(default_factory=default_score_us)
 
@@ -143,15 +143,10 @@ class SimConfig:
             plan_us=plan_us_at(self.plan_us.get(policy, 0.0), num_ranks, E),
             overlap=self.overlap_prefetch,
             exit_us=plan_us_at(self.exit_us.get(policy, 0.0), num_ranks, E),
-            serve_us=_at_tile(self.serve_us.get(policy, 0.0), hw.gemm_tile_rows),
+            round_us=float(self.round_us.get(policy, 0.0)),
             decide_us=plan_us_at(self.decide_us.get(policy, 0.0), num_ranks, E),
             score_us=plan_us_at(self.score_us.get(policy, 0.0), num_ranks, E),
         )
-
-
-def _at_tile(value: ServeUs, tile_rows: int) -> float:
-    """``value`` (:data:`~moonplan.baselines.registry.ServeUs`) at a GEMM tile's rows."""
-    return float(value(tile_rows) if callable(value) else value)
 
 
 def step_time(

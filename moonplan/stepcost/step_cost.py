@@ -73,7 +73,7 @@ _RATE_FIELDS = (
     "per_peer_latency_s",
     "plan_s",
     "exit_s",
-    "serve_s",
+    "round_s",
     "decide_s",
     "score_s",
 )
@@ -146,12 +146,15 @@ class StepCost:
     exit_s: float = 0.0
     """Seconds of ``policy="auto"``'s early exit: the test on the counts alone, when it
     shows that static EP wins (``moonplan.plan.choice.bound``)."""
-    serve_s: float = 0.0
-    """Seconds the early exit adds where it builds the ``resident`` candidate (replicas
-    resident and the cheap plans above the bound on plans that copy nothing:
-    ``moonplan.plan.choice.reference``). The exit builds it only where it could beat them
-    by this; the exit's plans are scored with ``exit_s`` alone, and whoever charges the
-    step adds this where the exit built it (``Choice.built_resident``)."""
+    round_s: float = 0.0
+    """Device seconds of one round of the ``resident`` candidate's diffusion
+    (``moonplan.plan.choice.resident``), which the early exit builds where replicas are
+    resident and the cheap plans are above the bound on plans that copy nothing
+    (``moonplan.plan.choice.reference``). The rounds run while the last one paid for
+    itself; the exit builds the candidate only where it could beat the cheap plans by its
+    least build (one round a rounding, ``rent.exit_build_s``). The exit's plans are scored
+    with ``exit_s`` alone; whoever charges the step adds ``round_s`` for each round the
+    exit ran (``Choice.rounds``)."""
     decide_s: float = 0.0
     """Host seconds per ``resident`` build that a slot-placement decision counts
     (``moonplan.plan.residency.refill.Decisions``): the decision runs on a host thread,
@@ -214,7 +217,7 @@ class StepCost:
         plan_us: float = 51.0,
         overlap: bool = True,
         exit_us: float = 0.0,
-        serve_us: float = 0.0,
+        round_us: float = 0.0,
         decide_us: float = 0.0,
         score_us: float = 0.0,
     ) -> StepCost:
@@ -230,8 +233,8 @@ class StepCost:
                 moonplan's own by shape).
             overlap: the overlapped schedule (module docstring).
             exit_us: microseconds of ``policy="auto"``'s early exit (:attr:`exit_s`).
-            serve_us: microseconds the exit adds to build the ``resident`` candidate
-                (:attr:`serve_s`).
+            round_us: device microseconds of one round of the ``resident`` candidate
+                (:attr:`round_s`).
             decide_us: host microseconds per build a placement decision counts
                 (:attr:`decide_s`).
             score_us: host microseconds per (step, table) a placement decision scores
@@ -260,7 +263,7 @@ class StepCost:
             domain=max(0, hw.nvlink_domain),
             overlap=overlap,
             exit_s=exit_us * 1e-6,
-            serve_s=serve_us * 1e-6,
+            round_s=round_us * 1e-6,
             decide_s=decide_us * 1e-6,
             score_s=score_us * 1e-6,
         )
@@ -285,7 +288,7 @@ class StepCost:
             self.per_peer_latency_s,
             self.plan_s,
             self.exit_s,
-            self.serve_s,
+            self.round_s,
             self.decide_s,
             self.score_s,
         )

@@ -369,7 +369,7 @@ def test_simulator_plans_what_the_runtime_balancer_plans(mode: str, name: str) -
     from moonplan.runtime.balancer import Balancer
 
     cost = rows_only(copy_s_intra=1e-3, copy_s_inter=1e-3, plan_s=1e-3, exit_s=1e-5,
-                     serve_s=2e-5)  # fmt: skip
+                     round_s=2e-5)  # fmt: skip
     sim = make_policy(name, 8, 64, cost=cost, slots=4, staging=0)  # no background refill
     runtime = Balancer(mode, slots=4, align=1, cost=cost if mode == "auto" else None)
     previous = None
@@ -383,7 +383,9 @@ def test_simulator_plans_what_the_runtime_balancer_plans(mode: str, name: str) -
         assert step.new_copies == previous.new_copies()
         choice = previous.choice
         exited = choice is not None and choice.early_exit()
-        exit_s = 1e-5 + (cost.serve_s if exited and choice.built_resident() else 0.0)
+        rounds = int(choice.rounds) if exited else 0
+        exit_s = 1e-5 + 2e-5 * rounds  # each round the exit's resident build ran
+        assert (rounds > 0) == (exited and choice.built_resident())
         assert step.planned == pytest.approx(exit_s / 1e-3 if exited else 1.0)
         choices.add(previous.policy)
     # auto's choice changes along the trace (a mixed trace, not one candidate throughout)
@@ -425,6 +427,10 @@ def test_split_pairs_round_robin() -> None:
     assert [int(p.sum()) for p in split_pairs(pairs, 7)] == [1] * 5 + [0, 0]
 
 
+DEAR_COPIES = rows_only(copy_s_intra=3e-3, copy_s_inter=3e-3, plan_s=1e-6)
+"""A copy costs 3000 rows: the hot set's excess pays for it over a few steps, not one."""
+
+
 def persistent(steps: int, seed: int = 0) -> list[torch.Tensor]:
     """``steps`` count matrices ``[8, 64]`` whose hot experts 0, 9 and 18 stay."""
     return hot_steps(steps, 8, 64, (0, 9, 18), low=20, high=40, extra=400, seed=seed)
@@ -434,19 +440,21 @@ def test_auto_refills_beside_the_steps_and_serves_once_copied() -> None:
     """A persistent hot set: the placement orders a refill (its copies beside the next
     steps, ``refill_ER``), swaps it in (``local_copies``) and then serves the hot experts'
     replicas without fetching them on the critical path; the step's planner call buys only
-    what pays in that step (``rent=False``)."""
-    cost = rows_only(copy_s_intra=1e-6, copy_s_inter=1e-6, plan_s=1e-6)
-    policy = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4, placement_window=4)
+    what pays in that step (``rent=False``): a copy dearer than one step's gain, so the
+    step's own call buys nothing and the rent pays the refill after a few steps."""
+    policy = make_policy("moonplan-auto", 8, 64, cost=DEAR_COPIES, slots=4, placement_window=4)
     assert policy.slots == 4 and policy.staging == 1 and not policy.rent  # every slot serves
-    steps = [policy.step(c) for c in persistent(12)]
+    steps = [policy.step(c) for c in persistent(24)]
     ordered = [i for i, s in enumerate(steps) if s.refill_ER is not None]
     swapped = [i for i, s in enumerate(steps) if s.local_copies]
     assert ordered and swapped and swapped[0] > ordered[0]
+    assert all(s.choice == "static" for s in steps[: ordered[0]])
+    assert all(s.choice == "resident" and s.new_copies == 0 for s in steps[swapped[0] :])
     assert all(s.local_copies <= 1 for s in steps)  # one staging row per rank
     held = policy._previous.slot_expert
     assert {0, 9, 18} & set(held[held >= 0].tolist())  # a hot expert is resident
     assert all(torch.equal(s.alloc_ER.sum(1), c.sum(0))
-               for s, c in zip(steps, persistent(12), strict=True))  # fmt: skip
+               for s, c in zip(steps, persistent(24), strict=True))  # fmt: skip
 
 
 def test_auto_without_staging_rows_keeps_rent_or_buy() -> None:
@@ -463,12 +471,11 @@ def test_a_refill_waits_its_turn_with_the_other_layers() -> None:
     """The staging rows are shared by the model's layers: with 3 layers the refill waits
     for the other two first (each as long as its own copies), so it is copied and swapped
     in 2 n steps later than with one layer, and its copies are the same."""
-    cost = rows_only(copy_s_intra=1e-6, copy_s_inter=1e-6, plan_s=1e-6)
 
     def run(layers: int) -> list:
-        policy = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4, placement_window=4,
-                             layers=layers)  # fmt: skip
-        return [policy.step(c) for c in persistent(16)]
+        policy = make_policy("moonplan-auto", 8, 64, cost=DEAR_COPIES, slots=4,
+                             placement_window=4, layers=layers)  # fmt: skip
+        return [policy.step(c) for c in persistent(32)]
 
     one, three = run(1), run(3)
     copies = [[i for i, s in enumerate(r) if s.refill_ER is not None and s.refill_ER.any()]

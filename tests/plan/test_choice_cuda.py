@@ -100,7 +100,7 @@ def test_argument_lists_match_the_kernels() -> None:
     where the cost is, pointers into the one buffer at distinct, increasing offsets."""
     R, E, B = 3, 7, 2
     c = torch.zeros(R, E, dtype=torch.int64)
-    buf, out, (index, scores, exited, credit, pending) = choice_cuda.allocate(
+    buf, out, (index, scores, exited, credit, pending, rounds) = choice_cuda.allocate(
         R, E, B, LEVELS + 4, torch.device("cpu")
     )
     carry = choice_cuda.carry_of(None, torch.device("cpu"))
@@ -116,6 +116,7 @@ def test_argument_lists_match_the_kernels() -> None:
     assert exited.dtype == torch.bool and exited.dim() == 0
     assert credit.dtype == pending.dtype == torch.float64 and credit.dim() == pending.dim() == 0
     assert carry.tolist() == [0.0, 0.0]
+    assert rounds.dtype == torch.int64 and rounds.dim() == 0
     assert index.dim() == 0 and out.row_offset.shape == (R, 2 * 3 + 1)
 
 
@@ -133,7 +134,8 @@ def _differences(got: Plan, want: Plan) -> list[str]:
     if not torch.equal(g.scores.cpu().view(torch.int64), w.scores.view(torch.int64)):
         bad.append("scores")
     bad += [n for n in ("credit", "pending") if float(getattr(g, n)) != float(getattr(w, n))]
-    return bad + [n for n in ("index", "exited") if int(getattr(g, n)) != int(getattr(w, n))]
+    ints = ("index", "exited", "rounds")
+    return bad + [n for n in ints if int(getattr(g, n)) != int(getattr(w, n))]
 
 
 def _case(rng: random.Random) -> tuple[torch.Tensor, int, int]:
@@ -203,7 +205,7 @@ def test_captured_in_a_cuda_graph_and_replayed_on_new_counts(cost) -> None:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fields, (index, scores, exited, _) = call()
+        fields, (index, scores, exited, _, _, rounds) = call()
     prev = None
     for seed in range(1, 5):
         c = torch.randint(0, 40, (R, E), generator=g)
@@ -216,6 +218,7 @@ def test_captured_in_a_cuda_graph_and_replayed_on_new_counts(cost) -> None:
             assert torch.equal(getattr(fields, k).cpu(), getattr(want, k)), (seed, k)
         assert torch.equal(scores.cpu().view(torch.int64), want.choice.scores.view(torch.int64))
         assert int(index) == int(want.choice.index) and bool(exited) == bool(want.choice.exited)
+        assert int(rounds) == int(want.choice.rounds)
         prev_RB.copy_(fields.slot_expert)
         prev_F3.copy_(fields.flow)
         prev = want

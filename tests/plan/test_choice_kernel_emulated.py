@@ -9,16 +9,17 @@ with one OS thread per CUDA thread), then its three kernels are launched in orde
 the real launcher's buffer and argument lists (``choice_cuda.allocate`` / ``kernel_args``).
 The buffer starts as garbage and shared memory as ``0xCD`` bytes, like on a device; a
 kernel writing past its shared layout fails the test. Every plan field, ``scores`` bit for
-bit (inf included), ``index``, ``exited``, the rent-or-buy ``credit`` (bit for bit; each
-step reads the previous plan's), the early-exit bound's two parts (bit for bit: the first
-kernel leaves them in its scratch) and whether the first kernel built ``resident`` are
-compared. A GPU run
+bit (inf included), ``index``, ``exited``, the rent-or-buy ``credit`` and ``pending`` (bit
+for bit; each step reads the previous plan's), ``rounds`` (of the exit's ``resident``
+build), the early-exit bound's two parts (bit for bit: the first kernel leaves them in its
+scratch) and whether the first kernel built ``resident`` are compared. A GPU run
 (``tests/plan/test_choice_cuda.py``, ``bench/gpu_check.py``) is still the final word.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import random
 import shutil
@@ -37,6 +38,7 @@ from moonplan.plan.choice import choose
 from moonplan.plan.choice import reference as ref
 from moonplan.plan.choice.bound import exit_bound, kept_section_s, links_reference, nocopy_s
 from moonplan.plan.choice.rent import exit_build_s
+from moonplan.plan.choice.resident import ROUND_LIMIT, resident_reference
 from moonplan.plan.choice.table import LEVELS, RESIDENT, placed_index, table
 from moonplan.plan.home import home_list
 from moonplan.plan.plan_fields import PlanFields
@@ -124,7 +126,7 @@ def _emu_choose(
 ) -> tuple[PlanFields, tuple[torch.Tensor, ...], Scratch]:
     """The three kernels, in launch order, on CPU tensors (``previous``'s credit in); the
     outputs' views (the layout tensors; ``index``, ``scores``, ``exited``, ``credit``,
-    ``pending``) and what the first kernel left in its scratch (:class:`Scratch`).
+    ``pending``, ``rounds``) and what the first kernel left in its scratch (:class:`Scratch`).
     ``carry``: the first kernel's ``(credit, pending)`` in place of ``previous``'s
     (``rent=False`` passes a credit of ``-inf``)."""
     c, B, align, prev, cost, levels = case
@@ -202,7 +204,7 @@ def _check(
     """Assert the emulated kernel's choice and bound are the reference's; return the
     reference plan."""
     inputs = Case(c, B, align, prev, cost, levels)
-    got, (index, scores, exited, credit, pending), scratch = _emu_choose(lib, inputs)
+    got, (index, scores, exited, credit, pending, rounds), scratch = _emu_choose(lib, inputs)
     want = choose(c, B, align, prev, cost, "reference", levels)
     case = (tuple(c.shape), B, align, cost, c.tolist() if c.numel() <= 64 else "")
     bounds, want_bounds = scratch.bounds, _reference_bound(inputs)
@@ -218,6 +220,8 @@ def _check(
     assert bool(exited) == bool(ch.exited), case
     assert _bits(float(credit)) == _bits(float(ch.credit)), (credit, ch.credit)
     assert _bits(float(pending)) == _bits(float(ch.pending)), (pending, ch.pending)
+    assert int(rounds) == int(ch.rounds), (int(rounds), int(ch.rounds), *case)
+    assert (int(rounds) > 0) == scratch.built, case  # a build runs one round at least
     return want
 
 
@@ -357,7 +361,7 @@ def test_the_call_waits_until_it_could_have_paid(emu: ctypes.CDLL) -> None:
     for _ in range(8):
         pending = 0.0 if prev is None or prev.choice is None else float(prev.choice.pending)
         carry = torch.tensor([-math.inf, pending], dtype=torch.float64)
-        got, (index, scores, exited, _, owed), _ = _emu_choose(
+        got, (index, scores, exited, _, owed, _), _ = _emu_choose(
             emu, Case(c, 2, 1, prev, cost), carry
         )
         want = choose(c, 2, 1, prev, cost, "reference", rent=False)
@@ -405,7 +409,7 @@ def test_placed_wins_the_exit(emu: ctypes.CDLL) -> None:
     (``B = 3 > M = 2``), all in its slots, which the layout keeps."""
     c = torch.tensor([[50, 50, 0, 0], [50, 50, 0, 0]])
     prev = serving_plan(torch.zeros_like(c), torch.tensor([[-1], [1]]))  # 1 in rank 1's slot
-    cost = DECODE.scaled(exit_s=1.0, serve_s=50.0, plan_s=1000.0)
+    cost = DECODE.scaled(exit_s=1.0, round_s=50.0, plan_s=1000.0)
     ch = _check(emu, c, 1, 1, prev, cost).choice
     assert ch is not None and bool(ch.exited) and int(ch.index) == placed_index()
     assert math.isinf(float(ch.scores[RESIDENT])) and float(ch.scores[-1]) == 201.0
@@ -418,43 +422,95 @@ def test_placed_wins_the_exit(emu: ctypes.CDLL) -> None:
 
 
 def test_resident_at_the_exit_and_in_the_full_call(emu: ctypes.CDLL) -> None:
-    """The exit builds ``resident`` only above ``bound.nocopy_s`` (charged ``exit_s +
-    serve_s``): built, it ties ``placed`` and wins as the earlier entry, or wins outright
-    with ``serve_s > 0``; where the exit skips it, the full call builds it in its block of
-    the build kernel (whole tiles, kept where faster)."""
+    """The exit builds ``resident`` only above ``bound.nocopy_s`` (charged
+    ``rent.exit_build_s``: ``exit_s`` and one ``round_s`` a rounding): built, it ties
+    ``placed`` and wins as the earlier entry, or wins outright with ``round_s > 0``; where
+    the exit skips it, the full call builds it in its block of the build kernel (whole
+    tiles, kept where faster)."""
     c = torch.tensor([[90, 10, 0, 0], [90, 10, 0, 0]])
     prev = serving_plan(torch.zeros_like(c), torch.tensor([[-1], [1]]))
     rows = DECODE.scaled(exit_s=1.0, plan_s=1000.0, weight_read_s=1.0)
     ch = _check(emu, c, 1, 1, prev, rows).choice
     assert ch is not None and bool(ch.exited) and int(ch.index) == RESIDENT
     assert float(ch.scores[RESIDENT]) == float(ch.scores[-1]) == 182.0
-    ch = _check(emu, c, 1, 1, prev, rows.scaled(serve_s=0.5)).choice
+    ch = _check(emu, c, 1, 1, prev, rows.scaled(round_s=0.5)).choice
     assert ch is not None and int(ch.index) == placed_index()  # the build cannot pay
-    # skipped at the exit (serve_s), built in the full call: whole tiles win (tiles_costs)
+    # skipped at the exit (round_s), built in the full call: whole tiles win (tiles_costs)
     prev = moonplan.plan(torch.tensor([[30, 30, 0], [30, 30, 0]]), slots=2)
     c = torch.tensor([[5, 2, 0], [3, 5, 0]])
     compute, links = tiles_costs()
     for cost, index in ((compute, RESIDENT), (links, 1), (full(compute), RESIDENT)):
-        case = Case(c, 2, 1, prev, cost.scaled(serve_s=1e-5 if cost.exit_s == 0 else FORCED_S))
+        case = Case(c, 2, 1, prev, cost.scaled(round_s=1e-5 if cost.exit_s == 0 else FORCED_S))
         assert not _reference_built(case)
         ch = _check(emu, *case).choice
         assert ch is not None and not bool(ch.exited) and int(ch.index) == index
         assert math.isfinite(float(ch.scores[RESIDENT]))
-    # built at the exit with serve_s > 0: resident wins (records, whole tiles); static wins
+    # built at the exit with round_s > 0: resident wins (records, whole tiles); static wins
     # with the exit forced, and a full call
     c = _hot(4, 8, 1)
     prev = serving_plan(torch.zeros_like(c), torch.tensor([[7, 6], [0, 5], [7, 1], [3, 0]]))
     for base in (H200, COMPUTE_ONLY.scaled(tile_rows=16)):
-        cost = base.scaled(copy_s_intra=1.0, copy_s_inter=1.0, exit_s=1e-6, serve_s=1e-6)
+        cost = base.scaled(copy_s_intra=1.0, copy_s_inter=1.0, exit_s=1e-6, round_s=1e-6)
         assert _reference_built(Case(c, 2, 1, prev, cost))
         ch = _check(emu, c, 2, 1, prev, cost).choice
         assert ch is not None and bool(ch.exited) and int(ch.index) == RESIDENT
     plans = _chain(emu, [_hot(4, 10, s) for s in range(3)], 3, 8, full(H200))
-    for cost in (H200.scaled(plan_s=FORCED_S, serve_s=2e-6), H200.scaled(serve_s=2e-6)):
+    for cost in (H200.scaled(plan_s=FORCED_S, round_s=2e-6), H200.scaled(round_s=2e-6)):
         case = Case(_hot(4, 10, 3), 3, 1, plans[-1], cost)
         assert _reference_built(case)
         _check(emu, *case)
-    _chain(emu, [_hot(6, 13, s) for s in range(4)], 2, 1, MULTI.scaled(domain=2, serve_s=1e-5))
+    _chain(emu, [_hot(6, 13, s) for s in range(4)], 2, 1, MULTI.scaled(domain=2, round_s=1e-5))
+
+
+def test_the_rounds_follow_their_price(emu: ctypes.CDLL) -> None:
+    """Each rounding of the exit's ``resident`` build runs rounds while the last one lowered
+    the largest load by at least ``resident.least_units`` (``choice/resident.py``, "How many
+    rounds"): with ``round_s = 0`` while it falls at all (as without a cost model), fewer as
+    a round costs more, one a rounding where a round is dearer than any drop or where rows
+    cost nothing, ``ROUND_LIMIT`` a rounding where the load still falls there; the exit's
+    gate charges one round a rounding (``rent.exit_build_s``). The kernel's ``rounds`` and
+    whether it built ``resident`` are the reference's every time (``_check``)."""
+    c = _hot(4, 8, 1)
+    slots = [[7, 6], [0, 5], [7, 1], [3, 0]]
+    prev = serving_plan(torch.zeros_like(c), torch.tensor(slots))
+    home = home_list(8, 4)
+    dear = {128: 5e-5, 16: 1e-4, 1: 1e-5}  # a round dearer than any drop, still built
+
+    def rounds(cost: StepCost, case: tuple[torch.Tensor, Plan] = (c, prev)) -> int:
+        assert _reference_built(Case(case[0], 2, 1, case[1], cost))
+        ch = _check(emu, case[0], 2, 1, case[1], cost).choice
+        assert ch is not None and bool(ch.exited)
+        return int(ch.rounds)
+
+    for base in (H200, COMPUTE_ONLY.scaled(tile_rows=16), H200.scaled(tile_rows=1)):
+        base = base.scaled(copy_s_intra=1.0, copy_s_inter=1.0, exit_s=1e-6)
+        t = base.tile_rows
+        roundings = 2 if t > 1 else 1
+        falls = sum(resident_reference(c.tolist(), slots, home, x)[1] for x in {1, t})
+        seen = [rounds(base.scaled(round_s=x)) for x in (0.0, 1e-10, 1e-8, 1e-6, dear[t])]
+        assert seen[0] == falls and seen[-1] == roundings, (t, seen)
+        assert all(a > b for a, b in itertools.pairwise(seen)), (t, seen)
+        if base.weight_read_s > 0:  # rows cost nothing (resident.NEVER): one round a rounding
+            free_rows = base.scaled(row_flop_s=0.0, row_mem_s=0.0)
+            assert rounds(free_rows) == falls
+            assert rounds(free_rows.scaled(round_s=1e-9)) == roundings
+    # the exit's gate charges one round a rounding (rent.exit_build_s, two with 128-row tiles):
+    # just above the dearest round it still builds with, it builds nothing, as the reference
+    base = H200.scaled(copy_s_intra=1.0, copy_s_inter=1.0, exit_s=1e-6)
+    lo, hi = dear[128], 1e-3
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        built = _reference_built(Case(c, 2, 1, prev, base.scaled(round_s=mid)))
+        lo, hi = (mid, hi) if built else (lo, mid)
+    assert rounds(base.scaled(round_s=lo)) == 2
+    ch = _check(emu, c, 2, 1, prev, base.scaled(round_s=hi)).choice  # one round would build
+    assert ch is not None and int(ch.rounds) == 0
+    # the largest load still falls after ROUND_LIMIT rounds in each rounding: the limit stops them
+    c = _hot(4, 8, 2)
+    prev = serving_plan(torch.zeros_like(c), torch.tensor([[3, 6], [6, 0], [2, 0], [3, 0]]))
+    for t in (1, 128):
+        cost = H200.scaled(copy_s_intra=1.0, copy_s_inter=1.0, exit_s=1e-6, tile_rows=t)
+        assert rounds(cost, (c, prev)) == (2 if t > 1 else 1) * ROUND_LIMIT
 
 
 # ---- sweeps (slow) ------------------------------------------------------------------------------
@@ -484,7 +540,7 @@ def _random_cost(rng: random.Random) -> StepCost:
         copy_s_inter=base.copy_s_inter * copy,
         plan_s=rng.choice([0.0, 2e-5, 1e-2]),
         exit_s=rng.choice([0.0, 1e-6, 1e-2]),
-        serve_s=rng.choice([0.0, 1e-5, 1e-2]),
+        round_s=rng.choice([0.0, 1e-5, 1e-2]),
         tile_rows=rng.choice([1, 3, 16]),
         overlap=rng.random() < 0.5,
         domain=rng.choice([base.domain, 1, 2, 3]),

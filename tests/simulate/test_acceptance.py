@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import moonplan
-from moonplan.baselines.planner_time import resident_build_us
+from moonplan.baselines.planner_time import ROUND_US
 from moonplan.baselines.registry import make_policy
 from moonplan.simulate.acceptance import (
     AUTO,
@@ -61,8 +61,8 @@ def test_auto_step_time_is_its_plans_predicted_time(serial: bool) -> None:
         t = step_time(step, model, hw, cfg)
         charge = cost.plan_s
         if p.choice.early_exit():  # the test, and the resident build where the exit made it
-            charge = cost.exit_s + (cost.serve_s if p.choice.built_resident() else 0.0)
-        assert cost.serve_s == resident_build_us(cost.tile_rows) * 1e-6  # SimConfig's
+            charge = cost.exit_s + int(p.choice.rounds) * cost.round_s
+        assert cost.round_s == ROUND_US * 1e-6  # SimConfig's
         assert t.plan_s == pytest.approx(charge, rel=1e-12)
         if not step.local_copies and step.refill_ER is None:
             own = cost.exit_s if p.choice.early_exit() else cost.plan_s  # the plan's own charge

@@ -83,7 +83,7 @@ def choose(
             )
         backend = "cuda" if path == "cuda" else "torch"
         if not rent:
-            made = (*made[:3], torch.zeros_like(made[3]), made[4])
+            made = (*made[:3], torch.zeros_like(made[3]), *made[4:])
         return _make(counts_RE, fields, sizes, backend, Choice(names(levels), *made))
     c = counts_RE.cpu()
     prev = _prev(previous, torch.device("cpu"))
@@ -92,14 +92,15 @@ def choose(
         step = _step(c, num_slots, align, prev, credit, pending)
         got = reference.choose_reference(step, cost, levels)
         kept = (got.credit if rent else 0.0, got.pending)
-        choice = _choice(got.index, got.scores, got.exited, kept, levels)
+        choice = _choice(got.index, got.scores, got.exited, kept, levels, got.rounds)
         p = _make(c, got.fields, sizes, "reference", choice)
     elif path == "host":
-        fields, (index, scores, exited, after, owed) = host.choose_host(
+        fields, (index, scores, exited, after, owed, rounds) = host.choose_host(
             c, num_slots, align, prev, cost, levels, (credit, pending)
         )
         carry = (after if rent else 0.0, owed)
-        p = _make(c, fields, sizes, "torch", _choice(index, scores, exited, carry, levels))
+        choice = _choice(index, scores, exited, carry, levels, rounds)
+        p = _make(c, fields, sizes, "torch", choice)
     else:
         raise PlanError(f"unknown path {path!r}; choose one of {PATHS}")
     return plan_to(p, counts_RE.device)
@@ -195,6 +196,7 @@ def _choice(
     exited: bool,
     carry: tuple[float, float],
     levels: int,
+    rounds: int,
 ) -> Choice:
     """A :class:`Choice` of host values (CPU tensors); ``carry``: ``(credit, pending)``."""
     return Choice(
@@ -204,6 +206,7 @@ def _choice(
         torch.tensor(exited),
         torch.tensor(carry[0], dtype=torch.float64),
         torch.tensor(carry[1], dtype=torch.float64),
+        torch.tensor(rounds, dtype=torch.int64),
     )
 
 

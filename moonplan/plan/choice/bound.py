@@ -69,8 +69,9 @@ pair's kept section. (The kept term was once the weight reads alone,
 ``max(kept) * weight_read_s``, then each rank's kept section alone; with replicas resident
 at decode sizes the exit then built ``resident`` plans that could not beat static EP:
 ``docs/benchmarks.md``.)
-The exit builds the ``resident`` candidate (charged ``exit_s + serve_s``) only where its
-cheap plans are above that (``moonplan.plan.choice.reference``).
+The exit builds the ``resident`` candidate (at least ``rent.exit_build_s``: its test and one
+round a rounding) only where its cheap plans are above that
+(``moonplan.plan.choice.reference``).
 
 Some rank receives each copy, and it pays for it three times over: with the overlapped
 schedule the copy is read beside its home section, which also holds one read for each of its

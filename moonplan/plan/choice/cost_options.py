@@ -5,7 +5,7 @@ Legend: none (no tensors).
 Every form of the choice (reference, host, tensor, the CUDA kernel) scores a candidate from
 the counts and its allocation alone. That fixes what it can model:
 
-* every rate (``row_flop_s`` ... ``serve_s``), ``tile_rows``, ``domain`` and either schedule
+* every rate (``row_flop_s`` ... ``round_s``), ``tile_rows``, ``domain`` and either schedule
   (``overlap``); ``horizon`` is deprecated and ignored by every form;
 * only the ``"record"`` dispatch scheme: a row per record, routed from the counts. The
   ``"rank"`` and ``"host"`` schemes send one row per unique (token, destination), which
@@ -29,7 +29,7 @@ from moonplan.stepcost.step_cost import StepCost
 RATES = (
     "row_flop_s", "weight_read_s", "row_mem_s", "copy_s_intra", "copy_s_inter",
     "dispatch_row_s_intra", "dispatch_row_s_inter", "combine_row_s_intra",
-    "combine_row_s_inter", "base_latency_s", "per_peer_latency_s", "plan_s", "exit_s", "serve_s",
+    "combine_row_s_inter", "base_latency_s", "per_peer_latency_s", "plan_s", "exit_s", "round_s",
 )  # fmt: skip
 """The rates the choice reads (any finite value ``>= 0``, as ``StepCost`` accepts)."""
 

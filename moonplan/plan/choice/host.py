@@ -100,8 +100,9 @@ def choose_host(
     cost: StepCost,
     levels: int = LEVELS,
     carried: tuple[float, float] = (0.0, 0.0),
-) -> tuple[PlanFields, tuple[int, torch.Tensor, bool, float, float]]:
-    """The winner's layout tensors and ``(index, scores [C], exited, credit, pending)``; CPU
+) -> tuple[PlanFields, tuple[int, torch.Tensor, bool, float, float, int]]:
+    """The winner's layout tensors and ``(index, scores [C], exited, credit, pending,
+    rounds)`` (``rounds``: of the exit's ``resident`` build, 0 where it made none); CPU
     tensors (``carried``: ``previous``'s rent-or-buy credit and pending call,
     ``rent.exit_rent``)."""
     hs = HostStep.of(counts_RE, num_slots, align, prev)
@@ -113,14 +114,14 @@ def choose_host(
     totals = totals_host(cost, hs.total)
     links = links_host(hs.counts, resident, hs.home, cost.domain_size(R))
     exits = [(static, timed(static, cost.exit_s), 0)]
-    res = None
+    res, rounds = None, 0
     if resident.any():  # the exit's other plans: the slots, whole experts or balanced
         placed = placed_host(hs.total, resident, hs.home)
         exits.append((placed, timed(placed, cost.exit_s), placed_index(levels)))
         cheap = min(t.total_s for _, t, _ in exits)
         kept = kept_section_host(cost, hs.counts, resident, hs.home)
         if cheap > nocopy_s(cost, R, totals, links, exit_build_s(cost), kept):
-            res, at_res = resident_pick(cost, hs.counts, hs.prev_RB, hs.home)
+            res, at_res, rounds = resident_pick(cost, hs.counts, hs.prev_RB, hs.home)
             if at_res is None:  # records alone were built: time them here
                 at_res = timed(res, cost.exit_s)
             exits.append((res, at_res, RESIDENT))
@@ -135,13 +136,14 @@ def choose_host(
     exited, credit, pending = exit_rent(t_exit, gap, bounds, carried, checking)
     if exited:
         fields = layout_resident(torch.from_numpy(exit_alloc), num_slots, align, hs.prev_RB)
-        return fields, (index, scores, True, credit, pending)
+        return fields, (index, scores, True, credit, pending, rounds)
     built = build_all(hs, levels, res, cost)
     alloc_CER = np.stack([a for a, _ in built])
     scores = _scores(cost, hs, alloc_CER, resident, cost.plan_s)
     free = _scores(cost, hs, alloc_CER, np.ones_like(resident), cost.plan_s)
     best, credit = settle(scores.tolist(), free.tolist(), credit)
-    return layout(hs, alloc_CER[best], built[best][1]), (best, scores, False, credit, pending)
+    made = (best, scores, False, credit, pending, rounds)
+    return layout(hs, alloc_CER[best], built[best][1]), made
 
 
 def _no_fetch_time(
@@ -159,22 +161,22 @@ def resident_pick(
     counts_RE: np.ndarray,
     prev_RB: np.ndarray | torch.Tensor | None,
     home_E: np.ndarray,
-) -> tuple[np.ndarray, StepTime | None]:
+) -> tuple[np.ndarray, StepTime | None, int]:
     """int64 ``[E, R]``: the ``resident`` candidate (``reference._resident``): the
     diffusion rounded to whole records, or to whole tiles of ``cost.tile_rows`` where the
-    step is predicted faster so (charged ``cost.exit_s``; ties: records); and its predicted
+    step is predicted faster so (charged ``cost.exit_s``; ties: records); its predicted
     step so charged where both were scored (``None`` where only records were built: no
-    cost, one-row tiles or no resident replica)."""
+    cost, one-row tiles or no resident replica); and the rounds both builds ran."""
     prev = None if prev_RB is None else np.asarray(prev_RB)
-    by_records = resident_host(counts_RE, prev, home_E)
+    by_records, n = resident_host(counts_RE, prev, home_E, 1, cost)
     if cost is None or cost.tile_rows == 1 or prev is None or not (prev >= 0).any():
-        return by_records, None
+        return by_records, None, n
     at_records = _no_fetch_time(cost, counts_RE, home_E, by_records, cost.exit_s)
-    by_tiles = resident_host(counts_RE, prev, home_E, cost.tile_rows)
+    by_tiles, m = resident_host(counts_RE, prev, home_E, cost.tile_rows, cost)
     at_tiles = _no_fetch_time(cost, counts_RE, home_E, by_tiles, cost.exit_s)
     if at_tiles.total_s < at_records.total_s:
-        return by_tiles, at_tiles
-    return by_records, at_records
+        return by_tiles, at_tiles, n + m
+    return by_records, at_records, n + m
 
 
 def placed_host(total_E: np.ndarray, resident_ER: np.ndarray, home_E: np.ndarray) -> np.ndarray:

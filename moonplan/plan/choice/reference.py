@@ -12,10 +12,11 @@ bit for bit. The rule, for counts, ``previous`` and a cost model:
 1. **Early exit.** Score static EP and, with replicas resident in ``previous``'s slots,
    the ``placed`` candidate. Build the ``resident`` candidate too only where the better of
    those two is above the least time of any plan that copies nothing charged the test and
-   that build (``cost.exit_s + cost.serve_s``, :func:`~moonplan.plan.choice.bound.nocopy_s`):
+   its least build (``rent.exit_build_s``, :func:`~moonplan.plan.choice.bound.nocopy_s`):
    elsewhere it cannot beat them by its build. Every exit plan is charged the exit's test
    (``cost.exit_s``); the build, where made, is spent by then whichever plan runs, so it
-   does not enter the comparison (whoever runs the step charges it: ``Choice.built_resident``).
+   does not enter the comparison (whoever runs the step charges its rounds:
+   ``Choice.rounds``).
    If the best of them (ties: the earlier entry) is at most
    :func:`~moonplan.plan.choice.bound.exit_bound` (a time no candidate that copies can beat;
    without residents, static EP charged a full call too), or above it by less, summed
@@ -78,6 +79,7 @@ class Chosen:
     exited: bool
     credit: float  # the rent-or-buy credit carried to the next step
     pending: float  # what a full call could have saved since the last one (rent.exit_rent)
+    rounds: int = 0  # rounds of the exit's resident build (0: not built), Choice.rounds
 
 
 @dataclass(frozen=True)
@@ -113,12 +115,14 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
         return alloc, _step_time(cost, step, alloc, cost.exit_s), i
 
     exits = [timed(static, 0)]
+    rounds = 0
     if step.resident:  # the exit's other plans: the slots, whole experts or balanced
         exits.append(timed(_placed(step), placed_index(levels)))
         cheap = min(t.total_s for _, t, _ in exits)
         kept = kept_section_s(cost, counts, step.resident, home)
         if cheap > nocopy_s(cost, R, totals, links, exit_build_s(cost), kept):
-            exits.append(timed(_resident(step, cost), RESIDENT))
+            res, rounds = _resident(step, cost)
+            exits.append(timed(res, RESIDENT))
     for _, t, i in exits:
         scores[i] = t.total_s
     exit_alloc, at_exit, index = min(exits, key=lambda x: (x[1].total_s, x[2]))
@@ -130,13 +134,14 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     carried = (step.credit, step.pending)
     exited, credit, pending = exit_rent(t_exit, gap, bounds, carried, checking)
     if exited:
-        return Chosen(_layout(step, exit_alloc, []), index, scores, True, credit, pending)
+        fields = _layout(step, exit_alloc, [])
+        return Chosen(fields, index, scores, True, credit, pending, rounds)
     built = [build(c, step, levels, cost) for c in table(levels)]
     scores = [_time(cost, step, alloc, cost.plan_s) for alloc, _ in built]
     free = [_time(cost, step, alloc, cost.plan_s, free=True) for alloc, _ in built]
     best, credit = settle(scores, free, credit)
     alloc, flows = built[best]
-    return Chosen(_layout(step, alloc, flows), best, scores, False, credit, pending)
+    return Chosen(_layout(step, alloc, flows), best, scores, False, credit, pending, rounds)
 
 
 def _static_alloc(counts: list[list[int]], home: list[int]) -> Alloc:
@@ -157,7 +162,7 @@ def build(
     if c.kind == "static":
         return static, []
     if c.kind == "resident":
-        return _resident(step, cost), []
+        return _resident(step, cost)[0], []
     if c.kind == "placed":
         return _placed(step), []
     prev = (step.prev_slots, step.prev_flows)
@@ -183,18 +188,19 @@ def _placed(step: Step) -> Alloc:
     return _static_alloc(step.counts, server)  # static EP over the servers
 
 
-def _resident(step: Step, cost: StepCost | None) -> Alloc:
+def _resident(step: Step, cost: StepCost | None) -> tuple[Alloc, int]:
     """The ``resident`` candidate: the diffusion rounded to whole records, or to whole
     tiles of ``cost.tile_rows`` where the step is predicted faster so (charged the exit's
-    test; ties: records). Without a cost, or with a tile of one row, records."""
+    test; ties: records), and the rounds both ran. Without a cost, or with a tile of one
+    row, records."""
     R, E = len(step.counts), len(step.counts[0])
     home = home_list(E, R)
-    by_records = resident_reference(step.counts, step.prev_slots, home)
+    by_records, n = resident_reference(step.counts, step.prev_slots, home, 1, cost)
     if cost is None or cost.tile_rows == 1 or not step.resident:
-        return by_records
-    by_tiles = resident_reference(step.counts, step.prev_slots, home, cost.tile_rows)
+        return by_records, n
+    by_tiles, m = resident_reference(step.counts, step.prev_slots, home, cost.tile_rows, cost)
     faster = _time(cost, step, by_tiles, cost.exit_s) < _time(cost, step, by_records, cost.exit_s)
-    return by_tiles if faster else by_records
+    return (by_tiles if faster else by_records), n + m
 
 
 def _time(cost: StepCost, step: Step, alloc: Alloc, plan_s: float, free: bool = False) -> float:

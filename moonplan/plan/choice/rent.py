@@ -92,10 +92,24 @@ def call_price(cost: StepCost) -> float:
     return max(0.0, cost.plan_s - cost.exit_s)
 
 
+def roundings(cost: StepCost) -> int:
+    """Roundings of the ``resident`` candidate the exit builds where replicas are resident:
+    whole records, and whole tiles where the GEMM tile is over one row (each its own
+    rounds)."""
+    return 2 if cost.tile_rows > 1 else 1
+
+
 def exit_build_s(cost: StepCost) -> float:
-    """The exit's planning where it builds the ``resident`` candidate: its test and that
-    build (``cost.exit_s + cost.serve_s``)."""
-    return cost.exit_s + cost.serve_s
+    """The exit's least planning where it builds the ``resident`` candidate: its test and
+    one round of each rounding (``exit_s + roundings * round_s``); each further round ran
+    only where the last one paid for itself (``moonplan.plan.choice.resident``)."""
+    return cost.exit_s + roundings(cost) * cost.round_s
+
+
+def exit_rounds_s(cost: StepCost, rounds: int) -> float:
+    """The exit's planning where its ``resident`` build ran ``rounds`` rounds in all: its
+    test and those rounds (``exit_s + rounds * round_s``)."""
+    return cost.exit_s + rounds * cost.round_s
 
 
 def exit_rent(

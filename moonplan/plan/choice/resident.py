@@ -22,15 +22,18 @@ integers so that every rank computes the same plan:
 
 1. **Start.** Each expert's ``K[e]`` tiles split evenly over its holders (in units; the
    first ``K[e]*S mod n[e]`` holders, by rank, get one unit more).
-2. **Rounds** (:data:`ROUNDS`). A pair ``(e, r, g)`` is live when ``L[r] > L[g]`` and
-   ``a[e][r] > 0``. ``deg[x]`` counts the live pairs rank ``x`` is in (as either side),
+2. **Rounds** (as many as pay, below). A pair ``(e, r, g)`` is live when ``L[r] > L[g]``
+   and ``a[e][r] > 0``. ``deg[x]`` counts the live pairs rank ``x`` is in (as either side),
    ``n[e][r]`` those that leave holder ``(e, r)``. Every live pair moves at once
-   ``min((L[r] - L[g]) // max(deg[r], deg[g]), a[e][r] // n[e][r])`` units from ``r`` to
-   ``g``, all from the same snapshot. A rank sends at most the mean of its gaps to lower
-   ranks and receives at most the mean of its gaps from higher ones, so no rank rises
-   above the largest load or falls below the least: the largest load never grows, and
-   moves flow across several hops over the rounds (an expert held by ``r`` and ``x``,
-   another by ``x`` and ``g``, balance ``r`` with ``g``).
+   ``min((L[r] - L[g]) // (max(deg[r], deg[g]) + 1), a[e][r] // n[e][r])`` units from
+   ``r`` to ``g``, all from the same snapshot. A rank sends less than the mean of its gaps
+   to lower ranks and receives less than the mean of its gaps from higher ones, so no rank
+   rises above the largest load or falls below the least: the largest load never grows,
+   and moves flow across several hops over the rounds (an expert held by ``r`` and ``x``,
+   another by ``x`` and ``g``, balance ``r`` with ``g``). The ``+ 1`` makes two ranks
+   that share one expert meet halfway; without it they swapped their loads every round
+   and the largest never fell (two ranks, one shared expert: an even number of rounds
+   ended where it started).
 3. **Whole tiles.** Each holder keeps ``a // S`` tiles; each expert's tiles left over go,
    one each, to its holders with the largest remainders (ties: lower rank).
 4. **Rows.** The holders of ``e``, by rank, fill their tiles in turn with ``T[e]``'s
@@ -40,16 +43,28 @@ integers so that every rank computes the same plan:
 
 Only a rank's first ``M`` slots take records, so it runs at most ``M`` remote experts
 (invariant 3). Every round is elementwise work and sums over the pairs, no sequential
-scan. How close 8 rounds come to the least largest load the holders allow (a max-flow
-bound, ``moonplan.testing.bounds``) depends on how well the holders connect the ranks and
-how far the start is from balance: on the tables ``moonplan-auto`` serves in the
-simulator (``bench/bench_resident_gap.py``), within 0-2% at sigma 0.5-1, but 7.9-8.3%
-at sigma 2 (Mixtral EP 8, one slot a rank taking records; DeepSeek-V3 EP 64), where 32
-rounds reach 0.4-1.1%; up to 6.5% over sparse holders (two slots per rank,
-``tests/plan/choice/test_resident.py``), where 32 rounds reach 0.7%. More rounds cost
-the device more (the planning charge grows with them), so a fixed count is too many at
-small steps and too few at large skewed ones. The
-bound is in tiles; rounding to whole tiles adds at most one tile a rank for each expert
+scan.
+
+**How many rounds.** Each round costs the device ``StepCost.round_s`` and lowers the
+largest load (never raises it). A round pays where the rows it takes off the largest rank
+are worth more than that: ``d`` units are ``d * t / S`` rows, each worth at most
+``row_s = max(row_flop_s, row_mem_s)`` of that rank's experts phase. So the rounds run
+while the last one lowered the largest load by at least :func:`least_units`
+(``ceil(round_s * S / (t * row_s))``, at least one unit) and stop at the first that did
+not (its result is kept: its price is paid), or after :data:`ROUND_LIMIT`. The last
+round's drop stands for the next one's: a diffusion's drops shrink round by round, so the
+first round that does not pay is where the rounds stop paying. Without a cost model the
+rounds run while the largest load falls at all. A step far from balance (large and
+skewed) runs many rounds; a small step, whose largest load is a few tiles above the
+least, stops after one or two, so the planning charge follows what the rounds buy. Each
+form reports the rounds it ran, and whoever runs the step charges them
+(``Choice.rounds``).
+
+How close the rounds come to the least largest load the holders allow (a max-flow bound,
+``moonplan.testing.bounds``) depends on how well the holders connect the ranks, how far
+the start is from balance, and on where the rounds stop: ``bench/bench_resident_gap.py``
+measures it on the tables ``moonplan-auto`` serves in the simulator (``docs/benchmarks.md``).
+The bound is in tiles; rounding to whole tiles adds at most one tile a rank for each expert
 whose tiles it shares with another holder.
 
 Three forms with equal results: plain Python (:func:`resident_reference`, the definition),
@@ -60,13 +75,21 @@ fourth (``csrc/choice_kernel.cu``).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
-ROUNDS = 8
-"""Rounds of diffusion: each costs the device a few block-wide passes (the planning charge
-grows with it); how close 8 come to the least largest load the holders allow is in the
-module docstring."""
+from moonplan.stepcost.step_cost import StepCost
+
+ROUND_LIMIT = 32
+"""The most rounds one build runs (the loop bound of the torch and CUDA forms; the rounds
+usually stop earlier, module docstring). Each round is charged, so the limit bounds the
+charge (``32 * round_s``); on the tables the simulator serves, 32 rounds end within 0.4-1.1%
+of the holders' bound (``docs/benchmarks.md``)."""
+
+NEVER = 1 << 62
+""":func:`least_units` where no round can pay (rows cost nothing): one round only."""
 
 SCALE_BITS = 16
 """Units per tile: ``S = 2**SCALE_BITS`` (fine enough that a gap of one tile still moves
@@ -78,6 +101,21 @@ units stay below ``2**62`` and no sum of them overflows int64 (there are no more
 than records)."""
 
 
+def least_units(cost: StepCost | None, tile: int, bits: int) -> int:
+    """The least drop of the largest load, in units (``2**-bits`` tile of ``tile`` rows),
+    for which one more round pays (module docstring): ``ceil(round_s * 2**bits / (tile *
+    row_s))``, at least 1; 1 without a cost or a round price (the rounds run while the
+    largest load falls); :data:`NEVER` where rows cost nothing. Float64 in this order, as
+    the CUDA kernel computes it."""
+    if cost is None or cost.round_s <= 0:
+        return 1
+    row_s = max(cost.row_flop_s, cost.row_mem_s)
+    if row_s <= 0:
+        return NEVER
+    q = cost.round_s * float(1 << bits) / (float(tile) * row_s)
+    return NEVER if q >= float(NEVER) else max(1, math.ceil(q))
+
+
 def scale_bits(num_records: int) -> int:
     """Bits of a unit below one tile for ``N`` records: :data:`SCALE_BITS`, or 0 from
     ``2**FINE_LIMIT_BITS`` records on."""
@@ -85,10 +123,15 @@ def scale_bits(num_records: int) -> int:
 
 
 def resident_reference(
-    counts: list[list[int]], prev_slots: list[list[int]] | None, home: list[int], tile: int = 1
-) -> list[list[int]]:
-    """The ``resident`` allocation ``[E][R]`` in records (plain Python, the definition);
-    ``tile``: the GEMM tile ``t`` in rows."""
+    counts: list[list[int]],
+    prev_slots: list[list[int]] | None,
+    home: list[int],
+    tile: int = 1,
+    cost: StepCost | None = None,
+) -> tuple[list[list[int]], int]:
+    """The ``resident`` allocation ``[E][R]`` in records (plain Python, the definition) and
+    the rounds it ran; ``tile``: the GEMM tile ``t`` in rows; ``cost``: what a round costs
+    and a row is worth (:func:`least_units`)."""
     R, E = len(counts), len(counts[0])
     T = [sum(row[e] for row in counts) for e in range(E)]
     K = [-(-x // tile) for x in T]
@@ -99,10 +142,21 @@ def resident_reference(
         n, units = len(hold[e]), K[e] << bits
         for i, r in enumerate(hold[e]):
             a[e][r] = units // n + (1 if i < units % n else 0)
-    for _ in range(ROUNDS):
+    least, rounds = least_units(cost, tile, bits), 0
+    top = max(_loads_reference(a, R))
+    while rounds < ROUND_LIMIT:
         _round_reference(a, hold, R)
+        rounds += 1
+        last, top = top, max(_loads_reference(a, R))
+        if last - top < least:  # this round did not pay: the next would not either
+            break
     tiles = _whole_tiles_reference(a, hold, K, bits)
-    return _rows_reference(tiles, hold, T, tile)
+    return _rows_reference(tiles, hold, T, tile), rounds
+
+
+def _loads_reference(a: list[list[int]], R: int) -> list[int]:
+    """``L[r]``: the units each rank holds."""
+    return [sum(a[e][r] for e in range(len(a))) for r in range(R)]
 
 
 def _holders_reference(
@@ -120,14 +174,14 @@ def _holders_reference(
 
 def _round_reference(a: list[list[int]], hold: list[list[int]], R: int) -> None:
     """One round of moves, every pair's from the same snapshot (module docstring)."""
-    L = [sum(a[e][r] for e in range(len(a))) for r in range(R)]
+    L = _loads_reference(a, R)
     live = [(e, r, g) for e, hs in enumerate(hold) for r in hs for g in hs
             if L[r] > L[g] and a[e][r] > 0]  # fmt: skip
     deg, out = [0] * R, dict[tuple[int, int], int]()
     for e, r, g in live:
         deg[r], deg[g] = deg[r] + 1, deg[g] + 1
         out[e, r] = out.get((e, r), 0) + 1
-    moves = [(e, r, g, min((L[r] - L[g]) // max(deg[r], deg[g]), a[e][r] // out[e, r]))
+    moves = [(e, r, g, min((L[r] - L[g]) // (max(deg[r], deg[g]) + 1), a[e][r] // out[e, r]))
              for e, r, g in live]  # fmt: skip
     for e, r, g, q in moves:
         a[e][r], a[e][g] = a[e][r] - q, a[e][g] + q
@@ -165,10 +219,15 @@ def _rows_reference(
 
 
 def resident_host(
-    counts_RE: np.ndarray, prev_RB: np.ndarray | None, home_E: np.ndarray, tile: int = 1
-) -> np.ndarray:
-    """int64 ``[E, R]``: :func:`resident_reference` in numpy over the list of pairs (the
-    host path's form: its work grows with the pairs, not with ``E * R * R``)."""
+    counts_RE: np.ndarray,
+    prev_RB: np.ndarray | None,
+    home_E: np.ndarray,
+    tile: int = 1,
+    cost: StepCost | None = None,
+) -> tuple[np.ndarray, int]:
+    """int64 ``[E, R]`` and the rounds run: :func:`resident_reference` in numpy over the
+    list of pairs (the host path's form: its work grows with the pairs, not with
+    ``E * R * R``)."""
     R, E = counts_RE.shape
     T_E = counts_RE.sum(0).astype(np.int64)
     K_E = -(-T_E // tile)
@@ -181,22 +240,37 @@ def resident_host(
     units_E = K_E << bits
     a_H = units_E[e_H] // n_E[e_H] + (idx_H < (units_E % n_E)[e_H])
     i_P, j_P = np.nonzero((e_H[:, None] == e_H[None, :]) & (r_H[:, None] != r_H[None, :]))
-    for _ in range(ROUNDS):
-        L_R = _sum_at(r_H, a_H, R)
-        gap_P = L_R[r_H[i_P]] - L_R[r_H[j_P]]
-        live_P = (gap_P > 0) & (a_H[i_P] > 0)
-        deg_R = _sum_at(r_H[i_P], live_P, R) + _sum_at(r_H[j_P], live_P, R)
-        out_H = _sum_at(i_P, live_P, len(a_H))
-        most_P = np.maximum(deg_R[r_H[i_P]], deg_R[r_H[j_P]]).clip(min=1)
-        q_P = np.minimum(gap_P // most_P, a_H[i_P] // out_H[i_P].clip(min=1))
-        q_P = np.where(live_P, q_P, 0)
-        a_H = a_H - _sum_at(i_P, q_P, len(a_H)) + _sum_at(j_P, q_P, len(a_H))
+    least, rounds = least_units(cost, tile, bits), 0
+    top = int(_sum_at(r_H, a_H, R).max())
+    while rounds < ROUND_LIMIT:
+        a_H = _round_host(a_H, r_H, (i_P, j_P), R)
+        rounds += 1
+        last, top = top, int(_sum_at(r_H, a_H, R).max())
+        if last - top < least:
+            break
     a_ER = np.zeros((E, R), dtype=np.int64)
     a_ER[e_H, r_H] = a_H
     tiles_ER = _whole_tiles_torch(
         torch.from_numpy(a_ER), torch.from_numpy(hold_ER), torch.from_numpy(K_E), bits
     )
-    return rows_of_tiles(tiles_ER, torch.from_numpy(T_E), tile).numpy()
+    return rows_of_tiles(tiles_ER, torch.from_numpy(T_E), tile).numpy(), rounds
+
+
+def _round_host(
+    a_H: np.ndarray, r_H: np.ndarray, pairs: tuple[np.ndarray, np.ndarray], R: int
+) -> np.ndarray:
+    """One round over the list of pairs (``a_H``: each holder's units, ``r_H`` its rank;
+    ``pairs``: the holders ``(i, j)`` of each ordered pair)."""
+    i_P, j_P = pairs
+    L_R = _sum_at(r_H, a_H, R)
+    gap_P = L_R[r_H[i_P]] - L_R[r_H[j_P]]
+    live_P = (gap_P > 0) & (a_H[i_P] > 0)
+    deg_R = _sum_at(r_H[i_P], live_P, R) + _sum_at(r_H[j_P], live_P, R)
+    out_H = _sum_at(i_P, live_P, len(a_H))
+    most_P = np.maximum(deg_R[r_H[i_P]], deg_R[r_H[j_P]]) + 1
+    q_P = np.minimum(gap_P // most_P, a_H[i_P] // out_H[i_P].clip(min=1))
+    q_P = np.where(live_P, q_P, 0)
+    return a_H - _sum_at(i_P, q_P, len(a_H)) + _sum_at(j_P, q_P, len(a_H))
 
 
 def _sum_at(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
@@ -211,11 +285,10 @@ def resident_torch(
     prev_RB: torch.Tensor | None,
     home_E: torch.Tensor,
     tile: int = 1,
-    *,
-    rounds: int | None = None,
-) -> torch.Tensor:
-    """int64 ``[E, R]``: :func:`resident_reference` on the counts' device, no host read
-    (``rounds``: that many rounds instead of :data:`ROUNDS`, for measuring them).
+    cost: StepCost | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 ``[E, R]`` and the rounds run (int64 0-d): :func:`resident_reference` on the
+    counts' device, no host read: :data:`ROUND_LIMIT` rounds, each past the stop masked.
 
     Dense over ``[E, R]`` holders; the pairs are ``[E, R, R]`` (one ``[R, R]`` gap
     matrix shared by every expert)."""
@@ -225,35 +298,44 @@ def resident_torch(
     hold_ER = holders_torch(E, R, prev_RB, home_E.to(counts_RE.device))
     n_E = hold_ER.sum(1)
     idx_ER = hold_ER.cumsum(1) - 1  # a holder's place among its expert's, by rank
-    bits = torch.where(T_E.sum() < 1 << FINE_LIMIT_BITS, SCALE_BITS, 0)  # 0-d, no host read
+    fine = T_E.sum() < 1 << FINE_LIMIT_BITS
+    bits = torch.where(fine, SCALE_BITS, 0)  # 0-d, no host read
     units_E = K_E << bits
     a_ER = units_E[:, None] // n_E[:, None] + (idx_ER < (units_E % n_E)[:, None]).long()
     a_ER = torch.where(hold_ER, a_ER, 0)
-    for _ in range(ROUNDS if rounds is None else rounds):
-        a_ER = _round_torch(a_ER, hold_ER)
-    return rows_of_tiles(_whole_tiles_torch(a_ER, hold_ER, K_E, bits), T_E, tile)
+    least = torch.where(fine, least_units(cost, tile, SCALE_BITS), least_units(cost, tile, 0))
+    going = torch.ones((), dtype=torch.bool, device=counts_RE.device)
+    rounds = torch.zeros((), dtype=torch.int64, device=counts_RE.device)
+    top = a_ER.sum(0).amax()
+    for _ in range(ROUND_LIMIT):
+        a_ER = torch.where(going, _round_torch(a_ER, hold_ER), a_ER)
+        rounds = rounds + going.long()
+        last, top = top, a_ER.sum(0).amax()
+        going = going & (last - top >= least)
+    return rows_of_tiles(_whole_tiles_torch(a_ER, hold_ER, K_E, bits), T_E, tile), rounds
 
 
 def resident_pairs_torch(
-    counts_RE: torch.Tensor, hold_ER: torch.Tensor, tile: int = 1
-) -> torch.Tensor:
-    """int64 ``[E, R]``: :func:`resident_host` in torch ops over the list of pairs, for the
-    holders ``hold_ER`` (bool ``[E, R]``, :func:`holders_torch`): the one-table case of
-    :func:`resident_tables_torch`."""
-    return resident_tables_torch(counts_RE, hold_ER[None], tile)[0]
+    counts_RE: torch.Tensor, hold_ER: torch.Tensor, tile: int = 1, cost: StepCost | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 ``[E, R]`` and the rounds run (int64 0-d): :func:`resident_host` in torch ops
+    over the list of pairs, for the holders ``hold_ER`` (bool ``[E, R]``,
+    :func:`holders_torch`): the one-table case of :func:`resident_tables_torch`."""
+    alloc_TER, rounds_T = resident_tables_torch(counts_RE, hold_ER[None], tile, cost)
+    return alloc_TER[0], rounds_T[0]
 
 
 def resident_tables_torch(
-    counts_RE: torch.Tensor, hold_TER: torch.Tensor, tile: int = 1
-) -> torch.Tensor:
-    """int64 ``[T, E, R]``: :func:`resident_host` for each of ``T`` holder tables (bool
-    ``[T, E, R]``), of one step's counts (int64 ``[R, E]``) or of each table's own
-    (``[T, R, E]``), in torch ops over the list of pairs, all tables' rounds at once
-    (table ``t``'s rank ``r`` is load ``t * R + r``: no pair joins two tables). Its work
-    grows with the pairs, not with ``E * R * R``; the pairs are read once from
-    ``hold_TER`` (a host read where it lives on a device), so under ``torch.vmap`` over
-    the counts, with fixed tables, it is the many-steps form, and with a table per step
-    it builds any set of (step, table) entries in one call
+    counts_RE: torch.Tensor, hold_TER: torch.Tensor, tile: int = 1, cost: StepCost | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 ``[T, E, R]`` and each table's rounds (int64 ``[T]``): :func:`resident_host`
+    for each of ``T`` holder tables (bool ``[T, E, R]``), of one step's counts (int64
+    ``[R, E]``) or of each table's own (``[T, R, E]``), in torch ops over the list of
+    pairs, all tables' rounds at once, each table's stopping on its own (table ``t``'s
+    rank ``r`` is load ``t * R + r``: no pair joins two tables). Its work grows with the
+    pairs, not with ``E * R * R``; the pairs are read once from ``hold_TER`` and whether a
+    table still runs once a round (host reads where they live on a device), so with a
+    table per step it builds any set of (step, table) entries in one call
     (``moonplan.plan.residency.window_torch``)."""
     T, E, R = hold_TER.shape
     dev = hold_TER.device
@@ -262,31 +344,58 @@ def resident_tables_torch(
     t_H, e_H, r_H = hold_TER.nonzero(as_tuple=True)  # by table, expert, then rank
     n_H = hold_TER.sum(2)[t_H, e_H]
     idx_H = (hold_TER.cumsum(2) - 1)[t_H, e_H, r_H]
-    bits_T = torch.where(T_TE.sum(1) < 1 << FINE_LIMIT_BITS, SCALE_BITS, 0)
+    fine_T = T_TE.sum(1) < 1 << FINE_LIMIT_BITS
+    bits_T = torch.where(fine_T, SCALE_BITS, 0)
     units_H = K_TE[t_H, e_H] << bits_T[t_H]
     a_H = units_H // n_H + (idx_H < units_H % n_H).long()
     x_H = t_H * R + r_H  # load across the tables
-    i_P, j_P = _pairs(n_H, idx_H, R)
-    xi_P, xj_P, H = x_H[i_P], x_H[j_P], len(e_H)
-    zeros_X = torch.zeros(T * R, dtype=torch.int64, device=dev)
-    zeros_H = torch.zeros(H, dtype=torch.int64, device=dev)
-    for _ in range(ROUNDS):
-        L_X = zeros_X.index_add(0, x_H, a_H)
-        gap_P = L_X[xi_P] - L_X[xj_P]
-        live_P = ((gap_P > 0) & (a_H[i_P] > 0)).long()
-        deg_X = zeros_X.index_add(0, xi_P, live_P) + zeros_X.index_add(0, xj_P, live_P)
-        out_H = zeros_H.index_add(0, i_P, live_P)
-        most_P = torch.maximum(deg_X[xi_P], deg_X[xj_P]).clamp(min=1)
-        q_P = torch.minimum(gap_P // most_P, a_H[i_P] // out_H[i_P].clamp(min=1))
-        q_P = torch.where(live_P > 0, q_P, 0)
-        a_H = a_H - zeros_H.index_add(0, i_P, q_P) + zeros_H.index_add(0, j_P, q_P)
+    least_T = torch.where(fine_T, least_units(cost, tile, SCALE_BITS), least_units(cost, tile, 0))
+    a_H, rounds_T = _table_rounds(a_H, x_H, _pairs(n_H, idx_H, R), (T, R), least_T)
     a_TER = torch.zeros(T, E, R, dtype=torch.int64, device=dev).index_put((t_H, e_H, r_H), a_H)
     bits_X1 = bits_T.repeat_interleave(E)[:, None]
     X = T * E
     tiles_XR = _whole_tiles_torch(
         a_TER.reshape(X, R), hold_TER.reshape(X, R), K_TE.reshape(X), bits_X1
     )
-    return rows_of_tiles(tiles_XR, T_TE.reshape(X), tile).reshape(T, E, R)
+    return rows_of_tiles(tiles_XR, T_TE.reshape(X), tile).reshape(T, E, R), rounds_T
+
+
+def _table_rounds(
+    a_H: torch.Tensor,
+    x_H: torch.Tensor,
+    pairs: tuple[torch.Tensor, torch.Tensor],
+    shape: tuple[int, int],
+    least_T: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each holder's units after its table's rounds, and each table's rounds (``x_H``: the
+    holder's load across the tables; ``pairs``: the holders ``(i, j)`` of each ordered
+    pair; ``shape``: ``(T, R)``; ``least_T``: :func:`least_units` of each table)."""
+    T, R = shape
+    i_P, j_P = pairs
+    xi_P, xj_P, H = x_H[i_P], x_H[j_P], len(a_H)
+    zeros_X = torch.zeros(T * R, dtype=torch.int64, device=a_H.device)
+    zeros_H = torch.zeros(H, dtype=torch.int64, device=a_H.device)
+    going_T = torch.ones(T, dtype=torch.bool, device=a_H.device)
+    rounds_T = torch.zeros(T, dtype=torch.int64, device=a_H.device)
+    top_T = zeros_X.index_add(0, x_H, a_H).view(T, R).amax(1)
+    going_P = going_T[xi_P // R]
+    for _ in range(ROUND_LIMIT):
+        L_X = zeros_X.index_add(0, x_H, a_H)
+        gap_P = L_X[xi_P] - L_X[xj_P]
+        live_P = ((gap_P > 0) & (a_H[i_P] > 0)).long()
+        deg_X = zeros_X.index_add(0, xi_P, live_P) + zeros_X.index_add(0, xj_P, live_P)
+        out_H = zeros_H.index_add(0, i_P, live_P)
+        most_P = torch.maximum(deg_X[xi_P], deg_X[xj_P]) + 1
+        q_P = torch.minimum(gap_P // most_P, a_H[i_P] // out_H[i_P].clamp(min=1))
+        q_P = torch.where((live_P > 0) & going_P, q_P, 0)
+        a_H = a_H - zeros_H.index_add(0, i_P, q_P) + zeros_H.index_add(0, j_P, q_P)
+        rounds_T = rounds_T + going_T.long()
+        last_T, top_T = top_T, zeros_X.index_add(0, x_H, a_H).view(T, R).amax(1)
+        going_T = going_T & (last_T - top_T >= least_T)
+        if not bool(going_T.any()):
+            break
+        going_P = going_T[xi_P // R]
+    return a_H, rounds_T
 
 
 def _pairs(n_H: torch.Tensor, idx_H: torch.Tensor, R: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -335,7 +444,7 @@ def _round_torch(a_ER: torch.Tensor, hold_ER: torch.Tensor) -> torch.Tensor:
     one = live_ERG.long()
     deg_R = one.sum((0, 2)) + one.sum((0, 1))
     out_ER = one.sum(2)
-    share_RG = gap_RG // torch.maximum(deg_R[:, None], deg_R[None, :]).clamp(min=1)
+    share_RG = gap_RG // (torch.maximum(deg_R[:, None], deg_R[None, :]) + 1)
     cap_ER = a_ER // out_ER.clamp(min=1)
     q_ERG = torch.where(live_ERG, torch.minimum(share_RG[None], cap_ER[:, :, None]), 0)
     return a_ER - q_ERG.sum(2) + q_ERG.sum(1)

@@ -53,7 +53,8 @@ def choose_tensor(
     carried: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[PlanFields, tuple[torch.Tensor, ...]]:
     """The winner's layout tensors and ``(index 0-d, scores [C], exited 0-d, credit 0-d,
-    pending 0-d)``, all on the counts' device (``carried``: ``previous``'s rent-or-buy
+    pending 0-d, rounds 0-d)`` (``rounds``: of the exit's ``resident`` build, 0 where it
+    made none), all on the counts' device (``carried``: ``previous``'s rent-or-buy
     credit and pending call, float64 0-d, ``rent.exit_rent``; ``None``: 0 each)."""
     R, E = counts_RE.shape
     dev = counts_RE.device
@@ -68,14 +69,18 @@ def choose_tensor(
     static_ER = static_alloc(counts_RE)
     times = functools.partial(_times, cost, counts_RE, home_E)
     homes = (load_R, T_E, home_E, ids_RM)
-    alloc_CER, flow_CF3 = _candidates(counts_RE, homes, prev, resident_ER, levels)
+    records_ER, rounds = resident_torch(counts_RE, prev_RB, home_E, 1, cost)
+    alloc_CER, flow_CF3 = _candidates(counts_RE, homes, prev, (resident_ER, records_ER), levels)
     tiles_ER = None  # with one-row tiles both roundings are one
     if cost.tile_rows > 1:
-        tiles_ER = resident_torch(counts_RE, prev_RB, home_E, cost.tile_rows)
+        tiles_ER, more = resident_torch(counts_RE, prev_RB, home_E, cost.tile_rows, cost)
+        rounds = rounds + more
     totals, links = _sums(cost, counts_RE, home_E, resident_ER)
     kept = kept_section_torch(cost, counts_RE, resident_ER, home_E)
     nocopy = nocopy_torch(cost, R, totals, links, exit_build_s(cost), kept)
-    at_exit, exit_C, exit_index = _exit_times(times, alloc_CER, resident_ER, cost, tiles_ER, nocopy)
+    at_exit, exit_C, exit_index, built = _exit_times(
+        times, alloc_CER, resident_ER, cost, tiles_ER, nocopy
+    )
     static_full = times(static_ER[None], resident_ER, cost.plan_s).total_s[0]
     bounds = exit_bound_torch(cost, R, totals, links, static_full, resident_ER.any())
     gap = at_exit.experts_s - experts_lb_torch(cost, R, *totals)
@@ -90,7 +95,8 @@ def choose_tensor(
     alloc_ER = alloc_CER.index_select(0, pick)[0]
     fields = layout_torch(alloc_ER, num_slots, align, prev_RB, host=False)
     fields = fields._replace(flow=flow_CF3.index_select(0, pick)[0])
-    return fields, (index, scores, exited, torch.where(exited, credit, settled), pending)
+    made = (index, scores, exited, torch.where(exited, credit, settled), pending)
+    return fields, (*made, torch.where(built, rounds, 0))
 
 
 class _AtExit(NamedTuple):
@@ -107,8 +113,9 @@ def _exit_times(
     cost: StepCost,
     tiles_ER: torch.Tensor | None,
     nocopy: torch.Tensor,
-) -> tuple[_AtExit, torch.Tensor, torch.Tensor]:
-    """The early exit's plan, ``(its times, the exit's scores [C], its index int64 0-d)``:
+) -> tuple[_AtExit, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The early exit's plan, ``(its times, the exit's scores [C], its index int64 0-d,
+    whether it built resident bool 0-d)``:
     the least (ties: the earlier entry) of static EP and, where replicas are resident,
     ``placed`` and ``resident`` where the better of the two is above ``nocopy``
     (``bound.nocopy_torch``), each charged ``cost.exit_s``; ``inf`` elsewhere.
@@ -138,7 +145,7 @@ def _exit_times(
     exit_C = torch.where(c_C == 0, total_3[0], torch.inf)
     exit_C = torch.where(c_C == RESIDENT, t_res, torch.where(c_C == C - 1, t_placed, exit_C))
     at_exit = _AtExit(total_3.gather(0, pick.view(1))[0], experts_3.gather(0, pick.view(1))[0])
-    return at_exit, exit_C, index
+    return at_exit, exit_C, index, built
 
 
 def _resident(prev_RB: torch.Tensor | None, E: int, R: int, dev: torch.device) -> torch.Tensor:
@@ -181,12 +188,14 @@ def _candidates(
     counts_RE: torch.Tensor,
     homes: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     prev: tuple[torch.Tensor | None, torch.Tensor | None],
-    resident_ER: torch.Tensor,
+    resident: tuple[torch.Tensor, torch.Tensor],
     levels: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(alloc_CER, flow_CF3)`` of every candidate, in table order (``resident`` rounded
-    to whole records: :func:`_exit_times` may take its whole tiles; ``resident_ER``: bool
-    ``[E, R]``, the pairs resident in ``previous``'s slots)."""
+    """``(alloc_CER, flow_CF3)`` of every candidate, in table order (``resident``: bool
+    ``[E, R]``, the pairs resident in ``previous``'s slots, and the ``resident`` candidate
+    rounded to whole records, which :func:`_exit_times` may replace with its whole
+    tiles)."""
+    resident_ER, records_ER = resident
     load_R, T_E, home_E, ids_RM = homes
     R = counts_RE.shape[0]
     N = T_E.sum()
@@ -203,7 +212,7 @@ def _candidates(
     none_F3 = no_flows(R, T_E.device)
     exact = build(exact_R, True)
     out = {"exact": exact, "greedy": build(exact_R, False), "static": (static_ER, none_F3)}
-    out["resident"] = (resident_torch(counts_RE, prev[0], home_E), none_F3)
+    out["resident"] = (records_ER, none_F3)
     out["placed"] = (placed_torch(T_E, resident_ER, home_E), none_F3)
     for k in range(1, levels):
         out[f"level-{k}"] = build(level_KR[k - 1], True)

@@ -32,7 +32,8 @@ hides the fluctuation that replicas absorb and whole moves do not. Each step is 
 ``auto`` would plan it (:func:`served_s`): the best of static EP, ``placed`` and, where it
 could beat those by its build, the ``resident`` plan (``moonplan.plan.choice.resident``,
 the plan each step makes inside the slots), charged the planning it costs: the early
-exit's test, and ``StepCost.serve_s`` more where the exit builds ``resident``, where that
+exit's test, and the rounds of its build (``StepCost.round_s`` each) where the exit builds
+``resident``, where that
 plan passes the exit's bound; where it does not, the full calls the exit makes on a run of
 such steps (one each time what a call could have saved adds up to its price,
 ``rent.exit_rent``). Without that charge, replicas whose ``resident`` plan fails the bound
@@ -56,7 +57,7 @@ from moonplan.plan.choice.bound import (
     totals_host,
 )
 from moonplan.plan.choice.host import placed_host, resident_pick
-from moonplan.plan.choice.rent import call_price, exit_build_s
+from moonplan.plan.choice.rent import call_price, exit_build_s, exit_rounds_s
 from moonplan.plan.home import home_list
 from moonplan.plan.residency.window_torch import static_torch, windows_torch
 from moonplan.plan.residency.work import Builds
@@ -123,13 +124,21 @@ def step_time_over(
 ) -> float:
     """Predicted seconds of the ``resident`` plan of ``counts_RE`` over ``slot_RB`` (no copy,
     no planning charged); one build more in ``builds``."""
+    return resident_over(cost, counts_RE, slot_RB, builds)[0]
+
+
+def resident_over(
+    cost: StepCost, counts_RE: np.ndarray, slot_RB: np.ndarray, builds: Builds | None = None
+) -> tuple[float, int]:
+    """:func:`step_time_over` and the rounds its build ran (``Choice.rounds``)."""
     if builds is not None:
         builds.made += 1
     R, E = counts_RE.shape
     home_E = np.asarray(home_list(E, R), dtype=np.int64)
-    alloc_ER = resident_pick(cost, counts_RE, slot_RB, home_E)[0]
+    alloc_ER, _, rounds = resident_pick(cost, counts_RE, slot_RB, home_E)
     none_ER = np.zeros((E, R), dtype=bool)
-    return float(cost.step_time(alloc_ER, counts_RE, none_ER, home_E, planned=0).total_s)
+    step = cost.step_time(alloc_ER, counts_RE, none_ER, home_E, planned=0)
+    return float(step.total_s), rounds
 
 
 def served_s(
@@ -143,7 +152,8 @@ def served_s(
     included, as ``auto`` plans it (``moonplan.plan.choice.reference``): the exit's plan,
     the best of static EP and, with replicas resident, ``placed`` and (where it could beat
     those by its build) the ``resident`` plan, charged the exit's test (``cost.exit_s``, and
-    ``cost.serve_s`` where it built ``resident``) where it passes the exit's bound
+    the rounds of the ``resident`` build where it made one, ``rent.exit_rounds_s``) where it
+    passes the exit's bound
     (:func:`~moonplan.plan.choice.bound.exit_bound`); above it, a full call as often as
     ``rent.exit_rent`` makes one on a run of such steps (:func:`calls_share`).
     ``static_s``: static EP's :func:`step_time_over` of these counts, where the caller
@@ -165,8 +175,8 @@ def served_s(
         best = min(best, placed_over(cost, counts_RE, resident_ER))
         kept = kept_section_host(cost, counts_RE, resident_ER, home_E)
         if best + cost.exit_s > nocopy_s(cost, R, totals, links, exit_build_s(cost), kept):
-            built = step_time_over(cost, counts_RE, slot_RB, builds)
-            best, exit_s = min(best, built), exit_build_s(cost)
+            built, rounds = resident_over(cost, counts_RE, slot_RB, builds)
+            best, exit_s = min(best, built), exit_rounds_s(cost, rounds)
     bound, _ = exit_bound(cost, R, totals, links, None if held else static + cost.plan_s)
     over = best + exit_s - bound
     if over <= 0:

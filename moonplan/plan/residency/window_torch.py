@@ -144,10 +144,12 @@ def served_tables(
     if builds is not None:
         builds.scored += gate_ST.numel()
         builds.made += len(s_N)
+    exit_ST = torch.full_like(best_ST, cost.exit_s)
     if len(s_N):
-        built_N = built_s(cost, rows_SRE[s_N], hold_TER[t_N])
+        built_N, rounds_N = built_s(cost, rows_SRE[s_N], hold_TER[t_N])
         best_ST = best_ST.index_put((s_N, t_N), torch.minimum(best_ST[s_N, t_N], built_N))
-    exit_ST = torch.where(gate_ST, exit_build_s(cost), torch.full_like(best_ST, cost.exit_s))
+        ran_N = cost.exit_s + rounds_N.to(torch.float64) * cost.round_s  # rent.exit_rounds_s
+        exit_ST = exit_ST.index_put((s_N, t_N), ran_N)
     return _planned(cost, best_ST, exit_ST, best_ST + exit_ST - bound_ST)
 
 
@@ -195,15 +197,20 @@ def _unbuilt(
     return best, gate, bound_of(links)
 
 
-def built_s(cost: StepCost, rows_NRE: torch.Tensor, hold_NER: torch.Tensor) -> torch.Tensor:
+def built_s(
+    cost: StepCost, rows_NRE: torch.Tensor, hold_NER: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 ``[N]``: the ``resident`` plan's seconds of each entry (its step's counts,
     int64 ``[N, R, E]``, and its table's holders, bool ``[N, E, R]``), no planning
     charged (``choice.host.resident_pick``: whole tiles where the step is predicted
-    faster so, charged ``cost.exit_s``; ties: records)."""
+    faster so, charged ``cost.exit_s``; ties: records); and int64 ``[N]`` the rounds its
+    builds ran (both roundings)."""
     home_E = home_map(rows_NRE.shape[2], rows_NRE.shape[1], rows_NRE.device)
-    allocs = [resident_tables_torch(rows_NRE, hold_NER)]
-    if cost.tile_rows > 1:
-        allocs.append(resident_tables_torch(rows_NRE, hold_NER, cost.tile_rows))
+    allocs, rounds_N = [], torch.zeros(len(rows_NRE), dtype=torch.int64, device=rows_NRE.device)
+    for tile in (1, cost.tile_rows) if cost.tile_rows > 1 else (1,):
+        alloc_NER, ran_N = resident_tables_torch(rows_NRE, hold_NER, tile, cost)
+        allocs.append(alloc_NER)
+        rounds_N = rounds_N + ran_N
     C = len(allocs)
     alloc_NCER = torch.stack(allocs, 1)
     plan_PC = torch.zeros(2, C, dtype=torch.float64, device=rows_NRE.device)
@@ -211,9 +218,9 @@ def built_s(cost: StepCost, rows_NRE: torch.Tensor, hold_NER: torch.Tensor) -> t
     step = functools.partial(_step_totals, cost, home_E=home_E, plan_PC=plan_PC)
     total_NPC = torch.vmap(step)(rows_NRE, alloc_NCER)
     if C == 1:
-        return total_NPC[:, 0, 0]
+        return total_NPC[:, 0, 0], rounds_N
     tiles_N = total_NPC[:, 1, 1] < total_NPC[:, 1, 0]
-    return torch.where(tiles_N, total_NPC[:, 0, 1], total_NPC[:, 0, 0])
+    return torch.where(tiles_N, total_NPC[:, 0, 1], total_NPC[:, 0, 0]), rounds_N
 
 
 def _step_totals(

@@ -54,7 +54,7 @@ def costs(draw: st.DrawFn) -> StepCost:
         copy_s_inter=base.copy_s_inter * copy,
         plan_s=draw(st.sampled_from([0.0, 2e-5, 1e-2])),
         exit_s=draw(st.sampled_from([0.0, 1e-6, 1e-2])),
-        serve_s=draw(st.sampled_from([0.0, 1e-5, 1e-2])),
+        round_s=draw(st.sampled_from([0.0, 1e-5, 1e-2])),
         tile_rows=draw(st.sampled_from([1, 3, 16])),
         overlap=draw(st.booleans()),
         domain=draw(st.sampled_from([base.domain, 1, 2, 3])),

@@ -17,6 +17,7 @@ import moonplan
 from moonplan import PlanError, check_plan
 from moonplan.baselines.moonep_greedy import moonep_greedy_alloc
 from moonplan.plan.choice import PATHS, choose, reference
+from moonplan.plan.choice.rent import exit_build_s
 from moonplan.plan.choice.table import LEVELS, RESIDENT, names, placed_index, table
 from moonplan.plan.home import home_list
 from moonplan.plan.plan_time import plan_time
@@ -182,7 +183,7 @@ def test_placed_serves_whole_experts_moved_into_the_slots() -> None:
     takes it and skips the ``resident`` build, which could not beat it by that build."""
     c = torch.tensor([[50, 50, 0, 0], [50, 50, 0, 0]])
     prev = serving_plan(torch.zeros_like(c), torch.tensor([[-1], [1]]))
-    cost = DECODE.scaled(exit_s=1.0, serve_s=50.0, plan_s=1000.0)
+    cost = DECODE.scaled(exit_s=1.0, round_s=50.0, plan_s=1000.0)
     for path in CPU_PATHS:
         p = _auto(c, 1, prev, cost, path)
         assert p.policy == "placed" and p.choice.early_exit(), path
@@ -190,7 +191,7 @@ def test_placed_serves_whole_experts_moved_into_the_slots() -> None:
         assert p.new_copies() == 0 and not math.isfinite(p.choice.scores[RESIDENT])
         assert float(p.choice.scores[placed_index()]) == 1.0 + 50 + 100 + 50
         assert not p.choice.built_resident()
-    cheap = cost.scaled(serve_s=0.0, weight_read_s=1.0)  # rows dominate: balance is worth it
+    cheap = cost.scaled(round_s=0.0, weight_read_s=1.0)  # rows dominate: balance is worth it
     p = _auto(torch.tensor([[90, 10, 0, 0], [90, 10, 0, 0]]), 1, prev, cheap, "reference")
     assert p.choice.built_resident() and p.policy == "resident"
 
@@ -215,7 +216,7 @@ def test_the_exit_builds_resident_only_where_it_could_pay_for_the_build(
     )
     res, _ = reference.build(table()[RESIDENT], step, LEVELS, cost)
     mine = float(p.choice.scores[int(p.choice.index)])
-    assert reference._time(cost, step, res, cost.exit_s + cost.serve_s) >= mine
+    assert reference._time(cost, step, res, exit_build_s(cost)) >= mine
 
 
 def test_chosen_plans_chain_as_previous_and_pickle() -> None:
@@ -327,7 +328,7 @@ def test_summary_and_predicted_report_the_choice() -> None:
 # Expert 0 (home rank 0) is resident on rank 1 and has a record from each rank; expert 1
 # (home rank 1) one from rank 1. Rounded to records, expert 0 splits 1 / 1 and nothing is
 # sent, but rank 1 runs two experts: two tiles. In whole tiles expert 0 stays home.
-TILES_CASE = torch.tensor([[1, 0], [1, 1]])
+TILES_CASE = torch.tensor([[2, 0], [1, 1]])
 TILES_PREV = torch.tensor([[0, 0], [40, 0]])  # its exact plan puts expert 0 on rank 1 too
 
 
@@ -336,7 +337,7 @@ def test_resident_rounds_to_whole_tiles_where_the_cost_model_says_faster(backend
     prev = moonplan.plan(TILES_PREV, slots=1)
     assert prev.slot_expert.tolist() == [[-1], [0]]
     compute, links = tiles_costs()
-    want = {None: [[1, 1], [0, 1]], compute: [[2, 0], [0, 1]], links: [[1, 1], [0, 1]]}
+    want = {None: [[2, 1], [0, 1]], compute: [[3, 0], [0, 1]], links: [[2, 1], [0, 1]]}
     for cost, alloc in want.items():
         p = moonplan.plan(TILES_CASE, slots=1, previous=prev, policy="resident", cost=cost,
                           backend=backend)  # fmt: skip

@@ -9,14 +9,15 @@ typedef unsigned char u8;
 extern "C" ll emu_choice_first(ll block, ll smem, const ll* counts, const ll* prev, ll R, ll E,
                                ll B, ll has_prev, ll C, MC_COST_PARAMS, const double* carry_in,
                                double* scores, double* free_C, u8* exited, ll* index,
-                               double* credit, double* pending, ll* total_E, ll* load_R,
-                               ll* send_R, ll* sdom_R, ll* misc, int* warm_d, ll* rest_RE,
-                               ll* top_RM, ll* alloc_C, ll* recv_C, ll* res_a, int* res_i) {
+                               double* credit, double* pending, ll* rounds, ll* total_E,
+                               ll* load_R, ll* send_R, ll* sdom_R, ll* misc, int* warm_d,
+                               ll* rest_RE, ll* top_RM, ll* alloc_C, ll* recv_C, ll* res_a,
+                               int* res_i) {
     return launch(1, (int)block, [=] {
         moonplan_choice_first(counts, prev, R, E, B, has_prev, C, MC_COST_ARGS, carry_in, scores,
-                              free_C, exited, index, credit, pending, total_E, load_R, send_R,
-                              sdom_R, misc, warm_d, rest_RE, top_RM, alloc_C, recv_C, res_a,
-                              res_i);
+                              free_C, exited, index, credit, pending, rounds, total_E, load_R,
+                              send_R, sdom_R, misc, warm_d, rest_RE, top_RM, alloc_C, recv_C,
+                              res_a, res_i);
     }, smem);
 }
 extern "C" ll emu_choice_build(ll grid, ll block, ll smem, const ll* counts, const ll* prev,

@@ -146,7 +146,7 @@ def test_decisions_on_cuda_counts_order_as_on_the_host() -> None:
 
 def test_a_decision_counts_the_work_it_does() -> None:
     """A decision counts a build for each ``resident`` plan it makes (the host's
-    ``step_time_over`` calls, and the window's entries the exit's gate let through, built
+    ``resident_over`` calls, and the window's entries the exit's gate let through, built
     in one ``built_s`` call), and a scored pair for each (step, table) it scores: static
     EP's and every table's over the window (the empty table once), and the rent's two
     host scores (``served_s``)."""
@@ -164,8 +164,7 @@ def test_a_decision_counts_the_work_it_does() -> None:
     builds = Builds()
     wrap = mock.patch.object
     with (
-        wrap(target, "step_time_over", wraps=target.step_time_over) as a,
-        wrap(refill, "step_time_over", wraps=refill.step_time_over) as b,
+        wrap(target, "resident_over", wraps=target.resident_over) as a,  # every host build
         wrap(target, "windows_torch", wraps=target.windows_torch) as w,
         wrap(target, "static_torch", wraps=target.static_torch) as s,
         wrap(window_torch, "built_s", wraps=window_torch.built_s) as built,
@@ -176,7 +175,7 @@ def test_a_decision_counts_the_work_it_does() -> None:
     tables = len(w.call_args.args[3])
     entries = sum(len(call.args[1]) for call in built.call_args_list)
     assert built.call_count <= 1 and entries >= 1  # the gate let some through, at once
-    assert builds.made == a.call_count + b.call_count + entries
+    assert builds.made == a.call_count + entries
     assert builds.scored == W * tables + W + served.call_count
     assert entries <= W * tables
 

@@ -68,7 +68,7 @@ def test_the_table_replicates_a_persistent_hot_expert_only_where_it_pays() -> No
     assert bool((target_slots(totals, 10, empty, dear) == -1).all())
     # serving replicas is dear: each exit builds the resident plan (copies dear too, so the
     # exit is taken and that charge applies; a full call would cost plan_s instead)
-    dear_copies = rows_only(copy_s_intra=1.0, copy_s_inter=1.0, serve_s=1.0)
+    dear_copies = rows_only(copy_s_intra=1.0, copy_s_inter=1.0, round_s=1.0)
     costly = target_slots(totals, 10, empty, dear_copies)
     assert not bool((costly == 0).any())  # no replica to balance expert 0 through
     assert costly.flatten().tolist().count(1) == 1  # its home neighbour moved out whole
@@ -124,7 +124,7 @@ def test_a_table_is_charged_the_planning_auto_would_spend_on_it() -> None:
     cost = rows_only(plan_s=1e-4, exit_s=1e-5)  # rows 1e-6 s: static EP takes 1.64e-3 s
     static = step_time_over(cost, counts, empty)
     assert served_s(cost, counts, empty) == static + 1e-4  # a copy could pay
-    dear = rows_only(plan_s=1e-4, exit_s=1e-5, serve_s=2e-5, copy_s_intra=1.0, copy_s_inter=1.0)
+    dear = rows_only(plan_s=1e-4, exit_s=1e-5, round_s=2e-5, copy_s_intra=1.0, copy_s_inter=1.0)
     assert served_s(dear, counts, empty) == static + 1e-5  # none can pay
     held = empty.copy()
     held[1:, 0] = 0  # the hot expert resident on every other rank
@@ -153,7 +153,7 @@ def test_a_table_is_scored_on_the_faster_rounding_of_the_resident_plan() -> None
     """``step_time_over`` times the ``resident`` candidate as ``auto`` builds it: in whole
     tiles where compute alone costs (one tile a rank), in records where only the links do
     (nothing sent); ``test_choice.py`` has the same hand case."""
-    counts = np.array([[1, 0], [1, 1]])  # test_choice.TILES_CASE
+    counts = np.array([[2, 0], [1, 1]])  # test_choice.TILES_CASE
     held = np.array([[-1], [0]])  # expert 0 (home rank 0) resident on rank 1
     compute, links = tiles_costs()
     assert step_time_over(compute, counts, held) == 16e-6  # records: rank 1 runs two tiles
