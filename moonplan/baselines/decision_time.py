@@ -13,22 +13,23 @@ rates on its own host (``refill.time_rates``); the simulator charges
 :func:`decision_build_us` and :func:`decision_score_us`.
 
 **Measured** (``bench/bench_decision.py``, ``docs/benchmarks.md``, 2026-12-03, this
-project's 2-core development machine, one thread): ``time_rates`` at its eight cases,
-237-8426 us a build and 103-2074 us a pair. Both grow with ``R * E`` (every rank's share
-of every expert), so each rate is a line in ``R * E``, the least squares of the
-logarithms over the eight points (each measured rate 0.85-1.52x its line). Charged at
-the lines, the eight cases' whole decisions on their windows are 0.87-1.15x the host
-time measured. A server's host core may be faster; until a GPU host measures it, the
+project's 2-core development machine, one thread, beside a sweep on the other core):
+``time_rates`` at its eight cases, twice, with the ``resident`` rounds that pay for
+themselves: 297-11346 us a build and 94-2589 us a pair. Both grow with ``R * E`` (every
+rank's share of every expert), so each rate is a line in ``R * E``, the least squares of
+the logarithms over the sixteen points (each measured rate 0.63-1.94x its line: the two
+runs of one case differ by up to 1.7x). Charged at the lines, the eight cases' whole
+decisions on their windows are 0.76-1.65x the host time measured. A server's host core may be faster; until a GPU host measures it, the
 simulator charges this machine's figure.
 """
 
 from __future__ import annotations
 
-BASE_US = 237.0
+BASE_US = 226.0
 """Host microseconds per counted build that do not grow with the shape (the numpy tables,
 the calls' overhead): the line's value at ``R * E = 0``."""
 
-PER_PAIR_US = 0.43
+PER_PAIR_US = 0.48
 """Host microseconds per counted build and ``(rank, expert)`` pair: the line's slope."""
 
 
@@ -38,11 +39,11 @@ def decision_build_us(num_ranks: int, num_experts: int) -> float:
     return BASE_US + PER_PAIR_US * num_ranks * num_experts
 
 
-SCORE_BASE_US = 80.0
+SCORE_BASE_US = 81.5
 """Host microseconds per (step, table) scored without a build that do not grow with the
 shape: the line's value at ``R * E = 0``."""
 
-SCORE_PER_PAIR_US = 0.094
+SCORE_PER_PAIR_US = 0.1145
 """Host microseconds per (step, table) scored and ``(rank, expert)`` pair: the slope."""
 
 

@@ -169,8 +169,8 @@ REDUCED = AcceptanceGrid(models=("deepseek-v3",), hardware=("h200-node", "h200-m
     "the honest peers (EPLB as deployed and eplb-fast with its moves charged, round-robin "
     "static, moonplan exact) today's auto is within the bar at 21 of these 24 points (1 "
     "measured step, 2026-12-03); the rest are static EP's (round-robin) by "
-    "1.012-1.013x at sigma 0 (the exit's charge) and by 1.05x at EP 16, 16 tokens, sigma 2 "
-    "(the resident builds auto pays for its replicas)",
+    "1.012-1.013x: at sigma 0 (the exit's charge) and at EP 16, 16 tokens, sigma 2 "
+    "(the resident rounds auto pays for its replicas)",
 )
 def test_reduced_grid_auto_is_never_slower_than_the_best_peer() -> None:
     rows = run_acceptance(REDUCED)
