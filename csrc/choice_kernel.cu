@@ -25,8 +25,10 @@
 //   credit  0-d double  the rent-or-buy credit: previous's in (carry_in[0]), this step's out
 //   pending 0-d double  what a full call could have saved since the last: previous's in
 //                       (carry_in[1]), this step's out (rent.exit_rent)
-//   rounds  0-d int64   the rounds kernel 1's resident build ran, its roundings together
-//                       (0 where it built none: Choice.rounds, reference._resident)
+//   rounds  0-d int64   the rounds of the resident build this call ran, its roundings
+//                       together (Choice.rounds, reference._resident): kernel 1's where it
+//                       built it; else 0 from kernel 1, then, in a full call, candidate 2's
+//                       block writes its own build's (stream order: the later write wins)
 //
 // Three kernels, launched by moonplan/plan/choice_cuda.py on torch's stream, no host sync:
 //   moonplan_choice_first   ONE block: T, L, static EP's scores charged exit_s and plan_s;
@@ -45,7 +47,7 @@
 //                           exit flag is set, and candidate 2's or K+3's when kernel 1 built
 //                           it; else builds its allocation into alloc_C[c] (group-flow
 //                           construction, resident rounds or placed) and scores it, with its
-//                           copies charged and free
+//                           copies charged and free; candidate 2's block writes rounds
 //   moonplan_choice_layout  ONE block: the rent-or-buy winner (rent.settle; on exit kernel
 //                           1's index) and the credit, the winner's plan fields (slots with
 //                           residents kept, rows, padded offsets)
@@ -337,8 +339,9 @@ __device__ double mc_first_links(const McStep& st, const McCost& k, double reads
 // Built by the first kernel where the early exit may take it (previous has a resident
 // replica and static and placed exceed bound.nocopy_s), else by candidate 2's block of the
 // build kernel. Each rounding (records; whole tiles where tile > 1) runs its own rounds: while
-// the last round lowered the largest load by at least mc_least_units, at most MC_ROUND_LIMIT
-// (resident.py, "How many rounds"); the first kernel reports them (rounds).
+// the last round lowered the largest load by at least mc_least_units, or left it where it was
+// with fewer ranks at it, at most MC_ROUND_LIMIT (resident.py, "How many rounds"); the kernel
+// that builds it reports them (rounds).
 // A holder h is (e, r): r is expert e's home, or e is in one of r's first M previous slots.
 // The holders lie in expert order, then rank order, in global scratch (McHolders); at most
 // Hmax = E + R * min(B, M) of them (choice_cuda.resident_holders). The rule balances whole
@@ -481,10 +484,15 @@ __device__ mp_i64 mc_after_round(const McHolders& hd, const mp_i64* L, const int
     return next;
 }
 
+struct McTop {  // the largest rank load (units) and how many ranks hold exactly it
+    mp_i64 top, ties;
+};
+
 // The ranks' loads L [R] of the snapshot hd.a and deg [R] = 0 (shared memory); returns the
-// largest load, on every thread (red64: 33 int64 of shared memory). Ends with __syncthreads.
-__device__ mp_i64 mc_resident_loads(const McHolders& hd, int R, mp_i64* L, int* deg,
-                                    mp_i64* red64) {
+// largest load and the ranks at it, on every thread (two block reductions, exact integers;
+// red64: 33 int64 of shared memory). Ends with __syncthreads.
+__device__ McTop mc_resident_loads(const McHolders& hd, int R, mp_i64* L, int* deg,
+                                   mp_i64* red64) {
     const int tid = threadIdx.x, nthreads = blockDim.x;
     for (int r = tid; r < R; r += nthreads) {
         L[r] = 0;
@@ -495,7 +503,10 @@ __device__ mp_i64 mc_resident_loads(const McHolders& hd, int R, mp_i64* L, int* 
     __syncthreads();
     mp_i64 top = MP_I64_MIN;
     for (int r = tid; r < R; r += nthreads) top = mc_max_i(top, L[r]);
-    return mp_block_max(top, red64);  // ends with __syncthreads
+    top = mp_block_max(top, red64);  // ends with __syncthreads
+    mp_i64 ties = 0;
+    for (int r = tid; r < R; r += nthreads) ties += L[r] == top;
+    return {top, mp_block_sum(ties, red64)};  // ends with __syncthreads
 }
 
 // One round (resident.py, step 2) from the snapshot hd.a and its loads L [R]
@@ -555,11 +566,12 @@ __device__ void mc_rows_of_tiles(const McStep& st, mp_i64 tile, const McHolders&
 
 // resident_reference into alloc [E, R]; returns the rounds it ran (block-uniform): the
 // holders, the even start (in tiles of tile rows; 1: records), the rounds (top: the largest
-// load; a round runs, then the next only where it lowered top by at least mc_least_units,
-// MC_ROUND_LIMIT at most; the last round's result is kept), whole tiles, rows. res_a, res_i:
-// global scratch (McHolders), sized by Hmax. Dynamic shared memory: L [R] and red64 [33]
-// (int64), deg [R] and red32 [33] (int32): 12(R + 33) bytes, less than the construction's.
-// Ends with __syncthreads.
+// load, ties: the ranks at it; a round runs, then the next only where least < MC_NEVER and
+// the round lowered top by at least least, or left top where it was with fewer ties: two
+// ranks tied at the top fall one a round; MC_ROUND_LIMIT at most; the last round's result
+// is kept), whole tiles, rows. res_a, res_i: global scratch (McHolders), sized by Hmax.
+// Dynamic shared memory: L [R] and red64 [33] (int64), deg [R] and red32 [33] (int32):
+// 12(R + 33) bytes, less than the construction's. Ends with __syncthreads.
 __device__ int mc_resident(const McStep& st, const McCost& k, mp_i64 tile, mp_i64* alloc,
                            mp_i64* res_a, int* res_i, unsigned char* smem) {
     const int R = st.R;
@@ -574,17 +586,20 @@ __device__ int mc_resident(const McStep& st, const McCost& k, mp_i64 tile, mp_i6
     hd.H = mc_holders_start(st, alloc, hd.start, red32);
     mc_holders_list(st, tile, alloc, hd);
     const mp_i64 least = mc_least_units(k, tile, mc_scale_bits(st));
-    mp_i64 top = mc_resident_loads(hd, R, L, deg, red64);
+    McTop top = mc_resident_loads(hd, R, L, deg, red64);
     int rounds = 0;
-    while (rounds < MC_ROUND_LIMIT) {  // block-uniform: top and least are every thread's
+    while (rounds < MC_ROUND_LIMIT) {  // block-uniform: top, ties and least are every thread's
         mc_resident_round(hd, L, deg);
         mp_i64* t = hd.a;  // the next round's snapshot (every thread swaps alike)
         hd.a = hd.b;
         hd.b = t;
         ++rounds;
-        const mp_i64 last = top;
+        const McTop last = top;
         top = mc_resident_loads(hd, R, L, deg, red64);
-        if (last - top < least) break;  // this round did not pay: the next would not either
+        const bool fell = last.top - top.top >= least;
+        const bool untied = top.top == last.top && top.ties < last.ties;
+        // this round did not pay (nor lowered a tie at the top): the next would not either
+        if (least >= MC_NEVER || !(fell || untied)) break;
     }
     mc_whole_tiles(st, tile, hd);
     mc_rows_of_tiles(st, tile, hd, alloc);
@@ -882,7 +897,9 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
         misc[0] = st.N;
         misc[3] = x.nres;
         misc[4] = x.built ? 1 : 0;
-        rounds[0] = x.rounds;  // 0 where the exit built no resident (x.built false)
+        // 0 where it built no resident (x.built false): in a full call candidate 2's block
+        // then writes its own build's (moonplan_choice_build)
+        rounds[0] = x.rounds;
     }
 }
 
@@ -960,7 +977,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
                           double* scores, const mp_i64* total_E, const mp_i64* load_R,
                           const mp_i64* send_R, const mp_i64* sdom_R, const mp_i64* misc,
                           const int* warm_d, mp_i64* alloc_C, mp_i64* flow_C, mp_i64* recv_C,
-                          mp_i64* rep_c, int* rep_e, mp_i64* res_a, int* res_i, double* free_C) {
+                          mp_i64* rep_c, int* rep_e, mp_i64* res_a, int* res_i, double* free_C,
+                          mp_i64* rounds) {
     extern __shared__ __align__(16) unsigned char mp_smem[];
     const int R = (int)R_, C = (int)levels + 4, c = blockIdx.x + 1;
     if (mc_build_skips(c, C, exited, misc)) return;
@@ -973,8 +991,9 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     st.N = misc[0];
     const McCands m = {alloc_C, recv_C, scores, free_C, res_a, res_i, C};
     if (c == 2) {  // residents the exit skipped: the same rounding and rounds rule as kernel 1's
-        int rounds = 0;  // not reported: Choice.rounds counts the exit's build only
-        mc_resident_pick(st, k, m, misc[3] > 0, &rounds, mp_smem);
+        int n = 0;     // block-uniform: the full call's own build, Choice.rounds
+        mc_resident_pick(st, k, m, misc[3] > 0, &n, mp_smem);
+        if (threadIdx.x == 0) rounds[0] = n;  // after kernel 1's 0 (stream order)
         return;
     }
     mp_i64* alloc = alloc_C + (mp_i64)c * E * R;

@@ -19,8 +19,8 @@ themselves: 297-11346 us a build and 94-2589 us a pair. Both grow with ``R * E``
 rank's share of every expert), so each rate is a line in ``R * E``, the least squares of
 the logarithms over the sixteen points (each measured rate 0.63-1.94x its line: the two
 runs of one case differ by up to 1.7x). Charged at the lines, the eight cases' whole
-decisions on their windows are 0.76-1.65x the host time measured. A server's host core may be faster; until a GPU host measures it, the
-simulator charges this machine's figure.
+decisions on their windows are 0.76-1.65x the host time measured. A server's host core
+may be faster; until a GPU host measures it, the simulator charges this machine's figure.
 """
 
 from __future__ import annotations

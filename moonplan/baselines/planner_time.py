@@ -20,8 +20,11 @@ through the three points measured there (extrapolated below ``R = 8`` and above
   passes over the pairs), charged what one rank's step of the exact kernel's balance
   loop costs, the slope of :data:`MEASURED` in ``R``; a build runs as many rounds as pay
   for themselves (``moonplan.plan.choice.resident``), in each rounding it builds, and the
-  plan reports them (``Choice.rounds``). :func:`resident_us` is a build of ``rounds``
-  rounds after the pass over the counts that :func:`exit_us` charges;
+  plan reports them (``Choice.rounds``). The simulator charges them beside the exit's test,
+  and on top of a full call: the exit's build runs before the call's other blocks; the
+  call's own (where the exit built none) beside them, so charging it on top is an upper
+  bound (``rent.call_rounds_s``). :func:`resident_us` is a build of ``rounds`` rounds
+  after the pass over the counts that :func:`exit_us` charges;
 * :func:`exit_us`, ``auto``'s early exit: the test reads the counts once more in the pass
   that every plan (static EP's too) makes over them, and reduces a few sums in one block:
   ``E * R * 8`` bytes at :data:`ONE_SM_BYTES_PER_S` plus :data:`REDUCE_US`. Static EP's

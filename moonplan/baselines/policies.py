@@ -45,7 +45,7 @@ from moonplan.baselines.prehistory import Prehistory
 from moonplan.baselines.registry import PolicyInfo, register
 from moonplan.checks import check_int
 from moonplan.plan import api as planner
-from moonplan.plan.choice.rent import exit_rounds_s
+from moonplan.plan.choice.rent import call_rounds_s, exit_rounds_s
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_time import plan_fetch_ER, plan_time
 from moonplan.plan.plan_type import Plan
@@ -170,9 +170,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
     ``cost`` is the :class:`~moonplan.stepcost.StepCost` the choice minimises; the
     simulator passes the one it charges the step with, so a plan's predicted time is its
     simulated time. Each step is charged one planner call (``cost.plan_s``), or, when it
-    exited, the early exit's test (``cost.exit_s``) and, where it built the ``resident``
-    candidate, the rounds it ran (``cost.round_s`` each, ``Choice.rounds``:
-    ``planner_time.ROUND_US``, which ``SimConfig.step_cost`` sets for this policy). The placement's
+    exited, the early exit's test (``cost.exit_s``), and the rounds of the ``resident``
+    build the call ran (``cost.round_s`` each, ``Choice.rounds``: ``planner_time.ROUND_US``,
+    which ``SimConfig.step_cost`` sets for this policy). The placement's
     decisions follow the runtime's rule (:class:`~moonplan.plan.residency.refill.Decisions`:
     each runs on the host beside the ``k`` steps its work covers (on the decision thread
     every layer shares: with layers alike, the ``k`` steps of one layer bound that queue,
@@ -247,10 +247,12 @@ class MoonplanAutoPolicy(PlannerPolicy):
         self._previous = p
         refill_ER = self._shares.pop(0) if self._shares else None
         assert p.choice is not None  # an auto plan
-        planned = 1.0
+        rounds = int(p.choice.rounds)  # of the resident build the call ran, charged each
         if p.choice.early_exit():  # the test, and the resident candidate's build if made
-            exit_s = exit_rounds_s(self.cost, int(p.choice.rounds))
-            planned = exit_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
+            charge = exit_rounds_s(self.cost, rounds)
+        else:
+            charge = call_rounds_s(self.cost, rounds)
+        planned = charge / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
         self._place(counts_RE, p)
         return plan_step(self.name, counts_RE, p, planned=planned, choice=p.policy,
                          refill_ER=refill_ER, local_copies=swapped)  # fmt: skip

@@ -19,6 +19,7 @@ depends only on ``(R, E, B, K)``, so the call can be captured in a CUDA graph:
 2. ``moonplan_choice_build`` (``C - 1`` blocks, one per candidate but static): each returns
    at once when the flag is set (and ``resident``'s or ``placed``'s when the first kernel
    built it), else builds its allocation and scores it, its copies charged and free;
+   ``resident``'s block, where it builds, writes ``rounds`` (the full call's own build's);
 3. ``moonplan_choice_layout`` (one block): the rent-or-buy winner (``choice.rent.settle``;
    the first kernel's on exit) and the credit, the winner's plan fields.
 
@@ -205,8 +206,9 @@ def allocate(
     outputs: the plan's layout tensors (int64) and the choice's ``(index, scores, exited,
     credit, pending, rounds)``: ``index`` int64 0-d, ``scores`` float64 ``[C]``, ``exited``
     bool 0-d (the first byte of its word), ``credit`` and ``pending`` float64 0-d, ``rounds``
-    int64 0-d (the first kernel writes it every call). One ``as_strided`` per view: the host
-    cost of every call (about half that of a slice and a ``view``)."""
+    int64 0-d (the first kernel writes it every call, the build kernel's ``resident`` block
+    again where it builds). One ``as_strided`` per view: the host cost of every call (about
+    half that of a slice and a ``view``)."""
     lay = layout(R, E, B, C)
     buf = torch.empty(lay.words, dtype=torch.int64, device=device)
 
@@ -282,7 +284,7 @@ def kernel_args(
     build = [c, p, f, val(R), val(E), val(B), has, val(n_flows), val(levels), *cost_]
     build += [at("exited"), at("scores"), *stats, at("warm_d")]
     build += [at(k) for k in ("alloc_C", "flow_C", "recv_C", "rep_c", "rep_e")]
-    build += [at("res_a"), at("res_i"), at("free_C")]
+    build += [at("res_a"), at("res_i"), at("free_C"), at("rounds")]
     fields = ("alloc", "home", "target", "flow", "slot_expert", "slot_new", "row_expert",
               "row_count", "row_offset")  # fmt: skip
     last = [p, val(R), val(E), val(B), val(align), has, val(C), at("exited"), at("scores")]
@@ -306,8 +308,10 @@ def choose_cuda(
 ) -> tuple[PlanFields, tuple[torch.Tensor, ...]]:
     """The ``auto`` plan's layout tensors and ``(index 0-d int64, scores [C] float64, exited 0-d
     bool, credit 0-d float64, pending 0-d float64, rounds 0-d int64)``, all on the counts'
-    CUDA device, written asynchronously on torch's stream (``rounds``: of the early exit's
-    ``resident`` build, its roundings together, 0 where it made none: ``Choice.rounds``).
+    CUDA device, written asynchronously on torch's stream (``rounds``: of the ``resident``
+    build this call ran, its roundings together: the early exit's where it built one, else
+    in a full call the full call's own, 0 where the exit was taken without one:
+    ``Choice.rounds``).
 
     Args:
         counts_RE: validated integer counts ``[R, E]`` on a CUDA device (not read here).

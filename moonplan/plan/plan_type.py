@@ -86,9 +86,11 @@ class Choice:
         pending: float64 0-d, the most seconds the steps since the last full call could
             have saved with it, read by the next step's early exit (``rent.exit_rent``);
             0 when nothing reads it (a choice made without ``previous``'s).
-        rounds: int64 0-d, the rounds the early exit's ``resident`` build ran in its
-            roundings together (0: the exit did not build it), which ``StepCost.round_s``
-            charges each (``rent.exit_rounds_s``).
+        rounds: int64 0-d, the rounds this call's ``resident`` build ran in its
+            roundings together: the early exit's where it built one; in a full call where
+            it did not, the full call's own; 0 where the exit was taken without it.
+            ``StepCost.round_s`` charges each, beside the exit's test or the full call
+            (``rent.exit_rounds_s``, ``rent.call_rounds_s``).
     """
 
     names: tuple[str, ...]

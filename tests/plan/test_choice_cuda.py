@@ -26,6 +26,7 @@ from moonplan.plan.choice import choose
 from moonplan.plan.choice.table import LEVELS
 from moonplan.plan.plan_fields import PlanFields
 from moonplan.plan.plan_type import PLAN_TENSORS, Plan, plan_to
+from moonplan.plan.residency.serving import serving_plan
 from tests.plan.choice.costs import COMPUTE_ONLY, FORCED_S, H200, MULTI, full
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,6 +164,24 @@ def test_kernel_is_the_reference_on_random_chains() -> None:
             assert not _differences(got, want), (tuple(c.shape), B, align, cost)
             prev_cpu, prev_gpu = want, plan_to(want, torch.device("cuda"))
             c = c.roll(1, dims=1)
+
+
+@pytest.mark.gpu
+@needs_kernel
+def test_rounds_at_a_tie_and_in_a_full_call() -> None:
+    """``rounds`` where two ranks tie at the largest load (the rounds go on past a round
+    that leaves it, ``resident.paid``) and where a full call builds ``resident`` itself
+    (the build kernel's block writes it): the reference's, as in the emulated test."""
+    c = torch.tensor([[60, 0, 120, 120], [0, 120, 0, 120], [0, 0, 120, 120], [0, 0, 60, 0]])
+    prev = serving_plan(torch.zeros_like(c), torch.tensor([[3], [2], [3], [-1]]))
+    tie = H200.scaled(round_s=0.0, tile_rows=1)
+    own = torch.tensor([[0, 5, 60, 20], [5, 60, 200, 200]])
+    own_prev = serving_plan(torch.zeros_like(own), torch.tensor([[-1], [1]]))
+    dear = COMPUTE_ONLY.scaled(tile_rows=16, plan_s=1e-6, round_s=1e-7)
+    for x, p, cost in ((c, prev, tie), (c, prev, full(tie)), (own, own_prev, dear)):
+        want = choose(x, 1, 1, p, cost, "reference")
+        got = choose(x.cuda(), 1, 1, plan_to(p, torch.device("cuda")), cost, "cuda")
+        assert not _differences(got, want) and int(want.choice.rounds) > 1
 
 
 @pytest.mark.gpu

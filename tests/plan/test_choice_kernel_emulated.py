@@ -10,9 +10,10 @@ the real launcher's buffer and argument lists (``choice_cuda.allocate`` / ``kern
 The buffer starts as garbage and shared memory as ``0xCD`` bytes, like on a device; a
 kernel writing past its shared layout fails the test. Every plan field, ``scores`` bit for
 bit (inf included), ``index``, ``exited``, the rent-or-buy ``credit`` and ``pending`` (bit
-for bit; each step reads the previous plan's), ``rounds`` (of the exit's ``resident``
-build), the early-exit bound's two parts (bit for bit: the first kernel leaves them in its
-scratch) and whether the first kernel built ``resident`` are compared. A GPU run
+for bit; each step reads the previous plan's), ``rounds`` (of the call's ``resident``
+build: the exit's, else a full call's own), the early-exit bound's two parts (bit for bit:
+the first kernel leaves them in its scratch) and whether the first kernel built
+``resident`` are compared. A GPU run
 (``tests/plan/test_choice_cuda.py``, ``bench/gpu_check.py``) is still the final word.
 """
 
@@ -34,7 +35,7 @@ from hypothesis import strategies as st
 
 import moonplan
 from moonplan.plan import choice_cuda as cc
-from moonplan.plan.choice import choose
+from moonplan.plan.choice import choose, resident
 from moonplan.plan.choice import reference as ref
 from moonplan.plan.choice.bound import exit_bound, kept_section_s, links_reference, nocopy_s
 from moonplan.plan.choice.rent import exit_build_s
@@ -221,7 +222,8 @@ def _check(
     assert _bits(float(credit)) == _bits(float(ch.credit)), (credit, ch.credit)
     assert _bits(float(pending)) == _bits(float(ch.pending)), (pending, ch.pending)
     assert int(rounds) == int(ch.rounds), (int(rounds), int(ch.rounds), *case)
-    assert (int(rounds) > 0) == scratch.built, case  # a build runs one round at least
+    # a build runs one round at least: the exit's, or a full call's own (candidate 2's block)
+    assert (int(rounds) > 0) == (scratch.built or not bool(exited)), case
     return want
 
 
@@ -511,6 +513,68 @@ def test_the_rounds_follow_their_price(emu: ctypes.CDLL) -> None:
     for t in (1, 128):
         cost = H200.scaled(copy_s_intra=1.0, copy_s_inter=1.0, exit_s=1e-6, tile_rows=t)
         assert rounds(cost, (c, prev)) == (2 if t > 1 else 1) * ROUND_LIMIT
+
+
+def test_ties_at_the_top_run_more_rounds(emu: ctypes.CDLL) -> None:
+    """Two ranks tied at the largest load: the first round lowers one of them and leaves
+    the largest load where it was, with fewer ranks at it (``resident.paid``), so the rounds
+    go on with ``round_s = 0`` (the largest load alone would stop them after one); the
+    kernel's count of ranks at the top gives the reference's rounds, at the exit and in a
+    full call, one rounding and two; where no round can pay, one round all the same."""
+    c = torch.tensor([[60, 0, 120, 120], [0, 120, 0, 120], [0, 0, 120, 120], [0, 0, 60, 0]])
+    slots = [[3], [2], [3], [-1]]
+    prev = serving_plan(torch.zeros_like(c), torch.tensor(slots))
+    R, E = c.shape
+    hold = resident._holders_reference(E, R, slots, home_list(E, R))
+    a = [[0] * R for _ in range(E)]  # the even start in units (one row a tile)
+    for e, hs in enumerate(hold):
+        units = int(c[:, e].sum()) << resident.SCALE_BITS
+        for i, r in enumerate(hs):
+            a[e][r] = units // len(hs) + (1 if i < units % len(hs) else 0)
+    before = resident._loads_reference(a, R)
+    resident._round_reference(a, hold, R)
+    after = resident._loads_reference(a, R)
+    assert max(after) == max(before) and after.count(max(after)) < before.count(max(before))
+    free = H200.scaled(round_s=0.0)
+    n = resident_reference(c.tolist(), slots, home_list(E, R), 1, free)[1]
+    assert n > 1
+    cases = (
+        (free.scaled(tile_rows=1), True, n),  # the exit builds it and takes it
+        (full(free.scaled(tile_rows=1)), False, n),  # built by kernel 1, a full call
+        (free, True, None),  # two roundings
+        (full(COMPUTE_ONLY.scaled(round_s=0.0)), False, n),
+    )
+    for cost, exited, want in cases:
+        assert _reference_built(Case(c, 1, 1, prev, cost))
+        ch = _check(emu, c, 1, 1, prev, cost).choice
+        assert ch is not None and bool(ch.exited) == exited
+        assert int(ch.rounds) > 1 and (want is None or int(ch.rounds) == want)
+    # where rows cost nothing no round pays (resident.NEVER): one round, tie or not
+    no_rows = free.scaled(row_flop_s=0.0, row_mem_s=0.0, round_s=1e-9, tile_rows=1)
+    for cost in (no_rows, full(no_rows)):
+        ch = _check(emu, c, 1, 1, prev, cost).choice
+        assert ch is not None and int(ch.rounds) == 1
+
+
+def test_a_full_call_reports_its_own_rounds(emu: ctypes.CDLL) -> None:
+    """``Choice.rounds`` in a full call where the exit built no ``resident``: the full
+    call's own build (candidate 2's block writes it over the first kernel's 0), both
+    roundings together; 0 where the exit is taken without a build; one round without
+    resident replicas (records over the homes: no pair moves, nothing falls)."""
+    c = torch.tensor([[0, 5, 60, 20], [5, 60, 200, 200]])
+    prev = serving_plan(torch.zeros_like(c), torch.tensor([[-1], [1]]))
+    tiles = COMPUTE_ONLY.scaled(tile_rows=16, plan_s=1e-6)
+    dear = tiles.scaled(round_s=1e-7)  # the gate's one round a rounding: no build at the exit
+    assert _reference_built(Case(c, 1, 1, prev, tiles.scaled(round_s=0.0)))
+    assert not _reference_built(Case(c, 1, 1, prev, dear))
+    ch = _check(emu, c, 1, 1, prev, dear).choice
+    assert ch is not None and not bool(ch.exited) and int(ch.rounds) > 2  # > one a rounding
+    ch = _check(emu, c, 1, 1, prev, dear.scaled(plan_s=FORCED_S)).choice
+    assert ch is not None and bool(ch.exited) and int(ch.rounds) == 0
+    c = _hot(4, 10, 0)
+    for prev in (None, serving_plan(torch.zeros_like(c), torch.full((4, 3), -1))):
+        ch = _check(emu, c, 3, 8, prev, full(H200)).choice
+        assert ch is not None and not bool(ch.exited) and int(ch.rounds) == 1
 
 
 # ---- sweeps (slow) ------------------------------------------------------------------------------

@@ -86,7 +86,7 @@ def test_only_the_slot_placement_is_charged_a_decisions_host_rates() -> None:
     assert auto.score_s == pytest.approx(decision_score_us(4, 8) * 1e-6, rel=1e-12)
     exact = cfg.step_cost(model, HW, "moonplan", 4)
     assert exact.decide_s == exact.score_s == 0.0
-    assert 6_500 <= decision_build_us(64, 256) <= 8_500  # measured 8.3-11.3 ms at DS-V3 EP 64
+    assert 7_000 <= decision_build_us(64, 256) <= 11_500  # measured 8.3-11.3 ms at DS-V3 EP 64
     assert 1_500 <= decision_score_us(64, 256) <= 2_100  # measured 1.7-2.1 ms
 
 

@@ -99,8 +99,7 @@ def choose(
             c, num_slots, align, prev, cost, levels, (credit, pending)
         )
         carry = (after if rent else 0.0, owed)
-        choice = _choice(index, scores, exited, carry, levels, rounds)
-        p = _make(c, fields, sizes, "torch", choice)
+        p = _make(c, fields, sizes, "torch", _choice(index, scores, exited, carry, levels, rounds))
     else:
         raise PlanError(f"unknown path {path!r}; choose one of {PATHS}")
     return plan_to(p, counts_RE.device)

@@ -102,7 +102,7 @@ def choose_host(
     carried: tuple[float, float] = (0.0, 0.0),
 ) -> tuple[PlanFields, tuple[int, torch.Tensor, bool, float, float, int]]:
     """The winner's layout tensors and ``(index, scores [C], exited, credit, pending,
-    rounds)`` (``rounds``: of the exit's ``resident`` build, 0 where it made none); CPU
+    rounds)`` (``rounds``: of this call's ``resident`` build, ``Choice.rounds``); CPU
     tensors (``carried``: ``previous``'s rent-or-buy credit and pending call,
     ``rent.exit_rent``)."""
     hs = HostStep.of(counts_RE, num_slots, align, prev)
@@ -137,6 +137,8 @@ def choose_host(
     if exited:
         fields = layout_resident(torch.from_numpy(exit_alloc), num_slots, align, hs.prev_RB)
         return fields, (index, scores, True, credit, pending, rounds)
+    if res is None:  # the full call's own resident build: its rounds are this call's
+        res, _, rounds = resident_pick(cost, hs.counts, hs.prev_RB, hs.home)
     built = build_all(hs, levels, res, cost)
     alloc_CER = np.stack([a for a, _ in built])
     scores = _scores(cost, hs, alloc_CER, resident, cost.plan_s)

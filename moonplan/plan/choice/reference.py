@@ -16,7 +16,8 @@ bit for bit. The rule, for counts, ``previous`` and a cost model:
    elsewhere it cannot beat them by its build. Every exit plan is charged the exit's test
    (``cost.exit_s``); the build, where made, is spent by then whichever plan runs, so it
    does not enter the comparison (whoever runs the step charges its rounds:
-   ``Choice.rounds``).
+   ``Choice.rounds``, in a full call too, whose own ``resident`` build runs them where the
+   exit made none).
    If the best of them (ties: the earlier entry) is at most
    :func:`~moonplan.plan.choice.bound.exit_bound` (a time no candidate that copies can beat;
    without residents, static EP charged a full call too), or above it by less, summed
@@ -79,7 +80,7 @@ class Chosen:
     exited: bool
     credit: float  # the rent-or-buy credit carried to the next step
     pending: float  # what a full call could have saved since the last one (rent.exit_rent)
-    rounds: int = 0  # rounds of the exit's resident build (0: not built), Choice.rounds
+    rounds: int = 0  # rounds of this call's resident build (Choice.rounds)
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,8 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
         fields = _layout(step, exit_alloc, [])
         return Chosen(fields, index, scores, True, credit, pending, rounds)
     built = [build(c, step, levels, cost) for c in table(levels)]
+    if rounds == 0:  # the exit built no resident: the full call's own build ran its rounds
+        rounds = _resident(step, cost)[1]
     scores = [_time(cost, step, alloc, cost.plan_s) for alloc, _ in built]
     free = [_time(cost, step, alloc, cost.plan_s, free=True) for alloc, _ in built]
     best, credit = settle(scores, free, credit)

@@ -112,6 +112,15 @@ def exit_rounds_s(cost: StepCost, rounds: int) -> float:
     return cost.exit_s + rounds * cost.round_s
 
 
+def call_rounds_s(cost: StepCost, rounds: int) -> float:
+    """A full call's planning where its ``resident`` build ran ``rounds`` rounds
+    (``Choice.rounds``): the call and those rounds (``plan_s + rounds * round_s``). The
+    exit's build runs before the call's other candidates, so its rounds add to the call;
+    the call's own build runs beside them, and charging its rounds on top is an upper
+    bound (a round is not charged less than it may cost)."""
+    return cost.plan_s + rounds * cost.round_s
+
+
 def exit_rent(
     t_exit: float,
     gap: float,

@@ -46,18 +46,20 @@ Only a rank's first ``M`` slots take records, so it runs at most ``M`` remote ex
 scan.
 
 **How many rounds.** Each round costs the device ``StepCost.round_s`` and lowers the
-largest load (never raises it). A round pays where the rows it takes off the largest rank
-are worth more than that: ``d`` units are ``d * t / S`` rows, each worth at most
-``row_s = max(row_flop_s, row_mem_s)`` of that rank's experts phase. So the rounds run
-while the last one lowered the largest load by at least :func:`least_units`
-(``ceil(round_s * S / (t * row_s))``, at least one unit) and stop at the first that did
-not (its result is kept: its price is paid), or after :data:`ROUND_LIMIT`. The last
-round's drop stands for the next one's: a diffusion's drops shrink round by round, so the
-first round that does not pay is where the rounds stop paying. Without a cost model the
-rounds run while the largest load falls at all. A step far from balance (large and
-skewed) runs many rounds; a small step, whose largest load is a few tiles above the
-least, stops after one or two, so the planning charge follows what the rounds buy. Each
-form reports the rounds it ran, and whoever runs the step charges them
+largest load or leaves it (never raises it). A round pays where the rows it takes off the
+largest rank are worth more than that: ``d`` units are ``d * t / S`` rows, each worth at
+most ``row_s = max(row_flop_s, row_mem_s)`` of that rank's experts phase. So the rounds
+run while the last one lowered the largest load by at least :func:`least_units`
+(``ceil(round_s * S / (t * row_s))``, at least one unit), or left it with fewer ranks at it
+(:func:`paid`: ranks tied at the top shed one after another, and the largest load falls
+only when the last of them does), and stop at the first round that did neither (its result
+is kept: its price is paid), or after :data:`ROUND_LIMIT`. The last round's drop stands for
+the next one's: an estimate (a diffusion's drops mostly shrink, but a round can also free
+a later one's), which spares the rounds that would not pay. Without a cost model the
+rounds run while the largest load falls (or its ties shrink). A step far from balance
+(large and skewed) runs many rounds; a small step, whose largest load is a few tiles above
+the least, stops after one or two, so the planning charge follows what the rounds buy.
+Each form reports the rounds it ran, and whoever runs the step charges them
 (``Choice.rounds``).
 
 How close the rounds come to the least largest load the holders allow (a max-flow bound,
@@ -67,10 +69,12 @@ measures it on the tables ``moonplan-auto`` serves in the simulator (``docs/benc
 The bound is in tiles; rounding to whole tiles adds at most one tile a rank for each expert
 whose tiles it shares with another holder.
 
-Three forms with equal results: plain Python (:func:`resident_reference`, the definition),
-numpy over the list of pairs (:func:`resident_host`, the host path's) and torch dense over
-``[E, R, R]`` (any device, no host read, :func:`resident_torch`); the CUDA kernel is a
-fourth (``csrc/choice_kernel.cu``).
+Four forms with equal results and rounds: plain Python (:func:`resident_reference`, the
+definition), numpy over the list of pairs (:func:`resident_host`, the host path's), torch
+dense over ``[E, R, R]`` (any device, no host read, :func:`resident_torch`: it runs all
+:data:`ROUND_LIMIT` rounds, those after the stop masked, so its device work is fixed) and
+torch over the list of pairs (:func:`resident_tables_torch`, many tables at once); the
+CUDA kernel is a fifth (``csrc/choice_kernel.cu``).
 """
 
 from __future__ import annotations
@@ -85,8 +89,9 @@ from moonplan.stepcost.step_cost import StepCost
 ROUND_LIMIT = 32
 """The most rounds one build runs (the loop bound of the torch and CUDA forms; the rounds
 usually stop earlier, module docstring). Each round is charged, so the limit bounds the
-charge (``32 * round_s``); on the tables the simulator serves, 32 rounds end within 0.4-1.1%
-of the holders' bound (``docs/benchmarks.md``)."""
+charge (``32 * round_s`` a rounding); where the simulator's skewed tables reach it (sigma 2)
+the rounds end 0.6-1.8% above the holders' bound (``docs/benchmarks.md``, "Rounds that pay
+for themselves")."""
 
 NEVER = 1 << 62
 """:func:`least_units` where no round can pay (rows cost nothing): one round only."""
@@ -143,15 +148,30 @@ def resident_reference(
         for i, r in enumerate(hold[e]):
             a[e][r] = units // n + (1 if i < units % n else 0)
     least, rounds = least_units(cost, tile, bits), 0
-    top = max(_loads_reference(a, R))
+    top = _top(_loads_reference(a, R))
     while rounds < ROUND_LIMIT:
         _round_reference(a, hold, R)
         rounds += 1
-        last, top = top, max(_loads_reference(a, R))
-        if last - top < least:  # this round did not pay: the next would not either
+        last, top = top, _top(_loads_reference(a, R))
+        if not paid(last, top, least):  # the next round would not pay either
             break
     tiles = _whole_tiles_reference(a, hold, K, bits)
     return _rows_reference(tiles, hold, T, tile), rounds
+
+
+def paid(last: tuple[int, int], now: tuple[int, int], least: int) -> bool:
+    """Whether a round paid for itself (module docstring, "How many rounds"): from
+    ``last`` to ``now`` (each the largest load and how many ranks hold it) the largest load
+    fell by at least ``least`` units, or stayed with fewer ranks at it (a tie that the next
+    rounds break); never where no round can pay (``least`` is :data:`NEVER`)."""
+    drop = last[0] - now[0]
+    return least < NEVER and (drop >= least or (drop == 0 and now[1] < last[1]))
+
+
+def _top(loads: list[int] | np.ndarray) -> tuple[int, int]:
+    """The largest load and how many ranks hold it."""
+    top = int(max(loads))
+    return top, sum(1 for x in loads if x == top)
 
 
 def _loads_reference(a: list[list[int]], R: int) -> list[int]:
@@ -241,12 +261,12 @@ def resident_host(
     a_H = units_E[e_H] // n_E[e_H] + (idx_H < (units_E % n_E)[e_H])
     i_P, j_P = np.nonzero((e_H[:, None] == e_H[None, :]) & (r_H[:, None] != r_H[None, :]))
     least, rounds = least_units(cost, tile, bits), 0
-    top = int(_sum_at(r_H, a_H, R).max())
+    top = _top(_sum_at(r_H, a_H, R))
     while rounds < ROUND_LIMIT:
         a_H = _round_host(a_H, r_H, (i_P, j_P), R)
         rounds += 1
-        last, top = top, int(_sum_at(r_H, a_H, R).max())
-        if last - top < least:
+        last, top = top, _top(_sum_at(r_H, a_H, R))
+        if not paid(last, top, least):
             break
     a_ER = np.zeros((E, R), dtype=np.int64)
     a_ER[e_H, r_H] = a_H
@@ -306,12 +326,12 @@ def resident_torch(
     least = torch.where(fine, least_units(cost, tile, SCALE_BITS), least_units(cost, tile, 0))
     going = torch.ones((), dtype=torch.bool, device=counts_RE.device)
     rounds = torch.zeros((), dtype=torch.int64, device=counts_RE.device)
-    top = a_ER.sum(0).amax()
+    top = _tops(a_ER.sum(0)[None])
     for _ in range(ROUND_LIMIT):
         a_ER = torch.where(going, _round_torch(a_ER, hold_ER), a_ER)
         rounds = rounds + going.long()
-        last, top = top, a_ER.sum(0).amax()
-        going = going & (last - top >= least)
+        last, top = top, _tops(a_ER.sum(0)[None])
+        going = going & _paid_torch(last, top, least)[0]
     return rows_of_tiles(_whole_tiles_torch(a_ER, hold_ER, K_E, bits), T_E, tile), rounds
 
 
@@ -377,7 +397,7 @@ def _table_rounds(
     zeros_H = torch.zeros(H, dtype=torch.int64, device=a_H.device)
     going_T = torch.ones(T, dtype=torch.bool, device=a_H.device)
     rounds_T = torch.zeros(T, dtype=torch.int64, device=a_H.device)
-    top_T = zeros_X.index_add(0, x_H, a_H).view(T, R).amax(1)
+    top_T = _tops(zeros_X.index_add(0, x_H, a_H).view(T, R))
     going_P = going_T[xi_P // R]
     for _ in range(ROUND_LIMIT):
         L_X = zeros_X.index_add(0, x_H, a_H)
@@ -390,12 +410,30 @@ def _table_rounds(
         q_P = torch.where((live_P > 0) & going_P, q_P, 0)
         a_H = a_H - zeros_H.index_add(0, i_P, q_P) + zeros_H.index_add(0, j_P, q_P)
         rounds_T = rounds_T + going_T.long()
-        last_T, top_T = top_T, zeros_X.index_add(0, x_H, a_H).view(T, R).amax(1)
-        going_T = going_T & (last_T - top_T >= least_T)
+        last_T, top_T = top_T, _tops(zeros_X.index_add(0, x_H, a_H).view(T, R))
+        going_T = going_T & _paid_torch(last_T, top_T, least_T)
         if not bool(going_T.any()):
             break
         going_P = going_T[xi_P // R]
     return a_H, rounds_T
+
+
+def _tops(L_TR: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 ``[T]`` each: the largest of each row of loads ``L_TR`` and how many ranks
+    hold it."""
+    top_T = L_TR.amax(1)
+    return top_T, (L_TR == top_T[:, None]).sum(1)
+
+
+def _paid_torch(
+    last: tuple[torch.Tensor, torch.Tensor],
+    now: tuple[torch.Tensor, torch.Tensor],
+    least_T: torch.Tensor | int,
+) -> torch.Tensor:
+    """bool ``[T]``: :func:`paid` of each table (``last``, ``now``: :func:`_tops`)."""
+    drop_T = last[0] - now[0]
+    fell_T = (drop_T >= least_T) | ((drop_T == 0) & (now[1] < last[1]))
+    return fell_T & (torch.as_tensor(least_T, device=drop_T.device) < NEVER)
 
 
 def _pairs(n_H: torch.Tensor, idx_H: torch.Tensor, R: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -53,8 +53,8 @@ def choose_tensor(
     carried: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[PlanFields, tuple[torch.Tensor, ...]]:
     """The winner's layout tensors and ``(index 0-d, scores [C], exited 0-d, credit 0-d,
-    pending 0-d, rounds 0-d)`` (``rounds``: of the exit's ``resident`` build, 0 where it
-    made none), all on the counts' device (``carried``: ``previous``'s rent-or-buy
+    pending 0-d, rounds 0-d)`` (``rounds``: of this call's ``resident`` build,
+    ``Choice.rounds``), all on the counts' device (``carried``: ``previous``'s rent-or-buy
     credit and pending call, float64 0-d, ``rent.exit_rent``; ``None``: 0 each)."""
     R, E = counts_RE.shape
     dev = counts_RE.device
@@ -72,9 +72,9 @@ def choose_tensor(
     records_ER, rounds = resident_torch(counts_RE, prev_RB, home_E, 1, cost)
     alloc_CER, flow_CF3 = _candidates(counts_RE, homes, prev, (resident_ER, records_ER), levels)
     tiles_ER = None  # with one-row tiles both roundings are one
-    if cost.tile_rows > 1:
+    if cost.tile_rows > 1:  # built where replicas are resident (reference._resident)
         tiles_ER, more = resident_torch(counts_RE, prev_RB, home_E, cost.tile_rows, cost)
-        rounds = rounds + more
+        rounds = rounds + torch.where(resident_ER.any(), more, 0)
     totals, links = _sums(cost, counts_RE, home_E, resident_ER)
     kept = kept_section_torch(cost, counts_RE, resident_ER, home_E)
     nocopy = nocopy_torch(cost, R, totals, links, exit_build_s(cost), kept)
@@ -96,7 +96,7 @@ def choose_tensor(
     fields = layout_torch(alloc_ER, num_slots, align, prev_RB, host=False)
     fields = fields._replace(flow=flow_CF3.index_select(0, pick)[0])
     made = (index, scores, exited, torch.where(exited, credit, settled), pending)
-    return fields, (*made, torch.where(built, rounds, 0))
+    return fields, (*made, torch.where(built | ~exited, rounds, 0))  # Choice.rounds
 
 
 class _AtExit(NamedTuple):

@@ -57,7 +57,13 @@ from moonplan.plan.choice.bound import (
     totals_host,
 )
 from moonplan.plan.choice.host import placed_host, resident_pick
-from moonplan.plan.choice.rent import call_price, exit_build_s, exit_rounds_s
+from moonplan.plan.choice.rent import (
+    call_price,
+    call_rounds_s,
+    exit_build_s,
+    exit_rounds_s,
+    roundings,
+)
 from moonplan.plan.home import home_list
 from moonplan.plan.residency.window_torch import static_torch, windows_torch
 from moonplan.plan.residency.work import Builds
@@ -170,18 +176,20 @@ def served_s(
     resident_ER = resident_map(torch.from_numpy(slot_RB), E).numpy()
     links = links_host(counts_RE, resident_ER, home_E, cost.domain_size(R))
     totals = totals_host(cost, counts_RE.sum(0))
-    best, exit_s = static, cost.exit_s
+    best, rounds, least = static, 0, roundings(cost) if held else 1
     if held:
         best = min(best, placed_over(cost, counts_RE, resident_ER))
         kept = kept_section_host(cost, counts_RE, resident_ER, home_E)
         if best + cost.exit_s > nocopy_s(cost, R, totals, links, exit_build_s(cost), kept):
             built, rounds = resident_over(cost, counts_RE, slot_RB, builds)
-            best, exit_s = min(best, built), exit_rounds_s(cost, rounds)
+            best = min(best, built)
     bound, _ = exit_bound(cost, R, totals, links, None if held else static + cost.plan_s)
-    over = best + exit_s - bound
+    over = best + cost.exit_s - bound  # the exit weighs its plan charged its test alone
+    exit_s = exit_rounds_s(cost, rounds)
     if over <= 0:
         return best + exit_s
-    return best + calls_share(over, call_price(cost), exit_s, cost.plan_s)
+    call_s = call_rounds_s(cost, rounds or least)  # the call's own build: its least rounds
+    return best + calls_share(over, call_price(cost), exit_s, call_s)
 
 
 def placed_over(cost: StepCost, counts_RE: np.ndarray, resident_ER: np.ndarray) -> float:
@@ -198,7 +206,8 @@ def calls_share(over: float, checking: float, exit_s: float, plan_s: float) -> f
     """Seconds of planning per step, on average, of steps whose exit plan is ``over`` seconds
     above the exit's bound (``> 0``): the exit keeps its plan (``exit_s``) until what a full
     call could have saved adds up to the call's price ``checking`` (``rent.exit_rent``),
-    then calls (``plan_s``): one call every ``n = ceil(checking / over)`` steps (at least 1)."""
+    then calls (``plan_s``, the call's charge with its rounds): one call every
+    ``n = ceil(checking / over)`` steps (at least 1)."""
     n = max(1, math.ceil(checking / over))
     return ((n - 1) * exit_s + plan_s) / n
 

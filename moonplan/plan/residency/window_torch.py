@@ -42,7 +42,7 @@ from moonplan.plan.choice.bound import (
     nocopy_torch,
     totals_torch,
 )
-from moonplan.plan.choice.rent import call_price, exit_build_s
+from moonplan.plan.choice.rent import call_price, call_rounds_s, exit_build_s, roundings
 from moonplan.plan.choice.resident import holders_torch, resident_tables_torch
 from moonplan.plan.choice.tensor import placed_torch
 from moonplan.plan.home import home_map
@@ -122,7 +122,8 @@ def _served_empty(cost: StepCost, counts_RE: torch.Tensor, static_s: torch.Tenso
     held = torch.zeros((), dtype=torch.bool, device=counts_RE.device)
     full = static_s + cost.plan_s
     bound, _ = exit_bound_torch(cost, R, totals_torch(cost, counts_RE.sum(0)), links, full, held)
-    return _planned(cost, static_s, exit_s, static_s + exit_s - bound)
+    call_s = torch.full_like(static_s, call_rounds_s(cost, 1))  # the call's records build
+    return _planned(cost, static_s, (exit_s, call_s), static_s + exit_s - bound)
 
 
 def served_tables(
@@ -145,12 +146,16 @@ def served_tables(
         builds.scored += gate_ST.numel()
         builds.made += len(s_N)
     exit_ST = torch.full_like(best_ST, cost.exit_s)
+    call_ST = torch.full_like(best_ST, call_rounds_s(cost, roundings(cost)))  # its least build
+    over_ST = best_ST + cost.exit_s - bound_ST
     if len(s_N):
         built_N, rounds_N = built_s(cost, rows_SRE[s_N], hold_TER[t_N])
         best_ST = best_ST.index_put((s_N, t_N), torch.minimum(best_ST[s_N, t_N], built_N))
-        ran_N = cost.exit_s + rounds_N.to(torch.float64) * cost.round_s  # rent.exit_rounds_s
-        exit_ST = exit_ST.index_put((s_N, t_N), ran_N)
-    return _planned(cost, best_ST, exit_ST, best_ST + exit_ST - bound_ST)
+        ran_N = rounds_N.to(torch.float64) * cost.round_s
+        exit_ST = exit_ST.index_put((s_N, t_N), cost.exit_s + ran_N)  # rent.exit_rounds_s
+        call_ST = call_ST.index_put((s_N, t_N), cost.plan_s + ran_N)  # rent.call_rounds_s
+        over_ST = best_ST + cost.exit_s - bound_ST
+    return _planned(cost, best_ST, (exit_ST, call_ST), over_ST)
 
 
 def unbuilt_tables(
@@ -235,10 +240,15 @@ def _step_totals(
 
 
 def _planned(
-    cost: StepCost, best: torch.Tensor, exit_s: torch.Tensor, over: torch.Tensor
+    cost: StepCost,
+    best: torch.Tensor,
+    charges: tuple[torch.Tensor, torch.Tensor],
+    over: torch.Tensor,
 ) -> torch.Tensor:
-    """``best`` plus its planning: the exit's ``exit_s`` where ``over <= 0`` (the plan is
-    within the exit's bound), else ``target.calls_share``'s average."""
+    """``best`` plus its planning (``charges``: an exit's and a full call's, float64 each):
+    the exit's where ``over <= 0`` (the plan charged its test is within the exit's bound),
+    else ``target.calls_share``'s average."""
+    exit_s, call_s = charges
     n = torch.ceil(call_price(cost) / torch.where(over > 0, over, 1.0)).clamp(min=1)
-    calls = ((n - 1) * exit_s + cost.plan_s) / n
+    calls = ((n - 1) * exit_s + call_s) / n
     return best + torch.where(over > 0, calls, exit_s)

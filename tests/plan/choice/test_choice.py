@@ -39,6 +39,8 @@ def _same(a: Plan, b: Plan) -> None:
     assert a.choice is not None and b.choice is not None
     assert torch.equal(a.choice.scores, b.choice.scores)  # bit for bit, inf included
     assert (a.policy, a.choice.early_exit(), a.planned) == (b.policy, b.choice.early_exit(), 1)
+    for k in ("rounds", "credit", "pending"):
+        assert torch.equal(getattr(a.choice, k).cpu(), getattr(b.choice, k).cpu()), k
 
 
 def _auto(c: torch.Tensor, slots: int, prev: Plan | None, cost, path: str) -> Plan:

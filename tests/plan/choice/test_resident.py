@@ -70,6 +70,16 @@ def _forms(
 def _largest_by_round(c: torch.Tensor, slots: list[list[int]], tile: int = 1) -> list[int]:
     """The largest rank load in units before each round of the reference's diffusion and
     after the last, :data:`~moonplan.plan.choice.resident.ROUND_LIMIT` rounds in all."""
+    return [top for top, _ in _tops_by_round(c, slots, tile)]
+
+
+def _ties_by_round(c: torch.Tensor, slots: list[list[int]], tile: int = 1) -> list[int]:
+    """How many ranks hold the largest load, before each round and after the last."""
+    return [n for _, n in _tops_by_round(c, slots, tile)]
+
+
+def _tops_by_round(c: torch.Tensor, slots: list[list[int]], tile: int = 1) -> list[tuple[int, int]]:
+    """``(largest load, ranks at it)`` before each round and after the last."""
     R, E = c.shape
     T = c.sum(0).tolist()
     hold = res._holders_reference(E, R, slots, home_list(E, R))
@@ -79,10 +89,10 @@ def _largest_by_round(c: torch.Tensor, slots: list[list[int]], tile: int = 1) ->
         n, units = len(hold[e]), -(-T[e] // tile) << bits
         for i, r in enumerate(hold[e]):
             a[e][r] = units // n + (1 if i < units % n else 0)
-    out = [max(res._loads_reference(a, R))]
+    out = [res._top(res._loads_reference(a, R))]
     for _ in range(res.ROUND_LIMIT):
         res._round_reference(a, hold, R)
-        out.append(max(res._loads_reference(a, R)))
+        out.append(res._top(res._loads_reference(a, R)))
     return out
 
 
@@ -246,8 +256,26 @@ def test_the_rounds_stop_at_the_first_that_did_not_pay(
     least = res.least_units(cost, tile, res.scale_bits(int(c.sum())))
     drops = [a - b for a, b in itertools.pairwise(largest)]
     assert 1 <= rounds <= res.ROUND_LIMIT
-    assert all(d >= least for d in drops[: rounds - 1])
-    assert rounds == res.ROUND_LIMIT or drops[rounds - 1] < least
+    ties = _ties_by_round(c, slots, tile)
+    went = [res.paid((largest[k], ties[k]), (largest[k + 1], ties[k + 1]), least)
+            for k in range(res.ROUND_LIMIT)]  # fmt: skip
+    assert all(went[: rounds - 1]) and (rounds == res.ROUND_LIMIT or not went[rounds - 1])
+    assert all(d >= least or d == 0 for d in drops[: rounds - 1])
+
+
+def test_ranks_tied_at_the_top_shed_one_after_another() -> None:
+    """Ranks 1 and 2 tie at the largest load (270): a round lowers one of them and leaves
+    the largest load where it was; the rounds go on (fewer ranks at the top) and end at 210,
+    where stopping at the first round without a drop left 270."""
+    c = torch.tensor([[60, 0, 120, 120], [0, 120, 0, 120], [0, 0, 120, 120], [0, 0, 60, 0]])
+    slots = [[3], [2], [3], [-1]]
+    largest = _largest_by_round(c, slots)
+    assert largest[0] == largest[1] == 270 << 16 and largest[2] < largest[1]
+    allocs, rounds = _built(c, slots)
+    assert len(set(rounds)) == 1 and rounds[0] > 2
+    assert all(int(a.sum(0).max()) == 210 for a in allocs)
+    assert res.paid((5, 2), (5, 1), 1) and not res.paid((5, 2), (5, 2), 1)
+    assert not res.paid((5, 2), (4, 1), 2) and not res.paid((5, 2), (5, 1), res.NEVER)
 
 
 def test_least_units_is_the_least_drop_that_pays() -> None:

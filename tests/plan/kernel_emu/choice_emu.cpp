@@ -26,11 +26,12 @@ extern "C" ll emu_choice_build(ll grid, ll block, ll smem, const ll* counts, con
                                const ll* total_E, const ll* load_R, const ll* send_R,
                                const ll* sdom_R, const ll* misc, const int* warm_d, ll* alloc_C,
                                ll* flow_C, ll* recv_C, ll* rep_c, int* rep_e, ll* res_a,
-                               int* res_i, double* free_C) {
+                               int* res_i, double* free_C, ll* rounds) {
     return launch((int)grid, (int)block, [=] {
         moonplan_choice_build(counts, prev, prev_flow, R, E, B, has_prev, n_prev_flow, levels,
                               MC_COST_ARGS, exited, scores, total_E, load_R, send_R, sdom_R, misc,
-                              warm_d, alloc_C, flow_C, recv_C, rep_c, rep_e, res_a, res_i, free_C);
+                              warm_d, alloc_C, flow_C, recv_C, rep_c, rep_e, res_a, res_i, free_C,
+                              rounds);
     }, smem);
 }
 extern "C" ll emu_choice_layout(ll block, ll smem, const ll* prev, ll R, ll E, ll B, ll align,

@@ -15,6 +15,7 @@ from moonplan.plan.residency.target import (
     mean_step,
     pack,
     replica_counts,
+    resident_over,
     served_s,
     step_time_over,
     target_slots,
@@ -115,8 +116,8 @@ def test_tables_are_scored_on_the_windows_steps_not_their_mean() -> None:
 
 
 def test_a_table_is_charged_the_planning_auto_would_spend_on_it() -> None:
-    """The exit's test (and the resident build with replicas) where the plan passes the
-    exit's bound, a full call where it does not."""
+    """The exit's test (and each round of the resident build with replicas) where the plan
+    passes the exit's bound, a full call where it does not."""
     R, E = 4, 8
     counts = np.full((R, E), 10, dtype=np.int64)
     counts[:, 0] = 400  # a hot expert: static EP is slow, copies are free
@@ -129,7 +130,10 @@ def test_a_table_is_charged_the_planning_auto_would_spend_on_it() -> None:
     held = empty.copy()
     held[1:, 0] = 0  # the hot expert resident on every other rank
     res = step_time_over(dear, counts, held)
-    assert res < static and served_s(dear, counts, held) == res + 1e-5 + 2e-5  # built
+    assert res < static and served_s(dear, counts, held) == res + 1e-5 + 2e-5  # built, 1 round
+    cheap = dear.scaled(round_s=1e-9)  # a round pays for a thousandth of a row: many run
+    res, rounds = resident_over(cheap, counts, held)
+    assert rounds > 1 and served_s(cheap, counts, held) == res + (1e-5 + rounds * 1e-9)
 
 
 @pytest.mark.parametrize("over", [1.1e-6, 3e-6, 3.3e-6, 1.1e-5, 4e-5])
