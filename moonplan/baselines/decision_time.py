@@ -18,9 +18,10 @@ project's 2-core development machine, one thread, beside a sweep on the other co
 themselves: 297-11346 us a build and 94-2589 us a pair. Both grow with ``R * E`` (every
 rank's share of every expert), so each rate is a line in ``R * E``, the least squares of
 the logarithms over the sixteen points (each measured rate 0.63-1.94x its line: the two
-runs of one case differ by up to 1.7x). Charged at the lines, the eight cases' whole
-decisions on their windows are 0.76-1.65x the host time measured. A server's host core
-may be faster; until a GPU host measures it, the simulator charges this machine's figure.
+runs of one case differ by up to 1.7x). The eight cases' whole decisions on their windows
+took 0.72-1.97x what the lines charge (1.97: one run's Mixtral case, its twin 1.07). A
+server's host core may be faster; until a GPU host measures it, the simulator charges this
+machine's figure.
 """
 
 from __future__ import annotations
