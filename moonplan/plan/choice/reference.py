@@ -116,7 +116,7 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
         return alloc, _step_time(cost, step, alloc, cost.exit_s), i
 
     exits = [timed(static, 0)]
-    rounds = 0
+    res, rounds = None, 0
     if step.resident:  # the exit's other plans: the slots, whole experts or balanced
         exits.append(timed(_placed(step), placed_index(levels)))
         cheap = min(t.total_s for _, t, _ in exits)
@@ -137,9 +137,10 @@ def choose_reference(step: Step, cost: StepCost, levels: int = LEVELS) -> Chosen
     if exited:
         fields = _layout(step, exit_alloc, [])
         return Chosen(fields, index, scores, True, credit, pending, rounds)
-    built = [build(c, step, levels, cost) for c in table(levels)]
-    if rounds == 0:  # the exit built no resident: the full call's own build ran its rounds
-        rounds = _resident(step, cost)[1]
+    if res is None:  # the exit built no resident: the full call's own build runs the rounds
+        res, rounds = _resident(step, cost)
+    built = [(res, []) if c.kind == "resident" else build(c, step, levels, cost)
+             for c in table(levels)]  # fmt: skip
     scores = [_time(cost, step, alloc, cost.plan_s) for alloc, _ in built]
     free = [_time(cost, step, alloc, cost.plan_s, free=True) for alloc, _ in built]
     best, credit = settle(scores, free, credit)

@@ -323,7 +323,7 @@ def resident_torch(
     units_E = K_E << bits
     a_ER = units_E[:, None] // n_E[:, None] + (idx_ER < (units_E % n_E)[:, None]).long()
     a_ER = torch.where(hold_ER, a_ER, 0)
-    least = torch.where(fine, least_units(cost, tile, SCALE_BITS), least_units(cost, tile, 0))
+    least = _least_torch(cost, tile, fine)
     going = torch.ones((), dtype=torch.bool, device=counts_RE.device)
     rounds = torch.zeros((), dtype=torch.int64, device=counts_RE.device)
     top = _tops(a_ER.sum(0)[None])
@@ -369,7 +369,7 @@ def resident_tables_torch(
     units_H = K_TE[t_H, e_H] << bits_T[t_H]
     a_H = units_H // n_H + (idx_H < units_H % n_H).long()
     x_H = t_H * R + r_H  # load across the tables
-    least_T = torch.where(fine_T, least_units(cost, tile, SCALE_BITS), least_units(cost, tile, 0))
+    least_T = _least_torch(cost, tile, fine_T)
     a_H, rounds_T = _table_rounds(a_H, x_H, _pairs(n_H, idx_H, R), (T, R), least_T)
     a_TER = torch.zeros(T, E, R, dtype=torch.int64, device=dev).index_put((t_H, e_H, r_H), a_H)
     bits_X1 = bits_T.repeat_interleave(E)[:, None]
@@ -416,6 +416,12 @@ def _table_rounds(
             break
         going_P = going_T[xi_P // R]
     return a_H, rounds_T
+
+
+def _least_torch(cost: StepCost | None, tile: int, fine: torch.Tensor) -> torch.Tensor:
+    """int64, ``fine``'s shape: :func:`least_units` at :data:`SCALE_BITS` where ``fine``
+    (bool: fewer than ``2**FINE_LIMIT_BITS`` records), else at 0 bits; no host read."""
+    return torch.where(fine, least_units(cost, tile, SCALE_BITS), least_units(cost, tile, 0))
 
 
 def _tops(L_TR: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

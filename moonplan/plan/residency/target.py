@@ -176,7 +176,7 @@ def served_s(
     resident_ER = resident_map(torch.from_numpy(slot_RB), E).numpy()
     links = links_host(counts_RE, resident_ER, home_E, cost.domain_size(R))
     totals = totals_host(cost, counts_RE.sum(0))
-    best, rounds, least = static, 0, roundings(cost) if held else 1
+    best, rounds, fewest = static, 0, roundings(cost) if held else 1
     if held:
         best = min(best, placed_over(cost, counts_RE, resident_ER))
         kept = kept_section_host(cost, counts_RE, resident_ER, home_E)
@@ -188,7 +188,7 @@ def served_s(
     exit_s = exit_rounds_s(cost, rounds)
     if over <= 0:
         return best + exit_s
-    call_s = call_rounds_s(cost, rounds or least)  # the call's own build: its least rounds
+    call_s = call_rounds_s(cost, rounds or fewest)  # the call's own build: its fewest rounds
     return best + calls_share(over, call_price(cost), exit_s, call_s)
 
 

@@ -147,14 +147,13 @@ def served_tables(
         builds.made += len(s_N)
     exit_ST = torch.full_like(best_ST, cost.exit_s)
     call_ST = torch.full_like(best_ST, call_rounds_s(cost, roundings(cost)))  # its least build
-    over_ST = best_ST + cost.exit_s - bound_ST
     if len(s_N):
         built_N, rounds_N = built_s(cost, rows_SRE[s_N], hold_TER[t_N])
         best_ST = best_ST.index_put((s_N, t_N), torch.minimum(best_ST[s_N, t_N], built_N))
         ran_N = rounds_N.to(torch.float64) * cost.round_s
         exit_ST = exit_ST.index_put((s_N, t_N), cost.exit_s + ran_N)  # rent.exit_rounds_s
         call_ST = call_ST.index_put((s_N, t_N), cost.plan_s + ran_N)  # rent.call_rounds_s
-        over_ST = best_ST + cost.exit_s - bound_ST
+    over_ST = best_ST + cost.exit_s - bound_ST  # the exit weighs its plan with its test alone
     return _planned(cost, best_ST, (exit_ST, call_ST), over_ST)
 
 
