@@ -423,6 +423,9 @@ def cuda_main(args: Any) -> None:
     print(f"auto vs static, R={accept.get('R')}: {accept}")
     out = args.out or result_path("bench_layer_cuda.json")
     write_json(out, {"torch": torch.__version__, "config": cfg, "rows": rows, "acceptance": accept})
+    missing = sorted(set(cfg["ranks"]) - {r["R"] for r in rows})
+    if missing:
+        raise SystemExit(f"--cuda: R={missing} failed (printed above); their rows are missing")
 
 
 def acceptance(rows: list[dict]) -> dict[str, float]:

@@ -55,7 +55,7 @@ class PolicyStep:
             this step (the expert of each ``moves_C2`` copy); ``None``: none.
         src_E: ``[E]`` rank each expert's weights are fetched from; ``None``: no fetch.
         planned: planner runs on the critical path this step (construction equivalents:
-            ``moonplan-auto`` adds its choice's own work, ``Plan.chose``).
+            ``moonplan-auto`` adds its choice's own work, ``Plan.choice``).
         choice: the candidate a choosing policy took this step (``moonplan-auto``:
             ``plan.policy``, e.g. ``"static"``); ``""`` for the others.
         refill_ER: bool ``[E, R]`` pairs copied into staging rows beside this step

@@ -26,7 +26,13 @@ def _counts(seed: int) -> torch.Tensor:
 def _same(a: Plan, b: Plan) -> None:
     for name in TENSOR_FIELDS:
         assert torch.equal(getattr(a, name).cpu(), getattr(b, name).cpu()), name
-    assert (a.policy, a.planned, a.chose, a.basis) == (b.policy, b.planned, b.chose, b.basis)
+    assert (a.policy, a.planned, a.requested) == (b.policy, b.planned, b.requested)
+    assert (a.choice is None) == (b.choice is None)
+    if a.choice is not None and b.choice is not None:
+        assert a.choice.name() == b.choice.name()
+        assert a.choice.early_exit() == b.choice.early_exit()
+        assert int(a.choice.rounds) == int(b.choice.rounds)
+        assert torch.allclose(a.choice.scores.cpu(), b.choice.scores.cpu(), rtol=1e-9)
 
 
 def test_every_tensor_field_is_listed() -> None:
