@@ -31,8 +31,9 @@ to balance (exact equals static): it measures the planner's cost on the critical
 These runs check the machinery and its overheads on a GPU; the node figures need R
 GPUs (``--cuda-ranks`` on a multi-GPU machine gives each rank its own device).
 
-Written, not yet run on a GPU. ``--cpu-smoke`` runs the same functions on CPU ranks
-at tiny sizes (shm heap) to check the code, with meaningless timings.
+Ran on an H200 on 2026-12-04 (docs/benchmarks.md). ``--cpu-smoke`` runs the same
+functions on CPU ranks at tiny sizes (shm heap) to check the code, with meaningless
+timings.
 """
 
 from __future__ import annotations

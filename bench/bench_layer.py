@@ -52,7 +52,7 @@ rows (``a2a-hosts``) at R=8, E=64, K=8. Writes JSON.
 
 ``--cuda``: the step against static EP on one GPU, R = 1, 2, 4 processes sharing it,
 at DeepSeek-V3-like sizes (``bench/_layer_cuda.py`` says what it reports and how
-sharing one GPU biases it; written, not yet run on a GPU); ``--cuda --cpu-smoke`` runs
+sharing one GPU biases it; docs/benchmarks.md has its 2026-12-04 run); ``--cuda --cpu-smoke`` runs
 that code on CPU ranks at tiny sizes. Writes ``bench_layer_cuda.json``.
 
     python bench/bench_layer.py --cuda [--cuda-ranks 1,2,4] [--tokens 16,256,1024,4096]

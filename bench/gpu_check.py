@@ -31,7 +31,8 @@ so ``--resume`` reruns only what failed or did not run.
 Outputs in ``$OUT`` (``./gpu_check_out`` without it): ``gpu_check.json`` (every
 section's result), ``sections.log`` (their output) and ``bench_layer_cuda.json``.
 Exit status: 0 every section ok, 1 some failed or were skipped, 2 no CUDA device.
-Written, not yet run on a GPU (the CPU smoke mode runs every section's code in CI).
+Ran whole on an H200 on 2026-12-04 (docs/benchmarks.md); the CPU smoke mode runs every
+section's code in CI.
 """
 
 from __future__ import annotations

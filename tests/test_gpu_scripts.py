@@ -59,6 +59,23 @@ def test_gpu_check_a_failing_section_fails_alone(tmp_path: Path) -> None:
     assert "out of time" in got["heaps"]["skipped"]
 
 
+@pytest.mark.slow  # spawns a rank and builds three layers
+def test_gpu_profile_cpu_smoke_times_every_mode(tmp_path: Path) -> None:
+    """``bench/gpu_profile.py``: both parts run on CPU; the layer part reports every balance
+    mode with its host profile, the choice part its shapes (no kernels on CPU)."""
+    env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    script = str(ROOT / "bench" / "gpu_profile.py")
+    r = subprocess.run([sys.executable, script, "--cpu-smoke"], env=env, capture_output=True,
+                       text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    got = json.loads((tmp_path / "gpu_profile.json").read_text())
+    assert [row["variant"] for row in got["layer"]] == ["static", "exact", "auto"]
+    assert all(row["wall_ms"] >= row["host_ms"] > 0 for row in got["layer"])
+    assert {row["path"] for row in got["choice"]} == {"full", "exit"}
+    pstats_text = (tmp_path / "layer_pstats.txt").read_text()
+    assert pstats_text.count("by own time") == 3 and "run_sections" in pstats_text
+
+
 def test_gpu_check_says_no_device(tmp_path: Path) -> None:
     script = ROOT / "bench" / "gpu_check.py"
     r = subprocess.run(
@@ -78,6 +95,7 @@ def test_gpu_check_says_no_device(tmp_path: Path) -> None:
     "name",
     [
         "gpu_check.py",
+        "gpu_profile.py",
         "gpu_runtime_check.py",
         "bench_plan.py",
         "bench_experts.py",

@@ -22,9 +22,10 @@ heap follows: a handle is opened by another process only (never by its exporter)
 memory must not be freed before every importer has closed its mapping (undefined
 behaviour otherwise), so the heap's close is collective: close, barrier, free.
 
-NOT YET RUN ON A GPU: written against the cuda-python 13 bindings (checked on CPU:
-the handle struct's 64 bytes round-trip through ``getPtr()``), the error paths run on
-CPU through the fake mapper; ``tests/comm/test_ipc_heap.py``'s ``gpu`` tests run it.
+Ran on an H200 (2026-12-04, processes sharing one GPU): written against the
+cuda-python 13 bindings (checked on CPU: the handle struct's 64 bytes round-trip
+through ``getPtr()``), the error paths run on CPU through the fake mapper;
+``tests/comm/test_ipc_heap.py``'s ``gpu`` tests run it.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ covers ``ceil(T / BLOCK_M) + G`` M tiles, a bound on the real count, and spare
 programs return at once. Each program accumulates ``tl.dot`` products in fp32 over
 ``K`` and stores ``x``'s dtype. The default tile (128 x 128 x 64, 8 warps, 3 stages) is
 a common Hopper choice for bf16; on sm_90 ``tl.dot`` becomes ``wgmma`` (a test checks
-the PTX on the CPU). Written, not yet run on a GPU; under ``TRITON_INTERPRET=1`` it
+the PTX on the CPU). On an H200 (2026-12-04) it equals ``torch._grouped_mm`` at 0.54 of
+``torch.mm``'s rate (docs/benchmarks.md); under ``TRITON_INTERPRET=1`` it
 equals the float64 product within fp32 rounding (tests). The interpreter has no bf16
 arithmetic (numpy), so there bf16 operands are widened to fp32 by their bits (exact)
 and the fp32 result is rounded to bf16 by torch; compiled, ``tl.dot`` takes bf16.
