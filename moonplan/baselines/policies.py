@@ -57,7 +57,7 @@ from moonplan.plan.residency.refill import (
     refill_link_s,
     swapped_slots,
 )
-from moonplan.plan.residency.serving import serving_plan
+from moonplan.plan.residency.serving import lookup_plan, serving_plan
 from moonplan.plan.residency.window import WINDOW
 from moonplan.stepcost import StepCost
 
@@ -243,19 +243,35 @@ class MoonplanAutoPolicy(PlannerPolicy):
     def step(self, counts: Any) -> PolicyStep:
         counts_RE = self._counts(counts)
         swapped = self._commit(counts_RE)
-        p = self.plan(counts_RE, self._previous)
+        if self.decisions is not None and self.decisions.serve != "call":
+            p, planned = self._uncalled(counts_RE, self.decisions.serve), 0.0  # as EPLB's
+        else:
+            p = self.plan(counts_RE, self._previous)
+            planned = self._charge(p)
         self._previous = p
         refill_ER = self._shares.pop(0) if self._shares else None
+        self._place(counts_RE, p)
+        return plan_step(self.name, counts_RE, p, planned=planned, choice=p.policy,
+                         refill_ER=refill_ER, local_copies=swapped)  # fmt: skip
+
+    def _uncalled(self, counts_RE: torch.Tensor, how: str) -> Plan:
+        """The serving slots' lookup plan ``how``, without a planner call
+        (``Decisions.serve``: calls do not pay over the window), as the runtime serves it."""
+        if self._previous is None:
+            assert self.slots is not None
+            return lookup_plan(counts_RE, torch.full((self.num_ranks, self.slots), -1), how)
+        return lookup_plan(counts_RE, self._previous.slot_expert.cpu(), how)
+
+    def _charge(self, p: Plan) -> float:
+        """The step's planning in planner calls (``cost.plan_s`` each): the exit's test or
+        the full call, and the rounds of the ``resident`` build the call ran."""
         assert p.choice is not None  # an auto plan
-        rounds = int(p.choice.rounds)  # of the resident build the call ran, charged each
+        rounds = int(p.choice.rounds)
         if p.choice.early_exit():  # the test, and the resident candidate's build if made
             charge = exit_rounds_s(self.cost, rounds)
         else:
             charge = call_rounds_s(self.cost, rounds)
-        planned = charge / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
-        self._place(counts_RE, p)
-        return plan_step(self.name, counts_RE, p, planned=planned, choice=p.policy,
-                         refill_ER=refill_ER, local_copies=swapped)  # fmt: skip
+        return charge / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
 
     def _place(self, counts_RE: torch.Tensor, p: Plan) -> None:
         """Hand the step to the placement's decisions (the runtime's rule:

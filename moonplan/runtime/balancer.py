@@ -35,6 +35,7 @@ from moonplan.comm.group import EPGroup
 from moonplan.plan import api as planner
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.refill import time_rates
+from moonplan.plan.residency.serving import lookup_plan
 from moonplan.runtime.calibrate import StepSample, agree, fit_rates, sample_step
 from moonplan.runtime.config.sections import (
     KEEP_SAMPLES,
@@ -92,6 +93,18 @@ class Balancer:
             check_input=False,
             rent=rent,
         )
+
+    def serve(self, counts_RE: torch.Tensor, previous: Plan | None, how: str) -> Plan:
+        """The step's plan without a planner call: the lookup plan ``how`` of
+        ``previous``'s slots (``serving.lookup_plan``; static EP without them), what
+        ``auto`` serves where calls do not pay (``moonplan.runtime.placer``). Reads
+        nothing on the host."""
+        self._last = (counts_RE, previous)
+        if previous is None:
+            slot_RB = torch.full((counts_RE.shape[0], self.B), -1, device=counts_RE.device)
+        else:
+            slot_RB = previous.slot_expert
+        return lookup_plan(counts_RE, slot_RB, how, align=self.align, check=False)
 
     def schedule(self) -> int:
         """This rank's place in the step schedule, for the counts exchange: forwards

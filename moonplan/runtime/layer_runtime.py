@@ -24,7 +24,7 @@ from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan
-from moonplan.plan.residency.serving import serving_plan
+from moonplan.plan.residency.serving import LOOKUPS, serving_plan
 from moonplan.plan.route import Route
 from moonplan.plan.route import route as route_tokens
 from moonplan.runtime.background import (
@@ -445,17 +445,25 @@ class LayerRuntime:
         too); where a rank needs more rows than the buffers hold, every rank sees the
         same plan and all grow together, then plan again without residents.
         """
-        rent = not self.placer.active(self._auto_cost())
-        plan = self.balancer.plan(counts_RE, self.resident, rent)
+        plan = self._one_plan(counts_RE, self.resident)
         self.plans_made += 1
         rows = plan_rows(plan)
         need = int(rows[:, -1].max())
         while need > self.capacity:
             self._build(self._capacity_for(need), f"this step's plan needs {need} rows")
-            plan = self.balancer.plan(counts_RE, None, rent)  # new buffers: no residents
+            plan = self._one_plan(counts_RE, None)  # new buffers: no residents
             rows = plan_rows(plan)
             need = int(rows[:, -1].max())
         return plan, fetch_list(plan, self.group.rank, self.store.home, rows)
+
+    def _one_plan(self, counts_RE: Tensor, previous: Plan | None) -> Plan:
+        """One planner call, or the slots' lookup plan where the placer says calls do not
+        pay (:meth:`~moonplan.runtime.placer.Placer.serve`)."""
+        how = self.placer.serve()
+        if how != "call":
+            return self.balancer.serve(counts_RE, previous, how)
+        rent = not self.placer.active(self._auto_cost())
+        return self.balancer.plan(counts_RE, previous, rent)
 
     def _route(self, plan: Plan, ids_SK: Tensor | None) -> Route:
         """This rank's records under ``plan``. Affinity (a token's records on few ranks)
@@ -565,9 +573,10 @@ class LayerRuntime:
 
 def _how(plan: Plan) -> str:
     """``StepStats.choice``: ``"full"`` (``auto`` scored every candidate), ``"exit"`` (its
-    early exit) or ``"none"`` (``"exact"``, ``"off"`` and ``auto``'s warm-up)."""
+    early exit), ``"lookup"`` (``auto`` served a lookup of the slots without a call) or
+    ``"none"`` (``"exact"``, ``"off"`` and ``auto``'s warm-up)."""
     if plan.choice is None:
-        return "none"
+        return "lookup" if plan.requested in LOOKUPS else "none"
     return "exit" if plan.choice.early_exit() else "full"
 
 

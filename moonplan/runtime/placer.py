@@ -31,6 +31,9 @@ the queue (docs/simulator.md, assumptions).
 
 While refills run in the background, each step's planner call buys only what pays in that
 step (``moonplan.plan(..., rent=False)``): the slots for later steps are the refill's.
+Where a decision says a planner call every step does not pay over its window
+(``Decisions.serve``), the steps serve one of the slots' lookup plans without one
+(:meth:`Placer.serve`) until a later decision says calls pay again.
 """
 
 from __future__ import annotations
@@ -85,6 +88,12 @@ class Placer:
     def residency(self) -> Residency | None:
         """The residency (``None`` until the first step with a cost model)."""
         return None if self.decisions is None else self.decisions.residency
+
+    def serve(self) -> str:
+        """How the step is served: ``"call"`` (the planner), or the slots' lookup plan the
+        last decision chose where calls do not pay over the window (``Decisions.serve``;
+        :meth:`~moonplan.runtime.balancer.Balancer.serve`)."""
+        return "call" if self.decisions is None else self.decisions.serve
 
     def active(self, cost: StepCost | None) -> bool:
         """Whether refills are placed (``auto`` with a cost model, slots and staging)."""

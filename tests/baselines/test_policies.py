@@ -518,3 +518,28 @@ def test_training_steps_leave_no_slot_resident_for_anyone() -> None:
     assert int(step.fetch_ER.sum()) == step.moves_C2.shape[0]
     kept = make_policy("eplb", 8, 64).step(trace[0])
     assert kept.moves_C2.shape[0] == 0  # inference: its replicas stay between re-placements
+
+
+def test_auto_serves_a_lookup_without_calls_where_calls_cannot_pay() -> None:
+    """A planner call dearer than any balance it buys (even loads over the window before
+    the trace): each step is served by a lookup of the slots, charged no planning, with
+    static EP's loads; with the call free and a hot expert, the steps call it."""
+    from moonplan.plan.residency.serving import LOOKUPS
+
+    def even(steps: int) -> list[torch.Tensor]:
+        return hot_steps(steps, 4, 16, (), low=20, high=22, extra=0)
+
+    trace = even(6)
+    totals = torch.stack([c.sum(0) for c in trace[:4]])
+    dear = rows_only(exit_s=1e-3, plan_s=1e-3)
+    auto = make_policy("moonplan-auto", 4, 16, cost=dear, slots=2, placement_window=4)
+    auto.prime(Prehistory(torch.arange(-4, 0), totals))
+    static = make_policy("static-linear", 4, 16)
+    for c in trace[4:]:
+        got, want = auto.step(c), static.step(c)
+        assert got.choice in LOOKUPS and got.planned == 0
+        assert got.load_R.tolist() == want.load_R.tolist()
+    hot = torch.stack([c.sum(0) for c in hot_steps(4, 4, 16, (0,), low=20, high=22, extra=300)])
+    free = make_policy("moonplan-auto", 4, 16, cost=rows_only(), slots=2, placement_window=4)
+    free.prime(Prehistory(torch.arange(-4, 0), hot))
+    assert free.decisions is not None and free.decisions.serve == "call"

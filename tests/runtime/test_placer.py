@@ -153,7 +153,7 @@ def test_a_placer_made_before_a_fork_decides_in_the_child() -> None:
     assert run_ranks(_decide_in_child, 2, timeout=TIMEOUT) == [7, 7]
 
 
-def _serve(rank: int, world: int, E: int, transport: str) -> dict:
+def _serve(rank: int, world: int, E: int, transport: str, cost: StepCost | None = None) -> dict:
     from moonplan import MoonMoE
 
     sizes = [40 + 4 * r for r in range(world)]
@@ -170,7 +170,7 @@ def _serve(rank: int, world: int, E: int, transport: str) -> dict:
         n = x_SH.shape[0]
         return ids[offset : offset + n], wk[offset : offset + n] * (1 + 0 * x_SH.sum())
 
-    layer = MoonMoE(H, F, E, K, slots=2, router=route, balance="auto", cost=_cost(),
+    layer = MoonMoE(H, F, E, K, slots=2, router=route, balance="auto", cost=cost or _cost(),
                     transport=transport, max_tokens=64)  # fmt: skip
     layer.load_dense(w["router_weight"], w["gate_up"], w["down"])
     x = split(tokens(T, H, 5), sizes)[rank]
@@ -187,7 +187,8 @@ def _serve(rank: int, world: int, E: int, transport: str) -> dict:
             errs.append(float((y.double() - want[rank]).abs().max()))
     rt = layer.runtime
     out = {"errs": errs, "orders": rt.placer.orders, "commits": rt.refill.commits,
-           "slots": layer.last_plan.slot_expert.tolist()}  # fmt: skip
+           "slots": layer.last_plan.slot_expert.tolist(), "serve": rt.placer.serve(),
+           "policy": layer.last_stats.policy}  # fmt: skip
     rt.close()
     return out
 
@@ -199,6 +200,21 @@ def test_auto_refills_a_persistent_hot_expert_and_still_equals_the_oracle() -> N
         assert got[0]["commits"] == got[1]["commits"] >= 1, got
         assert got[0]["slots"] == got[1]["slots"]  # the same table on every rank
         assert 1 in {e for row in got[0]["slots"] for e in row}  # the hot expert stays
+        assert max(max(g["errs"]) for g in got) < 1e-4, got
+
+
+def test_auto_serves_a_lookup_where_calls_cannot_pay_and_equals_the_oracle() -> None:
+    """A planner call dearer than the hot expert's imbalance costs: after the first decision
+    the steps serve one of the slots' lookup plans without a call, alike on every rank,
+    and still equal the oracle."""
+    from moonplan.plan.residency.serving import LOOKUPS
+
+    # (a decision's host work at its own rates: unmeasured, it would be charged exit_s)
+    dear = _cost().scaled(exit_s=1.0, plan_s=1.0, decide_s=1e-9, score_s=1e-9)
+    for transport in ("heap", "a2a"):
+        got = run_ranks(_serve, 2, 6, transport, dear, timeout=TIMEOUT)
+        assert got[0]["serve"] == got[1]["serve"] and got[0]["serve"] in LOOKUPS, got
+        assert got[0]["policy"] == got[1]["policy"] == got[0]["serve"], got
         assert max(max(g["errs"]) for g in got) < 1e-4, got
 
 

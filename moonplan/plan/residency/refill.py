@@ -25,6 +25,17 @@ set moves, the window follows within ``W`` steps and the rent pays the copies so
 The rule's bound is the ski-rental one (``moonplan.plan.choice.rent``): at most twice the
 better of never copying and copying at once, with no horizon or constant.
 
+The same decision says how the steps are served
+(:attr:`~moonplan.plan.residency.target.Target.serve`): by a planner call every step
+(``auto``, each charged the exit's test or the full calls it makes), or, where no table
+served so is predicted faster over the window, by one of the table's lookup plans with
+no call (``serving.lookup_plan``: whole moves, or each expert split evenly over its
+holders, as a placement like EPLB's serves; static EP over an empty table) until a later
+decision says otherwise. The call's price is what
+the kernel measured (``StepCost.exit_s``, ``plan_s``), so where no balance saves that
+much (decode sizes), ``auto`` serves a fixed map and pays no planning, as its peers do.
+A refill's rent is then what the lookup over the serving table loses against the target's.
+
 Every input is all-gathered (the same on every rank), so every rank orders the same
 refill at the same step.
 """
@@ -44,20 +55,37 @@ import torch
 from moonplan.plan.home import home_map
 from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import Plan
+from moonplan.plan.residency.serving import LOOKUPS
 from moonplan.plan.residency.target import (
+    Target,
     candidate_tables,
     served_s,
     step_time_over,
-    target_slots,
+    target_of,
 )
 from moonplan.plan.residency.window import WINDOW, LoadWindow
-from moonplan.plan.residency.window_torch import built_s, static_torch, tables_of, unbuilt_tables
+from moonplan.plan.residency.window_torch import (
+    built_s,
+    lookups_torch,
+    static_torch,
+    tables_of,
+    unbuilt_tables,
+)
 from moonplan.plan.residency.work import Builds, work_s
 from moonplan.stepcost import StepCost
 
 STAGING = 1
 """Default ``S``: staging rows per rank (one expert's weights: a refill changes at most one
 slot per rank)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A decision (:meth:`Residency.judge`): the refill to order (``None``: none) and how
+    the steps are served (``Target.serve``: ``"call"`` or a lookup)."""
+
+    order: Refill | None
+    serve: str
 
 
 @dataclass(frozen=True)
@@ -186,17 +214,21 @@ class Residency:
         self.window = LoadWindow(num_experts, window, device)
         self.credit = 0.0
         self.home_E = home_map(num_experts, num_ranks)
+        self.serve = "call"  # the verdict of the window before the trace (:meth:`prime`)
 
     def prime(self, totals_NE: torch.Tensor) -> torch.Tensor:
         """Fill the window with the totals of steps before the first (int64 ``[N, E]``)
         and return the table serving at step 0: the target from empty slots, placed
-        before the trace (no staging limit)."""
+        before the trace (no staging limit); :attr:`serve` says how those steps are best
+        served (by planner calls, or by a lookup)."""
         self.window.prime(totals_NE)
         empty_RB = torch.full((self.R, self.B), -1, dtype=torch.int64)
         if self.window.filled == 0 or self.B == 0:
             return empty_RB
         totals_E, loads_SE = self.window.totals_E().cpu(), self.window.loads()
-        return target_slots(totals_E, self.window.filled, empty_RB, self.cost, loads_SE)
+        got = target_of(totals_E, self.window.filled, empty_RB, self.cost, loads_SE)
+        self.serve = got.serve
+        return got.slot_RB
 
     def observe(self, counts_RE: torch.Tensor) -> None:
         """Add a step's counts (int64 ``[R, E]``, on the window's device) to the window."""
@@ -221,20 +253,40 @@ class Residency:
     def decide_on(self, snap: Snapshot, builds: Builds | None = None) -> Refill | None:
         """:meth:`decide` on a :class:`Snapshot` (reads it on the host; one at a time);
         ``builds`` counts the builds of the ``resident`` candidate it makes."""
+        return self.judge(snap, builds).order
+
+    def judge(self, snap: Snapshot, builds: Builds | None = None) -> Verdict:
+        """The refill :meth:`decide_on` orders and whether calls pay (module docstring)."""
         if self.B == 0:
-            return None
+            return Verdict(None, "call")
         serving_RB, totals_E = snap.serving_RB.cpu(), snap.totals_E.cpu()
-        target_RB = target_slots(
-            totals_E, snap.filled, serving_RB, self.cost, snap.loads_SE, builds
-        )
-        target_RB = limit_changes(target_RB, serving_RB, self.staging, totals_E)
+        got = target_of(totals_E, snap.filled, serving_RB, self.cost, snap.loads_SE, builds)
+        return Verdict(self._rent(snap, serving_RB, got, builds), got.serve)
+
+    def _rent(
+        self,
+        snap: Snapshot,
+        serving_RB: torch.Tensor,
+        target: Target,
+        builds: Builds | None,
+    ) -> Refill | None:
+        """The refill to ``target``'s table once rent or buy says it pays (module
+        docstring), the last step served as the target says (by calls, or by lookup)."""
+        totals_E = snap.totals_E.cpu()
+        target_RB = limit_changes(target.slot_RB, serving_RB, self.staging, totals_E)
         if torch.equal(target_RB, serving_RB):
             return None
         c_RE = snap.counts_RE.cpu().numpy().astype(np.int64)
-        empty_RB = np.full((self.R, self.B), -1, dtype=np.int64)
-        static = step_time_over(self.cost, c_RE, empty_RB, builds)
-        now = served_s(self.cost, c_RE, serving_RB.numpy(), static, builds)
-        after = served_s(self.cost, c_RE, target_RB.numpy(), static, builds)
+        if target.serve == "call":
+            empty_RB = np.full((self.R, self.B), -1, dtype=np.int64)
+            static = step_time_over(self.cost, c_RE, empty_RB, builds)
+            now = served_s(self.cost, c_RE, serving_RB.numpy(), static, builds)
+            after = served_s(self.cost, c_RE, target_RB.numpy(), static, builds)
+        else:  # the lookup it serves, over both tables
+            rows_1RE = torch.from_numpy(c_RE)[None]
+            both_2RB = torch.stack([serving_RB, target_RB])
+            got_L21 = lookups_torch(self.cost, rows_1RE, both_2RB, builds)
+            now, after = got_L21[LOOKUPS.index(target.serve), :, 0].tolist()
         fetch_ER = changed_pairs(target_RB, serving_RB, self.E)
         self.credit += snap.steps * max(0.0, now - after)
         if self.credit < refill_link_s(self.cost, fetch_ER, self.home_E):
@@ -251,10 +303,12 @@ class Answer:
         order: the refill to order, or ``None``.
         steps: the fewest steps whose predicted time covers its counted work
             (:class:`Builds`, at the host's rates: ``work.work_s``; at least 1).
+        serve: how the steps are served (:class:`Verdict`).
     """
 
     order: Refill | None
     steps: int
+    serve: str = "call"
 
 
 class Decisions:
@@ -279,6 +333,11 @@ class Decisions:
     Args:
         residency: the layer's :class:`Residency` (its ``cost`` gives the rate).
         submit: runs a job beside the steps and returns its future (``None``: inline).
+
+    :attr:`serve` says how the steps are served: by a planner call (``"call"``,
+    ``policy="auto"``) or by a lookup plan of the slots without one (``serving.LOOKUPS``):
+    the last used answer's verdict (before the first, the residency's from the window
+    before the trace, else ``"call"``).
     """
 
     def __init__(
@@ -290,6 +349,12 @@ class Decisions:
         self.since, self.due = 0, 1
         self._side: torch.cuda.Stream | None = None  # a worker's decisions on CUDA counts
         self._pending: tuple[Future[Answer] | Answer, int] | None = None  # (answer, lag)
+        self._serve: str | None = None  # the last used answer's (None: none used yet)
+
+    @property
+    def serve(self) -> str:
+        """How the steps are served (class docstring)."""
+        return self.residency.serve if self._serve is None else self._serve
 
     def step(self, counts_RE: torch.Tensor, plan: Plan, busy: bool) -> Refill | None:
         """Observe a finished step (its counts and plan, whose slots serve); the refill
@@ -341,17 +406,17 @@ class Decisions:
         if self.since < answer.steps:  # its work covers more steps than the lag guessed
             self._pending = (answer, answer.steps)
             return None
-        self._pending, self.due = None, answer.steps
+        self._pending, self.due, self._serve = None, answer.steps, answer.serve
         return None if busy else answer.order
 
     def _decide(self, snap: Snapshot, plan: Plan) -> Answer:
         """The decision and its counted work (host reads: here only)."""
         builds = Builds()
         cost = self.residency.cost
-        order = self.residency.decide_on(snap, builds)
+        verdict = self.residency.judge(snap, builds)
         step_s = plan_time(cost, plan, planned=0).total_s
         steps = max(1, math.ceil(work_s(cost, builds) / step_s)) if step_s > 0 else 1
-        return Answer(order, steps)
+        return Answer(verdict.order, steps, verdict.serve)
 
 
 def time_rates(

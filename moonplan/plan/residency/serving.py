@@ -1,4 +1,4 @@
-"""The plan a refill leaves serving: static EP's records over a given slot table.
+"""Plans over a given slot table without a planner call: static EP's, and the lookup.
 
 Legend:
     R ranks    E experts    B slots per rank
@@ -8,6 +8,18 @@ A refill copies experts into slots beside the steps; once every copy has arrived
 next step plans with ``previous=`` a plan whose slots are the refilled ones. Only the
 slots (and the flows, none here) of ``previous`` are read, so the serving plan is static
 EP's allocation laid out over those slots: nothing is new, nothing is direct.
+
+Where planner calls do not pay (``Decisions.serve``), ``auto`` serves a lookup plan
+(:func:`lookup_plan`), a fixed rule from expert to ranks, as a placement like EPLB's
+serves, in one of two ways (:data:`LOOKUPS`):
+
+* ``placed``: each expert's records on the first rank holding it resident away from its
+  home, else on its home (the ``placed`` candidate: whole moves);
+* ``split``: each expert's records split evenly over its holders, its home and the ranks
+  holding it resident, in rank order (the first ``T mod n`` take one more), as EPLB
+  splits an expert over its replicas.
+
+Over empty slots both are static EP.
 """
 
 from __future__ import annotations
@@ -15,14 +27,20 @@ from __future__ import annotations
 import torch
 
 from moonplan.errors import PlanError
+from moonplan.plan.choice.tensor import placed_torch
 from moonplan.plan.from_alloc import layout_resident
 from moonplan.plan.home import home_map
 from moonplan.plan.placement import static_alloc
 from moonplan.plan.plan_type import Plan, make_plan
+from moonplan.plan.torch_backend import resident_map
 
 
-def serving_plan(counts_RE: torch.Tensor, slot_RB: torch.Tensor, *, align: int = 1) -> Plan:
+def serving_plan(
+    counts_RE: torch.Tensor, slot_RB: torch.Tensor, *, align: int = 1, check: bool = True
+) -> Plan:
     """A valid plan of ``counts_RE`` (int64 ``[R, E]``) whose slots are ``slot_RB``.
+    ``check=False`` skips :func:`check_slots` (a host read) for slots taken from a valid
+    plan.
 
     Raises:
         PlanError: ``slot_RB`` is not ``[R, B]``, names an expert out of range, holds an
@@ -30,11 +48,54 @@ def serving_plan(counts_RE: torch.Tensor, slot_RB: torch.Tensor, *, align: int =
     """
     R, E = counts_RE.shape
     slot_RB = slot_RB.to(device=counts_RE.device, dtype=torch.int64)
-    check_slots(slot_RB, R, E)
+    if check:
+        check_slots(slot_RB, R, E)
     alloc_ER = static_alloc(counts_RE)
     fields = layout_resident(alloc_ER, slot_RB.shape[1], align, slot_RB)
     return make_plan(fields, counts=counts_RE, num_slots=slot_RB.shape[1], align=align,
                      backend="torch", policy="static", planned=0)  # fmt: skip
+
+
+LOOKUPS = ("placed", "split")
+"""The lookup plans, in tie-break order (module docstring)."""
+
+
+def lookup_plan(
+    counts_RE: torch.Tensor,
+    slot_RB: torch.Tensor,
+    how: str = "placed",
+    *,
+    align: int = 1,
+    check: bool = True,
+) -> Plan:
+    """The lookup plan ``how`` (one of :data:`LOOKUPS`) of ``counts_RE`` (int64 ``[R, E]``)
+    over the slots ``slot_RB`` (module docstring; arguments and errors as
+    :func:`serving_plan`'s). No host read with ``check=False``."""
+    R, E = counts_RE.shape
+    slot_RB = slot_RB.to(device=counts_RE.device, dtype=torch.int64)
+    if check:
+        check_slots(slot_RB, R, E)
+    alloc_ER = lookup_alloc(how, counts_RE.sum(0), resident_map(slot_RB, E))
+    fields = layout_resident(alloc_ER, slot_RB.shape[1], align, slot_RB)
+    return make_plan(fields, counts=counts_RE, num_slots=slot_RB.shape[1], align=align,
+                     backend="torch", policy=how, planned=0)  # fmt: skip
+
+
+def lookup_alloc(how: str, T_E: torch.Tensor, resident_ER: torch.Tensor) -> torch.Tensor:
+    """int64 ``[E, R]``: lookup ``how``'s allocation of the records per expert ``T_E``
+    over the resident pairs (bool ``resident_ER``); no host read (``torch.vmap``-able)."""
+    E, R = resident_ER.shape
+    home_E = home_map(E, R, T_E.device)
+    if how == "placed":
+        return placed_torch(T_E, resident_ER, home_E)
+    if how != "split":
+        raise ValueError(f"lookup must be one of {LOOKUPS}, got {how!r}")
+    ranks_R = torch.arange(R, device=T_E.device)
+    hold_ER = resident_ER | (home_E[:, None] == ranks_R[None, :])
+    n_E = hold_ER.sum(1)  # >= 1: the home
+    index_ER = torch.cumsum(hold_ER.to(torch.int64), 1) - 1  # place among the holders
+    share_ER = (T_E // n_E)[:, None] + (index_ER < (T_E % n_E)[:, None]).to(torch.int64)
+    return torch.where(hold_ER, share_ER, 0)
 
 
 def check_slots(slot_RB: torch.Tensor, R: int, E: int) -> None:

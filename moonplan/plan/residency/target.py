@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -65,7 +66,8 @@ from moonplan.plan.choice.rent import (
     roundings,
 )
 from moonplan.plan.home import home_list
-from moonplan.plan.residency.window_torch import static_torch, windows_torch
+from moonplan.plan.residency.serving import LOOKUPS
+from moonplan.plan.residency.window_torch import lookups_torch, static_torch, windows_torch
 from moonplan.plan.residency.work import Builds
 from moonplan.plan.torch_backend import resident_map
 from moonplan.stepcost import StepCost
@@ -288,6 +290,22 @@ def _seat(moved: dict[int, int], num_slots: int, current: list[list[int]]) -> li
     return slots
 
 
+@dataclass(frozen=True)
+class Target:
+    """What the window's steps prefer (:func:`target_of`).
+
+    Attributes:
+        slot_RB: int64 ``[R, B]``, the table of least predicted time.
+        serve: how it serves: ``"call"``, a planner call every step (``auto``), each step
+            charged the exit's test or the full calls it makes; or a lookup plan with no
+            call (one of ``serving.LOOKUPS``; static EP over an empty table), where no
+            table served by calls is predicted faster over the window.
+    """
+
+    slot_RB: torch.Tensor
+    serve: str
+
+
 def target_slots(
     totals_E: torch.Tensor,
     steps: int,
@@ -296,28 +314,44 @@ def target_slots(
     loads_SE: torch.Tensor | None = None,
     builds: Builds | None = None,
 ) -> torch.Tensor:
-    """int64 ``[R, B]``: the table of least predicted time over the window's steps,
-    planning included (:func:`served_s`; module docstring), among the ``B + 1`` replica
-    tables and the whole moves (:func:`whole_moves`; ties to the earlier). ``loads_SE``:
-    int64 ``[S, E]``, each step's loads, each spread over the sources as the mean step is
-    (``None``: the mean step of ``totals_E`` over ``steps`` alone). ``current_RB`` is the
-    serving slot table (its shape gives R, B); ``builds`` counts the work. The tables are
-    made on the host; their scores run on ``loads_SE``'s device (the window's: on CUDA,
-    the stream current where this runs), and the table returned is on the host."""
+    """int64 ``[R, B]``: the table of :func:`target_of` (arguments as there)."""
+    return target_of(totals_E, steps, current_RB, cost, loads_SE, builds).slot_RB
+
+
+def target_of(
+    totals_E: torch.Tensor,
+    steps: int,
+    current_RB: torch.Tensor,
+    cost: StepCost,
+    loads_SE: torch.Tensor | None = None,
+    builds: Builds | None = None,
+) -> Target:
+    """The table and the way of serving it of least predicted time over the window's
+    steps, among the ``B + 1`` replica tables and the whole moves (:func:`whole_moves`),
+    each served by its lookup plans without a call (``window_torch.lookups_torch``) or by
+    planner calls (planning included: :func:`served_s`; module docstring). Ties go to the
+    earlier table, and to the lookups (no call), in ``serving.LOOKUPS`` order.
+    ``loads_SE``: int64 ``[S, E]``, each step's loads, each spread over the sources as
+    the mean step is (``None``: the mean step of ``totals_E`` over ``steps`` alone).
+    ``current_RB`` is the serving slot table (its shape gives R, B); ``builds`` counts the
+    work. The tables are made on the host;
+    their scores run on ``loads_SE``'s device (the window's: on CUDA, the stream current
+    where this runs), and the table returned is on the host."""
     slot_TRB, rows_SRE = candidate_tables(totals_E, steps, current_RB, cost, loads_SE)
     dev = loads_SE.device if loads_SE is not None else torch.device("cpu")
-    rows_SRE = rows_SRE.to(dev)
+    rows_SRE, slot_TRB_dev = rows_SRE.to(dev), slot_TRB.to(dev)
     static_S = static_torch(cost, rows_SRE)
-    scores = windows_torch(cost, rows_SRE, static_S, slot_TRB.to(dev), builds).tolist()
+    called = windows_torch(cost, rows_SRE, static_S, slot_TRB_dev, builds).tolist()
+    looked = lookups_torch(cost, rows_SRE, slot_TRB_dev, builds).tolist()
     if builds is not None:  # static EP's step over the window
         builds.scored += len(rows_SRE)
-    best: tuple[float, torch.Tensor] | None = None
-    for slot_RB, score_S in zip(slot_TRB, scores, strict=True):
-        t = sum(score_S)  # in step order, as ``window_s``
-        if best is None or t < best[0]:
-            best = (t, slot_RB)
-    assert best is not None
-    return best[1].clone()
+    best = (math.inf, 0, "call")  # (seconds, table, how it serves)
+    for t, call_S in enumerate(called):
+        ways = [(sum(look[t]), how) for how, look in zip(LOOKUPS, looked, strict=True)]
+        for seconds, how in [*ways, (sum(call_S), "call")]:  # each summed in step order
+            if seconds < best[0]:
+                best = (seconds, t, how)
+    return Target(slot_TRB[best[1]].clone(), best[2])
 
 
 def candidate_tables(

@@ -32,6 +32,7 @@ scored once. Measured on this project's CPU in ``docs/benchmarks.md``
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -47,6 +48,7 @@ from moonplan.plan.choice.resident import holders_torch, resident_tables_torch
 from moonplan.plan.choice.tensor import placed_torch
 from moonplan.plan.home import home_map
 from moonplan.plan.placement import static_alloc
+from moonplan.plan.residency.serving import LOOKUPS, lookup_alloc
 from moonplan.plan.residency.work import Builds
 from moonplan.plan.torch_backend import resident_map
 from moonplan.stepcost import StepCost
@@ -84,6 +86,32 @@ def windows_torch(
         tables = tables_of(slot_TRB[held], E)
         out_TS[held] = served_tables(cost, rows_SRE, static_S, tables, builds).t()
     return out_TS
+
+
+def lookups_torch(
+    cost: StepCost, rows_SRE: torch.Tensor, slot_TRB: torch.Tensor, builds: Builds | None = None
+) -> torch.Tensor:
+    """float64 ``[L, T, S]``: each step of ``rows_SRE`` served by each table's lookup plans
+    (``serving.lookup_plan``, in ``serving.LOOKUPS`` order), no planning charged: what
+    ``auto`` serves where planner calls do not pay. Over an empty table they are static
+    EP, float for float (:func:`static_torch`). ``builds`` counts the ``L * T * S``
+    entries."""
+    S, R, E = rows_SRE.shape
+    home_E = home_map(E, R, rows_SRE.device)
+    resident_TER = torch.stack([resident_map(s_RB, E) for s_RB in slot_TRB])
+    plan_1T = torch.zeros(1, len(slot_TRB), dtype=torch.float64, device=rows_SRE.device)
+    out = []
+    for how in LOOKUPS:
+        alloc_of = torch.vmap(functools.partial(lookup_alloc, how), in_dims=(None, 0))
+
+        def one(counts_RE: torch.Tensor, alloc_of: Callable = alloc_of) -> torch.Tensor:
+            alloc_TER = alloc_of(counts_RE.sum(0), resident_TER)
+            return batch_step_time(cost, counts_RE, alloc_TER, None, home_E, plan_1T).total_s[0]
+
+        out.append(torch.vmap(one)(rows_SRE).t())
+    if builds is not None:
+        builds.scored += len(LOOKUPS) * len(slot_TRB) * S
+    return torch.stack(out)
 
 
 def tables_of(slot_TRB: torch.Tensor, E: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,7 @@ from moonplan.plan.residency.refill import (
     refill_link_s,
     swapped_slots,
 )
+from moonplan.plan.residency.serving import LOOKUPS
 from moonplan.plan.residency.work import Builds
 from tests.plan.choice.costs import rows_only
 from tests.plan.draw import hot_steps as draw_hot
@@ -148,8 +149,8 @@ def test_a_decision_counts_the_work_it_does() -> None:
     """A decision counts a build for each ``resident`` plan it makes (the host's
     ``resident_over`` calls, and the window's entries the exit's gate let through, built
     in one ``built_s`` call), and a scored pair for each (step, table) it scores: static
-    EP's and every table's over the window (the empty table once), and the rent's two
-    host scores (``served_s``)."""
+    EP's and every table's over the window (the empty table once), each table's lookups
+    over it, and the rent's two host scores (``served_s``, or its lookups)."""
     from unittest import mock
 
     from moonplan.plan.residency import refill, target, window_torch
@@ -169,6 +170,8 @@ def test_a_decision_counts_the_work_it_does() -> None:
         wrap(target, "static_torch", wraps=target.static_torch) as s,
         wrap(window_torch, "built_s", wraps=window_torch.built_s) as built,
         wrap(refill, "served_s", wraps=refill.served_s) as served,
+        wrap(target, "lookups_torch", wraps=target.lookups_torch) as looked,
+        wrap(refill, "lookups_torch", wraps=refill.lookups_torch) as rent_looked,
     ):
         res.decide_on(res.snapshot(trace[-1], empty), builds)
     assert s.call_count == 1 and w.call_count == 1  # every table scored in one call
@@ -176,7 +179,10 @@ def test_a_decision_counts_the_work_it_does() -> None:
     entries = sum(len(call.args[1]) for call in built.call_args_list)
     assert built.call_count <= 1 and entries >= 1  # the gate let some through, at once
     assert builds.made == a.call_count + entries
-    assert builds.scored == W * tables + W + served.call_count
+    L = len(LOOKUPS)
+    assert looked.call_count == 1  # every table's lookups in one call
+    rent = served.call_count + 2 * L * rent_looked.call_count
+    assert builds.scored == W * tables + W + L * W * tables + rent
     assert entries <= W * tables
 
 
@@ -202,14 +208,14 @@ def test_an_answer_waits_for_the_steps_its_counted_work_covers() -> None:
             res = Residency(4, 16, 2, cost.scaled(decide_s=build_s), window=4)
             d = Decisions(res, submit)
             made = []
-            decide_on = res.decide_on
+            judge = res.judge
 
-            def counted(snap, builds=None, decide_on=decide_on, made=made):  # type: ignore[no-untyped-def]
-                out = decide_on(snap, builds)
+            def counted(snap, builds=None, judge=judge, made=made):  # type: ignore[no-untyped-def]
+                out = judge(snap, builds)
                 made.append(builds.made if isinstance(builds, Builds) else 0)
                 return out
 
-            res.decide_on = counted  # type: ignore[method-assign]
+            res.judge = counted  # type: ignore[method-assign]
             for c in trace:
                 d.step(c, p, busy=False)
                 if made and d._pending is None:

@@ -10,6 +10,7 @@ import torch
 
 from moonplan.plan.choice.rent import exit_rent
 from moonplan.plan.home import home_list
+from moonplan.plan.residency.serving import LOOKUPS
 from moonplan.plan.residency.target import (
     calls_share,
     mean_step,
@@ -18,6 +19,7 @@ from moonplan.plan.residency.target import (
     resident_over,
     served_s,
     step_time_over,
+    target_of,
     target_slots,
     whole_moves,
     window_s,
@@ -67,12 +69,24 @@ def test_the_table_replicates_a_persistent_hot_expert_only_where_it_pays() -> No
     assert int((t == 0).sum()) >= 2  # the hot expert, on several ranks
     dear = rows_only(weight_read_s=1.0)  # a replica's weight read outweighs any balance
     assert bool((target_slots(totals, 10, empty, dear) == -1).all())
-    # serving replicas is dear: each exit builds the resident plan (copies dear too, so the
-    # exit is taken and that charge applies; a full call would cost plan_s instead)
-    dear_copies = rows_only(copy_s_intra=1.0, copy_s_inter=1.0, round_s=1.0)
-    costly = target_slots(totals, 10, empty, dear_copies)
-    assert not bool((costly == 0).any())  # no replica to balance expert 0 through
-    assert costly.flatten().tolist().count(1) == 1  # its home neighbour moved out whole
+    # serving replicas through calls is dear (each exit builds the resident plan, a round
+    # costs 1 s): the hot expert's replicas serve by the lookup that splits it, no call
+    dear_calls = rows_only(copy_s_intra=1.0, copy_s_inter=1.0, round_s=1.0)
+    got = target_of(totals, 10, empty, dear_calls)
+    assert got.serve == "split" and int((got.slot_RB == 0).sum()) >= 2
+
+
+def test_calls_that_cannot_pay_leave_static_ep_serving() -> None:
+    """Even loads and a planner call dearer than any imbalance: no table and no call;
+    with the call free the same loads keep calls (nothing is lost by calling)."""
+    R = 4
+    totals = torch.full((8,), 400)
+    empty = torch.full((R, 2), -1, dtype=torch.int64)
+    got = target_of(totals, 10, empty, rows_only(exit_s=1.0, plan_s=1.0))
+    assert got.serve in LOOKUPS and bool((got.slot_RB == -1).all())
+    assert target_of(totals, 10, empty, rows_only(exit_s=0.0, plan_s=0.0)).serve in LOOKUPS
+    hot = torch.tensor([4000, 100, 100, 100, 100, 100, 100, 100])
+    assert target_of(hot, 10, empty, rows_only(exit_s=0.0, plan_s=0.0)).serve == "call"
 
 
 def test_whole_moves_take_experts_off_the_longest_rank() -> None:
