@@ -490,7 +490,9 @@ struct McTop {  // the largest rank load (units) and how many ranks hold exactly
 
 // The ranks' loads L [R] of the snapshot hd.a and deg [R] = 0 (shared memory); returns the
 // largest load and the ranks at it, on every thread (two block reductions, exact integers;
-// red64: 33 int64 of shared memory). Ends with __syncthreads.
+// red64: 33 int64 of shared memory). The holders lie by expert, so a warp's 32 holders sit on
+// a few ranks: each rank's share is one atomic a warp (mc_warp_add_keyed), not one a holder
+// contending on a 64-bit compare-and-swap. Ends with __syncthreads.
 __device__ McTop mc_resident_loads(const McHolders& hd, int R, mp_i64* L, int* deg,
                                    mp_i64* red64) {
     const int tid = threadIdx.x, nthreads = blockDim.x;
@@ -499,7 +501,11 @@ __device__ McTop mc_resident_loads(const McHolders& hd, int R, mp_i64* L, int* d
         deg[r] = 0;
     }
     __syncthreads();
-    for (mp_i64 h = tid; h < hd.H; h += nthreads) mc_atomic_add(&L[hd.r[h]], hd.a[h]);
+    const int lane = tid % MP_WARP;
+    for (mp_i64 h0 = tid - lane; h0 < hd.H; h0 += nthreads) {  // warp-uniform: a lane a holder
+        const mp_i64 h = h0 + lane;
+        mc_warp_add_keyed(L, h < hd.H ? hd.r[h] : 0, h < hd.H ? hd.a[h] : 0);  // few ranks a warp
+    }
     __syncthreads();
     mp_i64 top = MP_I64_MIN;
     for (int r = tid; r < R; r += nthreads) top = mc_max_i(top, L[r]);
