@@ -393,32 +393,35 @@ struct McHolders {  // global scratch: res_a [2, Hmax] (int64), res_i [E + 1 + 3
     mp_i64 H;       // holders (block-uniform)
 };
 
-// Mark every holder (e, r) with alloc[e*R + r] = 1 (alloc zeroed first; several threads may
-// mark one holder alike). Ends with __syncthreads.
-__device__ void mc_holders_mark(const McStep& st, mp_i64* alloc) {
-    const int tid = threadIdx.x, nthreads = blockDim.x, R = st.R;
-    const mp_i64 E = st.E, J = st.has_prev ? mc_min_i(st.B, st.M) : 0;
-    for (mp_i64 i = tid; i < E * R; i += nthreads) alloc[i] = 0;
-    __syncthreads();
-    for (mp_i64 e = tid; e < E; e += nthreads) alloc[e * R + mp_home_of(e, E, R)] = 1;
-    for (mp_i64 i = tid; i < R * J; i += nthreads) {  // slot j < min(B, M) of rank r
-        const mp_i64 r = i / J, e = st.prev[r * st.B + i % J];
-        if (e >= 0 && e < E) alloc[e * R + r] = 1;
+// Whether rank r holds expert e (home h): r is its home, or e sits in one of r's first J
+// previous slots. Every lane of a warp reads the same slots at once (a broadcast).
+__device__ bool mc_holds(const McStep& st, mp_i64 J, mp_i64 e, mp_i64 h, mp_i64 r) {
+    if (r == h) return true;
+    const mp_i64* row = st.prev + r * st.B;
+    for (mp_i64 j = 0; j < J; ++j) {
+        if (row[j] == e) return true;
     }
-    __syncthreads();
+    return false;
+}
+
+// Previous's slots a rank's holders come from: its first min(B, M) (none without previous).
+__device__ mp_i64 mc_holder_slots(const McStep& st) {
+    return st.has_prev ? mc_min_i(st.B, st.M) : 0;
 }
 
 // hd.start: each expert's first holder (an exclusive scan of its holder count over the
-// experts, blockDim at a time; red32: 33 ints of shared memory); returns the holders. Ends
-// with __syncthreads.
-__device__ mp_i64 mc_holders_start(const McStep& st, const mp_i64* alloc, int* start, int* red32) {
+// experts, blockDim at a time; red32: 33 ints of shared memory); returns the holders. A
+// thread per expert counts its holders from previous's slots (mc_holds), not from a row of
+// alloc (a warp's lanes on 32 rows R apart: one cache line a lane). Ends with __syncthreads.
+__device__ mp_i64 mc_holders_start(const McStep& st, int* start, int* red32) {
     const int tid = threadIdx.x, nthreads = blockDim.x, R = st.R;
-    const mp_i64 E = st.E;
+    const mp_i64 E = st.E, J = mc_holder_slots(st);
     int carry = 0;
     for (mp_i64 base = 0; base < E; base += nthreads) {  // block-uniform: the scan needs all
         const mp_i64 e = base + tid;
+        const mp_i64 h = e < E ? mp_home_of(e, E, R) : 0;
         int n = 0;
-        for (mp_i64 r = 0; e < E && r < R; ++r) n += (int)alloc[e * R + r];
+        for (mp_i64 r = 0; e < E && r < R; ++r) n += mc_holds(st, J, e, h, r) ? 1 : 0;
         int total = 0;
         const int before = mp_block_excl_scan(n, red32, &total);  // ends with __syncthreads
         if (e < E) start[e] = carry + before;
@@ -429,27 +432,27 @@ __device__ mp_i64 mc_holders_start(const McStep& st, const mp_i64* alloc, int* s
     return carry;
 }
 
-// The holder lists and the even start: a thread per expert lists its holders by rank, and
-// the first K[e]*S mod n of them get one unit more than K[e]*S / n. Then alloc = 0 (its
-// marks read). Ends with __syncthreads.
+// The holder lists and the even start: a thread per expert lists its holders by rank
+// (mc_holds), and the first K[e]*S mod n of them get one unit more than K[e]*S / n; alloc
+// [E, R] zeroed (coalesced) for the rows of mc_rows_of_tiles. Ends with __syncthreads.
 __device__ void mc_holders_list(const McStep& st, mp_i64 tile, mp_i64* alloc,
                                 const McHolders& hd) {
     const int tid = threadIdx.x, nthreads = blockDim.x, R = st.R;
-    const mp_i64 E = st.E;
+    const mp_i64 E = st.E, J = mc_holder_slots(st);
+    for (mp_i64 i = tid; i < E * R; i += nthreads) alloc[i] = 0;
     for (mp_i64 e = tid; e < E; e += nthreads) {
+        const mp_i64 h = mp_home_of(e, E, R);
         const int h0 = hd.start[e], n = hd.start[e + 1] - h0;
         const mp_i64 units = mc_tiles(st, tile, e) << mc_scale_bits(st);
         int k = 0;
         for (int r = 0; r < R; ++r) {
-            if (alloc[e * R + r] == 0) continue;
+            if (!mc_holds(st, J, e, h, r)) continue;
             hd.e[h0 + k] = (int)e;
             hd.r[h0 + k] = r;
             hd.a[h0 + k] = units / n + (k < units % n ? 1 : 0);
             ++k;
         }
     }
-    __syncthreads();
-    for (mp_i64 i = tid; i < E * R; i += nthreads) alloc[i] = 0;
     __syncthreads();
 }
 
@@ -588,8 +591,7 @@ __device__ int mc_resident(const McStep& st, const McCost& k, mp_i64 tile, mp_i6
     int* red32 = deg + R;
     McHolders hd = {res_a, res_a + Hmax, res_i, res_i + st.E + 1, res_i + st.E + 1 + Hmax,
                     res_i + st.E + 1 + 2 * Hmax, 0};
-    mc_holders_mark(st, alloc);
-    hd.H = mc_holders_start(st, alloc, hd.start, red32);
+    hd.H = mc_holders_start(st, hd.start, red32);
     mc_holders_list(st, tile, alloc, hd);
     const mp_i64 least = mc_least_units(k, tile, mc_scale_bits(st));
     McTop top = mc_resident_loads(hd, R, L, deg, red64);
@@ -680,29 +682,27 @@ __device__ McParts mc_resident_pick(const McStep& st, const McCost& k, const McC
 // ---- the placed candidate (reference._placed): kernel 1, or candidate K+3's block --------
 
 // Each expert's T[e] records on the lowest rank holding it in previous's slots away from its
-// home, else on its home, into alloc [E, R]: the away holders marked in alloc first (several
-// threads may mark one alike), then a thread per expert reads and rewrites its own row. O(E R
-// + R B), no scratch. Ends with __syncthreads.
-__device__ void mc_placed(const McStep& st, mp_i64* alloc) {
+// home, else on its home, into alloc [E, R]: alloc zeroed (coalesced) and low[e] = R, each
+// away slot lowers low[e] by an atomic minimum, then a thread per expert writes its one
+// entry. O(E R / threads + R B), no pass over a row of alloc (a warp's lanes on 32 rows R
+// apart: one cache line a lane). Shared memory: low [E] (int32). Ends with __syncthreads.
+__device__ void mc_placed(const McStep& st, mp_i64* alloc, unsigned char* smem) {
     const int tid = threadIdx.x, nthreads = blockDim.x, R = st.R;
     const mp_i64 E = st.E, B = st.B;
+    int* low = (int*)smem;
     for (mp_i64 i = tid; i < E * R; i += nthreads) alloc[i] = 0;
+    for (mp_i64 e = tid; e < E; e += nthreads) low[e] = R;
     __syncthreads();
     for (mp_i64 i = tid; st.has_prev && i < R * B; i += nthreads) {
         const mp_i64 e = st.prev[i], r = i / B;
-        if (e >= 0 && e < E && r != mp_home_of(e, E, R)) alloc[e * R + r] = 1;
+        if (e >= 0 && e < E && r != mp_home_of(e, E, R)) atomicMin(&low[e], (int)r);
     }
     __syncthreads();
     for (mp_i64 e = tid; e < E; e += nthreads) {
-        mp_i64* row = alloc + e * R;
-        mp_i64 at = mp_home_of(e, E, R);
-        for (mp_i64 r = R - 1; r >= 0; --r) {  // the lowest holder is found last
-            if (row[r] != 0) at = r;
-            row[r] = 0;
-        }
-        row[at] = st.T[e];
+        const mp_i64 at = low[e] < R ? low[e] : mp_home_of(e, E, R);
+        alloc[e * R + at] = st.T[e];
     }
-    __syncthreads();
+    __syncthreads();  // low read before the caller reuses the shared memory
 }
 
 // ---- kernel 1: the first kernel itself -----------------------------------------------------
@@ -868,15 +868,15 @@ __device__ void mc_first_exit(const McCost& k, const McExitIn& x, int R, mp_i64 
 __device__ void mc_first_residents(const McStep& st, const McCost& k, const McCands& m,
                                    McExitIn& x, unsigned char* smem) {
     mp_i64* placed = m.alloc_C + (mp_i64)(m.C - 1) * st.E * st.R;
-    mc_placed(st, placed);
+    mc_placed(st, placed, smem);
     x.plc = mc_score(st, k, placed, mc_entry(m, st, m.C - 1), smem);
     const double cheap = mc_min(mc_total(k, x.stat, k.exit_s), mc_total(k, x.plc, k.exit_s));
     x.built = cheap > x.nocopy;
     if (x.built) x.res = mc_resident_pick(st, k, m, true, &x.rounds, smem);
 }
 
-// Dynamic shared memory: the largest of mc_first_static's, mc_resident's and mc_score's
-// layouts (choice_cuda.shared_bytes); each phase ends with __syncthreads before the next.
+// Dynamic shared memory: the largest of mc_first_static's, mc_resident's, mc_score's and
+// mc_placed's layouts (choice_cuda.shared_bytes); each phase ends with __syncthreads before the next.
 extern "C" __global__ void __launch_bounds__(1024, 1)
     moonplan_choice_first(const mp_i64* counts, const mp_i64* prev, mp_i64 R_, mp_i64 E, mp_i64 B,
                           mp_i64 has_prev, mp_i64 C, MC_COST_PARAMS, const double* carry_in,
@@ -974,8 +974,9 @@ __device__ bool mc_build_skips(int c, int C, const unsigned char* exited, const 
     return (c == 2 && misc[4] != 0) || (c == C - 1 && misc[3] > 0);
 }
 
-// Dynamic shared memory: the largest of mc_construct's, mc_resident's and mc_score's layouts
-// (choice_cuda.shared_bytes); each phase ends with __syncthreads before the next reuses it.
+// Dynamic shared memory: the largest of mc_construct's, mc_resident's, mc_score's and
+// mc_placed's layouts (choice_cuda.shared_bytes); each phase ends with __syncthreads before
+// the next reuses it.
 extern "C" __global__ void __launch_bounds__(1024, 1)
     moonplan_choice_build(const mp_i64* counts, const mp_i64* prev, const mp_i64* prev_flow,
                           mp_i64 R_, mp_i64 E, mp_i64 B, mp_i64 has_prev, mp_i64 n_prev_flow,
@@ -1004,7 +1005,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     }
     mp_i64* alloc = alloc_C + (mp_i64)c * E * R;
     if (c == C - 1) {  // no resident replica: placed is static EP
-        mc_placed(st, alloc);
+        mc_placed(st, alloc, mp_smem);
     } else {
         const int level = (c >= 3 && c <= C - 3) ? (int)levels - 1 - (c - 3) : 0;
         const mp_i64 RM = (mp_i64)R * st.M;

@@ -142,13 +142,18 @@ def block_threads(R: int) -> int:
 
 def shared_bytes(R: int, E: int) -> tuple[int, int, int]:
     """Dynamic shared memory of the three kernels (the layouts in ``choice_kernel.cu``); the
-    first and the build kernel also build and score the ``resident`` candidate (``placed``
-    needs none)."""
+    first and the build kernel also build and score the ``resident`` candidate and build
+    ``placed`` (its lowest away holder of each expert: ``E`` int32)."""
     first = 8 * (7 * R + 33) + 8 * RED_F64 + 4 * E
     construct = 8 * (E + 3 * R + 33) + 4 * (5 * R + 1 + 33)
     resident = 8 * (R + 33) + 4 * (R + 33)  # its holders' arrays: global scratch (res_a, res_i)
     score = 8 * (ACC * R) + 8 * RED_F64
-    return max(first, resident, score), max(construct, resident, score), 8 * E + 4 * (R + 1)
+    placed = 4 * E
+    return (
+        max(first, resident, score, placed),
+        max(construct, resident, score, placed),
+        8 * E + 4 * (R + 1),
+    )
 
 
 class Layout(NamedTuple):
