@@ -1017,9 +1017,32 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
 
 // ---- kernel 3: the winner's plan fields ------------------------------------------------------
 
+// Thread tid's entries of a row-major [E, R] array: the flat index e * R + r runs tid,
+// tid + blockDim, ... (consecutive threads on consecutive entries: coalesced), each step's
+// (e, r) advanced without a division (de, dr: blockDim's quotient and remainder by R).
+struct McWalk {
+    mp_i64 e, r, de, dr;
+};
+
+__device__ McWalk mc_walk_first(int R) {
+    const mp_i64 n = blockDim.x;
+    return {threadIdx.x / R, threadIdx.x % R, n / R, n % R};
+}
+
+__device__ void mc_walk_next(McWalk& w, int R) {
+    w.e += w.de;
+    w.r += w.dr;
+    if (w.r >= R) {
+        w.r -= R;
+        ++w.e;
+    }
+}
+
 // The winner's allocation into the plan's alloc (static EP's from T for c = 0), its home
 // records into rem, its replicas (e, records) appended to each rank's list (any order: the
-// placement sorts them by a total order); home, target and flow.
+// placement sorts them by a total order); home, target and flow. The [E, R] copy walks the
+// flat index (mc_walk: coalesced), not a row per thread (a warp's lanes on 32 rows R apart:
+// one cache line a lane, E * R of them at one SM).
 __device__ void mc_layout_alloc(int c, int R, mp_i64 E, mp_i64 M, const mp_i64* T,
                                 const mp_i64* L, const mp_i64* alloc_C, const mp_i64* flow_C,
                                 const mp_i64* recv_C, mp_i64* rem, int* rep_n, int* rep_e,
@@ -1027,23 +1050,24 @@ __device__ void mc_layout_alloc(int c, int R, mp_i64 E, mp_i64 M, const mp_i64* 
                                 mp_i64* flow, int C) {
     const int tid = threadIdx.x, nthreads = blockDim.x;
     const mp_i64* a = alloc_C + (mp_i64)c * E * R;
-    for (mp_i64 e = tid; e < E; e += nthreads) {  // a thread per expert: no division per entry
-        const mp_i64 h = mp_home_of(e, E, R);
-        home[e] = h;
-        for (mp_i64 r = 0; r < R; ++r) {
-            const mp_i64 x = c == 0 ? (r == h ? T[e] : 0) : a[e * R + r];
-            alloc[e * R + r] = x;
-            if (r == h) {
-                rem[e] = x;
-            } else if (x > 0) {
-                const int j = atomicAdd(&rep_n[r], 1);
-                // at most M: a construction's receiver takes one donor group, a resident
-                // holder sits in one of the first M slots; placed may have up to B, all in
-                // previous's slots, which keep them whichever M are listed (nothing moves)
-                if (j < M) {
-                    rep_e[r * M + j] = (int)e;
-                    rep_c[r * M + j] = x;
-                }
+    const mp_i64 base = E / R, extra = E % R;  // home map: rank r owns [h0(r), h0(r+1))
+    for (mp_i64 e = tid; e < E; e += nthreads) home[e] = mp_home_of(e, E, R);
+    for (McWalk w = mc_walk_first(R); w.e < E; mc_walk_next(w, R)) {
+        const mp_i64 e = w.e, r = w.r, i = e * R + r;
+        const mp_i64 h0 = r * base + mc_min_i(r, extra), n = base + (r < extra ? 1 : 0);
+        const bool at_home = e >= h0 && e < h0 + n;
+        const mp_i64 x = c == 0 ? (at_home ? T[e] : 0) : a[i];
+        alloc[i] = x;
+        if (at_home) {
+            rem[e] = x;
+        } else if (x > 0) {
+            const int j = atomicAdd(&rep_n[r], 1);
+            // at most M: a construction's receiver takes one donor group, a resident
+            // holder sits in one of the first M slots; placed may have up to B, all in
+            // previous's slots, which keep them whichever M are listed (nothing moves)
+            if (j < M) {
+                rep_e[r * M + j] = (int)e;
+                rep_c[r * M + j] = x;
             }
         }
     }
