@@ -439,39 +439,73 @@ __device__ bool mc_score_rank(const McStep& st, const McCost& k, const McAcc& ac
     return fetched;
 }
 
-// Expert e's contribution (a lane each; every lane of the warp calls it, `valid`: e < E):
-// its source intervals (rows in source-rank order) and destination intervals (alloc's row),
-// domain by domain (traffic.dispatch_traffic). In-domain sends are static EP's plus a
-// correction, non-zero only for an expert whose records leave its home domain. The rank
-// loop is warp-uniform, so each rank's sums are added once a warp (mc_score_rank), and only
-// where some lane's expert runs there.
-__device__ void mc_score_expert(const McStep& st, const McCost& k, const mp_i64* a, mp_i64 e,
-                                bool valid, const McAcc& acc) {
+#define MC_STAGE 8                         // ranks of a warp's staged alloc tile
+#define MC_TILE (MP_WARP * (MC_STAGE + 1))  // int64 of one warp's tile (+ 1 a row: banks)
+
+// Entries [r0, r0 + n) (n <= MC_STAGE) of the rows of the warp's 32 experts e0 .. e0 + 31 of
+// alloc [E, R] into the warp's tile xs [32][MC_STAGE + 1] (shared memory), 0 past E: the
+// lanes load consecutive entries of each row's segment (a few cache lines an access, where a
+// lane reading its own row R apart touches one line a lane); then lane q reads row q from
+// the tile (mc_staged). Every lane of the warp calls it.
+__device__ void mc_stage_rows(const mp_i64* a, mp_i64 E, int R, mp_i64 e0, mp_i64 r0, int n,
+                              mp_i64* xs) {
+    __syncwarp();  // the tile's last reads are done
+    for (int i = threadIdx.x % MP_WARP; i < MP_WARP * n; i += MP_WARP) {
+        const int q = i / n, j = i % n;
+        xs[q * (MC_STAGE + 1) + j] = e0 + q < E ? a[(e0 + q) * R + r0 + j] : 0;
+    }
+    __syncwarp();
+}
+
+// This lane's entry j of its staged row (mc_stage_rows).
+__device__ __forceinline__ mp_i64 mc_staged(const mp_i64* xs, int j) {
+    return xs[(threadIdx.x % MP_WARP) * (MC_STAGE + 1) + j];
+}
+
+// Expert e0 + lane's contribution (a lane each; every lane of the warp calls it; experts past
+// E add nothing): its source intervals (rows in source-rank order) and destination intervals
+// (alloc's row, staged MC_STAGE ranks at a time into the warp's tile xs), domain by domain
+// (traffic.dispatch_traffic). In-domain sends are static EP's plus a correction, non-zero
+// only for an expert whose records leave its home domain. The rank loop is warp-uniform, so
+// each rank's sums are added once a warp (mc_score_rank), and only where some lane's expert
+// runs there.
+__device__ void mc_score_expert(const McStep& st, const McCost& k, const mp_i64* a, mp_i64 e0,
+                                const McAcc& acc, mp_i64* xs) {
     const int R = st.R;
-    const mp_i64 E = st.E, h = valid ? mp_home_of(e, E, R) : 0, gh = h / k.G;
-    const mp_i64* ae = a + e * R;
+    const mp_i64 E = st.E, e = e0 + threadIdx.x % MP_WARP;
+    const bool valid = e < E;
+    const mp_i64 h = valid ? mp_home_of(e, E, R) : 0, gh = h / k.G;
     mp_i64 S = 0, D = 0, sn = 0, sf = 0;
     for (mp_i64 g0 = 0; g0 < R; g0 += k.G) {
         const mp_i64 g1 = mc_min_i(g0 + k.G, R);
         const bool near = g0 / k.G == gh;  // this domain is the expert's home domain
         mp_i64 S1 = S, D1 = D;
-        for (mp_i64 r = g0; r < g1 && valid; ++r) {
-            S1 += st.counts[r * E + e];
-            D1 += ae[r];
+        for (mp_i64 r0 = g0; r0 < g1; r0 += MC_STAGE) {  // the domain's sums
+            const int n = (int)mc_min_i(MC_STAGE, g1 - r0);
+            mc_stage_rows(a, E, R, e0, r0, n, xs);
+            for (int j = 0; j < n; ++j) {
+                S1 += valid ? st.counts[(r0 + j) * E + e] : 0;
+                D1 += mc_staged(xs, j);
+            }
         }
         McHold o = {e, h, S, 0, D, 0, S, S1, near};
-        for (mp_i64 r = g0; r < g1; ++r) {
-            o.c = valid ? st.counts[r * E + e] : 0;
-            o.x = valid ? ae[r] : 0;
-            if (__ballot_sync(MP_FULL_MASK, o.x > 0) != 0) {  // warp-uniform
-                const bool fetched = mc_score_rank(st, k, acc, (int)r, o);
-                sn += fetched && near ? 1 : 0;
-                sf += fetched && !near ? 1 : 0;
+        for (mp_i64 r0 = g0; r0 < g1; r0 += MC_STAGE) {
+            const int n = (int)mc_min_i(MC_STAGE, g1 - r0);
+            mc_stage_rows(a, E, R, e0, r0, n, xs);
+            for (int j = 0; j < n; ++j) {  // warp-uniform
+                const mp_i64 r = r0 + j;
+                o.c = valid ? st.counts[r * E + e] : 0;
+                o.x = mc_staged(xs, j);
+                if (__ballot_sync(MP_FULL_MASK, o.x > 0) != 0) {  // warp-uniform
+                    const bool fetched = mc_score_rank(st, k, acc, (int)r, o);
+                    sn += fetched && near ? 1 : 0;
+                    sf += fetched && !near ? 1 : 0;
+                }
+                const mp_i64 corr = mc_overlap(o.s, o.s + o.c, D, D1) - (near ? o.c : 0);
+                if (__ballot_sync(MP_FULL_MASK, corr != 0) != 0) mc_warp_add(&acc.sdc[r], corr);
+                o.s += o.c;
+                o.d += o.x;
             }
-            const mp_i64 corr = mc_overlap(o.s, o.s + o.c, D, D1) - (near ? o.c : 0);
-            if (__ballot_sync(MP_FULL_MASK, corr != 0) != 0) mc_warp_add(&acc.sdc[r], corr);
-            o.s += o.c;
-            o.d += o.x;
         }
         S = S1;
         D = D1;
@@ -488,7 +522,7 @@ struct McOut {  // where mc_score leaves one allocation's results (global memory
 // An allocation's predicted seconds charged plan_s into *o.score, the same with nothing
 // fetched (its copies resident: rent.py's free score) into *o.free, its per-rank records
 // into o.recv; returns its phases (block-uniform). Dynamic shared memory: MC_ACC int64
-// arrays of R, red[MC_RED_F64] (double).
+// arrays of R, red[MC_RED_F64] (double), a tile of MC_TILE int64 a warp (mc_stage_rows).
 __device__ McParts mc_score(const McStep& st, const McCost& k, const mp_i64* a, const McOut& o,
                             unsigned char* smem) {
     const int R = st.R, tid = threadIdx.x, nthreads = blockDim.x;
@@ -499,11 +533,12 @@ __device__ McParts mc_score(const McStep& st, const McCost& k, const mp_i64* a, 
                            &acc.cn_s, &acc.cf_s, &acc.sdc};
     for (int i = 0; i < MC_ACC; ++i) *at[i] = base + (mp_i64)i * R;
     double* red = (double*)(base + (mp_i64)MC_ACC * R);
+    mp_i64* xs = (mp_i64*)(red + MC_RED_F64) + (mp_i64)(tid / MP_WARP) * MC_TILE;  // this warp's
     for (mp_i64 i = tid; i < (mp_i64)MC_ACC * R; i += nthreads) base[i] = 0;
     __syncthreads();
     const int lane = tid % MP_WARP;
     for (mp_i64 e0 = tid - lane; e0 < st.E; e0 += nthreads) {  // warp-uniform: a lane an expert
-        mc_score_expert(st, k, a, e0 + lane, e0 + lane < st.E, acc);
+        mc_score_expert(st, k, a, e0, acc, xs);
     }
     __syncthreads();
     const int r = tid;

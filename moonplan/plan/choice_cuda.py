@@ -53,6 +53,7 @@ HEADER_FILES = ("plan_kernel.cu", "plan_kernel.cuh", "choice_cost.cuh")  # SOURC
 KERNELS = ("moonplan_choice_first", "moonplan_choice_build", "moonplan_choice_layout")
 NVRTC_OPTIONS = ("--fmad=false",)  # no FMA contraction: the scores' floats as Python's
 RED_F64 = 8 * 32  # doubles of mc_block_max's shared memory
+TILE = 32 * (8 + 1)  # int64 of one warp's staged alloc tile in mc_score (MC_TILE)
 ACC = 13  # per-rank int64 sums of mc_score
 CHOICE_OUTPUTS = ("index", "scores", "exited", "credit", "pending", "rounds")
 """The choice's outputs in ``Choice``'s field order (after ``names``)."""
@@ -147,7 +148,7 @@ def shared_bytes(R: int, E: int) -> tuple[int, int, int]:
     first = 8 * (7 * R + 33) + 8 * RED_F64 + 4 * E
     construct = 8 * (E + 3 * R + 33) + 4 * (5 * R + 1 + 33)
     resident = 8 * (R + 33) + 4 * (R + 33)  # its holders' arrays: global scratch (res_a, res_i)
-    score = 8 * (ACC * R) + 8 * RED_F64
+    score = 8 * (ACC * R) + 8 * RED_F64 + 8 * TILE * (block_threads(R) // 32)
     placed = 4 * E
     return (
         max(first, resident, score, placed),
