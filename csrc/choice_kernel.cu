@@ -214,11 +214,13 @@ __device__ void mc_rest_row(const mp_i64* counts, const mp_i64* prev, bool has_p
 __device__ mp_i64 mc_far_row(const mp_i64* counts, const mp_i64* prev, bool has_prev, int s,
                              int R, mp_i64 E, mp_i64 B, int G, mp_i64* rest) {
     const int lane = threadIdx.x % MP_WARP, d = s / G;
+    const mp_i64 r0 = (mp_i64)d * G, r1 = mc_min_i(r0 + G, R), n = (r1 - r0) * B;
+    // the experts homed in d are [e0, e1): a range test, not a 64-bit division an entry
+    const mp_i64 e0 = mp_home_start(r0, E, R), e1 = mp_home_start(r1, E, R);
     for (mp_i64 e = lane; e < E; e += MP_WARP) {
-        rest[e] = mp_home_of(e, E, R) / G != d ? counts[(mp_i64)s * E + e] : 0;
+        rest[e] = e < e0 || e >= e1 ? counts[(mp_i64)s * E + e] : 0;
     }
     __syncwarp();
-    const mp_i64 r0 = (mp_i64)d * G, n = ((mp_i64)mc_min_i(r0 + G, R) - r0) * B;
     for (mp_i64 i = lane; has_prev && i < n; i += MP_WARP) {
         const mp_i64 e = prev[r0 * B + i];
         if (e >= 0 && e < E) rest[e] = 0;  // resident in s's domain (lanes may write alike)
@@ -229,20 +231,30 @@ __device__ mp_i64 mc_far_row(const mp_i64* counts, const mp_i64* prev, bool has_
     return mp_warp_sum(sum);
 }
 
+#define MC_CUTS 7  // cuts a pass of mc_mth_largest: it narrows the interval 8-fold
+
 // The M-th largest entry of rest [E] (M <= E), on every lane: the largest v with at least M
-// entries >= v, by bisection over [0, vmax] (one counting pass a bit of vmax).
+// entries >= v, by an 8-way search over [0, vmax]: each pass counts the entries at or above
+// MC_CUTS evenly spaced cuts of the interval left (one pass over the row for 3 bits of vmax,
+// where halving took one a bit; the row lies in global scratch, so passes are the cost).
 __device__ mp_i64 mc_mth_largest(const mp_i64* rest, mp_i64 E, mp_i64 M, mp_i64 vmax) {
     const int lane = threadIdx.x % MP_WARP;
     mp_i64 lo = 0, hi = vmax + 1;  // at least M entries >= lo (all E >= 0), fewer >= hi
-    while (hi - lo > 1) {
-        const mp_i64 mid = lo + (hi - lo) / 2;
-        mp_i64 n = 0;
-        for (mp_i64 e = lane; e < E; e += MP_WARP) n += rest[e] >= mid;
-        if (mp_warp_sum(n) >= M) {
-            lo = mid;
-        } else {
-            hi = mid;
+    while (hi - lo > 1) {          // warp-uniform
+        const mp_i64 step = (hi - lo + MC_CUTS) / (MC_CUTS + 1);  // >= 1; cut i: lo + i * step
+        mp_i64 n[MC_CUTS] = {};
+        for (mp_i64 e = lane; e < E; e += MP_WARP) {
+            const mp_i64 x = rest[e];
+#pragma unroll
+            for (int i = 0; i < MC_CUTS; ++i) n[i] += x >= lo + (i + 1) * step;
         }
+        mp_i64 best = 0;  // the last cut with at least M entries at or above it (0: lo itself)
+#pragma unroll
+        for (int i = 0; i < MC_CUTS; ++i) {
+            if (lo + (i + 1) * step < hi && mp_warp_sum(n[i]) >= M) best = i + 1;
+        }
+        hi = mc_min_i(lo + (best + 1) * step, hi);  // the next cut has fewer than M
+        lo += best * step;
     }
     return lo;
 }
