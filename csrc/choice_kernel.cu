@@ -503,13 +503,44 @@ struct McTop {  // the largest rank load (units) and how many ranks hold exactly
     mp_i64 top, ties;
 };
 
+// (a, b) combined: the larger top, with the ties of every side that holds it.
+__device__ __forceinline__ McTop mc_top_join(McTop a, McTop b) {
+    const mp_i64 top = mc_max_i(a.top, b.top);
+    return {top, (a.top == top ? a.ties : 0) + (b.top == top ? b.ties : 0)};
+}
+
+// The largest of L [R] and the ranks at it, on every thread: each warp joins its lanes' by
+// shuffles, then every thread joins the warps' (red64, red32: a maximum and a count a warp).
+// Two __syncthreads, where a block maximum and then a block sum took six.
+__device__ McTop mc_top_of(const mp_i64* L, int R, mp_i64* red64, int* red32) {
+    const int tid = threadIdx.x, lane = tid % MP_WARP, warp = tid / MP_WARP;
+    McTop t = {MP_I64_MIN, 0};
+    for (int r = tid; r < R; r += blockDim.x) t = mc_top_join(t, {L[r], 1});
+    for (int off = MP_WARP / 2; off > 0; off >>= 1) {
+        const McTop o = {__shfl_xor_sync(MP_FULL_MASK, t.top, off),
+                         __shfl_xor_sync(MP_FULL_MASK, t.ties, off)};
+        t = mc_top_join(t, o);
+    }
+    if (lane == 0) {
+        red64[warp] = t.top;
+        red32[warp] = (int)t.ties;  // at most R ranks
+    }
+    __syncthreads();
+    t = {MP_I64_MIN, 0};
+    for (int w = 0; w < (int)(blockDim.x / MP_WARP); ++w) {
+        t = mc_top_join(t, {red64[w], red32[w]});
+    }
+    __syncthreads();  // red64, red32 read before any reuse
+    return t;
+}
+
 // The ranks' loads L [R] of the snapshot hd.a and deg [R] = 0 (shared memory); returns the
-// largest load and the ranks at it, on every thread (two block reductions, exact integers;
-// red64: 33 int64 of shared memory). The holders lie by expert, so a warp's 32 holders sit on
+// largest load and the ranks at it, on every thread (mc_top_of, exact integers; red64,
+// red32: 33 of shared memory each). The holders lie by expert, so a warp's 32 holders sit on
 // a few ranks: each rank's share is one atomic a warp (mc_warp_add_keyed), not one a holder
 // contending on a 64-bit compare-and-swap. Ends with __syncthreads.
 __device__ McTop mc_resident_loads(const McHolders& hd, int R, mp_i64* L, int* deg,
-                                   mp_i64* red64) {
+                                   mp_i64* red64, int* red32) {
     const int tid = threadIdx.x, nthreads = blockDim.x;
     for (int r = tid; r < R; r += nthreads) {
         L[r] = 0;
@@ -522,12 +553,7 @@ __device__ McTop mc_resident_loads(const McHolders& hd, int R, mp_i64* L, int* d
         mc_warp_add_keyed(L, h < hd.H ? hd.r[h] : 0, h < hd.H ? hd.a[h] : 0);  // few ranks a warp
     }
     __syncthreads();
-    mp_i64 top = MP_I64_MIN;
-    for (int r = tid; r < R; r += nthreads) top = mc_max_i(top, L[r]);
-    top = mp_block_max(top, red64);  // ends with __syncthreads
-    mp_i64 ties = 0;
-    for (int r = tid; r < R; r += nthreads) ties += L[r] == top;
-    return {top, mp_block_sum(ties, red64)};  // ends with __syncthreads
+    return mc_top_of(L, R, red64, red32);  // ends with __syncthreads
 }
 
 // One round (resident.py, step 2) from the snapshot hd.a and its loads L [R]
@@ -606,7 +632,7 @@ __device__ int mc_resident(const McStep& st, const McCost& k, mp_i64 tile, mp_i6
     hd.H = mc_holders_start(st, hd.start, red32);
     mc_holders_list(st, tile, alloc, hd);
     const mp_i64 least = mc_least_units(k, tile, mc_scale_bits(st));
-    McTop top = mc_resident_loads(hd, R, L, deg, red64);
+    McTop top = mc_resident_loads(hd, R, L, deg, red64, red32);
     int rounds = 0;
     while (rounds < MC_ROUND_LIMIT) {  // block-uniform: top, ties and least are every thread's
         mc_resident_round(hd, L, deg);
@@ -615,7 +641,7 @@ __device__ int mc_resident(const McStep& st, const McCost& k, mp_i64 tile, mp_i6
         hd.b = t;
         ++rounds;
         const McTop last = top;
-        top = mc_resident_loads(hd, R, L, deg, red64);
+        top = mc_resident_loads(hd, R, L, deg, red64, red32);
         const bool fell = last.top - top.top >= least;
         const bool untied = top.top == last.top && top.ties < last.ties;
         // this round did not pay (nor lowered a tie at the top): the next would not either
