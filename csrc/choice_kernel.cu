@@ -914,7 +914,8 @@ __device__ void mc_first_residents(const McStep& st, const McCost& k, const McCa
 }
 
 // Dynamic shared memory: the largest of mc_first_static's, mc_resident's, mc_score's and
-// mc_placed's layouts (choice_cuda.shared_bytes); each phase ends with __syncthreads before the next.
+// mc_placed's layouts (choice_cuda.shared_bytes); each phase ends with __syncthreads before
+// the next.
 extern "C" __global__ void __launch_bounds__(1024, 1)
     moonplan_choice_first(const mp_i64* counts, const mp_i64* prev, mp_i64 R_, mp_i64 E, mp_i64 B,
                           mp_i64 has_prev, mp_i64 C, MC_COST_PARAMS, const double* carry_in,
