@@ -441,14 +441,18 @@ __device__ bool mc_score_rank(const McStep& st, const McCost& k, const McAcc& ac
 
 #define MC_STAGE 8                         // ranks of a warp's staged alloc tile
 #define MC_TILE (MP_WARP * (MC_STAGE + 1))  // int64 of one warp's tile (+ 1 a row: banks)
+#define MC_STAGE_MAX_R 1024  // the most ranks staged: more read alloc directly (their 13 R
+                             // int64 sums leave no room for 32 tiles under 227 KiB)
 
 // Entries [r0, r0 + n) (n <= MC_STAGE) of the rows of the warp's 32 experts e0 .. e0 + 31 of
 // alloc [E, R] into the warp's tile xs [32][MC_STAGE + 1] (shared memory), 0 past E: the
 // lanes load consecutive entries of each row's segment (a few cache lines an access, where a
 // lane reading its own row R apart touches one line a lane); then lane q reads row q from
-// the tile (mc_staged). Every lane of the warp calls it.
+// the tile (mc_staged). Every lane of the warp calls it; without a tile (xs null) it does
+// nothing.
 __device__ void mc_stage_rows(const mp_i64* a, mp_i64 E, int R, mp_i64 e0, mp_i64 r0, int n,
                               mp_i64* xs) {
+    if (xs == nullptr) return;  // warp-uniform
     __syncwarp();  // the tile's last reads are done
     for (int i = threadIdx.x % MP_WARP; i < MP_WARP * n; i += MP_WARP) {
         const int q = i / n, j = i % n;
@@ -457,9 +461,12 @@ __device__ void mc_stage_rows(const mp_i64* a, mp_i64 E, int R, mp_i64 e0, mp_i6
     __syncwarp();
 }
 
-// This lane's entry j of its staged row (mc_stage_rows).
-__device__ __forceinline__ mp_i64 mc_staged(const mp_i64* xs, int j) {
-    return xs[(threadIdx.x % MP_WARP) * (MC_STAGE + 1) + j];
+// Entry r0 + j of expert e's row of alloc [E, R] (0 past E): from the warp's tile where
+// staged (mc_stage_rows), else from alloc.
+__device__ __forceinline__ mp_i64 mc_staged(const mp_i64* xs, const mp_i64* a, mp_i64 E, int R,
+                                            mp_i64 e, mp_i64 r0, int j) {
+    if (xs != nullptr) return xs[(threadIdx.x % MP_WARP) * (MC_STAGE + 1) + j];
+    return e < E ? a[e * R + r0 + j] : 0;
 }
 
 // Expert e0 + lane's contribution (a lane each; every lane of the warp calls it; experts past
@@ -485,7 +492,7 @@ __device__ void mc_score_expert(const McStep& st, const McCost& k, const mp_i64*
             mc_stage_rows(a, E, R, e0, r0, n, xs);
             for (int j = 0; j < n; ++j) {
                 S1 += valid ? st.counts[(r0 + j) * E + e] : 0;
-                D1 += mc_staged(xs, j);
+                D1 += mc_staged(xs, a, E, R, e, r0, j);
             }
         }
         McHold o = {e, h, S, 0, D, 0, S, S1, near};
@@ -495,7 +502,7 @@ __device__ void mc_score_expert(const McStep& st, const McCost& k, const mp_i64*
             for (int j = 0; j < n; ++j) {  // warp-uniform
                 const mp_i64 r = r0 + j;
                 o.c = valid ? st.counts[r * E + e] : 0;
-                o.x = mc_staged(xs, j);
+                o.x = mc_staged(xs, a, E, R, e, r0, j);
                 if (__ballot_sync(MP_FULL_MASK, o.x > 0) != 0) {  // warp-uniform
                     const bool fetched = mc_score_rank(st, k, acc, (int)r, o);
                     sn += fetched && near ? 1 : 0;
@@ -522,7 +529,8 @@ struct McOut {  // where mc_score leaves one allocation's results (global memory
 // An allocation's predicted seconds charged plan_s into *o.score, the same with nothing
 // fetched (its copies resident: rent.py's free score) into *o.free, its per-rank records
 // into o.recv; returns its phases (block-uniform). Dynamic shared memory: MC_ACC int64
-// arrays of R, red[MC_RED_F64] (double), a tile of MC_TILE int64 a warp (mc_stage_rows).
+// arrays of R, red[MC_RED_F64] (double), and where R <= MC_STAGE_MAX_R a tile of MC_TILE
+// int64 a warp (mc_stage_rows).
 __device__ McParts mc_score(const McStep& st, const McCost& k, const mp_i64* a, const McOut& o,
                             unsigned char* smem) {
     const int R = st.R, tid = threadIdx.x, nthreads = blockDim.x;
@@ -533,7 +541,8 @@ __device__ McParts mc_score(const McStep& st, const McCost& k, const mp_i64* a, 
                            &acc.cn_s, &acc.cf_s, &acc.sdc};
     for (int i = 0; i < MC_ACC; ++i) *at[i] = base + (mp_i64)i * R;
     double* red = (double*)(base + (mp_i64)MC_ACC * R);
-    mp_i64* xs = (mp_i64*)(red + MC_RED_F64) + (mp_i64)(tid / MP_WARP) * MC_TILE;  // this warp's
+    mp_i64* xs = nullptr;  // this warp's tile; none past MC_STAGE_MAX_R ranks (block-uniform)
+    if (R <= MC_STAGE_MAX_R) xs = (mp_i64*)(red + MC_RED_F64) + (mp_i64)(tid / MP_WARP) * MC_TILE;
     for (mp_i64 i = tid; i < (mp_i64)MC_ACC * R; i += nthreads) base[i] = 0;
     __syncthreads();
     const int lane = tid % MP_WARP;
