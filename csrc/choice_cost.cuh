@@ -105,6 +105,34 @@ __device__ __forceinline__ void mc_atomic_add(mp_i64* p, mp_i64 v) {
     atomicAdd((unsigned long long*)p, (unsigned long long)v);
 }
 
+// ---- warp-aggregated sums into shared memory (all 32 lanes call them, converged) ----------
+//
+// A 64-bit shared-memory atomicAdd is a compare-and-swap loop (ATOMS.CAS on sm_90): lanes
+// and warps adding to one address retry one after another. These helpers sum a warp's
+// values with shuffles first, so one lane adds once per address (integer sums: exact in
+// any order).
+
+// Adds the warp's sum of v to *p.
+__device__ __forceinline__ void mc_warp_add(mp_i64* p, mp_i64 v) {
+    v = mp_warp_sum(v);
+    if (threadIdx.x % MP_WARP == 0 && v != 0) mc_atomic_add(p, v);
+}
+
+// Adds each lane's v to base[key] (lanes with v == 0 add nothing): one atomic per distinct
+// key among the warp's lanes, the lanes of a key summed by shuffles.
+__device__ void mc_warp_add_keyed(mp_i64* base, int key, mp_i64 v) {
+    const int lane = threadIdx.x % MP_WARP;
+    unsigned pending = __ballot_sync(MP_FULL_MASK, v != 0);
+    while (pending != 0) {  // warp-uniform
+        const int lead = __popc((pending & (0u - pending)) - 1u);  // the lowest pending lane
+        const int k = __shfl_sync(MP_FULL_MASK, key, lead);
+        const bool mine = ((pending >> lane) & 1u) != 0 && key == k;
+        const mp_i64 sum = mp_warp_sum(mine ? v : 0);
+        if (lane == lead) mc_atomic_add(&base[k], sum);
+        pending &= ~__ballot_sync(MP_FULL_MASK, mine);
+    }
+}
+
 // ---- block reductions (every thread of the block calls them) -----------------------------
 
 // Block maximum of each of v[0..n) (n <= 8), in place; red holds MC_RED_F64 shared doubles.
@@ -375,52 +403,122 @@ __device__ bool mc_is_resident(const McStep& st, mp_i64 e, mp_i64 r) {
     return false;
 }
 
-// Expert e's contribution (one thread): its source intervals (rows in source-rank order)
-// and destination intervals (alloc's row), domain by domain (traffic.dispatch_traffic).
-// In-domain sends are static EP's plus a correction, non-zero only for an expert whose
-// records leave its home domain.
-__device__ void mc_score_expert(const McStep& st, const McCost& k, const mp_i64* a, mp_i64 e,
-                                const McAcc& acc) {
+// Where one lane's expert e runs on rank r: its x > 0 records there, from source offset s
+// (c records of rank r) and destination offset d of its interval; [S, S1) the sources of
+// r's domain; h its home, near: r is in h's domain. Lanes with x == 0 add nothing.
+struct McHold {
+    mp_i64 e, h, s, c, d, x, S, S1;
+    bool near;
+};
+
+// The warp's holders on rank r (every lane calls it, converged) added to r's sums, each sum
+// one atomic a warp (mc_warp_add); returns whether this lane's expert is fetched onto r (not
+// its home, not resident there: its weights arrive this step).
+__device__ bool mc_score_rank(const McStep& st, const McCost& k, const McAcc& acc, int r,
+                              const McHold& o) {
+    const bool on = o.x > 0;
+    const bool fetched = on && r != o.h && !mc_is_resident(st, o.e, r);
+    const mp_i64 padded = on ? mc_padded(k, o.x) : 0;
+    mc_warp_add(&acc.loc[r], on ? mc_overlap(o.s, o.s + o.c, o.d, o.d + o.x) : 0);
+    mc_warp_add(&acc.rdom[r], on ? mc_overlap(o.d, o.d + o.x, o.S, o.S1) : 0);
+    mc_warp_add(&acc.recv[r], on ? o.x : 0);
+    mc_warp_add(&acc.pad[r], padded);
+    mc_warp_add(&acc.wpad[r], fetched ? padded : 0);
+    mc_warp_add(&acc.wrows[r], fetched ? o.x : 0);
+    // four counts of at most 32 a warp, in 16-bit fields of one sum: busy, wbusy, cn_r, cf_r
+    const mp_i64 one = on ? 1 : 0, got = fetched ? 1 : 0;
+    const mp_i64 n = mp_warp_sum(one | got << 16 | (o.near ? got : 0) << 32 |
+                                 (o.near ? 0 : got) << 48);
+    if (threadIdx.x % MP_WARP == 0) {
+        const mp_i64 field[4] = {n & 0xffff, n >> 16 & 0xffff, n >> 32 & 0xffff, n >> 48};
+        mp_i64* to[4] = {&acc.busy[r], &acc.wbusy[r], &acc.cn_r[r], &acc.cf_r[r]};
+        for (int i = 0; i < 4; ++i) {
+            if (field[i] != 0) mc_atomic_add(to[i], field[i]);
+        }
+    }
+    return fetched;
+}
+
+#define MC_STAGE 8                         // ranks of a warp's staged alloc tile
+#define MC_TILE (MP_WARP * (MC_STAGE + 1))  // int64 of one warp's tile (+ 1 a row: banks)
+#define MC_STAGE_MAX_R 1024  // the most ranks staged: more read alloc directly (their 13 R
+                             // int64 sums leave no room for 32 tiles under 227 KiB)
+
+// Entries [r0, r0 + n) (n <= MC_STAGE) of the rows of the warp's 32 experts e0 .. e0 + 31 of
+// alloc [E, R] into the warp's tile xs [32][MC_STAGE + 1] (shared memory), 0 past E: the
+// lanes load consecutive entries of each row's segment (a few cache lines an access, where a
+// lane reading its own row R apart touches one line a lane); then lane q reads row q from
+// the tile (mc_staged). Every lane of the warp calls it; without a tile (xs null) it does
+// nothing.
+__device__ void mc_stage_rows(const mp_i64* a, mp_i64 E, int R, mp_i64 e0, mp_i64 r0, int n,
+                              mp_i64* xs) {
+    if (xs == nullptr) return;  // warp-uniform
+    __syncwarp();  // the tile's last reads are done
+    for (int i = threadIdx.x % MP_WARP; i < MP_WARP * n; i += MP_WARP) {
+        const int q = i / n, j = i % n;
+        xs[q * (MC_STAGE + 1) + j] = e0 + q < E ? a[(e0 + q) * R + r0 + j] : 0;
+    }
+    __syncwarp();
+}
+
+// Entry r0 + j of expert e's row of alloc [E, R] (0 past E): from the warp's tile where
+// staged (mc_stage_rows), else from alloc.
+__device__ __forceinline__ mp_i64 mc_staged(const mp_i64* xs, const mp_i64* a, mp_i64 E, int R,
+                                            mp_i64 e, mp_i64 r0, int j) {
+    if (xs != nullptr) return xs[(threadIdx.x % MP_WARP) * (MC_STAGE + 1) + j];
+    return e < E ? a[e * R + r0 + j] : 0;
+}
+
+// Expert e0 + lane's contribution (a lane each; every lane of the warp calls it; experts past
+// E add nothing): its source intervals (rows in source-rank order) and destination intervals
+// (alloc's row, staged MC_STAGE ranks at a time into the warp's tile xs), domain by domain
+// (traffic.dispatch_traffic). In-domain sends are static EP's plus a correction, non-zero
+// only for an expert whose records leave its home domain. The rank loop is warp-uniform, so
+// each rank's sums are added once a warp (mc_score_rank), and only where some lane's expert
+// runs there.
+__device__ void mc_score_expert(const McStep& st, const McCost& k, const mp_i64* a, mp_i64 e0,
+                                const McAcc& acc, mp_i64* xs) {
     const int R = st.R;
-    const mp_i64 E = st.E, h = mp_home_of(e, E, R), gh = h / k.G;
-    const mp_i64* ae = a + e * R;
+    const mp_i64 E = st.E, e = e0 + threadIdx.x % MP_WARP;
+    const bool valid = e < E;
+    const mp_i64 h = valid ? mp_home_of(e, E, R) : 0, gh = h / k.G;
     mp_i64 S = 0, D = 0, sn = 0, sf = 0;
     for (mp_i64 g0 = 0; g0 < R; g0 += k.G) {
         const mp_i64 g1 = mc_min_i(g0 + k.G, R);
         const bool near = g0 / k.G == gh;  // this domain is the expert's home domain
         mp_i64 S1 = S, D1 = D;
-        for (mp_i64 r = g0; r < g1; ++r) {
-            S1 += st.counts[r * E + e];
-            D1 += ae[r];
-        }
-        mp_i64 s = S, d = D;
-        for (mp_i64 r = g0; r < g1; ++r) {
-            const mp_i64 c = st.counts[r * E + e], x = ae[r];
-            if (x > 0) {
-                mc_atomic_add(&acc.loc[r], mc_overlap(s, s + c, d, d + x));
-                mc_atomic_add(&acc.rdom[r], mc_overlap(d, d + x, S, S1));
-                mc_atomic_add(&acc.recv[r], x);
-                mc_atomic_add(&acc.pad[r], mc_padded(k, x));
-                mc_atomic_add(&acc.busy[r], 1);
-                if (r != h && !mc_is_resident(st, e, r)) {  // fetched: weights arrive this step
-                    mc_atomic_add(&acc.wpad[r], mc_padded(k, x));
-                    mc_atomic_add(&acc.wbusy[r], 1);
-                    mc_atomic_add(&acc.wrows[r], x);
-                    mc_atomic_add(near ? &acc.cn_r[r] : &acc.cf_r[r], 1);
-                    sn += near ? 1 : 0;
-                    sf += near ? 0 : 1;
-                }
+        for (mp_i64 r0 = g0; r0 < g1; r0 += MC_STAGE) {  // the domain's sums
+            const int n = (int)mc_min_i(MC_STAGE, g1 - r0);
+            mc_stage_rows(a, E, R, e0, r0, n, xs);
+            for (int j = 0; j < n; ++j) {
+                S1 += valid ? st.counts[(r0 + j) * E + e] : 0;
+                D1 += mc_staged(xs, a, E, R, e, r0, j);
             }
-            const mp_i64 corr = mc_overlap(s, s + c, D, D1) - (near ? c : 0);
-            if (corr != 0) mc_atomic_add(&acc.sdc[r], corr);
-            s += c;
-            d += x;
+        }
+        McHold o = {e, h, S, 0, D, 0, S, S1, near};
+        for (mp_i64 r0 = g0; r0 < g1; r0 += MC_STAGE) {
+            const int n = (int)mc_min_i(MC_STAGE, g1 - r0);
+            mc_stage_rows(a, E, R, e0, r0, n, xs);
+            for (int j = 0; j < n; ++j) {  // warp-uniform
+                const mp_i64 r = r0 + j;
+                o.c = valid ? st.counts[r * E + e] : 0;
+                o.x = mc_staged(xs, a, E, R, e, r0, j);
+                if (__ballot_sync(MP_FULL_MASK, o.x > 0) != 0) {  // warp-uniform
+                    const bool fetched = mc_score_rank(st, k, acc, (int)r, o);
+                    sn += fetched && near ? 1 : 0;
+                    sf += fetched && !near ? 1 : 0;
+                }
+                const mp_i64 corr = mc_overlap(o.s, o.s + o.c, D, D1) - (near ? o.c : 0);
+                if (__ballot_sync(MP_FULL_MASK, corr != 0) != 0) mc_warp_add(&acc.sdc[r], corr);
+                o.s += o.c;
+                o.d += o.x;
+            }
         }
         S = S1;
         D = D1;
     }
-    if (sn) mc_atomic_add(&acc.cn_s[h], sn);
-    if (sf) mc_atomic_add(&acc.cf_s[h], sf);
+    mc_warp_add_keyed(acc.cn_s, (int)h, sn);  // copies sent, by the expert's home
+    mc_warp_add_keyed(acc.cf_s, (int)h, sf);
 }
 
 struct McOut {  // where mc_score leaves one allocation's results (global memory)
@@ -431,7 +529,8 @@ struct McOut {  // where mc_score leaves one allocation's results (global memory
 // An allocation's predicted seconds charged plan_s into *o.score, the same with nothing
 // fetched (its copies resident: rent.py's free score) into *o.free, its per-rank records
 // into o.recv; returns its phases (block-uniform). Dynamic shared memory: MC_ACC int64
-// arrays of R, red[MC_RED_F64] (double).
+// arrays of R, red[MC_RED_F64] (double), and where R <= MC_STAGE_MAX_R a tile of MC_TILE
+// int64 a warp (mc_stage_rows).
 __device__ McParts mc_score(const McStep& st, const McCost& k, const mp_i64* a, const McOut& o,
                             unsigned char* smem) {
     const int R = st.R, tid = threadIdx.x, nthreads = blockDim.x;
@@ -442,9 +541,14 @@ __device__ McParts mc_score(const McStep& st, const McCost& k, const mp_i64* a, 
                            &acc.cn_s, &acc.cf_s, &acc.sdc};
     for (int i = 0; i < MC_ACC; ++i) *at[i] = base + (mp_i64)i * R;
     double* red = (double*)(base + (mp_i64)MC_ACC * R);
+    mp_i64* xs = nullptr;  // this warp's tile; none past MC_STAGE_MAX_R ranks (block-uniform)
+    if (R <= MC_STAGE_MAX_R) xs = (mp_i64*)(red + MC_RED_F64) + (mp_i64)(tid / MP_WARP) * MC_TILE;
     for (mp_i64 i = tid; i < (mp_i64)MC_ACC * R; i += nthreads) base[i] = 0;
     __syncthreads();
-    for (mp_i64 e = tid; e < st.E; e += nthreads) mc_score_expert(st, k, a, e, acc);
+    const int lane = tid % MP_WARP;
+    for (mp_i64 e0 = tid - lane; e0 < st.E; e0 += nthreads) {  // warp-uniform: a lane an expert
+        mc_score_expert(st, k, a, e0, acc, xs);
+    }
     __syncthreads();
     const int r = tid;
     McRank s = {};

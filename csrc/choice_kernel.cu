@@ -214,11 +214,13 @@ __device__ void mc_rest_row(const mp_i64* counts, const mp_i64* prev, bool has_p
 __device__ mp_i64 mc_far_row(const mp_i64* counts, const mp_i64* prev, bool has_prev, int s,
                              int R, mp_i64 E, mp_i64 B, int G, mp_i64* rest) {
     const int lane = threadIdx.x % MP_WARP, d = s / G;
+    const mp_i64 r0 = (mp_i64)d * G, r1 = mc_min_i(r0 + G, R), n = (r1 - r0) * B;
+    // the experts homed in d are [e0, e1): a range test, not a 64-bit division an entry
+    const mp_i64 e0 = mp_home_start(r0, E, R), e1 = mp_home_start(r1, E, R);
     for (mp_i64 e = lane; e < E; e += MP_WARP) {
-        rest[e] = mp_home_of(e, E, R) / G != d ? counts[(mp_i64)s * E + e] : 0;
+        rest[e] = e < e0 || e >= e1 ? counts[(mp_i64)s * E + e] : 0;
     }
     __syncwarp();
-    const mp_i64 r0 = (mp_i64)d * G, n = ((mp_i64)mc_min_i(r0 + G, R) - r0) * B;
     for (mp_i64 i = lane; has_prev && i < n; i += MP_WARP) {
         const mp_i64 e = prev[r0 * B + i];
         if (e >= 0 && e < E) rest[e] = 0;  // resident in s's domain (lanes may write alike)
@@ -229,20 +231,30 @@ __device__ mp_i64 mc_far_row(const mp_i64* counts, const mp_i64* prev, bool has_
     return mp_warp_sum(sum);
 }
 
+#define MC_CUTS 7  // cuts a pass of mc_mth_largest: it narrows the interval 8-fold
+
 // The M-th largest entry of rest [E] (M <= E), on every lane: the largest v with at least M
-// entries >= v, by bisection over [0, vmax] (one counting pass a bit of vmax).
+// entries >= v, by an 8-way search over [0, vmax]: each pass counts the entries at or above
+// MC_CUTS evenly spaced cuts of the interval left (one pass over the row for 3 bits of vmax,
+// where halving took one a bit; the row lies in global scratch, so passes are the cost).
 __device__ mp_i64 mc_mth_largest(const mp_i64* rest, mp_i64 E, mp_i64 M, mp_i64 vmax) {
     const int lane = threadIdx.x % MP_WARP;
     mp_i64 lo = 0, hi = vmax + 1;  // at least M entries >= lo (all E >= 0), fewer >= hi
-    while (hi - lo > 1) {
-        const mp_i64 mid = lo + (hi - lo) / 2;
-        mp_i64 n = 0;
-        for (mp_i64 e = lane; e < E; e += MP_WARP) n += rest[e] >= mid;
-        if (mp_warp_sum(n) >= M) {
-            lo = mid;
-        } else {
-            hi = mid;
+    while (hi - lo > 1) {          // warp-uniform
+        const mp_i64 step = (hi - lo + MC_CUTS) / (MC_CUTS + 1);  // >= 1; cut i: lo + i * step
+        mp_i64 n[MC_CUTS] = {};
+        for (mp_i64 e = lane; e < E; e += MP_WARP) {
+            const mp_i64 x = rest[e];
+#pragma unroll
+            for (int i = 0; i < MC_CUTS; ++i) n[i] += x >= lo + (i + 1) * step;
         }
+        mp_i64 best = 0;  // the last cut with at least M entries at or above it (0: lo itself)
+#pragma unroll
+        for (int i = 0; i < MC_CUTS; ++i) {
+            if (lo + (i + 1) * step < hi && mp_warp_sum(n[i]) >= M) best = i + 1;
+        }
+        hi = mc_min_i(lo + (best + 1) * step, hi);  // the next cut has fewer than M
+        lo += best * step;
     }
     return lo;
 }
@@ -393,32 +405,35 @@ struct McHolders {  // global scratch: res_a [2, Hmax] (int64), res_i [E + 1 + 3
     mp_i64 H;       // holders (block-uniform)
 };
 
-// Mark every holder (e, r) with alloc[e*R + r] = 1 (alloc zeroed first; several threads may
-// mark one holder alike). Ends with __syncthreads.
-__device__ void mc_holders_mark(const McStep& st, mp_i64* alloc) {
-    const int tid = threadIdx.x, nthreads = blockDim.x, R = st.R;
-    const mp_i64 E = st.E, J = st.has_prev ? mc_min_i(st.B, st.M) : 0;
-    for (mp_i64 i = tid; i < E * R; i += nthreads) alloc[i] = 0;
-    __syncthreads();
-    for (mp_i64 e = tid; e < E; e += nthreads) alloc[e * R + mp_home_of(e, E, R)] = 1;
-    for (mp_i64 i = tid; i < R * J; i += nthreads) {  // slot j < min(B, M) of rank r
-        const mp_i64 r = i / J, e = st.prev[r * st.B + i % J];
-        if (e >= 0 && e < E) alloc[e * R + r] = 1;
+// Whether rank r holds expert e (home h): r is its home, or e sits in one of r's first J
+// previous slots. Every lane of a warp reads the same slots at once (a broadcast).
+__device__ bool mc_holds(const McStep& st, mp_i64 J, mp_i64 e, mp_i64 h, mp_i64 r) {
+    if (r == h) return true;
+    const mp_i64* row = st.prev + r * st.B;
+    for (mp_i64 j = 0; j < J; ++j) {
+        if (row[j] == e) return true;
     }
-    __syncthreads();
+    return false;
+}
+
+// Previous's slots a rank's holders come from: its first min(B, M) (none without previous).
+__device__ mp_i64 mc_holder_slots(const McStep& st) {
+    return st.has_prev ? mc_min_i(st.B, st.M) : 0;
 }
 
 // hd.start: each expert's first holder (an exclusive scan of its holder count over the
-// experts, blockDim at a time; red32: 33 ints of shared memory); returns the holders. Ends
-// with __syncthreads.
-__device__ mp_i64 mc_holders_start(const McStep& st, const mp_i64* alloc, int* start, int* red32) {
+// experts, blockDim at a time; red32: 33 ints of shared memory); returns the holders. A
+// thread per expert counts its holders from previous's slots (mc_holds), not from a row of
+// alloc (a warp's lanes on 32 rows R apart: one cache line a lane). Ends with __syncthreads.
+__device__ mp_i64 mc_holders_start(const McStep& st, int* start, int* red32) {
     const int tid = threadIdx.x, nthreads = blockDim.x, R = st.R;
-    const mp_i64 E = st.E;
+    const mp_i64 E = st.E, J = mc_holder_slots(st);
     int carry = 0;
     for (mp_i64 base = 0; base < E; base += nthreads) {  // block-uniform: the scan needs all
         const mp_i64 e = base + tid;
+        const mp_i64 h = e < E ? mp_home_of(e, E, R) : 0;
         int n = 0;
-        for (mp_i64 r = 0; e < E && r < R; ++r) n += (int)alloc[e * R + r];
+        for (mp_i64 r = 0; e < E && r < R; ++r) n += mc_holds(st, J, e, h, r) ? 1 : 0;
         int total = 0;
         const int before = mp_block_excl_scan(n, red32, &total);  // ends with __syncthreads
         if (e < E) start[e] = carry + before;
@@ -429,27 +444,27 @@ __device__ mp_i64 mc_holders_start(const McStep& st, const mp_i64* alloc, int* s
     return carry;
 }
 
-// The holder lists and the even start: a thread per expert lists its holders by rank, and
-// the first K[e]*S mod n of them get one unit more than K[e]*S / n. Then alloc = 0 (its
-// marks read). Ends with __syncthreads.
+// The holder lists and the even start: a thread per expert lists its holders by rank
+// (mc_holds), and the first K[e]*S mod n of them get one unit more than K[e]*S / n; alloc
+// [E, R] zeroed (coalesced) for the rows of mc_rows_of_tiles. Ends with __syncthreads.
 __device__ void mc_holders_list(const McStep& st, mp_i64 tile, mp_i64* alloc,
                                 const McHolders& hd) {
     const int tid = threadIdx.x, nthreads = blockDim.x, R = st.R;
-    const mp_i64 E = st.E;
+    const mp_i64 E = st.E, J = mc_holder_slots(st);
+    for (mp_i64 i = tid; i < E * R; i += nthreads) alloc[i] = 0;
     for (mp_i64 e = tid; e < E; e += nthreads) {
+        const mp_i64 h = mp_home_of(e, E, R);
         const int h0 = hd.start[e], n = hd.start[e + 1] - h0;
         const mp_i64 units = mc_tiles(st, tile, e) << mc_scale_bits(st);
         int k = 0;
         for (int r = 0; r < R; ++r) {
-            if (alloc[e * R + r] == 0) continue;
+            if (!mc_holds(st, J, e, h, r)) continue;
             hd.e[h0 + k] = (int)e;
             hd.r[h0 + k] = r;
             hd.a[h0 + k] = units / n + (k < units % n ? 1 : 0);
             ++k;
         }
     }
-    __syncthreads();
-    for (mp_i64 i = tid; i < E * R; i += nthreads) alloc[i] = 0;
     __syncthreads();
 }
 
@@ -488,25 +503,57 @@ struct McTop {  // the largest rank load (units) and how many ranks hold exactly
     mp_i64 top, ties;
 };
 
+// (a, b) combined: the larger top, with the ties of every side that holds it.
+__device__ __forceinline__ McTop mc_top_join(McTop a, McTop b) {
+    const mp_i64 top = mc_max_i(a.top, b.top);
+    return {top, (a.top == top ? a.ties : 0) + (b.top == top ? b.ties : 0)};
+}
+
+// The largest of L [R] and the ranks at it, on every thread: each warp joins its lanes' by
+// shuffles, then every thread joins the warps' (red64, red32: a maximum and a count a warp).
+// Two __syncthreads, where a block maximum and then a block sum took six.
+__device__ McTop mc_top_of(const mp_i64* L, int R, mp_i64* red64, int* red32) {
+    const int tid = threadIdx.x, lane = tid % MP_WARP, warp = tid / MP_WARP;
+    McTop t = {MP_I64_MIN, 0};
+    for (int r = tid; r < R; r += blockDim.x) t = mc_top_join(t, {L[r], 1});
+    for (int off = MP_WARP / 2; off > 0; off >>= 1) {
+        const McTop o = {__shfl_xor_sync(MP_FULL_MASK, t.top, off),
+                         __shfl_xor_sync(MP_FULL_MASK, t.ties, off)};
+        t = mc_top_join(t, o);
+    }
+    if (lane == 0) {
+        red64[warp] = t.top;
+        red32[warp] = (int)t.ties;  // at most R ranks
+    }
+    __syncthreads();
+    t = {MP_I64_MIN, 0};
+    for (int w = 0; w < (int)(blockDim.x / MP_WARP); ++w) {
+        t = mc_top_join(t, {red64[w], red32[w]});
+    }
+    __syncthreads();  // red64, red32 read before any reuse
+    return t;
+}
+
 // The ranks' loads L [R] of the snapshot hd.a and deg [R] = 0 (shared memory); returns the
-// largest load and the ranks at it, on every thread (two block reductions, exact integers;
-// red64: 33 int64 of shared memory). Ends with __syncthreads.
+// largest load and the ranks at it, on every thread (mc_top_of, exact integers; red64,
+// red32: 33 of shared memory each). The holders lie by expert, so a warp's 32 holders sit on
+// a few ranks: each rank's share is one atomic a warp (mc_warp_add_keyed), not one a holder
+// contending on a 64-bit compare-and-swap. Ends with __syncthreads.
 __device__ McTop mc_resident_loads(const McHolders& hd, int R, mp_i64* L, int* deg,
-                                   mp_i64* red64) {
+                                   mp_i64* red64, int* red32) {
     const int tid = threadIdx.x, nthreads = blockDim.x;
     for (int r = tid; r < R; r += nthreads) {
         L[r] = 0;
         deg[r] = 0;
     }
     __syncthreads();
-    for (mp_i64 h = tid; h < hd.H; h += nthreads) mc_atomic_add(&L[hd.r[h]], hd.a[h]);
+    const int lane = tid % MP_WARP;
+    for (mp_i64 h0 = tid - lane; h0 < hd.H; h0 += nthreads) {  // warp-uniform: a lane a holder
+        const mp_i64 h = h0 + lane;
+        mc_warp_add_keyed(L, h < hd.H ? hd.r[h] : 0, h < hd.H ? hd.a[h] : 0);  // few ranks a warp
+    }
     __syncthreads();
-    mp_i64 top = MP_I64_MIN;
-    for (int r = tid; r < R; r += nthreads) top = mc_max_i(top, L[r]);
-    top = mp_block_max(top, red64);  // ends with __syncthreads
-    mp_i64 ties = 0;
-    for (int r = tid; r < R; r += nthreads) ties += L[r] == top;
-    return {top, mp_block_sum(ties, red64)};  // ends with __syncthreads
+    return mc_top_of(L, R, red64, red32);  // ends with __syncthreads
 }
 
 // One round (resident.py, step 2) from the snapshot hd.a and its loads L [R]
@@ -582,11 +629,10 @@ __device__ int mc_resident(const McStep& st, const McCost& k, mp_i64 tile, mp_i6
     int* red32 = deg + R;
     McHolders hd = {res_a, res_a + Hmax, res_i, res_i + st.E + 1, res_i + st.E + 1 + Hmax,
                     res_i + st.E + 1 + 2 * Hmax, 0};
-    mc_holders_mark(st, alloc);
-    hd.H = mc_holders_start(st, alloc, hd.start, red32);
+    hd.H = mc_holders_start(st, hd.start, red32);
     mc_holders_list(st, tile, alloc, hd);
     const mp_i64 least = mc_least_units(k, tile, mc_scale_bits(st));
-    McTop top = mc_resident_loads(hd, R, L, deg, red64);
+    McTop top = mc_resident_loads(hd, R, L, deg, red64, red32);
     int rounds = 0;
     while (rounds < MC_ROUND_LIMIT) {  // block-uniform: top, ties and least are every thread's
         mc_resident_round(hd, L, deg);
@@ -595,7 +641,7 @@ __device__ int mc_resident(const McStep& st, const McCost& k, mp_i64 tile, mp_i6
         hd.b = t;
         ++rounds;
         const McTop last = top;
-        top = mc_resident_loads(hd, R, L, deg, red64);
+        top = mc_resident_loads(hd, R, L, deg, red64, red32);
         const bool fell = last.top - top.top >= least;
         const bool untied = top.top == last.top && top.ties < last.ties;
         // this round did not pay (nor lowered a tie at the top): the next would not either
@@ -674,29 +720,27 @@ __device__ McParts mc_resident_pick(const McStep& st, const McCost& k, const McC
 // ---- the placed candidate (reference._placed): kernel 1, or candidate K+3's block --------
 
 // Each expert's T[e] records on the lowest rank holding it in previous's slots away from its
-// home, else on its home, into alloc [E, R]: the away holders marked in alloc first (several
-// threads may mark one alike), then a thread per expert reads and rewrites its own row. O(E R
-// + R B), no scratch. Ends with __syncthreads.
-__device__ void mc_placed(const McStep& st, mp_i64* alloc) {
+// home, else on its home, into alloc [E, R]: alloc zeroed (coalesced) and low[e] = R, each
+// away slot lowers low[e] by an atomic minimum, then a thread per expert writes its one
+// entry. O(E R / threads + R B), no pass over a row of alloc (a warp's lanes on 32 rows R
+// apart: one cache line a lane). Shared memory: low [E] (int32). Ends with __syncthreads.
+__device__ void mc_placed(const McStep& st, mp_i64* alloc, unsigned char* smem) {
     const int tid = threadIdx.x, nthreads = blockDim.x, R = st.R;
     const mp_i64 E = st.E, B = st.B;
+    int* low = (int*)smem;
     for (mp_i64 i = tid; i < E * R; i += nthreads) alloc[i] = 0;
+    for (mp_i64 e = tid; e < E; e += nthreads) low[e] = R;
     __syncthreads();
     for (mp_i64 i = tid; st.has_prev && i < R * B; i += nthreads) {
         const mp_i64 e = st.prev[i], r = i / B;
-        if (e >= 0 && e < E && r != mp_home_of(e, E, R)) alloc[e * R + r] = 1;
+        if (e >= 0 && e < E && r != mp_home_of(e, E, R)) atomicMin(&low[e], (int)r);
     }
     __syncthreads();
     for (mp_i64 e = tid; e < E; e += nthreads) {
-        mp_i64* row = alloc + e * R;
-        mp_i64 at = mp_home_of(e, E, R);
-        for (mp_i64 r = R - 1; r >= 0; --r) {  // the lowest holder is found last
-            if (row[r] != 0) at = r;
-            row[r] = 0;
-        }
-        row[at] = st.T[e];
+        const mp_i64 at = low[e] < R ? low[e] : mp_home_of(e, E, R);
+        alloc[e * R + at] = st.T[e];
     }
-    __syncthreads();
+    __syncthreads();  // low read before the caller reuses the shared memory
 }
 
 // ---- kernel 1: the first kernel itself -----------------------------------------------------
@@ -862,15 +906,16 @@ __device__ void mc_first_exit(const McCost& k, const McExitIn& x, int R, mp_i64 
 __device__ void mc_first_residents(const McStep& st, const McCost& k, const McCands& m,
                                    McExitIn& x, unsigned char* smem) {
     mp_i64* placed = m.alloc_C + (mp_i64)(m.C - 1) * st.E * st.R;
-    mc_placed(st, placed);
+    mc_placed(st, placed, smem);
     x.plc = mc_score(st, k, placed, mc_entry(m, st, m.C - 1), smem);
     const double cheap = mc_min(mc_total(k, x.stat, k.exit_s), mc_total(k, x.plc, k.exit_s));
     x.built = cheap > x.nocopy;
     if (x.built) x.res = mc_resident_pick(st, k, m, true, &x.rounds, smem);
 }
 
-// Dynamic shared memory: the largest of mc_first_static's, mc_resident's and mc_score's
-// layouts (choice_cuda.shared_bytes); each phase ends with __syncthreads before the next.
+// Dynamic shared memory: the largest of mc_first_static's, mc_resident's, mc_score's and
+// mc_placed's layouts (choice_cuda.shared_bytes); each phase ends with __syncthreads before
+// the next.
 extern "C" __global__ void __launch_bounds__(1024, 1)
     moonplan_choice_first(const mp_i64* counts, const mp_i64* prev, mp_i64 R_, mp_i64 E, mp_i64 B,
                           mp_i64 has_prev, mp_i64 C, MC_COST_PARAMS, const double* carry_in,
@@ -968,8 +1013,9 @@ __device__ bool mc_build_skips(int c, int C, const unsigned char* exited, const 
     return (c == 2 && misc[4] != 0) || (c == C - 1 && misc[3] > 0);
 }
 
-// Dynamic shared memory: the largest of mc_construct's, mc_resident's and mc_score's layouts
-// (choice_cuda.shared_bytes); each phase ends with __syncthreads before the next reuses it.
+// Dynamic shared memory: the largest of mc_construct's, mc_resident's, mc_score's and
+// mc_placed's layouts (choice_cuda.shared_bytes); each phase ends with __syncthreads before
+// the next reuses it.
 extern "C" __global__ void __launch_bounds__(1024, 1)
     moonplan_choice_build(const mp_i64* counts, const mp_i64* prev, const mp_i64* prev_flow,
                           mp_i64 R_, mp_i64 E, mp_i64 B, mp_i64 has_prev, mp_i64 n_prev_flow,
@@ -998,7 +1044,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     }
     mp_i64* alloc = alloc_C + (mp_i64)c * E * R;
     if (c == C - 1) {  // no resident replica: placed is static EP
-        mc_placed(st, alloc);
+        mc_placed(st, alloc, mp_smem);
     } else {
         const int level = (c >= 3 && c <= C - 3) ? (int)levels - 1 - (c - 3) : 0;
         const mp_i64 RM = (mp_i64)R * st.M;
@@ -1010,9 +1056,32 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
 
 // ---- kernel 3: the winner's plan fields ------------------------------------------------------
 
+// Thread tid's entries of a row-major [E, R] array: the flat index e * R + r runs tid,
+// tid + blockDim, ... (consecutive threads on consecutive entries: coalesced), each step's
+// (e, r) advanced without a division (de, dr: blockDim's quotient and remainder by R).
+struct McWalk {
+    mp_i64 e, r, de, dr;
+};
+
+__device__ McWalk mc_walk_first(int R) {
+    const mp_i64 n = blockDim.x;
+    return {threadIdx.x / R, threadIdx.x % R, n / R, n % R};
+}
+
+__device__ void mc_walk_next(McWalk& w, int R) {
+    w.e += w.de;
+    w.r += w.dr;
+    if (w.r >= R) {
+        w.r -= R;
+        ++w.e;
+    }
+}
+
 // The winner's allocation into the plan's alloc (static EP's from T for c = 0), its home
 // records into rem, its replicas (e, records) appended to each rank's list (any order: the
-// placement sorts them by a total order); home, target and flow.
+// placement sorts them by a total order); home, target and flow. The [E, R] copy walks the
+// flat index (mc_walk: coalesced), not a row per thread (a warp's lanes on 32 rows R apart:
+// one cache line a lane, E * R of them at one SM).
 __device__ void mc_layout_alloc(int c, int R, mp_i64 E, mp_i64 M, const mp_i64* T,
                                 const mp_i64* L, const mp_i64* alloc_C, const mp_i64* flow_C,
                                 const mp_i64* recv_C, mp_i64* rem, int* rep_n, int* rep_e,
@@ -1020,23 +1089,24 @@ __device__ void mc_layout_alloc(int c, int R, mp_i64 E, mp_i64 M, const mp_i64* 
                                 mp_i64* flow, int C) {
     const int tid = threadIdx.x, nthreads = blockDim.x;
     const mp_i64* a = alloc_C + (mp_i64)c * E * R;
-    for (mp_i64 e = tid; e < E; e += nthreads) {  // a thread per expert: no division per entry
-        const mp_i64 h = mp_home_of(e, E, R);
-        home[e] = h;
-        for (mp_i64 r = 0; r < R; ++r) {
-            const mp_i64 x = c == 0 ? (r == h ? T[e] : 0) : a[e * R + r];
-            alloc[e * R + r] = x;
-            if (r == h) {
-                rem[e] = x;
-            } else if (x > 0) {
-                const int j = atomicAdd(&rep_n[r], 1);
-                // at most M: a construction's receiver takes one donor group, a resident
-                // holder sits in one of the first M slots; placed may have up to B, all in
-                // previous's slots, which keep them whichever M are listed (nothing moves)
-                if (j < M) {
-                    rep_e[r * M + j] = (int)e;
-                    rep_c[r * M + j] = x;
-                }
+    const mp_i64 base = E / R, extra = E % R;  // home map: rank r owns [h0(r), h0(r+1))
+    for (mp_i64 e = tid; e < E; e += nthreads) home[e] = mp_home_of(e, E, R);
+    for (McWalk w = mc_walk_first(R); w.e < E; mc_walk_next(w, R)) {
+        const mp_i64 e = w.e, r = w.r, i = e * R + r;
+        const mp_i64 h0 = r * base + mc_min_i(r, extra), n = base + (r < extra ? 1 : 0);
+        const bool at_home = e >= h0 && e < h0 + n;
+        const mp_i64 x = c == 0 ? (at_home ? T[e] : 0) : a[i];
+        alloc[i] = x;
+        if (at_home) {
+            rem[e] = x;
+        } else if (x > 0) {
+            const int j = atomicAdd(&rep_n[r], 1);
+            // at most M: a construction's receiver takes one donor group, a resident
+            // holder sits in one of the first M slots; placed may have up to B, all in
+            // previous's slots, which keep them whichever M are listed (nothing moves)
+            if (j < M) {
+                rep_e[r * M + j] = (int)e;
+                rep_c[r * M + j] = x;
             }
         }
     }

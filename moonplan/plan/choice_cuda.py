@@ -53,6 +53,8 @@ HEADER_FILES = ("plan_kernel.cu", "plan_kernel.cuh", "choice_cost.cuh")  # SOURC
 KERNELS = ("moonplan_choice_first", "moonplan_choice_build", "moonplan_choice_layout")
 NVRTC_OPTIONS = ("--fmad=false",)  # no FMA contraction: the scores' floats as Python's
 RED_F64 = 8 * 32  # doubles of mc_block_max's shared memory
+TILE = 32 * (8 + 1)  # int64 of one warp's staged alloc tile in mc_score (MC_TILE)
+STAGE_MAX_R = 1024  # the most ranks mc_score stages alloc for (MC_STAGE_MAX_R)
 ACC = 13  # per-rank int64 sums of mc_score
 CHOICE_OUTPUTS = ("index", "scores", "exited", "credit", "pending", "rounds")
 """The choice's outputs in ``Choice``'s field order (after ``names``)."""
@@ -142,13 +144,19 @@ def block_threads(R: int) -> int:
 
 def shared_bytes(R: int, E: int) -> tuple[int, int, int]:
     """Dynamic shared memory of the three kernels (the layouts in ``choice_kernel.cu``); the
-    first and the build kernel also build and score the ``resident`` candidate (``placed``
-    needs none)."""
+    first and the build kernel also build and score the ``resident`` candidate and build
+    ``placed`` (its lowest away holder of each expert: ``E`` int32)."""
     first = 8 * (7 * R + 33) + 8 * RED_F64 + 4 * E
     construct = 8 * (E + 3 * R + 33) + 4 * (5 * R + 1 + 33)
     resident = 8 * (R + 33) + 4 * (R + 33)  # its holders' arrays: global scratch (res_a, res_i)
-    score = 8 * (ACC * R) + 8 * RED_F64
-    return max(first, resident, score), max(construct, resident, score), 8 * E + 4 * (R + 1)
+    tiles = 8 * TILE * (block_threads(R) // 32) if R <= STAGE_MAX_R else 0
+    score = 8 * (ACC * R) + 8 * RED_F64 + tiles
+    placed = 4 * E
+    return (
+        max(first, resident, score, placed),
+        max(construct, resident, score, placed),
+        8 * E + 4 * (R + 1),
+    )
 
 
 class Layout(NamedTuple):

@@ -86,6 +86,13 @@ inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_S
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
     return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
+inline int atomicMin(int* p, int v) {  // returns the old value, as CUDA's
+    int old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (v < old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST,
+                                                   __ATOMIC_SEQ_CST)) {
+    }
+    return old;
+}
 // Doubles (csrc/choice_kernel.cu): bit casts for shuffles, and the rounded product and sum
 // (compiled with -ffp-contract=off, so never fused into an FMA, as on the device).
 inline long long __double_as_longlong(double x) { long long v; std::memcpy(&v, &x, 8); return v; }
