@@ -2,12 +2,14 @@
 
 Legend: R ranks (EP size), E experts; times in microseconds.
 
-**Measured** on an H200 in CUDA-graph replay (``docs/benchmarks.md``): the fused exact
+**Measured** on an H200 (``docs/benchmarks.md``): the fused exact
 kernel (``csrc/plan_kernel.cu``, 2026-11-30, :data:`MEASURED`) and the whole
 ``plan(policy="auto")`` call (``csrc/choice_kernel.cu`` and the launches around it,
-2026-12-04, ``bench/gpu_check.py``'s ``auto`` rows): every candidate built and scored
-(:data:`MEASURED_AUTO`, :func:`auto_us`) and the early exit (:data:`MEASURED_EXIT`,
-:func:`exit_us`; it includes the exit's ``resident`` build where it ran, 4 rounds there).
+2026-12-04, after its contended atomics were removed: the device time of its kernels per
+call, ``bench/gpu_profile.py``, which was within 3% of its CUDA-graph replay before that
+change): every candidate built and scored (:data:`MEASURED_AUTO`, :func:`auto_us`) and
+the early exit (:data:`MEASURED_EXIT`, :func:`exit_us`; it includes the exit's
+``resident`` build where it ran, 4 rounds there).
 Each is interpolated the same way (:func:`_at`): linearly in ``R`` at ``E = 896``
 through the points measured there (extrapolated beyond them with the end segments'
 slopes), plus ``E``'s slope measured at ``R = 8`` (256 and 896 experts) for other ``E``;
@@ -30,11 +32,11 @@ from __future__ import annotations
 MEASURED = {(8, 256): 13.5, (8, 896): 20.8, (64, 896): 62.2, (256, 896): 225.0}
 """Fused exact kernel, CUDA-graph replay, H200 (us), by ``(R, E)``."""
 
-MEASURED_AUTO = {(8, 256): 207.8, (8, 896): 532.4, (64, 896): 996.1}
-"""``plan(policy="auto")``, every candidate built and scored, CUDA-graph replay, H200 (us)."""
+MEASURED_AUTO = {(8, 256): 190.7, (8, 896): 397.4, (64, 896): 864.2}
+"""``plan(policy="auto")``, every candidate built and scored, device time per call, H200 (us)."""
 
-MEASURED_EXIT = {(8, 256): 160.0, (8, 896): 433.7, (64, 896): 803.3}
-"""``plan(policy="auto")`` taking the early exit, CUDA-graph replay, H200 (us)."""
+MEASURED_EXIT = {(8, 256): 151.5, (8, 896): 319.7, (64, 896): 664.8}
+"""``plan(policy="auto")`` taking the early exit, device time per call, H200 (us)."""
 
 FLOOR_US = 5.0
 """No planner call is charged less (a kernel's launch in a graph and its first pass)."""
