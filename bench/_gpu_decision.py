@@ -3,7 +3,7 @@
 Legend: R ranks, E experts, W window steps (32), B slots per rank (2), S tokens per rank.
 
 A decision scores up to ``B + 2`` slot tables over the window's ``W`` steps
-(``moonplan.plan.residency.target.target_slots``) with
+(``moonplan.plan.residency.target.target_of``) with
 ``moonplan.plan.residency.window_torch``: every table over every step at once in torch
 ops. On this project's CPU a decision takes 0.03-1.3 s (``docs/benchmarks.md``). This
 section times that form on the device (synchronised, median of ``reps``) on

@@ -7,7 +7,7 @@ Legend:
 
 Each step :meth:`Residency.observe` adds the step's loads to the window; a decision
 (:meth:`Residency.decide`, as often as its work fits beside the steps) asks
-:func:`~moonplan.plan.residency.target.target_slots` which table the slots should hold,
+:func:`~moonplan.plan.residency.target.target_of` which table the slots should hold,
 keeps at most ``S`` changes per rank (a rank copies into ``S`` staging rows beside the
 steps and swaps them in at once; :func:`limit_changes`), and decides by rent or buy:
 

@@ -306,18 +306,6 @@ class Target:
     serve: str
 
 
-def target_slots(
-    totals_E: torch.Tensor,
-    steps: int,
-    current_RB: torch.Tensor,
-    cost: StepCost,
-    loads_SE: torch.Tensor | None = None,
-    builds: Builds | None = None,
-) -> torch.Tensor:
-    """int64 ``[R, B]``: the table of :func:`target_of` (arguments as there)."""
-    return target_of(totals_E, steps, current_RB, cost, loads_SE, builds).slot_RB
-
-
 def target_of(
     totals_E: torch.Tensor,
     steps: int,
@@ -361,7 +349,7 @@ def candidate_tables(
     cost: StepCost,
     loads_SE: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tables :func:`target_slots` scores, int64 ``[T, R, B]`` in its order, each once
+    """The tables :func:`target_of` scores, int64 ``[T, R, B]`` in its order, each once
     (an equal later table scores alike: the earlier stands), and the steps it scores them
     on, int64 ``[S, R, E]`` (arguments as there)."""
     R, B = current_RB.shape

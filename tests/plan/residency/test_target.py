@@ -20,7 +20,6 @@ from moonplan.plan.residency.target import (
     served_s,
     step_time_over,
     target_of,
-    target_slots,
     whole_moves,
     window_s,
 )
@@ -65,10 +64,10 @@ def test_the_table_replicates_a_persistent_hot_expert_only_where_it_pays() -> No
     R = 4
     totals = torch.tensor([4000, 100, 100, 100, 100, 100, 100, 100])
     empty = torch.full((R, 2), -1, dtype=torch.int64)
-    t = target_slots(totals, 10, empty, rows_only())
+    t = target_of(totals, 10, empty, rows_only()).slot_RB
     assert int((t == 0).sum()) >= 2  # the hot expert, on several ranks
     dear = rows_only(weight_read_s=1.0)  # a replica's weight read outweighs any balance
-    assert bool((target_slots(totals, 10, empty, dear) == -1).all())
+    assert bool((target_of(totals, 10, empty, dear).slot_RB == -1).all())
     # serving replicas through calls is dear (each exit builds the resident plan, a round
     # costs 1 s): the hot expert's replicas serve by the lookup that splits it, no call
     dear_calls = rows_only(copy_s_intra=1.0, copy_s_inter=1.0, round_s=1.0)
@@ -124,7 +123,7 @@ def test_tables_are_scored_on_the_windows_steps_not_their_mean() -> None:
 
     assert over(steady, moves) < over(steady, none) and over(turns, moves) < over(turns, none)
     assert over(turns, replicas) < over(turns, moves)
-    got = target_slots(turns.sum(0), 2, torch.from_numpy(none), cost, turns)
+    got = target_of(turns.sum(0), 2, torch.from_numpy(none), cost, turns).slot_RB
     assert sorted(got.flatten().tolist()) == [-1, -1, 0, 1]  # both replicated on rank 1
     assert got[0].tolist() == [-1, -1]
 
