@@ -209,9 +209,10 @@ class Plan:
     def policy(self) -> str:
         """How the allocation was made: ``"exact"`` (exact balance, the default),
         ``"static"`` (no replicas), ``"resident"`` (only replicas resident in
-        ``previous``'s slots), ``"level-<k>"``, ``"greedy"``, ``"bounded-<eps>"`` or
-        ``"custom"`` (``Plan.from_alloc``); for ``policy="auto"`` the candidate it chose
-        (a host read of :attr:`choice`)."""
+        ``previous``'s slots), ``"level-<k>"``, ``"greedy"``, ``"bounded-<eps>"``,
+        ``"custom"`` (``Plan.from_alloc``), ``"placed"`` or ``"split"`` (a lookup of the
+        slots, ``moonplan.plan.residency.serving.lookup_plan``); for ``policy="auto"`` the
+        candidate it chose (a host read of :attr:`choice`)."""
         return self.choice.name() if self.choice is not None else self.requested
 
     @property
