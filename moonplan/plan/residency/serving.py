@@ -46,14 +46,8 @@ def serving_plan(
         PlanError: ``slot_RB`` is not ``[R, B]``, names an expert out of range, holds an
             expert twice on one rank or a rank's own home expert.
     """
-    R, E = counts_RE.shape
-    slot_RB = slot_RB.to(device=counts_RE.device, dtype=torch.int64)
-    if check:
-        check_slots(slot_RB, R, E)
-    alloc_ER = static_alloc(counts_RE)
-    fields = layout_resident(alloc_ER, slot_RB.shape[1], align, slot_RB)
-    return make_plan(fields, counts=counts_RE, num_slots=slot_RB.shape[1], align=align,
-                     backend="torch", policy="static", planned=0)  # fmt: skip
+    slot_RB = _slots(counts_RE, slot_RB, check)
+    return _over_slots(counts_RE, static_alloc(counts_RE), slot_RB, align, "static")
 
 
 LOOKUPS = ("placed", "split")
@@ -71,14 +65,28 @@ def lookup_plan(
     """The lookup plan ``how`` (one of :data:`LOOKUPS`) of ``counts_RE`` (int64 ``[R, E]``)
     over the slots ``slot_RB`` (module docstring; arguments and errors as
     :func:`serving_plan`'s). No host read with ``check=False``."""
-    R, E = counts_RE.shape
+    slot_RB = _slots(counts_RE, slot_RB, check)
+    alloc_ER = lookup_alloc(how, counts_RE.sum(0), resident_map(slot_RB, counts_RE.shape[1]))
+    return _over_slots(counts_RE, alloc_ER, slot_RB, align, how)
+
+
+def _slots(counts_RE: torch.Tensor, slot_RB: torch.Tensor, check: bool) -> torch.Tensor:
+    """``slot_RB`` as int64 on the counts' device, checked (:func:`check_slots`) unless
+    ``check`` is false."""
     slot_RB = slot_RB.to(device=counts_RE.device, dtype=torch.int64)
     if check:
-        check_slots(slot_RB, R, E)
-    alloc_ER = lookup_alloc(how, counts_RE.sum(0), resident_map(slot_RB, E))
+        check_slots(slot_RB, *counts_RE.shape)
+    return slot_RB
+
+
+def _over_slots(
+    counts_RE: torch.Tensor, alloc_ER: torch.Tensor, slot_RB: torch.Tensor, align: int, policy: str
+) -> Plan:
+    """The plan of ``alloc_ER`` laid out over the slots ``slot_RB``: nothing new, nothing
+    direct (``from_alloc.layout_resident``), named ``policy``, no planner call."""
     fields = layout_resident(alloc_ER, slot_RB.shape[1], align, slot_RB)
     return make_plan(fields, counts=counts_RE, num_slots=slot_RB.shape[1], align=align,
-                     backend="torch", policy=how, planned=0)  # fmt: skip
+                     backend="torch", policy=policy, planned=0)  # fmt: skip
 
 
 def lookup_alloc(how: str, T_E: torch.Tensor, resident_ER: torch.Tensor) -> torch.Tensor:

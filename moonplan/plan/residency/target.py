@@ -322,9 +322,9 @@ def target_of(
     ``loads_SE``: int64 ``[S, E]``, each step's loads, each spread over the sources as
     the mean step is (``None``: the mean step of ``totals_E`` over ``steps`` alone).
     ``current_RB`` is the serving slot table (its shape gives R, B); ``builds`` counts the
-    work. The tables are made on the host;
-    their scores run on ``loads_SE``'s device (the window's: on CUDA, the stream current
-    where this runs), and the table returned is on the host."""
+    work. The tables are made on the host; their scores run on ``loads_SE``'s device (the
+    window's: on CUDA, the stream current where this runs), and the table returned is on
+    the host."""
     slot_TRB, rows_SRE = candidate_tables(totals_E, steps, current_RB, cost, loads_SE)
     dev = loads_SE.device if loads_SE is not None else torch.device("cpu")
     rows_SRE, slot_TRB_dev = rows_SRE.to(dev), slot_TRB.to(dev)
