@@ -294,6 +294,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
             return 0
         slot_RB, changed_RB = swapped_slots(self._previous.slot_expert.cpu(), self._order)
         self._previous, self._order = serving_plan(counts_RE, slot_RB), None
+        if self.decisions is not None:
+            self.decisions.arrived(slot_RB)  # the refilled table serves its own way
         return int(changed_RB.sum(1).max())
 
 

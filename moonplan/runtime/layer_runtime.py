@@ -430,6 +430,7 @@ class LayerRuntime:
                 current = torch.full((R, self.B), -1, dtype=torch.int64)
             slots_RB = self.refill.commit(self.store.commit, current)
             self.resident = serving_plan(counts_RE, slots_RB, align=self.align)
+            self.placer.arrived(slots_RB)
         elif decision == "drop":
             self.refill.drop()
             warnings.warn(

@@ -95,6 +95,12 @@ class Placer:
         :meth:`~moonplan.runtime.balancer.Balancer.serve`)."""
         return "call" if self.decisions is None else self.decisions.serve
 
+    def arrived(self, slot_RB: torch.Tensor) -> None:
+        """A refill was committed: ``slot_RB`` (int64 ``[R, B]``, on the host) serves from
+        the next step, the way its decision judged (``Decisions.arrived``)."""
+        if self.decisions is not None:
+            self.decisions.arrived(slot_RB)
+
     def active(self, cost: StepCost | None) -> bool:
         """Whether refills are placed (``auto`` with a cost model, slots and staging)."""
         return cost is not None and self.B >= 1 and self.S >= 1

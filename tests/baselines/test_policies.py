@@ -448,7 +448,11 @@ def test_auto_refills_beside_the_steps_and_serves_once_copied() -> None:
     ordered = [i for i, s in enumerate(steps) if s.refill_ER is not None]
     swapped = [i for i, s in enumerate(steps) if s.local_copies]
     assert ordered and swapped and swapped[0] > ordered[0]
-    assert all(s.choice == "static" for s in steps[: ordered[0]])
+    from moonplan.plan.residency.serving import LOOKUPS
+
+    # before: static EP, by a call or (no replica to balance with) a lookup of empty slots
+    assert all(s.choice in ("static", *LOOKUPS) for s in steps[: ordered[0]])
+    assert all(s.new_copies == 0 and s.planned == 0 for s in steps[2 : ordered[0]])
     assert all(s.choice == "resident" and s.new_copies == 0 for s in steps[swapped[0] :])
     assert all(s.local_copies <= 1 for s in steps)  # one staging row per rank
     held = policy._previous.slot_expert

@@ -58,6 +58,13 @@ def test_the_placer_waits_for_a_cost_model_and_for_a_refill_in_flight() -> None:
     target = placer.after_step(_hot(4, 8, 10), p0, _cost(), False, pool, me)  # its answer
     assert target is not None and int((target == 1).sum()) >= 1  # the hot expert
     assert placer.orders == 1 and placer.waiting is None and pool.waiting() == []
+    order = placer.decisions.ordered if placer.decisions else None
+    assert order is not None
+    assert torch.equal(torch.where(order.changed_RB, order.slot_RB, -1), target)
+    placer.arrived(order.slot_RB)  # committed: its table serves the way judged for it
+    assert placer.serve() == order.serve and placer.decisions.ordered is None
+    placer.arrived(order.slot_RB)  # a table no decision judged now: planner calls
+    assert placer.serve() == "call"
     placer.close()
 
 

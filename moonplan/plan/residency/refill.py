@@ -25,16 +25,16 @@ set moves, the window follows within ``W`` steps and the rent pays the copies so
 The rule's bound is the ski-rental one (``moonplan.plan.choice.rent``): at most twice the
 better of never copying and copying at once, with no horizon or constant.
 
-The same decision says how the steps are served
-(:attr:`~moonplan.plan.residency.target.Target.serve`): by a planner call every step
-(``auto``, each charged the exit's test or the full calls it makes), or, where no table
-served so is predicted faster over the window, by one of the table's lookup plans with
-no call (``serving.lookup_plan``: whole moves, or each expert split evenly over its
-holders, as a placement like EPLB's serves; static EP over an empty table) until a later
-decision says otherwise. The call's price is what
-the kernel measured (``StepCost.exit_s``, ``plan_s``), so where no balance saves that
-much (decode sizes), ``auto`` serves a fixed map and pays no planning, as its peers do.
-A refill's rent is then what the lookup over the serving table loses against the target's.
+The same decision says how each table is served (``target.table_ways``): by a planner
+call every step (``auto``, each charged the exit's test or the full calls it makes), or,
+where no way served by calls is predicted faster over the window, by one of the table's
+lookup plans with no call (``serving.lookup_plan``: whole moves, or each expert split
+evenly over its holders, as a placement like EPLB's serves; static EP over an empty table).
+The serving slots serve their own way (``Target.kept``) until a refill arrives; the refill
+then serves its table's way (``Refill.serve``). The call's price is what the kernel
+measured (``StepCost.exit_s``, ``plan_s``), so where no balance saves that much (decode
+sizes), ``auto`` serves a fixed map and pays no planning, as its peers do. A refill's rent
+is what the serving table, served its way, loses against the refill's table served its own.
 
 Every input is all-gathered (the same on every rank), so every rank orders the same
 refill at the same step.
@@ -57,11 +57,12 @@ from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.serving import LOOKUPS
 from moonplan.plan.residency.target import (
-    Target,
     candidate_tables,
     served_s,
     step_time_over,
+    table_ways,
     target_of,
+    window_rows,
 )
 from moonplan.plan.residency.window import WINDOW, LoadWindow
 from moonplan.plan.residency.window_torch import (
@@ -82,7 +83,8 @@ slot per rank)."""
 @dataclass(frozen=True)
 class Verdict:
     """A decision (:meth:`Residency.judge`): the refill to order (``None``: none) and how
-    the steps are served (``Target.serve``: ``"call"`` or a lookup)."""
+    the serving slots are served until it arrives (``Target.kept``: ``"call"`` or a
+    lookup; the refill says how its own table serves, ``Refill.serve``)."""
 
     order: Refill | None
     serve: str
@@ -96,11 +98,14 @@ class Refill:
         slot_RB: int64 ``[R, B]``, the slots once every copy has arrived.
         changed_RB: bool ``[R, B]``, the slots the refill writes.
         fetch_ER: bool ``[E, R]``, the pairs copied (each from its expert's home).
+        serve: how ``slot_RB`` serves once it has arrived (``"call"`` or a lookup: the
+            way of least predicted time over the window, ``target.table_ways``).
     """
 
     slot_RB: torch.Tensor
     changed_RB: torch.Tensor
     fetch_ER: torch.Tensor
+    serve: str = "call"
 
 
 def swap_in(
@@ -261,38 +266,50 @@ class Residency:
             return Verdict(None, "call")
         serving_RB, totals_E = snap.serving_RB.cpu(), snap.totals_E.cpu()
         got = target_of(totals_E, snap.filled, serving_RB, self.cost, snap.loads_SE, builds)
-        return Verdict(self._rent(snap, serving_RB, got, builds), got.serve)
+        target_RB = limit_changes(got.slot_RB, serving_RB, self.staging, totals_E)
+        if torch.equal(target_RB, serving_RB):
+            return Verdict(None, got.kept)
+        arriving = got.serve
+        if not torch.equal(target_RB, got.slot_RB):  # the staging limit stops short of it
+            rows_SRE = window_rows(totals_E, snap.filled, self.R, snap.loads_SE)
+            ways_1 = table_ways(self.cost, rows_SRE, target_RB[None], snap.loads_SE, builds)
+            arriving = ways_1[0][1]
+        ways = (got.kept, arriving)
+        return Verdict(self._rent(snap, (serving_RB, target_RB), ways, builds), got.kept)
 
     def _rent(
         self,
         snap: Snapshot,
-        serving_RB: torch.Tensor,
-        target: Target,
+        tables: tuple[torch.Tensor, torch.Tensor],
+        ways: tuple[str, str],
         builds: Builds | None,
     ) -> Refill | None:
-        """The refill to ``target``'s table once rent or buy says it pays (module
-        docstring), the last step served as the target says (by calls, or by lookup)."""
-        totals_E = snap.totals_E.cpu()
-        target_RB = limit_changes(target.slot_RB, serving_RB, self.staging, totals_E)
-        if torch.equal(target_RB, serving_RB):
-            return None
+        """The refill from the serving table to the target's (``tables``, ``[R, B]``
+        each, on the host) once rent or buy says it pays (module docstring), the last
+        step served by each table its own way (``ways``: by calls, or by a lookup)."""
+        serving_RB, target_RB = tables
         c_RE = snap.counts_RE.cpu().numpy().astype(np.int64)
-        if target.serve == "call":
-            empty_RB = np.full((self.R, self.B), -1, dtype=np.int64)
-            static = step_time_over(self.cost, c_RE, empty_RB, builds)
-            now = served_s(self.cost, c_RE, serving_RB.numpy(), static, builds)
-            after = served_s(self.cost, c_RE, target_RB.numpy(), static, builds)
-        else:  # the lookup it serves, over both tables
-            rows_1RE = torch.from_numpy(c_RE)[None]
-            both_2RB = torch.stack([serving_RB, target_RB])
-            got_L21 = lookups_torch(self.cost, rows_1RE, both_2RB, builds)
-            now, after = got_L21[LOOKUPS.index(target.serve), :, 0].tolist()
+        now = self._step_s(c_RE, serving_RB, ways[0], builds)
+        after = self._step_s(c_RE, target_RB, ways[1], builds)
         fetch_ER = changed_pairs(target_RB, serving_RB, self.E)
         self.credit += snap.steps * max(0.0, now - after)
         if self.credit < refill_link_s(self.cost, fetch_ER, self.home_E):
             return None
         self.credit = 0.0
-        return Refill(target_RB, target_RB != serving_RB, fetch_ER)
+        return Refill(target_RB, target_RB != serving_RB, fetch_ER, ways[1])
+
+    def _step_s(
+        self, c_RE: np.ndarray, slot_RB: torch.Tensor, how: str, builds: Builds | None
+    ) -> float:
+        """Predicted seconds of the step ``c_RE`` (int64 ``[R, E]``) over ``slot_RB``,
+        served ``how``: by calls (``target.served_s``, planning included) or a lookup."""
+        if how == "call":
+            empty_RB = np.full((self.R, self.B), -1, dtype=np.int64)
+            static = step_time_over(self.cost, c_RE, empty_RB, builds)
+            return served_s(self.cost, c_RE, slot_RB.numpy(), static, builds)
+        rows_1RE = torch.from_numpy(c_RE)[None]
+        got_L11 = lookups_torch(self.cost, rows_1RE, slot_RB[None], builds)
+        return float(got_L11[LOOKUPS.index(how), 0, 0])
 
 
 @dataclass(frozen=True)
@@ -336,8 +353,11 @@ class Decisions:
 
     :attr:`serve` says how the steps are served: by a planner call (``"call"``,
     ``policy="auto"``) or by a lookup plan of the slots without one (``serving.LOOKUPS``):
-    the last used answer's verdict (before the first, the residency's from the window
-    before the trace, else ``"call"``).
+    the way the last used answer judged best for the slots serving (before the first,
+    the residency's from the window before the trace, else ``"call"``), until a refill it
+    ordered arrives (:meth:`arrived`), which serves its own table's way. A way is judged
+    for one table: the target's way over the old slots once made a step 2x slower
+    (a whole-move lookup over slots placed for splitting).
     """
 
     def __init__(
@@ -350,6 +370,7 @@ class Decisions:
         self._side: torch.cuda.Stream | None = None  # a worker's decisions on CUDA counts
         self._pending: tuple[Future[Answer] | Answer, int] | None = None  # (answer, lag)
         self._serve: str | None = None  # the last used answer's (None: none used yet)
+        self._ordered: Refill | None = None  # the last refill handed out, until it arrives
 
     @property
     def serve(self) -> str:
@@ -407,7 +428,25 @@ class Decisions:
             self._pending = (answer, answer.steps)
             return None
         self._pending, self.due, self._serve = None, answer.steps, answer.serve
-        return None if busy else answer.order
+        if busy or answer.order is None:
+            return None
+        self._ordered = answer.order
+        return answer.order
+
+    @property
+    def ordered(self) -> Refill | None:
+        """The last refill handed out, until it arrives (:meth:`arrived`)."""
+        return self._ordered
+
+    def arrived(self, slot_RB: torch.Tensor) -> None:
+        """A refill was swapped in: the slots serving from the next step are ``slot_RB``
+        (int64 ``[R, B]``, on the host). Where they are the last ordered refill's table,
+        they serve as that refill says (``Refill.serve``); any other table (the steps
+        changed other slots meanwhile, or the refill was requested by hand) was judged by
+        no decision, and serves by planner calls until the next one."""
+        order, self._ordered = self._ordered, None
+        same = order is not None and torch.equal(order.slot_RB, slot_RB.cpu())
+        self._serve = order.serve if same and order is not None else "call"
 
     def _decide(self, snap: Snapshot, plan: Plan) -> Answer:
         """The decision and its counted work (host reads: here only)."""

@@ -300,10 +300,13 @@ class Target:
             charged the exit's test or the full calls it makes; or a lookup plan with no
             call (one of ``serving.LOOKUPS``; static EP over an empty table), where no
             table served by calls is predicted faster over the window.
+        kept: the way of least predicted time over the window for the serving table
+            (``current_RB``), which serves until a refill brings another.
     """
 
     slot_RB: torch.Tensor
     serve: str
+    kept: str = "call"
 
 
 def target_of(
@@ -326,20 +329,43 @@ def target_of(
     window's: on CUDA, the stream current where this runs), and the table returned is on
     the host."""
     slot_TRB, rows_SRE = candidate_tables(totals_E, steps, current_RB, cost, loads_SE)
+    T = len(slot_TRB)
+    same = [t for t in range(T) if torch.equal(slot_TRB[t], current_RB.cpu())]
+    scored_TRB = slot_TRB if same else torch.cat([slot_TRB, current_RB.cpu()[None]])
+    ways = table_ways(cost, rows_SRE, scored_TRB, loads_SE, builds)
+    t = min(range(T), key=lambda t: ways[t][0])  # the first of the least
+    return Target(slot_TRB[t].clone(), ways[t][1], ways[same[0] if same else T][1])
+
+
+WAYS = (*LOOKUPS, "call")
+"""The ways a table serves, in tie-break order: its lookups (no call), then planner calls."""
+
+
+def table_ways(
+    cost: StepCost,
+    rows_SRE: torch.Tensor,
+    slot_TRB: torch.Tensor,
+    loads_SE: torch.Tensor | None = None,
+    builds: Builds | None = None,
+) -> list[tuple[float, str]]:
+    """Per table of ``slot_TRB`` (int64 ``[T, R, B]``, on the host): its least predicted
+    seconds over the steps ``rows_SRE`` (int64 ``[S, R, E]``, :func:`candidate_tables`)
+    and the way of :data:`WAYS` that serves it so (the first of the least, each way's
+    steps summed in step order). The scores run on ``loads_SE``'s device (``None``: the
+    host); ``builds`` counts the work."""
     dev = loads_SE.device if loads_SE is not None else torch.device("cpu")
-    rows_SRE, slot_TRB_dev = rows_SRE.to(dev), slot_TRB.to(dev)
+    rows_SRE, slot_TRB = rows_SRE.to(dev), slot_TRB.to(dev)
     static_S = static_torch(cost, rows_SRE)
-    called = windows_torch(cost, rows_SRE, static_S, slot_TRB_dev, builds).tolist()
-    looked = lookups_torch(cost, rows_SRE, slot_TRB_dev, builds).tolist()
+    looked = lookups_torch(cost, rows_SRE, slot_TRB, builds).tolist()
+    called = windows_torch(cost, rows_SRE, static_S, slot_TRB, builds).tolist()
     if builds is not None:  # static EP's step over the window
         builds.scored += len(rows_SRE)
-    best = (math.inf, 0, "call")  # (seconds, table, how it serves)
+    out = []
     for t, call_S in enumerate(called):
-        ways = [(sum(look[t]), how) for how, look in zip(LOOKUPS, looked, strict=True)]
-        for seconds, how in [*ways, (sum(call_S), "call")]:  # each summed in step order
-            if seconds < best[0]:
-                best = (seconds, t, how)
-    return Target(slot_TRB[best[1]].clone(), best[2])
+        sums = [sum(look[t]) for look in looked] + [sum(call_S)]
+        w = min(range(len(WAYS)), key=lambda w: sums[w])
+        out.append((sums[w], WAYS[w]))
+    return out
 
 
 def candidate_tables(
@@ -358,12 +384,22 @@ def candidate_tables(
     mean_RE = mean_step(totals_E, steps, R)
     tables = [pack(replica_counts(totals, R, k * R), totals, B, current) for k in range(B + 1)]
     tables.append(whole_moves(cost, mean_RE, B, current))
-    rows = [mean_RE] if loads_SE is None else [mean_step(l_E, 1, R) for l_E in loads_SE.cpu()]
     unique: dict[tuple[int, ...], list[list[int]]] = {}
     for table in tables:
         unique.setdefault(tuple(e for row in table for e in row), table)
     slot_TRB = torch.from_numpy(np.stack([_table(t, R, B) for t in unique.values()]))
-    return slot_TRB, torch.from_numpy(np.stack(rows))
+    return slot_TRB, window_rows(totals_E, steps, R, loads_SE)
+
+
+def window_rows(
+    totals_E: torch.Tensor, steps: int, num_ranks: int, loads_SE: torch.Tensor | None = None
+) -> torch.Tensor:
+    """int64 ``[S, R, E]`` on the host: the steps a table is scored on, each step's loads
+    (``loads_SE``) spread over the sources as the mean step is (:func:`mean_step`); without
+    ``loads_SE``, the one mean step of ``totals_E`` over ``steps``."""
+    if loads_SE is None:
+        return torch.from_numpy(mean_step(totals_E, steps, num_ranks)[None])
+    return torch.from_numpy(np.stack([mean_step(l_E, 1, num_ranks) for l_E in loads_SE.cpu()]))
 
 
 def _table(table: list[list[int]], R: int, B: int) -> np.ndarray:

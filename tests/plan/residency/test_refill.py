@@ -90,6 +90,52 @@ def test_staging_must_be_a_positive_integer() -> None:
         Residency(4, 16, 2, rows_only(), staging=0)
 
 
+def test_each_table_serves_the_way_judged_for_it() -> None:
+    """The verdict's way is the serving table's best over the window, the refill's the
+    best of the table it brings (staging limit included), each from ``table_ways``; and
+    the rent compares the two tables each served its own way."""
+    from moonplan.plan.residency.target import table_ways, window_rows
+
+    W, B = 8, 2
+    trace = hot_steps(W, (0, 5))
+    seen = set()
+    for exit_s, plan_s in ((0.0, 0.0), (1e-4, 1e-4)):  # calls free, calls dear
+        cost = rows_only(copy_s_intra=1e-9, copy_s_inter=1e-9, exit_s=exit_s, plan_s=plan_s)
+        res = Residency(4, 16, B, cost, window=W)
+        for c in trace:
+            res.observe(c)
+        for serving in (torch.full((4, B), -1), torch.tensor([[1, 2], [3, 4], [6, 7], [8, 9]])):
+            snap = res.snapshot(trace[-1], serving)
+            verdict = res.judge(snap)
+            rows = window_rows(snap.totals_E, snap.filled, 4, snap.loads_SE)
+            assert verdict.serve == table_ways(cost, rows, serving[None])[0][1]
+            assert verdict.order is not None  # copies nearly free: the rent pays at once
+            assert verdict.order.serve == table_ways(cost, rows, verdict.order.slot_RB[None])[0][1]
+            seen |= {verdict.serve, verdict.order.serve}
+    assert "call" in seen and seen & set(LOOKUPS)  # both kinds of way were judged
+
+
+def test_the_way_changes_when_the_refill_arrives() -> None:
+    """Until its refill arrives the slots serve the way judged for them; the refill's
+    table then serves its own; a table no decision judged serves by planner calls."""
+    import moonplan
+    from moonplan.plan.residency.refill import Decisions, Verdict
+
+    res = Residency(4, 16, 2, rows_only(), window=4)
+    table = torch.tensor([[5, -1], [0, -1], [-1, -1], [-1, -1]])
+    order = Refill(table, table >= 0, torch.zeros(16, 4, dtype=torch.bool), "split")
+    res.judge = lambda snap, builds=None: Verdict(order, "placed")  # type: ignore[method-assign]
+    d = Decisions(res)
+    got = None
+    for c in hot_steps(4, (0, 5)):
+        got = got or d.step(c, moonplan.plan(c, slots=2, policy="static"), busy=False)
+    assert got is order and d.serve == "placed"  # the old slots, their own way
+    d.arrived(table.clone())
+    assert d.serve == "split"  # the refill's table, its way
+    d.arrived(torch.full((4, 2), -1))
+    assert d.serve == "call"  # judged by no decision
+
+
 def test_decisions_are_used_a_lag_later_and_alike_inline_or_on_a_worker() -> None:
     """A decision starts from one step's snapshot and its answer is used ``due`` steps
     later; on a worker thread (the runtime) or inline (the simulator) the orders come at
@@ -150,7 +196,7 @@ def test_a_decision_counts_the_work_it_does() -> None:
     ``resident_over`` calls, and the window's entries the exit's gate let through, built
     in one ``built_s`` call), and a scored pair for each (step, table) it scores: static
     EP's and every table's over the window (the empty table once), each table's lookups
-    over it, and the rent's two host scores (``served_s``, or its lookups)."""
+    over it, and the rent's two host scores (``served_s``, or a lookup each)."""
     from unittest import mock
 
     from moonplan.plan.residency import refill, target, window_torch
@@ -174,16 +220,17 @@ def test_a_decision_counts_the_work_it_does() -> None:
         wrap(refill, "lookups_torch", wraps=refill.lookups_torch) as rent_looked,
     ):
         res.decide_on(res.snapshot(trace[-1], empty), builds)
-    assert s.call_count == 1 and w.call_count == 1  # every table scored in one call
-    tables = len(w.call_args.args[3])
+    # the candidates (and the serving table) in one call, the refill's table in another
+    # where the staging limit stops short of the target
+    assert s.call_count == w.call_count == looked.call_count and 1 <= s.call_count <= 2
+    tables = [len(call.args[3]) for call in w.call_args_list]
     entries = sum(len(call.args[1]) for call in built.call_args_list)
-    assert built.call_count <= 1 and entries >= 1  # the gate let some through, at once
+    assert built.call_count <= len(tables) and entries >= 1  # the gate let some through
     assert builds.made == a.call_count + entries
     L = len(LOOKUPS)
-    assert looked.call_count == 1  # every table's lookups in one call
-    rent = served.call_count + 2 * L * rent_looked.call_count
-    assert builds.scored == W * tables + W + L * W * tables + rent
-    assert entries <= W * tables
+    rent = served.call_count + L * rent_looked.call_count  # one step, one table each
+    assert builds.scored == sum(W * t + W + L * W * t for t in tables) + rent
+    assert entries <= W * sum(tables)
 
 
 def test_an_answer_waits_for_the_steps_its_counted_work_covers() -> None:
