@@ -49,6 +49,7 @@ from moonplan.plan.choice.rent import call_rounds_s, exit_rounds_s
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_time import plan_fetch_ER, plan_time
 from moonplan.plan.plan_type import Plan
+from moonplan.plan.residency.exact_way import EXACT, exact_charge_s
 from moonplan.plan.residency.refill import (
     STAGING,
     Decisions,
@@ -243,8 +244,12 @@ class MoonplanAutoPolicy(PlannerPolicy):
     def step(self, counts: Any) -> PolicyStep:
         counts_RE = self._counts(counts)
         swapped = self._commit(counts_RE)
-        if self.decisions is not None and self.decisions.serve != "call":
-            p, planned = self._uncalled(counts_RE, self.decisions.serve), 0.0  # as EPLB's
+        way = "call" if self.decisions is None else self.decisions.serve
+        if way == EXACT:  # the exact kernel with previous=: moonplan-resident's step
+            p = self.plan(counts_RE, self._previous, policy=EXACT)
+            planned = exact_charge_s(self.cost) / self.cost.plan_s if self.cost.plan_s else 0.0
+        elif way != "call":
+            p, planned = self._uncalled(counts_RE, way), 0.0  # as EPLB's
         else:
             p = self.plan(counts_RE, self._previous)
             planned = self._charge(p)
@@ -349,5 +354,5 @@ register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-"
                     plan_us=exact_us, options=("slots", "stale_slots"), order=70))  # fmt: skip
 AUTO_OPTIONS = ("cost", "slots", "placement_window", "staging", "layers", "stale_slots")
 register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=auto_us, exit_us=exit_us,
-                    round_us=ROUND_US, decide_us=decision_build_us,
+                    round_us=ROUND_US, decide_us=decision_build_us, exact_us=exact_us,
                     score_us=decision_score_us, options=AUTO_OPTIONS, order=80))  # fmt: skip

@@ -61,6 +61,8 @@ class PolicyInfo:
             (``StepCost.decide_s``), or a function of ``(R, E)`` giving it.
         score_us: host microseconds per (step, table) such a decision scores without a
             build (``StepCost.score_s``), or a function of ``(R, E)`` giving it.
+        exact_us: microseconds of one ``policy="exact"`` call that the policy serves in
+            place of its own (``StepCost.exact_s``), or a function of ``(R, E)``.
         options: keyword options of :func:`make_policy` the builder takes (others are
             dropped, so one option set serves every policy).
         order: position in :func:`names` (report order; ties keep registration order).
@@ -77,6 +79,7 @@ class PolicyInfo:
     round_us: float = 0.0
     decide_us: PlanUs = 0.0
     score_us: PlanUs = 0.0
+    exact_us: PlanUs = 0.0
     options: tuple[str, ...] = ()
     order: int = 1000
     listed: bool = True

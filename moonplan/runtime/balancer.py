@@ -28,12 +28,14 @@ from __future__ import annotations
 import time
 import warnings
 from collections import deque
+from typing import Any
 
 import torch
 
 from moonplan.comm.group import EPGroup
 from moonplan.plan import api as planner
 from moonplan.plan.plan_type import Plan
+from moonplan.plan.residency.exact_way import EXACT
 from moonplan.plan.residency.refill import time_rates
 from moonplan.plan.residency.serving import lookup_plan
 from moonplan.runtime.calibrate import StepSample, agree, fit_rates, sample_step
@@ -95,11 +97,15 @@ class Balancer:
         )
 
     def serve(self, counts_RE: torch.Tensor, previous: Plan | None, how: str) -> Plan:
-        """The step's plan without a planner call: the lookup plan ``how`` of
-        ``previous``'s slots (``serving.lookup_plan``; static EP without them), what
-        ``auto`` serves where calls do not pay (``moonplan.runtime.placer``). Reads
-        nothing on the host."""
+        """The step's plan without ``auto``'s choosing call (``moonplan.runtime.placer``):
+        the lookup plan ``how`` of ``previous``'s slots (``serving.lookup_plan``; static
+        EP without them), where calls do not pay, or with ``how`` ``"exact"`` the exact
+        plan with ``previous=`` (one exact call, ``exact_way``), where exact balance every
+        step is predicted fastest. Reads nothing on the host."""
         self._last = (counts_RE, previous)
+        if how == EXACT:
+            return planner.plan(counts_RE, slots=self.B, align=self.align, previous=previous,
+                                policy=EXACT, check_input=False)  # fmt: skip
         if previous is None:
             slot_RB = torch.full((counts_RE.shape[0], self.B), -1, device=counts_RE.device)
         else:
@@ -140,9 +146,10 @@ class Balancer:
         return self.mode == "auto" and self.cost is None and len(self.samples) >= WARMUP_STEPS
 
     def calibrate(self, group: EPGroup, *, copy_fallback_s: float, overlap: bool) -> StepCost:
-        """Collective: fit this rank's rates, time the planner's two ``auto`` paths and a
-        slot-placement decision's host rates (``StepCost.decide_s``, ``score_s``) on the last
-        step's counts, agree on the element-wise max, use it from now on."""
+        """Collective: fit this rank's rates, time the planner's two ``auto`` paths, the
+        exact call and a slot-placement decision's host rates (``StepCost.decide_s``,
+        ``score_s``) on the last step's counts, agree on the element-wise max, use it from
+        now on."""
         ok = bool(self.samples) and self._last is not None
         group.agree(ok, "no measured steps yet: run a few forward steps first", what="calibrate")
         mine = fit_rates(
@@ -150,6 +157,7 @@ class Balancer:
         )
         mine = mine.scaled(plan_s=self._time_path(mine, full=True))
         mine = mine.scaled(exit_s=self._time_path(mine, full=False))
+        mine = mine.scaled(exact_s=self._time_call(policy=EXACT))
         decide_s, score_s = self._time_decision(mine)
         mine = mine.scaled(decide_s=decide_s, score_s=score_s)
         self.cost = agree(group, mine)
@@ -159,15 +167,21 @@ class Balancer:
     def _time_path(self, cost: StepCost, *, full: bool) -> float:
         """Median seconds of ``auto`` on the last counts, forced to build every candidate
         (``full``) or to exit early (a planning charge no step can beat on the other path)."""
+        forced = cost.scaled(exit_s=FORCED_S) if full else cost.scaled(plan_s=FORCED_S)
+        return self._time_call(policy="auto", cost=forced)
+
+    def _time_call(self, **options: Any) -> float:
+        """Median seconds of one planner call with ``options`` on the last counts and
+        ``previous`` (the ``auto`` paths above; ``policy="exact"``: ``StepCost.exact_s``,
+        the exact kernel ``auto``'s placement may serve, ``exact_way``)."""
         assert self._last is not None
         counts_RE, previous = self._last
-        forced = cost.scaled(exit_s=FORCED_S) if full else cost.scaled(plan_s=FORCED_S)
         times = []
         for _ in range(TIMING_REPEATS):
             _sync(counts_RE.device)
             t0 = time.perf_counter()
             planner.plan(counts_RE, slots=self.B, align=self.align, previous=previous,
-                         policy="auto", cost=forced, check_input=False)  # fmt: skip
+                         check_input=False, **options)  # fmt: skip
             _sync(counts_RE.device)
             times.append(time.perf_counter() - t0)
         return sorted(times)[len(times) // 2]

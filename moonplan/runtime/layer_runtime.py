@@ -24,6 +24,7 @@ from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan
+from moonplan.plan.residency.exact_way import EXACT
 from moonplan.plan.residency.serving import LOOKUPS, serving_plan
 from moonplan.plan.route import Route
 from moonplan.plan.route import route as route_tokens
@@ -94,6 +95,7 @@ class LayerRuntime:
         self.published = False
         self.published_version: tuple[int, ...] = ()
         self.plans_made = 0  # planner calls (backward replays the forward plan: none there)
+        self.way = "call"  # how the last step's plan was made (Placer.serve)
         # Phase-timing hooks; moonplan.profile.profiling() installs live ones.
         self.profiler: LayerHooks = NULL_PROFILER
         # Overlapped schedule (prefetch beside dispatch, reduce beside dispatch-backward);
@@ -460,7 +462,7 @@ class LayerRuntime:
     def _one_plan(self, counts_RE: Tensor, previous: Plan | None) -> Plan:
         """One planner call, or the slots' lookup plan where the placer says calls do not
         pay (:meth:`~moonplan.runtime.placer.Placer.serve`)."""
-        how = self.placer.serve()
+        how = self.way = self.placer.serve()
         if how != "call":
             return self.balancer.serve(counts_RE, previous, how)
         rent = not self.placer.active(self._auto_cost())
@@ -568,14 +570,17 @@ class LayerRuntime:
             "direct_reads": len(copies.direct_rank_D),
             "policy": plan.policy,
             "predicted": dict(plan.predicted),
-            "choice": _how(plan),
+            "choice": _how(plan, self.way),
         }
 
 
-def _how(plan: Plan) -> str:
+def _how(plan: Plan, way: str) -> str:
     """``StepStats.choice``: ``"full"`` (``auto`` scored every candidate), ``"exit"`` (its
-    early exit), ``"lookup"`` (``auto`` served a lookup of the slots without a call) or
-    ``"none"`` (``"exact"``, ``"off"`` and ``auto``'s warm-up)."""
+    early exit), ``"lookup"`` (``auto`` served a lookup of the slots without a call),
+    ``"exact"`` (``auto`` served the exact kernel, ``way`` ``"exact"``: ``Placer.serve``)
+    or ``"none"`` (``balance="exact"``, ``"off"`` and ``auto``'s warm-up)."""
+    if way == EXACT:
+        return EXACT
     if plan.choice is None:
         return "lookup" if plan.requested in LOOKUPS else "none"
     return "exit" if plan.choice.early_exit() else "full"

@@ -33,8 +33,9 @@ class StepStats:
     (empty when the step was not planned with a cost model); ``choice``: how
     ``balance="auto"`` chose the step's plan, ``"full"`` (it scored every candidate),
     ``"exit"`` (its early exit: static EP, by a bound from the counts), ``"lookup"``
-    (a lookup of the slots served without a planner call, where calls do not pay) or
-    ``"none"`` (``"exact"``, ``"off"`` and auto's warm-up).
+    (a lookup of the slots served without a planner call, where calls do not pay),
+    ``"exact"`` (the exact kernel, where exact balance every step is predicted fastest
+    over the window) or ``"none"`` (``balance="exact"``, ``"off"`` and auto's warm-up).
 
     ``records``: this rank's ``(token, k)`` records; ``rows_sent``: rows its dispatch
     sent (one per record, or one per ``(token, destination rank)`` on a token-row

@@ -58,36 +58,49 @@ from moonplan.stepcost import Hardware, StepCost, StepTime
 from moonplan.stepcost.traffic import pair_traffic
 
 
+def registered_us(attr: str) -> dict[str, PlanUs]:
+    """``PolicyInfo.<attr>`` (microseconds, or a function of ``(R, E)``) of every
+    registered policy that has one (not 0)."""
+    got = {n: getattr(p, attr) for n, p in infos().items()}
+    return {n: v for n, v in got.items() if callable(v) or v > 0}
+
+
 def default_plan_us() -> dict[str, PlanUs]:
     """Planning time per planner call (us, or a function of ``(R, E)``) of every
     registered policy that plans on the critical path (its ``PolicyInfo.plan_us``: the
     MoonEP greedy 51 us, its published figure; moonplan's policies their kernel's time by
     shape, ``moonplan.baselines.planner_time``). Policies not listed plan nothing."""
-    return {n: p.plan_us for n, p in infos().items() if callable(p.plan_us) or p.plan_us > 0}
+    return registered_us("plan_us")
 
 
 def default_round_us() -> dict[str, float]:
     """Device microseconds of one round of the ``resident`` candidate that
     ``policy="auto"``'s exit builds (``PolicyInfo.round_us``) of the policies that have it."""
-    return {n: p.round_us for n, p in infos().items() if p.round_us > 0}
+    return {n: float(v) for n, v in registered_us("round_us").items() if not callable(v)}
 
 
 def default_decide_us() -> dict[str, PlanUs]:
     """Host time per build of a slot-placement decision (``PolicyInfo.decide_us``) of the
     policies that place slots (``moonplan.baselines.decision_time``)."""
-    return {n: p.decide_us for n, p in infos().items() if callable(p.decide_us) or p.decide_us > 0}
+    return registered_us("decide_us")
 
 
 def default_score_us() -> dict[str, PlanUs]:
     """Host time per (step, table) a slot-placement decision scores without a build
     (``PolicyInfo.score_us``) of the policies that place slots."""
-    return {n: p.score_us for n, p in infos().items() if callable(p.score_us) or p.score_us > 0}
+    return registered_us("score_us")
 
 
 def default_exit_us() -> dict[str, PlanUs]:
     """``policy="auto"``'s early-exit time (``PolicyInfo.exit_us``) of the policies that
     have one."""
-    return {n: p.exit_us for n, p in infos().items() if callable(p.exit_us) or p.exit_us > 0}
+    return registered_us("exit_us")
+
+
+def default_exact_us() -> dict[str, PlanUs]:
+    """The exact kernel's time (``PolicyInfo.exact_us``) of the policies that can serve it
+    in place of their own call (``StepCost.exact_s``)."""
+    return registered_us("exact_us")
 
 
 @dataclass(frozen=True)
@@ -107,7 +120,8 @@ class SimConfig:
             round_us: one round of the ``resident`` candidate it builds
             (``StepCost.round_s``); decide_us: a slot-placement decision's host time per
             build it counts (``StepCost.decide_s``); score_us: per (step, table) it scores
-            without a build (``StepCost.score_s``); all read from the registry by default.
+            without a build (``StepCost.score_s``); exact_us: one ``policy="exact"`` call
+            (``StepCost.exact_s``); all read from the registry by default.
         dispatch: the transport's dispatch scheme for every policy alike
             (``moonplan.stepcost.traffic.SCHEMES``; ``"rank"``/``"host"`` need the step's
             token routing, ``moonplan.simulate.dispatch_rows``).
@@ -123,6 +137,7 @@ class SimConfig:
     round_us: Mapping[str, float] = field(default_factory=default_round_us)
     decide_us: Mapping[str, PlanUs] = field(default_factory=default_decide_us)
     score_us: Mapping[str, PlanUs] = field(default_factory=default_score_us)
+    exact_us: Mapping[str, PlanUs] = field(default_factory=default_exact_us)
 
     def plan_seconds(self, policy: str, num_ranks: int = 8, num_experts: int = 256) -> float:
         """Planning seconds of ``policy`` at ``(R, E)`` (0 when not listed)."""
@@ -146,6 +161,7 @@ class SimConfig:
             round_us=float(self.round_us.get(policy, 0.0)),
             decide_us=plan_us_at(self.decide_us.get(policy, 0.0), num_ranks, E),
             score_us=plan_us_at(self.score_us.get(policy, 0.0), num_ranks, E),
+            exact_us=plan_us_at(self.exact_us.get(policy, 0.0), num_ranks, E),
         )
 
 

@@ -76,6 +76,7 @@ _RATE_FIELDS = (
     "round_s",
     "decide_s",
     "score_s",
+    "exact_s",
 )
 """The float fields of :class:`StepCost`, in :meth:`StepCost.as_tensor` order."""
 
@@ -165,6 +166,12 @@ class StepCost:
     """Host seconds per (step, slot table) a slot-placement decision scores without that
     build (its links, ``placed`` plan and the exit's gate and bound), counted with the
     builds (:attr:`decide_s`). The runtime's calibration times it; 0: ``exit_s``."""
+    exact_s: float = 0.0
+    """Seconds of one ``policy="exact"`` call with ``previous=`` (the exact kernel), which
+    ``policy="auto"``'s slot placement serves where exact balance every step is predicted
+    fastest over its window (``moonplan.plan.residency.exact_way``). The runtime's
+    calibration times it; 0 (not measured): :attr:`plan_s`, a full ``auto`` call, which
+    builds the exact plan among its candidates."""
     tile_rows: int = 1
     """An expert's rows are padded to a multiple of this (GEMM tile)."""
     domain: int = 0
@@ -220,6 +227,7 @@ class StepCost:
         round_us: float = 0.0,
         decide_us: float = 0.0,
         score_us: float = 0.0,
+        exact_us: float = 0.0,
     ) -> StepCost:
         """The roofline rates of ``model``'s MoE layer on a hardware preset.
 
@@ -239,6 +247,7 @@ class StepCost:
                 (:attr:`decide_s`).
             score_us: host microseconds per (step, table) a placement decision scores
                 without a build (:attr:`score_s`).
+            exact_us: microseconds of one ``policy="exact"`` call (:attr:`exact_s`).
         """
         if isinstance(hw, str):
             hw = get_hardware(hw)
@@ -266,6 +275,7 @@ class StepCost:
             round_s=round_us * 1e-6,
             decide_s=decide_us * 1e-6,
             score_s=score_us * 1e-6,
+            exact_s=exact_us * 1e-6,
         )
 
     def scaled(self, **fields: Any) -> StepCost:
@@ -273,7 +283,7 @@ class StepCost:
         return dataclasses.replace(self, **fields)
 
     def rates(self) -> tuple[float, ...]:
-        """The 16 rate fields' values, in the order of their names in ``_RATE_FIELDS``."""
+        """The 17 rate fields' values, in the order of their names in ``_RATE_FIELDS``."""
         return (
             self.row_flop_s,
             self.weight_read_s,
@@ -291,10 +301,11 @@ class StepCost:
             self.round_s,
             self.decide_s,
             self.score_s,
+            self.exact_s,
         )
 
     def as_tensor(self) -> torch.Tensor:
-        """float64 ``[16]`` of the rates (for agreeing across ranks, e.g. the element-wise max)."""
+        """float64 ``[17]`` of the rates (for agreeing across ranks, e.g. the element-wise max)."""
         return torch.tensor([float(v) for v in self.rates()], dtype=torch.float64)
 
     @classmethod
@@ -306,7 +317,7 @@ class StepCost:
         domain: int = 0,
         overlap: bool = True,
     ) -> StepCost:
-        """The inverse of :meth:`as_tensor` (``rates`` float ``[16]``); the non-rate fields
+        """The inverse of :meth:`as_tensor` (``rates`` float ``[17]``); the non-rate fields
         are passed."""
         values = [float(v) for v in rates.reshape(-1).tolist()]
         if len(values) != len(_RATE_FIELDS):

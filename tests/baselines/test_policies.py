@@ -491,10 +491,12 @@ def test_a_refill_waits_its_turn_with_the_other_layers() -> None:
 
 
 def test_auto_primes_its_slots_from_the_steps_before() -> None:
-    """Like EPLB's placement, the table serving at step 0 is the window's before the trace."""
+    """Like EPLB's placement, the table serving at step 0 is the window's before the trace.
+    (The exact way, free here as every call is, would keep no table: it is made dear.)"""
     from moonplan.baselines.prehistory import Prehistory
 
-    policy = make_policy("moonplan-auto", 8, 64, cost=rows_only(), slots=4, placement_window=4)
+    cost = rows_only(exact_s=1.0)
+    policy = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4, placement_window=4)
     assert policy.steps_before() == [(-4, 0)]
     totals = torch.stack([c.sum(0) for c in persistent(4)])
     policy.prime(Prehistory(torch.arange(-4, 0), totals))
@@ -527,7 +529,8 @@ def test_training_steps_leave_no_slot_resident_for_anyone() -> None:
 def test_auto_serves_a_lookup_without_calls_where_calls_cannot_pay() -> None:
     """A planner call dearer than any balance it buys (even loads over the window before
     the trace): each step is served by a lookup of the slots, charged no planning, with
-    static EP's loads; with the call free and a hot expert, the steps call it."""
+    static EP's loads; with a hot expert, the steps call the planner that is free: ``auto``,
+    or the exact kernel."""
     from moonplan.plan.residency.serving import LOOKUPS
 
     def even(steps: int) -> list[torch.Tensor]:
@@ -544,6 +547,22 @@ def test_auto_serves_a_lookup_without_calls_where_calls_cannot_pay() -> None:
         assert got.choice in LOOKUPS and got.planned == 0
         assert got.load_R.tolist() == want.load_R.tolist()
     hot = torch.stack([c.sum(0) for c in hot_steps(4, 4, 16, (0,), low=20, high=22, extra=300)])
-    free = make_policy("moonplan-auto", 4, 16, cost=rows_only(), slots=2, placement_window=4)
-    free.prime(Prehistory(torch.arange(-4, 0), hot))
-    assert free.decisions is not None and free.decisions.serve == "call"
+    for cost, way in ((rows_only(exact_s=1.0), "call"), (dear.scaled(exact_s=1e-9), "exact")):
+        free = make_policy("moonplan-auto", 4, 16, cost=cost, slots=2, placement_window=4)
+        free.prime(Prehistory(torch.arange(-4, 0), hot))
+        assert free.decisions is not None and free.decisions.serve == way
+
+
+def test_auto_serves_the_exact_kernel_where_it_is_predicted_fastest() -> None:
+    """Where ``auto``'s call is dear and the exact kernel cheap, a hot expert's steps are
+    served by the exact kernel with ``previous=`` (``moonplan-resident``'s plans, step for
+    step), each charged one exact call, not ``auto``'s."""
+    trace = hot_steps(8, 4, 16, (0,), low=20, high=22, extra=300)
+    cost = rows_only(exit_s=1e-3, plan_s=1e-3, exact_s=1e-5)
+    auto = make_policy("moonplan-auto", 4, 16, cost=cost, slots=2, placement_window=4)
+    auto.prime(Prehistory(torch.arange(-4, 0), torch.stack([c.sum(0) for c in trace[:4]])))
+    resident = make_policy("moonplan-resident", 4, 16, slots=2)
+    for c in trace[4:]:
+        got, want = auto.step(c), resident.step(c)
+        assert got.choice == "exact" and got.planned == pytest.approx(1e-5 / 1e-3)
+        assert torch.equal(got.alloc_ER, want.alloc_ER)

@@ -192,6 +192,7 @@ def test_every_mode_equals_the_dense_reference(balance: str, world: int, E: int,
         assert all(g["choices"] == got[0]["choices"] for g in got)
         costs = [g["cost"] for g in got]
         assert all(c is not None and torch.equal(c, costs[0]) for c in costs)
+        assert float(costs[0][-1]) > 0  # StepCost.exact_s: the exact call was timed
 
 
 @pytest.mark.distributed
@@ -199,13 +200,14 @@ def test_every_mode_equals_the_dense_reference(balance: str, world: int, E: int,
     ("world", "E", "sizes"), [(1, 4, [9]), (2, 5, [8, 6]), (4, 6, [5, 0, 7, 6])]
 )
 def test_auto_with_a_given_cost_equals_the_dense_reference(world, E, sizes) -> None:
-    """No warm-up: every step is one planner call that chooses, or the lookup its slot
-    placement serves where calls do not pay, the same on every rank."""
+    """No warm-up: every step is one planner call that chooses, or the lookup or exact
+    call its slot placement serves where that is predicted faster, the same on every
+    rank."""
     cost = ROWS_AND_COPIES.scaled(copy_s_intra=1e-5, copy_s_inter=1e-5)
     cfg = {"E": E, "sizes": sizes, "balance": "auto", "steps": 4, "cost": cost}
     got = run_ranks(_steps, world, cfg, timeout=180)
     _check_against_dense(cfg, got)
-    assert all(set(g["choices"]) <= {"full", "exit", "lookup"} for g in got)
+    assert all(set(g["choices"]) <= {"full", "exit", "lookup", "exact"} for g in got)
     assert all(g["policies"] == got[0]["policies"] for g in got)
     assert all(g["choices"] == got[0]["choices"] for g in got)
 

@@ -195,7 +195,7 @@ def _serve(rank: int, world: int, E: int, transport: str, cost: StepCost | None 
     rt = layer.runtime
     out = {"errs": errs, "orders": rt.placer.orders, "commits": rt.refill.commits,
            "slots": layer.last_plan.slot_expert.tolist(), "serve": rt.placer.serve(),
-           "policy": layer.last_stats.policy}  # fmt: skip
+           "policy": layer.last_stats.policy, "choice": layer.last_stats.choice}  # fmt: skip
     rt.close()
     return out
 
@@ -222,6 +222,20 @@ def test_auto_serves_a_lookup_where_calls_cannot_pay_and_equals_the_oracle() -> 
         got = run_ranks(_serve, 2, 6, transport, dear, timeout=TIMEOUT)
         assert got[0]["serve"] == got[1]["serve"] and got[0]["serve"] in LOOKUPS, got
         assert got[0]["policy"] == got[1]["policy"] == got[0]["serve"], got
+        assert max(max(g["errs"]) for g in got) < 1e-4, got
+
+
+def test_auto_serves_the_exact_kernel_where_it_is_fastest_and_equals_the_oracle() -> None:
+    """``auto``'s call dear, the exact kernel nearly free: after the first decision the
+    steps are the exact plan with ``previous=`` (``StepStats.choice`` ``"exact"``), alike
+    on every rank, and equal the oracle."""
+    cheap = _cost().scaled(exit_s=1.0, plan_s=1.0, exact_s=1e-9, decide_s=1e-9, score_s=1e-9)
+    for transport in ("heap", "a2a"):
+        got = run_ranks(_serve, 2, 6, transport, cheap, timeout=TIMEOUT)
+        assert got[0]["serve"] == got[1]["serve"] == "exact", got
+        assert got[0]["choice"] == got[1]["choice"] == "exact", got
+        assert got[0]["policy"] == got[1]["policy"] == "exact", got
+        assert got[0]["slots"] == got[1]["slots"]
         assert max(max(g["errs"]) for g in got) < 1e-4, got
 
 

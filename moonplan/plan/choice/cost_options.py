@@ -33,9 +33,12 @@ RATES = (
 )  # fmt: skip
 """The rates the choice reads (any finite value ``>= 0``, as ``StepCost`` accepts)."""
 
-OPTIONS = ("tile_rows", "domain", "overlap", "horizon", "dispatch", "decide_s", "score_s")
+OPTIONS = (
+    "tile_rows", "domain", "overlap", "horizon", "dispatch", "decide_s", "score_s", "exact_s",
+)  # fmt: skip
 """The other fields it reads or ignores by design (``horizon``: deprecated, ignored;
-``decide_s``, ``score_s``: the slot placement's host rates, not a step's planning)."""
+``decide_s``, ``score_s``: the slot placement's host rates, not a step's planning;
+``exact_s``: the exact call the slot placement may serve instead of this one)."""
 
 DISPATCH = ("record",)
 """The dispatch schemes it scores."""

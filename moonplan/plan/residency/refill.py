@@ -31,10 +31,13 @@ where no way served by calls is predicted faster over the window, by one of the 
 lookup plans with no call (``serving.lookup_plan``: whole moves, or each expert split
 evenly over its holders, as a placement like EPLB's serves; static EP over an empty table).
 The serving slots serve their own way (``Target.kept``) until a refill arrives; the refill
-then serves its table's way (``Refill.serve``). The call's price is what the kernel
-measured (``StepCost.exit_s``, ``plan_s``), so where no balance saves that much (decode
-sizes), ``auto`` serves a fixed map and pays no planning, as its peers do. A refill's rent
-is what the serving table, served its way, loses against the refill's table served its own.
+then serves its table's way (``Refill.serve``). Where exact balance every step from the
+serving slots (``exact_way``: the exact kernel with ``previous=``, no table kept) beats
+every table over the window, the steps serve that and nothing is refilled. The call's
+price is what the kernel measured (``StepCost.exit_s``, ``plan_s``, ``exact_s``), so where
+no balance saves that much (decode sizes), ``auto`` serves a fixed map and pays no
+planning, as its peers do. A refill's rent is what the serving table, served its way,
+loses against the refill's table served its own.
 
 Every input is all-gathered (the same on every rank), so every rank orders the same
 refill at the same step.
@@ -55,6 +58,7 @@ import torch
 from moonplan.plan.home import home_map
 from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import Plan
+from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
 from moonplan.plan.residency.serving import LOOKUPS
 from moonplan.plan.residency.target import (
     candidate_tables,
@@ -83,8 +87,8 @@ slot per rank)."""
 @dataclass(frozen=True)
 class Verdict:
     """A decision (:meth:`Residency.judge`): the refill to order (``None``: none) and how
-    the serving slots are served until it arrives (``Target.kept``: ``"call"`` or a
-    lookup; the refill says how its own table serves, ``Refill.serve``)."""
+    the serving slots are served until it arrives (``Target.kept``: ``"call"``, a lookup
+    or ``"exact"``; the refill says how its own table serves, ``Refill.serve``)."""
 
     order: Refill | None
     serve: str
@@ -179,7 +183,7 @@ class Snapshot:
         serving_RB: int64 ``[R, B]``, the slots that step served.
         totals_E: int64 ``[E]``, the window's loads; filled: the steps it holds.
         steps: the steps since the last decision.
-        loads_SE: int64 ``[filled, E]``, each step's loads the window holds.
+        loads_SE: int64 ``[filled, E]``, each step's loads the window holds, oldest first.
     """
 
     counts_RE: torch.Tensor
@@ -302,7 +306,10 @@ class Residency:
         self, c_RE: np.ndarray, slot_RB: torch.Tensor, how: str, builds: Builds | None
     ) -> float:
         """Predicted seconds of the step ``c_RE`` (int64 ``[R, E]``) over ``slot_RB``,
-        served ``how``: by calls (``target.served_s``, planning included) or a lookup."""
+        served ``how``: by calls (``target.served_s``, planning included), a lookup, or
+        the exact way (its plan from ``slot_RB``, its copies and call included)."""
+        if how == EXACT:
+            return exact_steps_s(self.cost, torch.from_numpy(c_RE)[None], slot_RB, builds)[0]
         if how == "call":
             empty_RB = np.full((self.R, self.B), -1, dtype=np.int64)
             static = step_time_over(self.cost, c_RE, empty_RB, builds)
@@ -352,7 +359,8 @@ class Decisions:
         submit: runs a job beside the steps and returns its future (``None``: inline).
 
     :attr:`serve` says how the steps are served: by a planner call (``"call"``,
-    ``policy="auto"``) or by a lookup plan of the slots without one (``serving.LOOKUPS``):
+    ``policy="auto"``), by a lookup plan of the slots without one (``serving.LOOKUPS``),
+    or by the exact kernel every step (``"exact"``, ``exact_way``):
     the way the last used answer judged best for the slots serving (before the first,
     the residency's from the window before the trace, else ``"call"``), until a refill it
     ordered arrives (:meth:`arrived`), which serves its own table's way. A way is judged

@@ -66,6 +66,7 @@ from moonplan.plan.choice.rent import (
     roundings,
 )
 from moonplan.plan.home import home_list
+from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
 from moonplan.plan.residency.serving import LOOKUPS
 from moonplan.plan.residency.window_torch import lookups_torch, static_torch, windows_torch
 from moonplan.plan.residency.work import Builds
@@ -299,9 +300,12 @@ class Target:
         serve: how it serves: ``"call"``, a planner call every step (``auto``), each step
             charged the exit's test or the full calls it makes; or a lookup plan with no
             call (one of ``serving.LOOKUPS``; static EP over an empty table), where no
-            table served by calls is predicted faster over the window.
+            table served by calls is predicted faster over the window; or ``"exact"``
+            (``exact_way``), the serving slots' exact plan every step, where it is faster
+            than every table (``slot_RB`` is then the serving table: no refill).
         kept: the way of least predicted time over the window for the serving table
-            (``current_RB``), which serves until a refill brings another.
+            (``current_RB``, the exact way included), which serves until a refill brings
+            another.
     """
 
     slot_RB: torch.Tensor
@@ -321,7 +325,9 @@ def target_of(
     steps, among the ``B + 1`` replica tables and the whole moves (:func:`whole_moves`),
     each served by its lookup plans without a call (``window_torch.lookups_torch``) or by
     planner calls (planning included: :func:`served_s`; module docstring). Ties go to the
-    earlier table, and to the lookups (no call), in ``serving.LOOKUPS`` order.
+    earlier table, and to the lookups (no call), in ``serving.LOOKUPS`` order. Where the
+    exact way from the serving slots (``exact_way``: exact balance every step, no table
+    kept) is faster than every table, it is the target's way, over ``current_RB``.
     ``loads_SE``: int64 ``[S, E]``, each step's loads, each spread over the sources as
     the mean step is (``None``: the mean step of ``totals_E`` over ``steps`` alone).
     ``current_RB`` is the serving slot table (its shape gives R, B); ``builds`` counts the
@@ -334,7 +340,11 @@ def target_of(
     scored_TRB = slot_TRB if same else torch.cat([slot_TRB, current_RB.cpu()[None]])
     ways = table_ways(cost, rows_SRE, scored_TRB, loads_SE, builds)
     t = min(range(T), key=lambda t: ways[t][0])  # the first of the least
-    return Target(slot_TRB[t].clone(), ways[t][1], ways[same[0] if same else T][1])
+    kept = ways[same[0] if same else T]
+    exact = sum(exact_steps_s(cost, rows_SRE, current_RB.cpu(), builds))
+    if exact < ways[t][0]:  # exact balance every step beats every table: keep the slots
+        return Target(current_RB.cpu().clone(), EXACT, EXACT)
+    return Target(slot_TRB[t].clone(), ways[t][1], EXACT if exact < kept[0] else kept[1])
 
 
 WAYS = (*LOOKUPS, "call")

@@ -48,9 +48,11 @@ class LoadWindow:
         return min(self.steps, self.W)
 
     def loads(self) -> torch.Tensor:
-        """int64 ``[filled, E]``: the per-expert loads of each step the window holds (in
-        ring order, not time order)."""
-        return self.loads_WE[: self.filled]
+        """int64 ``[filled, E]``: the per-expert loads of each step the window holds, the
+        oldest first (one device op, no host read)."""
+        if self.steps <= self.W:
+            return self.loads_WE[: self.filled]
+        return self.loads_WE.roll(-(self.steps % self.W), 0)
 
     def totals_E(self) -> torch.Tensor:
         """int64 ``[E]``: records per expert summed over the steps the window holds."""

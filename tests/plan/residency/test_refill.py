@@ -74,7 +74,10 @@ def test_a_steady_hot_set_is_placed_once_then_left_alone() -> None:
 
 
 def test_a_moved_hot_set_is_followed_within_a_window() -> None:
-    cost = rows_only(copy_s_intra=1e-4, copy_s_inter=1e-4)
+    """The slots follow a moved hot set within a window. (The exact way is made dear: free,
+    as the other calls are here, it is near the ideal from any slots, and the rent of
+    moving them accrues slowly; ``test_target`` tests that choice.)"""
+    cost = rows_only(copy_s_intra=1e-4, copy_s_inter=1e-4, exact_s=1.0)
     W = 8
     res = Residency(4, 16, 2, cost, window=W)
     empty = torch.full((4, 2), -1, dtype=torch.int64)
@@ -93,18 +96,20 @@ def test_staging_must_be_a_positive_integer() -> None:
 def test_each_table_serves_the_way_judged_for_it() -> None:
     """The verdict's way is the serving table's best over the window, the refill's the
     best of the table it brings (staging limit included), each from ``table_ways``; and
-    the rent compares the two tables each served its own way."""
+    the rent compares the two tables each served its own way. (The exact way, which keeps
+    no table, is made dear here: ``test_target`` tests it.)"""
     from moonplan.plan.residency.target import table_ways, window_rows
 
     W, B = 8, 2
     trace = hot_steps(W, (0, 5))
     seen = set()
     for exit_s, plan_s in ((0.0, 0.0), (1e-4, 1e-4)):  # calls free, calls dear
-        cost = rows_only(copy_s_intra=1e-9, copy_s_inter=1e-9, exit_s=exit_s, plan_s=plan_s)
+        cost = rows_only(copy_s_intra=1e-9, copy_s_inter=1e-9, exit_s=exit_s, plan_s=plan_s,
+                         exact_s=1.0)  # fmt: skip
         res = Residency(4, 16, B, cost, window=W)
         for c in trace:
             res.observe(c)
-        for serving in (torch.full((4, B), -1), torch.tensor([[1, 2], [3, 4], [6, 7], [8, 9]])):
+        for serving in (torch.full((4, B), -1), torch.tensor([[4, 8], [0, 12], [1, 13], [2, 9]])):
             snap = res.snapshot(trace[-1], serving)
             verdict = res.judge(snap)
             rows = window_rows(snap.totals_E, snap.filled, 4, snap.loads_SE)
@@ -196,7 +201,8 @@ def test_a_decision_counts_the_work_it_does() -> None:
     ``resident_over`` calls, and the window's entries the exit's gate let through, built
     in one ``built_s`` call), and a scored pair for each (step, table) it scores: static
     EP's and every table's over the window (the empty table once), each table's lookups
-    over it, and the rent's two host scores (``served_s``, or a lookup each)."""
+    over it, and the rent's two host scores (``served_s``, or a lookup each); and a build
+    for each plan of the exact way's chain."""
     from unittest import mock
 
     from moonplan.plan.residency import refill, target, window_torch
@@ -218,6 +224,8 @@ def test_a_decision_counts_the_work_it_does() -> None:
         wrap(refill, "served_s", wraps=refill.served_s) as served,
         wrap(target, "lookups_torch", wraps=target.lookups_torch) as looked,
         wrap(refill, "lookups_torch", wraps=refill.lookups_torch) as rent_looked,
+        wrap(target, "exact_steps_s", wraps=target.exact_steps_s) as chain,
+        wrap(refill, "exact_steps_s", wraps=refill.exact_steps_s) as rent_chain,
     ):
         res.decide_on(res.snapshot(trace[-1], empty), builds)
     # the candidates (and the serving table) in one call, the refill's table in another
@@ -226,7 +234,9 @@ def test_a_decision_counts_the_work_it_does() -> None:
     tables = [len(call.args[3]) for call in w.call_args_list]
     entries = sum(len(call.args[1]) for call in built.call_args_list)
     assert built.call_count <= len(tables) and entries >= 1  # the gate let some through
-    assert builds.made == a.call_count + entries
+    exact = sum(len(c.args[1]) for c in chain.call_args_list + rent_chain.call_args_list)
+    assert chain.call_count == 1 and exact >= W  # the exact way's chain: a build a step
+    assert builds.made == a.call_count + entries + exact
     L = len(LOOKUPS)
     rent = served.call_count + L * rent_looked.call_count  # one step, one table each
     assert builds.scored == sum(W * t + W + L * W * t for t in tables) + rent
