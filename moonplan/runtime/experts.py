@@ -28,6 +28,8 @@ its own autograd (also grouped mm).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -82,14 +84,17 @@ def grouped_swiglu(
     down_GHF: torch.Tensor,
     *,
     check: bool = True,
+    bounds: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """:func:`swiglu_reference` with ``torch._grouped_mm`` (same shapes, dtypes, result).
 
     Args:
         x_TH, offsets_G1, gate_up_G2FH, down_GHF: as in :func:`swiglu_reference`.
-        check: validate the offsets' values (reads them on the host; turn off for
-            CUDA-graph capture once they are known to be valid). Shapes and dtypes
-            are always checked.
+        check: validate the offsets' values (reads them on the host, unless ``bounds``
+            are given; turn off for CUDA-graph capture once they are known to be valid).
+            Shapes and dtypes are always checked.
+        bounds: ``offsets_G1``'s values as ``G + 1`` host integers, where the caller
+            already holds them: ``check`` validates these instead (no host read).
 
     Returns:
         ``[T, H]`` in ``x``'s dtype, 0 on rows outside every group; differentiable
@@ -99,7 +104,7 @@ def grouped_swiglu(
         ValueError: bad shapes, dtypes or offsets.
         GroupedMMError: ``torch._grouped_mm`` is missing or rejects the dtype/device.
     """
-    _check(x_TH, offsets_G1, gate_up_G2FH, down_GHF, values=check)
+    _check(x_TH, offsets_G1, gate_up_G2FH, down_GHF, values=check, bounds=bounds)
     if not hasattr(torch, "_grouped_mm"):
         raise GroupedMMError(f"torch {torch.__version__} has no torch._grouped_mm")
     T, H = x_TH.shape
@@ -183,8 +188,10 @@ def _check(
     down_GHF: torch.Tensor,
     *,
     values: bool = True,
+    bounds: Sequence[int] | None = None,
 ) -> None:
-    """Raise ``ValueError`` on inconsistent shapes/dtypes (and, with ``values``, offsets)."""
+    """Raise ``ValueError`` on inconsistent shapes/dtypes (and, with ``values``, offsets:
+    ``bounds``, their host copy, where given, else read from ``offsets_G1``)."""
     if x_TH.dim() != 2 or gate_up_G2FH.dim() != 3 or down_GHF.dim() != 3:
         raise ValueError(
             "expected x [T, H], gate_up [G, 2F, H], down [G, H, F]; got "
@@ -208,18 +215,24 @@ def _check(
         raise ValueError(f"offsets must be [G+1] = [{G + 1}], got {tuple(offsets_G1.shape)}")
     if offsets_G1.dtype.is_floating_point or offsets_G1.dtype == torch.bool:
         raise ValueError(f"offsets must be integers, got {offsets_G1.dtype}")
+    if bounds is not None and len(bounds) != G + 1:
+        raise ValueError(f"bounds must hold the {G + 1} offsets, got {len(bounds)}")
     if values:
-        _check_offsets(offsets_G1, T)
+        _check_offsets(offsets_G1 if bounds is None else bounds, T)
 
 
-def _check_offsets(offsets_G1: torch.Tensor, T: int) -> None:
-    """``offsets[0] == 0``, non-decreasing, ``offsets[-1] <= T < 2**31`` (host read)."""
-    off = offsets_G1.to(device="cpu", dtype=torch.int64)
-    if int(off[0]) != 0:
-        raise ValueError(f"offsets[0] must be 0, got {int(off[0])}")
-    if bool((off[1:] < off[:-1]).any()):
-        raise ValueError(f"offsets must be non-decreasing, got {off.tolist()}")
-    if int(off[-1]) > T:
-        raise ValueError(f"offsets[-1] = {int(off[-1])} exceeds the {T} rows of x")
+def _check_offsets(offsets_G1: torch.Tensor | Sequence[int], T: int) -> None:
+    """``offsets[0] == 0``, non-decreasing, ``offsets[-1] <= T < 2**31`` (one host read
+    of a tensor; none of host integers)."""
+    if isinstance(offsets_G1, torch.Tensor):
+        off = [int(v) for v in offsets_G1.tolist()]  # one device-to-host copy
+    else:
+        off = [int(v) for v in offsets_G1]
+    if off[0] != 0:
+        raise ValueError(f"offsets[0] must be 0, got {off[0]}")
+    if any(b < a for a, b in pairwise(off)):
+        raise ValueError(f"offsets must be non-decreasing, got {off}")
+    if off[-1] > T:
+        raise ValueError(f"offsets[-1] = {off[-1]} exceeds the {T} rows of x")
     if T >= 2**31:
         raise ValueError(f"{T} rows exceed the int32 offsets of torch._grouped_mm")

@@ -1,18 +1,20 @@
 """``FetchList``: the weight rows one rank copies in a step, read from its plan once.
 
 Legend:
-    R ranks, E experts, B slots, N new slots of this rank (``N <= B``), D direct
-    rows of this rank (replicas beyond its ``B`` slots, read in place), C = N + D
-    rows this rank copies
+    R ranks, E experts, M home rows per rank, B slots, N new slots of this rank
+    (``N <= B``), D direct rows of this rank (replicas beyond its ``B`` slots, read in
+    place), C = N + D rows this rank copies, W = M + B + D rows per rank
 
 The prefetch needs, for this rank, the slots to (re)fill (``Plan.slot_new``) and
 the direct rows (``Plan.direct_expert``), each with the home rank and home row of
 its expert. :func:`fetch_list` reads the plan's slot and direct rows of every rank
 in **one** host read and works the rest out on the host from a :class:`HomeRows`
 map built once per expert store: no index tensors are built and nothing else is
-read back on the step's critical path (on CUDA, one device-to-host copy; the step
-already reads the plan's receive sizes on the host). The background job then turns
-the list into index tensors (:meth:`FetchList.index`), off the critical path.
+read back on the step's critical path (on CUDA, one device-to-host copy). The same
+read (:func:`plan_rows`) carries every rank's row offsets: the receive sizes the
+buffers are sized by, and this rank's section bounds (:func:`row_offsets`), so its
+grouped GEMMs read nothing of their own. The background job then turns the list into
+index tensors (:meth:`FetchList.index`), off the critical path.
 
 :func:`fetch_list_reference` is the readable spec (torch ops on the plan's tensors,
 the home map of ``moonplan.plan.home``); tests compare the two.
@@ -93,13 +95,22 @@ class FetchList:
 
 
 def plan_rows(p: Plan) -> np.ndarray:
-    """int64 numpy ``[R, 2B + D + 1]``: each rank's new-slot flags ``[B]``, slots' experts
-    ``[B]``, direct rows' experts ``[D]`` (``-1``: none) and receive rows ``[1]``
-    (``Plan.recv_size``), in one host read (a device-to-host copy where ``p`` lives on an
-    accelerator): what the layer reads of a plan each step (its buffer size and its fetch
-    list)."""
-    parts = [p.slot_new.to(torch.int64), p.slot_expert, p.direct_expert(), p.recv_size()[:, None]]
+    """int64 numpy ``[R, 2B + D + W + 1]``: each rank's new-slot flags ``[B]``, slots'
+    experts ``[B]``, direct rows' experts ``[D]`` (``-1``: none) and row offsets ``[W + 1]``
+    (``Plan.row_offset``; the last is its receive rows, ``Plan.recv_size``), in one host
+    read (a device-to-host copy where ``p`` lives on an accelerator): what the layer reads
+    of a plan each step (its buffer size, its fetch list and its expert sections' rows,
+    :func:`row_offsets`)."""
+    parts = [p.slot_new.to(torch.int64), p.slot_expert, p.direct_expert(), p.row_offset]
     return torch.cat(parts, 1).cpu().numpy()
+
+
+def row_offsets(plan: Plan, rank: int, rows: np.ndarray) -> tuple[int, ...]:
+    """``plan.row_offset[rank]`` (``W + 1`` host integers) from the read of
+    :func:`plan_rows` (``rows``, int64 ``[R, 2B + D + W + 1]``): where each of ``rank``'s
+    rows starts in its receive buffer, for the expert sections (no read of its own)."""
+    width = plan.row_offset.shape[1]
+    return tuple(int(v) for v in rows[rank, -width:].tolist())
 
 
 def fetch_list(plan: Plan, rank: int, home: HomeRows, rows: np.ndarray | None = None) -> FetchList:

@@ -39,7 +39,7 @@ from moonplan.runtime.buffers import BufferSpec, build_buffers
 from moonplan.runtime.calibrate import time_local_copy
 from moonplan.runtime.config import MoEConfig, Resolved, cost_settings
 from moonplan.runtime.contract import check_params, check_routing
-from moonplan.runtime.fetch_list import FetchList, HomeRows, fetch_list, plan_rows
+from moonplan.runtime.fetch_list import FetchList, HomeRows, fetch_list, plan_rows, row_offsets
 from moonplan.runtime.moe_function import MoEStep, moe_apply
 from moonplan.runtime.placer import Placer
 from moonplan.runtime.refill import Refill, agree, check_target
@@ -359,8 +359,8 @@ class LayerRuntime:
         if self.balancer.due():  # "auto" after its measured warm-up steps (every rank
             self.calibrate()  # alike: decided after the schedules are compared)
             t = time.perf_counter()
-        plan, copies = self._plan_step(counts_RE)
-        step = MoEStep(self.context(), plan, self._route(plan, ids_SK), clock)
+        plan, copies, offsets = self._plan_step(counts_RE)
+        step = MoEStep(self.context(), plan, offsets, self._route(plan, ids_SK), clock)
         self._publish_home(params, version)
         y_SH, fetched = self._execute(step, copies, t, x_SH, weight_SK, params)
         self._record(step, copies, fetched)
@@ -441,12 +441,14 @@ class LayerRuntime:
                 stacklevel=3,
             )
 
-    def _plan_step(self, counts_RE: Tensor) -> tuple[Plan, FetchList]:
-        """The step's plan (one planner call) and this rank's weight copies under it.
+    def _plan_step(self, counts_RE: Tensor) -> tuple[Plan, FetchList, tuple[int, ...]]:
+        """The step's plan (one planner call), this rank's weight copies under it and its
+        row offsets (``plan.row_offset[rank]``, ``W + 1`` host integers).
 
-        Reading the plan's receive rows is one host read (every policy pays it, static
-        too); where a rank needs more rows than the buffers hold, every rank sees the
-        same plan and all grow together, then plan again without residents.
+        Reading the plan's rows is one host read (every policy pays it, static too):
+        receive rows, copies and row offsets at once (:func:`plan_rows`); where a rank
+        needs more rows than the buffers hold, every rank sees the same plan and all
+        grow together, then plan again without residents.
         """
         plan = self._one_plan(counts_RE, self.resident)
         self.plans_made += 1
@@ -457,7 +459,8 @@ class LayerRuntime:
             plan = self._one_plan(counts_RE, None)  # new buffers: no residents
             rows = plan_rows(plan)
             need = int(rows[:, -1].max())
-        return plan, fetch_list(plan, self.group.rank, self.store.home, rows)
+        rank = self.group.rank
+        return plan, fetch_list(plan, rank, self.store.home, rows), row_offsets(plan, rank, rows)
 
     def _one_plan(self, counts_RE: Tensor, previous: Plan | None) -> Plan:
         """One planner call, or the slots' lookup plan where the placer says calls do not

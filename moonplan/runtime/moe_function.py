@@ -2,7 +2,7 @@
 
 Legend:
     R ranks, S tokens, K top-k, N = S*K records, H hidden, P receive rows of this rank,
-    M home rows, B slots, D direct rows, E_r home experts of this rank
+    M home rows, B slots, D direct rows, W = M + B + D rows, E_r home experts of this rank
 
 All rows move through the runtime's transport
 (:class:`~moonplan.runtime.transports.base.Transport`); this module never touches
@@ -42,10 +42,13 @@ from moonplan.runtime.transports.base import StepState
 @dataclass
 class MoEStep:
     """What forward and backward of one step share: the layer objects it runs on
-    (``context``), its plan and route, and its clock (phase times and profiler hooks)."""
+    (``context``), its plan, this rank's row offsets under it (``plan.row_offset[rank]``,
+    ``W + 1`` host integers, read with the plan's rows: the expert sections' bounds) and
+    route, and its clock (phase times and profiler hooks)."""
 
     context: StepContext
     plan: Plan
+    row_offset: tuple[int, ...]
     route: Route
     clock: StepClock = field(default_factory=StepClock)
     # The prefetch, (slot rows copied, direct weights per projection); None: nothing to copy.
@@ -119,14 +122,16 @@ class _MoEFunction(torch.autograd.Function):
                 "gate_up": gate_up.detach().requires_grad_(training),
                 "down": down.detach().requires_grad_(training),
             }
-            y_PH = run_sections(x_PH, plan, rank, [(0, home["gate_up"], home["down"])])
+            own = [(0, home["gate_up"], home["down"])]  # the home section
+            y_PH = run_sections(x_PH, plan, rank, step.row_offset, own)
             t = clock.tick("experts", t)
             t = _wait_prefetch(step, t)
             remote = _remote_weights(step)
             # Slot rows are not copied: prefetch rewrites them only in this layer's next
             # forward, after this step's backward (see docs/training.md).
             rem = {n: _alias(w).requires_grad_(training) for n, w in remote.items()}
-            run_sections(x_PH, plan, rank, _remote_sections(step, rem), out=y_PH)
+            others = _remote_sections(step, rem)  # the slots and the direct rows
+            run_sections(x_PH, plan, rank, step.row_offset, others, out=y_PH)
         t = clock.tick("experts", t)
         y_SH = transport.combine(y_PH.detach(), route, weight_SK, recv.state)
         clock.tick("combine", t)

@@ -12,6 +12,8 @@ direct replicas with weights read from their home ranks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from moonplan.plan.plan_type import Plan
@@ -22,15 +24,19 @@ def run_sections(
     x_PH: torch.Tensor,
     plan: Plan,
     rank: int,
+    bounds_W1: Sequence[int],
     sections: list[tuple[int, torch.Tensor, torch.Tensor]],
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """SwiGLU of every receive row with its row's expert weights.
+    """SwiGLU of every receive row with its row's expert weights (no host read).
 
     Args:
         x_PH: this rank's received rows.
         plan: the step's plan.
         rank: this rank.
+        bounds_W1: ``plan.row_offset[rank]`` as ``W + 1`` host integers (read with the
+            plan's other rows, ``moonplan.runtime.fetch_list.row_offsets``): each
+            section's rows, and its offsets checked on the host.
         sections: ``(first_row, gate_up [n_i, 2F, H], down [n_i, H, F])`` in row
             order: the home rows (first row 0, ``n`` = the rank's own experts;
             rows up to ``M`` are empty), the slots (first row ``M``) and the direct
@@ -46,8 +52,10 @@ def run_sections(
     offsets_W1 = plan.row_offset[rank]
     y_PH = x_PH.new_zeros(x_PH.shape) if out is None else out
     for first, gate_up, down in sections:
-        offs = offsets_W1[first : first + gate_up.shape[0] + 1]
-        a, b = int(offs[0]), int(offs[-1])
+        last = first + gate_up.shape[0]
+        a, b = bounds_W1[first], bounds_W1[last]
         if b > a:
-            y_PH[a:b] = grouped_swiglu(x_PH[a:b], offs - a, gate_up, down)
+            offs = offsets_W1[first : last + 1] - a
+            host = [v - a for v in bounds_W1[first : last + 1]]
+            y_PH[a:b] = grouped_swiglu(x_PH[a:b], offs, gate_up, down, bounds=host)
     return y_PH

@@ -127,6 +127,26 @@ def test_bad_offsets_raise(offsets: list[int], match: str) -> None:
         grouped_swiglu(x, torch.tensor(offsets), gate_up, down)
     with pytest.raises(ValueError, match=match):
         swiglu_reference(x, torch.tensor(offsets), gate_up, down)
+    good = torch.tensor([0, 3, 5])  # the host copy is what is checked, not read back
+    with pytest.raises(ValueError, match=match):
+        grouped_swiglu(x, good, gate_up, down, bounds=offsets)
+
+
+def test_host_bounds_check_without_a_read() -> None:
+    """``bounds`` (the offsets as host integers): the same result, no host read, and a
+    copy of the wrong length is refused."""
+    from tests.plan.host_work import host_work
+
+    x, offsets, gate_up, down = _inputs([3, 2], H=8, F=4, dtype=torch.float32)
+    want = grouped_swiglu(x, offsets, gate_up, down)
+    got = []
+    work = host_work(
+        lambda: got.append(grouped_swiglu(x, offsets, gate_up, down, bounds=[0, 3, 5]))
+    )
+    assert torch.equal(got[0], want) and work.host_reads == 0, work.reads
+    assert host_work(lambda: grouped_swiglu(x, offsets, gate_up, down)).host_reads == 1
+    with pytest.raises(ValueError, match="bounds"):
+        grouped_swiglu(x, offsets, gate_up, down, bounds=[0, 5])
 
 
 def test_bad_shapes_and_dtypes_raise() -> None:

@@ -1,4 +1,5 @@
-"""``fetch_list``: one rank's copies read from a plan once, against the torch reference.
+"""``fetch_list``: one rank's copies read from a plan once, against the torch reference;
+the same read's row offsets (``row_offsets``) against the plan's.
 
 Legend: R ranks, E experts, B slots, M = ceil(E/R), N new slots, D direct rows.
 """
@@ -12,7 +13,14 @@ from hypothesis import strategies as st
 
 import moonplan
 from moonplan.plan.home import home_map, home_start
-from moonplan.runtime.fetch_list import FetchList, HomeRows, fetch_list, fetch_list_reference
+from moonplan.runtime.fetch_list import (
+    FetchList,
+    HomeRows,
+    fetch_list,
+    fetch_list_reference,
+    plan_rows,
+    row_offsets,
+)
 from moonplan.testing import counts_and_options
 
 
@@ -26,9 +34,12 @@ def test_fetch_list_equals_the_reference(drawn, data) -> None:
     use_previous = data.draw(st.booleans(), label="previous")
     p = moonplan.plan(counts_RE, previous=previous if use_previous else None, **options)
     home = HomeRows.of(E, R)
+    rows = plan_rows(p)
+    assert rows[:, -1].tolist() == p.recv_size().tolist()
     for rank in range(R):
         got = fetch_list(p, rank, home)
-        assert got == fetch_list_reference(p, rank)
+        assert got == fetch_list_reference(p, rank) == fetch_list(p, rank, home, rows)
+        assert row_offsets(p, rank, rows) == tuple(p.row_offset[rank].tolist())
         assert len(got.slot_N) == int((p.slot_new[rank] > 0).sum())
         assert len(got.direct_rank_D) == int((p.direct_expert()[rank] >= 0).sum())
 
