@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -135,11 +136,23 @@ class Balancer:
         self.samples.clear()
         return True
 
-    def record(self, plan: Plan, rank: int, sent: int, phases: dict[str, float]) -> None:
-        """Keep this step's measurements (every step but the first, also after a resync)."""
+    def record(
+        self,
+        plan: Plan,
+        rank: int,
+        sent: int,
+        phases: dict[str, float],
+        *,
+        bounds_W1: Sequence[int],
+        fetched: int,
+    ) -> None:
+        """Keep this step's measurements (every step but the first, also after a resync);
+        ``bounds_W1`` and ``fetched``: this rank's row offsets and copies under ``plan``,
+        already on the host (:func:`~moonplan.runtime.calibrate.sample_step`)."""
         self.steps += 1
         if self.steps > 1:
-            self.samples.append(sample_step(plan, rank, sent, phases))
+            sample = sample_step(plan, rank, sent, phases, bounds_W1=bounds_W1, fetched=fetched)
+            self.samples.append(sample)
 
     def due(self) -> bool:
         """Whether ``"auto"`` should calibrate now (same answer on every rank)."""

@@ -1,6 +1,6 @@
 """A :class:`~moonplan.stepcost.StepCost` from the runtime's own measured phase rates.
 
-Legend: R ranks, E experts, r this rank, n samples (one per measured step).
+Legend: R ranks, E experts, r this rank, n samples (one per measured step), W rows per rank.
 
 Every step records one :class:`StepSample` per rank (host numbers: rows and
 distinct experts this rank ran, weights it fetched, rows it sent and received, and
@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 
@@ -53,18 +55,30 @@ class StepSample:
     phases: dict[str, float]
 
 
-def sample_step(plan: Plan, rank: int, sent: int, phases: dict[str, float]) -> StepSample:
-    """The :class:`StepSample` of this rank's step under ``plan``."""
-    alloc_E = plan.alloc[:, rank]
-    rows_W = plan.row_count[rank]
-    d_D = plan.direct_expert()[rank]
-    fetched = int((plan.slot_new[rank] > 0).sum()) + int((d_D >= 0).sum())
+def sample_step(
+    plan: Plan,
+    rank: int,
+    sent: int,
+    phases: dict[str, float],
+    *,
+    bounds_W1: Sequence[int],
+    fetched: int,
+) -> StepSample:
+    """The :class:`StepSample` of this rank's step under ``plan`` (one host read: the
+    records it received, ``plan.alloc[:, rank]``).
+
+    ``bounds_W1`` (``plan.row_offset[rank]``, ``W + 1`` host integers) and ``fetched``
+    (this rank's new slots plus direct rows, ``FetchList``) come from the plan's one
+    read of the step (``moonplan.runtime.fetch_list.plan_rows``): its rows are the last
+    offset, its groups the rows that take space (``align`` padding keeps a row with
+    records non-empty and an empty row empty).
+    """
     return StepSample(
-        rows=int(plan.recv_size()[rank]),
-        groups=int((rows_W > 0).sum()),
+        rows=bounds_W1[-1],
+        groups=sum(b > a for a, b in pairwise(bounds_W1)),
         fetched=fetched,
         sent=sent,
-        received=int(alloc_E.sum()),
+        received=int(plan.alloc[:, rank].sum()),
         phases=dict(phases),
     )
 

@@ -530,7 +530,9 @@ class LayerRuntime:
         )
         step.clock.hooks.traffic(self.last_stats.records, self.last_stats.rows_sent)
         sent = step.route.dest_rank.numel()
-        self.balancer.record(plan, self.group.rank, sent, step.clock.phases)
+        got = len(copies.slot_N) + len(copies.direct_rank_D)  # expert weights fetched
+        rank, phases = self.group.rank, step.clock.phases
+        self.balancer.record(plan, rank, sent, phases, bounds_W1=step.row_offset, fetched=got)
 
     def _contribution(
         self, x_SH: Tensor, ids_SK: Any, weight_SK: Any, own: Params, ok: bool, msg: str

@@ -6,10 +6,15 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from moonplan.runtime.calibrate import StepSample, fit_rates
+import moonplan
+from moonplan.runtime.calibrate import StepSample, fit_rates, sample_step
 from moonplan.runtime.config.sections import WARMUP_STEPS, balance_mode
+from moonplan.runtime.fetch_list import HomeRows, fetch_list, plan_rows, row_offsets
 from moonplan.stepcost import StepCost
+from moonplan.testing import counts_and_options
 from moonplan.testing.dist import run_ranks
 from tests.runtime.oracle import dense_weights, split, tokens
 
@@ -45,6 +50,29 @@ def _sample(rows: int, groups: int, experts_s: float, **kw) -> StepSample:
     phases = {"experts": experts_s, "counts": 1e-4, "dispatch": 1e-4 + 1e-6 * rows}
     phases |= {"combine": 1e-4 + 2e-6 * rows, "plan": 3e-4, "prefetch": kw.get("pf", 0.0)}
     return StepSample(rows, groups, kw.get("fetched", 0), rows, rows, phases)
+
+
+@given(counts_and_options(), st.booleans())
+def test_sample_from_the_plans_one_read_equals_its_tensors(drawn, use_previous: bool) -> None:
+    """A step's sample takes its rows, groups and fetched weights from the plan's one host
+    read (``plan_rows``): the same figures as the plan's tensors, ``align`` padding and
+    resident slots included."""
+    counts_RE, options = drawn
+    R, E = counts_RE.shape
+    previous = moonplan.plan(counts_RE.roll(1, 1), **options) if use_previous else None
+    p = moonplan.plan(counts_RE, previous=previous, **options)
+    rows, home = plan_rows(p), HomeRows.of(E, R)
+    for rank in range(R):
+        copies = fetch_list(p, rank, home, rows)
+        fetched = len(copies.slot_N) + len(copies.direct_rank_D)
+        bounds = row_offsets(p, rank, rows)
+        got = sample_step(p, rank, 3, {"experts": 1.0}, bounds_W1=bounds, fetched=fetched)
+        d_D = p.direct_expert()[rank]
+        want_fetched = int((p.slot_new[rank] > 0).sum()) + int((d_D >= 0).sum())
+        groups = int((p.row_count[rank] > 0).sum())
+        received = int(p.alloc[:, rank].sum())
+        want = (int(p.recv_size()[rank]), groups, want_fetched, 3, received, {"experts": 1.0})
+        assert got == StepSample(*want)
 
 
 def test_fit_rates_recovers_a_linear_expert_time() -> None:
