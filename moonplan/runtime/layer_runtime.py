@@ -96,6 +96,7 @@ class LayerRuntime:
         self.published_version: tuple[int, ...] = ()
         self.plans_made = 0  # planner calls (backward replays the forward plan: none there)
         self.way = "call"  # how the last step's plan was made (Placer.serve)
+        self.stale = False  # this step's slots went stale (any rank's weights changed)
         # Phase-timing hooks; moonplan.profile.profiling() installs live ones.
         self.profiler: LayerHooks = NULL_PROFILER
         # Overlapped schedule (prefetch beside dispatch, reduce beside dispatch-backward);
@@ -408,7 +409,7 @@ class LayerRuntime:
         refill_W = self.refill.status_words(counts_E.device)
         got_RX = self.group.gather_with_status(torch.cat([counts_E, mine, refill_W]), ok, msg)
         counts_RE, flags_RX = got_RX[:, : self.E], got_RX[:, self.E :].cpu()  # one host read
-        stale = bool(flags_RX[:, 0].any())  # any rank's weights changed: every slot is stale
+        stale = self.stale = bool(flags_RX[:, 0].any())  # any rank's weights changed
         if stale:
             self.published, self.resident = False, None
         if self.balancer.resync(flags_RX[:, 1]) or stale:  # resync: a step failed somewhere
@@ -463,9 +464,12 @@ class LayerRuntime:
         return plan, fetch_list(plan, rank, self.store.home, rows), row_offsets(plan, rank, rows)
 
     def _one_plan(self, counts_RE: Tensor, previous: Plan | None) -> Plan:
-        """One planner call, or the slots' lookup plan where the placer says calls do not
-        pay (:meth:`~moonplan.runtime.placer.Placer.serve`)."""
-        how = self.way = self.placer.serve()
+        """One planner call, or the way the placer says is faster over its window (a
+        lookup of the slots, or the exact kernel: :meth:`~moonplan.runtime.placer.Placer
+        .serve`). Not where the slots went stale this step (weights changed, as at every
+        training step): the window's ways assume slots that stay, so the step calls the
+        planner, as the simulator's ``moonplan-auto`` does on a training trace."""
+        how = self.way = "call" if self.stale else self.placer.serve()
         if how != "call":
             return self.balancer.serve(counts_RE, previous, how)
         rent = not self.placer.active(self._auto_cost())

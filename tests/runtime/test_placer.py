@@ -160,7 +160,9 @@ def test_a_placer_made_before_a_fork_decides_in_the_child() -> None:
     assert run_ranks(_decide_in_child, 2, timeout=TIMEOUT) == [7, 7]
 
 
-def _serve(rank: int, world: int, E: int, transport: str, cost: StepCost | None = None) -> dict:
+def _serve(
+    rank: int, world: int, E: int, transport: str, cost: StepCost | None = None, train: bool = False
+) -> dict:
     from moonplan import MoonMoE
 
     sizes = [40 + 4 * r for r in range(world)]
@@ -187,15 +189,20 @@ def _serve(rank: int, world: int, E: int, transport: str, cost: StepCost | None 
         ),
         sizes,
     )
-    errs = []
+    errs, choices = [], []
+    down = next(p for n, p in layer.named_parameters() if n.endswith("down_proj"))
     with torch.no_grad():
         for _ in range(12):
             y = layer(x)
             errs.append(float((y.double() - want[rank]).abs().max()))
+            choices.append(layer.last_stats.choice)
+            if train:  # an optimizer step's in-place update (values kept): slots go stale
+                down.mul_(1.0)
     rt = layer.runtime
     out = {"errs": errs, "orders": rt.placer.orders, "commits": rt.refill.commits,
            "slots": layer.last_plan.slot_expert.tolist(), "serve": rt.placer.serve(),
-           "policy": layer.last_stats.policy, "choice": layer.last_stats.choice}  # fmt: skip
+           "policy": layer.last_stats.policy, "choice": layer.last_stats.choice,
+           "choices": choices}  # fmt: skip
     rt.close()
     return out
 
@@ -237,6 +244,16 @@ def test_auto_serves_the_exact_kernel_where_it_is_fastest_and_equals_the_oracle(
         assert got[0]["policy"] == got[1]["policy"] == "exact", got
         assert got[0]["slots"] == got[1]["slots"]
         assert max(max(g["errs"]) for g in got) < 1e-4, got
+
+
+def test_stale_slots_call_the_planner_whatever_the_window_says() -> None:
+    """Weights changed at every step (training): no slot stays, so no step serves the
+    window's lookup or exact way (they assume slots that stay); every step calls the
+    planner, as the simulator's ``moonplan-auto`` does on a training trace."""
+    cheap = _cost().scaled(exit_s=1.0, plan_s=1.0, exact_s=1e-9, decide_s=1e-9, score_s=1e-9)
+    got = run_ranks(_serve, 2, 6, "heap", cheap, True, timeout=TIMEOUT)
+    assert all(set(g["choices"]) <= {"full", "exit"} for g in got), got
+    assert max(max(g["errs"]) for g in got) < 1e-4, got
 
 
 def _two_auto_layers(rank: int, world: int, transport: str) -> dict:
