@@ -214,7 +214,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
     def reset(self) -> None:
         self._previous = None
         self.decisions: Decisions | None = None
-        if self.staging and not self.stale_slots:  # stale slots: the runtime drops refills
+        if self.staging:  # stale slots (training): no refill, only the way of the steps
             assert self.slots is not None
             res = Residency(self.num_ranks, self.num_experts, self.slots, self.cost,
                             window=self.window, staging=self.staging)  # fmt: skip
@@ -237,14 +237,14 @@ class MoonplanAutoPolicy(PlannerPolicy):
         res = self.residency
         if res is None or self._previous is not None:
             return
-        slot_RB = res.prime(before.totals_NE)
+        slot_RB = res.prime(before.totals_NE, stale=self.stale_slots)
         zero_RE = torch.zeros(self.num_ranks, self.num_experts, dtype=torch.int64)
         self._previous = serving_plan(zero_RE, slot_RB)
 
     def step(self, counts: Any) -> PolicyStep:
         counts_RE = self._counts(counts)
         swapped = self._commit(counts_RE)
-        way = "call" if self.decisions is None else self.decisions.serve
+        way = "call" if self.decisions is None else self.decisions.way(self.stale_slots)
         if way == EXACT:  # the exact kernel with previous=: moonplan-resident's step
             p = self.plan(counts_RE, self._previous, policy=EXACT)
             planned = exact_charge_s(self.cost) / self.cost.plan_s if self.cost.plan_s else 0.0
@@ -261,8 +261,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
 
     def _uncalled(self, counts_RE: torch.Tensor, how: str) -> Plan:
         """The serving slots' lookup plan ``how``, without a planner call
-        (``Decisions.serve``: calls do not pay over the window), as the runtime serves it."""
-        if self._previous is None:
+        (``Decisions.serve``: calls do not pay over the window), as the runtime serves it
+        (over empty slots where they go stale: static EP)."""
+        if self._previous is None or self.stale_slots:
             assert self.slots is not None
             return lookup_plan(counts_RE, torch.full((self.num_ranks, self.slots), -1), how)
         return lookup_plan(counts_RE, self._previous.slot_expert.cpu(), how)
@@ -285,7 +286,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
         if self.decisions is None:
             return
         busy = self._order is not None
-        order = self.decisions.step(counts_RE, p, busy)
+        order = self.decisions.step(counts_RE, p, busy, stale=self.stale_slots)
         if order is not None:
             now = plan_time(self.cost, p, planned=0)
             link_s = refill_link_s(self.cost, order.fetch_ER, p.home.cpu())

@@ -382,8 +382,9 @@ class LayerRuntime:
             self.placer.forget(pool, self.refill)  # its slots are stale: no refill for them
             return
         target = self.placer.after_step(
-            counts_RE, plan, self._auto_cost(), self.refill.in_flight, pool, self.refill
-        )
+            counts_RE, plan, self._auto_cost(), self.refill.in_flight, pool, self.refill,
+            stale=self.stale,
+        )  # fmt: skip
         if target is not None:
             self.request_refill(target)
 
@@ -466,10 +467,9 @@ class LayerRuntime:
     def _one_plan(self, counts_RE: Tensor, previous: Plan | None) -> Plan:
         """One planner call, or the way the placer says is faster over its window (a
         lookup of the slots, or the exact kernel: :meth:`~moonplan.runtime.placer.Placer
-        .serve`). Not where the slots went stale this step (weights changed, as at every
-        training step): the window's ways assume slots that stay, so the step calls the
-        planner, as the simulator's ``moonplan-auto`` does on a training trace."""
-        how = self.way = "call" if self.stale else self.placer.serve()
+        .serve`), judged for steps like this one: whose slots stay, or go stale (weights
+        changed, as at every training step), as the simulator's ``moonplan-auto``."""
+        how = self.way = self.placer.serve(self.stale)
         if how != "call":
             return self.balancer.serve(counts_RE, previous, how)
         rent = not self.placer.active(self._auto_cost())

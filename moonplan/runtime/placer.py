@@ -89,11 +89,12 @@ class Placer:
         """The residency (``None`` until the first step with a cost model)."""
         return None if self.decisions is None else self.decisions.residency
 
-    def serve(self) -> str:
-        """How the step is served: ``"call"`` (the planner), or the slots' lookup plan the
-        last decision chose where calls do not pay over the window (``Decisions.serve``;
-        :meth:`~moonplan.runtime.balancer.Balancer.serve`)."""
-        return "call" if self.decisions is None else self.decisions.serve
+    def serve(self, stale: bool = False) -> str:
+        """How the step is served: ``"call"`` (the planner), or the way the last decision
+        judged faster over the window for such a step (``stale``: its slots went stale,
+        as at every training step): a lookup of the slots or the exact kernel
+        (``Decisions.way``; :meth:`~moonplan.runtime.balancer.Balancer.serve`)."""
+        return "call" if self.decisions is None else self.decisions.way(stale)
 
     def arrived(self, slot_RB: torch.Tensor) -> None:
         """A refill was committed: ``slot_RB`` (int64 ``[R, B]``, on the host) serves from
@@ -113,12 +114,14 @@ class Placer:
         in_flight: bool,
         pool: StagingPool,
         ticket: object,
+        stale: bool = False,
     ) -> torch.Tensor | None:
         """Observe a finished step (its counts and plan, whose slots now serve); the
         refill target ``[R, B]`` to request now (``-1``: keep), or ``None``. A refill it
         orders joins ``pool``'s line as ``ticket`` (the layer's refill, which takes the
         rows) and is returned at its turn; while it waits or is ``in_flight`` no decision
-        starts."""
+        starts. ``stale``: the step's slots went stale (a decision from it judges the way
+        of such steps and orders no refill)."""
         if not self.active(cost):
             self.forget(pool, ticket)
             return None
@@ -128,7 +131,8 @@ class Placer:
             res = Residency(R, E, self.B, cost, staging=self.S, device=counts_RE.device)
             self.decisions = Decisions(res, _submit)
         self.decisions.residency.cost = cost  # a calibration may have replaced it
-        order = self.decisions.step(counts_RE, plan, in_flight or self.waiting is not None)
+        busy = in_flight or self.waiting is not None
+        order = self.decisions.step(counts_RE, plan, busy, stale)
         if order is not None:
             self.orders += 1
             self.waiting = torch.where(order.changed_RB, order.slot_RB, -1)

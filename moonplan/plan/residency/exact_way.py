@@ -46,18 +46,24 @@ def exact_charge_s(cost: StepCost) -> float:
 
 
 def exact_steps_s(
-    cost: StepCost, rows_SRE: torch.Tensor, slot_RB: torch.Tensor, builds: Builds | None = None
+    cost: StepCost,
+    rows_SRE: torch.Tensor,
+    slot_RB: torch.Tensor,
+    builds: Builds | None = None,
+    chain: bool = True,
 ) -> list[float]:
     """Predicted seconds of each step of ``rows_SRE`` (the oldest first) served the exact
     way from the slots ``slot_RB`` (module docstring), its call included, newest first.
+    ``chain=False``: no slot stays from one step to the next (the weights change at every
+    step, as in training): each plan from empty slots, every replica copied.
     ``builds`` counts each plan as one build (``work.Builds.made``)."""
     B = slot_RB.shape[1]
-    previous = serving_plan(rows_SRE[-1], slot_RB.to(rows_SRE.device))
+    previous = serving_plan(rows_SRE[-1], slot_RB.to(rows_SRE.device)) if chain else None
     charge, out = exact_charge_s(cost), []
     for counts_RE in rows_SRE.flip(0):
         p = planner.plan(counts_RE, slots=B, previous=previous, policy=EXACT)
         out.append(plan_time(cost, p, planned=0).total_s + charge)
-        previous = p
+        previous = p if chain else None
     if builds is not None:
         builds.made += len(rows_SRE)
     return out

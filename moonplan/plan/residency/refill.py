@@ -63,6 +63,7 @@ from moonplan.plan.residency.serving import LOOKUPS
 from moonplan.plan.residency.target import (
     candidate_tables,
     served_s,
+    stale_way,
     step_time_over,
     table_ways,
     target_of,
@@ -92,6 +93,7 @@ class Verdict:
 
     order: Refill | None
     serve: str
+    stale: bool = False
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,8 @@ class Snapshot:
         totals_E: int64 ``[E]``, the window's loads; filled: the steps it holds.
         steps: the steps since the last decision.
         loads_SE: int64 ``[filled, E]``, each step's loads the window holds, oldest first.
+        stale: that step's slots went stale (its weights changed, as at every training
+            step): the decision judges a way for steps whose slots do not stay.
     """
 
     counts_RE: torch.Tensor
@@ -192,6 +196,7 @@ class Snapshot:
     filled: int
     steps: int
     loads_SE: torch.Tensor
+    stale: bool = False
 
 
 class Residency:
@@ -224,17 +229,24 @@ class Residency:
         self.credit = 0.0
         self.home_E = home_map(num_experts, num_ranks)
         self.serve = "call"  # the verdict of the window before the trace (:meth:`prime`)
+        self.serve_stale = False  # whether it was judged for steps whose slots go stale
 
-    def prime(self, totals_NE: torch.Tensor) -> torch.Tensor:
+    def prime(self, totals_NE: torch.Tensor, stale: bool = False) -> torch.Tensor:
         """Fill the window with the totals of steps before the first (int64 ``[N, E]``)
         and return the table serving at step 0: the target from empty slots, placed
         before the trace (no staging limit); :attr:`serve` says how those steps are best
-        served (by planner calls, or by a lookup)."""
+        served (by planner calls, a lookup or the exact kernel). ``stale``: the steps'
+        slots go stale (training): no table, and the way for such steps
+        (``target.stale_way``)."""
         self.window.prime(totals_NE)
         empty_RB = torch.full((self.R, self.B), -1, dtype=torch.int64)
         if self.window.filled == 0 or self.B == 0:
             return empty_RB
         totals_E, loads_SE = self.window.totals_E().cpu(), self.window.loads()
+        if stale:
+            rows_SRE = window_rows(totals_E, self.window.filled, self.R, loads_SE)
+            self.serve, self.serve_stale = stale_way(self.cost, rows_SRE, self.B, loads_SE)[1], True
+            return empty_RB
         got = target_of(totals_E, self.window.filled, empty_RB, self.cost, loads_SE)
         self.serve = got.serve
         return got.slot_RB
@@ -252,12 +264,13 @@ class Residency:
         return self.decide_on(self.snapshot(counts_RE, serving_RB, steps))
 
     def snapshot(
-        self, counts_RE: torch.Tensor, serving_RB: torch.Tensor, steps: int = 1
+        self, counts_RE: torch.Tensor, serving_RB: torch.Tensor, steps: int = 1, stale: bool = False
     ) -> Snapshot:
         """What a decision reads, copied now (on the device: no host read), so that it can
-        run beside the next steps while the window moves on."""
+        run beside the next steps while the window moves on (``stale``: that step's slots
+        went stale, :class:`Snapshot`)."""
         return Snapshot(counts_RE.clone(), serving_RB.clone(), self.window.totals_E().clone(),
-                        self.window.filled, steps, self.window.loads().clone())  # fmt: skip
+                        self.window.filled, steps, self.window.loads().clone(), stale)  # fmt: skip
 
     def decide_on(self, snap: Snapshot, builds: Builds | None = None) -> Refill | None:
         """:meth:`decide` on a :class:`Snapshot` (reads it on the host; one at a time);
@@ -268,6 +281,10 @@ class Residency:
         """The refill :meth:`decide_on` orders and whether calls pay (module docstring)."""
         if self.B == 0:
             return Verdict(None, "call")
+        if snap.stale:  # no slot stays: no refill, the way for such steps
+            rows_SRE = window_rows(snap.totals_E.cpu(), snap.filled, self.R, snap.loads_SE)
+            way = stale_way(self.cost, rows_SRE, self.B, snap.loads_SE, builds)[1]
+            return Verdict(None, way, stale=True)
         serving_RB, totals_E = snap.serving_RB.cpu(), snap.totals_E.cpu()
         got = target_of(totals_E, snap.filled, serving_RB, self.cost, snap.loads_SE, builds)
         target_RB = limit_changes(got.slot_RB, serving_RB, self.staging, totals_E)
@@ -327,12 +344,14 @@ class Answer:
         order: the refill to order, or ``None``.
         steps: the fewest steps whose predicted time covers its counted work
             (:class:`Builds`, at the host's rates: ``work.work_s``; at least 1).
-        serve: how the steps are served (:class:`Verdict`).
+        serve: how the steps are served (:class:`Verdict`); stale: judged for steps whose
+            slots go stale.
     """
 
     order: Refill | None
     steps: int
     serve: str = "call"
+    stale: bool = False
 
 
 class Decisions:
@@ -378,23 +397,37 @@ class Decisions:
         self._side: torch.cuda.Stream | None = None  # a worker's decisions on CUDA counts
         self._pending: tuple[Future[Answer] | Answer, int] | None = None  # (answer, lag)
         self._serve: str | None = None  # the last used answer's (None: none used yet)
+        self._stale = False  # it was judged for steps whose slots go stale
         self._ordered: Refill | None = None  # the last refill handed out, until it arrives
 
     @property
     def serve(self) -> str:
-        """How the steps are served (class docstring)."""
-        return self.residency.serve if self._serve is None else self._serve
+        """How steps whose slots stay are served (class docstring): :meth:`way`."""
+        return self.way(stale=False)
 
-    def step(self, counts_RE: torch.Tensor, plan: Plan, busy: bool) -> Refill | None:
-        """Observe a finished step (its counts and plan, whose slots serve); the refill
-        to order now, or ``None``."""
+    def way(self, stale: bool) -> str:
+        """How a step is served whose slots went stale (``stale``: its weights changed, as
+        at every training step) or stay: the last used answer's way where it was judged
+        for such steps, else ``"call"`` (a way judged for slots that stay does not hold
+        where they go, nor the other way round)."""
+        if self._serve is None:
+            serve, judged = self.residency.serve, self.residency.serve_stale
+        else:
+            serve, judged = self._serve, self._stale
+        return serve if judged == stale else "call"
+
+    def step(
+        self, counts_RE: torch.Tensor, plan: Plan, busy: bool, stale: bool = False
+    ) -> Refill | None:
+        """Observe a finished step (its counts and plan, whose slots serve; ``stale``: they
+        went stale at that step); the refill to order now, or ``None``."""
         self.residency.observe(counts_RE)
         self.since += 1
         if self._pending is not None:
             return self._use(busy)
         if busy or self.since < self.due:
             return None
-        snap = self.residency.snapshot(counts_RE, plan.slot_expert, self.since)
+        snap = self.residency.snapshot(counts_RE, plan.slot_expert, self.since, stale)
         job: Callable[[], Answer] = functools.partial(self._decide, snap, plan)
         if self.submit is not None and snap.loads_SE.is_cuda:
             job = self._on_side_stream(job, snap.loads_SE.device)
@@ -436,6 +469,7 @@ class Decisions:
             self._pending = (answer, answer.steps)
             return None
         self._pending, self.due, self._serve = None, answer.steps, answer.serve
+        self._stale = answer.stale
         if busy or answer.order is None:
             return None
         self._ordered = answer.order
@@ -455,6 +489,7 @@ class Decisions:
         order, self._ordered = self._ordered, None
         same = order is not None and torch.equal(order.slot_RB, slot_RB.cpu())
         self._serve = order.serve if same and order is not None else "call"
+        self._stale = False
 
     def _decide(self, snap: Snapshot, plan: Plan) -> Answer:
         """The decision and its counted work (host reads: here only)."""
@@ -463,7 +498,7 @@ class Decisions:
         verdict = self.residency.judge(snap, builds)
         step_s = plan_time(cost, plan, planned=0).total_s
         steps = max(1, math.ceil(work_s(cost, builds) / step_s)) if step_s > 0 else 1
-        return Answer(verdict.order, steps, verdict.serve)
+        return Answer(verdict.order, steps, verdict.serve, verdict.stale)
 
 
 def time_rates(

@@ -347,6 +347,26 @@ def target_of(
     return Target(slot_TRB[t].clone(), ways[t][1], EXACT if exact < kept[0] else kept[1])
 
 
+def stale_way(
+    cost: StepCost,
+    rows_SRE: torch.Tensor,
+    num_slots: int,
+    loads_SE: torch.Tensor | None = None,
+    builds: Builds | None = None,
+) -> tuple[float, str]:
+    """The least predicted seconds over the steps ``rows_SRE`` (int64 ``[S, R, E]``) where
+    no slot stays from one step to the next (the weights change at every step, as in
+    training), and the way that gives it: a lookup of empty slots (static EP, no call), a
+    planner call from empty slots, or the exact kernel from empty slots
+    (``exact_way.exact_steps_s(chain=False)``); ties in that order. No table is kept, so
+    none is targeted."""
+    R = rows_SRE.shape[1]
+    empty_1RB = torch.full((1, R, num_slots), -1, dtype=torch.int64)
+    best = table_ways(cost, rows_SRE, empty_1RB, loads_SE, builds)[0]
+    exact = sum(exact_steps_s(cost, rows_SRE, empty_1RB[0], builds, chain=False))
+    return (exact, EXACT) if exact < best[0] else best
+
+
 WAYS = (*LOOKUPS, "call")
 """The ways a table serves, in tie-break order: its lookups (no call), then planner calls."""
 

@@ -58,3 +58,26 @@ def test_exact_balance_is_chosen_where_calls_are_dear_and_the_exact_kernel_is_no
     dear = cheap.scaled(exact_s=1e-3)
     got = target_of(loads_SE.sum(0), len(loads_SE), empty, dear, loads_SE)
     assert got.serve != EXACT and got.kept != EXACT
+
+
+def test_without_a_chain_every_step_plans_from_empty_slots() -> None:
+    """Where no slot stays (training), each step's exact plan starts from empty slots."""
+    cost = rows_only(copy_s_intra=1e-5, copy_s_inter=1e-5, exact_s=7e-6)
+    rows_SRE = _window(3)
+    got = exact_steps_s(cost, rows_SRE, torch.full((4, 2), -1), chain=False)
+    want = [plan_time(cost, moonplan.plan(c, slots=2, policy="exact"), planned=0).total_s
+            + 7e-6 for c in reversed(list(rows_SRE))]  # fmt: skip
+    assert got == want
+
+
+def test_where_slots_go_stale_the_way_is_a_lookup_a_call_or_the_exact_kernel() -> None:
+    """Steps whose slots go stale: the exact kernel where it is cheap and balance pays;
+    static EP's lookup (no call) where every call is dear."""
+    from moonplan.plan.residency.serving import LOOKUPS
+    from moonplan.plan.residency.target import stale_way
+
+    rows_SRE = _window()
+    cheap = rows_only(copy_s_intra=1e-9, copy_s_inter=1e-9, exit_s=1e-3, plan_s=1e-3,
+                      exact_s=1e-9)  # fmt: skip
+    assert stale_way(cheap, rows_SRE, 2)[1] == EXACT
+    assert stale_way(cheap.scaled(exact_s=1.0), rows_SRE, 2)[1] in LOOKUPS

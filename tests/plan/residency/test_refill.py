@@ -141,6 +141,24 @@ def test_the_way_changes_when_the_refill_arrives() -> None:
     assert d.serve == "call"  # judged by no decision
 
 
+def test_a_way_judged_for_stale_steps_serves_only_stale_steps() -> None:
+    """A decision from a step whose slots went stale (training) orders no refill and
+    judges the way of such steps; steps whose slots stay are served by calls until a
+    decision judges theirs, and the other way round."""
+    import moonplan
+    from moonplan.plan.residency.refill import Decisions
+
+    cost = rows_only(copy_s_intra=1e-9, copy_s_inter=1e-9, exit_s=1e-3, plan_s=1e-3,
+                     exact_s=1e-9, decide_s=1e-12, score_s=1e-12)  # fmt: skip
+    d = Decisions(Residency(4, 16, 2, cost, window=4))
+    for c in hot_steps(4, (0, 5)):
+        assert d.step(c, moonplan.plan(c, slots=2, policy="static"), False, stale=True) is None
+    assert d.way(stale=True) == "exact" and d.way(stale=False) == d.serve == "call"
+    for c in hot_steps(4, (0, 5), seed=1):
+        d.step(c, moonplan.plan(c, slots=2, policy="static"), False)
+    assert d.way(stale=True) == "call"
+
+
 def test_decisions_are_used_a_lag_later_and_alike_inline_or_on_a_worker() -> None:
     """A decision starts from one step's snapshot and its answer is used ``due`` steps
     later; on a worker thread (the runtime) or inline (the simulator) the orders come at
