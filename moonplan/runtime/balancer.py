@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT
 from moonplan.plan.residency.refill import time_rates
 from moonplan.plan.residency.serving import lookup_plan
-from moonplan.runtime.calibrate import StepSample, agree, fit_rates, sample_step
+from moonplan.runtime.calibrate import StepSample, agree, fit_rates
 from moonplan.runtime.config.sections import (
     KEEP_SAMPLES,
     TIMING_REPEATS,
@@ -136,23 +136,13 @@ class Balancer:
         self.samples.clear()
         return True
 
-    def record(
-        self,
-        plan: Plan,
-        rank: int,
-        sent: int,
-        phases: dict[str, float],
-        *,
-        bounds_W1: Sequence[int],
-        fetched: int,
-    ) -> None:
-        """Keep this step's measurements (every step but the first, also after a resync);
-        ``bounds_W1`` and ``fetched``: this rank's row offsets and copies under ``plan``,
-        already on the host (:func:`~moonplan.runtime.calibrate.sample_step`)."""
+    def record(self, sample: Callable[[], StepSample]) -> None:
+        """Keep this step's measurements (every step but the first, also after a resync):
+        ``sample`` makes them (``calibrate.sample_step``, with its one host read), called
+        only for the steps kept."""
         self.steps += 1
         if self.steps > 1:
-            sample = sample_step(plan, rank, sent, phases, bounds_W1=bounds_W1, fetched=fetched)
-            self.samples.append(sample)
+            self.samples.append(sample())
 
     def due(self) -> bool:
         """Whether ``"auto"`` should calibrate now (same answer on every rank)."""

@@ -11,6 +11,7 @@ Heap, transport, expert store, the resident plan and the step figures
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from collections.abc import Mapping
@@ -36,7 +37,7 @@ from moonplan.runtime.background import (
 )
 from moonplan.runtime.balancer import Balancer
 from moonplan.runtime.buffers import BufferSpec, build_buffers
-from moonplan.runtime.calibrate import time_local_copy
+from moonplan.runtime.calibrate import sample_step, time_local_copy
 from moonplan.runtime.config import MoEConfig, Resolved, cost_settings
 from moonplan.runtime.contract import check_params, check_routing
 from moonplan.runtime.fetch_list import FetchList, HomeRows, fetch_list, plan_rows, row_offsets
@@ -536,7 +537,9 @@ class LayerRuntime:
         sent = step.route.dest_rank.numel()
         got = len(copies.slot_N) + len(copies.direct_rank_D)  # expert weights fetched
         rank, phases = self.group.rank, step.clock.phases
-        self.balancer.record(plan, rank, sent, phases, bounds_W1=step.row_offset, fetched=got)
+        self.balancer.record(functools.partial(
+            sample_step, plan, rank, sent, phases, bounds_W1=step.row_offset, fetched=got
+        ))  # fmt: skip
 
     def _contribution(
         self, x_SH: Tensor, ids_SK: Any, weight_SK: Any, own: Params, ok: bool, msg: str
