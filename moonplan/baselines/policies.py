@@ -247,12 +247,13 @@ class MoonplanAutoPolicy(PlannerPolicy):
         way = "call" if self.decisions is None else self.decisions.way(self.stale_slots)
         if way == EXACT:  # the exact kernel with previous=: moonplan-resident's step
             p = self.plan(counts_RE, self._previous, policy=EXACT)
-            planned = exact_charge_s(self.cost) / self.cost.plan_s if self.cost.plan_s else 0.0
+            charge_s = exact_charge_s(self.cost)
         elif way != "call":
-            p, planned = self._uncalled(counts_RE, way), 0.0  # as EPLB's
+            p, charge_s = self._uncalled(counts_RE, way), 0.0  # as EPLB's
         else:
             p = self.plan(counts_RE, self._previous)
-            planned = self._charge(p)
+            charge_s = self._charge_s(p)
+        planned = charge_s / self.cost.plan_s if self.cost.plan_s > 0 else 0.0  # in calls
         self._previous = p
         refill_ER = self._shares.pop(0) if self._shares else None
         self._place(counts_RE, p)
@@ -268,16 +269,14 @@ class MoonplanAutoPolicy(PlannerPolicy):
             return lookup_plan(counts_RE, torch.full((self.num_ranks, self.slots), -1), how)
         return lookup_plan(counts_RE, self._previous.slot_expert.cpu(), how)
 
-    def _charge(self, p: Plan) -> float:
-        """The step's planning in planner calls (``cost.plan_s`` each): the exit's test or
-        the full call, and the rounds of the ``resident`` build the call ran."""
+    def _charge_s(self, p: Plan) -> float:
+        """Seconds of the step's ``auto`` call: the exit's test or the full call, and the
+        rounds of the ``resident`` build the call ran."""
         assert p.choice is not None  # an auto plan
         rounds = int(p.choice.rounds)
         if p.choice.early_exit():  # the test, and the resident candidate's build if made
-            charge = exit_rounds_s(self.cost, rounds)
-        else:
-            charge = call_rounds_s(self.cost, rounds)
-        return charge / self.cost.plan_s if self.cost.plan_s > 0 else 0.0
+            return exit_rounds_s(self.cost, rounds)
+        return call_rounds_s(self.cost, rounds)
 
     def _place(self, counts_RE: torch.Tensor, p: Plan) -> None:
         """Hand the step to the placement's decisions (the runtime's rule:

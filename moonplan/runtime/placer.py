@@ -31,9 +31,11 @@ the queue (docs/simulator.md, assumptions).
 
 While refills run in the background, each step's planner call buys only what pays in that
 step (``moonplan.plan(..., rent=False)``): the slots for later steps are the refill's.
-Where a decision says a planner call every step does not pay over its window
-(``Decisions.serve``), the steps serve one of the slots' lookup plans without one
-(:meth:`Placer.serve`) until a later decision says calls pay again.
+Where a decision says another way is faster over its window than a planner call every
+step (``Decisions.way``), the steps serve it (:meth:`Placer.serve`): one of the slots'
+lookup plans without a call, or the exact kernel every step; until a later decision says
+otherwise, and only on steps like those it was judged for (slots that stay, or that go
+stale as in training).
 """
 
 from __future__ import annotations

@@ -89,7 +89,8 @@ slot per rank)."""
 class Verdict:
     """A decision (:meth:`Residency.judge`): the refill to order (``None``: none) and how
     the serving slots are served until it arrives (``Target.kept``: ``"call"``, a lookup
-    or ``"exact"``; the refill says how its own table serves, ``Refill.serve``)."""
+    or ``"exact"``; the refill says how its own table serves, ``Refill.serve``);
+    ``stale``: judged for steps whose slots go stale (no refill then)."""
 
     order: Refill | None
     serve: str
@@ -228,13 +229,12 @@ class Residency:
         self.window = LoadWindow(num_experts, window, device)
         self.credit = 0.0
         self.home_E = home_map(num_experts, num_ranks)
-        self.serve = "call"  # the verdict of the window before the trace (:meth:`prime`)
-        self.serve_stale = False  # whether it was judged for steps whose slots go stale
+        self.primed = Verdict(None, "call")  # the window's before the trace (:meth:`prime`)
 
     def prime(self, totals_NE: torch.Tensor, stale: bool = False) -> torch.Tensor:
         """Fill the window with the totals of steps before the first (int64 ``[N, E]``)
         and return the table serving at step 0: the target from empty slots, placed
-        before the trace (no staging limit); :attr:`serve` says how those steps are best
+        before the trace (no staging limit); :attr:`primed` says how those steps are best
         served (by planner calls, a lookup or the exact kernel). ``stale``: the steps'
         slots go stale (training): no table, and the way for such steps
         (``target.stale_way``)."""
@@ -245,10 +245,10 @@ class Residency:
         totals_E, loads_SE = self.window.totals_E().cpu(), self.window.loads()
         if stale:
             rows_SRE = window_rows(totals_E, self.window.filled, self.R, loads_SE)
-            self.serve, self.serve_stale = stale_way(self.cost, rows_SRE, self.B, loads_SE)[1], True
+            self.primed = Verdict(None, stale_way(self.cost, rows_SRE, self.B, loads_SE)[1], True)
             return empty_RB
         got = target_of(totals_E, self.window.filled, empty_RB, self.cost, loads_SE)
-        self.serve = got.serve
+        self.primed = Verdict(None, got.serve)
         return got.slot_RB
 
     def observe(self, counts_RE: torch.Tensor) -> None:
@@ -341,17 +341,13 @@ class Answer:
     """A decision's answer (:meth:`Decisions.step`).
 
     Attributes:
-        order: the refill to order, or ``None``.
+        verdict: the refill to order and the way of the steps (:class:`Verdict`).
         steps: the fewest steps whose predicted time covers its counted work
             (:class:`Builds`, at the host's rates: ``work.work_s``; at least 1).
-        serve: how the steps are served (:class:`Verdict`); stale: judged for steps whose
-            slots go stale.
     """
 
-    order: Refill | None
+    verdict: Verdict
     steps: int
-    serve: str = "call"
-    stale: bool = False
 
 
 class Decisions:
@@ -396,8 +392,7 @@ class Decisions:
         self.since, self.due = 0, 1
         self._side: torch.cuda.Stream | None = None  # a worker's decisions on CUDA counts
         self._pending: tuple[Future[Answer] | Answer, int] | None = None  # (answer, lag)
-        self._serve: str | None = None  # the last used answer's (None: none used yet)
-        self._stale = False  # it was judged for steps whose slots go stale
+        self._verdict: Verdict | None = None  # the last used answer's (None: none yet)
         self._ordered: Refill | None = None  # the last refill handed out, until it arrives
 
     @property
@@ -410,11 +405,8 @@ class Decisions:
         at every training step) or stay: the last used answer's way where it was judged
         for such steps, else ``"call"`` (a way judged for slots that stay does not hold
         where they go, nor the other way round)."""
-        if self._serve is None:
-            serve, judged = self.residency.serve, self.residency.serve_stale
-        else:
-            serve, judged = self._serve, self._stale
-        return serve if judged == stale else "call"
+        verdict = self.residency.primed if self._verdict is None else self._verdict
+        return verdict.serve if verdict.stale == stale else "call"
 
     def step(
         self, counts_RE: torch.Tensor, plan: Plan, busy: bool, stale: bool = False
@@ -468,12 +460,12 @@ class Decisions:
         if self.since < answer.steps:  # its work covers more steps than the lag guessed
             self._pending = (answer, answer.steps)
             return None
-        self._pending, self.due, self._serve = None, answer.steps, answer.serve
-        self._stale = answer.stale
-        if busy or answer.order is None:
+        self._pending, self.due, self._verdict = None, answer.steps, answer.verdict
+        order = answer.verdict.order
+        if busy or order is None:
             return None
-        self._ordered = answer.order
-        return answer.order
+        self._ordered = order
+        return order
 
     @property
     def ordered(self) -> Refill | None:
@@ -488,8 +480,7 @@ class Decisions:
         no decision, and serves by planner calls until the next one."""
         order, self._ordered = self._ordered, None
         same = order is not None and torch.equal(order.slot_RB, slot_RB.cpu())
-        self._serve = order.serve if same and order is not None else "call"
-        self._stale = False
+        self._verdict = Verdict(None, order.serve if same and order is not None else "call")
 
     def _decide(self, snap: Snapshot, plan: Plan) -> Answer:
         """The decision and its counted work (host reads: here only)."""
@@ -498,7 +489,7 @@ class Decisions:
         verdict = self.residency.judge(snap, builds)
         step_s = plan_time(cost, plan, planned=0).total_s
         steps = max(1, math.ceil(work_s(cost, builds) / step_s)) if step_s > 0 else 1
-        return Answer(verdict.order, steps, verdict.serve, verdict.stale)
+        return Answer(verdict, steps)
 
 
 def time_rates(
