@@ -206,9 +206,11 @@ def _pour(
     records first; holders ``hold_TNR``, replicated where ``rep_TN``) after ``passes``
     pourings each, in turn, from the shares ``start_TER`` (float64 ``[T, E, R]``, every
     expert's), which also give the starting loads, summed in expert order as the
-    reference sums them. Where an expert is not replicated, its load is taken as 0 and
-    its total as 0: pouring it gives 0, exactly, on its home and changes no load; its
-    starting shares come back."""
+    reference sums them. A pouring takes the expert's load off its holders (its share
+    ``x`` and, where ``x > 0``, a read: its charge), pours, and puts the new charge back.
+    In a table where the expert is not replicated (its share, all on its home, stays in
+    the loads as it started), it is poured as an expert of no records and no charge: 0,
+    exactly, on its one holder, and no load changes; its starting shares come back."""
     R = start_TER.shape[2]
     wr_T1 = wr_T[:, None]
     load_TR = torch.addcmul(start_TER, start_TER.sign(), wr_T1[:, :, None]).cumsum(1)[:, -1]
