@@ -58,7 +58,7 @@ from moonplan.plan.residency.refill import (
     refill_link_s,
     swapped_slots,
 )
-from moonplan.plan.residency.serving import lookup_plan, serving_plan
+from moonplan.plan.residency.serving import WEIGHTED, lookup_plan, serving_plan, weighted_plan
 from moonplan.plan.residency.window import WINDOW
 from moonplan.stepcost import StepCost
 
@@ -266,8 +266,15 @@ class MoonplanAutoPolicy(PlannerPolicy):
         (over empty slots where they go stale: static EP)."""
         if self._previous is None or self.stale_slots:
             assert self.slots is not None
-            return lookup_plan(counts_RE, torch.full((self.num_ranks, self.slots), -1), how)
-        return lookup_plan(counts_RE, self._previous.slot_expert.cpu(), how)
+            slot_RB = torch.full((self.num_ranks, self.slots), -1)
+        else:
+            slot_RB = self._previous.slot_expert.cpu()
+        if how == WEIGHTED:
+            assert self.decisions is not None
+            weight_ER = self.decisions.weights(self.stale_slots)
+            assert weight_ER is not None, "a weighted verdict carries its weights"
+            return weighted_plan(counts_RE, slot_RB, weight_ER)
+        return lookup_plan(counts_RE, slot_RB, how)
 
     def _charge_s(self, p: Plan) -> float:
         """Seconds of the step's ``auto`` call: the exit's test or the full call, and the

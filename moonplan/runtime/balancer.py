@@ -38,7 +38,7 @@ from moonplan.plan import api as planner
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT
 from moonplan.plan.residency.refill import time_rates
-from moonplan.plan.residency.serving import lookup_plan
+from moonplan.plan.residency.serving import WEIGHTED, lookup_plan, weighted_plan
 from moonplan.runtime.calibrate import StepSample, agree, fit_rates
 from moonplan.runtime.config.sections import (
     KEEP_SAMPLES,
@@ -97,12 +97,20 @@ class Balancer:
             rent=rent,
         )
 
-    def serve(self, counts_RE: torch.Tensor, previous: Plan | None, how: str) -> Plan:
+    def serve(
+        self,
+        counts_RE: torch.Tensor,
+        previous: Plan | None,
+        how: str,
+        weight_ER: torch.Tensor | None = None,
+    ) -> Plan:
         """The step's plan without ``auto``'s choosing call (``moonplan.runtime.placer``):
-        the lookup plan ``how`` of ``previous``'s slots (``serving.lookup_plan``; static
-        EP without them), where calls do not pay, or with ``how`` ``"exact"`` the exact
-        plan with ``previous=`` (one exact call, ``exact_way``), where exact balance every
-        step is predicted fastest. Reads nothing on the host."""
+        the lookup plan ``how`` of ``previous``'s slots (``serving.lookup_plan``, or with
+        ``how`` ``"weighted"`` ``serving.weighted_plan`` with the decision's ``weight_ER``,
+        int64 ``[E, R]`` on the counts' device; static EP without slots), where calls do
+        not pay, or with ``how`` ``"exact"`` the exact plan with ``previous=`` (one exact
+        call, ``exact_way``), where exact balance every step is predicted fastest. Reads
+        nothing on the host."""
         self._last = (counts_RE, previous)
         if how == EXACT:
             return planner.plan(counts_RE, slots=self.B, align=self.align, previous=previous,
@@ -111,6 +119,9 @@ class Balancer:
             slot_RB = torch.full((counts_RE.shape[0], self.B), -1, device=counts_RE.device)
         else:
             slot_RB = previous.slot_expert
+        if how == WEIGHTED:
+            assert weight_ER is not None, "the weighted lookup needs its decision's weights"
+            return weighted_plan(counts_RE, slot_RB, weight_ER, align=self.align, check=False)
         return lookup_plan(counts_RE, slot_RB, how, align=self.align, check=False)
 
     def schedule(self) -> int:

@@ -26,7 +26,7 @@ from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT
-from moonplan.plan.residency.serving import LOOKUPS, serving_plan
+from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED, serving_plan
 from moonplan.plan.route import Route
 from moonplan.plan.route import route as route_tokens
 from moonplan.runtime.background import (
@@ -472,7 +472,8 @@ class LayerRuntime:
         changed, as at every training step), as the simulator's ``moonplan-auto``."""
         how = self.way = self.placer.serve(self.stale)
         if how != "call":
-            return self.balancer.serve(counts_RE, previous, how)
+            weight_ER = self.placer.weights(self.stale, counts_RE.device)
+            return self.balancer.serve(counts_RE, previous, how, weight_ER)
         rent = not self.placer.active(self._auto_cost())
         return self.balancer.plan(counts_RE, previous, rent)
 
@@ -594,7 +595,7 @@ def _how(plan: Plan, way: str) -> str:
     if way == EXACT:
         return EXACT
     if plan.choice is None:
-        return "lookup" if plan.requested in LOOKUPS else "none"
+        return "lookup" if plan.requested in (*LOOKUPS, WEIGHTED) else "none"
     return "exit" if plan.choice.early_exit() else "full"
 
 

@@ -85,6 +85,7 @@ class Placer:
         self.decisions: Decisions | None = None
         self.orders = 0
         self.waiting: torch.Tensor | None = None
+        self._weights: tuple[torch.Tensor, torch.Tensor] | None = None  # (host, device)
 
     @property
     def residency(self) -> Residency | None:
@@ -97,6 +98,17 @@ class Placer:
         as at every training step): a lookup of the slots or the exact kernel
         (``Decisions.way``; :meth:`~moonplan.runtime.balancer.Balancer.serve`)."""
         return "call" if self.decisions is None else self.decisions.way(stale)
+
+    def weights(self, stale: bool, device: torch.device) -> torch.Tensor | None:
+        """The weighted lookup's weights on ``device`` (int64 ``[E, R]``) where
+        :meth:`serve` is that lookup (``Decisions.weights``), else ``None``; copied to the
+        device once per verdict, not every step."""
+        host_ER = None if self.decisions is None else self.decisions.weights(stale)
+        if host_ER is None:
+            return None
+        if self._weights is None or self._weights[0] is not host_ER:
+            self._weights = (host_ER, host_ER.to(device))
+        return self._weights[1]
 
     def arrived(self, slot_RB: torch.Tensor) -> None:
         """A refill was committed: ``slot_RB`` (int64 ``[R, B]``, on the host) serves from

@@ -554,10 +554,12 @@ def test_auto_serves_a_lookup_without_calls_where_calls_cannot_pay() -> None:
 
 
 def test_auto_serves_the_exact_kernel_where_it_is_predicted_fastest() -> None:
-    """Where ``auto``'s call is dear and the exact kernel cheap, a hot expert's steps are
-    served by the exact kernel with ``previous=`` (``moonplan-resident``'s plans, step for
-    step), each charged one exact call, not ``auto``'s."""
-    trace = hot_steps(8, 4, 16, (0,), low=20, high=22, extra=300)
+    """Where ``auto``'s call is dear and the exact kernel cheap, a hot expert's steps whose
+    other loads swing (0-100 records, so no fixed split balances them) are served by the
+    exact kernel with ``previous=`` (``moonplan-resident``'s plans, step for step), each
+    charged one exact call, not ``auto``'s. On steady loads the weighted lookup's fixed
+    shares balance as well, with no call, and serve (``test_weighted_lookup_...``)."""
+    trace = hot_steps(8, 4, 16, (0,), low=0, high=100, extra=300)
     cost = rows_only(exit_s=1e-3, plan_s=1e-3, exact_s=1e-5)
     auto = make_policy("moonplan-auto", 4, 16, cost=cost, slots=2, placement_window=4)
     auto.prime(Prehistory(torch.arange(-4, 0), torch.stack([c.sum(0) for c in trace[:4]])))
@@ -566,3 +568,20 @@ def test_auto_serves_the_exact_kernel_where_it_is_predicted_fastest() -> None:
         got, want = auto.step(c), resident.step(c)
         assert got.choice == "exact" and got.planned == pytest.approx(1e-5 / 1e-3)
         assert torch.equal(got.alloc_ER, want.alloc_ER)
+
+
+def test_weighted_lookup_serves_a_steady_hot_expert_with_no_call() -> None:
+    """A steady hot expert (other loads 20-21) with the exact kernel cheap and ``auto``'s
+    call dear: the decision's fixed shares balance each step as the exact kernel would,
+    with no call, so the weighted lookup serves, charged nothing, its busiest rank within
+    1% of the exact kernel's (the shares are fixed; the noise is not)."""
+    trace = hot_steps(8, 4, 16, (0,), low=20, high=22, extra=300)
+    cost = rows_only(exit_s=1e-3, plan_s=1e-3, exact_s=1e-5)
+    auto = make_policy("moonplan-auto", 4, 16, cost=cost, slots=2, placement_window=4)
+    auto.prime(Prehistory(torch.arange(-4, 0), torch.stack([c.sum(0) for c in trace[:4]])))
+    exact = make_policy("moonplan-resident", 4, 16, slots=2)
+    static = make_policy("static-linear", 4, 16)
+    for c in trace[4:]:
+        got, best, worst = auto.step(c), exact.step(c), static.step(c)
+        assert got.choice == "weighted" and got.planned == 0
+        assert got.load_R.max() <= 1.01 * best.load_R.max() < worst.load_R.max()

@@ -6,6 +6,7 @@ Legend: R ranks, E experts, B slots, T tokens (all ranks), H hidden, F ffn, K to
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 
@@ -161,40 +162,49 @@ def test_a_placer_made_before_a_fork_decides_in_the_child() -> None:
 
 
 def _serve(
-    rank: int, world: int, E: int, transport: str, cost: StepCost | None = None, train: bool = False
+    rank: int,
+    world: int,
+    E: int,
+    transport: str,
+    cost: StepCost | None = None,
+    train: bool = False,
+    swing: bool = False,
 ) -> dict:
+    """Twelve steps of an ``auto`` layer whose expert 1 is every token's first choice
+    (``swing``: on every other step only, the others routed at random, so no fixed split
+    balances both kinds of step), each checked against the dense oracle."""
     from moonplan import MoonMoE
 
     sizes = [40 + 4 * r for r in range(world)]
     T = sum(sizes)
     w = dense_weights(E, H, F, seed=3)
     g = torch.Generator().manual_seed(11)
-    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    plain = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    ids = plain.clone()
     ids[:, 0] = 1  # a persistent hot expert: every token's first choice
     ids[:, 1] = torch.where(ids[:, 1] == 1, 2, ids[:, 1])
     wk = torch.softmax(torch.randn(T, K, generator=g), -1)
     offset = sum(sizes[:rank])
+    kinds = [ids, plain] if swing else [ids]
+    step = [0]
 
     def route(x_SH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        n = x_SH.shape[0]
-        return ids[offset : offset + n], wk[offset : offset + n] * (1 + 0 * x_SH.sum())
+        n, now = x_SH.shape[0], kinds[step[0] % len(kinds)]
+        return now[offset : offset + n], wk[offset : offset + n] * (1 + 0 * x_SH.sum())
 
     layer = MoonMoE(H, F, E, K, slots=2, router=route, balance="auto", cost=cost or _cost(),
                     transport=transport, max_tokens=64)  # fmt: skip
     layer.load_dense(w["router_weight"], w["gate_up"], w["down"])
     x = split(tokens(T, H, 5), sizes)[rank]
-    want = split(
-        dense_moe(
-            tokens(T, H, 5).double(), ids, wk, {n: w[n].double() for n in ("gate_up", "down")}
-        ),
-        sizes,
-    )
+    ws = {n: w[n].double() for n in ("gate_up", "down")}
+    wants = [split(dense_moe(tokens(T, H, 5).double(), i, wk, ws), sizes)[rank] for i in kinds]
     errs, choices = [], []
     down = next(p for n, p in layer.named_parameters() if n.endswith("down_proj"))
     with torch.no_grad():
         for _ in range(12):
             y = layer(x)
-            errs.append(float((y.double() - want[rank]).abs().max()))
+            errs.append(float((y.double() - wants[step[0] % len(kinds)]).abs().max()))
+            step[0] += 1
             choices.append(layer.last_stats.choice)
             if train:  # an optimizer step's in-place update (values kept): slots go stale
                 down.mul_(1.0)
@@ -202,9 +212,15 @@ def _serve(
     out = {"errs": errs, "orders": rt.placer.orders, "commits": rt.refill.commits,
            "slots": layer.last_plan.slot_expert.tolist(), "serve": rt.placer.serve(),
            "policy": layer.last_stats.policy, "choice": layer.last_stats.choice,
-           "choices": choices}  # fmt: skip
+           "choices": choices, "weights": _weights(rt.placer)}  # fmt: skip
     rt.close()
     return out
+
+
+def _weights(placer: Any) -> list[list[int]] | None:
+    """The weighted lookup's weights serving now (``None``: another way serves)."""
+    w_ER = placer.weights(False, torch.device("cpu"))
+    return None if w_ER is None else w_ER.tolist()
 
 
 def test_auto_refills_a_persistent_hot_expert_and_still_equals_the_oracle() -> None:
@@ -219,26 +235,53 @@ def test_auto_refills_a_persistent_hot_expert_and_still_equals_the_oracle() -> N
 
 def test_auto_serves_a_lookup_where_calls_cannot_pay_and_equals_the_oracle() -> None:
     """A planner call dearer than the hot expert's imbalance costs: after the first decision
-    the steps serve one of the slots' lookup plans without a call, alike on every rank,
-    and still equal the oracle."""
-    from moonplan.plan.residency.serving import LOOKUPS
-
+    the steps serve the slots' weighted lookup without a call (fixed shares fit to the
+    window: the hot expert is every token's first choice, so they balance it), with the
+    same weights on every rank, and still equal the oracle."""
     # (a decision's host work at its own rates: unmeasured, it would be charged exit_s)
     dear = _cost().scaled(exit_s=1.0, plan_s=1.0, decide_s=1e-9, score_s=1e-9)
     for transport in ("heap", "a2a"):
         got = run_ranks(_serve, 2, 6, transport, dear, timeout=TIMEOUT)
-        assert got[0]["serve"] == got[1]["serve"] and got[0]["serve"] in LOOKUPS, got
-        assert got[0]["policy"] == got[1]["policy"] == got[0]["serve"], got
+        assert got[0]["serve"] == got[1]["serve"] == "weighted", got
+        assert got[0]["policy"] == got[1]["policy"] == "weighted", got
+        assert got[0]["choice"] == got[1]["choice"] == "lookup", got
+        assert got[0]["weights"] == got[1]["weights"] is not None, got
         assert max(max(g["errs"]) for g in got) < 1e-4, got
 
 
+def test_the_balancer_serves_every_lookup_as_the_plans_say() -> None:
+    """``Balancer.serve`` serves each way as its plan function does, reading nothing on
+    the host: the even lookups (``lookup_plan``), the weighted one with the decision's
+    weights (``weighted_plan``), and static EP over no slots."""
+    from moonplan.plan.residency.serving import LOOKUPS, lookup_plan, serving_plan, weighted_plan
+    from moonplan.runtime.balancer import Balancer
+
+    g = torch.Generator().manual_seed(2)
+    counts_RE = torch.randint(0, 50, (4, 8), generator=g)
+    counts_RE[:, 0] += 200
+    slot_RB = torch.tensor([[-1, -1], [0, -1], [0, 7], [1, -1]])
+    previous = serving_plan(counts_RE, slot_RB)
+    weight_ER = torch.randint(0, 9, (8, 4), generator=g)
+    bal = Balancer("auto", slots=2, align=1)
+    for how in LOOKUPS:
+        want = lookup_plan(counts_RE, slot_RB, how)
+        assert torch.equal(bal.serve(counts_RE, previous, how).alloc, want.alloc)
+    want = weighted_plan(counts_RE, slot_RB, weight_ER)
+    got = bal.serve(counts_RE, previous, "weighted", weight_ER)
+    assert torch.equal(got.alloc, want.alloc) and got.requested == "weighted"
+    assert torch.equal(got.alloc.sum(1), counts_RE.sum(0))
+    static = moonplan.plan(counts_RE, slots=2, policy="static")
+    assert torch.equal(bal.serve(counts_RE, None, "split").alloc, static.alloc)
+
+
 def test_auto_serves_the_exact_kernel_where_it_is_fastest_and_equals_the_oracle() -> None:
-    """``auto``'s call dear, the exact kernel nearly free: after the first decision the
-    steps are the exact plan with ``previous=`` (``StepStats.choice`` ``"exact"``), alike
-    on every rank, and equal the oracle."""
+    """``auto``'s call dear, the exact kernel nearly free, and a hot expert that comes and
+    goes (no fixed split balances both kinds of step): after the first decision the steps
+    are the exact plan with ``previous=`` (``StepStats.choice`` ``"exact"``), alike on
+    every rank, and equal the oracle."""
     cheap = _cost().scaled(exit_s=1.0, plan_s=1.0, exact_s=1e-9, decide_s=1e-9, score_s=1e-9)
     for transport in ("heap", "a2a"):
-        got = run_ranks(_serve, 2, 6, transport, cheap, timeout=TIMEOUT)
+        got = run_ranks(_serve, 2, 6, transport, cheap, swing=True, timeout=TIMEOUT)
         assert got[0]["serve"] == got[1]["serve"] == "exact", got
         assert got[0]["choice"] == got[1]["choice"] == "exact", got
         assert got[0]["policy"] == got[1]["policy"] == "exact", got
@@ -269,6 +312,8 @@ def _two_auto_layers(rank: int, world: int, transport: str) -> dict:
     w = dense_weights(E, H, F, seed=3)
     g = torch.Generator().manual_seed(11)
     x, wants, layers, trace = split(tokens(T, H, 5), sizes)[rank], [], [], []
+    # decisions counted nearly free: the turns, not the decisions' lag, are under test
+    quick = _cost().scaled(decide_s=1e-9, score_s=1e-9)
     for hot in (1, 4):
         ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
         ids[:, 1] = torch.where(ids[:, 0] == hot, ids[:, 1], ids[:, 0])
@@ -280,7 +325,7 @@ def _two_auto_layers(rank: int, world: int, transport: str) -> dict:
             n = x_SH.shape[0]
             return ids[offset : offset + n], wk[offset : offset + n] * (1 + 0 * x_SH.sum())
 
-        layer = MoonMoE(H, F, E, K, slots=2, router=route, balance="auto", cost=_cost(),
+        layer = MoonMoE(H, F, E, K, slots=2, router=route, balance="auto", cost=quick,
                         transport=transport, max_tokens=64)  # fmt: skip
         layer.load_dense(w["router_weight"], w["gate_up"], w["down"])
         layers.append(layer)

@@ -29,7 +29,9 @@ The same decision says how each table is served (``target.table_ways``): by a pl
 call every step (``auto``, each charged the exit's test or the full calls it makes), or,
 where no way served by calls is predicted faster over the window, by one of the table's
 lookup plans with no call (``serving.lookup_plan``: whole moves, or each expert split
-evenly over its holders, as a placement like EPLB's serves; static EP over an empty table).
+evenly over its holders, as a placement like EPLB's serves; or ``serving.weighted_plan``,
+in the shares the decision fit to the window, which the verdict carries; static EP over an
+empty table).
 The serving slots serve their own way (``Target.kept``) until a refill arrives; the refill
 then serves its table's way (``Refill.serve``). Where exact balance every step from the
 serving slots (``exact_way``: the exact kernel with ``previous=``, no table kept) beats
@@ -59,7 +61,7 @@ from moonplan.plan.home import home_map
 from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
-from moonplan.plan.residency.serving import LOOKUPS
+from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED
 from moonplan.plan.residency.target import (
     candidate_tables,
     served_s,
@@ -68,6 +70,7 @@ from moonplan.plan.residency.target import (
     table_ways,
     target_of,
     window_rows,
+    window_shares,
 )
 from moonplan.plan.residency.window import WINDOW, LoadWindow
 from moonplan.plan.residency.window_torch import (
@@ -90,11 +93,14 @@ class Verdict:
     """A decision (:meth:`Residency.judge`): the refill to order (``None``: none) and how
     the serving slots are served until it arrives (``Target.kept``: ``"call"``, a lookup
     or ``"exact"``; the refill says how its own table serves, ``Refill.serve``);
-    ``stale``: judged for steps whose slots go stale (no refill then)."""
+    ``stale``: judged for steps whose slots go stale (no refill then); ``weight_ER``: the
+    weighted lookup's weights (int64 ``[E, R]``, on the host) where ``serve`` is that
+    way (``serving.WEIGHTED``), else ``None``."""
 
     order: Refill | None
     serve: str
     stale: bool = False
+    weight_ER: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -107,12 +113,15 @@ class Refill:
         fetch_ER: bool ``[E, R]``, the pairs copied (each from its expert's home).
         serve: how ``slot_RB`` serves once it has arrived (``"call"`` or a lookup: the
             way of least predicted time over the window, ``target.table_ways``).
+        weight_ER: int64 ``[E, R]``, the weighted lookup's weights where ``serve`` is that
+            way (``None`` otherwise).
     """
 
     slot_RB: torch.Tensor
     changed_RB: torch.Tensor
     fetch_ER: torch.Tensor
     serve: str = "call"
+    weight_ER: torch.Tensor | None = None
 
 
 def swap_in(
@@ -243,12 +252,15 @@ class Residency:
         if self.window.filled == 0 or self.B == 0:
             return empty_RB
         totals_E, loads_SE = self.window.totals_E().cpu(), self.window.loads()
+        rows_SRE = window_rows(totals_E, self.window.filled, self.R, loads_SE)
         if stale:
-            rows_SRE = window_rows(totals_E, self.window.filled, self.R, loads_SE)
-            self.primed = Verdict(None, stale_way(self.cost, rows_SRE, self.B, loads_SE)[1], True)
+            way = stale_way(self.cost, rows_SRE, self.B, loads_SE)[1]
+            self.primed = Verdict(None, way, True, self._weights(rows_SRE, empty_RB, way))
             return empty_RB
         got = target_of(totals_E, self.window.filled, empty_RB, self.cost, loads_SE)
-        self.primed = Verdict(None, got.serve)
+        self.primed = Verdict(
+            None, got.serve, False, self._weights(rows_SRE, got.slot_RB, got.serve)
+        )
         return got.slot_RB
 
     def observe(self, counts_RE: torch.Tensor) -> None:
@@ -281,22 +293,34 @@ class Residency:
         """The refill :meth:`decide_on` orders and whether calls pay (module docstring)."""
         if self.B == 0:
             return Verdict(None, "call")
+        totals_E = snap.totals_E.cpu()
+        rows_SRE = window_rows(totals_E, snap.filled, self.R, snap.loads_SE)
         if snap.stale:  # no slot stays: no refill, the way for such steps
-            rows_SRE = window_rows(snap.totals_E.cpu(), snap.filled, self.R, snap.loads_SE)
+            empty_RB = torch.full((self.R, self.B), -1, dtype=torch.int64)
             way = stale_way(self.cost, rows_SRE, self.B, snap.loads_SE, builds)[1]
-            return Verdict(None, way, stale=True)
-        serving_RB, totals_E = snap.serving_RB.cpu(), snap.totals_E.cpu()
+            return Verdict(None, way, True, self._weights(rows_SRE, empty_RB, way))
+        serving_RB = snap.serving_RB.cpu()
         got = target_of(totals_E, snap.filled, serving_RB, self.cost, snap.loads_SE, builds)
         target_RB = limit_changes(got.slot_RB, serving_RB, self.staging, totals_E)
+        kept_ER = self._weights(rows_SRE, serving_RB, got.kept)
         if torch.equal(target_RB, serving_RB):
-            return Verdict(None, got.kept)
+            return Verdict(None, got.kept, False, kept_ER)
         arriving = got.serve
         if not torch.equal(target_RB, got.slot_RB):  # the staging limit stops short of it
-            rows_SRE = window_rows(totals_E, snap.filled, self.R, snap.loads_SE)
             ways_1 = table_ways(self.cost, rows_SRE, target_RB[None], snap.loads_SE, builds)
             arriving = ways_1[0][1]
-        ways = (got.kept, arriving)
-        return Verdict(self._rent(snap, (serving_RB, target_RB), ways, builds), got.kept)
+        weights = (kept_ER, self._weights(rows_SRE, target_RB, arriving))
+        order = self._rent(snap, (serving_RB, target_RB), (got.kept, arriving), builds, weights)
+        return Verdict(order, got.kept, False, kept_ER)
+
+    def _weights(
+        self, rows_SRE: torch.Tensor, slot_RB: torch.Tensor, way: str
+    ) -> torch.Tensor | None:
+        """The weighted lookup's weights of ``slot_RB`` (int64 ``[E, R]``, on the host) fit
+        to the window's steps ``rows_SRE``, where ``way`` is that lookup (else ``None``)."""
+        if way != WEIGHTED:
+            return None
+        return window_shares(self.cost, rows_SRE, slot_RB.cpu()[None])[0].cpu()
 
     def _rent(
         self,
@@ -304,27 +328,35 @@ class Residency:
         tables: tuple[torch.Tensor, torch.Tensor],
         ways: tuple[str, str],
         builds: Builds | None,
+        weights: tuple[torch.Tensor | None, torch.Tensor | None],
     ) -> Refill | None:
         """The refill from the serving table to the target's (``tables``, ``[R, B]``
         each, on the host) once rent or buy says it pays (module docstring), the last
-        step served by each table its own way (``ways``: by calls, or by a lookup)."""
+        step served by each table its own way (``ways``: by calls, or by a lookup, the
+        weighted one with ``weights``)."""
         serving_RB, target_RB = tables
         c_RE = snap.counts_RE.cpu().numpy().astype(np.int64)
-        now = self._step_s(c_RE, serving_RB, ways[0], builds)
-        after = self._step_s(c_RE, target_RB, ways[1], builds)
+        now = self._step_s(c_RE, serving_RB, ways[0], builds, weights[0])
+        after = self._step_s(c_RE, target_RB, ways[1], builds, weights[1])
         fetch_ER = changed_pairs(target_RB, serving_RB, self.E)
         self.credit += snap.steps * max(0.0, now - after)
         if self.credit < refill_link_s(self.cost, fetch_ER, self.home_E):
             return None
         self.credit = 0.0
-        return Refill(target_RB, target_RB != serving_RB, fetch_ER, ways[1])
+        return Refill(target_RB, target_RB != serving_RB, fetch_ER, ways[1], weights[1])
 
     def _step_s(
-        self, c_RE: np.ndarray, slot_RB: torch.Tensor, how: str, builds: Builds | None
+        self,
+        c_RE: np.ndarray,
+        slot_RB: torch.Tensor,
+        how: str,
+        builds: Builds | None,
+        weight_ER: torch.Tensor | None = None,
     ) -> float:
         """Predicted seconds of the step ``c_RE`` (int64 ``[R, E]``) over ``slot_RB``,
-        served ``how``: by calls (``target.served_s``, planning included), a lookup, or
-        the exact way (its plan from ``slot_RB``, its copies and call included)."""
+        served ``how``: by calls (``target.served_s``, planning included), a lookup (the
+        weighted one with ``weight_ER``), or the exact way (its plan from ``slot_RB``, its
+        copies and call included)."""
         if how == EXACT:
             return exact_steps_s(self.cost, torch.from_numpy(c_RE)[None], slot_RB, builds)[0]
         if how == "call":
@@ -332,6 +364,12 @@ class Residency:
             static = step_time_over(self.cost, c_RE, empty_RB, builds)
             return served_s(self.cost, c_RE, slot_RB.numpy(), static, builds)
         rows_1RE = torch.from_numpy(c_RE)[None]
+        if how == WEIGHTED:
+            assert weight_ER is not None
+            w_1TER = weight_ER[None, None]
+            return float(
+                lookups_torch(self.cost, rows_1RE, slot_RB[None], builds, w_1TER)[-1, 0, 0]
+            )
         got_L11 = lookups_torch(self.cost, rows_1RE, slot_RB[None], builds)
         return float(got_L11[LOOKUPS.index(how), 0, 0])
 
@@ -374,7 +412,8 @@ class Decisions:
         submit: runs a job beside the steps and returns its future (``None``: inline).
 
     :attr:`serve` says how the steps are served: by a planner call (``"call"``,
-    ``policy="auto"``), by a lookup plan of the slots without one (``serving.LOOKUPS``),
+    ``policy="auto"``), by a lookup plan of the slots without one (``serving.LOOKUPS``, or
+    ``serving.WEIGHTED`` with the verdict's weights, :meth:`weights`),
     or by the exact kernel every step (``"exact"``, ``exact_way``):
     the way the last used answer judged best for the slots serving (before the first,
     the residency's from the window before the trace, else ``"call"``), until a refill it
@@ -407,6 +446,12 @@ class Decisions:
         where they go, nor the other way round)."""
         verdict = self.residency.primed if self._verdict is None else self._verdict
         return verdict.serve if verdict.stale == stale else "call"
+
+    def weights(self, stale: bool) -> torch.Tensor | None:
+        """The weighted lookup's weights (int64 ``[E, R]``, on the host) where :meth:`way`
+        is that lookup (``serving.WEIGHTED``), else ``None``."""
+        verdict = self.residency.primed if self._verdict is None else self._verdict
+        return verdict.weight_ER if verdict.stale == stale else None
 
     def step(
         self, counts_RE: torch.Tensor, plan: Plan, busy: bool, stale: bool = False
@@ -480,7 +525,10 @@ class Decisions:
         no decision, and serves by planner calls until the next one."""
         order, self._ordered = self._ordered, None
         same = order is not None and torch.equal(order.slot_RB, slot_RB.cpu())
-        self._verdict = Verdict(None, order.serve if same and order is not None else "call")
+        if same and order is not None:
+            self._verdict = Verdict(None, order.serve, False, order.weight_ER)
+        else:
+            self._verdict = Verdict(None, "call")
 
     def _decide(self, snap: Snapshot, plan: Plan) -> Answer:
         """The decision and its counted work (host reads: here only)."""

@@ -11,15 +11,19 @@ EP's allocation laid out over those slots: nothing is new, nothing is direct.
 
 Where planner calls do not pay (``Decisions.serve``), ``auto`` serves a lookup plan
 (:func:`lookup_plan`), a fixed rule from expert to ranks, as a placement like EPLB's
-serves, in one of two ways (:data:`LOOKUPS`):
+serves, in one of three ways (:data:`LOOKUPS`, and :data:`WEIGHTED`):
 
 * ``placed``: each expert's records on the first rank holding it resident away from its
   home, else on its home (the ``placed`` candidate: whole moves);
 * ``split``: each expert's records split evenly over its holders, its home and the ranks
   holding it resident, in rank order (the first ``T mod n`` take one more), as EPLB
-  splits an expert over its replicas.
+  splits an expert over its replicas;
+* ``weighted``: each expert's records split over its holders in fixed proportions, the
+  weights its decision fit to the window's mean step (``shares.table_shares``: the least
+  loaded holder first) and keeps beside its verdict, so the proportions are the
+  decision's and each step's own totals are split by them (``shares.weighted_alloc``).
 
-Over empty slots both are static EP.
+Over empty slots all three are static EP.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from moonplan.plan.from_alloc import layout_resident
 from moonplan.plan.home import home_map
 from moonplan.plan.placement import static_alloc
 from moonplan.plan.plan_type import Plan, make_plan
+from moonplan.plan.residency.shares import SHARE_SCALE, weighted_alloc
 from moonplan.plan.torch_backend import resident_map
 
 
@@ -68,6 +73,34 @@ def lookup_plan(
     slot_RB = _slots(counts_RE, slot_RB, check)
     alloc_ER = lookup_alloc(how, counts_RE.sum(0), resident_map(slot_RB, counts_RE.shape[1]))
     return _over_slots(counts_RE, alloc_ER, slot_RB, align, how)
+
+
+WEIGHTED = "weighted"
+"""The weighted lookup (module docstring): served with its weights, int64 ``[E, R]``."""
+
+
+def weighted_plan(
+    counts_RE: torch.Tensor,
+    slot_RB: torch.Tensor,
+    weight_ER: torch.Tensor,
+    *,
+    align: int = 1,
+    check: bool = True,
+) -> Plan:
+    """The weighted lookup's plan of ``counts_RE`` over ``slot_RB`` with the weights
+    ``weight_ER`` (int64 ``[E, R]``, a decision's: ``shares.table_shares``), no planner
+    call and, with ``check=False``, no host read. A weight on a rank that does not hold
+    the expert counts as 0, and an expert with no weight left goes to its home, so the
+    plan is valid for any weights (arguments and errors otherwise as
+    :func:`serving_plan`'s)."""
+    slot_RB = _slots(counts_RE, slot_RB, check)
+    E, R = counts_RE.shape[1], counts_RE.shape[0]
+    home_ER = home_map(E, R, counts_RE.device)[:, None] == torch.arange(R, device=counts_RE.device)
+    hold_ER = resident_map(slot_RB, E) | home_ER
+    w_ER = torch.where(hold_ER, weight_ER.to(counts_RE.device, torch.int64).clamp(min=0), 0)
+    w_ER = torch.where((w_ER.sum(1, keepdim=True) > 0) | ~home_ER, w_ER, SHARE_SCALE)
+    alloc_ER = weighted_alloc(counts_RE.sum(0), w_ER)
+    return _over_slots(counts_RE, alloc_ER, slot_RB, align, WEIGHTED)
 
 
 def _slots(counts_RE: torch.Tensor, slot_RB: torch.Tensor, check: bool) -> torch.Tensor:

@@ -67,7 +67,8 @@ from moonplan.plan.choice.rent import (
 )
 from moonplan.plan.home import home_list
 from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
-from moonplan.plan.residency.serving import LOOKUPS
+from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED
+from moonplan.plan.residency.shares import table_shares
 from moonplan.plan.residency.window_torch import lookups_torch, static_torch, windows_torch
 from moonplan.plan.residency.work import Builds
 from moonplan.plan.torch_backend import resident_map
@@ -299,7 +300,8 @@ class Target:
         slot_RB: int64 ``[R, B]``, the table of least predicted time.
         serve: how it serves: ``"call"``, a planner call every step (``auto``), each step
             charged the exit's test or the full calls it makes; or a lookup plan with no
-            call (one of ``serving.LOOKUPS``; static EP over an empty table), where no
+            call (one of ``serving.LOOKUPS`` or ``serving.WEIGHTED``; static EP over an
+            empty table), where no
             table served by calls is predicted faster over the window; or ``"exact"``
             (``exact_way``), the serving slots' exact plan every step, where it is faster
             than every table (``slot_RB`` is then the serving table: no refill).
@@ -325,7 +327,7 @@ def target_of(
     steps, among the ``B + 1`` replica tables and the whole moves (:func:`whole_moves`),
     each served by its lookup plans without a call (``window_torch.lookups_torch``) or by
     planner calls (planning included: :func:`served_s`; module docstring). Ties go to the
-    earlier table, and to the lookups (no call), in ``serving.LOOKUPS`` order. Where the
+    earlier table, and to the lookups (no call), in :data:`WAYS` order. Where the
     exact way from the serving slots (``exact_way``: exact balance every step, no table
     kept) is faster than every table, it is the target's way, over ``current_RB``.
     ``loads_SE``: int64 ``[S, E]``, each step's loads, each spread over the sources as
@@ -367,8 +369,9 @@ def stale_way(
     return (exact, EXACT) if exact < best[0] else best
 
 
-WAYS = (*LOOKUPS, "call")
-"""The ways a table serves, in tie-break order: its lookups (no call), then planner calls."""
+WAYS = (*LOOKUPS, WEIGHTED, "call")
+"""The ways a table serves, in tie-break order: its lookups (no call; the weighted one
+last of them, as it needs its weights), then planner calls."""
 
 
 def table_ways(
@@ -381,12 +384,14 @@ def table_ways(
     """Per table of ``slot_TRB`` (int64 ``[T, R, B]``, on the host): its least predicted
     seconds over the steps ``rows_SRE`` (int64 ``[S, R, E]``, :func:`candidate_tables`)
     and the way of :data:`WAYS` that serves it so (the first of the least, each way's
-    steps summed in step order). The scores run on ``loads_SE``'s device (``None``: the
-    host); ``builds`` counts the work."""
+    steps summed in step order). The weighted lookup is scored with weights fit on the
+    other steps (:func:`crossed_shares`). The scores run on ``loads_SE``'s device
+    (``None``: the host); ``builds`` counts the work."""
     dev = loads_SE.device if loads_SE is not None else torch.device("cpu")
     rows_SRE, slot_TRB = rows_SRE.to(dev), slot_TRB.to(dev)
     static_S = static_torch(cost, rows_SRE)
-    looked = lookups_torch(cost, rows_SRE, slot_TRB, builds).tolist()
+    weights = crossed_shares(cost, rows_SRE, slot_TRB)
+    looked = lookups_torch(cost, rows_SRE, slot_TRB, builds, weights).tolist()
     called = windows_torch(cost, rows_SRE, static_S, slot_TRB, builds).tolist()
     if builds is not None:  # static EP's step over the window
         builds.scored += len(rows_SRE)
@@ -396,6 +401,29 @@ def table_ways(
         w = min(range(len(WAYS)), key=lambda w: sums[w])
         out.append((sums[w], WAYS[w]))
     return out
+
+
+def window_shares(cost: StepCost, rows_SRE: torch.Tensor, slot_TRB: torch.Tensor) -> torch.Tensor:
+    """int64 ``[T, E, R]``, on ``slot_TRB``'s device: the weighted lookup's weights of each
+    table of ``slot_TRB`` for the mean step of ``rows_SRE`` (int64 ``[S, R, E]``), the
+    weights a verdict keeps (``shares.table_shares``)."""
+    mean_E = rows_SRE.sum(1).to(torch.float64).mean(0)
+    return table_shares(cost, mean_E.to(slot_TRB.device), slot_TRB)
+
+
+def crossed_shares(cost: StepCost, rows_SRE: torch.Tensor, slot_TRB: torch.Tensor) -> torch.Tensor:
+    """int64 ``[S, T, E, R]``: the weights each step's weighted lookup is scored with, fit
+    on the other half of the steps (even steps scored with the odd steps' mean, and the
+    other way round; one step: its own). Weights fit on the very steps they are scored on
+    predict them too well: on one measured step a weighted way fit so predicted 1.2%
+    faster than the exact plan, and ran 0.5% slower (``docs/benchmarks.md``)."""
+    S = rows_SRE.shape[0]
+    if S < 2:
+        return window_shares(cost, rows_SRE, slot_TRB)[None].expand(S, -1, -1, -1)
+    even_TER = window_shares(cost, rows_SRE[0::2], slot_TRB)
+    odd_TER = window_shares(cost, rows_SRE[1::2], slot_TRB)
+    parity_S = (torch.arange(S, device=slot_TRB.device) % 2 == 0)[:, None, None, None]
+    return torch.where(parity_S, odd_TER[None], even_TER[None])
 
 
 def candidate_tables(

@@ -49,6 +49,7 @@ from moonplan.plan.choice.tensor import placed_torch
 from moonplan.plan.home import home_map
 from moonplan.plan.placement import static_alloc
 from moonplan.plan.residency.serving import LOOKUPS, lookup_alloc
+from moonplan.plan.residency.shares import weighted_alloc
 from moonplan.plan.residency.work import Builds
 from moonplan.plan.torch_backend import resident_map
 from moonplan.stepcost import StepCost
@@ -89,13 +90,18 @@ def windows_torch(
 
 
 def lookups_torch(
-    cost: StepCost, rows_SRE: torch.Tensor, slot_TRB: torch.Tensor, builds: Builds | None = None
+    cost: StepCost,
+    rows_SRE: torch.Tensor,
+    slot_TRB: torch.Tensor,
+    builds: Builds | None = None,
+    weights_STER: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """float64 ``[L, T, S]``: each step of ``rows_SRE`` served by each table's lookup plans
-    (``serving.lookup_plan``, in ``serving.LOOKUPS`` order), no planning charged: what
-    ``auto`` serves where planner calls do not pay. Over an empty table they are static
-    EP, float for float (:func:`static_torch`). ``builds`` counts the ``L * T * S``
-    entries."""
+    (``serving.lookup_plan``, in ``serving.LOOKUPS`` order, then, given each step's
+    weights ``weights_STER`` (int64 ``[S, T, E, R]``), the weighted lookup,
+    ``serving.weighted_plan``), no planning charged: what ``auto`` serves where planner
+    calls do not pay. Over an empty table they are static EP, float for float
+    (:func:`static_torch`). ``builds`` counts the ``L * T * S`` entries."""
     S, R, E = rows_SRE.shape
     home_E = home_map(E, R, rows_SRE.device)
     resident_TER = torch.stack([resident_map(s_RB, E) for s_RB in slot_TRB])
@@ -109,8 +115,16 @@ def lookups_torch(
             return batch_step_time(cost, counts_RE, alloc_TER, None, home_E, plan_1T).total_s[0]
 
         out.append(torch.vmap(one)(rows_SRE).t())
+    if weights_STER is not None:
+        weigh = torch.vmap(weighted_alloc, in_dims=(None, 0))
+
+        def one_w(counts_RE: torch.Tensor, w_TER: torch.Tensor) -> torch.Tensor:
+            alloc_TER = weigh(counts_RE.sum(0), w_TER)
+            return batch_step_time(cost, counts_RE, alloc_TER, None, home_E, plan_1T).total_s[0]
+
+        out.append(torch.vmap(one_w)(rows_SRE, weights_STER.to(rows_SRE.device)).t())
     if builds is not None:
-        builds.scored += len(LOOKUPS) * len(slot_TRB) * S
+        builds.scored += len(out) * len(slot_TRB) * S
     return torch.stack(out)
 
 

@@ -219,7 +219,8 @@ def test_a_decision_counts_the_work_it_does() -> None:
     ``resident_over`` calls, and the window's entries the exit's gate let through, built
     in one ``built_s`` call), and a scored pair for each (step, table) it scores: static
     EP's and every table's over the window (the empty table once), each table's lookups
-    over it, and the rent's two host scores (``served_s``, or a lookup each); and a build
+    over it (the weighted one too), and the rent's two host scores (``served_s``, or a
+    table's lookups each); and a build
     for each plan of the exact way's chain."""
     from unittest import mock
 
@@ -255,8 +256,9 @@ def test_a_decision_counts_the_work_it_does() -> None:
     exact = sum(len(c.args[1]) for c in chain.call_args_list + rent_chain.call_args_list)
     assert chain.call_count == 1 and exact >= W  # the exact way's chain: a build a step
     assert builds.made == a.call_count + entries + exact
-    L = len(LOOKUPS)
-    rent = served.call_count + L * rent_looked.call_count  # one step, one table each
+    L = len(LOOKUPS) + 1  # and the weighted lookup
+    weighted = [len(c.args) > 4 and c.args[4] is not None for c in rent_looked.call_args_list]
+    rent = served.call_count + sum(len(LOOKUPS) + w for w in weighted)  # one step and table
     assert builds.scored == sum(W * t + W + L * W * t for t in tables) + rent
     assert entries <= W * sum(tables)
 

@@ -10,7 +10,7 @@ import torch
 
 from moonplan.plan.choice.rent import exit_rent
 from moonplan.plan.home import home_list
-from moonplan.plan.residency.serving import LOOKUPS
+from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED
 from moonplan.plan.residency.target import (
     calls_share,
     mean_step,
@@ -21,7 +21,9 @@ from moonplan.plan.residency.target import (
     step_time_over,
     target_of,
     whole_moves,
+    window_rows,
     window_s,
+    window_shares,
 )
 from tests.plan.choice.costs import rows_only, tiles_costs
 
@@ -69,10 +71,13 @@ def test_the_table_replicates_a_persistent_hot_expert_only_where_it_pays() -> No
     dear = rows_only(weight_read_s=1.0)  # a replica's weight read outweighs any balance
     assert bool((target_of(totals, 10, empty, dear).slot_RB == -1).all())
     # serving replicas through calls is dear (each exit builds the resident plan, a round
-    # costs 1 s): the hot expert's replicas serve by the lookup that splits it, no call
+    # costs 1 s): the hot expert's replicas serve by the weighted lookup, no call, whose
+    # shares are uneven: its home (with the least else to run) takes the most of it
     dear_calls = rows_only(copy_s_intra=1.0, copy_s_inter=1.0, round_s=1.0)
     got = target_of(totals, 10, empty, dear_calls)
-    assert got.serve == "split" and int((got.slot_RB == 0).sum()) >= 2
+    assert got.serve == WEIGHTED and int((got.slot_RB == 0).sum()) >= 2
+    w_R = window_shares(dear_calls, window_rows(totals, 10, R), got.slot_RB[None])[0, 0]
+    assert bool((w_R > 0).all()) and int(w_R.argmax()) == 0 and len(set(w_R.tolist())) > 1
 
 
 def test_calls_that_cannot_pay_leave_static_ep_serving() -> None:
@@ -85,7 +90,9 @@ def test_calls_that_cannot_pay_leave_static_ep_serving() -> None:
     assert got.serve in LOOKUPS and bool((got.slot_RB == -1).all())
     assert target_of(totals, 10, empty, rows_only(exit_s=0.0, plan_s=0.0)).serve in LOOKUPS
     hot = torch.tensor([4000, 100, 100, 100, 100, 100, 100, 100])
-    assert target_of(hot, 10, empty, rows_only(exit_s=0.0, plan_s=0.0)).serve == "call"
+    # free calls follow the hot expert's split where no even lookup can; so do weights fit
+    # to the window's one step (the same step: they tie, and the lookup goes first)
+    assert target_of(hot, 10, empty, rows_only(exit_s=0.0, plan_s=0.0)).serve == WEIGHTED
 
 
 def test_whole_moves_take_experts_off_the_longest_rank() -> None:
