@@ -58,7 +58,13 @@ from moonplan.plan.residency.refill import (
     refill_link_s,
     swapped_slots,
 )
-from moonplan.plan.residency.serving import WEIGHTED, lookup_plan, serving_plan, weighted_plan
+from moonplan.plan.residency.serving import (
+    WEIGHTED,
+    empty_slots,
+    lookup_plan,
+    serving_plan,
+    weighted_plan,
+)
 from moonplan.plan.residency.window import WINDOW
 from moonplan.stepcost import StepCost
 
@@ -266,7 +272,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
         (over empty slots where they go stale: static EP)."""
         if self._previous is None or self.stale_slots:
             assert self.slots is not None
-            slot_RB = torch.full((self.num_ranks, self.slots), -1)
+            slot_RB = empty_slots(self.num_ranks, self.slots)
         else:
             slot_RB = self._previous.slot_expert.cpu()
         if how == WEIGHTED:

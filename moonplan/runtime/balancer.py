@@ -38,7 +38,7 @@ from moonplan.plan import api as planner
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT
 from moonplan.plan.residency.refill import time_rates
-from moonplan.plan.residency.serving import WEIGHTED, lookup_plan, weighted_plan
+from moonplan.plan.residency.serving import WEIGHTED, empty_slots, lookup_plan, weighted_plan
 from moonplan.runtime.calibrate import StepSample, agree, fit_rates
 from moonplan.runtime.config.sections import (
     KEEP_SAMPLES,
@@ -116,7 +116,7 @@ class Balancer:
             return planner.plan(counts_RE, slots=self.B, align=self.align, previous=previous,
                                 policy=EXACT, check_input=False)  # fmt: skip
         if previous is None:
-            slot_RB = torch.full((counts_RE.shape[0], self.B), -1, device=counts_RE.device)
+            slot_RB = empty_slots(counts_RE.shape[0], self.B, counts_RE.device)
         else:
             slot_RB = previous.slot_expert
         if how == WEIGHTED:

@@ -26,7 +26,7 @@ from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.home import max_local
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT
-from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED, serving_plan
+from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED, empty_slots, serving_plan
 from moonplan.plan.route import Route
 from moonplan.plan.route import route as route_tokens
 from moonplan.runtime.background import (
@@ -291,7 +291,7 @@ class LayerRuntime:
         R = self.group.size
         current = self.resident.slot_expert if self.resident is not None else None
         if current is None:
-            current = torch.full((R, self.B), -1, dtype=torch.int64)
+            current = empty_slots(R, self.B)
         try:
             changed = check_target(target_RB, current, num_experts=self.E, staging_rows=self.S)
             if self.refill.in_flight:
@@ -432,7 +432,7 @@ class LayerRuntime:
             R = self.group.size
             current = self.resident.slot_expert if self.resident is not None else None
             if current is None:
-                current = torch.full((R, self.B), -1, dtype=torch.int64)
+                current = empty_slots(R, self.B)
             slots_RB = self.refill.commit(self.store.commit, current)
             self.resident = serving_plan(counts_RE, slots_RB, align=self.align)
             self.placer.arrived(slots_RB)

@@ -61,7 +61,7 @@ from moonplan.plan.home import home_map
 from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
-from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED
+from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED, empty_slots
 from moonplan.plan.residency.target import (
     candidate_tables,
     served_s,
@@ -248,7 +248,7 @@ class Residency:
         slots go stale (training): no table, and the way for such steps
         (``target.stale_way``)."""
         self.window.prime(totals_NE)
-        empty_RB = torch.full((self.R, self.B), -1, dtype=torch.int64)
+        empty_RB = empty_slots(self.R, self.B)
         if self.window.filled == 0 or self.B == 0:
             return empty_RB
         totals_E, loads_SE = self.window.totals_E().cpu(), self.window.loads()
@@ -296,7 +296,7 @@ class Residency:
         totals_E = snap.totals_E.cpu()
         rows_SRE = window_rows(totals_E, snap.filled, self.R, snap.loads_SE)
         if snap.stale:  # no slot stays: no refill, the way for such steps
-            empty_RB = torch.full((self.R, self.B), -1, dtype=torch.int64)
+            empty_RB = empty_slots(self.R, self.B)
             way = stale_way(self.cost, rows_SRE, self.B, snap.loads_SE, builds)[1]
             return Verdict(None, way, True, self._weights(rows_SRE, empty_RB, way))
         serving_RB = snap.serving_RB.cpu()
@@ -569,7 +569,7 @@ def time_phases(
     R, E = counts_RE.shape
     dev = counts_RE.device
     loads_SE = counts_RE.sum(0).expand(WINDOW, E)
-    empty_RB = torch.full((R, num_slots), -1, dtype=torch.int64)
+    empty_RB = empty_slots(R, num_slots)
     slot_TRB, rows_SRE = candidate_tables(loads_SE.sum(0), WINDOW, empty_RB, cost, loads_SE)
     held_TRB, rows_SRE = slot_TRB[(slot_TRB >= 0).flatten(1).any(1)].to(dev), rows_SRE.to(dev)
     T = len(held_TRB)
@@ -600,7 +600,7 @@ def time_decision(
     observed in order, on the window's device) from empty slots, over ``repeats``
     decisions, and the work it counts (:class:`Builds`; the same each time)."""
     R, E = steps_RE[-1].shape
-    empty_RB = torch.full((R, num_slots), -1, dtype=torch.int64)
+    empty_RB = empty_slots(R, num_slots)
     times, made = [], Builds()
     for _ in range(repeats):
         res = Residency(R, E, num_slots, cost, window=max(WINDOW, len(steps_RE)),

@@ -40,6 +40,13 @@ from moonplan.plan.residency.shares import SHARE_SCALE, weighted_alloc
 from moonplan.plan.torch_backend import resident_map
 
 
+def empty_slots(
+    num_ranks: int, num_slots: int, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """int64 ``[R, B]``: a slot table with every slot empty (``-1``), on ``device``."""
+    return torch.full((num_ranks, num_slots), -1, dtype=torch.int64, device=device)
+
+
 def serving_plan(
     counts_RE: torch.Tensor, slot_RB: torch.Tensor, *, align: int = 1, check: bool = True
 ) -> Plan:

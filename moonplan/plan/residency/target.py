@@ -67,7 +67,7 @@ from moonplan.plan.choice.rent import (
 )
 from moonplan.plan.home import home_list
 from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
-from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED
+from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED, empty_slots
 from moonplan.plan.residency.shares import table_shares
 from moonplan.plan.residency.window_torch import lookups_torch, static_torch, windows_torch
 from moonplan.plan.residency.work import Builds
@@ -363,7 +363,7 @@ def stale_way(
     (``exact_way.exact_steps_s(chain=False)``); ties in that order. No table is kept, so
     none is targeted."""
     R = rows_SRE.shape[1]
-    empty_1RB = torch.full((1, R, num_slots), -1, dtype=torch.int64)
+    empty_1RB = empty_slots(R, num_slots)[None]
     best = table_ways(cost, rows_SRE, empty_1RB, loads_SE, builds)[0]
     exact = sum(exact_steps_s(cost, rows_SRE, empty_1RB[0], builds, chain=False))
     return (exact, EXACT) if exact < best[0] else best
