@@ -390,17 +390,37 @@ def table_ways(
     dev = loads_SE.device if loads_SE is not None else torch.device("cpu")
     rows_SRE, slot_TRB = rows_SRE.to(dev), slot_TRB.to(dev)
     static_S = static_torch(cost, rows_SRE)
-    weights = crossed_shares(cost, rows_SRE, slot_TRB)
-    looked = lookups_torch(cost, rows_SRE, slot_TRB, builds, weights).tolist()
+    looked_LTS = _lookups(cost, rows_SRE, slot_TRB, static_S, builds).tolist()
     called = windows_torch(cost, rows_SRE, static_S, slot_TRB, builds).tolist()
     if builds is not None:  # static EP's step over the window
         builds.scored += len(rows_SRE)
     out = []
     for t, call_S in enumerate(called):
-        sums = [sum(look[t]) for look in looked] + [sum(call_S)]
+        sums = [sum(look[t]) for look in looked_LTS] + [sum(call_S)]
         w = min(range(len(WAYS)), key=lambda w: sums[w])
         out.append((sums[w], WAYS[w]))
     return out
+
+
+def _lookups(
+    cost: StepCost,
+    rows_SRE: torch.Tensor,
+    slot_TRB: torch.Tensor,
+    static_S: torch.Tensor,
+    builds: Builds | None,
+) -> torch.Tensor:
+    """float64 ``[L, T, S]``: each table's lookups over the steps (``lookups_torch``, the
+    weighted one last with :func:`crossed_shares`). Over a table without replicas every
+    lookup is static EP (``static_S``), so only the tables with replicas are scored (and
+    counted in ``builds``)."""
+    L, T, S = len(WAYS) - 1, len(slot_TRB), len(rows_SRE)
+    out_LTS = static_S[None, None].expand(L, T, S).clone()
+    held = (slot_TRB >= 0).flatten(1).any(1)
+    if bool(held.any()):
+        held_TRB = slot_TRB[held]
+        weights = crossed_shares(cost, rows_SRE, held_TRB)
+        out_LTS[:, held] = lookups_torch(cost, rows_SRE, held_TRB, builds, weights)
+    return out_LTS
 
 
 def window_shares(cost: StepCost, rows_SRE: torch.Tensor, slot_TRB: torch.Tensor) -> torch.Tensor:
