@@ -219,9 +219,9 @@ def test_a_decision_counts_the_work_it_does() -> None:
     ``resident_over`` calls, and the window's entries the exit's gate let through, built
     in one ``built_s`` call), and a scored pair for each (step, table) it scores: static
     EP's and every table's over the window (the empty table once), each table's lookups
-    over it (the weighted one too; none over a table without replicas: static EP), and the rent's two host scores (``served_s``, or a
-    table's lookups each); and a build
-    for each plan of the exact way's chain."""
+    over it (the weighted one too; none over a table without replicas: static EP), and
+    the rent's two host scores (``served_s``, or a table's lookups each); and a build for
+    each plan of the exact way's chain."""
     from unittest import mock
 
     from moonplan.plan.residency import refill, target, window_torch
