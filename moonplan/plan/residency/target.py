@@ -412,14 +412,17 @@ def _lookups(
     """float64 ``[L, T, S]``: each table's lookups over the steps (``lookups_torch``, the
     weighted one last with :func:`crossed_shares`). Over a table without replicas every
     lookup is static EP (``static_S``), so only the tables with replicas are scored (and
-    counted in ``builds``)."""
+    counted in ``builds``). With one step there is no other step to fit the weighted
+    lookup's shares on: it is not a way then (infinite)."""
     L, T, S = len(WAYS) - 1, len(slot_TRB), len(rows_SRE)
     out_LTS = static_S[None, None].expand(L, T, S).clone()
     held = (slot_TRB >= 0).flatten(1).any(1)
     if bool(held.any()):
         held_TRB = slot_TRB[held]
-        weights = crossed_shares(cost, rows_SRE, held_TRB)
-        out_LTS[:, held] = lookups_torch(cost, rows_SRE, held_TRB, builds, weights)
+        weights = crossed_shares(cost, rows_SRE, held_TRB) if S >= 2 else None
+        got_LTS = lookups_torch(cost, rows_SRE, held_TRB, builds, weights)
+        out_LTS[: len(got_LTS), held] = got_LTS
+        out_LTS[len(got_LTS) :, held] = math.inf
     return out_LTS
 
 
@@ -433,13 +436,15 @@ def window_shares(cost: StepCost, rows_SRE: torch.Tensor, slot_TRB: torch.Tensor
 
 def crossed_shares(cost: StepCost, rows_SRE: torch.Tensor, slot_TRB: torch.Tensor) -> torch.Tensor:
     """int64 ``[S, T, E, R]``: the weights each step's weighted lookup is scored with, fit
-    on the other half of the steps (even steps scored with the odd steps' mean, and the
-    other way round; one step: its own). Weights fit on the very steps they are scored on
+    on the other half of the steps (``S >= 2``: even steps scored with the odd steps'
+    mean, and the other way round). Weights fit on the very steps they are scored on
     predict them too well: on one measured step a weighted way fit so predicted 1.2%
-    faster than the exact plan, and ran 0.5% slower (``docs/benchmarks.md``)."""
+    faster than the exact plan, and ran 0.5% slower; on a real prefill trace, a decision
+    from one step chose it over the exact kernel and ran 1.07x EPLB where the exact
+    kernel ran 1.03x (``docs/benchmarks.md``)."""
     S = rows_SRE.shape[0]
     if S < 2:
-        return window_shares(cost, rows_SRE, slot_TRB)[None].expand(S, -1, -1, -1)
+        raise ValueError(f"shares are fit on other steps than they are scored on: {S} step")
     even_TER = window_shares(cost, rows_SRE[0::2], slot_TRB)
     odd_TER = window_shares(cost, rows_SRE[1::2], slot_TRB)
     parity_S = (torch.arange(S, device=slot_TRB.device) % 2 == 0)[:, None, None, None]

@@ -13,12 +13,14 @@ from moonplan.plan.home import home_list
 from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED
 from moonplan.plan.residency.target import (
     calls_share,
+    crossed_shares,
     mean_step,
     pack,
     replica_counts,
     resident_over,
     served_s,
     step_time_over,
+    table_ways,
     target_of,
     whole_moves,
     window_rows,
@@ -73,10 +75,15 @@ def test_the_table_replicates_a_persistent_hot_expert_only_where_it_pays() -> No
     # serving replicas through calls is dear (each exit builds the resident plan, a round
     # costs 1 s): the hot expert's replicas serve by the weighted lookup, no call, whose
     # shares are uneven: its home (with the least else to run) takes the most of it
+    # (over ten steps: its shares are scored on steps they were not fit on, and with one
+    # step there is none, so it is no way then and the even split serves)
     dear_calls = rows_only(copy_s_intra=1.0, copy_s_inter=1.0, round_s=1.0)
-    got = target_of(totals, 10, empty, dear_calls)
+    assert target_of(totals, 10, empty, dear_calls).serve == "split"
+    loads_SE = (totals // 10).expand(10, -1)
+    got = target_of(totals, 10, empty, dear_calls, loads_SE)
     assert got.serve == WEIGHTED and int((got.slot_RB == 0).sum()) >= 2
-    w_R = window_shares(dear_calls, window_rows(totals, 10, R), got.slot_RB[None])[0, 0]
+    rows_SRE = window_rows(totals, 10, R, loads_SE)
+    w_R = window_shares(dear_calls, rows_SRE, got.slot_RB[None])[0, 0]
     assert bool((w_R > 0).all()) and int(w_R.argmax()) == 0 and len(set(w_R.tolist())) > 1
 
 
@@ -90,9 +97,7 @@ def test_calls_that_cannot_pay_leave_static_ep_serving() -> None:
     assert got.serve in LOOKUPS and bool((got.slot_RB == -1).all())
     assert target_of(totals, 10, empty, rows_only(exit_s=0.0, plan_s=0.0)).serve in LOOKUPS
     hot = torch.tensor([4000, 100, 100, 100, 100, 100, 100, 100])
-    # free calls follow the hot expert's split where no even lookup can; so do weights fit
-    # to the window's one step (the same step: they tie, and the lookup goes first)
-    assert target_of(hot, 10, empty, rows_only(exit_s=0.0, plan_s=0.0)).serve == WEIGHTED
+    assert target_of(hot, 10, empty, rows_only(exit_s=0.0, plan_s=0.0)).serve == "call"
 
 
 def test_whole_moves_take_experts_off_the_longest_rank() -> None:
@@ -182,3 +187,22 @@ def test_a_table_is_scored_on_the_faster_rounding_of_the_resident_plan() -> None
     compute, links = tiles_costs()
     assert step_time_over(compute, counts, held) == 16e-6  # records: rank 1 runs two tiles
     assert step_time_over(links, counts, held) == 0.0  # whole tiles: rank 1 sends one row
+
+
+def test_the_weighted_lookup_is_scored_on_steps_its_shares_were_not_fit_on() -> None:
+    """Each step's weighted lookup is scored with shares fit on the other half of the
+    window (even steps with the odd steps' mean, and back), and with one step it is no
+    way at all: shares fit on the step they are scored on predict it too well."""
+    R, E = 4, 8
+    g = torch.Generator().manual_seed(4)
+    rows_SRE = torch.randint(0, 40, (6, R, E), generator=g)
+    rows_SRE[:, :, 0] += 100
+    slot_TRB = torch.tensor([[[-1, -1], [0, -1], [0, -1], [0, -1]]])
+    cost = rows_only()
+    got = crossed_shares(cost, rows_SRE, slot_TRB)
+    assert torch.equal(got[0], window_shares(cost, rows_SRE[1::2], slot_TRB))
+    assert torch.equal(got[1], window_shares(cost, rows_SRE[0::2], slot_TRB))
+    with pytest.raises(ValueError, match="other steps"):
+        crossed_shares(cost, rows_SRE[:1], slot_TRB)
+    ways = [w for _, w in table_ways(cost, rows_SRE[:1], slot_TRB)]
+    assert WEIGHTED not in ways
