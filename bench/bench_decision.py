@@ -141,6 +141,40 @@ def time_table(
     return statistics.median(host) * 1e3, statistics.median(dense) * 1e3
 
 
+def fit_line(x_N: np.ndarray, y_N: np.ndarray) -> tuple[float, float]:
+    """``(base, slope)``, both positive, of the line ``base + slope * x`` whose logarithm
+    is nearest ``log(y)`` in least squares (each rate off its line by a factor, not by
+    microseconds: the cases span 50x). A grid over both logarithms, refined five times
+    around its best point."""
+    lx, ly = np.log(y_N.mean()), np.log(y_N.mean() / max(x_N.mean(), 1.0))
+    span = 8.0
+    for _ in range(5):
+        a_A = np.exp(np.linspace(lx - span, lx + span, 81))
+        b_B = np.exp(np.linspace(ly - span, ly + span, 81))
+        line_ABN = a_A[:, None, None] + b_B[None, :, None] * x_N[None, None, :]
+        err_AB = ((np.log(line_ABN) - np.log(y_N)) ** 2).sum(-1)
+        i, j = np.unravel_index(int(err_AB.argmin()), err_AB.shape)
+        lx, ly, span = float(np.log(a_A[i])), float(np.log(b_B[j])), span / 8
+    return float(np.exp(lx)), float(np.exp(ly))
+
+
+def refit(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: the lines in ``R * E`` that this run's measured rates give
+    (:func:`fit_line`), beside those the simulator charges
+    (``moonplan.baselines.decision_time``), and each case's rate over its refit line."""
+    x_N = np.array([r["ranks"] * r["experts"] for r in rows], dtype=np.float64)
+    out = []
+    for key, charged in (("build_us", decision_build_us), ("score_us", decision_score_us)):
+        y_N = np.array([r[key] for r in rows], dtype=np.float64)
+        base, slope = fit_line(x_N, y_N)
+        off = y_N / (base + slope * x_N)
+        now = charged(0, 0), charged(1, 1) - charged(0, 0)
+        out.append(f"* `{key}`: refit {base:.1f} + {slope:.4f} * R * E (each case "
+                   f"{off.min():.2f}-{off.max():.2f}x its line); charged now "
+                   f"{now[0]:.1f} + {now[1]:.4f} * R * E")  # fmt: skip
+    return out
+
+
 def main() -> None:
     ap = timing_parser(__doc__, reps=3, out=result_path("bench_decision.json"))
     args = ap.parse_args()
@@ -156,7 +190,8 @@ def main() -> None:
               f"{r['host_ms'] / r['device_ms']:.0f}x", f"{r['table_host_ms']:.1f}",
               f"{r['table_torch_ms']:.1f}", f"{r['table_host_ms'] / r['table_torch_ms']:.2f}"]
              for r in rows]  # fmt: skip
-    md = ["# A slot-placement decision's host time", "", markdown_table(header, lines)]
+    md = ["# A slot-placement decision's host time", "", markdown_table(header, lines), "",
+          *refit(rows)]  # fmt: skip
     write_report(args.out, {"rows": rows, "reps": args.reps}, md)
 
 

@@ -29,3 +29,17 @@ def test_one_case_counts_its_work_and_charges_the_fit() -> None:
     assert row["charged_ms"] == charged_us * 1e-3
     assert row["host_ms"] > 0 and 0 < row["device_ms"] < row["charged_ms"]
     assert row["build_us"] > 0 and row["score_us"] > 0
+
+
+def test_the_fit_recovers_a_line_and_reports_both_rates() -> None:
+    """``fit_line`` finds an exact line's base and slope (positive, by logarithms), and
+    ``refit`` reports one refit line per rate beside the charged one."""
+    import numpy as np
+
+    x_N = np.array([64.0, 512, 2048, 16384])
+    base, slope = bench.fit_line(x_N, 150 + 0.22 * x_N)
+    assert abs(base - 150) < 0.5 and abs(slope - 0.22) < 1e-3
+    rows = [{"ranks": 8, "experts": e, "build_us": 200.0 + e, "score_us": 60.0 + e / 8}
+            for e in (8, 64, 256)]  # fmt: skip
+    lines = bench.refit(rows)
+    assert len(lines) == 2 and "build_us" in lines[0] and "score_us" in lines[1]
