@@ -254,13 +254,11 @@ class Residency:
         totals_E, loads_SE = self.window.totals_E().cpu(), self.window.loads()
         rows_SRE = window_rows(totals_E, self.window.filled, self.R, loads_SE)
         if stale:
-            way = stale_way(self.cost, rows_SRE, self.B, loads_SE)[1]
-            self.primed = Verdict(None, way, True, self._weights(rows_SRE, empty_RB, way))
+            self.primed = self._stale(rows_SRE, loads_SE, None)
             return empty_RB
         got = target_of(totals_E, self.window.filled, empty_RB, self.cost, loads_SE)
-        self.primed = Verdict(
-            None, got.serve, False, self._weights(rows_SRE, got.slot_RB, got.serve)
-        )
+        weight_ER = self._weights(rows_SRE, got.slot_RB, got.serve)
+        self.primed = Verdict(None, got.serve, weight_ER=weight_ER)
         return got.slot_RB
 
     def observe(self, counts_RE: torch.Tensor) -> None:
@@ -296,22 +294,28 @@ class Residency:
         totals_E = snap.totals_E.cpu()
         rows_SRE = window_rows(totals_E, snap.filled, self.R, snap.loads_SE)
         if snap.stale:  # no slot stays: no refill, the way for such steps
-            empty_RB = empty_slots(self.R, self.B)
-            way = stale_way(self.cost, rows_SRE, self.B, snap.loads_SE, builds)[1]
-            return Verdict(None, way, True, self._weights(rows_SRE, empty_RB, way))
+            return self._stale(rows_SRE, snap.loads_SE, builds)
         serving_RB = snap.serving_RB.cpu()
         got = target_of(totals_E, snap.filled, serving_RB, self.cost, snap.loads_SE, builds)
         target_RB = limit_changes(got.slot_RB, serving_RB, self.staging, totals_E)
         kept_ER = self._weights(rows_SRE, serving_RB, got.kept)
         if torch.equal(target_RB, serving_RB):
-            return Verdict(None, got.kept, False, kept_ER)
+            return Verdict(None, got.kept, weight_ER=kept_ER)
         arriving = got.serve
         if not torch.equal(target_RB, got.slot_RB):  # the staging limit stops short of it
             ways_1 = table_ways(self.cost, rows_SRE, target_RB[None], snap.loads_SE, builds)
             arriving = ways_1[0][1]
         weights = (kept_ER, self._weights(rows_SRE, target_RB, arriving))
         order = self._rent(snap, (serving_RB, target_RB), (got.kept, arriving), builds, weights)
-        return Verdict(order, got.kept, False, kept_ER)
+        return Verdict(order, got.kept, weight_ER=kept_ER)
+
+    def _stale(
+        self, rows_SRE: torch.Tensor, loads_SE: torch.Tensor, builds: Builds | None
+    ) -> Verdict:
+        """The verdict for steps whose slots go stale: no refill, and the way of least
+        predicted time from empty slots (``target.stale_way``; never the weighted lookup,
+        which is static EP there)."""
+        return Verdict(None, stale_way(self.cost, rows_SRE, self.B, loads_SE, builds)[1], True)
 
     def _weights(
         self, rows_SRE: torch.Tensor, slot_RB: torch.Tensor, way: str
@@ -526,7 +530,7 @@ class Decisions:
         order, self._ordered = self._ordered, None
         same = order is not None and torch.equal(order.slot_RB, slot_RB.cpu())
         if same and order is not None:
-            self._verdict = Verdict(None, order.serve, False, order.weight_ER)
+            self._verdict = Verdict(None, order.serve, weight_ER=order.weight_ER)
         else:
             self._verdict = Verdict(None, "call")
 

@@ -206,3 +206,6 @@ def test_the_weighted_lookup_is_scored_on_steps_its_shares_were_not_fit_on() -> 
         crossed_shares(cost, rows_SRE[:1], slot_TRB)
     ways = [w for _, w in table_ways(cost, rows_SRE[:1], slot_TRB)]
     assert WEIGHTED not in ways
+    # over an empty table every lookup is static EP: the first of them, never the weighted
+    empty_1RB = torch.full((1, R, 2), -1, dtype=torch.int64)
+    assert table_ways(rows_only(exit_s=1.0, plan_s=1.0), rows_SRE, empty_1RB)[0][1] == "placed"
