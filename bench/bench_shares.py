@@ -34,11 +34,11 @@ from typing import Any
 import torch
 from _common import markdown_table, result_path, time_interleaved, timing_parser, write_report
 
-from moonplan.plan.home import home_list
 from moonplan.plan.residency.shares import shares_reference, table_shares
 from moonplan.plan.residency.target import candidate_tables, pack, replica_counts
 from moonplan.plan.torch_backend import resident_map
 from moonplan.stepcost import StepCost
+from moonplan.testing.tables import random_slot_tables
 
 CASES = (  # E, R, B, T, tables
     (256, 64, 2, 8, "packed"),
@@ -80,19 +80,6 @@ def packed_tables(
     return torch.stack(tables[:T])
 
 
-def random_tables(E: int, R: int, B: int, T: int, g: torch.Generator) -> torch.Tensor:
-    """int64 ``[T, R, B]``: every slot a random expert away from its rank's home experts,
-    none twice on a rank."""
-    home = home_list(E, R)
-    slot_TRB = torch.full((T, R, B), -1, dtype=torch.int64)
-    for t in range(T):
-        for r in range(R):
-            away_A = torch.tensor([e for e in range(E) if home[e] != r], dtype=torch.int64)
-            pick = away_A[torch.randperm(len(away_A), generator=g)[:B]]
-            slot_TRB[t, r, : len(pick)] = pick
-    return slot_TRB
-
-
 def measure(case: tuple[int, int, int, int, str], reps: int) -> dict[str, Any]:
     """One case's medians, reference against batched, alternated; the weights checked
     equal."""
@@ -103,7 +90,7 @@ def measure(case: tuple[int, int, int, int, str], reps: int) -> dict[str, Any]:
     if kind == "packed":
         slot_TRB = packed_tables(cost, totals_E, R, B, T, g)
     else:
-        slot_TRB = random_tables(E, R, B, T, g)
+        slot_TRB = random_slot_tables(E, R, B, T, g)
 
     def reference() -> torch.Tensor:
         return torch.stack([shares_reference(cost, mean_E, resident_map(s, E)) for s in slot_TRB])

@@ -23,7 +23,8 @@ def test_one_case_checks_the_two_forms_equal_and_times_both(kind: str) -> None:
 def test_the_tables_are_valid_slot_tables() -> None:
     """Random tables hold no rank's own home expert and no expert twice on a rank."""
     from moonplan.plan.residency.serving import check_slots
+    from moonplan.testing.tables import random_slot_tables
 
     _, g = bench.window(16, 4)
-    for s_RB in bench.random_tables(16, 4, 2, 5, g):
+    for s_RB in random_slot_tables(16, 4, 2, 5, g):
         check_slots(s_RB, 4, 16)

@@ -1,4 +1,5 @@
-"""Public testing helpers: the invariant checker and hypothesis strategies.
+"""Public testing helpers: the invariant checker, random slot tables and hypothesis
+strategies.
 
 The strategies (``counts``, ``plan_options``, ``counts_and_options``, ``allocs``) load lazily,
 on first access, because they need ``hypothesis`` (the ``test`` extra) and
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from moonplan.testing.invariants import check_plan
+from moonplan.testing.tables import random_slot_tables
 
 if TYPE_CHECKING:
     from moonplan.testing.strategies import (
@@ -29,6 +31,7 @@ __all__ = [
     "counts",
     "counts_and_options",
     "plan_options",
+    "random_slot_tables",
 ]
 
 

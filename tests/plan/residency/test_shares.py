@@ -21,6 +21,7 @@ from moonplan.plan.residency.shares import (
 )
 from moonplan.plan.torch_backend import resident_map
 from moonplan.stepcost import StepCost
+from moonplan.testing.tables import random_slot_tables
 from tests.plan.choice.costs import COMPUTE_ONLY, DECODE, H200, MULTI
 
 COSTS = [
@@ -178,21 +179,9 @@ def test_table_shares_on_cuda_agree_with_the_host() -> None:
     g = torch.Generator().manual_seed(0)
     for E, R, B, T in [(8, 4, 2, 3), (64, 8, 2, 8), (256, 64, 2, 32)]:
         mean_E = torch.exp(2 * torch.randn(E, generator=g, dtype=torch.float64)) * 50
-        slot_TRB = _random_tables(E, R, B, T, g)
+        slot_TRB = random_slot_tables(E, R, B, T, g)
         for cost in COSTS:
             want = table_shares(cost, mean_E, slot_TRB)
             got = table_shares(cost, mean_E, slot_TRB.cuda())
             assert got.device.type == "cuda"
             assert int((got.cpu() - want).abs().max()) <= 2
-
-
-def _random_tables(E: int, R: int, B: int, T: int, g: torch.Generator) -> torch.Tensor:
-    """int64 ``[T, R, B]``: valid slot tables, each slot a random expert away from home."""
-    home = home_list(E, R)
-    slot_TRB = torch.full((T, R, B), -1, dtype=torch.int64)
-    for t in range(T):
-        for r in range(R):
-            away = torch.tensor([e for e in range(E) if home[e] != r], dtype=torch.int64)
-            pick = away[torch.randperm(len(away), generator=g)[:B]]
-            slot_TRB[t, r, : len(pick)] = pick
-    return slot_TRB
