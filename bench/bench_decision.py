@@ -143,19 +143,19 @@ def time_table(
 
 def fit_line(x_N: np.ndarray, y_N: np.ndarray) -> tuple[float, float]:
     """``(base, slope)``, both positive, of the line ``base + slope * x`` whose logarithm
-    is nearest ``log(y)`` in least squares (each rate off its line by a factor, not by
-    microseconds: the cases span 50x). A grid over both logarithms, refined five times
-    around its best point."""
-    lx, ly = np.log(y_N.mean()), np.log(y_N.mean() / max(x_N.mean(), 1.0))
+    is nearest ``log(y)`` in least squares over the ``N`` points (each rate off its line
+    by a factor, not by microseconds: the cases span 50x). A grid of ``Q`` candidates of
+    each over both logarithms, refined five times around its best point."""
+    log_base, log_slope = np.log(y_N.mean()), np.log(y_N.mean() / max(x_N.mean(), 1.0))
     span = 8.0
     for _ in range(5):
-        a_A = np.exp(np.linspace(lx - span, lx + span, 81))
-        b_B = np.exp(np.linspace(ly - span, ly + span, 81))
-        line_ABN = a_A[:, None, None] + b_B[None, :, None] * x_N[None, None, :]
-        err_AB = ((np.log(line_ABN) - np.log(y_N)) ** 2).sum(-1)
-        i, j = np.unravel_index(int(err_AB.argmin()), err_AB.shape)
-        lx, ly, span = float(np.log(a_A[i])), float(np.log(b_B[j])), span / 8
-    return float(np.exp(lx)), float(np.exp(ly))
+        base_Q = np.exp(np.linspace(log_base - span, log_base + span, 81))
+        slope_Q = np.exp(np.linspace(log_slope - span, log_slope + span, 81))
+        line_QQN = base_Q[:, None, None] + slope_Q[None, :, None] * x_N[None, None, :]
+        err_QQ = ((np.log(line_QQN) - np.log(y_N)) ** 2).sum(-1)
+        i, j = np.unravel_index(int(err_QQ.argmin()), err_QQ.shape)
+        log_base, log_slope, span = float(np.log(base_Q[i])), float(np.log(slope_Q[j])), span / 8
+    return float(np.exp(log_base)), float(np.exp(log_slope))
 
 
 def refit(rows: list[dict[str, Any]]) -> list[str]:

@@ -276,10 +276,10 @@ class MoonplanAutoPolicy(PlannerPolicy):
         else:
             slot_RB = self._previous.slot_expert.cpu()
         if how == WEIGHTED:
-            assert self.decisions is not None
-            weight_ER = self.decisions.weights(self.stale_slots)
-            assert weight_ER is not None, "a weighted verdict carries its weights"
-            return weighted_plan(counts_RE, slot_RB, weight_ER)
+            shares = None if self.decisions is None else self.decisions.shares(self.stale_slots)
+            if shares is None:
+                raise ValueError("moonplan-auto: the weighted lookup is served with its shares")
+            return weighted_plan(counts_RE, slot_RB, shares)
         return lookup_plan(counts_RE, slot_RB, how)
 
     def _charge_s(self, p: Plan) -> float:

@@ -39,6 +39,7 @@ from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT
 from moonplan.plan.residency.refill import time_rates
 from moonplan.plan.residency.serving import WEIGHTED, empty_slots, lookup_plan, weighted_plan
+from moonplan.plan.residency.shares import Shares
 from moonplan.runtime.calibrate import StepSample, agree, fit_rates
 from moonplan.runtime.config.sections import (
     KEEP_SAMPLES,
@@ -102,12 +103,12 @@ class Balancer:
         counts_RE: torch.Tensor,
         previous: Plan | None,
         how: str,
-        weight_ER: torch.Tensor | None = None,
+        shares: Shares | None = None,
     ) -> Plan:
         """The step's plan without ``auto``'s choosing call (``moonplan.runtime.placer``):
         the lookup plan ``how`` of ``previous``'s slots (``serving.lookup_plan``, or with
-        ``how`` ``"weighted"`` ``serving.weighted_plan`` with the decision's ``weight_ER``,
-        int64 ``[E, R]`` on the counts' device; static EP without slots), where calls do
+        ``how`` ``"weighted"`` ``serving.weighted_plan`` with the decision's ``shares``, on
+        the counts' device; static EP without slots), where calls do
         not pay, or with ``how`` ``"exact"`` the exact plan with ``previous=`` (one exact
         call, ``exact_way``), where exact balance every step is predicted fastest. Reads
         nothing on the host."""
@@ -120,8 +121,9 @@ class Balancer:
         else:
             slot_RB = previous.slot_expert
         if how == WEIGHTED:
-            assert weight_ER is not None, "the weighted lookup needs its decision's weights"
-            return weighted_plan(counts_RE, slot_RB, weight_ER, align=self.align, check=False)
+            if shares is None:
+                raise ValueError("balance: the weighted lookup is served with its shares")
+            return weighted_plan(counts_RE, slot_RB, shares, align=self.align, check=False)
         return lookup_plan(counts_RE, slot_RB, how, align=self.align, check=False)
 
     def schedule(self) -> int:

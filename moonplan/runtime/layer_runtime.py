@@ -472,8 +472,8 @@ class LayerRuntime:
         changed, as at every training step), as the simulator's ``moonplan-auto``."""
         how = self.way = self.placer.serve(self.stale)
         if how != "call":
-            weight_ER = self.placer.weights(self.stale, counts_RE.device)
-            return self.balancer.serve(counts_RE, previous, how, weight_ER)
+            shares = self.placer.shares(self.stale, counts_RE.device)
+            return self.balancer.serve(counts_RE, previous, how, shares)
         rent = not self.placer.active(self._auto_cost())
         return self.balancer.plan(counts_RE, previous, rent)
 

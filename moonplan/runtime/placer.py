@@ -48,6 +48,7 @@ import torch
 
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.refill import Answer, Decisions, Residency
+from moonplan.plan.residency.shares import Shares
 from moonplan.runtime.staging import StagingPool
 from moonplan.stepcost import StepCost
 
@@ -85,7 +86,7 @@ class Placer:
         self.decisions: Decisions | None = None
         self.orders = 0
         self.waiting: torch.Tensor | None = None
-        self._weights: tuple[torch.Tensor, torch.Tensor] | None = None  # (host, device)
+        self._shares: tuple[Shares, Shares] | None = None  # (host, device)
 
     @property
     def residency(self) -> Residency | None:
@@ -99,16 +100,16 @@ class Placer:
         (``Decisions.way``; :meth:`~moonplan.runtime.balancer.Balancer.serve`)."""
         return "call" if self.decisions is None else self.decisions.way(stale)
 
-    def weights(self, stale: bool, device: torch.device) -> torch.Tensor | None:
-        """The weighted lookup's weights on ``device`` (int64 ``[E, R]``) where
-        :meth:`serve` is that lookup (``Decisions.weights``), else ``None``; copied to the
-        device once per verdict, not every step."""
-        host_ER = None if self.decisions is None else self.decisions.weights(stale)
-        if host_ER is None:
+    def shares(self, stale: bool, device: torch.device) -> Shares | None:
+        """The weighted lookup's ``Shares`` on ``device`` where :meth:`serve` is that
+        lookup (``Decisions.shares``), else ``None``; copied to the device once per
+        verdict, not every step."""
+        host = None if self.decisions is None else self.decisions.shares(stale)
+        if host is None:
             return None
-        if self._weights is None or self._weights[0] is not host_ER:
-            self._weights = (host_ER, host_ER.to(device))
-        return self._weights[1]
+        if self._shares is None or self._shares[0] is not host:
+            self._shares = (host, host.to(device))
+        return self._shares[1]
 
     def arrived(self, slot_RB: torch.Tensor) -> None:
         """A refill was committed: ``slot_RB`` (int64 ``[R, B]``, on the host) serves from

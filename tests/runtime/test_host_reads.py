@@ -102,16 +102,19 @@ itself reads on the placer's worker thread, beside the steps."""
 @pytest.mark.parametrize("how", ["placed", "split", "weighted"])
 def test_a_lookup_step_reads_nothing_on_the_host(how: str) -> None:
     """A step ``auto`` serves by a lookup of the slots (``Balancer.serve``; the weighted one
-    with its weights already on the device) reads nothing on the host: no call, no check."""
+    with its shares, which the placer copies to the device once a verdict) reads nothing
+    on the host: no call, no check."""
     from moonplan.plan.residency.serving import serving_plan
+    from moonplan.plan.residency.shares import Shares
     from moonplan.runtime.balancer import Balancer
     from tests.plan.host_work import host_work
 
     g = torch.Generator().manual_seed(1)
     counts_RE = torch.randint(0, 40, (4, 8), generator=g)
     previous = serving_plan(counts_RE, torch.tensor([[-1, -1], [0, -1], [0, 7], [1, -1]]))
-    weight_ER = torch.randint(1, 9, (8, 4), generator=g) if how == "weighted" else None
+    w_ER = torch.randint(1, 9, (8, 4), generator=g)
+    shares = Shares.of(w_ER, previous.slot_expert) if how == "weighted" else None
     bal = Balancer("auto", slots=2, align=1)
     out: list[Any] = []
-    work = host_work(lambda: out.append(bal.serve(counts_RE, previous, how, weight_ER)))
+    work = host_work(lambda: out.append(bal.serve(counts_RE, previous, how, shares)))
     assert work.host_reads == 0 and out[0].requested == how

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 import moonplan
+from moonplan.plan.residency.refill import Decisions, Residency
 from moonplan.runtime.placer import Placer, decision_worker
 from moonplan.runtime.staging import StagingPool
 from moonplan.stepcost import StepCost
@@ -219,8 +220,8 @@ def _serve(
 
 def _weights(placer: Any) -> list[list[int]] | None:
     """The weighted lookup's weights serving now (``None``: another way serves)."""
-    w_ER = placer.weights(False, torch.device("cpu"))
-    return None if w_ER is None else w_ER.tolist()
+    shares = placer.shares(False, torch.device("cpu"))
+    return None if shares is None else shares.weight_ER.tolist()
 
 
 def test_auto_refills_a_persistent_hot_expert_and_still_equals_the_oracle() -> None:
@@ -254,6 +255,7 @@ def test_the_balancer_serves_every_lookup_as_the_plans_say() -> None:
     the host: the even lookups (``lookup_plan``), the weighted one with the decision's
     weights (``weighted_plan``), and static EP over no slots."""
     from moonplan.plan.residency.serving import LOOKUPS, lookup_plan, serving_plan, weighted_plan
+    from moonplan.plan.residency.shares import Shares
     from moonplan.runtime.balancer import Balancer
 
     g = torch.Generator().manual_seed(2)
@@ -261,13 +263,13 @@ def test_the_balancer_serves_every_lookup_as_the_plans_say() -> None:
     counts_RE[:, 0] += 200
     slot_RB = torch.tensor([[-1, -1], [0, -1], [0, 7], [1, -1]])
     previous = serving_plan(counts_RE, slot_RB)
-    weight_ER = torch.randint(0, 9, (8, 4), generator=g)
+    shares = Shares.of(torch.randint(0, 9, (8, 4), generator=g), slot_RB)
     bal = Balancer("auto", slots=2, align=1)
     for how in LOOKUPS:
         want = lookup_plan(counts_RE, slot_RB, how)
         assert torch.equal(bal.serve(counts_RE, previous, how).alloc, want.alloc)
-    want = weighted_plan(counts_RE, slot_RB, weight_ER)
-    got = bal.serve(counts_RE, previous, "weighted", weight_ER)
+    want = weighted_plan(counts_RE, slot_RB, shares)
+    got = bal.serve(counts_RE, previous, "weighted", shares)
     assert torch.equal(got.alloc, want.alloc) and got.requested == "weighted"
     assert torch.equal(got.alloc.sum(1), counts_RE.sum(0))
     static = moonplan.plan(counts_RE, slots=2, policy="static")
@@ -360,3 +362,24 @@ def test_two_auto_layers_take_turns_and_both_refill() -> None:
         for hot, slots in zip((1, 4), got[0]["slots"], strict=True):
             assert hot in {e for row in slots for e in row}
         assert max(g["errs"] for g in got) < 1e-4, got
+
+
+def test_the_placer_copies_a_verdicts_shares_to_the_device_once() -> None:
+    """``Placer.shares`` hands the step the weighted verdict's shares on the step's device,
+    the same copy every step until another verdict comes; none where another way serves."""
+    from moonplan.plan.residency.refill import Verdict
+    from moonplan.plan.residency.shares import Shares
+
+    placer = Placer(2, 1)
+    res = Residency(4, 8, 2, _cost())
+    placer.decisions = Decisions(res)
+    assert placer.shares(False, torch.device("cpu")) is None  # no verdict: calls
+    slot_RB = torch.tensor([[-1, -1], [0, -1], [0, 7], [1, -1]])
+    first = Shares.of(torch.ones(8, 4, dtype=torch.int64), slot_RB)
+    res.primed = Verdict(None, "weighted", shares=first)
+    got = placer.shares(False, torch.device("cpu"))
+    assert got is not None and torch.equal(got.weight_ER, first.weight_ER)
+    assert placer.shares(False, torch.device("cpu")) is got  # copied once
+    assert placer.shares(True, torch.device("cpu")) is None  # judged for slots that stay
+    res.primed = Verdict(None, "weighted", shares=Shares.of(2 * first.weight_ER, slot_RB))
+    assert placer.shares(False, torch.device("cpu")) is not got  # a new verdict: its copy

@@ -62,6 +62,7 @@ from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
 from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED, empty_slots
+from moonplan.plan.residency.shares import Shares
 from moonplan.plan.residency.target import (
     candidate_tables,
     served_s,
@@ -70,8 +71,8 @@ from moonplan.plan.residency.target import (
     table_ways,
     target_of,
     window_rows,
-    window_shares,
 )
+from moonplan.plan.residency.weighted_way import held_out_shares, verdict_shares
 from moonplan.plan.residency.window import WINDOW, LoadWindow
 from moonplan.plan.residency.window_torch import (
     built_s,
@@ -93,14 +94,14 @@ class Verdict:
     """A decision (:meth:`Residency.judge`): the refill to order (``None``: none) and how
     the serving slots are served until it arrives (``Target.kept``: ``"call"``, a lookup
     or ``"exact"``; the refill says how its own table serves, ``Refill.serve``);
-    ``stale``: judged for steps whose slots go stale (no refill then); ``weight_ER``: the
-    weighted lookup's weights (int64 ``[E, R]``, on the host) where ``serve`` is that
-    way (``serving.WEIGHTED``), else ``None``."""
+    ``stale``: judged for steps whose slots go stale (no refill then); ``shares``: the
+    weighted lookup's ``shares.Shares`` (on the host) where ``serve`` is that way
+    (``serving.WEIGHTED``), else ``None``."""
 
     order: Refill | None
     serve: str
     stale: bool = False
-    weight_ER: torch.Tensor | None = None
+    shares: Shares | None = None
 
 
 @dataclass(frozen=True)
@@ -113,15 +114,15 @@ class Refill:
         fetch_ER: bool ``[E, R]``, the pairs copied (each from its expert's home).
         serve: how ``slot_RB`` serves once it has arrived (``"call"`` or a lookup: the
             way of least predicted time over the window, ``target.table_ways``).
-        weight_ER: int64 ``[E, R]``, the weighted lookup's weights where ``serve`` is that
-            way (``None`` otherwise).
+        shares: the weighted lookup's ``shares.Shares`` where ``serve`` is that way
+            (``None`` otherwise).
     """
 
     slot_RB: torch.Tensor
     changed_RB: torch.Tensor
     fetch_ER: torch.Tensor
     serve: str = "call"
-    weight_ER: torch.Tensor | None = None
+    shares: Shares | None = None
 
 
 def swap_in(
@@ -257,8 +258,9 @@ class Residency:
             self.primed = self._stale(rows_SRE, loads_SE, None)
             return empty_RB
         got = target_of(totals_E, self.window.filled, empty_RB, self.cost, loads_SE)
-        weight_ER = self._weights(rows_SRE, got.slot_RB, got.serve)
-        self.primed = Verdict(None, got.serve, weight_ER=weight_ER)
+        self.primed = Verdict(
+            None, got.serve, shares=self._shares(rows_SRE, got.slot_RB, got.serve)
+        )
         return got.slot_RB
 
     def observe(self, counts_RE: torch.Tensor) -> None:
@@ -298,16 +300,15 @@ class Residency:
         serving_RB = snap.serving_RB.cpu()
         got = target_of(totals_E, snap.filled, serving_RB, self.cost, snap.loads_SE, builds)
         target_RB = limit_changes(got.slot_RB, serving_RB, self.staging, totals_E)
-        kept_ER = self._weights(rows_SRE, serving_RB, got.kept)
+        kept = self._shares(rows_SRE, serving_RB, got.kept)
         if torch.equal(target_RB, serving_RB):
-            return Verdict(None, got.kept, weight_ER=kept_ER)
+            return Verdict(None, got.kept, shares=kept)
         arriving = got.serve
         if not torch.equal(target_RB, got.slot_RB):  # the staging limit stops short of it
             ways_1 = table_ways(self.cost, rows_SRE, target_RB[None], snap.loads_SE, builds)
             arriving = ways_1[0][1]
-        weights = (kept_ER, self._weights(rows_SRE, target_RB, arriving))
-        order = self._rent(snap, (serving_RB, target_RB), (got.kept, arriving), builds, weights)
-        return Verdict(order, got.kept, weight_ER=kept_ER)
+        order = self._rent(snap, rows_SRE, (serving_RB, target_RB), (got.kept, arriving), builds)
+        return Verdict(order, got.kept, shares=kept)
 
     def _stale(
         self, rows_SRE: torch.Tensor, loads_SE: torch.Tensor, builds: Builds | None
@@ -317,37 +318,35 @@ class Residency:
         which is static EP there)."""
         return Verdict(None, stale_way(self.cost, rows_SRE, self.B, loads_SE, builds)[1], True)
 
-    def _weights(
-        self, rows_SRE: torch.Tensor, slot_RB: torch.Tensor, way: str
-    ) -> torch.Tensor | None:
-        """The weighted lookup's weights of ``slot_RB`` (int64 ``[E, R]``, on the host) fit
-        to the window's steps ``rows_SRE``, where ``way`` is that lookup (else ``None``)."""
-        if way != WEIGHTED:
-            return None
-        return window_shares(self.cost, rows_SRE, slot_RB.cpu()[None])[0].cpu()
+    def _shares(self, rows_SRE: torch.Tensor, slot_RB: torch.Tensor, way: str) -> Shares | None:
+        """The weighted lookup's shares of ``slot_RB`` fit to the window's steps
+        ``rows_SRE`` (``weighted_way.verdict_shares``), where ``way`` is that lookup (else
+        ``None``)."""
+        return verdict_shares(self.cost, rows_SRE, slot_RB) if way == WEIGHTED else None
 
     def _rent(
         self,
         snap: Snapshot,
+        rows_SRE: torch.Tensor,
         tables: tuple[torch.Tensor, torch.Tensor],
         ways: tuple[str, str],
         builds: Builds | None,
-        weights: tuple[torch.Tensor | None, torch.Tensor | None],
     ) -> Refill | None:
         """The refill from the serving table to the target's (``tables``, ``[R, B]``
         each, on the host) once rent or buy says it pays (module docstring), the last
         step served by each table its own way (``ways``: by calls, or by a lookup, the
-        weighted one with ``weights``)."""
+        weighted one with shares fit on the window's other steps, ``rows_SRE``)."""
         serving_RB, target_RB = tables
         c_RE = snap.counts_RE.cpu().numpy().astype(np.int64)
-        now = self._step_s(c_RE, serving_RB, ways[0], builds, weights[0])
-        after = self._step_s(c_RE, target_RB, ways[1], builds, weights[1])
+        now = self._step_s(c_RE, serving_RB, ways[0], builds, rows_SRE)
+        after = self._step_s(c_RE, target_RB, ways[1], builds, rows_SRE)
         fetch_ER = changed_pairs(target_RB, serving_RB, self.E)
         self.credit += snap.steps * max(0.0, now - after)
         if self.credit < refill_link_s(self.cost, fetch_ER, self.home_E):
             return None
         self.credit = 0.0
-        return Refill(target_RB, target_RB != serving_RB, fetch_ER, ways[1], weights[1])
+        shares = self._shares(rows_SRE, target_RB, ways[1])
+        return Refill(target_RB, target_RB != serving_RB, fetch_ER, ways[1], shares)
 
     def _step_s(
         self,
@@ -355,12 +354,13 @@ class Residency:
         slot_RB: torch.Tensor,
         how: str,
         builds: Builds | None,
-        weight_ER: torch.Tensor | None = None,
+        rows_SRE: torch.Tensor | None = None,
     ) -> float:
         """Predicted seconds of the step ``c_RE`` (int64 ``[R, E]``) over ``slot_RB``,
         served ``how``: by calls (``target.served_s``, planning included), a lookup (the
-        weighted one with ``weight_ER``), or the exact way (its plan from ``slot_RB``, its
-        copies and call included)."""
+        weighted one with shares fit on the steps of the window ``rows_SRE`` before its
+        last, the step scored: ``weighted_way.held_out_shares``), or the exact way (its
+        plan from ``slot_RB``, its copies and call included)."""
         if how == EXACT:
             return exact_steps_s(self.cost, torch.from_numpy(c_RE)[None], slot_RB, builds)[0]
         if how == "call":
@@ -369,11 +369,11 @@ class Residency:
             return served_s(self.cost, c_RE, slot_RB.numpy(), static, builds)
         rows_1RE = torch.from_numpy(c_RE)[None]
         if how == WEIGHTED:
-            assert weight_ER is not None
-            w_1TER = weight_ER[None, None]
-            return float(
-                lookups_torch(self.cost, rows_1RE, slot_RB[None], builds, w_1TER)[-1, 0, 0]
-            )
+            if rows_SRE is None:
+                raise ValueError("the weighted lookup is scored with the window's steps")
+            weight_11ER = held_out_shares(self.cost, rows_SRE, slot_RB).weight_ER[None, None]
+            got_L11 = lookups_torch(self.cost, rows_1RE, slot_RB[None], builds, weight_11ER)
+            return float(got_L11[-1, 0, 0])
         got_L11 = lookups_torch(self.cost, rows_1RE, slot_RB[None], builds)
         return float(got_L11[LOOKUPS.index(how), 0, 0])
 
@@ -417,7 +417,7 @@ class Decisions:
 
     :attr:`serve` says how the steps are served: by a planner call (``"call"``,
     ``policy="auto"``), by a lookup plan of the slots without one (``serving.LOOKUPS``, or
-    ``serving.WEIGHTED`` with the verdict's weights, :meth:`weights`),
+    ``serving.WEIGHTED`` with the verdict's shares, :meth:`shares`),
     or by the exact kernel every step (``"exact"``, ``exact_way``):
     the way the last used answer judged best for the slots serving (before the first,
     the residency's from the window before the trace, else ``"call"``), until a refill it
@@ -451,11 +451,11 @@ class Decisions:
         verdict = self.residency.primed if self._verdict is None else self._verdict
         return verdict.serve if verdict.stale == stale else "call"
 
-    def weights(self, stale: bool) -> torch.Tensor | None:
-        """The weighted lookup's weights (int64 ``[E, R]``, on the host) where :meth:`way`
-        is that lookup (``serving.WEIGHTED``), else ``None``."""
+    def shares(self, stale: bool) -> Shares | None:
+        """The weighted lookup's ``shares.Shares`` (on the host) where :meth:`way` is that
+        lookup (``serving.WEIGHTED``), else ``None``."""
         verdict = self.residency.primed if self._verdict is None else self._verdict
-        return verdict.weight_ER if verdict.stale == stale else None
+        return verdict.shares if verdict.stale == stale else None
 
     def step(
         self, counts_RE: torch.Tensor, plan: Plan, busy: bool, stale: bool = False
@@ -530,7 +530,7 @@ class Decisions:
         order, self._ordered = self._ordered, None
         same = order is not None and torch.equal(order.slot_RB, slot_RB.cpu())
         if same and order is not None:
-            self._verdict = Verdict(None, order.serve, weight_ER=order.weight_ER)
+            self._verdict = Verdict(None, order.serve, shares=order.shares)
         else:
             self._verdict = Verdict(None, "call")
 

@@ -36,7 +36,13 @@ from moonplan.plan.from_alloc import layout_resident
 from moonplan.plan.home import home_map
 from moonplan.plan.placement import static_alloc
 from moonplan.plan.plan_type import Plan, make_plan
-from moonplan.plan.residency.shares import SHARE_SCALE, weighted_alloc
+from moonplan.plan.residency.shares import (
+    SHARE_SCALE,
+    Shares,
+    holders,
+    home_onehot,
+    weighted_alloc,
+)
 from moonplan.plan.torch_backend import resident_map
 
 
@@ -83,28 +89,30 @@ def lookup_plan(
 
 
 WEIGHTED = "weighted"
-"""The weighted lookup (module docstring): served with its weights, int64 ``[E, R]``."""
+"""The weighted lookup (module docstring): served with its ``shares.Shares``."""
 
 
 def weighted_plan(
     counts_RE: torch.Tensor,
     slot_RB: torch.Tensor,
-    weight_ER: torch.Tensor,
+    shares: Shares,
     *,
     align: int = 1,
     check: bool = True,
 ) -> Plan:
-    """The weighted lookup's plan of ``counts_RE`` over ``slot_RB`` with the weights
-    ``weight_ER`` (int64 ``[E, R]``, a decision's: ``shares.table_shares``), no planner
-    call and, with ``check=False``, no host read. A weight on a rank that does not hold
-    the expert counts as 0, and an expert with no weight left goes to its home, so the
-    plan is valid for any weights (arguments and errors otherwise as
-    :func:`serving_plan`'s)."""
+    """The weighted lookup's plan of ``counts_RE`` over ``slot_RB`` with a decision's
+    ``shares`` (``shares.Shares``, on the counts' device), no planner call and, with
+    ``check=False``, no host read. An expert whose holders now differ from those the
+    weights were fit for (the slots changed since) splits evenly over its holders now;
+    weights are clamped to ``[0, SHARE_SCALE]`` (so ``T * SHARE_SCALE * R`` bounds the
+    int64 products), and an expert with no weight left goes to its home: the plan is
+    valid for any weights (arguments and errors otherwise as :func:`serving_plan`'s)."""
     slot_RB = _slots(counts_RE, slot_RB, check)
-    E, R = counts_RE.shape[1], counts_RE.shape[0]
-    home_ER = home_map(E, R, counts_RE.device)[:, None] == torch.arange(R, device=counts_RE.device)
-    hold_ER = resident_map(slot_RB, E) | home_ER
-    w_ER = torch.where(hold_ER, weight_ER.to(counts_RE.device, torch.int64).clamp(min=0), 0)
+    hold_ER = holders(resident_map(slot_RB, counts_RE.shape[1]))
+    same_E = (hold_ER == shares.hold_ER).all(1)
+    w_ER = shares.weight_ER.to(torch.int64).clamp(0, SHARE_SCALE)
+    w_ER = torch.where(same_E[:, None] & hold_ER, w_ER, hold_ER.to(torch.int64) * ~same_E[:, None])
+    home_ER = home_onehot(hold_ER.shape[0], hold_ER.shape[1], hold_ER.device)
     w_ER = torch.where((w_ER.sum(1, keepdim=True) > 0) | ~home_ER, w_ER, SHARE_SCALE)
     alloc_ER = weighted_alloc(counts_RE.sum(0), w_ER)
     return _over_slots(counts_RE, alloc_ER, slot_RB, align, WEIGHTED)

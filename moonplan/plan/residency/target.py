@@ -68,7 +68,7 @@ from moonplan.plan.choice.rent import (
 from moonplan.plan.home import home_list
 from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
 from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED, empty_slots
-from moonplan.plan.residency.shares import table_shares
+from moonplan.plan.residency.weighted_way import crossed_shares
 from moonplan.plan.residency.window_torch import lookups_torch, static_torch, windows_torch
 from moonplan.plan.residency.work import Builds
 from moonplan.plan.torch_backend import resident_map
@@ -416,39 +416,14 @@ def _lookups(
     lookup's shares on: it is not a way then (infinite)."""
     L, T, S = len(WAYS) - 1, len(slot_TRB), len(rows_SRE)
     out_LTS = static_S[None, None].expand(L, T, S).clone()
-    held = (slot_TRB >= 0).flatten(1).any(1)
-    if bool(held.any()):
-        held_TRB = slot_TRB[held]
-        weights = crossed_shares(cost, rows_SRE, held_TRB) if S >= 2 else None
-        got_LTS = lookups_torch(cost, rows_SRE, held_TRB, builds, weights)
-        out_LTS[: len(got_LTS), held] = got_LTS
-        out_LTS[len(got_LTS) :, held] = math.inf
+    held_T = (slot_TRB >= 0).flatten(1).any(1)
+    if bool(held_T.any()):
+        held_TRB = slot_TRB[held_T]
+        weight_STER = crossed_shares(cost, rows_SRE, held_TRB) if S >= 2 else None
+        got_LTS = lookups_torch(cost, rows_SRE, held_TRB, builds, weight_STER)
+        out_LTS[: len(got_LTS), held_T] = got_LTS
+        out_LTS[len(got_LTS) :, held_T] = math.inf
     return out_LTS
-
-
-def window_shares(cost: StepCost, rows_SRE: torch.Tensor, slot_TRB: torch.Tensor) -> torch.Tensor:
-    """int64 ``[T, E, R]``, on ``slot_TRB``'s device: the weighted lookup's weights of each
-    table of ``slot_TRB`` for the mean step of ``rows_SRE`` (int64 ``[S, R, E]``), the
-    weights a verdict keeps (``shares.table_shares``)."""
-    mean_E = rows_SRE.sum(1).to(torch.float64).mean(0)
-    return table_shares(cost, mean_E.to(slot_TRB.device), slot_TRB)
-
-
-def crossed_shares(cost: StepCost, rows_SRE: torch.Tensor, slot_TRB: torch.Tensor) -> torch.Tensor:
-    """int64 ``[S, T, E, R]``: the weights each step's weighted lookup is scored with, fit
-    on the other half of the steps (``S >= 2``: even steps scored with the odd steps'
-    mean, and the other way round). Weights fit on the very steps they are scored on
-    predict them too well: on one measured step a weighted way fit so predicted 1.2%
-    faster than the exact plan, and ran 0.5% slower; on a real prefill trace, a decision
-    from one step chose it over the exact kernel and ran 1.07x EPLB where the exact
-    kernel ran 1.03x (``docs/benchmarks.md``)."""
-    S = rows_SRE.shape[0]
-    if S < 2:
-        raise ValueError(f"shares are fit on other steps than they are scored on: {S} step")
-    even_TER = window_shares(cost, rows_SRE[0::2], slot_TRB)
-    odd_TER = window_shares(cost, rows_SRE[1::2], slot_TRB)
-    parity_S = (torch.arange(S, device=slot_TRB.device) % 2 == 0)[:, None, None, None]
-    return torch.where(parity_S, odd_TER[None], even_TER[None])
 
 
 def candidate_tables(

@@ -13,7 +13,6 @@ from moonplan.plan.home import home_list
 from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED
 from moonplan.plan.residency.target import (
     calls_share,
-    crossed_shares,
     mean_step,
     pack,
     replica_counts,
@@ -25,8 +24,8 @@ from moonplan.plan.residency.target import (
     whole_moves,
     window_rows,
     window_s,
-    window_shares,
 )
+from moonplan.plan.residency.weighted_way import crossed_shares, window_shares
 from tests.plan.choice.costs import rows_only, tiles_costs
 
 
@@ -209,3 +208,27 @@ def test_the_weighted_lookup_is_scored_on_steps_its_shares_were_not_fit_on() -> 
     # over an empty table every lookup is static EP: the first of them, never the weighted
     empty_1RB = torch.full((1, R, 2), -1, dtype=torch.int64)
     assert table_ways(rows_only(exit_s=1.0, plan_s=1.0), rows_SRE, empty_1RB)[0][1] == "placed"
+
+
+def test_the_window_scores_the_weighted_lookup_with_crossed_shares() -> None:
+    """The weighted lookup's score over the window is ``lookups_torch`` with the crossed
+    shares (fit on the other half), not with shares fit on the steps scored; a table
+    without replicas scores static EP for every lookup."""
+    from moonplan.plan.residency.target import _lookups
+    from moonplan.plan.residency.window_torch import lookups_torch, static_torch
+
+    R, E = 4, 8
+    g = torch.Generator().manual_seed(5)
+    rows_SRE = torch.randint(0, 40, (6, R, E), generator=g)
+    rows_SRE[:, :, 0] += torch.randint(50, 150, (6, 1), generator=g)
+    slot_TRB = torch.tensor([[[-1, -1], [0, -1], [0, -1], [0, -1]], [[-1, -1]] * R])
+    cost = rows_only()
+    static_S = static_torch(cost, rows_SRE)
+    got_LTS = _lookups(cost, rows_SRE, slot_TRB, static_S, None)
+    crossed = crossed_shares(cost, rows_SRE, slot_TRB[:1])
+    want_LS = lookups_torch(cost, rows_SRE, slot_TRB[:1], None, crossed)[:, 0]
+    assert torch.equal(got_LTS[:, 0], want_LS)
+    fit_here = window_shares(cost, rows_SRE, slot_TRB[:1])[None].expand(6, -1, -1, -1)
+    in_sample_S = lookups_torch(cost, rows_SRE, slot_TRB[:1], None, fit_here)[-1, 0]
+    assert float(in_sample_S.sum()) < float(got_LTS[-1, 0].sum())  # it flatters itself
+    assert torch.equal(got_LTS[:, 1], static_S[None].expand(len(got_LTS), -1))
