@@ -113,7 +113,7 @@ def test_a_lookup_step_reads_nothing_on_the_host(how: str) -> None:
     counts_RE = torch.randint(0, 40, (4, 8), generator=g)
     previous = serving_plan(counts_RE, torch.tensor([[-1, -1], [0, -1], [0, 7], [1, -1]]))
     w_ER = torch.randint(1, 9, (8, 4), generator=g)
-    shares = Shares.of(w_ER, previous.slot_expert) if how == "weighted" else None
+    shares = Shares(w_ER) if how == "weighted" else None
     bal = Balancer("auto", slots=2, align=1)
     out: list[Any] = []
     work = host_work(lambda: out.append(bal.serve(counts_RE, previous, how, shares)))

@@ -263,7 +263,7 @@ def test_the_balancer_serves_every_lookup_as_the_plans_say() -> None:
     counts_RE[:, 0] += 200
     slot_RB = torch.tensor([[-1, -1], [0, -1], [0, 7], [1, -1]])
     previous = serving_plan(counts_RE, slot_RB)
-    shares = Shares.of(torch.randint(0, 9, (8, 4), generator=g), slot_RB)
+    shares = Shares(torch.randint(0, 9, (8, 4), generator=g))
     bal = Balancer("auto", slots=2, align=1)
     for how in LOOKUPS:
         want = lookup_plan(counts_RE, slot_RB, how)
@@ -374,12 +374,11 @@ def test_the_placer_copies_a_verdicts_shares_to_the_device_once() -> None:
     res = Residency(4, 8, 2, _cost())
     placer.decisions = Decisions(res)
     assert placer.shares(False, torch.device("cpu")) is None  # no verdict: calls
-    slot_RB = torch.tensor([[-1, -1], [0, -1], [0, 7], [1, -1]])
-    first = Shares.of(torch.ones(8, 4, dtype=torch.int64), slot_RB)
+    first = Shares(torch.ones(8, 4, dtype=torch.int64))
     res.primed = Verdict(None, "weighted", shares=first)
     got = placer.shares(False, torch.device("cpu"))
     assert got is not None and torch.equal(got.weight_ER, first.weight_ER)
     assert placer.shares(False, torch.device("cpu")) is got  # copied once
     assert placer.shares(True, torch.device("cpu")) is None  # judged for slots that stay
-    res.primed = Verdict(None, "weighted", shares=Shares.of(2 * first.weight_ER, slot_RB))
+    res.primed = Verdict(None, "weighted", shares=Shares(2 * first.weight_ER))
     assert placer.shares(False, torch.device("cpu")) is not got  # a new verdict: its copy

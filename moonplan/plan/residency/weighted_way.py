@@ -34,8 +34,7 @@ def window_shares(cost: StepCost, rows_SRE: torch.Tensor, slot_TRB: torch.Tensor
 def verdict_shares(cost: StepCost, rows_SRE: torch.Tensor, slot_RB: torch.Tensor) -> Shares:
     """The ``Shares`` a verdict keeps for the table ``slot_RB`` (int64 ``[R, B]``): its
     weights fit to the whole window ``rows_SRE``, on the host."""
-    slot_RB = slot_RB.cpu()
-    return Shares.of(window_shares(cost, rows_SRE, slot_RB[None])[0].cpu(), slot_RB)
+    return Shares(window_shares(cost, rows_SRE, slot_RB.cpu()[None])[0].cpu())
 
 
 def held_out_shares(cost: StepCost, rows_SRE: torch.Tensor, slot_RB: torch.Tensor) -> Shares:
