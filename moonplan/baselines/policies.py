@@ -58,13 +58,7 @@ from moonplan.plan.residency.refill import (
     refill_link_s,
     swapped_slots,
 )
-from moonplan.plan.residency.serving import (
-    WEIGHTED,
-    empty_slots,
-    lookup_plan,
-    serving_plan,
-    weighted_plan,
-)
+from moonplan.plan.residency.serving import empty_slots, lookup_way, serving_plan
 from moonplan.plan.residency.window import WINDOW
 from moonplan.stepcost import StepCost
 
@@ -275,12 +269,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
             slot_RB = empty_slots(self.num_ranks, self.slots)
         else:
             slot_RB = self._previous.slot_expert.cpu()
-        if how == WEIGHTED:
-            shares = None if self.decisions is None else self.decisions.shares(self.stale_slots)
-            if shares is None:
-                raise ValueError("moonplan-auto: the weighted lookup is served with its shares")
-            return weighted_plan(counts_RE, slot_RB, shares)
-        return lookup_plan(counts_RE, slot_RB, how)
+        shares = None if self.decisions is None else self.decisions.shares(self.stale_slots)
+        return lookup_way(counts_RE, slot_RB, how, shares)
 
     def _charge_s(self, p: Plan) -> float:
         """Seconds of the step's ``auto`` call: the exit's test or the full call, and the

@@ -38,7 +38,7 @@ from moonplan.plan import api as planner
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT
 from moonplan.plan.residency.refill import time_rates
-from moonplan.plan.residency.serving import WEIGHTED, empty_slots, lookup_plan, weighted_plan
+from moonplan.plan.residency.serving import empty_slots, lookup_way
 from moonplan.plan.residency.shares import Shares
 from moonplan.runtime.calibrate import StepSample, agree, fit_rates
 from moonplan.runtime.config.sections import (
@@ -120,11 +120,7 @@ class Balancer:
             slot_RB = empty_slots(counts_RE.shape[0], self.B, counts_RE.device)
         else:
             slot_RB = previous.slot_expert
-        if how == WEIGHTED:
-            if shares is None:
-                raise ValueError("balance: the weighted lookup is served with its shares")
-            return weighted_plan(counts_RE, slot_RB, shares, align=self.align, check=False)
-        return lookup_plan(counts_RE, slot_RB, how, align=self.align, check=False)
+        return lookup_way(counts_RE, slot_RB, how, shares, align=self.align, check=False)
 
     def schedule(self) -> int:
         """This rank's place in the step schedule, for the counts exchange: forwards

@@ -448,14 +448,20 @@ class Decisions:
         at every training step) or stay: the last used answer's way where it was judged
         for such steps, else ``"call"`` (a way judged for slots that stay does not hold
         where they go, nor the other way round)."""
-        verdict = self.residency.primed if self._verdict is None else self._verdict
-        return verdict.serve if verdict.stale == stale else "call"
+        verdict = self._judged_for(stale)
+        return "call" if verdict is None else verdict.serve
 
     def shares(self, stale: bool) -> Shares | None:
         """The weighted lookup's ``shares.Shares`` (on the host) where :meth:`way` is that
         lookup (``serving.WEIGHTED``), else ``None``."""
+        verdict = self._judged_for(stale)
+        return None if verdict is None else verdict.shares
+
+    def _judged_for(self, stale: bool) -> Verdict | None:
+        """The verdict in force (the last used answer's, else the residency's from the
+        window before the trace) where it was judged for such steps, else ``None``."""
         verdict = self.residency.primed if self._verdict is None else self._verdict
-        return verdict.shares if verdict.stale == stale else None
+        return verdict if verdict.stale == stale else None
 
     def step(
         self, counts_RE: torch.Tensor, plan: Plan, busy: bool, stale: bool = False

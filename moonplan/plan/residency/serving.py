@@ -111,6 +111,29 @@ def weighted_plan(
     return _over_slots(counts_RE, alloc_ER, slot_RB, align, WEIGHTED)
 
 
+def lookup_way(
+    counts_RE: torch.Tensor,
+    slot_RB: torch.Tensor,
+    how: str,
+    shares: Shares | None,
+    *,
+    align: int = 1,
+    check: bool = True,
+) -> Plan:
+    """The plan of the lookup way ``how`` over ``slot_RB``: :func:`weighted_plan` with
+    ``shares`` for :data:`WEIGHTED`, else :func:`lookup_plan` (the one dispatch the
+    runtime's ``Balancer.serve`` and the simulator's ``moonplan-auto`` share).
+
+    Raises:
+        ValueError: ``how`` is the weighted lookup and ``shares`` is ``None``.
+    """
+    if how != WEIGHTED:
+        return lookup_plan(counts_RE, slot_RB, how, align=align, check=check)
+    if shares is None:
+        raise ValueError("the weighted lookup is served with its decision's shares")
+    return weighted_plan(counts_RE, slot_RB, shares, align=align, check=check)
+
+
 def _slots(counts_RE: torch.Tensor, slot_RB: torch.Tensor, check: bool) -> torch.Tensor:
     """``slot_RB`` as int64 on the counts' device, checked (:func:`check_slots`) unless
     ``check`` is false."""
@@ -139,8 +162,7 @@ def lookup_alloc(how: str, T_E: torch.Tensor, resident_ER: torch.Tensor) -> torc
         return placed_torch(T_E, resident_ER, home_E)
     if how != "split":
         raise ValueError(f"lookup must be one of {LOOKUPS}, got {how!r}")
-    ranks_R = torch.arange(R, device=T_E.device)
-    hold_ER = resident_ER | (home_E[:, None] == ranks_R[None, :])
+    hold_ER = holders(resident_ER)
     n_E = hold_ER.sum(1)  # >= 1: the home
     index_ER = torch.cumsum(hold_ER.to(torch.int64), 1) - 1  # place among the holders
     share_ER = (T_E // n_E)[:, None] + (index_ER < (T_E % n_E)[:, None]).to(torch.int64)

@@ -89,3 +89,20 @@ def test_weights_on_ranks_that_no_longer_hold_an_expert_are_dropped() -> None:
     assert moved.alloc[0].tolist() == [800, 400, 0, 0]  # rank 2's weight dropped, 6:3 kept
     assert moved.alloc[2, :2].tolist() == [200, 600]  # its holders unchanged: its weights
     assert moved.alloc[4].tolist() == [0, 0, 400, 0]  # no weight left: its holders, evenly
+
+
+def test_lookup_way_dispatches_and_refuses_a_weighted_way_without_shares() -> None:
+    """``lookup_way`` serves the even lookups as ``lookup_plan`` and the weighted one as
+    ``weighted_plan``; the weighted one without its shares is an error, not a guess."""
+    from moonplan.plan.residency.serving import lookup_plan, lookup_way
+
+    c = torch.randint(0, 50, (4, 10), generator=torch.Generator().manual_seed(3))
+    slots = torch.tensor([[5, -1], [0, 9], [-1, -1], [1, 2]])
+    assert torch.equal(
+        lookup_way(c, slots, "split", None).alloc, lookup_plan(c, slots, "split").alloc
+    )
+    w = torch.randint(1, 9, (10, 4), generator=torch.Generator().manual_seed(4))
+    got = lookup_way(c, slots, "weighted", Shares(w))
+    assert torch.equal(got.alloc, weighted_plan(c, slots, Shares(w)).alloc)
+    with pytest.raises(ValueError, match="weighted lookup is served with its decision's shares"):
+        lookup_way(c, slots, "weighted", None)
