@@ -9,6 +9,12 @@ sends back its pickled return value (or its exception) through a pipe.
 The parent waits at most ``timeout`` plus a small margin; ranks still running then
 are killed (their whole process group, so helpers they started die too). No
 process and no store file is left behind, whatever happens.
+
+Gloo's TCP mesh sometimes fails to connect on a loaded machine ("Connection closed
+by peer" inside ``init_process_group``, before ``fn`` runs; torch's own gloo tests
+see it too). A run whose only failures are such connection errors is started again
+with a fresh store, at most ``CONNECT_ATTEMPTS`` times in all, with a warning each
+time; any other failure is reported at once.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import signal
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,6 +39,10 @@ import torch.distributed as dist
 
 MARGIN_S = 3.0  # the parent waits timeout + MARGIN_S before it kills hung ranks
 GRACE_S = 5.0  # after a rank fails, how long the others get to finish before they are killed
+CONNECT_ATTEMPTS = 3  # runs in all when the only failures are gloo's mesh failing to connect
+# what gloo's TCP transport raises when a mesh fails to connect (a transient, not a bug)
+_CONNECT_ERRORS = ("connectFullMesh", "Connection closed by peer", "Connection reset by peer")
+INIT = "init"  # RankFailure.phase of a failure inside init_process_group
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,12 @@ class RankFailure:
     type_name: str
     message: str
     traceback: str
+    phase: str = "fn"  # INIT: raised inside init_process_group, before fn ran on this rank
+
+    @property
+    def transient(self) -> bool:
+        """Gloo's mesh failed to connect: a fresh run may succeed."""
+        return self.phase == INIT and any(e in self.message for e in _CONNECT_ERRORS)
 
 
 class RankError(RuntimeError):
@@ -97,7 +114,9 @@ def run_ranks(
         The per-rank return values, in rank order.
 
     Raises:
-        RankError: a rank raised (or died); lists each failing rank.
+        RankError: a rank raised (or died); lists each failing rank. A run whose
+            only failures are gloo's mesh failing to connect is first started again
+            (``CONNECT_ATTEMPTS`` runs in all, a ``RuntimeWarning`` each time).
         TimeoutError: ranks did not finish in time; names them (they are killed).
     """
     if world_size < 1:
@@ -106,6 +125,32 @@ def run_ranks(
         raise RuntimeError("run_ranks needs a parent process without a default process group")
     method = start_method or ("spawn" if backend == "nccl" else "fork")
     ctx = mp.get_context(method)
+    for attempt in range(1, CONNECT_ATTEMPTS + 1):
+        try:
+            return _run_once(ctx, fn, world_size, args, kwargs, timeout, backend)
+        except RankError as err:
+            if attempt == CONNECT_ATTEMPTS or not all(f.transient for f in err.failures):
+                raise
+            warnings.warn(
+                f"run_ranks: gloo's mesh failed to connect (attempt {attempt} of "
+                f"{CONNECT_ATTEMPTS}); starting every rank again with a fresh store: "
+                f"{err.failures[0].message}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    raise AssertionError("unreachable")  # the last attempt returns or raises
+
+
+def _run_once(
+    ctx: Any,
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    timeout: float,
+    backend: str,
+) -> list[Any]:
+    """One run of every rank, with its own store; nothing is left behind."""
     with tempfile.TemporaryDirectory(prefix="moonplan-dist-") as tmp:
         spec = _Spec(fn, world_size, args, kwargs, timeout, backend, os.path.join(tmp, "store"))
         procs: list[Any] = []
@@ -152,6 +197,7 @@ def _child_main(spec: _Spec, rank: int, conn: Connection) -> None:
 
 
 def _run_rank(spec: _Spec, rank: int) -> bytes:
+    phase = INIT
     try:
         if spec.backend == "nccl":  # one GPU per rank, as torchrun's LOCAL_RANK would give
             os.environ["LOCAL_RANK"] = str(rank)
@@ -164,6 +210,7 @@ def _run_rank(spec: _Spec, rank: int) -> bytes:
             world_size=spec.world_size,
             timeout=timedelta(seconds=spec.timeout),
         )
+        phase = "fn"
         try:
             result = spec.fn(rank, spec.world_size, *spec.args, **spec.kwargs)
         finally:
@@ -171,7 +218,7 @@ def _run_rank(spec: _Spec, rank: int) -> bytes:
         return pickle.dumps(("ok", result))
     except BaseException as exc:  # report everything, including SystemExit
         kind = f"{type(exc).__module__}.{type(exc).__qualname__}"
-        return pickle.dumps(("err", kind, str(exc), traceback.format_exc()))
+        return pickle.dumps(("err", kind, str(exc), traceback.format_exc(), phase))
 
 
 def _collect(conns: list[Connection], deadline: float) -> tuple[dict[int, tuple], list[int]]:
@@ -234,5 +281,5 @@ def _failure(rank: int, report: tuple, exitcode: int | None) -> RankFailure:
     if report[0] == "died":
         how = f"killed by signal {-exitcode}" if exitcode and exitcode < 0 else f"code {exitcode}"
         return RankFailure(rank, "ProcessDied", f"exited ({how}) without a result", "")
-    _, kind, message, text = report
-    return RankFailure(rank, kind, message, text)
+    _, kind, message, text, phase = report
+    return RankFailure(rank, kind, message, text, phase)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -117,3 +118,59 @@ def _rank_and_size(rank: int, world: int) -> tuple[int, int]:
 def test_spawn_start_method() -> None:
     """Spawned ranks (the default for NCCL, where forked children cannot use CUDA)."""
     assert run_ranks(_rank_and_size, 2, timeout=60, start_method="spawn") == [(0, 2), (1, 2)]
+
+
+def _flaky_init(tmp_path, fail_runs: int, message: str):
+    """An ``init_process_group`` that raises ``message`` on each rank's first ``fail_runs`` calls.
+
+    Forked ranks inherit the patch; each rank counts its own calls in a file.
+    """
+    real = dist.init_process_group
+
+    def init(*args, rank: int, **kwargs):
+        calls = tmp_path / f"calls{rank}"
+        n = len(calls.read_text()) if calls.exists() else 0
+        calls.write_text("x" * (n + 1))
+        if n < fail_runs:
+            raise RuntimeError(message)
+        return real(*args, rank=rank, **kwargs)
+
+    return init
+
+
+_GLOO_DROP = "Gloo connectFullMesh failed with [pair.cc:553] Connection closed by peer [::1]:1"
+
+
+def test_a_mesh_that_fails_to_connect_is_started_again(tmp_path, monkeypatch):
+    """Gloo's transient connect failure: every rank starts again with a fresh store."""
+    monkeypatch.setattr(dist, "init_process_group", _flaky_init(tmp_path, 1, _GLOO_DROP))
+    with pytest.warns(RuntimeWarning, match=r"attempt 1 of 3.*Connection closed by peer"):
+        results = run_ranks(_echo, 2, 5, timeout=20.0)
+    assert [r[4] for r in results] == [11, 11]  # (0 + 5) + (1 + 5)
+    assert (tmp_path / "calls0").read_text() == "xx"  # one failed run, one that worked
+
+
+def test_a_mesh_that_never_connects_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(dist, "init_process_group", _flaky_init(tmp_path, 9, _GLOO_DROP))
+    with pytest.warns(RuntimeWarning), pytest.raises(RankError, match="Connection closed by peer"):
+        run_ranks(_echo, 2, 5, timeout=20.0)
+    assert (tmp_path / "calls1").read_text() == "xxx"  # CONNECT_ATTEMPTS runs, then the error
+
+
+def test_other_init_errors_are_not_retried(tmp_path, monkeypatch):
+    monkeypatch.setattr(dist, "init_process_group", _flaky_init(tmp_path, 1, "bad backend"))
+    with pytest.raises(RankError, match="bad backend"):
+        run_ranks(_echo, 2, 5, timeout=20.0)
+    assert (tmp_path / "calls0").read_text() == "x"
+
+
+def _drop_in_fn(rank: int, world: int) -> None:
+    raise RuntimeError(_GLOO_DROP)
+
+
+def test_a_connect_error_inside_fn_is_not_retried(tmp_path):
+    """Once ``fn`` runs, a rerun could repeat its effects: its errors are reported at once."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RankError, match="Connection closed by peer"):
+            run_ranks(_drop_in_fn, 2, timeout=20.0)
