@@ -70,7 +70,7 @@ def check_order(order: object, num_experts: int) -> list[int]:
     if sorted(order) != list(range(num_experts)):
         raise PlanError(
             f"home_order must hold each of the {num_experts} experts once, got "
-            f"{len(order)} ids {_short(order)}"
+            f"{len(order)} ids {_short(list(order))}"
         )
     return list(order)
 
