@@ -49,6 +49,7 @@ from moonplan.simulate.acceptance import (
     EPLB_MODELS,
     IDEAL_BAR,
     IDEAL_POINT,
+    ORDERED,
     PEER_BAR,
     PEERS,
     AcceptanceGrid,
@@ -145,6 +146,8 @@ def by_tokens(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         line("within 1.01x the best peer", within("vs_peers")),
         line("within 1.01x static EP", within("vs_static")),
+        line("auto+order within 1.01x the best peer", within("ordered_vs_peers")),
+        line("auto+order within 1.01x static EP", within("ordered_vs_static")),
         line("within 1.01x, planning not charged", within("vs_peers_unplanned")),
         line("worst auto / best peer", lambda rs: f"{max(r['vs_peers'] for r in rs):.2f}"),
         line("worst auto / static", lambda rs: f"{max(r['vs_static'] for r in rs):.3f}"),
@@ -192,16 +195,33 @@ def recorded_lines(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> lis
 def real_part(cfg: SimConfig, kinds: tuple[str, ...]) -> tuple[list[dict[str, Any]], list[str]]:
     """The real traces' rows and their Markdown (standings and every trace)."""
     t0 = time.time()
-    policies = (*PEERS, AUTO)
+    policies = (*PEERS, AUTO, ORDERED)
     rows = run_recorded(real_traces(kinds), REAL_MODEL, REAL_HARDWARE, cfg, policies,
                         progress=ProgressBar())  # fmt: skip
     head = ["trace", "hardware", "tokens/rank", *[policy_label(p) for p in policies]]
     md = [f"### The shipped real traces ({len(rows)} points: {REAL_MODEL} on "
           f"{', '.join(REAL_HARDWARE)}; the last 32 steps measured, {time.time() - t0:.0f} s)",
-          "", standings_markdown(rows, policies), "",
+          "", standings_markdown(rows, policies), "", *real_bars(rows),
           "Each policy's step time over the best of them:", "",
           table(head, recorded_lines(rows, policies)), ""]  # fmt: skip
     return rows, md
+
+
+def real_bars(rows: list[dict[str, Any]]) -> list[str]:
+    """Auto and auto+order against the best peer and the ideal on the real traces."""
+
+    def line(label: str, peers: str, ideal: str) -> list[str]:
+        within = sum(r[peers] <= PEER_BAR for r in rows)
+        big = [r[ideal] for r in rows if not r["trace"].startswith("decode")]
+        return [label, f"{within} of {len(rows)}", f"{max(r[peers] for r in rows):.3f}",
+                f"{max(big):.2f}" if big else "-"]  # fmt: skip
+
+    lines = [line("auto", "vs_peers", "vs_ideal")]
+    if rows and "ordered_vs_peers" in rows[0]:
+        lines.append(line("auto+order", "ordered_vs_peers", "ordered_vs_ideal"))
+    head = ["policy", "within 1.01x the best peer", "worst / best peer",
+            "worst / ideal, prefill and training"]  # fmt: skip
+    return [table(head, lines), ""]
 
 
 def why(cfg_by_name: dict[str, SimConfig], steps: int, warmup: int) -> list[dict[str, Any]]:
@@ -262,7 +282,7 @@ def main() -> None:
     if args.steps:
         grid = dataclasses.replace(grid, steps=args.steps)
     t0 = time.time()
-    rows = run_acceptance(grid, cfg, ProgressBar(), (*PEERS, AUTO))
+    rows = run_acceptance(grid, cfg, ProgressBar(), (*PEERS, AUTO, ORDERED))
     grid_s = time.time() - t0
     real, real_md = ([], []) if args.no_real else real_part(cfg, kinds)
     bad = failures(rows)
@@ -281,7 +301,7 @@ def main() -> None:
         "",
         f"#### Per policy, on the generated grid ({grid_s:.0f} s)",
         "",
-        standings_markdown(rows, (*PEERS, AUTO)),
+        standings_markdown(rows, (*PEERS, AUTO, ORDERED)),
         "",
         *summary(rows),
         "",

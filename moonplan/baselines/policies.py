@@ -29,6 +29,7 @@ subclass and one registration (CONTRIBUTING.md, "Adding a planner policy").
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -47,6 +48,7 @@ from moonplan.checks import check_int
 from moonplan.plan import api as planner
 from moonplan.plan.choice.rent import call_rounds_s, exit_rounds_s
 from moonplan.plan.home import max_local
+from moonplan.plan.home_order import check_order, popular_order
 from moonplan.plan.plan_time import plan_fetch_ER, plan_time
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT, exact_charge_s
@@ -183,6 +185,15 @@ class MoonplanAutoPolicy(PlannerPolicy):
     ``moonplan.baselines.decision_time``, and is used after them; no device time).
     The serving table at step 0 is the target of the ``placement_window`` steps before the
     trace (:meth:`prime`), as EPLB's placement is.
+
+    ``home_order``: the runtime's option of that name (``MoEConfig.home_order``), a
+    permutation of the experts fixed before the trace, or ``"profile"``: the one
+    ``moonplan.plan.home_order.popular_order`` gives from the loads of the window before
+    the trace (:meth:`prime`, which must then run before the first step). The policy
+    relabels every step's counts (label ``i`` is expert ``home_order[i]``), as the
+    runtime relabels the router's ids, and plans, places and is timed in labels;
+    ``None``: the linear home map. (``moonplan-auto-ordered`` is this policy with
+    ``home_order="profile"`` unless an order is given.)
     """
 
     name = "moonplan-auto"
@@ -199,10 +210,17 @@ class MoonplanAutoPolicy(PlannerPolicy):
         staging: int = STAGING,
         layers: int = 1,
         stale_slots: bool = False,
+        home_order: Sequence[int] | str | None = None,
     ) -> None:
         if not isinstance(cost, StepCost):
             raise ValueError(f"moonplan-auto needs cost=StepCost(...), got {cost!r}")
         self.stale_slots = bool(stale_slots)
+        self.profiled = home_order == PROFILE  # the order waits for prime()'s window
+        if isinstance(home_order, str) and not self.profiled:
+            raise ValueError(f"home_order must be a permutation, {PROFILE!r} or None, "
+                             f"got {home_order!r}")  # fmt: skip
+        if home_order is not None and not self.profiled:
+            self.home_order = tuple(check_order(list(home_order), num_experts))
         total = max_local(num_experts, num_ranks) if slots is None else int(slots)
         self.staging = min(int(staging), total)
         self.rent = not self.staging  # the background refill buys for later steps
@@ -230,19 +248,31 @@ class MoonplanAutoPolicy(PlannerPolicy):
 
     def steps_before(self) -> list[tuple[int, int]]:
         """The window's steps before the trace (``UsesPrehistory``)."""
-        return [(-self.window, 0)] if self.residency is not None else []
+        return [(-self.window, 0)] if self.residency is not None or self.profiled else []
 
     def prime(self, before: Prehistory) -> None:
         """Place the slots from the window before the trace (served from step 0)."""
+        if self.profiled and self.home_order is None:
+            load_E = before.totals_NE.sum(0)
+            self.home_order = tuple(popular_order(load_E, self.num_ranks))
         res = self.residency
         if res is None or self._previous is not None:
             return
-        slot_RB = res.prime(before.totals_NE, stale=self.stale_slots)
+        slot_RB = res.prime(self._labelled(before.totals_NE), stale=self.stale_slots)
         zero_RE = torch.zeros(self.num_ranks, self.num_experts, dtype=torch.int64)
         self._previous = serving_plan(zero_RE, slot_RB)
 
+    def _labelled(self, counts_XE: torch.Tensor) -> torch.Tensor:
+        """``counts_XE`` (``[..., E]``, by expert) by label (``home_order``)."""
+        if self.home_order is None:
+            if self.profiled:
+                raise ValueError(f"{self.name}: home_order={PROFILE!r} needs prime() (the "
+                                 "window before the trace) before the first step")  # fmt: skip
+            return counts_XE
+        return counts_XE[..., torch.tensor(self.home_order, device=counts_XE.device)]
+
     def step(self, counts: Any) -> PolicyStep:
-        counts_RE = self._counts(counts)
+        counts_RE = self._labelled(self._counts(counts))
         swapped = self._commit(counts_RE)
         way = "call" if self.decisions is None else self.decisions.way(self.stale_slots)
         if way == EXACT:  # the exact kernel with previous=: moonplan-resident's step
@@ -307,6 +337,21 @@ class MoonplanAutoPolicy(PlannerPolicy):
         return int(changed_RB.sum(1).max())
 
 
+PROFILE = "profile"
+"""``home_order`` of :class:`MoonplanAutoPolicy` taken from the window before the trace."""
+
+
+class MoonplanAutoOrdered(MoonplanAutoPolicy):
+    """:class:`MoonplanAutoPolicy` over a home order from a profile (``home_order``;
+    default ``"profile"``: the window before the trace)."""
+
+    name = "moonplan-auto-ordered"
+
+    def __init__(self, num_ranks: int, num_experts: int, **options: Any) -> None:
+        options.setdefault("home_order", PROFILE)
+        super().__init__(num_ranks, num_experts, **options)
+
+
 def split_pairs(pairs_ER: torch.Tensor, parts: int) -> list[torch.Tensor]:
     """``parts`` bool ``[E, R]`` masks splitting the pairs of ``pairs_ER`` round-robin (in
     ``(e, r)`` order): their sizes differ by at most one, their union is ``pairs_ER``."""
@@ -347,6 +392,8 @@ def _moonplan(name: str, num_ranks: int, num_experts: int, **options: Any) -> Po
 def _auto(name: str, num_ranks: int, num_experts: int, **options: Any) -> Policy:
     if options.get("cost") is None:
         raise ValueError(f"{name} needs cost=StepCost(...) (the model it minimises)")
+    if name == MoonplanAutoOrdered.name:
+        return MoonplanAutoOrdered(num_ranks, num_experts, **options)
     return MoonplanAutoPolicy(num_ranks, num_experts, **options)
 
 
@@ -356,6 +403,16 @@ register(PolicyInfo("moonplan", _moonplan, style=("-", "o"), plan_us=exact_us,
 register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-", "D"),
                     plan_us=exact_us, options=("slots", "stale_slots"), order=70))  # fmt: skip
 AUTO_OPTIONS = ("cost", "slots", "placement_window", "staging", "layers", "stale_slots")
-register(PolicyInfo("moonplan-auto", _auto, label="auto", plan_us=auto_us, exit_us=exit_us,
-                    round_us=ROUND_US, decide_us=decision_build_us, exact_us=exact_us,
-                    score_us=decision_score_us, options=AUTO_OPTIONS, order=80))  # fmt: skip
+
+
+def _auto_info(name: str, **fields: Any) -> PolicyInfo:
+    """An auto registration: auto's planning and decision times, and ``fields``."""
+    return PolicyInfo(name, _auto, plan_us=auto_us, exit_us=exit_us, round_us=ROUND_US,
+                      decide_us=decision_build_us, exact_us=exact_us,
+                      score_us=decision_score_us, **fields)  # fmt: skip
+
+
+register(_auto_info("moonplan-auto", label="auto", options=AUTO_OPTIONS, order=80))
+# auto over a home order from a profile (the runtime's home_order=): not in the default set
+register(_auto_info(MoonplanAutoOrdered.name, label="auto+order", style=("--", "s"),
+                    options=(*AUTO_OPTIONS, "home_order"), order=85, listed=False))  # fmt: skip

@@ -109,6 +109,9 @@ class Policy:
     """Base class: a named policy for ``R`` ranks and ``E`` experts (see module docstring)."""
 
     name = "policy"
+    home_order: tuple[int, ...] | None = None
+    """The model's experts in home order where the policy relabels them (its steps'
+    expert ids are labels: label ``i`` is expert ``home_order[i]``); ``None``: as given."""
 
     def __init__(self, num_ranks: int, num_experts: int) -> None:
         if num_ranks < 1 or num_experts < 1:

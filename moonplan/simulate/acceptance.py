@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from moonplan.plan.home_order import popular_order
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import get_model
 from moonplan.simulate.sweep import (
@@ -51,6 +52,9 @@ Progress = Callable[[int, int, str], None]
 """``progress(done, total, label)`` callback."""
 
 AUTO = "moonplan-auto"
+ORDERED = "moonplan-auto-ordered"
+"""Auto over a home order from a profile (the runtime's ``home_order=``): reported beside
+:data:`AUTO` where listed, never one of its peers."""
 PEERS = (
     "static-linear",
     "static-round-robin",
@@ -178,7 +182,19 @@ def verdicts(
         "vs_peers_unplanned": unplanned / rows[best]["total_us"],
         "choices": auto.get("choices", {}),
         "phases": {k: auto[k] for k in (*phases, "combine_us", "total_us")},
+        **_ordered(rows, rows[best]["total_us"], static),
     }
+
+
+def _ordered(rows: dict[str, dict[str, Any]], best_us: float, static_us: float) -> dict[str, Any]:
+    """:data:`ORDERED`'s verdicts where it ran: against the same best peer, the ideal and
+    static EP (linear), and its choices."""
+    if ORDERED not in rows:
+        return {}
+    row = rows[ORDERED]
+    return {"ordered_vs_peers": row["total_us"] / best_us, "ordered_vs_ideal": row["rel_ideal"],
+            "ordered_vs_static": row["total_us"] / static_us,
+            "ordered_choices": row.get("choices", {})}  # fmt: skip
 
 
 def run_acceptance(
@@ -272,6 +288,15 @@ def recorded_options(total_steps: int, steps: int) -> dict[str, Any]:
     return {"eplb_window": half, "eplb_period": half, "eplb_first": half}
 
 
+def profile_order(counts_TRE: torch.Tensor, steps: int) -> list[int]:
+    """The home order ``moonplan-auto-ordered`` serves a recorded trace with: the one
+    ``popular_order`` gives from the loads of its warm-up (every step before the last
+    ``steps``), as a layer built with ``home_order=`` from a profile of the same workload
+    would have. The measured steps come after every step it reads."""
+    T = counts_TRE.shape[0]
+    return popular_order(counts_TRE[: T - steps].sum((0, 1)), counts_TRE.shape[1])
+
+
 def run_recorded(
     traces: Mapping[str, torch.Tensor],
     model: str,
@@ -284,8 +309,9 @@ def run_recorded(
     """:func:`verdicts` of ``policies`` on every recorded trace (name -> int64 ``[T, R, E]``)
     on every hardware preset: the last ``steps`` steps measured, the others warm-up
     (:func:`recorded_options` for the deployed EPLB). On a training trace (``train-*``)
-    moonplan's slots go stale at every step, as in the runtime (``stale_slots``). Rows
-    carry ``trace`` and ``sigma`` ``None``."""
+    moonplan's slots go stale at every step, as in the runtime (``stale_slots``).
+    :data:`ORDERED` (where listed) serves it over :func:`profile_order`. Rows carry
+    ``trace`` and ``sigma`` ``None``."""
     cfg = cfg or SimConfig()
     m = get_model(model)
     jobs = [(name, hw) for name in traces for hw in hardware]
@@ -299,7 +325,8 @@ def run_recorded(
             raise ValueError(f"trace {name} has {T} steps, needs more than {steps}")
         h = get_hardware(hw)
         opts = {**policy_options(h, R, eplb=recorded_options(T, steps)),
-                "stale_slots": name.startswith("train")}  # fmt: skip
+                "stale_slots": name.startswith("train"),
+                "home_order": profile_order(counts, steps)}  # fmt: skip
         got = simulate_trace(counts, m, h, cfg, policies, warmup=T - steps, options=opts)
         rows = {r["policy"]: r for r in got}
         tokens = float(counts[T - steps :].sum()) / (steps * R * m.top_k)

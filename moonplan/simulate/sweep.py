@@ -173,6 +173,10 @@ def simulate_trace(
     opts = {"cost": None, "layers": model.num_moe_layers,
             **(policy_options(hw, R) if options is None else options)}  # fmt: skip
     built = _built(policies, R, E, model, hw, cfg, opts, before)
+    relabelled = [p.name for p in built if p.home_order is not None]
+    if topk_ids is not None and relabelled:  # its plans name labels, the ids experts
+        raise ValueError(f"{relabelled} relabel the experts (home_order): simulate them with "
+                         'cfg.dispatch="record"')  # fmt: skip
     records = [int(c.sum()) for c in counts_TRE[warmup:]]
     ideal = mean_time([ideal_time(n, R, model, hw, cfg) for n in records])
     base = {

@@ -61,8 +61,9 @@ def test_builtin_registrations_keep_the_old_tables() -> None:
     # the MoonEP greedy's published 51 us; moonplan's kernel by shape (baselines.planner_time)
     assert default_plan_us() == {
         "moonep-greedy": 51.0, "moonplan": exact_us, "moonplan-resident": exact_us,
-        "moonplan-auto": auto_us,
+        "moonplan-auto": auto_us, "moonplan-auto-ordered": auto_us,
     }  # fmt: skip
+    assert info("moonplan-auto-ordered").header("moonplan-auto-ordered") == "auto+order"
     assert "moonplan-refresh" not in set(names())  # gone: auto refills in the background
     assert info("moonep-greedy").style == ("--", "s") and info("eplb").style == ("-", ".")
 

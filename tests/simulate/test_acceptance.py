@@ -8,15 +8,18 @@ import torch
 import moonplan
 from moonplan.baselines.planner_time import ROUND_US
 from moonplan.baselines.registry import make_policy
+from moonplan.plan.home_order import popular_order
 from moonplan.simulate.acceptance import (
     AUTO,
     IDEAL_POINT,
+    ORDERED,
     PEER_BAR,
     PEERS,
     AcceptanceGrid,
     acceptance_point,
     classify,
     failures,
+    profile_order,
     recorded_options,
     run_acceptance,
     run_recorded,
@@ -25,6 +28,7 @@ from moonplan.simulate.acceptance import (
 )
 from moonplan.simulate.model_time import SimConfig, step_time
 from moonplan.simulate.models import get_model
+from moonplan.simulate.sweep import SweepSpec, spec_point
 from moonplan.simulate.workload import drifting_counts
 from moonplan.stepcost import get_hardware
 
@@ -154,6 +158,24 @@ def test_recorded_traces_are_judged_alike() -> None:
                                                                   row["us"]["eplb"]))  # fmt: skip
     with pytest.raises(ValueError, match="more than"):
         run_recorded({"toy": counts[:8]}, "deepseek-v3", ("h200-node",), steps=8)
+
+
+def test_auto_with_a_profile_order_is_judged_beside_auto() -> None:
+    """``moonplan-auto-ordered`` serves a recorded trace over the order of its warm-up's
+    loads (the measured steps do not change it) and gets verdicts of its own."""
+    counts = drifting_counts(8, 256, 64, 8, sigma=1.0, steps=40, seed=3)
+    later = counts.clone()
+    later[-8:] = later[-8:].flip(-1)
+    assert profile_order(counts, 8) == profile_order(later, 8)
+    assert profile_order(counts, 8) == popular_order(counts[:32].sum((0, 1)), 8)
+    (row,) = run_recorded({"toy": counts}, "deepseek-v3", ("h200-node",), steps=8,
+                          policies=("static-linear", AUTO, ORDERED))  # fmt: skip
+    assert row["ordered_vs_peers"] == pytest.approx(row["us"][ORDERED] / row["us"]["static-linear"])
+    assert row["ordered_choices"] and row["vs_peers"] > 0
+    with pytest.raises(ValueError, match="relabel"):  # token routing names experts, not labels
+        spec_point(SweepSpec(steps=2, warmup=1), get_model("deepseek-v3"),
+                   get_hardware("h200-node"), SimConfig(dispatch="token"), 8, 16, 1.0,
+                   ("static-linear", ORDERED))  # fmt: skip
 
 
 # The reduced grid CI runs (the full grid is bench/bench_auto_sweep.py): one model on the

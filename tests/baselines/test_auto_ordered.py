@@ -1,0 +1,81 @@
+"""moonplan-auto over a home order (the runtime's ``home_order=``): relabelled counts,
+an order from the window before the trace, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moonplan.baselines import make_policy
+from moonplan.baselines.prehistory import Prehistory
+from moonplan.plan.home_order import popular_order
+from moonplan.traces import generate_counts
+from tests.plan.choice.costs import rows_only
+
+COST = rows_only(copy_s_intra=1e-4, copy_s_inter=1e-4, plan_s=1e-5)
+
+
+def _trace(steps: int, seed: int = 0) -> list[torch.Tensor]:
+    """Lognormal counts ``[4, 16]`` whose hot experts sit in the first index block."""
+    out = []
+    for i in range(steps):
+        c = generate_counts("lognormal", ranks=4, experts=16, tokens=64, topk=2, sigma=1.0,
+                            seed=seed + i)  # fmt: skip
+        c[:, :4] *= 4
+        out.append(c)
+    return out
+
+
+def _steps(policy, trace):
+    return [policy.step(c) for c in trace]
+
+
+def test_an_order_is_the_plain_policy_on_relabelled_counts():
+    order = list(reversed(range(16)))
+    trace = _trace(6)
+    got = _steps(make_policy("moonplan-auto-ordered", 4, 16, cost=COST, slots=2,
+                             home_order=order), trace)  # fmt: skip
+    want = _steps(make_policy("moonplan-auto", 4, 16, cost=COST, slots=2),
+                  [c[:, order] for c in trace])  # fmt: skip
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a.alloc_ER, b.alloc_ER) and a.choice == b.choice
+
+
+def test_the_identity_order_changes_nothing():
+    trace = _trace(5, seed=3)
+    got = _steps(make_policy("moonplan-auto-ordered", 4, 16, cost=COST, slots=2,
+                             home_order=list(range(16))), trace)  # fmt: skip
+    want = _steps(make_policy("moonplan-auto", 4, 16, cost=COST, slots=2), trace)
+    assert all(torch.equal(a.alloc_ER, b.alloc_ER) for a, b in zip(got, want, strict=True))
+
+
+def test_the_profile_order_comes_from_the_window_before_the_trace():
+    policy = make_policy("moonplan-auto-ordered", 4, 16, cost=COST, slots=2, placement_window=3)
+    assert policy.steps_before() == [(-3, 0)]
+    totals_NE = torch.stack([c.sum(0) for c in _trace(3, seed=7)])
+    policy.prime(Prehistory(torch.arange(-3, 0), totals_NE))
+    assert list(policy.home_order) == popular_order(totals_NE.sum(0), 4)
+    hot = set(range(4))  # the hot block, spread over the ranks by the order
+    assert all(len(hot & set(policy.home_order[4 * r : 4 * r + 4])) == 1 for r in range(4))
+    policy.step(_trace(1)[0])
+
+
+def test_plain_auto_ignores_a_home_order_option():
+    """``make_policy`` passes an option only to the policies that declare it."""
+    policy = make_policy("moonplan-auto", 4, 16, cost=COST, home_order=list(range(16)))
+    assert policy.home_order is None
+
+
+@pytest.mark.parametrize(
+    ("order", "match"),
+    [([0, 0, *range(2, 16)], "once"), ("popular", "permutation"), (list(range(15)), "once")],
+)
+def test_bad_orders_are_named(order, match):
+    with pytest.raises(Exception, match=match):
+        make_policy("moonplan-auto-ordered", 4, 16, cost=COST, home_order=order)
+
+
+def test_a_profile_order_needs_the_window_before():
+    policy = make_policy("moonplan-auto-ordered", 4, 16, cost=COST)
+    with pytest.raises(ValueError, match="needs prime"):
+        policy.step(_trace(1)[0])
