@@ -201,3 +201,32 @@ def test_a_bad_order_is_refused_when_the_config_is_made() -> None:
     assert cfg.home_order == (2, 0, 1) and cfg.sized(num_experts=3).home_order == (2, 0, 1)
     with pytest.raises(ValueError, match="each of the 4 experts"):
         cfg.sized(num_experts=4)
+
+
+def _grouped(rank: int, world: int, order: list[int] | None) -> dict:
+    """torchtitan's ``MoonGroupedExperts`` (plain tensors; torchtitan not needed) with
+    ``order``: its home rows and its output for hot routing."""
+    from moonplan.adapters.torchtitan import MoonGroupedExperts
+
+    E, D, FF, S = 5, 8, 6, 7
+    g = torch.Generator().manual_seed(4)
+    w1, w3 = (torch.randn(E, FF, D, generator=g) for _ in range(2))
+    w2 = torch.randn(E, D, FF, generator=g)
+    ids, wk = _hot_ids(S * world, E, K, 4)
+    ex = MoonGroupedExperts(w1, w2, w3, K, compute_dtype=torch.float32, home_order=order)
+    x = tokens(S * world, D, 4)[S * rank : S * (rank + 1)]
+    with torch.no_grad():
+        y = ex.run(x, ids[S * rank : S * (rank + 1)], wk[S * rank : S * (rank + 1)])
+    home = ex.home_experts.tolist()
+    rows_ok = all(torch.equal(getattr(ex, n), w[home]) for n, w in
+                  (("w1_EFD", w1), ("w2_EDF", w2), ("w3_EFD", w3)))  # fmt: skip
+    return {"y": y, "rows_ok": rows_ok, "repr": repr(ex)}
+
+
+def test_torchtitan_experts_take_their_rows_by_model_id() -> None:
+    plain = run_ranks(_grouped, 2, None, timeout=60)
+    ordered = run_ranks(_grouped, 2, [4, 2, 0, 1, 3], timeout=60)
+    for a, b in zip(plain, ordered, strict=True):
+        assert b["rows_ok"] and a["rows_ok"]
+        torch.testing.assert_close(a["y"], b["y"], rtol=1e-5, atol=1e-5)
+    assert "home=[4, 2, 0]" in ordered[0]["repr"] and "home=[0, 3)" in plain[0]["repr"]
