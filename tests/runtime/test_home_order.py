@@ -230,3 +230,16 @@ def test_torchtitan_experts_take_their_rows_by_model_id() -> None:
         assert b["rows_ok"] and a["rows_ok"]
         torch.testing.assert_close(a["y"], b["y"], rtol=1e-5, atol=1e-5)
     assert "home=[4, 2, 0]" in ordered[0]["repr"] and "home=[0, 3)" in plain[0]["repr"]
+
+
+def test_recorded_traces_count_model_ids() -> None:
+    """A trace recorded under a home order counts model experts (not labels)."""
+    from moonplan.traces.recorder import TraceRecorder
+
+    E, T = 5, 9
+    ids, wk = _hot_ids(T, E, K, SEED)
+    layer = _layer(E, [3, 1, 4, 0, 2], ids, wk, 0)
+    with TraceRecorder(layer) as rec, torch.no_grad():
+        layer.experts(tokens(T, H, SEED), ids, wk)  # a block calls its experts so
+    want_E = torch.bincount(ids.reshape(-1), minlength=E)
+    assert torch.equal(rec.counts("experts")[0, 0], want_E)
