@@ -2,14 +2,17 @@
 
 Legend:
     R ranks that saved, R' ranks that load, E experts of a layer,
-    [lo, hi) a rank's home experts (its rows of every expert tensor)
+    [lo, hi) a rank's home labels (its rows of every expert tensor: the model experts
+    ``order[lo:hi]`` under a home order, ``lo .. hi-1`` without one)
 
 The files of :func:`save_sharded` hold a wrapped model's state under the original keys:
 expert tensors (``...experts.gate_up_proj``, ``...experts.down_proj``; for torchtitan's
 MoE ``...routed_experts.inner_experts.w1_EFD``, ``w2_EDF``, ``w3_EFD``) hold only the
-rank's home rows ``[lo, hi)`` of the full ``[E, ...]`` tensor, every other entry is
-replicated. (``model.state_dict()`` itself shows one key per expert by default:
-:func:`per_expert_keys`.)
+rank's home rows of the full ``[E, ...]`` tensor (rows by model id), every other entry
+is replicated. A layer with a ``home_order`` (:mod:`moonplan.core.sharded`) saves its
+order beside its rows, and every reader takes rows by model id, so a checkpoint loads
+under any other home order and EP size. (``model.state_dict()`` itself shows one key per
+expert by default: :func:`per_expert_keys`.)
 
 * :func:`save_sharded` (every rank): ``directory/rank-{r:05d}-of-{R:05d}.pt``; rank 0's
   file has the replicated entries too, the others only their expert rows; then
@@ -33,7 +36,10 @@ file read once in all) and raises the same error on every rank.
 
 File payload: ``{"format": FORMAT, "checkpoint_id": id, "rank": r, "world_size": R,
 "experts": {key: (E, lo, hi)}, "state": {key: tensor}}`` (CPU tensors, ``torch.save``;
-read with ``weights_only=True``).
+read with ``weights_only=True``). Where a layer has a home order the format is
+``FORMAT_ORDERED`` and the payload also holds ``"home_order": {key: [E model ids]}``
+(rows ``[lo, hi)`` of ``key`` are model experts ``order[lo:hi]``), so that a reader that
+does not know orders refuses the file rather than misplacing rows.
 """
 
 from __future__ import annotations
@@ -59,22 +65,39 @@ from moonplan.adapters.manifest import (
     write_manifest,
 )
 from moonplan.adapters.model import sharded_experts
+from moonplan.core.sharded import home_ids, home_rows
 from moonplan.plan.home import home_start, max_local
+from moonplan.plan.home_order import label_of
 
 FORMAT = "moonplan-sharded-v1"
+FORMAT_ORDERED = "moonplan-sharded-v2"  # v1 and the layers' home orders
+FORMATS = (FORMAT, FORMAT_ORDERED)
 _PROBLEM_BYTES = 4096  # most bytes of one rank's verification problems (JSON)
 _FILE = re.compile(r"rank-(\d{5})-of-(\d{5})\.pt")
 Layout = dict[str, tuple[int, int, int]]  # key -> (E, lo, hi)
+Orders = dict[str, tuple[int, ...]]  # key -> its layer's home order (layers with one)
 
 
 def expert_layout(model: nn.Module) -> Layout:
-    """``{state-dict key: (E, lo, hi)}`` of every sharded expert tensor of ``model``."""
+    """``{state-dict key: (E, lo, hi)}`` of every sharded expert tensor of ``model``
+    (``(lo, hi)``: this rank's home labels)."""
     layout: Layout = {}
     for name, ex in sharded_experts(model):
         prefix = f"{name}." if name else ""
         for t in ex.expert_tensors:
             layout[prefix + t] = (ex.num_experts, *ex.home_range)
     return layout
+
+
+def expert_orders(model: nn.Module) -> Orders:
+    """``{state-dict key: home order}`` of every sharded expert tensor of ``model`` whose
+    layer has a ``home_order`` (layers without one are left out: labels are model ids)."""
+    orders: Orders = {}
+    for name, ex in sharded_experts(model):
+        prefix = f"{name}." if name else ""
+        if ex.home_order is not None:
+            orders.update({prefix + t: tuple(ex.home_order) for t in ex.expert_tensors})
+    return orders
 
 
 def _group_of(model: nn.Module) -> Any:
@@ -108,12 +131,14 @@ def save_sharded(model: nn.Module, directory: str | Path) -> Path:
     err: Exception | None = None
     try:
         out.mkdir(parents=True, exist_ok=True)
-        layout = expert_layout(model)
+        layout, orders = expert_layout(model), expert_orders(model)
         with _home_keys(model):
             state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         state = {k: v for k, v in state.items() if k in layout or r == 0}
-        payload = {"format": FORMAT, "checkpoint_id": checkpoint_id, "rank": r,
-                   "world_size": R, "experts": layout, "state": state}  # fmt: skip
+        payload = {"format": FORMAT_ORDERED if orders else FORMAT, "checkpoint_id": checkpoint_id,
+                   "rank": r, "world_size": R, "experts": layout, "state": state}  # fmt: skip
+        if orders:
+            payload["home_order"] = {k: list(v) for k, v in orders.items()}
         record = save_file(payload, out / file_name(r, R))
         mine = json.dumps([record.nbytes, record.crc32]).encode()
     except Exception as exc:
@@ -164,7 +189,7 @@ def _read_all(directory: str | Path, checkpoint_id: str | None = None) -> list[d
         except Exception as exc:  # a truncated or foreign file: name it
             why = f"{type(exc).__name__}: {exc}"
             raise CheckpointError(f"{by_rank[r]}: cannot be read ({why})") from exc
-        if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("rank") != r:
+        if not isinstance(data, dict) or data.get("format") not in FORMATS or data.get("rank") != r:
             raise CheckpointError(f"{by_rank[r]} is not a {FORMAT} file of rank {r}")
         if checkpoint_id is not None and data.get("checkpoint_id") != checkpoint_id:
             raise CheckpointError(
@@ -228,26 +253,35 @@ def _verified(group: Any, directory: str | Path) -> str:
     return checkpoint_id
 
 
-def _rows(payloads: list[dict], key: str, lo: int, hi: int) -> torch.Tensor:
-    """Rows ``[lo, hi)`` of the full expert tensor ``key``, assembled from the saved shards."""
+def _held(data: dict, key: str) -> list[int]:
+    """Model ids of the rows of ``key`` in one saved payload, in their order."""
+    _, lo, hi = data["experts"][key]
+    return home_ids((lo, hi), data.get("home_order", {}).get(key))
+
+
+def _rows(payloads: list[dict], key: str, ids: list[int]) -> torch.Tensor:
+    """Rows of model experts ``ids`` of the full expert tensor ``key`` (``[len(ids), ...]``,
+    in that order), assembled from the saved shards: a slice per run of consecutive saved
+    rows, so the linear layout reads each shard's rows as one slice."""
     E = payloads[0]["experts"][key][0]
-    parts, covered = [], lo
-    for data in payloads:  # ranks hold consecutive, increasing row ranges
-        E_s, a, b = data["experts"][key]
-        if E_s != E:
-            raise ValueError(f"{key}: rank {data['rank']} saved E={E_s}, rank 0 saved E={E}")
-        a, b = max(a, covered), min(b, hi)
-        if a < b:
-            if a != covered:
-                raise ValueError(f"{key}: saved shards leave rows [{covered}, {a}) uncovered")
-            start = data["experts"][key][1]
-            parts.append(data["state"][key][a - start : b - start])
-            covered = b
-    if covered != hi:
-        raise ValueError(f"{key}: saved shards cover rows up to {covered}, need {hi}")
-    if not parts:
-        return payloads[0]["state"][key][:0]
-    return torch.cat(parts, 0)
+    where: dict[int, tuple[int, int]] = {}  # model id -> (payload, row)
+    for p, data in enumerate(payloads):
+        if data["experts"][key][0] != E:
+            raise ValueError(f"{key}: rank {data['rank']} saved E={data['experts'][key][0]}, "
+                             f"rank 0 saved E={E}")  # fmt: skip
+        where.update({e: (p, row) for row, e in enumerate(_held(data, key))})
+    absent = [e for e in ids if e not in where]
+    if absent:
+        raise ValueError(f"{key}: the saved shards do not hold experts {absent[:8]}")
+    runs: list[list[int]] = []  # [payload, first row, rows] of consecutive saved rows
+    for e in ids:
+        p, row = where[e]
+        if runs and runs[-1][0] == p and runs[-1][1] + runs[-1][2] == row:
+            runs[-1][2] += 1
+        else:
+            runs.append([p, row, 1])
+    pieces = [payloads[p]["state"][key][a : a + n] for p, a, n in runs]
+    return torch.cat(pieces, 0) if pieces else payloads[0]["state"][key][:0]
 
 
 def consolidate(directory: str | Path, *, verify: bool = True) -> dict[str, torch.Tensor]:
@@ -265,7 +299,8 @@ def consolidate(directory: str | Path, *, verify: bool = True) -> dict[str, torc
     layout: Layout = payloads[0]["experts"]
     full = {}
     for key, value in payloads[0]["state"].items():
-        full[key] = _rows(payloads, key, 0, layout[key][0]) if key in layout else value.clone()
+        everyone = list(range(layout[key][0])) if key in layout else []
+        full[key] = _rows(payloads, key, everyone) if key in layout else value.clone()
     return full
 
 
@@ -300,24 +335,27 @@ def _load_payloads(model: nn.Module, payloads: list[dict]) -> None:
     for key, value in payloads[0]["state"].items():
         if key not in saved:
             state[key] = value
+    orders = expert_orders(model)
     for key, (E, lo, hi) in expert_layout(model).items():
         if key not in saved or saved[key][0] != E:
             got = saved[key][0] if key in saved else "nothing"
             raise CheckpointError(f"{key}: the model has {E} experts, the checkpoint {got}")
-        state[key] = _rows(payloads, key, lo, hi)
+        state[key] = _rows(payloads, key, home_ids((lo, hi), orders.get(key)))
     _load(model, state)
 
 
 def load_full(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
     """Load a state dict in the original layout (expert tensors ``[E, ...]``) into a
-    wrapped ``model``: every rank keeps its home rows. Every rank calls it."""
+    wrapped ``model``: every rank keeps its home rows (by model id, whatever its home
+    order). Every rank calls it."""
     state = dict(state_dict)
+    orders = expert_orders(model)
     for key, (E, lo, hi) in expert_layout(model).items():
         full = state.get(key)
         if full is None or full.shape[0] != E:
             got = tuple(full.shape) if full is not None else "nothing"
             raise ValueError(f"{key}: expected the full [{E}, ...] tensor, got {got}")
-        state[key] = full[lo:hi]
+        state[key] = home_rows(full, lo, hi, orders.get(key))
     _load(model, state)
 
 
@@ -330,8 +368,8 @@ def _load(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 def gather_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The original layout, on every rank (collective: every rank calls it).
 
-    Expert tensors are all-gathered over each layer's group (padded to ``ceil(E/R)`` rows);
-    the result lives on the group's device.
+    Expert tensors are all-gathered over each layer's group (padded to ``ceil(E/R)`` rows)
+    and put in model-id order; the result lives on the group's device.
     """
     experts = dict(sharded_experts(model))
     with _home_keys(model):
@@ -344,14 +382,19 @@ def gather_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _all_gather_rows(ex: Any, home: torch.Tensor) -> torch.Tensor:
-    """``[E, ...]`` from every rank's ``[E_r, ...]`` home rows (linear home map)."""
+    """``[E, ...]`` by model id from every rank's ``[E_r, ...]`` home rows (the linear
+    home map of labels, then the layer's home order undone)."""
     R, E = ex.group.size, ex.num_experts
     M = max_local(E, R)
     pad = home.new_zeros((M, *home.shape[1:]))
     pad[: home.shape[0]] = home.detach()
     got = ex.group.all_gather(pad)  # [R, M, ...]
     sizes = [home_start(r + 1, E, R) - home_start(r, E, R) for r in range(R)]
-    return torch.cat([got[r, : sizes[r]] for r in range(R)], 0)
+    full = torch.cat([got[r, : sizes[r]] for r in range(R)], 0)  # by label
+    if ex.home_order is None:
+        return full
+    label_E = torch.tensor(label_of(list(ex.home_order)), device=full.device)
+    return full.index_select(0, label_E)  # row e: model expert e
 
 
 def per_expert_keys(model: nn.Module, enabled: bool = True) -> nn.Module:
@@ -359,8 +402,8 @@ def per_expert_keys(model: nn.Module, enabled: bool = True) -> nn.Module:
     ``model``.
 
     ``True`` (the default of every wrapped layer): each home expert under its own key,
-    ``<expert tensor>.<e>`` (``e`` the global expert id, a view of its rows). Every key
-    then names one tensor of one size whatever the EP size, which is what
+    ``<expert tensor>.<e>`` (``e`` the model expert id, a view of its rows). Every key
+    then names one tensor of one size whatever the EP size and home order, which is what
     ``torch.distributed.checkpoint`` needs (it stores a plain tensor once per key, as if
     replicated): ``dcp.save(model.state_dict(), checkpoint_id=d)`` writes each expert
     from its home rank, and at any EP size ``sd = model.state_dict(); dcp.load(sd,

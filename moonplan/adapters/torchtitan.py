@@ -99,7 +99,9 @@ class MoonGroupedExperts(ShardedExperts):
 
     Args:
         w1_EFD, w2_EDF, w3_EFD: every expert's weights (``[E, F, D]``, ``[E, D, F]``,
-            ``[E, F, D]``), identical on every rank; this rank keeps copies of its home rows.
+            ``[E, F, D]``), identical on every rank; this rank keeps copies of its home rows
+            (those of the model ids ``home_experts``: ``config.home_order[lo:hi]`` under a
+            home order).
         top_k: ``K`` (default: ``config.top_k``).
         group: an :class:`EPGroup` or a torch ProcessGroup (default: the default group if
             torch.distributed is initialised, else one rank on the weights' device).
@@ -113,8 +115,9 @@ class MoonGroupedExperts(ShardedExperts):
         w1_EFD, w2_EDF, w3_EFD: Parameters ``[E_r, F, D]``, ``[E_r, D, F]``, ``[E_r, F, D]``
             in the original weights' dtype (torchtitan's names, so its optimizer, weight
             decay and checkpoint code see the same keys).
-        home_experts: int64 ``[E_r]`` global ids (non-persistent buffer).
-        home_range: ``(lo, hi)``. num_experts: ``E`` (global, as torchtitan reads it).
+        home_experts: int64 ``[E_r]`` model ids, in the rows' order (non-persistent buffer).
+        home_range: ``(lo, hi)``, labels (:mod:`moonplan.core.sharded`).
+        num_experts: ``E`` (global, as torchtitan reads it).
         dim, hidden_dim: ``D`` and ``F``. compute_dtype: the runtime's dtype.
         runtime: the :class:`~moonplan.runtime.layer_runtime.LayerRuntime` (``last_plan``,
             ``last_stats``).
@@ -143,15 +146,15 @@ class MoonGroupedExperts(ShardedExperts):
             sizes = dict(num_experts=E, hidden_size=D, ffn_size=F, dtype=dtype)
             lo, hi = self.setup(ep, cfg.sized(**sizes), w1_EFD.device)
             self.dim, self.hidden_dim, self.compute_dtype = D, F, self.config.sizes.dtype
-            self.w1_EFD = home_parameter(w1_EFD, lo, hi)
-            self.w2_EDF = home_parameter(w2_EDF, lo, hi)
-            self.w3_EFD = home_parameter(w3_EFD, lo, hi)
+            order = self.home_order
+            self.w1_EFD = home_parameter(w1_EFD, lo, hi, order)
+            self.w2_EDF = home_parameter(w2_EDF, lo, hi, order)
+            self.w3_EFD = home_parameter(w3_EFD, lo, hi, order)
         self.start("MoonGroupedExperts")
 
     def extra_repr(self) -> str:
-        lo, hi = self.home_range
         return (
-            f"num_experts={self.num_experts}, home=[{lo}, {hi}), dim={self.dim}, "
+            f"num_experts={self.num_experts}, {self.home_text()}, dim={self.dim}, "
             f"hidden_dim={self.hidden_dim}, top_k={self.top_k}, ranks={self.group.size}, "
             f"compute_dtype={self.compute_dtype}"
         )

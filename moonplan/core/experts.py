@@ -39,7 +39,9 @@ class MoonExperts(FixedPlacement, ShardedExperts):
 
     Args:
         gate_up_proj: every expert's ``[E, 2F, H]`` (gate rows, then up rows); this rank
-            keeps a copy of its home slice ``[E_r, 2F, H]``, so the full tensor can be freed.
+            keeps a copy of its home rows ``[E_r, 2F, H]`` (those of the model ids
+            ``home_experts``: ``config.home_order[lo:hi]`` under a home order), so the full
+            tensor can be freed.
             The copy requires grad unless ``gate_up_proj`` is a frozen Parameter.
             ``None`` (with ``down_proj=None``): fresh home experts of the config's sizes
             (normal init, std ``H**-0.5`` and ``F**-0.5``), as :class:`~moonplan.MoonMoE`
@@ -59,8 +61,10 @@ class MoonExperts(FixedPlacement, ShardedExperts):
     Attributes:
         gate_up_proj, down_proj: Parameters ``[E_r, 2F, H]`` and ``[E_r, H, F]``, the
             weights' dtype, on the group's device.
-        home_experts: int64 ``[E_r]`` global ids of the home experts (non-persistent buffer).
-        home_range: ``(lo, hi)``: the home experts are ``lo .. hi-1``.
+        home_experts: int64 ``[E_r]`` model ids of the home experts, in the rows' order
+            (non-persistent buffer).
+        home_range: ``(lo, hi)``: the home experts' labels are ``lo .. hi-1`` (their model
+            ids too without a home order: :mod:`moonplan.core.sharded`).
         num_experts, hidden_dim, intermediate_dim, top_k: ``E``, ``H``, ``F``, ``K``.
         config: the :class:`MoEConfig` (sizes set). slots: ``B``.
         runtime: the layer's :class:`~moonplan.runtime.layer_runtime.LayerRuntime`
@@ -93,8 +97,8 @@ class MoonExperts(FixedPlacement, ShardedExperts):
                 E, F, H = _expert_sizes(gate_up_proj, down_proj)
                 sizes = dict(num_experts=E, hidden_size=H, ffn_size=F, dtype=gate_up_proj.dtype)
                 lo, hi = self.setup(ep, cfg.sized(**sizes), gate_up_proj.device)
-                self.gate_up_proj = home_parameter(gate_up_proj, lo, hi)
-                self.down_proj = home_parameter(down_proj, lo, hi)
+                self.gate_up_proj = home_parameter(gate_up_proj, lo, hi, self.home_order)
+                self.down_proj = home_parameter(down_proj, lo, hi, self.home_order)
             self.hidden_dim, self.intermediate_dim, _, _ = self.config.require_sizes()
         self.start(owner)
 
@@ -110,9 +114,8 @@ class MoonExperts(FixedPlacement, ShardedExperts):
         nn.init.normal_(self.down_proj, std=F**-0.5)
 
     def extra_repr(self) -> str:
-        lo, hi = self.home_range
         return (
-            f"num_experts={self.num_experts}, home=[{lo}, {hi}), hidden={self.hidden_dim}, "
+            f"num_experts={self.num_experts}, {self.home_text()}, hidden={self.hidden_dim}, "
             f"ffn={self.intermediate_dim}, top_k={self.top_k}, ranks={self.group.size}"
         )
 

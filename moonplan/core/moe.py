@@ -26,6 +26,7 @@ from moonplan.core.routed import routed_forward
 from moonplan.core.sharded import (
     RuntimeViews,
     agreed_construction,
+    home_rows,
     options_config,
     resolve_group,
 )
@@ -140,7 +141,8 @@ class MoonMoE(RuntimeViews, FixedPlacement):
     def load_dense(
         self, router_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
     ) -> None:
-        """Load every expert (``[E, H]``, ``[E, 2F, H]``, ``[E, H, F]``); keep this rank's."""
+        """Load every expert (``[E, H]``, ``[E, 2F, H]``, ``[E, H, F]``, rows by model id);
+        keep this rank's (the rows of ``home_experts``, whatever the home order)."""
         E, H, F = self.num_experts, self.hidden_size, self.ffn_size
         for name, t, shape in (
             ("router_weight", router_weight, (E, H)),
@@ -151,8 +153,9 @@ class MoonMoE(RuntimeViews, FixedPlacement):
                 raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
         self.router.weight.copy_(router_weight)
         lo, hi = self.home_range
-        self.gate_up.copy_(gate_up[lo:hi])
-        self.down.copy_(down[lo:hi])
+        order = self.experts.home_order
+        self.gate_up.copy_(home_rows(gate_up, lo, hi, order))
+        self.down.copy_(home_rows(down, lo, hi, order))
         self.weights_changed()
 
     def profile(self, *, aligned: bool = False) -> Any:

@@ -3,6 +3,13 @@
 Legend: R ranks, E experts, E_r this rank's home experts, H hidden, F expert FFN size,
 S tokens on this rank, K top-k.
 
+Labels and model ids: the runtime works in *labels*, rank ``r`` owning the labels of its
+linear block ``(lo, hi)`` (:mod:`moonplan.plan.home`). With the config's ``home_order``
+label ``i`` is model expert ``home_order[i]`` (:mod:`moonplan.plan.home_order`); without
+it (``None``) labels are model ids. The router's ids, the ``home_experts`` buffer, the
+expert tensors' rows as the user gave them and the per-expert state-dict keys are model
+ids; ``home_range``, ``last_plan`` and the slot tables are labels.
+
 A sharded experts module (:class:`~moonplan.core.experts.MoonExperts`, torchtitan's
 :class:`~moonplan.adapters.torchtitan.MoonGroupedExperts`, and through ``MoonExperts``
 :class:`~moonplan.MoonMoE`) holds the EP group, its
@@ -15,7 +22,7 @@ to ``runtime.forward``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -60,12 +67,15 @@ class RuntimeViews:
 
     @property
     def last_plan(self) -> Plan | None:
-        """The plan of the last forward (``None`` before the first)."""
+        """The plan of the last forward (``None`` before the first), in expert labels:
+        its expert ``i`` is model expert ``home_order[i]`` (model ids without a home
+        order; module docstring)."""
         return self.runtime.last_plan
 
     @property
     def last_stats(self) -> StepStats | None:
-        """Figures of the last forward (copies, prefetched rows, phase times)."""
+        """Figures of the last forward (copies, prefetched rows, phase times; totals, none
+        per expert)."""
         return self.runtime.last_stats
 
 
@@ -75,8 +85,12 @@ class ShardedExperts(RuntimeViews, nn.Module):
     Attributes (set by :meth:`setup` and :meth:`start`):
         group: the :class:`EPGroup`. config: the layer's :class:`MoEConfig` (sizes set).
         num_experts, top_k: ``E`` (global) and ``K``.
-        home_experts: int64 ``[E_r]`` global ids of the home experts (non-persistent buffer).
-        home_range: ``(lo, hi)``: the home experts are ``lo .. hi-1``.
+        home_experts: int64 ``[E_r]`` model ids of the home experts, in the order of the
+            expert tensors' rows (non-persistent buffer): ``home_order[lo:hi]``, or
+            ``lo .. hi-1`` without a home order.
+        home_range: ``(lo, hi)``: the *labels* of the home experts are ``lo .. hi-1``
+            (the model ids too without a home order; module docstring).
+        home_order: the config's ``home_order`` (a tuple of model ids) or ``None``.
         runtime: the :class:`LayerRuntime`. slots: ``B``.
     """
 
@@ -85,11 +99,13 @@ class ShardedExperts(RuntimeViews, nn.Module):
 
     per_expert_keys: bool = True
     """How ``state_dict()`` shows the expert tensors. ``True`` (the default): one key per
-    home expert, ``<name>.<e>`` (``e`` the global expert id), a view of its rows, so every
-    key names one tensor of one size at any EP size, as ``torch.distributed.checkpoint``
-    and torchtitan's checkpointer need (they store a plain tensor once per key).
+    home expert, ``<name>.<e>`` (``e`` the model expert id, whatever the home order), a
+    view of its rows, so every key names one tensor of one size at any EP size and home
+    order, as ``torch.distributed.checkpoint`` and torchtitan's checkpointer need (they
+    store a plain tensor once per key).
     ``False``: this rank's home rows ``[E_r, ...]`` under the tensor's own name (the
-    original keys). Set it with ``moonplan.checkpoint.per_expert_keys``;
+    original keys; rows in this rank's label order, so they load only under the same EP
+    size and home order). Set it with ``moonplan.checkpoint.per_expert_keys``;
     ``load_state_dict`` takes both layouts."""
 
     def setup(
@@ -109,10 +125,25 @@ class ShardedExperts(RuntimeViews, nn.Module):
                 f"move the module to {dev} before wrapping it"
             )
         self.config, self.num_experts, self.top_k = cfg, E, K
-        self.home_range = register_home(self, self.group, E)
+        self.home_order = cfg.sizes.home_order
+        self.home_range = register_home(self, self.group, E, self.home_order)
         self.register_state_dict_post_hook(_split_experts)
         self.register_load_state_dict_pre_hook(_join_experts)
         return self.home_range
+
+    def home_ids(self) -> list[int]:
+        """Model ids of the home experts, in the order of the expert tensors' rows (the
+        ``home_experts`` buffer as a Python list)."""
+        return home_ids(self.home_range, self.home_order)
+
+    def home_text(self) -> str:
+        """The home experts for ``extra_repr``: ``home=[lo, hi)`` without a home order,
+        else ``home=<model ids>`` (at most 8 shown)."""
+        if self.home_order is None:
+            lo, hi = self.home_range
+            return f"home=[{lo}, {hi})"
+        ids = self.home_ids()
+        return f"home={ids if len(ids) <= 8 else f'{ids[:8]} ... ({len(ids)})'}"
 
     def start(self, what: str) -> None:
         """Build the :class:`LayerRuntime` (collective; ``what`` names the layer in errors)."""
@@ -141,16 +172,16 @@ def agreed_construction(group: EPGroup, what: str) -> Iterator[None]:
 def _split_experts(module: nn.Module, state: dict[str, Any], prefix: str, _: Any) -> None:
     """``state_dict`` post-hook of a :class:`ShardedExperts`: where ``per_expert_keys`` is
     set, each expert tensor ``<prefix><name> [E_r, ...]`` becomes ``<prefix><name>.<e>``
-    for each home expert ``e`` (views: loading into them in place, as
+    for each home expert ``e``, a model id (views: loading into them in place, as
     ``torch.distributed.checkpoint.load`` does, writes the parameter)."""
     assert isinstance(module, ShardedExperts)
     if not module.per_expert_keys:
         return
-    lo, hi = module.home_range
+    ids = module.home_ids()
     for name in module.expert_tensors:
         home = state.pop(prefix + name)
-        for e in range(lo, hi):
-            state[f"{prefix}{name}.{e}"] = home[e - lo]
+        for row, e in enumerate(ids):
+            state[f"{prefix}{name}.{e}"] = home[row]
 
 
 def _join_experts(
@@ -164,21 +195,22 @@ def _join_experts(
     errors: list[str],
 ) -> None:
     """``load_state_dict`` pre-hook of a :class:`ShardedExperts`: per-expert keys
-    ``<prefix><name>.<e>`` (any layout: this rank's home experts are taken, those of
-    other ranks dropped) become ``<prefix><name> [E_r, ...]``; a home expert missing
-    among them is an error naming its key."""
+    ``<prefix><name>.<e>`` (``e`` a model id; saved under any EP size and home order:
+    this rank's home experts are taken, in its rows' order, those of other ranks dropped)
+    become ``<prefix><name> [E_r, ...]``; a home expert missing among them is an error
+    naming its key."""
     assert isinstance(module, ShardedExperts)
-    lo, hi = module.home_range
+    ids = module.home_ids()
     for name in module.expert_tensors:
         keys = {e: f"{prefix}{name}.{e}" for e in range(module.num_experts)}
         if not any(k in state for k in keys.values()):
-            if lo == hi and module.per_expert_keys and prefix + name not in state:
+            if not ids and module.per_expert_keys and prefix + name not in state:
                 state[prefix + name] = getattr(module, name).detach()  # no experts here
             continue
-        rows = [state.get(keys[e]) for e in range(lo, hi)]
+        rows = [state.get(keys[e]) for e in ids]
         for k in keys.values():
             state.pop(k, None)
-        absent = [keys[e] for e, row in zip(range(lo, hi), rows, strict=True) if row is None]
+        absent = [keys[e] for e, row in zip(ids, rows, strict=True) if row is None]
         if absent:
             errors.append(f"per-expert keys missing for this rank's experts: {absent}")
         elif prefix + name not in state:
@@ -195,27 +227,51 @@ def resolve_group(group: EPGroup | object | None, weights_device: torch.device |
     return EPGroup(group)
 
 
-def register_home(module: nn.Module, group: EPGroup, num_experts: int) -> tuple[int, int]:
-    """This rank's home experts ``(lo, hi)`` (global ids ``lo .. hi-1``) of ``num_experts``.
+def register_home(
+    module: nn.Module, group: EPGroup, num_experts: int, order: Sequence[int] | None = None
+) -> tuple[int, int]:
+    """This rank's home labels ``(lo, hi)`` (its linear block) of ``num_experts``.
 
-    Registers them on ``module`` as the non-persistent int64 buffer
-    ``home_experts [E_r]`` on the group's device.
+    Registers the model ids of its home experts on ``module`` as the non-persistent
+    int64 buffer ``home_experts [E_r]`` on the group's device: ``order[lo:hi]`` under a
+    home ``order`` (a checked permutation of the ``E`` experts), else ``lo .. hi-1``.
     """
     R, r = group.size, group.rank
     lo, hi = home_start(r, num_experts, R), home_start(r + 1, num_experts, R)
-    module.register_buffer(
-        "home_experts", torch.arange(lo, hi, device=group.device), persistent=False
-    )
+    ids_Er = torch.tensor(home_ids((lo, hi), order), dtype=torch.int64, device=group.device)
+    module.register_buffer("home_experts", ids_Er, persistent=False)
     return lo, hi
 
 
-def home_parameter(full: torch.Tensor, lo: int, hi: int) -> nn.Parameter:
-    """A Parameter holding a copy of ``full[lo:hi]`` (the full tensor is not referenced).
+def home_ids(home_range: tuple[int, int], order: Sequence[int] | None) -> list[int]:
+    """Model ids of the experts labelled ``lo .. hi-1``: ``order[lo:hi]``, or the labels
+    themselves without a home ``order``."""
+    lo, hi = home_range
+    return list(range(lo, hi)) if order is None else list(order[lo:hi])
+
+
+def home_rows(
+    full: torch.Tensor, lo: int, hi: int, order: Sequence[int] | None = None
+) -> torch.Tensor:
+    """This rank's home rows ``[E_r, ...]`` of ``full [E, ...]`` (rows by model id):
+    ``full[lo:hi]`` (a view), or under a home ``order`` the rows of model experts
+    ``order[lo:hi]`` (a new tensor)."""
+    if order is None:
+        return full[lo:hi]
+    idx_Er = torch.tensor(list(order[lo:hi]), dtype=torch.int64, device=full.device)
+    return full.index_select(0, idx_Er)
+
+
+def home_parameter(
+    full: torch.Tensor, lo: int, hi: int, order: Sequence[int] | None = None
+) -> nn.Parameter:
+    """A Parameter holding a copy of this rank's home rows of ``full [E, ...]``
+    (:func:`home_rows`; the full tensor is not referenced).
 
     It requires grad unless ``full`` is a Parameter that does not (frozen experts).
     """
     with torch.no_grad():
-        home = full[lo:hi].detach().clone()
+        home = home_rows(full.detach(), lo, hi, order).clone()
     trainable = full.requires_grad if isinstance(full, nn.Parameter) else True
     return nn.Parameter(home, requires_grad=trainable)
 

@@ -7,6 +7,13 @@ Heap, transport, expert store, the resident plan and the step figures
 (:class:`~moonplan.runtime.step_stats.StepStats`). Every front end (``MoonMoE``,
 ``MoonExperts``, torchtitan's ``MoonGroupedExperts``) builds one through
 ``LayerRuntime(group, cfg)``, collectively.
+
+Everything here is in expert *labels*, rank ``r`` owning the labels of its linear block
+(:mod:`moonplan.plan.home`): the counts, plans (``last_plan``), routes, slot tables
+(``request_refill``) and home rows. With the config's ``home_order`` label ``i`` is model
+expert ``home_order[i]``; :meth:`LayerRuntime.forward` relabels the router's model ids
+once, after checking them, and the front ends hold the home rows in label order
+(:mod:`moonplan.core.sharded`). Without a home order labels are model ids.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from torch import Tensor
 from moonplan.comm.group import EPGroup
 from moonplan.comm.heap import SymmetricHeap
 from moonplan.plan.home import max_local
+from moonplan.plan.home_order import label_of
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT
 from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED, empty_slots, serving_plan
@@ -88,6 +96,7 @@ class LayerRuntime:
         self.balance = cfg.balancing.balance
         self.balancer = _balancer(cfg, B)
         self.M = max_local(E, group.size)
+        self.label_E = _labels(cfg, group.device)  # model id -> label (None: the identity)
         self.heap: SymmetricHeap | None = None
         self.capacity = 0
         self.resident: Plan | None = None  # plan whose slots hold valid weights
@@ -262,8 +271,9 @@ class LayerRuntime:
         self.balancer = _balancer(self.config, self.B)
 
     def request_refill(self, target_RB: Tensor) -> None:
-        """Collective: refill the resident slots with ``target_RB`` (int64 ``[R, B]``, ``-1``:
-        keep) beside the next steps; call it on every rank alike, between steps.
+        """Collective: refill the resident slots with ``target_RB`` (int64 ``[R, B]`` expert
+        labels, ``-1``: keep) beside the next steps; call it on every rank alike, between
+        steps.
 
         The changed slots (``target[r][j] >= 0`` and not what the last plan holds there,
         at most ``S = refill_rows`` per rank) are copied from their experts' home rows into
@@ -344,7 +354,9 @@ class LayerRuntime:
         that must still be in that dtype on the group's device (default ``params``).
         ``ok=False`` (with ``msg``) reports a failure seen before the step: every rank
         then raises ``ContractError`` naming this rank and ``msg``; so do bad parameters
-        or routing (``moonplan.runtime.contract``).
+        or routing (``moonplan.runtime.contract``). ``ids`` are model ids: checked, then
+        relabelled (``label_E[ids]``, with a home order) before anything counts them;
+        ``params`` hold the home rows in label order.
 
         Four stages: exchange the counts, plan, execute (prefetch, dispatch, experts,
         combine), record the step's figures.
@@ -352,6 +364,8 @@ class LayerRuntime:
         x_SH, ids_SK, weight_SK, ok, msg = self._contribution(
             x_SH, ids_SK, weight_SK, params if own is None else own, ok, msg
         )
+        if ids_SK is not None and self.label_E is not None:  # ids checked in [0, E) above
+            ids_SK = self.label_E[ids_SK]  # model ids -> labels: all the step sees
         self._lane.drain()  # a failed step's background job, before buffers change
         clock = StepClock(self.profiler.begin_step())  # records nothing unless profiling
         t = time.perf_counter()
@@ -610,6 +624,16 @@ def agree_config(group: EPGroup, cfg: MoEConfig, what: str) -> Resolved:
         group.fail_settings(what, exc)
     group.check_settings(what, resolved.agreed)
     return resolved
+
+
+def _labels(cfg: MoEConfig, device: torch.device) -> Tensor | None:
+    """``label_E``: int64 ``[E]`` on ``device``, the label of each model expert under the
+    config's ``home_order`` (:func:`~moonplan.plan.home_order.label_of`); ``None``
+    without one (labels are model ids)."""
+    order = cfg.sizes.home_order
+    if order is None:
+        return None
+    return torch.tensor(label_of(list(order)), dtype=torch.int64, device=device)
 
 
 def _balancer(cfg: MoEConfig, slots: int) -> Balancer:

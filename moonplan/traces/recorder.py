@@ -5,7 +5,10 @@ Legend:
     counts_TRE  int64 records source rank ``s`` routed to expert ``e`` in step ``t``
 
 The counts are the ones each layer's planner saw (``last_plan.counts``), identical on
-every rank, so recording costs no communication. Files (written by rank 0):
+every rank, so recording costs no communication; their experts are model ids (a layer
+with a ``home_order`` plans in labels: its columns are put back in model-id order, so a
+trace does not depend on the order it was recorded under and can give the next one,
+:func:`moonplan.plan.home_order.popular_order`). Files (written by rank 0):
 
 * ``directory/layer-{i:03d}.npy`` (or ``.json``): layer ``i``'s ``[T, R, E]`` trace, in the
   :func:`moonplan.traces.save_counts` format, readable by ``moonplan plan FILE --step t``,
@@ -65,7 +68,11 @@ class TraceRecorder:
         def record(module: MoonExperts, args: Any, output: Any) -> None:
             plan = module.runtime.last_plan
             if plan is not None:
-                self._steps[name].append(plan.counts.detach().to("cpu", torch.int64))
+                counts_RE = plan.counts.detach()
+                label_E = module.runtime.label_E  # model id -> label (None: the identity)
+                if label_E is not None:
+                    counts_RE = counts_RE.index_select(1, label_E.to(counts_RE.device))
+                self._steps[name].append(counts_RE.to("cpu", torch.int64))
 
         return record
 

@@ -24,21 +24,21 @@ pytestmark = pytest.mark.distributed
 FAMILY = "DeepseekV3"  # shared experts, a router buffer (correction bias) and MLA attention
 
 
-def _save(rank: int, world: int, directory: str) -> dict:
+def _save(rank: int, world: int, directory: str, order: list[int] | None = None) -> dict:
     from moonplan.adapters import wrap_model
 
-    model = wrap_model(make_model(FAMILY, seed=0))
+    model = wrap_model(make_model(FAMILY, seed=0), home_order=order)
     path = checkpoint.save_sharded(model, directory)
     full = checkpoint.gather_full_state_dict(model)
     return {"file": path.name, "gathered": full}
 
 
-def _load(rank: int, world: int, directory: str, how: str) -> dict:
+def _load(rank: int, world: int, directory: str, how: str, order: list[int] | None = None) -> dict:
     from moonplan.adapters import wrap_model
 
     original = make_model(FAMILY, seed=0)
     direct = wrap_model(make_model(FAMILY, seed=0))  # the original weights, wrapped at 3 ranks
-    model = wrap_model(make_model(FAMILY, seed=1))  # other weights: loading must replace all
+    model = wrap_model(make_model(FAMILY, seed=1), home_order=order)  # loading must replace all
     if how == "sharded":
         checkpoint.load_sharded(model, directory)
     else:
@@ -64,6 +64,30 @@ def test_save_at_two_ranks_consolidate_and_load_at_three(tmp_path: Path) -> None
         for r, got in enumerate(run_ranks(_load, 3, str(tmp_path), how, timeout=60)):
             assert got["identical"], f"{how}: rank {r} logits differ from the same model's"
             assert got["close"], f"{how}: rank {r} logits differ from the original model's"
+
+
+ORDERS = {"reversed": [5, 4, 3, 2, 1, 0], "mixed": [4, 0, 5, 2, 1, 3]}  # E = 6
+
+
+@pytest.mark.parametrize(("saved_as", "loaded_as"), [
+    ("reversed", None),
+    (None, "mixed"),
+    ("reversed", "mixed"),
+])  # fmt: skip
+def test_checkpoints_move_across_home_orders(tmp_path: Path, saved_as, loaded_as) -> None:
+    """Rows go by model id: a checkpoint saved under one home order (at 2 ranks)
+    consolidates to the original layout and loads under another order (at 3 ranks)."""
+    saved = run_ranks(_save, 2, str(tmp_path), ORDERS.get(saved_as), timeout=60)
+    want = make_model(FAMILY, seed=0).state_dict()
+    full = checkpoint.consolidate(tmp_path)
+    for key, value in want.items():
+        assert torch.equal(full[key], value), key
+        for s in saved:
+            assert torch.equal(s["gathered"][key], value), key
+    for how in ("sharded", "full"):
+        got = run_ranks(_load, 3, str(tmp_path), how, ORDERS.get(loaded_as), timeout=60)
+        for r, out in enumerate(got):
+            assert out["close"], f"{how}: rank {r} logits differ from the original model's"
 
 
 def test_incomplete_or_foreign_directories_are_refused(tmp_path: Path) -> None:

@@ -4,9 +4,10 @@ Legend: R ranks, E experts, M = ceil(E/R) home rows per rank, B slots, H hidden,
 F expert FFN size, K top-k.
 
 One frozen tree of four typed sections (:mod:`moonplan.runtime.config.sections`):
-``sizes`` (H, F, E, K, dtype), ``buffers`` (slots, align, max_tokens, refill_rows), ``transfer``
-(transport, overlap) and ``balancing`` (balance, cost). It serves every front end
-(:class:`~moonplan.MoonMoE`, :class:`~moonplan.adapters.MoonExperts`, torchtitan's
+``sizes`` (H, F, E, K, dtype, home_order), ``buffers`` (slots, align, max_tokens,
+refill_rows), ``transfer`` (transport, overlap) and ``balancing`` (balance, cost). It
+serves every front end (:class:`~moonplan.MoonMoE`,
+:class:`~moonplan.adapters.MoonExperts`, torchtitan's
 :class:`~moonplan.adapters.torchtitan.MoonGroupedExperts`, ``wrap``, ``wrap_model``,
 ``wrap_experts``) and the :class:`~moonplan.runtime.layer_runtime.LayerRuntime` they
 build. It is made from the layer options as keywords (``MoEConfig(slots=2)``), each read
@@ -21,6 +22,7 @@ agreed across ranks when it is built.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,10 +80,11 @@ class MoEConfig:
         choose: str | None = None,
         search_us: float | None = None,
         refill_rows: int = 1,
+        home_order: Sequence[int] | None = None,
     ) -> None:
         """The options as keywords (their meaning: the sections; the order of old)."""
         put = object.__setattr__
-        put(self, "sizes", Sizes(hidden_size, ffn_size, num_experts, top_k, dtype))
+        put(self, "sizes", Sizes(hidden_size, ffn_size, num_experts, top_k, dtype, home_order))
         put(self, "buffers", Buffers(slots, align, max_tokens, refill_rows))
         put(self, "transfer", Transfer(transport, overlap))
         put(self, "balancing", Balancing(balance, cost, choose, search_us))  # type: ignore[arg-type]
@@ -180,6 +183,7 @@ class MoEConfig:
             "ffn_size": F,
             "num_experts": E,
             "top_k": K,
+            "home_order": self.sizes.home_order,
             "slots": B,
             "refill_rows": S,
             "align": self.buffers.align,
@@ -241,10 +245,10 @@ class Resolved:
             (``moonplan.runtime.transports.registry.read_options``), used for every
             transport the layer builds.
         agreed: every setting that shapes a step, by name, as compared across ranks:
-            sizes, the resolved ``slots`` and ``refill_rows``, ``align``, ``max_tokens``,
-            ``transport`` and its
-            options, ``balance``, the resolved ``dtype``, ``overlap`` and the cost model's
-            values (:func:`cost_settings`). Not ``choose``/``search_us`` (no-ops).
+            sizes, ``home_order``, the resolved ``slots`` and ``refill_rows``, ``align``,
+            ``max_tokens``, ``transport`` and its options, ``balance``, the resolved
+            ``dtype``, ``overlap`` and the cost model's values (:func:`cost_settings`). Not
+            ``choose``/``search_us`` (no-ops).
         refill_rows: ``S``, the resolved refill staging rows per rank (``<= B``).
     """
 

@@ -22,12 +22,14 @@ cost model runs by the constants below (:mod:`moonplan.runtime.balancer`).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from moonplan.checks import check_int
+from moonplan.plan.home_order import check_order
 from moonplan.runtime.slot_budget import SlotsOption, resolve_slots
 from moonplan.runtime.transports import registry as transports
 from moonplan.stepcost import StepCost
@@ -75,13 +77,15 @@ def balance_mode(value: str | bool, *, stacklevel: int = 3) -> str:
 
 @dataclass(frozen=True)
 class Sizes:
-    """What the expert weights give: ``H``, ``F``, ``E``, ``K`` and the dtype."""
+    """What the expert weights give: ``H``, ``F``, ``E``, ``K`` and the dtype; and the
+    experts' home order (a permutation of the ``E`` experts, checked against ``E``)."""
 
     hidden_size: int | None = None
     ffn_size: int | None = None
     num_experts: int | None = None
     top_k: int | None = None
     dtype: torch.dtype | None = None
+    home_order: Sequence[int] | None = None
 
     MEANING: ClassVar[dict[str, str]] = {
         "hidden_size": "``H``; ``None``: read from the expert weights, required by MoonMoE",
@@ -90,6 +94,10 @@ class Sizes:
         "top_k": "``K`` experts per token (``1 <= K <= E``); ``None``: read from the router",
         "dtype": "dtype of the experts' GEMMs and of the rows and weights that move; ``None``: "
         "the default dtype (MoonMoE), the weights' (MoonExperts), bf16 (torchtitan's experts)",
+        "home_order": "which experts each rank owns: label ``i`` is model expert "
+        "``home_order[i]`` and rank ``r`` owns the labels of its linear block (a permutation "
+        "of the ``E`` experts, e.g. ``moonplan.plan.home_order.popular_order``); ``None``: "
+        "the identity (rank ``r`` owns experts of its block's ids)",
     }
 
     def __post_init__(self) -> None:
@@ -104,6 +112,8 @@ class Sizes:
             isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point
         ):
             raise ValueError(f"dtype must be a floating torch.dtype or None, got {self.dtype!r}")
+        if self.home_order is not None:
+            object.__setattr__(self, "home_order", _order(self.home_order, E))
 
     def require(self) -> tuple[int, int, int, int]:
         """``(H, F, E, K)``.
@@ -116,6 +126,19 @@ class Sizes:
             if value is None:
                 raise ValueError(f"{name} is required (pass it or set MoEConfig.{name})")
         return H, F, E, K  # type: ignore[return-value]
+
+
+def _order(order: object, num_experts: int | None) -> tuple[int, ...]:
+    """``order`` as a tuple of ints if it is a permutation of the ``E`` experts (of its own
+    length while ``E`` is unknown), else a ``PlanError`` (a ``ValueError``) saying why.
+    Takes a list, tuple, range, tensor or NumPy array of ints."""
+    if hasattr(order, "tolist"):
+        order = order.tolist()
+    if isinstance(order, range):
+        order = list(order)
+    sized = isinstance(order, (list, tuple))
+    n = num_experts if num_experts is not None else (len(order) if sized else 0)  # type: ignore[arg-type]
+    return tuple(check_order(order, n))
 
 
 @dataclass(frozen=True)
