@@ -13,8 +13,8 @@ identity order is the linear map; another order puts any experts together on a r
 
 Why: a trained model's hot experts need not be spread over the index blocks. On the
 recorded traces (``moonplan.traces.real``) the linear map puts several of them on one
-rank, and static EP runs 1.9x the force-balanced ideal on training steps;
-``bench/bench_home_order.py`` measures what an order from popularity gives.
+rank; ``bench/bench_auto_sweep.py`` measures auto with and without an order from the
+warm-up's loads (``moonplan-auto-ordered``, docs/benchmarks.md).
 
 The rule (:func:`popular_order`) is greedy largest-first (LPT) under the block sizes:
 each expert, heaviest first, goes to the least loaded rank that still has room. Every
