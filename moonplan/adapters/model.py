@@ -11,7 +11,7 @@ this rank's home experts (see :mod:`moonplan.adapters.checkpoint`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch.distributed as dist
@@ -53,6 +53,9 @@ def wrap_model(
         model: e.g. a transformers ``MixtralForCausalLM``.
         group, config, **options: as for :func:`~moonplan.adapters.wrap`; one group and
             one config serve every layer (sizes left ``None`` are read per block).
+            ``home_order`` may also be a mapping ``{block name: order}`` (the names
+            ``model.named_modules()`` gives the MoE blocks): an order per layer, the
+            blocks it does not name without one; a name that is no MoE block is an error.
         strict: raise if a module that looks like a MoE block (an ``experts`` child with
             parameters) is not supported, instead of leaving it unwrapped.
 
@@ -81,14 +84,31 @@ def wrap_model(
             "router child and an `experts` child (gate_up_proj [E, 2F, H], down_proj [E, H, F]), "
             "or torchtitan MoE modules (router, routed_experts.inner_experts.w1_EFD ...)"
         )
+    orders = _orders_by_block(options, targets)
     for name in targets:
         parent, _, attr = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
         block = owner._modules[attr]
         assert block is not None
-        setattr(owner, attr, wrap(block, group=ep, config=config, **options))
+        per_block = options if orders is None else {**options, "home_order": orders.get(name)}
+        setattr(owner, attr, wrap(block, group=ep, config=config, **per_block))
     model._apply = RefuseMoves(model)  # type: ignore[method-assign]  # .to() refused whole
     return model
+
+
+def _orders_by_block(
+    options: dict[str, Any], targets: list[str]
+) -> Mapping[str, Sequence[int]] | None:
+    """``options["home_order"]`` where it is a mapping of block names (checked against
+    ``targets``), else ``None`` (one order, or none, for every layer)."""
+    orders = options.get("home_order")
+    if not isinstance(orders, Mapping):
+        return None
+    unknown = sorted(set(orders) - set(targets))
+    if unknown:
+        raise ValueError(f"home_order names modules that are no MoE block: {unknown}; "
+                         f"the blocks are {targets}")  # fmt: skip
+    return orders
 
 
 def _find_blocks(model: nn.Module, strict: bool) -> tuple[list[str], list[str]]:

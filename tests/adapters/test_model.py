@@ -21,12 +21,12 @@ from tests.adapters.tiny import batch, make_model
 pytestmark = pytest.mark.distributed
 
 
-def _rank(rank: int, world: int, family: str, sizes: list[int]) -> dict:
+def _rank(rank: int, world: int, family: str, sizes: list[int], orders=None) -> dict:
     from moonplan import adapters
 
     model = make_model(family)
     ref = copy.deepcopy(model)
-    adapters.wrap_model(model)
+    adapters.wrap_model(model, home_order=orders)
     layers = dict(adapters.moon_experts(model))
     sharded = set(adapters.expert_parameter_names(model))
     ids = batch(rank, sizes, seed=3)
@@ -49,7 +49,8 @@ def _rank(rank: int, world: int, family: str, sizes: list[int]) -> dict:
     rel_close(out.loss, out0.loss, what=f"rank {rank} loss")
     if out0.aux_loss is not None:
         rel_close(out.aux_loss, out0.aux_loss, what=f"rank {rank} aux loss")
-    return {"layers": sorted(layers), "checked": checked}
+    return {"layers": sorted(layers), "checked": checked,
+            "homes": {n: ex.home_experts.tolist() for n, ex in layers.items()}}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -67,3 +68,19 @@ def test_wrapped_model_matches_original(family: str, world: int, sizes: list[int
     want = ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
     assert all(g["layers"] == want for g in got)
     assert len({g["checked"] for g in got}) == 1
+
+
+def test_an_order_per_block() -> None:
+    """``home_order={block name: order}``: each named block owns its order's experts (the
+    others the linear blocks), and the model still matches the original, gradients too."""
+    orders = {"model.layers.0.mlp": [5, 4, 3, 2, 1, 0]}  # Mixtral's tiny model: E = 6
+    got = run_ranks(_rank, 2, "Mixtral", [5, 9], orders, timeout=60)
+    assert [g["homes"]["model.layers.0.mlp.experts"] for g in got] == [[5, 4, 3], [2, 1, 0]]
+    assert [g["homes"]["model.layers.1.mlp.experts"] for g in got] == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_an_order_for_no_block_is_refused() -> None:
+    from moonplan import adapters
+
+    with pytest.raises(ValueError, match=r"no MoE block: \['model.layers.0'\]"):
+        adapters.wrap_model(make_model("Mixtral"), home_order={"model.layers.0": [0, 1]})
