@@ -11,6 +11,7 @@ checkpoint saved under one order loads under another.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -201,6 +202,9 @@ def test_a_bad_order_is_refused_when_the_config_is_made() -> None:
     assert cfg.home_order == (2, 0, 1) and cfg.sized(num_experts=3).home_order == (2, 0, 1)
     with pytest.raises(ValueError, match="each of the 4 experts"):
         cfg.sized(num_experts=4)
+    for given in (torch.tensor([2, 0, 1]), np.array([2, 0, 1])):  # other containers
+        assert MoEConfig(num_experts=3, home_order=given).home_order == (2, 0, 1)
+    assert MoEConfig(num_experts=3, home_order=range(3)).home_order == (0, 1, 2)
 
 
 def _grouped(rank: int, world: int, order: list[int] | None) -> dict:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from moonplan.checks import check_int
@@ -132,7 +133,7 @@ def _order(order: object, num_experts: int | None) -> tuple[int, ...]:
     """``order`` as a tuple of ints if it is a permutation of the ``E`` experts (of its own
     length while ``E`` is unknown), else a ``PlanError`` (a ``ValueError``) saying why.
     Takes a list, tuple, range, tensor or NumPy array of ints."""
-    if hasattr(order, "tolist"):
+    if isinstance(order, (torch.Tensor, np.ndarray)):
         order = order.tolist()
     if isinstance(order, range):
         order = list(order)
