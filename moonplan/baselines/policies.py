@@ -414,5 +414,5 @@ def _auto_info(name: str, **fields: Any) -> PolicyInfo:
 
 register(_auto_info("moonplan-auto", label="auto", options=AUTO_OPTIONS, order=80))
 # auto over a home order from a profile (the runtime's home_order=): not in the default set
-register(_auto_info(MoonplanAutoOrdered.name, label="auto+order", style=("--", "s"),
+register(_auto_info(MoonplanAutoOrdered.name, label="auto+order", style=("--", "^"),
                     options=(*AUTO_OPTIONS, "home_order"), order=85, listed=False))  # fmt: skip
