@@ -188,8 +188,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
 
     ``home_order``: the runtime's option of that name (``MoEConfig.home_order``), a
     permutation of the experts fixed before the trace, or ``"profile"``: the one
-    ``moonplan.plan.home_order.popular_order`` gives from the loads of the window before
-    the trace (:meth:`prime`, which must then run before the first step). The policy
+    ``moonplan.plan.home_order.popular_order`` gives from the loads of the
+    ``placement_window`` steps before the trace (:meth:`prime`, which must then run
+    before the first step; steps other readers drew are not read). The policy
     relabels every step's counts (label ``i`` is expert ``home_order[i]``), as the
     runtime relabels the router's ids, and plans, places and is timed in labels;
     ``None``: the linear home map. (``moonplan-auto-ordered`` is this policy with
@@ -252,8 +253,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
 
     def prime(self, before: Prehistory) -> None:
         """Place the slots from the window before the trace (served from step 0)."""
-        if self.profiled and self.home_order is None:
-            load_E = before.totals_NE.sum(0)
+        if self.profiled and self.home_order is None:  # its own window: the others' steps
+            mine_N = before.steps_N >= -self.window  # are drawn too (the readers' union)
+            load_E = before.totals_NE[mine_N].sum(0)
             self.home_order = tuple(popular_order(load_E, self.num_ranks))
         res = self.residency
         if res is None or self._previous is not None:

@@ -60,6 +60,17 @@ def test_the_profile_order_comes_from_the_window_before_the_trace():
     policy.step(_trace(1)[0])
 
 
+def test_the_profile_is_the_policy_s_own_window():
+    """Steps other readers drew (older ones, here reversed popularity) do not move it."""
+    mine_NE = torch.stack([c.sum(0) for c in _trace(3, seed=7)])
+    older_NE = mine_NE.flip(1) * 10
+    alone = make_policy("moonplan-auto-ordered", 4, 16, cost=COST, placement_window=3)
+    alone.prime(Prehistory(torch.arange(-3, 0), mine_NE))
+    union = make_policy("moonplan-auto-ordered", 4, 16, cost=COST, placement_window=3)
+    union.prime(Prehistory(torch.tensor([-9, -8, -7, -3, -2, -1]), torch.cat([older_NE, mine_NE])))
+    assert union.home_order == alone.home_order
+
+
 def test_plain_auto_ignores_a_home_order_option():
     """``make_policy`` passes an option only to the policies that declare it."""
     policy = make_policy("moonplan-auto", 4, 16, cost=COST, home_order=list(range(16)))
