@@ -269,7 +269,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
         if self.home_order is None:
             if self.profiled:
                 raise ValueError(f"{self.name}: home_order={PROFILE!r} needs prime() (the "
-                                 "window before the trace) before the first step")  # fmt: skip
+                                 "steps before the trace) before the first step; a recorded "
+                                 "trace has none: give home_order=[...] (e.g. "
+                                 "moonplan.simulate.acceptance.profile_order)")  # fmt: skip
             return counts_XE
         return counts_XE[..., torch.tensor(self.home_order, device=counts_XE.device)]
 
