@@ -67,7 +67,6 @@ from moonplan.adapters.manifest import (
 from moonplan.adapters.model import sharded_experts
 from moonplan.core.sharded import home_ids, home_rows
 from moonplan.plan.home import home_start, max_local
-from moonplan.plan.home_order import label_of
 
 FORMAT = "moonplan-sharded-v1"
 FORMAT_ORDERED = "moonplan-sharded-v2"  # v1 and the layers' home orders
@@ -393,8 +392,7 @@ def _all_gather_rows(ex: Any, home: torch.Tensor) -> torch.Tensor:
     full = torch.cat([got[r, : sizes[r]] for r in range(R)], 0)  # by label
     if ex.home_order is None:
         return full
-    label_E = torch.tensor(label_of(list(ex.home_order)), device=full.device)
-    return full.index_select(0, label_E)  # row e: model expert e
+    return full.index_select(0, ex.runtime.label_E)  # row e: model expert e
 
 
 def per_expert_keys(model: nn.Module, enabled: bool = True) -> nn.Module:

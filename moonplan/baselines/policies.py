@@ -216,12 +216,12 @@ class MoonplanAutoPolicy(PlannerPolicy):
         if not isinstance(cost, StepCost):
             raise ValueError(f"moonplan-auto needs cost=StepCost(...), got {cost!r}")
         self.stale_slots = bool(stale_slots)
-        self.profiled = home_order == PROFILE  # the order waits for prime()'s window
-        if isinstance(home_order, str) and not self.profiled:
+        self.profiled = isinstance(home_order, str)  # the order waits for prime()'s window
+        if self.profiled and home_order != PROFILE:
             raise ValueError(f"home_order must be a permutation, {PROFILE!r} or None, "
                              f"got {home_order!r}")  # fmt: skip
         if home_order is not None and not self.profiled:
-            self.home_order = tuple(check_order(list(home_order), num_experts))
+            self.home_order = tuple(check_order(home_order, num_experts))
         total = max_local(num_experts, num_ranks) if slots is None else int(slots)
         self.staging = min(int(staging), total)
         self.rent = not self.staging  # the background refill buys for later steps

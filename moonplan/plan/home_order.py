@@ -26,6 +26,7 @@ inputs of up to 7 experts (the 1.5x: three equal experts in blocks of two and on
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from moonplan.errors import PlanError
@@ -58,18 +59,22 @@ def popular_order(load_E: torch.Tensor, num_ranks: int) -> list[int]:
     return [e for r in range(num_ranks) for e in sorted(owned_R[r])]
 
 
-def check_order(order: object, num_experts: int) -> list[int]:
-    """``order`` as a list of ints if it is a permutation of ``0 .. E-1``, else a
-    ``PlanError`` that says what is wrong."""
-    if isinstance(order, torch.Tensor):
+def check_order(order: object, num_experts: int | None) -> list[int]:
+    """``order`` as a list of ints if it is a permutation of ``0 .. E-1`` (of its own
+    length where ``num_experts`` is ``None``), else a ``PlanError`` that says what is
+    wrong. Takes a list, tuple, range, tensor or NumPy array of ints."""
+    if isinstance(order, range):
+        order = list(order)
+    elif isinstance(order, (torch.Tensor, np.ndarray)):
         order = order.tolist()
     if not isinstance(order, (list, tuple)) or not all(
         isinstance(e, int) and not isinstance(e, bool) for e in order
     ):
         raise PlanError(f"home_order must be a sequence of expert ids, got {order!r}")
-    if sorted(order) != list(range(num_experts)):
+    n = len(order) if num_experts is None else num_experts
+    if sorted(order) != list(range(n)):
         raise PlanError(
-            f"home_order must hold each of the {num_experts} experts once, got "
+            f"home_order must hold each of the {n} experts once, got "
             f"{len(order)} ids {_short(list(order))}"
         )
     return list(order)

@@ -325,8 +325,9 @@ def run_recorded(
             raise ValueError(f"trace {name} has {T} steps, needs more than {steps}")
         h = get_hardware(hw)
         opts = {**policy_options(h, R, eplb=recorded_options(T, steps)),
-                "stale_slots": name.startswith("train"),
-                "home_order": profile_order(counts, steps)}  # fmt: skip
+                "stale_slots": name.startswith("train")}  # fmt: skip
+        if ORDERED in policies:  # the only policy that takes it
+            opts["home_order"] = profile_order(counts, steps)
         got = simulate_trace(counts, m, h, cfg, policies, warmup=T - steps, options=opts)
         rows = {r["policy"]: r for r in got}
         tokens = float(counts[T - steps :].sum()) / (steps * R * m.top_k)

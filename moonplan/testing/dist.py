@@ -42,7 +42,7 @@ GRACE_S = 5.0  # after a rank fails, how long the others get to finish before th
 CONNECT_ATTEMPTS = 3  # runs in all when the only failures are gloo's mesh failing to connect
 # what gloo's TCP transport raises when a mesh fails to connect (a transient, not a bug)
 _CONNECT_ERRORS = ("connectFullMesh", "Connection closed by peer", "Connection reset by peer")
-INIT = "init"  # RankFailure.phase of a failure inside init_process_group
+INIT, FN = "init", "fn"  # RankFailure.phase: inside init_process_group, or inside fn
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class RankFailure:
     type_name: str
     message: str
     traceback: str
-    phase: str = "fn"  # INIT: raised inside init_process_group, before fn ran on this rank
+    phase: str = FN  # INIT: raised inside init_process_group, before fn ran on this rank
 
     @property
     def transient(self) -> bool:
@@ -210,7 +210,7 @@ def _run_rank(spec: _Spec, rank: int) -> bytes:
             world_size=spec.world_size,
             timeout=timedelta(seconds=spec.timeout),
         )
-        phase = "fn"
+        phase = FN
         try:
             result = spec.fn(rank, spec.world_size, *spec.args, **spec.kwargs)
         finally:

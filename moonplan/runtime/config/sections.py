@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
 import torch
 
 from moonplan.checks import check_int
@@ -114,7 +113,7 @@ class Sizes:
         ):
             raise ValueError(f"dtype must be a floating torch.dtype or None, got {self.dtype!r}")
         if self.home_order is not None:
-            object.__setattr__(self, "home_order", _order(self.home_order, E))
+            object.__setattr__(self, "home_order", tuple(check_order(self.home_order, E)))
 
     def require(self) -> tuple[int, int, int, int]:
         """``(H, F, E, K)``.
@@ -127,19 +126,6 @@ class Sizes:
             if value is None:
                 raise ValueError(f"{name} is required (pass it or set MoEConfig.{name})")
         return H, F, E, K  # type: ignore[return-value]
-
-
-def _order(order: object, num_experts: int | None) -> tuple[int, ...]:
-    """``order`` as a tuple of ints if it is a permutation of the ``E`` experts (of its own
-    length while ``E`` is unknown), else a ``PlanError`` (a ``ValueError``) saying why.
-    Takes a list, tuple, range, tensor or NumPy array of ints."""
-    if isinstance(order, (torch.Tensor, np.ndarray)):
-        order = order.tolist()
-    if isinstance(order, range):
-        order = list(order)
-    sized = isinstance(order, (list, tuple))
-    n = num_experts if num_experts is not None else (len(order) if sized else 0)  # type: ignore[arg-type]
-    return tuple(check_order(order, n))
 
 
 @dataclass(frozen=True)
