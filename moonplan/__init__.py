@@ -23,7 +23,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names as type checkers and editors see them
-    from moonplan.adapters import wrap, wrap_experts, wrap_model
+    from moonplan.adapters import rehome_model, wrap, wrap_experts, wrap_model
     from moonplan.core.moe import MoonMoE
     from moonplan.errors import PlanError
     from moonplan.plan import Plan, Route, home_map, plan, route
@@ -43,6 +43,7 @@ NAMES = {
     "home_map": "moonplan.plan",
     "plan": "moonplan.plan",
     "profile": "moonplan.profiling.session",
+    "rehome_model": "moonplan.adapters",
     "route": "moonplan.plan",
     "wrap": "moonplan.adapters",
     "wrap_experts": "moonplan.adapters",
@@ -60,6 +61,7 @@ __all__ = [  # the keys of NAMES (tests/test_package.py checks it)
     "home_map",
     "plan",
     "profile",
+    "rehome_model",
     "route",
     "wrap",
     "wrap_experts",

@@ -1,4 +1,5 @@
-"""``wrap_model``: wrap every supported MoE block of a model in place.
+"""``wrap_model``: wrap every supported MoE block of a model in place; ``rehome_model``:
+move the wrapped layers' home experts to new home orders.
 
 Legend: R ranks, E experts, E_r this rank's home experts.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -94,6 +96,34 @@ def wrap_model(
         setattr(owner, attr, wrap(block, group=ep, config=config, **per_block))
     model._apply = RefuseMoves(model)  # type: ignore[method-assign]  # .to() refused whole
     return model
+
+
+def rehome_model(
+    model: nn.Module,
+    orders: Mapping[str, Sequence[int]],
+    *,
+    optimizers: Sequence[torch.optim.Optimizer] | None = None,
+) -> dict[str, int]:
+    """Collective, between steps: re-home the layers named in ``orders`` (experts module
+    name, as :func:`sharded_experts` and a recorded trace name them: a home order) in
+    module order; the experts that changed rank, per name
+    (:meth:`~moonplan.core.sharded.ShardedExperts.rehome`: rows, gradients and the
+    ``optimizers``' state move; ``optimizers`` required in training mode).
+
+    Raises:
+        ValueError: a name that is no sharded experts module (every rank alike: the
+            model is the same on every rank); what ``rehome`` raises, per layer.
+    """
+    layers = dict(sharded_experts(model))
+    unknown = sorted(set(orders) - set(layers))
+    if unknown:
+        raise ValueError(f"orders name modules that hold no sharded experts: {unknown}; "
+                         f"they are {sorted(layers)}")  # fmt: skip
+    return {
+        name: ex.rehome(orders[name], optimizers=optimizers)
+        for name, ex in layers.items()
+        if name in orders
+    }
 
 
 def _orders_by_block(

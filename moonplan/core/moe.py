@@ -13,7 +13,7 @@ with the route weights in fp32, add the shared experts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any
 
@@ -103,7 +103,7 @@ class MoonMoE(RuntimeViews, FixedPlacement):
             "home_experts", self.experts.get_buffer("home_experts"), persistent=False
         )
         self.shared_experts = shared_experts
-        self.config, self.runtime, self.group = cfg, self.experts.runtime, ep
+        self.runtime, self.group = self.experts.runtime, ep
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = cfg.require_sizes()
         self.slots, self.align, self.home_range = (
             self.experts.slots,
@@ -111,6 +111,18 @@ class MoonMoE(RuntimeViews, FixedPlacement):
             self.experts.home_range,
         )
         self._register_load_state_dict_pre_hook(_renamed_expert_keys)
+
+    config = property(
+        attrgetter("experts.config"), doc="The :class:`MoEConfig` (sizes and dtype set)."
+    )
+
+    def rehome(
+        self, order: Sequence[int], *, optimizers: Sequence[torch.optim.Optimizer] | None = None
+    ) -> int:
+        """Collective, between steps: own the experts of home ``order`` from now on; the
+        experts that changed rank (:meth:`ShardedExperts.rehome
+        <moonplan.core.sharded.ShardedExperts.rehome>`, the router and shared experts stay)."""
+        return self.experts.rehome(order, optimizers=optimizers)
 
     # The experts' parameters, under the names MoonMoE has always shown.
     gate_up = property(

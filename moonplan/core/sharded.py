@@ -31,7 +31,9 @@ import torch.distributed as dist
 from torch import nn
 
 from moonplan.comm.group import EPGroup
+from moonplan.core.rehome import Moves, full_order, home_moves, move_rows, row_tensors
 from moonplan.plan.home import home_start
+from moonplan.plan.home_order import check_order
 from moonplan.plan.plan_type import Plan
 from moonplan.runtime.config import MoEConfig
 from moonplan.runtime.layer_runtime import LayerRuntime
@@ -149,6 +151,67 @@ class ShardedExperts(RuntimeViews, nn.Module):
         """Build the :class:`LayerRuntime` (collective; ``what`` names the layer in errors)."""
         self.runtime = LayerRuntime(self.group, self.config, what=what)
         self.slots = self.runtime.B
+
+    def rehome(
+        self, order: Sequence[int], *, optimizers: Sequence[torch.optim.Optimizer] | None = None
+    ) -> int:
+        """Collective, between steps: own the experts of home ``order`` from now on (as
+        if the layer had been built with ``home_order=order``); the experts that changed
+        rank (over all ranks).
+
+        Each expert's rows go from its old home rank to its new one, with its gradient
+        and the state of ``optimizers`` (:mod:`moonplan.core.rehome`), into the same
+        Parameters. The identity order restores the linear map (``home_order`` ``None``).
+        The slots, any refill and the residency's window start afresh; ``last_plan`` is
+        ``None`` until the next step (labels changed meaning).
+
+        Args:
+            order: a permutation of the ``E`` model expert ids (e.g.
+                :func:`~moonplan.plan.home_order.popular_order` of a profile), the same on
+                every rank.
+            optimizers: the optimizers that hold state of these Parameters. Required in
+                training mode (``()``: none does), so that no state is left behind rows
+                that moved; in eval mode ``None`` means none.
+
+        Raises:
+            PlanError, ValueError: on every rank: ``order`` is no permutation of the
+                experts, ``optimizers`` is missing in training mode, or an optimizer
+                holds state of a shape whose rows cannot follow (named).
+            ContractError: on every rank: ranks gave different orders, failed
+                differently, or hold different numbers of tensors to move.
+        """
+        try:
+            new = check_order(order, self.num_experts)
+            if optimizers is None and self.training:
+                raise ValueError(
+                    "rehome in training mode needs optimizers=[...] (the optimizers whose "
+                    "state follows the rows; () if none holds these parameters)"
+                )
+            params = [getattr(self, name) for name in self.expert_tensors]
+            tensors = [row_tensors(p, optimizers or ()) for p in params]
+            err: Exception | None = None
+        except (ValueError, TypeError) as exc:
+            err = exc
+        self.group.outcome("rehome", err)
+        self.group.check_same("home order", tuple(new))
+        self.group.check_same("tensors to re-home", tuple(len(ts) for ts in tensors))
+        moves = home_moves(
+            full_order(self.home_order, self.num_experts), new, self.group.size, self.group.rank
+        )
+        kept = None if new == list(range(self.num_experts)) else tuple(new)
+        cfg = self.config.replace(home_order=kept)
+        self.runtime.rehome(cfg, lambda: self._move(tensors, moves))
+        self.config, self.home_order = self.runtime.config, kept
+        ids_Er = home_ids(self.home_range, kept)
+        self.get_buffer("home_experts").copy_(torch.tensor(ids_Er, dtype=torch.int64))
+        return moves.moved
+
+    @torch.no_grad()
+    def _move(self, tensors: list[list[torch.Tensor]], moves: Moves) -> None:
+        """Collective: every tensor's rows to their new home (one all-to-all each)."""
+        for ts in tensors:
+            for t in ts:
+                t.copy_(move_rows(self.group, t, moves))
 
 
 @contextmanager

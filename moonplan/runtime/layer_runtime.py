@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -269,6 +269,25 @@ class LayerRuntime:
         self._lane.drain()
         self.config = self.config.replace(cost=cost)
         self.balancer = _balancer(self.config, self.B)
+
+    def rehome(self, cfg: MoEConfig, move: Callable[[], None]) -> None:
+        """Take ``cfg``'s home order, the front end's ``move`` (collective) carrying the
+        home rows there (:meth:`ShardedExperts.rehome
+        <moonplan.core.sharded.ShardedExperts.rehome>`).
+
+        First the background lane drains (a replica-gradient reduce may still write
+        gradients) and any refill is dropped. Then ``move`` runs and the layer takes the
+        new labels: slots, the placer's window and decisions start afresh (they are in
+        the old labels), the weights republish before the next step, ``last_plan`` is
+        ``None``.
+        """
+        self._lane.drain()
+        self.refill.drop()
+        self.placer.reset(self.store.pool, self.refill)
+        move()
+        self.config, self.label_E = cfg, _labels(cfg, self.group.device)
+        self.weights_changed()
+        self.last_plan = None
 
     def request_refill(self, target_RB: Tensor) -> None:
         """Collective: refill the resident slots with ``target_RB`` (int64 ``[R, B]`` expert

@@ -163,6 +163,13 @@ class Placer:
         self.waiting = None
         pool.leave(ticket)
 
+    def reset(self, pool: StagingPool, ticket: object) -> None:
+        """Start afresh (the layer's labels changed): wait for a decision on the worker,
+        drop the refill waiting and every decision, the window with them."""
+        self.close()
+        self.forget(pool, ticket)
+        self.decisions, self._shares = None, None
+
     def close(self) -> None:
         """Wait for this layer's decision on the worker, if one runs."""
         if self.decisions is not None:

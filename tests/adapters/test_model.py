@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+import torch
 import torch.distributed as dist
 
 pytest.importorskip("transformers")
@@ -84,3 +85,35 @@ def test_an_order_for_no_block_is_refused() -> None:
 
     with pytest.raises(ValueError, match=r"no MoE block: \['model.layers.0'\]"):
         adapters.wrap_model(make_model("Mixtral"), home_order={"model.layers.0": [0, 1]})
+
+
+def _rehomed(rank: int, world: int, sizes: list[int]) -> dict:
+    """A wrapped model's logits before and after ``rehome_model`` (eval, no grad), the
+    experts moved and the home ids after."""
+    from moonplan import adapters
+
+    model = adapters.wrap_model(make_model("Mixtral")).eval()
+    ids = batch(rank, sizes, seed=3)
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        moved = adapters.rehome_model(model, {"model.layers.1.mlp.experts": [1, 3, 5, 0, 2, 4]})
+        after = model(input_ids=ids).logits
+    homes = {n: ex.home_experts.tolist() for n, ex in adapters.moon_experts(model)}
+    return {"before": before, "after": after, "moved": moved, "homes": homes}
+
+
+def test_rehome_model_moves_the_named_layers_and_keeps_the_function() -> None:
+    got = run_ranks(_rehomed, 2, [5, 9], timeout=60)
+    assert [g["homes"]["model.layers.1.mlp.experts"] for g in got] == [[1, 3, 5], [0, 2, 4]]
+    assert [g["homes"]["model.layers.0.mlp.experts"] for g in got] == [[0, 1, 2], [3, 4, 5]]
+    assert all(g["moved"] == {"model.layers.1.mlp.experts": 4} for g in got)
+    for r, g in enumerate(got):
+        rel_close(g["after"], g["before"], what=f"rank {r} logits")
+
+
+def test_rehome_model_refuses_a_name_without_experts() -> None:
+    from moonplan import adapters
+
+    model = adapters.wrap_model(make_model("Mixtral")).eval()
+    with pytest.raises(ValueError, match=r"hold no sharded experts: \['model.layers.1.mlp'\]"):
+        adapters.rehome_model(model, {"model.layers.1.mlp": list(range(6))})

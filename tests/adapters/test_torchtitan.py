@@ -366,3 +366,24 @@ def test_torchtitan_checkpointer_saved_at_two_ranks_loads_at_any(
             expect = want[k][g["home"]] if EXPERT_PREFIX in k else want[k]
             assert torch.equal(v, expect), f"rank {r} {k}"
         rel_close(g["y"], y0, BF16_TOL, what=f"rank {r} output after loading")
+
+
+# ---- re-homed between steps (ShardedExperts.rehome) ---------------------------------------
+def _rehomed(rank: int, world: int, sizes: list[int]) -> dict:
+    moe = make_moe("softmax")
+    ref = fp32_oracle(moe).eval()
+    wrapped = wrap_moe(moe, compute_dtype=torch.float32).eval()
+    inner = wrapped.routed_experts.inner_experts
+    moved = inner.rehome(list(range(E))[::-1])
+    xs, _ = inputs(sizes, D)
+    with torch.no_grad():
+        return {"y": wrapped(xs[rank]), "y0": ref(xs[rank]), "moved": moved,
+                "home": inner.home_experts.tolist()}  # fmt: skip
+
+
+def test_rehomed_experts_match_unwrapped() -> None:
+    got = run_ranks(_rehomed, 2, SIZES[2], timeout=90)
+    assert [e for g in got for e in g["home"]] == list(range(E))[::-1]
+    assert got[0]["moved"] == E  # reversed: every expert changes rank
+    for r, g in enumerate(got):
+        rel_close(g["y"], g["y0"], 1e-5, what=f"rank {r} output")

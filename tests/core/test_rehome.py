@@ -1,0 +1,229 @@
+"""Re-homing a running layer (``moonplan.core.rehome``, ``ShardedExperts.rehome``).
+
+Legend: R ranks, T tokens (all ranks), H hidden, F ffn, E experts, K top-k.
+
+The moves are checked on their own (every rank's rows land where the new order puts
+them); a layer re-homed between steps computes the dense oracle's function, keeps its
+checkpoint keys, and in training carries gradients and optimizer state with the rows, so
+training on equals training without the move.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moonplan.core.rehome import full_order, home_moves, row_tensors
+from moonplan.plan.home import home_edges
+from moonplan.plan.home_order import popular_order
+from moonplan.testing.dist import run_ranks
+from tests.runtime.oracle import dense_moe, dense_weights, split, tokens
+from tests.runtime.test_layer import _fixed_router, _hot_ids
+
+H, F, K, SEED = 8, 12, 2, 3
+
+
+def _simulate(old: list[int], new: list[int], R: int) -> list[list[int]]:
+    """Every rank's new rows after the moves, each row holding its model id (the moves
+    run as the all-to-all would carry them)."""
+    edges = home_edges(len(old), R)
+    rows_R = [old[edges[r] : edges[r + 1]] for r in range(R)]
+    moves_R = [home_moves(old, new, R, r) for r in range(R)]
+    sent = {}  # (src, dst) -> rows in order
+    for src, m in enumerate(moves_R):
+        at = 0
+        for dst, n in enumerate(m.send_splits):
+            sent[src, dst] = [rows_R[src][i] for i in m.send_rows[at : at + n]]
+            at += n
+    out = []
+    for dst, m in enumerate(moves_R):
+        got = [e for src in range(R) for e in sent[src, dst]]
+        assert [n for n in m.recv_splits] == [len(sent[s, dst]) for s in range(R)]
+        new_rows = [-1] * (edges[dst + 1] - edges[dst])
+        for row, e in zip(m.recv_rows, got, strict=True):
+            new_rows[row] = e
+        out.append(new_rows)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 12), st.randoms(use_true_random=False))
+def test_moves_put_every_expert_where_the_new_order_says(R, E, rnd) -> None:
+    old, new = list(range(E)), list(range(E))
+    rnd.shuffle(old)
+    rnd.shuffle(new)
+    edges = home_edges(E, R)
+    got = _simulate(old, new, R)
+    assert got == [new[edges[r] : edges[r + 1]] for r in range(R)]
+    owner_old = {e: r for r in range(R) for e in old[edges[r] : edges[r + 1]]}
+    owner_new = {e: r for r in range(R) for e in new[edges[r] : edges[r + 1]]}
+    want = sum(owner_old[e] != owner_new[e] for e in range(E))
+    assert all(home_moves(old, new, R, r).moved == want for r in range(R))
+
+
+def test_the_same_order_moves_nothing_off_rank() -> None:
+    order = [3, 1, 4, 0, 2, 5]
+    for r in range(3):
+        m = home_moves(order, order, 3, r)
+        assert m.moved == 0 and m.send_splits[r] == m.recv_splits[r] == 2
+        assert sum(m.send_splits) == 2
+    assert full_order(None, 3) == [0, 1, 2]
+
+
+def test_row_tensors_follow_grad_and_optimizer_state_and_refuse_other_shapes() -> None:
+    p = torch.nn.Parameter(torch.randn(3, 4))
+    opt = torch.optim.Adam([p])
+    only = row_tensors(p, [opt])  # no grad, no state yet: the data alone
+    assert len(only) == 1 and only[0].data_ptr() == p.data_ptr()
+    p.sum().backward()
+    opt.step()
+    got = row_tensors(p, [opt])
+    state = opt.state[p]
+    assert len(got) == 4  # data, grad, exp_avg, exp_avg_sq (step is scalar: stays)
+    assert got[1] is p.grad and any(t is state["exp_avg"] for t in got)
+    state["factored"] = torch.zeros(3)
+    with pytest.raises(ValueError, match="'factored' of shape \\(3,\\)"):
+        row_tensors(p, [opt])
+
+
+# ---- a layer re-homed between steps --------------------------------------------------
+
+
+def _layer(E: int, ids_TK, w_TK, offset: int, **options):
+    from moonplan import MoonMoE
+
+    w = dense_weights(E, H, F, SEED)
+    layer = MoonMoE(H, F, E, K, router=_fixed_router(ids_TK, w_TK, offset), **options)
+    layer.load_dense(w["router_weight"], w["gate_up"], w["down"])
+    return layer
+
+
+def _served(rank: int, world: int, cfg: dict) -> dict:
+    """Outputs of one step before and after each re-homing (eval mode, no grad), the
+    experts moved and the home ids after each."""
+    sizes, E = cfg["sizes"], cfg["E"]
+    offset = sum(sizes[:rank])
+    x_SH = split(tokens(sum(sizes), H, SEED), sizes)[rank]
+    layer = _layer(E, cfg["ids"], cfg["w"], offset, home_order=cfg["first"], **cfg["options"])
+    layer.eval()
+    keys = {k: v.clone() for k, v in layer.state_dict().items()}
+    out: dict = {"y": [], "moved": [], "ids": [], "order": []}
+    with torch.no_grad():
+        for order in [None, *cfg["orders"]]:
+            if order is not None:
+                out["moved"].append(layer.rehome(order))
+                assert layer.last_plan is None  # labels changed meaning
+            for _ in range(2):  # the second step with resident slots
+                y = layer(x_SH)
+            out["y"].append(y)
+            out["ids"].append(layer.home_experts.tolist())
+            out["order"].append(layer.experts.home_order)
+            assert layer.config.sizes.home_order == layer.experts.home_order
+    after = layer.state_dict()
+    assert sorted(after) == sorted(keys)
+    out["same_keys"] = all(bool(torch.equal(after[k], v)) for k, v in keys.items())
+    return out
+
+
+CASES = [  # (R, E, sizes, options)
+    (1, 5, [9], {}),
+    (2, 6, [9, 5], {"balance": "exact"}),
+    (3, 7, [6, 0, 8], {"balance": "exact"}),  # a rank without tokens, E mod R != 0
+    (3, 7, [6, 5, 8], {"balance": "auto", "transport": "a2a"}),
+    (4, 9, [5, 7, 0, 6], {"slots": 0, "balance": "exact"}),
+]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("world", "E", "sizes", "options"), CASES)
+def test_a_rehomed_layer_computes_the_dense_function(world, E, sizes, options) -> None:
+    T = sum(sizes)
+    ids, wk = _hot_ids(T, E, K, SEED)
+    reverse = list(range(E))[::-1]
+    orders = [reverse, popular_order(torch.bincount(ids.reshape(-1), minlength=E), world),
+              list(range(E))]  # fmt: skip
+    cfg = {"E": E, "sizes": sizes, "ids": ids, "w": wk, "first": None, "orders": orders,
+           "options": options}  # fmt: skip
+    got = run_ranks(_served, world, cfg, timeout=180)
+    want = dense_moe(tokens(T, H, SEED), ids, wk, dense_weights(E, H, F, SEED)).float()
+    edges = home_edges(E, world)
+    for i, order in enumerate([None, *orders]):
+        mine = torch.cat([r["y"][i] for r in got if r["y"][i].numel()])
+        torch.testing.assert_close(mine, want, rtol=1e-5, atol=1e-5)
+        full = full_order(order, E)
+        assert [r["ids"][i] for r in got] == [full[edges[r] : edges[r + 1]] for r in range(world)]
+    for r in got:
+        assert r["same_keys"]  # the per-expert keys name the same rows after every move
+        assert r["order"][-1] is None  # the identity order restores the linear map
+        assert r["moved"] == got[0]["moved"]
+    if world > 1:
+        assert got[0]["moved"][0] > 0
+
+
+def _trained(rank: int, world: int, cfg: dict) -> dict:
+    """Weights by model id after three Adam steps, re-homed after the first (or not)."""
+    from moonplan.adapters.checkpoint import gather_full_state_dict
+
+    sizes, E = cfg["sizes"], cfg["E"]
+    offset = sum(sizes[:rank])
+    x_SH = split(tokens(sum(sizes), H, SEED), sizes)[rank]
+    layer = _layer(E, cfg["ids"], cfg["w"], offset, balance="exact")
+    opt = torch.optim.Adam(layer.parameters(), lr=1e-2)
+    losses = []
+    for step in range(3):
+        opt.zero_grad(set_to_none=False)
+        loss = (layer(x_SH) ** 2).sum()
+        loss.backward()
+        if step == 1 and cfg["order"] is not None:  # grads held: they move too
+            layer.rehome(cfg["order"], optimizers=[opt])
+        opt.step()
+        losses.append(float(loss))
+    full = gather_full_state_dict(layer)
+    return {"losses": losses, **{k: v for k, v in full.items() if "experts" in k}}
+
+
+@pytest.mark.distributed
+def test_training_on_after_a_rehome_equals_training_without_it() -> None:
+    world, E, sizes = 3, 7, [8, 6, 7]
+    ids, wk = _hot_ids(sum(sizes), E, K, SEED)
+    base = {"E": E, "sizes": sizes, "ids": ids, "w": wk}
+    plain = run_ranks(_trained, world, {**base, "order": None}, timeout=120)
+    moved = run_ranks(_trained, world, {**base, "order": list(range(E))[::-1]}, timeout=120)
+    for a, b in zip(plain, moved, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            if key == "losses":
+                assert a[key] == pytest.approx(b[key], rel=1e-5)
+            else:
+                torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def _refused(rank: int, world: int, kind: str) -> str:
+    from moonplan.comm.errors import ContractError
+
+    ids, wk = _hot_ids(8, 4, K, SEED)
+    layer = _layer(4, ids, wk, 0)
+    orders = {"invalid": [[3, 2, 1, 0], [0, 0, 1, 2]], "differ": [[3, 2, 1, 0], [0, 1, 2, 3]],
+              "training": [[3, 2, 1, 0]] * 2}  # fmt: skip
+    if kind != "training":
+        layer.eval()
+    try:
+        layer.rehome(orders[kind][rank])
+    except (ContractError, ValueError) as exc:
+        assert layer.experts.home_order is None  # nothing changed
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("kind", "words"), [
+    ("invalid", "home_order must hold each of the 4 experts once"),
+    ("differ", "home order"),
+    ("training", "rehome in training mode needs optimizers="),
+])  # fmt: skip
+def test_a_bad_rehome_raises_the_same_error_on_every_rank(kind: str, words: str) -> None:
+    got = run_ranks(_refused, 2, kind, timeout=60)
+    assert got[0] == got[1] != ""
+    assert words in got[0], got[0]
