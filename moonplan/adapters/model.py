@@ -100,12 +100,13 @@ def wrap_model(
 
 def rehome_model(
     model: nn.Module,
-    orders: Mapping[str, Sequence[int]],
+    orders: Mapping[str, Sequence[int] | str] | str,
     *,
     optimizers: Sequence[torch.optim.Optimizer] | None = None,
 ) -> dict[str, int]:
     """Collective, between steps: re-home the layers named in ``orders`` (experts module
-    name, as :func:`sharded_experts` and a recorded trace name them: a home order) in
+    name, as :func:`sharded_experts` and a recorded trace name them: a home order or
+    ``"profile"``; or ``"profile"`` alone: every layer from its own recent loads) in
     module order; the experts that changed rank, per name
     (:meth:`~moonplan.core.sharded.ShardedExperts.rehome`: rows, gradients and the
     ``optimizers``' state move; ``optimizers`` required in training mode).
@@ -115,6 +116,8 @@ def rehome_model(
             model is the same on every rank); what ``rehome`` raises, per layer.
     """
     layers = dict(sharded_experts(model))
+    if isinstance(orders, str):
+        orders = dict.fromkeys(layers, orders)
     unknown = sorted(set(orders) - set(layers))
     if unknown:
         raise ValueError(f"orders name modules that hold no sharded experts: {unknown}; "

@@ -117,7 +117,10 @@ class MoonMoE(RuntimeViews, FixedPlacement):
     )
 
     def rehome(
-        self, order: Sequence[int], *, optimizers: Sequence[torch.optim.Optimizer] | None = None
+        self,
+        order: Sequence[int] | str,
+        *,
+        optimizers: Sequence[torch.optim.Optimizer] | None = None,
     ) -> int:
         """Collective, between steps: own the experts of home ``order`` from now on; the
         experts that changed rank (:meth:`ShardedExperts.rehome

@@ -33,7 +33,7 @@ from torch import nn
 from moonplan.comm.group import EPGroup
 from moonplan.core.rehome import Moves, full_order, home_moves, move_rows, row_tensors
 from moonplan.plan.home import home_start
-from moonplan.plan.home_order import check_order
+from moonplan.plan.home_order import check_order, popular_order
 from moonplan.plan.plan_type import Plan
 from moonplan.runtime.config import MoEConfig
 from moonplan.runtime.layer_runtime import LayerRuntime
@@ -153,7 +153,10 @@ class ShardedExperts(RuntimeViews, nn.Module):
         self.slots = self.runtime.B
 
     def rehome(
-        self, order: Sequence[int], *, optimizers: Sequence[torch.optim.Optimizer] | None = None
+        self,
+        order: Sequence[int] | str,
+        *,
+        optimizers: Sequence[torch.optim.Optimizer] | None = None,
     ) -> int:
         """Collective, between steps: own the experts of home ``order`` from now on (as
         if the layer had been built with ``home_order=order``); the experts that changed
@@ -162,13 +165,16 @@ class ShardedExperts(RuntimeViews, nn.Module):
         Each expert's rows go from its old home rank to its new one, with its gradient
         and the state of ``optimizers`` (:mod:`moonplan.core.rehome`), into the same
         Parameters. The identity order restores the linear map (``home_order`` ``None``).
-        The slots, any refill and the residency's window start afresh; ``last_plan`` is
-        ``None`` until the next step (labels changed meaning).
+        The slots, any refill and the residency's decisions start afresh; ``last_plan`` is
+        ``None`` until the next step (labels changed meaning). The current order changes
+        nothing (returns 0, the slots stay).
 
         Args:
             order: a permutation of the ``E`` model expert ids (e.g.
                 :func:`~moonplan.plan.home_order.popular_order` of a profile), the same on
-                every rank.
+                every rank; or ``"profile"``: ``popular_order`` of the layer's own loads
+                over its last steps (:meth:`LayerRuntime.recent_loads`, the same on every
+                rank), its groups kept on the ranks that own most of them.
             optimizers: the optimizers that hold state of these Parameters. Required in
                 training mode (``()``: none does), so that no state is left behind rows
                 that moved; in eval mode ``None`` means none.
@@ -180,8 +186,9 @@ class ShardedExperts(RuntimeViews, nn.Module):
             ContractError: on every rank: ranks gave different orders, failed
                 differently, or hold different numbers of tensors to move.
         """
+        current = full_order(self.home_order, self.num_experts)
         try:
-            new = check_order(order, self.num_experts)
+            new = self._order(order, current)
             if optimizers is None and self.training:
                 raise ValueError(
                     "rehome in training mode needs optimizers=[...] (the optimizers whose "
@@ -195,9 +202,9 @@ class ShardedExperts(RuntimeViews, nn.Module):
         self.group.outcome("rehome", err)
         self.group.check_same("home order", tuple(new))
         self.group.check_same("tensors to re-home", tuple(len(ts) for ts in tensors))
-        moves = home_moves(
-            full_order(self.home_order, self.num_experts), new, self.group.size, self.group.rank
-        )
+        if new == current:
+            return 0
+        moves = home_moves(current, new, self.group.size, self.group.rank)
         kept = None if new == list(range(self.num_experts)) else tuple(new)
         cfg = self.config.replace(home_order=kept)
         self.runtime.rehome(cfg, lambda: self._move(tensors, moves))
@@ -205,6 +212,17 @@ class ShardedExperts(RuntimeViews, nn.Module):
         ids_Er = home_ids(self.home_range, kept)
         self.get_buffer("home_experts").copy_(torch.tensor(ids_Er, dtype=torch.int64))
         return moves.moved
+
+    def _order(self, order: Sequence[int] | str, current: list[int]) -> list[int]:
+        """The checked new order: ``order``, or for ``"profile"`` the one of the recent
+        loads (:meth:`rehome`)."""
+        if not isinstance(order, str):
+            return check_order(order, self.num_experts)
+        if order != "profile":
+            raise ValueError(f"order must be a permutation or 'profile', got {order!r}")
+        if self.runtime.window.filled == 0:
+            raise ValueError("rehome('profile') needs the loads of a step: run one first")
+        return popular_order(self.runtime.recent_loads(), self.group.size, current)
 
     @torch.no_grad()
     def _move(self, tensors: list[list[torch.Tensor]], moves: Moves) -> None:

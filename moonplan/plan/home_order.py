@@ -33,12 +33,18 @@ from moonplan.errors import PlanError
 from moonplan.plan.home import home_edges
 
 
-def popular_order(load_E: torch.Tensor, num_ranks: int) -> list[int]:
+def popular_order(
+    load_E: torch.Tensor, num_ranks: int, current: list[int] | None = None
+) -> list[int]:
     """``order_E``: the experts in home order, from their loads (module docstring).
 
     Args:
         load_E: ``[E]`` finite, non-negative loads (int or float, any device; read once).
         num_ranks: ``R >= 1``.
+        current: the home order now (a permutation of the ``E`` experts), or ``None``.
+            Given, the greedy's groups go to the ranks that already own most of their
+            experts (:func:`kept_blocks`), so re-homing moves fewer rows for the same
+            busiest rank.
 
     Returns:
         A permutation of ``0 .. E-1`` as a Python list; rank ``r``'s experts ascending
@@ -56,7 +62,32 @@ def popular_order(load_E: torch.Tensor, num_ranks: int) -> list[int]:
                 key=lambda r: (total_R[r], r))  # fmt: skip
         owned_R[r].append(e)
         total_R[r] += loads[e]
+    if current is not None:
+        owned_R = kept_blocks(owned_R, check_order(current, E), edges)
     return [e for r in range(num_ranks) for e in sorted(owned_R[r])]
+
+
+def kept_blocks(groups_R: list[list[int]], current: list[int], edges: list[int]) -> list[list[int]]:
+    """``groups_R`` given to ranks so that few experts change rank: the groups (each of
+    its rank's block size) are matched to the ranks of the same block size, the pair
+    sharing the most experts with the rank's ``current`` block first (ties: lower group,
+    then lower rank). Greedy: it keeps at least half of what the best matching keeps.
+    Every rank's load is one group's, so the busiest rank is unchanged."""
+    R = len(groups_R)
+    owned = [set(current[edges[r] : edges[r + 1]]) for r in range(R)]
+    pairs = sorted(
+        (-len(owned[r] & set(groups_R[g])), g, r)
+        for g in range(R)
+        for r in range(R)
+        if len(groups_R[g]) == edges[r + 1] - edges[r]
+    )
+    out: dict[int, list[int]] = {}
+    used: set[int] = set()
+    for _, g, r in pairs:
+        if g not in used and r not in out:
+            out[r] = groups_R[g]
+            used.add(g)
+    return [out[r] for r in range(R)]  # every rank matched: the sizes are the blocks'
 
 
 def check_order(order: object, num_experts: int | None) -> list[int]:

@@ -35,6 +35,7 @@ from moonplan.plan.home_order import label_of
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT
 from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED, empty_slots, serving_plan
+from moonplan.plan.residency.window import LoadWindow
 from moonplan.plan.route import Route
 from moonplan.plan.route import route as route_tokens
 from moonplan.runtime.background import (
@@ -97,6 +98,7 @@ class LayerRuntime:
         self.balancer = _balancer(cfg, B)
         self.M = max_local(E, group.size)
         self.label_E = _labels(cfg, group.device)  # model id -> label (None: the identity)
+        self.window = LoadWindow(E, device=group.device)  # recent loads, by label
         self.heap: SymmetricHeap | None = None
         self.capacity = 0
         self.resident: Plan | None = None  # plan whose slots hold valid weights
@@ -285,9 +287,20 @@ class LayerRuntime:
         self.refill.drop()
         self.placer.reset(self.store.pool, self.refill)
         move()
+        old_E = self.label_E
         self.config, self.label_E = cfg, _labels(cfg, self.group.device)
+        new = cfg.sizes.home_order or range(self.E)  # model expert of each new label
+        columns_E = torch.tensor(list(new), dtype=torch.int64, device=self.group.device)
+        self.window.relabel(columns_E if old_E is None else old_E[columns_E])
         self.weights_changed()
         self.last_plan = None
+
+    def recent_loads(self) -> Tensor:
+        """int64 ``[E]``: records per *model* expert over the last ``WINDOW`` steps (all
+        ranks; the same on every rank), a profile for
+        :func:`~moonplan.plan.home_order.popular_order`."""
+        totals_E = self.window.totals_E()  # by label
+        return totals_E if self.label_E is None else totals_E[self.label_E]
 
     def request_refill(self, target_RB: Tensor) -> None:
         """Collective: refill the resident slots with ``target_RB`` (int64 ``[R, B]`` expert
@@ -389,6 +402,7 @@ class LayerRuntime:
         clock = StepClock(self.profiler.begin_step())  # records nothing unless profiling
         t = time.perf_counter()
         counts_RE, version, refill_RW = self._exchange_counts(ids_SK, params, ok, msg)
+        self.window.observe(counts_RE)
         self._settle_refill(counts_RE, refill_RW)
         t = clock.tick("counts", t)
         if self.balancer.due():  # "auto" after its measured warm-up steps (every rank

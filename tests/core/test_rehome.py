@@ -113,8 +113,10 @@ def _served(rank: int, world: int, cfg: dict) -> dict:
     with torch.no_grad():
         for order in [None, *cfg["orders"]]:
             if order is not None:
+                before = full_order(layer.experts.home_order, E)
                 out["moved"].append(layer.rehome(order))
-                assert layer.last_plan is None  # labels changed meaning
+                changed = full_order(order, E) != before
+                assert (layer.last_plan is None) == changed  # labels changed meaning
             for _ in range(2):  # the second step with resident slots
                 y = layer(x_SH)
             out["y"].append(y)
@@ -227,3 +229,62 @@ def test_a_bad_rehome_raises_the_same_error_on_every_rank(kind: str, words: str)
     got = run_ranks(_refused, 2, kind, timeout=60)
     assert got[0] == got[1] != ""
     assert words in got[0], got[0]
+
+
+def _profiled(rank: int, world: int, cfg: dict) -> dict:
+    """``rehome("profile")`` before any step (the error), then after steps: the recent
+    loads by model id across an explicit re-home, the profile's order, a second call."""
+    from moonplan.comm.errors import ContractError
+
+    sizes, E = cfg["sizes"], cfg["E"]
+    x_SH = split(tokens(sum(sizes), H, SEED), sizes)[rank]
+    layer = _layer(E, cfg["ids"], cfg["w"], sum(sizes[:rank]), balance="exact").eval()
+    out: dict = {}
+    try:
+        layer.rehome("profile")
+    except (ValueError, ContractError) as exc:
+        out["early"] = str(exc)
+    with torch.no_grad():
+        for _ in range(2):
+            layer(x_SH)
+        out["loads0"] = layer.runtime.recent_loads().tolist()
+        out["moved_reverse"] = layer.rehome(list(range(E))[::-1])
+        out["loads1"] = layer.runtime.recent_loads().tolist()
+        layer(x_SH)
+        out["moved_profile"] = layer.rehome("profile")
+        out["order"] = list(layer.experts.home_order or range(E))
+        out["y"] = layer(x_SH)
+        out["moved_again"] = layer.rehome("profile")
+        out["kept_plan"] = layer.last_plan is not None  # nothing moved: the slots stay
+    return out
+
+
+@pytest.mark.distributed
+def test_rehome_from_the_layers_own_profile() -> None:
+    world, E, sizes = 3, 7, [6, 5, 8]
+    ids, wk = _hot_ids(sum(sizes), E, K, SEED)
+    got = run_ranks(_profiled, world, {"E": E, "sizes": sizes, "ids": ids, "w": wk}, timeout=120)
+    load_E = torch.bincount(ids.reshape(-1), minlength=E)
+    reverse = list(range(E))[::-1]
+    want_order = popular_order(3 * load_E, world, reverse)
+    want_y = dense_moe(tokens(sum(sizes), H, SEED), ids, wk, dense_weights(E, H, F, SEED))
+    assert got[0]["early"] == got[1]["early"] != ""
+    assert "needs the loads of a step" in got[0]["early"]
+    for g in got:
+        assert g["loads0"] == g["loads1"] == (2 * load_E).tolist()  # model ids, relabelled
+        assert g["order"] == want_order and want_order != reverse
+        assert g["moved_profile"] > 0 and g["moved_again"] == 0 and g["kept_plan"]
+    mine = torch.cat([g["y"] for g in got])
+    torch.testing.assert_close(mine, want_y.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_rehome_model_profile_names_every_layer() -> None:
+    from moonplan import MoonMoE
+    from moonplan.adapters import rehome_model
+
+    model = torch.nn.Sequential(MoonMoE(H, F, 4, K), MoonMoE(H, F, 4, K)).eval()
+    with pytest.raises(ValueError, match="permutation or 'profile', got 'popular'"):
+        model[0].rehome("popular")
+    with torch.no_grad():
+        model(torch.randn(5, H))
+    assert rehome_model(model, "profile") == {"0.experts": 0, "1.experts": 0}  # one rank

@@ -62,6 +62,38 @@ def test_ties_keep_the_linear_map():
     assert popular_order(torch.ones(4, dtype=torch.int64), 8) == [0, 1, 2, 3]  # E < R
 
 
+def _kept(a: list[int], b: list[int], R: int) -> int:
+    """Experts owned by the same rank under orders ``a`` and ``b``."""
+    edges = home_edges(len(a), R)
+    return sum(len(set(a[edges[r] : edges[r + 1]]) & set(b[edges[r] : edges[r + 1]]))
+               for r in range(R))  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(load=_loads, R=st.integers(1, 9), rnd=st.randoms(use_true_random=False))
+def test_a_current_order_changes_owners_not_the_busiest_rank(load, R, rnd):
+    """With ``current``: the same groups (so the same rank loads, reordered), given to
+    ranks that keep at least as many experts as without it, and half the best matching's
+    (here bounded below by what the greedy's own order keeps)."""
+    E = len(load)
+    current = list(range(E))
+    rnd.shuffle(current)
+    plain = popular_order(torch.tensor(load, dtype=torch.float64), R)
+    kept = popular_order(torch.tensor(load, dtype=torch.float64), R, current)
+    assert sorted(_rank_loads(kept, load, R)) == sorted(_rank_loads(plain, load, R))
+    assert _kept(kept, current, R) >= _kept(plain, current, R) / 2
+    assert popular_order(torch.tensor(load, dtype=torch.float64), R, kept) == kept
+
+
+def test_a_current_order_that_is_a_rank_permutation_is_kept():
+    load = torch.tensor([9.0, 8, 7, 6, 1, 1, 1, 1])
+    plain = popular_order(load, 4)  # [0, 7 | 1, 6 | 2, 5 | 3, 4]
+    swapped = plain[2:4] + plain[0:2] + plain[6:8] + plain[4:6]
+    assert popular_order(load, 4, swapped) == swapped
+    with pytest.raises(PlanError, match="each of the 8 experts once"):
+        popular_order(load, 4, [0, 1, 2])
+
+
 def test_label_of_inverts_the_order():
     order = [3, 0, 2, 1]
     assert [label_of(order)[e] for e in order] == [0, 1, 2, 3]

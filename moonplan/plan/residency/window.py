@@ -54,6 +54,11 @@ class LoadWindow:
             return self.loads_WE[: self.filled]
         return self.loads_WE.roll(-(self.steps % self.W), 0)
 
+    def relabel(self, columns_E: torch.Tensor) -> None:
+        """Take new expert labels: new column ``j`` is old column ``columns_E[j]`` (int64
+        ``[E]``, a permutation)."""
+        self.loads_WE = self.loads_WE.index_select(1, columns_E.to(self.loads_WE.device))
+
     def totals_E(self) -> torch.Tensor:
         """int64 ``[E]``: records per expert summed over the steps the window holds."""
         return self.loads_WE.sum(0)
