@@ -48,10 +48,11 @@ from moonplan.checks import check_int
 from moonplan.plan import api as planner
 from moonplan.plan.choice.rent import call_rounds_s, exit_rounds_s
 from moonplan.plan.home import max_local
-from moonplan.plan.home_order import check_order, popular_order
+from moonplan.plan.home_order import check_order
 from moonplan.plan.plan_time import plan_fetch_ER, plan_time
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT, exact_charge_s
+from moonplan.plan.residency.home_choice import judged_order
 from moonplan.plan.residency.refill import (
     STAGING,
     Decisions,
@@ -187,10 +188,13 @@ class MoonplanAutoPolicy(PlannerPolicy):
     trace (:meth:`prime`), as EPLB's placement is.
 
     ``home_order``: the runtime's option of that name (``MoEConfig.home_order``), a
-    permutation of the experts fixed before the trace, or ``"profile"``: the one
-    ``moonplan.plan.home_order.popular_order`` gives from the loads of the
-    ``placement_window`` steps before the trace (:meth:`prime`, which must then run
-    before the first step; steps other readers drew are not read). The policy
+    permutation of the experts fixed before the trace, or ``"profile"``: the one the
+    runtime's ``layer.rehome("profile")`` takes from the loads of the
+    ``placement_window`` steps before the trace (``popular_order`` where the cost model
+    predicts those steps faster under it, else the linear map:
+    ``moonplan.plan.residency.home_choice``), from :meth:`prime` (which must then run
+    before the first step; steps other readers drew are not read), or from ``profile``
+    (int64 ``[S, E]`` per-step loads, for a trace without steps before it). The policy
     relabels every step's counts (label ``i`` is expert ``home_order[i]``), as the
     runtime relabels the router's ids, and plans, places and is timed in labels;
     ``None``: the linear home map. (``moonplan-auto-ordered`` is this policy with
@@ -212,6 +216,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
         layers: int = 1,
         stale_slots: bool = False,
         home_order: Sequence[int] | str | None = None,
+        profile: torch.Tensor | None = None,
     ) -> None:
         if not isinstance(cost, StepCost):
             raise ValueError(f"moonplan-auto needs cost=StepCost(...), got {cost!r}")
@@ -228,7 +233,18 @@ class MoonplanAutoPolicy(PlannerPolicy):
         super().__init__(num_ranks, num_experts, slots=total, cost=cost)
         self.window = int(placement_window)
         self.layers = check_int("layers", layers, 1)
+        if self.profiled and profile is not None:
+            self.home_order = self._judged(profile)
         self.reset()
+
+    def _judged(self, loads_SE: torch.Tensor) -> tuple[int, ...]:
+        """The order ``rehome("profile")`` takes from the steps ``loads_SE`` (int64
+        ``[S, E]``, by expert): ``popular_order`` of their loads where the cost model
+        predicts them faster under it (``home_choice.judged_order``), else the linear
+        map."""
+        assert self.slots is not None
+        perm = judged_order(self.cost, loads_SE, self.num_ranks, self.slots, self.stale_slots)
+        return tuple(range(self.num_experts)) if perm is None else tuple(perm)
 
     def reset(self) -> None:
         self._previous = None
@@ -255,8 +271,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
         """Place the slots from the window before the trace (served from step 0)."""
         if self.profiled and self.home_order is None:  # its own window: the others' steps
             mine_N = before.steps_N >= -self.window  # are drawn too (the readers' union)
-            load_E = before.totals_NE[mine_N].sum(0)
-            self.home_order = tuple(popular_order(load_E, self.num_ranks))
+            self.home_order = self._judged(before.totals_NE[mine_N])
         res = self.residency
         if res is None or self._previous is not None:
             return
@@ -419,4 +434,5 @@ def _auto_info(name: str, **fields: Any) -> PolicyInfo:
 register(_auto_info("moonplan-auto", label="auto", options=AUTO_OPTIONS, order=80))
 # auto over a home order from a profile (the runtime's home_order=): not in the default set
 register(_auto_info(MoonplanAutoOrdered.name, label="auto+order", style=("--", "^"),
-                    options=(*AUTO_OPTIONS, "home_order"), order=85, listed=False))  # fmt: skip
+                    options=(*AUTO_OPTIONS, "home_order", "profile"), order=85,
+                    listed=False))  # fmt: skip

@@ -35,6 +35,7 @@ from moonplan.core.rehome import Moves, full_order, home_moves, move_rows, row_t
 from moonplan.plan.home import home_start
 from moonplan.plan.home_order import check_order, popular_order
 from moonplan.plan.plan_type import Plan
+from moonplan.plan.residency.home_choice import judged_order
 from moonplan.runtime.config import MoEConfig
 from moonplan.runtime.layer_runtime import LayerRuntime
 from moonplan.runtime.step_stats import StepStats
@@ -174,7 +175,11 @@ class ShardedExperts(RuntimeViews, nn.Module):
                 :func:`~moonplan.plan.home_order.popular_order` of a profile), the same on
                 every rank; or ``"profile"``: ``popular_order`` of the layer's own loads
                 over its last steps (:meth:`LayerRuntime.recent_loads`, the same on every
-                rank), its groups kept on the ranks that own most of them.
+                rank), its groups kept on the ranks that own most of them; with
+                ``balance="auto"`` and its cost model, only where that predicts the
+                steps faster under it
+                (:func:`~moonplan.plan.residency.home_choice.judged_order`; steps whose
+                slots go stale in training mode), else the current order (nothing moves).
             optimizers: the optimizers that hold state of these Parameters. Required in
                 training mode (``()``: none does), so that no state is left behind rows
                 that moved; in eval mode ``None`` means none.
@@ -222,7 +227,12 @@ class ShardedExperts(RuntimeViews, nn.Module):
             raise ValueError(f"order must be a permutation or 'profile', got {order!r}")
         if self.runtime.window.filled == 0:
             raise ValueError("rehome('profile') needs the loads of a step: run one first")
-        return popular_order(self.runtime.recent_loads(), self.group.size, current)
+        R, loads_SE = self.group.size, self.runtime.window.loads()  # by label
+        cost = self.runtime.auto_cost()
+        if cost is None:  # no cost model to judge it by: the order as it is
+            return popular_order(self.runtime.recent_loads(), R, current)
+        perm_E = judged_order(cost, loads_SE, R, self.runtime.B, stale=self.training)
+        return current if perm_E is None else [current[j] for j in perm_E]
 
     @torch.no_grad()
     def _move(self, tensors: list[list[torch.Tensor]], moves: Moves) -> None:

@@ -416,7 +416,7 @@ class LayerRuntime:
         self._place(counts_RE, plan)
         return y_SH
 
-    def _auto_cost(self) -> StepCost | None:
+    def auto_cost(self) -> StepCost | None:
         """The cost model ``auto`` plans with (``None`` before calibration or in another
         mode)."""
         return self.balancer.cost if self.balancer.policy() == "auto" else None
@@ -430,7 +430,7 @@ class LayerRuntime:
             self.placer.forget(pool, self.refill)  # its slots are stale: no refill for them
             return
         target = self.placer.after_step(
-            counts_RE, plan, self._auto_cost(), self.refill.in_flight, pool, self.refill,
+            counts_RE, plan, self.auto_cost(), self.refill.in_flight, pool, self.refill,
             stale=self.stale,
         )  # fmt: skip
         if target is not None:
@@ -521,7 +521,7 @@ class LayerRuntime:
         if how != "call":
             shares = self.placer.shares(self.stale, counts_RE.device)
             return self.balancer.serve(counts_RE, previous, how, shares)
-        rent = not self.placer.active(self._auto_cost())
+        rent = not self.placer.active(self.auto_cost())
         return self.balancer.plan(counts_RE, previous, rent)
 
     def _route(self, plan: Plan, ids_SK: Tensor | None) -> Route:

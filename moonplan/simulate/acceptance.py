@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from moonplan.plan.home_order import popular_order
+from moonplan.plan.residency.window import WINDOW
 from moonplan.simulate.model_time import SimConfig
 from moonplan.simulate.models import get_model
 from moonplan.simulate.sweep import (
@@ -288,13 +288,13 @@ def recorded_options(total_steps: int, steps: int) -> dict[str, Any]:
     return {"eplb_window": half, "eplb_period": half, "eplb_first": half}
 
 
-def profile_order(counts_TRE: torch.Tensor, steps: int) -> list[int]:
-    """The home order ``moonplan-auto-ordered`` serves a recorded trace with: the one
-    ``popular_order`` gives from the loads of its warm-up (every step before the last
-    ``steps``), as a layer built with ``home_order=`` from a profile of the same workload
-    would have. The measured steps come after every step it reads."""
+def profile_loads(counts_TRE: torch.Tensor, steps: int, window: int = WINDOW) -> torch.Tensor:
+    """int64 ``[S, E]``: the per-step loads ``moonplan-auto-ordered`` takes its order from
+    on a recorded trace (its ``profile``): the last ``window`` steps of the warm-up (every
+    step before the last ``steps``), as ``rehome("profile")`` at the warm-up's end reads
+    them. The measured steps come after every step it reads."""
     T = counts_TRE.shape[0]
-    return popular_order(counts_TRE[: T - steps].sum((0, 1)), counts_TRE.shape[1])
+    return counts_TRE[max(0, T - steps - window) : T - steps].sum(1)
 
 
 def run_recorded(
@@ -310,7 +310,7 @@ def run_recorded(
     on every hardware preset: the last ``steps`` steps measured, the others warm-up
     (:func:`recorded_options` for the deployed EPLB). On a training trace (``train-*``)
     moonplan's slots go stale at every step, as in the runtime (``stale_slots``).
-    :data:`ORDERED` (where listed) serves it over :func:`profile_order`. Rows carry
+    :data:`ORDERED` (where listed) takes its order from :func:`profile_loads`. Rows carry
     ``trace`` and ``sigma`` ``None``."""
     cfg = cfg or SimConfig()
     m = get_model(model)
@@ -327,7 +327,7 @@ def run_recorded(
         opts = {**policy_options(h, R, eplb=recorded_options(T, steps)),
                 "stale_slots": name.startswith("train")}  # fmt: skip
         if ORDERED in policies:  # the only policy that takes it
-            opts["home_order"] = profile_order(counts, steps)
+            opts["profile"] = profile_loads(counts, steps)
         got = simulate_trace(counts, m, h, cfg, policies, warmup=T - steps, options=opts)
         rows = {r["policy"]: r for r in got}
         tokens = float(counts[T - steps :].sum()) / (steps * R * m.top_k)

@@ -9,6 +9,7 @@ import torch
 from moonplan.baselines import make_policy
 from moonplan.baselines.prehistory import Prehistory
 from moonplan.plan.home_order import popular_order
+from moonplan.plan.residency.home_choice import judged_order
 from moonplan.traces import generate_counts
 from tests.plan.choice.costs import rows_only
 
@@ -54,10 +55,23 @@ def test_the_profile_order_comes_from_the_window_before_the_trace():
     assert policy.steps_before() == [(-3, 0)]
     totals_NE = torch.stack([c.sum(0) for c in _trace(3, seed=7)])
     policy.prime(Prehistory(torch.arange(-3, 0), totals_NE))
-    assert list(policy.home_order) == popular_order(totals_NE.sum(0), 4)
+    assert list(policy.home_order) == judged_order(COST, totals_NE, 4, 2)  # predicted faster
+    assert list(policy.home_order) == popular_order(totals_NE.sum(0), 4, list(range(16)))
     hot = set(range(4))  # the hot block, spread over the ranks by the order
     assert all(len(hot & set(policy.home_order[4 * r : 4 * r + 4])) == 1 for r in range(4))
     policy.step(_trace(1)[0])
+
+
+def test_a_profile_the_cost_model_does_not_favour_keeps_the_linear_map():
+    """With 4 slots that stay the window is predicted no faster under the order (as
+    ``rehome("profile")`` judges it): the policy is auto on the linear map."""
+    totals_NE = torch.stack([c.sum(0) for c in _trace(3, seed=7)])
+    policy = make_policy("moonplan-auto-ordered", 4, 16, cost=COST, slots=4, profile=totals_NE)
+    assert policy.home_order == tuple(range(16))
+    stale = make_policy("moonplan-auto-ordered", 4, 16, cost=COST, slots=4, profile=totals_NE,
+                        stale_slots=True)  # fmt: skip
+    assert list(stale.home_order) == judged_order(COST, totals_NE, 4, 4, stale=True)
+    assert stale.home_order != tuple(range(16))
 
 
 def test_the_profile_is_the_policy_s_own_window():

@@ -288,3 +288,37 @@ def test_rehome_model_profile_names_every_layer() -> None:
     with torch.no_grad():
         model(torch.randn(5, H))
     assert rehome_model(model, "profile") == {"0.experts": 0, "1.experts": 0}  # one rank
+
+
+def _judged(rank: int, world: int, cfg: dict) -> dict:
+    """``rehome("profile")`` of an ``auto`` layer with a cost model: its window, its order."""
+    sizes, E = cfg["sizes"], cfg["E"]
+    x_SH = split(tokens(sum(sizes), H, SEED), sizes)[rank]
+    layer = _layer(E, cfg["ids"], cfg["w"], sum(sizes[:rank]), balance="auto",
+                   cost=cfg["cost"], slots=cfg["slots"]).eval()  # fmt: skip
+    with torch.no_grad():
+        for _ in range(3):
+            layer(x_SH)
+        loads = layer.runtime.window.loads().clone()
+        moved = layer.rehome("profile")
+        y = layer(x_SH)
+    return {"loads": loads, "moved": moved, "order": layer.experts.home_order, "y": y}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("slots", [0, 2])
+def test_an_auto_layer_takes_the_profile_order_only_where_its_cost_model_favours_it(slots):
+    from moonplan.plan.residency.home_choice import judged_order
+    from tests.baselines.test_auto_ordered import COST
+
+    world, E, sizes = 2, 8, [12, 10]
+    ids, wk = _hot_ids(sum(sizes), E, K, SEED)
+    cfg = {"E": E, "sizes": sizes, "ids": ids, "w": wk, "cost": COST, "slots": slots}
+    got = run_ranks(_judged, world, cfg, timeout=120)
+    perm = judged_order(COST, got[0]["loads"], world, slots)
+    for g in got:
+        assert g["order"] == (None if perm is None else tuple(perm))
+        assert (g["moved"] > 0) == (perm is not None)
+    want = dense_moe(tokens(sum(sizes), H, SEED), ids, wk, dense_weights(E, H, F, SEED))
+    torch.testing.assert_close(torch.cat([g["y"] for g in got]), want.float(), rtol=1e-5,
+                               atol=1e-5)  # fmt: skip

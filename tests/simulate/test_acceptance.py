@@ -8,7 +8,6 @@ import torch
 import moonplan
 from moonplan.baselines.planner_time import ROUND_US
 from moonplan.baselines.registry import make_policy
-from moonplan.plan.home_order import popular_order
 from moonplan.simulate.acceptance import (
     AUTO,
     IDEAL_POINT,
@@ -19,7 +18,7 @@ from moonplan.simulate.acceptance import (
     acceptance_point,
     classify,
     failures,
-    profile_order,
+    profile_loads,
     recorded_options,
     run_acceptance,
     run_recorded,
@@ -161,13 +160,13 @@ def test_recorded_traces_are_judged_alike() -> None:
 
 
 def test_auto_with_a_profile_order_is_judged_beside_auto() -> None:
-    """``moonplan-auto-ordered`` serves a recorded trace over the order of its warm-up's
-    loads (the measured steps do not change it) and gets verdicts of its own."""
-    counts = drifting_counts(8, 256, 64, 8, sigma=1.0, steps=40, seed=3)
+    """``moonplan-auto-ordered`` takes its order from the last 32 steps of a recorded
+    trace's warm-up (the measured steps do not change them) and gets verdicts of its own."""
+    counts = drifting_counts(8, 256, 64, 8, sigma=1.0, steps=48, seed=3)
     later = counts.clone()
     later[-8:] = later[-8:].flip(-1)
-    assert profile_order(counts, 8) == profile_order(later, 8)
-    assert profile_order(counts, 8) == popular_order(counts[:32].sum((0, 1)), 8)
+    assert torch.equal(profile_loads(counts, 8), profile_loads(later, 8))
+    assert torch.equal(profile_loads(counts, 8), counts[8:40].sum(1))
     (row,) = run_recorded({"toy": counts}, "deepseek-v3", ("h200-node",), steps=8,
                           policies=("static-linear", AUTO, ORDERED))  # fmt: skip
     assert row["ordered_vs_peers"] == pytest.approx(row["us"][ORDERED] / row["us"]["static-linear"])

@@ -308,11 +308,14 @@ class Target:
         kept: the way of least predicted time over the window for the serving table
             (``current_RB``, the exact way included), which serves until a refill brings
             another.
+        seconds: the predicted seconds of the window's steps served so (``slot_RB``,
+            ``serve``).
     """
 
     slot_RB: torch.Tensor
     serve: str
     kept: str = "call"
+    seconds: float = math.nan
 
 
 def target_of(
@@ -345,8 +348,9 @@ def target_of(
     kept = ways[same[0] if same else T]
     exact = sum(exact_steps_s(cost, rows_SRE, current_RB.cpu(), builds))
     if exact < ways[t][0]:  # exact balance every step beats every table: keep the slots
-        return Target(current_RB.cpu().clone(), EXACT, EXACT)
-    return Target(slot_TRB[t].clone(), ways[t][1], EXACT if exact < kept[0] else kept[1])
+        return Target(current_RB.cpu().clone(), EXACT, EXACT, exact)
+    way = EXACT if exact < kept[0] else kept[1]
+    return Target(slot_TRB[t].clone(), ways[t][1], way, ways[t][0])
 
 
 def stale_way(
