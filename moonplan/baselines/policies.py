@@ -240,10 +240,10 @@ class MoonplanAutoPolicy(PlannerPolicy):
     def _judged(self, loads_SE: torch.Tensor) -> tuple[int, ...]:
         """The order ``rehome("profile")`` takes from the steps ``loads_SE`` (int64
         ``[S, E]``, by expert): ``popular_order`` of their loads where the cost model
-        predicts them faster under it (``home_choice.judged_order``), else the linear
-        map."""
+        predicts them faster under it with no slot kept (``home_choice.judged_order``),
+        else the linear map."""
         assert self.slots is not None
-        perm = judged_order(self.cost, loads_SE, self.num_ranks, self.slots, self.stale_slots)
+        perm = judged_order(self.cost, loads_SE, self.num_ranks, self.slots)
         return tuple(range(self.num_experts)) if perm is None else tuple(perm)
 
     def reset(self) -> None:

@@ -177,9 +177,9 @@ class ShardedExperts(RuntimeViews, nn.Module):
                 over its last steps (:meth:`LayerRuntime.recent_loads`, the same on every
                 rank), its groups kept on the ranks that own most of them; with
                 ``balance="auto"`` and its cost model, only where that predicts the
-                steps faster under it
-                (:func:`~moonplan.plan.residency.home_choice.judged_order`; steps whose
-                slots go stale in training mode), else the current order (nothing moves).
+                steps faster under it with no slot kept
+                (:func:`~moonplan.plan.residency.home_choice.judged_order`), else the
+                current order (nothing moves).
             optimizers: the optimizers that hold state of these Parameters. Required in
                 training mode (``()``: none does), so that no state is left behind rows
                 that moved; in eval mode ``None`` means none.
@@ -231,7 +231,7 @@ class ShardedExperts(RuntimeViews, nn.Module):
         cost = self.runtime.auto_cost()
         if cost is None:  # no cost model to judge it by: the order as it is
             return popular_order(self.runtime.recent_loads(), R, current)
-        perm_E = judged_order(cost, loads_SE, R, self.runtime.B, stale=self.training)
+        perm_E = judged_order(cost, loads_SE, R, self.runtime.B)
         return current if perm_E is None else [current[j] for j in perm_E]
 
     @torch.no_grad()

@@ -63,15 +63,14 @@ def test_the_profile_order_comes_from_the_window_before_the_trace():
 
 
 def test_a_profile_the_cost_model_does_not_favour_keeps_the_linear_map():
-    """With 4 slots that stay the window is predicted no faster under the order (as
-    ``rehome("profile")`` judges it): the policy is auto on the linear map."""
-    totals_NE = torch.stack([c.sum(0) for c in _trace(3, seed=7)])
-    policy = make_policy("moonplan-auto-ordered", 4, 16, cost=COST, slots=4, profile=totals_NE)
+    """One giant expert: the order leaves its rank as busy (as ``rehome("profile")``
+    judges it): the policy is auto on the linear map."""
+    giant_NE = torch.tensor([[1000] + [1] * 15] * 3)
+    policy = make_policy("moonplan-auto-ordered", 4, 16, cost=COST, slots=2, profile=giant_NE)
     assert policy.home_order == tuple(range(16))
-    stale = make_policy("moonplan-auto-ordered", 4, 16, cost=COST, slots=4, profile=totals_NE,
-                        stale_slots=True)  # fmt: skip
-    assert list(stale.home_order) == judged_order(COST, totals_NE, 4, 4, stale=True)
-    assert stale.home_order != tuple(range(16))
+    hot_NE = torch.stack([c.sum(0) for c in _trace(3, seed=7)])
+    policy = make_policy("moonplan-auto-ordered", 4, 16, cost=COST, slots=2, profile=hot_NE)
+    assert list(policy.home_order) == judged_order(COST, hot_NE, 4, 2) != list(range(16))
 
 
 def test_the_profile_is_the_policy_s_own_window():

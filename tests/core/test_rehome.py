@@ -305,20 +305,34 @@ def _judged(rank: int, world: int, cfg: dict) -> dict:
     return {"loads": loads, "moved": moved, "order": layer.experts.home_order, "y": y}
 
 
+def _uniform_ids(T: int, E: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ``t`` routes to experts ``t mod E`` and ``t + 1 mod E``: even loads."""
+    t = torch.arange(T)
+    return torch.stack([t % E, (t + 1) % E], 1), torch.full((T, K), 0.5)
+
+
 @pytest.mark.distributed
-@pytest.mark.parametrize("slots", [0, 2])
-def test_an_auto_layer_takes_the_profile_order_only_where_its_cost_model_favours_it(slots):
+@pytest.mark.parametrize(("routing", "slots", "taken"), [
+    ("hot", 0, True), ("hot", 2, True), ("uniform", 2, False),
+])  # fmt: skip
+def test_an_auto_layer_takes_the_profile_order_only_where_its_cost_model_favours_it(
+    routing, slots, taken
+):
+    """Even loads: ``popular_order`` is another permutation (ties), no faster: not taken."""
     from moonplan.plan.residency.home_choice import judged_order
     from tests.baselines.test_auto_ordered import COST
 
-    world, E, sizes = 2, 8, [12, 10]
-    ids, wk = _hot_ids(sum(sizes), E, K, SEED)
+    world, E, sizes = 2, 8, [12, 12]
+    ids, wk = _hot_ids(sum(sizes), E, K, SEED) if routing == "hot" else _uniform_ids(24, E)
     cfg = {"E": E, "sizes": sizes, "ids": ids, "w": wk, "cost": COST, "slots": slots}
     got = run_ranks(_judged, world, cfg, timeout=120)
     perm = judged_order(COST, got[0]["loads"], world, slots)
+    assert (perm is not None) == taken
+    if not taken:
+        assert popular_order(got[0]["loads"].sum(0), world, list(range(E))) != list(range(E))
     for g in got:
         assert g["order"] == (None if perm is None else tuple(perm))
-        assert (g["moved"] > 0) == (perm is not None)
+        assert (g["moved"] > 0) == taken
     want = dense_moe(tokens(sum(sizes), H, SEED), ids, wk, dense_weights(E, H, F, SEED))
     torch.testing.assert_close(torch.cat([g["y"] for g in got]), want.float(), rtol=1e-5,
                                atol=1e-5)  # fmt: skip
