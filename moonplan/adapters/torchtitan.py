@@ -167,6 +167,7 @@ class MoonGroupedExperts(ShardedExperts):
         Collective: every rank calls it, also with ``T = 0``. Bad routing on any rank
         raises the same ``ContractError`` on every rank.
         """
+        self.step_begins()  # auto's own re-home, before the cast copies below
         c = self.runtime.dtype
         params = {
             "gate_up": torch.cat([self.w1_EFD, self.w3_EFD], dim=1).to(c),  # [E_r, 2F, D]

@@ -187,18 +187,19 @@ class MoonplanAutoPolicy(PlannerPolicy):
     The serving table at step 0 is the target of the ``placement_window`` steps before the
     trace (:meth:`prime`), as EPLB's placement is.
 
-    ``home_order``: the runtime's option of that name (``MoEConfig.home_order``), a
-    permutation of the experts fixed before the trace, or ``"profile"``: the one the
-    runtime's ``layer.rehome("profile")`` takes from the loads of the
-    ``placement_window`` steps before the trace (``popular_order`` where the cost model
-    predicts those steps faster under it, else the linear map:
-    ``moonplan.plan.residency.home_choice``), from :meth:`prime` (which must then run
-    before the first step; steps other readers drew are not read), or from ``profile``
-    (int64 ``[S, E]`` per-step loads, for a trace without steps before it). The policy
-    relabels every step's counts (label ``i`` is expert ``home_order[i]``), as the
-    runtime relabels the router's ids, and plans, places and is timed in labels;
-    ``None``: the linear home map. (``moonplan-auto-ordered`` is this policy with
-    ``home_order="profile"`` unless an order is given.)
+    Home orders (``moonplan.plan.residency.home_choice``): the policy relabels every
+    step's counts (label ``i`` is expert ``home_order[i]``), as the runtime relabels the
+    router's ids, and plans, places and is timed in labels. ``home_order=None`` starts on
+    the linear map; with ``rehome`` (the runtime's ``MoEConfig.rehome``, on by default,
+    never where the slots go stale) it takes, once, ``judged_order`` of its first window:
+    that of :meth:`prime` (judged as before a trace: best tables), else at the first step
+    after ``placement_window`` steps (judged against its serving slots; the slots and
+    decisions then start afresh, as the runtime's; the rows' move is not charged: it is
+    made once, inside a recorded trace's warm-up). ``home_order`` a permutation: fixed;
+    ``"profile"`` (``moonplan-auto-ordered``: a user's ``rehome_model(model, "profile")``,
+    in training too): ``judged_order`` of :meth:`prime`'s window or of ``profile`` (int64
+    ``[S, E]`` per-step loads, for a trace without steps before it, judged for a layer
+    whose slots are empty).
     """
 
     name = "moonplan-auto"
@@ -217,6 +218,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
         stale_slots: bool = False,
         home_order: Sequence[int] | str | None = None,
         profile: torch.Tensor | None = None,
+        rehome: bool = True,
     ) -> None:
         if not isinstance(cost, StepCost):
             raise ValueError(f"moonplan-auto needs cost=StepCost(...), got {cost!r}")
@@ -233,18 +235,38 @@ class MoonplanAutoPolicy(PlannerPolicy):
         super().__init__(num_ranks, num_experts, slots=total, cost=cost)
         self.window = int(placement_window)
         self.layers = check_int("layers", layers, 1)
-        if self.profiled and profile is not None:
-            self.home_order = self._judged(profile)
+        # the runtime's own re-home (MoEConfig.rehome): serving only (autograd off)
+        self.rehome = bool(rehome) and home_order is None and not self.stale_slots
+        self._seen: list[torch.Tensor] = []  # the first window's loads (its own re-home)
         self.reset()
+        if self.profiled and profile is not None:
+            assert self.slots is not None
+            self.home_order = self._judged(profile, empty_slots(num_ranks, self.slots))
 
-    def _judged(self, loads_SE: torch.Tensor) -> tuple[int, ...]:
+    def _judged(self, loads_SE: torch.Tensor, serving_RB: torch.Tensor | None) -> tuple[int, ...]:
         """The order ``rehome("profile")`` takes from the steps ``loads_SE`` (int64
-        ``[S, E]``, by expert): ``popular_order`` of their loads where the cost model
-        predicts them faster under it with no slot kept (``home_choice.judged_order``),
-        else the linear map."""
+        ``[S, E]``, by expert) against the slots ``serving_RB`` (``None``: before a trace):
+        ``home_choice.judged_order``, else the linear map. Judged once."""
         assert self.slots is not None
-        perm = judged_order(self.cost, loads_SE, self.num_ranks, self.slots)
+        self.rehome = False
+        perm = judged_order(self.cost, loads_SE, self.num_ranks, self.slots, serving_RB)
         return tuple(range(self.num_experts)) if perm is None else tuple(perm)
+
+    def _own_rehome(self, counts_RE: torch.Tensor) -> None:
+        """The runtime's own re-home at the first step after its first window (counts of
+        this step ``[R, E]``, by expert: the map is still linear), judged against the
+        slots serving; where it moves, the slots and decisions start afresh."""
+        if len(self._seen) < self.window:
+            self._seen.append(counts_RE.sum(0))
+            return
+        assert self.slots is not None
+        empty_RB = empty_slots(self.num_ranks, self.slots)
+        serving_RB = empty_RB if self._previous is None else self._previous.slot_expert.cpu()
+        order = self._judged(torch.stack(self._seen), serving_RB)
+        self._seen = []
+        if order != tuple(range(self.num_experts)):
+            self.home_order = order
+            self.reset()
 
     def reset(self) -> None:
         self._previous = None
@@ -265,13 +287,15 @@ class MoonplanAutoPolicy(PlannerPolicy):
 
     def steps_before(self) -> list[tuple[int, int]]:
         """The window's steps before the trace (``UsesPrehistory``)."""
-        return [(-self.window, 0)] if self.residency is not None or self.profiled else []
+        reads = self.residency is not None or self.profiled or self.rehome
+        return [(-self.window, 0)] if reads else []
 
     def prime(self, before: Prehistory) -> None:
         """Place the slots from the window before the trace (served from step 0)."""
-        if self.profiled and self.home_order is None:  # its own window: the others' steps
-            mine_N = before.steps_N >= -self.window  # are drawn too (the readers' union)
-            self.home_order = self._judged(before.totals_NE[mine_N])
+        if (self.profiled or self.rehome) and self.home_order is None:  # its own window:
+            mine_N = before.steps_N >= -self.window  # others' steps are drawn too
+            if bool(mine_N.any()):
+                self.home_order = self._judged(before.totals_NE[mine_N], None)
         res = self.residency
         if res is None or self._previous is not None:
             return
@@ -291,6 +315,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
         return counts_XE[..., torch.tensor(self.home_order, device=counts_XE.device)]
 
     def step(self, counts: Any) -> PolicyStep:
+        if self.rehome:
+            self._own_rehome(self._counts(counts))
         counts_RE = self._labelled(self._counts(counts))
         swapped = self._commit(counts_RE)
         way = "call" if self.decisions is None else self.decisions.way(self.stale_slots)
@@ -421,7 +447,8 @@ register(PolicyInfo("moonplan", _moonplan, style=("-", "o"), plan_us=exact_us,
                     options=("slots", "stale_slots"), order=60))  # fmt: skip
 register(PolicyInfo("moonplan-resident", _moonplan, label="resident", style=("-", "D"),
                     plan_us=exact_us, options=("slots", "stale_slots"), order=70))  # fmt: skip
-AUTO_OPTIONS = ("cost", "slots", "placement_window", "staging", "layers", "stale_slots")
+AUTO_OPTIONS = ("cost", "slots", "placement_window", "staging", "layers", "stale_slots",
+                "rehome")  # fmt: skip
 
 
 def _auto_info(name: str, **fields: Any) -> PolicyInfo:

@@ -151,6 +151,7 @@ class MoonExperts(FixedPlacement, ShardedExperts):
         ``ok=False`` (with ``msg``) reports a failure seen before the step (e.g. the router
         raised): every rank then raises ``ContractError`` naming this rank and ``msg``.
         """
+        self.step_begins()
         params: dict[str, torch.Tensor] = {"gate_up": self.gate_up_proj, "down": self.down_proj}
         return self.runtime.forward(x_SH, ids_SK, weight_SK, params, ok, msg)
 

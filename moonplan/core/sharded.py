@@ -36,6 +36,7 @@ from moonplan.plan.home import home_start
 from moonplan.plan.home_order import check_order, popular_order
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.home_choice import judged_order
+from moonplan.plan.residency.serving import empty_slots
 from moonplan.runtime.config import MoEConfig
 from moonplan.runtime.layer_runtime import LayerRuntime
 from moonplan.runtime.step_stats import StepStats
@@ -177,7 +178,7 @@ class ShardedExperts(RuntimeViews, nn.Module):
                 over its last steps (:meth:`LayerRuntime.recent_loads`, the same on every
                 rank), its groups kept on the ranks that own most of them; with
                 ``balance="auto"`` and its cost model, only where that predicts the
-                steps faster under it with no slot kept
+                steps faster under it, with no slot kept, than the slots serving now
                 (:func:`~moonplan.plan.residency.home_choice.judged_order`), else the
                 current order (nothing moves).
             optimizers: the optimizers that hold state of these Parameters. Required in
@@ -231,8 +232,20 @@ class ShardedExperts(RuntimeViews, nn.Module):
         cost = self.runtime.auto_cost()
         if cost is None:  # no cost model to judge it by: the order as it is
             return popular_order(self.runtime.recent_loads(), R, current)
-        perm_E = judged_order(cost, loads_SE, R, self.runtime.B)
+        rt = self.runtime
+        serving_RB = empty_slots(R, rt.B) if rt.resident is None else rt.resident.slot_expert
+        perm_E = judged_order(cost, loads_SE, R, rt.B, serving_RB)
         return current if perm_E is None else [current[j] for j in perm_E]
+
+    def step_begins(self) -> None:
+        """Call before a step reads the parameters (collective where it acts: every rank
+        answers alike): ``balance="auto"``'s own re-home, once, where
+        :meth:`LayerRuntime.rehome_due` says (``rehome("profile")``: only where the cost
+        model favours the order; no optimizer holds state, as no step ran with autograd
+        on)."""
+        if self.runtime.rehome_due():
+            self.runtime.rehome_judged = True
+            self.rehome("profile", optimizers=())
 
     @torch.no_grad()
     def _move(self, tensors: list[list[torch.Tensor]], moves: Moves) -> None:

@@ -99,6 +99,10 @@ class LayerRuntime:
         self.M = max_local(E, group.size)
         self.label_E = _labels(cfg, group.device)  # model id -> label (None: the identity)
         self.window = LoadWindow(E, device=group.device)  # recent loads, by label
+        # balance="auto"'s own re-home (MoEConfig.rehome): the front end's
+        # rehome("profile") before a step, judged once; only while no step ran with
+        # autograd on (serving)
+        self.serving, self.rehome_judged = True, False
         self.heap: SymmetricHeap | None = None
         self.capacity = 0
         self.resident: Plan | None = None  # plan whose slots hold valid weights
@@ -416,6 +420,22 @@ class LayerRuntime:
         self._place(counts_RE, plan)
         return y_SH
 
+    def rehome_due(self) -> bool:
+        """Whether this step begins with ``balance="auto"``'s own re-home
+        (``MoEConfig.rehome``): once, at the first step after the window of loads first
+        fills, with a cost model, where every step so far ran with autograd off on every
+        rank (serving: no optimizer state to leave behind). The front end asks before it
+        reads its parameters (:meth:`ShardedExperts.step_begins
+        <moonplan.core.sharded.ShardedExperts.step_begins>`). Every input is agreed, so
+        every rank answers alike."""
+        return (
+            self.config.balancing.rehome
+            and self.serving
+            and not self.rehome_judged
+            and self.window.filled == self.window.W
+            and self.auto_cost() is not None
+        )
+
     def auto_cost(self) -> StepCost | None:
         """The cost model ``auto`` plans with (``None`` before calibration or in another
         mode)."""
@@ -445,7 +465,8 @@ class LayerRuntime:
         One exchange carries the counts, the validity flag (a rank that is not ``ok``
         makes every rank raise), "my home weights changed" (then every slot is stale),
         where this rank is in the step schedule (:meth:`Balancer.schedule`; where ranks
-        differ the resident slots are dropped) and its refill status
+        differ the resident slots are dropped), "autograd is on for my parameters" (after
+        one such step on any rank the layer never re-homes by itself) and its refill status
         (:meth:`Refill.status_words`; either event above drops the refill in flight). One
         host read, of the flags.
         """
@@ -454,18 +475,20 @@ class LayerRuntime:
             counts_E = torch.bincount(ids_SK.reshape(-1), minlength=self.E)
         version = tuple(int(p._version) for p in params.values())
         changed = int(version != self.published_version)
-        mine = counts_E.new_tensor([changed, self.balancer.schedule()])
+        graded = torch.is_grad_enabled() and any(p.requires_grad for p in params.values())
+        mine = counts_E.new_tensor([changed, self.balancer.schedule(), int(graded)])
         refill_W = self.refill.status_words(counts_E.device)
         got_RX = self.group.gather_with_status(torch.cat([counts_E, mine, refill_W]), ok, msg)
         counts_RE, flags_RX = got_RX[:, : self.E], got_RX[:, self.E :].cpu()  # one host read
         stale = self.stale = bool(flags_RX[:, 0].any())  # any rank's weights changed
         if stale:
             self.published, self.resident = False, None
+        self.serving = self.serving and not bool(flags_RX[:, 2].numpy().any())  # autograd on
         if self.balancer.resync(flags_RX[:, 1]) or stale:  # resync: a step failed somewhere
             self.resident = None
             self.refill.drop()  # its copies are stale (or the ranks are out of step)
-            flags_RX[:, 2] = 0  # nothing left to agree on (every rank alike)
-        return counts_RE, version, flags_RX[:, 2:].numpy()  # already on the host
+            flags_RX[:, 3] = 0  # nothing left to agree on (every rank alike)
+        return counts_RE, version, flags_RX[:, 3:].numpy()  # already on the host
 
     def _settle_refill(self, counts_RE: Tensor, status_RW: np.ndarray) -> None:
         """Commit or drop the refill in flight from every rank's status (``[R, W]``), the

@@ -70,7 +70,9 @@ def test_a_profile_the_cost_model_does_not_favour_keeps_the_linear_map():
     assert policy.home_order == tuple(range(16))
     hot_NE = torch.stack([c.sum(0) for c in _trace(3, seed=7)])
     policy = make_policy("moonplan-auto-ordered", 4, 16, cost=COST, slots=2, profile=hot_NE)
-    assert list(policy.home_order) == judged_order(COST, hot_NE, 4, 2) != list(range(16))
+    empty_RB = torch.full((4, 2), -1)  # a profile is judged for a layer whose slots are empty
+    assert list(policy.home_order) == judged_order(COST, hot_NE, 4, 2, empty_RB)
+    assert policy.home_order != tuple(range(16))
 
 
 def test_the_profile_is_the_policy_s_own_window():
@@ -103,3 +105,39 @@ def test_a_profile_order_needs_the_window_before():
     policy = make_policy("moonplan-auto-ordered", 4, 16, cost=COST)
     with pytest.raises(ValueError, match="needs prime"):
         policy.step(_trace(1)[0])
+
+
+def test_auto_rehomes_by_itself_from_its_window_while_serving():
+    """The runtime's ``MoEConfig.rehome``: auto takes the order its window favours (as
+    ``rehome("profile")`` judges it); not where the slots go stale (training), nor with
+    ``rehome=False``; without a window it keeps the linear map."""
+    totals_NE = torch.stack([c.sum(0) for c in _trace(3, seed=7)])
+    before = Prehistory(torch.arange(-3, 0), totals_NE)
+    want = tuple(judged_order(COST, totals_NE, 4, 2))  # before the trace: best tables
+    for options, order in (({}, want), ({"stale_slots": True}, None), ({"rehome": False}, None)):
+        policy = make_policy("moonplan-auto", 4, 16, cost=COST, slots=2, placement_window=3,
+                             **options)  # fmt: skip
+        assert policy.steps_before() == [(-3, 0)]
+        policy.prime(before)
+        assert policy.home_order == order, options
+        policy.step(_trace(1)[0])
+
+
+@pytest.mark.parametrize(("slots", "moves"), [(0, True), (2, False)])
+def test_without_a_window_before_auto_rehomes_after_its_first_window(slots, moves):
+    """No steps before the trace: the linear map for ``placement_window`` steps, then
+    the order judged against the slots serving then (none: taken; the replicas auto
+    copied into 2 slots already serve better: the map stays), once."""
+    trace = _trace(6, seed=7)
+    policy = make_policy("moonplan-auto", 4, 16, cost=COST, slots=slots, placement_window=3,
+                         staging=0)  # fmt: skip
+    loads_SE = torch.stack([c.sum(0) for c in trace[:3]])
+    for c in trace[:3]:
+        policy.step(c)
+        assert policy.home_order is None
+    serving_RB = policy.serving.slot_expert.clone()
+    policy.step(trace[3])
+    want = judged_order(COST, loads_SE, 4, slots, serving_RB)
+    assert (want is not None) == moves and not policy.rehome  # judged once
+    policy.step(trace[4])
+    assert policy.home_order == (tuple(want) if moves else None)

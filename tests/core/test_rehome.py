@@ -300,9 +300,12 @@ def _judged(rank: int, world: int, cfg: dict) -> dict:
         for _ in range(3):
             layer(x_SH)
         loads = layer.runtime.window.loads().clone()
+        resident = layer.runtime.resident
+        serving = resident.slot_expert.clone() if resident is not None else None
         moved = layer.rehome("profile")
         y = layer(x_SH)
-    return {"loads": loads, "moved": moved, "order": layer.experts.home_order, "y": y}
+    return {"loads": loads, "moved": moved, "order": layer.experts.home_order, "y": y,
+            "serving": serving}  # fmt: skip
 
 
 def _uniform_ids(T: int, E: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -326,7 +329,10 @@ def test_an_auto_layer_takes_the_profile_order_only_where_its_cost_model_favours
     ids, wk = _hot_ids(sum(sizes), E, K, SEED) if routing == "hot" else _uniform_ids(24, E)
     cfg = {"E": E, "sizes": sizes, "ids": ids, "w": wk, "cost": COST, "slots": slots}
     got = run_ranks(_judged, world, cfg, timeout=120)
-    perm = judged_order(COST, got[0]["loads"], world, slots)
+    serving = got[0]["serving"]
+    if serving is None:
+        serving = torch.full((world, slots), -1, dtype=torch.int64)
+    perm = judged_order(COST, got[0]["loads"], world, slots, serving)
     assert (perm is not None) == taken
     if not taken:
         assert popular_order(got[0]["loads"].sum(0), world, list(range(E))) != list(range(E))
@@ -335,4 +341,53 @@ def test_an_auto_layer_takes_the_profile_order_only_where_its_cost_model_favours
         assert (g["moved"] > 0) == taken
     want = dense_moe(tokens(sum(sizes), H, SEED), ids, wk, dense_weights(E, H, F, SEED))
     torch.testing.assert_close(torch.cat([g["y"] for g in got]), want.float(), rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
+
+
+# ---- balance="auto" re-homes by itself, once, while serving -------------------------------
+def _served_on(rank: int, world: int, cfg: dict) -> dict:
+    """34 steps of an auto layer (with a cost model, no slots: nothing serves better than
+    its map): the home order before and after the step where its window first fills,
+    and the last output. ``grad_step``: one step
+    with autograd on first (a trained layer: never re-homes by itself)."""
+    from moonplan.plan.residency.window import WINDOW
+
+    sizes, E = cfg["sizes"], cfg["E"]
+    x_SH = split(tokens(sum(sizes), H, SEED), sizes)[rank]
+    layer = _layer(E, cfg["ids"], cfg["w"], sum(sizes[:rank]), balance="auto",
+                   cost=cfg["cost"], slots=0, **cfg["options"])  # fmt: skip
+    if cfg["grad_step"]:
+        layer(x_SH).sum().backward()
+    orders = []
+    with torch.no_grad():
+        for _ in range(WINDOW + 2):
+            y = layer(x_SH)
+            orders.append(layer.experts.home_order)
+    return {"orders": orders, "y": y, "loads": layer.runtime.window.loads().clone()}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("options", "grad_step", "rehomes"), [
+    ({}, False, True), ({"rehome": False}, False, False), ({}, True, False),
+])  # fmt: skip
+def test_auto_rehomes_by_itself_once_while_serving(options, grad_step, rehomes) -> None:
+    from moonplan.plan.residency.window import WINDOW
+    from tests.baselines.test_auto_ordered import COST
+
+    world, E, sizes = 2, 8, [12, 10]
+    ids, wk = _hot_ids(sum(sizes), E, K, SEED)
+    cfg = {"E": E, "sizes": sizes, "ids": ids, "w": wk, "cost": COST, "options": options,
+           "grad_step": grad_step}  # fmt: skip
+    got = run_ranks(_served_on, world, cfg, timeout=180)
+    assert got[0]["orders"] == got[1]["orders"]
+    orders = got[0]["orders"]
+    assert set(orders[:WINDOW]) == {None}  # the linear map until the window is full
+    if rehomes:  # at the step after it fills, to the order its window favours, then kept
+        want = tuple(popular_order(3 * torch.bincount(ids.reshape(-1), minlength=E), world,
+                                   list(range(E))))  # fmt: skip
+        assert orders[WINDOW] == orders[WINDOW + 1] == want
+    else:
+        assert set(orders) == {None}
+    dense = dense_moe(tokens(sum(sizes), H, SEED), ids, wk, dense_weights(E, H, F, SEED))
+    torch.testing.assert_close(torch.cat([g["y"] for g in got]), dense.float(), rtol=1e-5,
                                atol=1e-5)  # fmt: skip

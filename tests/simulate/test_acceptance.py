@@ -184,14 +184,6 @@ REDUCED = AcceptanceGrid(models=("deepseek-v3",), hardware=("h200-node", "h200-m
                          steps=1, warmup=4)  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the acceptance bar fails (docs/simulator.md, 'moonplan-auto acceptance'): with "
-    "auto's planner charged what its kernel measured on an H200 (2026-12-04), each table "
-    "served its own way (a call, a lookup, or the exact kernel every step), auto is within "
-    "the bar at 23 of these 24 points; the round-robin static placement wins at EP 16, "
-    "sigma 0, 16 tokens across hosts (1.011x: its home map, which auto's does not move)",
-)
 def test_reduced_grid_auto_is_never_slower_than_the_best_peer() -> None:
     rows = run_acceptance(REDUCED)
     assert len(rows) == len(REDUCED.points()) == 24

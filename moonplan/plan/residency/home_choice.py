@@ -3,22 +3,30 @@
 Legend:
     R ranks    E experts    B slots per rank    S the window's steps
     loads_SE   int64 ``[S, E]`` records per step and expert label (the window's)
+    slot_RB    int64 ``[R, B]`` the slot table serving now (``-1``: empty)
     perm_E     a permutation of the labels: new label ``j`` is old label ``perm_E[j]``
 
 :func:`~moonplan.plan.home_order.popular_order` spreads the window's heavy experts over
 the ranks, which lowers static EP's busiest rank. Whether the steps get faster depends on
 how they are served, so the order is taken only where the cost model predicts the
-window's steps faster under it (:func:`judged_order`).
+window's steps faster under it (:func:`judged_order`), each map judged by what it would
+serve next:
 
-Both maps are judged on what the map alone gives (:func:`map_s`): the steps served with
-no slot kept from one step to the next (static EP, a planner call from empty slots, or
-the exact kernel from empty slots: :func:`~moonplan.plan.residency.target.stale_way`). A
-re-home leaves the slots empty, and under either map a slot table arrives only through
-decisions and refills, which lag (on decode-sized steps one decision counts more steps
-of work than a recorded trace's warm-up). Judged by each map's best table instead, the
-order was turned down at two recorded points where it then ran 13% and 3% faster than
-auto on the linear map (docs/benchmarks.md, "Re-homing"). No threshold enters; what a
-re-home costs once (its rows' moves) is for its caller, who calls it once, to weigh.
+* **A running layer** (``serving_RB`` given) keeps its map and its slot table, served the
+  table's best way (:func:`serving_s`). A re-home empties the slots, and under the order a
+  table arrives only through decisions and refills, which lag (on decode-sized steps one
+  decision counts more steps of work than a recorded trace's warm-up). So the order is
+  judged with no slot kept (:func:`map_s`: static EP, a planner call or the exact kernel
+  from empty slots), and must beat the running layer at once.
+* **Before a trace** (``serving_RB`` ``None``), where every policy's placement is made
+  from the window at no charge (EPLB's as well as the slots'), each map is judged by its
+  best table from empty slots (:func:`table_s`).
+
+Judged by best tables at a running layer, the order was refused at two recorded points
+where it then ran 13% and 3% faster; judged with no slot kept before a trace, it was
+taken where its table then served 6% slower than the linear map's (docs/benchmarks.md,
+"Re-homing"). No threshold enters. What a re-home costs once (its rows' moves) is for its
+caller, who makes it once, to weigh.
 """
 
 from __future__ import annotations
@@ -26,9 +34,15 @@ from __future__ import annotations
 import torch
 
 from moonplan.plan.home_order import popular_order
-from moonplan.plan.residency.target import stale_way, window_rows
+from moonplan.plan.residency.exact_way import exact_steps_s
+from moonplan.plan.residency.serving import empty_slots
+from moonplan.plan.residency.target import stale_way, table_ways, target_of, window_rows
 from moonplan.plan.residency.work import Builds
 from moonplan.stepcost import StepCost
+
+
+def _rows(loads_SE: torch.Tensor, num_ranks: int) -> torch.Tensor:
+    return window_rows(loads_SE.sum(0).cpu(), loads_SE.shape[0], num_ranks, loads_SE)
 
 
 def map_s(
@@ -38,11 +52,36 @@ def map_s(
     num_slots: int,
     builds: Builds | None = None,
 ) -> float:
-    """The least predicted seconds of the window's steps under the labels' linear home
-    map with no slot kept between steps (module docstring)."""
-    S = loads_SE.shape[0]
-    rows_SRE = window_rows(loads_SE.sum(0).cpu(), S, num_ranks, loads_SE)
-    return stale_way(cost, rows_SRE, num_slots, loads_SE, builds)[0]
+    """Least predicted seconds of the window's steps under the labels' linear home map
+    with no slot kept between steps (``target.stale_way``)."""
+    return stale_way(cost, _rows(loads_SE, num_ranks), num_slots, loads_SE, builds)[0]
+
+
+def table_s(
+    cost: StepCost,
+    loads_SE: torch.Tensor,
+    num_ranks: int,
+    num_slots: int,
+    builds: Builds | None = None,
+) -> float:
+    """Least predicted seconds of the window's steps under the labels' linear home map,
+    served by the best table from empty slots and its way (``target.target_of``)."""
+    if num_slots == 0:
+        return map_s(cost, loads_SE, num_ranks, 0, builds)
+    totals_E, S = loads_SE.sum(0).cpu(), loads_SE.shape[0]
+    empty_RB = empty_slots(num_ranks, num_slots)
+    return target_of(totals_E, S, empty_RB, cost, loads_SE, builds).seconds
+
+
+def serving_s(
+    cost: StepCost, loads_SE: torch.Tensor, slot_RB: torch.Tensor, builds: Builds | None = None
+) -> float:
+    """Least predicted seconds of the window's steps served by ``slot_RB`` (kept), its
+    best way: a lookup, planner calls, or the exact kernel from it."""
+    rows_SRE = _rows(loads_SE, slot_RB.shape[0])
+    slot_RB = slot_RB.cpu()
+    best = table_ways(cost, rows_SRE, slot_RB[None], loads_SE, builds)[0][0]
+    return min(best, sum(exact_steps_s(cost, rows_SRE, slot_RB, builds)))
 
 
 def judged_order(
@@ -50,12 +89,14 @@ def judged_order(
     loads_SE: torch.Tensor,
     num_ranks: int,
     num_slots: int,
+    serving_RB: torch.Tensor | None = None,
     builds: Builds | None = None,
 ) -> list[int] | None:
     """``perm_E``: :func:`popular_order` of the window's loads (its groups kept on the
-    ranks that own most of them), where :func:`map_s` predicts the window's steps faster
-    under it than under the labels as they are; else ``None`` (also for an empty window
-    and where the order is the identity)."""
+    ranks that own most of them), where the window's steps are predicted faster under it
+    (module docstring: against ``serving_RB``, the running layer's table, with no slot
+    kept; ``None``: before a trace, best tables both); else ``None`` (also for an empty
+    window and where the order is the identity)."""
     E = loads_SE.shape[1]
     if loads_SE.shape[0] == 0:
         return None
@@ -63,7 +104,11 @@ def judged_order(
     perm_E = popular_order(loads_SE.sum(0), num_ranks, identity)
     if perm_E == identity:
         return None
-    perm = torch.tensor(perm_E, dtype=torch.int64, device=loads_SE.device)
-    now = map_s(cost, loads_SE, num_ranks, num_slots, builds)
-    after = map_s(cost, loads_SE[:, perm], num_ranks, num_slots, builds)
+    moved_SE = loads_SE[:, torch.tensor(perm_E, dtype=torch.int64, device=loads_SE.device)]
+    if serving_RB is None:
+        now = table_s(cost, loads_SE, num_ranks, num_slots, builds)
+        after = table_s(cost, moved_SE, num_ranks, num_slots, builds)
+    else:
+        now = serving_s(cost, loads_SE, serving_RB, builds)
+        after = map_s(cost, moved_SE, num_ranks, num_slots, builds)
     return perm_E if after < now else None

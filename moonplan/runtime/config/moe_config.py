@@ -5,7 +5,7 @@ F expert FFN size, K top-k.
 
 One frozen tree of four typed sections (:mod:`moonplan.runtime.config.sections`):
 ``sizes`` (H, F, E, K, dtype, home_order), ``buffers`` (slots, align, max_tokens,
-refill_rows), ``transfer`` (transport, overlap) and ``balancing`` (balance, cost). It
+refill_rows), ``transfer`` (transport, overlap) and ``balancing`` (balance, cost, rehome). It
 serves every front end (:class:`~moonplan.MoonMoE`,
 :class:`~moonplan.adapters.MoonExperts`, torchtitan's
 :class:`~moonplan.adapters.torchtitan.MoonGroupedExperts`, ``wrap``, ``wrap_model``,
@@ -81,13 +81,15 @@ class MoEConfig:
         search_us: float | None = None,
         refill_rows: int = 1,
         home_order: Sequence[int] | None = None,
+        rehome: bool = True,
     ) -> None:
         """The options as keywords (their meaning: the sections; the order of old)."""
         put = object.__setattr__
         put(self, "sizes", Sizes(hidden_size, ffn_size, num_experts, top_k, dtype, home_order))
         put(self, "buffers", Buffers(slots, align, max_tokens, refill_rows))
         put(self, "transfer", Transfer(transport, overlap))
-        put(self, "balancing", Balancing(balance, cost, choose, search_us))  # type: ignore[arg-type]
+        balancing = Balancing(balance, cost, choose, search_us, rehome)  # type: ignore[arg-type]
+        put(self, "balancing", balancing)
 
     def __getattr__(self, name: str) -> Any:
         """An option by its own name: ``config.slots`` is ``config.buffers.slots``."""
@@ -190,6 +192,7 @@ class MoEConfig:
             "max_tokens": self.buffers.max_tokens,
             "transport": self.transfer.transport,
             "balance": self.balancing.balance,
+            "rehome": self.balancing.rehome,
             "dtype": self.layer_dtype(),
             "overlap": self.transfer.overlap,
             **{_LABELS.get(name, name): value for name, value in options.items()},

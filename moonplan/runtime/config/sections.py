@@ -186,6 +186,7 @@ class Balancing:
     cost: StepCost | None = None
     choose: str | None = None
     search_us: float | None = None
+    rehome: bool = True
 
     MEANING: ClassVar[dict[str, str]] = {
         "balance": "``'auto'`` (per step the plan with the least predicted step time), "
@@ -194,11 +195,17 @@ class Balancing:
         "the layer from its first measured steps",
         "choose": "deprecated and ignored (warns): auto chooses inside one planner call",
         "search_us": "deprecated and ignored (warns), as ``choose``",
+        "rehome": "``balance='auto'`` serving (no step ran with autograd on, on any rank) "
+        "re-homes once, when its window of 32 steps first fills, to those steps' "
+        "``popular_order`` where its cost model predicts them faster under it "
+        "(``layer.rehome('profile')``); ``False``: never by itself",
     }
 
     def __post_init__(self) -> None:
         mode = balance_mode(self.balance, stacklevel=_TO_CALLER + 1)
         object.__setattr__(self, "balance", mode)
+        if not isinstance(self.rehome, bool):
+            raise ValueError(f"rehome must be True or False, got {self.rehome!r}")
         if self.cost is not None and not isinstance(self.cost, StepCost):
             raise ValueError(
                 f"cost must be a moonplan.stepcost.StepCost or None, got {self.cost!r}"
