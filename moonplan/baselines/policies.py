@@ -236,7 +236,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
         self.window = int(placement_window)
         self.layers = check_int("layers", layers, 1)
         # the runtime's own re-home (MoEConfig.rehome): serving only (autograd off)
-        self.rehome = bool(rehome) and home_order is None and not self.stale_slots
+        self._own = bool(rehome) and home_order is None and not self.stale_slots
         self._seen: list[torch.Tensor] = []  # the first window's loads (its own re-home)
         self.reset()
         if self.profiled and profile is not None:
@@ -266,9 +266,17 @@ class MoonplanAutoPolicy(PlannerPolicy):
         self._seen = []
         if order != tuple(range(self.num_experts)):
             self.home_order = order
-            self.reset()
+            self._fresh_slots()
 
     def reset(self) -> None:
+        if self._own:  # back to the linear map, its own re-home to come
+            self.home_order, self.rehome, self._seen = None, True, []
+        else:
+            self.rehome = False
+        self._fresh_slots()
+
+    def _fresh_slots(self) -> None:
+        """Empty slots, a fresh residency and no refill (a new policy's, or a re-home's)."""
         self._previous = None
         self.decisions: Decisions | None = None
         if self.staging:  # stale slots (training): no refill, only the way of the steps

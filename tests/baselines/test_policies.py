@@ -466,7 +466,10 @@ def test_auto_without_staging_rows_keeps_rent_or_buy() -> None:
     buying for later steps."""
     policy = make_policy("moonplan-auto", 8, 64, cost=rows_only(), slots=1, staging=0)
     assert policy.residency is None and policy.rent and policy.slots == 1
-    assert policy.steps_before() == []
+    assert policy.steps_before() == [(-32, 0)]  # its own re-home reads the window
+    no_rehome = make_policy("moonplan-auto", 8, 64, cost=rows_only(), slots=1, staging=0,
+                            rehome=False)  # fmt: skip
+    assert no_rehome.steps_before() == []
     steps = [policy.step(c) for c in persistent(4)]
     assert all(s.refill_ER is None and s.local_copies == 0 for s in steps)
 
