@@ -499,7 +499,9 @@ def test_auto_primes_its_slots_from_the_steps_before() -> None:
     from moonplan.baselines.prehistory import Prehistory
 
     cost = rows_only(exact_s=1.0)
-    policy = make_policy("moonplan-auto", 8, 64, cost=cost, slots=4, placement_window=4)
+    policy = make_policy(
+        "moonplan-auto", 8, 64, cost=cost, slots=4, placement_window=4, rehome=False
+    )  # slots in model ids (its re-home: test_auto_ordered)
     assert policy.steps_before() == [(-4, 0)]
     totals = torch.stack([c.sum(0) for c in persistent(4)])
     policy.prime(Prehistory(torch.arange(-4, 0), totals))
