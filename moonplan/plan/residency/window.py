@@ -57,7 +57,8 @@ class LoadWindow:
     def relabel(self, columns_E: torch.Tensor) -> None:
         """Take new expert labels: new column ``j`` is old column ``columns_E[j]`` (int64
         ``[E]``, a permutation)."""
-        self.loads_WE = self.loads_WE.index_select(1, columns_E.to(self.loads_WE.device))
+        moved_WE = self.loads_WE.index_select(1, columns_E.to(self.loads_WE.device))
+        self.loads_WE.copy_(moved_WE)  # in place: a normal tensor stays one (inference mode)
 
     def totals_E(self) -> torch.Tensor:
         """int64 ``[E]``: records per expert summed over the steps the window holds."""
