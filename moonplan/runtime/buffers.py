@@ -3,8 +3,9 @@
 Legend: R ranks, E experts, M = ceil(E/R), B slots, S refill staging rows, H hidden,
 F ffn, C receive capacity.
 
-:func:`build_buffers` is what :meth:`LayerRuntime._build` swaps in when a step needs
-more receive rows. It is transactional: the new heap is created while the old one
+:func:`build_buffers` is what :meth:`LayerResources._build
+<moonplan.runtime.layer_resources.LayerResources._build>` swaps in when a step needs more
+receive rows. It is transactional: the new heap is created while the old one
 still works, and only a complete set is returned. If any rank fails (the heap cannot
 be created, e.g. ``/dev/shm`` is full or a file-size limit is hit, or a local
 allocation fails), every rank raises the same :class:`ContractError`, whatever was
