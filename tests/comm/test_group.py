@@ -148,12 +148,17 @@ def _concurrent_a2a(main: EPGroup, other: EPGroup) -> tuple[list, list]:
 def _background(rank: int, world: int, sub: bool, given: bool) -> dict:
     import torch.distributed as dist
 
-    from moonplan.comm.group import _timeout_of
-
     pg = dist.new_group(ranks=[0, 1]) if sub else None  # every rank calls (default mode)
     second = dist.new_group(ranks=[0, 1] if sub else list(range(world))) if given else None
-    if sub and rank >= 2:
-        return {}  # outside the EP group: takes part in nothing below
+    out = {} if sub and rank >= 2 else _background_rounds(pg, second, given)
+    dist.barrier()  # no rank leaves while a peer's new group still connects to it
+    return out
+
+
+def _background_rounds(pg: object, second: object, given: bool) -> dict:
+    """A member's rounds of :func:`_background`."""
+    from moonplan.comm.group import _timeout_of
+
     g = EPGroup(pg, background=second)
     out: dict = {"rounds": [], "none": False}
     for _ in range(3):  # taken by two holders, used beside the main group, released
