@@ -317,15 +317,16 @@ class MoonplanAutoPolicy(PlannerPolicy):
             if self.profiled:
                 raise ValueError(f"{self.name}: home_order={PROFILE!r} needs prime() (the "
                                  "steps before the trace) before the first step; a recorded "
-                                 "trace has none: give home_order=[...] (e.g. "
-                                 "moonplan.simulate.acceptance.profile_order)")  # fmt: skip
+                                 "trace has none: give profile= (e.g. "
+                                 "moonplan.simulate.acceptance.profile_loads)")  # fmt: skip
             return counts_XE
         return counts_XE[..., torch.tensor(self.home_order, device=counts_XE.device)]
 
     def step(self, counts: Any) -> PolicyStep:
+        counts_RE = self._counts(counts)  # by expert
         if self.rehome:
-            self._own_rehome(self._counts(counts))
-        counts_RE = self._labelled(self._counts(counts))
+            self._own_rehome(counts_RE)
+        counts_RE = self._labelled(counts_RE)
         swapped = self._commit(counts_RE)
         way = "call" if self.decisions is None else self.decisions.way(self.stale_slots)
         if way == EXACT:  # the exact kernel with previous=: moonplan-resident's step
