@@ -190,8 +190,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
     Home orders (``moonplan.plan.residency.home_choice``): the policy relabels every
     step's counts (label ``i`` is expert ``home_order[i]``), as the runtime relabels the
     router's ids, and plans, places and is timed in labels. ``home_order=None`` starts on
-    the linear map; with ``rehome`` (the runtime's ``MoEConfig.rehome``, on by default,
-    never where the slots go stale) it takes, once, ``judged_order`` of its first window:
+    the linear map; with ``rehome`` (the runtime's ``MoEConfig.rehome``, on by default;
+    where the slots go stale, training, the runtime's after an optimizer step, judged
+    against no slot kept) it takes, once, ``judged_order`` of its first window:
     that of :meth:`prime` (judged as before a trace: best tables), else at the first step
     after ``placement_window`` steps (judged against its serving slots; the slots and
     decisions then start afresh, as the runtime's; the rows' move is not charged: it is
@@ -235,8 +236,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
         super().__init__(num_ranks, num_experts, slots=total, cost=cost)
         self.window = int(placement_window)
         self.layers = check_int("layers", layers, 1)
-        # the runtime's own re-home (MoEConfig.rehome): serving only (autograd off)
-        self._own = bool(rehome) and home_order is None and not self.stale_slots
+        # the runtime's own re-home (MoEConfig.rehome; in training at an optimizer step)
+        self._own = bool(rehome) and home_order is None
         self._seen: list[torch.Tensor] = []  # the first window's loads (its own re-home)
         self.reset()
         if self.profiled and profile is not None:
@@ -260,8 +261,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
             self._seen.append(counts_RE.sum(0))
             return
         assert self.slots is not None
-        empty_RB = empty_slots(self.num_ranks, self.slots)
-        serving_RB = empty_RB if self._previous is None else self._previous.slot_expert.cpu()
+        empty_RB = empty_slots(self.num_ranks, self.slots)  # stale slots: none survives
+        kept = None if self.stale_slots else self._previous
+        serving_RB = empty_RB if kept is None else kept.slot_expert.cpu()
         order = self._judged(torch.stack(self._seen), serving_RB)
         self._seen = []
         if order != tuple(range(self.num_experts)):
@@ -302,8 +304,10 @@ class MoonplanAutoPolicy(PlannerPolicy):
         """Place the slots from the window before the trace (served from step 0)."""
         if (self.profiled or self.rehome) and self.home_order is None:  # its own window:
             mine_N = before.steps_N >= -self.window  # others' steps are drawn too
-            if bool(mine_N.any()):
-                self.home_order = self._judged(before.totals_NE[mine_N], None)
+            if bool(mine_N.any()):  # best tables; stale slots (training): none kept
+                assert self.slots is not None
+                kept = empty_slots(self.num_ranks, self.slots) if self.stale_slots else None
+                self.home_order = self._judged(before.totals_NE[mine_N], kept)
         res = self.residency
         if res is None or self._previous is not None:
             return

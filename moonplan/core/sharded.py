@@ -22,6 +22,7 @@ to ``runtime.forward``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -31,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from moonplan.comm.group import EPGroup
+from moonplan.core.optimizer_rehome import watch
 from moonplan.core.rehome import Moves, full_order, home_moves, move_rows, row_tensors
 from moonplan.plan.home import home_start
 from moonplan.plan.home_order import check_order, popular_order
@@ -153,6 +155,8 @@ class ShardedExperts(RuntimeViews, nn.Module):
         """Build the :class:`LayerRuntime` (collective; ``what`` names the layer in errors)."""
         self.runtime = LayerRuntime(self.group, self.config, what=what)
         self.slots = self.runtime.B
+        if self.config.balancing.rehome and self.config.balancing.balance == "auto":
+            watch(self)  # auto's own re-home in training, at an optimizer step
 
     def rehome(
         self,
@@ -232,20 +236,58 @@ class ShardedExperts(RuntimeViews, nn.Module):
         cost = self.runtime.auto_cost()
         if cost is None:  # no cost model to judge it by: the order as it is
             return popular_order(self.runtime.recent_loads(), R, current)
-        rt = self.runtime
-        serving_RB = empty_slots(R, rt.B) if rt.resident is None else rt.resident.slot_expert
+        rt = self.runtime  # training: every step changes the weights, no slot is kept
+        kept = rt.resident if rt.serving else None
+        serving_RB = empty_slots(R, rt.B) if kept is None else kept.slot_expert
         perm_E = judged_order(cost, loads_SE, R, rt.B, serving_RB)
         return current if perm_E is None else [current[j] for j in perm_E]
 
     def step_begins(self) -> None:
         """Call before a step reads the parameters (collective where it acts: every rank
-        answers alike): ``balance="auto"``'s own re-home, once, where
+        answers alike): ``balance="auto"``'s own re-home while serving, once, where
         :meth:`LayerRuntime.rehome_due` says (``rehome("profile")``: only where the cost
         model favours the order; no optimizer holds state, as no step ran with autograd
         on)."""
         if self.runtime.rehome_due():
             self.runtime.rehome_judged = True
             self.rehome("profile", optimizers=())
+
+    def optimizer_stepped(self, optimizer: torch.optim.Optimizer, held: set[int]) -> bool:
+        """``balance="auto"``'s own re-home in training (collective where it acts), told
+        of each optimizer step by :mod:`moonplan.core.optimizer_rehome` (``held``: ids of
+        the Parameters ``optimizer`` holds); ``True`` once no step is needed any more.
+
+        Where :meth:`LayerRuntime.rehome_due` says so at an optimizer step, and
+        ``optimizer`` holds every expert tensor of the layer: ``rehome("profile",
+        optimizers=[optimizer])``, judged once. An optimizer that holds only some of them
+        cannot carry the others' state: no re-home (a warning says so). One that holds
+        none is another optimizer: the layer waits for its own. A ``ValueError`` of the
+        re-home (its optimizer keeps state whose rows cannot follow, e.g. a factored
+        statistic) is the same on every rank: it becomes a warning and nothing moves.
+        """
+        rt = self.runtime
+        if rt.rehome_judged or not self.config.balancing.rehome:
+            return True
+        inside = [id(getattr(self, name)) in held for name in self.expert_tensors]
+        if not rt.rehome_due(at_optimizer_step=True) or not any(inside):
+            return False
+        rt.rehome_judged = True
+        try:
+            if not all(inside):
+                raise ValueError(
+                    f"{type(optimizer).__name__} holds only some of its expert tensors "
+                    f"{self.expert_tensors}: the others' optimizer state could not follow"
+                )
+            self.rehome("profile", optimizers=[optimizer])
+        except ValueError as exc:
+            warnings.warn(
+                f"balance='auto' did not re-home this layer by itself: {exc}. Call "
+                "moonplan.rehome_model(model, 'profile', optimizers=[...]) yourself, or "
+                "set MoEConfig(rehome=False) to silence this",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return True
 
     @torch.no_grad()
     def _move(self, tensors: list[list[torch.Tensor]], moves: Moves) -> None:

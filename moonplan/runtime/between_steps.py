@@ -41,7 +41,7 @@ class BetweenSteps(LayerResources):
     balancer: Balancer
     label_E: Tensor | None  # model id -> label (None: the identity)
     window: LoadWindow  # recent loads, by label
-    serving: bool  # no step ran with autograd on (auto's own re-home waits for it)
+    serving: bool  # no step ran with autograd on (auto's own re-home: at a step's start)
     rehome_judged: bool  # auto's own re-home was judged (it is, once)
     last_plan: Plan | None
     published_version: tuple[int, ...]
@@ -81,17 +81,21 @@ class BetweenSteps(LayerResources):
         mode)."""
         return self.balancer.cost if self.balancer.policy() == "auto" else None
 
-    def rehome_due(self) -> bool:
-        """Whether this step begins with ``balance="auto"``'s own re-home
-        (``MoEConfig.rehome``): once, at the first step after the window of loads first
-        fills, with a cost model, where every step so far ran with autograd off on every
-        rank (serving: no optimizer state to leave behind). The front end asks before it
-        reads its parameters (:meth:`ShardedExperts.step_begins
-        <moonplan.core.sharded.ShardedExperts.step_begins>`). Every input is agreed, so
-        every rank answers alike."""
+    def rehome_due(self, *, at_optimizer_step: bool = False) -> bool:
+        """Whether ``balance="auto"``'s own re-home (``MoEConfig.rehome``) is due now:
+        once, after the window of loads first fills, with a cost model.
+
+        Asked at the start of a step (the default): due where every step so far ran with
+        autograd off on every rank (serving: no optimizer state to leave behind); the
+        front end asks before it reads its parameters (:meth:`ShardedExperts.step_begins
+        <moonplan.core.sharded.ShardedExperts.step_begins>`). Asked at an optimizer step
+        (``at_optimizer_step``): due where some step ran with autograd on (training:
+        that optimizer's state moves with the rows,
+        :mod:`moonplan.core.optimizer_rehome`). Every input is agreed, so every rank
+        answers alike."""
         return (
             self.config.balancing.rehome
-            and self.serving
+            and self.serving != at_optimizer_step
             and not self.rehome_judged
             and self.window.filled == self.window.W
             and self.auto_cost() is not None

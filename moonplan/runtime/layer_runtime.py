@@ -96,9 +96,9 @@ class LayerRuntime(BetweenSteps):
         self.M = max_local(E, group.size)
         self.label_E = home_labels(cfg, group.device)  # model id -> label (None: the identity)
         self.window = LoadWindow(E, device=group.device)  # recent loads, by label
-        # balance="auto"'s own re-home (MoEConfig.rehome): the front end's
-        # rehome("profile") before a step, judged once; only while no step ran with
-        # autograd on (serving)
+        # balance="auto"'s own re-home (MoEConfig.rehome), judged once: the front end's
+        # rehome("profile") before a step while no step ran with autograd on (serving),
+        # else right after an optimizer step (moonplan.core.optimizer_rehome)
         self.serving, self.rehome_judged = True, False
         self.heap = None
         self.capacity = 0

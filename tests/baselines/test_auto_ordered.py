@@ -109,12 +109,14 @@ def test_a_profile_order_needs_the_window_before():
 
 def test_auto_rehomes_by_itself_from_its_window_while_serving():
     """The runtime's ``MoEConfig.rehome``: auto takes the order its window favours (as
-    ``rehome("profile")`` judges it); not where the slots go stale (training), nor with
-    ``rehome=False``; without a window it keeps the linear map."""
+    ``rehome("profile")`` judges it): before the trace by best tables, where the slots
+    go stale (training) with none kept; not with ``rehome=False``."""
     totals_NE = torch.stack([c.sum(0) for c in _trace(3, seed=7)])
     before = Prehistory(torch.arange(-3, 0), totals_NE)
     want = tuple(judged_order(COST, totals_NE, 4, 2))  # before the trace: best tables
-    for options, order in (({}, want), ({"stale_slots": True}, None), ({"rehome": False}, None)):
+    stale = tuple(judged_order(COST, totals_NE, 4, 2, torch.full((4, 2), -1)))
+    assert want != tuple(range(16)) and stale != tuple(range(16))
+    for options, order in (({}, want), ({"stale_slots": True}, stale), ({"rehome": False}, None)):
         policy = make_policy("moonplan-auto", 4, 16, cost=COST, slots=2, placement_window=3,
                              **options)  # fmt: skip
         assert policy.steps_before() == [(-3, 0)]
@@ -123,19 +125,22 @@ def test_auto_rehomes_by_itself_from_its_window_while_serving():
         policy.step(_trace(1)[0])
 
 
-@pytest.mark.parametrize(("slots", "moves"), [(0, True), (2, False)])
-def test_without_a_window_before_auto_rehomes_after_its_first_window(slots, moves):
+@pytest.mark.parametrize(("slots", "stale", "moves"), [
+    (0, False, True), (2, False, False), (2, True, True),
+])  # fmt: skip
+def test_without_a_window_before_auto_rehomes_after_its_first_window(slots, stale, moves):
     """No steps before the trace: the linear map for ``placement_window`` steps, then
     the order judged against the slots serving then (none: taken; the replicas auto
-    copied into 2 slots already serve better: the map stays), once."""
+    copied into 2 slots already serve better: the map stays), once. In training
+    (``stale_slots``) no slot outlives a step: judged against none, taken."""
     trace = _trace(6, seed=7)
     policy = make_policy("moonplan-auto", 4, 16, cost=COST, slots=slots, placement_window=3,
-                         staging=0)  # fmt: skip
+                         staging=0, stale_slots=stale)  # fmt: skip
     loads_SE = torch.stack([c.sum(0) for c in trace[:3]])
     for c in trace[:3]:
         policy.step(c)
         assert policy.home_order is None
-    serving_RB = policy.serving.slot_expert.clone()
+    serving_RB = torch.full((4, slots), -1) if stale else policy.serving.slot_expert.clone()
     policy.step(trace[3])
     want = judged_order(COST, loads_SE, 4, slots, serving_RB)
     assert (want is not None) == moves and not policy.rehome  # judged once

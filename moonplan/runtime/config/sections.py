@@ -195,10 +195,10 @@ class Balancing:
         "the layer from its first measured steps",
         "choose": "deprecated and ignored (warns): auto chooses inside one planner call",
         "search_us": "deprecated and ignored (warns), as ``choose``",
-        "rehome": "``balance='auto'`` serving (no step ran with autograd on, on any rank) "
-        "re-homes once, when its window of 32 steps first fills, to those steps' "
-        "``popular_order`` where its cost model predicts them faster under it "
-        "(``layer.rehome('profile')``); ``False``: never by itself",
+        "rehome": "``balance='auto'`` re-homes once when its 32-step window fills, where "
+        "its cost model favours the window's ``popular_order`` (``rehome('profile')``): "
+        "serving, before a step; training, after the next optimizer step holding its "
+        "experts, with that state; ``False``: never",
     }
 
     def __post_init__(self) -> None:

@@ -1,0 +1,134 @@
+"""``balance="auto"`` re-homes by itself in training, right after an optimizer step
+(``moonplan.core.optimizer_rehome``, ``ShardedExperts.optimizer_stepped``).
+
+Legend: R ranks, T tokens (all ranks), H hidden, E experts, K top-k.
+
+The hook tells each watched layer of every optimizer step and forgets the done ones; an
+auto layer in training re-homes once, after the optimizer step that ends its first
+window, to the order its window favours, on every rank alike, and trains on as it would
+have without the move; an optimizer that holds only some of its tensors, or
+``rehome=False``, leaves it where it is.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import pytest
+import torch
+
+from moonplan.core.optimizer_rehome import watch, watched
+from moonplan.plan.home_order import popular_order
+from moonplan.testing.dist import run_ranks
+from tests.core.test_rehome import SEED, H, K, _layer
+from tests.runtime.oracle import split, tokens
+from tests.runtime.test_layer import _hot_ids
+
+
+class _Told:
+    """A watched layer that records the steps it is told of; done after ``done`` of them."""
+
+    def __init__(self, done: int) -> None:
+        self.told: list[tuple[torch.optim.Optimizer, set[int]]] = []
+        self.done = done
+
+    def optimizer_stepped(self, optimizer: torch.optim.Optimizer, held: set[int]) -> bool:
+        self.told.append((optimizer, held))
+        return len(self.told) >= self.done
+
+
+def test_each_optimizer_step_tells_the_watched_layers_until_they_are_done() -> None:
+    p, q = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([{"params": [p]}, {"params": [q]}], lr=0.1)
+    once, twice = _Told(1), _Told(2)
+    watch(once)
+    watch(twice)
+    for _ in range(3):
+        p.grad, q.grad = torch.ones(2), torch.ones(3)
+        opt.step()
+    assert [len(once.told), len(twice.told)] == [1, 2]  # forgotten once done
+    assert once.told[0] == (opt, {id(p), id(q)})
+    gone = _Told(5)
+    watch(gone)
+    assert gone in watched()
+    del gone
+    gc.collect()
+    assert all(not isinstance(w, _Told) for w in watched())  # collected: forgotten
+
+
+def _trained_auto(rank: int, world: int, cfg: dict) -> dict:
+    """``WINDOW + 2`` Adam steps of an auto layer (cost model, no slots): its home order
+    after each, the losses, the warnings and the experts' weights by model id."""
+    from moonplan.adapters.checkpoint import gather_full_state_dict
+    from moonplan.plan.residency.window import WINDOW
+    from tests.baselines.test_auto_ordered import COST
+
+    sizes, E = cfg["sizes"], cfg["E"]
+    x_SH = split(tokens(sum(sizes), H, SEED), sizes)[rank]
+    layer = _layer(E, cfg["ids"], cfg["w"], sum(sizes[:rank]), balance="auto", cost=COST,
+                   slots=0, **cfg["options"])  # fmt: skip
+    experts = layer.experts
+    if cfg["split"]:  # the experts' two tensors under two optimizers
+        firsts = [experts.gate_up_proj]
+        rest = [p for p in layer.parameters() if p is not experts.gate_up_proj]
+        opts = [torch.optim.Adam(firsts, lr=1e-3), torch.optim.Adam(rest, lr=1e-3)]
+    else:
+        opts = [torch.optim.Adam(layer.parameters(), lr=1e-3)]
+    orders, losses = [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(WINDOW + 2):
+            for opt in opts:
+                opt.zero_grad()
+            loss = (layer(x_SH) ** 2).sum()
+            loss.backward()
+            for opt in opts:
+                opt.step()
+            orders.append(experts.home_order)
+            losses.append(float(loss))
+    full = gather_full_state_dict(layer)
+    said = [str(w.message) for w in caught if "re-home" in str(w.message)]
+    return {"orders": orders, "losses": losses, "said": said,
+            "weights": {k: v for k, v in full.items() if "experts" in k}}  # fmt: skip
+
+
+CASES = [  # (options, split, rehomes)
+    ({}, False, True),
+    ({"transport": "a2a"}, False, True),
+    ({"rehome": False}, False, False),
+    ({}, True, False),  # an optimizer holds only some of the tensors: a warning
+]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("options", "split_opt", "rehomes"), CASES)
+def test_auto_rehomes_by_itself_once_after_an_optimizer_step_in_training(
+    options, split_opt, rehomes
+) -> None:
+    from moonplan.plan.residency.window import WINDOW
+
+    world, E, sizes = 2, 8, [12, 10]
+    ids, wk = _hot_ids(sum(sizes), E, K, SEED)
+    cfg = {"E": E, "sizes": sizes, "ids": ids, "w": wk, "options": options, "split": split_opt}
+    got = run_ranks(_trained_auto, world, cfg, timeout=240)
+    assert got[0]["orders"] == got[1]["orders"]
+    orders = got[0]["orders"]
+    assert set(orders[: WINDOW - 1]) == {None}  # the linear map until the window is full
+    if rehomes:  # after the step that fills it, to the order its window favours, then kept
+        want = tuple(popular_order(torch.bincount(ids.reshape(-1), minlength=E), world,
+                                   list(range(E))))  # fmt: skip
+        assert orders[WINDOW - 1] == orders[-1] == want
+    else:
+        assert set(orders) == {None}
+    assert [len(g["said"]) for g in got] == [int(split_opt)] * world
+    if split_opt:
+        assert "holds only some of its expert tensors" in got[0]["said"][0]
+    if not rehomes:
+        return
+    plain = run_ranks(_trained_auto, world, {**cfg, "options": {**options, "rehome": False}},
+                      timeout=240)  # fmt: skip
+    for a, b in zip(plain, got, strict=True):  # trained on as without the move
+        assert a["losses"] == pytest.approx(b["losses"], rel=1e-4)
+        for key, want_w in a["weights"].items():
+            torch.testing.assert_close(b["weights"][key], want_w, rtol=1e-4, atol=1e-5)
