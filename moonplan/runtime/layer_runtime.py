@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -104,6 +104,7 @@ class LayerRuntime(BetweenSteps):
         self.capacity = 0
         self.resident = None  # plan whose slots hold valid weights
         self.last_plan = None
+        self.plan_listeners: list[Callable[[Plan], None]] = []  # told each step's plan
         self.last_stats: StepStats | None = None
         self.published = False
         self.published_version = ()
@@ -345,6 +346,8 @@ class LayerRuntime(BetweenSteps):
         plan = step.plan
         self.resident = plan if self.B > 0 else None
         self.last_plan = plan
+        for listen in self.plan_listeners:  # e.g. a TraceRecorder
+            listen(plan)
         s = plan.summary()
         self.last_stats = StepStats(
             s["copies"],

@@ -29,8 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from moonplan.adapters.model import moon_experts
-from moonplan.core.experts import MoonExperts
+from moonplan.adapters.model import sharded_experts
+from moonplan.core.sharded import ShardedExperts
+from moonplan.plan.plan_type import Plan
 from moonplan.traces.files import load_counts, save_counts
 
 FORMAT = "moonplan-routing-trace-v1"
@@ -46,33 +47,38 @@ class TraceRecorder:
             for batch in loader: train_step(model, batch)
         rec.save("trace/")        # rank 0 writes; other ranks return without writing
 
+    Every layer's runtime tells the recorder each step's plan
+    (``LayerRuntime.plan_listeners``), whatever its front end: ``wrap_model``'s and
+    ``wrap_experts``' layers, a :class:`~moonplan.MoonMoE`, torchtitan's experts.
+
     Args:
-        model: a model wrapped by :func:`moonplan.wrap_model` (or one wrapped block).
+        model: a model wrapped by :func:`moonplan.wrap_model` (or one wrapped block, or a
+            ``MoonMoE``).
 
     Raises:
         ValueError: ``model`` has no wrapped experts.
     """
 
     def __init__(self, model: nn.Module):
-        self.names = [name for name, _ in moon_experts(model)]
+        layers = list(sharded_experts(model))
+        self.names = [name for name, _ in layers]
         if not self.names:
             raise ValueError(f"{type(model).__name__} has no wrapped experts to record")
         self._steps: dict[str, list[torch.Tensor]] = {n: [] for n in self.names}
-        self._rank = 0
-        self._handles = []
-        for name, ex in moon_experts(model):
-            self._rank = ex.group.rank
-            self._handles.append(ex.register_forward_hook(self._hook(name)))
+        self._rank = layers[0][1].group.rank
+        self._listening: list[tuple[list[Any], Any]] = []  # (a runtime's listeners, ours)
+        for name, ex in layers:
+            listen = self._listener(name, ex)
+            ex.runtime.plan_listeners.append(listen)
+            self._listening.append((ex.runtime.plan_listeners, listen))
 
-    def _hook(self, name: str) -> Any:
-        def record(module: MoonExperts, args: Any, output: Any) -> None:
-            plan = module.runtime.last_plan
-            if plan is not None:
-                counts_RE = plan.counts.detach()
-                label_E = module.runtime.label_E  # model id -> label (None: the identity)
-                if label_E is not None:
-                    counts_RE = counts_RE.index_select(1, label_E.to(counts_RE.device))
-                self._steps[name].append(counts_RE.to("cpu", torch.int64))
+    def _listener(self, name: str, module: ShardedExperts) -> Any:
+        def record(plan: Plan) -> None:
+            counts_RE = plan.counts.detach()
+            label_E = module.runtime.label_E  # model id -> label (None: the identity)
+            if label_E is not None:
+                counts_RE = counts_RE.index_select(1, label_E.to(counts_RE.device))
+            self._steps[name].append(counts_RE.to("cpu", torch.int64))
 
         return record
 
@@ -84,9 +90,9 @@ class TraceRecorder:
 
     def close(self) -> None:
         """Stop recording (what was recorded stays available)."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        for listeners, listen in self._listening:
+            listeners.remove(listen)
+        self._listening = []
 
     def clear(self) -> None:
         """Forget every recorded step."""

@@ -67,3 +67,30 @@ def test_recorded_trace_files(tmp_path: Path) -> None:
         assert counts_TRE.sum(2).tolist() == [[2 * s * 2 for s in SIZES]] * STEPS  # 2 rows, K=2
     assert recorded_counts(tmp_path / "layer-001.npy").shape == (STEPS, 2, E)
     assert cli_main(["plan", str(tmp_path / "layer-000.npy"), "--step", "2", "--json"]) == 0
+
+
+def _moe_rank(rank: int, world: int, _: None) -> dict:
+    """A ``MoonMoE`` recorded for two training steps (forward and backward), then one
+    step after the recorder closed: its counts and the router's own."""
+    from moonplan import MoonMoE
+
+    torch.manual_seed(0)  # the same weights on every rank
+    layer = MoonMoE(8, 12, E, 2, balance="exact")
+    x_SH = torch.randn(SIZES[rank], 8, generator=torch.Generator().manual_seed(rank))
+    ids_SK = torch.topk(layer.router(x_SH).detach(), 2, dim=-1).indices
+    mine_E = torch.bincount(ids_SK.flatten(), minlength=E)
+    with TraceRecorder(layer) as rec:
+        for _ in range(2):
+            layer(x_SH).sum().backward()  # the backward replays the plan: no new step
+    layer(x_SH)
+    return {"counts": rec.counts(), "mine": mine_E, "names": rec.names}
+
+
+def test_a_moonmoe_is_recorded_once_a_step_while_the_recorder_is_open() -> None:
+    got = run_ranks(_moe_rank, 2, None, timeout=120)
+    counts = got[0]["counts"]
+    assert got[0]["names"] == ["experts"]
+    assert counts.shape == (2, 2, E)
+    assert torch.equal(counts, got[1]["counts"])
+    for r, g in enumerate(got):
+        assert torch.equal(counts[0, r], g["mine"]) and torch.equal(counts[1, r], g["mine"])
