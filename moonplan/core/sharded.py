@@ -114,6 +114,17 @@ class ShardedExperts(RuntimeViews, nn.Module):
     size and home order). Set it with ``moonplan.checkpoint.per_expert_keys``;
     ``load_state_dict`` takes both layouts."""
 
+    @property
+    def config(self) -> MoEConfig:
+        """The layer's :class:`MoEConfig` (sizes set): the runtime's once it is built, so
+        a ``set_cost`` or a re-home shows here at once."""
+        runtime: LayerRuntime | None = self.__dict__.get("runtime")
+        return self._config if runtime is None else runtime.config
+
+    @config.setter
+    def config(self, cfg: MoEConfig) -> None:
+        self._config = cfg
+
     def setup(
         self, group: EPGroup | object | None, cfg: MoEConfig, device: torch.device | None
     ) -> tuple[int, int]:
@@ -218,7 +229,7 @@ class ShardedExperts(RuntimeViews, nn.Module):
         kept = None if new == list(range(self.num_experts)) else tuple(new)
         cfg = self.config.replace(home_order=kept)
         self.runtime.rehome(cfg, lambda: self._move(tensors, moves))
-        self.config, self.home_order = self.runtime.config, kept
+        self.home_order = kept
         ids_Er = home_ids(self.home_range, kept)
         self.get_buffer("home_experts").copy_(torch.tensor(ids_Er, dtype=torch.int64))
         return moves.moved

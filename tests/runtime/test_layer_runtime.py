@@ -147,7 +147,8 @@ def _cost_changes(rank: int, world: int) -> dict[str, Any]:
     assert layer.cost is None  # a refused cost changes nothing
     layer.set_cost(_cost())
     y = layer(torch.randn(5, H))
-    out["set"] = (layer.cost == _cost(), bool(torch.isfinite(y).all()))
+    shown = layer.config.balancing.cost == layer.experts.config.balancing.cost == _cost()
+    out["set"] = (layer.cost == _cost(), shown, bool(torch.isfinite(y).all()))
     auto = MoonMoE(H, F, E, K, balance="auto", transport="a2a")
     for _ in range(6):  # warm-up steps, then the automatic calibration
         auto(torch.randn(6, H))
@@ -165,7 +166,7 @@ def test_a_new_cost_and_a_calibration_are_agreed() -> None:
     assert "cost.copy_s_intra (rank 0: 0.001; rank 1: 0.002)" in got[0]["differs"][1]
     assert got[0]["bad"][0] == "ContractError"
     assert "rank 0: TypeError: cost must be a moonplan.stepcost.StepCost" in got[0]["bad"][1]
-    assert got[0]["set"] == got[1]["set"] == (True, True)
+    assert got[0]["set"] == got[1]["set"] == (True, True, True)  # the config shows it
     assert got[0]["calibrated"] is not None and got[0]["calibrated"] == got[1]["calibrated"]
     assert got[0]["decide_s"] > 0 and got[0]["score_s"] > 0  # the placement's host rates
 
