@@ -7,9 +7,10 @@ Generated traces with a persistent part (the acceptance grid's law), run as trai
 every step changes the weights, so no slot outlives a step (``stale_slots``), and no
 policy sees steps before the trace (a training run starts with none; EPLB as deployed
 gets the recorded traces' schedule, ``acceptance.recorded_options``). ``moonplan-auto``
-runs twice on each trace: without its own re-home (``rehome=False``) and with it (the
-runtime's default: judged once when its first window fills, after that optimizer step,
-``moonplan.core.optimizer_rehome``). The rows' move happens inside the warm-up.
+runs twice on each trace: without its own re-homes (``rehome=False``) and with them (the
+runtime's default: its decisions' rent or buy, taken after an optimizer step,
+``moonplan.core.optimizer_rehome``; each move's link time charged to the next step at
+``policies.TRAINING_MOVE_BYTES``).
 
 Writes ``bench/results/bench_train_rehome.json`` and ``.md``.
 

@@ -52,7 +52,7 @@ from moonplan.plan.home_order import check_order
 from moonplan.plan.plan_time import plan_fetch_ER, plan_time
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT, exact_charge_s
-from moonplan.plan.residency.home_choice import judged_order
+from moonplan.plan.residency.home_choice import judged_order, rehome_link_s
 from moonplan.plan.residency.refill import (
     STAGING,
     Decisions,
@@ -236,8 +236,12 @@ class MoonplanAutoPolicy(PlannerPolicy):
         super().__init__(num_ranks, num_experts, slots=total, cost=cost)
         self.window = int(placement_window)
         self.layers = check_int("layers", layers, 1)
-        # the runtime's own re-home (MoEConfig.rehome; in training at an optimizer step)
-        self._own = bool(rehome) and home_order is None
+        # the runtime's own re-home (MoEConfig.rehome): serving, once, from its first
+        # window; training, whenever its decisions' rent or buy says (move_bytes)
+        self._own = bool(rehome) and home_order is None and not self.stale_slots
+        self.move_bytes = TRAINING_MOVE_BYTES if rehome and self.stale_slots else 0.0
+        self._blocking_s = 0.0  # a re-home's rows, charged to the next step
+        self._undo: list[tuple[int, ...] | None] = []  # the order before the first of them
         self._seen: list[torch.Tensor] = []  # the first window's loads (its own re-home)
         self.reset()
         if self.profiled and profile is not None:
@@ -246,11 +250,13 @@ class MoonplanAutoPolicy(PlannerPolicy):
 
     def _judged(self, loads_SE: torch.Tensor, serving_RB: torch.Tensor | None) -> tuple[int, ...]:
         """The order ``rehome("profile")`` takes from the steps ``loads_SE`` (int64
-        ``[S, E]``, by expert) against the slots ``serving_RB`` (``None``: before a trace):
+        ``[S, E]``, by expert) against the slots ``serving_RB`` (``None``: before a trace;
+        where the slots go stale, training: with no slot kept either way):
         ``home_choice.judged_order``, else the linear map. Judged once."""
         assert self.slots is not None
         self.rehome = False
-        perm = judged_order(self.cost, loads_SE, self.num_ranks, self.slots, serving_RB)
+        perm = judged_order(self.cost, loads_SE, self.num_ranks, self.slots, serving_RB,
+                            stale=self.stale_slots)  # fmt: skip
         return tuple(range(self.num_experts)) if perm is None else tuple(perm)
 
     def _own_rehome(self, counts_RE: torch.Tensor) -> None:
@@ -261,9 +267,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
             self._seen.append(counts_RE.sum(0))
             return
         assert self.slots is not None
-        empty_RB = empty_slots(self.num_ranks, self.slots)  # stale slots: none survives
-        kept = None if self.stale_slots else self._previous
-        serving_RB = empty_RB if kept is None else kept.slot_expert.cpu()
+        empty_RB = empty_slots(self.num_ranks, self.slots)
+        serving_RB = empty_RB if self._previous is None else self._previous.slot_expert.cpu()
         order = self._judged(torch.stack(self._seen), serving_RB)
         self._seen = []
         if order != tuple(range(self.num_experts)):
@@ -275,6 +280,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
             self.home_order, self.rehome, self._seen = None, True, []
         else:
             self.rehome = False
+        if self._undo:  # the training re-homes of a run before
+            self.home_order = self._undo.pop()
+        self._blocking_s = 0.0
         self._fresh_slots()
 
     def _fresh_slots(self) -> None:
@@ -304,10 +312,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
         """Place the slots from the window before the trace (served from step 0)."""
         if (self.profiled or self.rehome) and self.home_order is None:  # its own window:
             mine_N = before.steps_N >= -self.window  # others' steps are drawn too
-            if bool(mine_N.any()):  # best tables; stale slots (training): none kept
-                assert self.slots is not None
-                kept = empty_slots(self.num_ranks, self.slots) if self.stale_slots else None
-                self.home_order = self._judged(before.totals_NE[mine_N], kept)
+            if bool(mine_N.any()):
+                self.home_order = self._judged(before.totals_NE[mine_N], None)
         res = self.residency
         if res is None or self._previous is not None:
             return
@@ -328,6 +334,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
 
     def step(self, counts: Any) -> PolicyStep:
         counts_RE = self._counts(counts)  # by expert
+        blocking_s, self._blocking_s = self._blocking_s, 0.0  # a re-home before this step
         if self.rehome:
             self._own_rehome(counts_RE)
         counts_RE = self._labelled(counts_RE)
@@ -346,7 +353,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
         refill_ER = self._shares.pop(0) if self._shares else None
         self._place(counts_RE, p)
         return plan_step(self.name, counts_RE, p, planned=planned, choice=p.policy,
-                         refill_ER=refill_ER, local_copies=swapped)  # fmt: skip
+                         refill_ER=refill_ER, local_copies=swapped,
+                         blocking_s=blocking_s)  # fmt: skip
 
     def _uncalled(self, counts_RE: torch.Tensor, how: str) -> Plan:
         """The serving slots' lookup plan ``how``, without a planner call
@@ -376,13 +384,29 @@ class MoonplanAutoPolicy(PlannerPolicy):
         if self.decisions is None:
             return
         busy = self._order is not None
-        order = self.decisions.step(counts_RE, p, busy, stale=self.stale_slots)
+        order = self.decisions.step(counts_RE, p, busy, self.stale_slots, self.move_bytes)
+        if self.decisions.home is not None:  # rent or buy says a re-home pays: after the step
+            self._take_home(self.decisions.home)
+            return
         if order is not None:
             now = plan_time(self.cost, p, planned=0)
             link_s = refill_link_s(self.cost, order.fetch_ER, p.home.cpu())
             n = 1 if now.experts_s <= 0 else max(1, math.ceil(link_s / now.experts_s))
             turn: list[torch.Tensor | None] = [None] * (n * (self.layers - 1))  # others copy
             self._order, self._shares = order, turn + list(split_pairs(order.fetch_ER, n))
+
+    def _take_home(self, perm_E: tuple[int, ...]) -> None:
+        """Re-home to ``perm_E`` (labels) between this step and the next, as the runtime
+        does after the optimizer step: the next step pays the rows' link time
+        (``home_choice.rehome_link_s`` at :data:`TRAINING_MOVE_BYTES`); the slots and
+        decisions start afresh."""
+        current = self.home_order or tuple(range(self.num_experts))
+        new = tuple(current[j] for j in perm_E)
+        if not self._undo:
+            self._undo.append(self.home_order)
+        self._blocking_s = rehome_link_s(self.cost, list(perm_E), self.num_ranks, self.move_bytes)
+        self.home_order = new
+        self._fresh_slots()
 
     def _commit(self, counts_RE: torch.Tensor) -> int:
         """Swap an arrived refill into the slots (the most swapped on one rank)."""
@@ -395,18 +419,26 @@ class MoonplanAutoPolicy(PlannerPolicy):
         return int(changed_RB.sum(1).max())
 
 
+TRAINING_MOVE_BYTES = 6.0
+"""Bytes a training re-home moves per byte of an expert's weights in the simulator: bf16
+weights and gradients, fp32 Adam moments (``(2 + 2 + 4 + 4) / 2``); the runtime counts
+the tensors it moves (``ShardedExperts.optimizer_stepped``)."""
+
 PROFILE = "profile"
 """``home_order`` of :class:`MoonplanAutoPolicy` taken from the window before the trace."""
 
 
 class MoonplanAutoOrdered(MoonplanAutoPolicy):
     """:class:`MoonplanAutoPolicy` over a home order from a profile (``home_order``;
-    default ``"profile"``: the window before the trace)."""
+    default ``"profile"``: the window before the trace), a user's one re-home: the
+    layer's own re-homes are off (``rehome=False`` unless given), so the order given is
+    the one measured."""
 
     name = "moonplan-auto-ordered"
 
     def __init__(self, num_ranks: int, num_experts: int, **options: Any) -> None:
         options.setdefault("home_order", PROFILE)
+        options.setdefault("rehome", False)
         super().__init__(num_ranks, num_experts, **options)
 
 

@@ -62,6 +62,8 @@ class PolicyStep:
             (``moonplan-auto``'s slot refill; each from ``src_E``); ``None``: none.
         local_copies: expert weights copied within one rank on the critical path this
             step, on the busiest rank (a refill's staging rows swapped into its slots).
+        blocking_s: seconds of copies on the critical path before this step
+            (``moonplan-auto``'s re-home: its rows' link time, between two steps).
     """
 
     name: str
@@ -79,6 +81,7 @@ class PolicyStep:
     choice: str = ""
     refill_ER: torch.Tensor | None = None
     local_copies: int = 0
+    blocking_s: float = 0.0
 
     @property
     def load_R(self) -> torch.Tensor:

@@ -1,13 +1,14 @@
-"""``balance="auto"``'s own re-home in training: right after an optimizer step.
+"""``balance="auto"``'s re-homes in training: right after an optimizer step.
 
 A trained layer's rows carry optimizer state (Adam's moments...) that only the optimizer
 holds, so where a step ran with autograd on, ``auto`` does not re-home at the start of a
 step (:meth:`ShardedExperts.step_begins <moonplan.core.sharded.ShardedExperts.step_begins>`).
-It re-homes right after the first ``optimizer.step()`` once its window of loads has
-filled whose param groups hold every expert tensor of the layer, moving that optimizer's
-state with the rows (:meth:`ShardedExperts.optimizer_stepped
-<moonplan.core.sharded.ShardedExperts.optimizer_stepped>`: ``rehome("profile",
-optimizers=[optimizer])``, judged).
+Its placer's decisions offer a re-home where rent or buy says it pays
+(``moonplan.plan.residency.refill.Residency``), and the layer takes it right after the
+next ``optimizer.step()`` whose param groups hold every expert tensor of the layer,
+moving that optimizer's state with the rows (:meth:`ShardedExperts.optimizer_stepped
+<moonplan.core.sharded.ShardedExperts.optimizer_stepped>`, which also tells the
+decisions what a move carries per byte of weights).
 
 The layers that may still do so are watched here, in the order they were built: the same
 on every rank, so every rank re-homes the same layers in the same order (each a

@@ -167,7 +167,7 @@ class ShardedExperts(RuntimeViews, nn.Module):
         self.runtime = LayerRuntime(self.group, self.config, what=what)
         self.slots = self.runtime.B
         if self.config.balancing.rehome and self.config.balancing.balance == "auto":
-            watch(self)  # auto's own re-home in training, at an optimizer step
+            watch(self)  # auto's re-homes in training, after an optimizer step
 
     def rehome(
         self,
@@ -264,41 +264,61 @@ class ShardedExperts(RuntimeViews, nn.Module):
             self.rehome("profile", optimizers=())
 
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer, held: set[int]) -> bool:
-        """``balance="auto"``'s own re-home in training (collective where it acts), told
+        """``balance="auto"``'s re-homes in training (collective where one is taken), told
         of each optimizer step by :mod:`moonplan.core.optimizer_rehome` (``held``: ids of
         the Parameters ``optimizer`` holds); ``True`` once no step is needed any more.
 
-        Where :meth:`LayerRuntime.rehome_due` says so at an optimizer step, and
-        ``optimizer`` holds every expert tensor of the layer: ``rehome("profile",
-        optimizers=[optimizer])``, judged once. An optimizer that holds only some of them
-        cannot carry the others' state: no re-home (a warning says so). One that holds
-        none is another optimizer: the layer waits for its own. A ``ValueError`` of the
-        re-home (its optimizer keeps state whose rows cannot follow, e.g. a factored
-        statistic) is the same on every rank: it becomes a warning and nothing moves.
+        An optimizer that holds every expert tensor of the layer sets what a re-home
+        would move per byte of weights (``LayerRuntime.move_bytes``: the rows, their
+        gradients and that optimizer's state; agreed across ranks), which the placer's
+        decisions weigh against the time an order saves (rent or buy,
+        ``moonplan.plan.residency.refill.Residency``). Where they have offered one, the
+        layer re-homes to it now, with that state. An optimizer that holds only some of
+        the tensors, or state whose rows cannot follow (a factored statistic), cannot:
+        a warning on every rank, and the layer never re-homes in training. One that holds
+        none is another optimizer.
         """
-        rt = self.runtime
-        if rt.rehome_judged or not self.config.balancing.rehome:
+        if not self.config.balancing.rehome:
             return True
         inside = [id(getattr(self, name)) in held for name in self.expert_tensors]
-        if not rt.rehome_due(at_optimizer_step=True) or not any(inside):
+        if not any(inside):
             return False
-        rt.rehome_judged = True
         try:
             if not all(inside):
                 raise ValueError(
                     f"{type(optimizer).__name__} holds only some of its expert tensors "
                     f"{self.expert_tensors}: the others' optimizer state could not follow"
                 )
-            self.rehome("profile", optimizers=[optimizer])
+            self._set_move_bytes(optimizer)
         except ValueError as exc:
+            self.runtime.move_bytes = 0.0
             warnings.warn(
-                f"balance='auto' did not re-home this layer by itself: {exc}. Call "
+                f"balance='auto' will not re-home this layer in training: {exc}. Call "
                 "moonplan.rehome_model(model, 'profile', optimizers=[...]) yourself, or "
                 "set MoEConfig(rehome=False) to silence this",
                 RuntimeWarning,
                 stacklevel=2,
             )
-        return True
+            return True
+        perm_E = self.runtime.take_home_offer()
+        if perm_E is not None:
+            current = full_order(self.home_order, self.num_experts)
+            self.rehome([current[j] for j in perm_E], optimizers=[optimizer])
+        return False
+
+    def _set_move_bytes(self, optimizer: torch.optim.Optimizer) -> None:
+        """``LayerRuntime.move_bytes`` for re-homes under ``optimizer``: the bytes of the
+        expert tensors' rows, gradients and state over those of their weights, the same on
+        every rank (checked once: a ``ContractError`` everywhere where they differ)."""
+        params = [getattr(self, name) for name in self.expert_tensors]
+        moved = sum(
+            t.numel() * t.element_size() for p in params for t in row_tensors(p, [optimizer])
+        )
+        weights = sum(p.numel() * p.element_size() for p in params)
+        ratio = moved / weights if weights else 0.0
+        if self.runtime.move_bytes != ratio:
+            self.group.check_same("re-home bytes per weight byte", (round(ratio, 9),))
+        self.runtime.move_bytes = ratio
 
     @torch.no_grad()
     def _move(self, tensors: list[list[torch.Tensor]], moves: Moves) -> None:

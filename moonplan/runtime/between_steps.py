@@ -41,8 +41,9 @@ class BetweenSteps(LayerResources):
     balancer: Balancer
     label_E: Tensor | None  # model id -> label (None: the identity)
     window: LoadWindow  # recent loads, by label
-    serving: bool  # no step ran with autograd on (auto's own re-home: at a step's start)
-    rehome_judged: bool  # auto's own re-home was judged (it is, once)
+    serving: bool  # no step ran with autograd on (auto's own re-home waits for it)
+    rehome_judged: bool  # auto's own re-home while serving was judged (it is, once)
+    move_bytes: float  # bytes a training re-home moves per byte of weights (0: none offered)
     last_plan: Plan | None
     published_version: tuple[int, ...]
 
@@ -81,25 +82,28 @@ class BetweenSteps(LayerResources):
         mode)."""
         return self.balancer.cost if self.balancer.policy() == "auto" else None
 
-    def rehome_due(self, *, at_optimizer_step: bool = False) -> bool:
-        """Whether ``balance="auto"``'s own re-home (``MoEConfig.rehome``) is due now:
-        once, after the window of loads first fills, with a cost model.
-
-        Asked at the start of a step (the default): due where every step so far ran with
-        autograd off on every rank (serving: no optimizer state to leave behind); the
-        front end asks before it reads its parameters (:meth:`ShardedExperts.step_begins
-        <moonplan.core.sharded.ShardedExperts.step_begins>`). Asked at an optimizer step
-        (``at_optimizer_step``): due where some step ran with autograd on (training:
-        that optimizer's state moves with the rows,
-        :mod:`moonplan.core.optimizer_rehome`). Every input is agreed, so every rank
-        answers alike."""
+    def rehome_due(self) -> bool:
+        """Whether this step begins with ``balance="auto"``'s own re-home while serving
+        (``MoEConfig.rehome``): once, at the first step after the window of loads first
+        fills, with a cost model, where every step so far ran with autograd off on every
+        rank (serving: no optimizer state to leave behind). The front end asks before it
+        reads its parameters (:meth:`ShardedExperts.step_begins
+        <moonplan.core.sharded.ShardedExperts.step_begins>`). Every input is agreed, so
+        every rank answers alike. In training the placer's decisions offer re-homes
+        instead (:meth:`take_home_offer`)."""
         return (
             self.config.balancing.rehome
-            and self.serving != at_optimizer_step
+            and self.serving
             and not self.rehome_judged
             and self.window.filled == self.window.W
             and self.auto_cost() is not None
         )
+
+    def take_home_offer(self) -> tuple[int, ...] | None:
+        """The re-home the placer's decisions offered in training (rent or buy:
+        ``Residency``), in labels (new label ``j`` is old label ``perm_E[j]``), once:
+        ``None`` if none waits. Every rank's decisions offer it at the same step."""
+        return self.placer.take_home()
 
     def recent_loads(self) -> Tensor:
         """int64 ``[E]``: records per *model* expert over the last ``WINDOW`` steps (all

@@ -96,10 +96,11 @@ class LayerRuntime(BetweenSteps):
         self.M = max_local(E, group.size)
         self.label_E = home_labels(cfg, group.device)  # model id -> label (None: the identity)
         self.window = LoadWindow(E, device=group.device)  # recent loads, by label
-        # balance="auto"'s own re-home (MoEConfig.rehome), judged once: the front end's
-        # rehome("profile") before a step while no step ran with autograd on (serving),
-        # else right after an optimizer step (moonplan.core.optimizer_rehome)
-        self.serving, self.rehome_judged = True, False
+        # balance="auto"'s own re-home (MoEConfig.rehome): serving (no step ran with
+        # autograd on), the front end's rehome("profile") before a step, judged once; in
+        # training, the placer's offers (rent or buy), taken after an optimizer step
+        # (moonplan.core.optimizer_rehome), which sets move_bytes
+        self.serving, self.rehome_judged, self.move_bytes = True, False, 0.0
         self.heap = None
         self.capacity = 0
         self.resident = None  # plan whose slots hold valid weights
@@ -388,9 +389,10 @@ class LayerRuntime(BetweenSteps):
         if self.resident is None:
             self.placer.forget(pool, self.refill)  # its slots are stale: no refill for them
             return
+        move_bytes = self.move_bytes if self.stale and self.config.balancing.rehome else 0.0
         target = self.placer.after_step(
             counts_RE, plan, self.auto_cost(), self.refill.in_flight, pool, self.refill,
-            stale=self.stale,
+            stale=self.stale, move_bytes=move_bytes,
         )  # fmt: skip
         if target is not None:
             self.request_refill(target)

@@ -86,6 +86,7 @@ class Placer:
         self.decisions: Decisions | None = None
         self.orders = 0
         self.waiting: torch.Tensor | None = None
+        self.home: tuple[int, ...] | None = None  # a re-home offered (labels), until taken
         self._shares: tuple[Shares, Shares] | None = None  # (host, device)
 
     @property
@@ -130,13 +131,15 @@ class Placer:
         pool: StagingPool,
         ticket: object,
         stale: bool = False,
+        move_bytes: float = 0.0,
     ) -> torch.Tensor | None:
         """Observe a finished step (its counts and plan, whose slots now serve); the
         refill target ``[R, B]`` to request now (``-1``: keep), or ``None``. A refill it
         orders joins ``pool``'s line as ``ticket`` (the layer's refill, which takes the
         rows) and is returned at its turn; while it waits or is ``in_flight`` no decision
         starts. ``stale``: the step's slots went stale (a decision from it judges the way
-        of such steps and orders no refill)."""
+        of such steps and orders no refill; with ``move_bytes``, a re-home where rent or
+        buy says, kept for :meth:`take_home`)."""
         if not self.active(cost):
             self.forget(pool, ticket)
             return None
@@ -147,7 +150,8 @@ class Placer:
             self.decisions = Decisions(res, _submit)
         self.decisions.residency.cost = cost  # a calibration may have replaced it
         busy = in_flight or self.waiting is not None
-        order = self.decisions.step(counts_RE, plan, busy, stale)
+        order = self.decisions.step(counts_RE, plan, busy, stale, move_bytes)
+        self.home, self.decisions.home = self.decisions.home or self.home, None
         if order is not None:
             self.orders += 1
             self.waiting = torch.where(order.changed_RB, order.slot_RB, -1)
@@ -157,6 +161,11 @@ class Placer:
         target, self.waiting = self.waiting, None
         pool.leave(ticket)  # the refill takes the rows, if it changes any
         return target
+
+    def take_home(self) -> tuple[int, ...] | None:
+        """The re-home offered (``Decisions.home``, labels), once; ``None`` if none waits."""
+        home, self.home = self.home, None
+        return home
 
     def forget(self, pool: StagingPool, ticket: object) -> None:
         """Drop the refill waiting for its turn, if any (the slots it was for are gone)."""
@@ -168,7 +177,7 @@ class Placer:
         drop the refill waiting and every decision, the window with them."""
         self.close()
         self.forget(pool, ticket)
-        self.decisions, self._shares = None, None
+        self.decisions, self._shares, self.home = None, None, None
 
     def close(self) -> None:
         """Wait for this layer's decision on the worker, if one runs."""

@@ -28,6 +28,9 @@ Legend:
   overlap only its experts phase, when the links carry no dispatch or combine; the rest is
   exposed and added to the step (:func:`with_refill`: ``prefetch_s`` gains the link time,
   ``prefetch_exposed_s`` and ``total_s`` the exposed part);
+* **a re-home's rows** (``PolicyStep.blocking_s``, ``moonplan-auto`` in training): their
+  link time alone, on the critical path before the step (the runtime moves them between
+  steps, after an optimizer step), added to the fetch and exposed;
 * **fetch** (prefetch and direct reads): the weights a policy moves before its rows can
   run (``PolicyStep.fetch_ER``). ``SimConfig.overlap_prefetch=True`` (default: moonplan's
   runtime schedule) overlaps the fetch with dispatch and the home section; ``False`` puts
@@ -196,6 +199,8 @@ def step_time(
         t = with_refill(t, link_s)
     if step.local_copies:
         t = with_exposed(t, 2 * record.weight_read_s * step.local_copies)
+    if step.blocking_s:  # a re-home's rows, moved between the steps
+        t = with_exposed(t, step.blocking_s)
     return t
 
 

@@ -109,14 +109,12 @@ def test_a_profile_order_needs_the_window_before():
 
 def test_auto_rehomes_by_itself_from_its_window_while_serving():
     """The runtime's ``MoEConfig.rehome``: auto takes the order its window favours (as
-    ``rehome("profile")`` judges it): before the trace by best tables, where the slots
-    go stale (training) with none kept; not with ``rehome=False``."""
+    ``rehome("profile")`` judges it); not where the slots go stale (training), nor with
+    ``rehome=False``; without a window it keeps the linear map."""
     totals_NE = torch.stack([c.sum(0) for c in _trace(3, seed=7)])
     before = Prehistory(torch.arange(-3, 0), totals_NE)
     want = tuple(judged_order(COST, totals_NE, 4, 2))  # before the trace: best tables
-    stale = tuple(judged_order(COST, totals_NE, 4, 2, torch.full((4, 2), -1)))
-    assert want != tuple(range(16)) and stale != tuple(range(16))
-    for options, order in (({}, want), ({"stale_slots": True}, stale), ({"rehome": False}, None)):
+    for options, order in (({}, want), ({"stale_slots": True}, None), ({"rehome": False}, None)):
         policy = make_policy("moonplan-auto", 4, 16, cost=COST, slots=2, placement_window=3,
                              **options)  # fmt: skip
         assert policy.steps_before() == [(-3, 0)]
@@ -125,24 +123,48 @@ def test_auto_rehomes_by_itself_from_its_window_while_serving():
         policy.step(_trace(1)[0])
 
 
-@pytest.mark.parametrize(("slots", "stale", "moves"), [
-    (0, False, True), (2, False, False), (2, True, True),
-])  # fmt: skip
-def test_without_a_window_before_auto_rehomes_after_its_first_window(slots, stale, moves):
+@pytest.mark.parametrize(("slots", "moves"), [(0, True), (2, False)])
+def test_without_a_window_before_auto_rehomes_after_its_first_window(slots, moves):
     """No steps before the trace: the linear map for ``placement_window`` steps, then
     the order judged against the slots serving then (none: taken; the replicas auto
-    copied into 2 slots already serve better: the map stays), once. In training
-    (``stale_slots``) no slot outlives a step: judged against none, taken."""
+    copied into 2 slots already serve better: the map stays), once."""
     trace = _trace(6, seed=7)
     policy = make_policy("moonplan-auto", 4, 16, cost=COST, slots=slots, placement_window=3,
-                         staging=0, stale_slots=stale)  # fmt: skip
+                         staging=0)  # fmt: skip
     loads_SE = torch.stack([c.sum(0) for c in trace[:3]])
     for c in trace[:3]:
         policy.step(c)
         assert policy.home_order is None
-    serving_RB = torch.full((4, slots), -1) if stale else policy.serving.slot_expert.clone()
+    serving_RB = policy.serving.slot_expert.clone()
     policy.step(trace[3])
     want = judged_order(COST, loads_SE, 4, slots, serving_RB)
     assert (want is not None) == moves and not policy.rehome  # judged once
     policy.step(trace[4])
     assert policy.home_order == (tuple(want) if moves else None)
+
+
+def test_in_training_auto_rehomes_where_its_decisions_rent_or_buy_says_and_pays_the_move():
+    """Stale slots (training): no re-home of its first window; its decisions' rent or buy
+    (``Residency``) offers one, taken between two steps, the next step charged the rows'
+    link time at ``TRAINING_MOVE_BYTES``; ``reset()`` undoes it; ``rehome=False``: never."""
+    from moonplan.baselines.policies import TRAINING_MOVE_BYTES
+    from moonplan.plan.residency.home_choice import rehome_link_s
+
+    trace = _trace(40, seed=7)
+    runs = {}
+    for rehome in (True, False):
+        policy = make_policy("moonplan-auto", 4, 16, cost=COST, slots=2, placement_window=3,
+                             stale_slots=True, rehome=rehome)  # fmt: skip
+        charged, orders = [], []
+        for c in trace:
+            charged.append(policy.step(c).blocking_s)
+            orders.append(policy.home_order)
+        runs[rehome] = (charged, orders)
+        policy.reset()
+        assert policy.home_order is None and policy._blocking_s == 0.0
+    charged, orders = runs[True]
+    first = next(i for i, o in enumerate(orders) if o is not None)  # taken after step first
+    assert first > 3  # from its decisions, not at its first window
+    want_s = rehome_link_s(COST, list(orders[first]), 4, TRAINING_MOVE_BYTES)
+    assert charged[first + 1] == want_s > 0 and set(charged[: first + 1]) == {0.0}
+    assert runs[False] == ([0.0] * 40, [None] * 40)

@@ -58,16 +58,17 @@ def test_each_optimizer_step_tells_the_watched_layers_until_they_are_done() -> N
 
 
 def _trained_auto(rank: int, world: int, cfg: dict) -> dict:
-    """``WINDOW + 2`` Adam steps of an auto layer (cost model, no slots): its home order
-    after each, the losses, the warnings and the experts' weights by model id."""
+    """``STEPS`` Adam steps of an auto layer (a cost model whose copies are cheap, so that
+    a re-home pays within a few steps; 2 slots): its home order after
+    each, the losses, the warnings, ``move_bytes`` and the experts' weights by model id."""
     from moonplan.adapters.checkpoint import gather_full_state_dict
-    from moonplan.plan.residency.window import WINDOW
-    from tests.baselines.test_auto_ordered import COST
+    from tests.plan.choice.costs import rows_only
 
     sizes, E = cfg["sizes"], cfg["E"]
     x_SH = split(tokens(sum(sizes), H, SEED), sizes)[rank]
-    layer = _layer(E, cfg["ids"], cfg["w"], sum(sizes[:rank]), balance="auto", cost=COST,
-                   slots=0, **cfg["options"])  # fmt: skip
+    cost = rows_only(copy_s_intra=1e-6, copy_s_inter=1e-6, plan_s=1e-5)  # moves pay at once
+    layer = _layer(E, cfg["ids"], cfg["w"], sum(sizes[:rank]), balance="auto", cost=cost,
+                   slots=2, **cfg["options"])  # fmt: skip
     experts = layer.experts
     if cfg["split"]:  # the experts' two tensors under two optimizers
         firsts = [experts.gate_up_proj]
@@ -78,7 +79,7 @@ def _trained_auto(rank: int, world: int, cfg: dict) -> dict:
     orders, losses = [], []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(WINDOW + 2):
+        for _ in range(STEPS):
             for opt in opts:
                 opt.zero_grad()
             loss = (layer(x_SH) ** 2).sum()
@@ -90,9 +91,11 @@ def _trained_auto(rank: int, world: int, cfg: dict) -> dict:
     full = gather_full_state_dict(layer)
     said = [str(w.message) for w in caught if "re-home" in str(w.message)]
     return {"orders": orders, "losses": losses, "said": said,
+            "move_bytes": layer.runtime.move_bytes,
             "weights": {k: v for k, v in full.items() if "experts" in k}}  # fmt: skip
 
 
+STEPS = 12
 CASES = [  # (options, split, rehomes)
     ({}, False, True),
     ({"transport": "a2a"}, False, True),
@@ -103,32 +106,28 @@ CASES = [  # (options, split, rehomes)
 
 @pytest.mark.distributed
 @pytest.mark.parametrize(("options", "split_opt", "rehomes"), CASES)
-def test_auto_rehomes_by_itself_once_after_an_optimizer_step_in_training(
+def test_auto_rehomes_in_training_after_an_optimizer_step_where_its_decisions_offer_it(
     options, split_opt, rehomes
 ) -> None:
-    from moonplan.plan.residency.window import WINDOW
-
     world, E, sizes = 2, 8, [12, 10]
     ids, wk = _hot_ids(sum(sizes), E, K, SEED)
     cfg = {"E": E, "sizes": sizes, "ids": ids, "w": wk, "options": options, "split": split_opt}
     got = run_ranks(_trained_auto, world, cfg, timeout=240)
-    assert got[0]["orders"] == got[1]["orders"]
+    assert got[0]["orders"] == got[1]["orders"]  # every rank re-homes at the same step
     orders = got[0]["orders"]
-    assert set(orders[: WINDOW - 1]) == {None}  # the linear map until the window is full
-    if rehomes:  # after the step that fills it, to the order its window favours, then kept
-        want = tuple(popular_order(torch.bincount(ids.reshape(-1), minlength=E), world,
-                                   list(range(E))))  # fmt: skip
-        assert orders[WINDOW - 1] == orders[-1] == want
-    else:
-        assert set(orders) == {None}
     assert [len(g["said"]) for g in got] == [int(split_opt)] * world
     if split_opt:
         assert "holds only some of its expert tensors" in got[0]["said"][0]
     if not rehomes:
+        assert set(orders) == {None}
         return
+    assert got[0]["move_bytes"] == 4.0  # fp32 rows, gradients and Adam's two moments
+    assert orders[0] is None and orders[-1] is not None  # re-homed after a step, kept
+    want = popular_order(torch.bincount(ids.reshape(-1), minlength=E), world, list(range(E)))
+    assert set(orders[-1][:4]) == set(want[:4])  # the hot expert's rank: the window's groups
     plain = run_ranks(_trained_auto, world, {**cfg, "options": {**options, "rehome": False}},
                       timeout=240)  # fmt: skip
-    for a, b in zip(plain, got, strict=True):  # trained on as without the move
+    for a, b in zip(plain, got, strict=True):  # trained on as without the moves
         assert a["losses"] == pytest.approx(b["losses"], rel=1e-4)
         for key, want_w in a["weights"].items():
             torch.testing.assert_close(b["weights"][key], want_w, rtol=1e-4, atol=1e-5)

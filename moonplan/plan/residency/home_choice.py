@@ -27,12 +27,19 @@ where it then ran 12% and 4% faster; judged with no slot kept before a trace, it
 taken at a generated point where it then ran 1.061x EPLB, the linear map at most 1.0x
 (docs/benchmarks.md, "Auto re-homes while serving"). No threshold enters. What a
 re-home costs once (its rows' moves) is for its caller, who makes it once, to weigh.
+
+**In training** no slot outlives a step, so both maps are judged with no slot kept
+(``judged_order(stale=True)``), and ``auto`` re-homes as often as rent or buy says: a
+decision's :func:`stale_offer` (the seconds a step saves under the window's order)
+accrues against :func:`rehome_link_s` (the moved rows' link time, with their gradients
+and optimizer state) in ``refill.Residency``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from moonplan.plan.home import home_map
 from moonplan.plan.home_order import popular_order
 from moonplan.plan.residency.exact_way import exact_steps_s
 from moonplan.plan.residency.serving import empty_slots
@@ -91,24 +98,78 @@ def judged_order(
     num_slots: int,
     serving_RB: torch.Tensor | None = None,
     builds: Builds | None = None,
+    *,
+    stale: bool = False,
 ) -> list[int] | None:
     """``perm_E``: :func:`popular_order` of the window's loads (its groups kept on the
     ranks that own most of them), where the window's steps are predicted faster under it
     (module docstring: against ``serving_RB``, the running layer's table, with no slot
-    kept; ``None``: before a trace, best tables both); else ``None`` (also for an empty
+    kept; ``None``: before a trace, best tables both; ``stale``, training, where no slot
+    outlives a step: both maps with no slot kept); else ``None`` (also for an empty
     window and where the order is the identity)."""
-    E = loads_SE.shape[1]
-    if loads_SE.shape[0] == 0:
-        return None
-    identity = list(range(E))
-    perm_E = popular_order(loads_SE.sum(0), num_ranks, identity)
-    if perm_E == identity:
+    perm_E = window_order(loads_SE, num_ranks)
+    if perm_E is None:
         return None
     moved_SE = loads_SE[:, torch.tensor(perm_E, dtype=torch.int64, device=loads_SE.device)]
-    if serving_RB is None:
+    if stale:
+        now = map_s(cost, loads_SE, num_ranks, num_slots, builds)
+        after = map_s(cost, moved_SE, num_ranks, num_slots, builds)
+    elif serving_RB is None:
         now = table_s(cost, loads_SE, num_ranks, num_slots, builds)
         after = table_s(cost, moved_SE, num_ranks, num_slots, builds)
     else:
         now = serving_s(cost, loads_SE, serving_RB, builds)
         after = map_s(cost, moved_SE, num_ranks, num_slots, builds)
     return perm_E if after < now else None
+
+
+def window_order(loads_SE: torch.Tensor, num_ranks: int) -> list[int] | None:
+    """``perm_E``: :func:`popular_order` of the window's loads in labels (its groups kept
+    on the ranks that own most of them), or ``None`` for an empty window and where it is
+    the identity."""
+    if loads_SE.shape[0] == 0:
+        return None
+    identity = list(range(loads_SE.shape[1]))
+    perm_E = popular_order(loads_SE.sum(0), num_ranks, identity)
+    return None if perm_E == identity else perm_E
+
+
+def stale_offer(
+    cost: StepCost,
+    loads_SE: torch.Tensor,
+    num_ranks: int,
+    num_slots: int,
+    now_s: float,
+    builds: Builds | None = None,
+) -> tuple[list[int], float] | None:
+    """A re-home for steps whose slots go stale (training): :func:`window_order` and the
+    seconds a step saves under it, with no slot kept either way (``now_s``: the window's
+    steps under the current map, ``target.stale_way``; :func:`map_s` under the order),
+    or ``None`` where there is no order or it saves nothing."""
+    perm_E = window_order(loads_SE, num_ranks)
+    if perm_E is None:
+        return None
+    moved_SE = loads_SE[:, torch.tensor(perm_E, dtype=torch.int64, device=loads_SE.device)]
+    saving_s = (now_s - map_s(cost, moved_SE, num_ranks, num_slots, builds)) / loads_SE.shape[0]
+    return (perm_E, saving_s) if saving_s > 0 else None
+
+
+def rehome_link_s(cost: StepCost, perm_E: list[int], num_ranks: int, move_bytes: float) -> float:
+    """Seconds a re-home to ``perm_E`` takes alone on the links: each expert that changes
+    rank is copied once from its old home rank to its new one (``cost``'s fetch of those
+    pairs in a step with no rows, as ``refill.refill_link_s``), times ``move_bytes``:
+    the bytes that move per byte of the expert's weights (1 serving; its gradient and
+    optimizer state as well in training)."""
+    E = len(perm_E)
+    old_E = home_map(E, num_ranks)  # rank of each label now
+    new_rank_E = torch.empty(E, dtype=torch.int64)
+    new_rank_E[torch.tensor(perm_E, dtype=torch.int64)] = old_E  # old label -> new rank
+    fetch_ER = torch.zeros(E, num_ranks, dtype=torch.bool)
+    moved_E = new_rank_E != old_E
+    fetch_ER[moved_E.nonzero().flatten(), new_rank_E[moved_E]] = True
+    if not bool(moved_E.any()):
+        return 0.0
+    none_ER = torch.zeros(E, num_ranks, dtype=torch.int64)
+    none_RE = torch.zeros(num_ranks, E, dtype=torch.int64)
+    step = cost.step_time(none_ER, none_RE, fetch_ER, old_E, planned=0)
+    return float(step.prefetch_s) * move_bytes

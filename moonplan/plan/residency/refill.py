@@ -41,6 +41,15 @@ no balance saves that much (decode sizes), ``auto`` serves a fixed map and pays 
 planning, as its peers do. A refill's rent is what the serving table, served its way,
 loses against the refill's table served its own.
 
+Where the steps' slots go stale (training: the weights change every step), a decision
+orders no refill; it judges the way of such steps and, given a snapshot's ``move_bytes``,
+a re-home by the same rule (:meth:`Residency._home`): the rent is what each step loses
+under the current home map against the window's ``popular_order``, both with no slot
+kept (``home_choice.stale_offer``); the price is the moved experts' rows, their link time
+alone, times ``move_bytes`` (gradients and optimizer state move too:
+``home_choice.rehome_link_s``). The verdict carries the order (``Verdict.home``); the
+layer takes it after its next optimizer step (``moonplan.core.optimizer_rehome``).
+
 Every input is all-gathered (the same on every rank), so every rank orders the same
 refill at the same step.
 """
@@ -61,6 +70,7 @@ from moonplan.plan.home import home_map
 from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
+from moonplan.plan.residency.home_choice import rehome_link_s, stale_offer
 from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED, empty_slots
 from moonplan.plan.residency.shares import Shares
 from moonplan.plan.residency.target import (
@@ -96,12 +106,15 @@ class Verdict:
     or ``"exact"``; the refill says how its own table serves, ``Refill.serve``);
     ``stale``: judged for steps whose slots go stale (no refill then); ``shares``: the
     weighted lookup's ``shares.Shares`` (on the host) where ``serve`` is that way
-    (``serving.WEIGHTED``), else ``None``."""
+    (``serving.WEIGHTED``), else ``None``; ``home``: a re-home that rent or buy says pays
+    (``perm_E``, labels: new label ``j`` is old label ``perm_E[j]``; steps whose slots go
+    stale only, :meth:`Residency.judge`), else ``None``."""
 
     order: Refill | None
     serve: str
     stale: bool = False
     shares: Shares | None = None
+    home: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -199,6 +212,8 @@ class Snapshot:
         loads_SE: int64 ``[filled, E]``, each step's loads the window holds, oldest first.
         stale: that step's slots went stale (its weights changed, as at every training
             step): the decision judges a way for steps whose slots do not stay.
+        move_bytes: bytes a re-home moves per byte of an expert's weights (its gradient
+            and optimizer state too, in training); ``0``: no re-home is offered.
     """
 
     counts_RE: torch.Tensor
@@ -208,6 +223,7 @@ class Snapshot:
     steps: int
     loads_SE: torch.Tensor
     stale: bool = False
+    move_bytes: float = 0.0
 
 
 class Residency:
@@ -238,6 +254,7 @@ class Residency:
         self.cost, self.staging = cost, staging
         self.window = LoadWindow(num_experts, window, device)
         self.credit = 0.0
+        self.home_credit = 0.0  # a re-home's rent accrued (steps whose slots go stale)
         self.home_E = home_map(num_experts, num_ranks)
         self.primed = Verdict(None, "call")  # the window's before the trace (:meth:`prime`)
 
@@ -276,13 +293,19 @@ class Residency:
         return self.decide_on(self.snapshot(counts_RE, serving_RB, steps))
 
     def snapshot(
-        self, counts_RE: torch.Tensor, serving_RB: torch.Tensor, steps: int = 1, stale: bool = False
+        self,
+        counts_RE: torch.Tensor,
+        serving_RB: torch.Tensor,
+        steps: int = 1,
+        stale: bool = False,
+        move_bytes: float = 0.0,
     ) -> Snapshot:
         """What a decision reads, copied now (on the device: no host read), so that it can
-        run beside the next steps while the window moves on (``stale``: that step's slots
-        went stale, :class:`Snapshot`)."""
+        run beside the next steps while the window moves on (``stale``, ``move_bytes``:
+        :class:`Snapshot`)."""
         return Snapshot(counts_RE.clone(), serving_RB.clone(), self.window.totals_E().clone(),
-                        self.window.filled, steps, self.window.loads().clone(), stale)  # fmt: skip
+                        self.window.filled, steps, self.window.loads().clone(), stale,
+                        move_bytes)  # fmt: skip
 
     def decide_on(self, snap: Snapshot, builds: Builds | None = None) -> Refill | None:
         """:meth:`decide` on a :class:`Snapshot` (reads it on the host; one at a time);
@@ -295,8 +318,8 @@ class Residency:
             return Verdict(None, "call")
         totals_E = snap.totals_E.cpu()
         rows_SRE = window_rows(totals_E, snap.filled, self.R, snap.loads_SE)
-        if snap.stale:  # no slot stays: no refill, the way for such steps
-            return self._stale(rows_SRE, snap.loads_SE, builds)
+        if snap.stale:  # no slot stays: no refill, the way for such steps, a re-home
+            return self._stale(rows_SRE, snap.loads_SE, builds, snap)
         serving_RB = snap.serving_RB.cpu()
         got = target_of(totals_E, snap.filled, serving_RB, self.cost, snap.loads_SE, builds)
         target_RB = limit_changes(got.slot_RB, serving_RB, self.staging, totals_E)
@@ -311,12 +334,35 @@ class Residency:
         return Verdict(order, got.kept, shares=kept)
 
     def _stale(
-        self, rows_SRE: torch.Tensor, loads_SE: torch.Tensor, builds: Builds | None
+        self,
+        rows_SRE: torch.Tensor,
+        loads_SE: torch.Tensor,
+        builds: Builds | None,
+        snap: Snapshot | None = None,
     ) -> Verdict:
         """The verdict for steps whose slots go stale: no refill, and the way of least
         predicted time from empty slots (``target.stale_way``; never the weighted lookup,
-        which is static EP there)."""
-        return Verdict(None, stale_way(self.cost, rows_SRE, self.B, loads_SE, builds)[1], True)
+        which is static EP there); from a ``snap`` with ``move_bytes``, a re-home once rent
+        or buy says it pays (:meth:`_home`)."""
+        now_s, way = stale_way(self.cost, rows_SRE, self.B, loads_SE, builds)
+        home = None if snap is None or snap.move_bytes <= 0 else self._home(snap, now_s, builds)
+        return Verdict(None, way, True, home=home)
+
+    def _home(self, snap: Snapshot, now_s: float, builds: Builds | None) -> tuple[int, ...] | None:
+        """Rent or buy for a re-home, as for a refill: each step since the last decision
+        accrues the seconds the window's order would save it (``home_choice.stale_offer``,
+        no slot kept either way); once the credit reaches the order's price, its rows'
+        link time (``home_choice.rehome_link_s``, ``snap.move_bytes`` per byte of
+        weights), the order is offered and the credit returns to 0."""
+        offer = stale_offer(self.cost, snap.loads_SE, self.R, self.B, now_s, builds)
+        if offer is None:
+            return None
+        perm_E, saving_s = offer
+        self.home_credit += snap.steps * saving_s
+        if self.home_credit < rehome_link_s(self.cost, perm_E, self.R, snap.move_bytes):
+            return None
+        self.home_credit = 0.0
+        return tuple(perm_E)
 
     def _shares(self, rows_SRE: torch.Tensor, slot_RB: torch.Tensor, way: str) -> Shares | None:
         """The weighted lookup's shares of ``slot_RB`` fit to the window's steps
@@ -436,6 +482,7 @@ class Decisions:
         self._side: torch.cuda.Stream | None = None  # a worker's decisions on CUDA counts
         self._pending: tuple[Future[Answer] | Answer, int] | None = None  # (answer, lag)
         self._verdict: Verdict | None = None  # the last used answer's (None: none yet)
+        self.home: tuple[int, ...] | None = None  # a re-home offered, until taken
         self._ordered: Refill | None = None  # the last refill handed out, until it arrives
 
     @property
@@ -464,17 +511,23 @@ class Decisions:
         return verdict if verdict.stale == stale else None
 
     def step(
-        self, counts_RE: torch.Tensor, plan: Plan, busy: bool, stale: bool = False
+        self,
+        counts_RE: torch.Tensor,
+        plan: Plan,
+        busy: bool,
+        stale: bool = False,
+        move_bytes: float = 0.0,
     ) -> Refill | None:
         """Observe a finished step (its counts and plan, whose slots serve; ``stale``: they
-        went stale at that step); the refill to order now, or ``None``."""
+        went stale at that step; ``move_bytes``: :class:`Snapshot`); the refill to order
+        now, or ``None``. A re-home a used answer offers waits in :attr:`home`."""
         self.residency.observe(counts_RE)
         self.since += 1
         if self._pending is not None:
             return self._use(busy)
         if busy or self.since < self.due:
             return None
-        snap = self.residency.snapshot(counts_RE, plan.slot_expert, self.since, stale)
+        snap = self.residency.snapshot(counts_RE, plan.slot_expert, self.since, stale, move_bytes)
         job: Callable[[], Answer] = functools.partial(self._decide, snap, plan)
         if self.submit is not None and snap.loads_SE.is_cuda:
             job = self._on_side_stream(job, snap.loads_SE.device)
@@ -516,6 +569,8 @@ class Decisions:
             self._pending = (answer, answer.steps)
             return None
         self._pending, self.due, self._verdict = None, answer.steps, answer.verdict
+        if answer.verdict.home is not None:  # the layer takes it at its next chance
+            self.home = answer.verdict.home
         order = answer.verdict.order
         if busy or order is None:
             return None

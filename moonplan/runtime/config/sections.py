@@ -195,10 +195,10 @@ class Balancing:
         "the layer from its first measured steps",
         "choose": "deprecated and ignored (warns): auto chooses inside one planner call",
         "search_us": "deprecated and ignored (warns), as ``choose``",
-        "rehome": "``balance='auto'`` re-homes once when its 32-step window fills, where "
-        "its cost model favours the window's ``popular_order`` (``rehome('profile')``): "
-        "serving, before a step; training, after the next optimizer step holding its "
-        "experts, with that state; ``False``: never",
+        "rehome": "``balance='auto'`` re-homes by itself: serving, once, when its 32-step "
+        "window fills, where its cost model favours the window's ``popular_order``; "
+        "training, where its decisions' rent or buy says (the moves priced with the "
+        "optimizer's state), after an optimizer step; ``False``: never",
     }
 
     def __post_init__(self) -> None:

@@ -77,3 +77,68 @@ def test_an_order_returned_is_predicted_faster(loads, R, slots, running) -> None
             assert map_s(COST, moved, R, slots) < serving_s(COST, loads_SE, _empty(R, slots))
         else:
             assert table_s(COST, moved, R, slots) < table_s(COST, loads_SE, R, slots)
+
+
+# ---- training: judged with no slot kept either way; re-homes by rent or buy ---------------
+def test_in_training_both_maps_are_judged_with_no_slot_kept() -> None:
+    from moonplan.plan.residency.target import stale_way, window_rows
+
+    got = judged_order(COST, HOT, 4, 2, stale=True)
+    assert got == popular_order(HOT.sum(0), 4, list(range(16)))
+    moved = HOT[:, torch.tensor(got)]
+    now_s = stale_way(COST, window_rows(HOT.sum(0), 3, 4, HOT), 2, HOT)[0]
+    assert map_s(COST, HOT, 4, 2) == now_s > map_s(COST, moved, 4, 2)
+
+
+def test_a_stale_offer_is_the_window_order_and_its_saving_per_step() -> None:
+    from moonplan.plan.residency.home_choice import stale_offer
+
+    now_s = map_s(COST, HOT, 4, 2)
+    perm, saving_s = stale_offer(COST, HOT, 4, 2, now_s)
+    moved = HOT[:, torch.tensor(perm)]
+    assert saving_s == (now_s - map_s(COST, moved, 4, 2)) / 3 > 0
+    assert stale_offer(COST, HOT, 4, 2, map_s(COST, moved, 4, 2)) is None  # saves nothing
+    even = torch.full((3, 16), 8, dtype=torch.int64)  # every order is the identity's tie
+    assert stale_offer(COST, even, 4, 2, map_s(COST, even, 4, 2)) is None
+
+
+def test_a_rehome_is_priced_by_its_moves_link_time() -> None:
+    from moonplan.plan.home import home_map
+    from moonplan.plan.residency.home_choice import rehome_link_s
+    from moonplan.plan.residency.refill import refill_link_s
+
+    identity = list(range(16))
+    assert rehome_link_s(COST, identity, 4, 6.0) == 0.0
+    swap = [4, 1, 2, 3, 0, *range(5, 16)]  # experts 0 and 4 trade ranks 0 and 1
+    fetch_ER = torch.zeros(16, 4, dtype=torch.bool)
+    fetch_ER[4, 0] = fetch_ER[0, 1] = True
+    one = refill_link_s(COST, fetch_ER, home_map(16, 4))
+    assert one > 0
+    assert rehome_link_s(COST, swap, 4, 1.0) == one
+    assert rehome_link_s(COST, swap, 4, 6.0) == 6.0 * one
+
+
+def _stale_snapshot(res, loads_SE: torch.Tensor, steps: int, move_bytes: float):
+    from moonplan.plan.residency.refill import Snapshot
+
+    R, B = res.R, res.B
+    return Snapshot(loads_SE[-1:].repeat(R, 1) // R, _empty(R, B), loads_SE.sum(0),
+                    loads_SE.shape[0], steps, loads_SE, True, move_bytes)  # fmt: skip
+
+
+def test_training_decisions_offer_a_rehome_once_its_rent_reaches_its_price() -> None:
+    from moonplan.plan.residency.home_choice import rehome_link_s, stale_offer
+    from moonplan.plan.residency.refill import Residency
+
+    res = Residency(4, 16, 2, COST)
+    perm, saving_s = stale_offer(COST, HOT, 4, 2, map_s(COST, HOT, 4, 2))
+    price_s = rehome_link_s(COST, perm, 4, 6.0)
+    steps = int(price_s / saving_s) + 1  # the steps whose rent pays the price
+    assert res.judge(_stale_snapshot(res, HOT, steps, 0.0)).home is None  # no bytes: none
+    assert res.home_credit == 0.0
+    half = steps // 2
+    assert res.judge(_stale_snapshot(res, HOT, half, 6.0)).home is None  # rent < price
+    assert res.home_credit == half * saving_s
+    got = res.judge(_stale_snapshot(res, HOT, steps - half, 6.0))
+    assert got.home == tuple(perm) and got.stale and got.order is None
+    assert res.home_credit == 0.0  # bought: the credit returns to 0
