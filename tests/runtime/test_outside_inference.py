@@ -141,3 +141,39 @@ def test_steps_in_any_mode_equal_a_fresh_layers(
             for name in a:
                 assert not a[name].is_inference()
                 assert torch.equal(a[name], b[name]), f"step {t} ({modes[t]}): {name} differs"
+
+
+# ---- torchtitan's front end: its step makes the cast copies it hands the runtime ----------
+def _grouped_steps(rank: int, world: int, modes: tuple[str, ...]) -> list[torch.Tensor]:
+    """``MoonGroupedExperts`` (no torchtitan needed) in ``modes``: each step's output."""
+    from moonplan.adapters.torchtitan import MoonGroupedExperts
+
+    g = torch.Generator().manual_seed(SEED)
+    w1, w3 = (torch.randn(E, F, H, generator=g) for _ in range(2))
+    w2 = torch.randn(E, H, F, generator=g)
+    experts = MoonGroupedExperts(w1, w2, w3, K, compute_dtype=torch.float32, slots=2)
+    out = []
+    for t, mode in enumerate(modes):
+        x_TD = tokens(8 + rank, H, 40 + t)
+        ids_TK, w_TK = _hot_router(0)(x_TD)
+        if mode == "grad":
+            y = experts.run(x_TD, ids_TK, w_TK)
+            y.square().sum().backward()
+        else:
+            with torch.inference_mode() if mode == "inference" else torch.no_grad():
+                y = experts.run(x_TD, ids_TK, w_TK)
+        out.append(y.detach().clone())
+    experts.runtime.close()
+    return out
+
+
+@pytest.mark.distributed
+def test_torchtitans_experts_mix_the_modes_too() -> None:
+    """Before the fix its step under inference mode raised at once: the runtime reads
+    the version counters of the parameters it is given, and cast copies made in
+    inference mode have none."""
+    got = run_ranks(_grouped_steps, 2, FORWARD, timeout=TIMEOUT)
+    plain = tuple(m.replace("inference", "no_grad") for m in FORWARD)
+    want = run_ranks(_grouped_steps, 2, plain, timeout=TIMEOUT)
+    for mixed, fresh in zip(got, want, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(mixed, fresh, strict=True))
