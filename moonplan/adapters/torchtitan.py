@@ -43,6 +43,7 @@ from moonplan.core.sharded import (
     resolve_group,
 )
 from moonplan.runtime.config import MoEConfig
+from moonplan.runtime.outside_inference import outside_inference
 
 WEIGHTS = ("w1_EFD", "w2_EDF", "w3_EFD")
 
@@ -159,13 +160,16 @@ class MoonGroupedExperts(ShardedExperts):
             f"compute_dtype={self.compute_dtype}"
         )
 
+    @outside_inference()  # the cast copies below carry version counters (none in it)
     def run(
         self, x_TD: torch.Tensor, ids_TK: torch.Tensor, scores_TK: torch.Tensor
     ) -> torch.Tensor:
         """``[T, D]`` in ``x``'s dtype: ``sum_k scores[t,k] * expert_{ids[t,k]}(x[t])``.
 
         Collective: every rank calls it, also with ``T = 0``. Bad routing on any rank
-        raises the same ``ContractError`` on every rank.
+        raises the same ``ContractError`` on every rank. Runs outside inference mode
+        (:mod:`moonplan.runtime.outside_inference`): under ``torch.inference_mode()``
+        the output is a normal tensor.
         """
         self.step_begins()  # auto's own re-home, before the cast copies below
         c = self.runtime.dtype

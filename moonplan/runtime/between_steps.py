@@ -29,6 +29,7 @@ from moonplan.runtime.calibrate import time_local_copy
 from moonplan.runtime.config import MoEConfig, cost_settings
 from moonplan.runtime.layer_resources import LayerResources
 from moonplan.runtime.layer_setup import home_labels, layer_balancer
+from moonplan.runtime.outside_inference import outside_inference
 from moonplan.runtime.refill import check_target
 from moonplan.stepcost import StepCost
 
@@ -47,6 +48,7 @@ class BetweenSteps(LayerResources):
     last_plan: Plan | None
     published_version: tuple[int, ...]
 
+    @outside_inference()
     def calibrate(self) -> StepCost:
         """Collective: a :class:`StepCost` from this layer's measured steps, agreed across
         ranks (element-wise max, then checked like the config: every value the same on
@@ -62,6 +64,7 @@ class BetweenSteps(LayerResources):
         self.group.check_settings("calibrated cost", cost_settings(cost))
         return cost
 
+    @outside_inference()
     def set_cost(self, cost: StepCost) -> None:
         """Collective: plan ``balance="auto"`` with ``cost`` from the next step on (as
         ``MoEConfig.cost`` would have: no calibration). Agreed like the config: a
@@ -112,6 +115,7 @@ class BetweenSteps(LayerResources):
         totals_E = self.window.totals_E()  # by label
         return totals_E if self.label_E is None else totals_E[self.label_E]
 
+    @outside_inference()
     def rehome(self, cfg: MoEConfig, move: Callable[[], None]) -> None:
         """Take ``cfg``'s home order, the front end's ``move`` (collective) carrying the
         home rows there (:meth:`ShardedExperts.rehome
@@ -145,6 +149,7 @@ class BetweenSteps(LayerResources):
         self.published, self.resident = False, None
         self.published_version = ()
 
+    @outside_inference()
     def request_refill(self, target_RB: Tensor) -> None:
         """Collective: refill the resident slots with ``target_RB`` (int64 ``[R, B]`` expert
         labels, ``-1``: keep) beside the next steps; call it on every rank alike, between

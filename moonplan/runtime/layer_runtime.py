@@ -52,6 +52,7 @@ from moonplan.runtime.contract import check_params, check_routing
 from moonplan.runtime.fetch_list import FetchList, HomeRows, fetch_list, plan_rows, row_offsets
 from moonplan.runtime.layer_setup import agree_config, home_labels, layer_balancer
 from moonplan.runtime.moe_function import MoEStep, moe_apply
+from moonplan.runtime.outside_inference import outside_inference
 from moonplan.runtime.placer import Placer
 from moonplan.runtime.refill import Refill, agree
 from moonplan.runtime.step_hooks import NULL_PROFILER, LayerHooks, StepClock
@@ -84,6 +85,7 @@ class LayerRuntime(BetweenSteps):
             (e.g. a size that is ``None``, named): that error itself.
     """
 
+    @outside_inference()  # what it builds outlives the caller's mode
     def __init__(self, group: EPGroup, cfg: MoEConfig, *, what: str = "layer"):
         resolved = agree_config(group, cfg, f"{what} config")
         H, F, E, K = cfg.require_sizes()
@@ -130,6 +132,7 @@ class LayerRuntime(BetweenSteps):
         if self._background is not None:
             self.store.fetch_on(self._background)
 
+    @outside_inference()  # what the step keeps serves later steps in any mode
     def forward(
         self,
         x_SH: torch.Tensor,

@@ -106,13 +106,21 @@ def _remote_weights(step: MoEStep) -> dict[str, torch.Tensor]:
 class _MoEFunction(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, step: MoEStep, x_SH: Tensor, weight_SK: Tensor, gate_up: Tensor, down: Tensor
+        ctx: Any,
+        step: MoEStep,
+        recorded: bool,
+        x_SH: Tensor,
+        weight_SK: Tensor,
+        gate_up: Tensor,
+        down: Tensor,
     ) -> Tensor:
         transport, plan, route, clock = step.context.transport, step.plan, step.route, step.clock
         t = time.perf_counter()
         recv = transport.dispatch(x_SH, route, plan, weight_SK=weight_SK.detach())
         t = clock.tick("dispatch", t)
-        training = any(ctx.needs_input_grad[1:])
+        # needs_input_grad says which inputs require grad, whatever the grad mode; only a
+        # step autograd records (grad mode on at apply) builds the experts' graph
+        training = recorded and any(ctx.needs_input_grad[2:])
         rank = step.context.rank
         with torch.enable_grad():
             x_PH = (
@@ -170,7 +178,7 @@ class _MoEFunction(torch.autograd.Function):
         ddown = (ddown_home.float() + reduced["down"]).to(ddown_home.dtype)
         clock.tick("grad_reduce_exposed", t)
         ctx.graph = ctx.state = None
-        return None, dx_SH, dweight_SK, dgu, ddown
+        return None, None, dx_SH, dweight_SK, dgu, ddown
 
 
 def _dispatch_backward_and_reduce(
@@ -228,5 +236,10 @@ def moe_apply(
     gate_up: torch.Tensor,
     down: torch.Tensor,
 ) -> torch.Tensor:
-    """``y [S, H]`` of one MoE step (differentiable in ``x``, ``weight``, ``gate_up``, ``down``)."""
-    return _MoEFunction.apply(step, x_SH, weight_SK, gate_up, down)
+    """``y [S, H]`` of one MoE step (differentiable in ``x``, ``weight``, ``gate_up``, ``down``).
+
+    Under ``no_grad`` (grad mode off) the step keeps no graph: the experts read the
+    receive rows in place and nothing is saved for a backward.
+    """
+    recorded = torch.is_grad_enabled()
+    return _MoEFunction.apply(step, recorded, x_SH, weight_SK, gate_up, down)

@@ -1,4 +1,5 @@
-"""What a step counts as prefetch: no job, nothing exposed; a job's wait, exposed.
+"""What a step counts as prefetch (no job, nothing exposed; a job's wait, exposed), and
+what a step without autograd keeps (nothing for a backward).
 
 Legend: S tokens per rank, H hidden, F ffn, E experts, K top-k.
 
@@ -9,6 +10,9 @@ to copy starts no background job, and its ``prefetch`` and ``prefetch_exposed`` 
 exactly 0 (bookkeeping every policy pays is planning, not prefetch); a step that
 copies shows the experts' wait for the job as exposed, and the profile's figures
 agree (exposed never above the prefetch's own time where the wait dominates).
+
+A step that autograd does not record (``no_grad``, ``inference_mode``) saves no tensor
+for a backward, and its output equals a recorded step's.
 """
 
 from __future__ import annotations
@@ -123,3 +127,38 @@ def test_all_to_all_runs_the_fetch_on_every_rank_when_any_rank_copies() -> None:
         assert r["jobs"] == {"off": 0, "exact": 1}  # rank 0 copies nothing, yet joins once
         for y_exact, y_off in zip(r["outs"]["exact"], r["outs"]["off"], strict=True):
             torch.testing.assert_close(y_exact, y_off, rtol=1e-5, atol=1e-6)
+
+
+# ---- a step without autograd records nothing for a backward -----------------------------
+def _saved_per_step(rank: int, world: int) -> dict[str, dict]:
+    """Tensors each step saves for backward (counted by ``saved_tensors_hooks``) under
+    ``no_grad``, ``inference_mode`` and autograd, and each step's output."""
+    from moonplan import MoonMoE
+
+    torch.manual_seed(0)  # the same weights on every rank
+    layer = MoonMoE(H, F, E, K, slots=2, balance="exact", router=_hot)
+    x = torch.randn(S, H, generator=torch.Generator().manual_seed(rank))
+    modes = {"no_grad": torch.no_grad, "inference": torch.inference_mode, "grad": torch.enable_grad}
+    saved, outs = dict.fromkeys(modes, 0), {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[mode] += 1  # the mode of the step running now
+        return t
+
+    for mode, ctx in modes.items():
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx():
+            outs[mode] = layer(x).detach().clone()
+    layer.runtime.close()
+    return {"saved": saved, "outs": outs}
+
+
+def test_a_step_without_autograd_saves_nothing_for_backward() -> None:
+    """``needs_input_grad`` says only which inputs require grad, whatever the grad mode:
+    the step must also ask whether autograd records it. Else under ``no_grad`` (and
+    ``inference_mode``) it cloned the receive rows and built and kept the experts'
+    graph for a backward that cannot come."""
+    for r in run_ranks(_saved_per_step, 2, timeout=120):
+        assert r["saved"]["no_grad"] == r["saved"]["inference"] == 0
+        assert r["saved"]["grad"] > 0  # the hooks see what a recorded step saves
+        assert torch.equal(r["outs"]["no_grad"], r["outs"]["grad"])
+        assert torch.equal(r["outs"]["inference"], r["outs"]["grad"])
