@@ -139,18 +139,22 @@ def stale_offer(
     loads_SE: torch.Tensor,
     num_ranks: int,
     num_slots: int,
-    now_s: float,
     builds: Builds | None = None,
 ) -> tuple[list[int], float] | None:
-    """A re-home for steps whose slots go stale (training): :func:`window_order` and the
-    seconds a step saves under it, with no slot kept either way (``now_s``: the window's
-    steps under the current map, ``target.stale_way``; :func:`map_s` under the order),
-    or ``None`` where there is no order or it saves nothing."""
-    perm_E = window_order(loads_SE, num_ranks)
+    """A re-home for steps whose slots go stale (training), held out: the
+    :func:`window_order` of the window's older half and the seconds a step of its newer
+    half saves under it, with no slot kept either way (:func:`map_s`); ``None`` where
+    there is no order or it saves nothing. An order scored on the steps it was fit to
+    always looks faster, noise included; scored on later steps, only a popularity that
+    lasts makes it so."""
+    half = loads_SE.shape[0] // 2
+    perm_E = window_order(loads_SE[:half], num_ranks)
     if perm_E is None:
         return None
-    moved_SE = loads_SE[:, torch.tensor(perm_E, dtype=torch.int64, device=loads_SE.device)]
-    saving_s = (now_s - map_s(cost, moved_SE, num_ranks, num_slots, builds)) / loads_SE.shape[0]
+    newer_SE = loads_SE[half:]
+    moved_SE = newer_SE[:, torch.tensor(perm_E, dtype=torch.int64, device=loads_SE.device)]
+    now_s = map_s(cost, newer_SE, num_ranks, num_slots, builds)
+    saving_s = (now_s - map_s(cost, moved_SE, num_ranks, num_slots, builds)) / newer_SE.shape[0]
     return (perm_E, saving_s) if saving_s > 0 else None
 
 

@@ -344,17 +344,18 @@ class Residency:
         predicted time from empty slots (``target.stale_way``; never the weighted lookup,
         which is static EP there); from a ``snap`` with ``move_bytes``, a re-home once rent
         or buy says it pays (:meth:`_home`)."""
-        now_s, way = stale_way(self.cost, rows_SRE, self.B, loads_SE, builds)
-        home = None if snap is None or snap.move_bytes <= 0 else self._home(snap, now_s, builds)
+        way = stale_way(self.cost, rows_SRE, self.B, loads_SE, builds)[1]
+        home = None if snap is None or snap.move_bytes <= 0 else self._home(snap, builds)
         return Verdict(None, way, True, home=home)
 
-    def _home(self, snap: Snapshot, now_s: float, builds: Builds | None) -> tuple[int, ...] | None:
+    def _home(self, snap: Snapshot, builds: Builds | None) -> tuple[int, ...] | None:
         """Rent or buy for a re-home, as for a refill: each step since the last decision
-        accrues the seconds the window's order would save it (``home_choice.stale_offer``,
-        no slot kept either way); once the credit reaches the order's price, its rows'
-        link time (``home_choice.rehome_link_s``, ``snap.move_bytes`` per byte of
-        weights), the order is offered and the credit returns to 0."""
-        offer = stale_offer(self.cost, snap.loads_SE, self.R, self.B, now_s, builds)
+        accrues the seconds the window's order would save it (``home_choice.stale_offer``:
+        fit on the window's older half, scored on its newer half, no slot kept). Once the
+        credit reaches the order's price, its rows' link time
+        (``home_choice.rehome_link_s``, ``snap.move_bytes`` per byte of weights), the
+        order is offered and the credit returns to 0."""
+        offer = stale_offer(self.cost, snap.loads_SE, self.R, self.B, builds)
         if offer is None:
             return None
         perm_E, saving_s = offer

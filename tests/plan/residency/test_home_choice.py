@@ -90,16 +90,34 @@ def test_in_training_both_maps_are_judged_with_no_slot_kept() -> None:
     assert map_s(COST, HOT, 4, 2) == now_s > map_s(COST, moved, 4, 2)
 
 
-def test_a_stale_offer_is_the_window_order_and_its_saving_per_step() -> None:
-    from moonplan.plan.residency.home_choice import stale_offer
+HOT4 = torch.stack([c.sum(0) for c in _trace(4, seed=7)])  # [4, 16], hot experts 0-3
 
-    now_s = map_s(COST, HOT, 4, 2)
-    perm, saving_s = stale_offer(COST, HOT, 4, 2, now_s)
-    moved = HOT[:, torch.tensor(perm)]
-    assert saving_s == (now_s - map_s(COST, moved, 4, 2)) / 3 > 0
-    assert stale_offer(COST, HOT, 4, 2, map_s(COST, moved, 4, 2)) is None  # saves nothing
-    even = torch.full((3, 16), 8, dtype=torch.int64)  # every order is the identity's tie
-    assert stale_offer(COST, even, 4, 2, map_s(COST, even, 4, 2)) is None
+
+def test_a_stale_offer_is_fit_on_the_older_half_and_scored_on_the_newer() -> None:
+    from moonplan.plan.residency.home_choice import stale_offer, window_order
+
+    perm, saving_s = stale_offer(COST, HOT4, 4, 2)
+    assert perm == window_order(HOT4[:2], 4)
+    newer = HOT4[2:]
+    moved = newer[:, torch.tensor(perm)]
+    assert saving_s == (map_s(COST, newer, 4, 2) - map_s(COST, moved, 4, 2)) / 2 > 0
+    even = torch.full((4, 16), 8, dtype=torch.int64)  # every order is the identity's tie
+    assert stale_offer(COST, even, 4, 2) is None
+    assert stale_offer(COST, HOT4[:1], 4, 2) is None  # no older half to fit
+
+
+def test_an_order_fit_to_noise_is_not_offered() -> None:
+    """Experts 0 and 1 (both on rank 0) are hot in the older half only, a burst: fit
+    there, the order spreads them and looks faster on those steps, but saves nothing on
+    the even steps after."""
+    from moonplan.plan.residency.home_choice import stale_offer, window_order
+
+    burst = torch.full((4, 16), 8, dtype=torch.int64)
+    burst[:2, :2] = 200
+    perm = window_order(burst[:2], 4)
+    own = burst[:2][:, torch.tensor(perm)]
+    assert map_s(COST, own, 4, 2) < map_s(COST, burst[:2], 4, 2)  # in sample: faster
+    assert stale_offer(COST, burst, 4, 2) is None
 
 
 def test_a_rehome_is_priced_by_its_moves_link_time() -> None:
@@ -131,14 +149,14 @@ def test_training_decisions_offer_a_rehome_once_its_rent_reaches_its_price() -> 
     from moonplan.plan.residency.refill import Residency
 
     res = Residency(4, 16, 2, COST)
-    perm, saving_s = stale_offer(COST, HOT, 4, 2, map_s(COST, HOT, 4, 2))
+    perm, saving_s = stale_offer(COST, HOT4, 4, 2)
     price_s = rehome_link_s(COST, perm, 4, 6.0)
     steps = int(price_s / saving_s) + 1  # the steps whose rent pays the price
-    assert res.judge(_stale_snapshot(res, HOT, steps, 0.0)).home is None  # no bytes: none
+    assert res.judge(_stale_snapshot(res, HOT4, steps, 0.0)).home is None  # no bytes: none
     assert res.home_credit == 0.0
     half = steps // 2
-    assert res.judge(_stale_snapshot(res, HOT, half, 6.0)).home is None  # rent < price
+    assert res.judge(_stale_snapshot(res, HOT4, half, 6.0)).home is None  # rent < price
     assert res.home_credit == half * saving_s
-    got = res.judge(_stale_snapshot(res, HOT, steps - half, 6.0))
+    got = res.judge(_stale_snapshot(res, HOT4, steps - half, 6.0))
     assert got.home == tuple(perm) and got.stale and got.order is None
     assert res.home_credit == 0.0  # bought: the credit returns to 0
