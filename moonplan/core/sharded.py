@@ -194,7 +194,9 @@ class ShardedExperts(RuntimeViews, nn.Module):
                 rank), its groups kept on the ranks that own most of them; with
                 ``balance="auto"`` and its cost model, only where that predicts the
                 steps faster under it, with no slot kept, than the slots serving now
-                (:func:`~moonplan.plan.residency.home_choice.judged_order`), else the
+                (after a step with autograd on, when no slot outlives a step: than the
+                current map with none kept;
+                :func:`~moonplan.plan.residency.home_choice.judged_order`), else the
                 current order (nothing moves).
             optimizers: the optimizers that hold state of these Parameters. Required in
                 training mode (``()``: none does), so that no state is left behind rows
@@ -250,7 +252,7 @@ class ShardedExperts(RuntimeViews, nn.Module):
         rt = self.runtime  # training: every step changes the weights, no slot is kept
         kept = rt.resident if rt.serving else None
         serving_RB = empty_slots(R, rt.B) if kept is None else kept.slot_expert
-        perm_E = judged_order(cost, loads_SE, R, rt.B, serving_RB)
+        perm_E = judged_order(cost, loads_SE, R, rt.B, serving_RB, stale=not rt.serving)
         return current if perm_E is None else [current[j] for j in perm_E]
 
     def step_begins(self) -> None:

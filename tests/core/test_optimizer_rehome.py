@@ -131,3 +131,23 @@ def test_auto_rehomes_in_training_after_an_optimizer_step_where_its_decisions_of
         assert a["losses"] == pytest.approx(b["losses"], rel=1e-4)
         for key, want_w in a["weights"].items():
             torch.testing.assert_close(b["weights"][key], want_w, rtol=1e-4, atol=1e-5)
+
+
+def test_an_optimizer_whose_state_cannot_follow_the_rows_warns_and_moves_nothing() -> None:
+    """Adafactor keeps factored statistics (a row and a column vector per matrix): their
+    rows cannot follow an expert's, so auto warns once and never re-homes in training."""
+    from moonplan import MoonMoE
+    from tests.plan.choice.costs import rows_only
+
+    layer = MoonMoE(H, 12, 4, K, balance="auto", cost=rows_only(plan_s=1e-5), slots=1)
+    opt = torch.optim.Adafactor(layer.parameters(), lr=1e-3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            opt.zero_grad()
+            layer(torch.randn(5, H)).sum().backward()
+            opt.step()
+    said = [str(w.message) for w in caught if "re-home" in str(w.message)]
+    assert len(said) == 1 and "will not re-home this layer in training" in said[0]
+    assert layer.runtime.move_bytes == 0.0 and layer.experts.home_order is None
+    assert layer.experts not in watched()  # done: told of no more optimizer steps

@@ -391,3 +391,47 @@ def test_auto_rehomes_by_itself_once_while_serving(options, grad_step, rehomes) 
     dense = dense_moe(tokens(sum(sizes), H, SEED), ids, wk, dense_weights(E, H, F, SEED))
     torch.testing.assert_close(torch.cat([g["y"] for g in got]), dense.float(), rtol=1e-5,
                                atol=1e-5)  # fmt: skip
+
+
+def _profiled_in_training(rank: int, world: int, cfg: dict) -> dict:
+    """``rehome("profile")`` of an auto layer after three training steps: its window, the
+    order taken and how it was judged (``stale``, seen through a wrapper)."""
+    import moonplan.core.sharded as sharded
+    from tests.baselines.test_auto_ordered import COST
+
+    seen: list[bool] = []
+    judge = sharded.judged_order
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("stale", False))
+        return judge(*args, **kwargs)
+
+    sharded.judged_order = spy  # this rank's process only
+
+    sizes, E = cfg["sizes"], cfg["E"]
+    x_SH = split(tokens(sum(sizes), H, SEED), sizes)[rank]
+    layer = _layer(E, cfg["ids"], cfg["w"], sum(sizes[:rank]), balance="auto", cost=COST,
+                   slots=2, rehome=False)  # fmt: skip
+    opt = torch.optim.SGD(layer.parameters(), lr=1e-3)
+    for _ in range(3):
+        opt.zero_grad()
+        layer(x_SH).sum().backward()
+        opt.step()
+    loads = layer.runtime.window.loads().clone()
+    layer.rehome("profile", optimizers=[opt])
+    return {"loads": loads, "order": layer.experts.home_order, "stale": seen}
+
+
+@pytest.mark.distributed
+def test_after_training_steps_the_profile_is_judged_with_no_slot_kept() -> None:
+    from moonplan.plan.residency.home_choice import judged_order
+    from tests.baselines.test_auto_ordered import COST
+
+    world, E, sizes = 2, 8, [12, 12]
+    ids, wk = _hot_ids(sum(sizes), E, K, SEED)
+    got = run_ranks(_profiled_in_training, world,
+                    {"E": E, "sizes": sizes, "ids": ids, "w": wk}, timeout=120)  # fmt: skip
+    want = judged_order(COST, got[0]["loads"], world, 2, stale=True)
+    assert want is not None
+    assert got[0]["order"] == got[1]["order"] == tuple(want)
+    assert got[0]["stale"] == got[1]["stale"] == [True]  # no slot outlives a training step
