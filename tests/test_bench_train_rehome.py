@@ -11,11 +11,10 @@ import bench_train_rehome as bench
 from moonplan.simulate.acceptance import AUTO, PEERS
 
 
-def test_one_point_times_every_peer_and_auto_both_ways(monkeypatch) -> None:
-    monkeypatch.setattr(bench, "WARMUP", 40)  # the first window (32 steps), then 8
-    row = bench.point("deepseek-v3", "h200-node", 8, 2.0, 1024)
+def test_one_point_times_every_peer_and_auto_both_ways() -> None:
+    row = bench.point("deepseek-v3", "h200-node", 16, 1.0, 1024)
     assert set(row["us"]) == {*PEERS, AUTO, f"{AUTO} (no re-home)"}
     best = min(row["us"][p] for p in PEERS)
     assert row["after"] == row["us"][AUTO] / best
     assert row["before"] == row["us"][f"{AUTO} (no re-home)"] / best
-    assert row["after"] < row["before"]  # sigma 2: the re-home pays (0.895x at 96 steps)
+    assert row["after"] < row["before"]  # a re-home pays here (0.754x, docs/benchmarks.md)
