@@ -208,7 +208,8 @@ class LayerRuntime(BetweenSteps):
         makes every rank raise), "my home weights changed" (then every slot is stale),
         where this rank is in the step schedule (:meth:`Balancer.schedule`; where ranks
         differ the resident slots are dropped), "autograd is on for my parameters" (after
-        one such step on any rank the layer never re-homes by itself) and its refill status
+        one such step on any rank the layer no longer re-homes at a step's start: in training
+        its decisions offer re-homes) and its refill status
         (:meth:`Refill.status_words`; either event above drops the refill in flight). One
         host read, of the flags.
         """
