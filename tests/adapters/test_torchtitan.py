@@ -387,3 +387,54 @@ def test_rehomed_experts_match_unwrapped() -> None:
     assert got[0]["moved"] == E  # reversed: every expert changes rank
     for r, g in enumerate(got):
         rel_close(g["y"], g["y0"], 1e-5, what=f"rank {r} output")
+
+
+# ---- auto re-homes in training, after an optimizer step (moonplan.core.optimizer_rehome) --
+AUTO_STEPS, AUTO_LR = 10, 1e-3  # a small rate: ten steps stay finite
+
+
+def _train_auto_rank(rank: int, world: int) -> dict:
+    """``AUTO_STEPS`` SGD steps of a wrapped MoE under ``balance="auto"`` whose copies are
+    cheap (a re-home pays within a few steps): its state by home rows and the home ids
+    after each step."""
+    import torch.distributed as dist
+
+    from moonplan import checkpoint
+    from tests.plan.choice.costs import rows_only
+
+    cost = rows_only(copy_s_intra=1e-6, copy_s_inter=1e-6, plan_s=1e-5)
+    wrapped = wrap_moe(make_moe(), balance="auto", cost=cost, slots=2)
+    opt = torch.optim.SGD(wrapped.parameters(), lr=AUTO_LR)
+    experts, homes = wrapped.routed_experts.inner_experts, []
+    for step in range(AUTO_STEPS):
+        xs, cs = _step_inputs(world, step)
+        opt.zero_grad()
+        (wrapped(xs[rank]) * cs[rank]).sum().backward()
+        for n, p in wrapped.named_parameters():  # replicated parameters: sum over ranks
+            if not n.startswith(EXPERT_PREFIX):
+                dist.all_reduce(p.grad)
+        opt.step()
+        homes.append(experts.home_experts.tolist())
+    checkpoint.per_expert_keys(wrapped, False)  # each rank's home rows, in its label order
+    return {"state": {n: t.detach().clone() for n, t in wrapped.state_dict().items()},
+            "homes": homes}  # fmt: skip
+
+
+def test_auto_rehomes_in_training_and_still_matches_unwrapped() -> None:
+    got = run_ranks(_train_auto_rank, 2, timeout=180)
+    ref = make_moe()
+    opt = torch.optim.SGD(ref.parameters(), lr=AUTO_LR)
+    for step in range(AUTO_STEPS):
+        xs, cs = _step_inputs(2, step)
+        opt.zero_grad()
+        sum((ref(x) * c).sum() for x, c in zip(xs, cs, strict=True)).backward()
+        opt.step()
+    want = dict(ref.state_dict())
+    assert got[0]["homes"][0] == [0, 1, 2] and got[0]["homes"][-1] != [0, 1, 2]  # re-homed
+    for a, b in zip(got[0]["homes"], got[1]["homes"], strict=True):  # the same step on both
+        assert sorted(a + b) == list(range(E))
+    for r, g in enumerate(got):
+        for key, value in g["state"].items():
+            home = g["homes"][-1]
+            ref_value = want[key][home] if key.startswith(EXPERT_PREFIX) else want[key]
+            rel_close(value, ref_value, BF16_TOL, what=f"rank {r} {key} after {AUTO_STEPS} steps")
