@@ -48,8 +48,9 @@ def popular_order(
 
     Returns:
         A permutation of ``0 .. E-1`` as a Python list; rank ``r``'s experts ascending
-        within its block. Ties go to the lower expert id and the lower rank, so every
-        rank computes the same order from the same loads.
+        within its block (with ``current``: in their current order, so that a rank that
+        keeps its experts keeps its rows as they are). Ties go to the lower expert id and
+        the lower rank, so every rank computes the same order from the same loads.
     """
     loads = _checked(load_E, num_ranks)
     E = len(loads)
@@ -62,9 +63,12 @@ def popular_order(
                 key=lambda r: (total_R[r], r))  # fmt: skip
         owned_R[r].append(e)
         total_R[r] += loads[e]
-    if current is not None:
-        owned_R = kept_blocks(owned_R, check_order(current, E), edges)
-    return [e for r in range(num_ranks) for e in sorted(owned_R[r])]
+    if current is None:
+        return [e for r in range(num_ranks) for e in sorted(owned_R[r])]
+    now = check_order(current, E)
+    label_E = label_of(now)  # each expert's place in the current order
+    owned_R = kept_blocks(owned_R, now, edges)
+    return [e for r in range(num_ranks) for e in sorted(owned_R[r], key=label_E.__getitem__)]
 
 
 def kept_blocks(groups_R: list[list[int]], current: list[int], edges: list[int]) -> list[list[int]]:
