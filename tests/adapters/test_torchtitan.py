@@ -171,6 +171,18 @@ def _step_inputs(world: int, step: int) -> tuple[list, list]:
     return inputs(SIZES[world], D, seed=100 + step)
 
 
+def _backward(wrapped: MoE, rank: int, world: int, step: int) -> None:
+    """One step's forward and backward on this rank, the replicated parameters' gradients
+    summed over ranks (the experts' are each rank's own)."""
+    import torch.distributed as dist
+
+    xs, cs = _step_inputs(world, step)
+    (wrapped(xs[rank]) * cs[rank]).sum().backward()
+    for n, p in wrapped.named_parameters():
+        if not n.startswith(EXPERT_PREFIX):
+            dist.all_reduce(p.grad)
+
+
 def _train_rank(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
@@ -180,12 +192,8 @@ def _train_rank(rank: int, world: int) -> dict:
     opt = torch.optim.SGD(wrapped.parameters(), lr=LR)
     experts = wrapped.routed_experts.inner_experts
     for step in range(STEPS):
-        xs, cs = _step_inputs(world, step)
         opt.zero_grad()
-        (wrapped(xs[rank]) * cs[rank]).sum().backward()
-        for n, p in wrapped.named_parameters():  # replicated parameters: sum over ranks
-            if not n.startswith(EXPERT_PREFIX):
-                dist.all_reduce(p.grad)
+        _backward(wrapped, rank, world, step)
         tokens = wrapped.tokens_per_expert_E.clone()
         dist.all_reduce(tokens)
         _bias_update(wrapped, tokens)
@@ -397,8 +405,6 @@ def _train_auto_rank(rank: int, world: int) -> dict:
     """``AUTO_STEPS`` SGD steps of a wrapped MoE under ``balance="auto"`` whose copies are
     cheap (a re-home pays within a few steps): its state by home rows and the home ids
     after each step."""
-    import torch.distributed as dist
-
     from moonplan import checkpoint
     from tests.plan.choice.costs import rows_only
 
@@ -407,12 +413,8 @@ def _train_auto_rank(rank: int, world: int) -> dict:
     opt = torch.optim.SGD(wrapped.parameters(), lr=AUTO_LR)
     experts, homes = wrapped.routed_experts.inner_experts, []
     for step in range(AUTO_STEPS):
-        xs, cs = _step_inputs(world, step)
         opt.zero_grad()
-        (wrapped(xs[rank]) * cs[rank]).sum().backward()
-        for n, p in wrapped.named_parameters():  # replicated parameters: sum over ranks
-            if not n.startswith(EXPERT_PREFIX):
-                dist.all_reduce(p.grad)
+        _backward(wrapped, rank, world, step)
         opt.step()
         homes.append(experts.home_experts.tolist())
     checkpoint.per_expert_keys(wrapped, False)  # each rank's home rows, in its label order
