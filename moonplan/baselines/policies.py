@@ -52,13 +52,14 @@ from moonplan.plan.home_order import check_order
 from moonplan.plan.plan_time import plan_fetch_ER, plan_time
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT, exact_charge_s
-from moonplan.plan.residency.home_choice import judged_order, rehome_link_s
+from moonplan.plan.residency.home_choice import judged_order
 from moonplan.plan.residency.refill import (
     STAGING,
     Decisions,
     Refill,
     Residency,
     refill_link_s,
+    rehome_link_s,
     swapped_slots,
 )
 from moonplan.plan.residency.serving import empty_slots, lookup_way, serving_plan
@@ -190,9 +191,11 @@ class MoonplanAutoPolicy(PlannerPolicy):
     Home orders (``moonplan.plan.residency.home_choice``): the policy relabels every
     step's counts (label ``i`` is expert ``home_order[i]``), as the runtime relabels the
     router's ids, and plans, places and is timed in labels. ``home_order=None`` starts on
-    the linear map; with ``rehome`` (the runtime's ``MoEConfig.rehome``, on by default;
-    where the slots go stale, training, the runtime's after an optimizer step, judged
-    against no slot kept) it takes, once, ``judged_order`` of its first window:
+    the linear map; with ``rehome`` (the runtime's ``MoEConfig.rehome``, on by default)
+    it re-homes as the runtime does. Where the slots go stale (training), whenever its
+    decisions' rent or buy offers an order (``Decisions.take_home``), the move's link time
+    charged to the next step (:meth:`_take_home`). Serving, it takes, once,
+    ``judged_order`` of its first window:
     that of :meth:`prime` (judged as before a trace: best tables), else at the first step
     after ``placement_window`` steps (judged against its serving slots; the slots and
     decisions then start afresh, as the runtime's; the rows' move is not charged: it is
@@ -385,8 +388,9 @@ class MoonplanAutoPolicy(PlannerPolicy):
             return
         busy = self._order is not None
         order = self.decisions.step(counts_RE, p, busy, self.stale_slots, self.move_bytes)
-        if self.decisions.home is not None:  # rent or buy says a re-home pays: after the step
-            self._take_home(self.decisions.home)
+        home = self.decisions.take_home()
+        if home is not None:  # rent or buy says a re-home pays: after the step
+            self._take_home(home)
             return
         if order is not None:
             now = plan_time(self.cost, p, planned=0)
@@ -398,7 +402,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
     def _take_home(self, perm_E: tuple[int, ...]) -> None:
         """Re-home to ``perm_E`` (labels) between this step and the next, as the runtime
         does after the optimizer step: the next step pays the rows' link time
-        (``home_choice.rehome_link_s`` at :data:`TRAINING_MOVE_BYTES`); the slots and
+        (``refill.rehome_link_s`` at :data:`TRAINING_MOVE_BYTES`); the slots and
         decisions start afresh."""
         current = self.home_order or tuple(range(self.num_experts))
         new = tuple(current[j] for j in perm_E)

@@ -393,10 +393,9 @@ class LayerRuntime(BetweenSteps):
         if self.resident is None:
             self.placer.forget(pool, self.refill)  # its slots are stale: no refill for them
             return
-        move_bytes = self.move_bytes if self.stale and self.config.balancing.rehome else 0.0
         target = self.placer.after_step(
             counts_RE, plan, self.auto_cost(), self.refill.in_flight, pool, self.refill,
-            stale=self.stale, move_bytes=move_bytes,
+            stale=self.stale, move_bytes=self.move_bytes,  # 0 unless an optimizer set it
         )  # fmt: skip
         if target is not None:
             self.request_refill(target)

@@ -86,7 +86,6 @@ class Placer:
         self.decisions: Decisions | None = None
         self.orders = 0
         self.waiting: torch.Tensor | None = None
-        self.home: tuple[int, ...] | None = None  # a re-home offered (labels), until taken
         self._shares: tuple[Shares, Shares] | None = None  # (host, device)
 
     @property
@@ -151,7 +150,6 @@ class Placer:
         self.decisions.residency.cost = cost  # a calibration may have replaced it
         busy = in_flight or self.waiting is not None
         order = self.decisions.step(counts_RE, plan, busy, stale, move_bytes)
-        self.home, self.decisions.home = self.decisions.home or self.home, None
         if order is not None:
             self.orders += 1
             self.waiting = torch.where(order.changed_RB, order.slot_RB, -1)
@@ -163,9 +161,9 @@ class Placer:
         return target
 
     def take_home(self) -> tuple[int, ...] | None:
-        """The re-home offered (``Decisions.home``, labels), once; ``None`` if none waits."""
-        home, self.home = self.home, None
-        return home
+        """The re-home offered (``Decisions.take_home``, labels), once; ``None`` if none
+        waits (or no decision has run)."""
+        return None if self.decisions is None else self.decisions.take_home()
 
     def forget(self, pool: StagingPool, ticket: object) -> None:
         """Drop the refill waiting for its turn, if any (the slots it was for are gone)."""
@@ -177,7 +175,7 @@ class Placer:
         drop the refill waiting and every decision, the window with them."""
         self.close()
         self.forget(pool, ticket)
-        self.decisions, self._shares, self.home = None, None, None
+        self.decisions, self._shares = None, None
 
     def close(self) -> None:
         """Wait for this layer's decision on the worker, if one runs."""

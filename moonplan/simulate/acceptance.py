@@ -310,8 +310,9 @@ def run_recorded(
     on every hardware preset: the last ``steps`` steps measured, the others warm-up
     (:func:`recorded_options` for the deployed EPLB). On a training trace (``train-*``)
     moonplan's slots go stale at every step, as in the runtime (``stale_slots``).
-    ``moonplan-auto`` re-homes by itself as the runtime would, inside the warm-up (on a
-    training trace after that optimizer step); :data:`ORDERED` (where listed) takes its order from
+    ``moonplan-auto`` re-homes by itself as the runtime would: serving, once, inside the
+    warm-up; on a training trace where rent or buy says, each move charged;
+    :data:`ORDERED` (where listed) takes its order from
     :func:`profile_loads`. Rows carry
     ``trace`` and ``sigma`` ``None``."""
     cfg = cfg or SimConfig()

@@ -23,8 +23,8 @@ recomputation would record a step twice).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -66,13 +66,14 @@ class TraceRecorder:
             raise ValueError(f"{type(model).__name__} has no wrapped experts to record")
         self._steps: dict[str, list[torch.Tensor]] = {n: [] for n in self.names}
         self._rank = layers[0][1].group.rank
-        self._listening: list[tuple[list[Any], Any]] = []  # (a runtime's listeners, ours)
+        # (a runtime's listeners, ours)
+        self._listening: list[tuple[list[Callable[[Plan], None]], Callable[[Plan], None]]] = []
         for name, ex in layers:
             listen = self._listener(name, ex)
             ex.runtime.plan_listeners.append(listen)
             self._listening.append((ex.runtime.plan_listeners, listen))
 
-    def _listener(self, name: str, module: ShardedExperts) -> Any:
+    def _listener(self, name: str, module: ShardedExperts) -> Callable[[Plan], None]:
         def record(plan: Plan) -> None:
             counts_RE = plan.counts.detach()
             label_E = module.runtime.label_E  # model id -> label (None: the identity)

@@ -148,7 +148,7 @@ def test_in_training_auto_rehomes_where_its_decisions_rent_or_buy_says_and_pays_
     (``Residency``) offers one, taken between two steps, the next step charged the rows'
     link time at ``TRAINING_MOVE_BYTES``; ``reset()`` undoes it; ``rehome=False``: never."""
     from moonplan.baselines.policies import TRAINING_MOVE_BYTES
-    from moonplan.plan.residency.home_choice import rehome_link_s
+    from moonplan.plan.residency.refill import rehome_link_s
 
     trace = _trace(40, seed=7)
     runs = {}

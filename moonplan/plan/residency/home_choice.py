@@ -31,15 +31,14 @@ re-home costs once (its rows' moves) is for its caller, who makes it once, to we
 **In training** no slot outlives a step, so both maps are judged with no slot kept
 (``judged_order(stale=True)``), and ``auto`` re-homes as often as rent or buy says: a
 decision's :func:`stale_offer` (the seconds a step saves under the window's order)
-accrues against :func:`rehome_link_s` (the moved rows' link time, with their gradients
-and optimizer state) in ``refill.Residency``.
+accrues against ``refill.rehome_link_s`` (the moved rows' link time, with their
+gradients and optimizer state) in ``refill.Residency``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from moonplan.plan.home import home_map
 from moonplan.plan.home_order import popular_order
 from moonplan.plan.residency.exact_way import exact_steps_s
 from moonplan.plan.residency.serving import empty_slots
@@ -156,24 +155,3 @@ def stale_offer(
     now_s = map_s(cost, newer_SE, num_ranks, num_slots, builds)
     saving_s = (now_s - map_s(cost, moved_SE, num_ranks, num_slots, builds)) / newer_SE.shape[0]
     return (perm_E, saving_s) if saving_s > 0 else None
-
-
-def rehome_link_s(cost: StepCost, perm_E: list[int], num_ranks: int, move_bytes: float) -> float:
-    """Seconds a re-home to ``perm_E`` takes alone on the links: each expert that changes
-    rank is copied once from its old home rank to its new one (``cost``'s fetch of those
-    pairs in a step with no rows, as ``refill.refill_link_s``), times ``move_bytes``:
-    the bytes that move per byte of the expert's weights (1 serving; its gradient and
-    optimizer state as well in training)."""
-    E = len(perm_E)
-    old_E = home_map(E, num_ranks)  # rank of each label now
-    new_rank_E = torch.empty(E, dtype=torch.int64)
-    new_rank_E[torch.tensor(perm_E, dtype=torch.int64)] = old_E  # old label -> new rank
-    fetch_ER = torch.zeros(E, num_ranks, dtype=torch.bool)
-    moved_E = new_rank_E != old_E
-    fetch_ER[moved_E.nonzero().flatten(), new_rank_E[moved_E]] = True
-    if not bool(moved_E.any()):
-        return 0.0
-    none_ER = torch.zeros(E, num_ranks, dtype=torch.int64)
-    none_RE = torch.zeros(num_ranks, E, dtype=torch.int64)
-    step = cost.step_time(none_ER, none_RE, fetch_ER, old_E, planned=0)
-    return float(step.prefetch_s) * move_bytes

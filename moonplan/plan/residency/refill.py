@@ -47,7 +47,7 @@ a re-home by the same rule (:meth:`Residency._home`): the rent is what each step
 under the current home map against the window's ``popular_order``, both with no slot
 kept (``home_choice.stale_offer``); the price is the moved experts' rows, their link time
 alone, times ``move_bytes`` (gradients and optimizer state move too:
-``home_choice.rehome_link_s``). The verdict carries the order (``Verdict.home``); the
+:func:`rehome_link_s`). The verdict carries the order (``Verdict.home``); the
 layer takes it after its next optimizer step (``moonplan.core.optimizer_rehome``).
 
 Every input is all-gathered (the same on every rank), so every rank orders the same
@@ -70,7 +70,7 @@ from moonplan.plan.home import home_map
 from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
-from moonplan.plan.residency.home_choice import rehome_link_s, stale_offer
+from moonplan.plan.residency.home_choice import stale_offer
 from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED, empty_slots
 from moonplan.plan.residency.shares import Shares
 from moonplan.plan.residency.target import (
@@ -198,6 +198,22 @@ def refill_link_s(cost: StepCost, fetch_ER: torch.Tensor, src_E: torch.Tensor) -
     none_ER = torch.zeros(E, R, dtype=torch.int64)
     none_RE = torch.zeros(R, E, dtype=torch.int64)
     return float(cost.step_time(none_ER, none_RE, fetch_ER, src_E, planned=0).prefetch_s)
+
+
+def rehome_link_s(cost: StepCost, perm_E: list[int], num_ranks: int, move_bytes: float) -> float:
+    """Seconds a re-home to ``perm_E`` (labels: new label ``j`` is old label
+    ``perm_E[j]``) takes alone on the links: each expert that changes rank copied once
+    from its old home rank to its new one (:func:`refill_link_s`), times ``move_bytes``:
+    the bytes that move per byte of the expert's weights (1 serving; its gradient and
+    optimizer state as well in training)."""
+    E = len(perm_E)
+    old_E = home_map(E, num_ranks)  # rank of each label now
+    new_E = torch.empty(E, dtype=torch.int64)
+    new_E[torch.tensor(perm_E, dtype=torch.int64)] = old_E  # old label -> its new rank
+    moved_E = new_E != old_E
+    fetch_ER = torch.zeros(E, num_ranks, dtype=torch.bool)
+    fetch_ER[moved_E.nonzero().flatten(), new_E[moved_E]] = True
+    return refill_link_s(cost, fetch_ER, old_E) * move_bytes
 
 
 @dataclass(frozen=True)
@@ -353,7 +369,7 @@ class Residency:
         accrues the seconds the window's order would save it (``home_choice.stale_offer``:
         fit on the window's older half, scored on its newer half, no slot kept). Once the
         credit reaches the order's price, its rows' link time
-        (``home_choice.rehome_link_s``, ``snap.move_bytes`` per byte of weights), the
+        (:func:`rehome_link_s`, ``snap.move_bytes`` per byte of weights), the
         order is offered and the credit returns to 0."""
         offer = stale_offer(self.cost, snap.loads_SE, self.R, self.B, builds)
         if offer is None:
@@ -577,6 +593,12 @@ class Decisions:
             return None
         self._ordered = order
         return order
+
+    def take_home(self) -> tuple[int, ...] | None:
+        """The re-home a used answer offered (:attr:`home`, labels), once; ``None`` if
+        none waits."""
+        home, self.home = self.home, None
+        return home
 
     @property
     def ordered(self) -> Refill | None:

@@ -122,8 +122,7 @@ def test_an_order_fit_to_noise_is_not_offered() -> None:
 
 def test_a_rehome_is_priced_by_its_moves_link_time() -> None:
     from moonplan.plan.home import home_map
-    from moonplan.plan.residency.home_choice import rehome_link_s
-    from moonplan.plan.residency.refill import refill_link_s
+    from moonplan.plan.residency.refill import refill_link_s, rehome_link_s
 
     identity = list(range(16))
     assert rehome_link_s(COST, identity, 4, 6.0) == 0.0
@@ -145,8 +144,8 @@ def _stale_snapshot(res, loads_SE: torch.Tensor, steps: int, move_bytes: float):
 
 
 def test_training_decisions_offer_a_rehome_once_its_rent_reaches_its_price() -> None:
-    from moonplan.plan.residency.home_choice import rehome_link_s, stale_offer
-    from moonplan.plan.residency.refill import Residency
+    from moonplan.plan.residency.home_choice import stale_offer
+    from moonplan.plan.residency.refill import Residency, rehome_link_s
 
     res = Residency(4, 16, 2, COST)
     perm, saving_s = stale_offer(COST, HOT4, 4, 2)
