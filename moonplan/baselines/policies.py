@@ -52,7 +52,7 @@ from moonplan.plan.home_order import check_order
 from moonplan.plan.plan_time import plan_fetch_ER, plan_time
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT, exact_charge_s
-from moonplan.plan.residency.home_choice import judged_order
+from moonplan.plan.residency.home_choice import HomeOffer, judged_order
 from moonplan.plan.residency.refill import (
     STAGING,
     Decisions,
@@ -197,9 +197,10 @@ class MoonplanAutoPolicy(PlannerPolicy):
     charged to the next step (:meth:`_take_home`). Serving, it takes, once,
     ``judged_order`` of its first window:
     that of :meth:`prime` (judged as before a trace: best tables), else at the first step
-    after ``placement_window`` steps (judged against its serving slots; the slots and
-    decisions then start afresh, as the runtime's; the rows' move is not charged: it is
-    made once, inside a recorded trace's warm-up). ``home_order`` a permutation: fixed;
+    after ``placement_window`` steps (judged against its serving slots; the slots then
+    empty and the decisions take the new labels, their window's loads kept, as the
+    runtime's; the rows' move is not charged: it is made once, inside a recorded trace's
+    warm-up). ``home_order`` a permutation: fixed;
     ``"profile"`` (``moonplan-auto-ordered``: a user's ``rehome_model(model, "profile")``,
     in training too): ``judged_order`` of :meth:`prime`'s window or of ``profile`` (int64
     ``[S, E]`` per-step loads, for a trace without steps before it, judged for a layer
@@ -249,34 +250,38 @@ class MoonplanAutoPolicy(PlannerPolicy):
         self.reset()
         if self.profiled and profile is not None:
             assert self.slots is not None
-            self.home_order = self._judged(profile, empty_slots(num_ranks, self.slots))
+            judged = self._judged(profile, empty_slots(num_ranks, self.slots))
+            self.home_order = self._chosen(judged)
 
-    def _judged(self, loads_SE: torch.Tensor, serving_RB: torch.Tensor | None) -> tuple[int, ...]:
-        """The order ``rehome("profile")`` takes from the steps ``loads_SE`` (int64
+    def _judged(self, loads_SE: torch.Tensor, serving_RB: torch.Tensor | None) -> HomeOffer | None:
+        """The judgement of ``rehome("profile")`` on the steps ``loads_SE`` (int64
         ``[S, E]``, by expert) against the slots ``serving_RB`` (``None``: before a trace;
         where the slots go stale, training: with no slot kept either way):
-        ``home_choice.judged_order``, else the linear map. Judged once."""
+        ``home_choice.judged_order``. Judged once."""
         assert self.slots is not None
         self.rehome = False
-        perm = judged_order(self.cost, loads_SE, self.num_ranks, self.slots, serving_RB,
+        return judged_order(self.cost, loads_SE, self.num_ranks, self.slots, serving_RB,
                             stale=self.stale_slots)  # fmt: skip
-        return tuple(range(self.num_experts)) if perm is None else tuple(perm)
+
+    def _chosen(self, judged: HomeOffer | None) -> tuple[int, ...]:
+        """The order ``judged`` chose, else the linear map (from the linear map)."""
+        return tuple(range(self.num_experts)) if judged is None else judged.perm_E
 
     def _own_rehome(self, counts_RE: torch.Tensor) -> None:
         """The runtime's own re-home at the first step after its first window (counts of
         this step ``[R, E]``, by expert: the map is still linear), judged against the
-        slots serving; where it moves, the slots and decisions start afresh."""
+        slots serving; where it moves, the slots empty and the decisions take the new
+        labels (:meth:`_relabel`)."""
         if len(self._seen) < self.window:
             self._seen.append(counts_RE.sum(0))
             return
         assert self.slots is not None
         empty_RB = empty_slots(self.num_ranks, self.slots)
         serving_RB = empty_RB if self._previous is None else self._previous.slot_expert.cpu()
-        order = self._judged(torch.stack(self._seen), serving_RB)
+        judged = self._judged(torch.stack(self._seen), serving_RB)
         self._seen = []
-        if order != tuple(range(self.num_experts)):
-            self.home_order = order
-            self._fresh_slots()
+        if judged is not None:
+            self._relabel(judged.perm_E, judged)
 
     def reset(self) -> None:
         if self._own:  # back to the linear map, its own re-home to come
@@ -289,7 +294,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
         self._fresh_slots()
 
     def _fresh_slots(self) -> None:
-        """Empty slots, a fresh residency and no refill (a new policy's, or a re-home's)."""
+        """Empty slots, a fresh residency and no refill (a new policy's)."""
         self._previous = None
         self.decisions: Decisions | None = None
         if self.staging:  # stale slots (training): no refill, only the way of the steps
@@ -316,7 +321,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
         if (self.profiled or self.rehome) and self.home_order is None:  # its own window:
             mine_N = before.steps_N >= -self.window  # others' steps are drawn too
             if bool(mine_N.any()):
-                self.home_order = self._judged(before.totals_NE[mine_N], None)
+                self.home_order = self._chosen(self._judged(before.totals_NE[mine_N], None))
         res = self.residency
         if res is None or self._previous is not None:
             return
@@ -399,18 +404,28 @@ class MoonplanAutoPolicy(PlannerPolicy):
             turn: list[torch.Tensor | None] = [None] * (n * (self.layers - 1))  # others copy
             self._order, self._shares = order, turn + list(split_pairs(order.fetch_ER, n))
 
-    def _take_home(self, perm_E: tuple[int, ...]) -> None:
-        """Re-home to ``perm_E`` (labels) between this step and the next, as the runtime
-        does after the optimizer step: the next step pays the rows' link time
-        (``refill.rehome_link_s`` at :data:`TRAINING_MOVE_BYTES`); the slots and
-        decisions start afresh."""
-        current = self.home_order or tuple(range(self.num_experts))
-        new = tuple(current[j] for j in perm_E)
+    def _take_home(self, offer: HomeOffer) -> None:
+        """Re-home to ``offer``'s order (labels) between this step and the next, as the
+        runtime does after the optimizer step: the next step pays the rows' link time
+        (``refill.rehome_link_s`` at :data:`TRAINING_MOVE_BYTES`); then
+        :meth:`_relabel`."""
         if not self._undo:
             self._undo.append(self.home_order)
-        self._blocking_s = rehome_link_s(self.cost, list(perm_E), self.num_ranks, self.move_bytes)
-        self.home_order = new
-        self._fresh_slots()
+        perm_E = list(offer.perm_E)
+        self._blocking_s = rehome_link_s(self.cost, perm_E, self.num_ranks, self.move_bytes)
+        self._relabel(perm_E, offer)
+
+    def _relabel(self, perm_E: Sequence[int], judged: HomeOffer) -> None:
+        """Take the labels of a re-home to ``perm_E`` (new label ``j`` is old label
+        ``perm_E[j]``), as the runtime's ``BetweenSteps.rehome``: the slots empty, a refill
+        still copying is dropped, and the decisions take the new labels
+        (``Decisions.relabel``: the window's loads stay, relabelled; the steps serve the
+        way ``judged``, the judgement that chose the order, found for them)."""
+        current = self.home_order or tuple(range(self.num_experts))
+        self.home_order = tuple(current[j] for j in perm_E)
+        self._previous, self._order, self._shares = None, None, []
+        if self.decisions is not None:
+            self.decisions.relabel(torch.tensor(list(perm_E), dtype=torch.int64), judged)
 
     def _commit(self, counts_RE: torch.Tensor) -> int:
         """Swap an arrived refill into the slots (the most swapped on one rank)."""

@@ -37,7 +37,7 @@ from moonplan.core.rehome import Moves, full_order, home_moves, move_rows, row_t
 from moonplan.plan.home import home_start
 from moonplan.plan.home_order import check_order, popular_order
 from moonplan.plan.plan_type import Plan
-from moonplan.plan.residency.home_choice import judged_order
+from moonplan.plan.residency.home_choice import HomeOffer, judged_order
 from moonplan.plan.residency.serving import empty_slots
 from moonplan.runtime.config import MoEConfig
 from moonplan.runtime.layer_runtime import LayerRuntime
@@ -182,7 +182,8 @@ class ShardedExperts(RuntimeViews, nn.Module):
         Each expert's rows go from its old home rank to its new one, with its gradient
         and the state of ``optimizers`` (:mod:`moonplan.core.rehome`), into the same
         Parameters. The identity order restores the linear map (``home_order`` ``None``).
-        The slots, any refill and the residency's decisions start afresh; ``last_plan`` is
+        The slots empty and any refill or decision in flight is dropped (the residency's
+        window keeps its loads, relabelled: ``Decisions.relabel``); ``last_plan`` is
         ``None`` until the next step (labels changed meaning). The current order changes
         nothing (returns 0, the slots stay).
 
@@ -209,9 +210,20 @@ class ShardedExperts(RuntimeViews, nn.Module):
             ContractError: on every rank: ranks gave different orders, failed
                 differently, or hold different numbers of tensors to move.
         """
+        return self._rehome(order, optimizers, None)
+
+    def _rehome(
+        self,
+        order: Sequence[int] | str,
+        optimizers: Sequence[torch.optim.Optimizer] | None,
+        offer: HomeOffer | None,
+    ) -> int:
+        """:meth:`rehome`; ``offer``: the placer's offer that chose ``order`` (its steps
+        then serve the offer's way, as a ``"profile"`` order judged here serves its
+        judgement's)."""
         current = full_order(self.home_order, self.num_experts)
         try:
-            new = self._order(order, current)
+            new, judged = self._order(order, current)
             if optimizers is None and self.training:
                 raise ValueError(
                     "rehome in training mode needs optimizers=[...] (the optimizers whose "
@@ -230,17 +242,19 @@ class ShardedExperts(RuntimeViews, nn.Module):
         moves = home_moves(current, new, self.group.size, self.group.rank)
         kept = None if new == list(range(self.num_experts)) else tuple(new)
         cfg = self.config.replace(home_order=kept)
-        self.runtime.rehome(cfg, lambda: self._move(tensors, moves))
+        self.runtime.rehome(cfg, lambda: self._move(tensors, moves), offer or judged)
         self.home_order = kept
         ids_Er = home_ids(self.home_range, kept)
         self.get_buffer("home_experts").copy_(torch.tensor(ids_Er, dtype=torch.int64))
         return moves.moved
 
-    def _order(self, order: Sequence[int] | str, current: list[int]) -> list[int]:
+    def _order(
+        self, order: Sequence[int] | str, current: list[int]
+    ) -> tuple[list[int], HomeOffer | None]:
         """The checked new order: ``order``, or for ``"profile"`` the one of the recent
-        loads (:meth:`rehome`)."""
+        loads (:meth:`rehome`); and the judgement that chose it, if any."""
         if not isinstance(order, str):
-            return check_order(order, self.num_experts)
+            return check_order(order, self.num_experts), None
         if order != "profile":
             raise ValueError(f"order must be a permutation or 'profile', got {order!r}")
         if self.runtime.window.filled == 0:
@@ -248,12 +262,14 @@ class ShardedExperts(RuntimeViews, nn.Module):
         R, loads_SE = self.group.size, self.runtime.window.loads()  # by label
         cost = self.runtime.auto_cost()
         if cost is None:  # no cost model to judge it by: the order as it is
-            return popular_order(self.runtime.recent_loads(), R, current)
+            return popular_order(self.runtime.recent_loads(), R, current), None
         rt = self.runtime  # training: every step changes the weights, no slot is kept
         kept = rt.resident if rt.serving else None
         serving_RB = empty_slots(R, rt.B) if kept is None else kept.slot_expert
-        perm_E = judged_order(cost, loads_SE, R, rt.B, serving_RB, stale=not rt.serving)
-        return current if perm_E is None else [current[j] for j in perm_E]
+        judged = judged_order(cost, loads_SE, R, rt.B, serving_RB, stale=not rt.serving)
+        if judged is None:
+            return current, None
+        return [current[j] for j in judged.perm_E], judged
 
     def step_begins(self) -> None:
         """Call before a step reads the parameters (collective where it acts: every rank
@@ -302,10 +318,10 @@ class ShardedExperts(RuntimeViews, nn.Module):
                 stacklevel=2,
             )
             return True
-        perm_E = self.runtime.take_home_offer()
-        if perm_E is not None:
+        offer = self.runtime.take_home_offer()
+        if offer is not None:
             current = full_order(self.home_order, self.num_experts)
-            self.rehome([current[j] for j in perm_E], optimizers=[optimizer])
+            self._rehome([current[j] for j in offer.perm_E], [optimizer], offer)
         return False
 
     def _set_move_bytes(self, optimizer: torch.optim.Optimizer) -> None:

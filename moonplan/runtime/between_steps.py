@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from moonplan.plan.plan_type import Plan
+from moonplan.plan.residency.home_choice import HomeOffer
 from moonplan.plan.residency.serving import empty_slots
 from moonplan.plan.residency.window import LoadWindow
 from moonplan.runtime.balancer import Balancer
@@ -102,10 +103,11 @@ class BetweenSteps(LayerResources):
             and self.auto_cost() is not None
         )
 
-    def take_home_offer(self) -> tuple[int, ...] | None:
+    def take_home_offer(self) -> HomeOffer | None:
         """The re-home the placer's decisions offered in training (rent or buy:
-        ``Residency``), in labels (new label ``j`` is old label ``perm_E[j]``), once:
-        ``None`` if none waits. Every rank's decisions offer it at the same step."""
+        ``Residency``), in labels (``HomeOffer.perm_E``: new label ``j`` is old label
+        ``perm_E[j]``), once: ``None`` if none waits. Every rank's decisions offer it at
+        the same step."""
         return self.placer.take_home()
 
     def recent_loads(self) -> Tensor:
@@ -116,26 +118,31 @@ class BetweenSteps(LayerResources):
         return totals_E if self.label_E is None else totals_E[self.label_E]
 
     @outside_inference()
-    def rehome(self, cfg: MoEConfig, move: Callable[[], None]) -> None:
+    def rehome(
+        self, cfg: MoEConfig, move: Callable[[], None], judged: HomeOffer | None = None
+    ) -> None:
         """Take ``cfg``'s home order, the front end's ``move`` (collective) carrying the
         home rows there (:meth:`ShardedExperts.rehome
-        <moonplan.core.sharded.ShardedExperts.rehome>`).
+        <moonplan.core.sharded.ShardedExperts.rehome>`); ``judged``: the judgement that
+        chose it (its steps are served its way until the placer's next decision).
 
         First the background lane drains (a replica-gradient reduce may still write
-        gradients) and any refill is dropped. Then ``move`` runs and the layer takes the
-        new labels: slots, the placer's window and decisions start afresh (they are in
-        the old labels), the weights republish before the next step, ``last_plan`` is
-        ``None``.
+        gradients) and any refill is dropped; the placer takes the new labels
+        (``Placer.relabel``: its window's loads stay, relabelled; a decision or refill
+        in the old labels is dropped). Then ``move`` runs and the layer takes the new
+        labels: the slots are empty, the window is relabelled, the weights republish
+        before the next step, ``last_plan`` is ``None``.
         """
         self._lane.drain()
         self.refill.drop()
-        self.placer.reset(self.store.pool, self.refill)
-        move()
-        old_E = self.label_E
-        self.config, self.label_E = cfg, home_labels(cfg, self.group.device)
         new = cfg.sizes.home_order or range(self.E)  # model expert of each new label
         columns_E = torch.tensor(list(new), dtype=torch.int64, device=self.group.device)
-        self.window.relabel(columns_E if old_E is None else old_E[columns_E])
+        if self.label_E is not None:  # old label of each new one
+            columns_E = self.label_E[columns_E]
+        self.placer.relabel(self.store.pool, self.refill, columns_E, judged)
+        move()
+        self.config, self.label_E = cfg, home_labels(cfg, self.group.device)
+        self.window.relabel(columns_E)
         self.weights_changed()
         self.last_plan = None
 

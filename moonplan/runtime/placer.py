@@ -47,6 +47,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from moonplan.plan.plan_type import Plan
+from moonplan.plan.residency.home_choice import HomeOffer
 from moonplan.plan.residency.refill import Answer, Decisions, Residency
 from moonplan.plan.residency.shares import Shares
 from moonplan.runtime.staging import StagingPool
@@ -160,7 +161,7 @@ class Placer:
         pool.leave(ticket)  # the refill takes the rows, if it changes any
         return target
 
-    def take_home(self) -> tuple[int, ...] | None:
+    def take_home(self) -> HomeOffer | None:
         """The re-home offered (``Decisions.take_home``, labels), once; ``None`` if none
         waits (or no decision has run)."""
         return None if self.decisions is None else self.decisions.take_home()
@@ -170,12 +171,22 @@ class Placer:
         self.waiting = None
         pool.leave(ticket)
 
-    def reset(self, pool: StagingPool, ticket: object) -> None:
-        """Start afresh (the layer's labels changed): wait for a decision on the worker,
-        drop the refill waiting and every decision, the window with them."""
-        self.close()
+    def relabel(
+        self,
+        pool: StagingPool,
+        ticket: object,
+        columns_E: torch.Tensor,
+        judged: HomeOffer | None = None,
+    ) -> None:
+        """The layer re-homed: new label ``j`` is old label ``columns_E[j]`` (int64
+        ``[E]``). The refill waiting is dropped (its slots are gone) and the decisions
+        take the new labels (``Decisions.relabel``: a decision running on the worker is
+        waited for and dropped; the window's loads stay, relabelled; the steps serve
+        ``judged``'s way, the judgement that chose the order, else planner calls)."""
         self.forget(pool, ticket)
-        self.decisions, self._shares = None, None
+        self._shares = None
+        if self.decisions is not None:
+            self.decisions.relabel(columns_E.cpu(), judged)
 
     def close(self) -> None:
         """Wait for this layer's decision on the worker, if one runs."""

@@ -55,7 +55,7 @@ def test_the_profile_order_comes_from_the_window_before_the_trace():
     assert policy.steps_before() == [(-3, 0)]
     totals_NE = torch.stack([c.sum(0) for c in _trace(3, seed=7)])
     policy.prime(Prehistory(torch.arange(-3, 0), totals_NE))
-    assert list(policy.home_order) == judged_order(COST, totals_NE, 4, 2)  # predicted faster
+    assert policy.home_order == judged_order(COST, totals_NE, 4, 2).perm_E  # predicted faster
     assert list(policy.home_order) == popular_order(totals_NE.sum(0), 4, list(range(16)))
     hot = set(range(4))  # the hot block, spread over the ranks by the order
     assert all(len(hot & set(policy.home_order[4 * r : 4 * r + 4])) == 1 for r in range(4))
@@ -71,7 +71,7 @@ def test_a_profile_the_cost_model_does_not_favour_keeps_the_linear_map():
     hot_NE = torch.stack([c.sum(0) for c in _trace(3, seed=7)])
     policy = make_policy("moonplan-auto-ordered", 4, 16, cost=COST, slots=2, profile=hot_NE)
     empty_RB = torch.full((4, 2), -1)  # a profile is judged for a layer whose slots are empty
-    assert list(policy.home_order) == judged_order(COST, hot_NE, 4, 2, empty_RB)
+    assert policy.home_order == judged_order(COST, hot_NE, 4, 2, empty_RB).perm_E
     assert policy.home_order != tuple(range(16))
 
 
@@ -113,7 +113,7 @@ def test_auto_rehomes_by_itself_from_its_window_while_serving():
     ``rehome=False``; without a window it keeps the linear map."""
     totals_NE = torch.stack([c.sum(0) for c in _trace(3, seed=7)])
     before = Prehistory(torch.arange(-3, 0), totals_NE)
-    want = tuple(judged_order(COST, totals_NE, 4, 2))  # before the trace: best tables
+    want = judged_order(COST, totals_NE, 4, 2).perm_E  # before the trace: best tables
     for options, order in (({}, want), ({"stale_slots": True}, None), ({"rehome": False}, None)):
         policy = make_policy("moonplan-auto", 4, 16, cost=COST, slots=2, placement_window=3,
                              **options)  # fmt: skip
@@ -140,13 +140,14 @@ def test_without_a_window_before_auto_rehomes_after_its_first_window(slots, move
     want = judged_order(COST, loads_SE, 4, slots, serving_RB)
     assert (want is not None) == moves and not policy.rehome  # judged once
     policy.step(trace[4])
-    assert policy.home_order == (tuple(want) if moves else None)
+    assert policy.home_order == (want.perm_E if moves else None)
 
 
 def test_in_training_auto_rehomes_where_its_decisions_rent_or_buy_says_and_pays_the_move():
     """Stale slots (training): no re-home of its first window; its decisions' rent or buy
     (``Residency``) offers one, taken between two steps, the next step charged the rows'
-    link time at ``TRAINING_MOVE_BYTES``; ``reset()`` undoes it; ``rehome=False``: never."""
+    link time at ``TRAINING_MOVE_BYTES``, the decisions' window kept (relabelled) and the
+    offer's way serving; ``reset()`` undoes it; ``rehome=False``: never."""
     from moonplan.baselines.policies import TRAINING_MOVE_BYTES
     from moonplan.plan.residency.refill import rehome_link_s
 
@@ -155,10 +156,12 @@ def test_in_training_auto_rehomes_where_its_decisions_rent_or_buy_says_and_pays_
     for rehome in (True, False):
         policy = make_policy("moonplan-auto", 4, 16, cost=COST, slots=2, placement_window=3,
                              stale_slots=True, rehome=rehome)  # fmt: skip
-        charged, orders = [], []
+        charged, orders, held, ways = [], [], [], []
         for c in trace:
             charged.append(policy.step(c).blocking_s)
             orders.append(policy.home_order)
+            held.append(policy.residency.window.filled)
+            ways.append(policy.decisions.way(stale=True))
         runs[rehome] = (charged, orders)
         policy.reset()
         assert policy.home_order is None and policy._blocking_s == 0.0
@@ -167,4 +170,6 @@ def test_in_training_auto_rehomes_where_its_decisions_rent_or_buy_says_and_pays_
     assert first > 3  # from its decisions, not at its first window
     want_s = rehome_link_s(COST, list(orders[first]), 4, TRAINING_MOVE_BYTES)
     assert charged[first + 1] == want_s > 0 and set(charged[: first + 1]) == {0.0}
+    assert held == [1, 2] + [3] * 38  # the window's loads stay through the re-home
+    assert ways[first] != "call"  # the offer's way (judged for its steps under the order)
     assert runs[False] == ([0.0] * 40, [None] * 40)

@@ -60,7 +60,8 @@ def test_each_optimizer_step_tells_the_watched_layers_until_they_are_done() -> N
 def _trained_auto(rank: int, world: int, cfg: dict) -> dict:
     """``STEPS`` Adam steps of an auto layer (a cost model whose copies are cheap, so that
     a re-home pays within a few steps; 2 slots): its home order after
-    each, the losses, the warnings, ``move_bytes`` and the experts' weights by model id."""
+    each, the steps its placer's window holds after each, the losses, the warnings,
+    ``move_bytes`` and the experts' weights by model id."""
     from moonplan.adapters.checkpoint import gather_full_state_dict
     from tests.plan.choice.costs import rows_only
 
@@ -76,7 +77,7 @@ def _trained_auto(rank: int, world: int, cfg: dict) -> dict:
         opts = [torch.optim.Adam(firsts, lr=1e-3), torch.optim.Adam(rest, lr=1e-3)]
     else:
         opts = [torch.optim.Adam(layer.parameters(), lr=1e-3)]
-    orders, losses = [], []
+    orders, losses, held = [], [], []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(STEPS):
@@ -87,10 +88,12 @@ def _trained_auto(rank: int, world: int, cfg: dict) -> dict:
             for opt in opts:
                 opt.step()
             orders.append(experts.home_order)
+            decisions = experts.runtime.placer.decisions
+            held.append(0 if decisions is None else decisions.residency.window.filled)
             losses.append(float(loss))
     full = gather_full_state_dict(layer)
     said = [str(w.message) for w in caught if "re-home" in str(w.message)]
-    return {"orders": orders, "losses": losses, "said": said,
+    return {"orders": orders, "losses": losses, "said": said, "held": held,
             "move_bytes": layer.runtime.move_bytes,
             "weights": {k: v for k, v in full.items() if "experts" in k}}  # fmt: skip
 
@@ -125,6 +128,7 @@ def test_auto_rehomes_in_training_after_an_optimizer_step_where_its_decisions_of
     assert orders[0] is None and orders[-1] is not None  # re-homed after a step, kept
     want = popular_order(torch.bincount(ids.reshape(-1), minlength=E), world, list(range(E)))
     assert set(orders[-1][:4]) == set(want[:4])  # the hot expert's rank: the window's groups
+    assert got[0]["held"] == list(range(1, STEPS + 1))  # a re-home keeps the window's loads
     plain = run_ranks(_trained_auto, world, {**cfg, "options": {**options, "rehome": False}},
                       timeout=240)  # fmt: skip
     for a, b in zip(plain, got, strict=True):  # trained on as without the moves

@@ -332,7 +332,8 @@ def test_an_auto_layer_takes_the_profile_order_only_where_its_cost_model_favours
     serving = got[0]["serving"]
     if serving is None:
         serving = torch.full((world, slots), -1, dtype=torch.int64)
-    perm = judged_order(COST, got[0]["loads"], world, slots, serving)
+    judged = judged_order(COST, got[0]["loads"], world, slots, serving)
+    perm = None if judged is None else judged.perm_E
     assert (perm is not None) == taken
     if not taken:
         assert popular_order(got[0]["loads"].sum(0), world, list(range(E))) != list(range(E))
@@ -433,5 +434,5 @@ def test_after_training_steps_the_profile_is_judged_with_no_slot_kept() -> None:
                     {"E": E, "sizes": sizes, "ids": ids, "w": wk}, timeout=120)  # fmt: skip
     want = judged_order(COST, got[0]["loads"], world, 2, stale=True)
     assert want is not None
-    assert got[0]["order"] == got[1]["order"] == tuple(want)
+    assert got[0]["order"] == got[1]["order"] == want.perm_E
     assert got[0]["stale"] == got[1]["stale"] == [True]  # no slot outlives a training step

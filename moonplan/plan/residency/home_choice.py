@@ -37,6 +37,8 @@ gradients and optimizer state) in ``refill.Residency``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from moonplan.plan.home_order import popular_order
@@ -47,8 +49,41 @@ from moonplan.plan.residency.work import Builds
 from moonplan.stepcost import StepCost
 
 
+@dataclass(frozen=True)
+class HomeOffer:
+    """A home order judged faster for a window's steps (:func:`judged_order`,
+    :func:`stale_offer`).
+
+    Attributes:
+        perm_E: the order, in labels (new label ``j`` is old label ``perm_E[j]``).
+        saving_s: seconds a step saves under it, as predicted (:func:`stale_offer`: held
+            out, on steps it was not fit to).
+        serve: how the steps are served once it is taken, until a decision judges them
+            again: the way of least predicted time under it with no slot kept
+            (``target.stale_way``; before a trace, its best table's way).
+        stale: judged for steps whose slots go stale (training).
+    """
+
+    perm_E: tuple[int, ...]
+    saving_s: float
+    serve: str
+    stale: bool = False
+
+
 def _rows(loads_SE: torch.Tensor, num_ranks: int) -> torch.Tensor:
     return window_rows(loads_SE.sum(0).cpu(), loads_SE.shape[0], num_ranks, loads_SE)
+
+
+def map_way(
+    cost: StepCost,
+    loads_SE: torch.Tensor,
+    num_ranks: int,
+    num_slots: int,
+    builds: Builds | None = None,
+) -> tuple[float, str]:
+    """Least predicted seconds of the window's steps under the labels' linear home map
+    with no slot kept between steps, and the way that gives it (``target.stale_way``)."""
+    return stale_way(cost, _rows(loads_SE, num_ranks), num_slots, loads_SE, builds)
 
 
 def map_s(
@@ -58,9 +93,25 @@ def map_s(
     num_slots: int,
     builds: Builds | None = None,
 ) -> float:
-    """Least predicted seconds of the window's steps under the labels' linear home map
-    with no slot kept between steps (``target.stale_way``)."""
-    return stale_way(cost, _rows(loads_SE, num_ranks), num_slots, loads_SE, builds)[0]
+    """The seconds of :func:`map_way`."""
+    return map_way(cost, loads_SE, num_ranks, num_slots, builds)[0]
+
+
+def table_way(
+    cost: StepCost,
+    loads_SE: torch.Tensor,
+    num_ranks: int,
+    num_slots: int,
+    builds: Builds | None = None,
+) -> tuple[float, str]:
+    """Least predicted seconds of the window's steps under the labels' linear home map,
+    served by the best table from empty slots, and its way (``target.target_of``)."""
+    if num_slots == 0:
+        return map_way(cost, loads_SE, num_ranks, 0, builds)
+    totals_E, S = loads_SE.sum(0).cpu(), loads_SE.shape[0]
+    empty_RB = empty_slots(num_ranks, num_slots)
+    got = target_of(totals_E, S, empty_RB, cost, loads_SE, builds)
+    return got.seconds, got.serve
 
 
 def table_s(
@@ -70,13 +121,8 @@ def table_s(
     num_slots: int,
     builds: Builds | None = None,
 ) -> float:
-    """Least predicted seconds of the window's steps under the labels' linear home map,
-    served by the best table from empty slots and its way (``target.target_of``)."""
-    if num_slots == 0:
-        return map_s(cost, loads_SE, num_ranks, 0, builds)
-    totals_E, S = loads_SE.sum(0).cpu(), loads_SE.shape[0]
-    empty_RB = empty_slots(num_ranks, num_slots)
-    return target_of(totals_E, S, empty_RB, cost, loads_SE, builds).seconds
+    """The seconds of :func:`table_way`."""
+    return table_way(cost, loads_SE, num_ranks, num_slots, builds)[0]
 
 
 def serving_s(
@@ -99,27 +145,31 @@ def judged_order(
     builds: Builds | None = None,
     *,
     stale: bool = False,
-) -> list[int] | None:
-    """``perm_E``: :func:`popular_order` of the window's loads (its groups kept on the
-    ranks that own most of them), where the window's steps are predicted faster under it
-    (module docstring: against ``serving_RB``, the running layer's table, with no slot
-    kept; ``None``: before a trace, best tables both; ``stale``, training, where no slot
-    outlives a step: both maps with no slot kept); else ``None`` (also for an empty
-    window and where the order is the identity)."""
+) -> HomeOffer | None:
+    """:func:`popular_order` of the window's loads (its groups kept on the ranks that own
+    most of them), where the window's steps are predicted faster under it (module
+    docstring: against ``serving_RB``, the running layer's table, with no slot kept;
+    ``None``: before a trace, best tables both; ``stale``, training, where no slot
+    outlives a step: both maps with no slot kept), with the way its steps are then
+    served (:class:`HomeOffer`); else ``None`` (also for an empty window and where the
+    order is the identity)."""
     perm_E = window_order(loads_SE, num_ranks)
     if perm_E is None:
         return None
     moved_SE = loads_SE[:, torch.tensor(perm_E, dtype=torch.int64, device=loads_SE.device)]
-    if stale:
-        now = map_s(cost, loads_SE, num_ranks, num_slots, builds)
-        after = map_s(cost, moved_SE, num_ranks, num_slots, builds)
-    elif serving_RB is None:
+    if serving_RB is None and not stale:
         now = table_s(cost, loads_SE, num_ranks, num_slots, builds)
-        after = table_s(cost, moved_SE, num_ranks, num_slots, builds)
+        after, way = table_way(cost, moved_SE, num_ranks, num_slots, builds)
     else:
-        now = serving_s(cost, loads_SE, serving_RB, builds)
-        after = map_s(cost, moved_SE, num_ranks, num_slots, builds)
-    return perm_E if after < now else None
+        if stale:
+            now = map_s(cost, loads_SE, num_ranks, num_slots, builds)
+        else:
+            assert serving_RB is not None
+            now = serving_s(cost, loads_SE, serving_RB, builds)
+        after, way = map_way(cost, moved_SE, num_ranks, num_slots, builds)
+    if after >= now:
+        return None
+    return HomeOffer(tuple(perm_E), (now - after) / loads_SE.shape[0], way, stale)
 
 
 def window_order(loads_SE: torch.Tensor, num_ranks: int) -> list[int] | None:
@@ -139,13 +189,13 @@ def stale_offer(
     num_ranks: int,
     num_slots: int,
     builds: Builds | None = None,
-) -> tuple[list[int], float] | None:
+) -> HomeOffer | None:
     """A re-home for steps whose slots go stale (training), held out: the
-    :func:`window_order` of the window's older half and the seconds a step of its newer
-    half saves under it, with no slot kept either way (:func:`map_s`); ``None`` where
-    there is no order or it saves nothing. An order scored on the steps it was fit to
-    always looks faster, noise included; scored on later steps, only a popularity that
-    lasts makes it so."""
+    :func:`window_order` of the window's older half, the seconds a step of its newer
+    half saves under it and that half's way under it, with no slot kept either way
+    (:func:`map_way`); ``None`` where there is no order or it saves nothing. An order
+    scored on the steps it was fit to always looks faster, noise included; scored on
+    later steps, only a popularity that lasts makes it so."""
     half = loads_SE.shape[0] // 2
     perm_E = window_order(loads_SE[:half], num_ranks)
     if perm_E is None:
@@ -153,5 +203,6 @@ def stale_offer(
     newer_SE = loads_SE[half:]
     moved_SE = newer_SE[:, torch.tensor(perm_E, dtype=torch.int64, device=loads_SE.device)]
     now_s = map_s(cost, newer_SE, num_ranks, num_slots, builds)
-    saving_s = (now_s - map_s(cost, moved_SE, num_ranks, num_slots, builds)) / newer_SE.shape[0]
-    return (perm_E, saving_s) if saving_s > 0 else None
+    after_s, way = map_way(cost, moved_SE, num_ranks, num_slots, builds)
+    saving_s = (now_s - after_s) / newer_SE.shape[0]
+    return HomeOffer(tuple(perm_E), saving_s, way, True) if saving_s > 0 else None

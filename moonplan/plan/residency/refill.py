@@ -49,6 +49,8 @@ kept (``home_choice.stale_offer``); the price is the moved experts' rows, their 
 alone, times ``move_bytes`` (gradients and optimizer state move too:
 :func:`rehome_link_s`). The verdict carries the order (``Verdict.home``); the
 layer takes it after its next optimizer step (``moonplan.core.optimizer_rehome``).
+A re-home relabels the window and keeps its loads (:meth:`Decisions.relabel`); the
+steps after it are served the way the offer judged for them under the new order.
 
 Every input is all-gathered (the same on every rank), so every rank orders the same
 refill at the same step.
@@ -70,7 +72,7 @@ from moonplan.plan.home import home_map
 from moonplan.plan.plan_time import plan_time
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
-from moonplan.plan.residency.home_choice import stale_offer
+from moonplan.plan.residency.home_choice import HomeOffer, stale_offer
 from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED, empty_slots
 from moonplan.plan.residency.shares import Shares
 from moonplan.plan.residency.target import (
@@ -107,14 +109,14 @@ class Verdict:
     ``stale``: judged for steps whose slots go stale (no refill then); ``shares``: the
     weighted lookup's ``shares.Shares`` (on the host) where ``serve`` is that way
     (``serving.WEIGHTED``), else ``None``; ``home``: a re-home that rent or buy says pays
-    (``perm_E``, labels: new label ``j`` is old label ``perm_E[j]``; steps whose slots go
-    stale only, :meth:`Residency.judge`), else ``None``."""
+    (``home_choice.HomeOffer``: its order in labels and its steps' way; steps whose slots
+    go stale only, :meth:`Residency.judge`), else ``None``."""
 
     order: Refill | None
     serve: str
     stale: bool = False
     shares: Shares | None = None
-    home: tuple[int, ...] | None = None
+    home: HomeOffer | None = None
 
 
 @dataclass(frozen=True)
@@ -296,6 +298,14 @@ class Residency:
         )
         return got.slot_RB
 
+    def relabel(self, columns_E: torch.Tensor) -> None:
+        """The layer re-homed: new label ``j`` is old label ``columns_E[j]`` (int64
+        ``[E]``, a permutation). The window's loads stay (they are the same experts',
+        relabelled); the rent accrued returns to 0 (it was for tables and orders in the
+        old labels)."""
+        self.window.relabel(columns_E)
+        self.credit = self.home_credit = 0.0
+
     def observe(self, counts_RE: torch.Tensor) -> None:
         """Add a step's counts (int64 ``[R, E]``, on the window's device) to the window."""
         self.window.observe(counts_RE.to(self.window.loads_WE.device))
@@ -364,7 +374,7 @@ class Residency:
         home = None if snap is None or snap.move_bytes <= 0 else self._home(snap, builds)
         return Verdict(None, way, True, home=home)
 
-    def _home(self, snap: Snapshot, builds: Builds | None) -> tuple[int, ...] | None:
+    def _home(self, snap: Snapshot, builds: Builds | None) -> HomeOffer | None:
         """Rent or buy for a re-home, as for a refill: each step since the last decision
         accrues the seconds the window's order would save it (``home_choice.stale_offer``:
         fit on the window's older half, scored on its newer half, no slot kept). Once the
@@ -374,12 +384,12 @@ class Residency:
         offer = stale_offer(self.cost, snap.loads_SE, self.R, self.B, builds)
         if offer is None:
             return None
-        perm_E, saving_s = offer
-        self.home_credit += snap.steps * saving_s
-        if self.home_credit < rehome_link_s(self.cost, perm_E, self.R, snap.move_bytes):
+        self.home_credit += snap.steps * offer.saving_s
+        price_s = rehome_link_s(self.cost, list(offer.perm_E), self.R, snap.move_bytes)
+        if self.home_credit < price_s:
             return None
         self.home_credit = 0.0
-        return tuple(perm_E)
+        return offer
 
     def _shares(self, rows_SRE: torch.Tensor, slot_RB: torch.Tensor, way: str) -> Shares | None:
         """The weighted lookup's shares of ``slot_RB`` fit to the window's steps
@@ -486,7 +496,9 @@ class Decisions:
     the residency's from the window before the trace, else ``"call"``), until a refill it
     ordered arrives (:meth:`arrived`), which serves its own table's way. A way is judged
     for one table: the target's way over the old slots once made a step 2x slower
-    (a whole-move lookup over slots placed for splitting).
+    (a whole-move lookup over slots placed for splitting). Likewise after a re-home
+    (:meth:`relabel`): the way its judgement found for its steps, else planner calls,
+    until the next decision; the window's loads stay, relabelled.
     """
 
     def __init__(
@@ -499,7 +511,7 @@ class Decisions:
         self._side: torch.cuda.Stream | None = None  # a worker's decisions on CUDA counts
         self._pending: tuple[Future[Answer] | Answer, int] | None = None  # (answer, lag)
         self._verdict: Verdict | None = None  # the last used answer's (None: none yet)
-        self.home: tuple[int, ...] | None = None  # a re-home offered, until taken
+        self.home: HomeOffer | None = None  # a re-home offered, until taken
         self._ordered: Refill | None = None  # the last refill handed out, until it arrives
 
     @property
@@ -594,11 +606,26 @@ class Decisions:
         self._ordered = order
         return order
 
-    def take_home(self) -> tuple[int, ...] | None:
+    def take_home(self) -> HomeOffer | None:
         """The re-home a used answer offered (:attr:`home`, labels), once; ``None`` if
         none waits."""
         home, self.home = self.home, None
         return home
+
+    def relabel(self, columns_E: torch.Tensor, judged: HomeOffer | None = None) -> None:
+        """The layer re-homed: new label ``j`` is old label ``columns_E[j]`` (int64
+        ``[E]``). A decision still running is waited for and dropped (it judged the old
+        labels), as is an offer or order not yet made; the window's loads stay,
+        relabelled (:meth:`Residency.relabel`). Until the next decision, ``due`` steps
+        on, the steps are served the way ``judged`` (the judgement that chose this order)
+        found for them under it (``HomeOffer.serve``), else by planner calls."""
+        self.settle()
+        self._pending, self.home, self._ordered, self.since = None, None, None, 0
+        self.residency.relabel(columns_E)
+        if judged is None:
+            self._verdict = Verdict(None, "call")
+        else:
+            self._verdict = Verdict(None, judged.serve, stale=judged.stale)
 
     @property
     def ordered(self) -> Refill | None:

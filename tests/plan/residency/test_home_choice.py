@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moonplan.plan.home_order import popular_order
-from moonplan.plan.residency.home_choice import judged_order, map_s, serving_s, table_s
+from moonplan.plan.residency.home_choice import (
+    judged_order,
+    map_s,
+    map_way,
+    serving_s,
+    table_s,
+)
 from tests.baselines.test_auto_ordered import COST, _trace
 
 HOT = torch.stack([c.sum(0) for c in _trace(3, seed=7)])  # [3, 16], hot experts 0-3
@@ -22,10 +28,12 @@ def _empty(R: int, B: int) -> torch.Tensor:
 def test_hot_experts_in_one_block_are_spread_against_empty_slots() -> None:
     want = popular_order(HOT.sum(0), 4, list(range(16)))
     for slots in (0, 2, 4):
-        got = judged_order(COST, HOT, 4, slots, _empty(4, slots))
-        assert got == want
-        moved = HOT[:, torch.tensor(got)]
-        assert map_s(COST, moved, 4, slots) < serving_s(COST, HOT, _empty(4, slots))
+        judged = judged_order(COST, HOT, 4, slots, _empty(4, slots))
+        assert judged is not None and list(judged.perm_E) == want and not judged.stale
+        moved = HOT[:, torch.tensor(want)]
+        now_s, after_s = serving_s(COST, HOT, _empty(4, slots)), map_s(COST, moved, 4, slots)
+        assert after_s < now_s and judged.saving_s == (now_s - after_s) / 3
+        assert judged.serve == map_way(COST, moved, 4, slots)[1]  # its steps' way, no slot
 
 
 def test_before_a_trace_each_map_gets_its_best_table() -> None:
@@ -69,9 +77,10 @@ def test_nothing_to_judge() -> None:
 def test_an_order_returned_is_predicted_faster(loads, R, slots, running) -> None:
     loads_SE = torch.tensor(loads, dtype=torch.int64)
     serving = _empty(R, slots) if running else None
-    got = judged_order(COST, loads_SE, R, slots, serving)
-    if got is not None:
-        assert sorted(got) == list(range(8))
+    judged = judged_order(COST, loads_SE, R, slots, serving)
+    if judged is not None:
+        got = list(judged.perm_E)
+        assert sorted(got) == list(range(8)) and judged.saving_s > 0
         moved = loads_SE[:, torch.tensor(got)]
         if running:
             assert map_s(COST, moved, R, slots) < serving_s(COST, loads_SE, _empty(R, slots))
@@ -83,7 +92,9 @@ def test_an_order_returned_is_predicted_faster(loads, R, slots, running) -> None
 def test_in_training_both_maps_are_judged_with_no_slot_kept() -> None:
     from moonplan.plan.residency.target import stale_way, window_rows
 
-    got = judged_order(COST, HOT, 4, 2, stale=True)
+    judged = judged_order(COST, HOT, 4, 2, stale=True)
+    assert judged is not None and judged.stale
+    got = list(judged.perm_E)
     assert got == popular_order(HOT.sum(0), 4, list(range(16)))
     moved = HOT[:, torch.tensor(got)]
     now_s = stale_way(COST, window_rows(HOT.sum(0), 3, 4, HOT), 2, HOT)[0]
@@ -95,12 +106,15 @@ HOT4 = torch.stack([c.sum(0) for c in _trace(4, seed=7)])  # [4, 16], hot expert
 
 def test_a_stale_offer_is_fit_on_the_older_half_and_scored_on_the_newer() -> None:
     from moonplan.plan.residency.home_choice import stale_offer, window_order
+    from moonplan.plan.residency.target import stale_way, window_rows
 
-    perm, saving_s = stale_offer(COST, HOT4, 4, 2)
-    assert perm == window_order(HOT4[:2], 4)
+    offer = stale_offer(COST, HOT4, 4, 2)
+    assert offer is not None and list(offer.perm_E) == window_order(HOT4[:2], 4) and offer.stale
     newer = HOT4[2:]
-    moved = newer[:, torch.tensor(perm)]
-    assert saving_s == (map_s(COST, newer, 4, 2) - map_s(COST, moved, 4, 2)) / 2 > 0
+    moved = newer[:, torch.tensor(offer.perm_E)]
+    assert offer.saving_s == (map_s(COST, newer, 4, 2) - map_s(COST, moved, 4, 2)) / 2 > 0
+    # the way its steps are served once taken: the newer half's, under the order
+    assert offer.serve == stale_way(COST, window_rows(moved.sum(0), 2, 4, moved), 2, moved)[1]
     even = torch.full((4, 16), 8, dtype=torch.int64)  # every order is the identity's tie
     assert stale_offer(COST, even, 4, 2) is None
     assert stale_offer(COST, HOT4[:1], 4, 2) is None  # no older half to fit
@@ -148,7 +162,9 @@ def test_training_decisions_offer_a_rehome_once_its_rent_reaches_its_price() -> 
     from moonplan.plan.residency.refill import Residency, rehome_link_s
 
     res = Residency(4, 16, 2, COST)
-    perm, saving_s = stale_offer(COST, HOT4, 4, 2)
+    offer = stale_offer(COST, HOT4, 4, 2)
+    assert offer is not None
+    perm, saving_s = list(offer.perm_E), offer.saving_s
     price_s = rehome_link_s(COST, perm, 4, 6.0)
     steps = int(price_s / saving_s) + 1  # the steps whose rent pays the price
     assert res.judge(_stale_snapshot(res, HOT4, steps, 0.0)).home is None  # no bytes: none
@@ -157,5 +173,31 @@ def test_training_decisions_offer_a_rehome_once_its_rent_reaches_its_price() -> 
     assert res.judge(_stale_snapshot(res, HOT4, half, 6.0)).home is None  # rent < price
     assert res.home_credit == half * saving_s
     got = res.judge(_stale_snapshot(res, HOT4, steps - half, 6.0))
-    assert got.home == tuple(perm) and got.stale and got.order is None
+    assert got.home == offer and got.stale and got.order is None
     assert res.home_credit == 0.0  # bought: the credit returns to 0
+
+
+def test_a_rehome_keeps_the_decisions_window_relabelled_and_serves_its_offers_way() -> None:
+    """Taking the offer: the window's loads stay (relabelled), the rent returns to 0 and
+    the steps are served the offer's way; a re-home no judgement chose (a user's order)
+    serves by planner calls until the next decision."""
+    from moonplan.plan.residency.home_choice import stale_offer
+    from moonplan.plan.residency.refill import Decisions, Residency
+
+    res = Residency(4, 16, 2, COST)
+    for loads_E in HOT4:
+        res.observe(loads_E[None])
+    dec = Decisions(res)
+    offer = stale_offer(COST, HOT4, 4, 2)
+    assert offer is not None and offer.serve != "call"
+    dec.home, res.credit, res.home_credit = offer, 1.0, 2.0
+    assert dec.take_home() == offer and dec.home is None and dec.take_home() is None
+    before_SE = res.window.loads().clone()
+    perm = torch.tensor(offer.perm_E)
+    dec.relabel(perm, offer)
+    assert torch.equal(res.window.loads(), before_SE[:, perm])
+    assert res.credit == res.home_credit == 0.0 and dec.since == 0
+    assert dec.way(stale=True) == offer.serve and dec.way(stale=False) == "call"
+    dec.relabel(torch.arange(15, -1, -1))  # a re-home no judgement chose (a user's order)
+    assert dec.way(stale=True) == "call"
+    assert torch.equal(res.window.loads(), before_SE[:, perm].flip(1))
