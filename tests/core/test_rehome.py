@@ -291,7 +291,8 @@ def test_rehome_model_profile_names_every_layer() -> None:
 
 
 def _judged(rank: int, world: int, cfg: dict) -> dict:
-    """``rehome("profile")`` of an ``auto`` layer with a cost model: its window, its order."""
+    """``rehome("profile")`` of an ``auto`` layer with a cost model: its window, its order,
+    and after it the placer's way and the steps its window holds (``None``: no placer)."""
     sizes, E = cfg["sizes"], cfg["E"]
     x_SH = split(tokens(sum(sizes), H, SEED), sizes)[rank]
     layer = _layer(E, cfg["ids"], cfg["w"], sum(sizes[:rank]), balance="auto",
@@ -303,9 +304,12 @@ def _judged(rank: int, world: int, cfg: dict) -> dict:
         resident = layer.runtime.resident
         serving = resident.slot_expert.clone() if resident is not None else None
         moved = layer.rehome("profile")
+        decisions = layer.runtime.placer.decisions
+        way = None if decisions is None else decisions.way(stale=False)
+        held = None if decisions is None else decisions.residency.window.filled
         y = layer(x_SH)
     return {"loads": loads, "moved": moved, "order": layer.experts.home_order, "y": y,
-            "serving": serving}  # fmt: skip
+            "serving": serving, "way": way, "held": held}  # fmt: skip
 
 
 def _uniform_ids(T: int, E: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -340,6 +344,9 @@ def test_an_auto_layer_takes_the_profile_order_only_where_its_cost_model_favours
     for g in got:
         assert g["order"] == (None if perm is None else tuple(perm))
         assert (g["moved"] > 0) == taken
+        assert (g["held"], g["way"] is None) == ((3, False) if slots else (None, True))
+        if taken and slots:  # the way the order was judged by (not calls), its window kept
+            assert g["way"] == judged.serve != "call"
     want = dense_moe(tokens(sum(sizes), H, SEED), ids, wk, dense_weights(E, H, F, SEED))
     torch.testing.assert_close(torch.cat([g["y"] for g in got]), want.float(), rtol=1e-5,
                                atol=1e-5)  # fmt: skip
