@@ -406,7 +406,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
 
     def _take_home(self, offer: HomeOffer) -> None:
         """Re-home to ``offer``'s order (labels) between this step and the next, as the
-        runtime does after the optimizer step: the next step pays the rows' link time
+        runtime does at the start of the next step: that step pays the rows' link time
         (``refill.rehome_link_s`` at :data:`TRAINING_MOVE_BYTES`); then
         :meth:`_relabel`."""
         if not self._undo:

@@ -1,21 +1,22 @@
-"""``balance="auto"``'s re-homes in training: right after an optimizer step.
+"""``balance="auto"``'s re-homes in training: the optimizer whose state moves.
 
 A trained layer's rows carry optimizer state (Adam's moments...) that only the optimizer
-holds, so where a step ran with autograd on, ``auto`` does not re-home at the start of a
-step (:meth:`ShardedExperts.step_begins <moonplan.core.sharded.ShardedExperts.step_begins>`).
-Its placer's decisions offer a re-home where rent or buy says it pays
-(``moonplan.plan.residency.refill.Residency``), and the layer takes it right after the
-next ``optimizer.step()`` whose param groups hold every expert tensor of the layer,
-moving that optimizer's state with the rows (:meth:`ShardedExperts.optimizer_stepped
-<moonplan.core.sharded.ShardedExperts.optimizer_stepped>`, which also tells the
-decisions what a move carries per byte of weights).
+holds. Each ``optimizer.step()`` whose param groups hold every expert tensor of a layer is
+noted by that layer (:meth:`ShardedExperts.optimizer_stepped
+<moonplan.core.sharded.ShardedExperts.optimizer_stepped>`): its state is what a re-home
+moves with the rows, and the bytes it carries per byte of weights go to the placer's
+decisions, agreed across ranks by the next step's counts exchange. Where those decisions
+offer a re-home (rent or buy, ``moonplan.plan.residency.refill.Residency``), the layer
+takes it at the start of its next step (:meth:`ShardedExperts.step_begins
+<moonplan.core.sharded.ShardedExperts.step_begins>`), on every rank alike. The hook runs
+no collective: a rank whose optimizer differs gets the same error as every other rank at
+the next step, and none waits for another.
 
-The layers that may still do so are watched here, in the order they were built: the same
-on every rank, so every rank re-homes the same layers in the same order (each a
-collective of its own group). One post-hook common to all of torch's optimizers
-(``torch.optim.optimizer.register_optimizer_step_post_hook``) serves them; it is
-installed with the first watched layer and stays (torch runs its hooks from a dict that
-must not change while they run); with nothing watched it returns at once.
+The layers are watched here, in the order they were built. One post-hook common to all
+of torch's optimizers (``torch.optim.optimizer.register_optimizer_step_post_hook``)
+serves them; it is installed with the first watched layer and stays (torch runs its
+hooks from a dict that must not change while they run); with nothing watched it returns
+at once.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ to ``runtime.forward``.
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -166,8 +167,10 @@ class ShardedExperts(RuntimeViews, nn.Module):
         """Build the :class:`LayerRuntime` (collective; ``what`` names the layer in errors)."""
         self.runtime = LayerRuntime(self.group, self.config, what=what)
         self.slots = self.runtime.B
+        # the last optimizer that stepped every expert tensor (auto's re-homes in training)
+        self._stepper: weakref.ref[torch.optim.Optimizer] | None = None
         if self.config.balancing.rehome and self.config.balancing.balance == "auto":
-            watch(self)  # auto's re-homes in training, after an optimizer step
+            watch(self)  # told of each optimizer step
 
     def rehome(
         self,
@@ -273,28 +276,39 @@ class ShardedExperts(RuntimeViews, nn.Module):
 
     def step_begins(self) -> None:
         """Call before a step reads the parameters (collective where it acts: every rank
-        answers alike): ``balance="auto"``'s own re-home while serving, once, where
+        answers alike): ``balance="auto"``'s own re-homes. Serving, once, where
         :meth:`LayerRuntime.rehome_due` says (``rehome("profile")``: only where the cost
         model favours the order; no optimizer holds state, as no step ran with autograd
-        on)."""
+        on). In training, where the placer's decisions have offered one (rent or buy:
+        ``moonplan.plan.residency.refill.Residency``; the same offer on every rank), with
+        the state of the optimizer that last stepped every expert tensor
+        (:meth:`optimizer_stepped`)."""
         if self.runtime.rehome_due():
             self.runtime.rehome_judged = True
             self.rehome("profile", optimizers=())
+            return
+        offer = self.runtime.take_home_offer()
+        if offer is None:
+            return
+        optimizer = None if self._stepper is None else self._stepper()
+        current = full_order(self.home_order, self.num_experts)
+        new = [current[j] for j in offer.perm_E]
+        self._rehome(new, None if optimizer is None else [optimizer], offer)
 
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer, held: set[int]) -> bool:
-        """``balance="auto"``'s re-homes in training (collective where one is taken), told
-        of each optimizer step by :mod:`moonplan.core.optimizer_rehome` (``held``: ids of
-        the Parameters ``optimizer`` holds); ``True`` once no step is needed any more.
+        """Told of each optimizer step by :mod:`moonplan.core.optimizer_rehome` (``held``:
+        ids of the Parameters ``optimizer`` holds); ``True`` once no step is needed any
+        more. No collective: this rank only takes note.
 
-        An optimizer that holds every expert tensor of the layer sets what a re-home
-        would move per byte of weights (``LayerRuntime.move_bytes``: the rows, their
-        gradients and that optimizer's state; agreed across ranks), which the placer's
-        decisions weigh against the time an order saves (rent or buy,
-        ``moonplan.plan.residency.refill.Residency``). Where they have offered one, the
-        layer re-homes to it now, with that state. An optimizer that holds only some of
-        the tensors, or state whose rows cannot follow (a factored statistic), cannot:
-        a warning on every rank, and the layer never re-homes in training. One that holds
-        none is another optimizer.
+        An optimizer that holds every expert tensor of the layer is the one whose state a
+        training re-home moves (:meth:`step_begins`), and sets what a re-home would move
+        here per byte of weights (``LayerRuntime.own_move_bytes``: the rows, their
+        gradients and that optimizer's state), which the next step's counts exchange
+        agrees across ranks for the placer's decisions (``LayerRuntime.move_bytes``: a
+        ``ContractError`` on every rank where ranks differ). An optimizer that holds only
+        some of the tensors, or state whose rows cannot follow (a factored statistic),
+        cannot: a warning, and this rank never re-homes the layer in training. One that
+        holds none is another optimizer.
         """
         if not self.config.balancing.rehome:
             return True
@@ -307,9 +321,9 @@ class ShardedExperts(RuntimeViews, nn.Module):
                     f"{type(optimizer).__name__} holds only some of its expert tensors "
                     f"{self.expert_tensors}: the others' optimizer state could not follow"
                 )
-            self._set_move_bytes(optimizer)
+            self.runtime.own_move_bytes = self._move_ratio(optimizer)
         except ValueError as exc:
-            self.runtime.move_bytes = 0.0
+            self.runtime.own_move_bytes, self._stepper = 0.0, None
             warnings.warn(
                 f"balance='auto' will not re-home this layer in training: {exc}. Call "
                 "moonplan.rehome_model(model, 'profile', optimizers=[...]) yourself, or "
@@ -318,25 +332,18 @@ class ShardedExperts(RuntimeViews, nn.Module):
                 stacklevel=2,
             )
             return True
-        offer = self.runtime.take_home_offer()
-        if offer is not None:
-            current = full_order(self.home_order, self.num_experts)
-            self._rehome([current[j] for j in offer.perm_E], [optimizer], offer)
+        self._stepper = weakref.ref(optimizer)
         return False
 
-    def _set_move_bytes(self, optimizer: torch.optim.Optimizer) -> None:
-        """``LayerRuntime.move_bytes`` for re-homes under ``optimizer``: the bytes of the
-        expert tensors' rows, gradients and state over those of their weights, the same on
-        every rank (checked once: a ``ContractError`` everywhere where they differ)."""
+    def _move_ratio(self, optimizer: torch.optim.Optimizer) -> float:
+        """The bytes of the expert tensors' rows, gradients and ``optimizer``'s state over
+        those of their weights (what a re-home moves per byte of weights)."""
         params = [getattr(self, name) for name in self.expert_tensors]
         moved = sum(
             t.numel() * t.element_size() for p in params for t in row_tensors(p, [optimizer])
         )
         weights = sum(p.numel() * p.element_size() for p in params)
-        ratio = moved / weights if weights else 0.0
-        if self.runtime.move_bytes != ratio:
-            self.group.check_same("re-home bytes per weight byte", (round(ratio, 9),))
-        self.runtime.move_bytes = ratio
+        return moved / weights if weights else 0.0
 
     @torch.no_grad()
     def _move(self, tensors: list[list[torch.Tensor]], moves: Moves) -> None:

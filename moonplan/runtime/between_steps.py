@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from moonplan.comm.errors import ContractError
 from moonplan.plan.plan_type import Plan
 from moonplan.plan.residency.home_choice import HomeOffer
 from moonplan.plan.residency.serving import empty_slots
@@ -45,7 +46,8 @@ class BetweenSteps(LayerResources):
     window: LoadWindow  # recent loads, by label
     serving: bool  # no step ran with autograd on (auto's own re-home waits for it)
     rehome_judged: bool  # auto's own re-home while serving was judged (it is, once)
-    move_bytes: float  # bytes a training re-home moves per byte of weights (0: none offered)
+    own_move_bytes: float  # what a training re-home would move here per byte of weights
+    move_bytes: float  # the same, agreed by every rank (0: none offered)
     last_plan: Plan | None
     published_version: tuple[int, ...]
 
@@ -211,3 +213,34 @@ class BetweenSteps(LayerResources):
             target, changed, self.store.stage, self.lane(), pool=self.store.pool,
             collective=collective,
         )  # fmt: skip
+
+
+MOVE_UNIT = 1024
+"""Units of a byte per byte of weights in which ranks exchange ``own_move_bytes``
+(:func:`move_word`): exact for the ratios of torch's dtypes (halves and quarters)."""
+
+
+def move_word(ratio: float) -> int:
+    """``ratio`` (bytes a re-home moves per byte of weights) as an int64 word of the counts
+    exchange, in :data:`MOVE_UNIT`."""
+    return round(ratio * MOVE_UNIT)
+
+
+def agreed_move_bytes(words_R: list[int]) -> float:
+    """The bytes a training re-home moves per byte of weights, from every rank's
+    :func:`move_word` (the same list on every rank, so every rank answers or raises
+    alike).
+
+    Raises:
+        ContractError: the ranks differ (their optimizers hold different state, or only
+            some ranks' optimizers hold every expert tensor): a re-home would leave
+            state behind on some ranks, or be taken on some only.
+    """
+    if len(set(words_R)) > 1:
+        said = ", ".join(f"rank {r}: {w / MOVE_UNIT:g}" for r, w in enumerate(words_R))
+        raise ContractError(
+            "ranks' optimizers would move different bytes per byte of expert weights in a "
+            f"re-home ({said}): give every rank the same optimizer over all of the "
+            "layer's expert tensors, or set MoEConfig(rehome=False)"
+        )
+    return words_R[0] / MOVE_UNIT if words_R else 0.0

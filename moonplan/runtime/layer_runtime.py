@@ -45,7 +45,7 @@ from moonplan.plan.residency.window import LoadWindow
 from moonplan.plan.route import Route
 from moonplan.plan.route import route as route_tokens
 from moonplan.runtime.background import BackgroundLane, Pending
-from moonplan.runtime.between_steps import BetweenSteps
+from moonplan.runtime.between_steps import BetweenSteps, agreed_move_bytes, move_word
 from moonplan.runtime.calibrate import sample_step
 from moonplan.runtime.config import MoEConfig
 from moonplan.runtime.contract import check_params, check_routing
@@ -100,9 +100,11 @@ class LayerRuntime(BetweenSteps):
         self.window = LoadWindow(E, device=group.device)  # recent loads, by label
         # balance="auto"'s own re-home (MoEConfig.rehome): serving (no step ran with
         # autograd on), the front end's rehome("profile") before a step, judged once; in
-        # training, the placer's offers (rent or buy), taken after an optimizer step
-        # (moonplan.core.optimizer_rehome), which sets move_bytes
-        self.serving, self.rehome_judged, self.move_bytes = True, False, 0.0
+        # training, the placer's offers (rent or buy), taken at the start of a step, with
+        # the state of the optimizer that last stepped the experts
+        # (moonplan.core.optimizer_rehome), which sets own_move_bytes
+        self.serving, self.rehome_judged = True, False
+        self.own_move_bytes, self.move_bytes = 0.0, 0.0
         self.heap = None
         self.capacity = 0
         self.resident = None  # plan whose slots hold valid weights
@@ -209,9 +211,15 @@ class LayerRuntime(BetweenSteps):
         where this rank is in the step schedule (:meth:`Balancer.schedule`; where ranks
         differ the resident slots are dropped), "autograd is on for my parameters" (after
         one such step on any rank the layer no longer re-homes at a step's start: in training
-        its decisions offer re-homes) and its refill status
+        its decisions offer re-homes), what a re-home would move per byte of weights here
+        (``own_move_bytes``, agreed into ``move_bytes``: ``between_steps.agreed_move_bytes``)
+        and its refill status
         (:meth:`Refill.status_words`; either event above drops the refill in flight). One
         host read, of the flags.
+
+        Raises:
+            ContractError: on every rank, where ranks would move different bytes per byte
+                of weights (their optimizers differ).
         """
         counts_E = torch.zeros(self.E, dtype=torch.int64, device=self.group.device)
         if ok and ids_SK is not None and ids_SK.numel():
@@ -219,7 +227,8 @@ class LayerRuntime(BetweenSteps):
         version = tuple(int(p._version) for p in params.values())
         changed = int(version != self.published_version)
         graded = torch.is_grad_enabled() and any(p.requires_grad for p in params.values())
-        mine = counts_E.new_tensor([changed, self.balancer.schedule(), int(graded)])
+        move = move_word(self.own_move_bytes)
+        mine = counts_E.new_tensor([changed, self.balancer.schedule(), int(graded), move])
         refill_W = self.refill.status_words(counts_E.device)
         got_RX = self.group.gather_with_status(torch.cat([counts_E, mine, refill_W]), ok, msg)
         counts_RE, flags_RX = got_RX[:, : self.E], got_RX[:, self.E :].cpu()  # one host read
@@ -230,8 +239,9 @@ class LayerRuntime(BetweenSteps):
         if self.balancer.resync(flags_RX[:, 1]) or stale:  # resync: a step failed somewhere
             self.resident = None
             self.refill.drop()  # its copies are stale (or the ranks are out of step)
-            flags_RX[:, 3] = 0  # nothing left to agree on (every rank alike)
-        return counts_RE, version, flags_RX[:, 3:].numpy()  # already on the host
+            flags_RX[:, 4] = 0  # nothing left to agree on (every rank alike)
+        self.move_bytes = agreed_move_bytes(flags_RX[:, 3].numpy().tolist())  # raises everywhere
+        return counts_RE, version, flags_RX[:, 4:].numpy()  # already on the host
 
     def _settle_refill(self, counts_RE: Tensor, status_RW: np.ndarray) -> None:
         """Commit or drop the refill in flight from every rank's status (``[R, W]``), the

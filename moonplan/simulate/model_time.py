@@ -30,7 +30,8 @@ Legend:
   ``prefetch_exposed_s`` and ``total_s`` the exposed part);
 * **a re-home's rows** (``PolicyStep.blocking_s``, ``moonplan-auto`` in training): their
   link time alone, on the critical path before the step (the runtime moves them between
-  steps, after an optimizer step), added to the fetch and exposed;
+  steps, at the start of the step after an optimizer step), added to the fetch and
+  exposed;
 * **fetch** (prefetch and direct reads): the weights a policy moves before its rows can
   run (``PolicyStep.fetch_ER``). ``SimConfig.overlap_prefetch=True`` (default: moonplan's
   runtime schedule) overlaps the fetch with dispatch and the home section; ``False`` puts

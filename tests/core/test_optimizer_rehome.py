@@ -1,13 +1,14 @@
-"""``balance="auto"`` re-homes by itself in training, right after an optimizer step
-(``moonplan.core.optimizer_rehome``, ``ShardedExperts.optimizer_stepped``).
+"""``balance="auto"`` re-homes by itself in training, with the state of the optimizer
+that stepped its experts (``moonplan.core.optimizer_rehome``,
+``ShardedExperts.optimizer_stepped``, ``ShardedExperts.step_begins``).
 
 Legend: R ranks, T tokens (all ranks), H hidden, E experts, K top-k.
 
 The hook tells each watched layer of every optimizer step and forgets the done ones; an
-auto layer in training re-homes once, after the optimizer step that ends its first
-window, to the order its window favours, on every rank alike, and trains on as it would
-have without the move; an optimizer that holds only some of its tensors, or
-``rehome=False``, leaves it where it is.
+auto layer in training re-homes where its decisions offer it, at the start of a step, on
+every rank alike, and trains on as it would have without the move; an optimizer that
+holds only some of its tensors, or ``rehome=False``, leaves it where it is; ranks whose
+optimizers differ get the same error, and none hangs.
 """
 
 from __future__ import annotations
@@ -155,3 +156,40 @@ def test_an_optimizer_whose_state_cannot_follow_the_rows_warns_and_moves_nothing
     assert len(said) == 1 and "will not re-home this layer in training" in said[0]
     assert layer.runtime.move_bytes == 0.0 and layer.experts.home_order is None
     assert layer.experts not in watched()  # done: told of no more optimizer steps
+
+
+def _mixed(rank: int, world: int, cfg: dict) -> str:
+    """Adam steps of an auto layer whose optimizer holds every expert tensor on rank 0
+    and only some of them on rank 1: the error each rank raises (``""``: none)."""
+    from moonplan.comm.errors import ContractError
+    from tests.plan.choice.costs import rows_only
+
+    sizes, E = cfg["sizes"], cfg["E"]
+    x_SH = split(tokens(sum(sizes), H, SEED), sizes)[rank]
+    cost = rows_only(copy_s_intra=1e-6, copy_s_inter=1e-6, plan_s=1e-5)
+    layer = _layer(E, cfg["ids"], cfg["w"], sum(sizes[:rank]), balance="auto", cost=cost,
+                   slots=2)  # fmt: skip
+    held = [p for p in layer.parameters() if rank == 0 or p is not layer.experts.down_proj]
+    opt = torch.optim.Adam(held, lr=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # rank 1's warning: only some of its tensors
+        try:
+            for _ in range(3):
+                opt.zero_grad()
+                (layer(x_SH) ** 2).sum().backward()
+                opt.step()
+        except ContractError as exc:
+            return str(exc)
+    return ""
+
+
+@pytest.mark.distributed
+def test_ranks_whose_optimizers_differ_get_the_same_error_and_none_hangs() -> None:
+    """The hook runs no collective: rank 0 notes 4 bytes per weight byte, rank 1 none
+    (its optimizer holds only some tensors); the next step's exchange finds them
+    different and every rank raises alike."""
+    world, E, sizes = 2, 8, [12, 10]
+    ids, wk = _hot_ids(sum(sizes), E, K, SEED)
+    got = run_ranks(_mixed, world, {"E": E, "sizes": sizes, "ids": ids, "w": wk}, timeout=120)
+    assert got[0] == got[1] != ""
+    assert "rank 0: 4, rank 1: 0" in got[0], got[0]

@@ -48,7 +48,8 @@ under the current home map against the window's ``popular_order``, both with no 
 kept (``home_choice.stale_offer``); the price is the moved experts' rows, their link time
 alone, times ``move_bytes`` (gradients and optimizer state move too:
 :func:`rehome_link_s`). The verdict carries the order (``Verdict.home``); the
-layer takes it after its next optimizer step (``moonplan.core.optimizer_rehome``).
+layer takes it at the start of its next step, with its optimizer's state
+(``moonplan.core.optimizer_rehome``).
 A re-home relabels the window and keeps its loads (:meth:`Decisions.relabel`); the
 steps after it are served the way the offer judged for them under the new order.
 

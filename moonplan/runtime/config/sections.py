@@ -198,7 +198,7 @@ class Balancing:
         "rehome": "``balance='auto'`` re-homes by itself: serving, once, when its 32-step "
         "window fills, where its cost model favours the window's ``popular_order``; "
         "training, where its decisions' rent or buy says (the moves priced with the "
-        "optimizer's state), after an optimizer step; ``False``: never",
+        "optimizer's state), at the start of a step; ``False``: never",
     }
 
     def __post_init__(self) -> None:
