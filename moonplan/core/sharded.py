@@ -266,10 +266,13 @@ class ShardedExperts(RuntimeViews, nn.Module):
         cost = self.runtime.auto_cost()
         if cost is None:  # no cost model to judge it by: the order as it is
             return popular_order(self.runtime.recent_loads(), R, current), None
-        rt = self.runtime  # training: every step changes the weights, no slot is kept
-        kept = rt.resident if rt.serving else None
-        serving_RB = empty_slots(R, rt.B) if kept is None else kept.slot_expert
-        judged = judged_order(cost, loads_SE, R, rt.B, serving_RB, stale=not rt.serving)
+        rt = self.runtime
+        if rt.serving:  # against the slots serving now
+            kept = rt.resident
+            serving_RB = empty_slots(R, rt.B) if kept is None else kept.slot_expert
+            judged = judged_order(cost, loads_SE, R, rt.B, serving_RB)
+        else:  # training: every step changes the weights, no slot is kept either way
+            judged = judged_order(cost, loads_SE, R, rt.B, stale=True)
         if judged is None:
             return current, None
         return [current[j] for j in judged.perm_E], judged
