@@ -281,7 +281,8 @@ class Residency:
         """Fill the window with the totals of steps before the first (int64 ``[N, E]``)
         and return the table serving at step 0: the target from empty slots, placed
         before the trace (no staging limit); :attr:`primed` says how those steps are best
-        served (by planner calls, a lookup or the exact kernel). ``stale``: the steps'
+        served: the way a decision judges for that table kept (``Target.kept``: its
+        lookups, planner calls, or the exact kernel from it). ``stale``: the steps'
         slots go stale (training): no table, and the way for such steps
         (``target.stale_way``)."""
         self.window.prime(totals_NE)
@@ -294,9 +295,11 @@ class Residency:
             self.primed = self._stale(rows_SRE, loads_SE, None)
             return empty_RB
         got = target_of(totals_E, self.window.filled, empty_RB, self.cost, loads_SE)
-        self.primed = Verdict(
-            None, got.serve, shares=self._shares(rows_SRE, got.slot_RB, got.serve)
-        )
+        serve = got.serve
+        if serve != EXACT:  # the placed table kept, as a decision judges it: exact from it too
+            exact_s = sum(exact_steps_s(self.cost, rows_SRE, got.slot_RB))
+            serve = EXACT if exact_s < got.seconds else serve
+        self.primed = Verdict(None, serve, shares=self._shares(rows_SRE, got.slot_RB, serve))
         return got.slot_RB
 
     def relabel(self, columns_E: torch.Tensor) -> None:

@@ -319,3 +319,32 @@ def test_a_decision_is_charged_the_hosts_rates_and_the_devices_without_them() ->
     seconds, work = time_decision(cost, [counts] * 32, 2, repeats=3)
     charged = work.made * build_s + work.scored * score_s
     assert 0.3 < charged / seconds < 3.0  # scaled to a decision's time (timing noise)
+
+
+@pytest.mark.parametrize("copy_s", [1e-6, 1e-4])
+@pytest.mark.parametrize("exact_s", [1e-7, 1e-5])
+@pytest.mark.parametrize(("low", "high", "extra"), [(0, 15, 120), (5, 100, 300)])
+def test_the_primed_table_serves_the_way_a_decision_judges_for_it_kept(
+    copy_s, exact_s, low, high, extra
+) -> None:
+    """Before the trace the table is placed from empty slots (``target_of``); its way is
+    the one a decision over the same window judges for that table kept, the exact kernel
+    from it included (``Target.kept``). With copies dear and the exact kernel cheap
+    (``1e-4``, ``1e-5``, loads 0-15), that is the exact way, where the table's best way
+    alone (the weighted lookup) was primed before, though the first decision then chose
+    the exact kernel."""
+    from moonplan.plan.residency.serving import empty_slots
+    from moonplan.plan.residency.target import target_of
+    from tests.plan.draw import hot_steps as draw
+
+    trace = draw(8, 4, 16, (0, 5), low=low, high=high, extra=extra, seed=1)
+    cost = rows_only(copy_s_intra=copy_s, copy_s_inter=copy_s, exit_s=1e-4, plan_s=1e-4,
+                     exact_s=exact_s)  # fmt: skip
+    res = Residency(4, 16, 2, cost, window=8)
+    placed_RB = res.prime(torch.stack([c.sum(0) for c in trace]))
+    loads_SE = res.window.loads()
+    kept = target_of(loads_SE.sum(0), 8, placed_RB, cost, loads_SE).kept
+    assert res.primed.serve == kept
+    if (copy_s, exact_s, low) == (1e-4, 1e-5, 0):
+        alone = target_of(loads_SE.sum(0), 8, empty_slots(4, 2), cost, loads_SE)
+        assert (alone.serve, kept) == ("weighted", "exact")
