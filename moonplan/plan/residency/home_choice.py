@@ -20,7 +20,7 @@ serve next:
   from empty slots), and must beat the running layer at once.
 * **Before a trace** (``serving_RB`` ``None``), where every policy's placement is made
   from the window at no charge (EPLB's as well as the slots'), each map is judged by its
-  best table from empty slots (:func:`table_s`).
+  best table from empty slots (:func:`table_way`).
 
 Judged by best tables at a running layer, the order was refused at two recorded points
 where it then ran 12% and 4% faster; judged with no slot kept before a trace, it was
@@ -114,17 +114,6 @@ def table_way(
     return got.seconds, got.serve
 
 
-def table_s(
-    cost: StepCost,
-    loads_SE: torch.Tensor,
-    num_ranks: int,
-    num_slots: int,
-    builds: Builds | None = None,
-) -> float:
-    """The seconds of :func:`table_way`."""
-    return table_way(cost, loads_SE, num_ranks, num_slots, builds)[0]
-
-
 def serving_s(
     cost: StepCost, loads_SE: torch.Tensor, slot_RB: torch.Tensor, builds: Builds | None = None
 ) -> float:
@@ -158,7 +147,7 @@ def judged_order(
         return None
     moved_SE = loads_SE[:, torch.tensor(perm_E, dtype=torch.int64, device=loads_SE.device)]
     if serving_RB is None and not stale:
-        now = table_s(cost, loads_SE, num_ranks, num_slots, builds)
+        now = table_way(cost, loads_SE, num_ranks, num_slots, builds)[0]
         after, way = table_way(cost, moved_SE, num_ranks, num_slots, builds)
     else:
         if stale:

@@ -14,7 +14,7 @@ from moonplan.plan.residency.home_choice import (
     map_s,
     map_way,
     serving_s,
-    table_s,
+    table_way,
 )
 from tests.baselines.test_auto_ordered import COST, _trace
 
@@ -41,7 +41,7 @@ def test_before_a_trace_each_map_gets_its_best_table() -> None:
     best table is no faster, so the map stays; with none the order is taken."""
     assert judged_order(COST, HOT, 4, 4) is None
     moved = HOT[:, torch.tensor(popular_order(HOT.sum(0), 4, list(range(16))))]
-    assert table_s(COST, moved, 4, 4) >= table_s(COST, HOT, 4, 4)
+    assert table_way(COST, moved, 4, 4)[0] >= table_way(COST, HOT, 4, 4)[0]
     assert judged_order(COST, HOT, 4, 0) is not None
 
 
@@ -85,7 +85,7 @@ def test_an_order_returned_is_predicted_faster(loads, R, slots, running) -> None
         if running:
             assert map_s(COST, moved, R, slots) < serving_s(COST, loads_SE, _empty(R, slots))
         else:
-            assert table_s(COST, moved, R, slots) < table_s(COST, loads_SE, R, slots)
+            assert table_way(COST, moved, R, slots)[0] < table_way(COST, loads_SE, R, slots)[0]
 
 
 # ---- training: judged with no slot kept either way; re-homes by rent or buy ---------------
