@@ -186,7 +186,8 @@ class MoonplanAutoPolicy(PlannerPolicy):
     scores without one at ``cost.score_s``, which ``SimConfig.step_cost`` sets from
     ``moonplan.baselines.decision_time``, and is used after them; no device time).
     The serving table at step 0 is the target of the ``placement_window`` steps before the
-    trace (:meth:`prime`), as EPLB's placement is.
+    trace (:meth:`prime`), as EPLB's placement is, served the way a decision judges for it
+    kept (``Residency.prime``).
 
     Home orders (``moonplan.plan.residency.home_choice``): the policy relabels every
     step's counts (label ``i`` is expert ``home_order[i]``), as the runtime relabels the
