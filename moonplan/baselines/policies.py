@@ -282,7 +282,7 @@ class MoonplanAutoPolicy(PlannerPolicy):
         judged = self._judged(torch.stack(self._seen), serving_RB)
         self._seen = []
         if judged is not None:
-            self._relabel(judged.perm_E, judged)
+            self._relabel(judged)
 
     def reset(self) -> None:
         if self._own:  # back to the linear map, its own re-home to come
@@ -414,19 +414,19 @@ class MoonplanAutoPolicy(PlannerPolicy):
             self._undo.append(self.home_order)
         perm_E = list(offer.perm_E)
         self._blocking_s = rehome_link_s(self.cost, perm_E, self.num_ranks, self.move_bytes)
-        self._relabel(perm_E, offer)
+        self._relabel(offer)
 
-    def _relabel(self, perm_E: Sequence[int], judged: HomeOffer) -> None:
-        """Take the labels of a re-home to ``perm_E`` (new label ``j`` is old label
+    def _relabel(self, judged: HomeOffer) -> None:
+        """Take the labels of a re-home to ``judged``'s order (new label ``j`` is old label
         ``perm_E[j]``), as the runtime's ``BetweenSteps.rehome``: the slots empty, a refill
         still copying is dropped, and the decisions take the new labels
         (``Decisions.relabel``: the window's loads stay, relabelled; the steps serve the
-        way ``judged``, the judgement that chose the order, found for them)."""
+        way the judgement that chose the order found for them)."""
         current = self.home_order or tuple(range(self.num_experts))
-        self.home_order = tuple(current[j] for j in perm_E)
+        self.home_order = tuple(current[j] for j in judged.perm_E)
         self._previous, self._order, self._shares = None, None, []
         if self.decisions is not None:
-            self.decisions.relabel(torch.tensor(list(perm_E), dtype=torch.int64), judged)
+            self.decisions.relabel(torch.tensor(judged.perm_E, dtype=torch.int64), judged)
 
     def _commit(self, counts_RE: torch.Tensor) -> int:
         """Swap an arrived refill into the slots (the most swapped on one rank)."""

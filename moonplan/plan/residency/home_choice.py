@@ -146,15 +146,14 @@ def judged_order(
     if perm_E is None:
         return None
     moved_SE = loads_SE[:, torch.tensor(perm_E, dtype=torch.int64, device=loads_SE.device)]
-    if serving_RB is None and not stale:
+    if stale:
+        now = map_s(cost, loads_SE, num_ranks, num_slots, builds)
+        after, way = map_way(cost, moved_SE, num_ranks, num_slots, builds)
+    elif serving_RB is None:
         now = table_way(cost, loads_SE, num_ranks, num_slots, builds)[0]
         after, way = table_way(cost, moved_SE, num_ranks, num_slots, builds)
     else:
-        if stale:
-            now = map_s(cost, loads_SE, num_ranks, num_slots, builds)
-        else:
-            assert serving_RB is not None
-            now = serving_s(cost, loads_SE, serving_RB, builds)
+        now = serving_s(cost, loads_SE, serving_RB, builds)
         after, way = map_way(cost, moved_SE, num_ranks, num_slots, builds)
     if after >= now:
         return None
