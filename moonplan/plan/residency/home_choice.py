@@ -20,7 +20,11 @@ serve next:
   from empty slots), and must beat the running layer at once.
 * **Before a trace** (``serving_RB`` ``None``), where every policy's placement is made
   from the window at no charge (EPLB's as well as the slots'), each map is judged by its
-  best table from empty slots (:func:`table_way`).
+  best table from empty slots (:func:`table_way`). Two orders are judged there: the
+  popular order of whole loads, and :func:`shared_order`, of each expert's load per
+  holder once the slot budget's replicas are given out (as EPLB packs replicas, not
+  experts). The first spreads loads that the replicas will split: the hot expert's rank
+  gets the lightest companions and idles once its replicas take most of its records.
 
 Judged by best tables at a running layer, the order was refused at two recorded points
 where it then ran 12% and 4% faster; judged with no slot kept before a trace, it was
@@ -44,7 +48,13 @@ import torch
 from moonplan.plan.home_order import popular_order
 from moonplan.plan.residency.exact_way import exact_steps_s
 from moonplan.plan.residency.serving import empty_slots
-from moonplan.plan.residency.target import stale_way, table_ways, target_of, window_rows
+from moonplan.plan.residency.target import (
+    replica_counts,
+    stale_way,
+    table_ways,
+    target_of,
+    window_rows,
+)
 from moonplan.plan.residency.work import Builds
 from moonplan.stepcost import StepCost
 
@@ -142,22 +152,49 @@ def judged_order(
     outlives a step: both maps with no slot kept), with the way its steps are then
     served (:class:`HomeOffer`); else ``None`` (also for an empty window and where the
     order is the identity)."""
+    if serving_RB is None and not stale:
+        return _before_trace(cost, loads_SE, num_ranks, num_slots, builds)
     perm_E = window_order(loads_SE, num_ranks)
     if perm_E is None:
         return None
-    moved_SE = loads_SE[:, torch.tensor(perm_E, dtype=torch.int64, device=loads_SE.device)]
-    if stale:
+    if stale or serving_RB is None:
         now = map_s(cost, loads_SE, num_ranks, num_slots, builds)
-        after, way = map_way(cost, moved_SE, num_ranks, num_slots, builds)
-    elif serving_RB is None:
-        now = table_way(cost, loads_SE, num_ranks, num_slots, builds)[0]
-        after, way = table_way(cost, moved_SE, num_ranks, num_slots, builds)
     else:
         now = serving_s(cost, loads_SE, serving_RB, builds)
-        after, way = map_way(cost, moved_SE, num_ranks, num_slots, builds)
+    after, way = map_way(cost, relabelled(loads_SE, perm_E), num_ranks, num_slots, builds)
     if after >= now:
         return None
     return HomeOffer(tuple(perm_E), (now - after) / loads_SE.shape[0], way, stale)
+
+
+def _before_trace(
+    cost: StepCost,
+    loads_SE: torch.Tensor,
+    num_ranks: int,
+    num_slots: int,
+    builds: Builds | None = None,
+) -> HomeOffer | None:
+    """:func:`judged_order` before a trace: of :func:`window_order` and
+    :func:`shared_order` (the first where they tie), the one whose best table from empty
+    slots is predicted fastest, where it beats the labels' own best table."""
+    found = (window_order(loads_SE, num_ranks), shared_order(loads_SE, num_ranks, num_slots))
+    orders = [p for i, p in enumerate(found) if p is not None and p not in found[:i]]
+    if not orders:
+        return None
+    now = best_s = table_way(cost, loads_SE, num_ranks, num_slots, builds)[0]
+    best = None
+    for perm_E in orders:
+        after, way = table_way(cost, relabelled(loads_SE, perm_E), num_ranks, num_slots, builds)
+        if after < best_s:
+            best_s, best = after, (perm_E, way)
+    if best is None:
+        return None
+    return HomeOffer(tuple(best[0]), (now - best_s) / loads_SE.shape[0], best[1])
+
+
+def relabelled(loads_SE: torch.Tensor, perm_E: list[int]) -> torch.Tensor:
+    """``loads_SE`` under the order ``perm_E`` (new label ``j`` is old label ``perm_E[j]``)."""
+    return loads_SE[:, torch.tensor(perm_E, dtype=torch.int64, device=loads_SE.device)]
 
 
 def window_order(loads_SE: torch.Tensor, num_ranks: int) -> list[int] | None:
@@ -168,6 +205,26 @@ def window_order(loads_SE: torch.Tensor, num_ranks: int) -> list[int] | None:
         return None
     identity = list(range(loads_SE.shape[1]))
     perm_E = popular_order(loads_SE.sum(0), num_ranks, identity)
+    return None if perm_E == identity else perm_E
+
+
+def shared_order(loads_SE: torch.Tensor, num_ranks: int, num_slots: int) -> list[int] | None:
+    """``perm_E``: :func:`popular_order` of each expert's share per holder, where the
+    full slot budget (``R * B`` replicas) is given out as a table from empty slots gives
+    it (``target.replica_counts``: its home one holder of ``n``, carrying ``1/n`` of its
+    records); ``None`` for an empty window, no slot, and where it is the identity.
+
+    :func:`window_order` spreads whole loads, as if no replica split them: a hot expert's
+    home rank then gets the lightest companions, and once its replicas take most of its
+    records that rank idles. Packing the shares, as EPLB packs replicas, balances the
+    ranks the table will serve (module docstring: judged before a trace)."""
+    if loads_SE.shape[0] == 0 or num_slots == 0:
+        return None
+    totals_E = loads_SE.sum(0).cpu()
+    n_E = replica_counts([int(t) for t in totals_E.tolist()], num_ranks, num_ranks * num_slots)
+    share_E = totals_E.double() / torch.tensor(n_E, dtype=torch.float64)
+    identity = list(range(loads_SE.shape[1]))
+    perm_E = popular_order(share_E, num_ranks, identity)
     return None if perm_E == identity else perm_E
 
 
@@ -189,8 +246,7 @@ def stale_offer(
     if perm_E is None:
         return None
     newer_SE = loads_SE[half:]
-    moved_SE = newer_SE[:, torch.tensor(perm_E, dtype=torch.int64, device=loads_SE.device)]
     now_s = map_s(cost, newer_SE, num_ranks, num_slots, builds)
-    after_s, way = map_way(cost, moved_SE, num_ranks, num_slots, builds)
+    after_s, way = map_way(cost, relabelled(newer_SE, perm_E), num_ranks, num_slots, builds)
     saving_s = (now_s - after_s) / newer_SE.shape[0]
     return HomeOffer(tuple(perm_E), saving_s, way, True) if saving_s > 0 else None

@@ -13,9 +13,13 @@ from moonplan.plan.residency.home_choice import (
     judged_order,
     map_s,
     map_way,
+    relabelled,
     serving_s,
+    shared_order,
     table_way,
+    window_order,
 )
+from moonplan.plan.residency.target import replica_counts
 from tests.baselines.test_auto_ordered import COST, _trace
 
 HOT = torch.stack([c.sum(0) for c in _trace(3, seed=7)])  # [3, 16], hot experts 0-3
@@ -43,6 +47,51 @@ def test_before_a_trace_each_map_gets_its_best_table() -> None:
     moved = HOT[:, torch.tensor(popular_order(HOT.sum(0), 4, list(range(16))))]
     assert table_way(COST, moved, 4, 4)[0] >= table_way(COST, HOT, 4, 4)[0]
     assert judged_order(COST, HOT, 4, 0) is not None
+
+
+def test_the_shares_order_packs_each_expert_by_its_load_per_holder() -> None:
+    """Expert 0 gets three holders of the 4 replicas, its home one third of its records:
+    its block partner is chosen for that third, not for the whole."""
+    load_SE = torch.tensor([[120, 40, 30, 30, 20, 20, 10, 10]] * 2)
+    n_E = replica_counts(load_SE.sum(0).tolist(), 4, 4)
+    share_E = load_SE.sum(0).double() / torch.tensor(n_E, dtype=torch.float64)
+    got = shared_order(load_SE, 4, 1)
+    assert got == popular_order(share_E, 4, list(range(8)))
+    assert got != window_order(load_SE, 4)  # whole loads pair expert 0 with the lightest
+    assert shared_order(load_SE, 4, 0) is None  # no slot, no replica to anticipate
+    assert shared_order(load_SE[:0], 4, 1) is None
+    assert shared_order(torch.tensor([[40, 10] * 4]), 4, 1) is None  # the identity
+
+
+def test_before_a_trace_the_shares_order_is_taken_where_its_table_is_faster() -> None:
+    """Two steps where the shares order's best table is predicted faster than the popular
+    order's: the judgement takes it, with the saving against the labels' own table."""
+    load_SE = torch.tensor([[36, 32, 11, 33, 33, 24, 24, 10], [21, 41, 12, 37, 23, 22, 27, 7]])
+    popular, shares = window_order(load_SE, 4), shared_order(load_SE, 4, 1)
+    assert popular is not None and shares is not None and popular != shares
+    popular_s = table_way(COST, relabelled(load_SE, popular), 4, 1)[0]
+    shares_s, way = table_way(COST, relabelled(load_SE, shares), 4, 1)
+    assert shares_s < popular_s
+    judged = judged_order(COST, load_SE, 4, 1)
+    assert judged is not None and list(judged.perm_E) == shares and judged.serve == way
+    assert judged.saving_s == (table_way(COST, load_SE, 4, 1)[0] - shares_s) / 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    loads=st.lists(st.lists(st.integers(0, 60), min_size=8, max_size=8), min_size=1, max_size=3),
+    R=st.sampled_from([2, 4]),
+    slots=st.integers(1, 2),
+)
+def test_before_a_trace_no_candidate_has_a_faster_table(loads, R, slots) -> None:
+    loads_SE = torch.tensor(loads, dtype=torch.int64)
+    judged = judged_order(COST, loads_SE, R, slots)
+    got_s = table_way(
+        COST, loads_SE if judged is None else relabelled(loads_SE, list(judged.perm_E)), R, slots
+    )[0]
+    for perm_E in (window_order(loads_SE, R), shared_order(loads_SE, R, slots), None):
+        moved = loads_SE if perm_E is None else relabelled(loads_SE, perm_E)
+        assert got_s <= table_way(COST, moved, R, slots)[0]
 
 
 def test_a_running_layer_with_a_good_table_keeps_its_map() -> None:
