@@ -148,7 +148,8 @@ def judged_order(
     """:func:`popular_order` of the window's loads (its groups kept on the ranks that own
     most of them), where the window's steps are predicted faster under it (module
     docstring: against ``serving_RB``, the running layer's table, with no slot kept;
-    ``None``: before a trace, best tables both; ``stale``, training, where no slot
+    ``None``: before a trace, best tables both, :func:`shared_order` judged beside it:
+    :func:`_before_trace`; ``stale``, training, where no slot
     outlives a step: both maps with no slot kept), with the way its steps are then
     served (:class:`HomeOffer`); else ``None`` (also for an empty window and where the
     order is the identity)."""
