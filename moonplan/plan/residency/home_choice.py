@@ -16,7 +16,7 @@ serve next:
   table's best way (:func:`serving_s`). A re-home empties the slots, and under the order a
   table arrives only through decisions and refills, which lag (on decode-sized steps one
   decision counts more steps of work than a recorded trace's warm-up). So the order is
-  judged with no slot kept (:func:`map_s`: static EP, a planner call or the exact kernel
+  judged with no slot kept (:func:`map_way`: static EP, a planner call or the exact kernel
   from empty slots), and must beat the running layer at once.
 * **Before a trace** (``serving_RB`` ``None``), where every policy's placement is made
   from the window at no charge (EPLB's as well as the slots'), each map is judged by its
@@ -96,17 +96,6 @@ def map_way(
     return stale_way(cost, _rows(loads_SE, num_ranks), num_slots, loads_SE, builds)
 
 
-def map_s(
-    cost: StepCost,
-    loads_SE: torch.Tensor,
-    num_ranks: int,
-    num_slots: int,
-    builds: Builds | None = None,
-) -> float:
-    """The seconds of :func:`map_way`."""
-    return map_way(cost, loads_SE, num_ranks, num_slots, builds)[0]
-
-
 def table_way(
     cost: StepCost,
     loads_SE: torch.Tensor,
@@ -159,7 +148,7 @@ def judged_order(
     if perm_E is None:
         return None
     if stale or serving_RB is None:
-        now = map_s(cost, loads_SE, num_ranks, num_slots, builds)
+        now = map_way(cost, loads_SE, num_ranks, num_slots, builds)[0]
     else:
         now = serving_s(cost, loads_SE, serving_RB, builds)
     after, way = map_way(cost, relabelled(loads_SE, perm_E), num_ranks, num_slots, builds)
@@ -247,7 +236,7 @@ def stale_offer(
     if perm_E is None:
         return None
     newer_SE = loads_SE[half:]
-    now_s = map_s(cost, newer_SE, num_ranks, num_slots, builds)
+    now_s = map_way(cost, newer_SE, num_ranks, num_slots, builds)[0]
     after_s, way = map_way(cost, relabelled(newer_SE, perm_E), num_ranks, num_slots, builds)
     saving_s = (now_s - after_s) / newer_SE.shape[0]
     return HomeOffer(tuple(perm_E), saving_s, way, True) if saving_s > 0 else None

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from moonplan.plan.home_order import popular_order
 from moonplan.plan.residency.home_choice import (
     judged_order,
-    map_s,
     map_way,
     relabelled,
     serving_s,
@@ -35,7 +34,7 @@ def test_hot_experts_in_one_block_are_spread_against_empty_slots() -> None:
         judged = judged_order(COST, HOT, 4, slots, _empty(4, slots))
         assert judged is not None and list(judged.perm_E) == want and not judged.stale
         moved = HOT[:, torch.tensor(want)]
-        now_s, after_s = serving_s(COST, HOT, _empty(4, slots)), map_s(COST, moved, 4, slots)
+        now_s, after_s = serving_s(COST, HOT, _empty(4, slots)), map_way(COST, moved, 4, slots)[0]
         assert after_s < now_s and judged.saving_s == (now_s - after_s) / 3
         assert judged.serve == map_way(COST, moved, 4, slots)[1]  # its steps' way, no slot
 
@@ -132,7 +131,7 @@ def test_an_order_returned_is_predicted_faster(loads, R, slots, running) -> None
         assert sorted(got) == list(range(8)) and judged.saving_s > 0
         moved = loads_SE[:, torch.tensor(got)]
         if running:
-            assert map_s(COST, moved, R, slots) < serving_s(COST, loads_SE, _empty(R, slots))
+            assert map_way(COST, moved, R, slots)[0] < serving_s(COST, loads_SE, _empty(R, slots))
         else:
             assert table_way(COST, moved, R, slots)[0] < table_way(COST, loads_SE, R, slots)[0]
 
@@ -147,7 +146,7 @@ def test_in_training_both_maps_are_judged_with_no_slot_kept() -> None:
     assert got == popular_order(HOT.sum(0), 4, list(range(16)))
     moved = HOT[:, torch.tensor(got)]
     now_s = stale_way(COST, window_rows(HOT.sum(0), 3, 4, HOT), 2, HOT)[0]
-    assert map_s(COST, HOT, 4, 2) == now_s > map_s(COST, moved, 4, 2)
+    assert map_way(COST, HOT, 4, 2)[0] == now_s > map_way(COST, moved, 4, 2)[0]
 
 
 HOT4 = torch.stack([c.sum(0) for c in _trace(4, seed=7)])  # [4, 16], hot experts 0-3
@@ -161,7 +160,7 @@ def test_a_stale_offer_is_fit_on_the_older_half_and_scored_on_the_newer() -> Non
     assert offer is not None and list(offer.perm_E) == window_order(HOT4[:2], 4) and offer.stale
     newer = HOT4[2:]
     moved = newer[:, torch.tensor(offer.perm_E)]
-    assert offer.saving_s == (map_s(COST, newer, 4, 2) - map_s(COST, moved, 4, 2)) / 2 > 0
+    assert offer.saving_s == (map_way(COST, newer, 4, 2)[0] - map_way(COST, moved, 4, 2)[0]) / 2 > 0
     # the way its steps are served once taken: the newer half's, under the order
     assert offer.serve == stale_way(COST, window_rows(moved.sum(0), 2, 4, moved), 2, moved)[1]
     even = torch.full((4, 16), 8, dtype=torch.int64)  # every order is the identity's tie
@@ -179,7 +178,7 @@ def test_an_order_fit_to_noise_is_not_offered() -> None:
     burst[:2, :2] = 200
     perm = window_order(burst[:2], 4)
     own = burst[:2][:, torch.tensor(perm)]
-    assert map_s(COST, own, 4, 2) < map_s(COST, burst[:2], 4, 2)  # in sample: faster
+    assert map_way(COST, own, 4, 2)[0] < map_way(COST, burst[:2], 4, 2)[0]  # in sample: faster
     assert stale_offer(COST, burst, 4, 2) is None
 
 
