@@ -7,30 +7,33 @@ Legend:
     perm_E     a permutation of the labels: new label ``j`` is old label ``perm_E[j]``
 
 :func:`~moonplan.plan.home_order.popular_order` spreads the window's heavy experts over
-the ranks, which lowers static EP's busiest rank. Whether the steps get faster depends on
-how they are served, so the order is taken only where the cost model predicts the
-window's steps faster under it (:func:`judged_order`), each map judged by what it would
-serve next:
+the ranks, which lowers static EP's busiest rank. Two orders are offered
+(:func:`candidate_orders`): that popular order of whole loads (:func:`window_order`), and
+:func:`shared_order`, the popular order of each expert's load per holder once the slot
+budget's replicas are given out, as EPLB packs replicas, not experts. The first spreads
+loads that the replicas will split: the hot expert's rank gets the lightest companions
+and idles once its replicas take most of its records. Whether the steps get faster
+depends on how they are served, so an order is taken only where the cost model predicts
+the window's steps faster under it (:func:`judged_order`), each map judged by what it
+would serve next:
 
 * **A running layer** (``serving_RB`` given) keeps its map and its slot table, served the
   table's best way (:func:`serving_s`). A re-home empties the slots, and under the order a
   table arrives only through decisions and refills, which lag (on decode-sized steps one
-  decision counts more steps of work than a recorded trace's warm-up). So the order is
+  decision counts more steps of work than a recorded trace's warm-up). So an order is
   judged with no slot kept (:func:`map_way`: static EP, a planner call or the exact kernel
-  from empty slots), and must beat the running layer at once.
+  from empty slots), and must beat the running layer at once. Where both orders do, the
+  one whose best table from empty slots is faster (:func:`table_way`) is taken: it serves
+  the layer once its decisions have placed that table, for as long as the layer runs.
 * **Before a trace** (``serving_RB`` ``None``), where every policy's placement is made
   from the window at no charge (EPLB's as well as the slots'), each map is judged by its
-  best table from empty slots (:func:`table_way`). Two orders are judged there: the
-  popular order of whole loads, and :func:`shared_order`, of each expert's load per
-  holder once the slot budget's replicas are given out (as EPLB packs replicas, not
-  experts). The first spreads loads that the replicas will split: the hot expert's rank
-  gets the lightest companions and idles once its replicas take most of its records.
+  best table from empty slots (:func:`table_way`).
 
-Judged by best tables at a running layer, the order was refused at two recorded points
-where it then ran 12% and 4% faster; judged with no slot kept before a trace, it was
-taken at a generated point where it then ran 1.061x EPLB, the linear map at most 1.0x
-(docs/benchmarks.md, "Auto re-homes while serving"). No threshold enters. What a
-re-home costs once (its rows' moves) is for its caller, who makes it once, to weigh.
+Judged by best tables alone at a running layer, the popular order was refused at two
+recorded points where it then ran 12% and 4% faster; judged with no slot kept before a
+trace, it was taken at a generated point where it then ran 1.061x EPLB, the linear map at
+most 1.0x (docs/benchmarks.md, "Auto re-homes while serving"). No threshold enters. What
+a re-home costs once (its rows' moves) is for its caller, who makes it once, to weigh.
 
 **In training** no slot outlives a step, so both maps are judged with no slot kept
 (``judged_order(stale=True)``), and ``auto`` re-homes as often as rent or buy says: a
@@ -134,27 +137,58 @@ def judged_order(
     *,
     stale: bool = False,
 ) -> HomeOffer | None:
-    """:func:`popular_order` of the window's loads (its groups kept on the ranks that own
-    most of them), where the window's steps are predicted faster under it (module
-    docstring: against ``serving_RB``, the running layer's table, with no slot kept;
-    ``None``: before a trace, best tables both, :func:`shared_order` judged beside it:
-    :func:`_before_trace`; ``stale``, training, where no slot
-    outlives a step: both maps with no slot kept), with the way its steps are then
-    served (:class:`HomeOffer`); else ``None`` (also for an empty window and where the
-    order is the identity)."""
-    if serving_RB is None and not stale:
-        return _before_trace(cost, loads_SE, num_ranks, num_slots, builds)
-    perm_E = window_order(loads_SE, num_ranks)
-    if perm_E is None:
-        return None
-    if stale or serving_RB is None:
+    """The order of :func:`candidate_orders` (module docstring) predicted fastest for the
+    window's steps, and the way its steps are then served (:class:`HomeOffer`), where it
+    beats the labels as they are; else ``None`` (also for an empty window and where every
+    order is the identity). Judged against ``serving_RB``, the running layer's table,
+    with no slot kept (:func:`_running`); ``None``: before a trace, best tables both
+    (:func:`_before_trace`); ``stale``, training, where no slot outlives a step: the
+    popular order alone, both maps with no slot kept (no table to anticipate)."""
+    if stale:
+        perm_E = window_order(loads_SE, num_ranks)
+        if perm_E is None:
+            return None
         now = map_way(cost, loads_SE, num_ranks, num_slots, builds)[0]
-    else:
-        now = serving_s(cost, loads_SE, serving_RB, builds)
-    after, way = map_way(cost, relabelled(loads_SE, perm_E), num_ranks, num_slots, builds)
-    if after >= now:
+        after, way = map_way(cost, relabelled(loads_SE, perm_E), num_ranks, num_slots, builds)
+        saving_s = (now - after) / loads_SE.shape[0]
+        return HomeOffer(tuple(perm_E), saving_s, way, True) if after < now else None
+    orders = candidate_orders(loads_SE, num_ranks, num_slots)
+    if serving_RB is None:
+        return _before_trace(cost, loads_SE, num_ranks, num_slots, orders, builds)
+    return _running(cost, loads_SE, serving_RB, orders, builds)
+
+
+def candidate_orders(loads_SE: torch.Tensor, num_ranks: int, num_slots: int) -> list[list[int]]:
+    """The orders a serving layer's judgement weighs (module docstring): :func:`window_order`
+    and :func:`shared_order`, each once, without the identity; empty for an empty window."""
+    found = (window_order(loads_SE, num_ranks), shared_order(loads_SE, num_ranks, num_slots))
+    return [p for i, p in enumerate(found) if p is not None and p not in found[:i]]
+
+
+def _running(
+    cost: StepCost,
+    loads_SE: torch.Tensor,
+    serving_RB: torch.Tensor,
+    orders: list[list[int]],
+    builds: Builds | None = None,
+) -> HomeOffer | None:
+    """:func:`judged_order` at a running layer: of ``orders``, those whose steps with no
+    slot kept beat ``serving_RB`` served its best way; of two, the one whose best table is
+    faster (the first where they tie)."""
+    R, B = serving_RB.shape
+    now = serving_s(cost, loads_SE, serving_RB, builds)
+    faster = []
+    for perm_E in orders:
+        after, way = map_way(cost, relabelled(loads_SE, perm_E), R, B, builds)
+        if after < now:
+            faster.append((perm_E, after, way))
+    if not faster:
         return None
-    return HomeOffer(tuple(perm_E), (now - after) / loads_SE.shape[0], way, stale)
+    if len(faster) > 1:
+        steady = [table_way(cost, relabelled(loads_SE, p), R, B, builds)[0] for p, _, _ in faster]
+        faster = [faster[min(range(len(faster)), key=steady.__getitem__)]]
+    perm_E, after, way = faster[0]
+    return HomeOffer(tuple(perm_E), (now - after) / loads_SE.shape[0], way)
 
 
 def _before_trace(
@@ -162,13 +196,12 @@ def _before_trace(
     loads_SE: torch.Tensor,
     num_ranks: int,
     num_slots: int,
+    orders: list[list[int]],
     builds: Builds | None = None,
 ) -> HomeOffer | None:
-    """:func:`judged_order` before a trace: of :func:`window_order` and
-    :func:`shared_order` (the first where they tie), the one whose best table from empty
-    slots is predicted fastest, where it beats the labels' own best table."""
-    found = (window_order(loads_SE, num_ranks), shared_order(loads_SE, num_ranks, num_slots))
-    orders = [p for i, p in enumerate(found) if p is not None and p not in found[:i]]
+    """:func:`judged_order` before a trace: of ``orders``, the one whose best table from
+    empty slots is predicted fastest (the first where they tie), where it beats the
+    labels' own best table."""
     if not orders:
         return None
     now = best_s = table_way(cost, loads_SE, num_ranks, num_slots, builds)[0]

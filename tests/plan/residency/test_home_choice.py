@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from moonplan.plan.home_order import popular_order
 from moonplan.plan.residency.home_choice import (
+    candidate_orders,
     judged_order,
     map_way,
     relabelled,
@@ -93,6 +94,42 @@ def test_before_a_trace_no_candidate_has_a_faster_table(loads, R, slots) -> None
         assert got_s <= table_way(COST, moved, R, slots)[0]
 
 
+def test_a_running_layer_takes_of_the_orders_faster_now_the_one_with_the_faster_table() -> None:
+    """Both orders beat the empty slots at once; the popular order more so, but the shares
+    order's best table is faster: it is taken, its saving the one it makes at once."""
+    load_SE = torch.tensor([[158, 58, 2, 55, 54, 11, 1, 162], [141, 61, 1, 65, 38, 12, 1, 149]])
+    empty = _empty(4, 1)
+    popular, shares = window_order(load_SE, 4), shared_order(load_SE, 4, 1)
+    assert popular is not None and shares is not None and popular != shares
+    now_s = serving_s(COST, load_SE, empty)
+    (pop_s, _), (sha_s, way) = (
+        map_way(COST, relabelled(load_SE, p), 4, 1) for p in (popular, shares)
+    )
+    assert pop_s < sha_s < now_s  # both faster at once
+    steady = [table_way(COST, relabelled(load_SE, p), 4, 1)[0] for p in (popular, shares)]
+    assert steady[1] < steady[0]
+    judged = judged_order(COST, load_SE, 4, 1, empty)
+    assert judged is not None and list(judged.perm_E) == shares and judged.serve == way
+    assert judged.saving_s == (now_s - sha_s) / 2
+
+
+def test_a_running_layer_never_takes_an_order_slower_at_once() -> None:
+    """The shares order has the faster table but is slower at once than the empty slots:
+    the popular order, faster at once, is taken."""
+    load_SE = torch.tensor([[1, 95, 118, 76, 60, 1, 145, 1], [5, 114, 87, 67, 61, 2, 130, 4]])
+    empty = _empty(4, 1)
+    popular, shares = window_order(load_SE, 4), shared_order(load_SE, 4, 1)
+    assert popular is not None and shares is not None
+    now_s = serving_s(COST, load_SE, empty)
+    assert map_way(COST, relabelled(load_SE, shares), 4, 1)[0] >= now_s
+    assert (
+        table_way(COST, relabelled(load_SE, shares), 4, 1)[0]
+        < table_way(COST, relabelled(load_SE, popular), 4, 1)[0]
+    )
+    judged = judged_order(COST, load_SE, 4, 1, empty)
+    assert judged is not None and list(judged.perm_E) == popular
+
+
 def test_a_running_layer_with_a_good_table_keeps_its_map() -> None:
     """The table the window prefers, serving already: the order from empty slots must
     beat it at once, and does not."""
@@ -131,7 +168,15 @@ def test_an_order_returned_is_predicted_faster(loads, R, slots, running) -> None
         assert sorted(got) == list(range(8)) and judged.saving_s > 0
         moved = loads_SE[:, torch.tensor(got)]
         if running:
-            assert map_way(COST, moved, R, slots)[0] < serving_s(COST, loads_SE, _empty(R, slots))
+            now_s = serving_s(COST, loads_SE, _empty(R, slots))
+            assert map_way(COST, moved, R, slots)[0] < now_s
+            got_s = table_way(COST, moved, R, slots)[0]
+            for perm_E in candidate_orders(
+                loads_SE, R, slots
+            ):  # none faster at once and in its table
+                other = relabelled(loads_SE, perm_E)
+                if map_way(COST, other, R, slots)[0] < now_s:
+                    assert got_s <= table_way(COST, other, R, slots)[0]
         else:
             assert table_way(COST, moved, R, slots)[0] < table_way(COST, loads_SE, R, slots)[0]
 
