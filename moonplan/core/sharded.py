@@ -196,10 +196,12 @@ class ShardedExperts(RuntimeViews, nn.Module):
                 every rank; or ``"profile"``: ``popular_order`` of the layer's own loads
                 over its last steps (:meth:`LayerRuntime.recent_loads`, the same on every
                 rank), its groups kept on the ranks that own most of them; with
-                ``balance="auto"`` and its cost model, only where that predicts the
-                steps faster under it, with no slot kept, than the slots serving now
-                (after a step with autograd on, when no slot outlives a step: than the
-                current map with none kept;
+                ``balance="auto"`` and its cost model, that order or the one of each
+                expert's load per replica (``home_choice.shared_order``), only where
+                the cost model predicts the steps faster under it, with no slot kept,
+                than the slots serving now (of both: the one whose best table is
+                faster; after a step with autograd on, when no slot outlives a step:
+                the popular order, against the current map with none kept;
                 :func:`~moonplan.plan.residency.home_choice.judged_order`), else the
                 current order (nothing moves).
             optimizers: the optimizers that hold state of these Parameters. Required in

@@ -196,7 +196,8 @@ class Balancing:
         "choose": "deprecated and ignored (warns): auto chooses inside one planner call",
         "search_us": "deprecated and ignored (warns), as ``choose``",
         "rehome": "``balance='auto'`` re-homes by itself: serving, once, when its 32-step "
-        "window fills, where its cost model favours the window's ``popular_order``; "
+        "window fills, where its cost model favours an order of its loads "
+        "(whole or per replica); "
         "training, where its decisions' rent or buy says (the moves priced with the "
         "optimizer's state), at the start of a step; ``False``: never",
     }
