@@ -318,19 +318,34 @@ def _uniform_ids(T: int, E: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack([t % E, (t + 1) % E], 1), torch.full((T, K), 0.5)
 
 
+def _skewed_ids(T: int, E: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two distinct experts per token drawn from a lognormal popularity: loads
+    ``[17, 11, 3, 0, 4, 7, 6, 0]`` at ``T = 24, E = 8``, where the order of loads per
+    replica (``home_choice.shared_order``) is judged faster than ``popular_order``."""
+    g = torch.Generator().manual_seed(24)
+    p_E = torch.exp(torch.randn(E, generator=g) * 1.5)
+    ids = torch.stack([torch.multinomial(p_E, 2, replacement=False, generator=g) for _ in range(T)])
+    return ids, torch.full((T, K), 0.5)
+
+
+ROUTINGS = {"hot": lambda T, E: _hot_ids(T, E, K, SEED), "uniform": _uniform_ids,
+            "skewed": _skewed_ids}  # fmt: skip
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize(("routing", "slots", "taken"), [
-    ("hot", 0, True), ("hot", 2, True), ("uniform", 2, False),
+    ("hot", 0, True), ("hot", 2, True), ("uniform", 2, False), ("skewed", 2, True),
 ])  # fmt: skip
 def test_an_auto_layer_takes_the_profile_order_only_where_its_cost_model_favours_it(
     routing, slots, taken
 ):
-    """Even loads: ``popular_order`` is another permutation (ties), no faster: not taken."""
-    from moonplan.plan.residency.home_choice import judged_order
+    """Even loads: ``popular_order`` is another permutation (ties), no faster: not taken.
+    Skewed loads with slots: the order of loads per replica is taken."""
+    from moonplan.plan.residency.home_choice import judged_order, shared_order
     from tests.baselines.test_auto_ordered import COST
 
     world, E, sizes = 2, 8, [12, 12]
-    ids, wk = _hot_ids(sum(sizes), E, K, SEED) if routing == "hot" else _uniform_ids(24, E)
+    ids, wk = ROUTINGS[routing](sum(sizes), E)
     cfg = {"E": E, "sizes": sizes, "ids": ids, "w": wk, "cost": COST, "slots": slots}
     got = run_ranks(_judged, world, cfg, timeout=120)
     serving = got[0]["serving"]
@@ -341,6 +356,9 @@ def test_an_auto_layer_takes_the_profile_order_only_where_its_cost_model_favours
     assert (perm is not None) == taken
     if not taken:
         assert popular_order(got[0]["loads"].sum(0), world, list(range(E))) != list(range(E))
+    if routing == "skewed":
+        assert perm is not None and list(perm) == shared_order(got[0]["loads"], world, slots)
+        assert list(perm) != popular_order(got[0]["loads"].sum(0), world, list(range(E)))
     for g in got:
         assert g["order"] == (None if perm is None else tuple(perm))
         assert (g["moved"] > 0) == taken
