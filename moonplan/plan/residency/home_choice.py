@@ -145,13 +145,7 @@ def judged_order(
     (:func:`_before_trace`); ``stale``, training, where no slot outlives a step: the
     popular order alone, both maps with no slot kept (no table to anticipate)."""
     if stale:
-        perm_E = window_order(loads_SE, num_ranks)
-        if perm_E is None:
-            return None
-        now = map_way(cost, loads_SE, num_ranks, num_slots, builds)[0]
-        after, way = map_way(cost, relabelled(loads_SE, perm_E), num_ranks, num_slots, builds)
-        saving_s = (now - after) / loads_SE.shape[0]
-        return HomeOffer(tuple(perm_E), saving_s, way, True) if after < now else None
+        return _stale_judged(cost, loads_SE, loads_SE, num_ranks, num_slots, builds)
     orders = candidate_orders(loads_SE, num_ranks, num_slots)
     if serving_RB is None:
         return _before_trace(cost, loads_SE, num_ranks, num_slots, orders, builds)
@@ -226,9 +220,7 @@ def window_order(loads_SE: torch.Tensor, num_ranks: int) -> list[int] | None:
     the identity."""
     if loads_SE.shape[0] == 0:
         return None
-    identity = list(range(loads_SE.shape[1]))
-    perm_E = popular_order(loads_SE.sum(0), num_ranks, identity)
-    return None if perm_E == identity else perm_E
+    return _moved_order(loads_SE.sum(0), num_ranks)
 
 
 def shared_order(loads_SE: torch.Tensor, num_ranks: int, num_slots: int) -> list[int] | None:
@@ -240,14 +232,19 @@ def shared_order(loads_SE: torch.Tensor, num_ranks: int, num_slots: int) -> list
     :func:`window_order` spreads whole loads, as if no replica split them: a hot expert's
     home rank then gets the lightest companions, and once its replicas take most of its
     records that rank idles. Packing the shares, as EPLB packs replicas, balances the
-    ranks the table will serve (module docstring: judged before a trace)."""
+    ranks the table will serve (module docstring: how each judgement weighs it)."""
     if loads_SE.shape[0] == 0 or num_slots == 0:
         return None
     totals_E = loads_SE.sum(0).cpu()
     n_E = replica_counts([int(t) for t in totals_E.tolist()], num_ranks, num_ranks * num_slots)
-    share_E = totals_E.double() / torch.tensor(n_E, dtype=torch.float64)
-    identity = list(range(loads_SE.shape[1]))
-    perm_E = popular_order(share_E, num_ranks, identity)
+    return _moved_order(totals_E.double() / torch.tensor(n_E, dtype=torch.float64), num_ranks)
+
+
+def _moved_order(load_E: torch.Tensor, num_ranks: int) -> list[int] | None:
+    """:func:`popular_order` of ``load_E`` (``[E]``) from the labels' own order (its
+    groups kept on the ranks that own most of them), or ``None`` where it is the identity."""
+    identity = list(range(load_E.shape[0]))
+    perm_E = popular_order(load_E, num_ranks, identity)
     return None if perm_E == identity else perm_E
 
 
@@ -265,11 +262,24 @@ def stale_offer(
     scored on the steps it was fit to always looks faster, noise included; scored on
     later steps, only a popularity that lasts makes it so."""
     half = loads_SE.shape[0] // 2
-    perm_E = window_order(loads_SE[:half], num_ranks)
+    return _stale_judged(cost, loads_SE[:half], loads_SE[half:], num_ranks, num_slots, builds)
+
+
+def _stale_judged(
+    cost: StepCost,
+    fit_SE: torch.Tensor,
+    scored_SE: torch.Tensor,
+    num_ranks: int,
+    num_slots: int,
+    builds: Builds | None = None,
+) -> HomeOffer | None:
+    """The :func:`window_order` of the steps ``fit_SE``, the seconds a step of
+    ``scored_SE`` saves under it and those steps' way under it, with no slot kept either
+    way (:func:`map_way`); ``None`` where there is no order or it saves nothing."""
+    perm_E = window_order(fit_SE, num_ranks)
     if perm_E is None:
         return None
-    newer_SE = loads_SE[half:]
-    now_s = map_way(cost, newer_SE, num_ranks, num_slots, builds)[0]
-    after_s, way = map_way(cost, relabelled(newer_SE, perm_E), num_ranks, num_slots, builds)
-    saving_s = (now_s - after_s) / newer_SE.shape[0]
+    now_s = map_way(cost, scored_SE, num_ranks, num_slots, builds)[0]
+    after_s, way = map_way(cost, relabelled(scored_SE, perm_E), num_ranks, num_slots, builds)
+    saving_s = (now_s - after_s) / scored_SE.shape[0]
     return HomeOffer(tuple(perm_E), saving_s, way, True) if saving_s > 0 else None
