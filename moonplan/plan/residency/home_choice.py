@@ -51,13 +51,8 @@ import torch
 from moonplan.plan.home_order import popular_order
 from moonplan.plan.residency.exact_way import exact_steps_s
 from moonplan.plan.residency.serving import empty_slots
-from moonplan.plan.residency.target import (
-    replica_counts,
-    stale_way,
-    table_ways,
-    target_of,
-    window_rows,
-)
+from moonplan.plan.residency.stale_steps import StaleSteps, stale_way
+from moonplan.plan.residency.target import replica_counts, table_ways, target_of, window_rows
 from moonplan.plan.residency.work import Builds
 from moonplan.stepcost import StepCost
 
@@ -73,7 +68,7 @@ class HomeOffer:
             out, on steps it was not fit to).
         serve: how the steps are served once it is taken, until a decision judges them
             again: the way of least predicted time under it with no slot kept
-            (``target.stale_way``; before a trace, its best table's way).
+            (``stale_steps.stale_way``; before a trace, its best table's way).
         stale: judged for steps whose slots go stale (training).
     """
 
@@ -95,7 +90,7 @@ def map_way(
     builds: Builds | None = None,
 ) -> tuple[float, str]:
     """Least predicted seconds of the window's steps under the labels' linear home map
-    with no slot kept between steps, and the way that gives it (``target.stale_way``)."""
+    with no slot kept between steps, and the way that gives it (``stale_steps.stale_way``)."""
     return stale_way(cost, _rows(loads_SE, num_ranks), num_slots, loads_SE, builds)
 
 
@@ -254,15 +249,20 @@ def stale_offer(
     num_ranks: int,
     num_slots: int,
     builds: Builds | None = None,
+    now: StaleSteps | None = None,
 ) -> HomeOffer | None:
     """A re-home for steps whose slots go stale (training), held out: the
     :func:`window_order` of the window's older half, the seconds a step of its newer
     half saves under it and that half's way under it, with no slot kept either way
     (:func:`map_way`); ``None`` where there is no order or it saves nothing. An order
     scored on the steps it was fit to always looks faster, noise included; scored on
-    later steps, only a popularity that lasts makes it so."""
+    later steps, only a popularity that lasts makes it so. ``now``: the labels' steps
+    over the whole window, already scored (``stale_steps.stale_steps``): their newer
+    half is read, not scored again."""
     half = loads_SE.shape[0] // 2
-    return _stale_judged(cost, loads_SE[:half], loads_SE[half:], num_ranks, num_slots, builds)
+    now_s = None if now is None else now.best(half)[0]
+    return _stale_judged(cost, loads_SE[:half], loads_SE[half:], num_ranks, num_slots, builds,
+                         now_s)  # fmt: skip
 
 
 def _stale_judged(
@@ -272,14 +272,17 @@ def _stale_judged(
     num_ranks: int,
     num_slots: int,
     builds: Builds | None = None,
+    now_s: float | None = None,
 ) -> HomeOffer | None:
     """The :func:`window_order` of the steps ``fit_SE``, the seconds a step of
     ``scored_SE`` saves under it and those steps' way under it, with no slot kept either
-    way (:func:`map_way`); ``None`` where there is no order or it saves nothing."""
+    way (:func:`map_way`; ``now_s``: the labels' seconds of ``scored_SE`` where already
+    scored); ``None`` where there is no order or it saves nothing."""
     perm_E = window_order(fit_SE, num_ranks)
     if perm_E is None:
         return None
-    now_s = map_way(cost, scored_SE, num_ranks, num_slots, builds)[0]
+    if now_s is None:
+        now_s = map_way(cost, scored_SE, num_ranks, num_slots, builds)[0]
     after_s, way = map_way(cost, relabelled(scored_SE, perm_E), num_ranks, num_slots, builds)
     saving_s = (now_s - after_s) / scored_SE.shape[0]
     return HomeOffer(tuple(perm_E), saving_s, way, True) if saving_s > 0 else None

@@ -76,10 +76,10 @@ from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
 from moonplan.plan.residency.home_choice import HomeOffer, stale_offer
 from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED, empty_slots
 from moonplan.plan.residency.shares import Shares
+from moonplan.plan.residency.stale_steps import StaleSteps, stale_steps
 from moonplan.plan.residency.target import (
     candidate_tables,
     served_s,
-    stale_way,
     step_time_over,
     table_ways,
     target_of,
@@ -284,7 +284,7 @@ class Residency:
         served: the way a decision judges for that table kept (``Target.kept``: its
         lookups, planner calls, or the exact kernel from it). ``stale``: the steps'
         slots go stale (training): no table, and the way for such steps
-        (``target.stale_way``)."""
+        (``stale_steps.stale_way``)."""
         self.window.prime(totals_NE)
         empty_RB = empty_slots(self.R, self.B)
         if self.window.filled == 0 or self.B == 0:
@@ -371,21 +371,22 @@ class Residency:
         snap: Snapshot | None = None,
     ) -> Verdict:
         """The verdict for steps whose slots go stale: no refill, and the way of least
-        predicted time from empty slots (``target.stale_way``; never the weighted lookup,
-        which is static EP there); from a ``snap`` with ``move_bytes``, a re-home once rent
-        or buy says it pays (:meth:`_home`)."""
-        way = stale_way(self.cost, rows_SRE, self.B, loads_SE, builds)[1]
-        home = None if snap is None or snap.move_bytes <= 0 else self._home(snap, builds)
-        return Verdict(None, way, True, home=home)
+        predicted time from empty slots over the window (``stale_steps``; never the
+        weighted lookup, which is static EP there); from a ``snap`` with ``move_bytes``, a
+        re-home once rent or buy says it pays (:meth:`_home`, weighed against the same
+        scores)."""
+        now = stale_steps(self.cost, rows_SRE, self.B, loads_SE, builds)
+        home = None if snap is None or snap.move_bytes <= 0 else self._home(snap, now, builds)
+        return Verdict(None, now.best()[1], True, home=home)
 
-    def _home(self, snap: Snapshot, builds: Builds | None) -> HomeOffer | None:
+    def _home(self, snap: Snapshot, now: StaleSteps, builds: Builds | None) -> HomeOffer | None:
         """Rent or buy for a re-home, as for a refill: each step since the last decision
         accrues the seconds the window's order would save it (``home_choice.stale_offer``:
-        fit on the window's older half, scored on its newer half, no slot kept). Once the
-        credit reaches the order's price, its rows' link time
-        (:func:`rehome_link_s`, ``snap.move_bytes`` per byte of weights), the
-        order is offered and the credit returns to 0."""
-        offer = stale_offer(self.cost, snap.loads_SE, self.R, self.B, builds)
+        fit on the window's older half, scored on its newer half, no slot kept; the labels'
+        own seconds read from ``now``, the window's scores). Once the credit reaches the
+        order's price, its rows' link time (:func:`rehome_link_s`, ``snap.move_bytes`` per
+        byte of weights), the order is offered and the credit returns to 0."""
+        offer = stale_offer(self.cost, snap.loads_SE, self.R, self.B, builds, now)
         if offer is None:
             return None
         self.home_credit += snap.steps * offer.saving_s

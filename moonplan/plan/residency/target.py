@@ -67,7 +67,7 @@ from moonplan.plan.choice.rent import (
 )
 from moonplan.plan.home import home_list
 from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
-from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED, empty_slots
+from moonplan.plan.residency.serving import LOOKUPS, WEIGHTED
 from moonplan.plan.residency.weighted_way import crossed_shares
 from moonplan.plan.residency.window_torch import lookups_torch, static_torch, windows_torch
 from moonplan.plan.residency.work import Builds
@@ -353,26 +353,6 @@ def target_of(
     return Target(slot_TRB[t].clone(), ways[t][1], way, ways[t][0])
 
 
-def stale_way(
-    cost: StepCost,
-    rows_SRE: torch.Tensor,
-    num_slots: int,
-    loads_SE: torch.Tensor | None = None,
-    builds: Builds | None = None,
-) -> tuple[float, str]:
-    """The least predicted seconds over the steps ``rows_SRE`` (int64 ``[S, R, E]``) where
-    no slot stays from one step to the next (the weights change at every step, as in
-    training), and the way that gives it: a lookup of empty slots (static EP, no call), a
-    planner call from empty slots, or the exact kernel from empty slots
-    (``exact_way.exact_steps_s(chain=False)``); ties in that order. No table is kept, so
-    none is targeted."""
-    R = rows_SRE.shape[1]
-    empty_1RB = empty_slots(R, num_slots)[None]
-    best = table_ways(cost, rows_SRE, empty_1RB, loads_SE, builds)[0]
-    exact = sum(exact_steps_s(cost, rows_SRE, empty_1RB[0], builds, chain=False))
-    return (exact, EXACT) if exact < best[0] else best
-
-
 WAYS = (*LOOKUPS, WEIGHTED, "call")
 """The ways a table serves, in tie-break order: its lookups (no call; the weighted one
 last of them, as it needs its weights), then planner calls."""
@@ -391,6 +371,24 @@ def table_ways(
     steps summed in step order). The weighted lookup is scored with weights fit on the
     other steps (:func:`crossed_shares`). The scores run on ``loads_SE``'s device
     (``None``: the host); ``builds`` counts the work."""
+    out = []
+    for steps_WS in table_way_steps(cost, rows_SRE, slot_TRB, loads_SE, builds):
+        sums = [sum(steps_S) for steps_S in steps_WS]
+        w = min(range(len(WAYS)), key=lambda w: sums[w])
+        out.append((sums[w], WAYS[w]))
+    return out
+
+
+def table_way_steps(
+    cost: StepCost,
+    rows_SRE: torch.Tensor,
+    slot_TRB: torch.Tensor,
+    loads_SE: torch.Tensor | None = None,
+    builds: Builds | None = None,
+) -> list[list[list[float]]]:
+    """``[T][W][S]``: per table of ``slot_TRB``, per way of :data:`WAYS`, the predicted
+    seconds of each step of ``rows_SRE`` (oldest first) served so; what
+    :func:`table_ways` sums (arguments as there)."""
     dev = loads_SE.device if loads_SE is not None else torch.device("cpu")
     rows_SRE, slot_TRB = rows_SRE.to(dev), slot_TRB.to(dev)
     static_S = static_torch(cost, rows_SRE)
@@ -398,12 +396,7 @@ def table_ways(
     called = windows_torch(cost, rows_SRE, static_S, slot_TRB, builds).tolist()
     if builds is not None:  # static EP's step over the window
         builds.scored += len(rows_SRE)
-    out = []
-    for t, call_S in enumerate(called):
-        sums = [sum(look[t]) for look in looked_LTS] + [sum(call_S)]
-        w = min(range(len(WAYS)), key=lambda w: sums[w])
-        out.append((sums[w], WAYS[w]))
-    return out
+    return [[look[t] for look in looked_LTS] + [call_S] for t, call_S in enumerate(called)]
 
 
 def _lookups(

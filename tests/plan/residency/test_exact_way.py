@@ -74,7 +74,7 @@ def test_where_slots_go_stale_the_way_is_a_lookup_a_call_or_the_exact_kernel() -
     """Steps whose slots go stale: the exact kernel where it is cheap and balance pays;
     static EP's lookup (no call) where every call is dear."""
     from moonplan.plan.residency.serving import LOOKUPS
-    from moonplan.plan.residency.target import stale_way
+    from moonplan.plan.residency.stale_steps import stale_way
 
     rows_SRE = _window()
     cheap = rows_only(copy_s_intra=1e-9, copy_s_inter=1e-9, exit_s=1e-3, plan_s=1e-3,

@@ -182,7 +182,8 @@ def test_an_order_returned_is_predicted_faster(loads, R, slots, running) -> None
 
 # ---- training: judged with no slot kept either way; re-homes by rent or buy ---------------
 def test_in_training_both_maps_are_judged_with_no_slot_kept() -> None:
-    from moonplan.plan.residency.target import stale_way, window_rows
+    from moonplan.plan.residency.stale_steps import stale_way
+    from moonplan.plan.residency.target import window_rows
 
     judged = judged_order(COST, HOT, 4, 2, stale=True)
     assert judged is not None and judged.stale
@@ -198,7 +199,8 @@ HOT4 = torch.stack([c.sum(0) for c in _trace(4, seed=7)])  # [4, 16], hot expert
 
 def test_a_stale_offer_is_fit_on_the_older_half_and_scored_on_the_newer() -> None:
     from moonplan.plan.residency.home_choice import stale_offer, window_order
-    from moonplan.plan.residency.target import stale_way, window_rows
+    from moonplan.plan.residency.stale_steps import stale_way
+    from moonplan.plan.residency.target import window_rows
 
     offer = stale_offer(COST, HOT4, 4, 2)
     assert offer is not None and list(offer.perm_E) == window_order(HOT4[:2], 4) and offer.stale

@@ -1,0 +1,78 @@
+"""The ways of steps whose slots go stale (training), step by step.
+
+Legend:
+    S steps    R ranks    E experts    B slots per rank    W ways (:data:`STALE_WAYS`)
+    rows_SRE   int64 ``[S, R, E]`` the steps scored, oldest first
+
+Where the weights change at every step (training), no slot stays from one step to the
+next, so no table is kept or targeted: each step is served from empty slots, by a lookup
+(static EP, no call), a planner call, or the exact kernel
+(``exact_way.exact_steps_s(chain=False)``). A decision in training scores the labels'
+steps once (:func:`stale_steps`): the whole window gives the way of the next steps
+(:meth:`StaleSteps.best`), and its newer half the seconds a re-home is weighed against
+(``home_choice.stale_offer``), with no step built twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
+from moonplan.plan.residency.serving import empty_slots
+from moonplan.plan.residency.target import WAYS, table_way_steps
+from moonplan.plan.residency.work import Builds
+from moonplan.stepcost import StepCost
+
+STALE_WAYS = (*WAYS, EXACT)
+"""The ways of a step with no slot kept, in tie-break order: those of an empty table
+(``target.WAYS``), then the exact kernel."""
+
+
+@dataclass(frozen=True)
+class StaleSteps:
+    """Each way's predicted seconds of each step with no slot kept (:func:`stale_steps`).
+
+    Attributes:
+        seconds_WS: per way of :data:`STALE_WAYS`, each step's seconds, oldest first.
+    """
+
+    seconds_WS: tuple[tuple[float, ...], ...]
+
+    def best(self, first: int = 0) -> tuple[float, str]:
+        """The least predicted seconds of the steps from ``first`` on, and the way that
+        gives it (the first of the least in :data:`STALE_WAYS` order). Each way's steps
+        are summed as the window's scores sum them: the exact kernel's newest first."""
+        sums = [sum(s_S[first:]) for s_S in self.seconds_WS[:-1]]
+        sums.append(sum(reversed(self.seconds_WS[-1][first:])))
+        w = min(range(len(STALE_WAYS)), key=lambda w: sums[w])
+        return sums[w], STALE_WAYS[w]
+
+
+def stale_steps(
+    cost: StepCost,
+    rows_SRE: torch.Tensor,
+    num_slots: int,
+    loads_SE: torch.Tensor | None = None,
+    builds: Builds | None = None,
+) -> StaleSteps:
+    """Each way's predicted seconds of each step of ``rows_SRE`` (int64 ``[S, R, E]``) with
+    no slot kept (module docstring); the scores run on ``loads_SE``'s device (``None``:
+    the host), ``builds`` counts the work."""
+    empty_1RB = empty_slots(rows_SRE.shape[1], num_slots)[None]
+    table_WS = table_way_steps(cost, rows_SRE, empty_1RB, loads_SE, builds)[0]
+    exact_S = exact_steps_s(cost, rows_SRE, empty_1RB[0], builds, chain=False)[::-1]
+    return StaleSteps(tuple(tuple(s_S) for s_S in (*table_WS, exact_S)))
+
+
+def stale_way(
+    cost: StepCost,
+    rows_SRE: torch.Tensor,
+    num_slots: int,
+    loads_SE: torch.Tensor | None = None,
+    builds: Builds | None = None,
+) -> tuple[float, str]:
+    """The least predicted seconds over the steps ``rows_SRE`` with no slot kept, and the
+    way that gives it (:meth:`StaleSteps.best` of :func:`stale_steps`)."""
+    return stale_steps(cost, rows_SRE, num_slots, loads_SE, builds).best()
