@@ -1,13 +1,14 @@
 """Training on drifting routing: ``auto``'s own re-homes against one order, over long windows.
 
 Legend: T the trace's steps (400), R ranks (8), E experts (64); ratios are a window's mean
-step time over the force-balanced ideal's, both from the simulator (forward steps only).
+step time over the force-balanced ideal's, both from the simulator, each step a training
+step (its forward and its backward, ``SimConfig.training``).
 
 The shipped real training traces come from a model trained from scratch: its expert
 popularity drifts. The acceptance sweep measures their last 32 steps only, where one
-re-home (1.4-1.9 ms, about 8 steps) inside or outside the window moves the mean by a
-quarter of the ideal. This script measures the same policies over longer windows too,
-side by side in one run, per trace and hardware preset:
+re-home (1.4-1.9 ms, a few steps) inside or outside the window moves the mean. This
+script measures the same policies over longer windows too, side by side in one run, per
+trace and hardware preset:
 
 * ``auto``: ``moonplan-auto`` as the sweep runs it (its decisions charged this project's
   2-core machine's host rates, ``moonplan.baselines.decision_time``), re-homing by rent
@@ -28,6 +29,7 @@ Writes ``bench/results/bench_train_drift.json`` and ``.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -63,7 +65,7 @@ def faster(cfg: SimConfig, n: int) -> SimConfig:
     def rate(table: Any) -> dict[str, float]:
         return {**table, AUTO: plan_us_at(table[AUTO], 8, m.num_experts) / n}
 
-    return SimConfig(decide_us=rate(cfg.decide_us), score_us=rate(cfg.score_us))
+    return dataclasses.replace(cfg, decide_us=rate(cfg.decide_us), score_us=rate(cfg.score_us))
 
 
 def policy_seconds(
@@ -82,7 +84,7 @@ def policy_seconds(
 def point(name: str, counts_TRE: torch.Tensor, hw: str, fast: tuple[int, ...]) -> dict[str, Any]:
     """Every policy's ratio to the ideal over every window, for one trace and preset."""
     T, R, _ = counts_TRE.shape
-    m, h, cfg = get_model(MODEL), get_hardware(hw), SimConfig()
+    m, h, cfg = get_model(MODEL), get_hardware(hw), SimConfig(training=True)
     ideal = [ideal_time(int(c.sum()), R, m, h, cfg).total_s for c in counts_TRE]
     runs = {"auto": policy_seconds(counts_TRE, hw, cfg, AUTO)}
     for n in fast:

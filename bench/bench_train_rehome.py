@@ -4,7 +4,8 @@ Legend: R ranks (EP size), S tokens per rank, sigma lognormal skew; ``/ best pee
 mean step time over the least of the peers (``acceptance.PEERS``) on the same trace.
 
 Generated traces with a persistent part (the acceptance grid's law), run as training:
-every step changes the weights, so no slot outlives a step (``stale_slots``), and no
+every step changes the weights, so no slot outlives a step (``stale_slots``), each step
+is charged its backward too (``SimConfig.training``), and no
 policy sees steps before the trace (a training run starts with none; EPLB as deployed
 gets the recorded traces' schedule, ``acceptance.recorded_options``). ``moonplan-auto``
 runs twice on each trace: without its own re-homes (``rehome=False``) and with them (the
@@ -47,7 +48,7 @@ def point(model: str, hw: str, R: int, sigma: float, S: int) -> dict[str, Any]:
     eplb = recorded_options(counts.shape[0], spec.steps)
     opts = {**policy_options(h, R, groups=spec.eplb_groups, slots=spec.slots, eplb=eplb),
             "stale_slots": True}  # fmt: skip
-    cfg = SimConfig()
+    cfg = SimConfig(training=True)  # each step with its backward
     rows = simulate_trace(counts, m, h, cfg, (*PEERS, AUTO), warmup=spec.warmup,
                           options={**opts, "rehome": True})  # fmt: skip
     us = {r["policy"]: r["total_us"] for r in rows}

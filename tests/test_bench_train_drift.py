@@ -29,7 +29,7 @@ def test_the_last_window_is_the_sweeps_point(counts_TRE) -> None:
     T, R, _ = counts_TRE.shape
     h = get_hardware("h200-node")
     opts = {**policy_options(h, R, eplb=recorded_options(T, 32)), "stale_slots": True}
-    swept = simulate_trace(counts_TRE, get_model(bench.MODEL), h, SimConfig(), (AUTO,),
+    swept = simulate_trace(counts_TRE, get_model(bench.MODEL), h, SimConfig(training=True), (AUTO,),
                            warmup=T - 32, options=opts)  # fmt: skip
     assert row["ratios"]["auto"]["last 32"] == pytest.approx(swept[0]["rel_ideal"], rel=1e-9)
     assert set(row["ratios"]) == {"auto", "order@200", f"order@{T - 32}"}

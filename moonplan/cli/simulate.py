@@ -157,8 +157,9 @@ def _step_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--training",
         action="store_true",
-        help="with --counts: the steps are training steps, so moonplan's slots go stale "
-        "at every step as in the runtime (default: they stay, as in inference)",
+        help="with --counts: the steps are training steps: moonplan's slots go stale "
+        "at every step as in the runtime, and each step is charged its backward too "
+        "(default: forward steps whose slots stay, as in inference)",
     )
 
 
@@ -254,6 +255,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         plan_us=plan_us,
         overlap_prefetch=not args.serial_prefetch,
         dispatch=args.dispatch,
+        training=args.training,
     )
 
 

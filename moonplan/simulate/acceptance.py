@@ -27,6 +27,7 @@ so Mixtral-8x7B (8 experts) is swept at EP 8 only.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -309,7 +310,8 @@ def run_recorded(
     """:func:`verdicts` of ``policies`` on every recorded trace (name -> int64 ``[T, R, E]``)
     on every hardware preset: the last ``steps`` steps measured, the others warm-up
     (:func:`recorded_options` for the deployed EPLB). On a training trace (``train-*``)
-    moonplan's slots go stale at every step, as in the runtime (``stale_slots``).
+    moonplan's slots go stale at every step, as in the runtime (``stale_slots``), and
+    each step is charged its backward (``SimConfig.training``).
     ``moonplan-auto`` re-homes by itself as the runtime would: serving, once, inside the
     warm-up; on a training trace where rent or buy says, each move charged;
     :data:`ORDERED` (where listed) takes its order from
@@ -331,7 +333,8 @@ def run_recorded(
                 "stale_slots": name.startswith("train")}  # fmt: skip
         if ORDERED in policies:  # the only policy that takes it
             opts["profile"] = profile_loads(counts, steps)
-        got = simulate_trace(counts, m, h, cfg, policies, warmup=T - steps, options=opts)
+        cfg_n = dataclasses.replace(cfg, training=opts["stale_slots"])  # with its backward
+        got = simulate_trace(counts, m, h, cfg_n, policies, warmup=T - steps, options=opts)
         rows = {r["policy"]: r for r in got}
         tokens = float(counts[T - steps :].sum()) / (steps * R * m.top_k)
         point = {"trace": name, "model": m.name, "hardware": hw, "ranks": R, "sigma": None,

@@ -1,4 +1,6 @@
-"""Estimated time of one MoE layer's forward step under one policy.
+"""Estimated time of one MoE layer's forward step under one policy (with
+``SimConfig.training``, its training step: the forward and its backward,
+``moonplan.stepcost.training``).
 
 The model is :class:`moonplan.stepcost.StepCost` (the same one the planner's
 ``policy="auto"`` and the runtime use), built from a hardware preset and a model
@@ -60,6 +62,7 @@ from moonplan.plan.residency.refill import refill_link_s
 from moonplan.simulate.dispatch_rows import scheme_step_traffic
 from moonplan.stepcost import Hardware, StepCost, StepTime
 from moonplan.stepcost.traffic import pair_traffic
+from moonplan.stepcost.training import training_time
 
 
 def registered_us(attr: str) -> dict[str, PlanUs]:
@@ -129,6 +132,9 @@ class SimConfig:
         dispatch: the transport's dispatch scheme for every policy alike
             (``moonplan.stepcost.traffic.SCHEMES``; ``"rank"``/``"host"`` need the step's
             token routing, ``moonplan.simulate.dispatch_rows``).
+        training: every step is a training step, its forward and the backward that
+            replays its plan (``moonplan.stepcost.training``), the ideal's too; what moves
+            between the steps (a re-home's rows) and beside them is charged once.
     """
 
     weight_bytes: float = 2.0
@@ -142,6 +148,7 @@ class SimConfig:
     decide_us: Mapping[str, PlanUs] = field(default_factory=default_decide_us)
     score_us: Mapping[str, PlanUs] = field(default_factory=default_score_us)
     exact_us: Mapping[str, PlanUs] = field(default_factory=default_exact_us)
+    training: bool = False
 
     def plan_seconds(self, policy: str, num_ranks: int = 8, num_experts: int = 256) -> float:
         """Planning seconds of ``policy`` at ``(R, E)`` (0 when not listed)."""
@@ -193,6 +200,8 @@ def step_time(
     t = cost.step_time(
         step.rows_ER, step.sent_RE, fetch_ER, src_E, planned=step.planned, traffic=traffic
     )
+    if cfg.training:  # the backward replays the plan
+        t = training_time(t)
     link_s = 0.0 if step.refill_ER is None else refill_link_s(record, step.refill_ER, src_E)
     if step.background_C2.shape[0]:
         link_s += step.background_share * moves_link_s(record, step.background_C2, R)
@@ -255,7 +264,8 @@ def ideal_time(
     experts = max(flop, mem)
     dispatch = _uniform_a2a(per_rank, R, c, c.dispatch_row_s_intra, c.dispatch_row_s_inter)
     combine = _uniform_a2a(per_rank, R, c, c.combine_row_s_intra, c.combine_row_s_inter)
-    return StepTime(0.0, 0.0, 0.0, dispatch, experts, combine, dispatch + experts + combine)
+    t = StepTime(0.0, 0.0, 0.0, dispatch, experts, combine, dispatch + experts + combine)
+    return training_time(t) if cfg.training else t
 
 
 def _uniform_a2a(per_rank: float, R: int, c: StepCost, intra_s: float, inter_s: float) -> float:

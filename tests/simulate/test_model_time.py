@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -276,3 +277,24 @@ def test_a_trace_whose_placement_changes_costs_more_than_one_whose_does_not() ->
     assert rows[False]["prefetch_us"] == 0.0 and rows[False]["moved_mb"] == 0.0
     assert rows[True]["moved_mb"] > 0 and rows[True]["prefetch_exposed_us"] > 0
     assert rows[True]["total_us"] > rows[False]["total_us"] + rows[True]["prefetch_exposed_us"] / 2
+
+
+def test_a_training_step_adds_the_backward_and_charges_a_rehome_once() -> None:
+    """With ``SimConfig(training=True)`` each step (and the ideal) is its forward and the
+    backward that replays its plan; a re-home's rows, moved between the steps, once."""
+    from moonplan.stepcost.training import training_time
+
+    R, E = 4, 8
+    counts = torch.zeros(R, E, dtype=torch.int64)
+    counts[:, 0], counts[:, 1:] = 4096, 256  # expert 0 hot, on rank 0
+    model, training = toy(E, top_k=2), dataclasses.replace(NO_PLAN, training=True)
+    step = make_policy("static-linear", R, E).step(counts)
+    forward = step_time(step, model, HW, NO_PLAN)
+    assert step_time(step, model, HW, training) == training_time(forward)
+    moved = dataclasses.replace(step, blocking_s=1e-3)
+    once = step_time(step, model, HW, training).total_s
+    assert step_time(moved, model, HW, training).total_s - once == pytest.approx(1e-3, rel=1e-9)
+    ideal = ideal_time(int(counts.sum()), R, model, HW, NO_PLAN)
+    assert ideal_time(int(counts.sum()), R, model, HW, training) == training_time(ideal)
+    ratio = step_time(step, model, HW, training).total_s / training_time(ideal).total_s
+    assert ratio > forward.total_s / ideal.total_s  # the imbalance weighs more in training

@@ -33,6 +33,7 @@ from moonplan.plan.plan_time import plan_time
 from moonplan.plan.residency.serving import serving_plan
 from moonplan.plan.residency.work import Builds
 from moonplan.stepcost import StepCost
+from moonplan.stepcost.training import training_time
 
 EXACT = "exact"
 """The name of the exact way (``Target.serve``, ``Decisions.serve``)."""
@@ -51,18 +52,21 @@ def exact_steps_s(
     slot_RB: torch.Tensor,
     builds: Builds | None = None,
     chain: bool = True,
+    training: bool = False,
 ) -> list[float]:
     """Predicted seconds of each step of ``rows_SRE`` (the oldest first) served the exact
     way from the slots ``slot_RB`` (module docstring), its call included, newest first.
-    ``chain=False``: no slot stays from one step to the next (the weights change at every
-    step, as in training): each plan from empty slots, every replica copied.
-    ``builds`` counts each plan as one build (``work.Builds.made``)."""
+    ``chain=False``: no slot stays from one step to the next: each plan from empty slots,
+    every replica copied. ``training``: each step is charged its backward too
+    (``moonplan.stepcost.training``). ``builds`` counts each plan as one build
+    (``work.Builds.made``)."""
     B = slot_RB.shape[1]
     previous = serving_plan(rows_SRE[-1], slot_RB.to(rows_SRE.device)) if chain else None
     charge, out = exact_charge_s(cost), []
     for counts_RE in rows_SRE.flip(0):
         p = planner.plan(counts_RE, slots=B, previous=previous, policy=EXACT)
-        out.append(plan_time(cost, p, planned=0).total_s + charge)
+        t = plan_time(cost, p, planned=0)
+        out.append((training_time(t).total_s if training else t.total_s) + charge)
         previous = p if chain else None
     if builds is not None:
         builds.made += len(rows_SRE)

@@ -36,7 +36,9 @@ most 1.0x (docs/benchmarks.md, "Auto re-homes while serving"). No threshold ente
 a re-home costs once (its rows' moves) is for its caller, who makes it once, to weigh.
 
 **In training** no slot outlives a step, so both maps are judged with no slot kept
-(``judged_order(stale=True)``), and ``auto`` re-homes as often as rent or buy says: a
+(``judged_order(stale=True)``), each step with its backward (which replays the plan, so
+an order's saving counts about three times its forward's), and ``auto`` re-homes as often
+as rent or buy says: a
 decision's :func:`stale_offer` (the seconds a step saves under the window's order)
 accrues against ``refill.rehome_link_s`` (the moved rows' link time, with their
 gradients and optimizer state) in ``refill.Residency``.
@@ -88,10 +90,13 @@ def map_way(
     num_ranks: int,
     num_slots: int,
     builds: Builds | None = None,
+    training: bool = False,
 ) -> tuple[float, str]:
     """Least predicted seconds of the window's steps under the labels' linear home map
-    with no slot kept between steps, and the way that gives it (``stale_steps.stale_way``)."""
-    return stale_way(cost, _rows(loads_SE, num_ranks), num_slots, loads_SE, builds)
+    with no slot kept between steps, and the way that gives it (``stale_steps.stale_way``;
+    ``training``: each step with its backward)."""
+    rows_SRE = _rows(loads_SE, num_ranks)
+    return stale_way(cost, rows_SRE, num_slots, loads_SE, builds, training)
 
 
 def table_way(
@@ -257,8 +262,10 @@ def stale_offer(
     (:func:`map_way`); ``None`` where there is no order or it saves nothing. An order
     scored on the steps it was fit to always looks faster, noise included; scored on
     later steps, only a popularity that lasts makes it so. ``now``: the labels' steps
-    over the whole window, already scored (``stale_steps.stale_steps``): their newer
-    half is read, not scored again."""
+    over the whole window, already scored as training steps (``stale_steps.stale_steps``
+    with ``training``): their newer half is read, not scored again."""
+    if now is not None and not now.training:
+        raise ValueError("stale_offer weighs training steps: score now= with training=True")
     half = loads_SE.shape[0] // 2
     now_s = None if now is None else now.best(half)[0]
     return _stale_judged(cost, loads_SE[:half], loads_SE[half:], num_ranks, num_slots, builds,
@@ -274,15 +281,17 @@ def _stale_judged(
     builds: Builds | None = None,
     now_s: float | None = None,
 ) -> HomeOffer | None:
-    """The :func:`window_order` of the steps ``fit_SE``, the seconds a step of
-    ``scored_SE`` saves under it and those steps' way under it, with no slot kept either
-    way (:func:`map_way`; ``now_s``: the labels' seconds of ``scored_SE`` where already
-    scored); ``None`` where there is no order or it saves nothing."""
+    """The :func:`window_order` of the steps ``fit_SE``, the seconds a training step of
+    ``scored_SE`` (its backward included) saves under it and those steps' way under it,
+    with no slot kept either way (:func:`map_way`; ``now_s``: the labels' seconds of
+    ``scored_SE`` where already scored); ``None`` where there is no order or it saves
+    nothing."""
     perm_E = window_order(fit_SE, num_ranks)
     if perm_E is None:
         return None
     if now_s is None:
-        now_s = map_way(cost, scored_SE, num_ranks, num_slots, builds)[0]
-    after_s, way = map_way(cost, relabelled(scored_SE, perm_E), num_ranks, num_slots, builds)
+        now_s = map_way(cost, scored_SE, num_ranks, num_slots, builds, True)[0]
+    moved_SE = relabelled(scored_SE, perm_E)
+    after_s, way = map_way(cost, moved_SE, num_ranks, num_slots, builds, True)
     saving_s = (now_s - after_s) / scored_SE.shape[0]
     return HomeOffer(tuple(perm_E), saving_s, way, True) if saving_s > 0 else None

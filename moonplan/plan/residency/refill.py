@@ -42,7 +42,9 @@ planning, as its peers do. A refill's rent is what the serving table, served its
 loses against the refill's table served its own.
 
 Where the steps' slots go stale (training: the weights change every step), a decision
-orders no refill; it judges the way of such steps and, given a snapshot's ``move_bytes``,
+orders no refill. Such a step is a training step: its backward replays the plan, so each
+is scored with it (``moonplan.stepcost.training``), and so is the step its answer's lag
+is counted in. It judges the way of such steps and, given a snapshot's ``move_bytes``,
 a re-home by the same rule (:meth:`Residency._home`): the rent is what each step loses
 under the current home map against the window's ``popular_order``, both with no slot
 kept (``home_choice.stale_offer``); the price is the moved experts' rows, their link time
@@ -96,6 +98,7 @@ from moonplan.plan.residency.window_torch import (
 )
 from moonplan.plan.residency.work import Builds, work_s
 from moonplan.stepcost import StepCost
+from moonplan.stepcost.training import training_time
 
 STAGING = 1
 """Default ``S``: staging rows per rank (one expert's weights: a refill changes at most one
@@ -370,12 +373,12 @@ class Residency:
         builds: Builds | None,
         snap: Snapshot | None = None,
     ) -> Verdict:
-        """The verdict for steps whose slots go stale: no refill, and the way of least
-        predicted time from empty slots over the window (``stale_steps``; never the
-        weighted lookup, which is static EP there); from a ``snap`` with ``move_bytes``, a
-        re-home once rent or buy says it pays (:meth:`_home`, weighed against the same
-        scores)."""
-        now = stale_steps(self.cost, rows_SRE, self.B, loads_SE, builds)
+        """The verdict for steps whose slots go stale (training steps, each with its
+        backward): no refill, and the way of least predicted time from empty slots over
+        the window (``stale_steps``; never the weighted lookup, which is static EP there);
+        from a ``snap`` with ``move_bytes``, a re-home once rent or buy says it pays
+        (:meth:`_home`, weighed against the same scores)."""
+        now = stale_steps(self.cost, rows_SRE, self.B, loads_SE, builds, training=True)
         home = None if snap is None or snap.move_bytes <= 0 else self._home(snap, now, builds)
         return Verdict(None, now.best()[1], True, home=home)
 
@@ -655,7 +658,8 @@ class Decisions:
         builds = Builds()
         cost = self.residency.cost
         verdict = self.residency.judge(snap, builds)
-        step_s = plan_time(cost, plan, planned=0).total_s
+        forward = plan_time(cost, plan, planned=0)  # a training step: its backward too
+        step_s = training_time(forward).total_s if snap.stale else forward.total_s
         steps = max(1, math.ceil(work_s(cost, builds) / step_s)) if step_s > 0 else 1
         return Answer(verdict, steps)
 

@@ -22,6 +22,7 @@ import torch
 from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
 from moonplan.plan.residency.serving import empty_slots
 from moonplan.plan.residency.target import WAYS, table_way_steps
+from moonplan.plan.residency.window_torch import static_backward_torch
 from moonplan.plan.residency.work import Builds
 from moonplan.stepcost import StepCost
 
@@ -36,9 +37,11 @@ class StaleSteps:
 
     Attributes:
         seconds_WS: per way of :data:`STALE_WAYS`, each step's seconds, oldest first.
+        training: each step scored with its backward.
     """
 
     seconds_WS: tuple[tuple[float, ...], ...]
+    training: bool = False
 
     def best(self, first: int = 0) -> tuple[float, str]:
         """The least predicted seconds of the steps from ``first`` on, and the way that
@@ -56,14 +59,24 @@ def stale_steps(
     num_slots: int,
     loads_SE: torch.Tensor | None = None,
     builds: Builds | None = None,
+    training: bool = False,
 ) -> StaleSteps:
     """Each way's predicted seconds of each step of ``rows_SRE`` (int64 ``[S, R, E]``) with
     no slot kept (module docstring); the scores run on ``loads_SE``'s device (``None``:
-    the host), ``builds`` counts the work."""
+    the host), ``builds`` counts the work. ``training``: each step is charged its backward
+    too (``moonplan.stepcost.training``): an empty table's ways all serve static EP's
+    plan (a call is charged its planning on top), so they add static EP's backward."""
     empty_1RB = empty_slots(rows_SRE.shape[1], num_slots)[None]
     table_WS = table_way_steps(cost, rows_SRE, empty_1RB, loads_SE, builds)[0]
-    exact_S = exact_steps_s(cost, rows_SRE, empty_1RB[0], builds, chain=False)[::-1]
-    return StaleSteps(tuple(tuple(s_S) for s_S in (*table_WS, exact_S)))
+    if training:
+        back_S = static_backward_torch(cost, rows_SRE.to(_device(loads_SE))).tolist()
+        table_WS = [[s + b for s, b in zip(s_S, back_S, strict=True)] for s_S in table_WS]
+    exact_S = exact_steps_s(cost, rows_SRE, empty_1RB[0], builds, False, training)[::-1]
+    return StaleSteps(tuple(tuple(s_S) for s_S in (*table_WS, exact_S)), training)
+
+
+def _device(loads_SE: torch.Tensor | None) -> torch.device:
+    return loads_SE.device if loads_SE is not None else torch.device("cpu")
 
 
 def stale_way(
@@ -72,7 +85,8 @@ def stale_way(
     num_slots: int,
     loads_SE: torch.Tensor | None = None,
     builds: Builds | None = None,
+    training: bool = False,
 ) -> tuple[float, str]:
     """The least predicted seconds over the steps ``rows_SRE`` with no slot kept, and the
     way that gives it (:meth:`StaleSteps.best` of :func:`stale_steps`)."""
-    return stale_steps(cost, rows_SRE, num_slots, loads_SE, builds).best()
+    return stale_steps(cost, rows_SRE, num_slots, loads_SE, builds, training).best()

@@ -53,7 +53,8 @@ from moonplan.plan.residency.shares import weighted_alloc
 from moonplan.plan.residency.work import Builds
 from moonplan.plan.torch_backend import resident_map
 from moonplan.stepcost import StepCost
-from moonplan.stepcost.batch import batch_step_time
+from moonplan.stepcost.batch import BatchTime, batch_step_time
+from moonplan.stepcost.training import backward_s
 
 
 def window_torch(
@@ -146,11 +147,27 @@ def static_torch(cost: StepCost, rows_SRE: torch.Tensor) -> torch.Tensor:
 def _static_s(cost: StepCost, counts_RE: torch.Tensor) -> torch.Tensor:
     """float64 0-d: static EP's seconds of one step (int64 ``[R, E]``): every record of an
     expert on its home."""
+    return _static_time(cost, counts_RE).total_s[0]
+
+
+def _static_time(cost: StepCost, counts_RE: torch.Tensor) -> BatchTime:
+    """Static EP's phases of one step (int64 ``[R, E]``), one candidate."""
     R, E = counts_RE.shape
     home_E = home_map(E, R, counts_RE.device)
     alloc_1ER = static_alloc(counts_RE)[None]
     plan_1 = torch.zeros(1, dtype=torch.float64, device=counts_RE.device)
-    return batch_step_time(cost, counts_RE, alloc_1ER, None, home_E, plan_1).total_s[0]
+    return batch_step_time(cost, counts_RE, alloc_1ER, None, home_E, plan_1)
+
+
+def static_backward_torch(cost: StepCost, rows_SRE: torch.Tensor) -> torch.Tensor:
+    """float64 ``[S]``: the backward of static EP's step, each step of ``rows_SRE``
+    (``moonplan.stepcost.training.backward_s``: its dispatch, twice its experts phase, its
+    combine; nothing is fetched)."""
+
+    def one(counts_RE: torch.Tensor) -> torch.Tensor:
+        return backward_s(_static_time(cost, counts_RE))[0]
+
+    return torch.vmap(one)(rows_SRE)
 
 
 def _served_empty(cost: StepCost, counts_RE: torch.Tensor, static_s: torch.Tensor) -> torch.Tensor:

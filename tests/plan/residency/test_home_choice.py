@@ -206,9 +206,12 @@ def test_a_stale_offer_is_fit_on_the_older_half_and_scored_on_the_newer() -> Non
     assert offer is not None and list(offer.perm_E) == window_order(HOT4[:2], 4) and offer.stale
     newer = HOT4[2:]
     moved = newer[:, torch.tensor(offer.perm_E)]
-    assert offer.saving_s == (map_way(COST, newer, 4, 2)[0] - map_way(COST, moved, 4, 2)[0]) / 2 > 0
+    now_s, after_s = (map_way(COST, x, 4, 2, training=True)[0] for x in (newer, moved))
+    assert offer.saving_s == (now_s - after_s) / 2 > 0  # training steps: the backward too
+    assert now_s > map_way(COST, newer, 4, 2)[0]  # ... which the forward alone leaves out
     # the way its steps are served once taken: the newer half's, under the order
-    assert offer.serve == stale_way(COST, window_rows(moved.sum(0), 2, 4, moved), 2, moved)[1]
+    rows_SRE = window_rows(moved.sum(0), 2, 4, moved)
+    assert offer.serve == stale_way(COST, rows_SRE, 2, moved, training=True)[1]
     even = torch.full((4, 16), 8, dtype=torch.int64)  # every order is the identity's tie
     assert stale_offer(COST, even, 4, 2) is None
     assert stale_offer(COST, HOT4[:1], 4, 2) is None  # no older half to fit
@@ -224,7 +227,8 @@ def test_an_order_fit_to_noise_is_not_offered() -> None:
     burst[:2, :2] = 200
     perm = window_order(burst[:2], 4)
     own = burst[:2][:, torch.tensor(perm)]
-    assert map_way(COST, own, 4, 2)[0] < map_way(COST, burst[:2], 4, 2)[0]  # in sample: faster
+    in_sample = [map_way(COST, x, 4, 2, training=True)[0] for x in (own, burst[:2])]
+    assert in_sample[0] < in_sample[1]  # in sample: faster
     assert stale_offer(COST, burst, 4, 2) is None
 
 

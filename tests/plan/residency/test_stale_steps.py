@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,6 +12,7 @@ from moonplan.plan.residency.home_choice import map_way, stale_offer
 from moonplan.plan.residency.serving import empty_slots
 from moonplan.plan.residency.stale_steps import STALE_WAYS, stale_steps, stale_way
 from moonplan.plan.residency.target import table_ways, window_rows
+from moonplan.plan.residency.window_torch import static_backward_torch, static_torch
 from moonplan.plan.residency.work import Builds
 from tests.baselines.test_auto_ordered import COST, _trace
 
@@ -55,18 +57,43 @@ def test_a_stale_offer_reads_the_labels_seconds_instead_of_scoring_them(S: int, 
     loads_SE = _window(S, seed)
     scored, read = Builds(), Builds()
     alone = stale_offer(COST, loads_SE, 4, 2, scored)
-    whole = stale_steps(COST, _rows(loads_SE), 2)
+    whole = stale_steps(COST, _rows(loads_SE), 2, training=True)
     reused = stale_offer(COST, loads_SE, 4, 2, read, whole)
     assert reused == alone
     if alone is not None:  # the labels' newer half was not built again
         assert scored.made - read.made == S - S // 2 and read.scored < scored.scored
-        assert map_way(COST, loads_SE[S // 2 :], 4, 2)[0] == whole.best(S // 2)[0]
+        newer_s = map_way(COST, loads_SE[S // 2 :], 4, 2, training=True)[0]
+        assert newer_s == whole.best(S // 2)[0]
 
 
 def test_an_offer_made_from_the_windows_scores_builds_only_the_order() -> None:
     loads_SE = _window(4, 7)  # hot experts 0-3 on rank 0: an order is offered
     scored, read = Builds(), Builds()
     alone = stale_offer(COST, loads_SE, 4, 2, scored)
-    reused = stale_offer(COST, loads_SE, 4, 2, read, stale_steps(COST, _rows(loads_SE), 2))
+    whole = stale_steps(COST, _rows(loads_SE), 2, training=True)
+    reused = stale_offer(COST, loads_SE, 4, 2, read, whole)
     assert alone is not None and reused == alone
     assert (scored.made, read.made) == (4, 2)  # the newer half under both maps; the order's alone
+    forward = stale_steps(COST, _rows(loads_SE), 2)  # scored without the backward: refused
+    with pytest.raises(ValueError, match="training steps"):
+        stale_offer(COST, loads_SE, 4, 2, None, forward)
+
+
+@settings(max_examples=10, deadline=None)
+@given(S=st.integers(1, 5), seed=st.integers(0, 50), slots=st.integers(0, 2))
+def test_a_training_step_adds_each_ways_backward(S: int, seed: int, slots: int) -> None:
+    """Scored as training steps, an empty table's ways add static EP's backward (they
+    serve its plan), and the exact way its own plan's: every way is slower than its
+    forward alone, by at least the forward's dispatch, experts and combine."""
+    rows_SRE = _rows(_window(S, seed))
+    forward = stale_steps(COST, rows_SRE, slots)
+    training = stale_steps(COST, rows_SRE, slots, training=True)
+    back_S = static_backward_torch(COST, rows_SRE).tolist()
+    for w, way in enumerate(STALE_WAYS):
+        for s in range(S):
+            f, t = forward.seconds_WS[w][s], training.seconds_WS[w][s]
+            if way != "exact":
+                assert t == f + back_S[s]
+            assert t > f
+    static_S = static_torch(COST, rows_SRE).tolist()  # d + e + c; its backward d + 2e + c
+    assert all(b >= x - 1e-15 for b, x in zip(back_S, static_S, strict=True))
