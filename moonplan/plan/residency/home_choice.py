@@ -53,7 +53,7 @@ import torch
 from moonplan.plan.home_order import popular_order
 from moonplan.plan.residency.exact_way import exact_steps_s
 from moonplan.plan.residency.serving import empty_slots
-from moonplan.plan.residency.stale_steps import StaleSteps, stale_way
+from moonplan.plan.residency.stale_steps import StaleSteps, stale_steps
 from moonplan.plan.residency.target import replica_counts, table_ways, target_of, window_rows
 from moonplan.plan.residency.work import Builds
 from moonplan.stepcost import StepCost
@@ -70,7 +70,7 @@ class HomeOffer:
             out, on steps it was not fit to).
         serve: how the steps are served once it is taken, until a decision judges them
             again: the way of least predicted time under it with no slot kept
-            (``stale_steps.stale_way``; before a trace, its best table's way).
+            (``stale_steps.StaleSteps.best``; before a trace, its best table's way).
         stale: judged for steps whose slots go stale (training).
     """
 
@@ -93,10 +93,10 @@ def map_way(
     training: bool = False,
 ) -> tuple[float, str]:
     """Least predicted seconds of the window's steps under the labels' linear home map
-    with no slot kept between steps, and the way that gives it (``stale_steps.stale_way``;
+    with no slot kept between steps, and the way that gives it (``StaleSteps.best``;
     ``training``: each step with its backward)."""
     rows_SRE = _rows(loads_SE, num_ranks)
-    return stale_way(cost, rows_SRE, num_slots, loads_SE, builds, training)
+    return stale_steps(cost, rows_SRE, num_slots, loads_SE, builds, training).best()
 
 
 def table_way(

@@ -287,7 +287,7 @@ class Residency:
         served: the way a decision judges for that table kept (``Target.kept``: its
         lookups, planner calls, or the exact kernel from it). ``stale``: the steps'
         slots go stale (training): no table, and the way for such steps
-        (``stale_steps.stale_way``)."""
+        (``stale_steps.StaleSteps.best``)."""
         self.window.prime(totals_NE)
         empty_RB = empty_slots(self.R, self.B)
         if self.window.filled == 0 or self.B == 0:

@@ -77,16 +77,3 @@ def stale_steps(
 
 def _device(loads_SE: torch.Tensor | None) -> torch.device:
     return loads_SE.device if loads_SE is not None else torch.device("cpu")
-
-
-def stale_way(
-    cost: StepCost,
-    rows_SRE: torch.Tensor,
-    num_slots: int,
-    loads_SE: torch.Tensor | None = None,
-    builds: Builds | None = None,
-    training: bool = False,
-) -> tuple[float, str]:
-    """The least predicted seconds over the steps ``rows_SRE`` with no slot kept, and the
-    way that gives it (:meth:`StaleSteps.best` of :func:`stale_steps`)."""
-    return stale_steps(cost, rows_SRE, num_slots, loads_SE, builds, training).best()

@@ -74,10 +74,10 @@ def test_where_slots_go_stale_the_way_is_a_lookup_a_call_or_the_exact_kernel() -
     """Steps whose slots go stale: the exact kernel where it is cheap and balance pays;
     static EP's lookup (no call) where every call is dear."""
     from moonplan.plan.residency.serving import LOOKUPS
-    from moonplan.plan.residency.stale_steps import stale_way
+    from moonplan.plan.residency.stale_steps import stale_steps
 
     rows_SRE = _window()
     cheap = rows_only(copy_s_intra=1e-9, copy_s_inter=1e-9, exit_s=1e-3, plan_s=1e-3,
                       exact_s=1e-9)  # fmt: skip
-    assert stale_way(cheap, rows_SRE, 2)[1] == EXACT
-    assert stale_way(cheap.scaled(exact_s=1.0), rows_SRE, 2)[1] in LOOKUPS
+    assert stale_steps(cheap, rows_SRE, 2).best()[1] == EXACT
+    assert stale_steps(cheap.scaled(exact_s=1.0), rows_SRE, 2).best()[1] in LOOKUPS

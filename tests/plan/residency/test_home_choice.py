@@ -182,7 +182,7 @@ def test_an_order_returned_is_predicted_faster(loads, R, slots, running) -> None
 
 # ---- training: judged with no slot kept either way; re-homes by rent or buy ---------------
 def test_in_training_both_maps_are_judged_with_no_slot_kept() -> None:
-    from moonplan.plan.residency.stale_steps import stale_way
+    from moonplan.plan.residency.stale_steps import stale_steps
     from moonplan.plan.residency.target import window_rows
 
     judged = judged_order(COST, HOT, 4, 2, stale=True)
@@ -190,8 +190,11 @@ def test_in_training_both_maps_are_judged_with_no_slot_kept() -> None:
     got = list(judged.perm_E)
     assert got == popular_order(HOT.sum(0), 4, list(range(16)))
     moved = HOT[:, torch.tensor(got)]
-    now_s = stale_way(COST, window_rows(HOT.sum(0), 3, 4, HOT), 2, HOT)[0]
-    assert map_way(COST, HOT, 4, 2)[0] == now_s > map_way(COST, moved, 4, 2)[0]
+    rows_SRE = window_rows(HOT.sum(0), 3, 4, HOT)
+    now_s = stale_steps(COST, rows_SRE, 2, HOT, training=True).best()[0]  # training steps
+    assert map_way(COST, HOT, 4, 2, training=True)[0] == now_s
+    assert now_s > map_way(COST, moved, 4, 2, training=True)[0]
+    assert judged.saving_s == (now_s - map_way(COST, moved, 4, 2, training=True)[0]) / 3
 
 
 HOT4 = torch.stack([c.sum(0) for c in _trace(4, seed=7)])  # [4, 16], hot experts 0-3
@@ -199,7 +202,7 @@ HOT4 = torch.stack([c.sum(0) for c in _trace(4, seed=7)])  # [4, 16], hot expert
 
 def test_a_stale_offer_is_fit_on_the_older_half_and_scored_on_the_newer() -> None:
     from moonplan.plan.residency.home_choice import stale_offer, window_order
-    from moonplan.plan.residency.stale_steps import stale_way
+    from moonplan.plan.residency.stale_steps import stale_steps
     from moonplan.plan.residency.target import window_rows
 
     offer = stale_offer(COST, HOT4, 4, 2)
@@ -211,7 +214,7 @@ def test_a_stale_offer_is_fit_on_the_older_half_and_scored_on_the_newer() -> Non
     assert now_s > map_way(COST, newer, 4, 2)[0]  # ... which the forward alone leaves out
     # the way its steps are served once taken: the newer half's, under the order
     rows_SRE = window_rows(moved.sum(0), 2, 4, moved)
-    assert offer.serve == stale_way(COST, rows_SRE, 2, moved, training=True)[1]
+    assert offer.serve == stale_steps(COST, rows_SRE, 2, moved, training=True).best()[1]
     even = torch.full((4, 16), 8, dtype=torch.int64)  # every order is the identity's tie
     assert stale_offer(COST, even, 4, 2) is None
     assert stale_offer(COST, HOT4[:1], 4, 2) is None  # no older half to fit

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from moonplan.plan.residency.exact_way import exact_steps_s
 from moonplan.plan.residency.home_choice import map_way, stale_offer
 from moonplan.plan.residency.serving import empty_slots
-from moonplan.plan.residency.stale_steps import STALE_WAYS, stale_steps, stale_way
+from moonplan.plan.residency.stale_steps import STALE_WAYS, stale_steps
 from moonplan.plan.residency.target import table_ways, window_rows
 from moonplan.plan.residency.window_torch import static_backward_torch, static_torch
 from moonplan.plan.residency.work import Builds
@@ -34,7 +34,7 @@ def test_the_best_way_is_the_least_of_every_way_summed(S: int, seed: int, slots:
     best = table_ways(COST, rows_SRE, empty_slots(4, slots)[None])[0]
     exact = sum(exact_steps_s(COST, rows_SRE, empty_slots(4, slots), chain=False))
     want = (exact, "exact") if exact < best[0] else best
-    assert stale_way(COST, rows_SRE, slots) == want
+    assert stale_steps(COST, rows_SRE, slots).best() == want
     steps = stale_steps(COST, rows_SRE, slots)
     assert len(steps.seconds_WS) == len(STALE_WAYS) and {len(s) for s in steps.seconds_WS} == {S}
 
@@ -47,7 +47,7 @@ def test_a_later_part_of_the_window_reads_as_if_scored_alone(S: int, seed: int, 
     loads_SE = _window(S, seed)
     whole = stale_steps(COST, _rows(loads_SE), slots)
     for first in range(S):
-        alone = stale_way(COST, _rows(loads_SE[first:]), slots)
+        alone = stale_steps(COST, _rows(loads_SE[first:]), slots).best()
         assert whole.best(first) == alone
 
 
