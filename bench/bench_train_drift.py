@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from _common import bench_parser, markdown_table, result_path, write_report
 
-from moonplan.baselines.registry import make_policy, plan_us_at
+from moonplan.baselines.registry import PlanUs, make_policy, plan_us_at
 from moonplan.simulate.acceptance import AUTO, ORDERED, profile_loads, recorded_options
 from moonplan.simulate.model_time import SimConfig, ideal_time, step_time
 from moonplan.simulate.models import get_model
@@ -59,11 +59,12 @@ def windows(T: int, measured: int = 32) -> dict[str, tuple[int, int]]:
 
 
 def faster(cfg: SimConfig, n: int) -> SimConfig:
-    """``cfg`` with ``moonplan-auto``'s decision host rates divided by ``n``."""
-    m = get_model(MODEL)
+    """``cfg`` with ``moonplan-auto``'s decision host rates divided by ``n`` (at every
+    ``(R, E)``)."""
 
-    def rate(table: Any) -> dict[str, float]:
-        return {**table, AUTO: plan_us_at(table[AUTO], 8, m.num_experts) / n}
+    def rate(table: Any) -> dict[str, PlanUs]:
+        us = table[AUTO]
+        return {**table, AUTO: lambda R, E: plan_us_at(us, R, E) / n}
 
     return dataclasses.replace(cfg, decide_us=rate(cfg.decide_us), score_us=rate(cfg.score_us))
 

@@ -290,8 +290,8 @@ def _stale_judged(
     if perm_E is None:
         return None
     if now_s is None:
-        now_s = map_way(cost, scored_SE, num_ranks, num_slots, builds, True)[0]
+        now_s = map_way(cost, scored_SE, num_ranks, num_slots, builds, training=True)[0]
     moved_SE = relabelled(scored_SE, perm_E)
-    after_s, way = map_way(cost, moved_SE, num_ranks, num_slots, builds, True)
+    after_s, way = map_way(cost, moved_SE, num_ranks, num_slots, builds, training=True)
     saving_s = (now_s - after_s) / scored_SE.shape[0]
     return HomeOffer(tuple(perm_E), saving_s, way, True) if saving_s > 0 else None

@@ -21,8 +21,8 @@ import torch
 
 from moonplan.plan.residency.exact_way import EXACT, exact_steps_s
 from moonplan.plan.residency.serving import empty_slots
-from moonplan.plan.residency.target import WAYS, table_way_steps
-from moonplan.plan.residency.window_torch import static_backward_torch
+from moonplan.plan.residency.target import WAYS, scores_device, table_way_steps
+from moonplan.plan.residency.window_torch import static_training_torch
 from moonplan.plan.residency.work import Builds
 from moonplan.stepcost import StepCost
 
@@ -67,13 +67,12 @@ def stale_steps(
     too (``moonplan.stepcost.training``): an empty table's ways all serve static EP's
     plan (a call is charged its planning on top), so they add static EP's backward."""
     empty_1RB = empty_slots(rows_SRE.shape[1], num_slots)[None]
-    table_WS = table_way_steps(cost, rows_SRE, empty_1RB, loads_SE, builds)[0]
+    static_S = back_S = None  # static EP scored once: its forward and, training, its backward
     if training:
-        back_S = static_backward_torch(cost, rows_SRE.to(_device(loads_SE))).tolist()
-        table_WS = [[s + b for s, b in zip(s_S, back_S, strict=True)] for s_S in table_WS]
+        static_S, back_S = static_training_torch(cost, rows_SRE.to(scores_device(loads_SE)))
+    table_WS = table_way_steps(cost, rows_SRE, empty_1RB, loads_SE, builds, static_S)[0]
+    if back_S is not None:
+        back = back_S.tolist()
+        table_WS = [[s + b for s, b in zip(s_S, back, strict=True)] for s_S in table_WS]
     exact_S = exact_steps_s(cost, rows_SRE, empty_1RB[0], builds, False, training)[::-1]
     return StaleSteps(tuple(tuple(s_S) for s_S in (*table_WS, exact_S)), training)
-
-
-def _device(loads_SE: torch.Tensor | None) -> torch.device:
-    return loads_SE.device if loads_SE is not None else torch.device("cpu")

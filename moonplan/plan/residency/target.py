@@ -385,18 +385,26 @@ def table_way_steps(
     slot_TRB: torch.Tensor,
     loads_SE: torch.Tensor | None = None,
     builds: Builds | None = None,
+    static_S: torch.Tensor | None = None,
 ) -> list[list[list[float]]]:
     """``[T][W][S]``: per table of ``slot_TRB``, per way of :data:`WAYS`, the predicted
     seconds of each step of ``rows_SRE`` (oldest first) served so; what
-    :func:`table_ways` sums (arguments as there)."""
-    dev = loads_SE.device if loads_SE is not None else torch.device("cpu")
+    :func:`table_ways` sums (arguments as there; ``static_S``: static EP's seconds of
+    each step where the caller scored them, on :func:`scores_device`)."""
+    dev = scores_device(loads_SE)
     rows_SRE, slot_TRB = rows_SRE.to(dev), slot_TRB.to(dev)
-    static_S = static_torch(cost, rows_SRE)
+    if static_S is None:
+        static_S = static_torch(cost, rows_SRE)
     looked_LTS = _lookups(cost, rows_SRE, slot_TRB, static_S, builds).tolist()
     called = windows_torch(cost, rows_SRE, static_S, slot_TRB, builds).tolist()
     if builds is not None:  # static EP's step over the window
         builds.scored += len(rows_SRE)
     return [[look[t] for look in looked_LTS] + [call_S] for t, call_S in enumerate(called)]
+
+
+def scores_device(loads_SE: torch.Tensor | None) -> torch.device:
+    """Where a window's scores run: ``loads_SE``'s device (``None``: the host)."""
+    return loads_SE.device if loads_SE is not None else torch.device("cpu")
 
 
 def _lookups(

@@ -159,15 +159,20 @@ def _static_time(cost: StepCost, counts_RE: torch.Tensor) -> BatchTime:
     return batch_step_time(cost, counts_RE, alloc_1ER, None, home_E, plan_1)
 
 
-def static_backward_torch(cost: StepCost, rows_SRE: torch.Tensor) -> torch.Tensor:
-    """float64 ``[S]``: the backward of static EP's step, each step of ``rows_SRE``
+def static_training_torch(
+    cost: StepCost, rows_SRE: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 ``[S]`` each, from one scoring of each step of ``rows_SRE``: static EP's
+    forward seconds (:func:`static_torch`, float for float) and its backward's
     (``moonplan.stepcost.training.backward_s``: its dispatch, twice its experts phase, its
     combine; nothing is fetched)."""
 
-    def one(counts_RE: torch.Tensor) -> torch.Tensor:
-        return backward_s(_static_time(cost, counts_RE))[0]
+    def one(counts_RE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t = _static_time(cost, counts_RE)
+        return t.total_s[0], backward_s(t)[0]
 
-    return torch.vmap(one)(rows_SRE)
+    forward_S, backward_S = torch.vmap(one)(rows_SRE)
+    return forward_S, backward_S
 
 
 def _served_empty(cost: StepCost, counts_RE: torch.Tensor, static_s: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from moonplan.plan.residency.home_choice import map_way, stale_offer
 from moonplan.plan.residency.serving import empty_slots
 from moonplan.plan.residency.stale_steps import STALE_WAYS, stale_steps
 from moonplan.plan.residency.target import table_ways, window_rows
-from moonplan.plan.residency.window_torch import static_backward_torch, static_torch
+from moonplan.plan.residency.window_torch import static_torch, static_training_torch
 from moonplan.plan.residency.work import Builds
 from tests.baselines.test_auto_ordered import COST, _trace
 
@@ -88,7 +88,8 @@ def test_a_training_step_adds_each_ways_backward(S: int, seed: int, slots: int) 
     rows_SRE = _rows(_window(S, seed))
     forward = stale_steps(COST, rows_SRE, slots)
     training = stale_steps(COST, rows_SRE, slots, training=True)
-    back_S = static_backward_torch(COST, rows_SRE).tolist()
+    forward_S, back = static_training_torch(COST, rows_SRE)
+    back_S = back.tolist()
     for w, way in enumerate(STALE_WAYS):
         for s in range(S):
             f, t = forward.seconds_WS[w][s], training.seconds_WS[w][s]
@@ -96,4 +97,5 @@ def test_a_training_step_adds_each_ways_backward(S: int, seed: int, slots: int) 
                 assert t == f + back_S[s]
             assert t > f
     static_S = static_torch(COST, rows_SRE).tolist()  # d + e + c; its backward d + 2e + c
+    assert forward_S.tolist() == static_S  # one scoring gives both, float for float
     assert all(b >= x - 1e-15 for b, x in zip(back_S, static_S, strict=True))
